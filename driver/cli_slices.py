@@ -1,0 +1,35 @@
+"""`neuron-dra slices`: the ResourceSlices the daemon would publish, as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError
+from neuron_dra.driver.discovery import DiscoveryError
+from neuron_dra.driver.hosts import load_host
+from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME, NodeFacts, PublishOptions, build_pool, resource_slices
+
+HELP = "Print the JSON array of ResourceSlices the driver publishes for an emulated host or a host tree."
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--instance-type", metavar="T", help=f"emulate this type ({', '.join(CATALOG)})")
+    src.add_argument("--host-root", metavar="DIR", help="read a host tree on disk (e.g. / or an emulated tree)")
+    parser.add_argument("--node-name", required=True, metavar="N", help="node (and pool) name")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, metavar="D",
+                        help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        host = load_host(args.host_root, args.instance_type)
+    except (DiscoveryError, UnknownInstanceTypeError) as e:
+        print(f"neuron-dra slices: {e}", file=sys.stderr)
+        return 2
+    pool = build_pool(host, NodeFacts(args.node_name), PublishOptions(driver_name=args.driver_name))
+    json.dump(resource_slices(pool), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0

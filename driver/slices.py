@@ -1,0 +1,227 @@
+"""The ResourceSlice model: which devices, attributes and capacities the driver publishes for a host.
+
+Drop-in compatible with AWS's Neuron DRA driver (same driver name, device names, attribute names,
+types and topology group ids; ../shared/facts/neuron.md §3), plus capacities, NUMA, PCI address,
+neighbours and connected-group ids on every topology kind. This is the one model that the daemon
+publishes and that the claim checks evaluate CEL against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_dra import __version__
+from neuron_dra.driver.catalog import TopologyKind
+from neuron_dra.driver.model import NeuronDevice, NeuronHost
+
+DEFAULT_DRIVER_NAME = "neuron.aws.com"
+AWS_DOMAIN = "resource.aws.com"
+K8S_DOMAIN = "resource.kubernetes.io"
+DEVICEGROUP_SIZES = (4, 8, 16)
+MAX_DEVICES_PER_SLICE = 128
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_STRING_VALUE = 64
+NEURON_DEVICE = "neuron_device"
+NEURON_NODE = "neuron_node"
+NODE_DEVICE_NAME = "neuron-node"
+
+# EKS labels nodes with the EC2 instance topology; the driver copies them into attributes.
+NETWORK_NODE_LABELS = tuple(f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3))
+
+Attribute = dict[str, Any]  # {"int": 1} | {"bool": True} | {"string": "x"} | {"version": "1.2.3"}
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the node (not sysfs) tells about the host: its name and EC2 placement."""
+
+    node_name: str
+    network_node_layers: tuple[str, ...] = ()  # layer 1..3, from the node's labels
+    capacity_block_id: str | None = None
+
+    @classmethod
+    def from_labels(cls, node_name: str, labels: Mapping[str, str], capacity_block_id: str | None = None
+                    ) -> NodeFacts:
+        layers = tuple(labels[k] for k in NETWORK_NODE_LABELS if k in labels)
+        return cls(node_name, layers if len(layers) == 3 else (), capacity_block_id)
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    driver_name: str = DEFAULT_DRIVER_NAME
+    dra_driver_version: str = __version__
+
+
+@dataclass(frozen=True)
+class PoolDevice:
+    """One published device: name, attributes (qualified name -> typed value) and capacities."""
+
+    name: str
+    attributes: Mapping[str, Attribute]
+    capacity: Mapping[str, str]  # name -> Quantity string
+    index: int | None = None  # Neuron device index; None for the UltraServer pseudo-device
+
+    def to_api(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "attributes": {k: dict(v) for k, v in self.attributes.items()}}
+        if self.capacity:
+            out["capacity"] = {k: {"value": v} for k, v in self.capacity.items()}
+        return out
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The devices one node publishes, as one pool named after the node."""
+
+    driver: str
+    node_name: str
+    devices: tuple[PoolDevice, ...] = field(default_factory=tuple)
+
+    @property
+    def name(self) -> str:
+        return self.node_name
+
+
+def devicegroup_id(efa_bdfs: Iterable[str]) -> str:
+    """AWS's group hash: de-duplicated, string-sorted BDFs joined by ',', SHA-256, first 16 hex chars."""
+    joined = ",".join(sorted(set(efa_bdfs)))
+    return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:16]
+
+
+def device_name(index: int) -> str:
+    return f"neuron-device-{index}"
+
+
+def _int(v: int) -> Attribute:
+    return {"int": v}
+
+
+def _str(v: str) -> Attribute:
+    if len(v) > MAX_STRING_VALUE:
+        raise ValueError(f"attribute value {v!r} is longer than {MAX_STRING_VALUE} characters")
+    return {"string": v}
+
+
+def _format_quantity(n_bytes: int) -> str:
+    for suffix, unit in (("Ti", 1024**4), ("Gi", 1024**3), ("Mi", 1024**2), ("Ki", 1024)):
+        if n_bytes % unit == 0:
+            return f"{n_bytes // unit}{suffix}"
+    return str(n_bytes)
+
+
+def _common_attributes(host: NeuronHost, facts: NodeFacts, options: PublishOptions, resource_type: str
+                       ) -> dict[str, Attribute]:
+    attrs: dict[str, Attribute] = {
+        "instanceType": _str(host.instance_type),
+        "neuronDriverVersion": _str(host.kernel_driver_version),
+        "draDriverVersion": {"version": options.dra_driver_version},
+        "resourceType": _str(resource_type),
+        "family": _str(host.spec.family.name),
+        "deviceName": _str(host.spec.family.device_name),
+    }
+    for i, layer in enumerate(facts.network_node_layers, start=1):
+        attrs[f"networkNodeLayer{i}"] = _str(layer)
+    if host.ultraserver is not None and facts.capacity_block_id:
+        attrs["capacityBlockId"] = _str(facts.capacity_block_id)
+    return attrs
+
+
+def neuron_device_attributes(host: NeuronHost, dev: NeuronDevice, facts: NodeFacts, options: PublishOptions
+                             ) -> dict[str, Attribute]:
+    spec = host.spec
+    attrs = _common_attributes(host, facts, options, NEURON_DEVICE)
+    attrs["deviceId"] = _int(dev.index)
+    attrs["coreCount"] = _int(dev.physical_cores)
+    attrs["topologyKind"] = _str(spec.topology.value)
+    attrs["neighbors"] = _str(",".join(map(str, dev.connected)))
+    if spec.topology is TopologyKind.TORUS_4X4:
+        # AWS's names: row (x), column (y), row id, id of the pair of rows.
+        attrs["topology_x"] = _int(dev.index // 4)
+        attrs["topology_y"] = _int(dev.index % 4)
+    # topology{N}_id: connected, id-aligned groups of N. On the torus 4 and 8 are AWS's own ids;
+    # the rest (1, 16, ring segments, single devices) we add so every host answers topology claims.
+    for n in spec.group_sizes():
+        attrs[f"topology{n}_id"] = _int(dev.index // n)
+    if dev.numa_node is not None:
+        attrs["numaNode"] = _int(dev.numa_node)
+    if dev.pci_bdf is not None:
+        attrs[f"{K8S_DOMAIN}/pciBusID"] = _str(dev.pci_bdf)
+    if dev.efa_bdf is not None:
+        attrs[f"{AWS_DOMAIN}/devicegroup1_id"] = _str(dev.efa_bdf)
+        by_index = {d.index: d.efa_bdf for d in host.devices}
+        for n in DEVICEGROUP_SIZES:
+            group = dev.index // n
+            members = [by_index[i] for i in range(group * n, group * n + n) if by_index.get(i)]
+            attrs[f"{AWS_DOMAIN}/devicegroup{n}_id"] = _str(devicegroup_id(m for m in members if m))
+    return attrs
+
+
+def ultraserver_node_attributes(host: NeuronHost, facts: NodeFacts, options: PublishOptions
+                                ) -> dict[str, Attribute]:
+    us = host.ultraserver
+    assert us is not None
+    attrs = _common_attributes(host, facts, options, NEURON_NODE)
+    attrs["ultraserverServerId2"] = _str(us.server_id_2)
+    attrs["ultraserverServerId4"] = _str(us.server_id_4)
+    attrs["ultraserverNodeId2"] = _int(us.node_id_2)
+    attrs["ultraserverNodeId4"] = _int(us.node_id_4)
+    attrs["deviceCount"] = _int(len(host.devices))
+    return attrs
+
+
+def build_pool(host: NeuronHost, facts: NodeFacts, options: PublishOptions | None = None) -> Pool:
+    """Every device this node publishes (the UltraServer pseudo-device last)."""
+    opts = options or PublishOptions()
+    devices = []
+    for dev in host.devices:
+        capacity = {
+            "cores": str(dev.physical_cores),
+            "memory": _format_quantity(dev.memory_bytes),
+        }
+        devices.append(PoolDevice(device_name(dev.index), neuron_device_attributes(host, dev, facts, opts),
+                                  capacity, dev.index))
+    if host.ultraserver is not None:
+        devices.append(PoolDevice(NODE_DEVICE_NAME, ultraserver_node_attributes(host, facts, opts), {}))
+    for pd in devices:
+        used = len(pd.attributes) + len(pd.capacity)
+        if used > MAX_ATTRIBUTES_AND_CAPACITIES:
+            raise ValueError(f"device {pd.name} has {used} attributes + capacities; the API allows "
+                             f"{MAX_ATTRIBUTES_AND_CAPACITIES}")
+    return Pool(opts.driver_name, facts.node_name, tuple(devices))
+
+
+def slice_device_chunks(pool: Pool) -> list[tuple[PoolDevice, ...]]:
+    """Devices split into slices of at most 128; an empty pool is still one (empty) slice."""
+    devs = pool.devices
+    if not devs:
+        return [()]
+    return [devs[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devs), MAX_DEVICES_PER_SLICE)]
+
+
+def resource_slices(pool: Pool, generation: int = 0, node_uid: str | None = None) -> list[dict[str, Any]]:
+    """The pool as `resource.k8s.io/v1` ResourceSlice objects (named by generateName, as the reference
+    publisher does; owned by the Node when its UID is known)."""
+    chunks = slice_device_chunks(pool)
+    out = []
+    for chunk in chunks:
+        metadata: dict[str, Any] = {"generateName": f"{pool.node_name}-{pool.driver}-"}
+        if node_uid is not None:
+            metadata["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Node", "name": pool.node_name, "uid": node_uid, "controller": True}
+            ]
+        out.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": metadata,
+                "spec": {
+                    "driver": pool.driver,
+                    "nodeName": pool.node_name,
+                    "pool": {"name": pool.name, "generation": generation, "resourceSliceCount": len(chunks)},
+                    "devices": [d.to_api() for d in chunk],
+                },
+            }
+        )
+    return out

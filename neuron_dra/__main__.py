@@ -1,0 +1,5 @@
+import sys
+
+from neuron_dra.cli import main
+
+sys.exit(main())
