@@ -37,7 +37,7 @@ def _write(path: Path, text: str) -> None:
 
 def neuron_bdf(spec: InstanceSpec, index: int) -> str:
     """PCI address of a Neuron device (trn2 device 0 is `cc:00.0` per neuron-ls; the rest invented)."""
-    if spec.family.name in ("trn2", "trn2u"):
+    if spec.family.name in ("trn2", "trn2u") and spec.has_device_efa:
         efa_bus = int(spec.device_efa_bdfs[index].split(":")[1], 16)
         return f"0000:{efa_bus + 3:02x}:00.0"
     if spec.has_device_efa:
