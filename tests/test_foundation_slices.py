@@ -27,7 +27,8 @@ from neuron_dra.driver.slices import (
 )
 
 HostTree = Callable[..., Path]
-QUALIFIED = re.compile(r"^(?:([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/)?[A-Za-z_][A-Za-z0-9_]*$")
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+QUALIFIED = re.compile(rf"^(?:{DNS_SUBDOMAIN}/)?[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def pool_of(instance_type: str, **facts: Any) -> dict[str, PoolDevice]:
@@ -131,7 +132,11 @@ def test_devicegroup_algorithm_on_the_trn2_first_row() -> None:
 
 @pytest.mark.parametrize(
     ("instance_type", "device", "efa"),
-    [("trn1.32xlarge", 3, "0000:a0:1a.0"), ("trn1n.32xlarge", 9, "0000:20:1a.0"), ("trn2.48xlarge", 12, "0000:f5:00.0")],
+    [
+        ("trn1.32xlarge", 3, "0000:a0:1a.0"),
+        ("trn1n.32xlarge", 9, "0000:20:1a.0"),
+        ("trn2.48xlarge", 12, "0000:f5:00.0"),
+    ],
 )
 def test_devicegroup1_is_the_efa_bdf(instance_type: str, device: int, efa: str) -> None:
     assert attr(pool_of(instance_type)[f"neuron-device-{device}"], "resource.aws.com/devicegroup1_id") == efa
