@@ -1,0 +1,134 @@
+"""Pictures of a node's Neuron device topology with allocated devices marked: terminal text and SVG.
+
+Used by `neuron-dra demo` to show where the scheduler placed each claim. Pure functions of the
+catalog and an allocation map, so they are easy to test and reuse.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from html import escape
+
+from neuron_dra.driver.catalog import InstanceSpec, TopologyKind, expected_neighbours, get_instance_spec
+
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+           "#bab0ac")
+FREE = "#eeeeee"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node to draw: its name, instance type and which pod holds each device."""
+
+    node_name: str
+    instance_type: str
+    owners: Mapping[int, str] = field(default_factory=dict)  # device index -> pod (or claim) name
+
+    @property
+    def spec(self) -> InstanceSpec:
+        return get_instance_spec(self.instance_type)
+
+
+def legend_letters(views: Sequence[NodeView]) -> dict[str, str]:
+    """A stable letter per owner across all nodes: a, b, c ... (then A-Z)."""
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    owners: list[str] = []
+    for v in views:
+        for i in sorted(v.owners):
+            if v.owners[i] not in owners:
+                owners.append(v.owners[i])
+    return {o: letters[i % len(letters)] for i, o in enumerate(owners)}
+
+
+def _cell(index: int, owner: str | None, letters: Mapping[str, str]) -> str:
+    mark = letters[owner] if owner is not None else "."
+    return f"[{index:>2}{mark}]"
+
+
+def render_text(view: NodeView, letters: Mapping[str, str] | None = None) -> str:
+    """A node as text: the 4x4 torus as a grid (links wrap), rings as a loop, single devices as one cell."""
+    letters = letters if letters is not None else legend_letters([view])
+    spec = view.spec
+    title = f"{view.node_name} ({spec.instance_type}, {spec.topology.value})"
+    lines = [title]
+    if spec.topology is TopologyKind.TORUS_4X4:
+        for row in range(4):
+            cells = [_cell(row * 4 + col, view.owners.get(row * 4 + col), letters) for col in range(4)]
+            lines.append("  " + "--".join(cells) + "--(wraps)")
+            lines.append("  " + "".join("  |    " for _ in range(4)).rstrip())
+        lines.append("  (columns wrap top to bottom)")
+    elif spec.topology is TopologyKind.RING:
+        cells = [_cell(i, view.owners.get(i), letters) for i in range(spec.device_count)]
+        lines.append("  " + "--".join(cells) + "--(back to 0)")
+    else:
+        lines.append("  " + _cell(0, view.owners.get(0), letters))
+    return "\n".join(lines)
+
+
+def render_legend(letters: Mapping[str, str]) -> str:
+    return "  ".join(f"{letter}={owner}" for owner, letter in letters.items()) + "  .=free"
+
+
+def _positions(spec: InstanceSpec, size: float) -> dict[int, tuple[float, float]]:
+    if spec.topology is TopologyKind.TORUS_4X4:
+        step = size / 4
+        return {i: (step * (i % 4) + step / 2, step * (i // 4) + step / 2) for i in range(16)}
+    if spec.topology is TopologyKind.RING:
+        n = spec.device_count
+        r = size * 0.38
+        return {i: (size / 2 + r * math.sin(2 * math.pi * i / n), size / 2 - r * math.cos(2 * math.pi * i / n))
+                for i in range(n)}
+    return {0: (size / 2, size / 2)}
+
+
+def render_svg(views: Sequence[NodeView], panel: int = 260) -> str:
+    """All nodes side by side as one SVG document, devices coloured by owner, links drawn."""
+    letters = legend_letters(views)
+    colours = {owner: PALETTE[i % len(PALETTE)] for i, owner in enumerate(letters)}
+    width = panel * max(1, len(views))
+    legend_rows = math.ceil(len(letters) / 3) if letters else 1
+    height = panel + 40 + 18 * legend_rows
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{height}" fill="white"/>']
+    for k, view in enumerate(views):
+        spec = view.spec
+        ox = k * panel
+        pos = {i: (x + ox, y + 30) for i, (x, y) in _positions(spec, panel).items()}
+        out.append(f'<text x="{ox + 8}" y="16" font-weight="bold">{escape(view.node_name)}</text>')
+        out.append(f'<text x="{ox + 8}" y="28">{escape(spec.instance_type)} · {spec.topology.value}</text>')
+        drawn: set[tuple[int, int]] = set()
+        for i in range(spec.device_count):
+            for j in expected_neighbours(spec, i):
+                a, b = min(i, j), max(i, j)
+                if (a, b) in drawn:
+                    continue
+                drawn.add((a, b))
+                (x1, y1), (x2, y2) = pos[a], pos[b]
+                if math.hypot(x2 - x1, y2 - y1) > panel / 3.5 and spec.topology is TopologyKind.TORUS_4X4:
+                    # wrap-around link: a dashed stub leaving each end instead of a line across the grid
+                    dx, dy = (x2 - x1), (y2 - y1)
+                    norm = math.hypot(dx, dy)
+                    ux, uy = -dx / norm * 30, -dy / norm * 30
+                    out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x1 + ux:.1f}" y2="{y1 + uy:.1f}" '
+                               'stroke="#999" stroke-dasharray="3,2"/>')
+                    out.append(f'<line x1="{x2:.1f}" y1="{y2:.1f}" x2="{x2 - ux:.1f}" y2="{y2 - uy:.1f}" '
+                               'stroke="#999" stroke-dasharray="3,2"/>')
+                else:
+                    out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="#999"/>')
+        for i, (x, y) in pos.items():
+            owner = view.owners.get(i)
+            fill = colours[owner] if owner is not None else FREE
+            title = f"neuron-device-{i}" + (f" → {owner}" if owner else " (free)")
+            out.append(f'<g><title>{escape(title)}</title><rect x="{x - 17:.1f}" y="{y - 13:.1f}" width="34" '
+                       f'height="26" rx="4" fill="{fill}" stroke="#333"/>'
+                       f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle">{i}</text></g>')
+    for n, (owner, _letter) in enumerate(letters.items()):
+        x = 8 + (n % 3) * (width / 3)
+        y = panel + 44 + 18 * (n // 3)
+        out.append(f'<rect x="{x:.1f}" y="{y - 10:.1f}" width="12" height="12" fill="{colours[owner]}"/>'
+                   f'<text x="{x + 16:.1f}" y="{y:.1f}">{escape(owner)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
