@@ -1,0 +1,110 @@
+"""`cluster up` / `cluster down`: start the supervisor detached, wait until it is ready; stop it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, STATUS_FILE
+from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    dir: Path
+    kubeconfig: Path
+    nodes: tuple[NodeSpec, ...]
+    driver_name: str
+
+    def node_paths(self, node: str) -> NodePaths:
+        return NodePaths.of(self.dir, node)
+
+    def down(self, timeout: float = 60.0) -> None:
+        down(self.dir, timeout)
+
+
+def read_status(cluster_dir: Path) -> dict[str, Any]:
+    path = cluster_dir / STATUS_FILE
+    if not path.exists():
+        return {}
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+    return data
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S, driver_name: str = "neuron.aws.com",
+       timeout: float = 300.0, log: Callable[[str], None] = lambda _m: None) -> LocalCluster:
+    from neuron_dra.localcluster.build import ensure_binaries
+
+    nodes = parse_nodes(list(node_args))
+    if not nodes:
+        raise ClusterError("give at least one --node TYPE[:COUNT]")
+    cluster_dir = cluster_dir.resolve()
+    pid_file = cluster_dir / PID_FILE
+    if pid_file.exists() and _alive(int(pid_file.read_text() or 0)):
+        raise ClusterError(f"a local cluster is already running in {cluster_dir} (pid {pid_file.read_text()}); "
+                           "run `neuron-dra cluster down --dir` first")
+    cluster_dir.mkdir(parents=True, exist_ok=True)
+    (cluster_dir / STATUS_FILE).unlink(missing_ok=True)
+    ensure_binaries(log=log)  # builds once from the Go module proxy, then cached
+    argv = [sys.executable, "-m", "neuron_dra.localcluster.supervisor", "--dir", str(cluster_dir), "--ttl", str(ttl),
+            "--driver-name", driver_name]
+    for arg in node_args:
+        argv += ["--node", arg]
+    with (cluster_dir / LOG_FILE).open("ab") as logf:
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = read_status(cluster_dir)
+        if status.get("state") == "ready":
+            return LocalCluster(cluster_dir, Path(status["kubeconfig"]), tuple(nodes), driver_name)
+        if status.get("state") == "failed" or proc.poll() is not None:
+            tail = (cluster_dir / LOG_FILE).read_text(errors="replace")[-3000:]
+            raise ClusterError(f"local cluster failed to start: {status.get('error', 'supervisor exited')}\n{tail}")
+        time.sleep(0.3)
+    down(cluster_dir)
+    raise ClusterError(f"local cluster not ready after {timeout:.0f} s; see {cluster_dir / LOG_FILE}")
+
+
+def down(cluster_dir: Path, timeout: float = 60.0) -> bool:
+    """Stop the supervisor (which stops everything it started); True when something was running."""
+    pid_file = cluster_dir.resolve() / PID_FILE
+    if not pid_file.exists():
+        return False
+    pid = int(pid_file.read_text() or 0)
+    if not pid or not _alive(pid):
+        pid_file.unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    if _alive(pid):
+        os.killpg(pid, signal.SIGKILL)  # the supervisor leads its own session: take every child with it
+    pid_file.unlink(missing_ok=True)
+    return True

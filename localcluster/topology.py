@@ -1,0 +1,79 @@
+"""Which emulated nodes a local cluster has: `--node TYPE[:COUNT]` arguments and their names and paths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_dra.driver.catalog import get_instance_spec
+
+DEMO_NODES = ("trn2.48xlarge:2", "trn1.32xlarge:1", "inf2.48xlarge:1")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    instance_type: str
+
+
+def parse_nodes(args: list[str] | tuple[str, ...]) -> list[NodeSpec]:
+    """`trn2.48xlarge:2` -> two trn2 nodes named `trn2-48xlarge-1`, `trn2-48xlarge-2`; unknown types are errors."""
+    nodes: list[NodeSpec] = []
+    counts: dict[str, int] = {}
+    for arg in args:
+        instance_type, _, count_text = arg.partition(":")
+        get_instance_spec(instance_type)  # raises with the known types
+        try:
+            count = int(count_text) if count_text else 1
+        except ValueError:
+            raise ValueError(f"--node {arg!r}: the count after ':' must be an integer 1..16") from None
+        if not 1 <= count <= 16:
+            raise ValueError(f"--node {arg!r}: the count must be 1..16, got {count}")
+        for _ in range(count):
+            counts[instance_type] = counts.get(instance_type, 0) + 1
+            nodes.append(NodeSpec(f"{instance_type.replace('.', '-')}-{counts[instance_type]}", instance_type))
+    return nodes
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Everything of one emulated node lives under DIR/nodes/NAME (the kubelet root of that node)."""
+
+    base: Path
+
+    @classmethod
+    def of(cls, cluster_dir: Path, node: str) -> NodePaths:
+        return cls(cluster_dir / "nodes" / node)
+
+    @property
+    def host_root(self) -> Path:
+        return self.base / "host"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.base / "kubelet" / "plugins"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.base / "kubelet" / "plugins_registry"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.base / "cdi"
+
+    @property
+    def pods_dir(self) -> Path:
+        """The kubelet stand-in's record of each running pod (devices, CDI edits)."""
+        return self.base / "pods"
+
+    @property
+    def driver_kubeconfig(self) -> Path:
+        return self.base / "driver.kubeconfig"
+
+    @property
+    def driver_log(self) -> Path:
+        return self.base / "driver.log"
+
+    @property
+    def driver_pid(self) -> Path:
+        return self.base / "driver.pid"
