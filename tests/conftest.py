@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client, config
 
 from neuron_dra.driver.emulate import EmulationOptions, emulate
+from neuron_dra.localcluster.cluster import LocalCluster
+
+# The end-to-end cluster: the demo's nodes plus an UltraServer node.
+E2E_NODES = ("trn2.48xlarge:2", "trn1.32xlarge:1", "inf2.48xlarge:1", "trn2u.48xlarge:1")
 
 
 @pytest.fixture
@@ -19,3 +24,26 @@ def host_tree(tmp_path: Path) -> Callable[..., Path]:
         return emulate(instance_type, root, EmulationOptions(**options))  # type: ignore[arg-type]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The local cluster: real control plane, emulated nodes with the driver and kubelet stand-ins.
+
+    Built from the Go module proxy on first use (cached outside the tree), so it works on a fresh machine.
+    """
+    from neuron_dra.localcluster.cluster import up
+
+    cluster_dir = tmp_path_factory.mktemp("cluster")
+    cluster = up(cluster_dir, list(E2E_NODES), ttl=3600, timeout=600)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="session")
+def kube(local_cluster: LocalCluster) -> Iterator[client.ApiClient]:
+    api = config.new_client_from_config(str(local_cluster.kubeconfig))
+    yield api
+    api.close()

@@ -1,0 +1,80 @@
+"""Helpers for the end-to-end tests against the local cluster (real apiserver, scheduler, controller-manager)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client
+
+T = TypeVar("T")
+NEURON_TOLERATION = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def eventually(fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.3, what: str = "") -> T:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = fn()
+            if value:
+                return value
+        except AssertionError as e:
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what or fn}" + (f": {last}" if last else ""))
+
+
+def raw(resp: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(resp.data)
+    return data
+
+
+def claim_template(name: str, requests: list[dict[str, Any]], constraints: list[dict[str, Any]] | None = None,
+                   config: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": requests}
+    if constraints:
+        devices["constraints"] = constraints
+    if config:
+        devices["config"] = config
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name}, "spec": {"spec": {"devices": devices}}}
+
+
+def pod_with_template(name: str, template: str, node: str | None = None, request: str | None = None
+                      ) -> dict[str, Any]:
+    claim_use: dict[str, Any] = {"name": "neuron"}
+    if request:
+        claim_use["request"] = request
+    spec: dict[str, Any] = {
+        "tolerations": [NEURON_TOLERATION],
+        "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": template}],
+        "containers": [{"name": "main", "image": "public.ecr.aws/neuron/pytorch-training:emulated",
+                        "resources": {"claims": [claim_use]}}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def pod_phase(core: client.CoreV1Api, ns: str, name: str) -> str:
+    return str(raw(core.read_namespaced_pod(name, ns, _preload_content=False)).get("status", {}).get("phase"))
+
+
+def pod_claim(core: client.CoreV1Api, res: client.ResourceV1Api, ns: str, pod: str) -> dict[str, Any]:
+    p = raw(core.read_namespaced_pod(pod, ns, _preload_content=False))
+    (status,) = p["status"]["resourceClaimStatuses"]
+    return raw(res.read_namespaced_resource_claim(status["resourceClaimName"], ns, _preload_content=False))
+
+
+def allocated_devices(claim: dict[str, Any], driver: str) -> list[str]:
+    return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == driver]
+
+
+def pod_record(pods_dir: Path, ns: str, pod: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((pods_dir / f"{ns}_{pod}.json").read_text())
+    return data

@@ -1,0 +1,255 @@
+"""End-to-end: the driver and claims against a real kube-apiserver, kube-scheduler and kube-controller-manager.
+
+The session fixture `local_cluster` starts the local cluster (see localcluster/); every test here talks to it
+through the real API as a user would, and inspects the emulated nodes' CDI directories and kubelet records.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_support import (
+    allocated_devices,
+    claim_template,
+    eventually,
+    pod_claim,
+    pod_phase,
+    pod_record,
+    pod_with_template,
+    raw,
+)
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from neuron_dra.driver.discovery import discover
+from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool
+from neuron_dra.localcluster.cluster import LocalCluster
+
+DRIVER = "neuron.aws.com"
+TRN2_A, TRN2_B, TRN1, INF2, TRN2U = (
+    "trn2-48xlarge-1", "trn2-48xlarge-2", "trn1-32xlarge-1", "inf2-48xlarge-1", "trn2u-48xlarge-1")
+
+
+@pytest.fixture
+def ns(kube: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace per test; its pods are deleted (and so unprepared) at the end."""
+    core = client.CoreV1Api(kube)
+    name = "e2e-" + request.node.name.replace("_", "-").lower()[:40].rstrip("-")
+    core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
+    yield name
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    eventually(lambda: not core.list_namespaced_pod(name).items, 90, what=f"pods of {name} gone")
+    core.delete_namespace(name)
+
+
+def slices_of(res: client.ResourceV1Api, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = raw(res.list_resource_slice(
+        field_selector=f"spec.nodeName={node},spec.driver={driver}", _preload_content=False))["items"]
+    return items
+
+
+def test_slices_are_the_device_model_and_come_back_after_deletion(local_cluster: LocalCluster,
+                                                                  kube: client.ApiClient) -> None:
+    res = client.ResourceV1Api(kube)
+    core = client.CoreV1Api(kube)
+    for node in local_cluster.nodes:
+        published = eventually(lambda n=node.name: slices_of(res, n), 60, what=f"slices of {node.name}")  # type: ignore[misc]
+        (obj,) = published
+        node_obj: Any = core.read_node(node.name)
+        labels = node_obj.metadata.labels
+        host = discover(local_cluster.node_paths(node.name).host_root)
+        pool = build_pool(host, NodeFacts.from_labels(node.name, labels), PublishOptions(DRIVER))
+        assert obj["spec"]["devices"] == [d.to_api() for d in pool.devices]
+        assert obj["spec"]["pool"]["name"] == node.name
+        assert obj["metadata"]["ownerReferences"][0]["name"] == node.name
+    before = {s["metadata"]["name"] for s in slices_of(res, TRN1)}
+    res.delete_collection_resource_slice(field_selector=f"spec.nodeName={TRN1},spec.driver={DRIVER}")
+    again = eventually(lambda: slices_of(res, TRN1), 20, what="slices republished after deletion")
+    assert {s["metadata"]["name"] for s in again}.isdisjoint(before)
+    assert len(again[0]["spec"]["devices"]) == 16
+
+
+def test_driver_identity_cannot_write_another_nodes_slice(local_cluster: LocalCluster) -> None:
+    driver_api = config.new_client_from_config(str(local_cluster.node_paths(TRN1).driver_kubeconfig))
+    res = client.ResourceV1Api(driver_api)
+
+    def slice_for(node: str) -> Any:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"generateName": f"{node}-probe-"},
+                "spec": {"driver": "probe.example.com", "nodeName": node,
+                         "pool": {"name": node, "generation": 0, "resourceSliceCount": 1}, "devices": []}}
+
+    with pytest.raises(ApiException) as refused:
+        res.create_resource_slice(slice_for(TRN2_A))
+    assert refused.value.status in (403, 422)
+    assert "node" in str(refused.value.body).lower()
+    own: Any = res.create_resource_slice(slice_for(TRN1))  # its own node: allowed
+    res.delete_resource_slice(own.metadata.name)
+    with pytest.raises(ApiException) as forbidden:  # least privilege: no secrets
+        client.CoreV1Api(driver_api).list_secret_for_all_namespaces()
+    assert forbidden.value.status == 403
+
+
+def _create(kube: client.ApiClient, ns: str, obj: dict[str, Any]) -> None:
+    if obj["kind"] == "Pod":
+        client.CoreV1Api(kube).create_namespaced_pod(ns, obj)  # type: ignore[arg-type]
+    else:
+        client.ResourceV1Api(kube).create_namespaced_resource_claim_template(ns, obj)  # type: ignore[arg-type]
+
+
+def _running(kube: client.ApiClient, ns: str, pods: list[str]) -> list[str]:
+    core = client.CoreV1Api(kube)
+    return [p for p in pods if pod_phase(core, ns, p) == "Running"]
+
+
+def _unschedulable(kube: client.ApiClient, ns: str, pod: str) -> bool:
+    p = raw(client.CoreV1Api(kube).read_namespaced_pod(pod, ns, _preload_content=False))
+    return any(c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+               for c in p.get("status", {}).get("conditions", []))
+
+
+def test_four_connected_claims_pack_four_per_trn2_and_get_their_cores(local_cluster: LocalCluster,
+                                                                       kube: client.ApiClient, ns: str) -> None:
+    sel = {"cel": {"expression": f"device.attributes['{DRIVER}'].instanceType == 'trn2.48xlarge'"}}
+    _create(kube, ns, claim_template("four", [{"name": "neurons", "exactly": {
+        "deviceClassName": DRIVER, "count": 4, "selectors": [sel]}}],
+        [{"requests": ["neurons"], "matchAttribute": "resource.aws.com/devicegroup4_id"}]))
+    pods = [f"p{i}" for i in range(5)]
+    for p in pods:
+        _create(kube, ns, pod_with_template(p, "four", node=TRN2_B))
+    eventually(lambda: len(_running(kube, ns, pods)) == 4, 90, what="4 pods running")
+    (pending,) = set(pods) - set(_running(kube, ns, pods))
+    eventually(lambda: _unschedulable(kube, ns, pending), 30, what="the fifth pod unschedulable")
+    core, res = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+    paths = local_cluster.node_paths(TRN2_B)
+    groups = []
+    for p in _running(kube, ns, pods):
+        claim = pod_claim(core, res, ns, p)
+        devices = sorted(int(d.rsplit("-", 1)[1]) for d in allocated_devices(claim, DRIVER))
+        assert len(devices) == 4 and devices == list(range(devices[0], devices[0] + 4)) and devices[0] % 4 == 0
+        groups.append(devices[0] // 4)
+        record = pod_record(paths.pods_dir, ns, p)
+        env = record["containers"]["main"]["env"]
+        first = devices[0] * 4  # trn2 at LNC 2: 4 logical cores per device
+        assert env["NEURON_RT_VISIBLE_CORES"] == f"{first}-{first + 15}"
+        nodes = sorted(n["path"] for n in record["containers"]["main"]["deviceNodes"])
+        assert nodes == sorted(f"/dev/neuron{d}" for d in devices)
+        uid = claim["metadata"]["uid"]
+        assert any(uid in f.read_text() for f in paths.cdi_root.iterdir()), "a CDI spec names the claim UID"
+    assert sorted(groups) == [0, 1, 2, 3]
+    # Deleting the pods unprepares the claims: their CDI specs are removed.
+    uids = [pod_claim(core, res, ns, p)["metadata"]["uid"] for p in _running(kube, ns, pods)]
+    core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    eventually(lambda: not core.list_namespaced_pod(ns).items, 60, what="pods deleted")
+    leftovers = [f.name for f in paths.cdi_root.iterdir() if any(u in f.read_text() for u in uids)]
+    assert leftovers == []
+
+
+def test_whole_node_with_lnc1(local_cluster: LocalCluster, kube: client.ApiClient, ns: str) -> None:
+    sel = {"cel": {"expression": f"device.attributes['{DRIVER}'].instanceType == 'trn2.48xlarge'"}}
+    _create(kube, ns, claim_template("all-lnc1", [{"name": "neurons", "exactly": {
+        "deviceClassName": DRIVER, "allocationMode": "All", "selectors": [sel]}}],
+        config=[{"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}}}]))
+    _create(kube, ns, pod_with_template("whole", "all-lnc1", node=TRN2_A))
+    eventually(lambda: _running(kube, ns, ["whole"]), 90, what="whole-node pod running")
+    env = pod_record(local_cluster.node_paths(TRN2_A).pods_dir, ns, "whole")["containers"]["main"]["env"]
+    assert env["NEURON_LOGICAL_NC_CONFIG"] == "1"
+    assert env["NEURON_RT_VISIBLE_CORES"] == "0-127"  # 16 devices x 8 logical cores at LNC 1
+
+
+def test_bad_config_is_a_per_claim_error_and_pod_does_not_start(local_cluster: LocalCluster,
+                                                                  kube: client.ApiClient, ns: str) -> None:
+    sel = {"cel": {"expression": f"device.attributes['{DRIVER}'].instanceType == 'trn1.32xlarge'"}}
+    _create(kube, ns, claim_template("lnc-on-trn1", [{"name": "n", "exactly": {
+        "deviceClassName": DRIVER, "count": 1, "selectors": [sel]}}],
+        config=[{"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}}}]))
+    _create(kube, ns, pod_with_template("bad", "lnc-on-trn1", node=TRN1))
+    core = client.CoreV1Api(kube)
+
+    def failure_event() -> str | None:
+        for e in core.list_namespaced_event(ns).items:
+            if e.involved_object.name == "bad" and "logicalNeuronCore" in (e.message or ""):
+                return str(e.message)
+        return None
+
+    message = eventually(failure_event, 60, what="a prepare failure event naming the field")
+    assert "trn1.32xlarge" in message
+    assert pod_phase(core, ns, "bad") != "Running"
+
+
+def test_inf2_ring_segments(local_cluster: LocalCluster, kube: client.ApiClient, ns: str) -> None:
+    sel = {"cel": {"expression": f"device.attributes['{DRIVER}'].instanceType == 'inf2.48xlarge'"}}
+    _create(kube, ns, claim_template("ring4", [{"name": "n", "exactly": {
+        "deviceClassName": DRIVER, "count": 4, "selectors": [sel]}}],
+        [{"requests": ["n"], "matchAttribute": f"{DRIVER}/topology4_id"}]))
+    pods = ["r0", "r1", "r2", "r3"]
+    for p in pods:
+        _create(kube, ns, pod_with_template(p, "ring4", node=INF2))
+    eventually(lambda: len(_running(kube, ns, pods)) == 3, 90, what="3 ring segments of 4 on inf2.48xlarge")
+    core, res = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+    segments = sorted(
+        sorted(int(d.rsplit("-", 1)[1]) for d in allocated_devices(pod_claim(core, res, ns, p), DRIVER))
+        for p in _running(kube, ns, pods))
+    assert segments == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+def test_aligned_efa(local_cluster: LocalCluster, kube: client.ApiClient, ns: str) -> None:
+    sel = {"cel": {"expression": f"device.attributes['{DRIVER}'].instanceType == 'trn1.32xlarge'"}}
+    _create(kube, ns, claim_template("aligned", [
+        {"name": "neurons", "exactly": {"deviceClassName": DRIVER, "count": 4, "selectors": [sel]}},
+        {"name": "efa", "exactly": {"deviceClassName": "efa.networking.k8s.aws", "count": 2}}],
+        [{"requests": ["neurons", "efa"], "matchAttribute": "resource.aws.com/devicegroup4_id"}]))
+    _create(kube, ns, pod_with_template("aligned", "aligned", node=TRN1))
+    eventually(lambda: _running(kube, ns, ["aligned"]), 90, what="aligned pod running")
+    claim = pod_claim(client.CoreV1Api(kube), client.ResourceV1Api(kube), ns, "aligned")
+    neurons = sorted(int(d.rsplit("-", 1)[1]) for d in allocated_devices(claim, DRIVER))
+    efas = allocated_devices(claim, "dra.net")
+    assert len(neurons) == 4 and neurons[0] % 4 == 0 and len(efas) == 2  # trn1: 2 EFAs per row of 4
+
+
+def test_ultraserver_config(local_cluster: LocalCluster, kube: client.ApiClient, ns: str) -> None:
+    _create(kube, ns, claim_template("us", [{"name": "node", "exactly": {
+        "deviceClassName": DRIVER, "count": 1,
+        "selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].resourceType == 'neuron_node'"}}]}}],
+        config=[{"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "neuron.aws.com/v1", "kind": "UltraServerConfig", "ultraserverMode": 4}}}]))
+    _create(kube, ns, pod_with_template("us", "us"))
+    eventually(lambda: _running(kube, ns, ["us"]), 90, what="UltraServer pod running")
+    env = pod_record(local_cluster.node_paths(TRN2U).pods_dir, ns, "us")["containers"]["main"]["env"]
+    assert env["NEURON_RT_ULTRASERVER_MODE"] == "4"
+    assert env["NEURON_RT_ULTRASERVER_NODE_ID"] == "0"
+    assert env["NEURON_RT_ULTRASERVER_SERVER_ID"]
+
+
+def _driver_pid(paths: Any) -> int:
+    return int(Path(paths.driver_pid).read_text())
+
+
+def test_driver_kill9_with_pods_alive(local_cluster: LocalCluster, kube: client.ApiClient, ns: str) -> None:
+    sel = {"cel": {"expression": f"device.attributes['{DRIVER}'].instanceType == 'trn1.32xlarge'"}}
+    _create(kube, ns, claim_template("row", [{"name": "n", "exactly": {
+        "deviceClassName": DRIVER, "count": 4, "selectors": [sel]}}],
+        [{"requests": ["n"], "matchAttribute": f"{DRIVER}/topology4_id"}]))
+    _create(kube, ns, pod_with_template("before", "row", node=TRN1))
+    eventually(lambda: _running(kube, ns, ["before"]), 90, what="pod running before the kill")
+    core, res = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+    uid = pod_claim(core, res, ns, "before")["metadata"]["uid"]
+    paths = local_cluster.node_paths(TRN1)
+    old = _driver_pid(paths)
+    os.kill(old, signal.SIGKILL)
+    eventually(lambda: _driver_pid(paths) != old, 30, what="driver restarted")
+    assert pod_phase(core, ns, "before") == "Running"
+    _create(kube, ns, pod_with_template("after", "row", node=TRN1))
+    eventually(lambda: _running(kube, ns, ["after"]), 90, what="a new pod prepared by the restarted driver")
+    # The restarted driver unprepares the claim it prepared before the kill, from its checkpoint.
+    core.delete_namespaced_pod("before", ns, grace_period_seconds=0)
+    eventually(lambda: not any(p.metadata.name == "before" for p in core.list_namespaced_pod(ns).items), 60,  # type: ignore[union-attr]
+               what="pod deleted after unprepare")
+    assert not any(uid in f.read_text() for f in paths.cdi_root.iterdir())
