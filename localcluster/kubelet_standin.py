@@ -87,6 +87,7 @@ class _PodState:
     running: bool = False
     failures: int = 0
     last_error: str = ""
+    pod: tuple[str, str, str] | None = None  # namespace, name, uid: where failure events go
 
 
 def _now() -> str:
@@ -237,6 +238,7 @@ class KubeletStandin:
 
     def _start(self, pod: dict[str, Any], state: _PodState) -> None:
         ns, name, uid = pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"]["uid"]
+        state.pod = (ns, name, uid)
         refs = self._claim_refs(pod)
         if refs is None:
             return
@@ -356,7 +358,25 @@ class KubeletStandin:
         state.failures += 1
         if message != state.last_error:
             log.warning("%s: %s", self.config.node_name, message)
+            if state.pod is not None:
+                self._event(state.pod, "FailedPrepareDynamicResources", message)
         state.last_error = message
+
+    def _event(self, pod: tuple[str, str, str], reason: str, message: str) -> None:
+        """A Warning event on the pod, as kubelet reports a failed prepare (what `kubectl describe` shows)."""
+        ns, name, uid = pod
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        event: Any = {
+            "metadata": {"generateName": f"{name}.", "namespace": ns},
+            "involvedObject": {"kind": "Pod", "namespace": ns, "name": name, "uid": uid, "apiVersion": "v1"},
+            "reason": reason, "message": message[:1000], "type": "Warning",
+            "source": {"component": "kubelet", "host": self.config.node_name},
+            "firstTimestamp": now[:19] + "Z", "lastTimestamp": now[:19] + "Z", "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(ns, event)
+        except ApiException as e:
+            log.debug("event for %s/%s not recorded: %s", ns, name, e.reason)
 
     def _terminate(self, pod: dict[str, Any], state: _PodState) -> None:
         uid = pod["metadata"]["uid"]
