@@ -1,0 +1,556 @@
+"""The CEL environment of DRA device selectors, on a real CEL implementation (cel-python, `celpy`).
+
+What Kubernetes (k8s.io/dynamic-resource-allocation/cel) gives a selector, and what this module gives:
+- one variable `device` with `driver`, `attributes[domain][name]` (int, bool, string or version ->
+  Semver) and `capacity[domain][name]` (Quantity); an attribute without a domain belongs to the
+  driver's domain; an unknown domain reads as an empty map, an unknown name is an evaluation error;
+- `quantity()`, `isQuantity()`, `semver()`, `isSemver()` and their methods (`compareTo`,
+  `isGreaterThan`, `isLessThan`, `sign`, `isInteger`, `asInteger`, `asApproximateFloat`, `add`, `sub`,
+  `major`, `minor`, `patch`), `cel.bind`, the strings extension, the list library, regex `find`/`findAll`;
+- compile errors for undeclared functions, variables and device fields (cel-go type-checks them),
+  expressions over 10 KiB, results that are not bool.
+
+cel-python has no `cel.bind`; it is rewritten to the equivalent single-element comprehension
+`[init].map(var, body)[0]` before evaluation. Evaluations are memoised per selector and per the
+values of the attributes it reads (see cel_analysis), so checking many templates against every
+published device costs few real evaluations.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import cached_property
+from typing import Any
+
+import celpy
+import lark
+import re2  # type: ignore[import-untyped]
+from celpy import celtypes
+from celpy.celparser import CELParseError
+from celpy.evaluation import CELEvalError
+
+from neuron_dra.claim_templates.cel_analysis import (
+    AnalysisError,
+    DeviceRef,
+    RefKind,
+    SelectorAnalysis,
+    Tree,
+    analyze,
+    bind_calls,
+)
+from neuron_dra.claim_templates.cel_types import INT64_MAX, INT64_MIN, CelValueError, Quantity, Semver
+
+MAX_EXPRESSION_BYTES = 10 * 1024  # resource.k8s.io/v1 CELSelectorExpressionMaxLength
+
+# celpy logs every evaluation error at ERROR level; a selector that errors is a normal check outcome.
+logging.getLogger("celpy").setLevel(logging.CRITICAL)
+
+
+class CelCompileError(ValueError):
+    """A selector that Kubernetes would reject at admission; names the expression."""
+
+    def __init__(self, expression: str, message: str) -> None:
+        self.expression = expression
+        self.message = message
+        super().__init__(f"CEL compile error in `{expression}`: {message}")
+
+
+class CelEvaluationError(ValueError):
+    """A selector that fails on a device (Kubernetes aborts allocation for the node)."""
+
+    def __init__(self, expression: str, device: str, message: str) -> None:
+        self.expression = expression
+        self.device = device
+        self.message = message
+        super().__init__(f"CEL runtime error in `{expression}` on device {device}: {message}")
+
+
+# --- the device input -------------------------------------------------------------------------------
+
+_MISSING = ("missing",)
+
+
+@dataclass(frozen=True)
+class CelDevice:
+    """A published device as a selector sees it. Attribute values keep the API form ({"int": 1})."""
+
+    name: str
+    driver: str
+    attributes: Mapping[str, Mapping[str, Mapping[str, Any]]]  # domain -> name -> {"int": 1}
+    capacity: Mapping[str, Mapping[str, str]]  # domain -> name -> quantity string
+
+    @classmethod
+    def from_api(cls, driver: str, device: Mapping[str, Any], pool: str = "") -> CelDevice:
+        """From a ResourceSlice device (`{"name", "attributes", "capacity": {n: {"value": q}}}`)."""
+        attrs: dict[str, dict[str, Mapping[str, Any]]] = {}
+        for qname, value in (device.get("attributes") or {}).items():
+            domain, name = split_qualified_name(qname, driver)
+            attrs.setdefault(domain, {})[name] = value
+        caps: dict[str, dict[str, str]] = {}
+        for qname, value in (device.get("capacity") or {}).items():
+            domain, name = split_qualified_name(qname, driver)
+            caps.setdefault(domain, {})[name] = str(value["value"])
+        label = f"{driver}/{pool}/{device['name']}" if pool else f"{driver}/{device['name']}"
+        return cls(label, driver, attrs, caps)
+
+    def lookup(self, ref: DeviceRef) -> tuple[Any, ...]:
+        """The value a reference reads, hashable; presence references read only presence."""
+        if ref.kind is RefKind.ATTRIBUTE:
+            value: Any = self.attributes.get(ref.domain, {}).get(ref.name)
+        else:
+            value = self.capacity.get(ref.domain, {}).get(ref.name)
+        if value is None:
+            return _MISSING
+        if ref.presence:
+            return ("present",)
+        if isinstance(value, str):
+            return ("quantity", value)
+        return tuple(sorted(value.items()))
+
+    @cached_property
+    def key(self) -> tuple[Any, ...]:
+        """Everything a selector can observe about this device."""
+        attrs = tuple(sorted((d, n, tuple(sorted(v.items()))) for d, m in self.attributes.items()
+                             for n, v in m.items()))
+        caps = tuple(sorted((d, n, q) for d, m in self.capacity.items() for n, q in m.items()))
+        return (self.driver, attrs, caps)
+
+
+def split_qualified_name(qname: str, driver: str) -> tuple[str, str]:
+    """`domain/name` -> (domain, name); an unprefixed name belongs to the driver's domain."""
+    domain, sep, name = qname.partition("/")
+    return (domain, name) if sep else (driver, qname)
+
+
+class _DomainMap(celtypes.MapType):
+    """`device.attributes` / `device.capacity`: an unknown domain reads as an empty map (as in Kubernetes)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            return celtypes.MapType()
+
+
+def _attribute_value(value: Mapping[str, Any]) -> Any:
+    if "int" in value:
+        return celtypes.IntType(value["int"])
+    if "bool" in value:
+        return celtypes.BoolType(value["bool"])
+    if "string" in value:
+        return celtypes.StringType(value["string"])
+    if "version" in value:
+        return Semver.parse(str(value["version"]))
+    raise CelValueError(f"unsupported attribute value {dict(value)!r}")
+
+
+def _cel_device(device: CelDevice) -> celtypes.MapType:
+    s = celtypes.StringType
+    attrs = _DomainMap({s(d): celtypes.MapType({s(n): _attribute_value(v) for n, v in m.items()})
+                        for d, m in device.attributes.items()})
+    caps = _DomainMap({s(d): celtypes.MapType({s(n): Quantity.parse(q) for n, q in m.items()})
+                       for d, m in device.capacity.items()})
+    return celtypes.MapType({s("driver"): s(device.driver), s("attributes"): attrs, s("capacity"): caps})
+
+
+# --- functions ---------------------------------------------------------------------------------------
+
+_Fn = Callable[..., Any]
+
+
+def _cel_function(fn: _Fn) -> _Fn:
+    """Turn Python errors of a library function into CEL error values, as cel-go reports them."""
+
+    def wrapper(*args: Any) -> Any:
+        for a in args:
+            if isinstance(a, CELEvalError):
+                return a
+        try:
+            return fn(*args)
+        except (CelValueError, ValueError, IndexError) as e:
+            return CELEvalError(str(e), type(e), e.args)
+        except TypeError as e:
+            kinds = ", ".join(type(a).__name__ for a in args)
+            return CELEvalError(f"no such overload: {fn.__name__.strip('_')}({kinds})", TypeError, e.args)
+
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{type(v).__name__} is not a string")
+    return str(v)
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{type(v).__name__} is not an int")
+    return int(v)
+
+
+def _quantity(v: Any) -> Quantity:
+    if not isinstance(v, Quantity):
+        raise TypeError(f"{type(v).__name__} is not a Quantity")
+    return v
+
+
+def _order(a: Any, b: Any) -> int:
+    if isinstance(a, Quantity):
+        return a.compare(_quantity(b))
+    if isinstance(a, Semver) and isinstance(b, Semver):
+        return a.compare(b)
+    raise TypeError("compareTo needs two Quantities or two Semvers")
+
+
+def _fn_quantity(s: Any) -> Quantity:
+    return Quantity.parse(_str(s))
+
+
+def _fn_is_quantity(s: Any) -> celtypes.BoolType:
+    return celtypes.BoolType(Quantity.is_valid(_str(s)))
+
+
+def _fn_semver(s: Any, normalize: Any = False) -> Semver:
+    return Semver.parse(_str(s), bool(normalize))
+
+
+def _fn_is_semver(s: Any, normalize: Any = False) -> celtypes.BoolType:
+    return celtypes.BoolType(Semver.is_valid(_str(s), bool(normalize)))
+
+
+def _fn_compare_to(a: Any, b: Any) -> celtypes.IntType:
+    return celtypes.IntType(_order(a, b))
+
+
+def _fn_is_greater_than(a: Any, b: Any) -> celtypes.BoolType:
+    return celtypes.BoolType(_order(a, b) > 0)
+
+
+def _fn_is_less_than(a: Any, b: Any) -> celtypes.BoolType:
+    return celtypes.BoolType(_order(a, b) < 0)
+
+
+def _fn_sign(q: Any) -> celtypes.IntType:
+    return celtypes.IntType(_quantity(q).sign())
+
+
+def _fn_is_integer(q: Any) -> celtypes.BoolType:
+    return celtypes.BoolType(_quantity(q).is_integer())
+
+
+def _fn_as_integer(q: Any) -> celtypes.IntType:
+    return celtypes.IntType(_quantity(q).as_integer())
+
+
+def _fn_as_approximate_float(q: Any) -> celtypes.DoubleType:
+    return celtypes.DoubleType(float(_quantity(q).value))
+
+
+def _delta(v: Any) -> Fraction:
+    if isinstance(v, Quantity):
+        return v.value
+    return Fraction(_int(v))
+
+
+def _fn_add(q: Any, v: Any) -> Quantity:
+    return _quantity(q).plus(_delta(v))
+
+
+def _fn_sub(q: Any, v: Any) -> Quantity:
+    return _quantity(q).plus(-_delta(v))
+
+
+def _semver(v: Any) -> Semver:
+    if not isinstance(v, Semver):
+        raise TypeError(f"{type(v).__name__} is not a Semver")
+    return v
+
+
+def _fn_major(v: Any) -> celtypes.IntType:
+    return celtypes.IntType(_semver(v).major)
+
+
+def _fn_minor(v: Any) -> celtypes.IntType:
+    return celtypes.IntType(_semver(v).minor)
+
+
+def _fn_patch(v: Any) -> celtypes.IntType:
+    return celtypes.IntType(_semver(v).patch)
+
+
+# strings extension (cel-go ext.Strings, version 2 as in the Kubernetes base environment)
+
+def _fn_char_at(s: Any, i: Any) -> celtypes.StringType:
+    text, idx = _str(s), _int(i)
+    if idx < 0 or idx > len(text):
+        raise IndexError(f"index out of range: {idx}")
+    return celtypes.StringType(text[idx:idx + 1])
+
+
+def _fn_index_of(target: Any, sub: Any, start: Any = 0) -> celtypes.IntType:
+    if isinstance(target, list):
+        for i, v in enumerate(target):
+            if type(v) is type(sub) and v == sub:
+                return celtypes.IntType(i)
+        return celtypes.IntType(-1)
+    text, needle, offset = _str(target), _str(sub), _int(start)
+    if offset < 0 or offset > len(text):
+        raise IndexError(f"index out of range: {offset}")
+    return celtypes.IntType(text.find(needle, offset))
+
+
+def _fn_last_index_of(target: Any, sub: Any, *start: Any) -> celtypes.IntType:
+    if isinstance(target, list):
+        for i in range(len(target) - 1, -1, -1):
+            if type(target[i]) is type(sub) and target[i] == sub:
+                return celtypes.IntType(i)
+        return celtypes.IntType(-1)
+    text, needle = _str(target), _str(sub)
+    end = _int(start[0]) if start else len(text)
+    if end < 0 or end > len(text):
+        raise IndexError(f"index out of range: {end}")
+    return celtypes.IntType(text.rfind(needle, 0, end + len(needle)))
+
+
+def _fn_lower_ascii(s: Any) -> celtypes.StringType:
+    return celtypes.StringType("".join(c.lower() if c.isascii() else c for c in _str(s)))
+
+
+def _fn_upper_ascii(s: Any) -> celtypes.StringType:
+    return celtypes.StringType("".join(c.upper() if c.isascii() else c for c in _str(s)))
+
+
+def _fn_replace(s: Any, old: Any, new: Any, n: Any = -1) -> celtypes.StringType:
+    count = _int(n)
+    return celtypes.StringType(_str(s).replace(_str(old), _str(new), count if count >= 0 else -1))
+
+
+def _fn_split(s: Any, sep: Any, n: Any = -1) -> celtypes.ListType:
+    text, separator, limit = _str(s), _str(sep), _int(n)
+    if limit == 0:
+        return celtypes.ListType()
+    if separator == "":
+        parts = list(text)
+        if limit > 0 and len(parts) > limit:
+            parts = [*parts[:limit - 1], "".join(parts[limit - 1:])]
+    else:
+        parts = text.split(separator, limit - 1 if limit > 0 else -1)
+    return celtypes.ListType([celtypes.StringType(p) for p in parts])
+
+
+def _fn_substring(s: Any, start: Any, *end: Any) -> celtypes.StringType:
+    text, a = _str(s), _int(start)
+    b = _int(end[0]) if end else len(text)
+    if a < 0 or b > len(text) or a > b:
+        raise IndexError(f"substring range [{a}, {b}) out of range for length {len(text)}")
+    return celtypes.StringType(text[a:b])
+
+
+def _fn_trim(s: Any) -> celtypes.StringType:
+    return celtypes.StringType(_str(s).strip())
+
+
+def _fn_join(items: Any, sep: Any = "") -> celtypes.StringType:
+    if not isinstance(items, list):
+        raise TypeError("join needs a list of strings")
+    return celtypes.StringType(_str(sep).join(_str(i) for i in items))
+
+
+def _fn_find(s: Any, pattern: Any) -> celtypes.StringType:
+    m = re2.search(_str(pattern), _str(s))
+    return celtypes.StringType(m.group(0) if m else "")
+
+
+def _fn_find_all(s: Any, pattern: Any, *n: Any) -> celtypes.ListType:
+    found = [m.group(0) for m in re2.finditer(_str(pattern), _str(s))]
+    if n and _int(n[0]) >= 0:
+        found = found[:_int(n[0])]
+    return celtypes.ListType([celtypes.StringType(f) for f in found])
+
+
+# Kubernetes list library
+
+def _list(v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise TypeError(f"{type(v).__name__} is not a list")
+    return list(v)
+
+
+def _fn_is_sorted(items: Any) -> celtypes.BoolType:
+    xs = _list(items)
+    return celtypes.BoolType(all(xs[i] <= xs[i + 1] for i in range(len(xs) - 1)))
+
+
+def _fn_sum(items: Any) -> Any:
+    xs = _list(items)
+    total: Any = celtypes.IntType(0)
+    for x in xs:
+        total = total + x
+    if isinstance(total, int) and not INT64_MIN <= total <= INT64_MAX:
+        raise ValueError("integer overflow")
+    return total
+
+
+def _fn_max(items: Any) -> Any:
+    xs = _list(items)
+    if not xs:
+        raise ValueError("max of an empty list")
+    return max(xs)
+
+
+FUNCTIONS: Mapping[str, _Fn] = {
+    "quantity": _fn_quantity, "isQuantity": _fn_is_quantity, "semver": _fn_semver, "isSemver": _fn_is_semver,
+}
+METHODS: Mapping[str, _Fn] = {
+    "compareTo": _fn_compare_to, "isGreaterThan": _fn_is_greater_than, "isLessThan": _fn_is_less_than,
+    "sign": _fn_sign, "isInteger": _fn_is_integer, "asInteger": _fn_as_integer,
+    "asApproximateFloat": _fn_as_approximate_float, "add": _fn_add, "sub": _fn_sub,
+    "major": _fn_major, "minor": _fn_minor, "patch": _fn_patch,
+    "charAt": _fn_char_at, "indexOf": _fn_index_of, "lastIndexOf": _fn_last_index_of,
+    "lowerAscii": _fn_lower_ascii, "upperAscii": _fn_upper_ascii, "replace": _fn_replace, "split": _fn_split,
+    "substring": _fn_substring, "trim": _fn_trim, "join": _fn_join, "find": _fn_find, "findAll": _fn_find_all,
+    "isSorted": _fn_is_sorted, "sum": _fn_sum, "max": _fn_max,
+}
+_LIBRARY = {name: _cel_function(fn) for name, fn in {**FUNCTIONS, **METHODS}.items()}
+# celpy's own functions: the CEL standard library (`min` is built into celpy's evaluator).
+_STANDARD_FUNCTIONS = frozenset({"size", "int", "uint", "double", "string", "bool", "bytes", "type", "duration",
+                                 "timestamp", "matches", "dyn", "has"})
+_STANDARD_METHODS = frozenset({"size", "contains", "startsWith", "endsWith", "matches", "min", "getDate",
+                               "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear", "getHours",
+                               "getMilliseconds", "getMinutes", "getMonth", "getSeconds"})
+KNOWN_FUNCTIONS = frozenset(FUNCTIONS) | _STANDARD_FUNCTIONS
+KNOWN_METHODS = frozenset(METHODS) | _STANDARD_METHODS
+
+
+# --- compile and evaluate -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompiledSelector:
+    """A compiled selector and what it reads from `device`."""
+
+    expression: str
+    analysis: SelectorAnalysis
+    program: celpy.Runner = field(compare=False, repr=False)
+
+    @property
+    def refs(self) -> frozenset[DeviceRef]:
+        return self.analysis.refs
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    value: bool
+    error: str | None
+
+
+_OPERATORS = {"relation_eq": "_==_", "relation_ne": "_!=_", "relation_lt": "_<_", "relation_le": "_<=_",
+              "relation_gt": "_>_", "relation_ge": "_>=_", "relation_in": "@in", "addition_add": "_+_",
+              "addition_sub": "_-_", "multiplication_mul": "_*_", "multiplication_div": "_/_",
+              "multiplication_mod": "_%_"}
+
+
+def _describe(err: CELEvalError) -> str:
+    message = str(err.args[0]) if err.args else "evaluation error"
+    if message == "evaluation error" and len(err.args) > 2 and err.args[2]:
+        inner = err.args[2]
+        message = str(inner[0]) if isinstance(inner, tuple) and inner else str(inner)
+    m = re.match(r"no such member in mapping: '?(.*?)'?$", message)
+    if m:
+        return f"no such key: {m.group(1)}"
+    m = re.match(r"found no matching overload for Token\('RULE', '(\w+)'\) applied to '\((.*)\)'$", message)
+    if m:
+        op = _OPERATORS.get(m.group(1), m.group(1))
+        kinds = ", ".join(k.rsplit(".", 1)[-1].rstrip("'>").replace("Type", "").lower()
+                          for k in m.group(2).split(", "))
+        return f"found no matching overload for '{op}' applied to ({kinds})"
+    if message in ("no such key", "no such overload") and len(err.args) > 2 and err.args[2]:
+        return f"{message}: {', '.join(map(str, err.args[2]))}"
+    return message
+
+
+class CelEnvironment:
+    """Compiles selectors (cached by text) and evaluates them on devices (memoised)."""
+
+    def __init__(self) -> None:
+        self._env = celpy.Environment()
+        self._compiled: dict[str, CompiledSelector] = {}
+        self._outcomes: dict[tuple[str, tuple[Any, ...]], _Outcome] = {}
+        self._values: dict[tuple[Any, ...], celtypes.MapType | str] = {}
+        self.evaluations = 0  # real CEL evaluations (the rest were answered from the memo)
+
+    def compile(self, expression: str) -> CompiledSelector:
+        cached = self._compiled.get(expression)
+        if cached is not None:
+            return cached
+        if not isinstance(expression, str) or not expression.strip():
+            raise CelCompileError(str(expression), "an expression is required")
+        if len(expression.encode("utf-8")) > MAX_EXPRESSION_BYTES:
+            raise CelCompileError(expression[:80] + "...", f"longer than {MAX_EXPRESSION_BYTES} bytes")
+        try:
+            tree = self._env.compile(expression)
+            analysis = analyze(tree, KNOWN_FUNCTIONS, KNOWN_METHODS)
+            program = self._env.program(self._env.compile(self._desugar(expression, tree)), functions=_LIBRARY)
+        except CELParseError as e:
+            raise CelCompileError(expression, f"syntax error at line {e.line}, column {e.column}") from None
+        except lark.exceptions.LarkError as e:
+            raise CelCompileError(expression, f"syntax error: {' '.join(str(e).split())}") from None
+        except AnalysisError as e:
+            raise CelCompileError(expression, str(e)) from None
+        compiled = CompiledSelector(expression, analysis, program)
+        self._compiled[expression] = compiled
+        return compiled
+
+    def _desugar(self, expression: str, tree: Tree) -> str:
+        """Rewrite each `cel.bind(v, init, body)` as `([init].map(v, body)[0])`, outermost first."""
+        text = expression
+        while True:
+            node = next(bind_calls(tree), None)
+            if node is None:
+                return text
+            args = [c for c in node.children[2].children if isinstance(c, lark.Tree)]  # type: ignore[union-attr]
+            v, init, body = (text[a.meta.start_pos:a.meta.end_pos] for a in args)
+            text = f"{text[:node.meta.start_pos]}([{init}].map({v}, {body})[0]){text[node.meta.end_pos:]}"
+            tree = self._env.compile(text)
+
+    def evaluate(self, selector: CompiledSelector | str, device: CelDevice) -> bool:
+        """Whether the device matches; CelEvaluationError when the selector fails on it."""
+        compiled = self.compile(selector) if isinstance(selector, str) else selector
+        analysis = compiled.analysis
+        if analysis.opaque:
+            key: tuple[Any, ...] = ("device", device.key)
+        else:
+            key = (device.driver if analysis.reads_driver else None,
+                   *(device.lookup(r) for r in sorted(analysis.refs)))
+        memo_key = (compiled.expression, key)
+        outcome = self._outcomes.get(memo_key)
+        if outcome is None:
+            outcome = self._run(compiled, device)
+            self._outcomes[memo_key] = outcome
+        if outcome.error is not None:
+            raise CelEvaluationError(compiled.expression, device.name, outcome.error)
+        return outcome.value
+
+    def _run(self, compiled: CompiledSelector, device: CelDevice) -> _Outcome:
+        self.evaluations += 1
+        value = self._values.get(device.key)
+        if value is None:
+            try:
+                value = _cel_device(device)
+            except CelValueError as e:
+                value = f"attribute value: {e}"
+            self._values[device.key] = value
+        if isinstance(value, str):
+            return _Outcome(False, value)
+        try:
+            result = compiled.program.evaluate({"device": value})
+        except CELEvalError as e:
+            return _Outcome(False, _describe(e))
+        if not isinstance(result, celtypes.BoolType):
+            return _Outcome(False, f"CEL result of type {type(result).__name__} could not be converted to bool")
+        return _Outcome(bool(result), None)
+
