@@ -1,0 +1,241 @@
+"""Build the local control plane's binaries from the Go module proxy, cached outside the tree.
+
+The wrapper modules in `localcluster/go/{kube,etcd}` pin the versions (their go.mod is the single
+source of truth); binaries land in `${NEURON_DRA_CACHE:-~/.cache/neuron-dra}/<kind>/<version>/`.
+A build goes into a temporary sibling directory that is renamed into place only when complete, so
+a cache directory that exists is always whole; a lock file serializes concurrent builders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+GO_DIR = Path(__file__).resolve().parent / "go"
+KUBE_MODULE = GO_DIR / "kube"
+ETCD_MODULE = GO_DIR / "etcd"
+
+KUBE_BINARIES: Mapping[str, str] = {
+    "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+    "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+}
+ETCD_BINARIES: Mapping[str, str] = {"etcd": "go.etcd.io/etcd/server/v3"}
+
+Log = Callable[[str], None]
+
+
+class BuildError(RuntimeError):
+    """A Go build of the local control plane failed; the message names the step and tool output."""
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Absolute paths of every binary the local control plane runs, and their versions."""
+
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    etcd: Path
+    kube_version: str
+    etcd_version: str
+
+
+def cache_root() -> Path:
+    """Where built binaries are kept: `$NEURON_DRA_CACHE` or `~/.cache/neuron-dra`."""
+    env = os.environ.get("NEURON_DRA_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "neuron-dra"
+
+
+def required_version(module_dir: Path, module: str) -> str:
+    """The version of `module` that the wrapper go.mod in `module_dir` requires."""
+    gomod = module_dir / "go.mod"
+    text = gomod.read_text()
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", text, re.MULTILINE)
+    if match is None:
+        raise BuildError(f"{gomod}: no require of {module}")
+    return match.group(1)
+
+
+def kube_version() -> str:
+    return required_version(KUBE_MODULE, "k8s.io/kubernetes")
+
+
+def etcd_version() -> str:
+    return required_version(ETCD_MODULE, "go.etcd.io/etcd/server/v3")
+
+
+def kube_ldflags(version: str) -> list[str]:
+    """Linker flags that make the binaries report `version` (as upstream's build does) and strip symbols."""
+    match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+.*", version)
+    if match is None:
+        raise BuildError(f"unexpected Kubernetes version {version!r}")
+    pkg = "k8s.io/component-base/version"
+    return [
+        "-s",
+        "-w",
+        f"-X {pkg}.gitVersion={version}",
+        f"-X {pkg}.gitMajor={match.group(1)}",
+        f"-X {pkg}.gitMinor={match.group(2)}",
+        f"-X {pkg}.gitTreeState=clean",
+    ]
+
+
+def go_env(parallelism: int | None = None) -> dict[str, str]:
+    """Environment for `go build`: independent of the caller's GOFLAGS and of any go.work file.
+
+    `-mod=readonly` makes the build fail rather than silently edit go.mod/go.sum, so what is built
+    is exactly what is committed. CGO is off as in upstream's release builds (static binaries, no C
+    toolchain needed).
+    """
+    env = dict(os.environ)
+    env["GOFLAGS"] = "-mod=readonly -buildvcs=false"
+    env["GOWORK"] = "off"
+    env["CGO_ENABLED"] = "0"
+    if parallelism is not None:
+        env["GOMAXPROCS"] = str(parallelism)
+    return env
+
+
+def default_parallelism() -> int:
+    # Two cores is the machine size this project plans for; more jobs only raise peak memory.
+    return max(1, min(os.cpu_count() or 1, 2))
+
+
+def go_binary() -> str:
+    found = shutil.which("go")
+    if found is None:
+        raise BuildError("the Go toolchain (`go`) is not on PATH; install Go >= 1.26 to build the local cluster")
+    return found
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _complete(directory: Path, names: Mapping[str, str]) -> bool:
+    return all(os.access(directory / name, os.X_OK) for name in names)
+
+
+def cached_go_build(
+    module_dir: Path,
+    binaries: Mapping[str, str],
+    target: Path,
+    *,
+    ldflags: list[str] | None = None,
+    log: Log | None = None,
+    parallelism: int | None = None,
+) -> dict[str, Path]:
+    """Build `binaries` (name -> Go package) of the module in `module_dir` into `target`, once.
+
+    A no-op returning the cached paths when `target` already holds every binary. Otherwise the
+    binaries are built into a temporary directory beside `target`, which is then renamed to
+    `target`; a concurrent builder waits on the lock and then finds the cache filled.
+    """
+    paths = {name: target / name for name in binaries}
+    if _complete(target, binaries):
+        return paths
+    with _locked(target.parent / f".{target.name}.lock"):
+        if _complete(target, binaries):
+            return paths
+        if target.exists():
+            # Only a partial directory left by something other than this code can get here.
+            shutil.rmtree(target)
+        jobs = parallelism or default_parallelism()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            cmd = [go_binary(), "build", "-p", str(jobs), "-trimpath"]
+            if ldflags:
+                cmd += ["-ldflags", " ".join(ldflags)]
+            cmd += ["-o", str(tmp) + os.sep, *binaries.values()]
+            if log is not None:
+                log(f"building {', '.join(binaries)} into {target} (minutes on a cold Go cache)")
+            started = time.monotonic()
+            proc = subprocess.run(
+                cmd, cwd=module_dir, env=go_env(jobs), capture_output=True, text=True, check=False
+            )
+            seconds = time.monotonic() - started
+            if proc.returncode != 0:
+                tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
+                raise BuildError(f"`go build` in {module_dir} failed (exit {proc.returncode}):\n{tail}")
+            for name, package in binaries.items():
+                built = tmp / default_binary_name(package)
+                if built != tmp / name:
+                    built.rename(tmp / name)
+            if not _complete(tmp, binaries):
+                raise BuildError(f"`go build` in {module_dir} succeeded but did not produce {list(binaries)}")
+            (tmp / "BUILDINFO.json").write_text(json.dumps(_build_info(module_dir, cmd, seconds), indent=2))
+            os.rename(tmp, target)
+            if log is not None:
+                log(f"built {target} in {seconds:.0f} s")
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return paths
+
+
+def default_binary_name(package: str) -> str:
+    """The file name `go build -o DIR/` gives a main package: its last path element, or the one
+    before a major-version suffix (`go.etcd.io/etcd/server/v3` -> `server`)."""
+    elems = package.rstrip("/").split("/")
+    if len(elems) > 1 and re.fullmatch(r"v[2-9]\d*", elems[-1]):
+        return elems[-2]
+    return elems[-1]
+
+
+def _build_info(module_dir: Path, cmd: list[str], seconds: float) -> dict[str, object]:
+    go_version = subprocess.run(
+        [go_binary(), "version"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "module": str(module_dir),
+        "go_sum_sha256": hashlib.sha256((module_dir / "go.sum").read_bytes()).hexdigest(),
+        "go": go_version,
+        "command": cmd[1:],
+        "seconds": round(seconds, 1),
+    }
+
+
+def build_kube(*, cache: Path | None = None, log: Log | None = None) -> dict[str, Path]:
+    """kube-apiserver, kube-controller-manager and kube-scheduler at the pinned version."""
+    version = kube_version()
+    target = (cache or cache_root()) / "k8s" / version
+    return cached_go_build(KUBE_MODULE, KUBE_BINARIES, target, ldflags=kube_ldflags(version), log=log)
+
+
+def build_etcd(*, cache: Path | None = None, log: Log | None = None) -> Path:
+    """The etcd server at the pinned version (its version is compiled into the module itself)."""
+    target = (cache or cache_root()) / "etcd" / etcd_version()
+    return cached_go_build(ETCD_MODULE, ETCD_BINARIES, target, ldflags=["-s", "-w"], log=log)["etcd"]
+
+
+def ensure_binaries(*, cache: Path | None = None, log: Log | None = None) -> Binaries:
+    """Every binary of the local control plane, built first if not cached."""
+    etcd = build_etcd(cache=cache, log=log)
+    kube = build_kube(cache=cache, log=log)
+    return Binaries(
+        kube_apiserver=kube["kube-apiserver"],
+        kube_controller_manager=kube["kube-controller-manager"],
+        kube_scheduler=kube["kube-scheduler"],
+        etcd=etcd,
+        kube_version=kube_version(),
+        etcd_version=etcd_version(),
+    )
