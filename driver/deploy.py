@@ -1,0 +1,475 @@
+"""The driver's Kubernetes objects as plain dicts: the one source of truth for every way of installing it.
+
+The Pulumi `NeuronDraDriver` component applies exactly these dicts, `neuron-dra plan -o yaml` prints them and
+the local cluster applies them, so RBAC, the node-restricting admission policy and the DaemonSet are the same
+everywhere. No Pulumi import here: the driver image must not need it.
+
+Security choices (each one is what the daemon needs, nothing more):
+- RBAC is the kubelet-plugin minimum (../shared/facts/kubelet-dra.md §3): GET the claim being prepared, GET its
+  own Node (owner reference, labels), full control of ResourceSlices. A ValidatingAdmissionPolicy narrows the
+  latter to slices of the node the driver's pod runs on, using the node name the API server puts in pod-bound
+  service-account tokens.
+- The container is not privileged, drops every capability and adds none, has a read-only root filesystem and
+  the runtime's default seccomp profile. It runs as uid 0 because kubelet's plugin and registry directories and
+  the CDI directory are root-owned (0750/0700/0755): creating sockets and spec files there needs the owner's
+  permission bits; without capabilities, uid 0 cannot bypass permissions anywhere else (no CAP_DAC_OVERRIDE).
+- Host paths: only the driver's own subdirectory of the kubelet plugins dir (sockets and checkpoint), the
+  registry dir, and the CDI dir are writable, each mounted at the same path as on the host because kubelet and
+  the container runtime resolve those paths on the host. /sys and /dev are mounted read-only under the host
+  root the daemon discovers devices from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_dra import __version__
+from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
+from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
+
+Manifest = dict[str, Any]
+
+DEFAULT_NAMESPACE = "neuron-dra-driver"
+DEFAULT_SERVICE_ACCOUNT = "neuron-dra-driver-sa"
+DEFAULT_DAEMONSET = "neuron-dra-driver-kubelet-plugin"
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DEFAULT_CDI_ROOT = "/var/run/cdi"
+DEFAULT_HOST_ROOT = "/host"
+DEFAULT_HEALTHCHECK_PORT = 51515
+DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
+LIVENESS_SERVICE = "liveness"
+NEURON_TAINT_KEY = "aws.amazon.com/neuron"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+COMPUTE_TYPE_LABEL = "eks.amazonaws.com/compute-type"
+# The driver cannot run on these EKS compute types (no host access or no Neuron kernel driver).
+EXCLUDED_COMPUTE_TYPES = ("fargate", "hybrid", "auto")
+# Host paths mounted read-only below the host root: what discovery reads (sysfs, the device nodes).
+HOST_READ_ONLY_PATHS = ("/sys", "/dev")
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+# Node labels the Pulumi node groups set: the node group, and the Capacity Block reservation a node belongs to
+# (the daemon may publish the latter as `capacityBlockId`).
+NODE_GROUP_LABEL = "neuron-dra/node-group"
+CAPACITY_BLOCK_LABEL = "neuron-dra/capacity-block-id"
+
+# The RBAC rules the daemon needs, and why (kubelet-dra.md §3 minimum; nothing more).
+RBAC_RULES: tuple[Manifest, ...] = (
+    # prepare: GET the claim named in NodePrepareResources to read its allocation.
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    # publishing: the Node's UID for the slices' owner reference, its labels for the network node layers.
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    # publishing: create/update/delete its node's slices, watch them to republish after kubelet wipes them.
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceslices"],
+        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+    },
+)
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
+_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+class DeployOptionError(ValueError):
+    """A deployment option that cannot work; names the option, the value and what is allowed."""
+
+    def __init__(self, option: str, value: object, allowed: str) -> None:
+        self.option = option
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"driver option {option}: {value!r} is not allowed; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Container resources. No CPU limit by default: CFS throttling of a Python daemon can push kubelet's
+    1 s GetInfo deadline over the edge; the memory limit bounds the daemon (target RSS <= 64 MiB)."""
+
+    cpu_request: str = "10m"
+    memory_request: str = "128Mi"
+    memory_limit: str | None = "256Mi"
+    cpu_limit: str | None = None
+
+    def to_api(self) -> Manifest:
+        limits = {k: v for k, v in (("cpu", self.cpu_limit), ("memory", self.memory_limit)) if v is not None}
+        out: Manifest = {"requests": {"cpu": self.cpu_request, "memory": self.memory_request}}
+        if limits:
+            out["limits"] = limits
+        return out
+
+
+@dataclass(frozen=True)
+class DriverDeployOptions:
+    """Everything that varies between installations of the driver."""
+
+    image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    driver_name: str = DEFAULT_DRIVER_NAME
+    device_class_name: str | None = None  # None: the driver name, as AWS's chart does
+    namespace: str = DEFAULT_NAMESPACE
+    service_account: str = DEFAULT_SERVICE_ACCOUNT
+    daemonset_name: str = DEFAULT_DAEMONSET
+    plugins_dir: str = DEFAULT_PLUGINS_DIR
+    registry_dir: str = DEFAULT_REGISTRY_DIR
+    cdi_root: str = DEFAULT_CDI_ROOT
+    host_root: str = DEFAULT_HOST_ROOT  # inside the container; /sys and /dev are mounted below it
+    healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT  # 0: no health server, no liveness probe
+    metrics_port: int = 0  # 0: no metrics endpoint
+    instance_types: tuple[str, ...] = tuple(CATALOG)  # node affinity: nodes of these types only
+    resources: Resources = field(default_factory=Resources)
+    priority_class_name: str = "system-node-critical"
+    labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
+
+    def __post_init__(self) -> None:
+        _check_name("namespace", self.namespace, _DNS_LABEL, "a DNS label (lowercase letters, digits, '-')")
+        _check_name("service_account", self.service_account, _DNS_SUBDOMAIN, "a DNS subdomain")
+        _check_name("daemonset_name", self.daemonset_name, _DNS_SUBDOMAIN, "a DNS subdomain")
+        _check_name("driver_name", self.driver_name, _DNS_SUBDOMAIN, "a DNS subdomain of at most 63 characters")
+        if len(self.driver_name) > 63:
+            raise DeployOptionError("driver_name", self.driver_name, "at most 63 characters")
+        if self.device_class_name is not None:
+            _check_name("device_class_name", self.device_class_name, _DNS_SUBDOMAIN, "a DNS subdomain")
+        if not self.image or any(c.isspace() for c in self.image):
+            raise DeployOptionError("image", self.image, "a container image reference without spaces")
+        if self.image_pull_policy not in _PULL_POLICIES:
+            raise DeployOptionError("image_pull_policy", self.image_pull_policy, ", ".join(_PULL_POLICIES))
+        for opt in ("plugins_dir", "registry_dir", "cdi_root", "host_root"):
+            value = getattr(self, opt)
+            if not value.startswith("/") or value.rstrip("/") == "" or "//" in value or "/../" in f"{value}/":
+                raise DeployOptionError(opt, value, "an absolute, normalised path other than /")
+        for opt in ("healthcheck_port", "metrics_port"):
+            port = getattr(self, opt)
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise DeployOptionError(opt, port, "0 (off) or a TCP port 1-65535")
+        if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
+            raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
+        if not self.instance_types:
+            raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
+        for t in self.instance_types:
+            try:
+                get_instance_spec(t)
+            except UnknownInstanceTypeError as e:
+                raise DeployOptionError("instance_types", t, ", ".join(CATALOG)) from e
+        for opt in ("cpu_request", "memory_request", "memory_limit", "cpu_limit"):
+            q = getattr(self.resources, opt)
+            if q is not None and not _QUANTITY.match(q):
+                raise DeployOptionError(f"resources.{opt}", q, "a Kubernetes quantity such as 10m or 128Mi")
+
+    @property
+    def device_class(self) -> str:
+        return self.device_class_name or self.driver_name
+
+    @property
+    def plugin_dir(self) -> str:
+        """The driver's own directory below kubelet's plugins dir: its DRA socket and its checkpoint."""
+        return f"{self.plugins_dir.rstrip('/')}/{self.driver_name}"
+
+    @property
+    def service_account_user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+    @property
+    def cluster_role_name(self) -> str:
+        return f"{self.namespace}:{self.service_account}"
+
+    @property
+    def admission_policy_name(self) -> str:
+        return f"{self.namespace}.{self.driver_name}-resourceslices"
+
+
+def _check_name(option: str, value: str, pattern: re.Pattern[str], allowed: str) -> None:
+    if not isinstance(value, str) or not pattern.match(value) or len(value) > 253:
+        raise DeployOptionError(option, value, allowed)
+
+
+def _labels(options: DriverDeployOptions, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "neuron-dra-driver",
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "neuron-dra",
+        "app.kubernetes.io/version": __version__,
+        **options.labels,
+    }
+
+
+def _meta(options: DriverDeployOptions, name: str, component: str, namespaced: bool = False) -> Manifest:
+    meta: Manifest = {"name": name, "labels": _labels(options, component)}
+    if namespaced:
+        meta["namespace"] = options.namespace
+    return meta
+
+
+def namespace(options: DriverDeployOptions) -> Manifest:
+    # hostPath volumes are outside the baseline Pod Security level; say so explicitly so a cluster-wide
+    # default of baseline/restricted reports it instead of silently refusing the DaemonSet's pods.
+    meta = _meta(options, options.namespace, "namespace")
+    meta["labels"].update({
+        "pod-security.kubernetes.io/enforce": "privileged",
+        "pod-security.kubernetes.io/warn": "baseline",
+    })
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def service_account(options: DriverDeployOptions) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(options, options.service_account, "kubelet-plugin", namespaced=True),
+    }
+
+
+def cluster_role(options: DriverDeployOptions) -> Manifest:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": _meta(options, options.cluster_role_name, "kubelet-plugin"),
+        "rules": [{k: list(v) for k, v in rule.items()} for rule in RBAC_RULES],
+    }
+
+
+def cluster_role_binding(options: DriverDeployOptions) -> Manifest:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": _meta(options, options.cluster_role_name, "kubelet-plugin"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": options.cluster_role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": options.service_account, "namespace": options.namespace}],
+    }
+
+
+def admission_policy(options: DriverDeployOptions) -> Manifest:
+    """Only slices of the node the driver's pod runs on: the node name comes from the pod-bound token."""
+    node_of_user = f"request.userInfo.extra[?'{NODE_NAME_EXTRA}'][0].orValue('')"
+    node_of_slice = '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")'
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": _meta(options, options.admission_policy_name, "admission"),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{
+                    "apiGroups": ["resource.k8s.io"],
+                    "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE", "DELETE"],
+                    "resources": ["resourceslices"],
+                }],
+            },
+            "matchConditions": [{
+                "name": "driver-service-account",
+                "expression": f'request.userInfo.username == "{options.service_account_user}"',
+            }],
+            "variables": [
+                {"name": "userNodeName", "expression": node_of_user},
+                {"name": "objectNodeName", "expression": node_of_slice},
+            ],
+            "validations": [
+                {
+                    "expression": 'variables.userNodeName != ""',
+                    "message": (f"{options.service_account_user} must use a token bound to a pod on a node "
+                                "(no node name in its credentials)"),
+                },
+                {
+                    "expression": "variables.userNodeName == variables.objectNodeName",
+                    "messageExpression": (
+                        "'the driver on node ' + variables.userNodeName + ' may not modify ' + "
+                        "(variables.objectNodeName == '' ? 'ResourceSlices without a node' : "
+                        "'ResourceSlices of node ' + variables.objectNodeName)"
+                    ),
+                },
+            ],
+        },
+    }
+
+
+def admission_policy_binding(options: DriverDeployOptions) -> Manifest:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": _meta(options, options.admission_policy_name, "admission"),
+        "spec": {"policyName": options.admission_policy_name, "validationActions": ["Deny"]},
+    }
+
+
+def device_class(options: DriverDeployOptions) -> Manifest:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": _meta(options, options.device_class, "device-class"),
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{options.driver_name}"'}}]},
+    }
+
+
+def driver_args(options: DriverDeployOptions) -> list[str]:
+    """Flags for what has no environment variable in AWS's chart; the rest comes from `driver_env`."""
+    args = ["--driver-name", options.driver_name, "--host-root", options.host_root]
+    if options.metrics_port:
+        args += ["--metrics-port", str(options.metrics_port)]
+    return args
+
+
+def driver_env(options: DriverDeployOptions) -> list[Manifest]:
+    """The environment of AWS's chart (the daemon's flags fall back to these names)."""
+
+    def field_ref(path: str) -> Manifest:
+        return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+    return [
+        {"name": "NODE_NAME", **field_ref("spec.nodeName")},
+        {"name": "POD_UID", **field_ref("metadata.uid")},
+        {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": options.plugins_dir},
+        {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": options.registry_dir},
+        {"name": "CDI_ROOT", "value": options.cdi_root},
+        {"name": "HEALTHCHECK_PORT", "value": str(options.healthcheck_port)},
+    ]
+
+
+@dataclass(frozen=True)
+class HostMount:
+    """One hostPath volume and where it appears in the container."""
+
+    name: str
+    host_path: str
+    mount_path: str
+    read_only: bool
+    host_path_type: str
+
+
+def host_mounts(options: DriverDeployOptions) -> tuple[HostMount, ...]:
+    # Sockets, CDI specs and the checkpoint: identical paths inside and outside (kubelet and the runtime
+    # resolve them on the host). DirectoryOrCreate: a fresh node may not have the driver's dirs yet.
+    writable = (
+        HostMount("plugin-dir", options.plugin_dir, options.plugin_dir, False, "DirectoryOrCreate"),
+        HostMount("registry-dir", options.registry_dir, options.registry_dir, False, "DirectoryOrCreate"),
+        HostMount("cdi-root", options.cdi_root, options.cdi_root, False, "DirectoryOrCreate"),
+    )
+    host = options.host_root.rstrip("/")
+    read_only = tuple(
+        HostMount(f"host-{p.strip('/')}", p, f"{host}{p}", True, "Directory") for p in HOST_READ_ONLY_PATHS
+    )
+    return writable + read_only
+
+
+def _volume_mount(m: HostMount) -> Manifest:
+    out: Manifest = {"name": m.name, "mountPath": m.mount_path}
+    if m.read_only:
+        # /sys and /dev carry submounts; make them read-only too where the runtime can.
+        out.update({"readOnly": True, "recursiveReadOnly": "IfPossible"})
+    return out
+
+
+def _security_context() -> Manifest:
+    return {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        # uid 0 for the root-owned kubelet and CDI directories (see the module docstring); no capabilities.
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "runAsNonRoot": False,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _affinity(options: DriverDeployOptions) -> Manifest:
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{
+                    "matchExpressions": [
+                        {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(options.instance_types)},
+                        {"key": COMPUTE_TYPE_LABEL, "operator": "NotIn", "values": list(EXCLUDED_COMPUTE_TYPES)},
+                    ],
+                }],
+            },
+        },
+    }
+
+
+def daemonset(options: DriverDeployOptions) -> Manifest:
+    selector = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}
+    mounts = host_mounts(options)
+    container: Manifest = {
+        "name": "plugin",
+        "image": options.image,
+        "imagePullPolicy": options.image_pull_policy,
+        "command": ["neuron-dra-driver"],
+        "args": driver_args(options),
+        "env": driver_env(options),
+        "resources": options.resources.to_api(),
+        "securityContext": _security_context(),
+        "volumeMounts": [_volume_mount(m) for m in mounts] + [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    ports = []
+    if options.healthcheck_port:
+        ports.append({"name": "healthz", "containerPort": options.healthcheck_port, "protocol": "TCP"})
+        container["livenessProbe"] = {
+            "grpc": {"port": options.healthcheck_port, "service": LIVENESS_SERVICE},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        }
+    if options.metrics_port:
+        ports.append({"name": "metrics", "containerPort": options.metrics_port, "protocol": "TCP"})
+    if ports:
+        container["ports"] = ports
+    volumes: list[Manifest] = [
+        {"name": m.name, "hostPath": {"path": m.host_path, "type": m.host_path_type}} for m in mounts
+    ]
+    # Python and grpc want a writable /tmp; the root filesystem is read-only.
+    volumes.append({"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}})
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": _meta(options, options.daemonset_name, "kubelet-plugin", namespaced=True),
+        "spec": {
+            "selector": {"matchLabels": dict(selector)},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": {**_labels(options, "kubelet-plugin"), **selector}},
+                "spec": {
+                    "serviceAccountName": options.service_account,
+                    "priorityClassName": options.priority_class_name,
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 30,
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                    "tolerations": [
+                        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+                        {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+                    ],
+                    "affinity": _affinity(options),
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
+    """Every object of the driver, in apply order (namespace and RBAC first, the DaemonSet last)."""
+    options = options or DriverDeployOptions()
+    return [
+        namespace(options),
+        service_account(options),
+        cluster_role(options),
+        cluster_role_binding(options),
+        admission_policy(options),
+        admission_policy_binding(options),
+        device_class(options),
+        daemonset(options),
+    ]
+
+
+def object_key(manifest: Mapping[str, Any]) -> str:
+    """`Kind/name` or `Kind/namespace/name`: how plans and tests name an object."""
+    meta = manifest["metadata"]
+    ns = meta.get("namespace")
+    return f"{manifest['kind']}/{ns}/{meta['name']}" if ns else f"{manifest['kind']}/{meta['name']}"
