@@ -183,6 +183,7 @@ def cached_go_build(
             if not _complete(tmp, binaries):
                 raise BuildError(f"`go build` in {module_dir} succeeded but did not produce {list(binaries)}")
             (tmp / "BUILDINFO.json").write_text(json.dumps(_build_info(module_dir, cmd, seconds), indent=2))
+            tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache is meant to be readable like any install
             os.rename(tmp, target)
             if log is not None:
                 log(f"built {target} in {seconds:.0f} s")

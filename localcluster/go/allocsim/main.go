@@ -41,7 +41,8 @@ import (
 // countCap bounds mode "count": enough for any node this project models (at most 64 devices).
 const countCap = 64
 
-// defaultTimeout mirrors kube-scheduler's DRA filter timeout (FilterTimeout default 10 s).
+// defaultTimeout mirrors kube-scheduler's DRA filter timeout (DRASchedulerFilterTimeout, beta and on
+// in 1.34; FilterTimeout default 10 s), applied to each allocation like to each Filter call.
 const defaultTimeout = 10 * time.Second
 
 type deviceRef struct {
@@ -178,13 +179,10 @@ func runCase(c inputCase) result {
 	if c.TimeoutSeconds > 0 {
 		timeout = time.Duration(c.TimeoutSeconds * float64(time.Second))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-
 	started := time.Now()
 	switch c.Mode {
 	case "fit-one", "":
-		results, err := allocate(ctx, allocated, classes, c.Slices, node, c.Claims)
+		results, err := allocate(timeout, allocated, classes, c.Slices, node, c.Claims)
 		if err != nil {
 			res.Error = err.Error()
 		} else if results != nil {
@@ -199,7 +197,7 @@ func runCase(c inputCase) result {
 			claim := c.Claims[0].DeepCopy()
 			claim.Name = fmt.Sprintf("%s-%d", c.Claims[0].Name, res.Count)
 			claim.UID = types.UID(fmt.Sprintf("%s-%d", c.Claims[0].UID, res.Count))
-			results, err := allocate(ctx, allocated, classes, c.Slices, node, []*resourceapi.ResourceClaim{claim})
+			results, err := allocate(timeout, allocated, classes, c.Slices, node, []*resourceapi.ResourceClaim{claim})
 			if err != nil {
 				res.Error = err.Error()
 				break
@@ -224,9 +222,11 @@ func runCase(c inputCase) result {
 	return res
 }
 
-// allocate is what the scheduler's PreFilter + Filter do for one node: a fresh allocator over the
-// current allocated set and all slices, then Allocate for the node.
-func allocate(ctx context.Context, allocated sets.Set[structured.DeviceID], classes classLister,
+// allocate is what the scheduler's PreFilter + Filter do for one pod and node: a fresh allocator
+// over the current allocated set and all slices, then Allocate for the node, bounded by the
+// filter timeout. A timeout is reported as an error starting with "timeout:"; the scheduler treats
+// it as "unschedulable on this node".
+func allocate(timeout time.Duration, allocated sets.Set[structured.DeviceID], classes classLister,
 	slices []*resourceapi.ResourceSlice, node *v1.Node, claims []*resourceapi.ResourceClaim,
 ) ([]resourceapi.AllocationResult, error) {
 	state := structured.AllocatedState{
@@ -234,6 +234,8 @@ func allocate(ctx context.Context, allocated sets.Set[structured.DeviceID], clas
 		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
 		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	allocator, err := structured.NewAllocator(ctx, features, state, classes, slices, celCache)
 	if err != nil {
 		return nil, fmt.Errorf("NewAllocator: %w", err)
