@@ -1,0 +1,138 @@
+"""The crash-safe record of prepared claims: `<plugins dir>/<driver>/checkpoint.json`.
+
+Unprepare must work after a restart from this file alone (the claim object may be gone), so it
+holds everything: the answer given to kubelet, the devices the claim holds, and the CDI spec text
+(rewritten at start and on every repeated prepare, since the CDI directory is tmpfs). The file is
+versioned and checksummed, written atomically and fsynced. A prepare is recorded twice: as
+PrepareStarted before its CDI spec is written and as PrepareCompleted before kubelet gets the answer,
+so a crash in between leaves an entry the next start can clean up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from neuron_dra.driver.atomicfile import remove_temp_files, write_atomic
+from neuron_dra.driver.cdi import spec_text
+
+CHECKPOINT_VERSION = 1
+CHECKPOINT_FILE = "checkpoint.json"
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint cannot be read; names the file and the problem. The daemon refuses to start rather
+    than forget prepared claims."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+class ClaimState(StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One entry of the answer to kubelet."""
+
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"requestNames": list(self.request_names), "poolName": self.pool_name,
+                "deviceName": self.device_name, "cdiDeviceIds": list(self.cdi_device_ids)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PreparedDevice:
+        return cls(tuple(d["requestNames"]), d["poolName"], d["deviceName"], tuple(d["cdiDeviceIds"]))
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[PreparedDevice, ...]
+    neuron_indexes: tuple[int, ...]  # Neuron devices held exclusively (admin-access devices are not)
+    cdi_spec: str  # the exact spec file text
+    prepared_at: float  # unix time of the prepare that recorded it
+
+    def with_state(self, state: ClaimState) -> PreparedClaim:
+        return PreparedClaim(self.uid, self.namespace, self.name, state, self.devices, self.neuron_indexes,
+                             self.cdi_spec, self.prepared_at)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace, "name": self.name, "state": self.state.value,
+            "devices": [d.to_json() for d in self.devices], "neuronDevices": list(self.neuron_indexes),
+            "cdiSpec": json.loads(self.cdi_spec), "preparedAt": self.prepared_at,
+        }
+
+    @classmethod
+    def from_json(cls, uid: str, d: Mapping[str, Any]) -> PreparedClaim:
+        return cls(uid, d["namespace"], d["name"], ClaimState(d["state"]),
+                   tuple(PreparedDevice.from_json(x) for x in d["devices"]), tuple(int(i) for i in d["neuronDevices"]),
+                   spec_text(d["cdiSpec"]), float(d["preparedAt"]))
+
+
+def _checksum(claims: Mapping[str, Any]) -> str:
+    canonical = json.dumps(claims, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def encode(claims: Mapping[str, PreparedClaim]) -> bytes:
+    data = {uid: c.to_json() for uid, c in sorted(claims.items())}
+    doc = {"version": CHECKPOINT_VERSION, "checksum": _checksum(data), "preparedClaims": data}
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+
+def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(path, f"not JSON ({e}); the file is corrupt") from None
+    if not isinstance(doc, dict):
+        raise CheckpointError(path, "expected a JSON object")
+    version = doc.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointError(path, f"checkpoint version {version!r} is not supported; this driver reads version "
+                                    f"{CHECKPOINT_VERSION} (was it written by a newer driver?)")
+    data = doc.get("preparedClaims")
+    if not isinstance(data, dict):
+        raise CheckpointError(path, "field 'preparedClaims' must be an object")
+    if doc.get("checksum") != _checksum(data):
+        raise CheckpointError(path, f"checksum mismatch (recorded {doc.get('checksum')!r}); the file is corrupt")
+    try:
+        return {uid: PreparedClaim.from_json(uid, entry) for uid, entry in data.items()}
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(path, f"malformed claim entry: {e!r}") from None
+
+
+class Checkpoint:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, PreparedClaim]:
+        """The recorded claims; an absent file is an empty checkpoint."""
+        remove_temp_files(self.path.parent, self.path.name)
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        return decode(self.path, raw)
+
+    def save(self, claims: Mapping[str, PreparedClaim], before_rename: Callable[[], None] | None = None) -> None:
+        """Replace the file with `claims` (atomic, fsynced); `before_rename` is a crash-injection hook."""
+        write_atomic(self.path, encode(claims), mode=0o600, durable=True, before_rename=before_rename)

@@ -1,0 +1,99 @@
+"""gRPC health service (grpc.health.v1) on the healthcheck port, for kubelet's gRPC liveness probe.
+
+Service "liveness" is SERVING only when the daemon answers its own kubelet-facing sockets: GetInfo on
+the registration socket and an empty NodePrepareResources on the DRA socket (as the reference drivers
+check), so a wedged server or a deleted socket fails the probe and kubelet restarts the container.
+Service "" reports that the health server itself is up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from neuron_dra.driver._generated import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    grpc_health_v1_pb2,
+    grpc_health_v1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+from neuron_dra.driver.plugin import SocketPaths
+
+log = logging.getLogger("neuron_dra.driver.health")
+
+LIVENESS_SERVICE = "liveness"
+SERVING = grpc_health_v1_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class HealthService:
+    def __init__(self, paths: SocketPaths, probe_timeout: float = 2.0) -> None:
+        self._paths = paths
+        self._timeout = probe_timeout
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def _channel(self, path: str) -> grpc.Channel:
+        with self._lock:
+            if path not in self._channels:
+                self._channels[path] = grpc.insecure_channel(f"unix://{path}")
+            return self._channels[path]
+
+    def live(self) -> tuple[bool, str]:
+        """(ok, why not) from a GetInfo and an empty prepare over the daemon's own sockets."""
+        try:
+            reg = pluginregistration_pb2_grpc.RegistrationStub(self._channel(str(self._paths.registration)))
+            info = reg.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=self._timeout)
+            if info.endpoint != str(self._paths.dra):
+                return False, f"registration answers endpoint {info.endpoint!r}, expected {self._paths.dra}"
+            dra = dra_v1_pb2_grpc.DRAPluginStub(self._channel(str(self._paths.dra)))
+            dra.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=self._timeout)
+        except grpc.RpcError as e:
+            return False, f"{e.code().name}: {e.details()}"
+        return True, ""
+
+    def Check(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if request.service == "":
+            return grpc_health_v1_pb2.HealthCheckResponse(status=SERVING)
+        if request.service == LIVENESS_SERVICE:
+            ok, why = self.live()
+            if not ok:
+                log.warning("liveness check failed", extra={"error": why})
+            return grpc_health_v1_pb2.HealthCheckResponse(status=SERVING if ok else NOT_SERVING)
+        context.abort(grpc.StatusCode.NOT_FOUND,
+                      f"unknown health service {request.service!r}; known: '' and {LIVENESS_SERVICE!r}")
+
+    def Watch(self, request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "Watch is not implemented; use Check")
+
+    def close(self) -> None:
+        with self._lock:
+            for ch in self._channels.values():
+                ch.close()
+            self._channels.clear()
+
+
+class HealthServer:
+    def __init__(self, paths: SocketPaths, address: str, port: int) -> None:
+        self.service = HealthService(paths)
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"))
+        grpc_health_v1_pb2_grpc.add_HealthServicer_to_server(self.service, self._server)
+        host = f"[{address}]" if ":" in address else address
+        try:
+            self.port = self._server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as e:
+            raise OSError(f"cannot listen for health checks on {host}:{port}: {e}") from None
+
+    def start(self) -> None:
+        self._server.start()
+        log.info("health service listening", extra={"port": self.port, "service": LIVENESS_SERVICE})
+
+    def stop(self, grace: float = 1.0) -> None:
+        self._server.stop(grace).wait(grace + 1)
+        self.service.close()

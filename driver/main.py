@@ -1,0 +1,274 @@
+"""`neuron-dra-driver` (also `python -m neuron_dra.driver`): the DRA kubelet plugin daemon of one node.
+
+Flags fall back to the environment variables of AWS's Helm chart (NODE_NAME, KUBELET_PLUGINS_DIRECTORY_PATH,
+KUBELET_REGISTRAR_DIRECTORY_PATH, CDI_ROOT, HEALTHCHECK_PORT), so the daemon is a drop-in for its DaemonSet.
+Start-up: discover the host, load the checkpoint, rewrite CDI specs and clean up after a crash, serve the
+DRA socket and then the registration socket, then health, metrics and slice publishing. SIGTERM/SIGINT
+stop it cleanly (registration socket first). An unreachable API server never stops it: publishing retries
+with backoff and prepares fail per claim until the server answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubernetes import client
+
+from neuron_dra import __version__
+from neuron_dra.driver import logs
+from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError
+from neuron_dra.driver.cdi import CdiStore
+from neuron_dra.driver.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError
+from neuron_dra.driver.claims import ClaimLookup
+from neuron_dra.driver.discovery import DiscoveryError, discover
+from neuron_dra.driver.emulate import EmulationOptions, emulate
+from neuron_dra.driver.failpoints import CrashPoints
+from neuron_dra.driver.health import HealthServer
+from neuron_dra.driver.kube import KubeClaimLookup, KubeConfigError, api_client
+from neuron_dra.driver.metrics import Metrics, MetricsServer
+from neuron_dra.driver.model import NeuronHost
+from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
+from neuron_dra.driver.publisher import SlicePublisher
+from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME, PublishOptions
+from neuron_dra.driver.state import DriverState
+
+log = logging.getLogger("neuron_dra.driver.main")
+
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DEFAULT_CDI_ROOT = "/var/run/cdi"
+RESOLVE_INTERVAL = 30.0  # seconds between checks of unfinished prepares the API server could not answer for
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER_NAME
+    plugins_dir: Path = Path(DEFAULT_PLUGINS_DIR)
+    registry_dir: Path = Path(DEFAULT_REGISTRY_DIR)
+    cdi_root: Path = Path(DEFAULT_CDI_ROOT)
+    healthcheck_port: int = 0  # 0: off
+    metrics_port: int = 0  # 0: off
+    bind_address: str = "0.0.0.0"  # health and metrics; kubelet probes and Prometheus scrape the pod IP
+    kubeconfig: str | None = None  # None: in-cluster service account
+    host_root: Path | None = Path("/")
+    emulate: str | None = None  # instance type to emulate instead of reading host_root
+    log_level: str = "info"
+
+    @property
+    def sockets(self) -> SocketPaths:
+        return SocketPaths.for_driver(self.plugins_dir, self.registry_dir, self.driver_name)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.plugins_dir / self.driver_name / CHECKPOINT_FILE
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 = off, or 1-65535)") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0 = off, or 1-65535)")
+    return value
+
+
+def _abs_dir(text: str) -> Path:
+    p = Path(text)
+    if not p.is_absolute():
+        raise argparse.ArgumentTypeError(f"{text!r} must be an absolute path (kubelet resolves it on the host)")
+    return p
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="neuron-dra-driver", description="The Neuron DRA kubelet plugin of one node.")
+
+    def env_default(name: str, fallback: str | None) -> str | None:
+        return env.get(name) or fallback
+
+    p.add_argument("--node-name", default=env_default("NODE_NAME", None), metavar="NAME",
+                   help="this node (and pool) name [env NODE_NAME]")
+    p.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, metavar="NAME",
+                   help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
+    p.add_argument("--plugins-dir", type=_abs_dir, metavar="DIR",
+                   default=env_default("KUBELET_PLUGINS_DIRECTORY_PATH", DEFAULT_PLUGINS_DIR),
+                   help=f"kubelet plugins dir [env KUBELET_PLUGINS_DIRECTORY_PATH] (default {DEFAULT_PLUGINS_DIR})")
+    p.add_argument("--registry-dir", type=_abs_dir, metavar="DIR",
+                   default=env_default("KUBELET_REGISTRAR_DIRECTORY_PATH", DEFAULT_REGISTRY_DIR),
+                   help=f"kubelet plugin registry dir [env KUBELET_REGISTRAR_DIRECTORY_PATH] "
+                        f"(default {DEFAULT_REGISTRY_DIR})")
+    p.add_argument("--cdi-root", type=_abs_dir, metavar="DIR", default=env_default("CDI_ROOT", DEFAULT_CDI_ROOT),
+                   help=f"CDI spec dir [env CDI_ROOT] (default {DEFAULT_CDI_ROOT})")
+    p.add_argument("--healthcheck-port", type=_port, default=env_default("HEALTHCHECK_PORT", "0"), metavar="PORT",
+                   help="gRPC health port, service 'liveness'; 0 = off [env HEALTHCHECK_PORT] (default 0)")
+    p.add_argument("--metrics-port", type=_port, default=env_default("METRICS_PORT", "0"), metavar="PORT",
+                   help="Prometheus /metrics port; 0 = off [env METRICS_PORT] (default 0)")
+    p.add_argument("--bind-address", default=env_default("BIND_ADDRESS", "0.0.0.0"), metavar="ADDR",
+                   help="address of the health and metrics ports [env BIND_ADDRESS] (default 0.0.0.0)")
+    p.add_argument("--kubeconfig", default=None, metavar="FILE", help="kubeconfig file (default: in-cluster)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--host-root", type=_abs_dir, metavar="DIR",
+                     help="root of the host's /sys and /dev as mounted in the container (default /)")
+    src.add_argument("--emulate", metavar="INSTANCE_TYPE", choices=sorted(CATALOG),
+                     help="emulate this instance type in a temporary host tree (for local clusters and tests)")
+    p.add_argument("--log-level", default=env_default("LOG_LEVEL", "info"),
+                   choices=["debug", "info", "warning", "error"], help="[env LOG_LEVEL] (default info)")
+    p.add_argument("--version", action="version", version=f"neuron-dra-driver {__version__}")
+    return p
+
+
+def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonOptions:
+    parser = build_parser(env)
+    a = parser.parse_args(argv)
+    if not a.node_name:
+        parser.error("--node-name (or env NODE_NAME) is required")
+    host_root = None if a.emulate else (a.host_root or Path("/"))
+    return DaemonOptions(
+        node_name=a.node_name, driver_name=a.driver_name, plugins_dir=Path(a.plugins_dir),
+        registry_dir=Path(a.registry_dir), cdi_root=Path(a.cdi_root), healthcheck_port=int(a.healthcheck_port),
+        metrics_port=int(a.metrics_port), bind_address=a.bind_address, kubeconfig=a.kubeconfig, host_root=host_root,
+        emulate=a.emulate, log_level=a.log_level,
+    )
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+class Daemon:
+    """All parts of the running driver; `start` brings them up in order, `stop` takes them down."""
+
+    def __init__(self, options: DaemonOptions, lookup: ClaimLookup, api: client.ApiClient | None,
+                 crash: CrashPoints | None = None, metrics: Metrics | None = None) -> None:
+        self.options = options
+        self.lookup = lookup
+        self.api = api
+        self.crash = crash or CrashPoints()
+        self.metrics = metrics or Metrics()
+        self.stop_event = threading.Event()
+        self.host: NeuronHost | None = None
+        self.host_root: Path | None = None
+        self.state: DriverState | None = None
+        self.servers: PluginServers | None = None
+        self.health: HealthServer | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.publisher: SlicePublisher | None = None
+        self._emulated: tempfile.TemporaryDirectory[str] | None = None
+
+    def _load_host(self) -> tuple[NeuronHost, Path]:
+        o = self.options
+        if o.emulate:
+            # Kept for the daemon's lifetime: prepare reads the UltraServer class files under it.
+            self._emulated = tempfile.TemporaryDirectory(prefix="neuron-dra-emulated-")
+            root = emulate(o.emulate, Path(self._emulated.name) / "root", EmulationOptions(host_id=o.node_name))
+        else:
+            assert o.host_root is not None
+            root = o.host_root
+        return discover(root), root
+
+    def start(self) -> None:
+        o = self.options
+        try:
+            self.host, self.host_root = self._load_host()
+        except (DiscoveryError, UnknownInstanceTypeError) as e:
+            raise StartupError(f"host discovery failed: {e}") from None
+        log.info("discovered host", extra={"instance_type": self.host.instance_type,
+                                           "devices": len(self.host.devices), "host_root": str(self.host_root),
+                                           "kernel_driver_version": self.host.kernel_driver_version})
+        plugin_dir = o.plugins_dir / o.driver_name
+        plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self.state = DriverState(host=self.host, host_root=self.host_root, driver_name=o.driver_name,
+                                 pool_name=o.node_name, cdi=CdiStore(o.cdi_root, o.driver_name),
+                                 checkpoint=Checkpoint(o.checkpoint_path), lookup=self.lookup, crash=self.crash,
+                                 metrics=self.metrics)
+        try:
+            self.state.load()
+            self.state.reconcile_local()
+        except (CheckpointError, OSError) as e:
+            raise StartupError(str(e)) from None
+        self.servers = PluginServers(o.sockets, self.state, o.driver_name)
+        try:
+            self.servers.start()
+        except (SocketError, OSError) as e:
+            raise StartupError(str(e)) from None
+        if o.healthcheck_port:
+            self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port)
+            self.health.start()
+        if o.metrics_port:
+            self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)
+            log.info("metrics listening", extra={"port": self.metrics_server.port})
+        if self.api is not None:
+            self.publisher = SlicePublisher(self.api, self.host, o.node_name,
+                                            PublishOptions(driver_name=o.driver_name), self.metrics)
+            self.publisher.start(self.stop_event)
+        else:
+            log.warning("no API client: not publishing ResourceSlices")
+
+    def run(self) -> None:
+        """Until stop_event: re-check unfinished prepares that could not be resolved yet."""
+        assert self.state is not None
+        pending = True
+        while pending and not self.stop_event.is_set():
+            pending = bool(self.state.resolve_unfinished().unresolved)
+            if pending:
+                self.stop_event.wait(RESOLVE_INTERVAL)
+        self.stop_event.wait()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.servers is not None:
+            self.servers.stop()
+        if self.health is not None:
+            self.health.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self.state is not None:
+            self.state.close()
+        if self._emulated is not None:
+            self._emulated.cleanup()
+        log.info("stopped")
+
+
+def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: client.ApiClient | None,
+               crash: CrashPoints | None = None) -> int:
+    """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
+    daemon = Daemon(options, lookup, api, crash)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: daemon.stop_event.set())
+    try:
+        daemon.start()
+    except StartupError as e:
+        log.error("start-up failed", extra={"error": str(e)})
+        daemon.stop()
+        return 1
+    try:
+        daemon.run()
+    finally:
+        daemon.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_options(argv, os.environ)
+    logs.configure(options.log_level)
+    try:
+        crash = CrashPoints.from_env(os.environ)
+        api = api_client(options.kubeconfig)
+    except (ValueError, KubeConfigError) as e:
+        log.error("start-up failed", extra={"error": str(e)})
+        return 2
+    return run_daemon(options, KubeClaimLookup(api), api, crash)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

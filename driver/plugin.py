@@ -1,0 +1,184 @@
+"""The kubelet-facing gRPC servers on unix sockets: the DRA service (v1 and v1beta1) and plugin registration.
+
+Order (kubelet-dra.md §1): the DRA socket listens before the registration socket appears, because kubelet
+dials the endpoint as soon as it sees the registration socket; on shutdown the registration socket goes
+first, so kubelet deregisters before the DRA service stops. Stale socket files are removed before
+listening; both sockets are mode 0600 (kubelet runs as root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from neuron_dra.driver._generated import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+from neuron_dra.driver.claims import ClaimError, ClaimRef
+from neuron_dra.driver.state import DriverState
+
+log = logging.getLogger("neuron_dra.driver.plugin")
+
+PLUGIN_TYPE = "DRAPlugin"
+# Most recent first: kubelet picks the newest it supports.
+DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+SOCKET_MODE = 0o600
+MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
+
+
+class SocketError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class SocketPaths:
+    dra: Path  # <plugins dir>/<driver>/dra.sock
+    registration: Path  # <registry dir>/<driver>-reg.sock
+
+    @classmethod
+    def for_driver(cls, plugins_dir: Path, registry_dir: Path, driver_name: str) -> SocketPaths:
+        return cls(plugins_dir / driver_name / "dra.sock", registry_dir / f"{driver_name}-reg.sock")
+
+
+def _claim_refs(claims: Any) -> list[ClaimRef]:
+    return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
+
+
+class DraService:
+    """NodePrepareResources / NodeUnprepareResources for one API version (the messages module differs)."""
+
+    def __init__(self, state: DriverState, messages: ModuleType) -> None:
+        self._state = state
+        self._pb = messages
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        results = self._state.prepare(_claim_refs(request.claims))
+        response = self._pb.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]  # creates the entry: every claim gets one
+            if isinstance(result, ClaimError):
+                entry.error = result.message
+                continue
+            for d in result:
+                entry.devices.append(self._pb.Device(request_names=list(d.request_names), pool_name=d.pool_name,
+                                                     device_name=d.device_name,
+                                                     cdi_device_ids=list(d.cdi_device_ids)))
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        results = self._state.unprepare(_claim_refs(request.claims))
+        response = self._pb.NodeUnprepareResourcesResponse()
+        for uid, error in results.items():
+            entry = response.claims[uid]
+            if error is not None:
+                entry.error = error.message
+        return response
+
+
+class RegistrationService:
+    """What kubelet's plugin watcher asks on the registration socket."""
+
+    def __init__(self, driver_name: str, endpoint: Path, services: tuple[str, ...] = DRA_SERVICES) -> None:
+        self.driver_name = driver_name
+        self.endpoint = endpoint
+        self.services = services
+        self.registered = threading.Event()
+        self.last_error = ""
+
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return pluginregistration_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver_name,
+                                                 endpoint=str(self.endpoint),
+                                                 supported_versions=list(self.services))
+
+    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if request.plugin_registered:
+            self.last_error = ""
+            self.registered.set()
+            log.info("registered with kubelet", extra={"driver": self.driver_name})
+        else:
+            self.last_error = request.error
+            self.registered.clear()
+            log.error("kubelet rejected the registration", extra={"driver": self.driver_name, "error": request.error})
+        return pluginregistration_pb2.RegistrationStatusResponse()
+
+
+def check_socket_path(path: Path) -> None:
+    if not path.is_absolute():
+        raise SocketError(f"socket path {path} must be absolute (kubelet resolves it on the host)")
+    if len(str(path).encode()) > MAX_UNIX_SOCKET_PATH:
+        raise SocketError(f"socket path {path} is {len(str(path).encode())} bytes; unix sockets allow at most "
+                          f"{MAX_UNIX_SOCKET_PATH}: use a shorter --plugins-dir/--registry-dir")
+
+
+def remove_stale_socket(path: Path) -> None:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        raise SocketError(f"{path} is a directory; cannot listen there")
+    path.unlink()
+    log.info("removed stale socket", extra={"path": str(path)})
+
+
+def _listen(server: grpc.Server, path: Path) -> None:
+    check_socket_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_socket(path)
+    # Bind under a restrictive umask so the socket is never world-writable, not even briefly.
+    old = os.umask(0o177)
+    try:
+        server.add_insecure_port(f"unix://{path}")
+    except RuntimeError as e:
+        raise SocketError(f"cannot listen on {path}: {e}") from None
+    finally:
+        os.umask(old)
+    os.chmod(path, SOCKET_MODE)
+
+
+class PluginServers:
+    def __init__(self, paths: SocketPaths, state: DriverState, driver_name: str, max_workers: int = 16) -> None:
+        self.paths = paths
+        self.registration = RegistrationService(driver_name, paths.dra)
+        self._state = state
+        self._max_workers = max_workers
+        self._dra: grpc.Server | None = None
+        self._reg: grpc.Server | None = None
+
+    def start(self) -> None:
+        dra = grpc.server(ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="dra"))
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(self._state, dra_v1_pb2), dra)
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(self._state, dra_v1beta1_pb2), dra)
+        _listen(dra, self.paths.dra)
+        dra.start()
+        self._dra = dra
+        reg = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="registration"))
+        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
+        _listen(reg, self.paths.registration)
+        reg.start()
+        self._reg = reg
+        log.info("serving", extra={"dra_socket": str(self.paths.dra),
+                                   "registration_socket": str(self.paths.registration), "services": list(DRA_SERVICES)})
+
+    def stop(self, grace: float = 5.0) -> None:
+        for server, path in ((self._reg, self.paths.registration), (self._dra, self.paths.dra)):
+            if server is not None:
+                server.stop(grace).wait(grace + 1)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self._reg = self._dra = None

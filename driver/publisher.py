@@ -1,0 +1,215 @@
+"""Publishing this node's ResourceSlices with the reference publisher's semantics.
+
+Slices are named by generateName and owned by the Node; any change bumps the pool generation; obsolete
+slices are deleted before the others are updated or created. A watch on this node's slices of this
+driver notices deletion (kubelet wipes a node's slices when it starts, and a driver's after it has been
+gone for 30 s) and republishes at once. API errors are retried with exponential backoff; the publisher
+never raises out of its loop, and it only ever lists, changes or deletes slices whose spec names this
+node and this driver.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from neuron_dra.driver.kube import read_json
+from neuron_dra.driver.metrics import Metrics
+from neuron_dra.driver.model import NeuronHost
+from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices
+
+log = logging.getLogger("neuron_dra.driver.publisher")
+
+Slice = dict[str, Any]
+REQUEST_TIMEOUT = (3.0, 15.0)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    initial: float = 0.5
+    maximum: float = 30.0
+
+    def next(self, current: float) -> float:
+        return min(self.maximum, max(self.initial, current * 2))
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    generation: int
+    devices: int
+    created: int = 0
+    updated: int = 0
+    deleted: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated or self.deleted)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _content(spec: Mapping[str, Any]) -> str:
+    """What must match for a slice to be up to date (everything but the generation)."""
+    pool = spec.get("pool") or {}
+    devices = sorted(spec.get("devices") or (), key=lambda d: str(d.get("name")))
+    return _canonical({"driver": spec.get("driver"), "nodeName": spec.get("nodeName"), "pool": pool.get("name"),
+                       "count": pool.get("resourceSliceCount"), "devices": devices})
+
+
+class SlicePublisher:
+    def __init__(self, api: client.ApiClient, host: NeuronHost, node_name: str, options: PublishOptions,
+                 metrics: Metrics | None = None, resync_seconds: float = 60.0, backoff: Backoff | None = None,
+                 capacity_block_id: str | None = None) -> None:
+        # Any: bodies are plain dicts (the client serializes them as they are), not its model classes.
+        self._resource: Any = client.ResourceV1Api(api)
+        self._core = client.CoreV1Api(api)
+        self.host = host
+        self.node_name = node_name
+        self.options = options
+        self._metrics = metrics
+        self._resync = resync_seconds
+        self._backoff = backoff or Backoff()
+        self._capacity_block_id = capacity_block_id
+        self._generation = 0
+        self._selector = f"spec.nodeName={node_name},spec.driver={options.driver_name}"
+        self._thread: threading.Thread | None = None
+        self.published = threading.Event()  # set after the first successful reconcile
+
+    # --- one pass --------------------------------------------------------------------------------------------
+
+    def _node(self) -> tuple[NodeFacts, str]:
+        node = read_json(self._core.read_node(self.node_name, _preload_content=False,
+                                              _request_timeout=REQUEST_TIMEOUT))
+        labels = node.get("metadata", {}).get("labels") or {}
+        return NodeFacts.from_labels(self.node_name, labels, self._capacity_block_id), node["metadata"]["uid"]
+
+    def _ours(self, s: Mapping[str, Any]) -> bool:
+        spec = s.get("spec") or {}
+        return spec.get("nodeName") == self.node_name and spec.get("driver") == self.options.driver_name
+
+    def list_slices(self) -> tuple[list[Slice], str]:
+        """This node's slices of this driver (sorted by name) and the list's resourceVersion."""
+        data = read_json(self._resource.list_resource_slice(field_selector=self._selector, _preload_content=False,
+                                                            _request_timeout=REQUEST_TIMEOUT))
+        items = [s for s in data.get("items") or () if self._ours(s)]
+        items.sort(key=lambda s: s["metadata"]["name"])
+        return items, str(data.get("metadata", {}).get("resourceVersion", ""))
+
+    def desired(self) -> list[Slice]:
+        facts, node_uid = self._node()
+        pool = build_pool(self.host, facts, self.options)
+        return resource_slices(pool, 0, node_uid)
+
+    def reconcile(self) -> tuple[PublishResult, str]:
+        """Make the API match the desired slices; returns what changed and a resourceVersion to watch from."""
+        desired = self.desired()
+        existing, rv = self.list_slices()
+        devices = sum(len(d["spec"]["devices"]) for d in desired)
+        generations = {int(s["spec"]["pool"].get("generation", 0)) for s in existing}
+        owners_ok = all(s["metadata"].get("ownerReferences") == d["metadata"].get("ownerReferences")
+                        for s, d in zip(existing, desired, strict=False))
+        if (len(existing) == len(desired) and len(generations) == 1 and owners_ok
+                and sorted(_content(s["spec"]) for s in existing) == sorted(_content(d["spec"]) for d in desired)):
+            self._generation = max(self._generation, *generations)
+            self._set_gauge(devices)
+            return PublishResult(self._generation, devices), rv
+        generation = max([self._generation, *generations]) + (1 if existing else 0)
+        obsolete, reused = existing[len(desired):], existing[:len(desired)]
+        for s in obsolete:  # obsolete first, so consumers never see more slices than the pool has
+            self._delete(s)
+        for s, d in zip(reused, desired, strict=False):
+            body = {**d, "metadata": {**d["metadata"], "name": s["metadata"]["name"],
+                                      "resourceVersion": s["metadata"]["resourceVersion"]}}
+            body["metadata"].pop("generateName", None)
+            body["spec"]["pool"]["generation"] = generation
+            self._write("update", partial(self._resource.replace_resource_slice, body["metadata"]["name"], body,
+                                          _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
+        for d in desired[len(reused):]:
+            d["spec"]["pool"]["generation"] = generation
+            self._write("create", partial(self._resource.create_resource_slice, d, _preload_content=False,
+                                          _request_timeout=REQUEST_TIMEOUT))
+        self._generation = generation
+        self._set_gauge(devices)
+        result = PublishResult(generation, devices, created=len(desired) - len(reused), updated=len(reused),
+                               deleted=len(obsolete))
+        log.info("published ResourceSlices", extra={"node": self.node_name, "generation": generation,
+                                                    "devices": devices, "created": result.created,
+                                                    "updated": result.updated, "deleted": result.deleted})
+        return result, ""
+
+    def _delete(self, s: Slice) -> None:
+        if not self._ours(s):  # belt and braces: never another node's or driver's slice
+            raise RuntimeError(f"refusing to delete ResourceSlice {s['metadata']['name']}: not this node's")
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=s["metadata"]["uid"]))
+        try:
+            self._write("delete", partial(self._resource.delete_resource_slice, s["metadata"]["name"], body=body,
+                                          _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _write(self, verb: str, call: Callable[[], Any]) -> None:
+        call()
+        if self._metrics:
+            self._metrics.slice_writes.labels(verb).inc()
+
+    def _set_gauge(self, devices: int) -> None:
+        if self._metrics:
+            self._metrics.published_devices.set(devices)
+
+    # --- the loop --------------------------------------------------------------------------------------------
+
+    def _wait_for_change(self, rv: str, stop: threading.Event) -> None:
+        """Block until a slice of ours changes (or the resync period ends)."""
+        w = watch.Watch()
+        kwargs: dict[str, Any] = {"field_selector": self._selector, "timeout_seconds": max(1, int(self._resync)),
+                                  "allow_watch_bookmarks": True, "_request_timeout": (3.0, self._resync + 10)}
+        if rv:
+            kwargs["resource_version"] = rv
+        for event in w.stream(self._resource.list_resource_slice, **kwargs):
+            if stop.is_set() or event.get("type") != "BOOKMARK":
+                w.stop()
+                return
+
+    def run(self, stop: threading.Event) -> None:
+        delay = 0.0
+        writes_in_a_row = 0
+        while not stop.is_set():
+            try:
+                result, rv = self.reconcile()
+                self.published.set()
+                delay = 0.0
+                if result.changed:
+                    writes_in_a_row += 1
+                    if writes_in_a_row < 3:
+                        continue  # check our own writes took, then watch from a version that includes them
+                    # Still different right after writing it: the API server rewrites something we send.
+                    log.warning("published slices still differ after writing them; waiting for the next resync",
+                                extra={"node": self.node_name})
+                    _, rv = self.list_slices()
+                writes_in_a_row = 0
+                self._wait_for_change(rv, stop)
+            except Exception as e:  # API down, conflicts, 410 Gone: back off and start over
+                delay = self._backoff.next(delay)
+                if self._metrics:
+                    self._metrics.api_errors.labels("publish").inc()
+                status = getattr(e, "status", None)
+                log.warning("publishing ResourceSlices failed; retrying", extra={
+                    "node": self.node_name, "error": f"{type(e).__name__}: {str(e)[:300]}", "status": status,
+                    "retry_in_seconds": delay})
+                stop.wait(delay)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        self._thread = threading.Thread(target=self.run, args=(stop,), name="slice-publisher", daemon=True)
+        self._thread.start()
+        return self._thread
