@@ -110,8 +110,9 @@ def build_spec(devices: Sequence[CdiDevice], kind: str = CDI_KIND) -> dict[str, 
 
 
 def spec_text(spec: Mapping[str, Any]) -> str:
-    """The exact bytes written for a spec (deterministic, so a rewrite reproduces the file)."""
-    return json.dumps(spec, indent=2) + "\n"
+    """The exact text written for a spec (deterministic, so a rewrite reproduces the file). Compact: the
+    indenting JSON encoder is pure Python and would cost more than the rest of a prepare."""
+    return json.dumps(spec, separators=(",", ":")) + "\n"
 
 
 class CdiStore:

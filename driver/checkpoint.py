@@ -3,9 +3,12 @@
 Unprepare must work after a restart from this file alone (the claim object may be gone), so it
 holds everything: the answer given to kubelet, the devices the claim holds, and the CDI spec text
 (rewritten at start and on every repeated prepare, since the CDI directory is tmpfs). The file is
-versioned and checksummed, written atomically and fsynced. A prepare is recorded twice: as
-PrepareStarted before its CDI spec is written and as PrepareCompleted before kubelet gets the answer,
-so a crash in between leaves an entry the next start can clean up.
+versioned and checksummed, and always replaced atomically (temp file + rename). A prepare is recorded
+twice: as PrepareStarted before its CDI spec is written and as PrepareCompleted, fsynced, before kubelet
+gets the answer, so a crash in between leaves an entry the next start can clean up. The PrepareStarted
+write is not fsynced: it survives a crash of the daemon (the rename is in the page cache), and what a
+power loss could cost is a spec in /var/run/cdi, which is tmpfs and gone as well (specs elsewhere are
+found by the orphan scan at start). Removals are fsynced.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +77,11 @@ class PreparedClaim:
         return PreparedClaim(self.uid, self.namespace, self.name, state, self.devices, self.neuron_indexes,
                              self.cdi_spec, self.prepared_at)
 
+    @cached_property
+    def canonical_json(self) -> str:
+        """This entry as canonical JSON (sorted keys, no spaces): what the checkpoint file holds."""
+        return _canonical(self.to_json())
+
     def to_json(self) -> dict[str, Any]:
         return {
             "namespace": self.namespace, "name": self.name, "state": self.state.value,
@@ -87,15 +96,21 @@ class PreparedClaim:
                    spec_text(d["cdiSpec"]), float(d["preparedAt"]))
 
 
-def _checksum(claims: Mapping[str, Any]) -> str:
-    canonical = json.dumps(claims, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _checksum(canonical_claims: str) -> str:
+    return "sha256:" + hashlib.sha256(canonical_claims.encode("utf-8")).hexdigest()
 
 
 def encode(claims: Mapping[str, PreparedClaim]) -> bytes:
-    data = {uid: c.to_json() for uid, c in sorted(claims.items())}
-    doc = {"version": CHECKPOINT_VERSION, "checksum": _checksum(data), "preparedClaims": data}
-    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode("utf-8")
+    """The file: {"checksum", "preparedClaims", "version"}, the checksum taken over the canonical JSON of
+    preparedClaims (sorted keys, no spaces), which is also exactly how it is written. Each claim's canonical
+    text is computed once per entry, so a save costs a join and a hash, not a re-encoding of every claim."""
+    canonical = "{" + ",".join(f"{json.dumps(uid)}:{claims[uid].canonical_json}" for uid in sorted(claims)) + "}"
+    return (f'{{"checksum":"{_checksum(canonical)}","preparedClaims":{canonical},'
+            f'"version":{CHECKPOINT_VERSION}}}\n').encode()
 
 
 def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
@@ -112,7 +127,7 @@ def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
     data = doc.get("preparedClaims")
     if not isinstance(data, dict):
         raise CheckpointError(path, "field 'preparedClaims' must be an object")
-    if doc.get("checksum") != _checksum(data):
+    if doc.get("checksum") != _checksum(_canonical(data)):
         raise CheckpointError(path, f"checksum mismatch (recorded {doc.get('checksum')!r}); the file is corrupt")
     try:
         return {uid: PreparedClaim.from_json(uid, entry) for uid, entry in data.items()}
@@ -133,6 +148,8 @@ class Checkpoint:
             return {}
         return decode(self.path, raw)
 
-    def save(self, claims: Mapping[str, PreparedClaim], before_rename: Callable[[], None] | None = None) -> None:
-        """Replace the file with `claims` (atomic, fsynced); `before_rename` is a crash-injection hook."""
-        write_atomic(self.path, encode(claims), mode=0o600, durable=True, before_rename=before_rename)
+    def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True,
+             before_rename: Callable[[], None] | None = None) -> None:
+        """Replace the file with `claims`, atomically; `durable` also fsyncs file and directory (survives a power
+        loss, not only a crash). `before_rename` is a crash-injection hook."""
+        write_atomic(self.path, encode(claims), mode=0o600, durable=durable, before_rename=before_rename)

@@ -289,7 +289,7 @@ class DriverState:
         started = PreparedClaim(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, plan.devices,
                                 plan.exclusive, plan.cdi_spec, self._clock())
         before = self._claims
-        self._save_locked({**before, ref.uid: started},
+        self._save_locked({**before, ref.uid: started}, durable=False,
                           before_rename=lambda: self._crash.hit("prepare-checkpoint-before-rename"))
         self._crash.hit("prepare-after-started")
         try:
@@ -306,9 +306,10 @@ class DriverState:
         self._crash.hit("prepare-after-completed")
         self._update_gauge()
 
-    def _save_locked(self, claims: dict[str, PreparedClaim], before_rename: Callable[[], None] | None = None) -> None:
+    def _save_locked(self, claims: dict[str, PreparedClaim], *, durable: bool = True,
+                     before_rename: Callable[[], None] | None = None) -> None:
         try:
-            self._checkpoint.save(claims, before_rename=before_rename)
+            self._checkpoint.save(claims, durable=durable, before_rename=before_rename)
         except OSError as e:
             raise ClaimError(Reason.INTERNAL, f"writing the checkpoint {self._checkpoint.path} failed: {e}") from None
         self._claims = claims
