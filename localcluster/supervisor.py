@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client, config
 
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import EmulationOptions, emulate
 from neuron_dra.localcluster.apply import apply_all
+from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
 from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver, efa_device_class
 from neuron_dra.localcluster.kubelet_standin import KubeletStandin, StandinConfig
 from neuron_dra.localcluster.nodes import NodeHeartbeat, node_manifest
@@ -52,15 +52,6 @@ def write_status(cluster_dir: Path, **status: Any) -> None:
     tmp = cluster_dir / f".{STATUS_FILE}.tmp"
     tmp.write_text(json.dumps(status, indent=1), encoding="utf-8")
     tmp.replace(cluster_dir / STATUS_FILE)
-
-
-def token_kubeconfig(server: str, ca_file: Path, token: str, user: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1", "kind": "Config", "current-context": user,
-        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": user, "context": {"cluster": "local", "user": user}}],
-    }
 
 
 class DriverProcess:
@@ -113,13 +104,12 @@ class DriverProcess:
 class NodeAgent:
     """Everything that runs for one emulated node."""
 
-    def __init__(self, cluster_dir: Path, node: NodeSpec, api: client.ApiClient, server: str, ca_file: Path,
+    def __init__(self, cluster_dir: Path, node: NodeSpec, api: client.ApiClient, control_plane: ControlPlane,
                  identity: DriverIdentity, driver_name: str, plugin_connector: Any) -> None:
         self.node = node
         self.paths = NodePaths.of(cluster_dir, node.name)
         self.api = api
-        self.server = server
-        self.ca_file = ca_file
+        self.control_plane = control_plane
         self.identity = identity
         self.driver_name = driver_name
         self.connector = plugin_connector
@@ -174,13 +164,11 @@ class NodeAgent:
                 raise
             created = core.read_namespaced_pod(pod_name, ident.namespace)
         assert created.metadata is not None
-        request: Any = {"spec": {"expirationSeconds": DEFAULT_TTL_S + 3600,
-                                 "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod_name,
-                                                    "uid": created.metadata.uid}}}
-        token: Any = core.create_namespaced_service_account_token(ident.service_account, ident.namespace, request)
+        bound = BoundObject(kind="Pod", api_version="v1", name=pod_name, uid=str(created.metadata.uid))
+        token = self.control_plane.service_account_token(ident.namespace, ident.service_account, bound_object=bound,
+                                                         expiration_s=DEFAULT_TTL_S + 3600, create=False)
         user = f"system:serviceaccount:{ident.namespace}:{ident.service_account}"
-        kubeconfig = token_kubeconfig(self.server, self.ca_file, str(token.status.token), user)
-        self.paths.driver_kubeconfig.write_text(yaml.safe_dump(kubeconfig), encoding="utf-8")
+        self.control_plane.token_kubeconfig(token, user, self.paths.driver_kubeconfig)
         self.paths.driver_kubeconfig.chmod(0o600)
 
     def stop(self) -> None:
@@ -205,7 +193,6 @@ def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdenti
 
 
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str) -> int:
-    from neuron_dra.localcluster.controlplane import ControlPlane
     from neuron_dra.localcluster.pluginclient import StandinConnector
 
     stop = threading.Event()
@@ -221,8 +208,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str) 
         objects, identity = driver_objects(driver_name)
         apply_all(admin, objects)
         for node in nodes:
-            agent = NodeAgent(cluster_dir, node, admin, cp.server, cp.ca_file, identity, driver_name,
-                              StandinConnector())
+            agent = NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, StandinConnector())
             agents.append(agent)
             agent.start()
         (cluster_dir / "kubeconfig").write_text(Path(cp.kubeconfig).read_text())
