@@ -1,0 +1,614 @@
+"""A simulation of kube-scheduler's structured DRA allocator (k8s.io/dynamic-resource-allocation/structured).
+
+Same inputs as the real one (API dicts of ResourceSlices, DeviceClasses and ResourceClaims, the set of
+already allocated devices, the node) and the same semantics, read from the 1.34 "stable" allocator:
+- pools: slices for the node (nodeName, allNodes or a matching nodeSelector), newest generation only;
+  incomplete pools (fewer slices than resourceSliceCount) and invalid ones (duplicate device names) give
+  no devices, and fail an `All` request;
+- depth-first search with backtracking over claims, requests (firstAvailable: subrequests in order),
+  device slots, pools, slices and devices in order; the first complete solution wins;
+- a device is selectable when every class selector and then every request selector is true (results
+  cached per device and request); a CEL error aborts the whole allocation, as in Kubernetes;
+- `All`: every selectable device of the node (in use or not) at once, and at least one; a constraint
+  that one of them breaks is an error;
+- matchAttribute over the named requests (or all): same type and value; a device without the
+  attribute never joins; constraints checked as devices are added;
+- at most 32 devices per claim, with the allocator's special backtracking when a firstAvailable
+  alternative would exceed it.
+
+Deliberate differences, none of which changes an answer: this search skips a device slot when fewer
+free, selectable, constraint-compatible devices remain than the request still needs (the Go search
+visits that subtree and fails, possibly for seconds); there is no 10 s timeout; pools are visited in
+the order their first slice appears (Go flattens a map, so its pool order is unspecified).
+Alpha features (partitionable devices, consumable capacity, taints, binding conditions) are off, as on
+EKS: slices with per-device node selection are ignored, devices that consume counters or have binding
+conditions are never allocated.
+
+Modes, like the Go comparison program (localcluster/go/allocsim): "fit-one" allocates all claims
+together once; "count" allocates copies of claims[0] one after another, each result added to the
+allocated set, up to 64.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from neuron_dra.claim_templates.cel_env import (
+    CelCompileError,
+    CelDevice,
+    CelEnvironment,
+    CelEvaluationError,
+)
+
+MAX_DEVICES_PER_CLAIM = 32  # resource.k8s.io/v1 AllocationResultsMaxSize
+COUNT_CAP = 64
+
+Mode = Literal["fit-one", "count"]
+
+
+@dataclass(frozen=True, order=True)
+class DeviceId:
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    """One allocated device, as in `status.allocation.devices.results[]`."""
+
+    request: str  # "req" or "req/subreq"
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool = False  # not counted as allocated afterwards (the scheduler's claim tracker)
+
+    @property
+    def id(self) -> DeviceId:
+        return DeviceId(self.driver, self.pool, self.device)
+
+    def to_api(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"request": self.request, "driver": self.driver, "pool": self.pool,
+                               "device": self.device}
+        if self.admin_access:
+            out["adminAccess"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    satisfiable: bool
+    count: int
+    allocation: tuple[tuple[DeviceResult, ...], ...]  # fit-one: one per claim; count: one per copy
+    error: str | None = None  # the allocator returned an error (Kubernetes: the pod is unschedulable here)
+
+
+class AllocationError(Exception):
+    """What the Go allocator returns as an error."""
+
+
+class _MaxSizeExceeded(Exception):
+    """errAllocationResultMaxSizeExceeded: internal backtracking signal."""
+
+
+# --- pools -----------------------------------------------------------------------------------------
+
+@dataclass
+class _Device:
+    id: DeviceId
+    api: Mapping[str, Any]
+    pool: _Pool
+    _cel: CelDevice | None = None
+
+    @property
+    def cel(self) -> CelDevice:
+        if self._cel is None:
+            self._cel = CelDevice.from_api(self.id.driver, self.api, self.id.pool)
+        return self._cel
+
+    def attribute(self, qualified: str) -> tuple[Any, ...] | None:
+        """lookupAttribute: the fully qualified name, or the bare name when the domain is the driver."""
+        attrs: Mapping[str, Mapping[str, Any]] = self.api.get("attributes") or {}
+        value = attrs.get(qualified)
+        if value is None:
+            domain, sep, name = qualified.partition("/")
+            if not sep or domain != self.id.driver:
+                return None
+            value = attrs.get(name)
+        if value is None:
+            return None
+        for kind in ("string", "int", "bool", "version"):
+            if kind in value:
+                return (kind, value[kind])
+        return ("unknown",)  # an unknown value type never matches
+
+
+@dataclass
+class _Pool:
+    driver: str
+    name: str
+    generation: int
+    slices: list[Mapping[str, Any]] = field(default_factory=list)
+    devices: list[_Device] = field(default_factory=list)
+    incomplete: bool = False
+    invalid: bool = False
+
+
+def _node_matches(node_name: str, labels: Mapping[str, str], selector: Mapping[str, Any]) -> bool:
+    """A v1 NodeSelector: terms are ORed, the requirements of a term ANDed."""
+    for term in selector.get("nodeSelectorTerms") or []:
+        exprs = term.get("matchExpressions") or []
+        fields = term.get("matchFields") or []
+        if not exprs and not fields:
+            continue  # an empty term matches nothing
+        if all(_requirement(labels, r) for r in exprs) and \
+                all(_requirement({"metadata.name": node_name}, r) for r in fields):
+            return True
+    return False
+
+
+def _requirement(values: Mapping[str, str], req: Mapping[str, Any]) -> bool:
+    key, op, wanted = req["key"], req["operator"], list(req.get("values") or [])
+    present = key in values
+    if op == "In":
+        return present and values[key] in wanted
+    if op == "NotIn":
+        return not present or values[key] not in wanted
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and present and len(wanted) == 1:
+        try:
+            have, limit = int(values[key]), int(wanted[0])
+        except ValueError:
+            return False
+        return have > limit if op == "Gt" else have < limit
+    return False
+
+
+def gather_pools(slices: Iterable[Mapping[str, Any]], node_name: str, node_labels: Mapping[str, str]
+                 ) -> list[_Pool]:
+    labels = {"kubernetes.io/hostname": node_name, **node_labels}
+    pools: dict[tuple[str, str], _Pool] = {}
+    for s in slices:
+        spec = s["spec"]
+        if spec.get("perDeviceNodeSelection") is not None:
+            continue  # partitionable devices (alpha) are off
+        if spec.get("nodeName"):
+            if spec["nodeName"] != node_name:
+                continue
+        elif spec.get("allNodes"):
+            pass
+        elif spec.get("nodeSelector") is not None:
+            if not _node_matches(node_name, labels, spec["nodeSelector"]):
+                continue
+        else:
+            continue
+        key = (spec["driver"], spec["pool"]["name"])
+        generation = int(spec["pool"].get("generation", 0))
+        pool = pools.get(key)
+        if pool is None:
+            pool = pools[key] = _Pool(key[0], key[1], generation)
+        elif generation < pool.generation:
+            continue
+        elif generation > pool.generation:
+            pool.slices, pool.generation = [], generation
+        pool.slices.append(s)
+    for pool in pools.values():
+        pool.incomplete = len(pool.slices) != int(pool.slices[0]["spec"]["pool"].get("resourceSliceCount", 1))
+        seen: set[str] = set()
+        for s in pool.slices:
+            for d in s["spec"].get("devices") or []:
+                if d["name"] in seen:
+                    pool.invalid = True
+                seen.add(d["name"])
+                pool.devices.append(_Device(DeviceId(pool.driver, pool.name, d["name"]), d, pool))
+    return list(pools.values())
+
+
+# --- requests ----------------------------------------------------------------------------------------
+
+@dataclass
+class _Request:
+    claim: int
+    index: int
+    sub: int
+    name: str  # base request name
+    sub_name: str | None
+    class_name: str
+    selectors: list[str]
+    mode: str
+    count: int
+    admin: bool
+    num: int = 0
+    all_devices: list[_Device] = field(default_factory=list)
+
+    @property
+    def full_name(self) -> str:
+        return self.name if self.sub_name is None else f"{self.name}/{self.sub_name}"
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.claim, self.index, self.sub)
+
+
+@dataclass
+class _MatchAttribute:
+    requests: frozenset[str]
+    attribute: str
+    value: tuple[Any, ...] | None = None
+    num: int = 0
+
+    def applies(self, base: str, sub: str | None) -> bool:
+        if not self.requests:
+            return True
+        return base in self.requests or (sub is not None and f"{base}/{sub}" in self.requests)
+
+    def add(self, req: _Request, device: _Device) -> bool:
+        if not self.applies(req.name, req.sub_name):
+            return True
+        value = device.attribute(self.attribute)
+        if value is None:
+            return False
+        if self.num == 0:
+            self.value, self.num = value, 1
+            return True
+        if value[0] == "unknown" or value != self.value:
+            return False
+        self.num += 1
+        return True
+
+    def remove(self, req: _Request) -> None:
+        if self.applies(req.name, req.sub_name):
+            self.num -= 1
+
+
+def _claim_label(claim: Mapping[str, Any], index: int) -> str:
+    meta = claim.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or f'claim-{index}'}"
+
+
+# --- the search --------------------------------------------------------------------------------------
+
+class Simulator:
+    """One node's pools and the device classes; allocates claims against an allocated set."""
+
+    def __init__(self, slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mapping[str, Any]],
+                 node_name: str, node_labels: Mapping[str, str] | None = None, cel: CelEnvironment | None = None
+                 ) -> None:
+        self.pools = gather_pools(slices, node_name, node_labels or {})
+        self.classes = {c["metadata"]["name"]: c for c in device_classes}
+        self.cel = cel or CelEnvironment()
+        # Selection does not depend on what is allocated, so it is cached per (claim spec, request, device).
+        self._selectable: dict[tuple[str, tuple[int, int, int], DeviceId], bool | AllocationError] = {}
+
+    def allocate(self, claims: Sequence[Mapping[str, Any]], allocated: Iterable[DeviceId] = ()
+                 ) -> tuple[tuple[DeviceResult, ...], ...] | None:
+        """The allocation of every claim, or None when the node cannot satisfy them; AllocationError
+        where Kubernetes' allocator returns an error."""
+        return _Search(self, claims, set(allocated)).run()
+
+    def selectable(self, spec_key: str, req: _Request, claim_label: str, device: _Device) -> bool:
+        key = (spec_key, req.key, device.id)
+        cached = self._selectable.get(key)
+        if cached is None:
+            try:
+                cached = self._select(req, claim_label, device)
+            except AllocationError as e:
+                cached = e
+            self._selectable[key] = cached
+        if isinstance(cached, AllocationError):
+            raise cached
+        return cached
+
+    def _select(self, req: _Request, claim_label: str, device: _Device) -> bool:
+        if device.api.get("bindingConditions"):
+            return False  # DRADeviceBindingConditions (alpha) is off
+        cls = self.classes.get(req.class_name)
+        if cls is not None:
+            class_selectors = [(s.get("cel") or {}).get("expression")
+                               for s in (cls.get("spec") or {}).get("selectors") or []]
+            if not self._all_match(class_selectors, f"class {req.class_name}", device):
+                return False
+        return self._all_match(req.selectors, f"claim {claim_label}", device)
+
+    def _all_match(self, expressions: Sequence[str | None], owner: str, device: _Device) -> bool:
+        for i, expr in enumerate(expressions):
+            if expr is None:
+                raise AllocationError(f"{owner}, selector #{i}: CEL expression empty (unsupported selector type?)")
+            try:
+                compiled = self.cel.compile(expr)
+            except CelCompileError as e:
+                raise AllocationError(f"{owner}: selector #{i}: CEL compile error: {e.message}") from None
+            try:
+                if not self.cel.evaluate(compiled, device.cel):
+                    return False
+            except CelEvaluationError as e:
+                raise AllocationError(f"{owner}: selector #{i} on device {device.id}: CEL runtime error: "
+                                      f"{e.message}") from None
+        return True
+
+
+Undo = Callable[[], None]
+
+
+class _Search:
+    def __init__(self, sim: Simulator, claims: Sequence[Mapping[str, Any]], allocated: set[DeviceId]) -> None:
+        self.sim = sim
+        self.claims = claims
+        self.labels = [_claim_label(c, i) for i, c in enumerate(claims)]
+        # Claims with the same spec share selection results (count mode allocates copies).
+        self.spec_keys = [json.dumps(c.get("spec"), sort_keys=True) for c in claims]
+        self.allocated = allocated
+        self.allocating: dict[DeviceId, set[int]] = {}
+        self.requests: dict[tuple[int, int, int], _Request] = {}
+        self.has_subrequests: set[tuple[int, int]] = set()
+        self.constraints: list[list[_MatchAttribute]] = []
+        self.results: list[list[DeviceResult]] = [[] for _ in claims]
+
+    def run(self) -> tuple[tuple[DeviceResult, ...], ...] | None:
+        self._prepare()
+        try:
+            done = self._allocate_one(0, 0, 0, 0, False)
+        except _MaxSizeExceeded:
+            raise AllocationError("allocation max size exceeded") from None
+        if not done:
+            if any(p.invalid for p in self.sim.pools):
+                raise AllocationError("invalid resource pools were encountered")
+            return None
+        return tuple(tuple(devs) for devs in self.results)
+
+    # requests and constraints, checked up front as Kubernetes does
+
+    def _prepare(self) -> None:
+        for ci, claim in enumerate(self.claims):
+            devices = (claim.get("spec") or {}).get("devices") or {}
+            min_devices = 0
+            for ri, request in enumerate(devices.get("requests") or []):
+                subs = request.get("firstAvailable") or []
+                if subs:
+                    self.has_subrequests.add((ci, ri))
+                    least = None
+                    for si, sub in enumerate(subs):
+                        req = self._request(ci, ri, si, request["name"], sub["name"], sub, admin=False)
+                        least = req.num if least is None else min(least, req.num)
+                    min_devices += least or 0
+                else:
+                    exactly = request.get("exactly")
+                    if exactly is None:
+                        raise AllocationError(f"claim {self.labels[ci]}, request {request['name']}: missing device "
+                                              "class name (unsupported request type?)")
+                    req = self._request(ci, ri, 0, request["name"], None, exactly,
+                                        admin=bool(exactly.get("adminAccess")))
+                    min_devices += req.num
+            if min_devices > MAX_DEVICES_PER_CLAIM:
+                raise AllocationError(f"claim {self.labels[ci]}: number of requested devices {min_devices} exceeds "
+                                      f"the claim limit of {MAX_DEVICES_PER_CLAIM}")
+            constraints = []
+            for i, c in enumerate(devices.get("constraints") or []):
+                if not c.get("matchAttribute"):
+                    raise AllocationError(f"claim {self.labels[ci]}, constraint #{i}: empty constraint "
+                                          "(unsupported constraint type?)")
+                constraints.append(_MatchAttribute(frozenset(c.get("requests") or []), c["matchAttribute"]))
+            self.constraints.append(constraints)
+
+    def _request(self, ci: int, ri: int, si: int, name: str, sub_name: str | None, spec: Mapping[str, Any],
+                 admin: bool) -> _Request:
+        label = f"claim {self.labels[ci]}, request {name if sub_name is None else f'{name}/{sub_name}'}"
+        selectors = []
+        for i, s in enumerate(spec.get("selectors") or []):
+            expr = (s.get("cel") or {}).get("expression")
+            if expr is None:
+                raise AllocationError(f"{label}, selector #{i}: CEL expression empty (unsupported selector type?)")
+            selectors.append(expr)
+        class_name = spec.get("deviceClassName") or ""
+        if not class_name:
+            raise AllocationError(f"{label}: missing device class name (unsupported request type?)")
+        if class_name not in self.sim.classes:
+            raise AllocationError(f"{label}: could not retrieve device class {class_name}: "
+                                  f'deviceclasses.resource.k8s.io "{class_name}" not found')
+        mode = spec.get("allocationMode") or "ExactCount"
+        req = _Request(ci, ri, si, name, sub_name, class_name, selectors, mode, int(spec.get("count", 1)), admin)
+        self.requests[req.key] = req
+        if mode == "ExactCount":
+            req.num = req.count
+        elif mode == "All":
+            for pool in self.sim.pools:
+                if pool.incomplete:
+                    raise AllocationError(f"{label}: asks for all devices, but resource pool {pool.driver}/{pool.name}"
+                                          " is currently being updated")
+                if pool.invalid:
+                    raise AllocationError(f"{label}: asks for all devices, but resource pool {pool.driver}/{pool.name}"
+                                          " is currently invalid")
+                for device in pool.devices:
+                    if self._selectable(req, device):
+                        req.all_devices.append(device)
+            req.num = len(req.all_devices)
+        else:
+            raise AllocationError(f"{label}: unsupported count mode {mode}")
+        return req
+
+    def _selectable(self, req: _Request, device: _Device) -> bool:
+        return self.sim.selectable(self.spec_keys[req.claim], req, self.labels[req.claim], device)
+
+    # the depth-first search (allocateOne)
+
+    def _in_use(self, device: DeviceId) -> bool:
+        return device in self.allocated or bool(self.allocating.get(device))
+
+    def _allocate_one(self, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
+        if ci >= len(self.claims):
+            return True
+        requests = ((self.claims[ci].get("spec") or {}).get("devices") or {}).get("requests") or []
+        if ri >= len(requests):
+            try:
+                return self._allocate_one(ci + 1, 0, 0, 0, False)
+            except _MaxSizeExceeded:
+                return False
+        if not in_subrequest and (ci, ri) in self.has_subrequests:
+            all_exceeded = True
+            sub = 0
+            while (ci, ri, sub) in self.requests:
+                try:
+                    done = self._allocate_one(ci, ri, sub, 0, True)
+                except _MaxSizeExceeded:
+                    sub += 1
+                    continue
+                all_exceeded = False
+                if done:
+                    return True
+                sub += 1
+            if all_exceeded:
+                raise _MaxSizeExceeded
+            return False
+        req = self.requests[(ci, ri, si)]
+        if req.mode == "All" and not req.all_devices:
+            return False
+        if di >= req.num:
+            return self._allocate_one(ci, ri + 1, 0, 0, False)
+        if len(self.results[ci]) + req.num - di > MAX_DEVICES_PER_CLAIM:
+            raise _MaxSizeExceeded
+        if req.mode == "All":
+            undo = self._allocate_device(req, req.all_devices[di], must=True)
+            if undo is None:
+                return False
+            return self._descend(undo, ci, ri, si, di, in_subrequest)
+        if not self._enough_candidates(req, req.num - di):
+            return False
+        for pool in self.sim.pools:
+            if pool.incomplete or pool.invalid:
+                continue
+            for device in pool.devices:
+                if self._busy(req, device) or not self._selectable(req, device):
+                    continue
+                undo = self._allocate_device(req, device, must=False)
+                if undo is None:
+                    continue
+                if self._descend(undo, ci, ri, si, di, in_subrequest):
+                    return True
+        return False
+
+    def _descend(self, undo: Undo, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
+        try:
+            done = self._allocate_one(ci, ri, si, di + 1, in_subrequest)
+        except BaseException:
+            undo()
+            raise
+        if not done:
+            undo()
+        return done
+
+    def _busy(self, req: _Request, device: _Device) -> bool:
+        if req.admin:
+            return req.claim in self.allocating.get(device.id, set())
+        return self._in_use(device.id)
+
+    def _allocate_device(self, req: _Request, device: _Device, must: bool) -> Undo | None:
+        """allocateDevice: availability, then constraints; returns how to roll back, or None."""
+        if self._busy(req, device):
+            return None
+        if device.api.get("consumesCounters"):
+            return None  # partitionable devices (alpha) are off
+        constraints = self.constraints[req.claim]
+        for i, constraint in enumerate(constraints):
+            if not constraint.add(req, device):
+                if must:
+                    raise AllocationError(f"claim {self.labels[req.claim]}, request {req.name}: cannot add device "
+                                          f"{device.id} because a claim constraint would not be satisfied")
+                for earlier in constraints[:i]:
+                    earlier.remove(req)
+                return None
+        self.allocating.setdefault(device.id, set()).add(req.claim)
+        self.results[req.claim].append(
+            DeviceResult(req.full_name, device.id.driver, device.id.pool, device.id.device, req.admin))
+
+        def undo() -> None:
+            for constraint in constraints:
+                constraint.remove(req)
+            self.allocating[device.id].discard(req.claim)
+            self.results[req.claim].pop()
+
+        return undo
+
+    def _enough_candidates(self, req: _Request, needed: int) -> bool:
+        """Whether enough devices remain for this request's remaining slots (a sound cut of the search).
+
+        When too few remain and a free device's selector errors, the Go search would reach that device
+        while failing through this subtree and return its error, so that error is raised here."""
+        applicable = [c for c in self.constraints[req.claim] if c.applies(req.name, req.sub_name)]
+        candidates: list[_Device] = []
+        first_error: AllocationError | None = None
+        for pool in self.sim.pools:
+            if pool.incomplete or pool.invalid:
+                continue
+            for device in pool.devices:
+                if self._busy(req, device) or device.api.get("consumesCounters"):
+                    continue
+                try:
+                    if not self._selectable(req, device):
+                        continue
+                except AllocationError as e:
+                    first_error = first_error or e
+                    continue
+                candidates.append(device)
+        compatible = [d for d in candidates if all(self._compatible(c, d) for c in applicable)]
+        enough = len(compatible) >= needed
+        for c in applicable:
+            if enough and c.num == 0:
+                groups = Counter(d.attribute(c.attribute) for d in compatible)
+                enough = max(groups.values(), default=0) >= needed
+        if not enough and first_error is not None:
+            raise first_error
+        return enough
+
+    @staticmethod
+    def _compatible(c: _MatchAttribute, device: _Device) -> bool:
+        value = device.attribute(c.attribute)
+        if value is None or value[0] == "unknown":
+            return False
+        return c.num == 0 or value == c.value
+
+
+def simulate(slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mapping[str, Any]],
+             claims: Sequence[Mapping[str, Any]], *, node_name: str, node_labels: Mapping[str, str] | None = None,
+             allocated: Iterable[DeviceId] = (), mode: Mode = "fit-one", cel: CelEnvironment | None = None,
+             simulator: Simulator | None = None) -> SimulationResult:
+    """Run the allocator on one node. Inputs and outputs as in the Go comparison program."""
+    if not claims:
+        raise ValueError("simulate needs at least one claim")
+    sim = simulator or Simulator(slices, device_classes, node_name, node_labels, cel)
+    taken = set(allocated)
+    if mode == "fit-one":
+        try:
+            result = sim.allocate(claims, taken)
+        except AllocationError as e:
+            return SimulationResult(False, 0, (), str(e))
+        if result is None:
+            return SimulationResult(False, 0, ())
+        return SimulationResult(True, 1, result)
+    if mode != "count":
+        raise ValueError(f"mode {mode!r} is not allowed; allowed: fit-one, count")
+    rounds: list[tuple[DeviceResult, ...]] = []
+    error = None
+    base = claims[0]
+    meta = base.get("metadata") or {}
+    while len(rounds) < COUNT_CAP:
+        copy = {**base, "metadata": {**meta, "name": f"{meta.get('name') or 'claim-0'}-{len(rounds)}"}}
+        try:
+            result = sim.allocate([copy], taken)
+        except AllocationError as e:
+            error = str(e)
+            break
+        if result is None:
+            break
+        rounds.append(result[0])
+        taken.update(d.id for d in result[0] if not d.admin_access)
+    return SimulationResult(bool(rounds), len(rounds), tuple(rounds), error)

@@ -1,0 +1,443 @@
+"""Checks before deploy: a template's manifest against what the driver publishes on each instance type.
+
+For a ResourceClaimTemplate (typed or a plain manifest dict) and a list of instance types:
+- every selector compiled with the real CEL environment; attributes, capacities and matchAttribute
+  names that no catalog node publishes are errors naming the closest published name;
+- every selector evaluated on every device each node publishes (class selectors first, as the
+  allocator does); a runtime error is an error, since Kubernetes aborts allocation on such a node;
+- opaque configs for the Neuron driver decoded by the driver's own prepare-time code, and checked
+  against each instance type they could land on;
+- a request that no device of any checked instance type matches is an error;
+- the allocator simulation answers, per instance type, how many such claims one empty node holds,
+  and why none when none.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from neuron_dra.claim_templates.allocator import DeviceResult, Simulator, simulate
+from neuron_dra.claim_templates.cel_analysis import RefKind
+from neuron_dra.claim_templates.cel_env import (
+    CelCompileError,
+    CelDevice,
+    CelEnvironment,
+    CelEvaluationError,
+    CompiledSelector,
+)
+from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
+from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
+from neuron_dra.claim_templates.template import ClaimTemplate
+from neuron_dra.driver import config as driver_config
+from neuron_dra.driver.catalog import CATALOG
+
+Severity = Literal["error", "warning"]
+
+
+@runtime_checkable
+class ManifestSource(Protocol):
+    """Anything that renders a ResourceClaimTemplate manifest (ClaimTemplate, or another class)."""
+
+    def to_manifest(self) -> Mapping[str, Any]: ...
+
+
+TemplateInput = ManifestSource | Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Issue:
+    severity: Severity
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How a template does on one empty node of an instance type."""
+
+    instance_type: str
+    claims_per_node: int
+    reason: str | None = None  # why no claim fits
+    devices: tuple[DeviceResult, ...] = ()  # what the first claim gets
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    template: str  # namespace/name
+    fits: tuple[Fit, ...]
+    issues: tuple[Issue, ...]
+
+    @property
+    def errors(self) -> tuple[Issue, ...]:
+        return tuple(i for i in self.issues if i.severity == "error")
+
+    @property
+    def fitting(self) -> tuple[Fit, ...]:
+        return tuple(f for f in self.fits if f.claims_per_node > 0)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and bool(self.fitting)
+
+    def fit(self, instance_type: str) -> Fit:
+        for f in self.fits:
+            if f.instance_type == instance_type:
+                return f
+        raise KeyError(f"{instance_type} was not checked for {self.template}")
+
+    def summary(self) -> str:
+        lines = [str(i) for i in self.issues]
+        for f in self.fits:
+            lines.append(f"{f.instance_type}: {f.claims_per_node} per node" if f.claims_per_node
+                         else f"{f.instance_type}: does not fit: {f.reason}")
+        return "; ".join(lines)
+
+
+class TemplateCheckError(ValueError):
+    """A template with check errors, or that fits none of the instance types."""
+
+    def __init__(self, report: CheckReport) -> None:
+        self.report = report
+        problems = [i.message for i in report.errors] or ["fits none of the instance types"]
+        reasons = [f"{f.instance_type}: {f.reason}" for f in report.fits if f.claims_per_node == 0 and f.reason]
+        detail = "; ".join(problems + reasons)
+        super().__init__(f"claim template {report.template}: {detail}")
+
+
+# --- the claim spec, flattened into requests and subrequests -----------------------------------------------
+
+@dataclass
+class _Unit:
+    """One request without subrequests, or one subrequest."""
+
+    ref: str  # "req" or "req/sub"
+    base: str
+    body: Mapping[str, Any]
+    selectors: list[CompiledSelector] = field(default_factory=list)
+    broken: bool = False  # a selector did not compile
+
+    @property
+    def label(self) -> str:
+        return f"request {self.ref!r}"
+
+    @property
+    def all_mode(self) -> bool:
+        return self.body.get("allocationMode") == "All"
+
+    @property
+    def count(self) -> int:
+        return int(self.body.get("count", 1))
+
+
+def _units(spec: Mapping[str, Any]) -> list[list[_Unit]]:
+    """Per request, its unit(s): one, or one per firstAvailable alternative."""
+    out = []
+    for r in (spec.get("devices") or {}).get("requests") or []:
+        if r.get("firstAvailable"):
+            out.append([_Unit(f"{r['name']}/{s['name']}", r["name"], s) for s in r["firstAvailable"]])
+        else:
+            out.append([_Unit(r["name"], r["name"], r.get("exactly") or {})])
+    return out
+
+
+def _short(expression: str, limit: int = 90) -> str:
+    return expression if len(expression) <= limit else expression[:limit - 3] + "..."
+
+
+def _closest(name: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.0)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+@dataclass
+class _Selection:
+    """How a unit's selectors did on one node."""
+
+    matched: list[CelDevice] = field(default_factory=list)
+    rejected_by: Counter[str] = field(default_factory=Counter)  # selector label -> devices it rejected
+    errors: list[tuple[str, CelEvaluationError]] = field(default_factory=list)
+
+
+class Checker:
+    """Checks templates; keeps node models, compiled selectors and evaluations between templates."""
+
+    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, cel: CelEnvironment | None = None) -> None:
+        self.drivers = drivers
+        self.cel = cel or CelEnvironment()
+        self._catalogs: dict[Drivers, NodeCatalog] = {}
+        self._simulators: dict[tuple[Drivers, str], Simulator] = {}
+
+    def catalog(self, drivers: Drivers) -> NodeCatalog:
+        if drivers not in self._catalogs:
+            self._catalogs[drivers] = NodeCatalog(drivers)
+        return self._catalogs[drivers]
+
+    def _simulator(self, drivers: Drivers, node: NodeModel) -> Simulator:
+        key = (drivers, node.instance_type)
+        if key not in self._simulators:
+            self._simulators[key] = Simulator(node.slices, node.device_classes, node.node_name, cel=self.cel)
+        return self._simulators[key]
+
+    def check(self, template: TemplateInput, instance_types: Sequence[str] | None = None) -> CheckReport:
+        manifest: Mapping[str, Any]
+        if isinstance(template, ClaimTemplate):
+            manifest, drivers = template.to_manifest(), template.drivers
+        elif isinstance(template, ManifestSource):
+            manifest, drivers = template.to_manifest(), self.drivers
+        else:
+            manifest, drivers = template, self.drivers
+        return _Check(self, manifest, drivers, tuple(instance_types or CATALOG)).run()
+
+
+class _Check:
+    def __init__(self, checker: Checker, manifest: Mapping[str, Any], drivers: Drivers,
+                 instance_types: tuple[str, ...]) -> None:
+        self.checker = checker
+        self.cel = checker.cel
+        self.drivers = drivers
+        self.catalog = checker.catalog(drivers)
+        self.instance_types = instance_types
+        meta = manifest.get("metadata") or {}
+        self.name = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        self.manifest = manifest
+        self.spec: Mapping[str, Any] = (manifest.get("spec") or {}).get("spec") or {}
+        self.requests = _units(self.spec)
+        self.issues: list[Issue] = []
+        self.classes = {c["metadata"]["name"]: c for c in drivers.device_classes()}
+        self.matched: Counter[str] = Counter()  # unit ref -> devices matched over every checked node
+        # (request, selector, message) -> instance type -> devices it fails on
+        self.failures: dict[tuple[str, str, str], Counter[str]] = {}
+
+    def error(self, message: str) -> None:
+        if Issue("error", message) not in self.issues:
+            self.issues.append(Issue("error", message))
+
+    def run(self) -> CheckReport:
+        for t in self.instance_types:
+            if t not in CATALOG:
+                self.error(f"unknown instance type {t!r}; known: {', '.join(CATALOG)}")
+        types = [t for t in self.instance_types if t in CATALOG]
+        self._compile()
+        self._check_constraints()
+        configs = self._decode_configs()
+        fits = [self._fit(self.catalog.node(t), configs) for t in types]
+        for (request, label, message), where in self.failures.items():
+            on = ", ".join(f"{n} device{'s' * (n > 1)} of {t}" for t, n in where.items())
+            self.error(f"{request} {label} fails on {on}: {message} (Kubernetes aborts allocation on such a node)")
+        self._check_unmatched(types)
+        if types and not any(f.claims_per_node for f in fits) and not self.issues:
+            self.error(f"fits none of the checked instance types ({', '.join(types)})")
+        return CheckReport(self.name, tuple(fits), tuple(self.issues))
+
+    # static checks
+
+    def _compile(self) -> None:
+        published = self.catalog.published()
+        for units in self.requests:
+            for u in units:
+                cls = u.body.get("deviceClassName")
+                if cls not in self.classes:
+                    self.error(f"{u.label}: DeviceClass {cls!r} is not one the checks model "
+                               f"({', '.join(self.classes)})")
+                    u.broken = True
+                for i, s in enumerate(u.body.get("selectors") or []):
+                    expr = (s.get("cel") or {}).get("expression", "")
+                    try:
+                        compiled = self.cel.compile(expr)
+                    except CelCompileError as e:
+                        self.error(f"{u.label} selector #{i}: {e}")
+                        u.broken = True
+                        continue
+                    u.selectors.append(compiled)
+                    self._check_refs(u, i, compiled, published)
+
+    def _check_refs(self, u: _Unit, i: int, compiled: CompiledSelector,
+                    published: Mapping[tuple[RefKind, str], frozenset[str]]) -> None:
+        for ref in sorted(compiled.refs):
+            names = published.get((ref.kind, ref.domain))
+            if names is None:
+                domains = sorted({d for k, d in published if k is ref.kind})
+                self.error(f"{u.label} selector #{i} reads {ref}, but no device publishes {ref.kind.value} in "
+                           f"domain {ref.domain!r} (domains: {', '.join(domains)})")
+            elif ref.name not in names:
+                self.error(f"{u.label} selector #{i} reads {ref}, which the driver does not publish"
+                           f"{_closest(ref.name, sorted(names))}")
+
+    def _check_constraints(self) -> None:
+        known = self.catalog.published_qualified()
+        refs = {u.ref for units in self.requests for u in units} | {u.base for units in self.requests for u in units}
+        for i, c in enumerate((self.spec.get("devices") or {}).get("constraints") or []):
+            name = c.get("matchAttribute")
+            if name is None:
+                self.error(f"constraint #{i}: only matchAttribute constraints are supported")
+                continue
+            if name not in known:
+                self.error(f"constraint #{i} matchAttribute {name!r}: no device publishes it"
+                           f"{_closest(name, sorted(known))}")
+            for r in c.get("requests") or []:
+                if r not in refs:
+                    self.error(f"constraint #{i} names request {r!r}, which the template does not have")
+
+    def _decode_configs(self) -> list[tuple[tuple[str, ...], driver_config.OpaqueConfig]]:
+        decoded = []
+        for i, entry in enumerate((self.spec.get("devices") or {}).get("config") or []):
+            opaque = entry.get("opaque") or {}
+            if opaque.get("driver") != self.drivers.neuron_driver:
+                continue
+            try:
+                cfg = driver_config.decode(opaque.get("parameters"))
+            except driver_config.ConfigError as e:
+                self.error(f"config #{i} for {opaque.get('driver')}: {e} (the driver would fail prepare, "
+                           "leaving the pod in ContainerCreating)")
+                continue
+            decoded.append((tuple(entry.get("requests") or ()), cfg))
+        return decoded
+
+    # per node
+
+    def _select(self, u: _Unit, node: NodeModel) -> _Selection:
+        sel = _Selection()
+        cls = self.classes.get(u.body.get("deviceClassName", ""))
+        class_selectors = [self.cel.compile(s["cel"]["expression"]) for s in (cls or {}).get("spec", {})
+                           .get("selectors", [])]
+        labelled = [(f"class selector #{i} `{_short(s.expression)}`", s) for i, s in enumerate(class_selectors)]
+        labelled += [(f"selector #{i} `{_short(s.expression)}`", s) for i, s in enumerate(u.selectors)]
+        for device in node.devices:
+            for label, s in labelled:
+                try:
+                    if not self.cel.evaluate(s, device):
+                        sel.rejected_by[label] += 1
+                        break
+                except CelEvaluationError as e:
+                    sel.errors.append((label, e))
+                    break
+            else:
+                sel.matched.append(device)
+        return sel
+
+    def _fit(self, node: NodeModel, configs: list[tuple[tuple[str, ...], driver_config.OpaqueConfig]]) -> Fit:
+        spec = CATALOG[node.instance_type]
+        selections: dict[str, _Selection] = {}
+        for units in self.requests:
+            for u in units:
+                if u.broken:
+                    return Fit(node.instance_type, 0, f"{u.label} is invalid (see the errors)")
+                sel = selections[u.ref] = self._select(u, node)
+                self.matched[u.ref] += len(sel.matched)
+                for label, e in sel.errors:
+                    self.failures.setdefault((u.label, label, e.message), Counter())[node.instance_type] += 1
+        not_applicable = self._configs_not_applicable(configs, selections, spec)
+        if not_applicable:
+            return Fit(node.instance_type, 0, not_applicable)
+        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": self.name.split("/")[1], "namespace": self.name.split("/")[0]},
+                 "spec": self.spec}
+        result = simulate(node.slices, node.device_classes, [claim], node_name=node.node_name, mode="count",
+                          simulator=self.checker._simulator(self.drivers, node))
+        if result.count:
+            return Fit(node.instance_type, result.count, None, result.allocation[0])
+        if result.error:
+            return Fit(node.instance_type, 0, f"the allocator fails: {result.error}")
+        return Fit(node.instance_type, 0, self._why_not(node, selections))
+
+    def _check_unmatched(self, types: Sequence[str]) -> None:
+        if not types:
+            return
+        where = ", ".join(types)
+        for units in self.requests:
+            if any(u.broken for u in units):
+                continue
+            if not any(self.matched[u.ref] for u in units):
+                what = "its selectors" if len(units) == 1 else "the selectors of any alternative"
+                self.error(f"request {units[0].base!r}: no device of any checked instance type ({where}) matches "
+                           f"{what}")
+                continue
+            for u in units:
+                if len(units) > 1 and not self.matched[u.ref]:
+                    self.issues.append(Issue("warning", f"{u.label}: no device of any checked instance type "
+                                                        f"({where}) matches this alternative"))
+
+    def _configs_not_applicable(self, configs: list[tuple[tuple[str, ...], driver_config.OpaqueConfig]],
+                                selections: Mapping[str, _Selection], spec: Any) -> str | None:
+        for requests, cfg in configs:
+            units = [u for units in self.requests for u in units
+                     if not requests or u.ref in requests or u.base in requests]
+            if not any(selections[u.ref].matched for u in units):
+                continue  # the config's requests get no device here anyway
+            try:
+                driver_config.check_applies(cfg, spec)
+            except driver_config.ConfigError as e:
+                return f"opaque config: {e}"
+        return None
+
+    def _why_not(self, node: NodeModel, selections: Mapping[str, _Selection]) -> str:
+        total = node.device_count
+        for units in self.requests:
+            problems: list[str] = []
+            for u in units:
+                sel = selections[u.ref]
+                have = len(sel.matched)
+                need = 1 if u.all_mode else u.count
+                if have >= need:
+                    problems = []
+                    break
+                rejected = ", ".join(f"{label} rejects {n}" for label, n in sel.rejected_by.most_common(2))
+                wants = "at least one device" if u.all_mode else f"{need} device{'s' * (need > 1)}"
+                problems.append(f"{u.label} needs {wants}; {have} of the node's {total} devices match"
+                                + (f" ({rejected})" if rejected else ""))
+            if problems:
+                return "; ".join(problems) if len(problems) == 1 else "no alternative fits: " + "; ".join(problems)
+        for i, c in enumerate((self.spec.get("devices") or {}).get("constraints") or []):
+            attribute = c.get("matchAttribute", "")
+            named = set(c.get("requests") or [])
+            units = [u for us in self.requests for u in us if not named or u.ref in named or u.base in named]
+            for u in units:
+                with_attr = [d for d in selections[u.ref].matched if _has_attribute(d, attribute)]
+                if selections[u.ref].matched and not with_attr:
+                    return (f"constraint #{i} matchAttribute {attribute}: no device that matches {u.label} "
+                            "publishes it")
+            for u in units:
+                if u.all_mode:
+                    continue
+                values = Counter(_attribute(d, attribute) for d in selections[u.ref].matched
+                                 if _has_attribute(d, attribute))
+                if values and max(values.values()) < u.count:
+                    return (f"constraint #{i} matchAttribute {attribute}: {u.label} needs {u.count} devices with "
+                            f"one value; at most {max(values.values())} of the matching devices share one")
+        return ("the allocator finds no combination of devices that satisfies every request and constraint "
+                "together")
+
+
+def _attribute(device: CelDevice, qualified: str) -> Any:
+    domain, _, name = qualified.partition("/")
+    value = device.attributes.get(domain, {}).get(name)
+    return None if value is None else tuple(sorted(value.items()))
+
+
+def _has_attribute(device: CelDevice, qualified: str) -> bool:
+    return _attribute(device, qualified) is not None
+
+
+@functools.lru_cache(maxsize=1)
+def default_checker() -> Checker:
+    """A shared checker, so repeated checks (e.g. one per template in a Pulumi program) emulate hosts once."""
+    return Checker()
+
+
+def check(template: TemplateInput, instance_types: Sequence[str] | None = None) -> CheckReport:
+    """Check one template against instance types (default: every catalog type)."""
+    return default_checker().check(template, instance_types)
+
+
+def check_against(template: TemplateInput, instance_types: Sequence[str]) -> None:
+    """Raise TemplateCheckError unless the template is error-free and fits one of `instance_types`."""
+    report = check(template, instance_types)
+    if not report.ok:
+        raise TemplateCheckError(report)

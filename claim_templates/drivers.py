@@ -1,0 +1,42 @@
+"""Which DRA drivers and DeviceClasses the templates and the checks refer to.
+
+Defaults are the bundled driver's (`neuron.aws.com`, the same names AWS's Neuron DRA driver uses, so the
+same templates serve clusters running AWS's driver) and AWS's EFA driver's (`dra.net`, DeviceClass
+`efa.networking.k8s.aws`); all four are configurable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_dra.claim_templates.names import check_dns_subdomain
+from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
+
+DEFAULT_NEURON_CLASS = "neuron.aws.com"
+DEFAULT_EFA_DRIVER = "dra.net"
+DEFAULT_EFA_CLASS = "efa.networking.k8s.aws"
+
+
+@dataclass(frozen=True)
+class Drivers:
+    neuron_driver: str = DEFAULT_DRIVER_NAME
+    neuron_class: str = DEFAULT_NEURON_CLASS
+    efa_driver: str = DEFAULT_EFA_DRIVER
+    efa_class: str = DEFAULT_EFA_CLASS
+
+    def __post_init__(self) -> None:
+        for name in ("neuron_driver", "neuron_class", "efa_driver", "efa_class"):
+            check_dns_subdomain(f"Drivers.{name}", getattr(self, name))
+
+    def device_classes(self) -> list[dict[str, Any]]:
+        """The DeviceClasses the drivers install: each selects its driver's devices."""
+        return [_device_class(self.neuron_class, self.neuron_driver), _device_class(self.efa_class, self.efa_driver)]
+
+
+def _device_class(name: str, driver: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
+
+
+DEFAULT_DRIVERS = Drivers()

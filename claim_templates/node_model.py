@@ -1,0 +1,113 @@
+"""The nodes the checks simulate: what each catalog instance type publishes, built by the driver's own code.
+
+A node of an instance type carries the Neuron pool the driver publishes for an emulated host of that
+type (driver.hosts.emulated_host + driver.slices.build_pool: the same model the daemon publishes) and,
+where Neuron devices have EFAs of their own, the EFA pool of AWS's EFA driver as modelled for the
+local cluster: one device per EFA wired to Neuron devices, named efa-N in BDF order, carrying the
+`resource.aws.com/devicegroup*_id` values of those Neuron devices and its `pciAddress`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_dra.claim_templates.cel_analysis import RefKind
+from neuron_dra.claim_templates.cel_env import CelDevice, split_qualified_name
+from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
+from neuron_dra.driver.catalog import CATALOG, get_instance_spec
+from neuron_dra.driver.hosts import emulated_host
+from neuron_dra.driver.model import NeuronHost
+from neuron_dra.driver.slices import AWS_DOMAIN, NodeFacts, Pool, PublishOptions, build_pool, resource_slices
+
+
+def efa_devices(pool: Pool) -> list[dict[str, Any]]:
+    """AWS EFA driver devices of a node, derived from the Neuron devices' published devicegroup ids."""
+    seen: dict[str, dict[str, Any]] = {}
+    for dev in pool.devices:
+        bdf = dev.attributes.get(f"{AWS_DOMAIN}/devicegroup1_id")
+        if bdf is None or bdf["string"] in seen:
+            continue
+        attrs = {k: dict(v) for k, v in dev.attributes.items() if k.startswith(f"{AWS_DOMAIN}/")}
+        attrs["pciAddress"] = {"string": bdf["string"]}
+        seen[bdf["string"]] = {"attributes": attrs}
+    return [{"name": f"efa-{i}", **d} for i, (_, d) in enumerate(sorted(seen.items()))]
+
+
+def _slice(driver: str, node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{driver}"},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 0, "resourceSliceCount": 1}, "devices": devices}}
+
+
+@dataclass(frozen=True)
+class NodeModel:
+    """One empty node of an instance type: its ResourceSlices and the DeviceClasses."""
+
+    instance_type: str
+    node_name: str
+    slices: tuple[dict[str, Any], ...]
+    device_classes: tuple[dict[str, Any], ...]
+    devices: tuple[CelDevice, ...] = field(repr=False)  # every device of every slice, in slice order
+
+    @property
+    def device_count(self) -> int:
+        return len(self.devices)
+
+
+def build_node(host: NeuronHost, node_name: str, drivers: Drivers = DEFAULT_DRIVERS) -> NodeModel:
+    pool = build_pool(host, NodeFacts(node_name), PublishOptions(driver_name=drivers.neuron_driver))
+    slices = []
+    for s in resource_slices(pool):
+        s["metadata"] = {"name": f"{node_name}-{drivers.neuron_driver}"}
+        slices.append(s)
+    efa = efa_devices(pool)
+    if efa:
+        slices.append(_slice(drivers.efa_driver, node_name, efa))
+    devices = tuple(CelDevice.from_api(s["spec"]["driver"], d, node_name) for s in slices for d in s["spec"]["devices"])
+    return NodeModel(host.instance_type, node_name, tuple(slices), tuple(drivers.device_classes()), devices)
+
+
+class NodeCatalog:
+    """Node models per instance type, built once (emulating a host is the slow part)."""
+
+    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS) -> None:
+        self.drivers = drivers
+        self._nodes: dict[str, NodeModel] = {}
+        self._published: dict[tuple[RefKind, str], frozenset[str]] | None = None
+
+    def node(self, instance_type: str) -> NodeModel:
+        model = self._nodes.get(instance_type)
+        if model is None:
+            get_instance_spec(instance_type)  # an unknown type lists the known ones
+            model = build_node(emulated_host(instance_type), f"node-{instance_type}", self.drivers)
+            self._nodes[instance_type] = model
+        return model
+
+    def nodes(self, instance_types: Sequence[str] | None = None) -> list[NodeModel]:
+        return [self.node(t) for t in (instance_types or list(CATALOG))]
+
+    def published(self) -> Mapping[tuple[RefKind, str], frozenset[str]]:
+        """Every attribute and capacity name any catalog node publishes, by (kind, domain)."""
+        if self._published is None:
+            names: dict[tuple[RefKind, str], set[str]] = {}
+            for node in self.nodes():
+                for d in node.devices:
+                    for domain, attrs in d.attributes.items():
+                        names.setdefault((RefKind.ATTRIBUTE, domain), set()).update(attrs)
+                    for domain, caps in d.capacity.items():
+                        names.setdefault((RefKind.CAPACITY, domain), set()).update(caps)
+            self._published = {k: frozenset(v) for k, v in names.items()}
+        return self._published
+
+    def published_qualified(self) -> frozenset[str]:
+        """Attribute names as matchAttribute takes them: `domain/name`."""
+        return frozenset(f"{domain}/{name}" for (kind, domain), names in self.published().items()
+                         if kind is RefKind.ATTRIBUTE for name in names)
+
+
+def qualified(name: str, driver: str) -> str:
+    domain, ident = split_qualified_name(name, driver)
+    return f"{domain}/{ident}"

@@ -1,0 +1,513 @@
+"""Typed device requests: what a workload needs, without CEL. Each renders to resource.k8s.io/v1 JSON.
+
+- `Neuron(count | ALL, ...)`: Neuron devices by instance types or families, topology, LNC, kernel
+  driver version, minimum HBM or cores, raw CEL as an escape hatch.
+- `Connected(size)`: the devices sit in one id-aligned connected group (torus: 4 = a row, 8 = two
+  adjacent rows, 16 = the torus; inf2 rings: any divisor of the ring length = a contiguous segment).
+  `RingSegment(size)`: the same, on ring hosts only (inf2).
+- `UltraServerNode(mode)`: the UltraServer pseudo-device of a trn2u node with UltraServerConfig.
+- `Efa(count, aligned_to=...)`: EFA devices of AWS's EFA driver in the same devicegroup as the Neuron
+  devices of the named request.
+- `FirstAvailable(option, option, ...)`: the first alternative that fits (`firstAvailable`).
+
+Every Neuron request guards its selectors with `resourceType == 'neuron_device'` so that `ALL` or a
+count of 16 never takes the UltraServer pseudo-device of a trn2u node. Bad input raises TemplateError at
+construction, naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Final
+
+from neuron_dra.claim_templates.cel_env import CelCompileError, CelEnvironment
+from neuron_dra.claim_templates.cel_types import CelValueError, Quantity
+from neuron_dra.claim_templates.drivers import Drivers
+from neuron_dra.claim_templates.errors import TemplateError
+from neuron_dra.claim_templates.names import check_dns_label
+from neuron_dra.driver import config as driver_config
+from neuron_dra.driver.catalog import CATALOG, FAMILIES, InstanceSpec, TopologyKind
+from neuron_dra.driver.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
+
+MAX_COUNT = 32  # a claim gets at most 32 devices
+MAX_SUBREQUESTS = 8
+MAX_SELECTORS = 32
+
+
+class AllDevices:
+    """`allocationMode: All`: every matching device of the node."""
+
+    _instance: AllDevices | None = None
+
+    def __new__(cls) -> AllDevices:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "ALL"
+
+
+ALL: Final = AllDevices()
+Count = int | AllDevices
+
+
+class GroupAttribute(StrEnum):
+    """Which attribute names a connected group."""
+
+    AUTO = "auto"  # AWS's devicegroup ids where every target type publishes them, else topology ids
+    AWS = "aws"  # resource.aws.com/devicegroup{N}_id: works with AWS's driver too (EFA types only)
+    NEURON = "neuron"  # topology{N}_id of this driver: every topology kind
+
+
+@dataclass(frozen=True)
+class AnyTopology:
+    """No placement constraint."""
+
+
+@dataclass(frozen=True)
+class Connected:
+    """All devices of the request in one connected, id-aligned group of `size` (default: the count)."""
+
+    size: int | None = None
+    attribute: GroupAttribute = GroupAttribute.AUTO
+
+    def __post_init__(self) -> None:
+        if self.size is not None and (isinstance(self.size, bool) or not isinstance(self.size, int)
+                                      or self.size < 1):
+            raise TemplateError("Connected.size", self.size, "a positive group size, or None for the request's count")
+        if not isinstance(self.attribute, GroupAttribute):
+            raise TemplateError("Connected.attribute", self.attribute, ", ".join(a.value for a in GroupAttribute))
+
+
+@dataclass(frozen=True)
+class RingSegment:
+    """A contiguous, aligned segment of an inf2 device ring (size divides the ring length)."""
+
+    size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.size is not None and (isinstance(self.size, bool) or not isinstance(self.size, int)
+                                      or self.size < 1):
+            raise TemplateError("RingSegment.size", self.size, "a positive segment length, or None for the count")
+
+
+Topology = AnyTopology | Connected | RingSegment
+
+
+@dataclass(frozen=True)
+class AtLeast:
+    """A minimum kernel driver version, 1 to 4 dot-separated numbers (e.g. `2.25`)."""
+
+    version: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.version, str) or not re.fullmatch(r"\d+(\.\d+){0,3}", self.version):
+            raise TemplateError("AtLeast.version", self.version, "1 to 4 dot-separated numbers, e.g. '2.25.4.0'")
+
+    @property
+    def parts(self) -> tuple[int, ...]:
+        return tuple(int(p) for p in self.version.split("."))
+
+
+KernelDriver = str | AtLeast
+
+
+def _as_tuple(field_name: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        return tuple(dict.fromkeys(value))
+    raise TemplateError(field_name, value, "a string or a sequence of strings")
+
+
+def _count(field_name: str, value: object, allow_all: bool) -> None:
+    if allow_all and value is ALL:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        allowed = f"an integer from 1 to {MAX_COUNT}" + (", or ALL" if allow_all else "")
+        raise TemplateError(field_name, value, allowed)
+
+
+def _check_selectors(field_name: str, selectors: tuple[str, ...]) -> None:
+    if len(selectors) > MAX_SELECTORS:
+        raise TemplateError(field_name, len(selectors), f"at most {MAX_SELECTORS} selectors")
+    env = CelEnvironment()
+    for expr in selectors:
+        try:
+            env.compile(expr)
+        except CelCompileError as e:
+            raise TemplateError(field_name, expr, f"a valid device selector ({e.message})") from None
+
+
+def _cel_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _cel_list(values: Sequence[str]) -> str:
+    return "[" + ", ".join(_cel_string(v) for v in values) + "]"
+
+
+def _sizes(sizes: Sequence[int]) -> str:
+    return ", ".join(map(str, sorted(set(sizes))))
+
+
+def _selector(expression: str) -> dict[str, Any]:
+    return {"cel": {"expression": expression}}
+
+
+def _opaque(drivers: Drivers, requests: Sequence[str], parameters: dict[str, Any]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"opaque": {"driver": drivers.neuron_driver, "parameters": parameters}}
+    if requests:
+        entry["requests"] = list(requests)
+    return entry
+
+
+def neuron_config(lnc: int) -> dict[str, Any]:
+    return {"apiVersion": driver_config.API_VERSION, "kind": driver_config.NEURON_CONFIG, "logicalNeuronCore": lnc}
+
+
+def ultraserver_config(mode: int) -> dict[str, Any]:
+    return {"apiVersion": driver_config.API_VERSION, "kind": driver_config.ULTRASERVER_CONFIG,
+            "ultraserverMode": mode}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A request's part of a ResourceClaimSpec."""
+
+    request: dict[str, Any]
+    constraints: list[dict[str, Any]] = field(default_factory=list)
+    configs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Neuron:
+    """Neuron devices: `count` of them (1..32) or ALL on the node."""
+
+    count: Count = 1
+    name: str = "neurons"
+    instance_types: tuple[str, ...] | str = ()
+    families: tuple[str, ...] | str = ()
+    topology: Topology = AnyTopology()
+    lnc: int | None = None  # Logical NeuronCores (Trainium2): 1 or 2
+    kernel_driver: KernelDriver | None = None  # exact version string, or AtLeast(...)
+    min_memory: str | None = None  # HBM per device, a quantity such as "64Gi"
+    min_cores: int | None = None  # physical NeuronCores per device
+    selectors: tuple[str, ...] | str = ()  # raw CEL, ANDed with the rest
+
+    def __post_init__(self) -> None:
+        _count("Neuron.count", self.count, allow_all=True)
+        check_dns_label("Neuron.name", self.name)
+        object.__setattr__(self, "instance_types", _as_tuple("Neuron.instance_types", self.instance_types))
+        object.__setattr__(self, "families", _as_tuple("Neuron.families", self.families))
+        object.__setattr__(self, "selectors", _as_tuple("Neuron.selectors", self.selectors))
+        for t in self.instance_types:
+            if t not in CATALOG:
+                raise TemplateError("Neuron.instance_types", t, ", ".join(CATALOG))
+        for f in self.families:
+            if f not in FAMILIES:
+                raise TemplateError("Neuron.families", f, ", ".join(FAMILIES))
+        targets = self.target_types
+        if not targets:
+            raise TemplateError("Neuron.families", self.families,
+                                f"families that contain one of the instance types {', '.join(self.instance_types)}")
+        most = max(CATALOG[t].device_count for t in targets)
+        if isinstance(self.count, int) and self.count > most:
+            raise TemplateError("Neuron.count", self.count, f"1 to {most} on {', '.join(targets)}")
+        self._check_topology(targets)
+        self._check_lnc(targets)
+        self._check_kernel_driver()
+        self._check_minimums(targets)
+        _check_selectors("Neuron.selectors", self.selectors)  # type: ignore[arg-type]
+
+    @property
+    def target_types(self) -> tuple[str, ...]:
+        """The instance types this request may land on (its instance types and families; else all)."""
+        by_family = tuple(t for t, s in CATALOG.items() if s.family.name in self.families)
+        if self.instance_types and self.families:
+            return tuple(t for t in self.instance_types if t in by_family)
+        return tuple(self.instance_types) or by_family or tuple(CATALOG)
+
+    @property
+    def group_size(self) -> int | None:
+        if isinstance(self.topology, AnyTopology):
+            return None
+        size = self.topology.size
+        return size if size is not None else (self.count if isinstance(self.count, int) else None)
+
+    def _specs(self, targets: Sequence[str]) -> list[InstanceSpec]:
+        return [CATALOG[t] for t in targets]
+
+    def _check_topology(self, targets: Sequence[str]) -> None:
+        if isinstance(self.topology, AnyTopology):
+            return
+        kind = type(self.topology).__name__
+        if not isinstance(self.topology, Connected | RingSegment):
+            raise TemplateError("Neuron.topology", self.topology, "AnyTopology(), Connected(size) or RingSegment(size)")
+        if self.count is ALL:
+            raise TemplateError("Neuron.count", "ALL", f"a device count with {kind} (ALL takes every device already)")
+        size = self.group_size
+        assert size is not None and isinstance(self.count, int)
+        specs = self._specs(targets)
+        if isinstance(self.topology, RingSegment):
+            specs = [s for s in specs if s.topology is TopologyKind.RING]
+            if not specs:
+                rings = ", ".join(t for t, s in CATALOG.items() if s.topology is TopologyKind.RING)
+                raise TemplateError("Neuron.topology", self.topology,
+                                    f"RingSegment on ring hosts only ({rings}); targets: {', '.join(targets)}")
+        possible = sorted({n for s in specs for n in s.group_sizes()})
+        if size not in possible:
+            raise TemplateError(f"{kind}.size", size,
+                                f"the connected group sizes of {', '.join(s.instance_type for s in specs)}: "
+                                f"{_sizes(possible)}")
+        if self.count > size:
+            raise TemplateError("Neuron.count", self.count, f"at most the group size {size} with {kind}({size})")
+        attribute = self.topology.attribute if isinstance(self.topology, Connected) else GroupAttribute.NEURON
+        if attribute is GroupAttribute.AWS:
+            aws = [s.instance_type for s in specs if s.has_device_efa and size in s.group_sizes()]
+            if size not in DEVICEGROUP_SIZES or not aws:
+                raise TemplateError("Connected.attribute", attribute.value,
+                                    f"'aws' needs a devicegroup size ({_sizes(DEVICEGROUP_SIZES)}) on EFA instance "
+                                    "types; use GroupAttribute.NEURON or AUTO")
+
+    def group_attribute(self, drivers: Drivers) -> str | None:
+        """The attribute that names the request's connected group, or None (no constraint)."""
+        size = self.group_size
+        if size is None or size == 1:
+            return None  # one device is always connected; no constraint keeps it working with AWS's driver
+        assert isinstance(self.topology, Connected | RingSegment)
+        attribute = self.topology.attribute if isinstance(self.topology, Connected) else GroupAttribute.NEURON
+        if attribute is GroupAttribute.AUTO:
+            offering = [s for s in self._specs(self.target_types) if size in s.group_sizes()]
+            aws_ok = size in DEVICEGROUP_SIZES and all(s.has_device_efa for s in offering)
+            attribute = GroupAttribute.AWS if aws_ok else GroupAttribute.NEURON
+        if attribute is GroupAttribute.AWS:
+            return f"{AWS_DOMAIN}/devicegroup{size}_id"
+        return f"{drivers.neuron_driver}/topology{size}_id"
+
+    def _check_lnc(self, targets: Sequence[str]) -> None:
+        if self.lnc is None:
+            return
+        if isinstance(self.lnc, bool) or self.lnc not in driver_config.LNC_VALUES:
+            raise TemplateError("Neuron.lnc", self.lnc, " or ".join(map(str, driver_config.LNC_VALUES)))
+        without = [t for t in targets if not CATALOG[t].lnc_supported]
+        if without:
+            lnc_types = ", ".join(t for t, s in CATALOG.items() if s.lnc_supported)
+            raise TemplateError("Neuron.lnc", self.lnc,
+                                f"LNC only on Trainium2 and later ({lnc_types}); this request may land on "
+                                f"{', '.join(without)}: restrict instance_types or families")
+
+    def _check_kernel_driver(self) -> None:
+        v = self.kernel_driver
+        if v is None or isinstance(v, AtLeast):
+            return
+        if not isinstance(v, str) or not re.fullmatch(r"\d+\.\d+\.\d+\.\d+", v):
+            raise TemplateError("Neuron.kernel_driver", v, "a 4-part version such as '2.25.4.0', or AtLeast('2.25')")
+
+    def _check_minimums(self, targets: Sequence[str]) -> None:
+        specs = self._specs(targets)
+        if self.min_memory is not None:
+            try:
+                wanted = Quantity.parse(self.min_memory) if isinstance(self.min_memory, str) else None
+            except CelValueError:
+                wanted = None
+            if wanted is None or wanted.sign() <= 0:
+                raise TemplateError("Neuron.min_memory", self.min_memory, "a positive quantity such as '64Gi'")
+            best = max(specs, key=lambda s: s.hbm_bytes_per_device)
+            if wanted.value > best.hbm_bytes_per_device:
+                raise TemplateError("Neuron.min_memory", self.min_memory,
+                                    f"at most {best.hbm_bytes_per_device // 2**30}Gi ({best.instance_type})")
+        if self.min_cores is not None:
+            best = max(specs, key=lambda s: s.physical_cores_per_device)
+            if isinstance(self.min_cores, bool) or not isinstance(self.min_cores, int) or \
+                    not 1 <= self.min_cores <= best.physical_cores_per_device:
+                raise TemplateError("Neuron.min_cores", self.min_cores,
+                                    f"1 to {best.physical_cores_per_device} ({best.instance_type})")
+
+    def selector_expressions(self, drivers: Drivers) -> list[str]:
+        d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
+        c = f"device.capacity[{_cel_string(drivers.neuron_driver)}]"
+        out = [f"{d}.resourceType == {_cel_string(NEURON_DEVICE)}"]
+        if self.instance_types or self.families:
+            types = self.target_types
+            out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
+                       else f"{d}.instanceType in {_cel_list(types)}")
+        if isinstance(self.topology, RingSegment):
+            out.append(f"{d}.topologyKind == {_cel_string(TopologyKind.RING.value)}")
+        if isinstance(self.kernel_driver, str):
+            out.append(f"{d}.neuronDriverVersion == {_cel_string(self.kernel_driver)}")
+        elif isinstance(self.kernel_driver, AtLeast):
+            out.append(_at_least(f"{d}.neuronDriverVersion", self.kernel_driver.parts))
+        if self.min_memory is not None:
+            out.append(f"'memory' in {c} && {c}.memory.compareTo(quantity({_cel_string(self.min_memory)})) >= 0")
+        if self.min_cores is not None:
+            out.append(f"'cores' in {c} && {c}.cores.compareTo(quantity('{self.min_cores}')) >= 0")
+        out.extend(self.selectors)
+        return out
+
+    def exact(self, drivers: Drivers) -> dict[str, Any]:
+        """The ExactDeviceRequest / DeviceSubRequest body."""
+        body: dict[str, Any] = {"deviceClassName": drivers.neuron_class,
+                                "selectors": [_selector(e) for e in self.selector_expressions(drivers)]}
+        if self.count is ALL:
+            body["allocationMode"] = "All"
+        else:
+            body["allocationMode"] = "ExactCount"
+            body["count"] = self.count
+        return body
+
+    def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Constraints and configs for this request, `ref` being its name in them (`req` or `req/sub`)."""
+        constraints = []
+        attribute = self.group_attribute(drivers)
+        if attribute is not None:
+            constraints.append({"requests": [ref], "matchAttribute": attribute})
+        configs = [_opaque(drivers, [ref], neuron_config(self.lnc))] if self.lnc is not None else []
+        return constraints, configs
+
+    def render(self, drivers: Drivers) -> Rendered:
+        constraints, configs = self.extras(drivers, self.name)
+        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints, configs)
+
+    def max_devices(self) -> int:
+        if isinstance(self.count, int):
+            return self.count
+        return max(CATALOG[t].device_count for t in self.target_types)
+
+
+def _at_least(attribute: str, parts: tuple[int, ...]) -> str:
+    """`attribute` (a dotted version string) >= parts, comparing numerically part by part."""
+    def cmp(i: int) -> str:
+        if i == len(parts) - 1:
+            return f"int(v[{i}]) >= {parts[i]}"
+        return f"int(v[{i}]) > {parts[i]} || (int(v[{i}]) == {parts[i]} && ({cmp(i + 1)}))"
+    return f"cel.bind(v, {attribute}.split('.'), v.size() >= {len(parts)} && ({cmp(0)}))"
+
+
+@dataclass(frozen=True)
+class UltraServerNode:
+    """The UltraServer pseudo-device of a trn2u node, with the UltraServer mode (1, 2 or 4 nodes)."""
+
+    mode: int
+    name: str = "ultraserver"
+    lnc: int | None = None
+    selectors: tuple[str, ...] | str = ()
+
+    def __post_init__(self) -> None:
+        check_dns_label("UltraServerNode.name", self.name)
+        try:
+            driver_config.decode(ultraserver_config(self.mode))
+            if self.lnc is not None:
+                driver_config.decode(neuron_config(self.lnc))
+        except driver_config.ConfigError as e:
+            field_name = "UltraServerNode.mode" if e.field == "ultraserverMode" else "UltraServerNode.lnc"
+            raise TemplateError(field_name, e.value, e.allowed) from None
+        object.__setattr__(self, "selectors", _as_tuple("UltraServerNode.selectors", self.selectors))
+        _check_selectors("UltraServerNode.selectors", self.selectors)  # type: ignore[arg-type]
+
+    def exact(self, drivers: Drivers) -> dict[str, Any]:
+        d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
+        selectors = [f"{d}.resourceType == {_cel_string(NEURON_NODE)}", *self.selectors]
+        return {"deviceClassName": drivers.neuron_class, "selectors": [_selector(e) for e in selectors],
+                "allocationMode": "ExactCount", "count": 1}
+
+    def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        configs = [_opaque(drivers, [ref], ultraserver_config(self.mode))]
+        if self.lnc is not None:
+            configs.append(_opaque(drivers, [ref], neuron_config(self.lnc)))
+        return [], configs
+
+    def render(self, drivers: Drivers) -> Rendered:
+        constraints, configs = self.extras(drivers, self.name)
+        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints, configs)
+
+    def max_devices(self) -> int:
+        return 1
+
+
+@dataclass(frozen=True)
+class Efa:
+    """EFA devices; `aligned_to` names a Neuron request whose devices share their devicegroup."""
+
+    count: int = 1
+    name: str = "efa"
+    aligned_to: str | None = "neurons"
+    group: int | None = None  # devicegroup size to align on (1, 4, 8, 16); default from the Neuron request
+    selectors: tuple[str, ...] | str = ()
+
+    def __post_init__(self) -> None:
+        _count("Efa.count", self.count, allow_all=False)
+        check_dns_label("Efa.name", self.name)
+        if self.aligned_to is not None:
+            check_dns_label("Efa.aligned_to", self.aligned_to)
+        if self.group is not None and self.group not in (1, *DEVICEGROUP_SIZES):
+            raise TemplateError("Efa.group", self.group, f"a devicegroup size: 1, {_sizes(DEVICEGROUP_SIZES)}")
+        object.__setattr__(self, "selectors", _as_tuple("Efa.selectors", self.selectors))
+        _check_selectors("Efa.selectors", self.selectors)  # type: ignore[arg-type]
+
+    def render(self, drivers: Drivers) -> Rendered:
+        body = {"deviceClassName": drivers.efa_class, "selectors": [_selector(e) for e in self.selectors],
+                "allocationMode": "ExactCount", "count": self.count}
+        if not body["selectors"]:
+            del body["selectors"]
+        return Rendered({"name": self.name, "exactly": body})
+
+    def max_devices(self) -> int:
+        return self.count
+
+
+def default_group(neuron_count: int | None) -> int:
+    """The smallest devicegroup that holds `neuron_count` devices (1 = the device's own EFA)."""
+    if neuron_count == 1:
+        return 1
+    return next((n for n in DEVICEGROUP_SIZES if neuron_count is not None and neuron_count <= n),
+                DEVICEGROUP_SIZES[-1])
+
+
+@dataclass(frozen=True, init=False)
+class FirstAvailable:
+    """The first of several Neuron alternatives that fits (`firstAvailable`, at most 8)."""
+
+    options: tuple[Neuron, ...]
+    name: str
+
+    def __init__(self, *options: Neuron, name: str = "neurons") -> None:
+        check_dns_label("FirstAvailable.name", name)
+        if not 1 <= len(options) <= MAX_SUBREQUESTS:
+            raise TemplateError("FirstAvailable.options", len(options), f"1 to {MAX_SUBREQUESTS} alternatives")
+        named = []
+        for i, option in enumerate(options, start=1):
+            if not isinstance(option, Neuron):
+                raise TemplateError("FirstAvailable.options", option, "Neuron(...) alternatives")
+            if option.name == Neuron.name:  # the default name: number the alternatives
+                option = _renamed(option, f"option{i}")
+            named.append(option)
+        names = [o.name for o in named]
+        for n in names:
+            if names.count(n) > 1:
+                raise TemplateError("FirstAvailable.options", n, "distinct alternative names")
+        object.__setattr__(self, "options", tuple(named))
+        object.__setattr__(self, "name", name)
+
+    def render(self, drivers: Drivers) -> Rendered:
+        subs, constraints, configs = [], [], []
+        for option in self.options:
+            subs.append({"name": option.name, **option.exact(drivers)})
+            c, cfg = option.extras(drivers, f"{self.name}/{option.name}")
+            constraints += c
+            configs += cfg
+        return Rendered({"name": self.name, "firstAvailable": subs}, constraints, configs)
+
+    def max_devices(self) -> int:
+        return min(o.max_devices() for o in self.options)
+
+
+def _renamed(option: Neuron, name: str) -> Neuron:
+    return replace(option, name=name)
+
+
+Request = Neuron | UltraServerNode | Efa | FirstAvailable

@@ -1,0 +1,195 @@
+"""`ClaimTemplate`: a named set of typed requests that renders to a resource.k8s.io/v1 ResourceClaimTemplate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
+from neuron_dra.claim_templates.errors import TemplateError
+from neuron_dra.claim_templates.names import check_annotations, check_dns_label, check_dns_subdomain, check_labels
+from neuron_dra.claim_templates.requests import (
+    MAX_COUNT,
+    Efa,
+    FirstAvailable,
+    Neuron,
+    Request,
+    UltraServerNode,
+    default_group,
+)
+from neuron_dra.driver import config as driver_config
+from neuron_dra.driver.slices import AWS_DOMAIN
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_REQUESTS = 32
+MAX_CONSTRAINTS = 32
+MAX_CONFIGS = 32
+MAX_OPAQUE_PARAMETERS_BYTES = 10 * 1024
+
+
+@dataclass(frozen=True)
+class OpaqueConfig:
+    """A raw opaque config (escape hatch); for this driver it is decoded by the driver's own code."""
+
+    parameters: Mapping[str, Any]
+    requests: tuple[str, ...] = ()  # empty: every request
+    driver: str | None = None  # None: the Neuron driver
+
+    def __hash__(self) -> int:
+        return hash((repr(sorted(self.parameters.items())), self.requests, self.driver))
+
+
+@dataclass(frozen=True, init=False)
+class ClaimTemplate:
+    """A ResourceClaimTemplate: `ClaimTemplate("name", Neuron(4, topology=Connected()), namespace="ml")`."""
+
+    name: str
+    requests: tuple[Request, ...]
+    namespace: str
+    labels: tuple[tuple[str, str], ...]
+    annotations: tuple[tuple[str, str], ...]
+    claim_labels: tuple[tuple[str, str], ...]  # labels of the ResourceClaims made from the template
+    configs: tuple[OpaqueConfig, ...]
+    drivers: Drivers
+
+    def __init__(self, name: str, *items: Request, requests: Sequence[Request] = (), namespace: str = "default",
+                 labels: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
+                 annotations: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
+                 claim_labels: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
+                 configs: Sequence[OpaqueConfig] = (), drivers: Drivers = DEFAULT_DRIVERS) -> None:
+        check_dns_subdomain("ClaimTemplate.name", name)
+        check_dns_label("ClaimTemplate.namespace", namespace)
+        all_requests = (*items, *requests)
+        if not 1 <= len(all_requests) <= MAX_REQUESTS:
+            raise TemplateError("ClaimTemplate.requests", len(all_requests), f"1 to {MAX_REQUESTS} requests")
+        for r in all_requests:
+            if not isinstance(r, Neuron | UltraServerNode | Efa | FirstAvailable):
+                raise TemplateError("ClaimTemplate.requests", r, "Neuron, UltraServerNode, Efa or FirstAvailable")
+        names = [r.name for r in all_requests]
+        for n in names:
+            if names.count(n) > 1:
+                raise TemplateError("ClaimTemplate.requests", n, "distinct request names (name=...)")
+        if not isinstance(drivers, Drivers):
+            raise TemplateError("ClaimTemplate.drivers", drivers, "a Drivers(...) value")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "requests", all_requests)
+        object.__setattr__(self, "namespace", namespace)
+        object.__setattr__(self, "labels", check_labels("ClaimTemplate.labels", _mapping(labels)))
+        object.__setattr__(self, "annotations", check_annotations("ClaimTemplate.annotations", _mapping(annotations)))
+        object.__setattr__(self, "claim_labels", check_labels("ClaimTemplate.claim_labels", _mapping(claim_labels)))
+        object.__setattr__(self, "configs", tuple(configs))
+        object.__setattr__(self, "drivers", drivers)
+        self._check_alignment()
+        self._check_configs()
+        total = sum(r.max_devices() for r in all_requests)
+        if total > MAX_COUNT:
+            raise TemplateError("ClaimTemplate.requests", f"{total} devices", f"at most {MAX_COUNT} devices per claim")
+
+    def _neuron_requests(self) -> dict[str, Neuron | FirstAvailable]:
+        return {r.name: r for r in self.requests if isinstance(r, Neuron | FirstAvailable)}
+
+    def _check_alignment(self) -> None:
+        neurons = self._neuron_requests()
+        for r in self.requests:
+            if isinstance(r, Efa) and r.aligned_to is not None and r.aligned_to not in neurons:
+                raise TemplateError("Efa.aligned_to", r.aligned_to,
+                                    f"the name of a Neuron request of this template ({', '.join(neurons) or 'none'}),"
+                                    " or None for an unaligned EFA request")
+
+    def _check_configs(self) -> None:
+        if len(self.configs) > MAX_CONFIGS:
+            raise TemplateError("ClaimTemplate.configs", len(self.configs), f"at most {MAX_CONFIGS} configs")
+        known = set(self._request_refs())
+        for cfg in self.configs:
+            if not isinstance(cfg, OpaqueConfig):
+                raise TemplateError("ClaimTemplate.configs", cfg, "OpaqueConfig(parameters, requests=...)")
+            for ref in cfg.requests:
+                if ref not in known:
+                    raise TemplateError("OpaqueConfig.requests", ref, ", ".join(sorted(known)))
+            if cfg.driver in (None, self.drivers.neuron_driver):
+                try:
+                    driver_config.decode(dict(cfg.parameters))
+                except driver_config.ConfigError as e:
+                    raise TemplateError(f"OpaqueConfig.parameters.{e.field}", e.value, e.allowed) from None
+            if len(yaml.safe_dump(dict(cfg.parameters)).encode()) > MAX_OPAQUE_PARAMETERS_BYTES:
+                raise TemplateError("OpaqueConfig.parameters", "...", f"at most {MAX_OPAQUE_PARAMETERS_BYTES} bytes")
+
+    def _request_refs(self) -> list[str]:
+        refs = []
+        for r in self.requests:
+            refs.append(r.name)
+            if isinstance(r, FirstAvailable):
+                refs += [f"{r.name}/{o.name}" for o in r.options]
+        return refs
+
+    def claim_spec(self) -> dict[str, Any]:
+        """The ResourceClaimSpec."""
+        requests, constraints, configs = [], [], []
+        neurons = self._neuron_requests()
+        merged: set[str] = set()  # Neuron requests whose own group constraint an EFA alignment covers
+        alignments = []
+        for r in self.requests:
+            if isinstance(r, Efa) and r.aligned_to is not None:
+                target = neurons[r.aligned_to]
+                attribute = f"{AWS_DOMAIN}/devicegroup{_alignment_group(r, target)}_id"
+                if isinstance(target, Neuron) and target.group_attribute(self.drivers) == attribute:
+                    merged.add(target.name)
+                alignments.append({"requests": [r.aligned_to, r.name], "matchAttribute": attribute})
+        for r in self.requests:
+            rendered = r.render(self.drivers)
+            requests.append(rendered.request)
+            if r.name not in merged:
+                constraints += rendered.constraints
+            configs += rendered.configs
+        constraints += alignments
+        for cfg in self.configs:
+            entry: dict[str, Any] = {"opaque": {"driver": cfg.driver or self.drivers.neuron_driver,
+                                                "parameters": dict(cfg.parameters)}}
+            if cfg.requests:
+                entry["requests"] = list(cfg.requests)
+            configs.append(entry)
+        devices: dict[str, Any] = {"requests": requests}
+        if constraints:
+            devices["constraints"] = constraints
+        if configs:
+            devices["config"] = configs
+        return {"devices": devices}
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The exact resource.k8s.io/v1 ResourceClaimTemplate."""
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if self.labels:
+            metadata["labels"] = dict(self.labels)
+        if self.annotations:
+            metadata["annotations"] = dict(self.annotations)
+        spec: dict[str, Any] = {}
+        if self.claim_labels:
+            spec["metadata"] = {"labels": dict(self.claim_labels)}
+        spec["spec"] = self.claim_spec()
+        return {"apiVersion": API_VERSION, "kind": "ResourceClaimTemplate", "metadata": metadata, "spec": spec}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_manifest(), sort_keys=False)
+
+
+def _mapping(value: Mapping[str, str] | Sequence[tuple[str, str]] | None) -> Mapping[str, str] | None:
+    if value is None or isinstance(value, Mapping):
+        return value
+    return dict(value)
+
+
+def _alignment_group(efa: Efa, target: Neuron | FirstAvailable) -> int:
+    if efa.group is not None:
+        return efa.group
+    if isinstance(target, FirstAvailable):
+        target = target.options[0]
+    size = target.group_size
+    return default_group(size if size is not None else (target.count if isinstance(target.count, int) else 16))
+
+
+def to_yaml_documents(templates: Sequence[ClaimTemplate]) -> str:
+    """Multi-document YAML of the templates, in order."""
+    return yaml.safe_dump_all([t.to_manifest() for t in templates], sort_keys=False)
