@@ -282,9 +282,10 @@ class Simulator:
     """One node's pools and the device classes; allocates claims against an allocated set."""
 
     def __init__(self, slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mapping[str, Any]],
-                 node_name: str, node_labels: Mapping[str, str] | None = None, cel: CelEnvironment | None = None
-                 ) -> None:
+                 node_name: str, node_labels: Mapping[str, str] | None = None, cel: CelEnvironment | None = None,
+                 prune: bool = True) -> None:
         self.pools = gather_pools(slices, node_name, node_labels or {})
+        self.prune = prune  # False: visit every subtree as the Go search does (for tests of the cut)
         self.classes = {c["metadata"]["name"]: c for c in device_classes}
         self.cel = cel or CelEnvironment()
         # Selection does not depend on what is allocated, so it is cached per (claim spec, request, device).
@@ -481,7 +482,7 @@ class _Search:
             if undo is None:
                 return False
             return self._descend(undo, ci, ri, si, di, in_subrequest)
-        if not self._enough_candidates(req, req.num - di):
+        if self.sim.prune and not self._enough_candidates(req, req.num - di):
             return False
         for pool in self.sim.pools:
             if pool.incomplete or pool.invalid:

@@ -1,0 +1,108 @@
+"""`neuron-dra claims`: render or check the claim templates a Python file defines.
+
+  neuron-dra claims render FILE.py            every module-level template as multi-document YAML (after checks)
+  neuron-dra claims check FILE.py [--instance-type T ...] [--json]
+                                              template x instance type -> claims per node, or why not
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from neuron_dra.claim_templates.checks import Checker, CheckReport
+from neuron_dra.claim_templates.loader import LoadError, load_templates
+from neuron_dra.claim_templates.template import ClaimTemplate, to_yaml_documents
+from neuron_dra.driver.catalog import CATALOG
+
+HELP = ("Render typed claim templates from a Python file as ResourceClaimTemplate YAML, or check them against "
+        "the devices the driver publishes on each instance type (the file is executed).")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="claims_command", metavar="SUBCOMMAND", required=True)
+    render = sub.add_parser("render", help="print every module-level template as multi-document YAML")
+    render.add_argument("file", metavar="FILE.py")
+    render.add_argument("--instance-type", action="append", metavar="T", dest="instance_types",
+                        help="check against these instance types first (default: every catalog type)")
+    render.add_argument("--no-check", action="store_true", help="render without running the checks")
+    check = sub.add_parser("check", help="print template x instance type -> claims per node, or the reason")
+    check.add_argument("file", metavar="FILE.py")
+    check.add_argument("--instance-type", action="append", metavar="T", dest="instance_types",
+                       help=f"instance types to check (repeatable; default: all of {', '.join(CATALOG)})")
+    check.add_argument("--json", action="store_true", help="print the reports as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        templates = load_templates(args.file)
+    except LoadError as e:
+        print(f"neuron-dra claims: {e}", file=sys.stderr)
+        return 2
+    types = list(args.instance_types or CATALOG)
+    unknown = [t for t in types if t not in CATALOG]
+    if unknown:
+        print(f"neuron-dra claims: unknown instance type {unknown[0]!r}; known: {', '.join(CATALOG)}", file=sys.stderr)
+        return 2
+    if args.claims_command == "render":
+        return _render(templates, types, not args.no_check)
+    return _check(templates, types, args.json)
+
+
+def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str]) -> list[CheckReport]:
+    checker = Checker()
+    return [checker.check(t, types) for t in templates]
+
+
+def _render(templates: Sequence[ClaimTemplate], types: Sequence[str], run_checks: bool) -> int:
+    if run_checks:
+        failed = [r for r in _reports(templates, types) if not r.ok]
+        for r in failed:
+            print(f"neuron-dra claims: {r.template}: {r.summary()}", file=sys.stderr)
+        if failed:
+            return 1
+    sys.stdout.write(to_yaml_documents(templates))
+    return 0
+
+
+def _check(templates: Sequence[ClaimTemplate], types: Sequence[str], as_json: bool) -> int:
+    reports = _reports(templates, types)
+    if as_json:
+        json.dump([_report_json(r) for r in reports], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_table(reports, types))
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def _report_json(r: CheckReport) -> dict[str, object]:
+    return {"template": r.template, "ok": r.ok,
+            "issues": [{"severity": i.severity, "message": i.message} for i in r.issues],
+            "fits": [{"instanceType": f.instance_type, "claimsPerNode": f.claims_per_node, "reason": f.reason,
+                      "devices": [d.to_api() for d in f.devices]} for f in r.fits]}
+
+
+def format_table(reports: Sequence[CheckReport], types: Sequence[str]) -> str:
+    """Claims per node for each template and instance type; '-' with the reasons listed below."""
+    names = [r.template for r in reports]
+    first = max([len("template"), *map(len, names)])
+    widths = [max(len(t), 3) for t in types]
+    lines = ["  ".join(["template".ljust(first), *(t.rjust(w) for t, w in zip(types, widths, strict=True))])]
+    notes = []
+    for r in reports:
+        cells = []
+        for t, w in zip(types, widths, strict=True):
+            f = r.fit(t)
+            cells.append((str(f.claims_per_node) if f.claims_per_node else "-").rjust(w))
+        status = "" if r.ok else "  FAILS"
+        lines.append("  ".join([r.template.ljust(first), *cells]) + status)
+        for issue in r.issues:
+            notes.append(f"{r.template}: {issue}")
+        if not r.ok:
+            notes += [f"{r.template} on {f.instance_type}: {f.reason}" for f in r.fits if f.reason]
+    out = "\n".join(lines) + "\n"
+    if notes:
+        out += "\n" + "\n".join(notes) + "\n"
+    return out

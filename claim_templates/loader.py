@@ -1,0 +1,38 @@
+"""Load the claim templates a Python file defines at module level (the file is executed, like a Pulumi program)."""
+
+from __future__ import annotations
+
+import runpy
+from collections.abc import Iterable
+from pathlib import Path
+
+from neuron_dra.claim_templates.template import ClaimTemplate
+
+
+class LoadError(ValueError):
+    """A templates file that cannot be loaded; names the file."""
+
+
+def templates_in(namespace: dict[str, object]) -> list[ClaimTemplate]:
+    """ClaimTemplate values, and those inside module-level lists and tuples, in definition order, once each."""
+    found: dict[int, ClaimTemplate] = {}
+    for value in namespace.values():
+        items: Iterable[object] = value if isinstance(value, list | tuple) else (value,)
+        for item in items:
+            if isinstance(item, ClaimTemplate):
+                found.setdefault(id(item), item)
+    return list(found.values())
+
+
+def load_templates(path: Path | str) -> list[ClaimTemplate]:
+    file = Path(path)
+    if not file.is_file():
+        raise LoadError(f"{file}: no such file")
+    try:
+        namespace = runpy.run_path(str(file), run_name="__claim_templates__")
+    except Exception as e:  # the file's own error (bad input to a class, syntax error) is the message
+        raise LoadError(f"{file}: {type(e).__name__}: {e}") from e
+    templates = templates_in(namespace)
+    if not templates:
+        raise LoadError(f"{file}: defines no ClaimTemplate at module level")
+    return templates
