@@ -110,9 +110,10 @@ def build_spec(devices: Sequence[CdiDevice], kind: str = CDI_KIND) -> dict[str, 
 
 
 def spec_text(spec: Mapping[str, Any]) -> str:
-    """The exact text written for a spec (deterministic, so a rewrite reproduces the file). Compact: the
-    indenting JSON encoder is pure Python and would cost more than the rest of a prepare."""
-    return json.dumps(spec, separators=(",", ":")) + "\n"
+    """The exact text written for a spec: canonical (sorted keys, compact), so a rewrite from the checkpoint
+    reproduces the file byte for byte. Not indented: that JSON encoder is pure Python and would cost more
+    than the rest of a prepare."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":")) + "\n"
 
 
 class CdiStore:
