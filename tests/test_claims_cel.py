@@ -14,13 +14,14 @@ C = "device.capacity['neuron.aws.com']"
 
 
 def device(**attrs: object) -> CelDevice:
-    typed = {}
+    typed: dict[str, dict[str, object]] = {}
     for k, v in attrs.items():
         kind = "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "string"
         typed[k] = {kind: v}
     typed["draDriverVersion"] = {"version": "1.4.0-rc.1"}
-    return CelDevice("test/dev", "neuron.aws.com", {"neuron.aws.com": typed, "resource.aws.com": {"g": {"string": "x"}}},
-                     {"neuron.aws.com": {"memory": "96Gi", "cores": "8"}})
+    attributes: dict[str, dict[str, dict[str, object]]] = {"neuron.aws.com": typed,
+                                                           "resource.aws.com": {"g": {"string": "x"}}}
+    return CelDevice("test/dev", "neuron.aws.com", attributes, {"neuron.aws.com": {"memory": "96Gi", "cores": "8"}})
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def env() -> CelEnvironment:
     (f"{D}.instanceType.upperAscii() == 'TRN2.48XLARGE' && {D}.instanceType.indexOf('.') == 4", True),
     (f"{D}.instanceType.substring(0, 4) == 'trn2' && {D}.instanceType.charAt(3) == '2'", True),
     (f"{D}.instanceType.replace('48', '3') == 'trn2.3xlarge' && ' x '.trim() == 'x'", True),
-    (f"['a', 'b'].join('-') == 'a-b' && [3, 1, 2].max() == 3 && [1, 2].sum() == 3 && [1, 2].isSorted()", True),
+    ("['a', 'b'].join('-') == 'a-b' && [3, 1, 2].max() == 3 && [1, 2].sum() == 3 && [1, 2].isSorted()", True),
     (f"{D}.instanceType.matches('^trn[12]') && {D}.instanceType.find('[0-9]+') == '2'", True),
     (f"[1, 2, 3].exists(x, x == {D}.deviceId) && [1, 2].all(x, x > 0)", True),
     (f"{D}.deviceId == 4", False),

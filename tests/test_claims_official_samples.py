@@ -21,6 +21,7 @@ from neuron_dra.claim_templates.allocator import simulate
 from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.examples import OFFICIAL_SAMPLES, RICHER_CASES
 from neuron_dra.claim_templates.node_model import NodeCatalog
+from neuron_dra.driver.catalog import CATALOG
 
 A = 'device.attributes["neuron.aws.com"]'
 
@@ -152,7 +153,7 @@ def test_official_samples_fit_where_aws_documents() -> None:
     assert per_node["neuron-whole-node"] == {"trn2.48xlarge": 1}
     assert per_node["neuron-all-devices"] == {"trn2.48xlarge": 1}
     assert per_node["neuron-all-devices-lnc1"] == {"trn2.48xlarge": 1}
-    assert set(per_node["neuron-pinned-kernel-driver"].values()) == {1} and len(per_node["neuron-pinned-kernel-driver"]) == 10
+    assert per_node["neuron-pinned-kernel-driver"] == dict.fromkeys(CATALOG, 1)
     assert per_node["neuron-ultraserver-4"] == {"trn2u.48xlarge": 1}
     # trn1.32xlarge shares one EFA between two devices: a devicegroup of 4 has only 2 EFAs.
     assert per_node["neuron-efa-aligned"] == {"trn1n.32xlarge": 4, "trn2.48xlarge": 4, "trn2u.48xlarge": 4}
