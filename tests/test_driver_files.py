@@ -1,0 +1,199 @@
+"""The driver's files: generated gRPC code in sync with the protos and the wire contract, CDI specs,
+the checkpoint format, atomic writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from neuron_dra.driver import protogen
+from neuron_dra.driver._generated import (
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    grpc_health_v1_pb2,
+    pluginregistration_pb2,
+)
+from neuron_dra.driver.atomicfile import write_atomic
+from neuron_dra.driver.cdi import (
+    CDI_KIND,
+    CdiDevice,
+    CdiError,
+    CdiStore,
+    DeviceNode,
+    build_spec,
+    minimum_version,
+    spec_text,
+)
+from neuron_dra.driver.checkpoint import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    CheckpointError,
+    ClaimState,
+    PreparedClaim,
+    PreparedDevice,
+    encode,
+)
+from neuron_dra.driver.neuron_env import core_ranges
+
+# --- generated code --------------------------------------------------------------------------------------------
+
+
+def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
+    written = protogen.generate(tmp_path)
+    committed = {p.name: p.read_bytes() for p in protogen.GENERATED_DIR.iterdir() if p.is_file()}
+    fresh = {p.name: p.read_bytes() for p in written}
+    assert sorted(fresh) == sorted(committed), "files differ: run python -m neuron_dra.driver.protogen"
+    stale = [name for name in fresh if fresh[name] != committed[name]]
+    assert stale == [], f"stale generated code {stale}: run python -m neuron_dra.driver.protogen"
+
+
+def fields(message: object) -> dict[str, int]:
+    return {f.name: f.number for f in message.DESCRIPTOR.fields}  # type: ignore[attr-defined]
+
+
+def test_wire_contract_of_the_registration_service() -> None:
+    svc = pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"]
+    assert svc.full_name == "pluginregistration.Registration"
+    assert sorted(m.name for m in svc.methods) == ["GetInfo", "NotifyRegistrationStatus"]
+    assert fields(pluginregistration_pb2.PluginInfo) == {"type": 1, "name": 2, "endpoint": 3,
+                                                         "supported_versions": 4}
+    assert fields(pluginregistration_pb2.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
+
+
+@pytest.mark.parametrize(("module", "package", "share_id"), [
+    (dra_v1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1", True),
+    (dra_v1beta1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1beta1", False),
+])
+def test_wire_contract_of_the_dra_service(module: object, package: str, share_id: bool) -> None:
+    descriptor = module.DESCRIPTOR  # type: ignore[attr-defined]
+    svc = descriptor.services_by_name["DRAPlugin"]
+    assert svc.full_name == f"{package}.DRAPlugin"
+    assert sorted(m.name for m in svc.methods) == ["NodePrepareResources", "NodeUnprepareResources"]
+    m = descriptor.message_types_by_name
+    device = {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4}
+    if share_id:
+        device["share_id"] = 5
+    assert {f.name: f.number for f in m["Device"].fields} == device
+    assert {f.name: f.number for f in m["Claim"].fields} == {"namespace": 1, "uid": 2, "name": 3}
+    assert {f.name: f.number for f in m["NodePrepareResourceResponse"].fields} == {"devices": 1, "error": 2}
+    assert {f.name: f.number for f in m["NodeUnprepareResourceResponse"].fields} == {"error": 1}
+    assert m["NodePrepareResourcesResponse"].fields_by_name["claims"].message_type.GetOptions().map_entry
+
+
+def test_health_protocol_is_grpc_health_v1() -> None:
+    svc = grpc_health_v1_pb2.DESCRIPTOR.services_by_name["Health"]
+    assert svc.full_name == "grpc.health.v1.Health"
+    assert grpc_health_v1_pb2.HealthCheckResponse.SERVING == 1
+    assert grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING == 2
+
+
+# --- CDI -------------------------------------------------------------------------------------------------------
+
+
+def test_minimum_cdi_version_follows_the_fields_used() -> None:
+    plain = {"kind": CDI_KIND, "devices": [{"name": "a", "containerEdits": {"env": ["X=1"]}}]}
+    assert minimum_version(plain) == "0.3.0"
+    digit = {"kind": CDI_KIND, "devices": [{"name": "1a", "containerEdits": {"env": ["X=1"]}}]}
+    assert minimum_version(digit) == "0.5.0"
+    host_path = build_spec([CdiDevice("a", device_nodes=(DeviceNode("/dev/neuron0", "/dev/neuron0", 239, 0),))])
+    assert host_path["cdiVersion"] == "0.5.0"
+    mount_type = {"kind": CDI_KIND, "devices": [{"name": "a", "containerEdits": {
+        "mounts": [{"hostPath": "/x", "containerPath": "/x", "type": "bind"}]}}]}
+    assert minimum_version(mount_type) == "0.4.0"
+    assert minimum_version({**plain, "annotations": {"a": "b"}}) == "0.6.0"
+    assert minimum_version({"kind": CDI_KIND, "containerEdits": {"additionalGids": [5]}, "devices": []}) == "0.7.0"
+
+
+@pytest.mark.parametrize("name", ["-a", "a-", "a/b", "a b", "", "ä"])
+def test_cdi_device_names_are_checked(name: str) -> None:
+    with pytest.raises(CdiError, match="CDI device name"):
+        CdiDevice(name)
+
+
+def test_duplicate_names_in_one_spec_are_refused() -> None:
+    with pytest.raises(CdiError, match="duplicate"):
+        build_spec([CdiDevice("a"), CdiDevice("a")])
+
+
+def test_store_names_files_by_driver_and_claim_and_refuses_path_tricks(tmp_path: Path) -> None:
+    store = CdiStore(tmp_path, "neuron.aws.com")
+    text = spec_text(build_spec([CdiDevice("u1-x", env=("A=1",))]))
+    path = store.write("u1", text)
+    assert path == tmp_path / "neuron.aws.com_u1.json"
+    assert path.stat().st_mode & 0o777 == 0o644
+    (tmp_path / "other_u2.json").write_text("{}")
+    assert store.claim_uids() == {"u1"}
+    with pytest.raises(CdiError, match="not allowed"):
+        store.path_for("../u1")
+    assert store.remove("u1") and not store.remove("u1")
+
+
+def test_spec_text_is_canonical() -> None:
+    spec = build_spec([CdiDevice("x", env=("B=2", "A=1"))])
+    assert spec_text(json.loads(spec_text(spec))) == spec_text(spec)
+
+
+# --- checkpoint ------------------------------------------------------------------------------------------------
+
+def entry(uid: str, state: ClaimState = ClaimState.PREPARE_COMPLETED) -> PreparedClaim:
+    spec = spec_text(build_spec([CdiDevice(f"{uid}-d", env=("A=1",))]))
+    return PreparedClaim(uid, "ns", "name", state, (PreparedDevice(("r",), "pool", "neuron-device-0",
+                                                                   (f"{CDI_KIND}={uid}-d",)),), (0,), spec, 1.5)
+
+
+def test_checkpoint_round_trip(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json")
+    assert cp.load() == {}
+    claims = {"u1": entry("u1"), "u2": entry("u2", ClaimState.PREPARE_STARTED)}
+    cp.save(claims)
+    assert cp.load() == claims
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert doc["version"] == CHECKPOINT_VERSION
+    assert doc["checksum"].startswith("sha256:")
+    assert (tmp_path / "checkpoint.json").stat().st_mode & 0o777 == 0o600
+    assert encode(cp.load()) == (tmp_path / "checkpoint.json").read_bytes()
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda d: d["preparedClaims"]["u1"].update(namespace="other"), "checksum mismatch"),
+    (lambda d: d.update(version=2), "version 2 is not supported"),
+    (lambda d: d.update(preparedClaims=[]), "must be an object"),
+])
+def test_checkpoint_errors_name_the_file_and_problem(tmp_path: Path, mutate: object, message: str) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json")
+    cp.save({"u1": entry("u1")})
+    doc = json.loads(cp.path.read_text())
+    mutate(doc)  # type: ignore[operator]
+    cp.path.write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match=message) as info:
+        cp.load()
+    assert str(cp.path) in str(info.value)
+
+
+def test_truncated_checkpoint_is_reported(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json")
+    cp.save({"u1": entry("u1")})
+    cp.path.write_bytes(cp.path.read_bytes()[:40])
+    with pytest.raises(CheckpointError, match="not JSON"):
+        cp.load()
+
+
+def test_atomic_write_leaves_old_content_when_interrupted(tmp_path: Path) -> None:
+    target = tmp_path / "f.json"
+    write_atomic(target, b"old")
+
+    def boom() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(target, b"new", before_rename=boom)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_core_ranges() -> None:
+    assert core_ranges([]) == ""
+    assert core_ranges([5]) == "5"
+    assert core_ranges([3, 0, 1, 2, 8, 9, 11]) == "0-3,8-9,11"
