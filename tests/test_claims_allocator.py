@@ -30,7 +30,8 @@ def slice_(devices: list[dict[str, Any]], node: str = "n1", driver: str = DRIVER
 
 
 def cls(name: str = "c", driver: str = DRIVER) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]}}
+    selector = {"cel": {"expression": f"device.driver == '{driver}'"}}
+    return {"metadata": {"name": name}, "spec": {"selectors": [selector]}}
 
 
 def req(name: str = "r", count: int | None = 1, selectors: tuple[str, ...] = (), klass: str = "c",
@@ -166,7 +167,8 @@ def test_count_mode_and_admin_access() -> None:
 def test_packing_on_modelled_nodes() -> None:
     """A 4-connected trn2 claim fits 4 per trn2.48xlarge, each a torus row."""
     node = NodeCatalog().node("trn2.48xlarge")
-    c = claim(req(count=4, klass="neuron.aws.com"), constraints=[{"matchAttribute": "resource.aws.com/devicegroup4_id"}])
+    c = claim(req(count=4, klass="neuron.aws.com"),
+              constraints=[{"matchAttribute": "resource.aws.com/devicegroup4_id"}])
     r = simulate(node.slices, node.device_classes, [c], node_name=node.node_name, mode="count")
     assert r.count == 4
     assert [[d.device for d in a] for a in r.allocation] == [
