@@ -1,0 +1,202 @@
+"""The kubelet-facing gRPC servers over real unix sockets, driven by localcluster/pluginclient.py (the gRPC
+half of the kubelet stand-in: kubelet's timeouts and version choice). Claims come from an in-memory lookup
+here; test_driver_apiserver.py runs the same path against the real API server."""
+
+from __future__ import annotations
+
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from driver_support import DRIVER, NODE, FakeLookup, claim, devices, short_dir, uid
+
+from neuron_dra.driver import plugin
+from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
+from neuron_dra.driver.cdi import CDI_KIND, CdiStore
+from neuron_dra.driver.checkpoint import Checkpoint
+from neuron_dra.driver.claims import ClaimRef
+from neuron_dra.driver.discovery import discover
+from neuron_dra.driver.emulate import emulate
+from neuron_dra.driver.health import HealthServer
+from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
+from neuron_dra.driver.state import DriverState
+from neuron_dra.localcluster import pluginclient
+from neuron_dra.localcluster.kubelet_standin import ClaimRef as StandinClaimRef
+from neuron_dra.localcluster.kubelet_standin import PluginConnector
+
+
+@dataclass
+class Served:
+    servers: PluginServers
+    state: DriverState
+    lookup: FakeLookup
+    paths: SocketPaths
+    cdi: Path
+
+
+def serve(base: Path, instance_type: str = "trn2.48xlarge") -> Served:
+    root = emulate(instance_type, base / "host")
+    lookup = FakeLookup()
+    paths = SocketPaths.for_driver(base / "plugins", base / "registry", DRIVER)
+    (base / "plugins" / DRIVER).mkdir(parents=True, exist_ok=True)
+    state = DriverState(host=discover(root), host_root=root, driver_name=DRIVER, pool_name=NODE,
+                        cdi=CdiStore(base / "cdi", DRIVER), checkpoint=Checkpoint(base / "plugins" / DRIVER / "cp"),
+                        lookup=lookup)
+    state.reconcile_local()
+    servers = PluginServers(paths, state, DRIVER)
+    servers.start()
+    return Served(servers, state, lookup, paths, base / "cdi")
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    with short_dir() as base:
+        s = serve(base)
+        try:
+            yield s
+        finally:
+            s.servers.stop()
+            s.state.close()
+
+
+def test_registration_as_kubelet_does_it(served: Served) -> None:
+    channel = pluginclient.dial(served.paths.registration)
+    try:
+        timings = []
+        for _ in range(20):
+            start = time.perf_counter()
+            info = pluginclient.get_info(channel)  # kubelet's 1 s timeout
+            timings.append(time.perf_counter() - start)
+    finally:
+        channel.close()
+    assert max(timings) < 0.25, f"GetInfo took up to {max(timings):.3f} s; kubelet allows 1 s"
+    assert info == pluginclient.PluginInfo("DRAPlugin", DRIVER, str(served.paths.dra),
+                                           ("v1.DRAPlugin", "v1beta1.DRAPlugin"))
+    reg = pluginclient.register(served.paths.registration)
+    assert (reg.driver_name, reg.endpoint, reg.version) == (DRIVER, str(served.paths.dra), "v1.DRAPlugin")
+    assert served.servers.registration.registered.is_set()
+
+
+def test_an_older_kubelet_chooses_v1beta1(served: Served) -> None:
+    reg = pluginclient.register(served.paths.registration, kubelet_services=("v1beta1.DRAPlugin",))
+    assert reg.version == "v1beta1.DRAPlugin"
+
+
+def test_a_kubelet_without_a_common_version_reports_the_failure(served: Served) -> None:
+    with pytest.raises(pluginclient.RegistrationError, match="this kubelet speaks"):
+        pluginclient.register(served.paths.registration, kubelet_services=("v2.DRAPlugin",))
+    assert not served.servers.registration.registered.is_set()
+    assert "v2.DRAPlugin" in served.servers.registration.last_error
+
+
+def test_the_standin_connector_is_a_plugin_connector(served: Served) -> None:
+    connector: PluginConnector = pluginclient.StandinConnector()
+    served.lookup.put(claim("c", uid(1), devices(0)))
+    reg = connector.register(served.paths.registration)
+    refs = [StandinClaimRef("default", "c", uid(1))]
+    assert connector.prepare(reg, refs, 45.0)[uid(1)].devices[0].device_name == "neuron-device-0"
+    assert connector.unprepare(reg, refs, 45.0) == {uid(1): ""}
+
+
+@pytest.mark.parametrize("service", ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
+@pytest.mark.parametrize("indexes", [(5,), (8, 9, 10, 11), tuple(range(16))])
+def test_prepare_and_unprepare_over_the_socket(served: Served, service: str, indexes: tuple[int, ...]) -> None:
+    served.lookup.put(claim("c", uid(2), devices(*indexes)))
+    client = pluginclient.DraClient(served.paths.dra, service)
+    try:
+        refs = [ClaimRef("default", "c", uid(2)), ClaimRef("default", "missing", uid(3))]
+        results = client.prepare(refs)
+        assert set(results) == {uid(2), uid(3)}  # every claim gets an entry
+        assert results[uid(3)].error and not results[uid(3)].devices
+        prepared = results[uid(2)]
+        assert prepared.error == ""
+        assert [(d.request_names, d.pool_name, d.device_name) for d in prepared.devices] == [
+            (("neurons",), NODE, f"neuron-device-{i}") for i in indexes]
+        for d in prepared.devices:
+            for cdi_id in d.cdi_device_ids:
+                assert cdi_id.startswith(f"{CDI_KIND}={uid(2)}-")
+        assert (served.cdi / f"{DRIVER}_{uid(2)}.json").exists()
+        assert client.prepare(refs[:1]) == {uid(2): prepared}  # idempotent
+        assert client.unprepare(refs) == {uid(2): "", uid(3): ""}
+        assert not (served.cdi / f"{DRIVER}_{uid(2)}.json").exists()
+    finally:
+        client.close()
+
+
+def test_empty_and_duplicate_requests(served: Served) -> None:
+    served.lookup.put(claim("c", uid(4), devices(1)))
+    client = pluginclient.DraClient(served.paths.dra)
+    try:
+        assert client.prepare([]) == {}
+        ref = ClaimRef("default", "c", uid(4))
+        assert list(client.prepare([ref, ref])) == [uid(4)]
+    finally:
+        client.close()
+
+
+def test_sockets_are_private_and_recreated_over_stale_files() -> None:
+    with short_dir() as base:
+        paths = SocketPaths.for_driver(base / "plugins", base / "registry", DRIVER)
+        for p in (paths.dra, paths.registration):  # left behind by a crashed instance
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text("stale")
+        s = serve(base)
+        try:
+            for p in (paths.dra, paths.registration):
+                mode = p.stat().st_mode
+                assert stat.S_ISSOCK(mode)
+                assert stat.S_IMODE(mode) == 0o600
+            assert pluginclient.register(paths.registration).driver_name == DRIVER
+        finally:
+            s.servers.stop()
+            s.state.close()
+        assert not paths.dra.exists() and not paths.registration.exists()
+
+
+def test_dra_socket_listens_before_the_registration_socket_appears(monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[tuple[str, bool]] = []
+    real_listen = plugin._listen
+
+    def recording_listen(server: grpc.Server, path: Path) -> None:
+        real_listen(server, path)
+        order.append((path.name, path.exists()))
+
+    monkeypatch.setattr(plugin, "_listen", recording_listen)
+    with short_dir() as base:
+        s = serve(base)
+        s.servers.stop()
+        s.state.close()
+    assert order == [("dra.sock", True), (f"{DRIVER}-reg.sock", True)]
+
+
+def test_socket_paths_too_long_for_unix_sockets_are_refused() -> None:
+    with pytest.raises(SocketError, match="at most 107"):
+        plugin.check_socket_path(Path("/" + "x" * 120) / "dra.sock")
+    with pytest.raises(SocketError, match="absolute"):
+        plugin.check_socket_path(Path("relative/dra.sock"))
+
+
+def test_health_liveness_calls_the_daemons_own_sockets(served: Served) -> None:
+    health = HealthServer(served.paths, "127.0.0.1", 0)
+    health.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{health.port}")
+    stub = grpc_health_v1_pb2_grpc.HealthStub(channel)
+    serving = grpc_health_v1_pb2.HealthCheckResponse.SERVING
+    try:
+        def check(service: str) -> int:
+            return int(stub.Check(grpc_health_v1_pb2.HealthCheckRequest(service=service), timeout=5).status)
+
+        assert check("liveness") == serving
+        assert check("") == serving
+        with pytest.raises(grpc.RpcError) as info:
+            check("readiness")
+        assert info.value.code() is grpc.StatusCode.NOT_FOUND
+        served.servers.stop()  # the kubelet-facing sockets are gone: kubelet must restart the container
+        assert check("liveness") == grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        channel.close()
+        health.stop()
