@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from neuron_dra.claim_templates.checks import Checker, CheckReport
+from neuron_dra.claim_templates.checks import CheckReport, default_checker
 from neuron_dra.claim_templates.loader import LoadError, load_templates
 from neuron_dra.claim_templates.template import ClaimTemplate, to_yaml_documents
 from neuron_dra.driver.catalog import CATALOG
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str]) -> list[CheckReport]:
-    checker = Checker()
+    checker = default_checker()
     return [checker.check(t, types) for t in templates]
 
 
@@ -100,8 +100,7 @@ def format_table(reports: Sequence[CheckReport], types: Sequence[str]) -> str:
         lines.append("  ".join([r.template.ljust(first), *cells]) + status)
         for issue in r.issues:
             notes.append(f"{r.template}: {issue}")
-        if not r.ok:
-            notes += [f"{r.template} on {f.instance_type}: {f.reason}" for f in r.fits if f.reason]
+        notes += [f"{r.template} on {f.instance_type}: {f.reason}" for f in r.fits if f.reason]
     out = "\n".join(lines) + "\n"
     if notes:
         out += "\n" + "\n".join(notes) + "\n"
