@@ -194,8 +194,9 @@ class DaemonProcess:
             stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout: float = 20.0) -> DaemonProcess:
-        wait_until(lambda: self.dirs.registration_socket.exists() or self.proc.poll() is not None, timeout,
-                   "the registration socket")
+        """Until this process serves (its own log says so: a socket file may be a stale one of a killed daemon)."""
+        wait_until(lambda: any(r.get("msg") == "serving" for r in self.log_records()) or self.proc.poll() is not None,
+                   timeout, "the daemon to serve")
         if self.proc.poll() is not None:
             raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
         return self
