@@ -123,7 +123,9 @@ class SlicePublisher:
             self._generation = max(self._generation, *generations)
             self._set_gauge(devices)
             return PublishResult(self._generation, devices), rv
-        generation = max([self._generation, *generations]) + (1 if existing else 0)
+        # Any change, including republishing after a wipe, gets a generation above every one seen, so
+        # consumers (which use only a pool's highest generation) never mix old and new slices.
+        generation = max([self._generation, *generations]) + 1
         obsolete, reused = existing[len(desired):], existing[:len(desired)]
         for s in obsolete:  # obsolete first, so consumers never see more slices than the pool has
             self._delete(s)
