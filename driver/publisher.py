@@ -145,7 +145,7 @@ class SlicePublisher:
         result = PublishResult(generation, devices, created=len(desired) - len(reused), updated=len(reused),
                                deleted=len(obsolete))
         log.info("published ResourceSlices", extra={"node": self.node_name, "generation": generation,
-                                                    "devices": devices, "created": result.created,
+                                                    "devices": devices, "slices_created": result.created,
                                                     "updated": result.updated, "deleted": result.deleted})
         return result, ""
 
