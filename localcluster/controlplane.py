@@ -116,6 +116,8 @@ class ControlPlane:
         whatever it started and raises ControlPlaneError with the failing component's log tail.
         """
         dir = dir.resolve()
+        if max_lifetime_s < 1:
+            raise ControlPlaneError(f"max_lifetime_s must be at least 1 s, got {max_lifetime_s}")
         if running(dir):
             raise ControlPlaneError(f"a control plane is already running in {dir}; call stop({str(dir)!r}) first")
         bins = binaries or ensure_binaries(log=log)
@@ -265,7 +267,7 @@ class _Launcher:
         # `timeout` runs the binary in its own process group, which start_new_session makes a new
         # session; killing that group reaches both. --kill-after: a process that ignores TERM at the
         # deadline is killed 10 s later.
-        argv = [self.wrapper, "--kill-after=10", f"{int(self.max_lifetime_s)}s", str(binary), *args]
+        argv = [self.wrapper, "--kill-after=10", f"{max(1, int(self.max_lifetime_s))}s", str(binary), *args]
         with log.open("ab") as out:
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=self.dir, start_new_session=True)

@@ -289,3 +289,14 @@ def test_stop_dir_ends_every_process(tmp_path: Path) -> None:
         assert not any(Path(f"/proc/{pid}").exists() and p.popen.poll() is None
                        for pid, p in zip(pids, cp.processes, strict=True))
     assert stop(cp.dir) is False
+
+
+def test_processes_die_at_their_max_lifetime(tmp_path: Path) -> None:
+    """The bound holds without anyone calling stop: each process runs under `timeout`."""
+    cp = ControlPlane.start(tmp_path / "cp3", max_lifetime_s=20)
+    try:
+        assert len(running(cp.dir)) == 4
+        eventually(lambda: not running(cp.dir), 45, what="processes to reach their lifetime")
+        assert [p.popen.wait(5) for p in cp.processes] == [124] * 4  # timeout's exit status
+    finally:
+        cp.stop()
