@@ -1,0 +1,119 @@
+"""`ClaimTemplates`: ResourceClaimTemplates from typed claim template objects, checked before anything deploys.
+
+The component runs each template's check against the instance types of the node groups in the same stack
+while the program runs, so `pulumi preview` (and `neuron-dra plan`) fail with the check's message when the
+cluster cannot satisfy a template, instead of a pod waiting forever. Templates are anything with `name`,
+`namespace` and `to_manifest()`; the check is `neuron_dra.claim_templates`' own unless one is given.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from neuron_dra.components.k8s_objects import create_object, resource_name
+from neuron_dra.components.settings import SettingError
+
+
+@runtime_checkable
+class ClaimTemplateLike(Protocol):
+    """What the component needs from a claim template object."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    def to_manifest(self) -> Mapping[str, Any]: ...
+
+
+# Raises (any exception; its message is shown) when no node of these instance types can satisfy the template.
+TemplateCheck = Callable[[ClaimTemplateLike, Sequence[str]], None]
+
+
+class ClaimTemplateCheckError(ValueError):
+    """A claim template that the cluster's node groups cannot satisfy."""
+
+    def __init__(self, template: str, instance_types: Sequence[str], reason: str) -> None:
+        self.template = template
+        self.instance_types = tuple(instance_types)
+        self.reason = reason
+        super().__init__(
+            f"claim template {template} cannot be satisfied by the cluster's node groups "
+            f"({', '.join(instance_types)}): {reason}"
+        )
+
+
+def default_check() -> TemplateCheck:
+    """The claim templates package's check (CEL against the driver's device model, allocator simulation)."""
+    from neuron_dra.claim_templates import check_against  # type: ignore[attr-defined]
+
+    check: TemplateCheck = check_against
+    return check
+
+
+def module_templates(module_name: str) -> list[ClaimTemplateLike]:
+    """Every claim template object defined at module level in `module_name`, in definition order."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise SettingError("neuron-dra:claimTemplatesModule", module_name, f"an importable Python module ({e})"
+                           ) from e
+    found: dict[int, ClaimTemplateLike] = {}
+    for value in vars(module).values():
+        if isinstance(value, ClaimTemplateLike) and not isinstance(value, type):
+            found.setdefault(id(value), value)
+    return list(found.values())
+
+
+def template_key(template: ClaimTemplateLike) -> str:
+    return f"{template.namespace}/{template.name}"
+
+
+@dataclass(frozen=True)
+class ClaimTemplatesArgs:
+    templates: Sequence[ClaimTemplateLike]
+    instance_types: Sequence[str]  # the Neuron instance types the cluster's nodes have
+    check: TemplateCheck | None = None  # None: neuron_dra.claim_templates' check
+    depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)  # e.g. the driver's DeviceClass
+
+
+class ClaimTemplates(pulumi.ComponentResource):
+    """One `resource.k8s.io/v1` ResourceClaimTemplate per template object, after its check passed."""
+
+    names: list[str]
+    manifests: list[dict[str, Any]]
+    objects: dict[str, pulumi.CustomResource]
+
+    def __init__(self, resource_name_: str, args: ClaimTemplatesArgs, provider: k8s.Provider | None = None,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("neuron-dra:index:ClaimTemplates", resource_name_, None, opts)
+        if not args.instance_types:
+            raise SettingError("ClaimTemplatesArgs.instance_types", [], "the instance types of the cluster's nodes")
+        keys = [template_key(t) for t in args.templates]
+        for key in keys:
+            if keys.count(key) > 1:
+                raise SettingError("ClaimTemplatesArgs.templates", key, "templates with distinct namespace/name")
+        check = args.check or (default_check() if args.templates else None)
+        for template in args.templates:
+            assert check is not None
+            try:
+                check(template, list(args.instance_types))
+            except Exception as e:  # the check's own error type is not ours to know; its message is the point
+                raise ClaimTemplateCheckError(template_key(template), args.instance_types, str(e)) from e
+        self.names = keys
+        self.manifests = [dict(t.to_manifest()) for t in args.templates]
+        k8s_opts: dict[str, Any] = {"parent": self, "depends_on": list(args.depends_on)}
+        if provider is not None:
+            k8s_opts["provider"] = provider
+        self.objects = {}
+        for key, manifest in zip(keys, self.manifests, strict=True):
+            self.objects[key] = create_object(resource_name(resource_name_, manifest), manifest,
+                                              pulumi.ResourceOptions(**k8s_opts))
+        self.register_outputs({"names": self.names})

@@ -1,0 +1,205 @@
+"""`neuron-dra plan`: run the default stack offline under Pulumi mocks and print what it would create.
+
+`-o table` prints the resource tree with the inputs that matter; `-o yaml` prints every Kubernetes object the
+components apply (the driver's objects and the claim templates) as multi-document YAML, for GitOps. The YAML
+is read back from what the components sent to the (mocked) engine, so it is the very objects `pulumi up`
+applies. AWS is not contacted: ids, ARNs, AZ offerings and the image digest are placeholders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+HELP = (
+    "Run the stack program (Pulumi.yaml + __main__.py) offline under Pulumi mocks and print the resource tree "
+    "with key inputs (-o table) or every Kubernetes manifest it applies (-o yaml). --config takes a stack config "
+    "file (Pulumi.<stack>.yaml, or Pulumi.example.yaml); without it the defaults apply."
+)
+
+# The order objects are applied in; also the order of `-o yaml`.
+KIND_ORDER = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+              "ValidatingAdmissionPolicyBinding", "DeviceClass", "DaemonSet", "ResourceClaimTemplate")
+
+
+class PlanError(Exception):
+    """A plan that cannot run; the message is for the user."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", type=Path,
+                        help="stack config file with a top-level `config:` mapping (Pulumi.<stack>.yaml format)")
+    parser.add_argument("-o", "--output", choices=("table", "yaml"), default="table",
+                        help="table: resource tree with key inputs; yaml: the Kubernetes manifests (default table)")
+    parser.add_argument("--stack", default="plan", metavar="NAME",
+                        help="stack name the program sees (default cluster name: neuron-dra-NAME)")
+
+
+def load_config_file(path: Path) -> dict[str, str]:
+    """A stack config file as the engine passes it to programs: full keys, string values, JSON for structures."""
+    import yaml
+
+    try:
+        document = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise PlanError(f"cannot read --config {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise PlanError(f"--config {path} is not YAML: {e}") from e
+    if document is None:
+        return {}
+    if not isinstance(document, Mapping) or not isinstance(document.get("config", {}), Mapping):
+        raise PlanError(f"--config {path}: expected a mapping with a `config:` mapping of settings")
+    config: dict[str, str] = {}
+    for key, value in (document.get("config") or {}).items():
+        full_key = key if ":" in str(key) else f"neuron-dra:{key}"
+        if isinstance(value, Mapping) and set(value) == {"secure"}:
+            raise PlanError(f"--config {path}: {full_key} is an encrypted secret; plan cannot decrypt it, "
+                            "put a placeholder value in a copy of the file")
+        if isinstance(value, str):
+            config[full_key] = value
+        elif isinstance(value, bool):
+            config[full_key] = "true" if value else "false"
+        else:
+            config[full_key] = json.dumps(value)
+    return config
+
+
+def plan(config: Mapping[str, str], stack: str = "plan") -> Any:
+    """Run the stack under mocks; returns the OfflineRun."""
+    from neuron_dra.components.mocks import DEFAULT_REGION, PlanMocks, run_offline
+    from neuron_dra.components.stack import build_stack, settings_from_pulumi_config
+
+    mocks = PlanMocks(region=config.get("aws:region", DEFAULT_REGION))
+
+    def program() -> Any:
+        return build_stack(settings_from_pulumi_config("neuron-dra"), stack=stack)
+
+    return run_offline(program, config=config, project="neuron-dra", stack=stack, mocks=mocks,
+                       exports=lambda result: result.exports)
+
+
+def kubernetes_manifests(run: Any) -> list[dict[str, Any]]:
+    """The Kubernetes objects of a plan, as manifests, in apply order."""
+    objects = []
+    for resource in run.resources:
+        if resource.type.startswith("kubernetes:") and resource.custom:
+            objects.append(resource.plain_inputs)
+
+    def rank(m: Mapping[str, Any]) -> tuple[int, str, str]:
+        kind = m.get("kind", "")
+        meta = m.get("metadata", {})
+        order = KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
+        return order, meta.get("namespace", ""), meta.get("name", "")
+
+    return sorted(objects, key=rank)
+
+
+def _summary(resource: Any) -> str:
+    i = resource.plain_inputs
+    t = resource.type
+    if t.startswith("kubernetes:") and "metadata" in i:
+        meta = i["metadata"]
+        where = f"{meta['namespace']}/" if meta.get("namespace") else ""
+        extra = ""
+        if i.get("kind") == "DaemonSet":
+            extra = f" image={i['spec']['template']['spec']['containers'][0]['image']}"
+        return f"{where}{meta.get('name')}{extra}"
+    if t == "eks:index:Cluster":
+        return f"name={i.get('name')} version={i.get('version')} auth={i.get('authenticationMode')}"
+    if t == "awsx:ec2:Vpc":
+        return f"cidr={i.get('cidrBlock')} azs={','.join(i.get('availabilityZoneNames') or [])}"
+    if t == "aws:eks/nodeGroup:NodeGroup":
+        sc = i.get("scalingConfig", {})
+        return (f"name={i.get('nodeGroupName')} ami={i.get('amiType')} capacity={i.get('capacityType')} "
+                f"types={','.join(i.get('instanceTypes') or ['(launch template)'])} "
+                f"size={sc.get('minSize')}/{sc.get('desiredSize')}/{sc.get('maxSize')} "
+                f"subnets={','.join(i.get('subnetIds') or [])}")
+    if t == "aws:ec2/launchTemplate:LaunchTemplate":
+        nics = i.get("networkInterfaces") or []
+        kinds = [n.get("interfaceType") for n in nics]
+        md = i.get("metadataOptions", {})
+        root = (i.get("blockDeviceMappings") or [{}])[0].get("ebs", {})
+        parts = [f"efa={len(nics)}" + (f" ({kinds.count('efa')} efa, {kinds.count('efa-only')} efa-only)" if nics
+                                       else ""),
+                 f"imds={md.get('httpTokens')}/hop{md.get('httpPutResponseHopLimit')}",
+                 f"root={root.get('volumeSize')}GiB {root.get('volumeType')} encrypted={root.get('encrypted')}"]
+        if i.get("placement"):
+            parts.append(f"placement={i['placement'].get('groupName')}")
+        if i.get("instanceMarketOptions"):
+            target = i.get("capacityReservationSpecification", {}).get("capacityReservationTarget", {})
+            parts.append(f"capacity-block={target.get('capacityReservationId')} type={i.get('instanceType')}")
+        return " ".join(parts)
+    if t == "aws:eks/addon:Addon":
+        return f"{i.get('addonName')} {i.get('addonVersion') or '(default version)'}"
+    if t == "aws:iam/rolePolicyAttachment:RolePolicyAttachment":
+        return str(i.get("policyArn"))
+    if t in ("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+             "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"):
+        return f"protocol={i.get('ipProtocol')} self-referencing"
+    if t == "aws:ec2/placementGroup:PlacementGroup":
+        return f"strategy={i.get('strategy')}"
+    if t == "docker-build:index:Image":
+        return f"tags={','.join(i.get('tags') or [])} platforms={','.join(i.get('platforms') or [])}"
+    return ""
+
+
+def render_table(run: Any) -> str:
+    lines: list[str] = []
+
+    def walk(parent: Any, depth: int) -> None:
+        for child in run.children(parent):
+            if child.type.startswith("pulumi:providers:"):
+                summary = "(Kubernetes provider from the cluster's kubeconfig)"
+            else:
+                summary = _summary(child)
+            lines.append(f"{'  ' * depth}{child.type}  {child.name}" + (f"  {summary}" if summary else ""))
+            walk(child, depth + 1)
+
+    walk(None, 0)
+    lines.append("")
+    lines.append(f"{len(run.resources)} resources. Exports:")
+    for key, value in run.exports.items():
+        shown = "[secret]" if key == "kubeconfig" else json.dumps(value)
+        lines.append(f"  {key}: {shown}")
+    return "\n".join(lines) + "\n"
+
+
+def render_yaml(run: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump_all(kubernetes_manifests(run), sort_keys=True, default_flow_style=False)
+
+
+def _user_error(exc: BaseException) -> BaseException | None:
+    """Our own error behind Pulumi's wrapping (errors raised in `apply` come back as causes)."""
+    from neuron_dra.components.claims import ClaimTemplateCheckError
+    from neuron_dra.components.settings import SettingError
+    from neuron_dra.driver.deploy import DeployOptionError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, SettingError | ClaimTemplateCheckError | DeployOptionError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config_file(args.config) if args.config else {}
+        result = plan(config, stack=args.stack)
+    except PlanError as e:
+        print(f"neuron-dra plan: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        ours = _user_error(e)
+        if ours is None:
+            raise
+        print(f"neuron-dra plan: {ours}", file=sys.stderr)
+        return 1
+    sys.stdout.write(render_yaml(result) if args.output == "yaml" else render_table(result))
+    return 0

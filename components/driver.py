@@ -1,0 +1,135 @@
+"""`NeuronDraDriver`: the DRA driver's Kubernetes objects, applied from `neuron_dra.driver.deploy`'s dicts.
+
+The component adds nothing to those objects except the image reference: either the given image, or the image
+it builds from `driver/Dockerfile` (pulumi-docker-build, BuildKit) and pushes to a new ECR repository, pinned by
+digest. Dependencies make the namespace, RBAC and the node-restricting admission policy exist before the
+DaemonSet's pods start writing ResourceSlices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_docker_build as docker_build
+import pulumi_kubernetes as k8s
+
+import neuron_dra
+from neuron_dra import __version__
+from neuron_dra.components.k8s_objects import create_object, resource_name
+from neuron_dra.components.settings import SettingError
+from neuron_dra.driver import deploy
+from neuron_dra.driver.deploy import DriverDeployOptions, Manifest
+
+DOCKERFILE = Path("driver") / "Dockerfile"
+
+
+def default_source_dir() -> Path:
+    """The checkout this package runs from (editable installs); the image's build context."""
+    return Path(neuron_dra.__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class NeuronDraDriverArgs:
+    """Inputs of `NeuronDraDriver`. `image` None: build `driver/Dockerfile` from `source_dir` into a new ECR
+    repository (needs Docker with BuildKit where `pulumi up` runs)."""
+
+    options: DriverDeployOptions = field(default_factory=DriverDeployOptions)
+    image: pulumi.Input[str] | None = None
+    source_dir: Path | None = None
+    platform: str = "linux/amd64"
+
+    def dockerfile(self) -> Path:
+        source = self.source_dir or default_source_dir()
+        dockerfile = source / DOCKERFILE
+        if not dockerfile.is_file():
+            raise SettingError("NeuronDraDriverArgs.image (config neuron-dra:driverImage)", None,
+                               f"an image reference, or a source checkout with {DOCKERFILE} to build "
+                               f"(none at {dockerfile})")
+        return dockerfile
+
+
+class NeuronDraDriver(pulumi.ComponentResource):
+    """The Neuron DRA driver: namespace, service account, RBAC, admission policy, DeviceClass, DaemonSet."""
+
+    namespace: str
+    driver_name: str
+    device_class_name: str
+    image: pulumi.Output[str]
+    manifests: list[Manifest]
+    objects: dict[str, pulumi.CustomResource]
+    repository: aws.ecr.Repository | None
+
+    def __init__(self, resource_name_: str, args: NeuronDraDriverArgs,
+                 provider: k8s.Provider | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("neuron-dra:index:NeuronDraDriver", resource_name_, None, opts)
+        options = args.options
+        self.namespace = options.namespace
+        self.driver_name = options.driver_name
+        self.device_class_name = options.device_class
+        self.repository = None
+        if args.image is None:
+            self.image = self._build_image(resource_name_, args)
+        else:
+            self.image = pulumi.Output.from_input(args.image)
+        # The dicts as `deploy` renders them; only the DaemonSet's spec waits for the image reference.
+        self.manifests = deploy.manifests(options)
+        k8s_opts: dict[str, Any] = {"parent": self}
+        if provider is not None:
+            k8s_opts["provider"] = provider
+        self.objects = {}
+        by_kind: dict[str, pulumi.CustomResource] = {}
+        for manifest in self.manifests:
+            kind = manifest["kind"]
+            depends = [by_kind[k] for k in _DEPENDS_ON.get(kind, ()) if k in by_kind]
+            overrides = None
+            if kind == "DaemonSet":
+                overrides = {
+                    "spec": self.image.apply(lambda ref: deploy.daemonset(replace(options, image=ref))["spec"]),
+                }
+            obj = create_object(resource_name(resource_name_, manifest), manifest,
+                                pulumi.ResourceOptions(depends_on=depends, **k8s_opts), overrides)
+            self.objects[deploy.object_key(manifest)] = obj
+            by_kind[kind] = obj
+        self.register_outputs({"namespace": self.namespace, "image": self.image,
+                               "deviceClass": self.device_class_name})
+
+    def _build_image(self, name: str, args: NeuronDraDriverArgs) -> pulumi.Output[str]:
+        dockerfile = args.dockerfile()
+        child = pulumi.ResourceOptions(parent=self)
+        self.repository = aws.ecr.Repository(
+            f"{name}-repo",
+            image_scanning_configuration=aws.ecr.RepositoryImageScanningConfigurationArgs(scan_on_push=True),
+            encryption_configurations=[aws.ecr.RepositoryEncryptionConfigurationArgs(encryption_type="AES256")],
+            force_delete=True,  # the repository holds only this stack's driver image
+            opts=child,
+        )
+        repo = self.repository
+        token = aws.ecr.get_authorization_token_output(registry_id=repo.registry_id)
+        image = docker_build.Image(
+            f"{name}-image",
+            context=docker_build.BuildContextArgs(location=str(dockerfile.parent.parent)),
+            dockerfile=docker_build.DockerfileArgs(location=str(dockerfile)),
+            platforms=[docker_build.Platform(args.platform)],
+            push=True,
+            tags=[repo.repository_url.apply(lambda url: f"{url}:{__version__}")],
+            registries=[docker_build.RegistryArgs(address=repo.repository_url, username=token.user_name,
+                                                  password=token.password)],
+            opts=child,
+        )
+        # `ref` is tag@digest once pushed: the DaemonSet pins the exact build.
+        return image.ref
+
+
+# What each object waits for: the namespace for namespaced objects, the role for its binding, the policy for
+# its binding, and everything the driver's pods rely on for the DaemonSet.
+_DEPENDS_ON: dict[str, tuple[str, ...]] = {
+    "ServiceAccount": ("Namespace",),
+    "ClusterRoleBinding": ("ClusterRole", "ServiceAccount"),
+    "ValidatingAdmissionPolicyBinding": ("ValidatingAdmissionPolicy",),
+    "DaemonSet": ("Namespace", "ServiceAccount", "ClusterRoleBinding", "ValidatingAdmissionPolicyBinding",
+                  "DeviceClass"),
+}

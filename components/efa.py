@@ -1,0 +1,36 @@
+"""EFA network interfaces of a launch template, from the hardware catalog. Pure Python.
+
+Rules (../shared/facts/eks-pulumi.md): one EFA per network card; network card 0 carries the primary interface
+at device index 0 with interface type `efa` (an EFA-only interface cannot be primary); every other card i
+carries one interface at device index 1, `efa` or `efa-only` (EFA-only interfaces take no IP address and need
+VPC CNI 1.18.4+).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuron_dra.driver.catalog import InstanceSpec
+
+INTERFACE_TYPES = ("efa-only", "efa")
+
+
+@dataclass(frozen=True)
+class EfaInterface:
+    network_card_index: int
+    device_index: int
+    interface_type: str  # efa | efa-only
+
+
+def efa_interfaces(spec: InstanceSpec, secondary_type: str = "efa-only") -> tuple[EfaInterface, ...]:
+    """The interfaces a launch template declares for `spec`; empty for instance types without EFA."""
+    if secondary_type not in INTERFACE_TYPES:
+        raise ValueError(f"EFA interface type {secondary_type!r} is not allowed; allowed: {', '.join(INTERFACE_TYPES)}")
+    if spec.efa_count == 0:
+        return ()
+    primary = EfaInterface(network_card_index=0, device_index=0, interface_type="efa")
+    secondary = (
+        EfaInterface(network_card_index=card, device_index=1, interface_type=secondary_type)
+        for card in range(1, spec.efa_count)
+    )
+    return (primary, *secondary)

@@ -1,0 +1,74 @@
+"""Typed pulumi_kubernetes resources built from plain manifest dicts.
+
+The manifests come from `neuron_dra.driver.deploy` and the claim templates; this module only maps each
+(apiVersion, kind) to its typed resource class and passes the manifest's fields through unchanged, so the
+objects Pulumi applies are exactly those dicts (camelCase keys are accepted by the typed resources as-is).
+An unsupported kind is an error rather than a silent fallback to an untyped resource.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+ResourceFactory = Callable[..., pulumi.CustomResource]
+
+RESOURCE_CLASSES: Mapping[tuple[str, str], ResourceFactory] = {
+    ("v1", "Namespace"): k8s.core.v1.Namespace,
+    ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"):
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicy,
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"):
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding,
+    ("resource.k8s.io/v1", "DeviceClass"): k8s.resource.v1.DeviceClass,
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): k8s.resource.v1.ResourceClaimTemplate,
+    ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSet,
+}
+
+# Top-level manifest fields -> the resource's keyword argument.
+_FIELD_ARGS = {
+    "metadata": "metadata",
+    "spec": "spec",
+    "rules": "rules",
+    "aggregationRule": "aggregation_rule",
+    "roleRef": "role_ref",
+    "subjects": "subjects",
+    "automountServiceAccountToken": "automount_service_account_token",
+    "imagePullSecrets": "image_pull_secrets",
+    "secrets": "secrets",
+}
+
+
+def resource_name(prefix: str, manifest: Mapping[str, Any]) -> str:
+    """A stable Pulumi name: prefix, kind, namespace and object name."""
+    meta = manifest["metadata"]
+    parts = [prefix, manifest["kind"].lower(), meta.get("namespace"), meta["name"]]
+    return "-".join(p for p in parts if p)
+
+
+def create_object(
+    name: str,
+    manifest: Mapping[str, Any],
+    opts: pulumi.ResourceOptions,
+    overrides: Mapping[str, pulumi.Input[Any]] | None = None,
+) -> pulumi.CustomResource:
+    """Create the typed resource for `manifest`; `overrides` replaces top-level fields with Outputs
+    (e.g. a DaemonSet spec whose image is only known after the image is built)."""
+    key = (manifest.get("apiVersion", ""), manifest.get("kind", ""))
+    factory = RESOURCE_CLASSES.get(key)
+    if factory is None:
+        allowed = ", ".join(f"{a} {k}" for a, k in RESOURCE_CLASSES)
+        raise ValueError(f"manifest kind {key[0]} {key[1]} is not supported; supported: {allowed}")
+    kwargs: dict[str, Any] = {}
+    for field_name, value in {**manifest, **(overrides or {})}.items():
+        if field_name in ("apiVersion", "kind"):
+            continue
+        if field_name not in _FIELD_ARGS:
+            raise ValueError(f"{key[1]} field {field_name!r} is not supported; supported: {', '.join(_FIELD_ARGS)}")
+        kwargs[_FIELD_ARGS[field_name]] = value
+    return factory(name, opts=opts, **kwargs)

@@ -1,0 +1,223 @@
+"""The default stack program: settings -> components -> exports. `__main__.py` runs it; so does `neuron-dra plan`.
+
+New-cluster mode (no `kubeconfig`): a TrainiumCluster, one TrainiumNodeGroup per `nodeGroups` entry, CoreDNS
+once there are nodes, the driver and the claim templates (checked against the node groups' instance types).
+Existing-cluster mode (`kubeconfig` set): only the driver and the claim templates, through a Kubernetes
+provider for that kubeconfig; no AWS resource is created.
+
+AZs: a node group without `subnetIds` or `availabilityZone` goes to the AZs that offer its instance type
+(looked up with `ec2:DescribeInstanceTypeOfferings`; trn2 exists in few AZs); an EFA group takes the first one
+only. A new VPC spans those AZs (at least two, as EKS requires).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from neuron_dra.components.claims import ClaimTemplates, ClaimTemplatesArgs, TemplateCheck, module_templates
+from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
+from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
+from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroupArgs
+from neuron_dra.components.settings import (
+    PROJECT,
+    NodeGroupSettings,
+    SettingError,
+    StackSettings,
+    decode_settings,
+    setting_name,
+)
+from neuron_dra.driver.deploy import DriverDeployOptions
+
+MAX_NON_EFA_ZONES = 3  # spread non-EFA groups over at most this many AZs
+
+
+@dataclass(frozen=True)
+class ZonePlan:
+    """Which AZs each node group may use, and the AZs of a new VPC."""
+
+    vpc_zones: tuple[str, ...]
+    group_zones: Mapping[str, tuple[str, ...]]
+
+
+@dataclass
+class StackResult:
+    settings: StackSettings
+    cluster: TrainiumCluster | None
+    node_groups: list[TrainiumNodeGroup]
+    driver: NeuronDraDriver
+    templates: ClaimTemplates
+    exports: dict[str, Any] = field(default_factory=dict)
+
+
+def offered_zones(instance_type: str) -> tuple[str, ...]:
+    """AZs of the current region that offer `instance_type`, sorted."""
+    result = aws.ec2.get_instance_type_offerings(
+        filters=[aws.ec2.GetInstanceTypeOfferingsFilterArgs(name="instance-type", values=[instance_type])],
+        location_type="availability-zone",
+    )
+    return tuple(sorted(set(result.locations or ())))
+
+
+def available_zones() -> tuple[str, ...]:
+    """The region's regular AZs (no Local or Wavelength Zones), sorted."""
+    result = aws.get_availability_zones(
+        state="available",
+        filters=[aws.GetAvailabilityZonesFilterArgs(name="opt-in-status", values=["opt-in-not-required"])],
+    )
+    return tuple(sorted(result.names or ()))
+
+
+def plan_zones(settings: StackSettings) -> ZonePlan:
+    """Choose each node group's AZs and (for a new VPC) the VPC's AZs."""
+    chosen: dict[str, tuple[str, ...]] = {}
+    wanted = set(settings.availability_zones)
+    for group in settings.node_groups:
+        if group.subnet_ids:
+            chosen[group.name] = ()
+            continue
+        if group.availability_zone:
+            zones: tuple[str, ...] = (group.availability_zone,)
+        else:
+            zones = offered_zones(group.instance_type)
+            if wanted:
+                zones = tuple(z for z in zones if z in wanted)
+            if not zones:
+                where = " among neuron-dra:availabilityZones" if wanted else " in this region"
+                raise SettingError(f"{group.where}.instanceType", group.instance_type,
+                                   f"an instance type offered{where} (EC2 offers it in no such AZ)")
+        chosen[group.name] = zones[:1] if group.is_efa else zones[:MAX_NON_EFA_ZONES]
+    if settings.vpc_id is not None:
+        return ZonePlan((), chosen)
+    if settings.availability_zones:
+        for group in settings.node_groups:
+            outside = [z for z in chosen[group.name] if z not in wanted]
+            if outside:
+                raise SettingError(f"{group.where}.availabilityZone", outside[0],
+                                   f"one of neuron-dra:availabilityZones ({', '.join(settings.availability_zones)})")
+        return ZonePlan(tuple(settings.availability_zones), chosen)
+    vpc_zones = list(dict.fromkeys(z for zones in chosen.values() for z in zones))
+    for zone in available_zones():
+        if len(vpc_zones) >= 2:
+            break
+        if zone not in vpc_zones:
+            vpc_zones.append(zone)
+    if len(vpc_zones) < 2:
+        raise SettingError(setting_name("availabilityZones"), vpc_zones, "two or more AZs (EKS needs two)")
+    return ZonePlan(tuple(vpc_zones), chosen)
+
+
+def driver_options(settings: StackSettings) -> DriverDeployOptions:
+    return DriverDeployOptions(
+        driver_name=settings.driver_name,
+        namespace=settings.driver_namespace,
+        metrics_port=settings.driver_metrics_port,
+        plugins_dir=settings.kubelet_plugins_dir,
+        registry_dir=settings.kubelet_registry_dir,
+    )
+
+
+def build_stack(
+    settings: StackSettings,
+    *,
+    stack: str,
+    source_dir: Path | None = None,
+    check: TemplateCheck | None = None,
+) -> StackResult:
+    """Create every resource of the stack from validated settings."""
+    templates = module_templates(settings.claim_templates_module) if settings.claim_templates_module else []
+    cluster: TrainiumCluster | None = None
+    groups: list[TrainiumNodeGroup] = []
+    if settings.existing_cluster:
+        assert settings.kubeconfig is not None
+        provider = k8s.Provider("existing-cluster", kubeconfig=pulumi.Output.secret(settings.kubeconfig))
+        kubeconfig: pulumi.Output[str] = pulumi.Output.secret(settings.kubeconfig)
+    else:
+        zones = plan_zones(settings)
+        name = settings.resolved_cluster_name(stack)
+        cluster = TrainiumCluster("cluster", TrainiumClusterArgs(
+            name=name,
+            kubernetes_version=settings.kubernetes_version,
+            vpc_id=settings.vpc_id,
+            private_subnet_ids=settings.private_subnet_ids,
+            public_subnet_ids=settings.public_subnet_ids,
+            vpc_cidr=settings.vpc_cidr,
+            availability_zones=zones.vpc_zones,
+            nat_gateways=settings.nat_gateways,
+            admin_principal_arns=settings.admin_principal_arns,
+            endpoint_public_access=settings.endpoint_public_access,
+            public_access_cidrs=settings.public_access_cidrs,
+            vpc_cni_version=settings.vpc_cni_version,
+            coredns_version=settings.coredns_version,
+            kube_proxy_version=settings.kube_proxy_version,
+            pod_identity_agent_version=settings.pod_identity_agent_version,
+            efa_only_interfaces=settings.uses_efa_only,
+        ))
+        groups = [_node_group(cluster, group, zones.group_zones[group.name]) for group in settings.node_groups]
+        if any(g.desired_size > 0 for g in settings.node_groups):
+            cluster.install_coredns(after=[g.node_group for g in groups])
+        else:
+            pulumi.log.warn("no node group has nodes yet (every desiredSize is 0): the CoreDNS add-on is created "
+                            "by the first `pulumi up` after a node group has nodes")
+        provider = cluster.provider
+        kubeconfig = cluster.kubeconfig
+    driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
+        options=driver_options(settings), image=settings.driver_image, source_dir=source_dir,
+    ), provider=provider)
+    device_class = driver.objects.get(f"DeviceClass/{driver.device_class_name}")
+    claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
+        templates=templates, instance_types=settings.node_instance_types, check=check,
+        depends_on=[device_class] if device_class else [],
+    ), provider=provider)
+    exports: dict[str, Any] = {
+        "kubeconfig": kubeconfig,
+        "clusterName": cluster.name if cluster else None,
+        "nodeGroupNames": [g.name for g in groups],
+        "driverNamespace": driver.namespace,
+        "driverImage": driver.image,
+        "claimTemplates": claim_templates.names,
+    }
+    return StackResult(settings, cluster, groups, driver, claim_templates, exports)
+
+
+def _node_group(cluster: TrainiumCluster, group: NodeGroupSettings, zones: Sequence[str]) -> TrainiumNodeGroup:
+    return TrainiumNodeGroup(f"ng-{group.name}", TrainiumNodeGroupArgs(
+        cluster_name=cluster.name,
+        settings=group,
+        vpc_id=cluster.vpc_id,
+        cluster_security_group_id=cluster.cluster_security_group_id,
+        kubernetes_version=cluster.kubernetes_version,
+        candidate_subnet_ids=cluster.private_subnet_ids,
+        availability_zones=zones,
+    ), opts=pulumi.ResourceOptions(depends_on=[cluster.eks_cluster]))
+
+
+def current_config() -> dict[str, str]:
+    """Every config value of this run (all namespaces), as the engine passed them."""
+    from pulumi.runtime import config as runtime_config
+
+    values = runtime_config.CONFIG.get() or runtime_config.get_config_env()
+    return dict(values)
+
+
+def settings_from_pulumi_config(project: str | None = None) -> StackSettings:
+    """Decode this project's config; keys of other namespaces (aws:region, ...) are ignored."""
+    project = project or pulumi.get_project()
+    raw = {f"{PROJECT}:{key.split(':', 1)[1]}": value for key, value in current_config().items()
+           if key.split(":", 1)[0] == project}
+    return decode_settings(raw)
+
+
+def run_program() -> StackResult:
+    """The body of `__main__.py`."""
+    settings = settings_from_pulumi_config()
+    result = build_stack(settings, stack=pulumi.get_stack())
+    for key, value in result.exports.items():
+        pulumi.export(key, value)
+    return result
