@@ -1,0 +1,53 @@
+"""driver/Dockerfile: the image holds the daemon's own dependencies at the repository's pinned versions and
+the `neuron_dra.driver` package only, which must run without the rest of the repository.
+
+(No container engine runs here, so the image itself is not built in the tests; the layout it creates is what
+`test_daemon_imports_only_what_the_image_has` reproduces.)"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOCKERFILE = REPO / "driver" / "Dockerfile"
+IMAGE_REQUIREMENTS = REPO / "driver" / "image-requirements.txt"
+
+
+def pins(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line.strip())
+        if m:
+            out[m.group(1).lower().replace("_", "-")] = m.group(2)
+    return out
+
+
+def test_image_pins_match_the_repository() -> None:
+    image, repo = pins(IMAGE_REQUIREMENTS), pins(REPO / "requirements.txt")
+    assert set(image) == {"grpcio", "protobuf", "kubernetes", "pyyaml", "prometheus-client"}
+    assert {name: repo.get(name) for name in image} == image
+
+
+def test_dockerfile_copies_existing_paths_and_runs_the_driver() -> None:
+    text = DOCKERFILE.read_text()
+    for line in text.splitlines():
+        if line.startswith("COPY") and "--from" not in line:
+            for src in line.split()[1:-1]:
+                assert (REPO / src).exists(), f"{src} in {DOCKERFILE} does not exist"
+    assert 'ENTRYPOINT ["neuron-dra-driver"]' in text  # the DaemonSet's command
+    assert "from neuron_dra.driver.main import main" in text
+    assert "PYTHONDONTWRITEBYTECODE=1" in text  # read-only root filesystem
+    assert "testing.py" in text  # test support stays out of the image
+
+
+def test_daemon_imports_only_what_the_image_has() -> None:
+    code = "import sys, neuron_dra.driver.main; print('\\n'.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    ours = {m for m in out if m.startswith("neuron_dra")}
+    assert all(m == "neuron_dra" or m.startswith("neuron_dra.driver") for m in ours), sorted(ours)
+    assert "neuron_dra.driver.testing" not in ours
+    # (grpc and kubernetes import grpc_tools and kubernetes_validate by themselves when installed; not in the image)
+    assert not [m for m in out if m.split(".")[0] in ("pulumi", "pulumi_aws", "pulumi_kubernetes", "cel", "celpy")]
