@@ -2,8 +2,9 @@
 
 The component runs each template's check against the instance types of the node groups in the same stack
 while the program runs, so `pulumi preview` (and `neuron-dra plan`) fail with the check's message when the
-cluster cannot satisfy a template, instead of a pod waiting forever. Templates are anything with `name`,
-`namespace` and `to_manifest()`; the check is `neuron_dra.claim_templates`' own unless one is given.
+cluster cannot satisfy a template, instead of a pod waiting forever. Templates are
+`neuron_dra.claim_templates.ClaimTemplate` objects or anything else with `name`, `namespace` and
+`to_manifest()`; the check is `neuron_dra.claim_templates`' own unless one is given.
 """
 
 from __future__ import annotations
@@ -50,26 +51,26 @@ class ClaimTemplateCheckError(ValueError):
         )
 
 
-def default_check() -> TemplateCheck:
-    """The claim templates package's check (CEL against the driver's device model, allocator simulation)."""
-    from neuron_dra.claim_templates import check_against  # type: ignore[attr-defined]
+def default_check(template: ClaimTemplateLike, instance_types: Sequence[str]) -> None:
+    """The claim templates package's check: every CEL selector evaluated against the devices the driver
+    publishes for each instance type, configs decoded, and an allocator simulation; raises
+    TemplateCheckError unless the template fits at least one of `instance_types`."""
+    from neuron_dra.claim_templates import ClaimTemplate, check_against
 
-    check: TemplateCheck = check_against
-    return check
+    check_against(template if isinstance(template, ClaimTemplate) else dict(template.to_manifest()),
+                  list(instance_types))
 
 
 def module_templates(module_name: str) -> list[ClaimTemplateLike]:
-    """Every claim template object defined at module level in `module_name`, in definition order."""
+    """The ClaimTemplates `module_name` defines at module level (also inside lists), in definition order."""
+    from neuron_dra.claim_templates.loader import templates_in
+
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise SettingError("neuron-dra:claimTemplatesModule", module_name, f"an importable Python module ({e})"
                            ) from e
-    found: dict[int, ClaimTemplateLike] = {}
-    for value in vars(module).values():
-        if isinstance(value, ClaimTemplateLike) and not isinstance(value, type):
-            found.setdefault(id(value), value)
-    return list(found.values())
+    return list(templates_in(vars(module)))
 
 
 def template_key(template: ClaimTemplateLike) -> str:
@@ -80,8 +81,19 @@ def template_key(template: ClaimTemplateLike) -> str:
 class ClaimTemplatesArgs:
     templates: Sequence[ClaimTemplateLike]
     instance_types: Sequence[str]  # the Neuron instance types the cluster's nodes have
-    check: TemplateCheck | None = None  # None: neuron_dra.claim_templates' check
+    check: TemplateCheck | None = None  # None: `default_check` (neuron_dra.claim_templates)
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)  # e.g. the driver's DeviceClass
+
+
+def _check_manifest_names(template: ClaimTemplateLike) -> None:
+    manifest = template.to_manifest()
+    meta = manifest.get("metadata", {})
+    if (manifest.get("apiVersion"), manifest.get("kind")) != ("resource.k8s.io/v1", "ResourceClaimTemplate"):
+        raise SettingError(f"claim template {template_key(template)}", manifest.get("kind"),
+                           "a resource.k8s.io/v1 ResourceClaimTemplate manifest")
+    if (meta.get("namespace", "default"), meta.get("name")) != (template.namespace, template.name):
+        raise SettingError(f"claim template {template_key(template)}", f"{meta.get('namespace')}/{meta.get('name')}",
+                           "a manifest with the template's own namespace and name")
 
 
 class ClaimTemplates(pulumi.ComponentResource):
@@ -100,13 +112,14 @@ class ClaimTemplates(pulumi.ComponentResource):
         for key in keys:
             if keys.count(key) > 1:
                 raise SettingError("ClaimTemplatesArgs.templates", key, "templates with distinct namespace/name")
-        check = args.check or (default_check() if args.templates else None)
+        check = args.check or default_check
         for template in args.templates:
-            assert check is not None
+            _check_manifest_names(template)
             try:
                 check(template, list(args.instance_types))
-            except Exception as e:  # the check's own error type is not ours to know; its message is the point
-                raise ClaimTemplateCheckError(template_key(template), args.instance_types, str(e)) from e
+            except Exception as e:  # a custom check's error type is not ours to know; its message is the point
+                reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
+                raise ClaimTemplateCheckError(template_key(template), args.instance_types, reason) from e
         self.names = keys
         self.manifests = [dict(t.to_manifest()) for t in args.templates]
         k8s_opts: dict[str, Any] = {"parent": self, "depends_on": list(args.depends_on)}

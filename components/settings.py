@@ -24,7 +24,9 @@ MIN_KUBERNETES_VERSION = (1, 34)
 DEFAULT_KUBERNETES_VERSION = "1.34"
 # EFA-only interfaces (no IP addresses) need this VPC CNI version or newer.
 MIN_VPC_CNI_FOR_EFA_ONLY = (1, 18, 4)
-DEFAULT_CLAIM_TEMPLATES_MODULE = "neuron_dra.claim_templates.examples"
+# The project's examples that fit the default node group (trn2.48xlarge); `neuron_dra.claim_templates.examples`
+# also holds UltraServer and inf2 templates, whose checks rightly fail a stack without such nodes.
+DEFAULT_CLAIM_TEMPLATES_MODULE = "neuron_dra.claim_templates.stack_examples"
 DEFAULT_ROOT_VOLUME_GIB = 500  # AWS's own trn2 sample
 EFA_INTERFACE_TYPES = ("efa-only", "efa")
 NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
