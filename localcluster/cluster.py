@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_dra.localcluster import controlplane
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, STATUS_FILE
-from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes
+from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
 
 class ClusterError(RuntimeError):
@@ -106,5 +108,8 @@ def down(cluster_dir: Path, timeout: float = 60.0) -> bool:
         time.sleep(0.2)
     if _alive(pid):
         os.killpg(pid, signal.SIGKILL)  # the supervisor leads its own session: take every child with it
+        # the control-plane processes run in sessions of their own
+        controlplane.stop(cluster_dir.resolve() / "controlplane")
+        shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)
     pid_file.unlink(missing_ok=True)
     return True

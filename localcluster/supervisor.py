@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
 from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver, efa_device_class
 from neuron_dra.localcluster.kubelet_standin import KubeletStandin, StandinConfig
 from neuron_dra.localcluster.nodes import NodeHeartbeat, node_manifest
-from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes
+from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
 log = logging.getLogger("neuron_dra.localcluster.supervisor")
 DEFAULT_TTL_S = 2 * 3600
@@ -122,6 +123,9 @@ class NodeAgent:
         p = self.paths
         for d in (p.plugins_dir, p.registry_dir, p.cdi_root, p.pods_dir):
             d.mkdir(parents=True, exist_ok=True)
+        kubelet_link = p.base / "kubelet"
+        if not kubelet_link.exists():
+            kubelet_link.symlink_to(p.runtime)  # find the sockets from the node's directory
         if not p.host_root.exists():
             emulate(self.node.instance_type, p.host_root, EmulationOptions(host_id=self.node.name))
         host = discover(p.host_root)
@@ -227,6 +231,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str) 
             agent.stop()
         if cp is not None:
             cp.stop()
+        shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)
         if (cluster_dir / STATUS_FILE).exists():
             status = json.loads((cluster_dir / STATUS_FILE).read_text())
             if status.get("state") != "failed":

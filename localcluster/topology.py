@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,10 +42,11 @@ class NodePaths:
     """Everything of one emulated node lives under DIR/nodes/NAME (the kubelet root of that node)."""
 
     base: Path
+    runtime: Path  # short path for the kubelet dirs: unix socket paths are limited to 107 bytes
 
     @classmethod
     def of(cls, cluster_dir: Path, node: str) -> NodePaths:
-        return cls(cluster_dir / "nodes" / node)
+        return cls(cluster_dir / "nodes" / node, runtime_dir(cluster_dir) / node)
 
     @property
     def host_root(self) -> Path:
@@ -51,11 +54,11 @@ class NodePaths:
 
     @property
     def plugins_dir(self) -> Path:
-        return self.base / "kubelet" / "plugins"
+        return self.runtime / "plugins"
 
     @property
     def registry_dir(self) -> Path:
-        return self.base / "kubelet" / "plugins_registry"
+        return self.runtime / "plugins_registry"
 
     @property
     def cdi_root(self) -> Path:
@@ -77,3 +80,9 @@ class NodePaths:
     @property
     def driver_pid(self) -> Path:
         return self.base / "driver.pid"
+
+
+def runtime_dir(cluster_dir: Path) -> Path:
+    """Where a cluster's sockets live: /tmp/ndra-<hash of the cluster dir> (short, and unique per cluster)."""
+    digest = hashlib.sha256(str(cluster_dir.resolve()).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"ndra-{digest}"
