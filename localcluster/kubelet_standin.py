@@ -217,8 +217,15 @@ class KubeletStandin:
                 self._terminate(pod, state)
             elif not state.running and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
                 self._start(pod, state)
-        for uid in set(self._pods) - seen:  # deleted behind our back (force delete): release claims
-            self._release(uid)
+        for uid in set(self._pods) - seen:
+            # Gone without a graceful termination (force delete): kubelet still unprepares the claims of the
+            # pod it ran, once no other pod on the node uses them; a failure is retried on the next sync.
+            state = self._pods[uid]
+            if state.prepared and state.pod is not None:
+                if self._unprepare_unused(uid, state, state.pod[0]):
+                    self._remove_record(state.pod[0], state.pod[1])
+            else:
+                self._release(uid)
 
     def _claim_refs(self, pod: dict[str, Any]) -> list[tuple[str, str]] | None:
         """(pod claim name, ResourceClaim name) of every claim; None while a generated claim has no name yet."""
@@ -389,9 +396,11 @@ class KubeletStandin:
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
-        state_file = self.config.state_dir / f"{pod['metadata']['namespace']}_{pod['metadata']['name']}.json"
-        state_file.unlink(missing_ok=True)
+        self._remove_record(pod["metadata"]["namespace"], pod["metadata"]["name"])
         self._pods.pop(uid, None)
+
+    def _remove_record(self, namespace: str, name: str) -> None:
+        (self.config.state_dir / f"{namespace}_{name}.json").unlink(missing_ok=True)
 
     def _unprepare_unused(self, pod_uid: str, state: _PodState, namespace: str) -> bool:
         for driver, claim_uids in sorted(state.prepared.items()):
