@@ -17,8 +17,10 @@ already allocated devices, the node) and the same semantics, read from the 1.34 
   alternative would exceed it.
 
 Deliberate differences, none of which changes an answer: this search skips a device slot when fewer
-free, selectable, constraint-compatible devices remain than the request still needs (the Go search
-visits that subtree and fails, possibly for seconds); there is no 10 s timeout; pools are visited in
+free, selectable, constraint-compatible devices remain than the request still needs, and it remembers
+failed subtrees by the set of devices taken (the Go search re-visits one per ordering of the same
+devices, which is exponential: 8 aligned EFAs on a trn1.32xlarge take it past its 10 s timeout); there
+is no timeout; pools are visited in
 the order their first slice appears (Go flattens a map, so its pool order is unspecified).
 Alpha features (partitionable devices, consumable capacity, taints, binding conditions) are off, as on
 EKS: slices with per-device node selection are ignored, devices that consume counters or have binding
@@ -35,7 +37,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from neuron_dra.claim_templates.cel_env import (
     CelCompileError,
@@ -50,8 +52,7 @@ COUNT_CAP = 64
 Mode = Literal["fit-one", "count"]
 
 
-@dataclass(frozen=True, order=True)
-class DeviceId:
+class DeviceId(NamedTuple):
     driver: str
     pool: str
     device: str
@@ -285,7 +286,7 @@ class Simulator:
                  node_name: str, node_labels: Mapping[str, str] | None = None, cel: CelEnvironment | None = None,
                  prune: bool = True) -> None:
         self.pools = gather_pools(slices, node_name, node_labels or {})
-        self.prune = prune  # False: visit every subtree as the Go search does (for tests of the cut)
+        self.prune = prune  # False: visit every subtree as the Go search does (tests and baselines)
         self.classes = {c["metadata"]["name"]: c for c in device_classes}
         self.cel = cel or CelEnvironment()
         # Selection does not depend on what is allocated, so it is cached per (claim spec, request, device).
@@ -354,6 +355,9 @@ class _Search:
         self.has_subrequests: set[tuple[int, int]] = set()
         self.constraints: list[list[_MatchAttribute]] = []
         self.results: list[list[DeviceResult]] = [[] for _ in claims]
+        self.failed: dict[tuple[Any, ...], bool] = {}  # failed subtree state -> raised max-size (else False)
+        # per request: devices that are selectable, or whose selectors error (selection is static)
+        self.candidates: dict[tuple[int, int, int], list[tuple[_Device, AllocationError | None]]] = {}
 
     def run(self) -> tuple[tuple[DeviceResult, ...], ...] | None:
         self._prepare()
@@ -446,6 +450,29 @@ class _Search:
         return device in self.allocated or bool(self.allocating.get(device))
 
     def _allocate_one(self, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
+        """allocateOne, remembering subtrees that failed: a subtree's outcome depends only on which
+        devices are taken (not in which order) and on the claim's constraint state, so a state that
+        failed once fails again, and the Go search's re-visits of it (one per ordering) are skipped."""
+        if ci >= len(self.claims) or not self.sim.prune:
+            return self._allocate_one_search(ci, ri, si, di, in_subrequest)
+        key = (ci, ri, si, di, in_subrequest,
+               frozenset((d, c) for d, claims in self.allocating.items() for c in claims),
+               tuple((c.value if c.num else None, c.num) for c in self.constraints[ci]))
+        known = self.failed.get(key)
+        if known is not None:
+            if known:
+                raise _MaxSizeExceeded
+            return False
+        try:
+            done = self._allocate_one_search(ci, ri, si, di, in_subrequest)
+        except _MaxSizeExceeded:
+            self.failed[key] = True
+            raise
+        if not done:
+            self.failed[key] = False
+        return done
+
+    def _allocate_one_search(self, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
         if ci >= len(self.claims):
             return True
         requests = ((self.claims[ci].get("spec") or {}).get("devices") or {}).get("requests") or []
@@ -547,18 +574,12 @@ class _Search:
         applicable = [c for c in self.constraints[req.claim] if c.applies(req.name, req.sub_name)]
         candidates: list[_Device] = []
         first_error: AllocationError | None = None
-        for pool in self.sim.pools:
-            if pool.incomplete or pool.invalid:
+        for device, error in self._candidates(req):
+            if self._busy(req, device):
                 continue
-            for device in pool.devices:
-                if self._busy(req, device) or device.api.get("consumesCounters"):
-                    continue
-                try:
-                    if not self._selectable(req, device):
-                        continue
-                except AllocationError as e:
-                    first_error = first_error or e
-                    continue
+            if error is not None:
+                first_error = first_error or error
+            else:
                 candidates.append(device)
         compatible = [d for d in candidates if all(self._compatible(c, d) for c in applicable)]
         enough = len(compatible) >= needed
@@ -569,6 +590,24 @@ class _Search:
         if not enough and first_error is not None:
             raise first_error
         return enough
+
+    def _candidates(self, req: _Request) -> list[tuple[_Device, AllocationError | None]]:
+        found = self.candidates.get(req.key)
+        if found is None:
+            found = []
+            for pool in self.sim.pools:
+                if pool.incomplete or pool.invalid:
+                    continue
+                for device in pool.devices:
+                    if device.api.get("consumesCounters"):
+                        continue
+                    try:
+                        if self._selectable(req, device):
+                            found.append((device, None))
+                    except AllocationError as e:
+                        found.append((device, e))
+            self.candidates[req.key] = found
+        return found
 
     @staticmethod
     def _compatible(c: _MatchAttribute, device: _Device) -> bool:

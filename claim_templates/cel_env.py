@@ -436,6 +436,7 @@ class CompiledSelector:
     expression: str
     analysis: SelectorAnalysis
     program: celpy.Runner = field(compare=False, repr=False)
+    ordered_refs: tuple[DeviceRef, ...] = field(compare=False, repr=False, default=())
 
     @property
     def refs(self) -> frozenset[DeviceRef]:
@@ -480,6 +481,8 @@ class CelEnvironment:
         self._env = celpy.Environment()
         self._compiled: dict[str, CompiledSelector] = {}
         self._outcomes: dict[tuple[str, tuple[Any, ...]], _Outcome] = {}
+        # (expression, id(device)) -> (device, outcome); holding the device keeps its id from being reused
+        self._by_device: dict[tuple[str, int], tuple[CelDevice, _Outcome]] = {}
         self._values: dict[tuple[Any, ...], celtypes.MapType | str] = {}
         self.evaluations = 0  # real CEL evaluations (the rest were answered from the memo)
 
@@ -501,7 +504,7 @@ class CelEnvironment:
             raise CelCompileError(expression, f"syntax error: {' '.join(str(e).split())}") from None
         except AnalysisError as e:
             raise CelCompileError(expression, str(e)) from None
-        compiled = CompiledSelector(expression, analysis, program)
+        compiled = CompiledSelector(expression, analysis, program, tuple(sorted(analysis.refs)))
         self._compiled[expression] = compiled
         return compiled
 
@@ -520,17 +523,23 @@ class CelEnvironment:
     def evaluate(self, selector: CompiledSelector | str, device: CelDevice) -> bool:
         """Whether the device matches; CelEvaluationError when the selector fails on it."""
         compiled = self.compile(selector) if isinstance(selector, str) else selector
-        analysis = compiled.analysis
-        if analysis.opaque:
-            key: tuple[Any, ...] = ("device", device.key)
+        seen = self._by_device.get((compiled.expression, id(device)))
+        if seen is not None:
+            outcome = seen[1]
         else:
-            key = (device.driver if analysis.reads_driver else None,
-                   *(device.lookup(r) for r in sorted(analysis.refs)))
-        memo_key = (compiled.expression, key)
-        outcome = self._outcomes.get(memo_key)
-        if outcome is None:
-            outcome = self._run(compiled, device)
-            self._outcomes[memo_key] = outcome
+            analysis = compiled.analysis
+            if analysis.opaque:
+                key: tuple[Any, ...] = ("device", device.key)
+            else:
+                key = (device.driver if analysis.reads_driver else None,
+                       *(device.lookup(r) for r in compiled.ordered_refs))
+            memo_key = (compiled.expression, key)
+            found = self._outcomes.get(memo_key)
+            if found is None:
+                found = self._run(compiled, device)
+                self._outcomes[memo_key] = found
+            outcome = found
+            self._by_device[(compiled.expression, id(device))] = (device, outcome)
         if outcome.error is not None:
             raise CelEvaluationError(compiled.expression, device.name, outcome.error)
         return outcome.value

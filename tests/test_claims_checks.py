@@ -98,6 +98,14 @@ def test_packing_and_reasons(checker: Checker) -> None:
     assert "no combination" in (mixed.fit("trn2u.48xlarge").reason or "")
 
 
+def test_orderings_of_the_same_devices_are_not_searched_again(checker: Checker) -> None:
+    """8 connected devices + 8 aligned EFAs on trn1.32xlarge: the Go search tries all 8! orderings of each
+    group before failing (past its 10 s timeout); the simulation answers at once, with the reason."""
+    r = checker.check(ClaimTemplate("efa-8", Neuron(8, topology=Connected()), Efa(8)), ["trn1.32xlarge"])
+    assert r.fit("trn1.32xlarge").claims_per_node == 0
+    assert "request 'efa' needs 8 devices with one value; at most 4" in (r.fit("trn1.32xlarge").reason or "")
+
+
 def test_a_request_nothing_matches_is_an_error(checker: Checker) -> None:
     r = checker.check(manifest([neuron_request(f"{D}.family == 'trn3'")]))
     assert any("no device of any checked instance type" in i.message for i in r.errors)
