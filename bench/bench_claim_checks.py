@@ -145,7 +145,8 @@ def main() -> None:
     claim = {"metadata": {"name": t.name}, "spec": t.to_manifest()["spec"]["spec"]}
     cut, result = timed(functools.partial(run_simulation, node, claim, env, True, "fit-one"))
     assert not result.satisfiable
-    line = f"  pathological: 8 connected + 8 aligned EFAs on trn1.32xlarge (unsatisfiable): {1e3 * cut:.1f} ms with the cut"
+    line = (f"  pathological: 8 connected + 8 aligned EFAs on trn1.32xlarge (unsatisfiable): {1e3 * cut:.1f} ms "
+            "with the cut")
     if "--with-plain" in sys.argv:  # about 90 s on a 2-core machine
         plain, baseline = timed(functools.partial(run_simulation, node, claim, env, False, "fit-one"))
         assert baseline == result
