@@ -190,14 +190,14 @@ class Neuron:
 
     count: Count = 1
     name: str = "neurons"
-    instance_types: tuple[str, ...] | str = ()
-    families: tuple[str, ...] | str = ()
+    instance_types: Sequence[str] | str = ()  # stored as a tuple
+    families: Sequence[str] | str = ()
     topology: Topology = AnyTopology()
     lnc: int | None = None  # Logical NeuronCores (Trainium2): 1 or 2
     kernel_driver: KernelDriver | None = None  # exact version string, or AtLeast(...)
     min_memory: str | None = None  # HBM per device, a quantity such as "64Gi"
     min_cores: int | None = None  # physical NeuronCores per device
-    selectors: tuple[str, ...] | str = ()  # raw CEL, ANDed with the rest
+    selectors: Sequence[str] | str = ()  # raw CEL, ANDed with the rest
 
     def __post_init__(self) -> None:
         _count("Neuron.count", self.count, allow_all=True)
@@ -395,7 +395,7 @@ class UltraServerNode:
     mode: int
     name: str = "ultraserver"
     lnc: int | None = None
-    selectors: tuple[str, ...] | str = ()
+    selectors: Sequence[str] | str = ()
 
     def __post_init__(self) -> None:
         check_dns_label("UltraServerNode.name", self.name)
@@ -437,7 +437,7 @@ class Efa:
     name: str = "efa"
     aligned_to: str | None = "neurons"
     group: int | None = None  # devicegroup size to align on (1, 4, 8, 16); default from the Neuron request
-    selectors: tuple[str, ...] | str = ()
+    selectors: Sequence[str] | str = ()
 
     def __post_init__(self) -> None:
         _count("Efa.count", self.count, allow_all=False)
