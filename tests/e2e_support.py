@@ -78,3 +78,16 @@ def allocated_devices(claim: dict[str, Any], driver: str) -> list[str]:
 def pod_record(pods_dir: Path, ns: str, pod: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((pods_dir / f"{ns}_{pod}.json").read_text())
     return data
+
+
+def cdi_specs_naming(cdi_root: Path, uids: list[str]) -> list[str]:
+    """CDI spec files whose content names one of the claim UIDs (files may vanish while we look)."""
+    found = []
+    for f in cdi_root.iterdir():
+        try:
+            text = f.read_text()
+        except FileNotFoundError:
+            continue
+        if any(u in text for u in uids):
+            found.append(f.name)
+    return found

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from e2e_support import (
     allocated_devices,
+    cdi_specs_naming,
     claim_template,
     eventually,
     pod_claim,
@@ -140,14 +141,14 @@ def test_four_connected_claims_pack_four_per_trn2_and_get_their_cores(local_clus
         nodes = sorted(n["path"] for n in record["containers"]["main"]["deviceNodes"])
         assert nodes == sorted(f"/dev/neuron{d}" for d in devices)
         uid = claim["metadata"]["uid"]
-        assert any(uid in f.read_text() for f in paths.cdi_root.iterdir()), "a CDI spec names the claim UID"
+        assert cdi_specs_naming(paths.cdi_root, [uid]), "a CDI spec names the claim UID"
     assert sorted(groups) == [0, 1, 2, 3]
     # Deleting the pods unprepares the claims: their CDI specs are removed.
     uids = [pod_claim(core, res, ns, p)["metadata"]["uid"] for p in _running(kube, ns, pods)]
     core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
     eventually(lambda: not core.list_namespaced_pod(ns).items, 60, what="pods deleted")
     # kubelet unprepares after the pods are gone (a forced deletion does not wait for it)
-    eventually(lambda: not [f for f in paths.cdi_root.iterdir() if any(u in f.read_text() for u in uids)], 30,
+    eventually(lambda: not cdi_specs_naming(paths.cdi_root, uids), 30,
                what="CDI specs of the deleted pods' claims removed")
 
 
@@ -251,5 +252,5 @@ def test_driver_kill9_with_pods_alive(local_cluster: LocalCluster, kube: client.
     eventually(lambda: _running(kube, ns, ["after"]), 90, what="a new pod prepared by the restarted driver")
     # The restarted driver unprepares the claim it prepared before the kill, from its checkpoint.
     core.delete_namespaced_pod("before", ns, grace_period_seconds=0)
-    eventually(lambda: not any(uid in f.read_text() for f in paths.cdi_root.iterdir()), 60,
+    eventually(lambda: not cdi_specs_naming(paths.cdi_root, [uid]), 60,
                what="the claim prepared before the kill unprepared after its pod is deleted")
