@@ -27,11 +27,18 @@ ACCOUNT = "123456789012"
 DEFAULT_REGION = "us-east-2"
 
 
+# How the engine marks a secret value: {SIG_KEY: SECRET_SIG, "value": ...} (pulumi's wire format).
+SIG_KEY = "4dabf18193072939515e22adb298388d"
+SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+
+
 def plain(value: Any) -> Any:
-    """Engine values as written in a manifest: integral floats back to ints, recursively."""
+    """Engine values as written in a manifest: secrets unwrapped, integral floats back to ints, recursively."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, Mapping):
+        if value.get(SIG_KEY) == SECRET_SIG:
+            return plain(value.get("value"))
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]

@@ -29,6 +29,7 @@ MIN_VPC_CNI_FOR_EFA_ONLY = (1, 18, 4)
 DEFAULT_CLAIM_TEMPLATES_MODULE = "neuron_dra.claim_templates.stack_examples"
 DEFAULT_ROOT_VOLUME_GIB = 500  # AWS's own trn2 sample
 EFA_INTERFACE_TYPES = ("efa-only", "efa")
+CAPACITY_TYPES = ("ON_DEMAND", "CAPACITY_BLOCK")
 NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
 
 Kind = Literal["string", "integer", "boolean", "strings", "objects"]
@@ -88,7 +89,8 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("podIdentityAgentVersion", "string", "eks-pod-identity-agent add-on version (default: EKS's "
             "default).", new_cluster_only=True),
     Setting("nodeGroups", "objects", "Trainium/Inferentia managed node groups: name, instanceType, desiredSize, "
-            "minSize, maxSize, capacityReservationId, availabilityZone, subnetIds, labels, rootVolumeSizeGiB, "
+            "minSize, maxSize, capacityType (ON_DEMAND|CAPACITY_BLOCK), capacityReservationId, availabilityZone, "
+            "subnetIds, labels, rootVolumeSizeGiB, "
             "rootVolumeKmsKeyId, efaInterfaceType (efa-only|efa), placementGroup, version.",
             [dict(g) for g in DEFAULT_NODE_GROUPS], new_cluster_only=True),
     Setting("driverImage", "string", "Driver image to deploy (default: build driver/Dockerfile and push it to "
@@ -108,7 +110,8 @@ SCHEMA: tuple[Setting, ...] = (
 SCHEMA_BY_KEY: Mapping[str, Setting] = {s.key: s for s in SCHEMA}
 
 NODE_GROUP_KEYS = (
-    "name", "instanceType", "desiredSize", "minSize", "maxSize", "capacityReservationId", "availabilityZone",
+    "name", "instanceType", "desiredSize", "minSize", "maxSize", "capacityType", "capacityReservationId",
+    "availabilityZone",
     "subnetIds", "labels", "rootVolumeSizeGiB", "rootVolumeKmsKeyId", "efaInterfaceType", "placementGroup",
     "version",
 )
@@ -159,6 +162,7 @@ class NodeGroupSettings:
     desired_size: int = 1
     min_size: int = 0
     max_size: int | None = None  # None: desired_size
+    capacity_type: str | None = None  # None: CAPACITY_BLOCK with a reservation id, else ON_DEMAND
     capacity_reservation_id: str | None = None
     availability_zone: str | None = None
     subnet_ids: tuple[str, ...] = ()
@@ -213,6 +217,14 @@ class NodeGroupSettings:
         self._check_capacity_block(w)
 
     def _check_capacity_block(self, w: str) -> None:
+        if self.capacity_type is not None and self.capacity_type not in CAPACITY_TYPES:
+            raise SettingError(f"{w}.capacityType", self.capacity_type, " or ".join(CAPACITY_TYPES))
+        if self.capacity_type == "CAPACITY_BLOCK" and self.capacity_reservation_id is None:
+            raise SettingError(f"{w}.capacityReservationId", None,
+                               "the Capacity Block's reservation id (cr-...) with capacityType CAPACITY_BLOCK")
+        if self.capacity_type == "ON_DEMAND" and self.capacity_reservation_id is not None:
+            raise SettingError(f"{w}.capacityType", self.capacity_type,
+                               "CAPACITY_BLOCK (or unset) with capacityReservationId")
         if self.capacity_reservation_id is None:
             return
         if not isinstance(self.capacity_reservation_id, str) or not _RESERVATION.match(self.capacity_reservation_id):
@@ -306,10 +318,11 @@ class StackSettings:
                                "1-100 letters, digits, '-' and '_', starting with a letter or digit")
         if not self.node_groups:
             raise SettingError(n("nodeGroups"), [], "at least one node group")
-        names = [g.name for g in self.node_groups]
+        seen: set[str] = set()
         for g in self.node_groups:
-            if names.count(g.name) > 1:
+            if g.name in seen:
                 raise SettingError(f"{g.where}.name", g.name, "a name no other node group has")
+            seen.add(g.name)
             if g.version is not None and parse_kubernetes_version(f"{g.where}.version", g.version) > \
                     parse_kubernetes_version(n("kubernetesVersion"), self.kubernetes_version):
                 raise SettingError(f"{g.where}.version", g.version,
@@ -402,7 +415,7 @@ _KEY_OF_FIELD = {f: k for k, f in _FIELD_OF_KEY.items()}
 
 _NODE_GROUP_FIELD = {
     "name": "name", "instanceType": "instance_type", "desiredSize": "desired_size", "minSize": "min_size",
-    "maxSize": "max_size", "capacityReservationId": "capacity_reservation_id",
+    "maxSize": "max_size", "capacityType": "capacity_type", "capacityReservationId": "capacity_reservation_id",
     "availabilityZone": "availability_zone", "subnetIds": "subnet_ids", "labels": "labels",
     "rootVolumeSizeGiB": "root_volume_size_gib", "rootVolumeKmsKeyId": "root_volume_kms_key_id",
     "efaInterfaceType": "efa_interface_type", "placementGroup": "placement_group", "version": "version",
@@ -462,8 +475,8 @@ def _decode_node_group(index: int, raw: Mapping[str, Any]) -> NodeGroupSettings:
             if not isinstance(value, dict):
                 raise SettingError(f"{where}.labels", value, "an object of label key -> value")
             value = dict(value)
-        elif key in ("name", "instanceType", "capacityReservationId", "availabilityZone", "rootVolumeKmsKeyId",
-                     "efaInterfaceType", "version"):
+        elif key in ("name", "instanceType", "capacityType", "capacityReservationId", "availabilityZone",
+                     "rootVolumeKmsKeyId", "efaInterfaceType", "version"):
             if not isinstance(value, str):
                 raise SettingError(f"{where}.{key}", value, "a string")
         elif key == "placementGroup" and not isinstance(value, bool):

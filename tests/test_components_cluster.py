@@ -1,0 +1,120 @@
+"""TrainiumCluster under Pulumi mocks: the EKS control plane, add-ons, VPC and Kubernetes provider."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from neuron_dra.components.cluster import ADMIN_POLICY_ARN, TrainiumCluster, TrainiumClusterArgs
+from neuron_dra.components.mocks import OfflineRun, run_offline
+from neuron_dra.components.settings import SettingError
+
+
+def run_cluster(args: TrainiumClusterArgs, coredns: bool = True) -> OfflineRun[TrainiumCluster]:
+    def program() -> TrainiumCluster:
+        cluster = TrainiumCluster("c", args)
+        if coredns:
+            cluster.install_coredns(after=[])
+        return cluster
+
+    return run_offline(program, exports=lambda c: {"kubeconfig": c.kubeconfig, "sg": c.cluster_security_group_id,
+                                                   "subnets": c.private_subnet_ids, "vpc": c.vpc_id})
+
+
+def test_new_vpc_cluster() -> None:
+    run = run_cluster(TrainiumClusterArgs(
+        name="trn", availability_zones=("us-east-2c", "us-east-2a"),
+        admin_principal_arns=("arn:aws:iam::123456789012:role/admins",), vpc_cni_version="v1.19.0-eksbuild.1",
+        kube_proxy_version="v1.34.0-eksbuild.2", coredns_version="v1.12.3-eksbuild.1",
+        pod_identity_agent_version="v1.3.8-eksbuild.2", efa_only_interfaces=True,
+        public_access_cidrs=("203.0.113.0/24",)))
+    eks = run.one("eks:index:Cluster").plain_inputs
+    assert eks["name"] == "trn" and eks["version"] == "1.34"
+    assert eks["authenticationMode"] == "API"
+    assert eks["createOidcProvider"] is True
+    assert eks["skipDefaultNodeGroup"] is True and eks["skipDefaultSecurityGroups"] is True
+    assert eks["endpointPrivateAccess"] is True and eks["publicAccessCidrs"] == ["203.0.113.0/24"]
+    assert eks["enabledClusterLogTypes"] == ["api", "audit", "authenticator"]
+    assert eks["vpcCniOptions"]["addonVersion"] == "v1.19.0-eksbuild.1"
+    assert eks["kubeProxyAddonOptions"]["enabled"] is True
+    assert eks["kubeProxyAddonOptions"]["version"] == "v1.34.0-eksbuild.2"
+    # pulumi-eks would create CoreDNS before any node exists (DEGRADED, then a create timeout).
+    assert eks["corednsAddonOptions"]["enabled"] is False
+    assert eks["accessEntries"] == {"admin-0": {
+        "principalArn": "arn:aws:iam::123456789012:role/admins", "type": "STANDARD",
+        "accessPolicies": {"cluster-admin": {"policyArn": ADMIN_POLICY_ARN, "accessScope": {"type": "cluster"}}}}}
+    vpc = run.one("awsx:ec2:Vpc").plain_inputs
+    assert vpc["availabilityZoneNames"] == ["us-east-2c", "us-east-2a"]
+    assert vpc["natGateways"] == {"strategy": "Single"}
+    assert {s["type"] for s in vpc["subnetSpecs"]} == {"Private", "Public"}
+    assert eks["privateSubnetIds"] == run.exports["subnets"] and len(eks["privateSubnetIds"]) == 2
+    assert eks["vpcId"] == run.exports["vpc"]
+
+    addons = {r.plain_inputs["addonName"]: r for r in run.of_type("aws:eks/addon:Addon")}
+    assert set(addons) == {"eks-pod-identity-agent", "coredns"}
+    assert addons["eks-pod-identity-agent"].plain_inputs["addonVersion"] == "v1.3.8-eksbuild.2"
+    coredns = addons["coredns"].plain_inputs
+    assert coredns["clusterName"] == "trn" and coredns["addonVersion"] == "v1.12.3-eksbuild.1"
+    tolerations = json.loads(coredns["configurationValues"])["tolerations"]
+    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    eks_urn = run.one("eks:index:Cluster").urn
+    assert eks_urn in addons["coredns"].dependencies and eks_urn in addons["eks-pod-identity-agent"].dependencies
+
+    provider = run.one("pulumi:providers:kubernetes").plain_inputs
+    assert json.loads(provider["kubeconfig"]) == json.loads(run.exports["kubeconfig"])
+    assert json.loads(provider["kubeconfig"])["clusters"][0]["name"] == "trn"
+    assert run.exports["sg"].startswith("sg-")
+
+
+def test_given_vpc_creates_no_vpc() -> None:
+    run = run_cluster(TrainiumClusterArgs(
+        name="trn", vpc_id="vpc-0123456789abcdef0",
+        private_subnet_ids=("subnet-0000000000000000a", "subnet-0000000000000000b"),
+        public_subnet_ids=("subnet-0000000000000000c",)), coredns=False)
+    assert run.of_type("awsx:ec2:Vpc") == []
+    eks = run.one("eks:index:Cluster").plain_inputs
+    assert eks["vpcId"] == "vpc-0123456789abcdef0"
+    assert eks["privateSubnetIds"] == ["subnet-0000000000000000a", "subnet-0000000000000000b"]
+    assert eks["publicSubnetIds"] == ["subnet-0000000000000000c"]
+    assert "accessEntries" not in eks or eks["accessEntries"] == {}
+    assert [r.plain_inputs["addonName"] for r in run.of_type("aws:eks/addon:Addon")] == ["eks-pod-identity-agent"]
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.40"])
+def test_versions_from_1_34_are_accepted(version: str) -> None:
+    assert TrainiumClusterArgs(name="c", kubernetes_version=version).kubernetes_version == version
+
+
+@pytest.mark.parametrize(("kwargs", "setting", "fragment"), [
+    ({"kubernetes_version": "1.33"}, "kubernetes_version", "1.34 or newer"),
+    ({"kubernetes_version": "1.9"}, "kubernetes_version", "1.34 or newer"),
+    ({"kubernetes_version": "latest"}, "kubernetes_version", "such as 1.34"),
+    ({"vpc_cni_version": "v1.18.3-eksbuild.1", "efa_only_interfaces": True}, "vpc_cni_version", "v1.18.4"),
+    ({"vpc_cni_version": "1.18"}, "vpc_cni_version", "add-on version"),
+    ({"vpc_id": "vpc-0123456789abcdef0", "private_subnet_ids": ("subnet-0000000000000000a",)},
+     "private_subnet_ids", "two subnets"),
+    ({"private_subnet_ids": ("subnet-0000000000000000a", "subnet-0000000000000000b")}, "private_subnet_ids",
+     "unless vpc_id"),
+    ({"nat_gateways": "Many"}, "nat_gateways", "Single or OnePerAz"),
+])
+def test_bad_cluster_args_name_the_argument(kwargs: dict[str, Any], setting: str, fragment: str) -> None:
+    with pytest.raises(SettingError) as err:
+        TrainiumClusterArgs(name="c", **kwargs)
+    assert err.value.setting == f"TrainiumClusterArgs.{setting}"
+    assert fragment in str(err.value)
+
+
+def test_old_vpc_cni_is_fine_without_efa_only_interfaces() -> None:
+    assert TrainiumClusterArgs(name="c", vpc_cni_version="v1.16.0-eksbuild.1").vpc_cni_version
+
+
+def test_coredns_is_installed_once() -> None:
+    def program() -> None:
+        cluster = TrainiumCluster("c", TrainiumClusterArgs(name="c"))
+        cluster.install_coredns(after=[])
+        cluster.install_coredns(after=[])
+
+    with pytest.raises(RuntimeError, match="already installed"):
+        run_offline(program)

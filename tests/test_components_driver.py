@@ -1,0 +1,101 @@
+"""NeuronDraDriver under Pulumi mocks: it applies exactly driver/deploy.py's dicts, in a safe order."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pulumi_kubernetes as k8s
+import pytest
+
+from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
+from neuron_dra.components.mocks import OfflineRun, run_offline
+from neuron_dra.components.settings import SettingError
+from neuron_dra.driver import deploy
+from neuron_dra.driver.deploy import DriverDeployOptions
+
+IMAGE = "registry.example.com/neuron-dra-driver:0.1.0"
+OPTIONS = DriverDeployOptions(namespace="accel", metrics_port=9400)
+
+
+def run_driver(args: NeuronDraDriverArgs) -> OfflineRun[NeuronDraDriver]:
+    def program() -> NeuronDraDriver:
+        provider = k8s.Provider("target", kubeconfig="{}")
+        return NeuronDraDriver("drv", args, provider=provider)
+
+    return run_offline(program, exports=lambda d: {"image": d.image})
+
+
+def k8s_objects(run: OfflineRun[Any]) -> dict[str, Any]:
+    found = {}
+    for r in run.resources:
+        if r.type.startswith("kubernetes:"):
+            found[deploy.object_key(r.plain_inputs)] = r
+    return found
+
+
+def test_applies_exactly_the_deploy_manifests() -> None:
+    run = run_driver(NeuronDraDriverArgs(options=OPTIONS, image=IMAGE))
+    objects = k8s_objects(run)
+    expected = {deploy.object_key(m): m for m in deploy.manifests(replace(OPTIONS, image=IMAGE))}
+    assert set(objects) == set(expected) and len(expected) == 8
+    for key, manifest in expected.items():
+        sent = objects[key].plain_inputs
+        assert sent == manifest, key
+        kubernetes_validate.validate(sent, "1.34", strict=True)
+    assert run.exports["image"] == IMAGE
+    # No AWS resources when the image is given.
+    assert not [r for r in run.resources if r.type.startswith(("aws:", "docker-build:"))]
+
+
+def test_every_object_goes_through_the_given_provider_and_waits_for_what_it_needs() -> None:
+    run = run_driver(NeuronDraDriverArgs(options=OPTIONS, image=IMAGE))
+    provider = run.one("pulumi:providers:kubernetes", "target")
+    objects = k8s_objects(run)
+    assert all(r.provider.startswith(provider.urn + "::") for r in objects.values())
+    urn = {key.split("/")[0]: r.urn for key, r in objects.items()}
+    ds = objects["DaemonSet/accel/neuron-dra-driver-kubelet-plugin"]
+    # The policy, the RBAC and the service account exist before the driver's pods write ResourceSlices.
+    for kind in ("Namespace", "ServiceAccount", "ClusterRoleBinding", "ValidatingAdmissionPolicyBinding",
+                 "DeviceClass"):
+        assert urn[kind] in ds.dependencies, kind
+    assert urn["ClusterRole"] in objects[f"ClusterRoleBinding/{OPTIONS.cluster_role_name}"].dependencies
+    assert urn["Namespace"] in objects["ServiceAccount/accel/neuron-dra-driver-sa"].dependencies
+
+
+def test_without_an_image_it_builds_and_pushes_to_a_new_ecr_repository(tmp_path: Path) -> None:
+    (tmp_path / "driver").mkdir()
+    (tmp_path / "driver" / "Dockerfile").write_text("FROM scratch\n")
+    run = run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path))
+    repo = run.one("aws:ecr/repository:Repository").plain_inputs
+    assert repo["imageScanningConfiguration"] == {"scanOnPush": True}
+    assert repo["encryptionConfigurations"] == [{"encryptionType": "AES256"}]
+    image = run.one("docker-build:index:Image").plain_inputs
+    assert image["push"] is True
+    assert image["context"] == {"location": str(tmp_path)}
+    assert image["dockerfile"] == {"location": str(tmp_path / "driver" / "Dockerfile")}
+    assert image["platforms"] == ["linux/amd64"]
+    (tag,) = image["tags"]
+    registry = image["registries"][0]
+    assert tag.startswith(registry["address"] + ":")
+    assert registry["username"] == "AWS" and registry["password"]
+    # The DaemonSet runs the pushed build, pinned by digest.
+    ds = k8s_objects(run)["DaemonSet/accel/neuron-dra-driver-kubelet-plugin"].plain_inputs
+    ref = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert ref == run.exports["image"] and ref.startswith(tag + "@sha256:")
+    assert ds["spec"] == deploy.daemonset(replace(OPTIONS, image=ref))["spec"]
+    assert [i.token for i in run.invokes] == ["aws:ecr/getAuthorizationToken:getAuthorizationToken"]
+
+
+def test_without_an_image_or_a_dockerfile_the_error_names_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(SettingError) as err:
+        run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path))
+    assert "neuron-dra:driverImage" in err.value.setting
+    assert "driver/Dockerfile" in str(err.value)
+
+
+def test_the_repository_dockerfile_is_what_gets_built() -> None:
+    # The default build context is this checkout, which has the driver's Dockerfile.
+    assert NeuronDraDriverArgs().dockerfile() == Path(__file__).resolve().parent.parent / "driver" / "Dockerfile"

@@ -1,0 +1,218 @@
+"""TrainiumNodeGroup under Pulumi mocks (preview=False: every apply runs, every input is resolved and recorded).
+
+Assertions run on the recorded inputs after the program finished, so none can be skipped by an unresolved
+Output; each test also checks how many resources it looked at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pulumi
+import pytest
+
+from neuron_dra.components.efa import EfaInterface, efa_interfaces
+from neuron_dra.components.mocks import OfflineRun, PlanMocks, RecordedResource, run_offline
+from neuron_dra.components.nodegroup import NODE_POLICIES, TrainiumNodeGroup, TrainiumNodeGroupArgs
+from neuron_dra.components.settings import NodeGroupSettings, SettingError
+from neuron_dra.driver.catalog import CATALOG, get_instance_spec
+
+CANDIDATES = ["subnet-0000000000000000a", "subnet-0000000000000000b", "subnet-0000000000000000c"]
+ZONES = {s: f"us-east-2{s[-1]}" for s in CANDIDATES}
+
+
+def run_groups(groups: Sequence[NodeGroupSettings], zones: Sequence[str] = ("us-east-2a", "us-east-2b")
+               ) -> OfflineRun[list[TrainiumNodeGroup]]:
+    def program() -> list[TrainiumNodeGroup]:
+        return [
+            TrainiumNodeGroup(f"ng-{g.name}", TrainiumNodeGroupArgs(
+                cluster_name="c1", settings=g, vpc_id="vpc-0123456789abcdef0",
+                cluster_security_group_id="sg-0cluster0000000000", kubernetes_version="1.34",
+                candidate_subnet_ids=CANDIDATES, availability_zones=zones))
+            for g in groups
+        ]
+
+    return run_offline(program, mocks=PlanMocks(subnet_zones=ZONES))
+
+
+def children_of(run: OfflineRun[Any], group: str, typ: str) -> list[RecordedResource]:
+    parent = run.one("neuron-dra:index:TrainiumNodeGroup", f"ng-{group}")
+    return [r for r in run.children(parent) if r.type == typ]
+
+
+def only(run: OfflineRun[Any], group: str, typ: str) -> dict[str, Any]:
+    found = children_of(run, group, typ)
+    assert len(found) == 1, (group, typ, len(found))
+    return found[0].plain_inputs
+
+
+def name_of(instance_type: str) -> str:
+    return instance_type.replace(".", "-")
+
+
+@pytest.fixture(scope="module")
+def catalog_run() -> OfflineRun[list[TrainiumNodeGroup]]:
+    groups = [NodeGroupSettings(name=name_of(t), instance_type=t, desired_size=2, max_size=4) for t in CATALOG]
+    return run_groups(groups)
+
+
+def test_efa_layout_follows_the_catalog_for_every_instance_type(catalog_run: OfflineRun[Any]) -> None:
+    checked = 0
+    for instance_type, spec in CATALOG.items():
+        lt = only(catalog_run, name_of(instance_type), "aws:ec2/launchTemplate:LaunchTemplate")
+        nics = lt.get("networkInterfaces") or []
+        assert len(nics) == spec.efa_count, instance_type
+        for nic in nics:
+            card = nic["networkCardIndex"]
+            # card 0: primary interface, `efa`; other cards: device index 1, EFA-only by default
+            assert nic["deviceIndex"] == (0 if card == 0 else 1)
+            assert nic["interfaceType"] == ("efa" if card == 0 else "efa-only")
+            assert nic["securityGroups"][0] == "sg-0cluster0000000000"
+            assert len(nic["securityGroups"]) == 2  # + the EFA self-referencing group
+        assert sorted(n["networkCardIndex"] for n in nics) == list(range(spec.efa_count))
+        checked += 1
+    assert checked == len(CATALOG) == 10
+    assert len(only(catalog_run, "trn2-48xlarge", "aws:ec2/launchTemplate:LaunchTemplate")["networkInterfaces"]) == 16
+    assert len(only(catalog_run, "trn1-32xlarge", "aws:ec2/launchTemplate:LaunchTemplate")["networkInterfaces"]) == 8
+
+
+def test_efa_groups_get_a_placement_group_one_subnet_and_self_referencing_rules(catalog_run: OfflineRun[Any]
+                                                                                 ) -> None:
+    for instance_type, spec in CATALOG.items():
+        group = name_of(instance_type)
+        efa = spec.efa_count > 0
+        placement = children_of(catalog_run, group, "aws:ec2/placementGroup:PlacementGroup")
+        lt = only(catalog_run, group, "aws:ec2/launchTemplate:LaunchTemplate")
+        ng = only(catalog_run, group, "aws:eks/nodeGroup:NodeGroup")
+        if efa:
+            assert [p.plain_inputs["strategy"] for p in placement] == ["cluster"]
+            # The auto-named placement group (the mock names it after its resource).
+            assert lt["placement"]["groupName"].startswith(f"{placement[0].name}-")
+            assert ng["subnetIds"] == ["subnet-0000000000000000a"]  # one subnet, the first AZ
+            sg = children_of(catalog_run, group, "aws:ec2/securityGroup:SecurityGroup")
+            assert len(sg) == 1
+            sg_id = next(n for n in lt["networkInterfaces"][0]["securityGroups"] if n != "sg-0cluster0000000000")
+            for typ in ("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+                        "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"):
+                rule = only(catalog_run, group, typ)
+                assert rule["ipProtocol"] == "-1"
+                assert rule["securityGroupId"] == rule["referencedSecurityGroupId"] == sg_id
+                assert "cidrIpv4" not in rule
+        else:
+            assert placement == [] and "placement" not in lt
+            assert children_of(catalog_run, group, "aws:ec2/securityGroup:SecurityGroup") == []
+            # Non-EFA groups may use every candidate subnet in the offered AZs.
+            assert ng["subnetIds"] == ["subnet-0000000000000000a", "subnet-0000000000000000b"]
+
+
+def test_node_group_ami_taint_labels_scaling_and_launch_template(catalog_run: OfflineRun[Any]) -> None:
+    count = 0
+    for instance_type in CATALOG:
+        group = name_of(instance_type)
+        ng = only(catalog_run, group, "aws:eks/nodeGroup:NodeGroup")
+        lt = only(catalog_run, group, "aws:ec2/launchTemplate:LaunchTemplate")
+        assert ng["amiType"] == "AL2023_x86_64_NEURON"
+        assert ng["capacityType"] == "ON_DEMAND"
+        assert ng["instanceTypes"] == [instance_type] and "instanceType" not in lt
+        assert ng["taints"] == [{"key": "aws.amazon.com/neuron", "value": "true", "effect": "NO_SCHEDULE"}]
+        assert ng["labels"] == {"neuron-dra/node-group": group}
+        assert ng["scalingConfig"] == {"desiredSize": 2, "minSize": 0, "maxSize": 4}
+        assert ng["version"] == "1.34" and ng["clusterName"] == "c1" and ng["nodeGroupName"] == group
+        assert ng["launchTemplate"]["version"] == "1"
+        assert lt["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
+                                         "httpPutResponseHopLimit": 2, "instanceMetadataTags": "disabled"}
+        (root,) = lt["blockDeviceMappings"]
+        assert root["deviceName"] == "/dev/xvda"
+        assert root["ebs"] == {"volumeSize": 500, "volumeType": "gp3", "encrypted": "true",
+                               "deleteOnTermination": "true"}
+        assert "instanceMarketOptions" not in lt and "capacityReservationSpecification" not in lt
+        count += 1
+    assert count == 10
+
+
+def test_node_role_has_only_the_needed_managed_policies(catalog_run: OfflineRun[Any]) -> None:
+    group = "trn2-48xlarge"
+    role = only(catalog_run, group, "aws:iam/role:Role")
+    assert role["assumeRolePolicy"]
+    assert "managedPolicyArns" not in role and "inlinePolicies" not in role
+    attached = {r.plain_inputs["policyArn"] for r in
+                children_of(catalog_run, group, "aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    assert attached == set(NODE_POLICIES) == {
+        "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+        "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+        "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+    }
+    ng_resource = children_of(catalog_run, group, "aws:eks/nodeGroup:NodeGroup")[0]
+    attachment_urns = {r.urn for r in children_of(catalog_run, group,
+                                                  "aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    assert attachment_urns <= set(ng_resource.dependencies)  # the node group waits for its permissions
+
+
+def test_capacity_block_wiring() -> None:
+    block = NodeGroupSettings(name="block", instance_type="trn2.48xlarge", desired_size=0, max_size=2,
+                              capacity_reservation_id="cr-0123456789abcdef0", availability_zone="us-east-2b")
+    run = run_groups([block])
+    lt = only(run, "block", "aws:ec2/launchTemplate:LaunchTemplate")
+    ng = only(run, "block", "aws:eks/nodeGroup:NodeGroup")
+    assert lt["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert lt["capacityReservationSpecification"] == {
+        "capacityReservationTarget": {"capacityReservationId": "cr-0123456789abcdef0"}}
+    assert lt["instanceType"] == "trn2.48xlarge" and "instanceTypes" not in ng
+    assert ng["capacityType"] == "CAPACITY_BLOCK"
+    assert ng["subnetIds"] == ["subnet-0000000000000000b"]  # the reservation's AZ
+    assert ng["scalingConfig"] == {"desiredSize": 0, "minSize": 0, "maxSize": 2}
+    assert ng["labels"]["neuron-dra/capacity-block-id"] == "cr-0123456789abcdef0"
+    # Capacity Blocks are placed already; a placement group could keep instances out of the reservation.
+    assert children_of(run, "block", "aws:ec2/placementGroup:PlacementGroup") == []
+    assert "placement" not in lt
+
+
+def test_efa_interface_type_efa_and_custom_root_volume() -> None:
+    g = NodeGroupSettings(name="g", instance_type="trn1n.32xlarge", efa_interface_type="efa",
+                          root_volume_size_gib=1000, root_volume_kms_key_id="arn:aws:kms:us-east-2:1:key/k",
+                          labels={"team": "ml"}, subnet_ids=("subnet-0000000000000000c",))
+    run = run_groups([g])
+    lt = only(run, "g", "aws:ec2/launchTemplate:LaunchTemplate")
+    assert {n["interfaceType"] for n in lt["networkInterfaces"]} == {"efa"}
+    assert lt["blockDeviceMappings"][0]["ebs"]["volumeSize"] == 1000
+    assert lt["blockDeviceMappings"][0]["ebs"]["kmsKeyId"] == "arn:aws:kms:us-east-2:1:key/k"
+    ng = only(run, "g", "aws:eks/nodeGroup:NodeGroup")
+    assert ng["subnetIds"] == ["subnet-0000000000000000c"]
+    assert ng["labels"] == {"team": "ml", "neuron-dra/node-group": "g"}
+    # An explicit subnet needs no lookup.
+    assert not [i for i in run.invokes if i.token == "aws:ec2/getSubnets:getSubnets"]
+
+
+def test_no_private_subnet_in_the_groups_az_fails_naming_the_setting() -> None:
+    g = NodeGroupSettings(name="g", instance_type="trn2.48xlarge", availability_zone="us-east-2d")
+    with pytest.raises(Exception) as err:
+        run_groups([g])
+    chain: list[BaseException] = []
+    e: BaseException | None = err.value
+    while e is not None:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    ours = [x for x in chain if isinstance(x, SettingError)]
+    assert ours and "availabilityZone" in ours[0].setting and "us-east-2d" in str(ours[0])
+
+
+def test_efa_interfaces_rules() -> None:
+    assert efa_interfaces(get_instance_spec("inf2.48xlarge")) == ()
+    assert efa_interfaces(get_instance_spec("trn2.3xlarge")) == (EfaInterface(0, 0, "efa"),)
+    layout = efa_interfaces(get_instance_spec("trn1.32xlarge"), "efa")
+    assert layout[0] == EfaInterface(0, 0, "efa")
+    assert layout[1:] == tuple(EfaInterface(i, 1, "efa") for i in range(1, 8))
+    with pytest.raises(ValueError, match="efa-only, efa"):
+        efa_interfaces(get_instance_spec("trn2.48xlarge"), "ena")
+
+
+def test_mocked_runs_execute_apply_callbacks() -> None:
+    # Proof that the runs above resolve Outputs (preview=False): an apply's side effect happens.
+    seen: list[str] = []
+
+    def program() -> None:
+        pulumi.Output.from_input("value").apply(seen.append)
+
+    run_offline(program)
+    assert seen == ["value"]

@@ -1,0 +1,93 @@
+"""`neuron-dra plan`: the offline run of the stack program, as a table or as the manifests it applies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+import neuron_dra.claim_templates.stack_examples as examples
+from neuron_dra.claim_templates.loader import templates_in
+from neuron_dra.cli import main
+from neuron_dra.components.settings import decode_settings
+from neuron_dra.components.stack import driver_options
+from neuron_dra.driver import deploy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "Pulumi.test.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_yaml_output_is_exactly_the_driver_objects_and_the_templates(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "-o", "yaml"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.34", strict=True)
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+    driver = deploy.manifests(replace(driver_options(decode_settings({})), image=image))
+    templates = [t.to_manifest() for t in templates_in(vars(examples))]
+    assert docs == driver + sorted(templates, key=lambda m: m["metadata"]["name"])
+    # Apply order: namespace and RBAC before the DaemonSet.
+    kinds = [d["kind"] for d in docs]
+    assert kinds.index("Namespace") < kinds.index("ClusterRoleBinding") < kinds.index("DaemonSet")
+
+
+def test_table_output_shows_the_tree_and_key_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, """
+config:
+  aws:region: eu-north-1
+  neuron-dra:driverImage: example.com/neuron-dra-driver:1
+  neuron-dra:claimTemplatesModule: ""
+  neuron-dra:nodeGroups:
+    - {name: big, instanceType: trn1.32xlarge, desiredSize: 2}
+""")
+    assert main(["plan", "--config", str(config), "--stack", "prod"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "neuron-dra:index:TrainiumNodeGroup  ng-big" in lines
+    ng_line = next(line for line in lines if "aws:eks/nodeGroup:NodeGroup" in line)
+    assert ng_line.startswith("  ")  # a child of the node group component
+    assert "ami=AL2023_x86_64_NEURON" in ng_line and "types=trn1.32xlarge" in ng_line and "size=0/2/2" in ng_line
+    lt_line = next(line for line in lines if "LaunchTemplate" in line)
+    assert "efa=8 (1 efa, 7 efa-only)" in lt_line and "imds=required/hop2" in lt_line
+    assert "name=neuron-dra-prod version=1.34 auth=API" in out
+    assert "eu-north-1a" in out
+    assert "kubeconfig: [secret]" in out
+
+
+@pytest.mark.parametrize(("text", "code", "message"), [
+    ("config:\n  neuron-dra:kubernetesVersion: '1.30'\n", 1, "neuron-dra:kubernetesVersion: '1.30'"),
+    ("config:\n  neuron-dra:clusterName:\n    secure: AAABAJ==\n", 2, "encrypted secret"),
+    ("config: [1, 2]\n", 2, "expected a mapping"),
+    ("config:\n  neuron-dra:claimTemplatesModule: neuron_dra.claim_templates.examples\n", 1,
+     "cannot be satisfied by the cluster's node groups"),
+])
+def test_plan_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, code: int, message: str) -> None:
+    assert main(["plan", "--config", str(write_config(tmp_path, text))]) == code
+    err = capsys.readouterr().err
+    assert err.startswith("neuron-dra plan: ") and message in err
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read --config" in capsys.readouterr().err
+
+
+def test_components_package_import_does_not_import_pulumi() -> None:
+    code = ("import sys, neuron_dra.components, neuron_dra.components.settings, neuron_dra.components.cli_plan;"
+            "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('pulumi')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
+    code = "import sys, neuron_dra.components as c; c.TrainiumCluster; print('pulumi_eks' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "True"

@@ -1,0 +1,244 @@
+"""The default stack (Pulumi.yaml + __main__.py) under Pulumi mocks, its settings and their errors."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from pulumi.runtime import rpc
+
+from neuron_dra.components import cli_plan
+from neuron_dra.components.mocks import SECRET_SIG, SIG_KEY, OfflineRun, PlanMocks, run_offline
+from neuron_dra.components.settings import (
+    NODE_GROUP_KEYS,
+    SCHEMA,
+    SettingError,
+    StackSettings,
+    decode_settings,
+    pulumi_project_config,
+)
+from neuron_dra.components.stack import StackResult, build_stack, settings_from_pulumi_config
+
+ROOT = Path(__file__).resolve().parent.parent
+KUBECONFIG = yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [], "contexts": [], "users": []})
+
+
+def engine_config(values: dict[str, Any]) -> dict[str, str]:
+    """Config as the engine hands it to a program: `project:key` -> string (JSON for lists and objects)."""
+    out = {}
+    for key, value in values.items():
+        full = key if ":" in key else f"neuron-dra:{key}"
+        out[full] = value if isinstance(value, str) else json.dumps(value)
+    return out
+
+
+def project_defaults() -> dict[str, Any]:
+    """The defaults the engine adds from Pulumi.yaml to every stack's config."""
+    doc = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
+    return {key: decl["default"] for key, decl in doc["config"].items() if "default" in decl}
+
+
+def run_stack(values: dict[str, Any], mocks: PlanMocks | None = None) -> OfflineRun[StackResult]:
+    config = engine_config(values)
+
+    def program() -> StackResult:
+        return build_stack(settings_from_pulumi_config("neuron-dra"), stack="dev")
+
+    return run_offline(program, config=config, stack="dev", mocks=mocks, exports=lambda r: r.exports)
+
+
+def test_default_stack_one_trn2_node_group_driver_templates_and_exports() -> None:
+    run = run_stack(project_defaults())
+    groups = run.of_type("aws:eks/nodeGroup:NodeGroup")
+    assert [g.plain_inputs["nodeGroupName"] for g in groups] == ["trn2"]
+    assert groups[0].plain_inputs["instanceTypes"] == ["trn2.48xlarge"]
+    assert run.one("eks:index:Cluster").plain_inputs["version"] == "1.34"
+    exports = run.exports
+    assert exports["clusterName"] == "neuron-dra-dev"
+    assert exports["nodeGroupNames"] == ["trn2"]
+    assert exports["driverNamespace"] == "neuron-dra-driver"
+    assert json.loads(exports["kubeconfig"])["clusters"][0]["name"] == "neuron-dra-dev"
+    assert len(exports["claimTemplates"]) >= 8
+    assert all(name.startswith("default/") for name in exports["claimTemplates"])
+    manifests = cli_plan.kubernetes_manifests(run)
+    kinds = [m["kind"] for m in manifests]
+    assert kinds.count("ResourceClaimTemplate") == len(exports["claimTemplates"])
+    assert kinds.count("DaemonSet") == 1
+    for m in manifests:
+        kubernetes_validate.validate(m, "1.34", strict=True)
+    ds = next(m for m in manifests if m["kind"] == "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == exports["driverImage"]
+    # CoreDNS waits for the node group; the Kubernetes objects go to the new cluster.
+    coredns = next(r for r in run.of_type("aws:eks/addon:Addon") if r.plain_inputs["addonName"] == "coredns")
+    assert groups[0].urn in coredns.dependencies
+    provider = run.one("pulumi:providers:kubernetes")
+    assert all(r.provider.startswith(provider.urn) for r in run.resources if r.type.startswith("kubernetes:"))
+
+
+def test_main_py_is_the_stack_program() -> None:
+    run = run_offline(lambda: runpy.run_path(str(ROOT / "__main__.py")),
+                      config=engine_config({**project_defaults(), "driverImage": "example.com/d:1"}))
+    assert [r.plain_inputs["nodeGroupName"] for r in run.of_type("aws:eks/nodeGroup:NodeGroup")] == ["trn2"]
+    assert len(run.of_type("kubernetes:apps/v1:DaemonSet")) == 1
+
+
+def test_existing_cluster_mode_installs_only_the_driver_and_templates() -> None:
+    values = {**project_defaults(), "kubeconfig": KUBECONFIG, "clusterInstanceTypes": ["trn2.48xlarge"],
+              "driverImage": "example.com/neuron-dra-driver:0.1.0"}
+    run = run_stack(values)
+    types = {r.type for r in run.resources}
+    assert not {t for t in types if t.startswith(("aws:", "eks:", "awsx:", "docker-build:"))}
+    assert run.one("pulumi:providers:kubernetes", "existing-cluster").plain_inputs["kubeconfig"] == KUBECONFIG
+    assert run.exports["clusterName"] is None and run.exports["nodeGroupNames"] == []
+    assert run.exports["kubeconfig"] == KUBECONFIG
+    assert len(run.of_type("kubernetes:apps/v1:DaemonSet")) == 1
+    assert len(run.of_type("kubernetes:resource.k8s.io/v1:ResourceClaimTemplate")) == len(run.exports["claimTemplates"])
+    assert not run.invokes  # nothing asked of AWS
+
+
+def test_existing_cluster_mode_refuses_new_cluster_settings() -> None:
+    with pytest.raises(SettingError) as err:
+        decode_settings({**engine_config(project_defaults()), "neuron-dra:kubeconfig": KUBECONFIG,
+                         "neuron-dra:vpcId": "vpc-0123456789abcdef0"})
+    assert err.value.setting == "neuron-dra:vpcId" and "existing cluster" in str(err.value)
+
+
+def test_node_groups_go_where_their_instance_type_is_offered() -> None:
+    mocks = PlanMocks(offerings={"trn2.48xlarge": ["us-east-2c"], "inf2.48xlarge": ["us-east-2a", "us-east-2b",
+                                                                                     "us-east-2c"]})
+    run = run_stack({"driverImage": "example.com/d:1", "claimTemplatesModule": "", "nodeGroups": [
+        {"name": "trn2", "instanceType": "trn2.48xlarge"}, {"name": "inf", "instanceType": "inf2.48xlarge"}]},
+        mocks)
+    vpc = run.one("awsx:ec2:Vpc").plain_inputs
+    assert vpc["availabilityZoneNames"] == ["us-east-2c", "us-east-2a", "us-east-2b"]
+    subnets = {g.plain_inputs["nodeGroupName"]: g.plain_inputs["subnetIds"]
+               for g in run.of_type("aws:eks/nodeGroup:NodeGroup")}
+    assert [mocks.subnet_zones[s] for s in subnets["trn2"]] == ["us-east-2c"]
+    assert sorted(mocks.subnet_zones[s] for s in subnets["inf"]) == ["us-east-2a", "us-east-2b", "us-east-2c"]
+
+
+def test_an_instance_type_offered_nowhere_fails_naming_the_node_group() -> None:
+    mocks = PlanMocks(offerings={"trn2.48xlarge": []})
+    with pytest.raises(SettingError) as err:
+        run_stack({"claimTemplatesModule": ""}, mocks)
+    assert err.value.setting == "neuron-dra:nodeGroups[0].instanceType"
+
+
+def test_all_node_groups_empty_defers_coredns() -> None:
+    run = run_stack({"driverImage": "example.com/d:1", "claimTemplatesModule": "",
+                     "nodeGroups": [{"name": "later", "instanceType": "trn1.32xlarge", "desiredSize": 0,
+                                     "maxSize": 2}]})
+    assert [r.plain_inputs["addonName"] for r in run.of_type("aws:eks/addon:Addon")] == ["eks-pod-identity-agent"]
+
+
+def test_an_unsatisfiable_template_fails_the_program() -> None:
+    from neuron_dra.components.claims import ClaimTemplateCheckError
+
+    with pytest.raises(ClaimTemplateCheckError) as err:
+        run_stack({"driverImage": "example.com/d:1", "claimTemplatesModule": "neuron_dra.claim_templates.examples"})
+    assert "cannot be satisfied by the cluster's node groups (trn2.48xlarge)" in str(err.value)
+
+
+BAD_CONFIGS = [
+    ({"nodeGroups": [{"name": "a", "instanceType": "trn9.48xlarge"}]}, "neuron-dra:nodeGroups[0].instanceType",
+     "trn2.48xlarge"),
+    ({"kubernetesVersion": "1.33"}, "neuron-dra:kubernetesVersion", "1.34 or newer"),
+    ({"nodeGroups": [{"name": "a", "capacityType": "CAPACITY_BLOCK", "availabilityZone": "us-east-2a"}]},
+     "neuron-dra:nodeGroups[0].capacityReservationId", "reservation id"),
+    ({"nodeGroups": [{"name": "a", "capacityReservationId": "cr-0123456789abcdef0"}]},
+     "neuron-dra:nodeGroups[0].availabilityZone", "Capacity Block's AZ"),
+    ({"nodeGroups": [{"name": "a", "instanceType": "inf2.48xlarge", "capacityReservationId": "cr-0123456789abcdef0",
+                      "availabilityZone": "us-east-2a"}]}, "neuron-dra:nodeGroups[0].instanceType",
+     "sold as Capacity Blocks"),
+    ({"nodeGroups": [{"name": "a", "capacityReservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-2a",
+                      "minSize": 1}]}, "neuron-dra:nodeGroups[0].minSize", "0 on a Capacity Block"),
+    ({"vpcId": "vpc-0123456789abcdef0", "privateSubnetIds": ["subnet-0000000000000000a", "subnet-0000000000000000b"],
+      "nodeGroups": [{"name": "a", "subnetIds": ["subnet-0000000000000000a", "subnet-0000000000000000b"]}]},
+     "neuron-dra:nodeGroups[0].subnetIds", "exactly one subnet"),
+    ({"nodeGroups": [{"name": "a", "subnetIds": ["subnet-0000000000000000a"]}]},
+     "neuron-dra:nodeGroups[0].subnetIds", "unless vpcId"),
+    ({"nodeGroup": []}, "neuron-dra:nodeGroup", "did you mean 'nodeGroups'"),
+    ({"nodeGroups": [{"name": "a", "instancetype": "trn2.48xlarge"}]}, "neuron-dra:nodeGroups[0].instancetype",
+     "did you mean 'instanceType'"),
+    ({"nodeGroups": [{"name": "a", "desiredSize": 3, "maxSize": 2}]}, "neuron-dra:nodeGroups[0].desiredSize",
+     "between minSize"),
+    ({"nodeGroups": [{"name": "a"}, {"name": "a", "instanceType": "trn1.32xlarge"}]},
+     "neuron-dra:nodeGroups[1].name", "no other node group"),
+    ({"nodeGroups": []}, "neuron-dra:nodeGroups", "at least one node group"),
+    ({"vpcCniVersion": "v1.18.3-eksbuild.1"}, "neuron-dra:vpcCniVersion", "v1.18.4 or newer"),
+    ({"nodeGroups": [{"name": "a", "efaInterfaceType": "ena"}]}, "neuron-dra:nodeGroups[0].efaInterfaceType",
+     "efa-only or efa"),
+    ({"nodeGroups": [{"name": "a", "labels": {"bad key!": "x"}}]}, "neuron-dra:nodeGroups[0].labels", "label keys"),
+    ({"endpointPublicAccess": "yes"}, "neuron-dra:endpointPublicAccess", "true or false"),
+    ({"driverMetricsPort": "many"}, "neuron-dra:driverMetricsPort", "whole number"),
+    ({"claimTemplatesModule": "not a module"}, "neuron-dra:claimTemplatesModule", "dotted Python module"),
+    ({"nodeGroups": [{"name": "a", "version": "1.35"}]}, "neuron-dra:nodeGroups[0].version",
+     "control plane's version 1.34"),
+]
+
+
+@pytest.mark.parametrize(("values", "setting", "fragment"), BAD_CONFIGS, ids=[b[1] for b in BAD_CONFIGS])
+def test_bad_config_names_the_setting(values: dict[str, Any], setting: str, fragment: str) -> None:
+    with pytest.raises(SettingError) as err:
+        decode_settings(engine_config({**project_defaults(), **values}))
+    assert err.value.setting == setting
+    assert fragment in str(err.value)
+    assert str(err.value).startswith(f"{setting}: ")
+
+
+def test_bad_config_fails_the_program_itself() -> None:
+    with pytest.raises(SettingError, match=r"neuron-dra:nodeGroups\[0\].instanceType"):
+        run_stack({"nodeGroups": [{"name": "a", "instanceType": "p5.48xlarge"}]})
+
+
+def test_efa_only_is_fine_with_a_new_enough_cni_or_efa_interfaces() -> None:
+    assert decode_settings(engine_config({"vpcCniVersion": "v1.18.4-eksbuild.1"})).vpc_cni_version
+    settings = decode_settings(engine_config({"vpcCniVersion": "v1.16.0-eksbuild.1", "nodeGroups": [
+        {"name": "a", "efaInterfaceType": "efa"}]}))
+    assert not settings.uses_efa_only
+
+
+def test_pulumi_yaml_declares_the_schema() -> None:
+    doc = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
+    assert doc["name"] == "neuron-dra"
+    assert doc["runtime"]["name"] == "python"
+    assert doc["runtime"]["options"]["virtualenv"]
+    assert doc["config"] == pulumi_project_config()
+    # Pulumi's own project validation rules (sdk/go/common/workspace/project.go).
+    simple = {"string": str, "integer": int, "boolean": bool}
+    for key, decl in doc["config"].items():
+        assert ":" not in key  # project keys are namespaced by the project implicitly
+        assert set(decl) <= {"type", "items", "description", "default", "secret"}, key
+        assert decl.get("description"), key
+        if decl.get("type") == "array":
+            assert decl["items"] == {"type": "string"}
+            assert all(isinstance(v, str) for v in decl.get("default", []))
+        elif "type" in decl and "default" in decl:
+            assert isinstance(decl["default"], simple[decl["type"]]), key
+    # The defaults the engine passes decode to the Python defaults: one source of truth.
+    assert decode_settings(engine_config(project_defaults())) == decode_settings({})
+    assert decode_settings({}) == StackSettings(node_groups=decode_settings({}).node_groups)
+
+
+def test_pulumi_example_yaml_shows_every_setting_and_plans() -> None:
+    text = (ROOT / "Pulumi.example.yaml").read_text()
+    for setting in SCHEMA:
+        assert f"neuron-dra:{setting.key}:" in text, setting.key
+    for key in NODE_GROUP_KEYS:
+        assert f"{key}:" in text, key
+    config = cli_plan.load_config_file(ROOT / "Pulumi.example.yaml")
+    settings = decode_settings(config)
+    assert [g.name for g in settings.node_groups] == ["trn2", "trn2-block"]
+    run = cli_plan.plan(config)
+    lts = {r.name: r.plain_inputs for r in run.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
+    assert lts["ng-trn2-block-lt"]["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert "capacityReservationSpecification" not in lts["ng-trn2-lt"]
+
+
+def test_secret_marker_matches_pulumis_wire_format() -> None:
+    assert (rpc._special_sig_key, rpc._special_secret_sig) == (SIG_KEY, SECRET_SIG)
