@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 from kubernetes import client
 
 from neuron_dra import __version__
-from neuron_dra.driver import logs
+from neuron_dra.driver import logs, memory
 from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError
 from neuron_dra.driver.cdi import CdiStore
 from neuron_dra.driver.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError
@@ -47,6 +48,7 @@ DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 RESOLVE_INTERVAL = 30.0  # seconds between checks of unfinished prepares the API server could not answer for
+TRIM_INTERVAL = 60.0  # seconds between returns of free heap memory to the system
 
 
 @dataclass(frozen=True)
@@ -215,14 +217,17 @@ class Daemon:
             log.warning("no API client: not publishing ResourceSlices")
 
     def run(self) -> None:
-        """Until stop_event: re-check unfinished prepares that could not be resolved yet."""
+        """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""
         assert self.state is not None
         pending = True
-        while pending and not self.stop_event.is_set():
-            pending = bool(self.state.resolve_unfinished().unresolved)
-            if pending:
-                self.stop_event.wait(RESOLVE_INTERVAL)
-        self.stop_event.wait()
+        next_resolve = 0.0
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            if pending and now >= next_resolve:
+                pending = bool(self.state.resolve_unfinished().unresolved)
+                next_resolve = now + RESOLVE_INTERVAL
+            memory.trim()
+            self.stop_event.wait(TRIM_INTERVAL if not pending else min(TRIM_INTERVAL, RESOLVE_INTERVAL))
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -242,6 +247,7 @@ class Daemon:
 def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: client.ApiClient | None,
                crash: CrashPoints | None = None) -> int:
     """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
+    memory.limit_arenas()
     daemon = Daemon(options, lookup, api, crash)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop_event.set())
