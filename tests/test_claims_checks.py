@@ -119,6 +119,13 @@ def test_check_against_raises_with_the_reason() -> None:
     assert "default/inf2-only" in str(err.value) and "trn2.48xlarge" in str(err.value)
 
 
+def test_render_runs_the_checks() -> None:
+    t = ClaimTemplate("ring", Neuron(2, topology=RingSegment(), families="inf2"))
+    assert t.render() == t.to_manifest()
+    with pytest.raises(TemplateCheckError, match=r"trn2\.48xlarge"):
+        t.render(["trn2.48xlarge"])
+
+
 def test_templates_for_a_cluster_running_other_driver_names(checker: Checker) -> None:
     drivers = Drivers(neuron_driver="neuron.example.com", neuron_class="neuron-devices")
     r = checker.check(ClaimTemplate("custom", Neuron(8, topology=Connected()), drivers=drivers), ["trn2.48xlarge"])
