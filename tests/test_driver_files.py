@@ -4,6 +4,8 @@ the checkpoint format, atomic writes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,3 +199,9 @@ def test_core_ranges() -> None:
     assert core_ranges([]) == ""
     assert core_ranges([5]) == "5"
     assert core_ranges([3, 0, 1, 2, 8, 9, 11]) == "0-3,8-9,11"
+
+
+def test_memory_controls_apply_on_this_glibc() -> None:
+    # In a child process: limiting arenas changes the allocator of the process that calls it.
+    code = "from neuron_dra.driver import memory; import sys; sys.exit(0 if memory.limit_arenas() else 1)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
