@@ -1,0 +1,125 @@
+"""The components are importable from another Pulumi project that installed this repository with pip.
+
+A copy of the checkout is pip-installed (not editable) into a fresh virtualenv with --system-site-packages
+(Pulumi and the other dependencies come from the system; the package itself from the venv). A separate project
+directory with its own Pulumi.yaml and program then creates every component under its own Pulumi mocks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_PARTS = ("neuron_dra", "driver", "claim_templates", "components", "localcluster", "pyproject.toml",
+                 "README.md")
+
+OTHER_PROGRAM = '''
+"""Another team's stack: its own project, its own mocks, our components."""
+import json
+import sys
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+import neuron_dra
+from neuron_dra.claim_templates import ClaimTemplate, Connected, Neuron
+from neuron_dra.components import (
+    ClaimTemplates, ClaimTemplatesArgs, NeuronDraDriver, NeuronDraDriverArgs, NodeGroupSettings,
+    TrainiumCluster, TrainiumClusterArgs, TrainiumNodeGroup, TrainiumNodeGroupArgs,
+)
+from neuron_dra.driver.deploy import DriverDeployOptions
+
+created = []
+
+
+class TeamMocks(pulumi.runtime.Mocks):
+    def new_resource(self, args):
+        created.append({"type": args.typ, "name": args.name, "inputs": args.inputs})
+        out = dict(args.inputs) if args.custom else {}
+        if args.typ == "eks:index:Cluster":
+            out.update(kubeconfigJson="{}", clusterSecurityGroupId="sg-0team000000000000")
+        if args.typ == "awsx:ec2:Vpc":
+            out.update(vpcId="vpc-0team000000000000", privateSubnetIds=["subnet-0team00000000000a"])
+        if args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            out.update(latestVersion=3)
+        return args.name + "-id", out
+
+    def call(self, args):
+        if args.token == "aws:ec2/getSubnets:getSubnets":
+            return {"ids": ["subnet-0team00000000000a"]}, []
+        return {}, []
+
+
+pulumi.runtime.set_mocks(TeamMocks(), project="team-infra", stack="dev", preview=False)
+
+
+@pulumi.runtime.test
+def program():
+    cluster = TrainiumCluster("team", TrainiumClusterArgs(name="team-cluster", kubernetes_version="1.35",
+                                                          availability_zones=["us-west-2a", "us-west-2d"]))
+    group = TrainiumNodeGroup("trn1", TrainiumNodeGroupArgs(
+        cluster_name=cluster.name, settings=NodeGroupSettings(name="trn1", instance_type="trn1.32xlarge"),
+        vpc_id=cluster.vpc_id, cluster_security_group_id=cluster.cluster_security_group_id,
+        kubernetes_version=cluster.kubernetes_version, candidate_subnet_ids=cluster.private_subnet_ids,
+        availability_zones=["us-west-2d"]))
+    cluster.install_coredns(after=[group.node_group])
+    driver = NeuronDraDriver("dra", NeuronDraDriverArgs(
+        options=DriverDeployOptions(namespace="team-dra"), image="team.example.com/dra:1"), provider=cluster.provider)
+    ClaimTemplates("claims", ClaimTemplatesArgs(
+        templates=[ClaimTemplate("rows", Neuron(4, topology=Connected()), namespace="team")],
+        instance_types=[group.instance_type]), provider=cluster.provider)
+    return driver.image
+
+
+program()
+print(json.dumps({"package": neuron_dra.__file__, "created": created}, default=str))
+'''
+
+
+def test_components_from_a_separate_project_with_a_pip_installed_copy(tmp_path: Path) -> None:
+    source = tmp_path / "checkout"
+    source.mkdir()
+    for part in PACKAGE_PARTS:
+        src = ROOT / part
+        if src.is_dir():
+            shutil.copytree(src, source / part, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, source / part)
+    venv = tmp_path / "venv"
+    # Without pip: the system's pip and setuptools (system site packages) build the wheel offline.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", str(source)], check=True, cwd=tmp_path)
+
+    project = tmp_path / "team-infra"
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text("name: team-infra\nruntime:\n  name: python\n")
+    (project / "__main__.py").write_text(textwrap.dedent(OTHER_PROGRAM))
+    done = subprocess.run([str(python), "__main__.py"], cwd=project, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+
+    # The package came from the venv's site-packages, not from this checkout.
+    package = Path(report["package"])
+    assert package.is_relative_to(venv) and not package.is_relative_to(ROOT)
+    created = report["created"]
+    types = [c["type"] for c in created]
+    for component in ("TrainiumCluster", "TrainiumNodeGroup", "NeuronDraDriver", "ClaimTemplates"):
+        assert types.count(f"neuron-dra:index:{component}") == 1, component
+    ng = next(c["inputs"] for c in created if c["type"] == "aws:eks/nodeGroup:NodeGroup")
+    assert ng["amiType"] == "AL2023_x86_64_NEURON" and ng["subnetIds"] == ["subnet-0team00000000000a"]
+    assert ng["launchTemplate"]["version"] == "3"
+    lt = next(c["inputs"] for c in created if c["type"] == "aws:ec2/launchTemplate:LaunchTemplate")
+    assert len(lt["networkInterfaces"]) == 8
+    assert next(c["inputs"] for c in created if c["type"] == "eks:index:Cluster")["version"] == "1.35"
+    ds = next(c["inputs"] for c in created if c["type"] == "kubernetes:apps/v1:DaemonSet")
+    assert ds["metadata"]["namespace"] == "team-dra"
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "team.example.com/dra:1"
+    rct = next(c["inputs"] for c in created if c["type"] == "kubernetes:resource.k8s.io/v1:ResourceClaimTemplate")
+    assert rct["metadata"] == {"name": "rows", "namespace": "team"}
