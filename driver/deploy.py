@@ -269,13 +269,16 @@ def admission_policy(options: DriverDeployOptions) -> Manifest:
                 {"name": "objectNodeName", "expression": node_of_slice},
             ],
             "validations": [
+                # Forbidden (403), not the default Invalid (422): the request is not malformed, it is not allowed.
                 {
                     "expression": 'variables.userNodeName != ""',
+                    "reason": "Forbidden",
                     "message": (f"{options.service_account_user} must use a token bound to a pod on a node "
                                 "(no node name in its credentials)"),
                 },
                 {
                     "expression": "variables.userNodeName == variables.objectNodeName",
+                    "reason": "Forbidden",
                     "messageExpression": (
                         "'the driver on node ' + variables.userNodeName + ' may not modify ' + "
                         "(variables.objectNodeName == '' ? 'ResourceSlices without a node' : "
