@@ -91,8 +91,9 @@ def driver_client(plane: ControlPlane, admin: Any, node: str | None) -> Any:
                     "spec": {"nodeName": node, "serviceAccountName": options.service_account,
                              "containers": [{"name": "c", "image": IMAGE}]}}
         core = client.CoreV1Api(admin)
-        created = json.loads(core.create_namespaced_pod(options.namespace, pod, _preload_content=False).data)
-        bound = BoundObject("Pod", created["metadata"]["name"], created["metadata"]["uid"])
+        created = core.create_namespaced_pod(options.namespace, pod)
+        assert created.metadata is not None and created.metadata.name and created.metadata.uid
+        bound = BoundObject("Pod", created.metadata.name, created.metadata.uid)
     token = plane.service_account_token(options.namespace, options.service_account, bound_object=bound,
                                         create=False)
     path = plane.dir / "kubeconfigs" / f"driver-{node or 'unbound'}.kubeconfig"
@@ -110,7 +111,7 @@ def status_of(call: Any) -> tuple[int, str]:
     try:
         call()
     except ApiException as e:
-        return e.status, json.loads(e.body).get("message", "")
+        return e.status, json.loads(e.body or "{}").get("message", "")
     return 200, ""
 
 
