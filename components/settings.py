@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from neuron_dra.driver.catalog import CATALOG, InstanceSpec, get_instance_spec
-from neuron_dra.driver.deploy import DEFAULT_NAMESPACE, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
+from neuron_dra.driver.deploy import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    DeployOptionError,
+    DriverDeployOptions,
+)
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 
 PROJECT = "neuron-dra"
@@ -310,6 +316,7 @@ class StackSettings:
         if self.claim_templates_module and not _MODULE.match(self.claim_templates_module):
             raise SettingError(n("claimTemplatesModule"), self.claim_templates_module,
                                "a dotted Python module name, or '' for none")
+        self.driver_options()  # the driver settings, checked where they are used
         if self.existing_cluster:
             return
         parse_kubernetes_version(n("kubernetesVersion"), self.kubernetes_version)
@@ -383,6 +390,20 @@ class StackSettings:
     def existing_cluster(self) -> bool:
         return self.kubeconfig is not None
 
+    def driver_options(self) -> DriverDeployOptions:
+        """The driver's deployment options; a bad value is reported under its setting's name."""
+        try:
+            options = DriverDeployOptions(
+                driver_name=self.driver_name, namespace=self.driver_namespace, metrics_port=self.driver_metrics_port,
+                plugins_dir=self.kubelet_plugins_dir, registry_dir=self.kubelet_registry_dir,
+            )
+            if self.driver_image is not None:
+                DriverDeployOptions(image=self.driver_image)
+        except DeployOptionError as e:
+            key = _SETTING_OF_OPTION.get(e.option, e.option)
+            raise SettingError(setting_name(key), e.value, e.allowed) from e
+        return options
+
     def resolved_cluster_name(self, stack: str) -> str:
         return self.cluster_name or f"{PROJECT}-{stack}"[:100]
 
@@ -412,6 +433,10 @@ _FIELD_OF_KEY = {
     "clusterInstanceTypes": "cluster_instance_types", "kubeconfig": "kubeconfig",
 }
 _KEY_OF_FIELD = {f: k for k, f in _FIELD_OF_KEY.items()}
+_SETTING_OF_OPTION = {
+    "driver_name": "driverName", "namespace": "driverNamespace", "metrics_port": "driverMetricsPort",
+    "plugins_dir": "kubeletPluginsDir", "registry_dir": "kubeletRegistryDir", "image": "driverImage",
+}
 
 _NODE_GROUP_FIELD = {
     "name": "name", "instanceType": "instance_type", "desiredSize": "desired_size", "minSize": "min_size",

@@ -12,6 +12,7 @@ only. A new VPC spans those AZs (at least two, as EKS requires).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,13 +115,7 @@ def plan_zones(settings: StackSettings) -> ZonePlan:
 
 
 def driver_options(settings: StackSettings) -> DriverDeployOptions:
-    return DriverDeployOptions(
-        driver_name=settings.driver_name,
-        namespace=settings.driver_namespace,
-        metrics_port=settings.driver_metrics_port,
-        plugins_dir=settings.kubelet_plugins_dir,
-        registry_dir=settings.kubelet_registry_dir,
-    )
+    return settings.driver_options()
 
 
 def build_stack(
@@ -136,8 +131,8 @@ def build_stack(
     groups: list[TrainiumNodeGroup] = []
     if settings.existing_cluster:
         assert settings.kubeconfig is not None
-        provider = k8s.Provider("existing-cluster", kubeconfig=pulumi.Output.secret(settings.kubeconfig))
-        kubeconfig: pulumi.Output[str] = pulumi.Output.secret(settings.kubeconfig)
+        kubeconfig: pulumi.Output[str] = pulumi.Output.secret(kubeconfig_input(settings.kubeconfig))
+        provider = k8s.Provider("existing-cluster", kubeconfig=kubeconfig)
     else:
         zones = plan_zones(settings)
         name = settings.resolved_cluster_name(stack)
@@ -199,11 +194,16 @@ def _node_group(cluster: TrainiumCluster, group: NodeGroupSettings, zones: Seque
 
 
 def current_config() -> dict[str, str]:
-    """Every config value of this run (all namespaces), as the engine passed them."""
+    """Every config value of this run (all namespaces), as the engine passed them (PULUMI_CONFIG and what the
+    language host set)."""
     from pulumi.runtime import config as runtime_config
 
-    values = runtime_config.CONFIG.get() or runtime_config.get_config_env()
-    return dict(values)
+    return {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+
+
+def kubeconfig_input(value: str) -> str:
+    """A kubeconfig's contents as they are, or a path with `~` expanded (the provider takes either)."""
+    return os.path.expanduser(value) if "\n" not in value and value.startswith("~") else value
 
 
 def settings_from_pulumi_config(project: str | None = None) -> StackSettings:

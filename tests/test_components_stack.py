@@ -22,7 +22,7 @@ from neuron_dra.components.settings import (
     decode_settings,
     pulumi_project_config,
 )
-from neuron_dra.components.stack import StackResult, build_stack, settings_from_pulumi_config
+from neuron_dra.components.stack import StackResult, build_stack, kubeconfig_input, settings_from_pulumi_config
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBECONFIG = yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [], "contexts": [], "users": []})
@@ -99,6 +99,12 @@ def test_existing_cluster_mode_installs_only_the_driver_and_templates() -> None:
     assert len(run.of_type("kubernetes:apps/v1:DaemonSet")) == 1
     assert len(run.of_type("kubernetes:resource.k8s.io/v1:ResourceClaimTemplate")) == len(run.exports["claimTemplates"])
     assert not run.invokes  # nothing asked of AWS
+
+
+def test_kubeconfig_paths_are_expanded_and_contents_kept() -> None:
+    assert kubeconfig_input("~/.kube/config") == str(Path.home() / ".kube" / "config")
+    assert kubeconfig_input(KUBECONFIG) == KUBECONFIG
+    assert kubeconfig_input("/etc/kube/admin.conf") == "/etc/kube/admin.conf"
 
 
 def test_existing_cluster_mode_refuses_new_cluster_settings() -> None:
@@ -179,6 +185,10 @@ BAD_CONFIGS = [
     ({"claimTemplatesModule": "not a module"}, "neuron-dra:claimTemplatesModule", "dotted Python module"),
     ({"nodeGroups": [{"name": "a", "version": "1.35"}]}, "neuron-dra:nodeGroups[0].version",
      "control plane's version 1.34"),
+    ({"driverNamespace": "Neuron_DRA"}, "neuron-dra:driverNamespace", "DNS label"),
+    ({"kubeletPluginsDir": "var/lib/kubelet/plugins"}, "neuron-dra:kubeletPluginsDir", "absolute"),
+    ({"driverImage": "my image"}, "neuron-dra:driverImage", "without spaces"),
+    ({"driverMetricsPort": 51515}, "neuron-dra:driverMetricsPort", "other than healthcheck_port"),
 ]
 
 
