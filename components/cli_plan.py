@@ -18,7 +18,9 @@ from typing import Any
 HELP = (
     "Run the stack program (Pulumi.yaml + __main__.py) offline under Pulumi mocks and print the resource tree "
     "with key inputs (-o table) or every Kubernetes manifest it applies (-o yaml). --config takes a stack config "
-    "file (Pulumi.<stack>.yaml, or Pulumi.example.yaml); without it the defaults apply."
+    "file (Pulumi.<stack>.yaml, or Pulumi.example.yaml); without it the defaults apply. AWS is not contacted: "
+    "ids, ARNs, AZ offerings and a built image's digest are placeholders (set neuron-dra:driverImage to print "
+    "a real image reference)."
 )
 
 # The order objects are applied in; also the order of `-o yaml`.

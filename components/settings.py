@@ -167,7 +167,7 @@ class NodeGroupSettings:
     instance_type: str = "trn2.48xlarge"
     desired_size: int = 1
     min_size: int = 0
-    max_size: int | None = None  # None: desired_size
+    max_size: int | None = None  # None: desired_size (at least 1, as EKS requires)
     capacity_type: str | None = None  # None: CAPACITY_BLOCK with a reservation id, else ON_DEMAND
     capacity_reservation_id: str | None = None
     availability_zone: str | None = None
@@ -257,7 +257,7 @@ class NodeGroupSettings:
 
     @property
     def maximum(self) -> int:
-        return self.desired_size if self.max_size is None else self.max_size
+        return max(self.desired_size, 1) if self.max_size is None else self.max_size
 
     @property
     def is_efa(self) -> bool:
