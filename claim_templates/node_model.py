@@ -19,20 +19,7 @@ from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
 from neuron_dra.driver.catalog import CATALOG, get_instance_spec
 from neuron_dra.driver.hosts import emulated_host
 from neuron_dra.driver.model import NeuronHost
-from neuron_dra.driver.slices import AWS_DOMAIN, NodeFacts, Pool, PublishOptions, build_pool, resource_slices
-
-
-def efa_devices(pool: Pool) -> list[dict[str, Any]]:
-    """AWS EFA driver devices of a node, derived from the Neuron devices' published devicegroup ids."""
-    seen: dict[str, dict[str, Any]] = {}
-    for dev in pool.devices:
-        bdf = dev.attributes.get(f"{AWS_DOMAIN}/devicegroup1_id")
-        if bdf is None or bdf["string"] in seen:
-            continue
-        attrs = {k: dict(v) for k, v in dev.attributes.items() if k.startswith(f"{AWS_DOMAIN}/")}
-        attrs["pciAddress"] = {"string": bdf["string"]}
-        seen[bdf["string"]] = {"attributes": attrs}
-    return [{"name": f"efa-{i}", **d} for i, (_, d) in enumerate(sorted(seen.items()))]
+from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, efa_driver_devices, resource_slices
 
 
 def _slice(driver: str, node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -63,7 +50,7 @@ def build_node(host: NeuronHost, node_name: str, drivers: Drivers = DEFAULT_DRIV
     for s in resource_slices(pool):
         s["metadata"] = {"name": f"{node_name}-{drivers.neuron_driver}"}
         slices.append(s)
-    efa = efa_devices(pool)
+    efa = efa_driver_devices(pool)
     if efa:
         slices.append(_slice(drivers.efa_driver, node_name, efa))
     devices = tuple(CelDevice.from_api(s["spec"]["driver"], d, node_name) for s in slices for d in s["spec"]["devices"])

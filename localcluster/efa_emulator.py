@@ -25,24 +25,14 @@ from neuron_dra.driver._generated import (
     pluginregistration_pb2_grpc,
 )
 from neuron_dra.driver.model import NeuronHost
-from neuron_dra.driver.slices import AWS_DOMAIN, NodeFacts, build_pool
+from neuron_dra.driver.slices import NodeFacts, build_pool, efa_driver_devices
 
 EFA_DRIVER = "dra.net"
 EFA_DEVICE_CLASS = "efa.networking.k8s.aws"
 
 
 def efa_devices(host: NeuronHost) -> list[dict[str, Any]]:
-    """One device per EFA wired to Neuron devices, carrying the devicegroup ids of those Neuron devices."""
-    pool = build_pool(host, NodeFacts("x"))
-    seen: dict[str, dict[str, Any]] = {}
-    for dev in pool.devices:
-        bdf_attr = dev.attributes.get(f"{AWS_DOMAIN}/devicegroup1_id")
-        if bdf_attr is None or bdf_attr["string"] in seen:
-            continue
-        attrs = {k: dict(v) for k, v in dev.attributes.items() if k.startswith(f"{AWS_DOMAIN}/")}
-        attrs["pciAddress"] = {"string": bdf_attr["string"]}
-        seen[bdf_attr["string"]] = {"attributes": attrs}
-    return [{"name": f"efa-{i}", **d} for i, (_, d) in enumerate(sorted(seen.items()))]
+    return efa_driver_devices(build_pool(host, NodeFacts("x")))
 
 
 def efa_slice(node_name: str, host: NeuronHost, node_uid: str | None = None) -> dict[str, Any]:
