@@ -28,6 +28,7 @@ from typing import Any
 
 from neuron_dra import __version__
 from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
+from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 
 Manifest = dict[str, Any]
@@ -51,9 +52,8 @@ EXCLUDED_COMPUTE_TYPES = ("fargate", "hybrid", "auto")
 HOST_READ_ONLY_PATHS = ("/sys", "/dev")
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 # Node labels the Pulumi node groups set: the node group, and the Capacity Block reservation a node belongs to
-# (the daemon may publish the latter as `capacityBlockId`).
+# (the daemon publishes the latter as `capacityBlockId` on UltraServers; CAPACITY_BLOCK_LABEL lives in slices.py).
 NODE_GROUP_LABEL = "neuron-dra/node-group"
-CAPACITY_BLOCK_LABEL = "neuron-dra/capacity-block-id"
 
 # The RBAC rules the daemon needs, and why (kubelet-dra.md §3 minimum; nothing more).
 RBAC_RULES: tuple[Manifest, ...] = (

@@ -30,6 +30,8 @@ NODE_DEVICE_NAME = "neuron-node"
 
 # EKS labels nodes with the EC2 instance topology; the driver copies them into attributes.
 NETWORK_NODE_LABELS = tuple(f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3))
+# Our node groups label Capacity Block nodes with their reservation id (components/nodegroup.py).
+CAPACITY_BLOCK_LABEL = "neuron-dra/capacity-block-id"
 
 Attribute = dict[str, Any]  # {"int": 1} | {"bool": True} | {"string": "x"} | {"version": "1.2.3"}
 
@@ -46,7 +48,8 @@ class NodeFacts:
     def from_labels(cls, node_name: str, labels: Mapping[str, str], capacity_block_id: str | None = None
                     ) -> NodeFacts:
         layers = tuple(labels[k] for k in NETWORK_NODE_LABELS if k in labels)
-        return cls(node_name, layers if len(layers) == 3 else (), capacity_block_id)
+        block = capacity_block_id or labels.get(CAPACITY_BLOCK_LABEL)
+        return cls(node_name, layers if len(layers) == 3 else (), block)
 
 
 @dataclass(frozen=True)

@@ -216,3 +216,10 @@ def test_cli_emulate_writes_a_discoverable_tree(tmp_path: Path) -> None:
     refused = subprocess.run([sys.executable, "-m", "neuron_dra", "emulate", "trn2u.48xlarge", str(tmp_path / "h")],
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "non-empty" in refused.stderr
+
+
+def test_capacity_block_id_from_the_node_groups_label() -> None:
+    facts = NodeFacts.from_labels("n", {"neuron-dra/capacity-block-id": "cr-0123456789abcdef0"})
+    assert facts.capacity_block_id == "cr-0123456789abcdef0"
+    node = build_pool(emulated_host("trn2u.48xlarge"), facts).devices[-1]
+    assert attr(node, "capacityBlockId") == "cr-0123456789abcdef0"
