@@ -33,8 +33,10 @@ def limit_arenas(arenas: int = ARENAS) -> bool:
     return bool(libc is not None and libc.mallopt(M_ARENA_MAX, arenas) == 1)
 
 
-def trim() -> bool:
-    """Collect garbage and return free heap memory to the system; True when memory was released."""
-    gc.collect()
+def trim(collect: bool = True) -> bool:
+    """Return free heap memory to the system (after a garbage collection unless `collect` is False, which
+    makes it cheap enough to call after every health probe); True when memory was released."""
+    if collect:
+        gc.collect()
     libc = _libc()
     return bool(libc is not None and libc.malloc_trim(0) == 1)

@@ -16,15 +16,17 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver.kube import read_json
-from neuron_dra.driver.metrics import Metrics
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices
+
+if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
+    from neuron_dra.driver.metrics import Metrics
 
 log = logging.getLogger("neuron_dra.driver.publisher")
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_dra.driver.cdi import (
     CdiDevice,
@@ -42,10 +42,12 @@ from neuron_dra.driver.claims import (
 )
 from neuron_dra.driver.discovery import DiscoveryError, read_ultraserver
 from neuron_dra.driver.failpoints import CrashPoints
-from neuron_dra.driver.metrics import Metrics
 from neuron_dra.driver.model import NeuronHost, UltraServer
 from neuron_dra.driver.neuron_env import EnvError, request_env
 from neuron_dra.driver.slices import NODE_DEVICE_NAME, NodeFacts, build_pool
+
+if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
+    from neuron_dra.driver.metrics import Metrics
 
 log = logging.getLogger("neuron_dra.driver.state")
 
