@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -88,6 +89,24 @@ def _port(text: str) -> int:
     return value
 
 
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _driver_name(text: str) -> str:
+    # ResourceSlice.spec.driver: a DNS subdomain of at most 63 characters. It also names socket and CDI files.
+    if len(text) > 63 or not _DNS_SUBDOMAIN.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a DRA driver name: a lowercase DNS subdomain of at most "
+                                         "63 characters, e.g. neuron.aws.com")
+    return text
+
+
+def _node_name(text: str) -> str:
+    if len(text) > 253 or not _DNS_SUBDOMAIN.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node name: a lowercase DNS subdomain of at most 253 "
+                                         "characters")
+    return text
+
+
 def _abs_dir(text: str) -> Path:
     p = Path(text)
     if not p.is_absolute():
@@ -101,9 +120,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     def env_default(name: str, fallback: str | None) -> str | None:
         return env.get(name) or fallback
 
-    p.add_argument("--node-name", default=env_default("NODE_NAME", None), metavar="NAME",
+    p.add_argument("--node-name", type=_node_name, default=env_default("NODE_NAME", None), metavar="NAME",
                    help="this node (and pool) name [env NODE_NAME]")
-    p.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, metavar="NAME",
+    p.add_argument("--driver-name", type=_driver_name, default=DEFAULT_DRIVER_NAME, metavar="NAME",
                    help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
     p.add_argument("--plugins-dir", type=_abs_dir, metavar="DIR",
                    default=env_default("KUBELET_PLUGINS_DIRECTORY_PATH", DEFAULT_PLUGINS_DIR),

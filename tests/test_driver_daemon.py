@@ -173,6 +173,10 @@ def test_bad_flags_name_the_flag(dirs: DaemonDirs, host_root: Path) -> None:
     d = DaemonProcess(dirs, host_root, extra_args=["--metrics-port", "70000"])
     assert d.wait_exit() == 2
     assert "--metrics-port" in d.log() and "not a port number" in d.log()
+    d = DaemonProcess(dirs, host_root, extra_args=["--driver-name", "../evil"])  # names files and sockets
+    assert d.wait_exit() == 2
+    assert "--driver-name" in d.log() and "not a DRA driver name" in d.log()
+    assert not dirs.plugins.exists()
 
 
 def test_corrupt_checkpoint_stops_start_up_with_the_reason(dirs: DaemonDirs, host_root: Path) -> None:
