@@ -1,10 +1,13 @@
 """A simulation of kube-scheduler's structured DRA allocator (k8s.io/dynamic-resource-allocation/structured).
 
 Same inputs as the real one (API dicts of ResourceSlices, DeviceClasses and ResourceClaims, the set of
-already allocated devices, the node) and the same semantics, read from the 1.34 "stable" allocator:
+already allocated devices, the node) and the same semantics, read from the 1.34 allocator (with 1.34's
+default gates the scheduler runs its "experimental" implementation; for what is simulated here the
+"stable" one behaves the same):
 - pools: slices for the node (nodeName, allNodes or a matching nodeSelector), newest generation only;
-  incomplete pools (fewer slices than resourceSliceCount) and invalid ones (duplicate device names) give
-  no devices, and fail an `All` request;
+  an incomplete pool (fewer slices than resourceSliceCount) gives the devices of the slices it has to
+  ExactCount requests and fails an `All` request; an invalid one (duplicate device names) gives no
+  devices, fails an `All` request and makes a failed search an error;
 - depth-first search with backtracking over claims, requests (firstAvailable: subrequests in order),
   device slots, pools, slices and devices in order; the first complete solution wins;
 - a device is selectable when every class selector and then every request selector is true (results
@@ -512,7 +515,7 @@ class _Search:
         if self.sim.prune and not self._enough_candidates(req, req.num - di):
             return False
         for pool in self.sim.pools:
-            if pool.incomplete or pool.invalid:
+            if pool.invalid:
                 continue
             for device in pool.devices:
                 if self._busy(req, device) or not self._selectable(req, device):
@@ -596,7 +599,7 @@ class _Search:
         if found is None:
             found = []
             for pool in self.sim.pools:
-                if pool.incomplete or pool.invalid:
+                if pool.invalid:
                     continue
                 for device in pool.devices:
                     if device.api.get("consumesCounters"):
