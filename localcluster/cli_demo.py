@@ -1,0 +1,69 @@
+"""`neuron-dra demo`: the main job on one machine (see localcluster/demo.py)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+HELP = ("Bring up the local cluster (real kube-apiserver, kube-scheduler and kube-controller-manager; two "
+        "trn2.48xlarge, one trn1.32xlarge and one inf2.48xlarge emulated node, each running the driver), install "
+        "the example claim templates, run example workloads (connected groups, a whole node, LNC=1, aligned EFA, "
+        "inf2 ring segments) and show where they ran: pod -> node -> devices -> cores, each node's topology in the "
+        "terminal and as an SVG file. The cluster is torn down afterwards unless --keep. The first run builds the "
+        "Kubernetes binaries from the Go module proxy (minutes; cached afterwards).")
+
+
+class _Terminated(Exception):
+    """SIGTERM: unwind like Ctrl-C, so the cluster is stopped."""
+
+
+def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    raise _Terminated()
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="state directory (kubeconfig, logs, the SVG); default: a new temporary directory")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave the cluster running; prints the KUBECONFIG export and the command to stop it")
+    parser.add_argument("--timeout", type=float, default=180.0,
+                        help="seconds for the workloads to be scheduled and to run (default 180)")
+    parser.add_argument("--ttl", type=float, default=None,
+                        help="the cluster stops by itself after this many seconds (default 2 h with --keep, "
+                             "else 30 min)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubernetes.client.exceptions import ApiException
+
+    from neuron_dra.localcluster.build import BuildError
+    from neuron_dra.localcluster.cluster import ClusterError
+    from neuron_dra.localcluster.demo import DemoError, DemoOptions, run_demo
+    from neuron_dra.localcluster.demo_report import ReportError
+
+    if args.timeout <= 0:
+        print(f"neuron-dra demo: --timeout must be positive, got {args.timeout}", file=sys.stderr)
+        return 2
+    if args.ttl is not None and args.ttl < 60:
+        print(f"neuron-dra demo: --ttl must be at least 60 seconds, got {args.ttl}", file=sys.stderr)
+        return 2
+    options = DemoOptions(dir=args.dir, keep=args.keep, timeout=args.timeout, ttl=args.ttl)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        result = run_demo(options)
+    except (DemoError, ClusterError, BuildError, ReportError) as e:
+        print(f"neuron-dra demo: failed: {e}", file=sys.stderr)
+        return 1
+    except ApiException as e:
+        print(f"neuron-dra demo: failed: the API server answered {e.status} {e.reason}: {e.body}", file=sys.stderr)
+        return 1
+    except (_Terminated, KeyboardInterrupt):
+        print("neuron-dra demo: interrupted; the local cluster was stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"demo complete: {len(result.outcomes)} pods ran where the claim check predicted; picture: {result.svg}")
+    return 0

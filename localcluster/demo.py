@@ -1,0 +1,443 @@
+"""`neuron-dra demo`: the local cluster with emulated Trainium nodes, the driver, the example claim templates and
+example workloads, and where the real scheduler put them.
+
+Steps: check the workloads' templates against the demo's instance types (the prediction); build the Kubernetes
+binaries if they are not cached; bring up the local cluster (the supervisor applies the driver's objects); wait
+for every node's ResourceSlices; install every example template in the demo namespace (the apiserver compiles
+their CEL); create the workloads stage by stage (see demo_workloads); wait until they run; show the table, each
+node's topology and an SVG; tear down unless asked to keep the cluster. Every wait is bounded, and the cluster is
+stopped on any failure or interrupt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
+from neuron_dra.driver.catalog import get_instance_spec
+from neuron_dra.localcluster.cluster import LocalCluster
+from neuron_dra.localcluster.demo_report import (
+    PodOutcome,
+    format_table,
+    node_usage,
+    node_views,
+    outcome_from_record,
+    prediction,
+    read_record,
+)
+from neuron_dra.localcluster.demo_workloads import (
+    DEMO_NAMESPACE,
+    DEMO_STAGES,
+    Workload,
+    demo_instance_types,
+    demo_templates,
+    pod_manifest,
+)
+from neuron_dra.localcluster.efa_emulator import EFA_DRIVER
+from neuron_dra.localcluster.topology import DEMO_NODES
+from neuron_dra.localcluster.topology_view import legend_letters, render_legend, render_svg, render_text
+
+SVG_NAME = "topology.svg"
+REPORT_NAME = "report.txt"
+DEMO_TTL_S = 1800.0  # without --keep the demo stops the cluster itself; this bounds a demo killed with -9
+
+
+class DemoError(RuntimeError):
+    """The demo could not complete; the message says which step and why."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    dir: Path | None = None  # None: a fresh temporary directory
+    keep: bool = False
+    timeout: float = 180.0  # for the workloads to be scheduled and to run
+    start_timeout: float = 300.0  # for the cluster to be ready (binaries cached)
+    ttl: float | None = None  # the cluster's own lifetime; default DEMO_TTL_S, or 2 h with keep
+    driver_name: str = "neuron.aws.com"
+    node_args: tuple[str, ...] = DEMO_NODES
+
+
+@dataclass
+class DemoResult:
+    dir: Path
+    outcomes: list[PodOutcome] = field(default_factory=list)
+    svg: Path | None = None
+    kubeconfig: Path | None = None
+
+
+class Narrator:
+    """Progress lines with the elapsed time, flushed at once (the demo is watched live)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.started = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        self.out.write(f"[{time.monotonic() - self.started:6.1f}s] {message}\n")
+        self.out.flush()
+
+    def block(self, text: str) -> None:
+        self.out.write(text if text.endswith("\n") else text + "\n")
+        self.out.flush()
+
+
+def predictions(checker: Checker, instance_types: Sequence[str]) -> dict[str, CheckReport]:
+    """The check report of each workload's template against the demo's instance types; a template that fits none
+    of them stops the demo before anything starts."""
+    reports: dict[str, CheckReport] = {}
+    for stage in DEMO_STAGES:
+        for w in stage.workloads:
+            if w.template.name in reports:
+                continue
+            report = checker.check(w.template, instance_types)
+            if not report.ok:
+                raise DemoError(f"claim template {w.template.name} does not fit the demo's nodes: {report.summary()}")
+            reports[w.template.name] = report
+    return reports
+
+
+def _raw(resp: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(resp.data)
+    return data
+
+
+def wait_until(what: str, predicate: Callable[[], bool], timeout: float, explain: Callable[[], str] = lambda: "",
+               interval: float = 0.3) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    if predicate():
+        return
+    detail = explain()
+    raise DemoError(f"timed out after {timeout:.0f} s waiting for {what}" + (f": {detail}" if detail else ""))
+
+
+class DemoRun:
+    """One demo against a running local cluster."""
+
+    def __init__(self, cluster: LocalCluster, api: client.ApiClient, say: Narrator, options: DemoOptions) -> None:
+        self.cluster = cluster
+        self.core = client.CoreV1Api(api)
+        self.resource = client.ResourceV1Api(api)
+        self.say = say
+        self.options = options
+        self.namespace = DEMO_NAMESPACE
+
+    # --- slices ----------------------------------------------------------------------------------------------
+
+    def _slice_drivers(self) -> dict[str, set[str]]:
+        items = _raw(self.resource.list_resource_slice(_preload_content=False)).get("items", [])
+        out: dict[str, set[str]] = {}
+        for s in items:
+            out.setdefault(s["spec"].get("nodeName", ""), set()).add(s["spec"]["driver"])
+        return out
+
+    def _missing_slices(self) -> list[str]:
+        have = self._slice_drivers()
+        missing = []
+        for node in self.cluster.nodes:
+            wanted = {self.cluster.driver_name}
+            if get_instance_spec(node.instance_type).has_device_efa:
+                wanted.add(EFA_DRIVER)
+            missing += [f"{node.name}/{d}" for d in sorted(wanted - have.get(node.name, set()))]
+        return missing
+
+    def wait_for_slices(self) -> None:
+        wait_until("every node's ResourceSlices", lambda: not self._missing_slices(), 90,
+                   lambda: "missing " + ", ".join(self._missing_slices()) + f" (see {self.cluster.dir}/nodes/*/"
+                   "driver.log)")
+        total = sum(len(s["spec"]["devices"]) for s in
+                    _raw(self.resource.list_resource_slice(_preload_content=False)).get("items", []))
+        self.say(f"every node publishes its devices: {total} devices in ResourceSlices")
+
+    # --- templates -------------------------------------------------------------------------------------------
+
+    def install_templates(self, templates: Sequence[ClaimTemplate]) -> None:
+        try:
+            self.core.create_namespace({"metadata": {"name": self.namespace}})  # type: ignore[arg-type]
+        except ApiException as e:
+            if e.status != 409:
+                raise DemoError(f"creating namespace {self.namespace}: {e.reason}: {e.body}") from None
+        for t in templates:
+            try:
+                self.resource.create_namespaced_resource_claim_template(self.namespace, t.to_manifest())  # type: ignore[arg-type]
+            except ApiException as e:
+                raise DemoError(f"the apiserver rejected claim template {t.name}: {_message(e)}") from None
+        self.say(f"installed {len(templates)} example claim templates in namespace {self.namespace} "
+                 "(the apiserver compiled their CEL)")
+
+    # --- pods ------------------------------------------------------------------------------------------------
+
+    def _pod(self, name: str) -> dict[str, Any]:
+        return _raw(self.core.read_namespaced_pod(name, self.namespace, _preload_content=False))
+
+    def _pods(self, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+        items = _raw(self.core.list_namespaced_pod(self.namespace, _preload_content=False)).get("items", [])
+        return {p["metadata"]["name"]: p for p in items if p["metadata"]["name"] in names}
+
+    def _explain(self, names: Sequence[str]) -> str:
+        """Why pods are not there yet: scheduling conditions and the kubelet's failure events."""
+        pods = self._pods(names)
+        notes = []
+        for name in names:
+            p = pods.get(name)
+            if p is None:
+                notes.append(f"{name}: gone")
+                continue
+            node = p["spec"].get("nodeName")
+            phase = p.get("status", {}).get("phase")
+            conds = [f"{c['type']}={c['status']} {c.get('reason', '')} {c.get('message', '')}".strip()
+                     for c in p.get("status", {}).get("conditions", []) if c["status"] != "True"]
+            notes.append(f"{name} ({phase}{', on ' + node if node else ''}): {'; '.join(conds) or 'no condition'}")
+        for e in self.core.list_namespaced_event(self.namespace).items:
+            if e.type == "Warning" and e.involved_object.name in names:
+                notes.append(f"event {e.involved_object.name}: {e.reason}: {e.message}")
+        return " | ".join(notes[-12:])
+
+    def run_stages(self) -> list[Workload]:
+        started: list[Workload] = []
+        for number, stage in enumerate(DEMO_STAGES, start=1):
+            names = [w.pod for w in stage.workloads]
+            for w in stage.workloads:
+                try:
+                    self.core.create_namespaced_pod(self.namespace, pod_manifest(w, self.namespace))  # type: ignore[arg-type]
+                except ApiException as e:
+                    raise DemoError(f"creating pod {w.pod}: {_message(e)}") from None
+            started += stage.workloads
+            wait_until(f"stage {number} ({', '.join(names)}) to be scheduled",
+                       lambda names=names: all(p["spec"].get("nodeName") for p in self._pods(names).values()),  # type: ignore[misc]
+                       self.options.timeout, lambda names=names: self._explain(names))  # type: ignore[misc]
+            placed = self._pods(names)
+            for w in stage.workloads:
+                self.say(f"  {w.pod:<16} -> {placed[w.pod]['spec']['nodeName']:<16} {w.shows}")
+        names = [w.pod for w in started]
+
+        def running() -> bool:
+            pods = self._pods(names)
+            return len(pods) == len(names) and all(p.get("status", {}).get("phase") == "Running"
+                                                   for p in pods.values())
+
+        wait_until("every workload to run", running, self.options.timeout, lambda: self._explain(names))
+        self.say(f"all {len(names)} pods are Running: the driver prepared their claims (CDI specs resolved)")
+        return started
+
+    def _allocated_requests(self, pod: str) -> tuple[str, ...]:
+        requests: list[str] = []
+        for status in self._pod(pod).get("status", {}).get("resourceClaimStatuses") or ():
+            claim = _raw(self.resource.read_namespaced_resource_claim(status["resourceClaimName"], self.namespace,
+                                                                      _preload_content=False))
+            for r in claim["status"]["allocation"]["devices"]["results"]:
+                if r["driver"] == self.cluster.driver_name and r["request"] not in requests:
+                    requests.append(r["request"])
+        return tuple(requests)
+
+    def outcomes(self, workloads: Sequence[Workload], reports: dict[str, CheckReport]) -> list[PodOutcome]:
+        types = {n.name: n.instance_type for n in self.cluster.nodes}
+        out = []
+        for w in workloads:
+            pod = self._pod(w.pod)
+            node = pod["spec"]["nodeName"]
+            pods_dir = self.cluster.node_paths(node).pods_dir
+            record = read_record(pods_dir, self.namespace, w.pod)
+            if record is None or record.get("uid") != pod["metadata"]["uid"]:
+                raise DemoError(f"pod {w.pod} is Running but the kubelet stand-in left no record of it in {pods_dir}")
+            o = outcome_from_record(record, w.template.name, types[node], where=str(pods_dir / w.pod))
+            # the request names as allocated (`req/subreq` for firstAvailable); drivers get only `req`
+            out.append(dataclasses.replace(o, requests=self._allocated_requests(w.pod),
+                                           prediction=prediction(reports[w.template.name], types[node])))
+        return out
+
+
+def _message(e: ApiException) -> str:
+    try:
+        body = json.loads(e.body or "")
+        return str(body.get("message", e.body))
+    except (TypeError, ValueError, AttributeError):
+        return f"{e.status} {e.reason}"
+
+
+def show(result: DemoResult, cluster: LocalCluster, say: Narrator) -> str:
+    """The table, the node usage and the topology pictures; writes the SVG. Returns the text shown."""
+    outcomes = result.outcomes
+    counts = {n.instance_type: get_instance_spec(n.instance_type).device_count for n in cluster.nodes}
+    views = node_views(cluster.nodes, outcomes)
+    letters = legend_letters(views)
+    parts = ["", "Where the scheduler put each pod (devices from the kubelet stand-in's records; CHECK PREDICTED: "
+                 "claims per empty node and the first claim's devices, from `neuron-dra claims check`):", "",
+             format_table(outcomes), "Devices in use:", node_usage(cluster.nodes, outcomes, counts),
+             "Topology (letters: pods; '.': free):", render_legend(letters), ""]
+    for view in views:
+        parts += [render_text(view, letters), ""]
+    text = "\n".join(parts)
+    say.block(text)
+    svg = result.dir / SVG_NAME
+    svg.write_text(render_svg(views), encoding="utf-8")
+    (result.dir / REPORT_NAME).write_text(text, encoding="utf-8")
+    result.svg = svg
+    say(f"topology picture: {svg}")
+    return text
+
+
+def running_in(cluster_dir: Path) -> bool:
+    """Whether a supervisor of a local cluster is alive for `cluster_dir` (the demo must not take it over)."""
+    from neuron_dra.localcluster.supervisor import PID_FILE
+
+    try:
+        pid = int((cluster_dir / PID_FILE).read_text())
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def reap_when_exited(cluster_dir: Path) -> None:
+    """Reap the supervisor `up` started from this process once it exits. Without this it stays a zombie (its
+    parent, this process, never waits for it), which `down` takes for alive until its timeout and SIGKILL."""
+    from neuron_dra.localcluster.supervisor import PID_FILE
+
+    try:
+        pid = int((cluster_dir / PID_FILE).read_text())
+    except (OSError, ValueError):
+        return
+
+    def wait() -> None:
+        with contextlib.suppress(ChildProcessError):  # not our child (e.g. started by `cluster up`)
+            os.waitpid(pid, 0)
+
+    threading.Thread(target=wait, name="reap-supervisor", daemon=True).start()
+
+
+def supervisor_children(cluster_dir: Path) -> list[int]:
+    """Live supervisors of `cluster_dir` that this process started (zombies have no command line)."""
+    me, wanted = os.getpid(), str(cluster_dir).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me and b"neuron_dra.localcluster.supervisor" in argv and wanted in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def stop_early_supervisors(cluster_dir: Path, wait_s: float = 10.0) -> None:
+    """An interrupt right after `up` spawned the supervisor, before it wrote its pid file, leaves it unknown to
+    `down`: wait for the pid file and stop it through `down`, else terminate it (it has no children yet)."""
+    from neuron_dra.localcluster.cluster import down
+    from neuron_dra.localcluster.supervisor import PID_FILE
+
+    for pid in supervisor_children(cluster_dir):
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not (cluster_dir / PID_FILE).exists():
+            time.sleep(0.1)
+        if (cluster_dir / PID_FILE).exists():
+            down(cluster_dir)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
+    """Run the demo; raises DemoError (or ClusterError, BuildError) on failure, after stopping the cluster."""
+    from neuron_dra.localcluster.build import ensure_binaries, kube_version
+    from neuron_dra.localcluster.cluster import down, up
+
+    say = Narrator(out)
+    made_temp = options.dir is None
+    cluster_dir = Path(tempfile.mkdtemp(prefix="neuron-dra-demo-")) if options.dir is None else options.dir
+    cluster_dir = cluster_dir.resolve()
+    result = DemoResult(cluster_dir)
+    types = demo_instance_types(options.node_args)
+    say(f"checking the workloads' claim templates against {', '.join(types)}")
+    reports = predictions(Checker(), types)
+
+    built: list[str] = []
+    say(f"Kubernetes {kube_version()} binaries (kube-apiserver, kube-controller-manager, kube-scheduler, etcd): "
+        "built once from the Go module proxy, then cached")
+
+    def build_log(message: str) -> None:
+        built.append(message)
+        say(f"  {message}")
+
+    ensure_binaries(log=build_log)
+    say("  built" if built else "  cached")
+    ttl = options.ttl if options.ttl is not None else (2 * 3600.0 if options.keep else DEMO_TTL_S)
+    if running_in(cluster_dir):
+        raise DemoError(f"a local cluster is already running in {cluster_dir}; stop it with `neuron-dra cluster down "
+                        f"--dir {cluster_dir}` or give another --dir")
+    say(f"starting the local cluster in {cluster_dir}: " + ", ".join(options.node_args))
+    cluster: LocalCluster | None = None
+    ok = False
+    try:
+        cluster = up(cluster_dir, list(options.node_args), ttl=ttl, driver_name=options.driver_name,
+                     timeout=options.start_timeout, log=say)
+        result.kubeconfig = cluster.kubeconfig
+        reap_when_exited(cluster_dir)
+        say("control plane ready (etcd, kube-apiserver, kube-controller-manager, kube-scheduler); per node: the "
+            "driver daemon, a kubelet stand-in, an emulated EFA driver")
+        api = config.new_client_from_config(str(cluster.kubeconfig))
+        try:
+            run = DemoRun(cluster, api, say, options)
+            run.wait_for_slices()
+            run.install_templates(demo_templates(DEMO_NAMESPACE))
+            say("creating the workloads stage by stage (each stage scheduled before the next):")
+            workloads = run.run_stages()
+            result.outcomes = run.outcomes(workloads, reports)
+        finally:
+            api.close()
+        show(result, cluster, say)
+        wrong = [o.pod for o in result.outcomes if not o.matches_prediction]
+        if wrong:
+            raise DemoError(f"the allocation of {', '.join(wrong)} differs from what the claim check predicted "
+                            "(see AS PREDICTED)")
+        ok = True
+        return result
+    finally:
+        if options.keep and ok and cluster is not None:
+            say(f"the cluster keeps running (it stops by itself after {ttl / 3600:.1f} h):")
+            say.block(f"  export KUBECONFIG={cluster.kubeconfig}\n"
+                      f"  kubectl get pods -n {DEMO_NAMESPACE} -o wide\n"
+                      f"  neuron-dra cluster down --dir {cluster_dir}")
+        else:
+            say("stopping the local cluster")
+            # Ctrl-C or SIGTERM now would leave processes behind: hold them until the cluster is down
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                down(cluster_dir)
+                stop_early_supervisors(cluster_dir)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            say("local cluster stopped")
+            if ok and made_temp:
+                # keep the picture, the report and the supervisor log; drop etcd's data and the node trees
+                for heavy in ("controlplane", "nodes"):
+                    shutil.rmtree(cluster_dir / heavy, ignore_errors=True)
+            elif not ok:
+                say(f"logs kept in {cluster_dir} (supervisor.log, controlplane/, nodes/*/driver.log)")
+

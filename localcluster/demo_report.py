@@ -1,0 +1,159 @@
+"""The outcome of `neuron-dra demo`: pod -> node -> devices -> core ranges, next to what the claim check predicted.
+
+Built from the kubelet stand-in's record of each running pod (what the runtime would apply: devices of each
+claim, the containers' environment) and the check reports of the templates. Pure functions, so the table and
+the topology views can be tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neuron_dra.claim_templates import CheckReport
+from neuron_dra.driver.neuron_env import core_ranges
+from neuron_dra.localcluster.topology import NodeSpec
+from neuron_dra.localcluster.topology_view import NodeView
+
+NEURON_DEVICE_PREFIX = "neuron-device-"
+EFA_DEVICE_PREFIX = "efa-"
+
+
+class ReportError(ValueError):
+    """A stand-in record the report cannot read (names the file and the field)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the claim check predicted for a template on an empty node of one instance type."""
+
+    claims_per_node: int
+    requests: tuple[str, ...]  # request names of the first claim's devices
+    neuron_devices: tuple[int, ...]  # device indexes of the first claim
+
+    def describe(self) -> str:
+        if not self.claims_per_node:
+            return "does not fit"
+        return (f"{self.claims_per_node}/node, {len(self.neuron_devices)} dev"
+                + (f" {core_ranges(self.neuron_devices)}" if self.neuron_devices else ""))
+
+
+@dataclass(frozen=True)
+class PodOutcome:
+    """Where one pod ran and what it got."""
+
+    pod: str
+    template: str
+    node: str
+    instance_type: str
+    requests: tuple[str, ...]
+    neuron_devices: tuple[int, ...]
+    efa_devices: tuple[int, ...]
+    visible_cores: str
+    lnc: str  # NEURON_LOGICAL_NC_CONFIG, "" where the family has no LNC
+    prediction: Prediction | None = None
+
+    @property
+    def matches_prediction(self) -> bool:
+        """Same devices count and requests as the check's first claim, and an aligned block when that was one."""
+        p = self.prediction
+        if p is None or not p.claims_per_node:
+            return False
+        return (len(self.neuron_devices) == len(p.neuron_devices) and set(self.requests) == set(p.requests)
+                and (aligned_block(self.neuron_devices) or not aligned_block(p.neuron_devices)))
+
+
+def aligned_block(indexes: Sequence[int]) -> bool:
+    """Contiguous and starting at a multiple of its length: a torus row or rows, a ring segment, a whole node."""
+    ordered = sorted(indexes)
+    return bool(ordered) and ordered == list(range(ordered[0], ordered[0] + len(ordered))) \
+        and ordered[0] % len(ordered) == 0
+
+
+def _index(device: str, prefix: str, where: str) -> int:
+    try:
+        return int(device.removeprefix(prefix))
+    except ValueError:
+        raise ReportError(f"{where}: device {device!r} is not named {prefix}N") from None
+
+
+def outcome_from_record(record: Mapping[str, Any], template: str, instance_type: str,
+                        where: str = "record") -> PodOutcome:
+    """A PodOutcome from a stand-in record (`pods_dir/NS_POD.json`)."""
+    try:
+        claims = record["claims"]
+        env = record["containers"]["main"]["env"]
+    except (KeyError, TypeError) as e:
+        raise ReportError(f"{where}: missing field {e}") from None
+    neuron: list[int] = []
+    efa: list[int] = []
+    requests: list[str] = []
+    for claim in claims.values():
+        for dev in claim.get("devices", ()):
+            name = str(dev.get("device", ""))
+            if name.startswith(NEURON_DEVICE_PREFIX):
+                neuron.append(_index(name, NEURON_DEVICE_PREFIX, where))
+                requests.extend(r for r in dev.get("requestNames", ()) if r not in requests)
+            elif name.startswith(EFA_DEVICE_PREFIX):
+                efa.append(_index(name, EFA_DEVICE_PREFIX, where))
+    return PodOutcome(pod=str(record.get("pod")), template=template, node=str(record.get("node")),
+                      instance_type=instance_type, requests=tuple(requests), neuron_devices=tuple(sorted(neuron)),
+                      efa_devices=tuple(sorted(efa)), visible_cores=str(env.get("NEURON_RT_VISIBLE_CORES", "")),
+                      lnc=str(env.get("NEURON_LOGICAL_NC_CONFIG", "")))
+
+
+def read_record(pods_dir: Path, namespace: str, pod: str) -> dict[str, Any] | None:
+    path = pods_dir / f"{namespace}_{pod}.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path}: not JSON ({e})") from None
+    return data
+
+
+def prediction(report: CheckReport, instance_type: str) -> Prediction:
+    fit = report.fit(instance_type)
+    neuron = sorted(int(d.device.removeprefix(NEURON_DEVICE_PREFIX)) for d in fit.devices
+                    if d.device.startswith(NEURON_DEVICE_PREFIX))
+    requests = tuple(dict.fromkeys(d.request for d in fit.devices if d.device.startswith(NEURON_DEVICE_PREFIX)))
+    return Prediction(fit.claims_per_node, requests, tuple(neuron))
+
+
+HEADERS = ("POD", "TEMPLATE", "NODE", "REQUEST", "NEURON DEVICES", "EFA", "VISIBLE CORES", "LNC",
+           "CHECK PREDICTED", "AS PREDICTED")
+
+
+def format_table(outcomes: Sequence[PodOutcome]) -> str:
+    rows = [HEADERS]
+    for o in outcomes:
+        rows.append((o.pod, o.template, o.node, ",".join(o.requests) or "-", core_ranges(o.neuron_devices) or "-",
+                     core_ranges(o.efa_devices) or "-", o.visible_cores or "-", o.lnc or "-",
+                     o.prediction.describe() if o.prediction else "-",
+                     "yes" if o.matches_prediction else "NO"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADERS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows) + "\n"
+
+
+def node_views(nodes: Sequence[NodeSpec], outcomes: Sequence[PodOutcome]) -> list[NodeView]:
+    """Each node with its devices marked by the pod that holds them."""
+    views = []
+    for node in nodes:
+        owners = {i: o.pod for o in outcomes if o.node == node.name for i in o.neuron_devices}
+        views.append(NodeView(node.name, node.instance_type, owners))
+    return views
+
+
+def node_usage(nodes: Sequence[NodeSpec], outcomes: Sequence[PodOutcome], device_counts: Mapping[str, int]) -> str:
+    """One line per node: devices in use out of the node's devices, and by which pods."""
+    lines = []
+    for node in nodes:
+        mine = [o for o in outcomes if o.node == node.name]
+        used = sum(len(o.neuron_devices) for o in mine)
+        pods = ", ".join(f"{o.pod} ({len(o.neuron_devices)})" for o in mine) or "no pods"
+        lines.append(f"  {node.name}: {used}/{device_counts[node.instance_type]} Neuron devices: {pods}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,97 @@
+"""What `neuron-dra demo` installs and runs: the example claim templates in a demo namespace, and workloads
+in stages that always fit the demo's nodes (two trn2.48xlarge, one trn1.32xlarge, one inf2.48xlarge).
+
+The scheduler spreads pods over nodes, so the order matters: the whole-node pod goes first and is scheduled
+before anything else (it needs an empty trn2 node); the 8-connected pod then takes two aligned rows of the
+other trn2, leaving two rows for a row at LNC=1 and a row with its aligned EFAs; only when both trn2 nodes are
+full does the firstAvailable pod come, so it lands on trn1 through its second alternative.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_dra.claim_templates import ClaimTemplate
+from neuron_dra.claim_templates.examples import (
+    OFFICIAL_SAMPLES,
+    RICHER_CASES,
+    inf2_ring_segment_4,
+    neuron_8_connected,
+    neuron_efa_aligned,
+    neuron_whole_node,
+    trn2_8_else_trn1_16,
+    trn2_row_lnc1,
+)
+from neuron_dra.localcluster.topology import DEMO_NODES
+
+DEMO_NAMESPACE = "neuron-demo"
+DEMO_LABEL = "neuron-dra.aws.com/demo"
+TEMPLATE_ANNOTATION = "neuron-dra.aws.com/claim-template"
+NEURON_TOLERATION = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
+IMAGE = "public.ecr.aws/neuron/pytorch-training-neuronx:emulated"  # never pulled: the stand-in runs no containers
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One pod of the demo: its name, the claim template it uses and what it shows."""
+
+    pod: str
+    template: ClaimTemplate
+    shows: str
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Pods created together; the demo waits until all of them are scheduled before the next stage."""
+
+    workloads: tuple[Workload, ...]
+
+
+DEMO_STAGES: tuple[Stage, ...] = (
+    Stage((Workload("whole-node", neuron_whole_node, "a whole trn2 node (16 devices)"),)),
+    Stage((Workload("connected-8", neuron_8_connected, "8 connected trn2 devices (two adjacent torus rows)"),)),
+    Stage((
+        Workload("row-lnc1", trn2_row_lnc1, "a trn2 torus row at LNC=1 (8 logical cores per device)"),
+        Workload("efa-aligned", neuron_efa_aligned, "4 Neuron devices with the 4 EFAs of their devicegroup"),
+        Workload("ring-a", inf2_ring_segment_4, "a 4-device segment of the inf2 ring"),
+        Workload("ring-b", inf2_ring_segment_4, "another 4-device segment of the inf2 ring"),
+    )),
+    Stage((Workload("first-available", trn2_8_else_trn1_16,
+                    "8 connected trn2 devices, else 16 trn1 devices (trn2 is full by now)"),)),
+)
+
+
+def demo_instance_types(node_args: Sequence[str] = DEMO_NODES) -> list[str]:
+    return list(dict.fromkeys(arg.partition(":")[0] for arg in node_args))
+
+
+def in_namespace(template: ClaimTemplate, namespace: str) -> ClaimTemplate:
+    return dataclasses.replace(template, namespace=namespace)
+
+
+def demo_templates(namespace: str = DEMO_NAMESPACE) -> list[ClaimTemplate]:
+    """Every example template (official samples and richer cases), in `namespace`."""
+    return [in_namespace(t, namespace) for t in (*OFFICIAL_SAMPLES, *RICHER_CASES)]
+
+
+def workloads() -> list[Workload]:
+    return [w for stage in DEMO_STAGES for w in stage.workloads]
+
+
+def pod_manifest(workload: Workload, namespace: str = DEMO_NAMESPACE) -> dict[str, Any]:
+    """A pod whose one container gets every device of a claim made from the workload's template."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": workload.pod, "namespace": namespace, "labels": {DEMO_LABEL: "true"},
+                     "annotations": {TEMPLATE_ANNOTATION: workload.template.name}},
+        "spec": {
+            "tolerations": [dict(NEURON_TOLERATION)],
+            "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": workload.template.name}],
+            "containers": [{"name": "main", "image": IMAGE, "command": ["sleep", "infinity"],
+                            "resources": {"claims": [{"name": "neuron"}]}}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }

@@ -1,0 +1,234 @@
+"""`neuron-dra demo`: its report from stand-in records (offline), and the whole demo end to end in a subprocess
+against the real control plane (binaries built on first use), including teardown on success and on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from neuron_dra.claim_templates import check
+from neuron_dra.claim_templates.examples import inf2_ring_segment_4, trn2_8_else_trn1_16
+from neuron_dra.localcluster.demo_report import (
+    PodOutcome,
+    Prediction,
+    ReportError,
+    aligned_block,
+    format_table,
+    node_views,
+    outcome_from_record,
+    prediction,
+)
+from neuron_dra.localcluster.demo_workloads import (
+    DEMO_NAMESPACE,
+    DEMO_STAGES,
+    demo_instance_types,
+    demo_templates,
+    pod_manifest,
+    workloads,
+)
+from neuron_dra.localcluster.topology import NodeSpec, runtime_dir
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+def _record(pod: str, node: str, devices: list[tuple[str, str]], env: dict[str, str]) -> dict[str, Any]:
+    return {"namespace": DEMO_NAMESPACE, "pod": pod, "uid": "u1", "node": node,
+            "claims": {"neuron": {"name": f"{pod}-neuron-x", "uid": "c1", "devices": [
+                {"requestNames": [req], "pool": node, "device": dev, "cdiDeviceIds": []} for req, dev in devices]}},
+            "containers": {"main": {"cdiDevices": [], "env": env, "deviceNodes": []}}}
+
+
+# --- offline: the report ------------------------------------------------------------------------------------
+
+def test_outcome_from_a_record_splits_neuron_and_efa_devices() -> None:
+    rec = _record("efa-aligned", "trn2-48xlarge-2",
+                  [("neurons", f"neuron-device-{i}") for i in (13, 12, 15, 14)]
+                  + [("efa", f"efa-{i}") for i in (12, 13, 14, 15)],
+                  {"NEURON_RT_VISIBLE_CORES": "48-63", "NEURON_LOGICAL_NC_CONFIG": "2"})
+    o = outcome_from_record(rec, "neuron-efa-aligned", "trn2.48xlarge")
+    assert o.neuron_devices == (12, 13, 14, 15) and o.efa_devices == (12, 13, 14, 15)
+    assert o.requests == ("neurons",) and o.visible_cores == "48-63" and o.lnc == "2"
+    with pytest.raises(ReportError, match="containers"):
+        outcome_from_record({"claims": {}}, "t", "trn2.48xlarge", where="x.json")
+    with pytest.raises(ReportError, match="neuron-device-x"):
+        outcome_from_record(_record("p", "n", [("neurons", "neuron-device-x")], {}), "t", "trn2.48xlarge")
+
+
+def test_aligned_blocks() -> None:
+    assert aligned_block([8, 9, 10, 11]) and aligned_block(list(range(16))) and aligned_block([4, 5, 6, 7])
+    assert not aligned_block([2, 3, 4, 5])  # contiguous but across two rows
+    assert not aligned_block([0, 1, 3, 4]) and not aligned_block([])
+
+
+def test_prediction_and_match_for_first_available_on_trn1() -> None:
+    report = check(trn2_8_else_trn1_16, ["trn2.48xlarge", "trn1.32xlarge"])
+    p = prediction(report, "trn1.32xlarge")
+    assert p == Prediction(1, ("neurons/trn1",), tuple(range(16)))
+    assert prediction(report, "trn2.48xlarge").requests == ("neurons/trn2",)
+    base = PodOutcome("fa", "trn2-8-else-trn1-16", "trn1-32xlarge-1", "trn1.32xlarge", ("neurons/trn1",),
+                      tuple(range(16)), (), "0-31", "", p)
+    assert base.matches_prediction
+    # the other alternative, fewer devices, or an unaligned set are not what the check predicted
+    assert not PodOutcome(**{**base.__dict__, "requests": ("neurons/trn2",)}).matches_prediction
+    assert not PodOutcome(**{**base.__dict__, "neuron_devices": tuple(range(8))}).matches_prediction
+    ring = prediction(check(inf2_ring_segment_4, ["inf2.48xlarge"]), "inf2.48xlarge")
+    seg = PodOutcome("r", "inf2-ring-segment-4", "inf2", "inf2.48xlarge", ("neurons",), (2, 3, 4, 5), (), "", "",
+                     ring)
+    assert ring.neuron_devices == (0, 1, 2, 3) and not seg.matches_prediction
+    assert PodOutcome(**{**seg.__dict__, "neuron_devices": (8, 9, 10, 11)}).matches_prediction
+
+
+def test_table_and_views() -> None:
+    p = Prediction(3, ("neurons",), (0, 1, 2, 3))
+    outcomes = [PodOutcome("ring-a", "inf2-ring-segment-4", "inf2-48xlarge-1", "inf2.48xlarge", ("neurons",),
+                           (4, 5, 6, 7), (), "8-15", "", p),
+                PodOutcome("ring-b", "inf2-ring-segment-4", "inf2-48xlarge-1", "inf2.48xlarge", ("neurons",),
+                           (1, 2, 3, 4), (), "2-9", "", p)]
+    lines = format_table(outcomes).splitlines()
+    assert lines[0].split()[:3] == ["POD", "TEMPLATE", "NODE"]
+    assert lines[1].split() == ["ring-a", "inf2-ring-segment-4", "inf2-48xlarge-1", "neurons", "4-7", "-", "8-15",
+                                "-", "3/node,", "4", "dev", "0-3", "yes"]
+    assert lines[2].split()[-1] == "NO"
+    (view,) = node_views([NodeSpec("inf2-48xlarge-1", "inf2.48xlarge")], outcomes[:1])
+    assert dict(view.owners) == {4: "ring-a", 5: "ring-a", 6: "ring-a", 7: "ring-a"}
+
+
+# --- offline: what the demo installs and runs ---------------------------------------------------------------
+
+def test_demo_pods_and_templates_are_valid_objects() -> None:
+    for w in workloads():
+        kubernetes_validate.validate(pod_manifest(w), "1.34", strict=True)
+    templates = demo_templates()
+    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 16
+    names = {t.name for t in templates}
+    assert all(w.template.name in names for w in workloads())
+
+
+def test_every_workload_fits_a_demo_node_and_the_stages_fill_the_trn2_nodes() -> None:
+    types = demo_instance_types()
+    used: dict[str, int] = {}
+    for w in workloads():
+        report = check(w.template, types)
+        assert report.ok, report.summary()
+        fitting = [f for f in report.fits if f.claims_per_node]
+        assert fitting, w.pod
+        if all(f.instance_type == "trn2.48xlarge" for f in fitting):
+            used["trn2"] = used.get("trn2", 0) + len(fitting[0].devices) - sum(
+                1 for d in fitting[0].devices if d.device.startswith("efa-"))
+    # before the firstAvailable stage, the trn2-only workloads take both trn2 nodes exactly
+    assert used["trn2"] == 32
+    assert DEMO_STAGES[-1].workloads[0].template.name == "trn2-8-else-trn1-16"
+
+
+def test_cli_rejects_bad_options(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "neuron_dra", "demo", "--timeout", "0", "--dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--timeout must be positive, got 0.0" in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+# --- end to end -----------------------------------------------------------------------------------------------
+
+def _processes_mentioning(path: Path) -> list[str]:
+    needle = str(path).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in argv:
+            command = argv.replace(b"\0", b" ").decode(errors="replace")[:160]
+            found.append(f"{entry.name}: {command}")
+    return found
+
+
+def _table_rows(output: str) -> dict[str, list[str]]:
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("POD "))
+    rows = {}
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        rows[cells[0]] = cells
+    return rows
+
+
+def _assert_nothing_left(cluster_dir: Path) -> None:
+    assert not (cluster_dir / "supervisor.pid").exists()
+    assert not runtime_dir(cluster_dir).exists(), "the socket directory is removed"
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(cluster_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _processes_mentioning(cluster_dir), _processes_mentioning(cluster_dir)
+
+
+def test_demo_end_to_end(tmp_path: Path) -> None:
+    cluster_dir = tmp_path / "demo"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "neuron_dra", "demo", "--dir", str(cluster_dir)],
+                          capture_output=True, text=True, timeout=900)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    rows = _table_rows(out)
+    assert set(rows) == {w.pod for w in workloads()}
+    assert all(r[-1] == "yes" for r in rows.values()), out
+    node, devices, cores = rows["whole-node"][2], rows["whole-node"][4], rows["whole-node"][6]
+    assert node.startswith("trn2-48xlarge-") and devices == "0-15" and cores == "0-63"
+    other = {"trn2-48xlarge-1": "trn2-48xlarge-2", "trn2-48xlarge-2": "trn2-48xlarge-1"}[node]
+    for pod in ("connected-8", "row-lnc1", "efa-aligned"):
+        assert rows[pod][2] == other, rows[pod]
+    assert rows["row-lnc1"][7] == "1"  # LNC column
+    assert rows["efa-aligned"][4] == rows["efa-aligned"][5]  # the EFAs of the same devicegroup
+    assert {rows["connected-8"][4], rows["row-lnc1"][4], rows["efa-aligned"][4]} in (
+        {"0-7", "8-11", "12-15"}, {"0-7", "12-15", "8-11"}, {"8-15", "0-3", "4-7"})
+    assert rows["first-available"][2:5] == ["trn1-32xlarge-1", "neurons/trn1", "0-15"]
+    assert {rows["ring-a"][4], rows["ring-b"][4]} <= {"0-3", "4-7", "8-11"} and rows["ring-a"][4] != rows["ring-b"][4]
+    assert rows["ring-a"][2] == "inf2-48xlarge-1"
+    # the terminal pictures: one per node, whole-node's letter on all 16 devices of its node
+    assert out.count("(trn2.48xlarge, torus4x4)") == 2 and "(inf2.48xlarge, ring)" in out
+    letter = re.search(r"\b(\w)=whole-node\b", out)
+    assert letter is not None and len(re.findall(rf"\[\s?\d+{letter[1]}\]", out)) == 16
+    svg = cluster_dir / "topology.svg"
+    assert f"topology picture: {svg}" in out
+    titles = [t.text or "" for t in ET.fromstring(svg.read_text()).iter(f"{SVG_NS}title")]
+    assert sum(1 for t in titles if t.endswith("→ whole-node")) == 16
+    assert sum(1 for t in titles if t.endswith("(free)")) == 4  # inf2: 12 devices, two segments of 4
+    _assert_nothing_left(cluster_dir)
+    print(f"demo wall time {seconds:.1f} s")  # shown with -s; the figure the report quotes
+
+
+def test_demo_stops_the_cluster_on_sigterm(tmp_path: Path) -> None:
+    cluster_dir = tmp_path / "demo"
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_dra", "demo", "--dir", str(cluster_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "control plane ready" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, "".join(seen) + rest + err
+    assert "interrupted; the local cluster was stopped" in err
+    assert "local cluster stopped" in rest
+    _assert_nothing_left(cluster_dir)
