@@ -40,7 +40,7 @@ import copy
 import json
 import random
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,7 +133,8 @@ def _describe_request(body: Mapping[str, Any]) -> str:
     cls = "efa" if body.get("deviceClassName") == EFA_CLASS else "neuron"
     sels = [_short(s["cel"]["expression"]) for s in body.get("selectors") or [] if s["cel"]["expression"] != GUARD]
     guard = "" if any(s["cel"]["expression"] == GUARD for s in body.get("selectors") or []) else " unguarded"
-    return f"{count} {cls}{guard}" + (f" [{'; '.join(sels)}]" if sels else "")
+    admin = " adminAccess" if body.get("adminAccess") else ""
+    return f"{count} {cls}{guard}{admin}" + (f" [{'; '.join(sels)}]" if sels else "")
 
 
 def describe_spec(spec: Mapping[str, Any]) -> str:
@@ -172,6 +173,7 @@ class _SearchRequest:
     count: int
     candidates: tuple[int, ...]  # selectable device indexes in search order
     errors: frozenset[int]  # devices whose selectors fail at runtime
+    admin: bool  # adminAccess: devices in use elsewhere stay available, only this claim's own are taken
 
 
 @dataclass
@@ -205,15 +207,16 @@ class SearchSize:
     cases clear of the filter timeout."""
 
     def __init__(self, claims: Sequence[list[list[_SearchRequest]]], constraints: Sequence[list[_SearchConstraint]],
-                 in_use: set[int], budget: int) -> None:
+                 allocated: set[int], budget: int) -> None:
         self.claims = claims
         # per claim and request: the constraints that apply to it
         self.applicable = {id(r): [c for c in constraints[ci] if c.applies(r)]
                            for ci, claim in enumerate(claims) for options in claim for r in options}
-        self.in_use = set(in_use)
+        self.allocated = frozenset(allocated)
+        self.allocating: Counter[int] = Counter()  # device -> claims of this allocation that took it
         self.budget = budget
         self.calls = 0
-        self.results: list[list[int]] = [[] for _ in claims]
+        self.results: list[list[tuple[int, bool]]] = [[] for _ in claims]  # (device, admin access)
 
     def run(self) -> bool | None:
         """True/False: found or not; None: the search would return an error. _OverBudget past the budget."""
@@ -258,9 +261,8 @@ class SearchSize:
         if num - di > MAX_RESULTS - len(results):
             raise _MaxSize
         applicable = self.applicable[id(r)]
-        in_use = self.in_use
         for device in r.candidates[di:di + 1] if r.all_mode else r.candidates:
-            if device in in_use:
+            if self._busy(r, results, device):
                 if r.all_mode:
                     return False
                 continue
@@ -270,8 +272,8 @@ class SearchSize:
                 if r.all_mode:
                     raise _Stop  # an All device that breaks a constraint is an error
                 continue
-            in_use.add(device)
-            results.append(device)
+            self.allocating[device] += 1
+            results.append((device, r.admin))
             try:
                 done = self._one(ci, ri, si, di + 1, in_sub)
             except BaseException:
@@ -295,15 +297,27 @@ class SearchSize:
             c.num += 1
         return True
 
-    def _remove(self, applicable: list[_SearchConstraint], results: list[int], device: int) -> None:
-        self.in_use.discard(device)
+    def _busy(self, r: _SearchRequest, results: list[tuple[int, bool]], device: int) -> bool:
+        if r.admin:
+            return any(d == device for d, _ in results)
+        return device in self.allocated or self.allocating[device] > 0
+
+    def _remove(self, applicable: list[_SearchConstraint], results: list[tuple[int, bool]], device: int) -> None:
+        self.allocating[device] -= 1
         results.pop()
         for c in applicable:
             c.num -= 1
 
 
-def _node_devices(slices: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
-    return [(s["spec"]["driver"], d) for s in slices for d in s["spec"].get("devices") or []]
+def _node_devices(slices: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The devices Go searches: those of each pool's newest generation, in slice order (all slices name
+    the node)."""
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key = (s["spec"]["driver"], s["spec"]["pool"]["name"])
+        newest[key] = max(newest.get(key, 0), int(s["spec"]["pool"].get("generation", 0)))
+    return [(s["spec"]["driver"], d) for s in slices for d in s["spec"].get("devices") or []
+            if int(s["spec"]["pool"].get("generation", 0)) == newest[(s["spec"]["driver"], s["spec"]["pool"]["name"])]]
 
 
 @dataclass(frozen=True)
@@ -347,12 +361,12 @@ class SearchEstimator:
                 if not found:
                     break
                 for chosen in search.results:
-                    in_use.update(chosen)
+                    in_use.update(d for d, admin in chosen if not admin)  # admin access uses nothing up
         return SearchEstimate(largest, total)
 
     def _search(self, devices: list[tuple[str, Mapping[str, Any]]], cel_devices: list[CelDevice],
                 classes: Mapping[str, Mapping[str, Any]], claims: Sequence[Mapping[str, Any]],
-                in_use: set[int]) -> SearchSize:
+                allocated: set[int]) -> SearchSize:
         requests: list[list[list[_SearchRequest]]] = []
         constraints: list[list[_SearchConstraint]] = []
         for claim in claims:
@@ -364,12 +378,15 @@ class SearchEstimator:
                                       for s in r["firstAvailable"]])
                 else:
                     per_claim.append([self._request(r["name"], None, r["exactly"], cel_devices, classes)])
+            least = sum(min(len(o.candidates) if o.all_mode else o.count for o in options) for options in per_claim)
+            if least > MAX_RESULTS:
+                raise _Stop  # Go refuses the claim before searching
             requests.append(per_claim)
             constraints.append([
                 _SearchConstraint(frozenset(c.get("requests") or []),
                                   tuple(lookup_attribute(d, drv, c["matchAttribute"]) for drv, d in devices))
                 for c in spec.get("constraints") or []])
-        return SearchSize(requests, constraints, in_use, self.budget)
+        return SearchSize(requests, constraints, allocated, self.budget)
 
     def _request(self, base: str, sub: str | None, body: Mapping[str, Any], cel_devices: list[CelDevice],
                  classes: Mapping[str, Mapping[str, Any]]) -> _SearchRequest:
@@ -387,7 +404,8 @@ class SearchEstimator:
         all_mode = body.get("allocationMode") == "All"
         if all_mode and errors:
             raise _Stop  # Go selects All devices up front and returns the error
-        return _SearchRequest(base, sub, all_mode, int(body.get("count", 1)), tuple(candidates), frozenset(errors))
+        return _SearchRequest(base, sub, all_mode, int(body.get("count", 1)), tuple(candidates), frozenset(errors),
+                              bool(body.get("adminAccess")))
 
 
 # --- the generator ---------------------------------------------------------------------------------------
@@ -678,12 +696,21 @@ class CaseGenerator:
         return _exact(count, guard + self.selectors(instance_type))
 
     def _raw(self, instance_type: str) -> list[dict[str, Any]]:
-        count = self._count(instance_type)
-        constraints = []
-        if self.rng.random() < 0.6:
-            constraints.append((["neurons"] if self.rng.random() < 0.7 else [], group_attribute(self.rng)))
-        return [_claim("c0", _spec([{"name": "neurons", "exactly": self._raw_request(instance_type, count)}],
-                                   constraints))]
+        rng = self.rng
+        request = self._raw_request(instance_type, self._count(instance_type))
+        if rng.random() < 0.06:
+            request["adminAccess"] = True  # in-use devices stay selectable; copies never use devices up
+        requests = [{"name": "neurons", "exactly": request}]
+        constraints: Constraints = []
+        if rng.random() < 0.6:
+            constraints.append((["neurons"] if rng.random() < 0.7 else [], group_attribute(rng)))
+        if rng.random() < 0.15:
+            constraints.append((["neurons"], group_attribute(rng)))
+        if rng.random() < 0.2:  # a second Neuron request, maybe in the same group
+            requests.append({"name": "more", "exactly": self._raw_request(instance_type, rng.randint(1, 4))})
+            if rng.random() < 0.5:
+                constraints.append((["neurons", "more"], group_attribute(rng, (4, 8, 16))))
+        return [_claim("c0", _spec(requests, constraints))]
 
     def _all(self, instance_type: str) -> list[dict[str, Any]] | None:
         rng = self.rng
@@ -724,6 +751,14 @@ class CaseGenerator:
     def _first_available(self, instance_type: str) -> list[dict[str, Any]] | None:
         rng = self.rng
         k = rng.choice((2, 2, 3))
+        if rng.random() < 0.1:
+            # 4 + 4 + (25 or 2): the first alternative would pass the 32-device limit, the search skips it
+            return [_claim("c0", _spec([
+                {"name": "neurons", "exactly": _exact(4, [GUARD])},
+                {"name": "efa", "exactly": _exact(4, [], EFA_CLASS)},
+                {"name": "more", "firstAvailable": [{"name": "many", **_exact(25, [], EFA_CLASS)},
+                                                    {"name": "two", **_exact(2, [], EFA_CLASS)}]}],
+                [(["neurons", "efa"], f"{AWS}/devicegroup4_id")]))]
         if rng.random() < 0.6:
             options = [self._neuron(instance_type, name=f"o{i}") for i in range(k)]
             if any(o is None for o in options):
@@ -782,7 +817,11 @@ class CaseGenerator:
         rng = self.rng
         spec = CATALOG[instance_type]
         other = rng.choice([t for t in self.types if t != instance_type])
-        form = rng.randrange(6)
+        form = rng.randrange(7)
+        if form == 6:  # more than the 32 devices a claim may get (the allocator refuses the claim)
+            first = rng.randint(16, 17)
+            return [_claim("c0", _spec([{"name": "neurons", "exactly": _exact(first, [GUARD])},
+                                        {"name": "efa", "exactly": _exact(33 - first, [], EFA_CLASS)}]))]
         if form == 0:  # 17 devices, kept in groups so the search stays small
             request = _exact(17, [GUARD])
             return [_claim("c0", _spec([{"name": "neurons", "exactly": request}],
