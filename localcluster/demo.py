@@ -435,9 +435,12 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
             say("local cluster stopped")
             if ok and made_temp:
-                # keep the picture, the report and the supervisor log; drop etcd's data and the node trees
+                # keep the picture, the report and the supervisor log; drop etcd's data, the node trees, the PKI
+                # and the admin kubeconfig of the stopped cluster
                 for heavy in ("controlplane", "nodes"):
                     shutil.rmtree(cluster_dir / heavy, ignore_errors=True)
+                for name in ("kubeconfig", "status.json"):
+                    (cluster_dir / name).unlink(missing_ok=True)
             elif not ok:
                 say(f"logs kept in {cluster_dir} (supervisor.log, controlplane/, nodes/*/driver.log)")
 

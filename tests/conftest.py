@@ -33,9 +33,11 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     Built from the Go module proxy on first use (cached outside the tree), so it works on a fresh machine.
     """
     from neuron_dra.localcluster.cluster import up
+    from neuron_dra.localcluster.demo import reap_when_exited
 
     cluster_dir = tmp_path_factory.mktemp("cluster")
     cluster = up(cluster_dir, list(E2E_NODES), ttl=3600, timeout=600)
+    reap_when_exited(cluster_dir)  # else the exited supervisor stays a zombie that `down` waits 60 s for
     try:
         yield cluster
     finally:
@@ -47,3 +49,19 @@ def kube(local_cluster: LocalCluster) -> Iterator[client.ApiClient]:
     api = config.new_client_from_config(str(local_cluster.kubeconfig))
     yield api
     api.close()
+
+
+@pytest.fixture
+def ns(kube: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace per test. At the end its pods are deleted (and so unprepared) and their ResourceClaims are gone,
+    so the next test finds every device free (the scheduler counts a claim's devices until the claim is deleted)."""
+    from e2e_support import eventually, namespace_name
+
+    core, res = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+    name = namespace_name("e2e-", request.node.name)
+    core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
+    yield name
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    eventually(lambda: not core.list_namespaced_pod(name).items, 90, what=f"pods of {name} gone")
+    eventually(lambda: not res.list_namespaced_resource_claim(name).items, 60, what=f"claims of {name} gone")
+    core.delete_namespace(name)

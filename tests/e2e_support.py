@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,14 @@ def eventually(fn: Callable[[], T | None], timeout: float = 60.0, interval: floa
             last = e
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what or fn}" + (f": {last}" if last else ""))
+
+
+def namespace_name(prefix: str, test_name: str) -> str:
+    """A valid, distinct namespace name for a test (parametrized names have brackets; long ones get a hash)."""
+    clean = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")
+    if len(clean) > 50:
+        clean = clean[:43].rstrip("-") + "-" + hashlib.sha256(test_name.encode()).hexdigest()[:6]
+    return prefix + clean
 
 
 def raw(resp: Any) -> dict[str, Any]:
@@ -59,6 +69,14 @@ def pod_with_template(name: str, template: str, node: str | None = None, request
     if node:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def unschedulable(core: client.CoreV1Api, ns: str, pod: str) -> bool:
+    """The scheduler found no node for the pod (PodScheduled False, reason Unschedulable) and it is not bound."""
+    p = raw(core.read_namespaced_pod(pod, ns, _preload_content=False))
+    return not p["spec"].get("nodeName") and any(
+        c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+        for c in p.get("status", {}).get("conditions", []))
 
 
 def pod_phase(core: client.CoreV1Api, ns: str, name: str) -> str:

@@ -2,13 +2,13 @@
 
 The session fixture `local_cluster` starts the local cluster (see localcluster/); every test here talks to it
 through the real API as a user would, and inspects the emulated nodes' CDI directories and kubelet records.
+The `ns` fixture (conftest.py) gives each test a namespace and cleans its pods and claims up afterwards.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +34,6 @@ from neuron_dra.localcluster.cluster import LocalCluster
 DRIVER = "neuron.aws.com"
 TRN2_A, TRN2_B, TRN1, INF2, TRN2U = (
     "trn2-48xlarge-1", "trn2-48xlarge-2", "trn1-32xlarge-1", "inf2-48xlarge-1", "trn2u-48xlarge-1")
-
-
-@pytest.fixture
-def ns(kube: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A namespace per test; its pods are deleted (and so unprepared) at the end."""
-    core = client.CoreV1Api(kube)
-    name = "e2e-" + request.node.name.replace("_", "-").lower()[:40].rstrip("-")
-    core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
-    yield name
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    eventually(lambda: not core.list_namespaced_pod(name).items, 90, what=f"pods of {name} gone")
-    core.delete_namespace(name)
 
 
 def slices_of(res: client.ResourceV1Api, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:
