@@ -3,6 +3,7 @@ against the real control plane (binaries built on first use), including teardown
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -137,6 +138,42 @@ def test_cli_rejects_bad_options(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
+def test_binaries_cached_means_every_binary_is_executable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuron_dra.localcluster import build
+    from neuron_dra.localcluster.demo import binaries_cached
+
+    monkeypatch.setenv("NEURON_DRA_CACHE", str(tmp_path))
+    assert not binaries_cached()
+    paths = [tmp_path / "k8s" / build.kube_version() / n for n in build.KUBE_BINARIES]
+    paths += [tmp_path / "etcd" / build.etcd_version() / n for n in build.ETCD_BINARIES]
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("#!/bin/sh\n")
+        p.chmod(0o755)
+    assert binaries_cached()
+    paths[-1].chmod(0o644)
+    assert not binaries_cached()
+
+
+def test_a_supervisor_interrupted_before_its_pid_file_is_stopped(tmp_path: Path) -> None:
+    from neuron_dra.localcluster.demo import stop_early_supervisors, supervisor_children
+
+    # a child whose command line looks like a supervisor of tmp_path that never writes its pid file
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                              "neuron_dra.localcluster.supervisor", str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 10
+        while child.pid not in supervisor_children(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert supervisor_children(tmp_path) == [child.pid]
+        assert supervisor_children(tmp_path / "other") == []
+        stop_early_supervisors(tmp_path, wait_s=0.5)
+        assert not Path(f"/proc/{child.pid}").exists()  # terminated and reaped
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
 # --- end to end -----------------------------------------------------------------------------------------------
 
 def _processes_mentioning(path: Path) -> list[str]:
@@ -231,4 +268,33 @@ def test_demo_stops_the_cluster_on_sigterm(tmp_path: Path) -> None:
     assert proc.returncode == 130, "".join(seen) + rest + err
     assert "interrupted; the local cluster was stopped" in err
     assert "local cluster stopped" in rest
+    _assert_nothing_left(cluster_dir)
+
+
+def test_demo_keep_leaves_a_working_cluster_and_prints_how_to_stop_it(tmp_path: Path) -> None:
+    from kubernetes import client, config
+
+    cluster_dir = tmp_path / "demo"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "neuron_dra", "demo", "--dir", str(cluster_dir), "--keep"],
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        kubeconfig = cluster_dir / "kubeconfig"
+        down_cmd = f"neuron-dra cluster down --dir {cluster_dir}"
+        assert f"export KUBECONFIG={kubeconfig}" in proc.stdout and down_cmd in proc.stdout
+        api = config.new_client_from_config(str(kubeconfig))
+        resp: Any = client.CoreV1Api(api).list_namespaced_pod(DEMO_NAMESPACE, _preload_content=False)
+        api.close()
+        pods = json.loads(resp.data)["items"]
+        assert sorted(p["metadata"]["name"] for p in pods) == sorted(w.pod for w in workloads())
+        assert {p["status"]["phase"] for p in pods} == {"Running"}
+        again = subprocess.run([sys.executable, "-m", "neuron_dra", "demo", "--dir", str(cluster_dir)],
+                               capture_output=True, text=True, timeout=120)
+        assert again.returncode == 1 and f"a local cluster is already running in {cluster_dir}" in again.stderr
+        stop = subprocess.run([sys.executable, "-m", "neuron_dra", *down_cmd.split()[1:]], capture_output=True,
+                              text=True, timeout=120)
+        assert stop.returncode == 0 and "stopped" in stop.stdout
+    finally:
+        subprocess.run([sys.executable, "-m", "neuron_dra", "cluster", "down", "--dir", str(cluster_dir)],
+                       capture_output=True, timeout=120)
     _assert_nothing_left(cluster_dir)
