@@ -298,3 +298,23 @@ def test_demo_keep_leaves_a_working_cluster_and_prints_how_to_stop_it(tmp_path: 
         subprocess.run([sys.executable, "-m", "neuron_dra", "cluster", "down", "--dir", str(cluster_dir)],
                        capture_output=True, timeout=120)
     _assert_nothing_left(cluster_dir)
+
+
+def test_a_failing_demo_explains_why_and_stops_the_cluster(tmp_path: Path) -> None:
+    """With one trn2 node the whole-node pod takes it, so the 8-connected pod cannot be scheduled."""
+    import io
+
+    from neuron_dra.localcluster.demo import DemoError, DemoOptions, run_demo
+
+    cluster_dir = tmp_path / "demo"
+    out = io.StringIO()
+    options = DemoOptions(dir=cluster_dir, timeout=15, node_args=("trn2.48xlarge:1", "trn1.32xlarge:1",
+                                                                   "inf2.48xlarge:1"))
+    with pytest.raises(DemoError) as failed:
+        run_demo(options, out)
+    message = str(failed.value)
+    assert "timed out after 15 s waiting for stage 2 (connected-8) to be scheduled" in message
+    assert "connected-8 (Pending): PodScheduled=False Unschedulable" in message
+    assert "local cluster stopped" in out.getvalue() and f"logs kept in {cluster_dir}" in out.getvalue()
+    assert (cluster_dir / "supervisor.log").exists()
+    _assert_nothing_left(cluster_dir)
