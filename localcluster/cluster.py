@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,13 +50,18 @@ def read_status(cluster_dir: Path) -> dict[str, Any]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether a process runs; an exited process not yet reaped by its parent (a zombie) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S, driver_name: str = "neuron.aws.com",
@@ -80,6 +86,8 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     with (cluster_dir / LOG_FILE).open("ab") as logf:
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
+    # We are its parent: reap it when it exits, or it lingers as a zombie for as long as this process runs.
+    threading.Thread(target=proc.wait, name="reap-supervisor", daemon=True).start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = read_status(cluster_dir)

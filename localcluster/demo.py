@@ -19,7 +19,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -310,23 +309,6 @@ def running_in(cluster_dir: Path) -> bool:
     return True
 
 
-def reap_when_exited(cluster_dir: Path) -> None:
-    """Reap the supervisor `up` started from this process once it exits. Without this it stays a zombie (its
-    parent, this process, never waits for it), which `down` takes for alive until its timeout and SIGKILL."""
-    from neuron_dra.localcluster.supervisor import PID_FILE
-
-    try:
-        pid = int((cluster_dir / PID_FILE).read_text())
-    except (OSError, ValueError):
-        return
-
-    def wait() -> None:
-        with contextlib.suppress(ChildProcessError):  # not our child (e.g. started by `cluster up`)
-            os.waitpid(pid, 0)
-
-    threading.Thread(target=wait, name="reap-supervisor", daemon=True).start()
-
-
 def supervisor_children(cluster_dir: Path) -> list[int]:
     """Live supervisors of `cluster_dir` that this process started (zombies have no command line)."""
     me, wanted = os.getpid(), str(cluster_dir).encode()
@@ -404,7 +386,6 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         cluster = up(cluster_dir, list(options.node_args), ttl=ttl, driver_name=options.driver_name,
                      timeout=options.start_timeout, log=say)
         result.kubeconfig = cluster.kubeconfig
-        reap_when_exited(cluster_dir)
         say("control plane ready (etcd, kube-apiserver, kube-controller-manager, kube-scheduler); per node: the "
             "driver daemon, a kubelet stand-in, an emulated EFA driver")
         api = config.new_client_from_config(str(cluster.kubeconfig))

@@ -181,8 +181,9 @@ class KubeletStandin:
         while not self._stop.is_set():
             try:
                 w = watch.Watch()
+                # short server-side timeouts so that stop() returns promptly (the watch cannot be interrupted)
                 for _event in w.stream(self.core.list_pod_for_all_namespaces, field_selector=selector,
-                                       timeout_seconds=30):
+                                       timeout_seconds=3):
                     self._wake.set()
                     if self._stop.is_set():
                         w.stop()

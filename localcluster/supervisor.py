@@ -227,8 +227,11 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str) 
         write_status(cluster_dir, state="failed", error=f"{type(e).__name__}: {e}")
         return 1
     finally:
-        for agent in reversed(agents):
-            agent.stop()
+        stoppers = [threading.Thread(target=agent.stop, name=f"stop-{agent.node.name}") for agent in agents]
+        for t in stoppers:  # nodes stop independently, as real nodes would
+            t.start()
+        for t in stoppers:
+            t.join(timeout=60)
         if cp is not None:
             cp.stop()
         shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)

@@ -33,11 +33,9 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     Built from the Go module proxy on first use (cached outside the tree), so it works on a fresh machine.
     """
     from neuron_dra.localcluster.cluster import up
-    from neuron_dra.localcluster.demo import reap_when_exited
 
     cluster_dir = tmp_path_factory.mktemp("cluster")
     cluster = up(cluster_dir, list(E2E_NODES), ttl=3600, timeout=600)
-    reap_when_exited(cluster_dir)  # else the exited supervisor stays a zombie that `down` waits 60 s for
     try:
         yield cluster
     finally:
