@@ -11,9 +11,10 @@ from pathlib import Path
 TEMP_MARKER = ".tmp-"
 
 
-def temp_name(path: Path) -> Path:
-    # A leading dot and no .json/.yaml suffix: CDI runtimes and kubelet ignore such files.
-    return path.with_name(f".{path.name}{TEMP_MARKER}{secrets.token_hex(4)}")
+def temp_name(path: Path) -> str:
+    # A leading dot and no .json/.yaml suffix: CDI runtimes and kubelet ignore such files. A str, not a Path:
+    # pathlib interns every path component, and a random name per write would grow the interned strings.
+    return os.path.join(path.parent, f".{path.name}{TEMP_MARKER}{secrets.token_hex(4)}")
 
 
 def is_temp_file(name: str) -> bool:
@@ -52,7 +53,7 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = 
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp)
         raise
     if durable:
         fsync_dir(path.parent)
