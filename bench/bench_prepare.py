@@ -226,13 +226,14 @@ def run(base: Path, samples: int, cycles: int) -> int:
         for _ in range(samples):
             bare.append(echo.call())
             empty.extend(timed(lambda: client.prepare([], timeout=10), 1))
-        prepare: dict[int, list[float]] = {}
-        for n, ref in refs.items():
-            for _ in range(100):
+        # Claim sizes alternate too: each round prepares (and unprepares) a 1-, a 4- and a 16-device claim.
+        prepare: dict[int, list[float]] = {n: [] for n in refs}
+        for _ in range(100):  # warm up
+            for ref in refs.values():
                 echo.call()
-                cycle(ref)  # warm up
-            prepare[n] = []
-            for _ in range(samples):
+                cycle(ref)
+        for _ in range(samples):
+            for n, ref in refs.items():
                 bare.append(echo.call())
                 prepare[n].append(cycle(ref))
         client.prepare([refs[16]], timeout=10)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.driver.atomicfile import remove_temp_files, write_atomic
-from neuron_dra.driver.cdi import spec_text
 
 CHECKPOINT_VERSION = 1
 CHECKPOINT_FILE = "checkpoint.json"
@@ -70,7 +69,7 @@ class PreparedClaim:
     state: ClaimState
     devices: tuple[PreparedDevice, ...]
     neuron_indexes: tuple[int, ...]  # Neuron devices held exclusively (admin-access devices are not)
-    cdi_spec: str  # the exact spec file text
+    cdi_spec: str  # the exact spec file text (stored as a string: rewrites reproduce the file byte for byte)
     prepared_at: float  # unix time of the prepare that recorded it
 
     def with_state(self, state: ClaimState) -> PreparedClaim:
@@ -86,14 +85,20 @@ class PreparedClaim:
         return {
             "namespace": self.namespace, "name": self.name, "state": self.state.value,
             "devices": [d.to_json() for d in self.devices], "neuronDevices": list(self.neuron_indexes),
-            "cdiSpec": json.loads(self.cdi_spec), "preparedAt": self.prepared_at,
+            "cdiSpec": self.cdi_spec, "preparedAt": self.prepared_at,
         }
 
     @classmethod
     def from_json(cls, uid: str, d: Mapping[str, Any]) -> PreparedClaim:
         return cls(uid, d["namespace"], d["name"], ClaimState(d["state"]),
                    tuple(PreparedDevice.from_json(x) for x in d["devices"]), tuple(int(i) for i in d["neuronDevices"]),
-                   spec_text(d["cdiSpec"]), float(d["preparedAt"]))
+                   _spec(d["cdiSpec"]), float(d["preparedAt"]))
+
+
+def _spec(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"cdiSpec must be the spec file's text, got {type(value).__name__}")
+    return value
 
 
 def _canonical(value: Any) -> str:
