@@ -10,18 +10,19 @@ node and this driver.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from neuron_dra.driver.kube import read_json
+from neuron_dra.driver.kube import RESOURCE_SLICES, KubeApi
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices
 
@@ -72,9 +73,7 @@ class SlicePublisher:
     def __init__(self, api: client.ApiClient, host: NeuronHost, node_name: str, options: PublishOptions,
                  metrics: Metrics | None = None, resync_seconds: float = 60.0, backoff: Backoff | None = None,
                  capacity_block_id: str | None = None) -> None:
-        # Any: bodies are plain dicts (the client serializes them as they are), not its model classes.
-        self._resource: Any = client.ResourceV1Api(api)
-        self._core = client.CoreV1Api(api)
+        self._api = KubeApi(api)
         self.host = host
         self.node_name = node_name
         self.options = options
@@ -90,8 +89,7 @@ class SlicePublisher:
     # --- one pass --------------------------------------------------------------------------------------------
 
     def _node(self) -> tuple[NodeFacts, str]:
-        node = read_json(self._core.read_node(self.node_name, _preload_content=False,
-                                              _request_timeout=REQUEST_TIMEOUT))
+        node = self._api.call("GET", f"/api/v1/nodes/{quote(self.node_name, safe='')}", timeout=REQUEST_TIMEOUT)
         labels = node.get("metadata", {}).get("labels") or {}
         return NodeFacts.from_labels(self.node_name, labels, self._capacity_block_id), node["metadata"]["uid"]
 
@@ -101,8 +99,8 @@ class SlicePublisher:
 
     def list_slices(self) -> tuple[list[Slice], str]:
         """This node's slices of this driver (sorted by name) and the list's resourceVersion."""
-        data = read_json(self._resource.list_resource_slice(field_selector=self._selector, _preload_content=False,
-                                                            _request_timeout=REQUEST_TIMEOUT))
+        data = self._api.call("GET", RESOURCE_SLICES, query={"fieldSelector": self._selector},
+                              timeout=REQUEST_TIMEOUT)
         items = [s for s in data.get("items") or () if self._ours(s)]
         items.sort(key=lambda s: s["metadata"]["name"])
         return items, str(data.get("metadata", {}).get("resourceVersion", ""))
@@ -136,12 +134,10 @@ class SlicePublisher:
                                       "resourceVersion": s["metadata"]["resourceVersion"]}}
             body["metadata"].pop("generateName", None)
             body["spec"]["pool"]["generation"] = generation
-            self._write("update", partial(self._resource.replace_resource_slice, body["metadata"]["name"], body,
-                                          _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
+            self._write("update", "PUT", f"{RESOURCE_SLICES}/{body['metadata']['name']}", body)
         for d in desired[len(reused):]:
             d["spec"]["pool"]["generation"] = generation
-            self._write("create", partial(self._resource.create_resource_slice, d, _preload_content=False,
-                                          _request_timeout=REQUEST_TIMEOUT))
+            self._write("create", "POST", RESOURCE_SLICES, d)
         self._generation = generation
         self._set_gauge(devices)
         result = PublishResult(generation, devices, created=len(desired) - len(reused), updated=len(reused),
@@ -154,16 +150,15 @@ class SlicePublisher:
     def _delete(self, s: Slice) -> None:
         if not self._ours(s):  # belt and braces: never another node's or driver's slice
             raise RuntimeError(f"refusing to delete ResourceSlice {s['metadata']['name']}: not this node's")
-        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=s["metadata"]["uid"]))
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": s["metadata"]["uid"]}}
         try:
-            self._write("delete", partial(self._resource.delete_resource_slice, s["metadata"]["name"], body=body,
-                                          _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
+            self._write("delete", "DELETE", f"{RESOURCE_SLICES}/{s['metadata']['name']}", body)
         except ApiException as e:
             if e.status != 404:
                 raise
 
-    def _write(self, verb: str, call: Callable[[], Any]) -> None:
-        call()
+    def _write(self, verb: str, method: str, path: str, body: Mapping[str, Any]) -> None:
+        self._api.call(method, path, body=body, timeout=REQUEST_TIMEOUT)
         if self._metrics:
             self._metrics.slice_writes.labels(verb).inc()
 
@@ -175,15 +170,14 @@ class SlicePublisher:
 
     def _wait_for_change(self, rv: str, stop: threading.Event) -> None:
         """Block until a slice of ours changes (or the resync period ends)."""
-        w = watch.Watch()
-        kwargs: dict[str, Any] = {"field_selector": self._selector, "timeout_seconds": max(1, int(self._resync)),
-                                  "allow_watch_bookmarks": True, "_request_timeout": (3.0, self._resync + 10)}
-        if rv:
-            kwargs["resource_version"] = rv
-        for event in w.stream(self._resource.list_resource_slice, **kwargs):
-            if stop.is_set() or event.get("type") != "BOOKMARK":
-                w.stop()
-                return
+        query = {"fieldSelector": self._selector, "timeoutSeconds": max(1, int(self._resync)),
+                 "allowWatchBookmarks": "true", "resourceVersion": rv or None}
+        with contextlib.closing(self._api.watch(RESOURCE_SLICES, query, timeout=(3.0, self._resync + 10))) as events:
+            for event in events:
+                if event.get("type") == "ERROR":  # e.g. 410 Gone: list again
+                    raise ApiException(status=event.get("object", {}).get("code"), reason="watch error")
+                if stop.is_set() or event.get("type") != "BOOKMARK":
+                    return
 
     def run(self, stop: threading.Event) -> None:
         delay = 0.0
