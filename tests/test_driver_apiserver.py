@@ -18,9 +18,10 @@ from driver_support import DRIVER, NEURON_CONFIG, NODE, DaemonDirs, opaque, shor
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from neuron_dra.driver.claims import ClaimLookupError
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import emulate
-from neuron_dra.driver.kube import KubeClaimLookup
+from neuron_dra.driver.kube import KubeClaimLookup, api_client
 from neuron_dra.driver.metrics import Metrics
 from neuron_dra.driver.publisher import Backoff, SlicePublisher
 from neuron_dra.driver.slices import NETWORK_NODE_LABELS, NodeFacts, PublishOptions, build_pool
@@ -215,6 +216,15 @@ def test_claim_lookup_reads_claims_and_reports_missing_ones(api: Any) -> None:
     assert got["status"]["allocation"]["devices"]["results"][0]["device"] == "neuron-device-1"
     assert lookup.get("default", "no-such-claim") is None
     delete_claim(api, "lookup")
+
+
+def test_claim_lookup_reports_api_errors_as_lookup_errors(plane: ControlPlane) -> None:
+    nobody = api_client(str(plane.client_kubeconfig("nobody")))  # authenticated, but no RBAC at all
+    try:
+        with pytest.raises(ClaimLookupError, match="403"):
+            KubeClaimLookup(nobody).get("default", "anything")
+    finally:
+        nobody.close()
 
 
 def test_daemon_prepares_with_the_real_claim_get(api: Any, plane: ControlPlane, host_root: Path) -> None:
