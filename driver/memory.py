@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 
 M_ARENA_MAX = -8  # mallopt parameter number in glibc's malloc.h
 ARENAS = 2
 
 
+@functools.cache  # one handle per process: a new CDLL per call would leak a little memory each time
 def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:

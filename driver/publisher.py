@@ -191,8 +191,9 @@ class SlicePublisher:
                     writes_in_a_row += 1
                     if writes_in_a_row < 3:
                         continue  # check our own writes took, then watch from a version that includes them
-                    # Still different right after writing it: the API server rewrites something we send.
-                    log.warning("published slices still differ after writing them; waiting for the next resync",
+                    # Changed again right after each of three writes: someone else keeps deleting or rewriting
+                    # them, or the API server rewrites what we send. Do not spin: wait for the next change.
+                    log.warning("slices differed again right after each of 3 writes; waiting for the next change",
                                 extra={"node": self.node_name})
                     _, rv = self.list_slices()
                 writes_in_a_row = 0
