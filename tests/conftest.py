@@ -58,6 +58,10 @@ def ns(kube: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     core, res = client.CoreV1Api(kube), client.ResourceV1Api(kube)
     name = namespace_name("e2e-", request.node.name)
     core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
+    # Pods are refused until the service-account controller has made the namespace's `default` account.
+    eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
+                           for sa in core.list_namespaced_service_account(name).items), 30,
+               what=f"service account default in {name}")
     yield name
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     eventually(lambda: not core.list_namespaced_pod(name).items, 90, what=f"pods of {name} gone")
