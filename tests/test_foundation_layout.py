@@ -1,0 +1,46 @@
+"""The installed package exposes one namespace and the console scripts (issue: no generic top-level names)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # Run outside the repository: `python -m pytest` puts the repository root on sys.path.
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def test_only_the_neuron_dra_namespace_is_importable(tmp_path: Path) -> None:
+    probe = (
+        "import importlib.util as u\n"
+        "for name in ('driver', 'claim_templates', 'components', 'localcluster'):\n"
+        "    assert u.find_spec(name) is None, name\n"
+        "import neuron_dra.driver.catalog, neuron_dra.claim_templates, neuron_dra.localcluster.topology\n"
+        "print('ok')\n"
+    )
+    result = _python(probe, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_driver_package_does_not_import_pulumi(tmp_path: Path) -> None:
+    probe = (
+        "import sys\n"
+        "import neuron_dra.driver.main, neuron_dra.driver.deploy, neuron_dra.claim_templates.checks\n"
+        "print(sorted(m for m in sys.modules if m.startswith('pulumi')))\n"
+    )
+    result = _python(probe, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_console_scripts_are_installed() -> None:
+    scripts = Path(sysconfig.get_path("scripts"))  # where pip put this interpreter's console scripts
+    for script in ("neuron-dra", "neuron-dra-driver"):
+        path = scripts / script
+        assert path.exists(), f"{script} is not installed in {scripts}"
+        result = subprocess.run([str(path), "--help"], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stderr
