@@ -175,6 +175,7 @@ class DemoRun:
         except ApiException as e:
             if e.status != 409:
                 raise DemoError(f"creating namespace {self.namespace}: {e.reason}: {e.body}") from None
+        self._wait_for_default_service_account()
         for t in templates:
             try:
                 self.resource.create_namespaced_resource_claim_template(self.namespace, t.to_manifest())  # type: ignore[arg-type]
@@ -182,6 +183,19 @@ class DemoRun:
                 raise DemoError(f"the apiserver rejected claim template {t.name}: {_message(e)}") from None
         self.say(f"installed {len(templates)} example claim templates in namespace {self.namespace} "
                  "(the apiserver compiled their CEL)")
+
+    def _wait_for_default_service_account(self, timeout: float = 60.0) -> None:
+        """Pods are refused until kube-controller-manager has made the namespace's `default` service account
+        (seconds on a busy machine)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            names = [sa.metadata.name for sa in self.core.list_namespaced_service_account(self.namespace).items
+                     if sa.metadata is not None]
+            if "default" in names:
+                return
+            time.sleep(0.2)
+        raise DemoError(f"namespace {self.namespace} has no default service account after {timeout:.0f} s "
+                        "(is kube-controller-manager running?)")
 
     # --- pods ------------------------------------------------------------------------------------------------
 

@@ -176,6 +176,12 @@ def test_scheduler_allocates_a_claim_made_from_a_template(api: Any) -> None:
     ns = "cp-test"
     namespace: Any = {"metadata": {"name": ns}}
     core.create_namespace(namespace)
+    # Pods are refused until kube-controller-manager has made the namespace's default service account.
+    deadline = time.monotonic() + 60
+    while not any(sa.metadata and sa.metadata.name == "default"
+                  for sa in core.list_namespaced_service_account(ns).items):
+        assert time.monotonic() < deadline, "no default service account in 60 s"
+        time.sleep(0.2)
     template: Any = {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "two"},
         "spec": {"spec": {"devices": {"requests": [
