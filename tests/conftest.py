@@ -10,6 +10,7 @@ from kubernetes import client, config
 
 from neuron_dra.driver.emulate import EmulationOptions, emulate
 from neuron_dra.localcluster.cluster import LocalCluster
+from neuron_dra.localcluster.controlplane import ControlPlane, running
 
 # The end-to-end cluster: the demo's nodes plus an UltraServer node.
 E2E_NODES = ("trn2.48xlarge:2", "trn1.32xlarge:1", "inf2.48xlarge:1", "trn2u.48xlarge:1")
@@ -67,3 +68,22 @@ def ns(kube: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     eventually(lambda: not core.list_namespaced_pod(name).items, 90, what=f"pods of {name} gone")
     eventually(lambda: not res.list_namespaced_resource_claim(name).items, 60, what=f"claims of {name} gone")
     core.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane per test module (etcd, kube-apiserver, controller-manager, scheduler); all stopped after."""
+    cp = ControlPlane.start(tmp_path_factory.mktemp("controlplane"), max_lifetime_s=1800)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+    assert running(cp.dir) == []
+
+
+@pytest.fixture(scope="module")
+def api(plane: ControlPlane) -> Iterator[client.ApiClient]:
+    """An admin API client of the module's control plane."""
+    api_client: client.ApiClient = plane.api_client()
+    yield api_client
+    api_client.close()

@@ -15,6 +15,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from e2e_support import claim_template as _template
 
 from neuron_dra.claim_templates import Checker, ClaimTemplate
 from neuron_dra.claim_templates.allocator import simulate
@@ -36,17 +37,6 @@ def _request(name: str, selector: str | None, count: int | None = None, cls: str
     else:
         exactly["count"] = count  # AWS omits allocationMode: ExactCount is the default
     return {"name": name, "exactly": exactly}
-
-
-def _template(name: str, requests: list[dict[str, Any]], constraints: list[dict[str, Any]] | None = None,
-              config: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": requests}
-    if constraints:
-        devices["constraints"] = constraints
-    if config:
-        devices["config"] = config
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
-            "spec": {"spec": {"devices": devices}}}
 
 
 TRN2 = f'{A}.instanceType == "trn2.48xlarge"'

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,26 +27,10 @@ IMAGE = "registry.example.com/neuron-dra-driver:0.1.0"
 
 
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = ControlPlane.start(tmp_path_factory.mktemp("components-apiserver"), max_lifetime_s=900)
-    try:
-        yield cp
-    finally:
-        cp.stop()
-
-
-@pytest.fixture(scope="module")
-def admin(plane: ControlPlane) -> Iterator[Any]:
-    api = plane.api_client()
-    yield api
-    api.close()
-
-
-@pytest.fixture(scope="module")
-def planned(admin: Any) -> list[dict[str, Any]]:
+def planned(api: Any) -> list[dict[str, Any]]:
     run = cli_plan.plan({"neuron-dra:driverImage": IMAGE})
     manifests: list[dict[str, Any]] = cli_plan.kubernetes_manifests(run)
-    dyn = dynamic.DynamicClient(admin)
+    dyn = dynamic.DynamicClient(api)
     for m in manifests:
         resource = dyn.resources.get(api_version=m["apiVersion"], kind=m["kind"])
         kwargs = {"namespace": m["metadata"].get("namespace", "default")} if resource.namespaced else {}
@@ -55,8 +38,8 @@ def planned(admin: Any) -> list[dict[str, Any]]:
     return manifests
 
 
-def test_the_real_apiserver_accepts_every_planned_object(admin: Any, planned: list[dict[str, Any]]) -> None:
-    dyn = dynamic.DynamicClient(admin)
+def test_the_real_apiserver_accepts_every_planned_object(api: Any, planned: list[dict[str, Any]]) -> None:
+    dyn = dynamic.DynamicClient(api)
     kinds = [m["kind"] for m in planned]
     assert kinds.count("DaemonSet") == 1 and kinds.count("ResourceClaimTemplate") >= 8
     for m in planned:
@@ -82,7 +65,7 @@ def test_the_real_apiserver_accepts_every_planned_object(admin: Any, planned: li
     assert not (status["typeChecking"] or {}).get("expressionWarnings"), status
 
 
-def driver_client(plane: ControlPlane, admin: Any, node: str | None) -> Any:
+def driver_client(plane: ControlPlane, api: Any, node: str | None) -> Any:
     """An API client with the driver service account's token, bound to a pod on `node` (or unbound)."""
     options = deploy.DriverDeployOptions()
     bound = None
@@ -90,7 +73,7 @@ def driver_client(plane: ControlPlane, admin: Any, node: str | None) -> Any:
         pod: Any = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"driver-{node}"},
                     "spec": {"nodeName": node, "serviceAccountName": options.service_account,
                              "containers": [{"name": "c", "image": IMAGE}]}}
-        core = client.CoreV1Api(admin)
+        core = client.CoreV1Api(api)
         created = core.create_namespaced_pod(options.namespace, pod)
         assert created.metadata is not None and created.metadata.name and created.metadata.uid
         bound = BoundObject("Pod", created.metadata.name, created.metadata.uid)
@@ -115,10 +98,10 @@ def status_of(call: Any) -> tuple[int, str]:
     return 200, ""
 
 
-def test_rbac_and_the_node_restriction_hold_for_the_drivers_identity(plane: ControlPlane, admin: Any,
+def test_rbac_and_the_node_restriction_hold_for_the_drivers_identity(plane: ControlPlane, api: Any,
                                                                       planned: list[dict[str, Any]]) -> None:
-    driver = driver_client(plane, admin, NODE)
-    unbound = driver_client(plane, admin, None)
+    driver = driver_client(plane, api, NODE)
+    unbound = driver_client(plane, api, None)
     try:
         slices = dynamic.DynamicClient(driver).resources.get(api_version="resource.k8s.io/v1", kind="ResourceSlice")
         # Its own node: create, update, list/watch, delete.

@@ -16,11 +16,11 @@ import os
 import ssl
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import eventually, raw
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -29,38 +29,6 @@ from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane, runn
 
 DRIVER = "neuron.aws.com"
 NODE = "cp-test-node"
-
-
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = ControlPlane.start(tmp_path_factory.mktemp("controlplane"), max_lifetime_s=1800)
-    try:
-        yield cp
-    finally:
-        cp.stop()
-    assert running(cp.dir) == []
-
-
-@pytest.fixture(scope="module")
-def api(plane: ControlPlane) -> Iterator[Any]:
-    api_client = plane.api_client()
-    yield api_client
-    api_client.close()
-
-
-def raw(resp: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(resp.data)
-    return data
-
-
-def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def admin_https(plane: ControlPlane) -> ssl.SSLContext:
@@ -121,7 +89,7 @@ def test_controller_manager_and_scheduler_are_healthy_and_lead(plane: ControlPla
         items = raw(coordination.list_namespaced_lease("kube-system", _preload_content=False))["items"]
         return {i["metadata"]["name"]: i["spec"] for i in items if i["spec"].get("holderIdentity")}
 
-    held = eventually(lambda: {"kube-controller-manager", "kube-scheduler"} <= leases().keys() and leases(),
+    held: Any = eventually(lambda: {"kube-controller-manager", "kube-scheduler"} <= leases().keys() and leases(),
                       what="leader leases of the controller-manager and scheduler")
     first = {k: held[k]["renewTime"] for k in ("kube-controller-manager", "kube-scheduler")}
     # Leases are renewed every 2 s by default: a renewal proves the components are alive, not just started.

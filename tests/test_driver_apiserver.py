@@ -9,12 +9,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from driver_support import DRIVER, NEURON_CONFIG, NODE, DaemonDirs, opaque, short_dir, wait_until
+from e2e_support import raw
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -30,27 +30,6 @@ from neuron_dra.localcluster.controlplane import ControlPlane
 from neuron_dra.localcluster.kubelet_standin import ClaimRef
 
 OTHER_NODE = "node-b"
-
-
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = ControlPlane.start(tmp_path_factory.mktemp("driver-controlplane"), max_lifetime_s=1800)
-    try:
-        yield cp
-    finally:
-        cp.stop()
-
-
-@pytest.fixture(scope="module")
-def api(plane: ControlPlane) -> Iterator[Any]:
-    a = plane.api_client()
-    yield a
-    a.close()
-
-
-def raw(resp: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(resp.data)
-    return data
 
 
 def ensure_node(api: Any, name: str, labels: dict[str, str]) -> dict[str, Any]:
