@@ -1,6 +1,6 @@
 """Benchmark: the Python allocator simulation against kube-scheduler's allocator (Go) on the same cases.
 
-The cases are the differential test's (tests/allocator_cases.py, same seed): claims x every catalog node x
+The cases are the differential test's (tests/support/allocator_cases.py, same seed): claims x every catalog node x
 already allocated devices, each run in "fit-one" and "count" mode. Figures:
 - Go, the allocator's own time per run (`nanos`: fresh allocator + Allocate, as the scheduler's Filter) -
   the baseline every ratio is against;
@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the case generator lives with the test
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the case generator lives with the tests (tests.support)
 
-from allocator_cases import Case, CaseGenerator
-from allocator_compare import Answer, compare, go_answers, python_answers, runs
+from tests.support.allocator_cases import Case, CaseGenerator
+from tests.support.allocator_compare import Answer, compare, go_answers, python_answers, runs
 
 from neuron_dra.claim_templates.allocator import Simulator, simulate
 from neuron_dra.claim_templates.cel_env import CelEnvironment

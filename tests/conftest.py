@@ -54,7 +54,7 @@ def kube(local_cluster: LocalCluster) -> Iterator[client.ApiClient]:
 def ns(kube: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace per test. At the end its pods are deleted (and so unprepared) and their ResourceClaims are gone,
     so the next test finds every device free (the scheduler counts a claim's devices until the claim is deleted)."""
-    from e2e_support import eventually, namespace_name
+    from tests.support.e2e import eventually, namespace_name
 
     core, res = client.CoreV1Api(kube), client.ResourceV1Api(kube)
     name = namespace_name("e2e-", request.node.name)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import (
+from tests.support.e2e import (
     allocated_devices,
     cdi_specs_naming,
     claim_template,

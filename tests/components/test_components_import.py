@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_PARTS = ("neuron_dra", "driver", "claim_templates", "components", "localcluster", "pyproject.toml",
                  "README.md")
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from allocator_cases import MODES, Case, node_labels
+from tests.support.allocator_cases import MODES, Case, node_labels
 
 from neuron_dra.claim_templates.allocator import Mode, Simulator, simulate
 from neuron_dra.claim_templates.cel_env import CelEnvironment

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from driver_support import DRIVER, NODE, FakeLookup, claim, devices, short_dir, uid
+from tests.support.driver import DRIVER, NODE, FakeLookup, claim, devices, short_dir, uid
 
 from neuron_dra.driver import plugin
 from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc

@@ -24,7 +24,7 @@ from neuron_dra.components.settings import (
 )
 from neuron_dra.components.stack import StackResult, build_stack, kubeconfig_input, settings_from_pulumi_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KUBECONFIG = yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [], "contexts": [], "users": []})
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import eventually, raw
+from tests.support.e2e import eventually, raw
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 

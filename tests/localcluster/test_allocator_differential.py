@@ -1,6 +1,6 @@
 """Differential test: the Python allocator simulation against kube-scheduler's allocator (Go, v0.34.12).
 
-Thousands of seeded cases (tests/allocator_cases.py: claims x every catalog node x already allocated
+Thousands of seeded cases (tests/support/allocator_cases.py: claims x every catalog node x already allocated
 devices) run through both allocators in both modes; they must agree on every run: satisfiable or not, how
 many copies fit, and whether the allocator returned an error. Go runs in allocsim processes alongside
 the Python side. The summary table prints with `pytest -s`.
@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
-from allocator_cases import Case, CaseGenerator, GeneratedCases, case_digest
-from allocator_compare import GoRun, Verdict, compare, go_answers, python_answers, summary
+from tests.support.allocator_cases import Case, CaseGenerator, GeneratedCases, case_digest
+from tests.support.allocator_compare import GoRun, Verdict, compare, go_answers, python_answers, summary
 
 from neuron_dra.claim_templates.allocator import DeviceId
 from neuron_dra.claim_templates.cel_env import CelEnvironment

@@ -18,7 +18,7 @@ from neuron_dra.components.settings import decode_settings
 from neuron_dra.components.stack import driver_options
 from neuron_dra.driver import deploy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_config(tmp_path: Path, text: str) -> Path:

@@ -98,4 +98,4 @@ def test_without_an_image_or_a_dockerfile_the_error_names_the_setting(tmp_path: 
 
 def test_the_repository_dockerfile_is_what_gets_built() -> None:
     # The default build context is this checkout, which has the driver's Dockerfile.
-    assert NeuronDraDriverArgs().dockerfile() == Path(__file__).resolve().parent.parent / "driver" / "Dockerfile"
+    assert NeuronDraDriverArgs().dockerfile() == Path(__file__).resolve().parents[2] / "driver" / "Dockerfile"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_support import (
+from tests.support.driver import (
     DRIVER,
     NEURON_CONFIG,
     NODE,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from e2e_support import eventually, pod_claim, pod_phase, pod_with_template, raw, unschedulable
+from tests.support.e2e import eventually, pod_claim, pod_phase, pod_with_template, raw, unschedulable
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from e2e_support import claim_template as _template
+from tests.support.e2e import claim_template as _template
 
 from neuron_dra.claim_templates import Checker, ClaimTemplate
 from neuron_dra.claim_templates.allocator import simulate

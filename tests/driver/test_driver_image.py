@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "driver" / "Dockerfile"
 IMAGE_REQUIREMENTS = REPO / "driver" / "image-requirements.txt"
 

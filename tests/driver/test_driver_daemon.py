@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from driver_support import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid, wait_until
+from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid, wait_until
 
 from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.emulate import emulate

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_support import DRIVER, NEURON_CONFIG, NODE, DaemonDirs, opaque, short_dir, wait_until
-from e2e_support import raw
+from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, DaemonDirs, opaque, short_dir, wait_until
+from tests.support.e2e import raw
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 

@@ -1,0 +1,1 @@
+"""The test suite (a package so that helpers import as `tests.support.*`)."""

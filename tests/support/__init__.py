@@ -1,0 +1,1 @@
+"""Shared test helpers: daemon fixtures, end-to-end helpers, allocator case generation."""
