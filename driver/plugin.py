@@ -152,9 +152,13 @@ def _listen(server: grpc.Server, path: Path) -> None:
 
 
 class PluginServers:
-    def __init__(self, paths: SocketPaths, state: DriverState, driver_name: str, max_workers: int = 16) -> None:
+    def __init__(self, paths: SocketPaths, state: DriverState, driver_name: str, max_workers: int = 16,
+                 extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (), extra_services: tuple[str, ...] = ()
+                 ) -> None:
         self.paths = paths
-        self.registration = RegistrationService(driver_name, paths.dra)
+        # extra_*: optional services on the DRA socket (the health stream), advertised after the DRA versions.
+        self.registration = RegistrationService(driver_name, paths.dra, DRA_SERVICES + extra_services)
+        self._extra_handlers = extra_handlers
         self._state = state
         self._max_workers = max_workers
         self._dra: grpc.Server | None = None
@@ -164,6 +168,8 @@ class PluginServers:
         dra = grpc.server(ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="dra"))
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(self._state, dra_v1_pb2), dra)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(self._state, dra_v1beta1_pb2), dra)
+        if self._extra_handlers:
+            dra.add_generic_rpc_handlers(self._extra_handlers)
         _listen(dra, self.paths.dra)
         dra.start()
         self._dra = dra
@@ -173,7 +179,8 @@ class PluginServers:
         reg.start()
         self._reg = reg
         log.info("serving", extra={"dra_socket": str(self.paths.dra),
-                                   "registration_socket": str(self.paths.registration), "services": list(DRA_SERVICES)})
+                                   "registration_socket": str(self.paths.registration),
+                                   "services": list(self.registration.services)})
 
     def stop(self, grace: float = 5.0) -> None:
         for server, path in ((self._reg, self.paths.registration), (self._dra, self.paths.dra)):
