@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from tests.support.driver import DRIVER, NODE
-from tests.support.e2e import raw
 
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import clear_faults, emulate, inject_fault
@@ -22,6 +20,8 @@ from neuron_dra.driver.metrics import Metrics
 from neuron_dra.driver.publisher import SlicePublisher
 from neuron_dra.driver.slices import PublishOptions
 from neuron_dra.localcluster.controlplane import ControlPlane
+from tests.support.driver import DRIVER, NODE
+from tests.support.e2e import raw
 
 pytestmark = pytest.mark.cluster
 
