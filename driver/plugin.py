@@ -154,9 +154,12 @@ def _listen(server: grpc.Server, path: Path) -> None:
 
 class PluginServers:
     def __init__(self, paths: SocketPaths, state: DriverState, driver_name: str, max_workers: int = 16,
+                 extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (), extra_services: tuple[str, ...] = (),
                  max_concurrent_rpcs: int = DRA_MAX_CONCURRENT) -> None:
         self.paths = paths
-        self.registration = RegistrationService(driver_name, paths.dra)
+        # extra_*: optional services on the DRA socket (the health stream), advertised after the DRA versions.
+        self.registration = RegistrationService(driver_name, paths.dra, DRA_SERVICES + extra_services)
+        self._extra_handlers = extra_handlers
         self._state = state
         self._max_workers = max_workers
         self._max_concurrent = max(max_concurrent_rpcs, max_workers)
@@ -167,6 +170,8 @@ class PluginServers:
         dra = grpc_raw.new_server("dra", self._max_workers, self._max_concurrent)
         grpc_raw.add_servicer(dra, DRA_V1, DraService(self._state, dra_v1_pb2))
         grpc_raw.add_servicer(dra, DRA_V1BETA1, DraService(self._state, dra_v1beta1_pb2))
+        if self._extra_handlers:  # built with grpc_raw.service_handler (raw bytes) by their owners
+            dra.add_generic_rpc_handlers(self._extra_handlers)
         _listen(dra, self.paths.dra)
         dra.start()
         self._dra = dra
@@ -176,7 +181,8 @@ class PluginServers:
         reg.start()
         self._reg = reg
         log.info("serving", extra={"dra_socket": str(self.paths.dra),
-                                   "registration_socket": str(self.paths.registration), "services": list(DRA_SERVICES)})
+                                   "registration_socket": str(self.paths.registration),
+                                   "services": list(self.registration.services)})
 
     def stop(self, grace: float = 5.0) -> None:
         for server, path in ((self._reg, self.paths.registration), (self._dra, self.paths.dra)):
