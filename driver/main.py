@@ -11,6 +11,7 @@ with backoff and prepares fail per claim until the server answers.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import re
@@ -68,7 +69,8 @@ class DaemonOptions:
     cdi_root: Path = Path(DEFAULT_CDI_ROOT)
     healthcheck_port: int = 0  # 0: off
     metrics_port: int = 0  # 0: off
-    bind_address: str = "0.0.0.0"  # health and metrics; kubelet probes and Prometheus scrape the pod IP
+    # Health and metrics listen here only: kubelet probes and Prometheus scrape the pod IP (docs/hardening.md §1).
+    bind_address: str = "127.0.0.1"
     kubeconfig: str | None = None  # None: in-cluster service account
     host_root: Path | None = Path("/")
     emulate: str | None = None  # instance type to emulate instead of reading host_root
@@ -123,6 +125,14 @@ def _node_name(text: str) -> str:
     return text
 
 
+def _address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address (the pod's IP, e.g. from the downward API "
+                                         "status.podIP, or 127.0.0.1)") from None
+
+
 def _abs_dir(text: str) -> Path:
     p = Path(text)
     if not p.is_absolute():
@@ -153,8 +163,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                    help="gRPC health port, service 'liveness'; 0 = off [env HEALTHCHECK_PORT] (default 0)")
     p.add_argument("--metrics-port", type=_port, default=env_default("METRICS_PORT", "0"), metavar="PORT",
                    help="Prometheus /metrics port; 0 = off [env METRICS_PORT] (default 0)")
-    p.add_argument("--bind-address", default=env_default("BIND_ADDRESS", "0.0.0.0"), metavar="ADDR",
-                   help="address of the health and metrics ports [env BIND_ADDRESS] (default 0.0.0.0)")
+    p.add_argument("--bind-address", default=env_default("BIND_ADDRESS", env_default("POD_IP", "127.0.0.1")),
+                   type=_address, metavar="ADDR",
+                   help="the one address of the health and metrics ports, where kubelet's probe connects "
+                        "[env BIND_ADDRESS, else env POD_IP (the downward API's status.podIP; the node's IP "
+                        "with hostNetwork)] (default 127.0.0.1)")
     p.add_argument("--kubeconfig", default=None, metavar="FILE", help="kubeconfig file (default: in-cluster)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--host-root", type=_abs_dir, metavar="DIR",
