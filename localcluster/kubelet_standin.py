@@ -1,6 +1,6 @@
 """A kubelet stand-in for emulated nodes: the DRA half of kubelet, against a real API server.
 
-It does what kubelet does for DRA drivers, with kubelet's semantics (kubelet-dra.md §1-2):
+It does what kubelet does for DRA drivers, with kubelet's semantics (docs/kubelet-dra-protocol.md §1-2):
 registers plugins found in the registry directory (GetInfo with a 1 s timeout, version choice,
 NotifyRegistrationStatus), deletes its node's ResourceSlices when it starts, watches the pods
 bound to its node, prepares all of a pod's claims of one driver in one NodePrepareResources call

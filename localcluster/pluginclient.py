@@ -1,5 +1,5 @@
 """The gRPC half of a kubelet stand-in: kubelet's side of plugin registration and of the DRA service,
-over the plugin's real unix sockets, with kubelet's timeouts and version choice (kubelet-dra.md §1-2).
+over the plugin's real unix sockets, with kubelet's timeouts and version choice (docs/kubelet-dra-protocol.md §1-2).
 
 - `register(socket)`: dial (10 s), GetInfo (1 s timeout, as kubelet), validate (type DRAPlugin, a name, an
   absolute endpoint, a DRA service this kubelet speaks: the first of kubelet's own preference list
