@@ -1,16 +1,15 @@
 """`TrainiumCluster`: an EKS control plane for Neuron node groups.
 
-pulumi_eks.Cluster with a pinned Kubernetes version (1.34 or newer), API authentication with access entries,
+pulumi_eks.Cluster with a pinned Kubernetes version (1.34 to 1.37), API authentication with access entries,
 an OIDC provider, no default node group and no pulumi-eks security groups (so `cluster_security_group_id` is
 the EKS-created cluster security group that managed nodes use), the vpc-cni, kube-proxy and
 eks-pod-identity-agent add-ons, and a Kubernetes provider from its kubeconfig. The VPC CNI (service account
 kube-system/aws-node) gets its own IAM role with AmazonEKS_CNI_Policy through an EKS Pod Identity association
-(`vpc_cni_identity="podIdentity"`, the default), so the node role does not need that policy; node groups must
-be created after `node_group_dependencies` (pods get their credentials only if the association exists when they
-are created). CoreDNS is created by
-`install_coredns()` once node groups exist: an add-on without nodes stays DEGRADED and its creation times out
-(pulumi-eks creates it before any node group). Its pods tolerate the Neuron taint, so a cluster whose only
-nodes are Neuron nodes still resolves names.
+(`vpc_cni_identity="podIdentity"`, the default; docs/eks-trainium.md §5), so the node role does not need that
+policy; node groups must be created after `node_group_dependencies` (pods get their credentials only if the
+association exists when they are created). CoreDNS is created by `install_coredns()` once node groups exist:
+an add-on without nodes stays DEGRADED and its creation times out (pulumi-eks creates it before any node group).
+Its pods tolerate the Neuron taint, so a cluster whose only nodes are Neuron nodes still resolves names.
 """
 
 from __future__ import annotations

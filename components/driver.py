@@ -9,7 +9,7 @@ it on to the children).
 What `pulumi up` waits for: the Kubernetes provider waits until the DaemonSet has rolled out (every scheduled
 pod updated and ready), by default up to `rollout_timeout_seconds` = 600, then fails the update (the objects
 stay). 0 skips that wait (annotation `pulumi.com/skipAwait`): the update then ends once the apiserver has the
-DaemonSet, whether or not its pods run (docs/pulumi-engine.md).
+DaemonSet, whether or not its pods run (docs/pulumi-engine.md §3).
 """
 
 from __future__ import annotations

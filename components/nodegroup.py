@@ -6,8 +6,9 @@ NodeGroupV2 has one network interface), so it is pulumi_aws.eks.NodeGroup plus p
   allows all traffic to and from itself (EFA needs it); one subnet (one AZ) and a `cluster` placement group;
 - Capacity Blocks: market type `capacity-block`, the reservation targeted, the instance type in the launch
   template, capacity type CAPACITY_BLOCK;
-- IMDSv2 required with hop limit 1 by default: only the node's own processes and host-network pods (kubelet,
-  the VPC CNI, the Pod Identity agent) reach IMDS, so ordinary pods cannot take the node role's credentials;
+- IMDSv2 required with hop limit 1 by default (docs/eks-trainium.md §5): only the node's own processes and
+  host-network pods (kubelet, the VPC CNI, the Pod Identity agent) reach IMDS, so ordinary pods cannot take the
+  node role's credentials;
 - an encrypted gp3 root volume;
 - the taint `aws.amazon.com/neuron=true:NoSchedule`, labels, and a node role with only the managed policies a
   node needs (join the cluster, pull images). The VPC CNI's policy goes on the node role only when asked
@@ -70,7 +71,8 @@ class TrainiumNodeGroupArgs(NodeGroupSettings):
     @classmethod
     def from_settings(cls, group: NodeGroupSettings, **placement: object) -> TrainiumNodeGroupArgs:
         """A node group of the default stack's settings, placed by `placement` (cluster_name, vpc_id, ...)."""
-        return cls(**{f.name: getattr(group, f.name) for f in fields(NodeGroupSettings)}, **placement)  # type: ignore[arg-type]
+        plain = {f.name: getattr(group, f.name) for f in fields(NodeGroupSettings)}
+        return cls(**plain, **placement)  # type: ignore[arg-type]
 
 
 class TrainiumNodeGroup(pulumi.ComponentResource):

@@ -8,6 +8,7 @@ directory with its own Pulumi.yaml and program then creates every component unde
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -102,7 +103,10 @@ def test_components_from_a_separate_project_with_a_pip_installed_copy(tmp_path: 
     project.mkdir()
     (project / "Pulumi.yaml").write_text("name: team-infra\nruntime:\n  name: python\n")
     (project / "__main__.py").write_text(textwrap.dedent(OTHER_PROGRAM))
-    done = subprocess.run([str(python), "__main__.py"], cwd=project, capture_output=True, text=True, timeout=300)
+    # Nothing of this checkout on the path (PYTHONPATH points at it in a work tree): the venv's copy is imported.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(python), "__main__.py"], cwd=project, capture_output=True, text=True, timeout=300,
+                          env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
 
