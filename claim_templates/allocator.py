@@ -2,11 +2,11 @@
 
 Same inputs as the real one (API dicts of ResourceSlices, DeviceClasses and ResourceClaims, the set of
 already allocated devices, the node) and the same semantics, read from the 1.34 allocator (with 1.34's
-default gates the scheduler runs its "experimental" implementation; for what is simulated here the
-"stable" one behaves the same):
+default gates the scheduler runs its "experimental" implementation), updated to 1.36 (the default
+minor of the local cluster and of the differential test):
 - pools: slices for the node (nodeName, allNodes or a matching nodeSelector), newest generation only;
-  an incomplete pool (fewer slices than resourceSliceCount) gives the devices of the slices it has to
-  ExactCount requests and fails an `All` request; an invalid one (duplicate device names) gives no
+  an incomplete pool (fewer slices than resourceSliceCount) gives no devices (1.34 still gave the
+  devices of the slices it had to ExactCount requests) and fails an `All` request; an invalid one (duplicate device names) gives no
   devices, fails an `All` request and makes a failed search an error;
 - depth-first search with backtracking over claims, requests (firstAvailable: subrequests in order),
   device slots, pools, slices and devices in order; the first complete solution wins;
@@ -515,7 +515,7 @@ class _Search:
         if self.sim.prune and not self._enough_candidates(req, req.num - di):
             return False
         for pool in self.sim.pools:
-            if pool.invalid:
+            if pool.invalid or pool.incomplete:
                 continue
             for device in pool.devices:
                 if self._busy(req, device) or not self._selectable(req, device):
@@ -599,7 +599,7 @@ class _Search:
         if found is None:
             found = []
             for pool in self.sim.pools:
-                if pool.invalid:
+                if pool.invalid or pool.incomplete:
                     continue
                 for device in pool.devices:
                     if device.api.get("consumesCounters"):
