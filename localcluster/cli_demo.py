@@ -34,6 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttl", type=float, default=None,
                         help="the cluster stops by itself after this many seconds (default 2 h with --keep, "
                              "else 30 min)")
+    parser.add_argument("--kubernetes-version", default=None, metavar="MINOR",
+                        help="Kubernetes minor of the cluster (1.34, 1.35, 1.36, 1.37; default 1.36)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ttl is not None and args.ttl < 60:
         print(f"neuron-dra demo: --ttl must be at least 60 seconds, got {args.ttl}", file=sys.stderr)
         return 2
-    options = DemoOptions(dir=args.dir, keep=args.keep, timeout=args.timeout, ttl=args.ttl)
+    options = DemoOptions(dir=args.dir, keep=args.keep, timeout=args.timeout, ttl=args.ttl,
+                          kubernetes_version=args.kubernetes_version)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = run_demo(options)

@@ -224,13 +224,16 @@ class NodeAgent:
 
     def stop(self) -> None:
         # The driver first (it must not see a half-stopped node as a reason to act), the runtime last.
-        for part in (self.driver, self.efa, self.kubelet, self.runtime):
+        for name, part in (("driver", self.driver), ("EFA driver", self.efa), ("kubelet", self.kubelet),
+                           ("fake runtime", self.runtime)):
             if part is None:
                 continue
+            began = time.monotonic()
             try:
                 part.stop()
             except Exception:
-                log.exception("stopping %s of %s", type(part).__name__, self.node.name)
+                log.exception("stopping the %s of %s", name, self.node.name)
+            log.info("stopped the %s of %s in %.1f s", name, self.node.name, time.monotonic() - began)
 
 
 def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdentity]:
