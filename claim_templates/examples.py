@@ -1,7 +1,7 @@
 """Example claim templates: AWS's eight official Neuron DRA samples, each one short expression, and richer cases.
 
 Render them with `neuron-dra claims render neuron_dra/claim_templates/examples.py`, check them with
-`neuron-dra claims check ...`. The official samples are AWS's (facts sheet §3), written with the typed
+`neuron-dra claims check ...`. The official samples are AWS's (docs/neuron-hardware.md §5), written with the typed
 classes; tests/test_claims_official_samples.py shows each renders semantically equal to AWS's YAML.
 """
 

@@ -1,6 +1,6 @@
 """EFA network interfaces of a launch template, from the hardware catalog. Pure Python.
 
-Rules (../shared/facts/eks-pulumi.md): one EFA per network card; network card 0 carries the primary interface
+Rules (docs/eks-trainium.md §2): one EFA per network card; network card 0 carries the primary interface
 at device index 0 with interface type `efa` (an EFA-only interface cannot be primary); every other card i
 carries one interface at device index 1, `efa` or `efa-only` (EFA-only interfaces take no IP address and need
 VPC CNI 1.18.4+).

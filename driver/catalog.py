@@ -2,7 +2,7 @@
 
 This is the single description of the hardware that discovery validates hosts against, that
 emulation writes fake hosts from, and that the claim checks and Pulumi components size from.
-Source: ../shared/facts/neuron.md §1 and §3.
+Source: docs/neuron-hardware.md §1 (hardware per instance type) and §4 (EFA wiring).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _bdfs(buses: str, fmt: str) -> tuple[str, ...]:
     return tuple(fmt.format(b) for b in buses.split())
 
 
-# Neuron device index -> PCI address (BDF) of the EFA interface it is wired to (facts §3).
+# Neuron device index -> PCI address (BDF) of the EFA interface it is wired to (docs/neuron-hardware.md §4).
 TRN1_EFA = _bdfs(
     "10:1a 10:1a a0:1a a0:1a 20:19 20:19 90:19 90:19 20:1a 20:1a 90:1a 90:1a 10:19 10:19 a0:19 a0:19",
     "0000:{}.0",

@@ -5,7 +5,7 @@ the local cluster applies them, so RBAC, the node-restricting admission policy a
 everywhere. No Pulumi import here: the driver image must not need it.
 
 Security choices (each one is what the daemon needs, nothing more):
-- RBAC is the kubelet-plugin minimum (../shared/facts/kubelet-dra.md §3): GET the claim being prepared, GET its
+- RBAC is the kubelet-plugin minimum (docs/dra-api.md §4): GET the claim being prepared, GET its
   own Node (owner reference, labels), full control of ResourceSlices. A ValidatingAdmissionPolicy narrows the
   latter to slices of the node the driver's pod runs on, using the node name the API server puts in pod-bound
   service-account tokens.
@@ -55,7 +55,7 @@ NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 # (the daemon publishes the latter as `capacityBlockId` on UltraServers; CAPACITY_BLOCK_LABEL lives in slices.py).
 NODE_GROUP_LABEL = "neuron-dra/node-group"
 
-# The RBAC rules the daemon needs, and why (kubelet-dra.md §3 minimum; nothing more).
+# The RBAC rules the daemon needs, and why (docs/dra-api.md §4 minimum; nothing more).
 RBAC_RULES: tuple[Manifest, ...] = (
     # prepare: GET the claim named in NodePrepareResources to read its allocation.
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},

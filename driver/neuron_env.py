@@ -1,4 +1,4 @@
-"""The runtime environment a container needs for its Neuron devices (facts: neuron.md §3, last bullet;
+"""The runtime environment a container needs for its Neuron devices (docs/neuron-hardware.md §3,
 inferred, since AWS's driver does not document it): NEURON_RT_VISIBLE_CORES with global NeuronCore
 ids for the claim's LNC, NEURON_LOGICAL_NC_CONFIG on Trainium2+, and on UltraServers the
 NEURON_RT_ULTRASERVER_* variables from the host's class files."""

@@ -1,6 +1,6 @@
 """The kubelet-facing gRPC servers on unix sockets: the DRA service (v1 and v1beta1) and plugin registration.
 
-Order (kubelet-dra.md §1): the DRA socket listens before the registration socket appears, because kubelet
+Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket appears, because kubelet
 dials the endpoint as soon as it sees the registration socket; on shutdown the registration socket goes
 first, so kubelet deregisters before the DRA service stops. Stale socket files are removed before
 listening; both sockets are mode 0600 (kubelet runs as root).

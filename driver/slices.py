@@ -1,7 +1,7 @@
 """The ResourceSlice model: which devices, attributes and capacities the driver publishes for a host.
 
 Drop-in compatible with AWS's Neuron DRA driver (same driver name, device names, attribute names,
-types and topology group ids; ../shared/facts/neuron.md §3), plus capacities, NUMA, PCI address,
+types and topology group ids; docs/neuron-hardware.md §3-4), plus capacities, NUMA, PCI address,
 neighbours and connected-group ids on every topology kind. This is the one model that the daemon
 publishes and that the claim checks evaluate CEL against.
 """

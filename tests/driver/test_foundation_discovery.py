@@ -38,7 +38,7 @@ def test_trn2_neighbours_and_neuron_ls(host_tree: HostTree) -> None:
     host = discover(host_tree("trn2.48xlarge"))
     assert host.device(0).connected == (12, 3, 4, 1)
     assert host.device(5).connected == (1, 4, 9, 6)
-    assert host.device(0).pci_bdf == "0000:cc:00.0"  # neuron-ls example in the facts sheet
+    assert host.device(0).pci_bdf == "0000:cc:00.0"  # neuron-ls example in docs/neuron-hardware.md §2
     assert host.device(0).numa_node == 1
     assert host.device(0).memory_bytes == 103079215104
 
