@@ -193,8 +193,9 @@ def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
     return config
 
 
-def kubelet_argv(binary: Path, spec: KubeletSpec, paths: KubeletPaths, verbosity: int = 2) -> list[str]:
+def kubelet_argv(binary: Path, spec: KubeletSpec, paths: KubeletPaths, verbosity: int = 3) -> list[str]:
     labels = ",".join(f"{k}={v}" for k, v in sorted(spec.labels.items()))
+    # --v=3: kubelet logs "Registered DRA plugin ... chosenService" and its ResourceSlice wipes at that level.
     return [str(binary), f"--config={paths.config}", f"--kubeconfig={paths.kubeconfig}",
             f"--root-dir={paths.root}", f"--cert-dir={paths.cert_dir}", f"--hostname-override={spec.node_name}",
             f"--node-ip={spec.node_ip}", f"--volume-plugin-dir={paths.volume_plugins}", f"--node-labels={labels}",
