@@ -6,8 +6,8 @@ default gates the scheduler runs its "experimental" implementation), updated to 
 minor of the local cluster and of the differential test):
 - pools: slices for the node (nodeName, allNodes or a matching nodeSelector), newest generation only;
   an incomplete pool (fewer slices than resourceSliceCount) gives no devices (1.34 still gave the
-  devices of the slices it had to ExactCount requests) and fails an `All` request; an invalid one (duplicate device names) gives no
-  devices, fails an `All` request and makes a failed search an error;
+  devices of the slices it had to ExactCount requests) and fails an `All` request; an invalid one
+  (duplicate device names) gives no devices, fails an `All` request and makes a failed search an error;
 - depth-first search with backtracking over claims, requests (firstAvailable: subrequests in order),
   device slots, pools, slices and devices in order; the first complete solution wins;
 - a device is selectable when every class selector and then every request selector is true (results

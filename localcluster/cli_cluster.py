@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from neuron_dra.localcluster import cli_build
+from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
 
 HELP = ("A real kube-apiserver, kube-controller-manager and kube-scheduler (built from the Go module proxy) on "
@@ -22,8 +23,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help="emulated nodes, repeatable (default: trn2.48xlarge:2, trn1.32xlarge, inf2.48xlarge)")
     up.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="stop by itself after this many seconds")
     up.add_argument("--driver-name", default="neuron.aws.com")
-    up.add_argument("--kubernetes-version", default=None, metavar="MINOR",
-                    help="Kubernetes minor of the control plane and kubelets (1.34, 1.35, 1.36, 1.37; default 1.36)")
+    up.add_argument("--kubernetes-version", default=DEFAULT_MINOR, metavar="MINOR",
+                    help=f"Kubernetes minor: {', '.join(supported_minors())} (default {DEFAULT_MINOR})")
     down = sub.add_parser("down", help="stop the cluster in DIR")
     down.add_argument("--dir", type=Path, required=True)
     build = sub.add_parser("build", help=cli_build.HELP)
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         cluster = up(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
-                     log=lambda m: print(m, file=sys.stderr), kubernetes_version=args.kubernetes_version)
+                     kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr))
     except (ClusterError, BuildError, ValueError) as e:
         print(f"neuron-dra cluster up: {e}", file=sys.stderr)
         return 1

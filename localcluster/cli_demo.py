@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from neuron_dra.localcluster.build import DEFAULT_MINOR, supported_minors
+
 HELP = ("Bring up the local cluster (real kube-apiserver, kube-scheduler and kube-controller-manager; two "
         "trn2.48xlarge, one trn1.32xlarge and one inf2.48xlarge emulated node, each running the driver), install "
         "the example claim templates, run example workloads (connected groups, a whole node, LNC=1, aligned EFA, "
@@ -31,11 +33,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="leave the cluster running; prints the KUBECONFIG export and the command to stop it")
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds for the workloads to be scheduled and to run (default 180)")
+    parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR, metavar="MINOR",
+                        help=f"Kubernetes minor of the local cluster: {', '.join(supported_minors())} "
+                             f"(default {DEFAULT_MINOR}, the newest EKS serves)")
     parser.add_argument("--ttl", type=float, default=None,
                         help="the cluster stops by itself after this many seconds (default 2 h with --keep, "
                              "else 30 min)")
-    parser.add_argument("--kubernetes-version", default=None, metavar="MINOR",
-                        help="Kubernetes minor of the cluster (1.34, 1.35, 1.36, 1.37; default 1.36)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, STATUS_FILE
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
@@ -49,17 +50,17 @@ def read_status(cluster_dir: Path) -> dict[str, Any]:
 
 
 def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S, driver_name: str = "neuron.aws.com",
-       timeout: float = 300.0, log: Callable[[str], None] = lambda _m: None,
-       kubernetes_version: str | None = None) -> LocalCluster:
-    """Start a local cluster in `cluster_dir` on Kubernetes `kubernetes_version` (a minor such as "1.36"; default
-    build.DEFAULT_MINOR) and return when every node's kubelet reports Ready and its driver runs."""
-    from neuron_dra.localcluster.build import DEFAULT_MINOR, build_fakecri, check_minor, ensure_binaries
+       kubernetes_version: str = DEFAULT_MINOR, timeout: float = 300.0,
+       log: Callable[[str], None] = lambda _m: None) -> LocalCluster:
+    """Start a local cluster in `cluster_dir` on Kubernetes `kubernetes_version` (a minor such as "1.36") and
+    return when every node's kubelet reports Ready and its driver runs."""
+    from neuron_dra.localcluster.build import build_fakecri, check_minor, ensure_binaries
     from neuron_dra.localcluster.kubelet import KubeletError, require_root
 
     nodes = parse_nodes(list(node_args))
     if not nodes:
         raise ClusterError("give at least one --node TYPE[:COUNT]")
-    minor = check_minor(kubernetes_version or DEFAULT_MINOR)
+    minor = check_minor(kubernetes_version)
     try:
         require_root(os.geteuid())
     except KubeletError as e:

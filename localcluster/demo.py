@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
 from neuron_dra.driver.catalog import get_instance_spec
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.demo_report import (
     PodOutcome,
@@ -71,7 +72,7 @@ class DemoOptions:
     ttl: float | None = None  # the cluster's own lifetime; default DEMO_TTL_S, or 2 h with keep
     driver_name: str = "neuron.aws.com"
     node_args: tuple[str, ...] = DEMO_NODES
-    kubernetes_version: str | None = None  # a minor such as "1.36"; None: build.DEFAULT_MINOR
+    kubernetes_version: str = DEFAULT_MINOR
 
 
 @dataclass
@@ -373,19 +374,21 @@ def stop_early_supervisors(cluster_dir: Path, wait_s: float = 10.0) -> None:
             os.waitpid(pid, 0)
 
 
-def binaries_cached(minor: str) -> bool:
-    """Whether every binary of `minor` is in the cache (else `ensure_binaries` builds them: minutes)."""
+def binaries_cached(minor: str = DEFAULT_MINOR) -> bool:
+    """Whether every binary of a `minor` cluster is in the cache (else `ensure_binaries` builds them: minutes)."""
     from neuron_dra.localcluster import build
 
-    wanted = [build.cache_root() / "etcd" / build.etcd_version() / n for n in build.ETCD_BINARIES]
-    return build.kube_cached(minor) and all(os.access(p, os.X_OK) for p in wanted)
+    wanted = [build.kube_target(minor) / n for n in build.KUBE_BINARIES]
+    wanted += [build.cache_root() / "etcd" / build.etcd_version() / n for n in build.ETCD_BINARIES]
+    return all(os.access(p, os.X_OK) for p in wanted)
 
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     """Run the demo; raises DemoError (or ClusterError, BuildError) on failure, after stopping the cluster."""
-    from neuron_dra.localcluster.build import DEFAULT_MINOR, build_fakecri, cache_root, ensure_binaries, kube_version
+    from neuron_dra.localcluster.build import build_fakecri, cache_root, check_minor, ensure_binaries, kube_version
     from neuron_dra.localcluster.cluster import down, up
 
+    minor = check_minor(options.kubernetes_version)
     say = Narrator(out)
     made_temp = options.dir is None
     cluster_dir = Path(tempfile.mkdtemp(prefix="neuron-dra-demo-")) if options.dir is None else options.dir
@@ -398,7 +401,6 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     say(f"checking the workloads' claim templates against {', '.join(types)}")
     reports = predictions(Checker(), types)
 
-    minor = options.kubernetes_version or DEFAULT_MINOR
     if binaries_cached(minor):
         say(f"Kubernetes {kube_version(minor)} binaries: cached in {cache_root()}")
     else:
@@ -413,7 +415,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     ok = False
     try:
         cluster = up(cluster_dir, list(options.node_args), ttl=ttl, driver_name=options.driver_name,
-                     timeout=options.start_timeout, log=say, kubernetes_version=minor)
+                     kubernetes_version=minor, timeout=options.start_timeout, log=say)
         result.kubeconfig = cluster.kubeconfig
         say(f"Kubernetes {kube_version(minor)} ready (etcd, kube-apiserver, kube-controller-manager, "
             "kube-scheduler); per node: the real kubelet against a fake container runtime, the driver daemon, an "

@@ -33,7 +33,7 @@ from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import EmulationOptions, emulate
 from neuron_dra.localcluster import fakeruntime, kubelet, procs
 from neuron_dra.localcluster.apply import apply_all
-from neuron_dra.localcluster.build import Binaries
+from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
 from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver, efa_device_class
 from neuron_dra.localcluster.nodes import node_manifest
@@ -247,7 +247,8 @@ def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdenti
     return [*objects, efa_device_class()], identity
 
 
-def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str, minor: str) -> int:
+def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
+        kubernetes_version: str = DEFAULT_MINOR) -> int:
     from neuron_dra.localcluster.build import build_fakecri, ensure_binaries
 
     stop = threading.Event()
@@ -260,7 +261,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str, 
     try:
         write_status(cluster_dir, state="starting")
         kubelet.require_root(os.geteuid())
-        binaries = ensure_binaries(minor)  # cached by `cluster up` before it started us
+        binaries = ensure_binaries(kubernetes_version)  # cached by `cluster up` before it started us
         fakecri = build_fakecri()
         cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60)
         admin = config.new_client_from_config(str(cp.kubeconfig))
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", action="append", default=[])
     parser.add_argument("--ttl", type=float, default=DEFAULT_TTL_S)
     parser.add_argument("--driver-name", default="neuron.aws.com")
-    parser.add_argument("--kubernetes-version", required=True, help="the Kubernetes minor, e.g. 1.36")
+    parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return run(args.dir.resolve(), parse_nodes(args.node), args.ttl, args.driver_name, args.kubernetes_version)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid, wait_until
 
 from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.emulate import emulate
 from neuron_dra.driver.failpoints import STEPS
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef, PrepareResult
+from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid, wait_until
 
 C1 = ClaimRef("default", "c1", uid(1))
 

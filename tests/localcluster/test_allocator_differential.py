@@ -14,13 +14,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
-from tests.support.allocator_cases import Case, CaseGenerator, GeneratedCases, case_digest
-from tests.support.allocator_compare import GoRun, Verdict, compare, go_answers, python_answers, summary
 
 from neuron_dra.claim_templates.allocator import DeviceId
 from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.driver.catalog import CATALOG
+from tests.support.allocator_cases import Case, CaseGenerator, GeneratedCases, case_digest
+from tests.support.allocator_compare import GoRun, Verdict, compare, go_answers, python_answers, summary
 
 SEED = 20250612
 CASES = 2400  # of which the examples on every node are 480 (some dropped as too large for Go's search)
