@@ -32,7 +32,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_dra.localcluster.build import BuildError
     from neuron_dra.localcluster.cluster import ClusterError, down, up
     from neuron_dra.localcluster.topology import DEMO_NODES
 
