@@ -417,8 +417,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         cluster = up(cluster_dir, list(options.node_args), ttl=ttl, driver_name=options.driver_name,
                      kubernetes_version=minor, timeout=options.start_timeout, log=say)
         result.kubeconfig = cluster.kubeconfig
-        say(f"Kubernetes {kube_version(minor)} ready (etcd, kube-apiserver, kube-controller-manager, "
-            "kube-scheduler); per node: the real kubelet against a fake container runtime, the driver daemon, an "
+        say(f"Kubernetes {kube_version(minor)} control plane ready (etcd, kube-apiserver, "
+            "kube-controller-manager, kube-scheduler); per node: the real kubelet against a fake container runtime, the driver daemon, an "
             "emulated EFA driver")
         api = config.new_client_from_config(str(cluster.kubeconfig))
         try:
