@@ -67,6 +67,8 @@ RBAC_RULES: tuple[Manifest, ...] = (
         "resources": ["resourceslices"],
         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
     },
+    # device health: a DeviceUnhealthy / DeviceHealthy Event on the Node (health_reporting.py).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
