@@ -418,8 +418,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
                      kubernetes_version=minor, timeout=options.start_timeout, log=say)
         result.kubeconfig = cluster.kubeconfig
         say(f"Kubernetes {kube_version(minor)} control plane ready (etcd, kube-apiserver, "
-            "kube-controller-manager, kube-scheduler); per node: the real kubelet against a fake container runtime, the driver daemon, an "
-            "emulated EFA driver")
+            "kube-controller-manager, kube-scheduler); per node: the real kubelet against a fake container "
+            "runtime, the driver daemon, an emulated EFA driver")
         api = config.new_client_from_config(str(cluster.kubeconfig))
         try:
             run = DemoRun(cluster, api, say, options)
