@@ -9,15 +9,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
+from neuron_dra.driver import deploy
 from neuron_dra.driver.catalog import BUILTIN, GIB, TopologyKind, UnknownInstanceTypeError
 from neuron_dra.driver.catalog_file import CatalogFileError, catalog_from, load_catalog, parse_catalog
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import emulate
 from neuron_dra.driver.hosts import emulated_host
+from neuron_dra.driver.main import parse_options
 from neuron_dra.driver.slices import NodeFacts, build_pool
+from tests.support.driver import DaemonDirs, DaemonProcess, short_dir
 
 ACME_EFA = [f"0000:{b}:00.0" for b in ("10", "10", "20", "20", "30", "30", "40", "40")]
 ACME: dict[str, Any] = {
@@ -171,3 +175,49 @@ def test_the_daemon_option_and_the_environment(tmp_path: Path) -> None:
     assert "acme1.24xlarge" in catalog_from(str(path), {"NEURON_DRA_CATALOG": "/nonexistent"})
     with pytest.raises(UnknownInstanceTypeError):
         catalog_from(None, {}).spec("acme1.24xlarge")
+
+
+def test_the_daemon_serves_an_own_type_from_the_env_catalog_and_refuses_without_it(tmp_path: Path) -> None:
+    path = write(tmp_path, ACME)
+    with short_dir() as base:
+        dirs = DaemonDirs(base)
+        root = emulate("acme1.24xlarge", base / "host", catalog=load_catalog(path))
+        without = DaemonProcess(dirs, root)
+        assert without.wait_exit() == 1
+        assert "unknown Neuron instance type 'acme1.24xlarge'" in without.log() and "catalog file" in without.log()
+        bad = DaemonProcess(dirs, root, env={"NEURON_DRA_CATALOG": str(tmp_path / "absent.yaml")})
+        assert bad.wait_exit() == 1 and "catalog file:" in bad.log() and "absent.yaml" in bad.log()
+        daemon = DaemonProcess(dirs, root, env={"NEURON_DRA_CATALOG": str(path)}).wait_ready()
+        try:
+            found = next(r for r in daemon.log_records() if r.get("msg") == "discovered host")
+            assert found["instance_type"] == "acme1.24xlarge" and found["devices"] == 8
+        finally:
+            assert daemon.terminate() == 0
+
+
+def test_the_daemonset_mounts_the_catalog_and_schedules_on_its_types() -> None:
+    text = yaml.safe_dump(ACME)
+    options = deploy.DriverDeployOptions(catalog_yaml=text)
+    objs = {o["kind"]: o for o in deploy.manifests(options)}
+    for obj in objs.values():
+        kubernetes_validate.validate(obj, "1.34", strict=True)
+    assert objs["ConfigMap"]["data"] == {"catalog.yaml": text}
+    pod = objs["DaemonSet"]["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NEURON_DRA_CATALOG"] == "/etc/neuron-dra/catalog.yaml"
+    assert {"name": "catalog", "mountPath": "/etc/neuron-dra", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "catalog", "configMap": {"name": objs["ConfigMap"]["metadata"]["name"]}} in pod["spec"]["volumes"]
+    assert "neuron-dra/catalog-sha256" in pod["metadata"]["annotations"]
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    types = terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+    assert "acme1.24xlarge" in types and "trn3.48xlarge" in types
+    # The daemon, given the DaemonSet's env, picks the file up.
+    assert parse_options(["--node-name", "n"], env).catalog == Path("/etc/neuron-dra/catalog.yaml")
+    assert "ConfigMap" not in {o["kind"] for o in deploy.manifests(deploy.DriverDeployOptions())}
+    with pytest.raises(deploy.DeployOptionError, match="catalog_yaml"):
+        deploy.DriverDeployOptions(catalog_yaml="kind: NeuronCatalog\n")
+    with pytest.raises(deploy.DeployOptionError, match=r"acme1\.24xlarge"):
+        deploy.DriverDeployOptions(instance_types=("acme1.24xlarge",))
+    assert deploy.DriverDeployOptions(catalog_yaml=text, instance_types=("acme1.24xlarge",)).node_instance_types == (
+        "acme1.24xlarge",)
