@@ -135,7 +135,8 @@ def main() -> int:
     try:
         core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
         version = client.VersionApi(api).get_code().git_version
-        wait(lambda: any(sa.metadata is not None and sa.metadata.name == "default" for sa in core.list_namespaced_service_account(NS).items),
+        accounts = core.list_namespaced_service_account
+        wait(lambda: any(a.metadata is not None and a.metadata.name == "default" for a in accounts(NS).items),
              30, "default service account")
         template: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                          "metadata": {"name": "one"}, "spec": {"spec": {"devices": {"requests": [
