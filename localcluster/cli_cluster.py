@@ -12,7 +12,8 @@ from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_m
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
 
 HELP = ("A real kube-apiserver, kube-controller-manager and kube-scheduler (built from the Go module proxy) on "
-        "loopback, with emulated Neuron nodes each running the driver daemon and a kubelet stand-in.")
+        "loopback, with emulated Neuron nodes each running the real kubelet (against a fake container runtime) "
+        "and the driver daemon.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
