@@ -28,8 +28,8 @@ from typing import Any
 
 from neuron_dra import __version__
 from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
-from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.partitions import NEURON_CORE
+from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 
 Manifest = dict[str, Any]

@@ -172,7 +172,7 @@ def _container_edits(tmp_path: Path, claim_uid: str) -> tuple[list[str], list[st
 def test_prepare_exposes_exactly_the_allocated_cores(tmp_path: Path) -> None:
     lookup = FakeLookup()
     state = _state(tmp_path, lookup)
-    lookup.put(claim("a", uid(1), [result("neuron-device-3-core-0", "cores"), result("neuron-device-3-core-1", "cores")]))
+    lookup.put(claim("a", uid(1), [result(f"neuron-device-3-core-{c}", "cores") for c in (0, 1)]))
     lookup.put(claim("b", uid(2), [result("neuron-device-3-core-2", "cores")]))
     answers = state.prepare([_ref("a", 1), _ref("b", 2)])
     assert not any(isinstance(v, ClaimError) for v in answers.values()), answers
