@@ -155,7 +155,7 @@ def test_the_drivers_identity_may_write_only_its_own_drivers_slices(plane: Contr
     try:
         slices = dynamic.DynamicClient(driver).resources.get(api_version="resource.k8s.io/v1", kind="ResourceSlice")
         for other_driver in ("gpu.nvidia.com", "dra.net", "efa.amazonaws.com"):
-            code, message = status_of(lambda d=other_driver: slices.create(  # type: ignore[misc]
+            code, message = status_of(lambda d=other_driver: slices.create(
                 body=resource_slice(NODE, f"x-{d.replace('.', '-')}", driver=d)))
             assert code == 403 and f"may not modify ResourceSlices of driver {other_driver}" in message, message
         efa = admin.get(name="efa-a")
