@@ -30,6 +30,7 @@ from neuron_dra import __version__
 from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
 
 Manifest = dict[str, Any]
 
@@ -133,6 +134,7 @@ class DriverDeployOptions:
     resources: Resources = field(default_factory=Resources)
     priority_class_name: str = "system-node-critical"
     labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
+    unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT  # taint on devices with hardware errors (taints.py)
 
     def __post_init__(self) -> None:
         _check_name("namespace", self.namespace, _DNS_LABEL, "a DNS label (lowercase letters, digits, '-')")
@@ -159,6 +161,8 @@ class DriverDeployOptions:
             _check_name("metrics_scrape_namespaces", ns, _DNS_LABEL, "DNS labels (namespace names)")
         if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
             raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
+        if self.unhealthy_taint_effect not in TAINT_EFFECTS:
+            raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
         if not self.instance_types:
             raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
         for t in self.instance_types:
@@ -385,6 +389,7 @@ def driver_env(options: DriverDeployOptions) -> list[Manifest]:
         {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": options.registry_dir},
         {"name": "CDI_ROOT", "value": options.cdi_root},
         {"name": "HEALTHCHECK_PORT", "value": str(options.healthcheck_port)},
+        {"name": "UNHEALTHY_TAINT_EFFECT", "value": options.unhealthy_taint_effect},
     ]
 
 

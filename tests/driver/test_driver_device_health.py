@@ -11,7 +11,6 @@ from types import ModuleType
 
 import grpc
 import pytest
-from tests.support.driver import DRIVER, NODE, DaemonDirs, DaemonProcess, short_dir
 
 from neuron_dra.cli import main as cli_main
 from neuron_dra.driver._generated import (
@@ -29,6 +28,7 @@ from neuron_dra.driver.health_stream import HEALTH_SERVICES, published_health
 from neuron_dra.driver.slices import NodeFacts, build_pool, resource_slices, with_taints
 from neuron_dra.driver.taints import unhealthy_taint_key, unhealthy_taints
 from neuron_dra.localcluster import pluginclient
+from tests.support.driver import DRIVER, NODE, DaemonDirs, DaemonProcess, short_dir
 
 VERSIONS: dict[str, tuple[ModuleType, ModuleType]] = {
     "v1alpha1": (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
