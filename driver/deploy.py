@@ -28,6 +28,7 @@ from typing import Any
 
 from neuron_dra import __version__
 from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
+from neuron_dra.driver.partitions import NEURON_CORE
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
@@ -43,6 +44,9 @@ DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_HOST_ROOT = "/host"
 DEFAULT_HEALTHCHECK_PORT = 51515
 DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
+DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
+DEFAULT_EXTENDED_RESOURCE = "aws.amazon.com/neuron"  # the Neuron device plugin's resource names
+DEFAULT_CORE_EXTENDED_RESOURCE = "aws.amazon.com/neuroncore"
 LIVENESS_SERVICE = "liveness"
 NEURON_TAINT_KEY = "aws.amazon.com/neuron"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -51,6 +55,7 @@ COMPUTE_TYPE_LABEL = "eks.amazonaws.com/compute-type"
 EXCLUDED_COMPUTE_TYPES = ("fargate", "hybrid", "auto")
 # Host paths mounted read-only below the host root: what discovery reads (sysfs, the device nodes).
 HOST_READ_ONLY_PATHS = ("/sys", "/dev")
+LNC_CONFIG_DIR = "/opt/aws/neuron"  # holds logical_nc_config (partitions.LNC_FILE)
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 # The DaemonSet's pod selector (also the NetworkPolicy's).
 POD_SELECTOR = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}
@@ -78,6 +83,9 @@ RBAC_RULES: tuple[Manifest, ...] = (
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# A qualified name with a domain prefix, as Kubernetes requires of extended resources.
+_EXTENDED_RESOURCE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+                                r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
@@ -118,6 +126,11 @@ class DriverDeployOptions:
     image_pull_policy: str = "IfNotPresent"
     driver_name: str = DEFAULT_DRIVER_NAME
     device_class_name: str | None = None  # None: the driver name, as AWS's chart does
+    # NeuronCores (docs/neuron-cores.md §4): their DeviceClass, and the extended resources that the two classes
+    # serve to pods written for the Neuron device plugin (None: no extendedResourceName; Kubernetes < 1.36).
+    core_device_class_name: str = DEFAULT_CORE_DEVICE_CLASS
+    extended_resource_name: str | None = DEFAULT_EXTENDED_RESOURCE
+    core_extended_resource_name: str | None = DEFAULT_CORE_EXTENDED_RESOURCE
     namespace: str = DEFAULT_NAMESPACE
     service_account: str = DEFAULT_SERVICE_ACCOUNT
     daemonset_name: str = DEFAULT_DAEMONSET
@@ -145,6 +158,20 @@ class DriverDeployOptions:
             raise DeployOptionError("driver_name", self.driver_name, "at most 63 characters")
         if self.device_class_name is not None:
             _check_name("device_class_name", self.device_class_name, _DNS_SUBDOMAIN, "a DNS subdomain")
+        _check_name("core_device_class_name", self.core_device_class_name, _DNS_SUBDOMAIN, "a DNS subdomain")
+        if self.core_device_class_name == self.device_class:
+            raise DeployOptionError("core_device_class_name", self.core_device_class_name,
+                                    f"a name other than the device class {self.device_class}")
+        for opt in ("extended_resource_name", "core_extended_resource_name"):
+            value = getattr(self, opt)
+            if value is not None and (not isinstance(value, str) or not _EXTENDED_RESOURCE.match(value)
+                                      or value.startswith(("kubernetes.io/", "requests."))):
+                raise DeployOptionError(opt, value, "an extended resource name such as aws.amazon.com/neuron "
+                                        "(domain/name, not in kubernetes.io), or None to leave it out")
+        if self.extended_resource_name is not None and \
+                self.extended_resource_name == self.core_extended_resource_name:
+            raise DeployOptionError("core_extended_resource_name", self.core_extended_resource_name,
+                                    "a name other than extended_resource_name")
         if not self.image or any(c.isspace() for c in self.image):
             raise DeployOptionError("image", self.image, "a container image reference without spaces")
         if self.image_pull_policy not in _PULL_POLICIES:
@@ -356,12 +383,35 @@ def network_policy(options: DriverDeployOptions) -> Manifest:
     }
 
 
+def device_class_selector(driver: str, cores: bool) -> str:
+    """Whole devices (and the UltraServer node device) or NeuronCores of the driver: the two never mix, so a claim
+    for N devices never gets cores, and an extended-resource count of N means N of one kind
+    (docs/neuron-cores.md §4). Every device of the driver publishes resourceType."""
+    op = "==" if cores else "!="
+    return f'device.driver == "{driver}" && device.attributes["{driver}"].resourceType {op} "{NEURON_CORE}"'
+
+
 def device_class(options: DriverDeployOptions) -> Manifest:
+    spec: Manifest = {"selectors": [{"cel": {"expression": device_class_selector(options.driver_name, False)}}]}
+    if options.extended_resource_name is not None:
+        spec["extendedResourceName"] = options.extended_resource_name
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": _meta(options, options.device_class, "device-class"),
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{options.driver_name}"'}}]},
+        "spec": spec,
+    }
+
+
+def core_device_class(options: DriverDeployOptions) -> Manifest:
+    spec: Manifest = {"selectors": [{"cel": {"expression": device_class_selector(options.driver_name, True)}}]}
+    if options.core_extended_resource_name is not None:
+        spec["extendedResourceName"] = options.core_extended_resource_name
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": _meta(options, options.core_device_class_name, "device-class"),
+        "spec": spec,
     }
 
 
@@ -416,7 +466,9 @@ def host_mounts(options: DriverDeployOptions) -> tuple[HostMount, ...]:
     read_only = tuple(
         HostMount(f"host-{p.strip('/')}", p, f"{host}{p}", True, "Directory") for p in HOST_READ_ONLY_PATHS
     )
-    return writable + read_only
+    # The node's LNC file (docs/neuron-cores.md §2); the directory may not exist on a non-Neuron AMI.
+    lnc = HostMount("host-neuron-config", LNC_CONFIG_DIR, f"{host}{LNC_CONFIG_DIR}", True, "DirectoryOrCreate")
+    return (*writable, *read_only, lnc)
 
 
 def _volume_mount(m: HostMount) -> Manifest:
@@ -529,6 +581,7 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         admission_policy_binding(options),
         network_policy(options),
         device_class(options),
+        core_device_class(options),
         daemonset(options),
     ]
 

@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver.kube import RESOURCE_SLICES, KubeApi
 from neuron_dra.driver.model import NeuronHost
+from neuron_dra.driver.partitions import MEMORY_COUNTER
 from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices, with_taints
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
@@ -71,13 +72,15 @@ def _content(spec: Mapping[str, Any]) -> str:
     pool = spec.get("pool") or {}
     devices = sorted(spec.get("devices") or (), key=lambda d: str(d.get("name")))
     return _canonical({"driver": spec.get("driver"), "nodeName": spec.get("nodeName"), "pool": pool.get("name"),
-                       "count": pool.get("resourceSliceCount"), "devices": devices})
+                       "count": pool.get("resourceSliceCount"), "devices": devices,
+                       "sharedCounters": spec.get("sharedCounters") or []})
 
 
 class SlicePublisher:
     def __init__(self, api: client.ApiClient, host: NeuronHost, node_name: str, options: PublishOptions,
                  metrics: Metrics | None = None, resync_seconds: float = 60.0, backoff: Backoff | None = None,
-                 capacity_block_id: str | None = None, taints: TaintSource | None = None) -> None:
+                 capacity_block_id: str | None = None, taints: TaintSource | None = None,
+                 force_cores: bool = False) -> None:
         self._api = KubeApi(api)
         self.host = host
         self.node_name = node_name
@@ -96,6 +99,10 @@ class SlicePublisher:
         # them (DRADeviceTaints off, Kubernetes < 1.36): slices then stay as they were and health goes to kubelet.
         self._taints = taints
         self.taints_supported = True
+        # NeuronCores (options.cores): published only once the API server is seen to keep counters
+        # (DRAPartitionableDevices, on by default from 1.36); None until probed. `force_cores` skips the probe.
+        self.partitions_supported: bool | None = True if force_cores else None
+        self.partitions_reason = "forced by --core-partitions=on" if force_cores else ""
         self._lock = threading.Lock()  # reconcile runs from the loop and from health changes
 
     # --- one pass --------------------------------------------------------------------------------------------
@@ -134,9 +141,46 @@ class SlicePublisher:
         items.sort(key=lambda s: s["metadata"]["name"])
         return items, str(data.get("metadata", {}).get("resourceVersion", ""))
 
+    def probe_partitionable(self) -> tuple[bool, str]:
+        """Does the API server keep `sharedCounters`? A dry-run create of a counter-only slice of this node answers
+        without storing anything: a server without DRAPartitionableDevices drops the field (1.34/1.35 default),
+        an older one rejects it."""
+        probe = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                 "metadata": {"generateName": f"{self.node_name}-{self.options.driver_name}-probe-"},
+                 "spec": {"driver": self.options.driver_name, "nodeName": self.node_name,
+                          "pool": {"name": self.node_name, "generation": 0, "resourceSliceCount": 1},
+                          "sharedCounters": [{"name": "probe", "counters": {MEMORY_COUNTER: {"value": "1"}}}]}}
+        try:
+            stored = self._api.call("POST", RESOURCE_SLICES, query={"dryRun": "All"}, body=probe,
+                                    timeout=REQUEST_TIMEOUT)
+        except ApiException as e:
+            if e.status in (400, 422):
+                return False, f"the API server rejected a ResourceSlice with sharedCounters ({e.status} {e.reason})"
+            raise
+        if (stored.get("spec") or {}).get("sharedCounters"):
+            return True, "the API server keeps ResourceSlice sharedCounters (DRAPartitionableDevices is on)"
+        return False, ("the API server dropped ResourceSlice sharedCounters: DRAPartitionableDevices is off "
+                       "(Kubernetes 1.34/1.35 by default)")
+
+    def _publish_options(self) -> PublishOptions:
+        if self.options.cores is None:
+            return self.options
+        if self.partitions_supported is None:
+            self.partitions_supported, self.partitions_reason = self.probe_partitionable()
+            if self.partitions_supported:
+                log.info("publishing NeuronCores with counters beside whole devices",
+                         extra={"node": self.node_name, "lnc": self.options.cores.lnc,
+                                "reason": self.partitions_reason})
+            else:
+                log.warning("publishing whole Neuron devices only, no NeuronCores",
+                            extra={"node": self.node_name, "reason": self.partitions_reason})
+        if self.partitions_supported:
+            return self.options
+        return replace(self.options, cores=None)
+
     def desired(self) -> list[Slice]:
         facts, node_uid = self._node()
-        pool = build_pool(self.host, facts, self.options)
+        pool = build_pool(self.host, facts, self._publish_options())
         if self._taints is not None and self.taints_supported:
             pool = with_taints(pool, self._taints())
         return resource_slices(pool, 0, node_uid)

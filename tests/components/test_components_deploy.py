@@ -29,9 +29,11 @@ OPTION_SETS = {
 
 def by_kind(options: DriverDeployOptions) -> dict[str, dict[str, Any]]:
     items = deploy.manifests(options)
-    kinds = [m["kind"] for m in items]
-    assert len(set(kinds)) == len(kinds) == 9
-    return {m["kind"]: m for m in items}
+    kinds = [m["kind"] for m in items if m["kind"] != "DeviceClass"]
+    assert len(set(kinds)) == len(kinds) == 8
+    classes = [m for m in items if m["kind"] == "DeviceClass"]
+    assert len(classes) == 2  # whole devices, then NeuronCores
+    return {**{m["kind"]: m for m in items}, "DeviceClass": classes[0], "CoreDeviceClass": classes[1]}
 
 
 @pytest.mark.parametrize("name", sorted(OPTION_SETS))
@@ -41,7 +43,7 @@ def test_every_manifest_passes_strict_schema_validation(name: str) -> None:
         kubernetes_validate.validate(manifest, "1.34", strict=True)
     assert [m["kind"] for m in items] == [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "DeviceClass", "DaemonSet",
+        "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "DeviceClass", "DeviceClass", "DaemonSet",
     ]
 
 
@@ -115,10 +117,34 @@ def test_network_policy_admits_only_metrics_scrapers() -> None:
         DriverDeployOptions(metrics_scrape_namespaces=("Not A Namespace",))
 
 
-def test_device_class_selects_the_driver() -> None:
-    dc = by_kind(OPTION_SETS["custom"])["DeviceClass"]
-    assert dc["metadata"]["name"] == "neuron.example.com"
-    assert dc["spec"] == {"selectors": [{"cel": {"expression": 'device.driver == "neuron.example.com"'}}]}
+def test_device_classes_split_the_driver_into_devices_and_cores_with_the_device_plugins_resource_names() -> None:
+    objs = by_kind(OPTION_SETS["custom"])
+    dc, core = objs["DeviceClass"], objs["CoreDeviceClass"]
+    assert dc["metadata"]["name"] == "neuron.example.com" and core["metadata"]["name"] == "neuroncore.aws.com"
+    assert dc["spec"] == {"extendedResourceName": "aws.amazon.com/neuron", "selectors": [{"cel": {"expression": (
+        'device.driver == "neuron.example.com" && '
+        'device.attributes["neuron.example.com"].resourceType != "neuron_core"')}}]}
+    assert core["spec"] == {"extendedResourceName": "aws.amazon.com/neuroncore", "selectors": [{"cel": {
+        "expression": ('device.driver == "neuron.example.com" && '
+                       'device.attributes["neuron.example.com"].resourceType == "neuron_core"')}}]}
+    # Left out (clusters before 1.36 lack the field) and renamed.
+    plain = by_kind(DriverDeployOptions(extended_resource_name=None, core_extended_resource_name="example.com/nc",
+                                        core_device_class_name="cores.example.com"))
+    assert "extendedResourceName" not in plain["DeviceClass"]["spec"]
+    assert plain["CoreDeviceClass"]["spec"]["extendedResourceName"] == "example.com/nc"
+    assert plain["CoreDeviceClass"]["metadata"]["name"] == "cores.example.com"
+
+
+@pytest.mark.parametrize(("option", "value", "allowed"), [
+    ("extended_resource_name", "neuron", "an extended resource name"),
+    ("core_extended_resource_name", "kubernetes.io/neuroncore", "an extended resource name"),
+    ("core_extended_resource_name", "aws.amazon.com/neuron", "a name other than extended_resource_name"),
+    ("core_device_class_name", "neuron.aws.com", "a name other than the device class neuron.aws.com"),
+])
+def test_device_class_options_are_checked(option: str, value: str, allowed: str) -> None:
+    with pytest.raises(DeployOptionError, match=allowed) as e:
+        DriverDeployOptions(**{option: value})  # type: ignore[arg-type]
+    assert option in str(e.value) and repr(value) in str(e.value)
 
 
 def _container(options: DriverDeployOptions) -> dict[str, Any]:
@@ -172,7 +198,9 @@ def test_the_daemon_parses_the_daemonset_and_every_path_it_writes_is_mounted_at_
     assert f"{options.plugins_dir}/{options.driver_name}" in writable
     assert options.plugins_dir not in writable
     # Discovery reads <host root>/sys and <host root>/dev: the host's, read-only.
-    assert read_only == {f"{options.host_root}/sys": "/sys", f"{options.host_root}/dev": "/dev"}
+    # The node's LNC file below /opt/aws/neuron (docs/neuron-cores.md §2).
+    assert read_only == {f"{options.host_root}/sys": "/sys", f"{options.host_root}/dev": "/dev",
+                         f"{options.host_root}/opt/aws/neuron": "/opt/aws/neuron"}
     assert {v["name"]: v.get("emptyDir") for v in pod["volumes"] if "emptyDir" in v} == {
         "tmp": {"medium": "Memory", "sizeLimit": "16Mi"}}
 

@@ -40,7 +40,7 @@ def test_applies_exactly_the_deploy_manifests() -> None:
     run = run_driver(NeuronDraDriverArgs(options=OPTIONS, image=IMAGE))
     objects = k8s_objects(run)
     expected = {deploy.object_key(m): m for m in deploy.manifests(replace(OPTIONS, image=IMAGE))}
-    assert set(objects) == set(expected) and len(expected) == 9
+    assert set(objects) == set(expected) and len(expected) == 10
     for key, manifest in expected.items():
         sent = objects[key].plain_inputs
         assert sent == manifest, key
