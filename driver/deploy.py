@@ -57,21 +57,25 @@ EXCLUDED_COMPUTE_TYPES = ("fargate", "hybrid", "auto")
 HOST_READ_ONLY_PATHS = ("/sys", "/dev")
 LNC_CONFIG_DIR = "/opt/aws/neuron"  # holds logical_nc_config (partitions.LNC_FILE)
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+# The DaemonSet's pod selector (also the NetworkPolicy's).
+POD_SELECTOR = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}
 # Node labels the Pulumi node groups set: the node group, and the Capacity Block reservation a node belongs to
 # (the daemon publishes the latter as `capacityBlockId` on UltraServers; CAPACITY_BLOCK_LABEL lives in slices.py).
 NODE_GROUP_LABEL = "neuron-dra/node-group"
 
-# The RBAC rules the daemon needs, and why (docs/dra-api.md §4 minimum; nothing more).
+# The RBAC rules the daemon needs: exactly the API calls the code makes, each with its caller
+# (tests/driver/test_driver_rbac.py records the daemon's calls against the API server and compares).
 RBAC_RULES: tuple[Manifest, ...] = (
-    # prepare: GET the claim named in NodePrepareResources to read its allocation.
+    # prepare (kube.py KubeClaimLookup): GET the claim named in NodePrepareResources to read its allocation.
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-    # publishing: the Node's UID for the slices' owner reference, its labels for the network node layers.
+    # publisher.py and health_reporting.py: the Node's UID (owner reference, events), its labels (network layers).
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-    # publishing: create/update/delete its node's slices, watch them to republish after kubelet wipes them.
+    # publisher.py: list and watch its node's slices (field selector), create, update (PUT) and delete them. No
+    # get (it lists) and no patch (it replaces whole objects); docs/dra-api.md §4's wider minimum is not needed.
     {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceslices"],
-        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+        "verbs": ["list", "watch", "create", "update", "delete"],
     },
     # device health: a DeviceUnhealthy / DeviceHealthy Event on the Node (health_reporting.py).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
@@ -136,6 +140,9 @@ class DriverDeployOptions:
     host_root: str = DEFAULT_HOST_ROOT  # inside the container; /sys and /dev are mounted below it
     healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT  # 0: no health server, no liveness probe
     metrics_port: int = 0  # 0: no metrics endpoint
+    # Namespaces whose pods may scrape the metrics port (the NetworkPolicy admits nothing else; kubelet's probe
+    # comes from the pod's own node, which a NetworkPolicy cannot block: docs/hardening.md §1).
+    metrics_scrape_namespaces: tuple[str, ...] = ("monitoring",)
     instance_types: tuple[str, ...] = tuple(CATALOG)  # node affinity: nodes of these types only
     resources: Resources = field(default_factory=Resources)
     priority_class_name: str = "system-node-critical"
@@ -177,6 +184,8 @@ class DriverDeployOptions:
             port = getattr(self, opt)
             if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
                 raise DeployOptionError(opt, port, "0 (off) or a TCP port 1-65535")
+        for ns in self.metrics_scrape_namespaces:
+            _check_name("metrics_scrape_namespaces", ns, _DNS_LABEL, "DNS labels (namespace names)")
         if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
             raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
         if self.unhealthy_taint_effect not in TAINT_EFFECTS:
@@ -276,9 +285,14 @@ def cluster_role_binding(options: DriverDeployOptions) -> Manifest:
 
 
 def admission_policy(options: DriverDeployOptions) -> Manifest:
-    """Only slices of the node the driver's pod runs on: the node name comes from the pod-bound token."""
+    """Only this driver's slices of the node the driver's pod runs on: the node name comes from the pod-bound
+    token; for UPDATE both the old and the new object must qualify, for DELETE the old one (docs/hardening.md §2)."""
     node_of_user = f"request.userInfo.extra[?'{NODE_NAME_EXTRA}'][0].orValue('')"
     node_of_slice = '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")'
+    driver_of_slice = '(request.operation == "DELETE" ? oldObject : object).spec.driver'
+    # UPDATE: the object as it was must be ours too (else a foreign slice could be rewritten into ours).
+    node_before = 'request.operation == "UPDATE" ? oldObject.spec.?nodeName.orValue("") : variables.objectNodeName'
+    driver_before = 'request.operation == "UPDATE" ? oldObject.spec.driver : variables.objectDriver'
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -300,6 +314,9 @@ def admission_policy(options: DriverDeployOptions) -> Manifest:
             "variables": [
                 {"name": "userNodeName", "expression": node_of_user},
                 {"name": "objectNodeName", "expression": node_of_slice},
+                {"name": "objectDriver", "expression": driver_of_slice},
+                {"name": "oldNodeName", "expression": node_before},
+                {"name": "oldDriver", "expression": driver_before},
             ],
             "validations": [
                 # Forbidden (403), not the default Invalid (422): the request is not malformed, it is not allowed.
@@ -310,12 +327,26 @@ def admission_policy(options: DriverDeployOptions) -> Manifest:
                                 "(no node name in its credentials)"),
                 },
                 {
-                    "expression": "variables.userNodeName == variables.objectNodeName",
+                    "expression": ("variables.userNodeName == variables.objectNodeName && "
+                                   "variables.userNodeName == variables.oldNodeName"),
                     "reason": "Forbidden",
                     "messageExpression": (
                         "'the driver on node ' + variables.userNodeName + ' may not modify ' + "
+                        "(variables.objectNodeName != variables.userNodeName ? "
                         "(variables.objectNodeName == '' ? 'ResourceSlices without a node' : "
-                        "'ResourceSlices of node ' + variables.objectNodeName)"
+                        "'ResourceSlices of node ' + variables.objectNodeName) : "
+                        "(variables.oldNodeName == '' ? 'ResourceSlices without a node' : "
+                        "'ResourceSlices of node ' + variables.oldNodeName))"
+                    ),
+                },
+                {
+                    "expression": (f'variables.objectDriver == "{options.driver_name}" && '
+                                   f'variables.oldDriver == "{options.driver_name}"'),
+                    "reason": "Forbidden",
+                    "messageExpression": (
+                        f"'the {options.driver_name} driver may not modify ResourceSlices of driver ' + "
+                        f'(variables.objectDriver != "{options.driver_name}" ? variables.objectDriver : '
+                        "variables.oldDriver)"
                     ),
                 },
             ],
@@ -329,6 +360,26 @@ def admission_policy_binding(options: DriverDeployOptions) -> Manifest:
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": _meta(options, options.admission_policy_name, "admission"),
         "spec": {"policyName": options.admission_policy_name, "validationActions": ["Deny"]},
+    }
+
+
+def network_policy(options: DriverDeployOptions) -> Manifest:
+    """Ingress to the driver's pods: the metrics port from the scrape namespaces, nothing else.
+
+    kubelet's gRPC liveness probe needs no rule: it comes from the pod's own node, which a NetworkPolicy cannot
+    block (docs/hardening.md §1). The kubelet-facing sockets are unix sockets on the host, outside any policy."""
+    ingress: list[Manifest] = []
+    if options.metrics_port and options.metrics_scrape_namespaces:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+                     for ns in options.metrics_scrape_namespaces],
+            "ports": [{"protocol": "TCP", "port": options.metrics_port}],
+        })
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(options, options.daemonset_name, "kubelet-plugin", namespaced=True),
+        "spec": {"podSelector": {"matchLabels": dict(POD_SELECTOR)}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 
@@ -381,6 +432,9 @@ def driver_env(options: DriverDeployOptions) -> list[Manifest]:
     return [
         {"name": "NODE_NAME", **field_ref("spec.nodeName")},
         {"name": "POD_UID", **field_ref("metadata.uid")},
+        # Where kubelet's probe connects (the node's IP under hostNetwork): the daemon's health and metrics
+        # listen on this address only (docs/hardening.md §1).
+        {"name": "POD_IP", **field_ref("status.podIP")},
         {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": options.plugins_dir},
         {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": options.registry_dir},
         {"name": "CDI_ROOT", "value": options.cdi_root},
@@ -455,7 +509,7 @@ def _affinity(options: DriverDeployOptions) -> Manifest:
 
 
 def daemonset(options: DriverDeployOptions) -> Manifest:
-    selector = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}
+    selector = dict(POD_SELECTOR)
     mounts = host_mounts(options)
     container: Manifest = {
         "name": "plugin",
@@ -525,6 +579,7 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         cluster_role_binding(options),
         admission_policy(options),
         admission_policy_binding(options),
+        network_policy(options),
         device_class(options),
         core_device_class(options),
         daemonset(options),
