@@ -29,7 +29,9 @@ from kubernetes import client
 
 from neuron_dra import __version__
 from neuron_dra.driver import logs, memory
-from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError
+from neuron_dra.driver.catalog import BUILTIN, Catalog, UnknownInstanceTypeError
+from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
+from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog
 from neuron_dra.driver.cdi import CdiStore
 from neuron_dra.driver.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError
 from neuron_dra.driver.claims import ClaimLookup
@@ -42,6 +44,7 @@ from neuron_dra.driver.health_source import HealthMonitor
 from neuron_dra.driver.health_stream import HEALTH_SERVICES, HealthStreamService
 from neuron_dra.driver.kube import KubeClaimLookup, KubeConfigError, api_client
 from neuron_dra.driver.model import NeuronHost
+from neuron_dra.driver.partitions import CoreLayout, PartitionError, read_node_lnc
 from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
 from neuron_dra.driver.publisher import SlicePublisher
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME, PublishOptions
@@ -74,9 +77,12 @@ class DaemonOptions:
     kubeconfig: str | None = None  # None: in-cluster service account
     host_root: Path | None = Path("/")
     emulate: str | None = None  # instance type to emulate instead of reading host_root
+    catalog: Path | None = None  # catalog file with more instance types (docs/catalog-file.md); None: built-in
     log_level: str = "info"
     health_poll_interval: float = 1.0  # seconds between reads of the hardware error counters
     unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT
+    core_partitions: str = "auto"  # auto: NeuronCores when the API server keeps counters; on; off
+    lnc: int | None = None  # the node's LNC; None: /opt/aws/neuron/logical_nc_config, else the family's default
 
     @property
     def sockets(self) -> SocketPaths:
@@ -133,6 +139,15 @@ def _address(text: str) -> str:
                                          "status.podIP, or 127.0.0.1)") from None
 
 
+CORE_PARTITION_MODES = ("auto", "on", "off")
+
+
+def _lnc(text: str) -> int:
+    if text not in ("1", "2"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Logical NeuronCore config; allowed: 1 or 2")
+    return int(text)
+
+
 def _abs_dir(text: str) -> Path:
     p = Path(text)
     if not p.is_absolute():
@@ -172,8 +187,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--host-root", type=_abs_dir, metavar="DIR",
                      help="root of the host's /sys and /dev as mounted in the container (default /)")
-    src.add_argument("--emulate", metavar="INSTANCE_TYPE", choices=sorted(CATALOG),
-                     help="emulate this instance type in a temporary host tree (for local clusters and tests)")
+    src.add_argument("--emulate", metavar="INSTANCE_TYPE",
+                     help="emulate this instance type (of the catalog) in a temporary host tree (for local clusters "
+                          "and tests)")
+    p.add_argument("--catalog", type=Path, default=env_default(CATALOG_ENV, None), metavar="FILE",
+                   help=f"catalog file with more instance types (docs/catalog-file.md) [env {CATALOG_ENV}]")
     p.add_argument("--health-poll-interval", type=_interval, default=env_default("HEALTH_POLL_INTERVAL", "1"),
                    metavar="SECONDS", help="seconds between reads of the devices' hardware error counters "
                                            "[env HEALTH_POLL_INTERVAL] (default 1)")
@@ -183,6 +201,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         f"(default {DEFAULT_TAINT_EFFECT})")
     p.add_argument("--log-level", default=env_default("LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"], help="[env LOG_LEVEL] (default info)")
+    p.add_argument("--core-partitions", choices=CORE_PARTITION_MODES,
+                   default=env_default("CORE_PARTITIONS", "auto"),
+                   help="publish NeuronCores with counters beside whole devices: auto (when the API server keeps "
+                        "ResourceSlice sharedCounters, Kubernetes 1.36+), on, off (env CORE_PARTITIONS)")
+    p.add_argument("--lnc", type=_lnc, default=env_default("NODE_LNC", None), metavar="1|2",
+                   help="the node's Logical NeuronCore config (env NODE_LNC; default: the host's "
+                        "/opt/aws/neuron/logical_nc_config, else 2 on Trainium2+)")
     p.add_argument("--version", action="version", version=f"neuron-dra-driver {__version__}")
     return p
 
@@ -198,7 +223,8 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
         registry_dir=Path(a.registry_dir), cdi_root=Path(a.cdi_root), healthcheck_port=int(a.healthcheck_port),
         metrics_port=int(a.metrics_port), bind_address=a.bind_address, kubeconfig=a.kubeconfig, host_root=host_root,
         emulate=a.emulate, log_level=a.log_level, health_poll_interval=float(a.health_poll_interval),
-        unhealthy_taint_effect=a.unhealthy_taint_effect,
+        unhealthy_taint_effect=a.unhealthy_taint_effect, core_partitions=a.core_partitions,
+        lnc=None if a.lnc is None else int(a.lnc), catalog=Path(a.catalog) if a.catalog else None,
     )
 
 
@@ -236,30 +262,39 @@ class Daemon:
 
     def _load_host(self) -> tuple[NeuronHost, Path]:
         o = self.options
+        catalog: Catalog = load_catalog(o.catalog) if o.catalog else BUILTIN
         if o.emulate:
             # Kept for the daemon's lifetime: prepare reads the UltraServer class files under it.
             self._emulated = tempfile.TemporaryDirectory(prefix="neuron-dra-emulated-")
-            root = emulate(o.emulate, Path(self._emulated.name) / "root", EmulationOptions(host_id=o.node_name))
+            root = emulate(o.emulate, Path(self._emulated.name) / "root", EmulationOptions(host_id=o.node_name),
+                           catalog)
         else:
             assert o.host_root is not None
             root = o.host_root
-        return discover(root), root
+        return discover(root, catalog=catalog), root
 
     def start(self) -> None:
         o = self.options
         try:
             self.host, self.host_root = self._load_host()
+        except CatalogFileError as e:
+            raise StartupError(f"catalog file: {e}") from None
         except (DiscoveryError, UnknownInstanceTypeError) as e:
             raise StartupError(f"host discovery failed: {e}") from None
         log.info("discovered host", extra={"instance_type": self.host.instance_type,
                                            "devices": len(self.host.devices), "host_root": str(self.host_root),
                                            "kernel_driver_version": self.host.kernel_driver_version})
+        try:
+            layout = CoreLayout.for_spec(self.host.spec, read_node_lnc(self.host_root, self.host.spec, o.lnc))
+        except PartitionError as e:
+            raise StartupError(f"node LNC: {e}") from None
         plugin_dir = o.plugins_dir / o.driver_name
         plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        # Prepare knows the cores whatever gets published: a core device only reaches a claim once published.
         self.state = DriverState(host=self.host, host_root=self.host_root, driver_name=o.driver_name,
                                  pool_name=o.node_name, cdi=CdiStore(o.cdi_root, o.driver_name),
                                  checkpoint=Checkpoint(o.checkpoint_path), lookup=self.lookup, crash=self.crash,
-                                 metrics=self.metrics)
+                                 metrics=self.metrics, cores=layout)
         try:
             self.state.load()
             self.state.reconcile_local()
@@ -285,9 +320,14 @@ class Daemon:
             self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)
             log.info("metrics listening", extra={"port": self.metrics_server.port})
         if self.api is not None:
+            cores = None if o.core_partitions == "off" else layout
+            if cores is None:
+                log.info("publishing whole Neuron devices only, no NeuronCores", extra={
+                    "node": o.node_name, "reason": "--core-partitions=off"})
             self.publisher = SlicePublisher(self.api, self.host, o.node_name,
-                                            PublishOptions(driver_name=o.driver_name), self.metrics,
-                                            taints=self.health_reporter.taints)
+                                            PublishOptions(driver_name=o.driver_name, cores=cores), self.metrics,
+                                            taints=self.health_reporter.taints,
+                                            force_cores=o.core_partitions == "on")
             self.health_reporter.republish = self.publisher.refresh
             self.publisher.start(self.stop_event)
         else:

@@ -11,6 +11,7 @@ from neuron_dra.localcluster.build import (
     DEFAULT_MINOR,
     BuildError,
     Log,
+    build_fakecri,
     cache_root,
     ensure_binaries,
     ensure_pulumi_binaries,
@@ -18,7 +19,8 @@ from neuron_dra.localcluster.build import (
 )
 
 HELP = (
-    "Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubelet from the Go module proxy "
+    "Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and the fake CRI runtime from "
+    "the Go module proxy "
     "at the versions pinned in localcluster/go/*/go.mod, cached outside the work tree "
     "($NEURON_DRA_CACHE or ~/.cache/neuron-dra), and the Pulumi CLI and its Kubernetes provider (pulumi, "
     "pulumi-resource-kubernetes: the real-engine tests; --no-pulumi skips them). A no-op when cached; a cold "
@@ -60,6 +62,7 @@ def binary_paths(minors: list[str], *, cache: Path | None, log: Log) -> dict[str
         paths[f"kube-scheduler{suffix}"] = binaries.kube_scheduler
         paths[f"kubelet{suffix}"] = binaries.kubelet
         paths["etcd"] = binaries.etcd
+    paths["fakecri"] = build_fakecri(cache=cache, log=log)  # the kubelets' container runtime (go/fakecri)
     return paths
 
 

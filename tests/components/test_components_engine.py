@@ -143,7 +143,9 @@ def test_the_stack_program_up_again_change_and_destroy(engine: Engine, plane: Co
     assert preview["changes"] == {"same": total - 1, "update": 1}
     (update,) = [e for e in preview["events"] if e["op"] == "update"]
     assert update["type"] == "kubernetes:apps/v1:DaemonSet" and update["diffs"] == ["spec"]
-    assert read_object(api, planned[-len(templates) - 1]) is not None  # preview changed nothing
+    daemonset = next(m for m in planned if m["kind"] == "DaemonSet")
+    live = read_object(api, daemonset)
+    assert live is not None and not is_subset(daemonset, live)  # preview changed nothing
     applied = engine.step("up", config=changed, **step)
     assert applied["changes"] == {"same": total - 1, "update": 1}
     assert_live_as_planned(api, planned_driver(replace(options, metrics_port=9400)) + templates)
@@ -225,7 +227,7 @@ def test_a_separate_project_with_the_pip_installed_package(engine: Engine, plane
     assert package.is_relative_to(venv) and not package.is_relative_to(ROOT)
     assert up["outputs"]["image"] == options.image
     assert_live_as_planned(api, planned)
-    ds = read_object(api, planned_driver(options)[-1])
+    ds = read_object(api, next(m for m in planned if m["kind"] == "DaemonSet"))
     assert ds is not None and ds["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     total = sum(up["changes"].values())
 
