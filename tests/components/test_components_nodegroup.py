@@ -72,7 +72,7 @@ def test_efa_layout_follows_the_catalog_for_every_instance_type(catalog_run: Off
             assert len(nic["securityGroups"]) == 2  # + the EFA self-referencing group
         assert sorted(n["networkCardIndex"] for n in nics) == list(range(spec.efa_count))
         checked += 1
-    assert checked == len(CATALOG) == 10
+    assert checked == len(CATALOG) >= 10
     assert len(only(catalog_run, "trn2-48xlarge", "aws:ec2/launchTemplate:LaunchTemplate")["networkInterfaces"]) == 16
     assert len(only(catalog_run, "trn1-32xlarge", "aws:ec2/launchTemplate:LaunchTemplate")["networkInterfaces"]) == 8
 
@@ -128,7 +128,7 @@ def test_node_group_ami_taint_labels_scaling_and_launch_template(catalog_run: Of
                                "deleteOnTermination": "true"}
         assert "instanceMarketOptions" not in lt and "capacityReservationSpecification" not in lt
         count += 1
-    assert count == 10
+    assert count == len(CATALOG)
 
 
 def test_node_role_has_only_the_needed_managed_policies(catalog_run: OfflineRun[Any]) -> None:
