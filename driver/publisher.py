@@ -170,7 +170,7 @@ class SlicePublisher:
     def _reconcile(self) -> tuple[PublishResult, str]:
         desired = self.desired()
         existing, rv = self.list_slices()
-        devices = sum(len(d["spec"]["devices"]) for d in desired)
+        devices = sum(len(d["spec"].get("devices") or ()) for d in desired)
         generations = {int(s["spec"]["pool"].get("generation", 0)) for s in existing}
         owners_ok = all(s["metadata"].get("ownerReferences") == d["metadata"].get("ownerReferences")
                         for s, d in zip(existing, desired, strict=False))
