@@ -21,13 +21,19 @@ Security choices (each one is what the daemon needs, nothing more):
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+import yaml
+
 from neuron_dra import __version__
-from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
+from neuron_dra.driver.catalog import BUILTIN, CATALOG, Catalog
+from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
+from neuron_dra.driver.catalog_file import CatalogFileError, parse_catalog
 from neuron_dra.driver.partitions import NEURON_CORE
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
@@ -42,6 +48,9 @@ DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_HOST_ROOT = "/host"
+# A catalog file (docs/catalog-file.md) travels as a ConfigMap mounted here; NEURON_DRA_CATALOG points to it.
+CATALOG_DIR = "/etc/neuron-dra"
+CATALOG_KEY = "catalog.yaml"
 DEFAULT_HEALTHCHECK_PORT = 51515
 DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
 DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
@@ -57,21 +66,25 @@ EXCLUDED_COMPUTE_TYPES = ("fargate", "hybrid", "auto")
 HOST_READ_ONLY_PATHS = ("/sys", "/dev")
 LNC_CONFIG_DIR = "/opt/aws/neuron"  # holds logical_nc_config (partitions.LNC_FILE)
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+# The DaemonSet's pod selector (also the NetworkPolicy's).
+POD_SELECTOR = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}
 # Node labels the Pulumi node groups set: the node group, and the Capacity Block reservation a node belongs to
 # (the daemon publishes the latter as `capacityBlockId` on UltraServers; CAPACITY_BLOCK_LABEL lives in slices.py).
 NODE_GROUP_LABEL = "neuron-dra/node-group"
 
-# The RBAC rules the daemon needs, and why (docs/dra-api.md §4 minimum; nothing more).
+# The RBAC rules the daemon needs: exactly the API calls the code makes, each with its caller
+# (tests/driver/test_driver_rbac.py records the daemon's calls against the API server and compares).
 RBAC_RULES: tuple[Manifest, ...] = (
-    # prepare: GET the claim named in NodePrepareResources to read its allocation.
+    # prepare (kube.py KubeClaimLookup): GET the claim named in NodePrepareResources to read its allocation.
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-    # publishing: the Node's UID for the slices' owner reference, its labels for the network node layers.
+    # publisher.py and health_reporting.py: the Node's UID (owner reference, events), its labels (network layers).
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-    # publishing: create/update/delete its node's slices, watch them to republish after kubelet wipes them.
+    # publisher.py: list and watch its node's slices (field selector), create, update (PUT) and delete them. No
+    # get (it lists) and no patch (it replaces whole objects); docs/dra-api.md §4's wider minimum is not needed.
     {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceslices"],
-        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+        "verbs": ["list", "watch", "create", "update", "delete"],
     },
     # device health: a DeviceUnhealthy / DeviceHealthy Event on the Node (health_reporting.py).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
@@ -136,11 +149,15 @@ class DriverDeployOptions:
     host_root: str = DEFAULT_HOST_ROOT  # inside the container; /sys and /dev are mounted below it
     healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT  # 0: no health server, no liveness probe
     metrics_port: int = 0  # 0: no metrics endpoint
+    # Namespaces whose pods may scrape the metrics port (the NetworkPolicy admits nothing else; kubelet's probe
+    # comes from the pod's own node, which a NetworkPolicy cannot block: docs/hardening.md §1).
+    metrics_scrape_namespaces: tuple[str, ...] = ("monitoring",)
     instance_types: tuple[str, ...] = tuple(CATALOG)  # node affinity: nodes of these types only
     resources: Resources = field(default_factory=Resources)
     priority_class_name: str = "system-node-critical"
     labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
     unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT  # taint on devices with hardware errors (taints.py)
+    catalog_yaml: str | None = None  # a catalog file's text: more instance types without a new image
 
     def __post_init__(self) -> None:
         _check_name("namespace", self.namespace, _DNS_LABEL, "a DNS label (lowercase letters, digits, '-')")
@@ -177,21 +194,42 @@ class DriverDeployOptions:
             port = getattr(self, opt)
             if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
                 raise DeployOptionError(opt, port, "0 (off) or a TCP port 1-65535")
+        for ns in self.metrics_scrape_namespaces:
+            _check_name("metrics_scrape_namespaces", ns, _DNS_LABEL, "DNS labels (namespace names)")
         if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
             raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
         if self.unhealthy_taint_effect not in TAINT_EFFECTS:
             raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
         if not self.instance_types:
             raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
+        hardware = self.hardware  # a bad catalog file is refused here, naming its key path
         for t in self.instance_types:
-            try:
-                get_instance_spec(t)
-            except UnknownInstanceTypeError as e:
-                raise DeployOptionError("instance_types", t, ", ".join(CATALOG)) from e
+            if t not in hardware:
+                raise DeployOptionError("instance_types", t, ", ".join(hardware.names))
         for opt in ("cpu_request", "memory_request", "memory_limit", "cpu_limit"):
             q = getattr(self.resources, opt)
             if q is not None and not _QUANTITY.match(q):
                 raise DeployOptionError(f"resources.{opt}", q, "a Kubernetes quantity such as 10m or 128Mi")
+
+    @cached_property
+    def hardware(self) -> Catalog:
+        """The built-in catalog, extended by `catalog_yaml`."""
+        if self.catalog_yaml is None:
+            return BUILTIN
+        try:
+            return parse_catalog(yaml.safe_load(self.catalog_yaml), "catalog_yaml")
+        except (CatalogFileError, yaml.YAMLError) as e:
+            raise DeployOptionError("catalog_yaml", "...",
+                                    f"a valid catalog file (docs/catalog-file.md): {e}") from None
+
+    @property
+    def node_instance_types(self) -> tuple[str, ...]:
+        """Node affinity: the chosen types; with the default choice, every type of the catalog (file types too)."""
+        return self.hardware.names if self.instance_types == BUILTIN.names else self.instance_types
+
+    @property
+    def catalog_config_map(self) -> str:
+        return f"{self.daemonset_name}-catalog"
 
     @property
     def device_class(self) -> str:
@@ -276,9 +314,14 @@ def cluster_role_binding(options: DriverDeployOptions) -> Manifest:
 
 
 def admission_policy(options: DriverDeployOptions) -> Manifest:
-    """Only slices of the node the driver's pod runs on: the node name comes from the pod-bound token."""
+    """Only this driver's slices of the node the driver's pod runs on: the node name comes from the pod-bound
+    token; for UPDATE both the old and the new object must qualify, for DELETE the old one (docs/hardening.md §2)."""
     node_of_user = f"request.userInfo.extra[?'{NODE_NAME_EXTRA}'][0].orValue('')"
     node_of_slice = '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")'
+    driver_of_slice = '(request.operation == "DELETE" ? oldObject : object).spec.driver'
+    # UPDATE: the object as it was must be ours too (else a foreign slice could be rewritten into ours).
+    node_before = 'request.operation == "UPDATE" ? oldObject.spec.?nodeName.orValue("") : variables.objectNodeName'
+    driver_before = 'request.operation == "UPDATE" ? oldObject.spec.driver : variables.objectDriver'
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -300,6 +343,9 @@ def admission_policy(options: DriverDeployOptions) -> Manifest:
             "variables": [
                 {"name": "userNodeName", "expression": node_of_user},
                 {"name": "objectNodeName", "expression": node_of_slice},
+                {"name": "objectDriver", "expression": driver_of_slice},
+                {"name": "oldNodeName", "expression": node_before},
+                {"name": "oldDriver", "expression": driver_before},
             ],
             "validations": [
                 # Forbidden (403), not the default Invalid (422): the request is not malformed, it is not allowed.
@@ -310,12 +356,26 @@ def admission_policy(options: DriverDeployOptions) -> Manifest:
                                 "(no node name in its credentials)"),
                 },
                 {
-                    "expression": "variables.userNodeName == variables.objectNodeName",
+                    "expression": ("variables.userNodeName == variables.objectNodeName && "
+                                   "variables.userNodeName == variables.oldNodeName"),
                     "reason": "Forbidden",
                     "messageExpression": (
                         "'the driver on node ' + variables.userNodeName + ' may not modify ' + "
+                        "(variables.objectNodeName != variables.userNodeName ? "
                         "(variables.objectNodeName == '' ? 'ResourceSlices without a node' : "
-                        "'ResourceSlices of node ' + variables.objectNodeName)"
+                        "'ResourceSlices of node ' + variables.objectNodeName) : "
+                        "(variables.oldNodeName == '' ? 'ResourceSlices without a node' : "
+                        "'ResourceSlices of node ' + variables.oldNodeName))"
+                    ),
+                },
+                {
+                    "expression": (f'variables.objectDriver == "{options.driver_name}" && '
+                                   f'variables.oldDriver == "{options.driver_name}"'),
+                    "reason": "Forbidden",
+                    "messageExpression": (
+                        f"'the {options.driver_name} driver may not modify ResourceSlices of driver ' + "
+                        f'(variables.objectDriver != "{options.driver_name}" ? variables.objectDriver : '
+                        "variables.oldDriver)"
                     ),
                 },
             ],
@@ -329,6 +389,26 @@ def admission_policy_binding(options: DriverDeployOptions) -> Manifest:
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": _meta(options, options.admission_policy_name, "admission"),
         "spec": {"policyName": options.admission_policy_name, "validationActions": ["Deny"]},
+    }
+
+
+def network_policy(options: DriverDeployOptions) -> Manifest:
+    """Ingress to the driver's pods: the metrics port from the scrape namespaces, nothing else.
+
+    kubelet's gRPC liveness probe needs no rule: it comes from the pod's own node, which a NetworkPolicy cannot
+    block (docs/hardening.md §1). The kubelet-facing sockets are unix sockets on the host, outside any policy."""
+    ingress: list[Manifest] = []
+    if options.metrics_port and options.metrics_scrape_namespaces:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+                     for ns in options.metrics_scrape_namespaces],
+            "ports": [{"protocol": "TCP", "port": options.metrics_port}],
+        })
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(options, options.daemonset_name, "kubelet-plugin", namespaced=True),
+        "spec": {"podSelector": {"matchLabels": dict(POD_SELECTOR)}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 
@@ -381,12 +461,15 @@ def driver_env(options: DriverDeployOptions) -> list[Manifest]:
     return [
         {"name": "NODE_NAME", **field_ref("spec.nodeName")},
         {"name": "POD_UID", **field_ref("metadata.uid")},
+        # Where kubelet's probe connects (the node's IP under hostNetwork): the daemon's health and metrics
+        # listen on this address only (docs/hardening.md §1).
+        {"name": "POD_IP", **field_ref("status.podIP")},
         {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": options.plugins_dir},
         {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": options.registry_dir},
         {"name": "CDI_ROOT", "value": options.cdi_root},
         {"name": "HEALTHCHECK_PORT", "value": str(options.healthcheck_port)},
         {"name": "UNHEALTHY_TAINT_EFFECT", "value": options.unhealthy_taint_effect},
-    ]
+    ] + ([{"name": CATALOG_ENV, "value": f"{CATALOG_DIR}/{CATALOG_KEY}"}] if options.catalog_yaml is not None else [])
 
 
 @dataclass(frozen=True)
@@ -445,7 +528,7 @@ def _affinity(options: DriverDeployOptions) -> Manifest:
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{
                     "matchExpressions": [
-                        {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(options.instance_types)},
+                        {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(options.node_instance_types)},
                         {"key": COMPUTE_TYPE_LABEL, "operator": "NotIn", "values": list(EXCLUDED_COMPUTE_TYPES)},
                     ],
                 }],
@@ -455,7 +538,7 @@ def _affinity(options: DriverDeployOptions) -> Manifest:
 
 
 def daemonset(options: DriverDeployOptions) -> Manifest:
-    selector = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}
+    selector = dict(POD_SELECTOR)
     mounts = host_mounts(options)
     container: Manifest = {
         "name": "plugin",
@@ -487,6 +570,13 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
     ]
     # Python and grpc want a writable /tmp; the root filesystem is read-only.
     volumes.append({"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}})
+    pod_annotations: Manifest = {}
+    if options.catalog_yaml is not None:
+        volumes.append({"name": "catalog", "configMap": {"name": options.catalog_config_map}})
+        container["volumeMounts"].append({"name": "catalog", "mountPath": CATALOG_DIR, "readOnly": True})
+        # A changed catalog rolls the pods: the daemon reads the file at start-up only.
+        digest = hashlib.sha256(options.catalog_yaml.encode()).hexdigest()[:16]
+        pod_annotations["neuron-dra/catalog-sha256"] = digest
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -495,7 +585,8 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
             "selector": {"matchLabels": dict(selector)},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {
-                "metadata": {"labels": {**_labels(options, "kubelet-plugin"), **selector}},
+                "metadata": {"labels": {**_labels(options, "kubelet-plugin"), **selector},
+                             **({"annotations": pod_annotations} if pod_annotations else {})},
                 "spec": {
                     "serviceAccountName": options.service_account,
                     "priorityClassName": options.priority_class_name,
@@ -525,10 +616,20 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         cluster_role_binding(options),
         admission_policy(options),
         admission_policy_binding(options),
+        network_policy(options),
         device_class(options),
         core_device_class(options),
+        *([catalog_config_map(options)] if options.catalog_yaml is not None else []),
         daemonset(options),
     ]
+
+
+def catalog_config_map(options: DriverDeployOptions) -> Manifest:
+    """The catalog file the daemon reads (mounted at CATALOG_DIR)."""
+    assert options.catalog_yaml is not None
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(options, options.catalog_config_map, "kubelet-plugin", namespaced=True),
+            "data": {CATALOG_KEY: options.catalog_yaml}}
 
 
 def object_key(manifest: Mapping[str, Any]) -> str:

@@ -4,8 +4,12 @@ Slices are named by generateName and owned by the Node; any change bumps the poo
 slices are deleted before the others are updated or created. A watch on this node's slices of this
 driver notices deletion (kubelet wipes a node's slices when it starts, and a driver's after it has been
 gone for 30 s) and republishes at once. API errors are retried with exponential backoff; the publisher
-never raises out of its loop, and it only ever lists, changes or deletes slices whose spec names this
-node and this driver.
+never raises out of its loop.
+
+Ownership: a slice is ours when its spec names this node, this driver and this node's pool (the pool is named
+after the node). Only those are updated or deleted. A slice of this node and driver in another pool (another
+installation, a leftover, or someone else's object) is left alone and logged once: pool names cannot change
+(the API server answers 422), so trying to take it over would stall publishing for good.
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ class SlicePublisher:
         self._backoff = backoff or Backoff()
         self._capacity_block_id = capacity_block_id
         self._generation = 0
+        self.pool_name = node_name  # build_pool names the pool after the node
+        self._foreign_seen: set[str] = set()  # uids of foreign slices already logged
         self._selector = f"spec.nodeName={node_name},spec.driver={options.driver_name}"
         self._thread: threading.Thread | None = None
         self.published = threading.Event()  # set after the first successful reconcile
@@ -108,13 +114,30 @@ class SlicePublisher:
 
     def _ours(self, s: Mapping[str, Any]) -> bool:
         spec = s.get("spec") or {}
-        return spec.get("nodeName") == self.node_name and spec.get("driver") == self.options.driver_name
+        return (spec.get("nodeName") == self.node_name and spec.get("driver") == self.options.driver_name
+                and (spec.get("pool") or {}).get("name") == self.pool_name)
+
+    def _note_foreign(self, s: Mapping[str, Any]) -> None:
+        meta = s.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        if uid in self._foreign_seen:
+            return
+        self._foreign_seen.add(uid)
+        log.warning("ignoring a ResourceSlice of this node and driver in another pool: not ours, left alone",
+                    extra={"node": self.node_name, "slice": str(meta.get("name", ""))[:253],
+                           "pool": str(((s.get("spec") or {}).get("pool") or {}).get("name", ""))[:253],
+                           "our_pool": self.pool_name})
 
     def list_slices(self) -> tuple[list[Slice], str]:
-        """This node's slices of this driver (sorted by name) and the list's resourceVersion."""
+        """This node's slices of this driver in our pool (sorted by name) and the list's resourceVersion."""
         data = self._api.call("GET", RESOURCE_SLICES, query={"fieldSelector": self._selector},
                               timeout=REQUEST_TIMEOUT)
-        items = [s for s in data.get("items") or () if self._ours(s)]
+        items = []
+        for s in data.get("items") or ():
+            if self._ours(s):
+                items.append(s)
+            else:
+                self._note_foreign(s)
         items.sort(key=lambda s: s["metadata"]["name"])
         return items, str(data.get("metadata", {}).get("resourceVersion", ""))
 
@@ -169,6 +192,8 @@ class SlicePublisher:
 
     def _reconcile(self) -> tuple[PublishResult, str]:
         desired = self.desired()
+        if any(d["spec"]["pool"]["name"] != self.pool_name for d in desired):
+            raise RuntimeError(f"desired slices are not in pool {self.pool_name!r}")  # ownership would break
         existing, rv = self.list_slices()
         devices = sum(len(d["spec"].get("devices") or ()) for d in desired)
         generations = {int(s["spec"]["pool"].get("generation", 0)) for s in existing}
@@ -204,8 +229,8 @@ class SlicePublisher:
         return result, ""
 
     def _delete(self, s: Slice) -> None:
-        if not self._ours(s):  # belt and braces: never another node's or driver's slice
-            raise RuntimeError(f"refusing to delete ResourceSlice {s['metadata']['name']}: not this node's")
+        if not self._ours(s):  # belt and braces: never another node's, driver's or pool's slice
+            raise RuntimeError(f"refusing to delete ResourceSlice {s['metadata']['name']}: not ours")
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": s["metadata"]["uid"]}}
         try:
             self._write("delete", "DELETE", f"{RESOURCE_SLICES}/{s['metadata']['name']}", body)

@@ -30,7 +30,7 @@ OPTION_SETS = {
 def by_kind(options: DriverDeployOptions) -> dict[str, dict[str, Any]]:
     items = deploy.manifests(options)
     kinds = [m["kind"] for m in items if m["kind"] != "DeviceClass"]
-    assert len(set(kinds)) == len(kinds) == 7
+    assert len(set(kinds)) == len(kinds) == 8
     classes = [m for m in items if m["kind"] == "DeviceClass"]
     assert len(classes) == 2  # whole devices, then NeuronCores
     return {**{m["kind"]: m for m in items}, "DeviceClass": classes[0], "CoreDeviceClass": classes[1]}
@@ -43,7 +43,7 @@ def test_every_manifest_passes_strict_schema_validation(name: str) -> None:
         kubernetes_validate.validate(manifest, "1.34", strict=True)
     assert [m["kind"] for m in items] == [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DaemonSet",
+        "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "DeviceClass", "DeviceClass", "DaemonSet",
     ]
 
 
@@ -55,14 +55,15 @@ def test_strict_validation_catches_a_misspelt_field() -> None:
         kubernetes_validate.validate(ds, "1.34", strict=True)
 
 
-def test_rbac_is_exactly_the_kubelet_plugin_minimum() -> None:
+def test_rbac_is_exactly_what_the_daemon_calls() -> None:
     objs = by_kind(DriverDeployOptions())
     granted = {
         (group, resource, verb)
         for rule in objs["ClusterRole"]["rules"]
         for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]
     }
-    slice_verbs = ("get", "list", "watch", "create", "update", "patch", "delete")
+    # What publisher.py calls (test_driver_rbac.py records it against the API server): no get, no patch.
+    slice_verbs = ("list", "watch", "create", "update", "delete")
     assert granted == {
         ("resource.k8s.io", "resourceclaims", "get"),
         ("", "nodes", "get"),
@@ -91,11 +92,29 @@ def test_admission_policy_restricts_the_driver_to_its_own_node() -> None:
         "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')")
     assert variables["objectNodeName"] == (
         '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")')
+    assert variables["objectDriver"] == '(request.operation == "DELETE" ? oldObject : object).spec.driver'
     assert [v["expression"] for v in spec["validations"]] == [
-        'variables.userNodeName != ""', "variables.userNodeName == variables.objectNodeName"]
+        'variables.userNodeName != ""',
+        "variables.userNodeName == variables.objectNodeName && variables.userNodeName == variables.oldNodeName",
+        'variables.objectDriver == "neuron.aws.com" && variables.oldDriver == "neuron.aws.com"']
     binding = objs["ValidatingAdmissionPolicyBinding"]["spec"]
     assert binding == {"policyName": objs["ValidatingAdmissionPolicy"]["metadata"]["name"],
                        "validationActions": ["Deny"]}
+
+
+def test_network_policy_admits_only_metrics_scrapers() -> None:
+    """Default (no metrics): no ingress at all (kubelet's probe from the pod's own node cannot be blocked)."""
+    default = by_kind(DriverDeployOptions())
+    policy = default["NetworkPolicy"]
+    assert policy["metadata"]["namespace"] == "neuron-dra-driver"
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == []
+    pod_labels = default["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    custom = by_kind(OPTION_SETS["custom"])["NetworkPolicy"]["spec"]["ingress"]
+    assert custom == [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                       "ports": [{"protocol": "TCP", "port": 9400}]}]
+    with pytest.raises(DeployOptionError, match="metrics_scrape_namespaces"):
+        DriverDeployOptions(metrics_scrape_namespaces=("Not A Namespace",))
 
 
 def test_device_classes_split_the_driver_into_devices_and_cores_with_the_device_plugins_resource_names() -> None:
@@ -137,7 +156,7 @@ def _container(options: DriverDeployOptions) -> dict[str, Any]:
 
 def _resolved_env(container: dict[str, Any]) -> dict[str, str]:
     """The container's environment as kubelet would set it on node `node-7` for pod uid `uid-1`."""
-    field_values = {"spec.nodeName": "node-7", "metadata.uid": "uid-1"}
+    field_values = {"spec.nodeName": "node-7", "metadata.uid": "uid-1", "status.podIP": "10.0.0.7"}
     env = {}
     for var in container["env"]:
         env[var["name"]] = var["value"] if "value" in var else field_values[var["valueFrom"]["fieldRef"]["fieldPath"]]
@@ -160,6 +179,8 @@ def test_the_daemon_parses_the_daemonset_and_every_path_it_writes_is_mounted_at_
     assert daemon.metrics_port == options.metrics_port
     assert daemon.host_root == Path(options.host_root)
     assert env["POD_UID"] == "uid-1"
+    # Health and metrics listen on the pod IP only (where kubelet's probe connects), not on every address.
+    assert daemon.bind_address == "10.0.0.7"
 
     volumes = {v["name"]: v for v in pod["volumes"]}
     writable: dict[str, str] = {}
@@ -187,7 +208,7 @@ def test_the_daemon_parses_the_daemonset_and_every_path_it_writes_is_mounted_at_
 def test_daemonset_env_matches_awss_chart() -> None:
     env = _resolved_env(_container(DriverDeployOptions()))
     assert env == {
-        "NODE_NAME": "node-7", "POD_UID": "uid-1",
+        "NODE_NAME": "node-7", "POD_UID": "uid-1", "POD_IP": "10.0.0.7",
         "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins",
         "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
         "CDI_ROOT": "/var/run/cdi", "HEALTHCHECK_PORT": "51515", "UNHEALTHY_TAINT_EFFECT": "NoSchedule",
