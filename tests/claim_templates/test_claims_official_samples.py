@@ -15,7 +15,6 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from tests.support.e2e import claim_template as _template
 
 from neuron_dra.claim_templates import Checker, ClaimTemplate
 from neuron_dra.claim_templates.allocator import simulate
@@ -23,6 +22,7 @@ from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.examples import OFFICIAL_SAMPLES, RICHER_CASES
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.driver.catalog import CATALOG
+from tests.support.e2e import claim_template as _template
 
 A = 'device.attributes["neuron.aws.com"]'
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from tests.support.driver import DRIVER, NODE, FakeLookup, claim, devices, short_dir, uid
 
 from neuron_dra.driver import plugin
 from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
@@ -27,6 +26,7 @@ from neuron_dra.driver.state import DriverState
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.kubelet_standin import ClaimRef as StandinClaimRef
 from neuron_dra.localcluster.kubelet_standin import PluginConnector
+from tests.support.driver import DRIVER, NODE, FakeLookup, claim, devices, short_dir, uid
 
 
 @dataclass

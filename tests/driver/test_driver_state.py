@@ -15,6 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from neuron_dra.driver.cdi import CDI_KIND, CdiStore
+from neuron_dra.driver.checkpoint import Checkpoint, CheckpointError, ClaimState, PreparedClaim
+from neuron_dra.driver.claims import ClaimError, ClaimRef, Reason, allocated_devices
+from neuron_dra.driver.discovery import discover
+from neuron_dra.driver.emulate import EmulationOptions, emulate
+from neuron_dra.driver.metrics import Metrics
+from neuron_dra.driver.state import DriverState
 from tests.support.driver import (
     DRIVER,
     NEURON_CONFIG,
@@ -28,14 +36,6 @@ from tests.support.driver import (
     snapshot,
     uid,
 )
-
-from neuron_dra.driver.cdi import CDI_KIND, CdiStore
-from neuron_dra.driver.checkpoint import Checkpoint, CheckpointError, ClaimState, PreparedClaim
-from neuron_dra.driver.claims import ClaimError, ClaimRef, Reason, allocated_devices
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import EmulationOptions, emulate
-from neuron_dra.driver.metrics import Metrics
-from neuron_dra.driver.state import DriverState
 
 
 @dataclass

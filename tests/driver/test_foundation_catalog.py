@@ -14,7 +14,7 @@ from neuron_dra.driver.catalog import (
 
 GIB = 1024**3
 
-# instance type -> (devices, physical cores/device, HBM GiB, topology, EFA count, LNC supported)  (docs/neuron-hardware.md §1)
+# docs/neuron-hardware.md §1: instance type -> (devices, physical cores/device, HBM GiB, topology, EFA count, LNC)
 EXPECTED = {
     "trn1.2xlarge": (1, 2, 32, TopologyKind.SINGLE, 0, False),
     "trn1.32xlarge": (16, 2, 32, TopologyKind.TORUS_4X4, 8, False),

@@ -15,12 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tests.support.allocator_cases import MODES, Case, node_labels
-
 from neuron_dra.claim_templates.allocator import Mode, Simulator, simulate
 from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.localcluster.allocsim import run_cases
+from tests.support.allocator_cases import MODES, Case, node_labels
 
 
 @dataclass(frozen=True)
