@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, DaemonDirs, opaque, short_dir, wait_until
-from tests.support.e2e import raw
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -28,6 +26,8 @@ from neuron_dra.driver.slices import NETWORK_NODE_LABELS, NodeFacts, PublishOpti
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.controlplane import ControlPlane
 from neuron_dra.localcluster.kubelet_standin import ClaimRef
+from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, DaemonDirs, opaque, short_dir, wait_until
+from tests.support.e2e import raw
 
 OTHER_NODE = "node-b"
 

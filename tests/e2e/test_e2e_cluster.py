@@ -13,6 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from neuron_dra.driver.discovery import discover
+from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool
+from neuron_dra.localcluster.cluster import LocalCluster
 from tests.support.e2e import (
     allocated_devices,
     cdi_specs_naming,
@@ -24,12 +30,9 @@ from tests.support.e2e import (
     pod_with_template,
     raw,
 )
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool
-from neuron_dra.localcluster.cluster import LocalCluster
+# The end-to-end suite runs the local cluster.
+pytestmark = pytest.mark.cluster
 
 DRIVER = "neuron.aws.com"
 TRN2_A, TRN2_B, TRN1, INF2, TRN2U = (

@@ -14,13 +14,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
-from tests.support.allocator_cases import Case, CaseGenerator, GeneratedCases, case_digest
-from tests.support.allocator_compare import GoRun, Verdict, compare, go_answers, python_answers, summary
 
 from neuron_dra.claim_templates.allocator import DeviceId
 from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.driver.catalog import CATALOG
+from tests.support.allocator_cases import Case, CaseGenerator, GeneratedCases, case_digest
+from tests.support.allocator_compare import GoRun, Verdict, compare, go_answers, python_answers, summary
 
 SEED = 20250612
 CASES = 2400  # of which the examples on every node are 480 (some dropped as too large for Go's search)
@@ -63,6 +63,8 @@ def differential(catalog: NodeCatalog) -> Differential:
     return Differential(generated, verdicts, go[0])
 
 
+@pytest.mark.gobuild
+@pytest.mark.slow
 def test_cases_cover_claims_hosts_and_allocations(differential: Differential) -> None:
     cases = differential.generated.cases
     assert len(cases) >= 2000
@@ -87,6 +89,8 @@ def test_cases_cover_claims_hosts_and_allocations(differential: Differential) ->
     assert sum(1 for v in runs if v.case.category == "first-available" and v.go.satisfiable) >= 50
 
 
+@pytest.mark.gobuild
+@pytest.mark.slow
 def test_python_simulation_agrees_with_kube_scheduler(differential: Differential) -> None:
     disagreements = [v for v in differential.verdicts if v.kind == "disagree"]
     assert not disagreements, (
@@ -95,6 +99,8 @@ def test_python_simulation_agrees_with_kube_scheduler(differential: Differential
     assert sum(v.kind == "agree" for v in differential.verdicts) >= 2 * 2000
 
 
+@pytest.mark.gobuild
+@pytest.mark.slow
 def test_generated_searches_stay_under_the_filter_timeout(differential: Differential) -> None:
     """The generator leaves out cases whose Go search would be large; a timeout here means its estimate
     missed one (a timeout is not an answer, so such runs count neither as agreement nor as disagreement)."""

@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.e2e import eventually, raw
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.localcluster.build import kube_version
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane, running, stop
+from tests.support.e2e import eventually, raw
+
+# Every test here runs a control plane.
+pytestmark = pytest.mark.cluster
 
 DRIVER = "neuron.aws.com"
 NODE = "cp-test-node"
