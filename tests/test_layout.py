@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -9,8 +10,11 @@ from pathlib import Path
 
 
 def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    # Run outside the repository: `python -m pytest` puts the repository root on sys.path.
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=False)
+    # Run outside the repository: `python -m pytest` puts the repository root on sys.path; without PYTHONPATH
+    # (a developer's pointer at a work tree, where the top-level folders are importable by design).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=False,
+                          env=env)
 
 
 def test_only_the_neuron_dra_namespace_is_importable(tmp_path: Path) -> None:
