@@ -405,7 +405,7 @@ class UltraServerNode:
                 driver_config.decode(neuron_config(self.lnc))
         except driver_config.ConfigError as e:
             field_name = "UltraServerNode.mode" if e.field == "ultraserverMode" else "UltraServerNode.lnc"
-            raise TemplateError(field_name, e.value, e.allowed) from None
+            raise e.restated(TemplateError, field_name) from None
         object.__setattr__(self, "selectors", _as_tuple("UltraServerNode.selectors", self.selectors))
         _check_selectors("UltraServerNode.selectors", self.selectors)  # type: ignore[arg-type]
 

@@ -23,6 +23,7 @@ from neuron_dra.driver.deploy import (
     DeployOptionError,
     DriverDeployOptions,
 )
+from neuron_dra.driver.errors import NotAllowed
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 
 PROJECT = "neuron-dra"
@@ -41,14 +42,12 @@ NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
 Kind = Literal["string", "integer", "boolean", "strings", "objects"]
 
 
-class SettingError(ValueError):
-    """A setting that cannot work; names it, the value and what is allowed."""
+class SettingError(NotAllowed):
+    """A setting that cannot work; `field` (also `setting`) is the setting's name as the user wrote it."""
 
-    def __init__(self, setting: str, value: object, allowed: str) -> None:
-        self.setting = setting
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{setting}: {value!r} is not allowed; allowed: {allowed}")
+    @property
+    def setting(self) -> str:
+        return self.field
 
 
 @dataclass(frozen=True)
@@ -401,7 +400,7 @@ class StackSettings:
                 DriverDeployOptions(image=self.driver_image)
         except DeployOptionError as e:
             key = _SETTING_OF_OPTION.get(e.option, e.option)
-            raise SettingError(setting_name(key), e.value, e.allowed) from e
+            raise e.restated(SettingError, setting_name(key)) from e
         return options
 
     def resolved_cluster_name(self, stack: str) -> str:

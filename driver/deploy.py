@@ -28,6 +28,7 @@ from typing import Any
 
 from neuron_dra import __version__
 from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
+from neuron_dra.driver.errors import NotAllowed
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 
@@ -75,14 +76,15 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 
-class DeployOptionError(ValueError):
-    """A deployment option that cannot work; names the option, the value and what is allowed."""
+class DeployOptionError(NotAllowed):
+    """A deployment option that cannot work; `field` is the DriverDeployOptions field."""
 
-    def __init__(self, option: str, value: object, allowed: str) -> None:
-        self.option = option
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"driver option {option}: {value!r} is not allowed; allowed: {allowed}")
+    @property
+    def option(self) -> str:
+        return self.field
+
+    def where(self) -> str:
+        return f"driver option {self.field}"
 
 
 @dataclass(frozen=True)
