@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_dra.claim_templates.names import check_dns_subdomain
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME, device_class_manifest
 
-DEFAULT_NEURON_CLASS = "neuron.aws.com"
+DEFAULT_NEURON_CLASS = DEFAULT_DRIVER_NAME  # AWS names the DeviceClass after the driver
 DEFAULT_EFA_DRIVER = "dra.net"
 DEFAULT_EFA_CLASS = "efa.networking.k8s.aws"
 
@@ -31,12 +31,8 @@ class Drivers:
 
     def device_classes(self) -> list[dict[str, Any]]:
         """The DeviceClasses the drivers install: each selects its driver's devices."""
-        return [_device_class(self.neuron_class, self.neuron_driver), _device_class(self.efa_class, self.efa_driver)]
-
-
-def _device_class(name: str, driver: str) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
+        return [device_class_manifest(self.neuron_class, self.neuron_driver),
+                device_class_manifest(self.efa_class, self.efa_driver)]
 
 
 DEFAULT_DRIVERS = Drivers()

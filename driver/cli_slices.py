@@ -9,7 +9,8 @@ import sys
 from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError
 from neuron_dra.driver.discovery import DiscoveryError
 from neuron_dra.driver.hosts import load_host
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME, NodeFacts, PublishOptions, build_pool, resource_slices
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices
 
 HELP = "Print the JSON array of ResourceSlices the driver publishes for an emulated host or a host tree."
 

@@ -29,22 +29,28 @@ from typing import Any
 from neuron_dra import __version__
 from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
 from neuron_dra.driver.errors import NotAllowed
+from neuron_dra.driver.k8s_names import (
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_HEALTHCHECK_PORT,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    LIVENESS_SERVICE,
+    check_dns_label,
+    check_dns_subdomain,
+    check_driver_name,
+    device_class_manifest,
+    neuron_toleration,
+)
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 
 Manifest = dict[str, Any]
 
 DEFAULT_NAMESPACE = "neuron-dra-driver"
 DEFAULT_SERVICE_ACCOUNT = "neuron-dra-driver-sa"
 DEFAULT_DAEMONSET = "neuron-dra-driver-kubelet-plugin"
-DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
-DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_HOST_ROOT = "/host"
-DEFAULT_HEALTHCHECK_PORT = 51515
 DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
-LIVENESS_SERVICE = "liveness"
-NEURON_TAINT_KEY = "aws.amazon.com/neuron"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 COMPUTE_TYPE_LABEL = "eks.amazonaws.com/compute-type"
 # The driver cannot run on these EKS compute types (no host access or no Neuron kernel driver).
@@ -70,8 +76,6 @@ RBAC_RULES: tuple[Manifest, ...] = (
     },
 )
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
@@ -128,14 +132,12 @@ class DriverDeployOptions:
     labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
 
     def __post_init__(self) -> None:
-        _check_name("namespace", self.namespace, _DNS_LABEL, "a DNS label (lowercase letters, digits, '-')")
-        _check_name("service_account", self.service_account, _DNS_SUBDOMAIN, "a DNS subdomain")
-        _check_name("daemonset_name", self.daemonset_name, _DNS_SUBDOMAIN, "a DNS subdomain")
-        _check_name("driver_name", self.driver_name, _DNS_SUBDOMAIN, "a DNS subdomain of at most 63 characters")
-        if len(self.driver_name) > 63:
-            raise DeployOptionError("driver_name", self.driver_name, "at most 63 characters")
+        check_dns_label("namespace", self.namespace, DeployOptionError)
+        check_dns_subdomain("service_account", self.service_account, DeployOptionError)
+        check_dns_subdomain("daemonset_name", self.daemonset_name, DeployOptionError)
+        check_driver_name("driver_name", self.driver_name, DeployOptionError)
         if self.device_class_name is not None:
-            _check_name("device_class_name", self.device_class_name, _DNS_SUBDOMAIN, "a DNS subdomain")
+            check_dns_subdomain("device_class_name", self.device_class_name, DeployOptionError)
         if not self.image or any(c.isspace() for c in self.image):
             raise DeployOptionError("image", self.image, "a container image reference without spaces")
         if self.image_pull_policy not in _PULL_POLICIES:
@@ -182,11 +184,6 @@ class DriverDeployOptions:
     @property
     def admission_policy_name(self) -> str:
         return f"{self.namespace}.{self.driver_name}-resourceslices"
-
-
-def _check_name(option: str, value: str, pattern: re.Pattern[str], allowed: str) -> None:
-    if not isinstance(value, str) or not pattern.match(value) or len(value) > 253:
-        raise DeployOptionError(option, value, allowed)
 
 
 def _labels(options: DriverDeployOptions, component: str) -> dict[str, str]:
@@ -302,12 +299,7 @@ def admission_policy_binding(options: DriverDeployOptions) -> Manifest:
 
 
 def device_class(options: DriverDeployOptions) -> Manifest:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": _meta(options, options.device_class, "device-class"),
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{options.driver_name}"'}}]},
-    }
+    return device_class_manifest(options.device_class, options.driver_name, _labels(options, "device-class"))
 
 
 def driver_args(options: DriverDeployOptions) -> list[str]:
@@ -447,7 +439,7 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
                     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "tolerations": [
                         {"key": "CriticalAddonsOnly", "operator": "Exists"},
-                        {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+                        neuron_toleration(),
                     ],
                     "affinity": _affinity(options),
                     "containers": [container],

@@ -15,9 +15,9 @@ from typing import Any
 
 from neuron_dra import __version__
 from neuron_dra.driver.catalog import TopologyKind
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model import NeuronDevice, NeuronHost
 
-DEFAULT_DRIVER_NAME = "neuron.aws.com"
 AWS_DOMAIN = "resource.aws.com"
 K8S_DOMAIN = "resource.kubernetes.io"
 DEVICEGROUP_SIZES = (4, 8, 16)

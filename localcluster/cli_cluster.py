@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import cli_build
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
 
@@ -20,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--node", action="append", default=None, metavar="TYPE[:COUNT]",
                     help="emulated nodes, repeatable (default: trn2.48xlarge:2, trn1.32xlarge, inf2.48xlarge)")
     up.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="stop by itself after this many seconds")
-    up.add_argument("--driver-name", default="neuron.aws.com")
+    up.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     down = sub.add_parser("down", help="stop the cluster in DIR")
     down.add_argument("--dir", type=Path, required=True)
     build = sub.add_parser("build", help=cli_build.HELP)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import controlplane
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, STATUS_FILE
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
@@ -64,8 +65,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S, driver_name: str = "neuron.aws.com",
-       timeout: float = 300.0, log: Callable[[str], None] = lambda _m: None) -> LocalCluster:
+def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S,
+       driver_name: str = DEFAULT_DRIVER_NAME, timeout: float = 300.0,
+       log: Callable[[str], None] = lambda _m: None) -> LocalCluster:
     from neuron_dra.localcluster.build import ensure_binaries
 
     nodes = parse_nodes(list(node_args))

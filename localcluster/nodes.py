@@ -11,10 +11,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver.catalog import get_instance_spec
+from neuron_dra.driver.k8s_names import neuron_taint
 from neuron_dra.driver.slices import NETWORK_NODE_LABELS
 
 log = logging.getLogger("neuron_dra.localcluster.nodes")
-NEURON_TAINT = {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}
 HEARTBEAT_S = 10.0
 
 
@@ -44,7 +44,7 @@ def node_manifest(node_name: str, instance_type: str, zone: str = "us-east-2a", 
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": node_name, "labels": labels},
-        "spec": {"taints": [dict(NEURON_TAINT)], "providerID": f"aws:///{zone}/i-emulated-{node_name}"},
+        "spec": {"taints": [neuron_taint()], "providerID": f"aws:///{zone}/i-emulated-{node_name}"},
     }
 
 

@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 
+from neuron_dra.driver.k8s_names import neuron_toleration
+
 T = TypeVar("T")
-NEURON_TOLERATION = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def eventually(fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.3, what: str = "") -> T:
@@ -60,7 +61,7 @@ def pod_with_template(name: str, template: str, node: str | None = None, request
     if request:
         claim_use["request"] = request
     spec: dict[str, Any] = {
-        "tolerations": [NEURON_TOLERATION],
+        "tolerations": [neuron_toleration()],
         "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": template}],
         "containers": [{"name": "main", "image": "public.ecr.aws/neuron/pytorch-training:emulated",
                         "resources": {"claims": [claim_use]}}],
