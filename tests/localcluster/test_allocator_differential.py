@@ -117,6 +117,7 @@ def test_generation_is_deterministic(catalog: NodeCatalog) -> None:
     assert digest(7) != digest(8)
 
 
+@pytest.mark.gobuild
 def test_incomplete_pool_is_allocated_from_as_kubernetes_does(catalog: NodeCatalog) -> None:
     """Regression: the simulation ignored incomplete pools for ExactCount requests; Kubernetes 1.34 only
     refuses them for `All` requests and otherwise allocates from the slices it has."""
