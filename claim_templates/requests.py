@@ -27,10 +27,14 @@ from neuron_dra.claim_templates.cel_env import CelCompileError, CelEnvironment
 from neuron_dra.claim_templates.cel_types import CelValueError, Quantity
 from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.errors import TemplateError
-from neuron_dra.claim_templates.names import check_dns_label
+from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
 from neuron_dra.driver import config as driver_config
 from neuron_dra.driver.catalog import CATALOG, FAMILIES, InstanceSpec, TopologyKind
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
+from neuron_dra.driver.taints import UNHEALTHY_TAINT_NAME
+
+UNHEALTHY_TAINT_KEY = f"{DEFAULT_DRIVER_NAME}/{UNHEALTHY_TAINT_NAME}"
 
 MAX_COUNT = 32  # a claim gets at most 32 devices
 MAX_SUBREQUESTS = 8
@@ -175,6 +179,83 @@ def ultraserver_config(mode: int) -> dict[str, Any]:
             "ultraserverMode": mode}
 
 
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TOLERATION_EFFECTS = ("", "NoSchedule", "NoExecute")  # "": every effect
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A device toleration (`exactly.tolerations[]`): the request may get devices with a matching taint.
+
+    `key=""` with Exists tolerates every taint; `seconds` (tolerationSeconds) delays eviction by a NoExecute
+    taint and needs effect NoExecute. Matching is node-taint matching (docs/neuron-health.md §4)."""
+
+    key: str = ""
+    operator: str = "Exists"
+    value: str = ""
+    effect: str = ""
+    seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.key:
+            check_label_key("Toleration.key", self.key)
+        if self.operator not in TOLERATION_OPERATORS:
+            raise TemplateError("Toleration.operator", self.operator, " or ".join(TOLERATION_OPERATORS))
+        if not self.key and self.operator != "Exists":
+            raise TemplateError("Toleration.operator", self.operator, "Exists when the key is empty (every taint)")
+        if self.operator == "Exists" and self.value:
+            raise TemplateError("Toleration.value", self.value, "empty with operator Exists")
+        if self.operator == "Equal":
+            check_labels("Toleration.value", {"value": self.value})
+        if self.effect not in TOLERATION_EFFECTS:
+            raise TemplateError("Toleration.effect", self.effect, "'' (every effect), NoSchedule or NoExecute")
+        if self.seconds is not None:
+            if isinstance(self.seconds, bool) or not isinstance(self.seconds, int) or self.seconds < 0:
+                raise TemplateError("Toleration.seconds", self.seconds, "a number of seconds >= 0, or None (forever)")
+            if self.effect != "NoExecute":
+                raise TemplateError("Toleration.seconds", self.seconds, "only with effect='NoExecute' (it delays "
+                                                                        "eviction; other effects ignore it)")
+
+    def to_api(self, drivers: Drivers) -> dict[str, Any]:
+        out: dict[str, Any] = {"operator": self.operator}
+        if self.key:
+            out["key"] = self.key
+        if self.operator == "Equal":
+            out["value"] = self.value
+        if self.effect:
+            out["effect"] = self.effect
+        if self.seconds is not None:
+            out["tolerationSeconds"] = self.seconds
+        return out
+
+
+@dataclass(frozen=True)
+class TolerateUnhealthy:
+    """Tolerates the driver's own taint on unhealthy devices (`<driver>/unhealthy`, any value): for diagnostics
+    pods that must run on a broken device. `effect=""` tolerates NoSchedule and NoExecute."""
+
+    effect: str = ""
+    seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        Toleration(key=UNHEALTHY_TAINT_KEY, effect=self.effect, seconds=self.seconds)  # same checks
+
+    def to_api(self, drivers: Drivers) -> dict[str, Any]:
+        key = f"{drivers.neuron_driver}/{UNHEALTHY_TAINT_NAME}"
+        return Toleration(key=key, effect=self.effect, seconds=self.seconds).to_api(drivers)
+
+
+Tolerance = Toleration | TolerateUnhealthy
+
+
+def _tolerations(field_name: str, value: object) -> tuple[Tolerance, ...]:
+    items = (value,) if isinstance(value, Toleration | TolerateUnhealthy) else value
+    if not isinstance(items, Sequence) or isinstance(items, str) or \
+            not all(isinstance(t, Toleration | TolerateUnhealthy) for t in items):
+        raise TemplateError(field_name, value, "Toleration(...) / TolerateUnhealthy(...) or a sequence of them")
+    return tuple(items)
+
+
 @dataclass(frozen=True)
 class Rendered:
     """A request's part of a ResourceClaimSpec."""
@@ -198,9 +279,11 @@ class Neuron:
     min_memory: str | None = None  # HBM per device, a quantity such as "64Gi"
     min_cores: int | None = None  # physical NeuronCores per device
     selectors: Sequence[str] | str = ()  # raw CEL, ANDed with the rest
+    tolerations: Sequence[Tolerance] | Tolerance = ()  # e.g. TolerateUnhealthy() for diagnostics pods
 
     def __post_init__(self) -> None:
         _count("Neuron.count", self.count, allow_all=True)
+        object.__setattr__(self, "tolerations", _tolerations("Neuron.tolerations", self.tolerations))
         check_dns_label("Neuron.name", self.name)
         object.__setattr__(self, "instance_types", _as_tuple("Neuron.instance_types", self.instance_types))
         object.__setattr__(self, "families", _as_tuple("Neuron.families", self.families))
@@ -358,6 +441,8 @@ class Neuron:
         else:
             body["allocationMode"] = "ExactCount"
             body["count"] = self.count
+        if self.tolerations:
+            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
         return body
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -396,9 +481,11 @@ class UltraServerNode:
     name: str = "ultraserver"
     lnc: int | None = None
     selectors: Sequence[str] | str = ()
+    tolerations: Sequence[Tolerance] | Tolerance = ()
 
     def __post_init__(self) -> None:
         check_dns_label("UltraServerNode.name", self.name)
+        object.__setattr__(self, "tolerations", _tolerations("UltraServerNode.tolerations", self.tolerations))
         try:
             driver_config.decode(ultraserver_config(self.mode))
             if self.lnc is not None:
@@ -412,8 +499,11 @@ class UltraServerNode:
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
         selectors = [f"{d}.resourceType == {_cel_string(NEURON_NODE)}", *self.selectors]
-        return {"deviceClassName": drivers.neuron_class, "selectors": [_selector(e) for e in selectors],
+        body = {"deviceClassName": drivers.neuron_class, "selectors": [_selector(e) for e in selectors],
                 "allocationMode": "ExactCount", "count": 1}
+        if self.tolerations:
+            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
+        return body
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         configs = [_opaque(drivers, [ref], ultraserver_config(self.mode))]

@@ -74,6 +74,8 @@ RBAC_RULES: tuple[Manifest, ...] = (
         "resources": ["resourceslices"],
         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
     },
+    # device health: a DeviceUnhealthy / DeviceHealthy Event on the Node (health_reporting.py).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from neuron_dra.driver import discovery as d
 from neuron_dra.driver.catalog import InstanceSpec, expected_neighbours, get_instance_spec
+from neuron_dra.driver.health_source import ERROR_COUNTERS, HARDWARE_STATS, hardware_dir
 
 DEFAULT_KERNEL_DRIVER_VERSION = "2.25.4.0"
 EMULATED_MAJOR = 239  # a dynamic major like the real driver gets at boot (invented)
@@ -105,9 +106,8 @@ def emulate(instance_type: str, root: Path | str, options: EmulationOptions | No
         _write(dev / "info" / "serial_number", _serial(opts, i) + "\n")
         for core in range(spec.physical_cores_per_device):
             (dev / f"neuron_core{core}").mkdir(parents=True, exist_ok=True)
-        for counter in ("mem_ecc_uncorrected", "sram_ecc_uncorrected", "mem_ecc_corrected"):
-            _write(dev / "stats" / "hardware" / counter / "total", "0\n")
-            _write(dev / "stats" / "hardware" / counter / "present", "0\n")
+        for counter in ERROR_COUNTERS:  # single files, as the kernel driver creates them (docs/neuron-health.md §1)
+            _write(dev / HARDWARE_STATS / counter, "0\n")
         (klass / f"neuron{i}").symlink_to(Path("../../devices/virtual/neuron_device") / f"neuron{i}")
         # A regular file stands in for the character device; its numbers are in sysfs `dev`.
         _write(base / "dev" / f"neuron{i}", "")
@@ -139,3 +139,48 @@ def emulate(instance_type: str, root: Path | str, options: EmulationOptions | No
         exe.chmod(exe.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return base
 
+
+
+class FaultError(ValueError):
+    pass
+
+
+def _device_counters(root: Path, device: int) -> Path:
+    base = hardware_dir(Path(root), device)
+    if not base.parent.parent.is_dir():
+        present = sorted(p.name for p in (Path(root) / d.NEURON_DEVICE_DIR).glob("neuron*"))
+        raise FaultError(f"--device {device}: no such Neuron device under {root} (present: "
+                         f"{', '.join(present) or 'none'})")
+    return base
+
+
+def _replace(path: Path, text: str) -> None:
+    # Atomic, so the driver's poller never reads a half-written counter; a counter directory gets its `total`.
+    if path.is_dir():
+        path = path / "total"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="ascii")
+    os.replace(tmp, path)
+
+
+def inject_fault(root: Path | str, device: int, counter: str = "mem_ecc_uncorrected", count: int = 1) -> int:
+    """Add `count` events to one hardware error counter of an emulated device; returns the new value."""
+    if counter not in ERROR_COUNTERS:
+        raise FaultError(f"--counter {counter!r}: not a hardware error counter; allowed: {', '.join(ERROR_COUNTERS)}")
+    if count < 1:
+        raise FaultError(f"--count {count}: must be at least 1")
+    path = _device_counters(Path(root), device) / counter
+    try:
+        current = int((path / "total" if path.is_dir() else path).read_text(encoding="ascii").strip() or 0)
+    except (OSError, ValueError):
+        current = 0
+    _replace(path, f"{current + count}\n")
+    return current + count
+
+
+def clear_faults(root: Path | str, device: int) -> None:
+    """Reset every hardware error counter of an emulated device to 0 (a real host clears them on a driver
+    reload; writing to a counter clears it too)."""
+    base = _device_counters(Path(root), device)
+    for counter in ERROR_COUNTERS:
+        _replace(base / counter, "0\n")

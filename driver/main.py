@@ -11,6 +11,7 @@ with backoff and prepares fail per claim until the server answers.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -35,6 +36,9 @@ from neuron_dra.driver.discovery import DiscoveryError, discover
 from neuron_dra.driver.emulate import EmulationOptions, emulate
 from neuron_dra.driver.failpoints import CrashPoints
 from neuron_dra.driver.health import HealthServer
+from neuron_dra.driver.health_reporting import HealthReporter
+from neuron_dra.driver.health_source import HealthMonitor
+from neuron_dra.driver.health_stream import HEALTH_SERVICES, HealthStreamService
 from neuron_dra.driver.k8s_names import (
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
@@ -51,6 +55,7 @@ from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
 from neuron_dra.driver.publisher import SlicePublisher
 from neuron_dra.driver.slices import PublishOptions
 from neuron_dra.driver.state import DriverState
+from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
 
 if TYPE_CHECKING:
     from neuron_dra.driver.metrics import Metrics, MetricsServer
@@ -70,11 +75,14 @@ class DaemonOptions:
     cdi_root: Path = Path(DEFAULT_CDI_ROOT)
     healthcheck_port: int = 0  # 0: off
     metrics_port: int = 0  # 0: off
-    bind_address: str = "0.0.0.0"  # health and metrics; kubelet probes and Prometheus scrape the pod IP
+    # Health and metrics listen here only: kubelet probes and Prometheus scrape the pod IP (docs/hardening.md §1).
+    bind_address: str = "127.0.0.1"
     kubeconfig: str | None = None  # None: in-cluster service account
     host_root: Path | None = Path("/")
     emulate: str | None = None  # instance type to emulate instead of reading host_root
     log_level: str = "info"
+    health_poll_interval: float = 1.0  # seconds between reads of the hardware error counters
+    unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT
 
     @property
     def sockets(self) -> SocketPaths:
@@ -102,10 +110,28 @@ def _driver_name(text: str) -> str:
     return text
 
 
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0.05 to 60)") from None
+    if not 0.05 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"{value} seconds: allowed 0.05 to 60")
+    return value
+
+
 def _node_name(text: str) -> str:
     if not is_dns_subdomain(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a node name; allowed: {DNS_SUBDOMAIN_RULE}")
     return text
+
+
+def _address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address (the pod's IP, e.g. from the downward API "
+                                         "status.podIP, or 127.0.0.1)") from None
 
 
 def _abs_dir(text: str) -> Path:
@@ -138,14 +164,24 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                    help="gRPC health port, service 'liveness'; 0 = off [env HEALTHCHECK_PORT] (default 0)")
     p.add_argument("--metrics-port", type=_port, default=env_default("METRICS_PORT", "0"), metavar="PORT",
                    help="Prometheus /metrics port; 0 = off [env METRICS_PORT] (default 0)")
-    p.add_argument("--bind-address", default=env_default("BIND_ADDRESS", "0.0.0.0"), metavar="ADDR",
-                   help="address of the health and metrics ports [env BIND_ADDRESS] (default 0.0.0.0)")
+    p.add_argument("--bind-address", default=env_default("BIND_ADDRESS", env_default("POD_IP", "127.0.0.1")),
+                   type=_address, metavar="ADDR",
+                   help="the one address of the health and metrics ports, where kubelet's probe connects "
+                        "[env BIND_ADDRESS, else env POD_IP (the downward API's status.podIP; the node's IP "
+                        "with hostNetwork)] (default 127.0.0.1)")
     p.add_argument("--kubeconfig", default=None, metavar="FILE", help="kubeconfig file (default: in-cluster)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--host-root", type=_abs_dir, metavar="DIR",
                      help="root of the host's /sys and /dev as mounted in the container (default /)")
     src.add_argument("--emulate", metavar="INSTANCE_TYPE", choices=sorted(CATALOG),
                      help="emulate this instance type in a temporary host tree (for local clusters and tests)")
+    p.add_argument("--health-poll-interval", type=_interval, default=env_default("HEALTH_POLL_INTERVAL", "1"),
+                   metavar="SECONDS", help="seconds between reads of the devices' hardware error counters "
+                                           "[env HEALTH_POLL_INTERVAL] (default 1)")
+    p.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS,
+                   default=env_default("UNHEALTHY_TAINT_EFFECT", DEFAULT_TAINT_EFFECT),
+                   help="effect of the taint on unhealthy devices [env UNHEALTHY_TAINT_EFFECT] "
+                        f"(default {DEFAULT_TAINT_EFFECT})")
     p.add_argument("--log-level", default=env_default("LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"], help="[env LOG_LEVEL] (default info)")
     p.add_argument("--version", action="version", version=f"neuron-dra-driver {__version__}")
@@ -162,7 +198,8 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
         node_name=a.node_name, driver_name=a.driver_name, plugins_dir=Path(a.plugins_dir),
         registry_dir=Path(a.registry_dir), cdi_root=Path(a.cdi_root), healthcheck_port=int(a.healthcheck_port),
         metrics_port=int(a.metrics_port), bind_address=a.bind_address, kubeconfig=a.kubeconfig, host_root=host_root,
-        emulate=a.emulate, log_level=a.log_level,
+        emulate=a.emulate, log_level=a.log_level, health_poll_interval=float(a.health_poll_interval),
+        unhealthy_taint_effect=a.unhealthy_taint_effect,
     )
 
 
@@ -193,6 +230,9 @@ class Daemon:
         self.health: HealthServer | None = None
         self.metrics_server: MetricsServer | None = None
         self.publisher: SlicePublisher | None = None
+        self.health_monitor: HealthMonitor | None = None
+        self.health_stream: HealthStreamService | None = None
+        self.health_reporter: HealthReporter | None = None
         self._emulated: tempfile.TemporaryDirectory[str] | None = None
 
     def _load_host(self) -> tuple[NeuronHost, Path]:
@@ -226,7 +266,15 @@ class Daemon:
             self.state.reconcile_local()
         except (CheckpointError, OSError) as e:
             raise StartupError(str(e)) from None
-        self.servers = PluginServers(o.sockets, self.state, o.driver_name)
+        self.health_monitor = HealthMonitor(self.host_root, [d.index for d in self.host.devices],
+                                            o.health_poll_interval)
+        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event)
+        self.health_reporter = HealthReporter(self.health_monitor, self.host, o.node_name, o.driver_name,
+                                              o.unhealthy_taint_effect, self.api, self.metrics)
+        self.health_reporter.on_change(self.health_monitor.current())  # devices already unhealthy at start
+        self.health_monitor.add_listener(self.health_reporter.on_change)
+        self.servers = PluginServers(o.sockets, self.state, o.driver_name,
+                                     extra_handlers=self.health_stream.handlers(), extra_services=HEALTH_SERVICES)
         try:
             self.servers.start()
         except (SocketError, OSError) as e:
@@ -239,10 +287,13 @@ class Daemon:
             log.info("metrics listening", extra={"port": self.metrics_server.port})
         if self.api is not None:
             self.publisher = SlicePublisher(self.api, self.host, o.node_name,
-                                            PublishOptions(driver_name=o.driver_name), self.metrics)
+                                            PublishOptions(driver_name=o.driver_name), self.metrics,
+                                            taints=self.health_reporter.taints)
+            self.health_reporter.republish = self.publisher.refresh
             self.publisher.start(self.stop_event)
         else:
             log.warning("no API client: not publishing ResourceSlices")
+        self.health_monitor.start(self.stop_event)
 
     def run(self) -> None:
         """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""

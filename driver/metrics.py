@@ -45,6 +45,12 @@ class Metrics:
         self.slice_writes = Counter("neuron_dra_resourceslice_writes", "ResourceSlice API writes, by verb",
                                     ["verb"], registry=r)
         self.api_errors = Counter("neuron_dra_api_errors", "Failed API server calls, by call", ["call"], registry=r)
+        self.device_health = Gauge("neuron_dra_device_health", "Device health from the hardware error counters: "
+                                   "1 healthy, 0 unhealthy, -1 unknown", ["device"], registry=r)
+        self.device_health_changes = Counter("neuron_dra_device_health_changes", "Device health transitions, by "
+                                             "device and new health", ["device", "health"], registry=r)
+        self.tainted_devices = Gauge("neuron_dra_tainted_devices", "Devices carrying the unhealthy taint in this "
+                                     "node's ResourceSlices", registry=r)
 
     def serve(self, address: str, port: int) -> MetricsServer:
         """Serve /metrics over HTTP (port 0: a free port; see MetricsServer.port)."""

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver.kube import RESOURCE_SLICES, KubeApi
 from neuron_dra.driver.model import NeuronHost
-from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices
+from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices, with_taints
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
     from neuron_dra.driver.metrics import Metrics
@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
 log = logging.getLogger("neuron_dra.driver.publisher")
 
 Slice = dict[str, Any]
+TaintSource = Callable[[], Mapping[str, tuple[Mapping[str, str], ...]]]
 REQUEST_TIMEOUT = (3.0, 15.0)
 
 
@@ -72,7 +73,7 @@ def _content(spec: Mapping[str, Any]) -> str:
 class SlicePublisher:
     def __init__(self, api: client.ApiClient, host: NeuronHost, node_name: str, options: PublishOptions,
                  metrics: Metrics | None = None, resync_seconds: float = 60.0, backoff: Backoff | None = None,
-                 capacity_block_id: str | None = None) -> None:
+                 capacity_block_id: str | None = None, taints: TaintSource | None = None) -> None:
         self._api = KubeApi(api)
         self.host = host
         self.node_name = node_name
@@ -85,6 +86,11 @@ class SlicePublisher:
         self._selector = f"spec.nodeName={node_name},spec.driver={options.driver_name}"
         self._thread: threading.Thread | None = None
         self.published = threading.Event()  # set after the first successful reconcile
+        # Device taints (health): device name -> taints. Dropped for good once the API server is seen to drop
+        # them (DRADeviceTaints off, Kubernetes < 1.36): slices then stay as they were and health goes to kubelet.
+        self._taints = taints
+        self.taints_supported = True
+        self._lock = threading.Lock()  # reconcile runs from the loop and from health changes
 
     # --- one pass --------------------------------------------------------------------------------------------
 
@@ -108,10 +114,16 @@ class SlicePublisher:
     def desired(self) -> list[Slice]:
         facts, node_uid = self._node()
         pool = build_pool(self.host, facts, self.options)
+        if self._taints is not None and self.taints_supported:
+            pool = with_taints(pool, self._taints())
         return resource_slices(pool, 0, node_uid)
 
     def reconcile(self) -> tuple[PublishResult, str]:
         """Make the API match the desired slices; returns what changed and a resourceVersion to watch from."""
+        with self._lock:
+            return self._reconcile()
+
+    def _reconcile(self) -> tuple[PublishResult, str]:
         desired = self.desired()
         existing, rv = self.list_slices()
         devices = sum(len(d["spec"]["devices"]) for d in desired)
@@ -158,9 +170,24 @@ class SlicePublisher:
                 raise
 
     def _write(self, verb: str, method: str, path: str, body: Mapping[str, Any]) -> None:
-        self._api.call(method, path, body=body, timeout=REQUEST_TIMEOUT)
+        stored = self._api.call(method, path, body=body, timeout=REQUEST_TIMEOUT)
         if self._metrics:
             self._metrics.slice_writes.labels(verb).inc()
+        sent = any(d.get("taints") for d in (body.get("spec") or {}).get("devices") or ())
+        kept = any(d.get("taints") for d in ((stored or {}).get("spec") or {}).get("devices") or ())
+        if sent and not kept and self.taints_supported:
+            self.taints_supported = False
+            log.warning("the API server dropped the device taints of our ResourceSlice (DRADeviceTaints is off: "
+                        "Kubernetes 1.34/1.35 without the gate); unhealthy devices are no longer tainted, only "
+                        "reported to kubelet's health stream", extra={"node": self.node_name})
+
+    def refresh(self) -> None:
+        """Publish now (health changed); errors are logged, the loop retries on its own schedule."""
+        try:
+            self.reconcile()
+        except Exception as e:
+            log.warning("publishing ResourceSlices after a health change failed; the publish loop retries",
+                        extra={"node": self.node_name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
 
     def _set_gauge(self, devices: int) -> None:
         if self._metrics:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from neuron_dra import __version__
@@ -22,6 +22,7 @@ AWS_DOMAIN = "resource.aws.com"
 K8S_DOMAIN = "resource.kubernetes.io"
 DEVICEGROUP_SIZES = (4, 8, 16)
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_TAINTED_SLICE = 64  # when any device of the slice has taints (docs/dra-api.md)
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING_VALUE = 64
 NEURON_DEVICE = "neuron_device"
@@ -66,11 +67,14 @@ class PoolDevice:
     attributes: Mapping[str, Attribute]
     capacity: Mapping[str, str]  # name -> Quantity string
     index: int | None = None  # Neuron device index; None for the UltraServer pseudo-device
+    taints: tuple[Mapping[str, str], ...] = ()  # DeviceTaint objects (taints.py)
 
     def to_api(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "attributes": {k: dict(v) for k, v in self.attributes.items()}}
         if self.capacity:
             out["capacity"] = {k: {"value": v} for k, v in self.capacity.items()}
+        if self.taints:
+            out["taints"] = [dict(t) for t in self.taints]
         return out
 
 
@@ -195,12 +199,18 @@ def build_pool(host: NeuronHost, facts: NodeFacts, options: PublishOptions | Non
     return Pool(opts.driver_name, facts.node_name, tuple(devices))
 
 
+def with_taints(pool: Pool, taints: Mapping[str, tuple[Mapping[str, str], ...]]) -> Pool:
+    """The pool with these taints (device name -> taints) on its devices, and none on the others."""
+    return replace(pool, devices=tuple(replace(d, taints=tuple(taints.get(d.name, ()))) for d in pool.devices))
+
+
 def slice_device_chunks(pool: Pool) -> list[tuple[PoolDevice, ...]]:
-    """Devices split into slices of at most 128; an empty pool is still one (empty) slice."""
+    """Devices split into slices of at most 128 (64 when any has taints); an empty pool is still one slice."""
     devs = pool.devices
     if not devs:
         return [()]
-    return [devs[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devs), MAX_DEVICES_PER_SLICE)]
+    size = MAX_DEVICES_PER_TAINTED_SLICE if any(d.taints for d in devs) else MAX_DEVICES_PER_SLICE
+    return [devs[i : i + size] for i in range(0, len(devs), size)]
 
 
 def resource_slices(pool: Pool, generation: int = 0, node_uid: str | None = None) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """Build the local control plane's binaries from the Go module proxy, cached outside the tree.
 
-The wrapper modules in `localcluster/go/{kube,etcd}` pin the versions (their go.mod is the single
-source of truth); binaries land in `${NEURON_DRA_CACHE:-~/.cache/neuron-dra}/<kind>/<version>/`.
+The wrapper modules in `localcluster/go/kube/<minor>/` (one per supported Kubernetes minor) and
+`localcluster/go/etcd` pin the versions (their go.mod is the single source of truth); binaries land in
+`${NEURON_DRA_CACHE:-~/.cache/neuron-dra}/<kind>/<version>/`.
 A build goes into a temporary sibling directory that is renamed into place only when complete, so
 a cache directory that exists is always whole; a lock file serializes concurrent builders.
 """
@@ -23,13 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GO_DIR = Path(__file__).resolve().parent / "go"
-KUBE_MODULE = GO_DIR / "kube"
+KUBE_MODULES = GO_DIR / "kube"
 ETCD_MODULE = GO_DIR / "etcd"
+
+# The newest minor EKS serves (1.36 since 2026-06); see docs/kubernetes-versions.md.
+DEFAULT_MINOR = "1.36"
 
 KUBE_BINARIES: Mapping[str, str] = {
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    "kubelet": "k8s.io/kubernetes/cmd/kubelet",
 }
 ETCD_BINARIES: Mapping[str, str] = {"etcd": "go.etcd.io/etcd/server/v3"}
 
@@ -47,9 +52,15 @@ class Binaries:
     kube_apiserver: Path
     kube_controller_manager: Path
     kube_scheduler: Path
+    kubelet: Path
     etcd: Path
     kube_version: str
     etcd_version: str
+
+    @property
+    def minor(self) -> str:
+        """`1.36` for `v1.36.5`."""
+        return minor_of(self.kube_version)
 
 
 def cache_root() -> Path:
@@ -68,8 +79,34 @@ def required_version(module_dir: Path, module: str) -> str:
     return match.group(1)
 
 
-def kube_version() -> str:
-    return required_version(KUBE_MODULE, "k8s.io/kubernetes")
+def supported_minors() -> tuple[str, ...]:
+    """Every Kubernetes minor with a wrapper module, oldest first (`("1.34", ..., "1.37")`)."""
+    found = [d.name for d in KUBE_MODULES.iterdir() if (d / "go.mod").is_file()]
+    return tuple(sorted(found, key=lambda m: tuple(int(p) for p in m.split("."))))
+
+
+def check_minor(minor: str) -> str:
+    """`minor` if a wrapper module exists for it, else a BuildError naming the supported ones."""
+    if minor not in supported_minors():
+        raise BuildError(f"--kubernetes-version {minor!r} is not supported; choose one of "
+                         f"{', '.join(supported_minors())} (a MINOR such as {DEFAULT_MINOR})")
+    return minor
+
+
+def minor_of(version: str) -> str:
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+.*)?", version)
+    if match is None:
+        raise BuildError(f"unexpected Kubernetes version {version!r}")
+    return f"{match.group(1)}.{match.group(2)}"
+
+
+def kube_module(minor: str = DEFAULT_MINOR) -> Path:
+    return KUBE_MODULES / check_minor(minor)
+
+
+def kube_version(minor: str = DEFAULT_MINOR) -> str:
+    """The exact patch pinned for `minor`, e.g. `v1.36.5`."""
+    return required_version(kube_module(minor), "k8s.io/kubernetes")
 
 
 def etcd_version() -> str:
@@ -215,11 +252,20 @@ def _build_info(module_dir: Path, cmd: list[str], seconds: float) -> dict[str, o
     }
 
 
-def build_kube(*, cache: Path | None = None, log: Log | None = None) -> dict[str, Path]:
-    """kube-apiserver, kube-controller-manager and kube-scheduler at the pinned version."""
-    version = kube_version()
-    target = (cache or cache_root()) / "k8s" / version
-    return cached_go_build(KUBE_MODULE, KUBE_BINARIES, target, ldflags=kube_ldflags(version), log=log)
+def kube_target(minor: str = DEFAULT_MINOR, *, cache: Path | None = None) -> Path:
+    """The cache directory of `minor`'s binaries (complete when it exists)."""
+    return (cache or cache_root()) / "k8s" / kube_version(minor)
+
+
+def kube_cached(minor: str = DEFAULT_MINOR, *, cache: Path | None = None) -> bool:
+    return _complete(kube_target(minor, cache=cache), KUBE_BINARIES)
+
+
+def build_kube(minor: str = DEFAULT_MINOR, *, cache: Path | None = None, log: Log | None = None) -> dict[str, Path]:
+    """kube-apiserver, kube-controller-manager, kube-scheduler and kubelet at the version pinned for `minor`."""
+    version = kube_version(minor)
+    target = kube_target(minor, cache=cache)
+    return cached_go_build(kube_module(minor), KUBE_BINARIES, target, ldflags=kube_ldflags(version), log=log)
 
 
 def build_etcd(*, cache: Path | None = None, log: Log | None = None) -> Path:
@@ -228,15 +274,19 @@ def build_etcd(*, cache: Path | None = None, log: Log | None = None) -> Path:
     return cached_go_build(ETCD_MODULE, ETCD_BINARIES, target, ldflags=["-s", "-w"], log=log)["etcd"]
 
 
-def ensure_binaries(*, cache: Path | None = None, log: Log | None = None) -> Binaries:
-    """Every binary of the local control plane, built first if not cached."""
+def ensure_binaries(
+    minor: str = DEFAULT_MINOR, *, cache: Path | None = None, log: Log | None = None
+) -> Binaries:
+    """Every binary of a local cluster on Kubernetes `minor`, built first if not cached."""
+    check_minor(minor)
     etcd = build_etcd(cache=cache, log=log)
-    kube = build_kube(cache=cache, log=log)
+    kube = build_kube(minor, cache=cache, log=log)
     return Binaries(
         kube_apiserver=kube["kube-apiserver"],
         kube_controller_manager=kube["kube-controller-manager"],
         kube_scheduler=kube["kube-scheduler"],
+        kubelet=kube["kubelet"],
         etcd=etcd,
-        kube_version=kube_version(),
+        kube_version=kube_version(minor),
         etcd_version=etcd_version(),
     )

@@ -6,8 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from neuron_dra.driver.cli_fault import add_fault_arguments, apply_fault
 from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import cli_build
+from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
 
 HELP = ("A real kube-apiserver, kube-controller-manager and kube-scheduler (built from the Go module proxy) on "
@@ -15,17 +17,23 @@ HELP = ("A real kube-apiserver, kube-controller-manager and kube-scheduler (buil
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="cluster_command", metavar="up|down|build", required=True)
+    sub = parser.add_subparsers(dest="cluster_command", metavar="up|down|build|fault", required=True)
     up = sub.add_parser("up", help="start the cluster in DIR and return when it is ready")
     up.add_argument("--dir", type=Path, required=True, help="state directory (kubeconfig, logs, node trees)")
     up.add_argument("--node", action="append", default=None, metavar="TYPE[:COUNT]",
                     help="emulated nodes, repeatable (default: trn2.48xlarge:2, trn1.32xlarge, inf2.48xlarge)")
     up.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="stop by itself after this many seconds")
     up.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
+    up.add_argument("--kubernetes-version", default=DEFAULT_MINOR, metavar="MINOR",
+                    help=f"Kubernetes minor: {', '.join(supported_minors())} (default {DEFAULT_MINOR})")
     down = sub.add_parser("down", help="stop the cluster in DIR")
     down.add_argument("--dir", type=Path, required=True)
     build = sub.add_parser("build", help=cli_build.HELP)
     cli_build.configure(build)
+    fault = sub.add_parser("fault", help="inject or clear a hardware fault on a device of a running cluster's node")
+    fault.add_argument("--dir", type=Path, required=True)
+    fault.add_argument("--node", required=True, metavar="NODE", help="node name, e.g. trn2-48xlarge-1")
+    add_fault_arguments(fault)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,16 +42,30 @@ def run(args: argparse.Namespace) -> int:
 
     if args.cluster_command == "build":
         return cli_build.run(args)
+    if args.cluster_command == "fault":
+        return _fault(args)
     if args.cluster_command == "down":
         print("stopped" if down(args.dir) else f"no local cluster running in {args.dir}")
         return 0
     try:
         cluster = up(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
-                     log=lambda m: print(m, file=sys.stderr))
-    except (ClusterError, ValueError) as e:
+                     kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr))
+    except (ClusterError, BuildError, ValueError) as e:
         print(f"neuron-dra cluster up: {e}", file=sys.stderr)
         return 1
     print(f"local cluster ready: export KUBECONFIG={cluster.kubeconfig}")
     for node in cluster.nodes:
         print(f"  node {node.name} ({node.instance_type})")
     return 0
+
+
+def _fault(args: argparse.Namespace) -> int:
+    """The node's emulated host tree is what its driver reads: change the counters there."""
+    from neuron_dra.localcluster.topology import NodePaths
+
+    nodes = sorted(p.name for p in (args.dir / "nodes").glob("*") if (p / "host").is_dir())
+    if args.node not in nodes:
+        print(f"neuron-dra cluster fault: --node {args.node!r}: no such node in {args.dir} (nodes: "
+              f"{', '.join(nodes) or 'none; is this a cluster dir?'})", file=sys.stderr)
+        return 2
+    return apply_fault(NodePaths.of(args.dir, args.node).host_root, args, "neuron-dra cluster fault")

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from neuron_dra.localcluster.build import DEFAULT_MINOR, supported_minors
+
 HELP = ("Bring up the local cluster (real kube-apiserver, kube-scheduler and kube-controller-manager; two "
         "trn2.48xlarge, one trn1.32xlarge and one inf2.48xlarge emulated node, each running the driver), install "
         "the example claim templates, run example workloads (connected groups, a whole node, LNC=1, aligned EFA, "
@@ -31,6 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="leave the cluster running; prints the KUBECONFIG export and the command to stop it")
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds for the workloads to be scheduled and to run (default 180)")
+    parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR, metavar="MINOR",
+                        help=f"Kubernetes minor of the local cluster: {', '.join(supported_minors())} "
+                             f"(default {DEFAULT_MINOR}, the newest EKS serves)")
     parser.add_argument("--ttl", type=float, default=None,
                         help="the cluster stops by itself after this many seconds (default 2 h with --keep, "
                              "else 30 min)")
@@ -50,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ttl is not None and args.ttl < 60:
         print(f"neuron-dra demo: --ttl must be at least 60 seconds, got {args.ttl}", file=sys.stderr)
         return 2
-    options = DemoOptions(dir=args.dir, keep=args.keep, timeout=args.timeout, ttl=args.ttl)
+    options = DemoOptions(dir=args.dir, keep=args.keep, timeout=args.timeout, ttl=args.ttl,
+                          kubernetes_version=args.kubernetes_version)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = run_demo(options)

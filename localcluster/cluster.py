@@ -17,6 +17,7 @@ from typing import Any
 
 from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import controlplane
+from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, STATUS_FILE
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
@@ -66,10 +67,11 @@ def _alive(pid: int) -> bool:
 
 
 def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S,
-       driver_name: str = DEFAULT_DRIVER_NAME, timeout: float = 300.0,
+       driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = DEFAULT_MINOR, timeout: float = 300.0,
        log: Callable[[str], None] = lambda _m: None) -> LocalCluster:
-    from neuron_dra.localcluster.build import ensure_binaries
+    from neuron_dra.localcluster.build import check_minor, ensure_binaries
 
+    check_minor(kubernetes_version)
     nodes = parse_nodes(list(node_args))
     if not nodes:
         raise ClusterError("give at least one --node TYPE[:COUNT]")
@@ -80,9 +82,9 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
                            "run `neuron-dra cluster down --dir` first")
     cluster_dir.mkdir(parents=True, exist_ok=True)
     (cluster_dir / STATUS_FILE).unlink(missing_ok=True)
-    ensure_binaries(log=log)  # builds once from the Go module proxy, then cached
+    ensure_binaries(kubernetes_version, log=log)  # builds once from the Go module proxy, then cached
     argv = [sys.executable, "-m", "neuron_dra.localcluster.supervisor", "--dir", str(cluster_dir), "--ttl", str(ttl),
-            "--driver-name", driver_name]
+            "--driver-name", driver_name, "--kubernetes-version", kubernetes_version]
     for arg in node_args:
         argv += ["--node", arg]
     with (cluster_dir / LOG_FILE).open("ab") as logf:

@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from neuron_dra.localcluster import pki
-from neuron_dra.localcluster.build import Binaries, ensure_binaries
+from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries, ensure_binaries
 
 DEFAULT_MAX_LIFETIME_S = 2 * 3600.0
 LOOPBACK = "127.0.0.1"
@@ -106,6 +106,7 @@ class ControlPlane:
         max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
         timeout_s: float = 180.0,
         binaries: Binaries | None = None,
+        kubernetes_version: str = DEFAULT_MINOR,
         extra_apiserver_args: Sequence[str] = (),
         log: Log | None = None,
     ) -> ControlPlane:
@@ -120,7 +121,7 @@ class ControlPlane:
             raise ControlPlaneError(f"max_lifetime_s must be at least 1 s, got {max_lifetime_s}")
         if running(dir):
             raise ControlPlaneError(f"a control plane is already running in {dir}; call stop({str(dir)!r}) first")
-        bins = binaries or ensure_binaries(log=log)
+        bins = binaries or ensure_binaries(kubernetes_version, log=log)
         wrapper = shutil.which("timeout")
         if wrapper is None:
             raise ControlPlaneError("coreutils `timeout` is not on PATH; it bounds the processes' lifetime")

@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
 from neuron_dra.driver.catalog import get_instance_spec
 from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
+from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.demo_report import (
     PodOutcome,
@@ -71,6 +72,7 @@ class DemoOptions:
     ttl: float | None = None  # the cluster's own lifetime; default DEMO_TTL_S, or 2 h with keep
     driver_name: str = DEFAULT_DRIVER_NAME
     node_args: tuple[str, ...] = DEMO_NODES
+    kubernetes_version: str = DEFAULT_MINOR
 
 
 @dataclass
@@ -360,20 +362,21 @@ def stop_early_supervisors(cluster_dir: Path, wait_s: float = 10.0) -> None:
             os.waitpid(pid, 0)
 
 
-def binaries_cached() -> bool:
-    """Whether every control-plane binary is in the cache (else `ensure_binaries` builds them: minutes)."""
+def binaries_cached(minor: str = DEFAULT_MINOR) -> bool:
+    """Whether every binary of a `minor` cluster is in the cache (else `ensure_binaries` builds them: minutes)."""
     from neuron_dra.localcluster import build
 
-    wanted = [build.cache_root() / "k8s" / build.kube_version() / n for n in build.KUBE_BINARIES]
+    wanted = [build.kube_target(minor) / n for n in build.KUBE_BINARIES]
     wanted += [build.cache_root() / "etcd" / build.etcd_version() / n for n in build.ETCD_BINARIES]
     return all(os.access(p, os.X_OK) for p in wanted)
 
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     """Run the demo; raises DemoError (or ClusterError, BuildError) on failure, after stopping the cluster."""
-    from neuron_dra.localcluster.build import cache_root, ensure_binaries, kube_version
+    from neuron_dra.localcluster.build import cache_root, check_minor, ensure_binaries, kube_version
     from neuron_dra.localcluster.cluster import down, up
 
+    minor = check_minor(options.kubernetes_version)
     say = Narrator(out)
     made_temp = options.dir is None
     cluster_dir = Path(tempfile.mkdtemp(prefix="neuron-dra-demo-")) if options.dir is None else options.dir
@@ -386,20 +389,20 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     say(f"checking the workloads' claim templates against {', '.join(types)}")
     reports = predictions(Checker(), types)
 
-    if binaries_cached():
-        say(f"Kubernetes {kube_version()} binaries: cached in {cache_root()}")
+    if binaries_cached(minor):
+        say(f"Kubernetes {kube_version(minor)} binaries: cached in {cache_root()}")
     else:
-        say(f"Kubernetes {kube_version()} binaries (kube-apiserver, kube-controller-manager, kube-scheduler, etcd) "
-            "are not built yet: building them from the Go module proxy now, once (about 6-9 minutes on 2 cores; "
-            f"cached in {cache_root()} afterwards)")
-    ensure_binaries(log=lambda m: say(f"  {m}"))
+        say(f"Kubernetes {kube_version(minor)} binaries (kube-apiserver, kube-controller-manager, kube-scheduler, "
+            "kubelet, etcd) are not built yet: building them from the Go module proxy now, once (about 10-15 minutes "
+            f"on 2 cores; cached in {cache_root()} afterwards)")
+    ensure_binaries(minor, log=lambda m: say(f"  {m}"))
     ttl = options.ttl if options.ttl is not None else (2 * 3600.0 if options.keep else DEMO_TTL_S)
     say(f"starting the local cluster in {cluster_dir}: " + ", ".join(options.node_args))
     cluster: LocalCluster | None = None
     ok = False
     try:
         cluster = up(cluster_dir, list(options.node_args), ttl=ttl, driver_name=options.driver_name,
-                     timeout=options.start_timeout, log=say)
+                     kubernetes_version=minor, timeout=options.start_timeout, log=say)
         result.kubeconfig = cluster.kubeconfig
         say("control plane ready (etcd, kube-apiserver, kube-controller-manager, kube-scheduler); per node: the "
             "driver daemon, a kubelet stand-in, an emulated EFA driver")

@@ -30,6 +30,7 @@ from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import EmulationOptions, emulate
 from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster.apply import apply_all
+from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
 from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver, efa_device_class
 from neuron_dra.localcluster.kubelet_standin import KubeletStandin, StandinConfig
@@ -197,7 +198,8 @@ def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdenti
     return [*objects, efa_device_class()], identity
 
 
-def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str) -> int:
+def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
+        kubernetes_version: str = DEFAULT_MINOR) -> int:
     from neuron_dra.localcluster.pluginclient import StandinConnector
 
     stop = threading.Event()
@@ -208,7 +210,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str) 
     cp = None
     try:
         write_status(cluster_dir, state="starting")
-        cp = ControlPlane.start(cluster_dir / "controlplane")
+        cp = ControlPlane.start(cluster_dir / "controlplane", kubernetes_version=kubernetes_version)
         admin = config.new_client_from_config(str(cp.kubeconfig))
         objects, identity = driver_objects(driver_name)
         apply_all(admin, objects)
@@ -249,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", action="append", default=[])
     parser.add_argument("--ttl", type=float, default=DEFAULT_TTL_S)
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
+    parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    return run(args.dir.resolve(), parse_nodes(args.node), args.ttl, args.driver_name)
+    return run(args.dir.resolve(), parse_nodes(args.node), args.ttl, args.driver_name, args.kubernetes_version)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ def test_rbac_is_exactly_the_kubelet_plugin_minimum() -> None:
     assert granted == {
         ("resource.k8s.io", "resourceclaims", "get"),
         ("", "nodes", "get"),
+        ("", "events", "create"),  # device health events on the Node
         *{("resource.k8s.io", "resourceslices", v) for v in slice_verbs},
     }
     assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in objs["ClusterRole"]["rules"])

@@ -276,6 +276,8 @@ def test_processes_die_at_their_max_lifetime(tmp_path: Path) -> None:
     try:
         assert len(running(cp.dir)) == 4
         eventually(lambda: not running(cp.dir), 45, what="processes to reach their lifetime")
-        assert [p.popen.wait(5) for p in cp.processes] == [124] * 4  # timeout's exit status
+        # timeout's exit status, or SIGKILL from its --kill-after when a process (the 1.36 apiserver under
+        # load, with etcd going away at the same moment) takes more than 10 s to stop after TERM.
+        assert all(p.popen.wait(5) in (124, -9) for p in cp.processes)
     finally:
         cp.stop()

@@ -97,12 +97,17 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 	return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
 }
 
-// features are kube-scheduler 1.34's defaults: the beta gates DRAAdminAccess,
-// DRAResourceClaimDeviceStatus and DRAPrioritizedList on, every alpha gate off.
+// features are kube-scheduler 1.36's defaults (pkg/scheduler/framework/plugins/dynamicresources,
+// allocatorFeatures): DRAAdminAccess and DRAPrioritizedList GA; DRAPartitionableDevices,
+// DRADeviceTaints, DRAConsumableCapacity, DRADeviceBindingConditions and
+// DRAResourceClaimDeviceStatus beta and on; DRAListTypeAttributes alpha and off.
 var features = structured.Features{
-	AdminAccess:     true,
-	DeviceStatus:    true,
-	PrioritizedList: true,
+	AdminAccess:            true,
+	ConsumableCapacity:     true,
+	DeviceBindingAndStatus: true,
+	DeviceTaints:           true,
+	PartitionableDevices:   true,
+	PrioritizedList:        true,
 }
 
 // celCache is shared by all cases like the scheduler plugin's single cache (same size).

@@ -1,0 +1,121 @@
+"""kubelet's device health stream: the DRAResourceHealth service, in every version a kubelet may dial.
+
+kubelets 1.34-1.36 dial `v1alpha1.DRAResourceHealth` whenever their ResourceHealthStatus gate is on (beta, on in
+1.36), whatever the registration lists; 1.37 picks `v1` or `v1alpha1` from the registration's supported
+versions; upstream's Go helper serves `v1beta1` (docs/kubelet-dra-protocol.md §3). The messages are identical on
+the wire in all three, so one servicer answers all of them with the v1beta1 messages, through the daemon's
+raw-bytes handlers (grpc_raw.py).
+
+The stream sends the full device list at once, again on every change, and at least every `heartbeat` seconds
+with fresh timestamps: kubelet turns a device Unknown when no update came within its health check timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from neuron_dra.driver import grpc_raw
+from neuron_dra.driver._generated import dra_health_v1_pb2, dra_health_v1alpha1_pb2
+from neuron_dra.driver._generated import dra_health_v1beta1_pb2 as pb
+from neuron_dra.driver.health_source import MAX_MESSAGE, DeviceHealth, Health, HealthMonitor
+from neuron_dra.driver.model import NeuronHost
+from neuron_dra.driver.slices import NODE_DEVICE_NAME, device_name
+
+log = logging.getLogger("neuron_dra.driver.health_stream")
+
+# Most recent first; what the registration advertises (kubelet ignores names it does not know).
+HEALTH_PACKAGES = ("v1", "v1beta1", "v1alpha1")
+HEALTH_SERVICES = tuple(f"{p}.DRAResourceHealth" for p in HEALTH_PACKAGES)
+DEFAULT_TIMEOUT_S = 30  # what we tell kubelet; kubelet's own default is the same
+DEFAULT_HEARTBEAT_S = 10.0  # a third of the timeout: two lost beats still leave the device known
+_WIRE = {Health.HEALTHY: pb.HEALTHY, Health.UNHEALTHY: pb.UNHEALTHY, Health.UNKNOWN: pb.UNKNOWN}
+_RANK = {Health.HEALTHY: 0, Health.UNKNOWN: 1, Health.UNHEALTHY: 2}
+
+
+@dataclass(frozen=True)
+class NamedHealth:
+    """The health of one published device (by its ResourceSlice name)."""
+
+    name: str
+    health: Health
+    message: str
+    since: float
+    reason: str = ""  # the first counter that made it unhealthy (a taint value), or ""
+
+
+def published_health(host: NeuronHost, current: Mapping[int, DeviceHealth]) -> dict[str, NamedHealth]:
+    """Health per published device name. The UltraServer pseudo-device stands for all 16 devices, so it is as
+    healthy as the worst of them."""
+    out: dict[str, NamedHealth] = {}
+    for dev in host.devices:
+        h = current.get(dev.index)
+        if h is None:
+            continue
+        reason = next((k for k, v in sorted(h.counters.items()) if v > 0), "")
+        out[device_name(dev.index)] = NamedHealth(device_name(dev.index), h.health, h.message, h.since, reason)
+    if host.ultraserver is not None and current:
+        worst = max(current.values(), key=lambda h: (_RANK[h.health], -h.since))
+        bad = sorted(i for i, h in current.items() if h.health is not Health.HEALTHY)
+        message = "" if not bad else f"devices {', '.join(map(str, bad))} of this node are not healthy"
+        out[NODE_DEVICE_NAME] = NamedHealth(NODE_DEVICE_NAME, worst.health, message[:MAX_MESSAGE], worst.since,
+                                            "member-device-unhealthy" if bad else "")
+    return out
+
+
+class HealthStreamService:
+    """Serves NodeWatchResources for every version in HEALTH_PACKAGES from one HealthMonitor."""
+
+    def __init__(self, monitor: HealthMonitor, host: NeuronHost, pool_name: str, stop: threading.Event,
+                 timeout_s: int = DEFAULT_TIMEOUT_S, heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> None:
+        self.monitor = monitor
+        self.host = host
+        self.pool_name = pool_name
+        self.timeout_s = timeout_s
+        self.heartbeat_s = heartbeat_s
+        self._stop = stop
+        self.active_streams = 0
+        self._lock = threading.Lock()
+
+    def response(self) -> pb.NodeWatchResourcesResponse:
+        now = int(time.time())
+        resp = pb.NodeWatchResourcesResponse()
+        for name, h in sorted(published_health(self.host, self.monitor.current()).items()):
+            resp.devices.append(pb.DeviceHealth(
+                device=pb.DeviceIdentifier(pool_name=self.pool_name, device_name=name), health=_WIRE[h.health],
+                last_updated_time=now, health_check_timeout_seconds=self.timeout_s, message=h.message))
+        return resp
+
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext
+                           ) -> Iterator[pb.NodeWatchResourcesResponse]:
+        """The stream kubelet holds open (the request message is empty in every version)."""
+        with self._lock:
+            self.active_streams += 1
+        log.info("kubelet opened the device health stream", extra={"pool": self.pool_name})
+        try:
+            version = self.monitor.version
+            yield self.response()
+            next_beat = time.monotonic() + self.heartbeat_s
+            while context.is_active() and not self._stop.is_set():
+                # Short waits so a closed stream or a stopping daemon frees this worker thread promptly.
+                wait = max(0.0, min(1.0, next_beat - time.monotonic()))
+                new_version = self.monitor.wait_for_change(version, wait)
+                if new_version == version and time.monotonic() < next_beat:
+                    continue
+                version = new_version
+                yield self.response()
+                next_beat = time.monotonic() + self.heartbeat_s
+        finally:
+            with self._lock:
+                self.active_streams -= 1
+            log.info("device health stream closed", extra={"pool": self.pool_name})
+
+    def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
+        return tuple(grpc_raw.service_handler(module.DESCRIPTOR.services_by_name["DRAResourceHealth"], self)
+                     for module in (dra_health_v1_pb2, pb, dra_health_v1alpha1_pb2))
