@@ -174,14 +174,6 @@ class ClaimTemplate:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_manifest(), sort_keys=False)
 
-    def render(self, instance_types: Sequence[str] | None = None) -> dict[str, Any]:
-        """The manifest after the checks passed against `instance_types` (default: every catalog type);
-        raises checks.TemplateCheckError with the reasons otherwise."""
-        from neuron_dra.claim_templates.checks import check_against  # here: checks imports this module
-        from neuron_dra.driver.catalog import CATALOG
-
-        check_against(self, list(instance_types or CATALOG))
-        return self.to_manifest()
 
 
 def _mapping(value: Mapping[str, str] | Sequence[tuple[str, str]] | None) -> Mapping[str, str] | None:
