@@ -30,6 +30,7 @@ lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
 	$(PYTHON) -m mypy tests bench
+	lint-imports
 
 protos:
 	$(PYTHON) -m neuron_dra.driver.protogen
