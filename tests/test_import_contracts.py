@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from neuron_dra import PARTS
+
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("neuron_dra", "driver", "claim_templates", "components", "localcluster")
+TREE = ("neuron_dra", *PARTS.values(), "pyproject.toml")
 LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
 
 
@@ -31,10 +33,12 @@ def test_the_contracts_hold() -> None:
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tree")
-    for part in PARTS:
-        shutil.copytree(ROOT / part, root / part, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "go", "*.md", "proto"))
-    shutil.copy2(ROOT / "pyproject.toml", root / "pyproject.toml")
+    for part in TREE:
+        if (ROOT / part).is_dir():
+            shutil.copytree(ROOT / part, root / part, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "go", "*.md", "proto"))
+        else:
+            shutil.copy2(ROOT / part, root / part)
     return root
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from neuron_dra import PARTS
 from neuron_dra.claim_templates import TemplateError
 from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.names import check_dns_label, check_labels
@@ -110,7 +111,7 @@ def _literals(path: Path) -> set[object]:
 
 def test_names_and_defaults_have_one_home() -> None:
     offenders = []
-    for part in ("driver", "claim_templates", "components", "localcluster", "bench"):
+    for part in (*PARTS.values(), "bench"):
         for path in sorted((ROOT / part).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if rel == "driver/k8s_names.py" or "/_generated/" in rel:
