@@ -48,7 +48,7 @@ import grpc
 from neuron_dra.driver._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME, LIVENESS_SERVICE
 from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.kubelet_standin import ClaimRef
+from neuron_dra.localcluster.pluginclient import ClaimRef
 
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "bench-node"

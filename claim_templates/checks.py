@@ -34,7 +34,7 @@ from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
 from neuron_dra.claim_templates.template import ClaimTemplate
 from neuron_dra.driver import config as driver_config
-from neuron_dra.driver.catalog import CATALOG
+from neuron_dra.driver.catalog import BUILTIN, HOW_TO_ADD, Catalog
 
 Severity = Literal["error", "warning"]
 
@@ -168,15 +168,17 @@ class _Selection:
 class Checker:
     """Checks templates; keeps node models, compiled selectors and evaluations between templates."""
 
-    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, cel: CelEnvironment | None = None) -> None:
+    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, cel: CelEnvironment | None = None,
+                 hardware: Catalog = BUILTIN) -> None:
         self.drivers = drivers
         self.cel = cel or CelEnvironment()
+        self.hardware = hardware  # the instance types nodes are modelled from
         self._catalogs: dict[Drivers, NodeCatalog] = {}
         self._simulators: dict[tuple[Drivers, str], Simulator] = {}
 
     def catalog(self, drivers: Drivers) -> NodeCatalog:
         if drivers not in self._catalogs:
-            self._catalogs[drivers] = NodeCatalog(drivers)
+            self._catalogs[drivers] = NodeCatalog(drivers, self.hardware)
         return self._catalogs[drivers]
 
     def _simulator(self, drivers: Drivers, node: NodeModel) -> Simulator:
@@ -193,7 +195,7 @@ class Checker:
             manifest, drivers = template.to_manifest(), self.drivers
         else:
             manifest, drivers = template, self.drivers
-        return _Check(self, manifest, drivers, tuple(instance_types or CATALOG)).run()
+        return _Check(self, manifest, drivers, tuple(instance_types or self.hardware.names)).run()
 
 
 class _Check:
@@ -221,9 +223,10 @@ class _Check:
 
     def run(self) -> CheckReport:
         for t in self.instance_types:
-            if t not in CATALOG:
-                self.error(f"unknown instance type {t!r}; known: {', '.join(CATALOG)}")
-        types = [t for t in self.instance_types if t in CATALOG]
+            if t not in self.checker.hardware:
+                self.error(f"unknown instance type {t!r}; known: {', '.join(self.checker.hardware.names)}; "
+                           f"{HOW_TO_ADD}")
+        types = [t for t in self.instance_types if t in self.checker.hardware]
         self._compile()
         self._check_constraints()
         configs = self._decode_configs()
@@ -323,7 +326,7 @@ class _Check:
         return sel
 
     def _fit(self, node: NodeModel, configs: list[tuple[tuple[str, ...], driver_config.OpaqueConfig]]) -> Fit:
-        spec = CATALOG[node.instance_type]
+        spec = self.checker.hardware.spec(node.instance_type)
         selections: dict[str, _Selection] = {}
         for units in self.requests:
             for u in units:
@@ -444,8 +447,8 @@ def check_against(template: TemplateInput, instance_types: Sequence[str]) -> Non
 
 
 def checked_manifest(template: ClaimTemplate, instance_types: Sequence[str] | None = None) -> dict[str, Any]:
-    """The template's manifest after the checks passed against `instance_types` (default: every catalog type);
+    """The template's manifest after the checks passed against `instance_types` (default: every built-in catalog type);
     TemplateCheckError with the reasons otherwise. A function here, not a ClaimTemplate method: the checks
     import the template module, never the other way round."""
-    check_against(template, list(instance_types or CATALOG))
+    check_against(template, list(instance_types or BUILTIN.names))
     return template.to_manifest()

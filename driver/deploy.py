@@ -43,6 +43,7 @@ from neuron_dra.driver.k8s_names import (
     neuron_toleration,
 )
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
+from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
 
 Manifest = dict[str, Any]
 
@@ -132,6 +133,7 @@ class DriverDeployOptions:
     resources: Resources = field(default_factory=Resources)
     priority_class_name: str = "system-node-critical"
     labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
+    unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT  # taint on devices with hardware errors (taints.py)
 
     def __post_init__(self) -> None:
         check_dns_label("namespace", self.namespace, DeployOptionError)
@@ -154,6 +156,8 @@ class DriverDeployOptions:
                 raise DeployOptionError(opt, port, "0 (off) or a TCP port 1-65535")
         if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
             raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
+        if self.unhealthy_taint_effect not in TAINT_EFFECTS:
+            raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
         if not self.instance_types:
             raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
         for t in self.instance_types:
@@ -325,6 +329,7 @@ def driver_env(options: DriverDeployOptions) -> list[Manifest]:
         {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": options.registry_dir},
         {"name": "CDI_ROOT", "value": options.cdi_root},
         {"name": "HEALTHCHECK_PORT", "value": str(options.healthcheck_port)},
+        {"name": "UNHEALTHY_TAINT_EFFECT", "value": options.unhealthy_taint_effect},
     ]
 
 

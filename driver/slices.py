@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from neuron_dra import __version__
-from neuron_dra.driver.catalog import TopologyKind
 from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model import NeuronDevice, NeuronHost
 
@@ -33,6 +32,10 @@ NODE_DEVICE_NAME = "neuron-node"
 NETWORK_NODE_LABELS = tuple(f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3))
 # Our node groups label Capacity Block nodes with their reservation id (components/nodegroup.py).
 CAPACITY_BLOCK_LABEL = "neuron-dra/capacity-block-id"
+# Without AWS's UltraServer operator, a node label assigns the node's devices to a workload (docs/trainium3.md §5).
+WORKLOAD_LABEL = "neuron-dra/workload-id"
+# The standard NUMA attribute of Kubernetes 1.37 (KEP-6072), published next to our own `numaNode`.
+STANDARD_NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 Attribute = dict[str, Any]  # {"int": 1} | {"bool": True} | {"string": "x"} | {"version": "1.2.3"}
 
@@ -44,13 +47,14 @@ class NodeFacts:
     node_name: str
     network_node_layers: tuple[str, ...] = ()  # layer 1..3, from the node's labels
     capacity_block_id: str | None = None
+    workload_id: str | None = None  # label neuron-dra/workload-id: AWS 1.2's workloadId without the operator
 
     @classmethod
     def from_labels(cls, node_name: str, labels: Mapping[str, str], capacity_block_id: str | None = None
                     ) -> NodeFacts:
         layers = tuple(labels[k] for k in NETWORK_NODE_LABELS if k in labels)
         block = capacity_block_id or labels.get(CAPACITY_BLOCK_LABEL)
-        return cls(node_name, layers if len(layers) == 3 else (), block)
+        return cls(node_name, layers if len(layers) == 3 else (), block, labels.get(WORKLOAD_LABEL) or None)
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,12 @@ def _common_attributes(host: NeuronHost, facts: NodeFacts, options: PublishOptio
         attrs[f"networkNodeLayer{i}"] = _str(layer)
     if host.ultraserver is not None and facts.capacity_block_id:
         attrs["capacityBlockId"] = _str(facts.capacity_block_id)
+    if host.ultraserver is not None:
+        # AWS 1.2: ultraserverId is the capacity block id; without one, the host's UltraServer id from sysfs
+        # (server_id_4), which is equal on the nodes of one UltraServer too (docs/trainium3.md §5).
+        attrs["ultraserverId"] = _str(facts.capacity_block_id or host.ultraserver.server_id_4)
+    if facts.workload_id:
+        attrs["workloadId"] = _str(facts.workload_id)
     return attrs
 
 
@@ -143,16 +153,20 @@ def neuron_device_attributes(host: NeuronHost, dev: NeuronDevice, facts: NodeFac
     attrs["coreCount"] = _int(dev.physical_cores)
     attrs["topologyKind"] = _str(spec.topology.value)
     attrs["neighbors"] = _str(",".join(map(str, dev.connected)))
-    if spec.topology is TopologyKind.TORUS_4X4:
+    if spec.grid:
         # AWS's names: row (x), column (y), row id, id of the pair of rows.
         attrs["topology_x"] = _int(dev.index // 4)
         attrs["topology_y"] = _int(dev.index % 4)
     # topology{N}_id: connected, id-aligned groups of N. On the torus 4 and 8 are AWS's own ids;
     # the rest (1, 16, ring segments, single devices) we add so every host answers topology claims.
-    for n in spec.group_sizes():
-        attrs[f"topology{n}_id"] = _int(dev.index // n)
+    # All-to-all hosts publish none: any N devices of the server are connected, so a connected request
+    # there needs no constraint (claim_templates Connected), and grid ids would only mislead.
+    if not spec.all_to_all:
+        for n in spec.group_sizes():
+            attrs[f"topology{n}_id"] = _int(dev.index // n)
     if dev.numa_node is not None:
         attrs["numaNode"] = _int(dev.numa_node)
+        attrs[STANDARD_NUMA_NODE] = _int(dev.numa_node)
     if dev.pci_bdf is not None:
         attrs[f"{K8S_DOMAIN}/pciBusID"] = _str(dev.pci_bdf)
     if dev.efa_bdf is not None:

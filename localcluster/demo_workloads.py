@@ -31,7 +31,7 @@ from neuron_dra.localcluster.topology import DEMO_NODES
 DEMO_NAMESPACE = "neuron-demo"
 DEMO_LABEL = "neuron-dra.aws.com/demo"
 TEMPLATE_ANNOTATION = "neuron-dra.aws.com/claim-template"
-IMAGE = "public.ecr.aws/neuron/pytorch-training-neuronx:emulated"  # never pulled: the stand-in runs no containers
+IMAGE = "public.ecr.aws/neuron/pytorch-training-neuronx:emulated"  # never pulled: the fake runtime runs no containers
 
 
 @dataclass(frozen=True)

@@ -162,8 +162,12 @@ def test_daemonset_env_matches_awss_chart() -> None:
         "NODE_NAME": "node-7", "POD_UID": "uid-1",
         "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins",
         "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
-        "CDI_ROOT": "/var/run/cdi", "HEALTHCHECK_PORT": "51515",
+        "CDI_ROOT": "/var/run/cdi", "HEALTHCHECK_PORT": "51515", "UNHEALTHY_TAINT_EFFECT": "NoSchedule",
     }
+    noexec = _resolved_env(_container(DriverDeployOptions(unhealthy_taint_effect="NoExecute")))
+    assert noexec["UNHEALTHY_TAINT_EFFECT"] == "NoExecute"
+    with pytest.raises(DeployOptionError, match=r"unhealthy_taint_effect.*NoSchedule, NoExecute, None"):
+        DriverDeployOptions(unhealthy_taint_effect="PreferNoSchedule")
 
 
 def test_daemonset_scheduling_security_and_probe() -> None:

@@ -25,7 +25,7 @@ from neuron_dra.driver.publisher import Backoff, SlicePublisher
 from neuron_dra.driver.slices import NETWORK_NODE_LABELS, NodeFacts, PublishOptions, build_pool
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.controlplane import ControlPlane
-from neuron_dra.localcluster.kubelet_standin import ClaimRef
+from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, DaemonDirs, opaque, short_dir, wait_until
 from tests.support.e2e import raw
 

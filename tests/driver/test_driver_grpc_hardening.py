@@ -23,7 +23,7 @@ from neuron_dra.driver.emulate import emulate
 from neuron_dra.driver.health import HEALTH
 from neuron_dra.driver.plugin import DRA_MAX_CONCURRENT, DRA_V1, DRA_V1BETA1, REGISTRATION
 from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.kubelet_standin import ClaimRef
+from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, short_dir, uid
 
 GARBAGE = (b"\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x12\x05abc", b"\x80" * 12)

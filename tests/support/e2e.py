@@ -14,6 +14,8 @@ from kubernetes import client
 
 from neuron_dra.driver.k8s_names import neuron_toleration
 
+NEURON_TOLERATION = neuron_toleration()
+
 T = TypeVar("T")
 
 
@@ -61,7 +63,7 @@ def pod_with_template(name: str, template: str, node: str | None = None, request
     if request:
         claim_use["request"] = request
     spec: dict[str, Any] = {
-        "tolerations": [neuron_toleration()],
+        "tolerations": [NEURON_TOLERATION],
         "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": template}],
         "containers": [{"name": "main", "image": "public.ecr.aws/neuron/pytorch-training:emulated",
                         "resources": {"claims": [claim_use]}}],
@@ -94,9 +96,14 @@ def allocated_devices(claim: dict[str, Any], driver: str) -> list[str]:
     return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == driver]
 
 
-def pod_record(pods_dir: Path, ns: str, pod: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((pods_dir / f"{ns}_{pod}.json").read_text())
-    return data
+def created_container(records: Path, ns: str, pod: str, container: str = "main") -> dict[str, Any]:
+    """What the node's fake runtime recorded when kubelet created the container (CDI ids, resolved env and
+    device nodes); fails the test when there is no such record."""
+    from neuron_dra.localcluster.fakeruntime import created_containers
+
+    found = created_containers(records, ns, pod)
+    assert container in found, f"no CreateContainer of {ns}/{pod}/{container} in {records}"
+    return found[container]
 
 
 def cdi_specs_naming(cdi_root: Path, uids: list[str]) -> list[str]:
