@@ -14,6 +14,7 @@ For a ResourceClaimTemplate (typed or a plain manifest dict) and a list of insta
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 from collections import Counter
@@ -35,6 +36,7 @@ from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
 from neuron_dra.claim_templates.template import ClaimTemplate
 from neuron_dra.driver import config as driver_config
 from neuron_dra.driver.catalog import BUILTIN, HOW_TO_ADD, Catalog
+from neuron_dra.driver.taints import unhealthy_taint_key
 
 Severity = Literal["error", "warning"]
 
@@ -66,6 +68,9 @@ class Fit:
     claims_per_node: int
     reason: str | None = None  # why no claim fits
     devices: tuple[DeviceResult, ...] = ()  # what the first claim gets
+    # Checker(unhealthy_device=True): claims per node when the first Neuron device of the first claim is tainted
+    # unhealthy (the driver's NoSchedule taint), i.e. how the template degrades when a device in use fails.
+    with_unhealthy_device: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,9 @@ class CheckReport:
     def summary(self) -> str:
         lines = [str(i) for i in self.issues]
         for f in self.fits:
-            lines.append(f"{f.instance_type}: {f.claims_per_node} per node" if f.claims_per_node
+            degraded = "" if f.with_unhealthy_device is None else \
+                f" ({f.with_unhealthy_device} with one unhealthy device)"
+            lines.append(f"{f.instance_type}: {f.claims_per_node} per node{degraded}" if f.claims_per_node
                          else f"{f.instance_type}: does not fit: {f.reason}")
         return "; ".join(lines)
 
@@ -169,8 +176,9 @@ class Checker:
     """Checks templates; keeps node models, compiled selectors and evaluations between templates."""
 
     def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, cel: CelEnvironment | None = None,
-                 hardware: Catalog = BUILTIN) -> None:
+                 hardware: Catalog = BUILTIN, unhealthy_device: bool = False) -> None:
         self.drivers = drivers
+        self.unhealthy_device = unhealthy_device  # also count claims with one faulty device (Fit.with_unhealthy_device)
         self.cel = cel or CelEnvironment()
         self.hardware = hardware  # the instance types nodes are modelled from
         self._catalogs: dict[Drivers, NodeCatalog] = {}
@@ -345,10 +353,30 @@ class _Check:
         result = simulate(node.slices, node.device_classes, [claim], node_name=node.node_name, mode="count",
                           simulator=self.checker._simulator(self.drivers, node))
         if result.count:
-            return Fit(node.instance_type, result.count, None, result.allocation[0])
+            degraded = self._with_unhealthy(node, claim, result.allocation[0]) if self.checker.unhealthy_device \
+                else None
+            return Fit(node.instance_type, result.count, None, result.allocation[0], degraded)
         if result.error:
             return Fit(node.instance_type, 0, f"the allocator fails: {result.error}")
         return Fit(node.instance_type, 0, self._why_not(node, selections))
+
+    def _with_unhealthy(self, node: NodeModel, claim: Mapping[str, Any], first: Sequence[DeviceResult]
+                        ) -> int | None:
+        """Claims per node with the first claim's first Neuron device tainted as the driver taints it."""
+        victim = next((d for d in first if d.driver == self.drivers.neuron_driver), None)
+        if victim is None:
+            return None
+        taint = {"key": unhealthy_taint_key(self.drivers.neuron_driver), "value": "mem_ecc_uncorrected",
+                 "effect": "NoSchedule"}
+        slices = copy.deepcopy(list(node.slices))
+        for sl in slices:
+            if sl["spec"]["driver"] != victim.driver:
+                continue
+            for dev in sl["spec"]["devices"]:
+                if dev["name"] == victim.device:
+                    dev["taints"] = [taint]
+        return simulate(slices, node.device_classes, [claim], node_name=node.node_name, mode="count",
+                        cel=self.cel).count
 
     def _check_unmatched(self, types: Sequence[str]) -> None:
         if not types:

@@ -37,6 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--instance-type", action="append", metavar="T", dest="instance_types",
                        help=f"instance types to check (repeatable; default: all of {', '.join(CATALOG)})")
     check.add_argument("--json", action="store_true", help="print the reports as JSON")
+    check.add_argument("--unhealthy-device", action="store_true",
+                       help="also count claims per node when a device the first claim uses is tainted unhealthy")
     check.add_argument("--catalog", metavar="FILE", help=CATALOG_HELP)
 
 
@@ -56,11 +58,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.claims_command == "render":
         return _render(templates, types, not args.no_check, hardware)
-    return _check(templates, types, args.json, hardware)
+    return _check(templates, types, args.json, hardware, args.unhealthy_device)
 
 
-def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str], hardware: Catalog) -> list[CheckReport]:
-    checker = default_checker() if hardware is BUILTIN else Checker(hardware=hardware)
+def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str], hardware: Catalog,
+             unhealthy_device: bool = False) -> list[CheckReport]:
+    if unhealthy_device:
+        checker = Checker(hardware=hardware, unhealthy_device=True)
+    else:
+        checker = default_checker() if hardware is BUILTIN else Checker(hardware=hardware)
     return [checker.check(t, types) for t in templates]
 
 
@@ -75,8 +81,9 @@ def _render(templates: Sequence[ClaimTemplate], types: Sequence[str], run_checks
     return 0
 
 
-def _check(templates: Sequence[ClaimTemplate], types: Sequence[str], as_json: bool, hardware: Catalog) -> int:
-    reports = _reports(templates, types, hardware)
+def _check(templates: Sequence[ClaimTemplate], types: Sequence[str], as_json: bool, hardware: Catalog,
+           unhealthy_device: bool = False) -> int:
+    reports = _reports(templates, types, hardware, unhealthy_device)
     if as_json:
         json.dump([_report_json(r) for r in reports], sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -89,7 +96,9 @@ def _report_json(r: CheckReport) -> dict[str, object]:
     return {"template": r.template, "ok": r.ok,
             "issues": [{"severity": i.severity, "message": i.message} for i in r.issues],
             "fits": [{"instanceType": f.instance_type, "claimsPerNode": f.claims_per_node, "reason": f.reason,
-                      "devices": [d.to_api() for d in f.devices]} for f in r.fits]}
+                      "devices": [d.to_api() for d in f.devices],
+                      **({} if f.with_unhealthy_device is None
+                         else {"claimsPerNodeWithUnhealthyDevice": f.with_unhealthy_device})} for f in r.fits]}
 
 
 def format_table(reports: Sequence[CheckReport], types: Sequence[str]) -> str:
@@ -103,13 +112,18 @@ def format_table(reports: Sequence[CheckReport], types: Sequence[str]) -> str:
         cells = []
         for t, w in zip(types, widths, strict=True):
             f = r.fit(t)
-            cells.append((str(f.claims_per_node) if f.claims_per_node else "-").rjust(w))
+            cell = str(f.claims_per_node) if f.claims_per_node else "-"
+            if f.claims_per_node and f.with_unhealthy_device is not None:
+                cell += f"/{f.with_unhealthy_device}"  # claims per node / with one device in use unhealthy
+            cells.append(cell.rjust(w))
         status = "" if r.ok else "  FAILS"
         lines.append("  ".join([r.template.ljust(first), *cells]) + status)
         for issue in r.issues:
             notes.append(f"{r.template}: {issue}")
         notes += [f"{r.template} on {f.instance_type}: {f.reason}" for f in r.fits if f.reason]
     out = "\n".join(lines) + "\n"
+    if any(f.with_unhealthy_device is not None for r in reports for f in r.fits):
+        out += "(N/M: N claims per node; M when one device the first claim uses is tainted unhealthy)\n"
     if notes:
         out += "\n" + "\n".join(notes) + "\n"
     return out

@@ -88,6 +88,10 @@ DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_HEALTHCHECK_PORT = 51515
 LIVENESS_SERVICE = "liveness"  # the gRPC health service name kubelet's liveness probe asks for
 
+# --- the Neuron device plugin's extended resource names (DeviceClasses can serve them: DRAExtendedResource) ---
+NEURON_DEVICE_RESOURCE = "aws.amazon.com/neuron"
+NEURON_CORE_RESOURCE = "aws.amazon.com/neuroncore"
+
 # --- the Neuron taint on Neuron nodes (EKS convention; the chart tolerates it) ---
 NEURON_TAINT_KEY = "aws.amazon.com/neuron"
 NEURON_TAINT_VALUE = "true"
@@ -104,10 +108,15 @@ def neuron_toleration() -> dict[str, str]:
     return {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": NEURON_TAINT_EFFECT}
 
 
-def device_class_manifest(name: str, driver: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The DeviceClass `name` that selects every device of `driver` (resource.k8s.io/v1)."""
+def device_class_manifest(name: str, driver: str, *, expression: str | None = None,
+                          extended_resource_name: str | None = None,
+                          labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The DeviceClass `name` (resource.k8s.io/v1) selecting devices of `driver`: all of them, or those for which
+    the CEL `expression` holds; `extended_resource_name` lets pods ask for them by resource limits (1.36+)."""
     metadata: dict[str, Any] = {"name": name}
     if labels:
         metadata["labels"] = dict(labels)
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": metadata,
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
+    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression or f'device.driver == "{driver}"'}}]}
+    if extended_resource_name is not None:
+        spec["extendedResourceName"] = extended_resource_name
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": metadata, "spec": spec}

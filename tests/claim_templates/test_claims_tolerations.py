@@ -3,6 +3,7 @@ untolerated requests off tainted devices (as the 1.36 scheduler does)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,3 +134,42 @@ def test_a_tainted_device_breaks_its_connected_group_and_all(host: Any) -> None:
 def test_an_informational_taint_changes_nothing(host: Any) -> None:
     slices = slices_with(host, {0: [taint("None")]})
     assert devices(allocate(slices, ClaimTemplate("one", Neuron(1, instance_types=TRN2)))) == ["neuron-device-0"]
+
+
+# --- checks: how a template degrades when a device in use fails -----------------------------------------------------
+
+def test_checker_counts_claims_per_node_with_one_unhealthy_device() -> None:
+    from neuron_dra.claim_templates import Checker
+
+    checker = Checker(unhealthy_device=True)
+    cases = {
+        ClaimTemplate("whole", Neuron(16, instance_types=TRN2)): (1, 0),
+        ClaimTemplate("row", Neuron(4, topology=Connected(), instance_types=TRN2)): (4, 3),
+        ClaimTemplate("one", Neuron(1, instance_types=TRN2)): (16, 15),
+        ClaimTemplate("tolerant", Neuron(4, topology=Connected(), instance_types=TRN2,
+                                         tolerations=TolerateUnhealthy())): (4, 4),
+    }
+    for template, expected in cases.items():
+        fit = checker.check(template, [TRN2]).fit(TRN2)
+        assert (fit.claims_per_node, fit.with_unhealthy_device) == expected, template.name
+    report = checker.check(ClaimTemplate("row", Neuron(4, topology=Connected(), instance_types=TRN2)), [TRN2])
+    assert "trn2.48xlarge: 4 per node (3 with one unhealthy device)" in report.summary()
+    plain = Checker().check(ClaimTemplate("one", Neuron(1, instance_types=TRN2)), [TRN2]).fit(TRN2)
+    assert plain.with_unhealthy_device is None
+
+
+def test_claims_check_command_with_unhealthy_device(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from neuron_dra.cli import main as cli_main
+
+    examples = str(Path(__file__).resolve().parents[2] / "claim_templates" / "examples.py")
+    assert cli_main(["claims", "check", examples, "--instance-type", TRN2, "--unhealthy-device"]) in (0, 1)
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith("default/")}
+    assert rows["default/neuron-whole-node"] == "1/0" and rows["default/neuron-1x4-connected"] == "4/3"
+    assert "M when one device the first claim uses is tainted unhealthy" in out
+    cli_main(["claims", "check", examples, "--instance-type", TRN2, "--unhealthy-device", "--json"])
+    reports = {r["template"]: r for r in json.loads(capsys.readouterr().out)}
+    (fit,) = reports["default/one-neuron-device"]["fits"]
+    assert (fit["claimsPerNode"], fit["claimsPerNodeWithUnhealthyDevice"]) == (16, 15)

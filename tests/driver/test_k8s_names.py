@@ -72,11 +72,13 @@ def test_the_daemon_and_the_deployment_default_to_the_same_names() -> None:
 def test_the_device_class_manifest_is_built_once() -> None:
     options = DriverDeployOptions(driver_name="neuron.example.com", device_class_name="neurons")
     by_deploy = deploy.device_class(options)
-    assert by_deploy == k8s_names.device_class_manifest("neurons", "neuron.example.com",
-                                                        by_deploy["metadata"]["labels"])
+    assert by_deploy == k8s_names.device_class_manifest(
+        "neurons", "neuron.example.com", expression=deploy.device_class_selector("neuron.example.com", False),
+        extended_resource_name=options.extended_resource_name, labels=by_deploy["metadata"]["labels"])
+    assert by_deploy["spec"]["extendedResourceName"] == k8s_names.NEURON_DEVICE_RESOURCE
     drivers = Drivers(neuron_driver="neuron.example.com", neuron_class="neurons")
     neuron_class, efa_class = drivers.device_classes()
-    assert neuron_class["spec"] == by_deploy["spec"]
+    assert neuron_class == k8s_names.device_class_manifest("neurons", "neuron.example.com")
     assert efa_device_class() == k8s_names.device_class_manifest(drivers.efa_class, drivers.efa_driver)
     assert efa_class == efa_device_class()
 
