@@ -21,13 +21,19 @@ Security choices (each one is what the daemon needs, nothing more):
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+import yaml
+
 from neuron_dra import __version__
-from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
+from neuron_dra.driver.catalog import BUILTIN, CATALOG, Catalog
+from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
+from neuron_dra.driver.catalog_file import CatalogFileError, parse_catalog
 from neuron_dra.driver.errors import NotAllowed
 from neuron_dra.driver.k8s_names import (
     DEFAULT_CDI_ROOT,
@@ -54,6 +60,9 @@ DEFAULT_NAMESPACE = "neuron-dra-driver"
 DEFAULT_SERVICE_ACCOUNT = "neuron-dra-driver-sa"
 DEFAULT_DAEMONSET = "neuron-dra-driver-kubelet-plugin"
 DEFAULT_HOST_ROOT = "/host"
+# A catalog file (docs/catalog-file.md) travels as a ConfigMap mounted here; NEURON_DRA_CATALOG points to it.
+CATALOG_DIR = "/etc/neuron-dra"
+CATALOG_KEY = "catalog.yaml"
 DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
 DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
 DEFAULT_EXTENDED_RESOURCE = NEURON_DEVICE_RESOURCE  # the Neuron device plugin's resource names
@@ -156,6 +165,7 @@ class DriverDeployOptions:
     priority_class_name: str = "system-node-critical"
     labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
     unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT  # taint on devices with hardware errors (taints.py)
+    catalog_yaml: str | None = None  # a catalog file's text: more instance types without a new image
 
     def __post_init__(self) -> None:
         check_dns_label("namespace", self.namespace, DeployOptionError)
@@ -198,15 +208,34 @@ class DriverDeployOptions:
             raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
         if not self.instance_types:
             raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
+        hardware = self.hardware  # a bad catalog file is refused here, naming its key path
         for t in self.instance_types:
-            try:
-                get_instance_spec(t)
-            except UnknownInstanceTypeError as e:
-                raise DeployOptionError("instance_types", t, ", ".join(CATALOG)) from e
+            if t not in hardware:
+                raise DeployOptionError("instance_types", t, ", ".join(hardware.names))
         for opt in ("cpu_request", "memory_request", "memory_limit", "cpu_limit"):
             q = getattr(self.resources, opt)
             if q is not None and not _QUANTITY.match(q):
                 raise DeployOptionError(f"resources.{opt}", q, "a Kubernetes quantity such as 10m or 128Mi")
+
+    @cached_property
+    def hardware(self) -> Catalog:
+        """The built-in catalog, extended by `catalog_yaml`."""
+        if self.catalog_yaml is None:
+            return BUILTIN
+        try:
+            return parse_catalog(yaml.safe_load(self.catalog_yaml), "catalog_yaml")
+        except (CatalogFileError, yaml.YAMLError) as e:
+            raise DeployOptionError("catalog_yaml", "...",
+                                    f"a valid catalog file (docs/catalog-file.md): {e}") from None
+
+    @property
+    def node_instance_types(self) -> tuple[str, ...]:
+        """Node affinity: the chosen types; with the default choice, every type of the catalog (file types too)."""
+        return self.hardware.names if self.instance_types == BUILTIN.names else self.instance_types
+
+    @property
+    def catalog_config_map(self) -> str:
+        return f"{self.daemonset_name}-catalog"
 
     @property
     def device_class(self) -> str:
@@ -431,7 +460,7 @@ def driver_env(options: DriverDeployOptions) -> list[Manifest]:
         {"name": "CDI_ROOT", "value": options.cdi_root},
         {"name": "HEALTHCHECK_PORT", "value": str(options.healthcheck_port)},
         {"name": "UNHEALTHY_TAINT_EFFECT", "value": options.unhealthy_taint_effect},
-    ]
+    ] + ([{"name": CATALOG_ENV, "value": f"{CATALOG_DIR}/{CATALOG_KEY}"}] if options.catalog_yaml is not None else [])
 
 
 @dataclass(frozen=True)
@@ -490,7 +519,7 @@ def _affinity(options: DriverDeployOptions) -> Manifest:
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{
                     "matchExpressions": [
-                        {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(options.instance_types)},
+                        {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(options.node_instance_types)},
                         {"key": COMPUTE_TYPE_LABEL, "operator": "NotIn", "values": list(EXCLUDED_COMPUTE_TYPES)},
                     ],
                 }],
@@ -532,6 +561,13 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
     ]
     # Python and grpc want a writable /tmp; the root filesystem is read-only.
     volumes.append({"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}})
+    pod_annotations: Manifest = {}
+    if options.catalog_yaml is not None:
+        volumes.append({"name": "catalog", "configMap": {"name": options.catalog_config_map}})
+        container["volumeMounts"].append({"name": "catalog", "mountPath": CATALOG_DIR, "readOnly": True})
+        # A changed catalog rolls the pods: the daemon reads the file at start-up only.
+        digest = hashlib.sha256(options.catalog_yaml.encode()).hexdigest()[:16]
+        pod_annotations["neuron-dra/catalog-sha256"] = digest
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -540,7 +576,8 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
             "selector": {"matchLabels": dict(selector)},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {
-                "metadata": {"labels": {**_labels(options, "kubelet-plugin"), **selector}},
+                "metadata": {"labels": {**_labels(options, "kubelet-plugin"), **selector},
+                             **({"annotations": pod_annotations} if pod_annotations else {})},
                 "spec": {
                     "serviceAccountName": options.service_account,
                     "priorityClassName": options.priority_class_name,
@@ -573,8 +610,17 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         network_policy(options),
         device_class(options),
         core_device_class(options),
+        *([catalog_config_map(options)] if options.catalog_yaml is not None else []),
         daemonset(options),
     ]
+
+
+def catalog_config_map(options: DriverDeployOptions) -> Manifest:
+    """The catalog file the daemon reads (mounted at CATALOG_DIR)."""
+    assert options.catalog_yaml is not None
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(options, options.catalog_config_map, "kubelet-plugin", namespaced=True),
+            "data": {CATALOG_KEY: options.catalog_yaml}}
 
 
 def object_key(manifest: Mapping[str, Any]) -> str:

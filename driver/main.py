@@ -28,7 +28,9 @@ from kubernetes import client
 
 from neuron_dra import __version__
 from neuron_dra.driver import logs, memory
-from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError
+from neuron_dra.driver.catalog import BUILTIN, Catalog, UnknownInstanceTypeError
+from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
+from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog
 from neuron_dra.driver.cdi import CdiStore
 from neuron_dra.driver.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError
 from neuron_dra.driver.claims import ClaimLookup
@@ -81,6 +83,7 @@ class DaemonOptions:
     kubeconfig: str | None = None  # None: in-cluster service account
     host_root: Path | None = Path("/")
     emulate: str | None = None  # instance type to emulate instead of reading host_root
+    catalog: Path | None = None  # catalog file with more instance types (docs/catalog-file.md); None: built-in
     log_level: str = "info"
     health_poll_interval: float = 1.0  # seconds between reads of the hardware error counters
     unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT
@@ -185,8 +188,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--host-root", type=_abs_dir, metavar="DIR",
                      help="root of the host's /sys and /dev as mounted in the container (default /)")
-    src.add_argument("--emulate", metavar="INSTANCE_TYPE", choices=sorted(CATALOG),
-                     help="emulate this instance type in a temporary host tree (for local clusters and tests)")
+    src.add_argument("--emulate", metavar="INSTANCE_TYPE",
+                     help="emulate this instance type (of the catalog) in a temporary host tree (for local clusters "
+                          "and tests)")
+    p.add_argument("--catalog", type=Path, default=env_default(CATALOG_ENV, None), metavar="FILE",
+                   help=f"catalog file with more instance types (docs/catalog-file.md) [env {CATALOG_ENV}]")
     p.add_argument("--health-poll-interval", type=_interval, default=env_default("HEALTH_POLL_INTERVAL", "1"),
                    metavar="SECONDS", help="seconds between reads of the devices' hardware error counters "
                                            "[env HEALTH_POLL_INTERVAL] (default 1)")
@@ -219,7 +225,7 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
         metrics_port=int(a.metrics_port), bind_address=a.bind_address, kubeconfig=a.kubeconfig, host_root=host_root,
         emulate=a.emulate, log_level=a.log_level, health_poll_interval=float(a.health_poll_interval),
         unhealthy_taint_effect=a.unhealthy_taint_effect, core_partitions=a.core_partitions,
-        lnc=None if a.lnc is None else int(a.lnc),
+        lnc=None if a.lnc is None else int(a.lnc), catalog=Path(a.catalog) if a.catalog else None,
     )
 
 
@@ -257,19 +263,23 @@ class Daemon:
 
     def _load_host(self) -> tuple[NeuronHost, Path]:
         o = self.options
+        catalog: Catalog = load_catalog(o.catalog) if o.catalog else BUILTIN
         if o.emulate:
             # Kept for the daemon's lifetime: prepare reads the UltraServer class files under it.
             self._emulated = tempfile.TemporaryDirectory(prefix="neuron-dra-emulated-")
-            root = emulate(o.emulate, Path(self._emulated.name) / "root", EmulationOptions(host_id=o.node_name))
+            root = emulate(o.emulate, Path(self._emulated.name) / "root", EmulationOptions(host_id=o.node_name),
+                           catalog)
         else:
             assert o.host_root is not None
             root = o.host_root
-        return discover(root), root
+        return discover(root, catalog=catalog), root
 
     def start(self) -> None:
         o = self.options
         try:
             self.host, self.host_root = self._load_host()
+        except CatalogFileError as e:
+            raise StartupError(f"catalog file: {e}") from None
         except (DiscoveryError, UnknownInstanceTypeError) as e:
             raise StartupError(f"host discovery failed: {e}") from None
         log.info("discovered host", extra={"instance_type": self.host.instance_type,

@@ -237,6 +237,27 @@ class NodeAgent:
             log.info("stopped the %s of %s in %.1f s", name, self.node.name, time.monotonic() - began)
 
 
+def start_all(agents: list[NodeAgent]) -> None:
+    """Start the nodes side by side (each waits for its kubelet to report the Node Ready); the first failure is
+    raised once every start has returned."""
+    errors: list[BaseException] = []
+
+    def start(agent: NodeAgent) -> None:
+        try:
+            agent.start()
+        except BaseException as e:  # reported below, with the node's name
+            log.exception("starting node %s failed", agent.node.name)
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(a,), name=f"start-{a.node.name}") for a in agents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdentity]:
     """The same objects `neuron-dra plan -o yaml` prints for the driver, minus the DaemonSet (the supervisor
     runs the daemon itself), plus the EFA DeviceClass of the emulated EFA driver."""
@@ -268,10 +289,9 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         admin = config.new_client_from_config(str(cp.kubeconfig))
         objects, identity = driver_objects(driver_name)
         apply_all(admin, objects)
-        for node in nodes:
-            agent = NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline)
-            agents.append(agent)
-            agent.start()
+        agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline)
+                   for node in nodes]
+        start_all(agents)
         (cluster_dir / "kubeconfig").write_text(Path(cp.kubeconfig).read_text())
         write_status(cluster_dir, state="ready", kubeconfig=str(cluster_dir / "kubeconfig"),
                      nodes=[{"name": n.name, "instanceType": n.instance_type} for n in nodes],
