@@ -77,8 +77,9 @@ def test_the_device_class_manifest_is_built_once() -> None:
         extended_resource_name=options.extended_resource_name, labels=by_deploy["metadata"]["labels"])
     assert by_deploy["spec"]["extendedResourceName"] == k8s_names.NEURON_DEVICE_RESOURCE
     drivers = Drivers(neuron_driver="neuron.example.com", neuron_class="neurons")
-    neuron_class, efa_class = drivers.device_classes()
-    assert neuron_class == k8s_names.device_class_manifest("neurons", "neuron.example.com")
+    neuron_class, core_class, efa_class = drivers.device_classes()
+    assert neuron_class["spec"]["selectors"] == by_deploy["spec"]["selectors"]
+    assert core_class["spec"]["selectors"] == deploy.core_device_class(options)["spec"]["selectors"]
     assert efa_device_class() == k8s_names.device_class_manifest(drivers.efa_class, drivers.efa_driver)
     assert efa_class == efa_device_class()
 
