@@ -16,6 +16,7 @@ from neuron_dra.claim_templates.requests import (
     Efa,
     FirstAvailable,
     Neuron,
+    NeuronCores,
     Request,
     UltraServerNode,
     default_group,
@@ -66,8 +67,9 @@ class ClaimTemplate:
         if not 1 <= len(all_requests) <= MAX_REQUESTS:
             raise TemplateError("ClaimTemplate.requests", len(all_requests), f"1 to {MAX_REQUESTS} requests")
         for r in all_requests:
-            if not isinstance(r, Neuron | UltraServerNode | Efa | FirstAvailable):
-                raise TemplateError("ClaimTemplate.requests", r, "Neuron, UltraServerNode, Efa or FirstAvailable")
+            if not isinstance(r, Neuron | UltraServerNode | Efa | FirstAvailable | NeuronCores):
+                raise TemplateError("ClaimTemplate.requests", r,
+                                    "Neuron, NeuronCores, UltraServerNode, Efa or FirstAvailable")
         names = [r.name for r in all_requests]
         for n in names:
             if names.count(n) > 1:
