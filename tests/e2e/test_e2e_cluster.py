@@ -33,6 +33,9 @@ from tests.support.e2e import (
     raw,
 )
 
+# The end-to-end suite runs the local cluster.
+pytestmark = pytest.mark.cluster
+
 DRIVER = "neuron.aws.com"
 TRN2_A, TRN2_B, TRN1, INF2, TRN2U = (
     "trn2-48xlarge-1", "trn2-48xlarge-2", "trn1-32xlarge-1", "inf2-48xlarge-1", "trn2u-48xlarge-1")
