@@ -477,3 +477,11 @@ def check_against(template: TemplateInput, instance_types: Sequence[str]) -> Non
     report = check(template, instance_types)
     if not report.ok:
         raise TemplateCheckError(report)
+
+
+def checked_manifest(template: ClaimTemplate, instance_types: Sequence[str] | None = None) -> dict[str, Any]:
+    """The template's manifest after the checks passed against `instance_types` (default: every built-in catalog type);
+    TemplateCheckError with the reasons otherwise. A function here, not a ClaimTemplate method: the checks
+    import the template module, never the other way round."""
+    check_against(template, list(instance_types or BUILTIN.names))
+    return template.to_manifest()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from neuron_dra import __version__
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model import NeuronDevice, NeuronHost
 from neuron_dra.driver.partitions import (
     MAX_COUNTER_SETS_PER_SLICE,
@@ -26,7 +27,6 @@ from neuron_dra.driver.partitions import (
     whole_device_consumption,
 )
 
-DEFAULT_DRIVER_NAME = "neuron.aws.com"
 AWS_DOMAIN = "resource.aws.com"
 K8S_DOMAIN = "resource.kubernetes.io"
 DEVICEGROUP_SIZES = (4, 8, 16)

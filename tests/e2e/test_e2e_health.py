@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from neuron_dra.claim_templates import ClaimTemplate, Neuron, TolerateUnhealthy
+from neuron_dra.claim_templates import ClaimTemplate, Neuron, TolerateUnhealthy, checked_manifest
 from neuron_dra.cli import main as cli_main
 from neuron_dra.localcluster.cluster import LocalCluster, up
 from tests.support.e2e import (
@@ -59,7 +59,7 @@ def fault(cluster_dir: Path, node: str, device: str, clear: bool = False) -> Non
 
 
 def create_template(kube: client.ApiClient, ns: str, template: ClaimTemplate) -> None:
-    body = template.render()
+    body = checked_manifest(template)
     body["metadata"]["namespace"] = ns
     client.ResourceV1Api(kube).create_namespaced_resource_claim_template(ns, body)  # type: ignore[arg-type]
 
