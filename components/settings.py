@@ -14,14 +14,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from neuron_dra.driver.catalog import CATALOG, InstanceSpec, get_instance_spec
-from neuron_dra.driver.deploy import (
-    DEFAULT_NAMESPACE,
+from neuron_dra.driver.deploy import DEFAULT_NAMESPACE, DeployOptionError, DriverDeployOptions
+from neuron_dra.driver.errors import NotAllowed
+from neuron_dra.driver.k8s_names import (
+    DEFAULT_DRIVER_NAME,
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,
-    DeployOptionError,
-    DriverDeployOptions,
+    LABEL_KEY_RULE,
+    LABEL_VALUE_RULE,
+    is_label_key,
+    is_label_value,
 )
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 
 PROJECT = "neuron-dra"
 # The Kubernetes minors the stack supports (docs/kubernetes-versions.md): DRA's resource.k8s.io/v1 is served from
@@ -51,14 +54,12 @@ EFA_INTERFACE_TYPES = ("efa-only", "efa")
 CAPACITY_TYPES = ("ON_DEMAND", "CAPACITY_BLOCK")
 NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
 
-class SettingError(ValueError):
-    """A setting that cannot work; names it, the value and what is allowed."""
+class SettingError(NotAllowed):
+    """A setting that cannot work; `field` (also `setting`) is the setting's name as the user wrote it."""
 
-    def __init__(self, setting: str, value: object, allowed: str) -> None:
-        self.setting = setting
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{setting}: {value!r} is not allowed; allowed: {allowed}")
+    @property
+    def setting(self) -> str:
+        return self.field
 
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -71,9 +72,6 @@ _CIDR = re.compile(r"^(\d{1,3}\.){3}\d{1,3}/\d{1,2}$")
 _ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/\S+$")
 _ADDON_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(-eksbuild\.\d+)?$")
 _K8S_VERSION = re.compile(r"^(\d+)\.(\d+)$")
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -171,11 +169,10 @@ class NodeGroupSettings:
             raise SettingError(self._at("availabilityZone"), self.availability_zone,
                                "unset when subnetIds is given (the subnets decide the AZ)")
         for label, text in self.labels.items():
-            if not isinstance(label, str) or not _LABEL_KEY.match(label) or len(label) > 316:
-                raise SettingError(self._at("labels"), label, "Kubernetes label keys ([prefix/]name)")
-            if not isinstance(text, str) or not _LABEL_VALUE.match(text):
-                raise SettingError(f"{self._at('labels')}[{label}]", text,
-                                   "a Kubernetes label value (<= 63 characters)")
+            if not is_label_key(label):
+                raise SettingError(self._at("labels"), label, LABEL_KEY_RULE)
+            if not is_label_value(text):
+                raise SettingError(f"{self._at('labels')}[{label}]", text, LABEL_VALUE_RULE)
         if self.version is not None:
             parse_kubernetes_version(self._at("version"), self.version)
         self._check_capacity_block()
@@ -391,7 +388,7 @@ class StackSettings:
             if self.driver_image is not None:
                 DriverDeployOptions(image=self.driver_image)
         except DeployOptionError as e:
-            raise SettingError(setting_name(key_of_option(e.option)), e.value, e.allowed) from e
+            raise e.restated(SettingError, setting_name(key_of_option(e.option))) from e
         return options
 
     def resolved_cluster_name(self, stack: str) -> str:

@@ -15,10 +15,8 @@ Every step runs in its own process (tests/support/engine_driver.py); step timing
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from dataclasses import replace
@@ -33,6 +31,11 @@ from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import DriverDeployOptions
 from neuron_dra.localcluster.controlplane import ControlPlane
+from tests.components.test_components_import import (
+    PACKAGE_PARTS,
+    environment_without_this_checkout,
+    with_packages_of_this_interpreter,
+)
 from tests.support.e2e import eventually
 from tests.support.pulumi_engine import DRIVER, Engine, is_subset, read_object
 
@@ -184,10 +187,6 @@ def program() -> None:
     pulumi.export("image", driver.image)
 '''
 
-PACKAGE_PARTS = ("pyproject.toml", "README.md", "neuron_dra", "driver", "claim_templates", "components",
-                 "localcluster")
-
-
 @pytest.mark.cluster
 def test_a_separate_project_with_the_pip_installed_package(engine: Engine, plane: ControlPlane, api: Any,
                                                            tmp_path: Path) -> None:
@@ -197,21 +196,19 @@ def test_a_separate_project_with_the_pip_installed_package(engine: Engine, plane
         src = ROOT / part
         if src.is_dir():
             shutil.copytree(src, source / part, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        elif src.exists():
+        else:
             shutil.copy2(src, source / part)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
+    python = str(with_packages_of_this_interpreter(venv))
+    env = environment_without_this_checkout()  # the program imports the venv's copy
     subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-                    str(source)], check=True, cwd=tmp_path)
+                    str(source)], check=True, cwd=tmp_path, env=env)
 
     work = tmp_path / "team-infra"
     work.mkdir()
     (work / "Pulumi.yaml").write_text("name: team-infra\nruntime:\n  name: python\n")
     (work / "team_program.py").write_text(textwrap.dedent(TEAM_PROGRAM))
     shutil.copy2(DRIVER, work / "engine_driver.py")
-    # Nothing of this checkout on the path: the program imports the venv's copy.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     step: dict[str, Any] = {"work_dir": work, "stack": "dev", "program": "team_program:program", "python": python,
             "driver": work / "engine_driver.py", "env": env, "sys_path": [str(work)]}
     config = {"team-infra:kubeconfig": str(plane.kubeconfig)}
