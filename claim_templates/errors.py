@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from neuron_dra.driver.errortext import shown
+
 
 class TemplateError(ValueError):
     """Bad input to a typed claim template class, found at construction."""
@@ -10,4 +12,4 @@ class TemplateError(ValueError):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field}: {value!r} is not allowed; allowed: {allowed}")
+        super().__init__(f"{field}: {shown(value)} is not allowed; allowed: {allowed}")

@@ -34,6 +34,7 @@ from neuron_dra import __version__
 from neuron_dra.driver.catalog import BUILTIN, CATALOG, Catalog
 from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
 from neuron_dra.driver.catalog_file import CatalogFileError, parse_catalog
+from neuron_dra.driver.errortext import shown
 from neuron_dra.driver.partitions import NEURON_CORE
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
@@ -106,7 +107,7 @@ class DeployOptionError(ValueError):
         self.option = option
         self.value = value
         self.allowed = allowed
-        super().__init__(f"driver option {option}: {value!r} is not allowed; allowed: {allowed}")
+        super().__init__(f"driver option {option}: {shown(value)} is not allowed; allowed: {allowed}")
 
 
 @dataclass(frozen=True)
