@@ -37,8 +37,9 @@ from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
 from neuron_dra.driver import config as driver_config
 from neuron_dra.driver.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.partitions import NEURON_CORE, CoreLayout
-from neuron_dra.driver.slices import AWS_DOMAIN, DEFAULT_DRIVER_NAME, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
+from neuron_dra.driver.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
 from neuron_dra.driver.taints import UNHEALTHY_TAINT_NAME
 
 UNHEALTHY_TAINT_KEY = f"{DEFAULT_DRIVER_NAME}/{UNHEALTHY_TAINT_NAME}"
@@ -550,7 +551,7 @@ class UltraServerNode:
                 driver_config.decode(neuron_config(self.lnc))
         except driver_config.ConfigError as e:
             field_name = "UltraServerNode.mode" if e.field == "ultraserverMode" else "UltraServerNode.lnc"
-            raise TemplateError(field_name, e.value, e.allowed) from None
+            raise e.restated(TemplateError, field_name) from None
         object.__setattr__(self, "selectors", _as_tuple("UltraServerNode.selectors", self.selectors))
         _check_selectors("UltraServerNode.selectors", self.selectors)  # type: ignore[arg-type]
 

@@ -115,7 +115,7 @@ class ClaimTemplate:
                 try:
                     driver_config.decode(dict(cfg.parameters))
                 except driver_config.ConfigError as e:
-                    raise TemplateError(f"OpaqueConfig.parameters.{e.field}", e.value, e.allowed) from None
+                    raise e.restated(TemplateError, f"OpaqueConfig.parameters.{e.field}") from None
             if len(yaml.safe_dump(dict(cfg.parameters)).encode()) > MAX_OPAQUE_PARAMETERS_BYTES:
                 raise TemplateError("OpaqueConfig.parameters", "...", f"at most {MAX_OPAQUE_PARAMETERS_BYTES} bytes")
 
@@ -176,14 +176,6 @@ class ClaimTemplate:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_manifest(), sort_keys=False)
 
-    def render(self, instance_types: Sequence[str] | None = None) -> dict[str, Any]:
-        """The manifest after the checks passed against `instance_types` (default: every built-in catalog type);
-        raises checks.TemplateCheckError with the reasons otherwise."""
-        from neuron_dra.claim_templates.checks import check_against  # here: checks imports this module
-        from neuron_dra.driver.catalog import BUILTIN
-
-        check_against(self, list(instance_types or BUILTIN.names))
-        return self.to_manifest()
 
 
 def _mapping(value: Mapping[str, str] | Sequence[tuple[str, str]] | None) -> Mapping[str, str] | None:
