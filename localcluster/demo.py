@@ -166,7 +166,7 @@ class DemoRun:
         wait_until("every node's ResourceSlices", lambda: not self._missing_slices(), 90,
                    lambda: "missing " + ", ".join(self._missing_slices()) + f" (see {self.cluster.dir}/nodes/*/"
                    "driver.log)")
-        total = sum(len(s["spec"]["devices"]) for s in
+        total = sum(len(s["spec"].get("devices") or ()) for s in
                     _raw(self.resource.list_resource_slice(_preload_content=False)).get("items", []))
         self.say(f"every node publishes its devices: {total} devices in ResourceSlices")
 
