@@ -34,9 +34,24 @@ from neuron_dra import __version__
 from neuron_dra.driver.catalog import BUILTIN, CATALOG, Catalog
 from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
 from neuron_dra.driver.catalog_file import CatalogFileError, parse_catalog
+from neuron_dra.driver.errors import NotAllowed
+from neuron_dra.driver.k8s_names import (
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_HEALTHCHECK_PORT,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    LIVENESS_SERVICE,
+    NEURON_CORE_RESOURCE,
+    NEURON_DEVICE_RESOURCE,
+    check_dns_label,
+    check_dns_subdomain,
+    check_driver_name,
+    device_class_manifest,
+    neuron_toleration,
+)
 from neuron_dra.driver.partitions import NEURON_CORE
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
 
 Manifest = dict[str, Any]
@@ -44,20 +59,14 @@ Manifest = dict[str, Any]
 DEFAULT_NAMESPACE = "neuron-dra-driver"
 DEFAULT_SERVICE_ACCOUNT = "neuron-dra-driver-sa"
 DEFAULT_DAEMONSET = "neuron-dra-driver-kubelet-plugin"
-DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
-DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_HOST_ROOT = "/host"
 # A catalog file (docs/catalog-file.md) travels as a ConfigMap mounted here; NEURON_DRA_CATALOG points to it.
 CATALOG_DIR = "/etc/neuron-dra"
 CATALOG_KEY = "catalog.yaml"
-DEFAULT_HEALTHCHECK_PORT = 51515
 DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
 DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
-DEFAULT_EXTENDED_RESOURCE = "aws.amazon.com/neuron"  # the Neuron device plugin's resource names
-DEFAULT_CORE_EXTENDED_RESOURCE = "aws.amazon.com/neuroncore"
-LIVENESS_SERVICE = "liveness"
-NEURON_TAINT_KEY = "aws.amazon.com/neuron"
+DEFAULT_EXTENDED_RESOURCE = NEURON_DEVICE_RESOURCE  # the Neuron device plugin's resource names
+DEFAULT_CORE_EXTENDED_RESOURCE = NEURON_CORE_RESOURCE
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 COMPUTE_TYPE_LABEL = "eks.amazonaws.com/compute-type"
 # The driver cannot run on these EKS compute types (no host access or no Neuron kernel driver).
@@ -90,8 +99,6 @@ RBAC_RULES: tuple[Manifest, ...] = (
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # A qualified name with a domain prefix, as Kubernetes requires of extended resources.
 _EXTENDED_RESOURCE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
                                 r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -99,14 +106,15 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 
-class DeployOptionError(ValueError):
-    """A deployment option that cannot work; names the option, the value and what is allowed."""
+class DeployOptionError(NotAllowed):
+    """A deployment option that cannot work; `field` is the DriverDeployOptions field."""
 
-    def __init__(self, option: str, value: object, allowed: str) -> None:
-        self.option = option
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"driver option {option}: {value!r} is not allowed; allowed: {allowed}")
+    @property
+    def option(self) -> str:
+        return self.field
+
+    def where(self) -> str:
+        return f"driver option {self.field}"
 
 
 @dataclass(frozen=True)
@@ -160,15 +168,13 @@ class DriverDeployOptions:
     catalog_yaml: str | None = None  # a catalog file's text: more instance types without a new image
 
     def __post_init__(self) -> None:
-        _check_name("namespace", self.namespace, _DNS_LABEL, "a DNS label (lowercase letters, digits, '-')")
-        _check_name("service_account", self.service_account, _DNS_SUBDOMAIN, "a DNS subdomain")
-        _check_name("daemonset_name", self.daemonset_name, _DNS_SUBDOMAIN, "a DNS subdomain")
-        _check_name("driver_name", self.driver_name, _DNS_SUBDOMAIN, "a DNS subdomain of at most 63 characters")
-        if len(self.driver_name) > 63:
-            raise DeployOptionError("driver_name", self.driver_name, "at most 63 characters")
+        check_dns_label("namespace", self.namespace, DeployOptionError)
+        check_dns_subdomain("service_account", self.service_account, DeployOptionError)
+        check_dns_subdomain("daemonset_name", self.daemonset_name, DeployOptionError)
+        check_driver_name("driver_name", self.driver_name, DeployOptionError)
         if self.device_class_name is not None:
-            _check_name("device_class_name", self.device_class_name, _DNS_SUBDOMAIN, "a DNS subdomain")
-        _check_name("core_device_class_name", self.core_device_class_name, _DNS_SUBDOMAIN, "a DNS subdomain")
+            check_dns_subdomain("device_class_name", self.device_class_name, DeployOptionError)
+        check_dns_subdomain("core_device_class_name", self.core_device_class_name, DeployOptionError)
         if self.core_device_class_name == self.device_class:
             raise DeployOptionError("core_device_class_name", self.core_device_class_name,
                                     f"a name other than the device class {self.device_class}")
@@ -195,7 +201,7 @@ class DriverDeployOptions:
             if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
                 raise DeployOptionError(opt, port, "0 (off) or a TCP port 1-65535")
         for ns in self.metrics_scrape_namespaces:
-            _check_name("metrics_scrape_namespaces", ns, _DNS_LABEL, "DNS labels (namespace names)")
+            check_dns_label("metrics_scrape_namespaces", ns, DeployOptionError)
         if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
             raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
         if self.unhealthy_taint_effect not in TAINT_EFFECTS:
@@ -251,11 +257,6 @@ class DriverDeployOptions:
     @property
     def admission_policy_name(self) -> str:
         return f"{self.namespace}.{self.driver_name}-resourceslices"
-
-
-def _check_name(option: str, value: str, pattern: re.Pattern[str], allowed: str) -> None:
-    if not isinstance(value, str) or not pattern.match(value) or len(value) > 253:
-        raise DeployOptionError(option, value, allowed)
 
 
 def _labels(options: DriverDeployOptions, component: str) -> dict[str, str]:
@@ -421,27 +422,17 @@ def device_class_selector(driver: str, cores: bool) -> str:
 
 
 def device_class(options: DriverDeployOptions) -> Manifest:
-    spec: Manifest = {"selectors": [{"cel": {"expression": device_class_selector(options.driver_name, False)}}]}
-    if options.extended_resource_name is not None:
-        spec["extendedResourceName"] = options.extended_resource_name
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": _meta(options, options.device_class, "device-class"),
-        "spec": spec,
-    }
+    return device_class_manifest(options.device_class, options.driver_name,
+                                 expression=device_class_selector(options.driver_name, False),
+                                 extended_resource_name=options.extended_resource_name,
+                                 labels=_labels(options, "device-class"))
 
 
 def core_device_class(options: DriverDeployOptions) -> Manifest:
-    spec: Manifest = {"selectors": [{"cel": {"expression": device_class_selector(options.driver_name, True)}}]}
-    if options.core_extended_resource_name is not None:
-        spec["extendedResourceName"] = options.core_extended_resource_name
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": _meta(options, options.core_device_class_name, "device-class"),
-        "spec": spec,
-    }
+    return device_class_manifest(options.core_device_class_name, options.driver_name,
+                                 expression=device_class_selector(options.driver_name, True),
+                                 extended_resource_name=options.core_extended_resource_name,
+                                 labels=_labels(options, "device-class"))
 
 
 def driver_args(options: DriverDeployOptions) -> list[str]:
@@ -595,7 +586,7 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
                     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "tolerations": [
                         {"key": "CriticalAddonsOnly", "operator": "Exists"},
-                        {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+                        neuron_toleration(),
                     ],
                     "affinity": _affinity(options),
                     "containers": [container],

@@ -14,7 +14,6 @@ import argparse
 import ipaddress
 import logging
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -42,12 +41,22 @@ from neuron_dra.driver.health import HealthServer
 from neuron_dra.driver.health_reporting import HealthReporter
 from neuron_dra.driver.health_source import HealthMonitor
 from neuron_dra.driver.health_stream import HEALTH_SERVICES, HealthStreamService
+from neuron_dra.driver.k8s_names import (
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    DNS_SUBDOMAIN_RULE,
+    DRIVER_NAME_MAX,
+    DRIVER_NAME_RULE,
+    is_dns_subdomain,
+)
 from neuron_dra.driver.kube import KubeClaimLookup, KubeConfigError, api_client
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.partitions import CoreLayout, PartitionError, read_node_lnc
 from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
 from neuron_dra.driver.publisher import SlicePublisher
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME, PublishOptions
+from neuron_dra.driver.slices import PublishOptions
 from neuron_dra.driver.state import DriverState
 from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
 
@@ -56,9 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("neuron_dra.driver.main")
 
-DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
-DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-DEFAULT_CDI_ROOT = "/var/run/cdi"
 RESOLVE_INTERVAL = 30.0  # seconds between checks of unfinished prepares the API server could not answer for
 TRIM_INTERVAL = 60.0  # seconds between returns of free heap memory to the system
 
@@ -103,14 +109,10 @@ def _port(text: str) -> int:
     return value
 
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
 def _driver_name(text: str) -> str:
-    # ResourceSlice.spec.driver: a DNS subdomain of at most 63 characters. It also names socket and CDI files.
-    if len(text) > 63 or not _DNS_SUBDOMAIN.match(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a DRA driver name: a lowercase DNS subdomain of at most "
-                                         "63 characters, e.g. neuron.aws.com")
+    if not is_dns_subdomain(text, DRIVER_NAME_MAX):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: {DRIVER_NAME_RULE}, e.g. "
+                                         f"{DEFAULT_DRIVER_NAME}")
     return text
 
 
@@ -125,9 +127,8 @@ def _interval(text: str) -> float:
 
 
 def _node_name(text: str) -> str:
-    if len(text) > 253 or not _DNS_SUBDOMAIN.match(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a node name: a lowercase DNS subdomain of at most 253 "
-                                         "characters")
+    if not is_dns_subdomain(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node name; allowed: {DNS_SUBDOMAIN_RULE}")
     return text
 
 
@@ -302,7 +303,8 @@ class Daemon:
             raise StartupError(str(e)) from None
         self.health_monitor = HealthMonitor(self.host_root, [d.index for d in self.host.devices],
                                             o.health_poll_interval)
-        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event)
+        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event,
+                                                 cores_per_device=layout.logical_per_device)
         self.health_reporter = HealthReporter(self.health_monitor, self.host, o.node_name, o.driver_name,
                                               o.unhealthy_taint_effect, self.api, self.metrics)
         self.health_reporter.on_change(self.health_monitor.current())  # devices already unhealthy at start

@@ -464,7 +464,17 @@ class DriverState:
         rewritten = []
         with self._lock:
             for c in self._claims.values():
-                if c.state is ClaimState.PREPARE_COMPLETED and self._cdi.read(c.uid) != c.cdi_spec:
+                if c.state is not ClaimState.PREPARE_COMPLETED:
+                    continue
+                try:
+                    current = self._cdi.read(c.uid)
+                except CdiError as e:
+                    # Whatever is there cannot be what we wrote: moved aside, rewritten from the checkpoint.
+                    moved = self._cdi.quarantine(c.uid)
+                    log.warning("unreadable CDI spec of a prepared claim quarantined; rewriting it from the "
+                                "checkpoint", extra={"claim": c.uid, "error": str(e), "moved_to": str(moved)})
+                    current = None
+                if current != c.cdi_spec:
                     self._write_cdi(c.uid, c.cdi_spec)
                     rewritten.append(c.uid)
             orphans = sorted(self._cdi.claim_uids() - set(self._claims))

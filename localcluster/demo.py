@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
 from neuron_dra.driver.catalog import get_instance_spec
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import LocalCluster
@@ -70,7 +71,7 @@ class DemoOptions:
     timeout: float = 180.0  # for the workloads to be scheduled and to run
     start_timeout: float = 300.0  # for the cluster to be ready (binaries cached)
     ttl: float | None = None  # the cluster's own lifetime; default DEMO_TTL_S, or 2 h with keep
-    driver_name: str = "neuron.aws.com"
+    driver_name: str = DEFAULT_DRIVER_NAME
     node_args: tuple[str, ...] = DEMO_NODES
     kubernetes_version: str = DEFAULT_MINOR
 

@@ -33,6 +33,7 @@ from neuron_dra.driver.catalog import BUILTIN
 from neuron_dra.driver.catalog_file import load_catalog
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import EmulationOptions, emulate
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import fakeruntime, kubelet, procs
 from neuron_dra.localcluster.apply import apply_all
 from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--node", action="append", default=[])
     parser.add_argument("--ttl", type=float, default=DEFAULT_TTL_S)
-    parser.add_argument("--driver-name", default="neuron.aws.com")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR)
     parser.add_argument("--catalog", type=Path, default=None)
     args = parser.parse_args(argv)

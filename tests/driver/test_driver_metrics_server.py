@@ -12,7 +12,8 @@ from tests.support.driver import wait_until
 
 
 def scrape(port: int) -> str:
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    body: bytes = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    return body.decode()
 
 
 def test_idle_connections_do_not_add_threads_and_metrics_recover() -> None:
