@@ -14,7 +14,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from neuron_dra.driver.catalog import CATALOG, InstanceSpec, get_instance_spec
-from neuron_dra.driver.deploy import DEFAULT_NAMESPACE, DeployOptionError, DriverDeployOptions
+from neuron_dra.driver.deploy import (
+    DEFAULT_CORE_DEVICE_CLASS,
+    DEFAULT_CORE_EXTENDED_RESOURCE,
+    DEFAULT_EXTENDED_RESOURCE,
+    DEFAULT_NAMESPACE,
+    DeployOptionError,
+    DriverDeployOptions,
+)
 from neuron_dra.driver.errors import NotAllowed
 from neuron_dra.driver.k8s_names import (
     DEFAULT_DRIVER_NAME,
@@ -280,6 +287,12 @@ class StackSettings:
     driver_namespace: str = _setting("driverNamespace", DEFAULT_NAMESPACE, option="namespace")
     driver_metrics_port: int = _setting("driverMetricsPort", 0, option="metrics_port")
     driver_rollout_timeout_seconds: int = _setting("driverRolloutTimeoutSeconds", DEFAULT_ROLLOUT_TIMEOUT_SECONDS)
+    neuron_core_device_class: str = _setting("neuronCoreDeviceClass", DEFAULT_CORE_DEVICE_CLASS,
+                                             option="core_device_class_name")
+    extended_resource_name: str = _setting("extendedResourceName", DEFAULT_EXTENDED_RESOURCE,
+                                           option="extended_resource_name")
+    core_extended_resource_name: str = _setting("coreExtendedResourceName", DEFAULT_CORE_EXTENDED_RESOURCE,
+                                                option="core_extended_resource_name")
     kubelet_plugins_dir: str = _setting("kubeletPluginsDir", DEFAULT_PLUGINS_DIR, option="plugins_dir")
     kubelet_registry_dir: str = _setting("kubeletRegistryDir", DEFAULT_REGISTRY_DIR, option="registry_dir")
     claim_templates_module: str = _setting("claimTemplatesModule", DEFAULT_CLAIM_TEMPLATES_MODULE)
@@ -381,9 +394,14 @@ class StackSettings:
     def driver_options(self) -> DriverDeployOptions:
         """The driver's deployment options; a bad value is reported under its setting's name."""
         try:
+            # DeviceClass.extendedResourceName exists from 1.36 (DRAExtendedResource beta, on): left out before.
+            mapped = parse_kubernetes_version(setting_name("kubernetesVersion"), self.kubernetes_version) >= (1, 36)
             options = DriverDeployOptions(
                 driver_name=self.driver_name, namespace=self.driver_namespace, metrics_port=self.driver_metrics_port,
                 plugins_dir=self.kubelet_plugins_dir, registry_dir=self.kubelet_registry_dir,
+                core_device_class_name=self.neuron_core_device_class,
+                extended_resource_name=(self.extended_resource_name or None) if mapped else None,
+                core_extended_resource_name=(self.core_extended_resource_name or None) if mapped else None,
             )
             if self.driver_image is not None:
                 DriverDeployOptions(image=self.driver_image)

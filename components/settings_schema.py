@@ -112,6 +112,12 @@ _ROWS: tuple[Setting, ...] = (
     _T("driver_rollout_timeout_seconds", "integer", "How long `pulumi up` waits for the driver's DaemonSet to "
        "roll out (every scheduled pod updated and ready) before it fails; 0: do not wait (the DaemonSet is "
        "created and the update goes on)."),
+    _T("neuron_core_device_class", "string", "DeviceClass of NeuronCores (Kubernetes 1.36+; "
+       "docs/neuron-cores.md)."),
+    _T("extended_resource_name", "string", "Extended resource the whole-device DeviceClass serves to pods "
+       "written for the Neuron device plugin ('' for none; left out before Kubernetes 1.36)."),
+    _T("core_extended_resource_name", "string", "Extended resource the NeuronCore DeviceClass serves (logical "
+       "cores at the node's LNC; '' for none; left out before Kubernetes 1.36)."),
     _T("kubelet_plugins_dir", "string", "kubelet's plugins directory on the nodes."),
     _T("kubelet_registry_dir", "string", "kubelet's plugin registry directory on the nodes."),
     _T("claim_templates_module", "string", "Python module whose module-level claim templates are deployed "
