@@ -110,7 +110,8 @@ def test_demo_pods_and_templates_are_valid_objects() -> None:
     for w in workloads():
         kubernetes_validate.validate(pod_manifest(w), "1.34", strict=True)
     templates = demo_templates()
-    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 16
+    # Every example, each once: AWS's 8 official samples and the 10 richer cases (trn3 ones included).
+    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 18
     names = {t.name for t in templates}
     assert all(w.template.name in names for w in workloads())
 
