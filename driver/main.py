@@ -303,11 +303,12 @@ class Daemon:
             raise StartupError(str(e)) from None
         self.health_monitor = HealthMonitor(self.host_root, [d.index for d in self.host.devices],
                                             o.health_poll_interval)
-        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event)
+        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event,
+                                                 cores_per_device=layout.logical_per_device)
         self.health_reporter = HealthReporter(self.health_monitor, self.host, o.node_name, o.driver_name,
                                               o.unhealthy_taint_effect, self.api, self.metrics)
         self.health_reporter.on_change(self.health_monitor.current())  # devices already unhealthy at start
-        self.health_monitor.add_listener(self.health_reporter.on_change)
+        self.health_monitor.add_listener(self.health_reporter.in_background(self.stop_event))
         self.servers = PluginServers(o.sockets, self.state, o.driver_name,
                                      extra_handlers=self.health_stream.handlers(), extra_services=HEALTH_SERVICES)
         try:
