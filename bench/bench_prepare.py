@@ -47,7 +47,7 @@ import grpc
 
 from neuron_dra.driver._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.kubelet_standin import ClaimRef
+from neuron_dra.localcluster.pluginclient import ClaimRef
 
 DRIVER = "neuron.aws.com"
 NODE = "bench-node"

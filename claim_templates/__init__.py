@@ -22,6 +22,8 @@ from neuron_dra.claim_templates.requests import (
     GroupAttribute,
     Neuron,
     RingSegment,
+    TolerateUnhealthy,
+    Toleration,
     UltraServerNode,
 )
 from neuron_dra.claim_templates.template import ClaimTemplate, OpaqueConfig, to_yaml_documents
@@ -46,6 +48,8 @@ __all__ = [
     "RingSegment",
     "TemplateCheckError",
     "TemplateError",
+    "TolerateUnhealthy",
+    "Toleration",
     "UltraServerNode",
     "check",
     "check_against",

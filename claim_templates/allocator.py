@@ -25,9 +25,12 @@ failed subtrees by the set of devices taken (the Go search re-visits one per ord
 devices, which is exponential: 8 aligned EFAs on a trn1.32xlarge take it past its 10 s timeout); there
 is no timeout; pools are visited in
 the order their first slice appears (Go flattens a map, so its pool order is unspecified).
-Alpha features (partitionable devices, consumable capacity, taints, binding conditions) are off, as on
+Alpha features (partitionable devices, consumable capacity, binding conditions) are off, as on
 EKS: slices with per-device node selection are ignored, devices that consume counters or have binding
-conditions are never allocated.
+conditions are never allocated. Device taints (beta and on in 1.36, GA in 1.37; `device_taints=False` for
+1.34/1.35, where the API server drops them anyway): a device with a NoSchedule or NoExecute taint that the
+request does not tolerate is skipped where the device would be allocated (so an `All` request over a tainted
+device fails); None and unknown effects are ignored; tolerations match as resourceclaim.ToleratesTaint does.
 
 Modes, like the Go comparison program (localcluster/go/allocsim): "fit-one" allocates all claims
 together once; "count" allocates copies of claims[0] one after another, each result added to the
@@ -232,6 +235,7 @@ class _Request:
     mode: str
     count: int
     admin: bool
+    tolerations: tuple[Mapping[str, Any], ...] = ()
     num: int = 0
     all_devices: list[_Device] = field(default_factory=list)
 
@@ -287,9 +291,10 @@ class Simulator:
 
     def __init__(self, slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mapping[str, Any]],
                  node_name: str, node_labels: Mapping[str, str] | None = None, cel: CelEnvironment | None = None,
-                 prune: bool = True) -> None:
+                 prune: bool = True, device_taints: bool = True) -> None:
         self.pools = gather_pools(slices, node_name, node_labels or {})
         self.prune = prune  # False: visit every subtree as the Go search does (tests and baselines)
+        self.device_taints = device_taints  # DRADeviceTaints (1.36+)
         self.classes = {c["metadata"]["name"]: c for c in device_classes}
         self.cel = cel or CelEnvironment()
         # Selection does not depend on what is allocated, so it is cached per (claim spec, request, device).
@@ -424,7 +429,8 @@ class _Search:
             raise AllocationError(f"{label}: could not retrieve device class {class_name}: "
                                   f'deviceclasses.resource.k8s.io "{class_name}" not found')
         mode = spec.get("allocationMode") or "ExactCount"
-        req = _Request(ci, ri, si, name, sub_name, class_name, selectors, mode, int(spec.get("count", 1)), admin)
+        req = _Request(ci, ri, si, name, sub_name, class_name, selectors, mode, int(spec.get("count", 1)), admin,
+                       tuple(spec.get("tolerations") or ()))
         self.requests[req.key] = req
         if mode == "ExactCount":
             req.num = req.count
@@ -548,6 +554,8 @@ class _Search:
             return None
         if device.api.get("consumesCounters"):
             return None  # partitionable devices (alpha) are off
+        if self._tainted(req, device):
+            return None
         constraints = self.constraints[req.claim]
         for i, constraint in enumerate(constraints):
             if not constraint.add(req, device):
@@ -582,7 +590,7 @@ class _Search:
                 continue
             if error is not None:
                 first_error = first_error or error
-            else:
+            elif not self._tainted(req, device):
                 candidates.append(device)
         compatible = [d for d in candidates if all(self._compatible(c, d) for c in applicable)]
         enough = len(compatible) >= needed
@@ -612,12 +620,34 @@ class _Search:
             self.candidates[req.key] = found
         return found
 
+    def _tainted(self, req: _Request, device: _Device) -> bool:
+        return self.sim.device_taints and taint_prevents_allocation(device.api, req.tolerations)
+
     @staticmethod
     def _compatible(c: _MatchAttribute, device: _Device) -> bool:
         value = device.attribute(c.attribute)
         if value is None or value[0] == "unknown":
             return False
         return c.num == 0 or value == c.value
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """resourceclaim.ToleratesTaint: effect and key match when set; Equal (the default) compares values."""
+    if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
+        return False
+    if toleration.get("key") and toleration.get("key") != taint.get("key"):
+        return False
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Equal":
+        return bool((toleration.get("value") or "") == (taint.get("value") or ""))
+    return bool(operator == "Exists")
+
+
+def taint_prevents_allocation(device: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a NoSchedule/NoExecute taint of the device is not tolerated (other effects never prevent it)."""
+    tolerations = tuple(tolerations)
+    return any(t.get("effect") in ("NoSchedule", "NoExecute") and not any(tolerates(tol, t) for tol in tolerations)
+               for t in device.get("taints") or ())
 
 
 def simulate(slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mapping[str, Any]],

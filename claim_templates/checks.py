@@ -14,6 +14,7 @@ For a ResourceClaimTemplate (typed or a plain manifest dict) and a list of insta
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 from collections import Counter
@@ -34,7 +35,8 @@ from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
 from neuron_dra.claim_templates.template import ClaimTemplate
 from neuron_dra.driver import config as driver_config
-from neuron_dra.driver.catalog import CATALOG
+from neuron_dra.driver.catalog import BUILTIN, HOW_TO_ADD, Catalog
+from neuron_dra.driver.taints import unhealthy_taint_key
 
 Severity = Literal["error", "warning"]
 
@@ -66,6 +68,9 @@ class Fit:
     claims_per_node: int
     reason: str | None = None  # why no claim fits
     devices: tuple[DeviceResult, ...] = ()  # what the first claim gets
+    # Checker(unhealthy_device=True): claims per node when the first Neuron device of the first claim is tainted
+    # unhealthy (the driver's NoSchedule taint), i.e. how the template degrades when a device in use fails.
+    with_unhealthy_device: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,9 @@ class CheckReport:
     def summary(self) -> str:
         lines = [str(i) for i in self.issues]
         for f in self.fits:
-            lines.append(f"{f.instance_type}: {f.claims_per_node} per node" if f.claims_per_node
+            degraded = "" if f.with_unhealthy_device is None else \
+                f" ({f.with_unhealthy_device} with one unhealthy device)"
+            lines.append(f"{f.instance_type}: {f.claims_per_node} per node{degraded}" if f.claims_per_node
                          else f"{f.instance_type}: does not fit: {f.reason}")
         return "; ".join(lines)
 
@@ -168,15 +175,18 @@ class _Selection:
 class Checker:
     """Checks templates; keeps node models, compiled selectors and evaluations between templates."""
 
-    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, cel: CelEnvironment | None = None) -> None:
+    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, cel: CelEnvironment | None = None,
+                 hardware: Catalog = BUILTIN, unhealthy_device: bool = False) -> None:
         self.drivers = drivers
+        self.unhealthy_device = unhealthy_device  # also count claims with one faulty device (Fit.with_unhealthy_device)
         self.cel = cel or CelEnvironment()
+        self.hardware = hardware  # the instance types nodes are modelled from
         self._catalogs: dict[Drivers, NodeCatalog] = {}
         self._simulators: dict[tuple[Drivers, str], Simulator] = {}
 
     def catalog(self, drivers: Drivers) -> NodeCatalog:
         if drivers not in self._catalogs:
-            self._catalogs[drivers] = NodeCatalog(drivers)
+            self._catalogs[drivers] = NodeCatalog(drivers, self.hardware)
         return self._catalogs[drivers]
 
     def _simulator(self, drivers: Drivers, node: NodeModel) -> Simulator:
@@ -193,7 +203,7 @@ class Checker:
             manifest, drivers = template.to_manifest(), self.drivers
         else:
             manifest, drivers = template, self.drivers
-        return _Check(self, manifest, drivers, tuple(instance_types or CATALOG)).run()
+        return _Check(self, manifest, drivers, tuple(instance_types or self.hardware.names)).run()
 
 
 class _Check:
@@ -221,9 +231,10 @@ class _Check:
 
     def run(self) -> CheckReport:
         for t in self.instance_types:
-            if t not in CATALOG:
-                self.error(f"unknown instance type {t!r}; known: {', '.join(CATALOG)}")
-        types = [t for t in self.instance_types if t in CATALOG]
+            if t not in self.checker.hardware:
+                self.error(f"unknown instance type {t!r}; known: {', '.join(self.checker.hardware.names)}; "
+                           f"{HOW_TO_ADD}")
+        types = [t for t in self.instance_types if t in self.checker.hardware]
         self._compile()
         self._check_constraints()
         configs = self._decode_configs()
@@ -323,7 +334,7 @@ class _Check:
         return sel
 
     def _fit(self, node: NodeModel, configs: list[tuple[tuple[str, ...], driver_config.OpaqueConfig]]) -> Fit:
-        spec = CATALOG[node.instance_type]
+        spec = self.checker.hardware.spec(node.instance_type)
         selections: dict[str, _Selection] = {}
         for units in self.requests:
             for u in units:
@@ -342,10 +353,30 @@ class _Check:
         result = simulate(node.slices, node.device_classes, [claim], node_name=node.node_name, mode="count",
                           simulator=self.checker._simulator(self.drivers, node))
         if result.count:
-            return Fit(node.instance_type, result.count, None, result.allocation[0])
+            degraded = self._with_unhealthy(node, claim, result.allocation[0]) if self.checker.unhealthy_device \
+                else None
+            return Fit(node.instance_type, result.count, None, result.allocation[0], degraded)
         if result.error:
             return Fit(node.instance_type, 0, f"the allocator fails: {result.error}")
         return Fit(node.instance_type, 0, self._why_not(node, selections))
+
+    def _with_unhealthy(self, node: NodeModel, claim: Mapping[str, Any], first: Sequence[DeviceResult]
+                        ) -> int | None:
+        """Claims per node with the first claim's first Neuron device tainted as the driver taints it."""
+        victim = next((d for d in first if d.driver == self.drivers.neuron_driver), None)
+        if victim is None:
+            return None
+        taint = {"key": unhealthy_taint_key(self.drivers.neuron_driver), "value": "mem_ecc_uncorrected",
+                 "effect": "NoSchedule"}
+        slices = copy.deepcopy(list(node.slices))
+        for sl in slices:
+            if sl["spec"]["driver"] != victim.driver:
+                continue
+            for dev in sl["spec"]["devices"]:
+                if dev["name"] == victim.device:
+                    dev["taints"] = [taint]
+        return simulate(slices, node.device_classes, [claim], node_name=node.node_name, mode="count",
+                        cel=self.cel).count
 
     def _check_unmatched(self, types: Sequence[str]) -> None:
         if not types:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from neuron_dra.claim_templates.template import ClaimTemplate
+from neuron_dra.driver.catalog import BUILTIN, Catalog
 
 
 class LoadError(ValueError):
@@ -24,12 +25,14 @@ def templates_in(namespace: dict[str, object]) -> list[ClaimTemplate]:
     return list(found.values())
 
 
-def load_templates(path: Path | str) -> list[ClaimTemplate]:
+def load_templates(path: Path | str, catalog: Catalog = BUILTIN) -> list[ClaimTemplate]:
+    """Run the file with the global `catalog` set (the hardware catalog the templates are checked against), so it
+    can write `Neuron(..., catalog=catalog)` for a catalog file's own instance types."""
     file = Path(path)
     if not file.is_file():
         raise LoadError(f"{file}: no such file")
     try:
-        namespace = runpy.run_path(str(file), run_name="__claim_templates__")
+        namespace = runpy.run_path(str(file), init_globals={"catalog": catalog}, run_name="__claim_templates__")
     except Exception as e:  # the file's own error (bad input to a class, syntax error) is the message
         raise LoadError(f"{file}: {type(e).__name__}: {e}") from e
     templates = templates_in(namespace)

@@ -16,7 +16,7 @@ from typing import Any
 from neuron_dra.claim_templates.cel_analysis import RefKind
 from neuron_dra.claim_templates.cel_env import CelDevice, split_qualified_name
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
-from neuron_dra.driver.catalog import CATALOG, get_instance_spec
+from neuron_dra.driver.catalog import BUILTIN, Catalog
 from neuron_dra.driver.hosts import emulated_host
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, efa_driver_devices, resource_slices
@@ -60,21 +60,23 @@ def build_node(host: NeuronHost, node_name: str, drivers: Drivers = DEFAULT_DRIV
 class NodeCatalog:
     """Node models per instance type, built once (emulating a host is the slow part)."""
 
-    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS) -> None:
+    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, hardware: Catalog = BUILTIN) -> None:
         self.drivers = drivers
+        self.hardware = hardware
         self._nodes: dict[str, NodeModel] = {}
         self._published: dict[tuple[RefKind, str], frozenset[str]] | None = None
 
     def node(self, instance_type: str) -> NodeModel:
         model = self._nodes.get(instance_type)
         if model is None:
-            get_instance_spec(instance_type)  # an unknown type lists the known ones
-            model = build_node(emulated_host(instance_type), f"node-{instance_type}", self.drivers)
+            self.hardware.spec(instance_type)  # an unknown type lists the known ones
+            model = build_node(emulated_host(instance_type, catalog=self.hardware), f"node-{instance_type}",
+                               self.drivers)
             self._nodes[instance_type] = model
         return model
 
     def nodes(self, instance_types: Sequence[str] | None = None) -> list[NodeModel]:
-        return [self.node(t) for t in (instance_types or list(CATALOG))]
+        return [self.node(t) for t in (instance_types or list(self.hardware.names))]
 
     def published(self) -> Mapping[tuple[RefKind, str], frozenset[str]]:
         """Every attribute and capacity name any catalog node publishes, by (kind, domain)."""

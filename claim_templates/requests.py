@@ -3,16 +3,20 @@
 - `Neuron(count | ALL, ...)`: Neuron devices by instance types or families, topology, LNC, kernel
   driver version, minimum HBM or cores, raw CEL as an escape hatch.
 - `Connected(size)`: the devices sit in one id-aligned connected group (torus: 4 = a row, 8 = two
-  adjacent rows, 16 = the torus; inf2 rings: any divisor of the ring length = a contiguous segment).
+  adjacent rows, 16 = the torus; inf2 rings: any divisor of the ring length = a contiguous segment;
+  all-to-all hosts (Trainium3): any `size` devices, so no constraint; the whole node needs none either).
   `RingSegment(size)`: the same, on ring hosts only (inf2).
-- `UltraServerNode(mode)`: the UltraServer pseudo-device of a trn2u node with UltraServerConfig.
+- `UltraServerNode(mode)`: the UltraServer pseudo-device of an UltraServer node with UltraServerConfig.
 - `Efa(count, aligned_to=...)`: EFA devices of AWS's EFA driver in the same devicegroup as the Neuron
   devices of the named request.
 - `FirstAvailable(option, option, ...)`: the first alternative that fits (`firstAvailable`).
 
 Every Neuron request guards its selectors with `resourceType == 'neuron_device'` so that `ALL` or a
-count of 16 never takes the UltraServer pseudo-device of a trn2u node. Bad input raises TemplateError at
+count of 16 never takes the UltraServer pseudo-device of an UltraServer node. Bad input raises TemplateError at
 construction, naming the field, the value and what is allowed.
+
+Instance types and families are those of `Neuron(catalog=...)`: the built-in catalog unless a catalog
+file's `Catalog` is passed (driver/catalog_file.py).
 """
 
 from __future__ import annotations
@@ -27,14 +31,19 @@ from neuron_dra.claim_templates.cel_env import CelCompileError, CelEnvironment
 from neuron_dra.claim_templates.cel_types import CelValueError, Quantity
 from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.errors import TemplateError
-from neuron_dra.claim_templates.names import check_dns_label
+from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
 from neuron_dra.driver import config as driver_config
-from neuron_dra.driver.catalog import CATALOG, FAMILIES, InstanceSpec, TopologyKind
-from neuron_dra.driver.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
+from neuron_dra.driver.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
+from neuron_dra.driver.slices import AWS_DOMAIN, DEFAULT_DRIVER_NAME, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
+from neuron_dra.driver.taints import UNHEALTHY_TAINT_NAME
+
+UNHEALTHY_TAINT_KEY = f"{DEFAULT_DRIVER_NAME}/{UNHEALTHY_TAINT_NAME}"
 
 MAX_COUNT = 32  # a claim gets at most 32 devices
 MAX_SUBREQUESTS = 8
 MAX_SELECTORS = 32
+# Attributes that only grid (torus) hosts publish: reading them on an all-to-all host can never match.
+GRID_ONLY_ATTRIBUTES = ("topology_x", "topology_y", "topology4_id", "topology8_id")
 
 
 class AllDevices:
@@ -132,15 +141,19 @@ def _count(field_name: str, value: object, allow_all: bool) -> None:
         raise TemplateError(field_name, value, allowed)
 
 
-def _check_selectors(field_name: str, selectors: tuple[str, ...]) -> None:
+def _check_selectors(field_name: str, selectors: tuple[str, ...]) -> list[tuple[str, frozenset[str]]]:
+    """Compile each selector; returns (expression, attribute names it reads) per selector."""
     if len(selectors) > MAX_SELECTORS:
         raise TemplateError(field_name, len(selectors), f"at most {MAX_SELECTORS} selectors")
     env = CelEnvironment()
+    out = []
     for expr in selectors:
         try:
-            env.compile(expr)
+            compiled = env.compile(expr)
         except CelCompileError as e:
             raise TemplateError(field_name, expr, f"a valid device selector ({e.message})") from None
+        out.append((expr, frozenset(r.name for r in compiled.refs)))
+    return out
 
 
 def _cel_string(value: str) -> str:
@@ -175,6 +188,83 @@ def ultraserver_config(mode: int) -> dict[str, Any]:
             "ultraserverMode": mode}
 
 
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TOLERATION_EFFECTS = ("", "NoSchedule", "NoExecute")  # "": every effect
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A device toleration (`exactly.tolerations[]`): the request may get devices with a matching taint.
+
+    `key=""` with Exists tolerates every taint; `seconds` (tolerationSeconds) delays eviction by a NoExecute
+    taint and needs effect NoExecute. Matching is node-taint matching (docs/neuron-health.md §4)."""
+
+    key: str = ""
+    operator: str = "Exists"
+    value: str = ""
+    effect: str = ""
+    seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.key:
+            check_label_key("Toleration.key", self.key)
+        if self.operator not in TOLERATION_OPERATORS:
+            raise TemplateError("Toleration.operator", self.operator, " or ".join(TOLERATION_OPERATORS))
+        if not self.key and self.operator != "Exists":
+            raise TemplateError("Toleration.operator", self.operator, "Exists when the key is empty (every taint)")
+        if self.operator == "Exists" and self.value:
+            raise TemplateError("Toleration.value", self.value, "empty with operator Exists")
+        if self.operator == "Equal":
+            check_labels("Toleration.value", {"value": self.value})
+        if self.effect not in TOLERATION_EFFECTS:
+            raise TemplateError("Toleration.effect", self.effect, "'' (every effect), NoSchedule or NoExecute")
+        if self.seconds is not None:
+            if isinstance(self.seconds, bool) or not isinstance(self.seconds, int) or self.seconds < 0:
+                raise TemplateError("Toleration.seconds", self.seconds, "a number of seconds >= 0, or None (forever)")
+            if self.effect != "NoExecute":
+                raise TemplateError("Toleration.seconds", self.seconds, "only with effect='NoExecute' (it delays "
+                                                                        "eviction; other effects ignore it)")
+
+    def to_api(self, drivers: Drivers) -> dict[str, Any]:
+        out: dict[str, Any] = {"operator": self.operator}
+        if self.key:
+            out["key"] = self.key
+        if self.operator == "Equal":
+            out["value"] = self.value
+        if self.effect:
+            out["effect"] = self.effect
+        if self.seconds is not None:
+            out["tolerationSeconds"] = self.seconds
+        return out
+
+
+@dataclass(frozen=True)
+class TolerateUnhealthy:
+    """Tolerates the driver's own taint on unhealthy devices (`<driver>/unhealthy`, any value): for diagnostics
+    pods that must run on a broken device. `effect=""` tolerates NoSchedule and NoExecute."""
+
+    effect: str = ""
+    seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        Toleration(key=UNHEALTHY_TAINT_KEY, effect=self.effect, seconds=self.seconds)  # same checks
+
+    def to_api(self, drivers: Drivers) -> dict[str, Any]:
+        key = f"{drivers.neuron_driver}/{UNHEALTHY_TAINT_NAME}"
+        return Toleration(key=key, effect=self.effect, seconds=self.seconds).to_api(drivers)
+
+
+Tolerance = Toleration | TolerateUnhealthy
+
+
+def _tolerations(field_name: str, value: object) -> tuple[Tolerance, ...]:
+    items = (value,) if isinstance(value, Toleration | TolerateUnhealthy) else value
+    if not isinstance(items, Sequence) or isinstance(items, str) or \
+            not all(isinstance(t, Toleration | TolerateUnhealthy) for t in items):
+        raise TemplateError(field_name, value, "Toleration(...) / TolerateUnhealthy(...) or a sequence of them")
+    return tuple(items)
+
+
 @dataclass(frozen=True)
 class Rendered:
     """A request's part of a ResourceClaimSpec."""
@@ -198,39 +288,53 @@ class Neuron:
     min_memory: str | None = None  # HBM per device, a quantity such as "64Gi"
     min_cores: int | None = None  # physical NeuronCores per device
     selectors: Sequence[str] | str = ()  # raw CEL, ANDed with the rest
+    tolerations: Sequence[Tolerance] | Tolerance = ()  # e.g. TolerateUnhealthy() for diagnostics pods
+    catalog: Catalog = field(default=BUILTIN, repr=False)  # where instance types and families come from
 
     def __post_init__(self) -> None:
+        if not isinstance(self.catalog, Catalog):
+            raise TemplateError("Neuron.catalog", self.catalog,
+                                "a Catalog (driver.catalog.BUILTIN or a catalog file's)")
         _count("Neuron.count", self.count, allow_all=True)
+        object.__setattr__(self, "tolerations", _tolerations("Neuron.tolerations", self.tolerations))
         check_dns_label("Neuron.name", self.name)
         object.__setattr__(self, "instance_types", _as_tuple("Neuron.instance_types", self.instance_types))
         object.__setattr__(self, "families", _as_tuple("Neuron.families", self.families))
         object.__setattr__(self, "selectors", _as_tuple("Neuron.selectors", self.selectors))
+        types = self.catalog.types
         for t in self.instance_types:
-            if t not in CATALOG:
-                raise TemplateError("Neuron.instance_types", t, ", ".join(CATALOG))
+            if t not in types:
+                raise TemplateError("Neuron.instance_types", t, ", ".join(types) + " (or a catalog file's types, "
+                                    "passed as Neuron(catalog=...))")
         for f in self.families:
-            if f not in FAMILIES:
-                raise TemplateError("Neuron.families", f, ", ".join(FAMILIES))
+            if f not in self.catalog.family_map:
+                raise TemplateError("Neuron.families", f, ", ".join(self.catalog.family_map))
         targets = self.target_types
         if not targets:
             raise TemplateError("Neuron.families", self.families,
                                 f"families that contain one of the instance types {', '.join(self.instance_types)}")
-        most = max(CATALOG[t].device_count for t in targets)
+        most = max(types[t].device_count for t in targets)
         if isinstance(self.count, int) and self.count > most:
             raise TemplateError("Neuron.count", self.count, f"1 to {most} on {', '.join(targets)}")
         self._check_topology(targets)
         self._check_lnc(targets)
         self._check_kernel_driver()
         self._check_minimums(targets)
-        _check_selectors("Neuron.selectors", self.selectors)  # type: ignore[arg-type]
+        compiled = _check_selectors("Neuron.selectors", self.selectors)  # type: ignore[arg-type]
+        self._check_grid_selectors(targets, compiled)
+
+    @property
+    def explicit_targets(self) -> bool:
+        return bool(self.instance_types or self.families)
 
     @property
     def target_types(self) -> tuple[str, ...]:
         """The instance types this request may land on (its instance types and families; else all)."""
-        by_family = tuple(t for t, s in CATALOG.items() if s.family.name in self.families)
+        types = self.catalog.types
+        by_family = tuple(t for t, s in types.items() if s.family.name in self.families)
         if self.instance_types and self.families:
             return tuple(t for t in self.instance_types if t in by_family)
-        return tuple(self.instance_types) or by_family or tuple(CATALOG)
+        return tuple(self.instance_types) or by_family or tuple(types)
 
     @property
     def group_size(self) -> int | None:
@@ -240,7 +344,19 @@ class Neuron:
         return size if size is not None else (self.count if isinstance(self.count, int) else None)
 
     def _specs(self, targets: Sequence[str]) -> list[InstanceSpec]:
-        return [CATALOG[t] for t in targets]
+        return [self.catalog.types[t] for t in targets]
+
+    def _check_grid_selectors(self, targets: Sequence[str], compiled: Sequence[tuple[str, frozenset[str]]]) -> None:
+        """Raw selectors reading grid-only attributes can never match when every target is all-to-all."""
+        specs = self._specs(targets)
+        if not specs or not all(s.all_to_all for s in specs):
+            return
+        for expr, names in compiled:
+            grid = sorted(names & set(GRID_ONLY_ATTRIBUTES))
+            if grid:
+                raise TemplateError("Neuron.selectors", expr,
+                                    f"selectors without the grid attributes {', '.join(grid)}: all-to-all hosts "
+                                    f"({', '.join(targets)}) publish no {', '.join(GRID_ONLY_ATTRIBUTES)}")
 
     def _check_topology(self, targets: Sequence[str]) -> None:
         if isinstance(self.topology, AnyTopology):
@@ -256,7 +372,7 @@ class Neuron:
         if isinstance(self.topology, RingSegment):
             specs = [s for s in specs if s.topology is TopologyKind.RING]
             if not specs:
-                rings = ", ".join(t for t, s in CATALOG.items() if s.topology is TopologyKind.RING)
+                rings = ", ".join(t for t, s in self.catalog.types.items() if s.topology is TopologyKind.RING)
                 raise TemplateError("Neuron.topology", self.topology,
                                     f"RingSegment on ring hosts only ({rings}); targets: {', '.join(targets)}")
         possible = sorted({n for s in specs for n in s.group_sizes()})
@@ -273,6 +389,25 @@ class Neuron:
                 raise TemplateError("Connected.attribute", attribute.value,
                                     f"'aws' needs a devicegroup size ({_sizes(DEVICEGROUP_SIZES)}) on EFA instance "
                                     "types; use GroupAttribute.NEURON or AUTO")
+        offering = [s for s in specs if size in s.group_sizes()]
+        meshes = [s.instance_type for s in offering if s.all_to_all]
+        if size > 1 and meshes and attribute is not GroupAttribute.AUTO:
+            raise TemplateError("Connected.attribute", attribute.value,
+                                f"AUTO on all-to-all hosts ({', '.join(meshes)}): any {size} of their devices are "
+                                "connected, so no group attribute is needed and they publish none")
+        constrained = self._constrained(size, offering)
+        if meshes and constrained and self.explicit_targets:
+            raise TemplateError("Neuron.topology", self.topology,
+                                f"one topology kind per request: {kind}({size}) needs a group attribute on "
+                                f"{', '.join(s.instance_type for s in constrained)}, which all-to-all hosts "
+                                f"({', '.join(meshes)}) do not publish; restrict instance_types or families, or use "
+                                "FirstAvailable(one Neuron per kind)")
+
+    @staticmethod
+    def _constrained(size: int, offering: Sequence[InstanceSpec]) -> list[InstanceSpec]:
+        """The target types on which `size` connected devices need a matchAttribute: not all-to-all hosts, and
+        not the whole node (any `device_count` devices of a node are all of them)."""
+        return [s for s in offering if not s.all_to_all and size < s.device_count]
 
     def group_attribute(self, drivers: Drivers) -> str | None:
         """The attribute that names the request's connected group, or None (no constraint)."""
@@ -283,7 +418,9 @@ class Neuron:
         attribute = self.topology.attribute if isinstance(self.topology, Connected) else GroupAttribute.NEURON
         if attribute is GroupAttribute.AUTO:
             offering = [s for s in self._specs(self.target_types) if size in s.group_sizes()]
-            aws_ok = size in DEVICEGROUP_SIZES and all(s.has_device_efa for s in offering)
+            if not self._constrained(size, offering):
+                return None  # all-to-all hosts and whole nodes: any `size` devices are connected
+            aws_ok = size in DEVICEGROUP_SIZES and all(s.has_device_efa for s in offering if not s.all_to_all)
             attribute = GroupAttribute.AWS if aws_ok else GroupAttribute.NEURON
         if attribute is GroupAttribute.AWS:
             return f"{AWS_DOMAIN}/devicegroup{size}_id"
@@ -294,9 +431,9 @@ class Neuron:
             return
         if isinstance(self.lnc, bool) or self.lnc not in driver_config.LNC_VALUES:
             raise TemplateError("Neuron.lnc", self.lnc, " or ".join(map(str, driver_config.LNC_VALUES)))
-        without = [t for t in targets if not CATALOG[t].lnc_supported]
+        without = [t for t in targets if not self.catalog.types[t].lnc_supported]
         if without:
-            lnc_types = ", ".join(t for t, s in CATALOG.items() if s.lnc_supported)
+            lnc_types = ", ".join(t for t, s in self.catalog.types.items() if s.lnc_supported)
             raise TemplateError("Neuron.lnc", self.lnc,
                                 f"LNC only on Trainium2 and later ({lnc_types}); this request may land on "
                                 f"{', '.join(without)}: restrict instance_types or families")
@@ -358,6 +495,8 @@ class Neuron:
         else:
             body["allocationMode"] = "ExactCount"
             body["count"] = self.count
+        if self.tolerations:
+            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
         return body
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -376,7 +515,7 @@ class Neuron:
     def max_devices(self) -> int:
         if isinstance(self.count, int):
             return self.count
-        return max(CATALOG[t].device_count for t in self.target_types)
+        return max(self.catalog.types[t].device_count for t in self.target_types)
 
 
 def _at_least(attribute: str, parts: tuple[int, ...]) -> str:
@@ -396,9 +535,11 @@ class UltraServerNode:
     name: str = "ultraserver"
     lnc: int | None = None
     selectors: Sequence[str] | str = ()
+    tolerations: Sequence[Tolerance] | Tolerance = ()
 
     def __post_init__(self) -> None:
         check_dns_label("UltraServerNode.name", self.name)
+        object.__setattr__(self, "tolerations", _tolerations("UltraServerNode.tolerations", self.tolerations))
         try:
             driver_config.decode(ultraserver_config(self.mode))
             if self.lnc is not None:
@@ -412,8 +553,11 @@ class UltraServerNode:
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
         selectors = [f"{d}.resourceType == {_cel_string(NEURON_NODE)}", *self.selectors]
-        return {"deviceClassName": drivers.neuron_class, "selectors": [_selector(e) for e in selectors],
+        body = {"deviceClassName": drivers.neuron_class, "selectors": [_selector(e) for e in selectors],
                 "allocationMode": "ExactCount", "count": 1}
+        if self.tolerations:
+            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
+        return body
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         configs = [_opaque(drivers, [ref], ultraserver_config(self.mode))]

@@ -175,12 +175,12 @@ class ClaimTemplate:
         return yaml.safe_dump(self.to_manifest(), sort_keys=False)
 
     def render(self, instance_types: Sequence[str] | None = None) -> dict[str, Any]:
-        """The manifest after the checks passed against `instance_types` (default: every catalog type);
+        """The manifest after the checks passed against `instance_types` (default: every built-in catalog type);
         raises checks.TemplateCheckError with the reasons otherwise."""
         from neuron_dra.claim_templates.checks import check_against  # here: checks imports this module
-        from neuron_dra.driver.catalog import CATALOG
+        from neuron_dra.driver.catalog import BUILTIN
 
-        check_against(self, list(instance_types or CATALOG))
+        check_against(self, list(instance_types or BUILTIN.names))
         return self.to_manifest()
 
 

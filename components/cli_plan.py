@@ -25,7 +25,7 @@ HELP = (
 
 # The order objects are applied in; also the order of `-o yaml`.
 KIND_ORDER = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-              "ValidatingAdmissionPolicyBinding", "DeviceClass", "DaemonSet", "ResourceClaimTemplate")
+              "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "DeviceClass", "DaemonSet", "ResourceClaimTemplate")
 
 
 class PlanError(Exception):

@@ -130,6 +130,7 @@ _DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "ServiceAccount": ("Namespace",),
     "ClusterRoleBinding": ("ClusterRole", "ServiceAccount"),
     "ValidatingAdmissionPolicyBinding": ("ValidatingAdmissionPolicy",),
+    "NetworkPolicy": ("Namespace",),
     "DaemonSet": ("Namespace", "ServiceAccount", "ClusterRoleBinding", "ValidatingAdmissionPolicyBinding",
-                  "DeviceClass"),
+                  "NetworkPolicy", "DeviceClass"),
 }

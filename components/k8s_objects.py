@@ -25,6 +25,7 @@ RESOURCE_CLASSES: Mapping[tuple[str, str], ResourceFactory] = {
         k8s.admissionregistration.v1.ValidatingAdmissionPolicy,
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"):
         k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding,
+    ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
     ("resource.k8s.io/v1", "DeviceClass"): k8s.resource.v1.DeviceClass,
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): k8s.resource.v1.ResourceClaimTemplate,
     ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSet,

@@ -71,10 +71,13 @@ class PreparedClaim:
     neuron_indexes: tuple[int, ...]  # Neuron devices held exclusively (admin-access devices are not)
     cdi_spec: str  # the exact spec file text (stored as a string: rewrites reproduce the file byte for byte)
     prepared_at: float  # unix time of the prepare that recorded it
+    # Physical NeuronCores held (global ids: device d owns d*c .. d*c+c-1, c = physical cores per device); None
+    # (entries written before core partitions): every core of neuron_indexes.
+    neuron_cores: tuple[int, ...] | None = None
 
     def with_state(self, state: ClaimState) -> PreparedClaim:
         return PreparedClaim(self.uid, self.namespace, self.name, state, self.devices, self.neuron_indexes,
-                             self.cdi_spec, self.prepared_at)
+                             self.cdi_spec, self.prepared_at, self.neuron_cores)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -82,17 +85,21 @@ class PreparedClaim:
         return _canonical(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "namespace": self.namespace, "name": self.name, "state": self.state.value,
             "devices": [d.to_json() for d in self.devices], "neuronDevices": list(self.neuron_indexes),
             "cdiSpec": self.cdi_spec, "preparedAt": self.prepared_at,
         }
+        if self.neuron_cores is not None:
+            out["neuronCores"] = list(self.neuron_cores)
+        return out
 
     @classmethod
     def from_json(cls, uid: str, d: Mapping[str, Any]) -> PreparedClaim:
+        cores = d.get("neuronCores")
         return cls(uid, d["namespace"], d["name"], ClaimState(d["state"]),
                    tuple(PreparedDevice.from_json(x) for x in d["devices"]), tuple(int(i) for i in d["neuronDevices"]),
-                   _spec(d["cdiSpec"]), float(d["preparedAt"]))
+                   _spec(d["cdiSpec"]), float(d["preparedAt"]), None if cores is None else tuple(int(c) for c in cores))
 
 
 def _spec(value: Any) -> str:

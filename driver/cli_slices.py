@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError
+from neuron_dra.driver.catalog import BUILTIN, CATALOG, UnknownInstanceTypeError
+from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog
 from neuron_dra.driver.discovery import DiscoveryError
 from neuron_dra.driver.hosts import load_host
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME, NodeFacts, PublishOptions, build_pool, resource_slices
@@ -21,12 +22,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-name", required=True, metavar="N", help="node (and pool) name")
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, metavar="D",
                         help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
+    parser.add_argument("--catalog", metavar="FILE", help="catalog file with more instance types "
+                        "(docs/catalog-file.md)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        host = load_host(args.host_root, args.instance_type)
-    except (DiscoveryError, UnknownInstanceTypeError) as e:
+        catalog = load_catalog(args.catalog) if args.catalog else BUILTIN
+        host = load_host(args.host_root, args.instance_type, catalog)
+    except (DiscoveryError, UnknownInstanceTypeError, CatalogFileError) as e:
         print(f"neuron-dra slices: {e}", file=sys.stderr)
         return 2
     pool = build_pool(host, NodeFacts(args.node_name), PublishOptions(driver_name=args.driver_name))

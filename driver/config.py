@@ -88,7 +88,15 @@ def check_applies(config: OpaqueConfig, spec: InstanceSpec) -> None:
     if isinstance(config, UltraServerConfig) and not spec.ultraserver:
         raise ConfigError(
             "ultraserverMode", config.ultraserver_mode,
-            f"no UltraServerConfig on {spec.instance_type}: UltraServer instance types only (trn2u.48xlarge)",
+            f"no UltraServerConfig on {spec.instance_type}: UltraServer instance types only (trn2u.48xlarge, "
+            "trn3p.48xlarge, or a catalog-file type with ultraServer)",
+        )
+    if isinstance(config, UltraServerConfig) and spec.ultraserver and \
+            config.ultraserver_mode not in spec.ultraserver.modes:
+        raise ConfigError(
+            "ultraserverMode", config.ultraserver_mode,
+            f"{' or '.join(map(str, spec.ultraserver.modes))} on {spec.instance_type} "
+            f"({spec.ultraserver.servers} servers per UltraServer)",
         )
 
 

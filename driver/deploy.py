@@ -28,8 +28,10 @@ from typing import Any
 
 from neuron_dra import __version__
 from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
+from neuron_dra.driver.partitions import NEURON_CORE
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
 
 Manifest = dict[str, Any]
 
@@ -42,6 +44,9 @@ DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_HOST_ROOT = "/host"
 DEFAULT_HEALTHCHECK_PORT = 51515
 DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
+DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
+DEFAULT_EXTENDED_RESOURCE = "aws.amazon.com/neuron"  # the Neuron device plugin's resource names
+DEFAULT_CORE_EXTENDED_RESOURCE = "aws.amazon.com/neuroncore"
 LIVENESS_SERVICE = "liveness"
 NEURON_TAINT_KEY = "aws.amazon.com/neuron"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -50,22 +55,27 @@ COMPUTE_TYPE_LABEL = "eks.amazonaws.com/compute-type"
 EXCLUDED_COMPUTE_TYPES = ("fargate", "hybrid", "auto")
 # Host paths mounted read-only below the host root: what discovery reads (sysfs, the device nodes).
 HOST_READ_ONLY_PATHS = ("/sys", "/dev")
+LNC_CONFIG_DIR = "/opt/aws/neuron"  # holds logical_nc_config (partitions.LNC_FILE)
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+# The DaemonSet's pod selector (also the NetworkPolicy's).
+POD_SELECTOR = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}
 # Node labels the Pulumi node groups set: the node group, and the Capacity Block reservation a node belongs to
 # (the daemon publishes the latter as `capacityBlockId` on UltraServers; CAPACITY_BLOCK_LABEL lives in slices.py).
 NODE_GROUP_LABEL = "neuron-dra/node-group"
 
-# The RBAC rules the daemon needs, and why (docs/dra-api.md §4 minimum; nothing more).
+# The RBAC rules the daemon needs: exactly the API calls the code makes, each with its caller
+# (tests/driver/test_driver_rbac.py records the daemon's calls against the API server and compares).
 RBAC_RULES: tuple[Manifest, ...] = (
-    # prepare: GET the claim named in NodePrepareResources to read its allocation.
+    # prepare (kube.py KubeClaimLookup): GET the claim named in NodePrepareResources to read its allocation.
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-    # publishing: the Node's UID for the slices' owner reference, its labels for the network node layers.
+    # publisher.py and health_reporting.py: the Node's UID (owner reference, events), its labels (network layers).
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-    # publishing: create/update/delete its node's slices, watch them to republish after kubelet wipes them.
+    # publisher.py: list and watch its node's slices (field selector), create, update (PUT) and delete them. No
+    # get (it lists) and no patch (it replaces whole objects); docs/dra-api.md §4's wider minimum is not needed.
     {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceslices"],
-        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+        "verbs": ["list", "watch", "create", "update", "delete"],
     },
     # device health: a DeviceUnhealthy / DeviceHealthy Event on the Node (health_reporting.py).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
@@ -73,6 +83,9 @@ RBAC_RULES: tuple[Manifest, ...] = (
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# A qualified name with a domain prefix, as Kubernetes requires of extended resources.
+_EXTENDED_RESOURCE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+                                r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
@@ -113,6 +126,11 @@ class DriverDeployOptions:
     image_pull_policy: str = "IfNotPresent"
     driver_name: str = DEFAULT_DRIVER_NAME
     device_class_name: str | None = None  # None: the driver name, as AWS's chart does
+    # NeuronCores (docs/neuron-cores.md §4): their DeviceClass, and the extended resources that the two classes
+    # serve to pods written for the Neuron device plugin (None: no extendedResourceName; Kubernetes < 1.36).
+    core_device_class_name: str = DEFAULT_CORE_DEVICE_CLASS
+    extended_resource_name: str | None = DEFAULT_EXTENDED_RESOURCE
+    core_extended_resource_name: str | None = DEFAULT_CORE_EXTENDED_RESOURCE
     namespace: str = DEFAULT_NAMESPACE
     service_account: str = DEFAULT_SERVICE_ACCOUNT
     daemonset_name: str = DEFAULT_DAEMONSET
@@ -122,10 +140,14 @@ class DriverDeployOptions:
     host_root: str = DEFAULT_HOST_ROOT  # inside the container; /sys and /dev are mounted below it
     healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT  # 0: no health server, no liveness probe
     metrics_port: int = 0  # 0: no metrics endpoint
+    # Namespaces whose pods may scrape the metrics port (the NetworkPolicy admits nothing else; kubelet's probe
+    # comes from the pod's own node, which a NetworkPolicy cannot block: docs/hardening.md §1).
+    metrics_scrape_namespaces: tuple[str, ...] = ("monitoring",)
     instance_types: tuple[str, ...] = tuple(CATALOG)  # node affinity: nodes of these types only
     resources: Resources = field(default_factory=Resources)
     priority_class_name: str = "system-node-critical"
     labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
+    unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT  # taint on devices with hardware errors (taints.py)
 
     def __post_init__(self) -> None:
         _check_name("namespace", self.namespace, _DNS_LABEL, "a DNS label (lowercase letters, digits, '-')")
@@ -136,6 +158,20 @@ class DriverDeployOptions:
             raise DeployOptionError("driver_name", self.driver_name, "at most 63 characters")
         if self.device_class_name is not None:
             _check_name("device_class_name", self.device_class_name, _DNS_SUBDOMAIN, "a DNS subdomain")
+        _check_name("core_device_class_name", self.core_device_class_name, _DNS_SUBDOMAIN, "a DNS subdomain")
+        if self.core_device_class_name == self.device_class:
+            raise DeployOptionError("core_device_class_name", self.core_device_class_name,
+                                    f"a name other than the device class {self.device_class}")
+        for opt in ("extended_resource_name", "core_extended_resource_name"):
+            value = getattr(self, opt)
+            if value is not None and (not isinstance(value, str) or not _EXTENDED_RESOURCE.match(value)
+                                      or value.startswith(("kubernetes.io/", "requests."))):
+                raise DeployOptionError(opt, value, "an extended resource name such as aws.amazon.com/neuron "
+                                        "(domain/name, not in kubernetes.io), or None to leave it out")
+        if self.extended_resource_name is not None and \
+                self.extended_resource_name == self.core_extended_resource_name:
+            raise DeployOptionError("core_extended_resource_name", self.core_extended_resource_name,
+                                    "a name other than extended_resource_name")
         if not self.image or any(c.isspace() for c in self.image):
             raise DeployOptionError("image", self.image, "a container image reference without spaces")
         if self.image_pull_policy not in _PULL_POLICIES:
@@ -148,8 +184,12 @@ class DriverDeployOptions:
             port = getattr(self, opt)
             if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
                 raise DeployOptionError(opt, port, "0 (off) or a TCP port 1-65535")
+        for ns in self.metrics_scrape_namespaces:
+            _check_name("metrics_scrape_namespaces", ns, _DNS_LABEL, "DNS labels (namespace names)")
         if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
             raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
+        if self.unhealthy_taint_effect not in TAINT_EFFECTS:
+            raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
         if not self.instance_types:
             raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
         for t in self.instance_types:
@@ -245,9 +285,14 @@ def cluster_role_binding(options: DriverDeployOptions) -> Manifest:
 
 
 def admission_policy(options: DriverDeployOptions) -> Manifest:
-    """Only slices of the node the driver's pod runs on: the node name comes from the pod-bound token."""
+    """Only this driver's slices of the node the driver's pod runs on: the node name comes from the pod-bound
+    token; for UPDATE both the old and the new object must qualify, for DELETE the old one (docs/hardening.md §2)."""
     node_of_user = f"request.userInfo.extra[?'{NODE_NAME_EXTRA}'][0].orValue('')"
     node_of_slice = '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")'
+    driver_of_slice = '(request.operation == "DELETE" ? oldObject : object).spec.driver'
+    # UPDATE: the object as it was must be ours too (else a foreign slice could be rewritten into ours).
+    node_before = 'request.operation == "UPDATE" ? oldObject.spec.?nodeName.orValue("") : variables.objectNodeName'
+    driver_before = 'request.operation == "UPDATE" ? oldObject.spec.driver : variables.objectDriver'
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -269,6 +314,9 @@ def admission_policy(options: DriverDeployOptions) -> Manifest:
             "variables": [
                 {"name": "userNodeName", "expression": node_of_user},
                 {"name": "objectNodeName", "expression": node_of_slice},
+                {"name": "objectDriver", "expression": driver_of_slice},
+                {"name": "oldNodeName", "expression": node_before},
+                {"name": "oldDriver", "expression": driver_before},
             ],
             "validations": [
                 # Forbidden (403), not the default Invalid (422): the request is not malformed, it is not allowed.
@@ -279,12 +327,26 @@ def admission_policy(options: DriverDeployOptions) -> Manifest:
                                 "(no node name in its credentials)"),
                 },
                 {
-                    "expression": "variables.userNodeName == variables.objectNodeName",
+                    "expression": ("variables.userNodeName == variables.objectNodeName && "
+                                   "variables.userNodeName == variables.oldNodeName"),
                     "reason": "Forbidden",
                     "messageExpression": (
                         "'the driver on node ' + variables.userNodeName + ' may not modify ' + "
+                        "(variables.objectNodeName != variables.userNodeName ? "
                         "(variables.objectNodeName == '' ? 'ResourceSlices without a node' : "
-                        "'ResourceSlices of node ' + variables.objectNodeName)"
+                        "'ResourceSlices of node ' + variables.objectNodeName) : "
+                        "(variables.oldNodeName == '' ? 'ResourceSlices without a node' : "
+                        "'ResourceSlices of node ' + variables.oldNodeName))"
+                    ),
+                },
+                {
+                    "expression": (f'variables.objectDriver == "{options.driver_name}" && '
+                                   f'variables.oldDriver == "{options.driver_name}"'),
+                    "reason": "Forbidden",
+                    "messageExpression": (
+                        f"'the {options.driver_name} driver may not modify ResourceSlices of driver ' + "
+                        f'(variables.objectDriver != "{options.driver_name}" ? variables.objectDriver : '
+                        "variables.oldDriver)"
                     ),
                 },
             ],
@@ -301,12 +363,55 @@ def admission_policy_binding(options: DriverDeployOptions) -> Manifest:
     }
 
 
+def network_policy(options: DriverDeployOptions) -> Manifest:
+    """Ingress to the driver's pods: the metrics port from the scrape namespaces, nothing else.
+
+    kubelet's gRPC liveness probe needs no rule: it comes from the pod's own node, which a NetworkPolicy cannot
+    block (docs/hardening.md §1). The kubelet-facing sockets are unix sockets on the host, outside any policy."""
+    ingress: list[Manifest] = []
+    if options.metrics_port and options.metrics_scrape_namespaces:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+                     for ns in options.metrics_scrape_namespaces],
+            "ports": [{"protocol": "TCP", "port": options.metrics_port}],
+        })
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(options, options.daemonset_name, "kubelet-plugin", namespaced=True),
+        "spec": {"podSelector": {"matchLabels": dict(POD_SELECTOR)}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def device_class_selector(driver: str, cores: bool) -> str:
+    """Whole devices (and the UltraServer node device) or NeuronCores of the driver: the two never mix, so a claim
+    for N devices never gets cores, and an extended-resource count of N means N of one kind
+    (docs/neuron-cores.md §4). Every device of the driver publishes resourceType."""
+    op = "==" if cores else "!="
+    return f'device.driver == "{driver}" && device.attributes["{driver}"].resourceType {op} "{NEURON_CORE}"'
+
+
 def device_class(options: DriverDeployOptions) -> Manifest:
+    spec: Manifest = {"selectors": [{"cel": {"expression": device_class_selector(options.driver_name, False)}}]}
+    if options.extended_resource_name is not None:
+        spec["extendedResourceName"] = options.extended_resource_name
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": _meta(options, options.device_class, "device-class"),
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{options.driver_name}"'}}]},
+        "spec": spec,
+    }
+
+
+def core_device_class(options: DriverDeployOptions) -> Manifest:
+    spec: Manifest = {"selectors": [{"cel": {"expression": device_class_selector(options.driver_name, True)}}]}
+    if options.core_extended_resource_name is not None:
+        spec["extendedResourceName"] = options.core_extended_resource_name
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": _meta(options, options.core_device_class_name, "device-class"),
+        "spec": spec,
     }
 
 
@@ -327,10 +432,14 @@ def driver_env(options: DriverDeployOptions) -> list[Manifest]:
     return [
         {"name": "NODE_NAME", **field_ref("spec.nodeName")},
         {"name": "POD_UID", **field_ref("metadata.uid")},
+        # Where kubelet's probe connects (the node's IP under hostNetwork): the daemon's health and metrics
+        # listen on this address only (docs/hardening.md §1).
+        {"name": "POD_IP", **field_ref("status.podIP")},
         {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": options.plugins_dir},
         {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": options.registry_dir},
         {"name": "CDI_ROOT", "value": options.cdi_root},
         {"name": "HEALTHCHECK_PORT", "value": str(options.healthcheck_port)},
+        {"name": "UNHEALTHY_TAINT_EFFECT", "value": options.unhealthy_taint_effect},
     ]
 
 
@@ -357,7 +466,9 @@ def host_mounts(options: DriverDeployOptions) -> tuple[HostMount, ...]:
     read_only = tuple(
         HostMount(f"host-{p.strip('/')}", p, f"{host}{p}", True, "Directory") for p in HOST_READ_ONLY_PATHS
     )
-    return writable + read_only
+    # The node's LNC file (docs/neuron-cores.md §2); the directory may not exist on a non-Neuron AMI.
+    lnc = HostMount("host-neuron-config", LNC_CONFIG_DIR, f"{host}{LNC_CONFIG_DIR}", True, "DirectoryOrCreate")
+    return (*writable, *read_only, lnc)
 
 
 def _volume_mount(m: HostMount) -> Manifest:
@@ -398,7 +509,7 @@ def _affinity(options: DriverDeployOptions) -> Manifest:
 
 
 def daemonset(options: DriverDeployOptions) -> Manifest:
-    selector = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}
+    selector = dict(POD_SELECTOR)
     mounts = host_mounts(options)
     container: Manifest = {
         "name": "plugin",
@@ -468,7 +579,9 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         cluster_role_binding(options),
         admission_policy(options),
         admission_policy_binding(options),
+        network_policy(options),
         device_class(options),
+        core_device_class(options),
         daemonset(options),
     ]
 

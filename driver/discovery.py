@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.driver.catalog import (
+    BUILTIN,
+    Catalog,
     InstanceSpec,
     UnknownInstanceTypeError,
-    expected_neighbours,
-    get_instance_spec,
+    accepted_neighbours,
 )
 from neuron_dra.driver.model import NeuronDevice, NeuronHost, UltraServer
 
@@ -100,11 +101,11 @@ def normalize_bdf(text: str) -> str:
     return t
 
 
-def read_instance_type(root: Path) -> InstanceSpec:
+def read_instance_type(root: Path, catalog: Catalog = BUILTIN) -> InstanceSpec:
     path = root / PRODUCT_NAME
     name = _read(path)
     try:
-        return get_instance_spec(name)
+        return catalog.spec(name)
     except UnknownInstanceTypeError as e:
         raise DiscoveryError(path, str(e), name) from None
 
@@ -239,10 +240,10 @@ def _check_arch(spec: InstanceSpec, dev_dir: Path) -> None:
             raise DiscoveryError(arch / name, f"{spec.instance_type} hosts have {want!r}", got)
 
 
-def discover(host_root: Path | str = "/", *, use_neuron_ls: bool = True) -> NeuronHost:
-    """Read the Neuron host under `host_root` and check it against the catalog."""
+def discover(host_root: Path | str = "/", *, use_neuron_ls: bool = True, catalog: Catalog = BUILTIN) -> NeuronHost:
+    """Read the Neuron host under `host_root` and check it against `catalog`."""
     root = Path(host_root)
-    spec = read_instance_type(root)
+    spec = read_instance_type(root, catalog)
     version = read_kernel_driver_version(root)
     indexes = _device_indexes(root)
     base = root / NEURON_DEVICE_DIR
@@ -271,11 +272,13 @@ def discover(host_root: Path | str = "/", *, use_neuron_ls: bool = True) -> Neur
             )
         text = _read(dev_dir / "connected_devices")
         connected = _parse_index_list(dev_dir / "connected_devices", text)
-        want = expected_neighbours(spec, index)
-        if set(connected) != set(want):
+        accepted = accepted_neighbours(spec, index)
+        if not any(set(connected) == set(want) for want in accepted):
+            lists = [", ".join(map(str, w)) or "none" for w in accepted]
+            shown = lists[0] if len(lists) == 1 else " or ".join(repr(x) for x in lists)
             raise DiscoveryError(
                 dev_dir / "connected_devices",
-                f"device {index} of a {spec.topology.value} {spec.instance_type} links to {', '.join(map(str, want))}",
+                f"device {index} of a {spec.topology.value} {spec.instance_type} links to {shown}",
                 text,
             )
         _check_arch(spec, dev_dir)

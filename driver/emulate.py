@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_dra.driver import discovery as d
-from neuron_dra.driver.catalog import InstanceSpec, expected_neighbours, get_instance_spec
+from neuron_dra.driver.catalog import BUILTIN, Catalog, InstanceSpec, expected_neighbours
 from neuron_dra.driver.health_source import ERROR_COUNTERS, HARDWARE_STATS, hardware_dir
 
 DEFAULT_KERNEL_DRIVER_VERSION = "2.25.4.0"
@@ -27,7 +27,7 @@ class EmulationOptions:
     kernel_driver_version: str = DEFAULT_KERNEL_DRIVER_VERSION
     neuron_ls: bool = True  # install a neuron-ls that prints the host's JSON
     host_id: str = "emulated"  # seeds serial numbers and UltraServer ids so hosts differ
-    ultraserver_node: int = 0  # this host's position (0..3) in its UltraServer (trn2u only)
+    ultraserver_node: int = 0  # this host's position (0..3) in its UltraServer (UltraServer types only)
     ultraserver_mode: int | None = 4
 
 
@@ -52,6 +52,8 @@ def numa_node(spec: InstanceSpec, index: int) -> int:
     """NUMA node: buses >= 0x80 sit on socket 1 (matches trn2 device 0 at cc:00.0 on node 1)."""
     if spec.device_count == 1:
         return 0
+    if not spec.has_device_efa and spec.device_count >= 8:
+        return 0 if index < spec.device_count // 2 else 1  # invented: half the devices per socket
     bus = int(neuron_bdf(spec, index).split(":")[1], 16)
     return 1 if bus >= 0x80 else 0
 
@@ -80,9 +82,11 @@ def neuron_ls_json(spec: InstanceSpec, opts: EmulationOptions) -> list[dict[str,
     ]
 
 
-def emulate(instance_type: str, root: Path | str, options: EmulationOptions | None = None) -> Path:
-    """Write the host tree of `instance_type` under `root` (created; must be empty or absent)."""
-    spec = get_instance_spec(instance_type)
+def emulate(instance_type: str, root: Path | str, options: EmulationOptions | None = None,
+            catalog: Catalog = BUILTIN) -> Path:
+    """Write the host tree of `instance_type` (an entry of `catalog`) under `root` (created; must be empty or
+    absent)."""
+    spec = catalog.spec(instance_type)
     opts = options or EmulationOptions()
     base = Path(root)
     if base.exists() and any(base.iterdir()):

@@ -9,17 +9,15 @@ Service "" reports that the health server itself is up.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 
-from neuron_dra.driver import memory
+from neuron_dra.driver import grpc_raw, memory
 from neuron_dra.driver._generated import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     grpc_health_v1_pb2,
-    grpc_health_v1_pb2_grpc,
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
@@ -30,6 +28,11 @@ log = logging.getLogger("neuron_dra.driver.health")
 LIVENESS_SERVICE = "liveness"
 SERVING = grpc_health_v1_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
+HEALTH = grpc_health_v1_pb2.DESCRIPTOR.services_by_name["Health"]
+# The probe is one small call every few seconds: two workers, a few calls at once, tiny messages. Anything beyond
+# is answered RESOURCE_EXHAUSTED at once (and a probe that gets it is retried by kubelet).
+MAX_CONCURRENT = 4
+MAX_MESSAGE = 4096
 
 
 class HealthService:
@@ -78,8 +81,8 @@ class HealthService:
 class HealthServer:
     def __init__(self, paths: SocketPaths, address: str, port: int) -> None:
         self.service = HealthService(paths)
-        self._server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"))
-        grpc_health_v1_pb2_grpc.add_HealthServicer_to_server(self.service, self._server)
+        self._server = grpc_raw.new_server("health", 2, MAX_CONCURRENT, MAX_MESSAGE)
+        grpc_raw.add_servicer(self._server, HEALTH, self.service)
         host = f"[{address}]" if ":" in address else address
         try:
             self.port = self._server.add_insecure_port(f"{host}:{port}")

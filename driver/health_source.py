@@ -16,6 +16,7 @@ read of a few small files per device is cheap) and calls its listeners with the 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -63,16 +64,29 @@ def hardware_dir(host_root: Path, index: int) -> Path:
 
 def _read_counter(path: Path) -> int | None:
     """A counter file, or the `total` of a counter directory; None when absent or unreadable."""
-    target = path / "total" if path.is_dir() else path
     try:
-        text = target.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
+        data = _read_small(str(path))
+    except IsADirectoryError:
+        try:
+            data = _read_small(str(path / "total"))
+        except OSError:
+            return None
+    except OSError:
         return None
     try:
-        value = int(text, 10)
+        value = int(data.strip(), 10)
     except ValueError:
         return None
     return None if value < 0 or value == UNREADABLE_SENTINEL else value
+
+
+def _read_small(path: str) -> bytes:
+    # Raw os calls: the daemon reads 48 of these every second on a 16-device host; no text-IO wrapper per file.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 64)
+    finally:
+        os.close(fd)
 
 
 def read_device_health(host_root: Path, index: int, now: float | None = None) -> DeviceHealth:

@@ -3,7 +3,8 @@
 kubelets 1.34-1.36 dial `v1alpha1.DRAResourceHealth` whenever their ResourceHealthStatus gate is on (beta, on in
 1.36), whatever the registration lists; 1.37 picks `v1` or `v1alpha1` from the registration's supported
 versions; upstream's Go helper serves `v1beta1` (docs/kubelet-dra-protocol.md §3). The messages are identical on
-the wire in all three, so one encoder serves them all through raw-bytes handlers (no per-version servicer).
+the wire in all three, so one servicer answers all of them with the v1beta1 messages, through the daemon's
+raw-bytes handlers (grpc_raw.py).
 
 The stream sends the full device list at once, again on every change, and at least every `heartbeat` seconds
 with fresh timestamps: kubelet turns a device Unknown when no update came within its health check timeout.
@@ -20,6 +21,8 @@ from typing import Any
 
 import grpc
 
+from neuron_dra.driver import grpc_raw
+from neuron_dra.driver._generated import dra_health_v1_pb2, dra_health_v1alpha1_pb2
 from neuron_dra.driver._generated import dra_health_v1beta1_pb2 as pb
 from neuron_dra.driver.health_source import MAX_MESSAGE, DeviceHealth, Health, HealthMonitor
 from neuron_dra.driver.model import NeuronHost
@@ -30,7 +33,6 @@ log = logging.getLogger("neuron_dra.driver.health_stream")
 # Most recent first; what the registration advertises (kubelet ignores names it does not know).
 HEALTH_PACKAGES = ("v1", "v1beta1", "v1alpha1")
 HEALTH_SERVICES = tuple(f"{p}.DRAResourceHealth" for p in HEALTH_PACKAGES)
-METHOD = "NodeWatchResources"
 DEFAULT_TIMEOUT_S = 30  # what we tell kubelet; kubelet's own default is the same
 DEFAULT_HEARTBEAT_S = 10.0  # a third of the timeout: two lost beats still leave the device known
 _WIRE = {Health.HEALTHY: pb.HEALTHY, Health.UNHEALTHY: pb.UNHEALTHY, Health.UNKNOWN: pb.UNKNOWN}
@@ -90,14 +92,15 @@ class HealthStreamService:
                 last_updated_time=now, health_check_timeout_seconds=self.timeout_s, message=h.message))
         return resp
 
-    def watch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-        """The handler (raw bytes in and out; the request message is empty)."""
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext
+                           ) -> Iterator[pb.NodeWatchResourcesResponse]:
+        """The stream kubelet holds open (the request message is empty in every version)."""
         with self._lock:
             self.active_streams += 1
         log.info("kubelet opened the device health stream", extra={"pool": self.pool_name})
         try:
             version = self.monitor.version
-            yield self.response().SerializeToString()
+            yield self.response()
             next_beat = time.monotonic() + self.heartbeat_s
             while context.is_active() and not self._stop.is_set():
                 # Short waits so a closed stream or a stopping daemon frees this worker thread promptly.
@@ -106,7 +109,7 @@ class HealthStreamService:
                 if new_version == version and time.monotonic() < next_beat:
                     continue
                 version = new_version
-                yield self.response().SerializeToString()
+                yield self.response()
                 next_beat = time.monotonic() + self.heartbeat_s
         finally:
             with self._lock:
@@ -114,9 +117,5 @@ class HealthStreamService:
             log.info("device health stream closed", extra={"pool": self.pool_name})
 
     def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
-        def handler(package: str) -> grpc.GenericRpcHandler:
-            # No (de)serializers: the method gets and yields bytes; one encoding is valid for every version.
-            method: Any = grpc.unary_stream_rpc_method_handler(self.watch)
-            return grpc.method_handlers_generic_handler(f"{package}.DRAResourceHealth", {METHOD: method})
-
-        return tuple(handler(p) for p in HEALTH_PACKAGES)
+        return tuple(grpc_raw.service_handler(module.DESCRIPTOR.services_by_name["DRAResourceHealth"], self)
+                     for module in (dra_health_v1_pb2, pb, dra_health_v1alpha1_pb2))

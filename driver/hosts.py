@@ -5,20 +5,22 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from neuron_dra.driver.catalog import BUILTIN, Catalog
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import EmulationOptions, emulate
 from neuron_dra.driver.model import NeuronHost
 
 
-def emulated_host(instance_type: str, options: EmulationOptions | None = None) -> NeuronHost:
+def emulated_host(instance_type: str, options: EmulationOptions | None = None,
+                  catalog: Catalog = BUILTIN) -> NeuronHost:
     """Emulate `instance_type` in a temporary tree and discover it (the daemon's own code path)."""
     with tempfile.TemporaryDirectory(prefix="neuron-dra-host-") as tmp:
-        return discover(emulate(instance_type, Path(tmp) / "root", options))
+        return discover(emulate(instance_type, Path(tmp) / "root", options, catalog), catalog=catalog)
 
 
-def load_host(host_root: Path | str | None, instance_type: str | None) -> NeuronHost:
+def load_host(host_root: Path | str | None, instance_type: str | None, catalog: Catalog = BUILTIN) -> NeuronHost:
     if (host_root is None) == (instance_type is None):
         raise ValueError("give exactly one of a host root (--host-root) or an instance type to emulate")
     if instance_type is not None:
-        return emulated_host(instance_type)
-    return discover(Path(host_root))  # type: ignore[arg-type]
+        return emulated_host(instance_type, catalog=catalog)
+    return discover(Path(host_root), catalog=catalog)  # type: ignore[arg-type]

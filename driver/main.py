@@ -11,6 +11,7 @@ with backoff and prepares fail per claim until the server answers.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import re
@@ -41,6 +42,7 @@ from neuron_dra.driver.health_source import HealthMonitor
 from neuron_dra.driver.health_stream import HEALTH_SERVICES, HealthStreamService
 from neuron_dra.driver.kube import KubeClaimLookup, KubeConfigError, api_client
 from neuron_dra.driver.model import NeuronHost
+from neuron_dra.driver.partitions import CoreLayout, PartitionError, read_node_lnc
 from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
 from neuron_dra.driver.publisher import SlicePublisher
 from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME, PublishOptions
@@ -68,13 +70,16 @@ class DaemonOptions:
     cdi_root: Path = Path(DEFAULT_CDI_ROOT)
     healthcheck_port: int = 0  # 0: off
     metrics_port: int = 0  # 0: off
-    bind_address: str = "0.0.0.0"  # health and metrics; kubelet probes and Prometheus scrape the pod IP
+    # Health and metrics listen here only: kubelet probes and Prometheus scrape the pod IP (docs/hardening.md §1).
+    bind_address: str = "127.0.0.1"
     kubeconfig: str | None = None  # None: in-cluster service account
     host_root: Path | None = Path("/")
     emulate: str | None = None  # instance type to emulate instead of reading host_root
     log_level: str = "info"
     health_poll_interval: float = 1.0  # seconds between reads of the hardware error counters
     unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT
+    core_partitions: str = "auto"  # auto: NeuronCores when the API server keeps counters; on; off
+    lnc: int | None = None  # the node's LNC; None: /opt/aws/neuron/logical_nc_config, else the family's default
 
     @property
     def sockets(self) -> SocketPaths:
@@ -123,6 +128,23 @@ def _node_name(text: str) -> str:
     return text
 
 
+def _address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address (the pod's IP, e.g. from the downward API "
+                                         "status.podIP, or 127.0.0.1)") from None
+
+
+CORE_PARTITION_MODES = ("auto", "on", "off")
+
+
+def _lnc(text: str) -> int:
+    if text not in ("1", "2"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Logical NeuronCore config; allowed: 1 or 2")
+    return int(text)
+
+
 def _abs_dir(text: str) -> Path:
     p = Path(text)
     if not p.is_absolute():
@@ -153,8 +175,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                    help="gRPC health port, service 'liveness'; 0 = off [env HEALTHCHECK_PORT] (default 0)")
     p.add_argument("--metrics-port", type=_port, default=env_default("METRICS_PORT", "0"), metavar="PORT",
                    help="Prometheus /metrics port; 0 = off [env METRICS_PORT] (default 0)")
-    p.add_argument("--bind-address", default=env_default("BIND_ADDRESS", "0.0.0.0"), metavar="ADDR",
-                   help="address of the health and metrics ports [env BIND_ADDRESS] (default 0.0.0.0)")
+    p.add_argument("--bind-address", default=env_default("BIND_ADDRESS", env_default("POD_IP", "127.0.0.1")),
+                   type=_address, metavar="ADDR",
+                   help="the one address of the health and metrics ports, where kubelet's probe connects "
+                        "[env BIND_ADDRESS, else env POD_IP (the downward API's status.podIP; the node's IP "
+                        "with hostNetwork)] (default 127.0.0.1)")
     p.add_argument("--kubeconfig", default=None, metavar="FILE", help="kubeconfig file (default: in-cluster)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--host-root", type=_abs_dir, metavar="DIR",
@@ -170,6 +195,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         f"(default {DEFAULT_TAINT_EFFECT})")
     p.add_argument("--log-level", default=env_default("LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"], help="[env LOG_LEVEL] (default info)")
+    p.add_argument("--core-partitions", choices=CORE_PARTITION_MODES,
+                   default=env_default("CORE_PARTITIONS", "auto"),
+                   help="publish NeuronCores with counters beside whole devices: auto (when the API server keeps "
+                        "ResourceSlice sharedCounters, Kubernetes 1.36+), on, off (env CORE_PARTITIONS)")
+    p.add_argument("--lnc", type=_lnc, default=env_default("NODE_LNC", None), metavar="1|2",
+                   help="the node's Logical NeuronCore config (env NODE_LNC; default: the host's "
+                        "/opt/aws/neuron/logical_nc_config, else 2 on Trainium2+)")
     p.add_argument("--version", action="version", version=f"neuron-dra-driver {__version__}")
     return p
 
@@ -185,7 +217,8 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
         registry_dir=Path(a.registry_dir), cdi_root=Path(a.cdi_root), healthcheck_port=int(a.healthcheck_port),
         metrics_port=int(a.metrics_port), bind_address=a.bind_address, kubeconfig=a.kubeconfig, host_root=host_root,
         emulate=a.emulate, log_level=a.log_level, health_poll_interval=float(a.health_poll_interval),
-        unhealthy_taint_effect=a.unhealthy_taint_effect,
+        unhealthy_taint_effect=a.unhealthy_taint_effect, core_partitions=a.core_partitions,
+        lnc=None if a.lnc is None else int(a.lnc),
     )
 
 
@@ -241,12 +274,17 @@ class Daemon:
         log.info("discovered host", extra={"instance_type": self.host.instance_type,
                                            "devices": len(self.host.devices), "host_root": str(self.host_root),
                                            "kernel_driver_version": self.host.kernel_driver_version})
+        try:
+            layout = CoreLayout.for_spec(self.host.spec, read_node_lnc(self.host_root, self.host.spec, o.lnc))
+        except PartitionError as e:
+            raise StartupError(f"node LNC: {e}") from None
         plugin_dir = o.plugins_dir / o.driver_name
         plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        # Prepare knows the cores whatever gets published: a core device only reaches a claim once published.
         self.state = DriverState(host=self.host, host_root=self.host_root, driver_name=o.driver_name,
                                  pool_name=o.node_name, cdi=CdiStore(o.cdi_root, o.driver_name),
                                  checkpoint=Checkpoint(o.checkpoint_path), lookup=self.lookup, crash=self.crash,
-                                 metrics=self.metrics)
+                                 metrics=self.metrics, cores=layout)
         try:
             self.state.load()
             self.state.reconcile_local()
@@ -272,9 +310,14 @@ class Daemon:
             self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)
             log.info("metrics listening", extra={"port": self.metrics_server.port})
         if self.api is not None:
+            cores = None if o.core_partitions == "off" else layout
+            if cores is None:
+                log.info("publishing whole Neuron devices only, no NeuronCores", extra={
+                    "node": o.node_name, "reason": "--core-partitions=off"})
             self.publisher = SlicePublisher(self.api, self.host, o.node_name,
-                                            PublishOptions(driver_name=o.driver_name), self.metrics,
-                                            taints=self.health_reporter.taints)
+                                            PublishOptions(driver_name=o.driver_name, cores=cores), self.metrics,
+                                            taints=self.health_reporter.taints,
+                                            force_cores=o.core_partitions == "on")
             self.health_reporter.republish = self.publisher.refresh
             self.publisher.start(self.stop_event)
         else:

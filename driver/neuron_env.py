@@ -29,9 +29,12 @@ def core_ranges(ids: Iterable[int]) -> str:
     return ",".join(out)
 
 
-def effective_lnc(host: NeuronHost, config: EffectiveConfig) -> int:
+def effective_lnc(host: NeuronHost, config: EffectiveConfig, node_lnc: int | None = None) -> int:
+    """The claim's LNC, else the node's (docs/neuron-cores.md §2), else the family's default."""
     if config.logical_neuron_core is not None:
         return config.logical_neuron_core
+    if node_lnc is not None and host.spec.lnc_supported:
+        return node_lnc
     return host.spec.family.default_lnc
 
 
@@ -58,10 +61,17 @@ def ultraserver_env(ultraserver: UltraServer | None, mode: int | None, instance_
 
 
 def request_env(host: NeuronHost, indexes: Iterable[int], config: EffectiveConfig,
-                ultraserver: UltraServer | None, with_ultraserver: bool) -> tuple[str, ...]:
-    """Environment for the containers of one request of a claim."""
-    lnc = effective_lnc(host, config)
-    env = [f"NEURON_RT_VISIBLE_CORES={visible_cores(host, indexes, lnc)}"]
+                ultraserver: UltraServer | None, with_ultraserver: bool, *, node_lnc: int | None = None,
+                core_ids: Iterable[int] = ()) -> tuple[str, ...]:
+    """Environment for the containers of one request of a claim: the cores of its whole devices (`indexes`) and
+    its NeuronCores (`core_ids`: NEURON_RT_VISIBLE_CORES ids at the node's LNC, docs/neuron-cores.md §1-2)."""
+    lnc = effective_lnc(host, config, node_lnc)
+    cores = sorted(set(core_ids))
+    if cores and host.spec.lnc_supported and lnc != node_lnc:
+        raise EnvError(f"logicalNeuronCore {lnc}: NeuronCores are published at the node's LNC {node_lnc}; a claim "
+                       f"for cores may set logicalNeuronCore {node_lnc} or leave it out")
+    ids = [core for i in indexes for core in host.global_core_ids(i, lnc)] + cores
+    env = [f"NEURON_RT_VISIBLE_CORES={core_ranges(ids)}"]
     if host.spec.lnc_supported:
         env.append(f"NEURON_LOGICAL_NC_CONFIG={lnc}")
     if with_ultraserver:

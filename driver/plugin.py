@@ -13,7 +13,6 @@ import logging
 import os
 import stat
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -21,14 +20,8 @@ from typing import Any
 
 import grpc
 
-from neuron_dra.driver._generated import (
-    dra_v1_pb2,
-    dra_v1_pb2_grpc,
-    dra_v1beta1_pb2,
-    dra_v1beta1_pb2_grpc,
-    pluginregistration_pb2,
-    pluginregistration_pb2_grpc,
-)
+from neuron_dra.driver import grpc_raw
+from neuron_dra.driver._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 from neuron_dra.driver.claims import ClaimError, ClaimRef
 from neuron_dra.driver.state import DriverState
 
@@ -39,6 +32,14 @@ PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 SOCKET_MODE = 0o600
 MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
+# Services as the protos declare them; served with raw-bytes handlers (grpc_raw: no leak on undecodable requests).
+DRA_V1 = dra_v1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
+DRA_V1BETA1 = dra_v1beta1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
+REGISTRATION = pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"]
+# Calls admitted at once per server beyond which gRPC answers RESOURCE_EXHAUSTED (kubelet retries), so a flood
+# cannot queue without bound.
+DRA_MAX_CONCURRENT = 32
+REGISTRATION_MAX_CONCURRENT = 4
 
 
 class SocketError(RuntimeError):
@@ -153,28 +154,29 @@ def _listen(server: grpc.Server, path: Path) -> None:
 
 class PluginServers:
     def __init__(self, paths: SocketPaths, state: DriverState, driver_name: str, max_workers: int = 16,
-                 extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (), extra_services: tuple[str, ...] = ()
-                 ) -> None:
+                 extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (), extra_services: tuple[str, ...] = (),
+                 max_concurrent_rpcs: int = DRA_MAX_CONCURRENT) -> None:
         self.paths = paths
         # extra_*: optional services on the DRA socket (the health stream), advertised after the DRA versions.
         self.registration = RegistrationService(driver_name, paths.dra, DRA_SERVICES + extra_services)
         self._extra_handlers = extra_handlers
         self._state = state
         self._max_workers = max_workers
+        self._max_concurrent = max(max_concurrent_rpcs, max_workers)
         self._dra: grpc.Server | None = None
         self._reg: grpc.Server | None = None
 
     def start(self) -> None:
-        dra = grpc.server(ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="dra"))
-        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(self._state, dra_v1_pb2), dra)
-        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(self._state, dra_v1beta1_pb2), dra)
-        if self._extra_handlers:
+        dra = grpc_raw.new_server("dra", self._max_workers, self._max_concurrent)
+        grpc_raw.add_servicer(dra, DRA_V1, DraService(self._state, dra_v1_pb2))
+        grpc_raw.add_servicer(dra, DRA_V1BETA1, DraService(self._state, dra_v1beta1_pb2))
+        if self._extra_handlers:  # built with grpc_raw.service_handler (raw bytes) by their owners
             dra.add_generic_rpc_handlers(self._extra_handlers)
         _listen(dra, self.paths.dra)
         dra.start()
         self._dra = dra
-        reg = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="registration"))
-        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
+        reg = grpc_raw.new_server("registration", 2, REGISTRATION_MAX_CONCURRENT, 64 * 1024)
+        grpc_raw.add_servicer(reg, REGISTRATION, self.registration)
         _listen(reg, self.paths.registration)
         reg.start()
         self._reg = reg

@@ -4,8 +4,12 @@ Slices are named by generateName and owned by the Node; any change bumps the poo
 slices are deleted before the others are updated or created. A watch on this node's slices of this
 driver notices deletion (kubelet wipes a node's slices when it starts, and a driver's after it has been
 gone for 30 s) and republishes at once. API errors are retried with exponential backoff; the publisher
-never raises out of its loop, and it only ever lists, changes or deletes slices whose spec names this
-node and this driver.
+never raises out of its loop.
+
+Ownership: a slice is ours when its spec names this node, this driver and this node's pool (the pool is named
+after the node). Only those are updated or deleted. A slice of this node and driver in another pool (another
+installation, a leftover, or someone else's object) is left alone and logged once: pool names cannot change
+(the API server answers 422), so trying to take it over would stall publishing for good.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -24,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver.kube import RESOURCE_SLICES, KubeApi
 from neuron_dra.driver.model import NeuronHost
+from neuron_dra.driver.partitions import MEMORY_COUNTER
 from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices, with_taints
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
@@ -67,13 +72,15 @@ def _content(spec: Mapping[str, Any]) -> str:
     pool = spec.get("pool") or {}
     devices = sorted(spec.get("devices") or (), key=lambda d: str(d.get("name")))
     return _canonical({"driver": spec.get("driver"), "nodeName": spec.get("nodeName"), "pool": pool.get("name"),
-                       "count": pool.get("resourceSliceCount"), "devices": devices})
+                       "count": pool.get("resourceSliceCount"), "devices": devices,
+                       "sharedCounters": spec.get("sharedCounters") or []})
 
 
 class SlicePublisher:
     def __init__(self, api: client.ApiClient, host: NeuronHost, node_name: str, options: PublishOptions,
                  metrics: Metrics | None = None, resync_seconds: float = 60.0, backoff: Backoff | None = None,
-                 capacity_block_id: str | None = None, taints: TaintSource | None = None) -> None:
+                 capacity_block_id: str | None = None, taints: TaintSource | None = None,
+                 force_cores: bool = False) -> None:
         self._api = KubeApi(api)
         self.host = host
         self.node_name = node_name
@@ -83,6 +90,8 @@ class SlicePublisher:
         self._backoff = backoff or Backoff()
         self._capacity_block_id = capacity_block_id
         self._generation = 0
+        self.pool_name = node_name  # build_pool names the pool after the node
+        self._foreign_seen: set[str] = set()  # uids of foreign slices already logged
         self._selector = f"spec.nodeName={node_name},spec.driver={options.driver_name}"
         self._thread: threading.Thread | None = None
         self.published = threading.Event()  # set after the first successful reconcile
@@ -90,6 +99,10 @@ class SlicePublisher:
         # them (DRADeviceTaints off, Kubernetes < 1.36): slices then stay as they were and health goes to kubelet.
         self._taints = taints
         self.taints_supported = True
+        # NeuronCores (options.cores): published only once the API server is seen to keep counters
+        # (DRAPartitionableDevices, on by default from 1.36); None until probed. `force_cores` skips the probe.
+        self.partitions_supported: bool | None = True if force_cores else None
+        self.partitions_reason = "forced by --core-partitions=on" if force_cores else ""
         self._lock = threading.Lock()  # reconcile runs from the loop and from health changes
 
     # --- one pass --------------------------------------------------------------------------------------------
@@ -101,19 +114,73 @@ class SlicePublisher:
 
     def _ours(self, s: Mapping[str, Any]) -> bool:
         spec = s.get("spec") or {}
-        return spec.get("nodeName") == self.node_name and spec.get("driver") == self.options.driver_name
+        return (spec.get("nodeName") == self.node_name and spec.get("driver") == self.options.driver_name
+                and (spec.get("pool") or {}).get("name") == self.pool_name)
+
+    def _note_foreign(self, s: Mapping[str, Any]) -> None:
+        meta = s.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        if uid in self._foreign_seen:
+            return
+        self._foreign_seen.add(uid)
+        log.warning("ignoring a ResourceSlice of this node and driver in another pool: not ours, left alone",
+                    extra={"node": self.node_name, "slice": str(meta.get("name", ""))[:253],
+                           "pool": str(((s.get("spec") or {}).get("pool") or {}).get("name", ""))[:253],
+                           "our_pool": self.pool_name})
 
     def list_slices(self) -> tuple[list[Slice], str]:
-        """This node's slices of this driver (sorted by name) and the list's resourceVersion."""
+        """This node's slices of this driver in our pool (sorted by name) and the list's resourceVersion."""
         data = self._api.call("GET", RESOURCE_SLICES, query={"fieldSelector": self._selector},
                               timeout=REQUEST_TIMEOUT)
-        items = [s for s in data.get("items") or () if self._ours(s)]
+        items = []
+        for s in data.get("items") or ():
+            if self._ours(s):
+                items.append(s)
+            else:
+                self._note_foreign(s)
         items.sort(key=lambda s: s["metadata"]["name"])
         return items, str(data.get("metadata", {}).get("resourceVersion", ""))
 
+    def probe_partitionable(self) -> tuple[bool, str]:
+        """Does the API server keep `sharedCounters`? A dry-run create of a counter-only slice of this node answers
+        without storing anything: a server without DRAPartitionableDevices drops the field (1.34/1.35 default),
+        an older one rejects it."""
+        probe = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                 "metadata": {"generateName": f"{self.node_name}-{self.options.driver_name}-probe-"},
+                 "spec": {"driver": self.options.driver_name, "nodeName": self.node_name,
+                          "pool": {"name": self.node_name, "generation": 0, "resourceSliceCount": 1},
+                          "sharedCounters": [{"name": "probe", "counters": {MEMORY_COUNTER: {"value": "1"}}}]}}
+        try:
+            stored = self._api.call("POST", RESOURCE_SLICES, query={"dryRun": "All"}, body=probe,
+                                    timeout=REQUEST_TIMEOUT)
+        except ApiException as e:
+            if e.status in (400, 422):
+                return False, f"the API server rejected a ResourceSlice with sharedCounters ({e.status} {e.reason})"
+            raise
+        if (stored.get("spec") or {}).get("sharedCounters"):
+            return True, "the API server keeps ResourceSlice sharedCounters (DRAPartitionableDevices is on)"
+        return False, ("the API server dropped ResourceSlice sharedCounters: DRAPartitionableDevices is off "
+                       "(Kubernetes 1.34/1.35 by default)")
+
+    def _publish_options(self) -> PublishOptions:
+        if self.options.cores is None:
+            return self.options
+        if self.partitions_supported is None:
+            self.partitions_supported, self.partitions_reason = self.probe_partitionable()
+            if self.partitions_supported:
+                log.info("publishing NeuronCores with counters beside whole devices",
+                         extra={"node": self.node_name, "lnc": self.options.cores.lnc,
+                                "reason": self.partitions_reason})
+            else:
+                log.warning("publishing whole Neuron devices only, no NeuronCores",
+                            extra={"node": self.node_name, "reason": self.partitions_reason})
+        if self.partitions_supported:
+            return self.options
+        return replace(self.options, cores=None)
+
     def desired(self) -> list[Slice]:
         facts, node_uid = self._node()
-        pool = build_pool(self.host, facts, self.options)
+        pool = build_pool(self.host, facts, self._publish_options())
         if self._taints is not None and self.taints_supported:
             pool = with_taints(pool, self._taints())
         return resource_slices(pool, 0, node_uid)
@@ -125,6 +192,8 @@ class SlicePublisher:
 
     def _reconcile(self) -> tuple[PublishResult, str]:
         desired = self.desired()
+        if any(d["spec"]["pool"]["name"] != self.pool_name for d in desired):
+            raise RuntimeError(f"desired slices are not in pool {self.pool_name!r}")  # ownership would break
         existing, rv = self.list_slices()
         devices = sum(len(d["spec"]["devices"]) for d in desired)
         generations = {int(s["spec"]["pool"].get("generation", 0)) for s in existing}
@@ -160,8 +229,8 @@ class SlicePublisher:
         return result, ""
 
     def _delete(self, s: Slice) -> None:
-        if not self._ours(s):  # belt and braces: never another node's or driver's slice
-            raise RuntimeError(f"refusing to delete ResourceSlice {s['metadata']['name']}: not this node's")
+        if not self._ours(s):  # belt and braces: never another node's, driver's or pool's slice
+            raise RuntimeError(f"refusing to delete ResourceSlice {s['metadata']['name']}: not ours")
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": s["metadata"]["uid"]}}
         try:
             self._write("delete", "DELETE", f"{RESOURCE_SLICES}/{s['metadata']['name']}", body)

@@ -14,8 +14,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from neuron_dra import __version__
-from neuron_dra.driver.catalog import TopologyKind
 from neuron_dra.driver.model import NeuronDevice, NeuronHost
+from neuron_dra.driver.partitions import (
+    MAX_COUNTER_SETS_PER_SLICE,
+    CoreLayout,
+    core_attributes,
+    core_capacity,
+    core_consumption,
+    core_device_name,
+    counter_set,
+    whole_device_consumption,
+)
 
 DEFAULT_DRIVER_NAME = "neuron.aws.com"
 AWS_DOMAIN = "resource.aws.com"
@@ -33,6 +42,10 @@ NODE_DEVICE_NAME = "neuron-node"
 NETWORK_NODE_LABELS = tuple(f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3))
 # Our node groups label Capacity Block nodes with their reservation id (components/nodegroup.py).
 CAPACITY_BLOCK_LABEL = "neuron-dra/capacity-block-id"
+# Without AWS's UltraServer operator, a node label assigns the node's devices to a workload (docs/trainium3.md §5).
+WORKLOAD_LABEL = "neuron-dra/workload-id"
+# The standard NUMA attribute of Kubernetes 1.37 (KEP-6072), published next to our own `numaNode`.
+STANDARD_NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 Attribute = dict[str, Any]  # {"int": 1} | {"bool": True} | {"string": "x"} | {"version": "1.2.3"}
 
@@ -44,19 +57,21 @@ class NodeFacts:
     node_name: str
     network_node_layers: tuple[str, ...] = ()  # layer 1..3, from the node's labels
     capacity_block_id: str | None = None
+    workload_id: str | None = None  # label neuron-dra/workload-id: AWS 1.2's workloadId without the operator
 
     @classmethod
     def from_labels(cls, node_name: str, labels: Mapping[str, str], capacity_block_id: str | None = None
                     ) -> NodeFacts:
         layers = tuple(labels[k] for k in NETWORK_NODE_LABELS if k in labels)
         block = capacity_block_id or labels.get(CAPACITY_BLOCK_LABEL)
-        return cls(node_name, layers if len(layers) == 3 else (), block)
+        return cls(node_name, layers if len(layers) == 3 else (), block, labels.get(WORKLOAD_LABEL) or None)
 
 
 @dataclass(frozen=True)
 class PublishOptions:
     driver_name: str = DEFAULT_DRIVER_NAME
     dra_driver_version: str = __version__
+    cores: CoreLayout | None = None  # publish counters and NeuronCores (partitionable devices); None: devices only
 
 
 @dataclass(frozen=True)
@@ -68,11 +83,14 @@ class PoolDevice:
     capacity: Mapping[str, str]  # name -> Quantity string
     index: int | None = None  # Neuron device index; None for the UltraServer pseudo-device
     taints: tuple[Mapping[str, str], ...] = ()  # DeviceTaint objects (taints.py)
+    consumes_counters: tuple[Mapping[str, Any], ...] = ()  # DeviceCounterConsumption objects (partitions.py)
 
     def to_api(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "attributes": {k: dict(v) for k, v in self.attributes.items()}}
         if self.capacity:
             out["capacity"] = {k: {"value": v} for k, v in self.capacity.items()}
+        if self.consumes_counters:
+            out["consumesCounters"] = [dict(c) for c in self.consumes_counters]
         if self.taints:
             out["taints"] = [dict(t) for t in self.taints]
         return out
@@ -85,6 +103,7 @@ class Pool:
     driver: str
     node_name: str
     devices: tuple[PoolDevice, ...] = field(default_factory=tuple)
+    counter_sets: tuple[Mapping[str, Any], ...] = ()  # CounterSet objects, published in slices of their own
 
     @property
     def name(self) -> str:
@@ -132,6 +151,12 @@ def _common_attributes(host: NeuronHost, facts: NodeFacts, options: PublishOptio
         attrs[f"networkNodeLayer{i}"] = _str(layer)
     if host.ultraserver is not None and facts.capacity_block_id:
         attrs["capacityBlockId"] = _str(facts.capacity_block_id)
+    if host.ultraserver is not None:
+        # AWS 1.2: ultraserverId is the capacity block id; without one, the host's UltraServer id from sysfs
+        # (server_id_4), which is equal on the nodes of one UltraServer too (docs/trainium3.md §5).
+        attrs["ultraserverId"] = _str(facts.capacity_block_id or host.ultraserver.server_id_4)
+    if facts.workload_id:
+        attrs["workloadId"] = _str(facts.workload_id)
     return attrs
 
 
@@ -143,16 +168,20 @@ def neuron_device_attributes(host: NeuronHost, dev: NeuronDevice, facts: NodeFac
     attrs["coreCount"] = _int(dev.physical_cores)
     attrs["topologyKind"] = _str(spec.topology.value)
     attrs["neighbors"] = _str(",".join(map(str, dev.connected)))
-    if spec.topology is TopologyKind.TORUS_4X4:
+    if spec.grid:
         # AWS's names: row (x), column (y), row id, id of the pair of rows.
         attrs["topology_x"] = _int(dev.index // 4)
         attrs["topology_y"] = _int(dev.index % 4)
     # topology{N}_id: connected, id-aligned groups of N. On the torus 4 and 8 are AWS's own ids;
     # the rest (1, 16, ring segments, single devices) we add so every host answers topology claims.
-    for n in spec.group_sizes():
-        attrs[f"topology{n}_id"] = _int(dev.index // n)
+    # All-to-all hosts publish none: any N devices of the server are connected, so a connected request
+    # there needs no constraint (claim_templates Connected), and grid ids would only mislead.
+    if not spec.all_to_all:
+        for n in spec.group_sizes():
+            attrs[f"topology{n}_id"] = _int(dev.index // n)
     if dev.numa_node is not None:
         attrs["numaNode"] = _int(dev.numa_node)
+        attrs[STANDARD_NUMA_NODE] = _int(dev.numa_node)
     if dev.pci_bdf is not None:
         attrs[f"{K8S_DOMAIN}/pciBusID"] = _str(dev.pci_bdf)
     if dev.efa_bdf is not None:
@@ -181,14 +210,28 @@ def ultraserver_node_attributes(host: NeuronHost, facts: NodeFacts, options: Pub
 def build_pool(host: NeuronHost, facts: NodeFacts, options: PublishOptions | None = None) -> Pool:
     """Every device this node publishes (the UltraServer pseudo-device last)."""
     opts = options or PublishOptions()
+    layout = opts.cores
     devices = []
     for dev in host.devices:
         capacity = {
             "cores": str(dev.physical_cores),
             "memory": _format_quantity(dev.memory_bytes),
         }
+        consumes = (whole_device_consumption(dev.index, layout),) if layout else ()
         devices.append(PoolDevice(device_name(dev.index), neuron_device_attributes(host, dev, facts, opts),
-                                  capacity, dev.index))
+                                  capacity, dev.index, consumes_counters=consumes))
+    counter_sets: tuple[Mapping[str, Any], ...] = ()
+    if layout is not None:
+        # Beside the whole devices, one device per logical core (docs/neuron-cores.md §3); same index.
+        whole = list(devices)
+        for pd in whole:
+            assert pd.index is not None
+            for logical in range(layout.logical_per_device):
+                devices.append(PoolDevice(core_device_name(pd.index, logical),
+                                          core_attributes(pd.attributes, pd.index, logical, layout),
+                                          core_capacity(layout), pd.index,
+                                          consumes_counters=(core_consumption(pd.index, logical, layout),)))
+        counter_sets = tuple(counter_set(d.index, layout) for d in host.devices)
     if host.ultraserver is not None:
         devices.append(PoolDevice(NODE_DEVICE_NAME, ultraserver_node_attributes(host, facts, opts), {}))
     for pd in devices:
@@ -196,7 +239,7 @@ def build_pool(host: NeuronHost, facts: NodeFacts, options: PublishOptions | Non
         if used > MAX_ATTRIBUTES_AND_CAPACITIES:
             raise ValueError(f"device {pd.name} has {used} attributes + capacities; the API allows "
                              f"{MAX_ATTRIBUTES_AND_CAPACITIES}")
-    return Pool(opts.driver_name, facts.node_name, tuple(devices))
+    return Pool(opts.driver_name, facts.node_name, tuple(devices), counter_sets)
 
 
 def with_taints(pool: Pool, taints: Mapping[str, tuple[Mapping[str, str], ...]]) -> Pool:
@@ -205,20 +248,29 @@ def with_taints(pool: Pool, taints: Mapping[str, tuple[Mapping[str, str], ...]])
 
 
 def slice_device_chunks(pool: Pool) -> list[tuple[PoolDevice, ...]]:
-    """Devices split into slices of at most 128 (64 when any has taints); an empty pool is still one slice."""
+    """Devices split into slices of at most 128 (64 when any has taints or consumes counters); an empty pool is
+    still one slice."""
     devs = pool.devices
     if not devs:
-        return [()]
-    size = MAX_DEVICES_PER_TAINTED_SLICE if any(d.taints for d in devs) else MAX_DEVICES_PER_SLICE
+        return [] if pool.counter_sets else [()]
+    advanced = any(d.taints or d.consumes_counters for d in devs)
+    size = MAX_DEVICES_PER_TAINTED_SLICE if advanced else MAX_DEVICES_PER_SLICE
     return [devs[i : i + size] for i in range(0, len(devs), size)]
 
 
 def resource_slices(pool: Pool, generation: int = 0, node_uid: str | None = None) -> list[dict[str, Any]]:
     """The pool as `resource.k8s.io/v1` ResourceSlice objects (named by generateName, as the reference
     publisher does; owned by the Node when its UID is known)."""
+    # Counter sets go in slices of their own (at most 8 sets each), before the device slices; every slice of the
+    # pool carries the same generation and the total slice count.
+    sets = pool.counter_sets
+    counter_chunks = [sets[i : i + MAX_COUNTER_SETS_PER_SLICE] for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)]
     chunks = slice_device_chunks(pool)
+    total = len(counter_chunks) + len(chunks)
+    bodies: list[dict[str, Any]] = [{"sharedCounters": [dict(c) for c in cs]} for cs in counter_chunks]
+    bodies += [{"devices": [d.to_api() for d in chunk]} for chunk in chunks]
     out = []
-    for chunk in chunks:
+    for body in bodies:
         metadata: dict[str, Any] = {"generateName": f"{pool.node_name}-{pool.driver}-"}
         if node_uid is not None:
             metadata["ownerReferences"] = [
@@ -232,8 +284,8 @@ def resource_slices(pool: Pool, generation: int = 0, node_uid: str | None = None
                 "spec": {
                     "driver": pool.driver,
                     "nodeName": pool.node_name,
-                    "pool": {"name": pool.name, "generation": generation, "resourceSliceCount": len(chunks)},
-                    "devices": [d.to_api() for d in chunk],
+                    "pool": {"name": pool.name, "generation": generation, "resourceSliceCount": total},
+                    **body,
                 },
             }
         )

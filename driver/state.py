@@ -43,8 +43,9 @@ from neuron_dra.driver.claims import (
 from neuron_dra.driver.discovery import DiscoveryError, read_ultraserver
 from neuron_dra.driver.failpoints import CrashPoints
 from neuron_dra.driver.model import NeuronHost, UltraServer
-from neuron_dra.driver.neuron_env import EnvError, request_env
-from neuron_dra.driver.slices import NODE_DEVICE_NAME, NodeFacts, build_pool
+from neuron_dra.driver.neuron_env import EnvError, core_ranges, request_env
+from neuron_dra.driver.partitions import CoreLayout, parse_core_device
+from neuron_dra.driver.slices import NODE_DEVICE_NAME, NodeFacts, PublishOptions, build_pool
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
     from neuron_dra.driver.metrics import Metrics
@@ -61,8 +62,9 @@ class Plan:
     """What preparing one claim writes: the answer, the devices it holds, the CDI spec."""
 
     devices: tuple[PreparedDevice, ...]
-    exclusive: tuple[int, ...]
+    exclusive: tuple[int, ...]  # Neuron devices held, wholly or in part
     cdi_spec: str
+    cores: tuple[int, ...] = ()  # physical NeuronCores held (global ids, see PreparedClaim.neuron_cores)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class DriverState:
     def __init__(self, *, host: NeuronHost, host_root: Path, driver_name: str, pool_name: str, cdi: CdiStore,
                  checkpoint: Checkpoint, lookup: ClaimLookup, crash: CrashPoints | None = None,
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
-                 lookup_workers: int = 8) -> None:
+                 lookup_workers: int = 8, cores: CoreLayout | None = None) -> None:
         self.host = host
         self.host_root = host_root
         self.driver_name = driver_name
@@ -89,12 +91,26 @@ class DriverState:
         self._crash = crash or CrashPoints()
         self._metrics = metrics
         self._clock = clock
-        pool = build_pool(host, NodeFacts(pool_name))
+        # The node's cores (LNC); the pool with its core devices, whether or not the API server gets them.
+        self.cores = cores or CoreLayout.for_spec(host.spec)
+        pool = build_pool(host, NodeFacts(pool_name), PublishOptions(driver_name=driver_name, cores=self.cores))
         all_indexes = tuple(d.index for d in host.devices)
         # device name -> the Neuron devices it stands for (the UltraServer pseudo-device: all of them)
         self._device_indexes: dict[str, tuple[int, ...]] = {
             d.name: (d.index,) if d.index is not None else all_indexes for d in pool.devices
         }
+        # device name -> the physical cores it holds (global ids): a whole device all of its own, a core its LNC
+        physical = self.cores.physical_per_device
+        self._device_cores: dict[str, tuple[int, ...]] = {}
+        self._device_logical: dict[str, tuple[int, ...]] = {}  # core devices: their NEURON_RT_VISIBLE_CORES id
+        for name, indexes in self._device_indexes.items():
+            core = parse_core_device(name)
+            if core is None:
+                self._device_cores[name] = tuple(i * physical + p for i in indexes for p in range(physical))
+            else:
+                index, logical = core
+                self._device_cores[name] = tuple(index * physical + p for p in self.cores.physical_cores(logical))
+                self._device_logical[name] = (self.cores.global_core_id(index, logical),)
         self._lock = threading.Lock()
         self._claims: dict[str, PreparedClaim] = {}
         self._tickets = itertools.count(1)
@@ -184,18 +200,23 @@ class DriverState:
                                          f"{', '.join(d.device_name for d in entry.devices)}; unprepare it first")
                     self._write_cdi(entry.uid, entry.cdi_spec)
                     return entry.devices
-                conflicts = self._conflicts_locked(ref.uid, plan.exclusive)
+                conflicts = self._conflicts_locked(ref.uid, plan.cores)
                 if not conflicts:
                     self._commit_locked(ref, plan)
                     return plan.devices
             # Outside the lock: is each holder still a live claim that owns these devices?
             live = [c for c in conflicts if self._is_live(c)]
             if live:
-                busy = sorted(set(plan.exclusive) & {i for c in live for i in c.neuron_indexes})
+                physical = self.cores.physical_per_device
+                busy = sorted(set(plan.cores) & {i for c in live for i in self._held_cores(c)})
+                per_device: dict[int, list[int]] = {}
+                for i in busy:
+                    per_device.setdefault(i // physical, []).append(i % physical)
+                where = "; ".join(f"{d}: {core_ranges(c)}" for d, c in per_device.items())
                 holders = ", ".join(f"{c.namespace}/{c.name} ({c.uid})" for c in live)
                 raise ClaimError(Reason.DEVICE_BUSY,
-                                 f"claim {ref}: Neuron device(s) {', '.join(map(str, busy))} are prepared for "
-                                 f"another live claim: {holders}")
+                                 f"claim {ref}: Neuron device(s) {', '.join(map(str, per_device))} (physical cores "
+                                 f"{where}) are prepared for another live claim: {holders}")
             with self._lock:
                 self._release_stale_locked(conflicts)
         raise ClaimError(Reason.DEVICE_BUSY, f"claim {ref}: devices kept being taken by other claims; retry")
@@ -220,6 +241,7 @@ class DriverState:
                 raise ClaimError(Reason.INTERNAL, f"claim {ref}: reading the UltraServer class files: {e}") from None
         by_request: dict[str, list[AllocatedDevice]] = {}
         exclusive: set[int] = set()
+        held_cores: set[int] = set()
         node_devices: dict[str, CdiDevice] = {}
         for a in allocated:
             indexes = self._device_indexes.get(a.device)
@@ -229,8 +251,9 @@ class DriverState:
                                  f"claim {ref}: device {a.device!r} is not in pool {self.pool_name} (devices: {known})")
             if not a.admin_access:
                 exclusive.update(indexes)
+                held_cores.update(self._device_cores[a.device])
             by_request.setdefault(a.base_request, []).append(a)
-            name = f"{ref.uid}-{a.device}"
+            name = self._node_device_name(ref.uid, a.device)
             if name not in node_devices:
                 nodes = tuple(DeviceNode(d.dev_path, d.dev_path, d.major, d.minor)
                               for d in (self.host.device(i) for i in indexes))
@@ -238,27 +261,42 @@ class DriverState:
         env_devices: list[CdiDevice] = []
         answer: list[PreparedDevice] = []
         for request, devs in by_request.items():
-            request_indexes = sorted({i for a in devs for i in self._device_indexes[a.device]})
+            whole = sorted({i for a in devs if a.device not in self._device_logical
+                            for i in self._device_indexes[a.device]})
+            logical = sorted({c for a in devs for c in self._device_logical.get(a.device, ())})
             config = devs[0].config  # one base request allocates from one subrequest: one config
             with_us = any(a.device == NODE_DEVICE_NAME for a in devs) or config.ultraserver_mode is not None
             try:
-                env = request_env(self.host, request_indexes, config, ultraserver, with_us)
+                env = request_env(self.host, whole, config, ultraserver, with_us, node_lnc=self.cores.lnc,
+                                  core_ids=logical)
             except EnvError as e:
                 raise ClaimError(Reason.BAD_CONFIG, f"claim {ref}, request {request!r}: {e}") from None
             env_name = f"{ref.uid}-request-{request}"
             env_devices.append(CdiDevice(env_name, env=env))
             for a in devs:
-                ids = (qualified_id(f"{ref.uid}-{a.device}"), qualified_id(env_name))
+                ids = (qualified_id(self._node_device_name(ref.uid, a.device)), qualified_id(env_name))
                 answer.append(PreparedDevice((request,), self.pool_name, a.device, ids))
         try:
             spec = build_spec([*node_devices.values(), *env_devices])
         except CdiError as e:
             raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref}: {e}") from None
-        return Plan(tuple(answer), tuple(sorted(exclusive)), spec_text(spec))
+        return Plan(tuple(answer), tuple(sorted(exclusive)), spec_text(spec), tuple(sorted(held_cores)))
 
-    def _conflicts_locked(self, uid: str, exclusive: Iterable[int]) -> list[PreparedClaim]:
-        wanted = set(exclusive)
-        return [c for u, c in self._claims.items() if u != uid and wanted & set(c.neuron_indexes)]
+    def _node_device_name(self, claim_uid: str, device: str) -> str:
+        """The CDI device with the device nodes: the cores of one Neuron device share their device's, so a
+        container never gets the same /dev/neuronN twice."""
+        core = parse_core_device(device)
+        return f"{claim_uid}-{device}" if core is None else f"{claim_uid}-neuron-device-{core[0]}"
+
+    def _held_cores(self, entry: PreparedClaim) -> tuple[int, ...]:
+        if entry.neuron_cores is not None:
+            return entry.neuron_cores
+        physical = self.cores.physical_per_device
+        return tuple(i * physical + p for i in entry.neuron_indexes for p in range(physical))
+
+    def _conflicts_locked(self, uid: str, cores: Iterable[int]) -> list[PreparedClaim]:
+        wanted = set(cores)
+        return [c for u, c in self._claims.items() if u != uid and wanted & set(self._held_cores(c))]
 
     def _is_live(self, entry: PreparedClaim) -> bool:
         """Does the claim holding these devices still exist with this UID and still own them?"""
@@ -289,7 +327,7 @@ class DriverState:
 
     def _commit_locked(self, ref: ClaimRef, plan: Plan) -> None:
         started = PreparedClaim(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, plan.devices,
-                                plan.exclusive, plan.cdi_spec, self._clock())
+                                plan.exclusive, plan.cdi_spec, self._clock(), plan.cores)
         before = self._claims
         self._save_locked({**before, ref.uid: started}, durable=False,
                           before_rename=lambda: self._crash.hit("prepare-checkpoint-before-rename"))

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from neuron_dra.driver.health_source import Health
-from neuron_dra.driver.health_stream import NamedHealth
+
+if TYPE_CHECKING:  # claim templates import this module: keep gRPC out of their imports
+    from neuron_dra.driver.health_stream import NamedHealth
 
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 DEFAULT_TAINT_EFFECT = "NoSchedule"

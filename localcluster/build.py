@@ -290,3 +290,17 @@ def ensure_binaries(
         kube_version=kube_version(minor),
         etcd_version=etcd_version(),
     )
+
+
+FAKECRI_MODULE = GO_DIR / "fakecri"
+
+
+def build_fakecri(*, cache: Path | None = None, log: Log | None = None) -> Path:
+    """The fake CRI runtime the local cluster's kubelets use (`go/fakecri`), cached under
+    `fakecri/<hash of main.go, go.mod, go.sum>/` so that an edit rebuilds it."""
+    digest = hashlib.sha256()
+    for path in sorted([*FAKECRI_MODULE.glob("*.go"), FAKECRI_MODULE / "go.mod", FAKECRI_MODULE / "go.sum"]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    target = (cache or cache_root()) / "fakecri" / digest.hexdigest()[:16]
+    return cached_go_build(FAKECRI_MODULE, {"fakecri": "neuron-dra/localcluster/go/fakecri"}, target,
+                           ldflags=["-s", "-w"], log=log)["fakecri"]

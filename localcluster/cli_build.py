@@ -7,10 +7,19 @@ import json
 import sys
 from pathlib import Path
 
-from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, Log, cache_root, ensure_binaries, supported_minors
+from neuron_dra.localcluster.build import (
+    DEFAULT_MINOR,
+    BuildError,
+    Log,
+    build_fakecri,
+    cache_root,
+    ensure_binaries,
+    supported_minors,
+)
 
 HELP = (
-    "Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubelet from the Go module proxy "
+    "Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and the fake CRI runtime from "
+    "the Go module proxy "
     "at the versions pinned in localcluster/go/*/go.mod, cached outside the work tree "
     "($NEURON_DRA_CACHE or ~/.cache/neuron-dra). A no-op when cached; a cold build takes minutes."
 )
@@ -48,6 +57,7 @@ def binary_paths(minors: list[str], *, cache: Path | None, log: Log) -> dict[str
         paths[f"kube-scheduler{suffix}"] = binaries.kube_scheduler
         paths[f"kubelet{suffix}"] = binaries.kubelet
         paths["etcd"] = binaries.etcd
+    paths["fakecri"] = build_fakecri(cache=cache, log=log)  # the kubelets' container runtime (go/fakecri)
     return paths
 
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from neuron_dra.driver.cli_fault import add_fault_arguments, apply_fault
+from neuron_dra.driver.taints import TAINT_EFFECTS
 from neuron_dra.localcluster import cli_build
 from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
 
 HELP = ("A real kube-apiserver, kube-controller-manager and kube-scheduler (built from the Go module proxy) on "
-        "loopback, with emulated Neuron nodes each running the driver daemon and a kubelet stand-in.")
+        "loopback, with emulated Neuron nodes each running the real kubelet (against a fake container runtime) "
+        "and the driver daemon.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--driver-name", default="neuron.aws.com")
     up.add_argument("--kubernetes-version", default=DEFAULT_MINOR, metavar="MINOR",
                     help=f"Kubernetes minor: {', '.join(supported_minors())} (default {DEFAULT_MINOR})")
+    up.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS, default=None,
+                    help="effect of the drivers' taint on faulted devices (default: the driver's, NoSchedule)")
     down = sub.add_parser("down", help="stop the cluster in DIR")
     down.add_argument("--dir", type=Path, required=True)
     build = sub.add_parser("build", help=cli_build.HELP)
@@ -46,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster_command == "down":
         print("stopped" if down(args.dir) else f"no local cluster running in {args.dir}")
         return 0
+    if args.unhealthy_taint_effect:  # the drivers inherit the supervisor's environment (the daemon's env fallback)
+        os.environ["UNHEALTHY_TAINT_EFFECT"] = args.unhealthy_taint_effect
     try:
         cluster = up(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
                      kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr))

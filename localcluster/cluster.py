@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.localcluster import controlplane
+from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, STATUS_FILE
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
@@ -50,40 +49,34 @@ def read_status(cluster_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process runs; an exited process not yet reaped by its parent (a zombie) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
-
-
 def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S, driver_name: str = "neuron.aws.com",
        kubernetes_version: str = DEFAULT_MINOR, timeout: float = 300.0,
        log: Callable[[str], None] = lambda _m: None) -> LocalCluster:
-    from neuron_dra.localcluster.build import check_minor, ensure_binaries
+    """Start a local cluster in `cluster_dir` on Kubernetes `kubernetes_version` (a minor such as "1.36") and
+    return when every node's kubelet reports Ready and its driver runs."""
+    from neuron_dra.localcluster.build import build_fakecri, check_minor, ensure_binaries
+    from neuron_dra.localcluster.kubelet import KubeletError, require_root
 
-    check_minor(kubernetes_version)
     nodes = parse_nodes(list(node_args))
     if not nodes:
         raise ClusterError("give at least one --node TYPE[:COUNT]")
+    minor = check_minor(kubernetes_version)
+    try:
+        require_root(os.geteuid())
+    except KubeletError as e:
+        raise ClusterError(str(e)) from None
     cluster_dir = cluster_dir.resolve()
     pid_file = cluster_dir / PID_FILE
-    if pid_file.exists() and _alive(int(pid_file.read_text() or 0)):
-        raise ClusterError(f"a local cluster is already running in {cluster_dir} (pid {pid_file.read_text()}); "
+    running = procs.running(pid_file)
+    if running is not None:
+        raise ClusterError(f"a local cluster is already running in {cluster_dir} (pid {running.pid}); "
                            "run `neuron-dra cluster down --dir` first")
     cluster_dir.mkdir(parents=True, exist_ok=True)
     (cluster_dir / STATUS_FILE).unlink(missing_ok=True)
-    ensure_binaries(kubernetes_version, log=log)  # builds once from the Go module proxy, then cached
+    ensure_binaries(minor, log=log)  # builds once from the Go module proxy, then cached
+    build_fakecri(log=log)
     argv = [sys.executable, "-m", "neuron_dra.localcluster.supervisor", "--dir", str(cluster_dir), "--ttl", str(ttl),
-            "--driver-name", driver_name, "--kubernetes-version", kubernetes_version]
+            "--driver-name", driver_name, "--kubernetes-version", minor]
     for arg in node_args:
         argv += ["--node", arg]
     with (cluster_dir / LOG_FILE).open("ab") as logf:
@@ -105,22 +98,17 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
 
 
 def down(cluster_dir: Path, timeout: float = 60.0) -> bool:
-    """Stop the supervisor (which stops everything it started); True when something was running."""
-    pid_file = cluster_dir.resolve() / PID_FILE
-    if not pid_file.exists():
-        return False
-    pid = int(pid_file.read_text() or 0)
-    if not pid or not _alive(pid):
-        pid_file.unlink(missing_ok=True)
-        return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.2)
-    if _alive(pid):
-        os.killpg(pid, signal.SIGKILL)  # the supervisor leads its own session: take every child with it
-        # the control-plane processes run in sessions of their own
-        controlplane.stop(cluster_dir.resolve() / "controlplane")
+    """Stop the supervisor (which stops everything it started); True when something was running.
+
+    If the supervisor does not exit in `timeout` (or was killed), every process recorded under the cluster
+    directory is stopped through its pid file (procs.stop_all), and the socket directory removed."""
+    cluster_dir = cluster_dir.resolve()
+    pid_file = cluster_dir / PID_FILE
+    ref = procs.running(pid_file)
+    if ref is not None:
+        procs.stop(ref, grace_s=timeout)
+    leftovers = procs.stop_all(cluster_dir / "nodes") + procs.stop_all(cluster_dir / "controlplane")
+    if ref is not None or leftovers:
         shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)
     pid_file.unlink(missing_ok=True)
-    return True
+    return ref is not None or bool(leftovers)

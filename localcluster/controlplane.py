@@ -11,19 +11,17 @@ lives in one directory:
     DIR/pids/<name>.pid         each process group's id, for `stop(DIR)` from any process
     DIR/controlplane.json       ports, server URL and deadline
 
-Every process runs under coreutils `timeout`, so it dies after `max_lifetime_s` (default 2 h) even
-when whoever started it is gone; `stop(DIR)` or `ControlPlane.stop()` end it sooner.
+Every process is started by procs.spawn (under coreutils `timeout`), so it dies after `max_lifetime_s`
+(default 2 h) even when whoever started it is gone; `stop(DIR)` or `ControlPlane.stop()` end it sooner.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -38,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from neuron_dra.localcluster import pki
+from neuron_dra.localcluster import pki, procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries, ensure_binaries
 
 DEFAULT_MAX_LIFETIME_S = 2 * 3600.0
@@ -122,14 +120,11 @@ class ControlPlane:
         if running(dir):
             raise ControlPlaneError(f"a control plane is already running in {dir}; call stop({str(dir)!r}) first")
         bins = binaries or ensure_binaries(kubernetes_version, log=log)
-        wrapper = shutil.which("timeout")
-        if wrapper is None:
-            raise ControlPlaneError("coreutils `timeout` is not on PATH; it bounds the processes' lifetime")
         _reset_state(dir)
         ports = _free_ports()
         files = _write_pki_and_kubeconfigs(dir, ports)
         deadline = time.time() + max_lifetime_s
-        launcher = _Launcher(dir, wrapper, max_lifetime_s)
+        launcher = _Launcher(dir, max_lifetime_s)
         try:
             launcher.launch("etcd", bins.etcd, _etcd_args(dir, ports))
             _wait(launcher, "etcd", timeout_s, lambda: _etcd_healthy(ports.etcd_client))
@@ -235,20 +230,16 @@ class ControlPlane:
 
 def running(dir: Path) -> list[str]:
     """Names of the control-plane processes of `dir` that are still alive."""
-    return [name for name, pid in _pid_files(dir.resolve()) if _ours(pid, dir.resolve())]
+    pids = dir.resolve() / "pids"
+    return [name for name in PROCESS_ORDER if procs.running(pids / f"{name}.pid") is not None]
 
 
 def stop(dir: Path, grace_s: float = 15.0) -> bool:
     """Stop the control plane of `dir` from any process (via its pid files); True if something ran."""
-    dir = dir.resolve()
+    pids = dir.resolve() / "pids"
     found = False
     for name in PROCESS_ORDER:
-        pid_file = dir / "pids" / f"{name}.pid"
-        pid = _read_pid(pid_file)
-        if pid is not None and _ours(pid, dir):
-            found = True
-            _terminate_group(pid, grace_s, is_alive=functools.partial(_ours, pid, dir))
-        pid_file.unlink(missing_ok=True)
+        found = procs.stop_pid_file(pids / f"{name}.pid", grace_s) or found
     return found
 
 
@@ -256,23 +247,16 @@ def stop(dir: Path, grace_s: float = 15.0) -> bool:
 
 
 class _Launcher:
-    def __init__(self, dir: Path, wrapper: str, max_lifetime_s: float) -> None:
+    def __init__(self, dir: Path, max_lifetime_s: float) -> None:
         self.dir = dir
-        self.wrapper = wrapper
         self.max_lifetime_s = max_lifetime_s
         self.processes: list[Process] = []
 
     def launch(self, name: str, binary: Path, args: list[str]) -> Process:
         log = self.dir / "logs" / f"{name}.log"
         pid_file = self.dir / "pids" / f"{name}.pid"
-        # `timeout` runs the binary in its own process group, which start_new_session makes a new
-        # session; killing that group reaches both. --kill-after: a process that ignores TERM at the
-        # deadline is killed 10 s later.
-        argv = [self.wrapper, "--kill-after=10", f"{max(1, int(self.max_lifetime_s))}s", str(binary), *args]
-        with log.open("ab") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=self.dir, start_new_session=True)
-        pid_file.write_text(f"{popen.pid}\n")
+        popen = procs.spawn([str(binary), *args], log=log, pid_file=pid_file, lifetime_s=self.max_lifetime_s,
+                            cwd=self.dir)
         proc = Process(name, popen, log, pid_file)
         self.processes.append(proc)
         return proc
@@ -287,23 +271,10 @@ def _stop_processes(processes: list[Process], grace_s: float = 15.0) -> None:
         proc = by_name.get(name)
         if proc is None:
             continue
-        if proc.popen.poll() is None:
-            _terminate_group(proc.popen.pid, grace_s, is_alive=functools.partial(_popen_alive, proc.popen))
+        ref = procs.read_pid_file(proc.pid_file)
+        if ref is not None:
+            procs.stop(ref, grace_s, popen=proc.popen)
         proc.pid_file.unlink(missing_ok=True)
-
-
-def _popen_alive(popen: subprocess.Popen[bytes]) -> bool:
-    return popen.poll() is None
-
-
-def _terminate_group(pgid: int, grace_s: float, is_alive: Callable[[], bool]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and is_alive():
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _wait(launcher: _Launcher, name: str, timeout_s: float, check: Callable[[], bool]) -> None:
@@ -323,34 +294,6 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError as e:
         return f"(no log: {e})"
-
-
-def _pid_files(dir: Path) -> list[tuple[str, int]]:
-    out = []
-    for name in PROCESS_ORDER:
-        pid = _read_pid(dir / "pids" / f"{name}.pid")
-        if pid is not None:
-            out.append((name, pid))
-    return out
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _ours(pid: int, dir: Path) -> bool:
-    """Alive, not a zombie, and started for `dir` (its command line names the directory): guards
-    against killing an unrelated process that reused a stale pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return state != "Z" and str(dir) in cmdline
 
 
 # --- configuration --------------------------------------------------------------------------------

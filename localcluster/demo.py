@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
 from neuron_dra.driver.catalog import get_instance_spec
+from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.demo_report import (
@@ -39,7 +40,6 @@ from neuron_dra.localcluster.demo_report import (
     node_views,
     outcome_from_record,
     prediction,
-    read_record,
 )
 from neuron_dra.localcluster.demo_workloads import (
     DEMO_NAMESPACE,
@@ -50,6 +50,7 @@ from neuron_dra.localcluster.demo_workloads import (
     pod_manifest,
 )
 from neuron_dra.localcluster.efa_emulator import EFA_DRIVER
+from neuron_dra.localcluster.fakeruntime import created_containers
 from neuron_dra.localcluster.topology import DEMO_NODES
 from neuron_dra.localcluster.topology_view import legend_letters, render_legend, render_svg, render_text
 
@@ -264,17 +265,35 @@ class DemoRun:
                     requests.append(r["request"])
         return tuple(requests)
 
+    def record(self, pod_name: str) -> dict[str, Any]:
+        """What the node ran for a pod: the devices kubelet had the driver prepare (the claims' allocation on the
+        pod's node) and each container's environment as the fake runtime recorded it at CreateContainer (with
+        the CDI edits of the ids kubelet passed, resolved against the node's CDI specs)."""
+        pod = self._pod(pod_name)
+        node = pod["spec"]["nodeName"]
+        records = self.cluster.node_paths(node).cri_records
+        containers = created_containers(records, self.namespace, pod_name, pod["metadata"]["uid"])
+        if not containers:
+            raise DemoError(f"pod {pod_name} is Running but the fake runtime of {node} recorded no container of it "
+                            f"in {records}")
+        claims: dict[str, Any] = {}
+        for status in pod.get("status", {}).get("resourceClaimStatuses") or ():
+            claim = _raw(self.resource.read_namespaced_resource_claim(status["resourceClaimName"], self.namespace,
+                                                                      _preload_content=False))
+            claims[status["name"]] = {"name": claim["metadata"]["name"], "uid": claim["metadata"]["uid"], "devices": [
+                {"requestNames": [r["request"].split("/")[0]], "pool": r["pool"], "device": r["device"]}
+                for r in claim["status"]["allocation"]["devices"]["results"] if r["pool"] == node]}
+        return {"namespace": self.namespace, "pod": pod_name, "uid": pod["metadata"]["uid"], "node": node,
+                "claims": claims, "containers": containers}
+
     def outcomes(self, workloads: Sequence[Workload], reports: dict[str, CheckReport]) -> list[PodOutcome]:
         types = {n.name: n.instance_type for n in self.cluster.nodes}
         out = []
         for w in workloads:
-            pod = self._pod(w.pod)
-            node = pod["spec"]["nodeName"]
-            pods_dir = self.cluster.node_paths(node).pods_dir
-            record = read_record(pods_dir, self.namespace, w.pod)
-            if record is None or record.get("uid") != pod["metadata"]["uid"]:
-                raise DemoError(f"pod {w.pod} is Running but the kubelet stand-in left no record of it in {pods_dir}")
-            o = outcome_from_record(record, w.template.name, types[node], where=str(pods_dir / w.pod))
+            record = self.record(w.pod)
+            node = record["node"]
+            o = outcome_from_record(record, w.template.name, types[node],
+                                    where=str(self.cluster.node_paths(node).cri_records))
             # the request names as allocated (`req/subreq` for firstAvailable); drivers get only `req`
             out.append(dataclasses.replace(o, requests=self._allocated_requests(w.pod),
                                            prediction=prediction(reports[w.template.name], types[node])))
@@ -295,7 +314,8 @@ def show(result: DemoResult, cluster: LocalCluster, say: Narrator) -> str:
     counts = {n.instance_type: get_instance_spec(n.instance_type).device_count for n in cluster.nodes}
     views = node_views(cluster.nodes, outcomes)
     letters = legend_letters(views)
-    parts = ["", "Where the scheduler put each pod (devices from the kubelet stand-in's records; CHECK PREDICTED: "
+    parts = ["", "Where the scheduler put each pod (devices: the claims' allocation; cores: the container environment "
+                 "the fake runtime recorded at CreateContainer; CHECK PREDICTED: "
                  "claims per empty node and the first claim's devices, from `neuron-dra claims check`):", "",
              format_table(outcomes), "Devices in use:", node_usage(cluster.nodes, outcomes, counts),
              "Topology (letters: pods; '.': free):", render_legend(letters), ""]
@@ -315,14 +335,7 @@ def running_in(cluster_dir: Path) -> bool:
     """Whether a supervisor of a local cluster is alive for `cluster_dir` (the demo must not take it over)."""
     from neuron_dra.localcluster.supervisor import PID_FILE
 
-    try:
-        pid = int((cluster_dir / PID_FILE).read_text())
-        os.kill(pid, 0)
-    except PermissionError:
-        return True
-    except (OSError, ValueError):
-        return False
-    return True
+    return procs.running(cluster_dir / PID_FILE) is not None
 
 
 def supervisor_children(cluster_dir: Path) -> list[int]:
@@ -372,7 +385,7 @@ def binaries_cached(minor: str = DEFAULT_MINOR) -> bool:
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     """Run the demo; raises DemoError (or ClusterError, BuildError) on failure, after stopping the cluster."""
-    from neuron_dra.localcluster.build import cache_root, check_minor, ensure_binaries, kube_version
+    from neuron_dra.localcluster.build import build_fakecri, cache_root, check_minor, ensure_binaries, kube_version
     from neuron_dra.localcluster.cluster import down, up
 
     minor = check_minor(options.kubernetes_version)
@@ -392,9 +405,10 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         say(f"Kubernetes {kube_version(minor)} binaries: cached in {cache_root()}")
     else:
         say(f"Kubernetes {kube_version(minor)} binaries (kube-apiserver, kube-controller-manager, kube-scheduler, "
-            "kubelet, etcd) are not built yet: building them from the Go module proxy now, once (about 10-15 minutes "
+            "kubelet, etcd) are not built yet: building them from the Go module proxy now, once (about 6-12 minutes "
             f"on 2 cores; cached in {cache_root()} afterwards)")
     ensure_binaries(minor, log=lambda m: say(f"  {m}"))
+    build_fakecri(log=lambda m: say(f"  {m}"))
     ttl = options.ttl if options.ttl is not None else (2 * 3600.0 if options.keep else DEMO_TTL_S)
     say(f"starting the local cluster in {cluster_dir}: " + ", ".join(options.node_args))
     cluster: LocalCluster | None = None
@@ -403,8 +417,9 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         cluster = up(cluster_dir, list(options.node_args), ttl=ttl, driver_name=options.driver_name,
                      kubernetes_version=minor, timeout=options.start_timeout, log=say)
         result.kubeconfig = cluster.kubeconfig
-        say("control plane ready (etcd, kube-apiserver, kube-controller-manager, kube-scheduler); per node: the "
-            "driver daemon, a kubelet stand-in, an emulated EFA driver")
+        say(f"Kubernetes {kube_version(minor)} control plane ready (etcd, kube-apiserver, "
+            "kube-controller-manager, kube-scheduler); per node: the real kubelet against a fake container "
+            "runtime, the driver daemon, an emulated EFA driver")
         api = config.new_client_from_config(str(cluster.kubeconfig))
         try:
             run = DemoRun(cluster, api, say, options)

@@ -1,16 +1,14 @@
 """The outcome of `neuron-dra demo`: pod -> node -> devices -> core ranges, next to what the claim check predicted.
 
-Built from the kubelet stand-in's record of each running pod (what the runtime would apply: devices of each
-claim, the containers' environment) and the check reports of the templates. Pure functions, so the table and
-the topology views can be tested without a cluster.
+Built from a record of each running pod (demo.DemoRun.record: the devices of each claim on the pod's node, and
+the containers' environment as the node's fake runtime recorded it at CreateContainer) and the check reports of
+the templates. Pure functions, so the table and the topology views can be tested without a cluster.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from neuron_dra.claim_templates import CheckReport
@@ -23,7 +21,7 @@ EFA_DEVICE_PREFIX = "efa-"
 
 
 class ReportError(ValueError):
-    """A stand-in record the report cannot read (names the file and the field)."""
+    """A pod record the report cannot read (names the file and the field)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,7 @@ def _index(device: str, prefix: str, where: str) -> int:
 
 def outcome_from_record(record: Mapping[str, Any], template: str, instance_type: str,
                         where: str = "record") -> PodOutcome:
-    """A PodOutcome from a stand-in record (`pods_dir/NS_POD.json`)."""
+    """A PodOutcome from a pod record (see DemoRun.record)."""
     try:
         claims = record["claims"]
         env = record["containers"]["main"]["env"]
@@ -103,17 +101,6 @@ def outcome_from_record(record: Mapping[str, Any], template: str, instance_type:
                       instance_type=instance_type, requests=tuple(requests), neuron_devices=tuple(sorted(neuron)),
                       efa_devices=tuple(sorted(efa)), visible_cores=str(env.get("NEURON_RT_VISIBLE_CORES", "")),
                       lnc=str(env.get("NEURON_LOGICAL_NC_CONFIG", "")))
-
-
-def read_record(pods_dir: Path, namespace: str, pod: str) -> dict[str, Any] | None:
-    path = pods_dir / f"{namespace}_{pod}.json"
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except json.JSONDecodeError as e:
-        raise ReportError(f"{path}: not JSON ({e})") from None
-    return data
 
 
 def prediction(report: CheckReport, instance_type: str) -> Prediction:

@@ -31,7 +31,7 @@ DEMO_NAMESPACE = "neuron-demo"
 DEMO_LABEL = "neuron-dra.aws.com/demo"
 TEMPLATE_ANNOTATION = "neuron-dra.aws.com/claim-template"
 NEURON_TOLERATION = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
-IMAGE = "public.ecr.aws/neuron/pytorch-training-neuronx:emulated"  # never pulled: the stand-in runs no containers
+IMAGE = "public.ecr.aws/neuron/pytorch-training-neuronx:emulated"  # never pulled: the fake runtime runs no containers
 
 
 @dataclass(frozen=True)

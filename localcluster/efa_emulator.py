@@ -3,7 +3,7 @@
 It publishes one device per EFA interface of an emulated host with the same `resource.aws.com/devicegroup*_id`
 values the Neuron driver publishes for the devices wired to it (the shared algorithm), so aligned
 Neuron + EFA claims can be scheduled by the real scheduler, and it serves registration and the DRA v1 service so
-the kubelet stand-in can prepare such claims (no CDI edits: an EFA is handed over by the network plugin).
+the kubelet can prepare such claims (no CDI edits: an EFA is handed over by the network plugin).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""The gRPC half of a kubelet stand-in: kubelet's side of plugin registration and of the DRA service,
-over the plugin's real unix sockets, with kubelet's timeouts and version choice (docs/kubelet-dra-protocol.md §1-2).
+"""kubelet's side of plugin registration and of the DRA service as a small gRPC client, over a plugin's real
+unix sockets, with kubelet's timeouts and version choice (docs/kubelet-dra-protocol.md). The driver's tests and
+benchmarks drive the daemon with it; the local cluster itself runs the real kubelet (kubelet.py).
 
 - `register(socket)`: dial (10 s), GetInfo (1 s timeout, as kubelet), validate (type DRAPlugin, a name, an
   absolute endpoint, a DRA service this kubelet speaks: the first of kubelet's own preference list
   v1.DRAPlugin, v1beta1.DRAPlugin that the plugin offers), then NotifyRegistrationStatus (5 s): true, or
   false with the reason before raising RegistrationError.
 - `DraClient(endpoint, service)`: NodePrepareResources / NodeUnprepareResources in v1 or v1beta1.
-- `StandinConnector`: the `PluginConnector` the kubelet stand-in (kubelet_standin.py) drives.
+- `GrpcConnector`: registration plus one cached DRA client per plugin (a `PluginConnector`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from neuron_dra.driver._generated import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from neuron_dra.localcluster.kubelet_standin import PreparedDevice, PrepareResult, Registration
 
 DIAL_TIMEOUT = 10.0  # kubelet's plugin watcher
 GET_INFO_TIMEOUT = 1.0  # kubelet gives GetInfo one second
@@ -44,6 +44,44 @@ _MESSAGES: dict[str, tuple[ModuleType, ModuleType]] = {
     V1: (dra_v1_pb2, dra_v1_pb2_grpc),
     V1BETA1: (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
 }
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Registration:
+    driver_name: str
+    endpoint: str
+    version: str  # the DRA service version kubelet chose, e.g. "v1.DRAPlugin"
+
+
+class PluginConnector(Protocol):
+    """Registration and the DRA service of one plugin, as kubelet uses them."""
+
+    def register(self, registration_socket: Path) -> Registration: ...
+
+    def prepare(self, reg: Registration, claims: Sequence[ClaimRef], timeout: float) -> Mapping[str, PrepareResult]: ...
+
+    def unprepare(self, reg: Registration, claims: Sequence[ClaimRef], timeout: float) -> Mapping[str, str]: ...
 
 
 class RegistrationError(RuntimeError):
@@ -180,8 +218,8 @@ class DraClient:
         self._channel.close()
 
 
-class StandinConnector:
-    """The kubelet stand-in's PluginConnector: registration, then one cached DRA client per plugin."""
+class GrpcConnector:
+    """A PluginConnector: registration, then one cached DRA client per plugin."""
 
     def __init__(self, kubelet_services: Sequence[str] = KUBELET_DRA_SERVICES) -> None:
         self.kubelet_services = tuple(kubelet_services)

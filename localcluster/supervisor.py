@@ -1,10 +1,13 @@
 """The local cluster's supervisor: one process that owns the control plane and every emulated node.
 
 `neuron-dra cluster up` starts it detached and waits until it reports ready; `cluster down` stops it.
-It stops by itself after `--ttl` seconds, so nothing outlives a forgotten cluster. Per node it
-runs what a real Neuron node runs: the driver daemon (restarted when it exits, as kubelet restarts a
-DaemonSet container) under its own service-account identity bound to a driver pod on that node,
-the kubelet stand-in, a heartbeat that keeps the Node Ready, and an emulated EFA driver.
+It stops by itself after `--ttl` seconds, so nothing outlives a forgotten cluster (and every process it
+starts is bounded by the same lifetime through `procs.spawn`, even if the supervisor is killed with -9).
+Per node it runs what a real Neuron node runs: the real kubelet of the cluster's Kubernetes version (in its
+own mount namespace, see kubelet.py) against a fake CRI runtime (fakeruntime.py), the driver daemon under
+its own service-account identity bound to a driver pod on that node, and an emulated EFA driver. kubelet,
+runtime and driver are restarted when they exit, as systemd restarts kubelet and kubelet a DaemonSet's
+container.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,12 +31,12 @@ from kubernetes import client, config
 
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import EmulationOptions, emulate
+from neuron_dra.localcluster import fakeruntime, kubelet, procs
 from neuron_dra.localcluster.apply import apply_all
-from neuron_dra.localcluster.build import DEFAULT_MINOR
+from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
 from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver, efa_device_class
-from neuron_dra.localcluster.kubelet_standin import KubeletStandin, StandinConfig
-from neuron_dra.localcluster.nodes import NodeHeartbeat, node_manifest
+from neuron_dra.localcluster.nodes import node_manifest
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
 log = logging.getLogger("neuron_dra.localcluster.supervisor")
@@ -41,6 +44,7 @@ DEFAULT_TTL_S = 2 * 3600
 STATUS_FILE = "status.json"
 PID_FILE = "supervisor.pid"
 LOG_FILE = "supervisor.log"
+NODE_READY_TIMEOUT_S = 90.0
 
 
 @dataclass(frozen=True)
@@ -56,101 +60,142 @@ def write_status(cluster_dir: Path, **status: Any) -> None:
     tmp.replace(cluster_dir / STATUS_FILE)
 
 
-class DriverProcess:
-    """The driver daemon of one node as a child process, restarted with backoff when it exits."""
+class Restarting:
+    """One node process, started by `launch(lifetime_s)` (via procs.spawn) and restarted with backoff when it
+    exits, until `stop()` or the cluster's deadline."""
 
-    def __init__(self, argv: list[str], paths: NodePaths, env: Mapping[str, str]) -> None:
-        self.argv = argv
-        self.paths = paths
-        self.env = dict(env)
+    def __init__(self, name: str, launch: Callable[[float], subprocess.Popen[bytes]], pid_file: Path,
+                 deadline: float) -> None:
+        self.name = name
+        self.launch = launch
+        self.pid_file = pid_file
+        self.deadline = deadline  # time.time() at which the cluster's lifetime ends
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"driver-{paths.base.name}", daemon=True)
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
-
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        logf = self.paths.driver_log.open("ab")
-        proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=self.env)
-        logf.close()
-        self.paths.driver_pid.write_text(str(proc.pid))
-        return proc
+        self._started.wait(30)
+        if self.proc is None:
+            raise procs.ProcessError(f"{self.name} did not start")
 
     def _run(self) -> None:
         backoff = 0.5
         while not self._stop.is_set():
-            started = time.monotonic()
-            self.proc = self._spawn()
+            lifetime = self.deadline - time.time()
+            if lifetime < 1:
+                return
+            began = time.monotonic()
+            try:
+                self.proc = self.launch(lifetime)
+            except Exception:
+                log.exception("starting %s failed", self.name)
+                self._started.set()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            self._started.set()
             code = self.proc.wait()
             if self._stop.is_set():
                 return
             self.restarts += 1
-            log.warning("driver on %s exited with %s; restarting", self.paths.base.name, code)
-            backoff = 0.5 if time.monotonic() - started > 30 else min(backoff * 2, 10.0)
+            log.warning("%s exited with %s; restarting", self.name, code)
+            backoff = 0.5 if time.monotonic() - began > 30 else min(backoff * 2, 10.0)
             self._stop.wait(backoff)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 10.0) -> None:
         self._stop.set()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self._thread.join(timeout=15)
+        ref = procs.read_pid_file(self.pid_file)
+        if ref is not None:
+            procs.stop(ref, grace_s, popen=self.proc)
+        self._thread.join(timeout=grace_s + 10)
+        self.pid_file.unlink(missing_ok=True)
 
 
 class NodeAgent:
-    """Everything that runs for one emulated node."""
+    """Everything that runs for one emulated node: fake runtime, kubelet, driver daemon, emulated EFA driver."""
 
     def __init__(self, cluster_dir: Path, node: NodeSpec, api: client.ApiClient, control_plane: ControlPlane,
-                 identity: DriverIdentity, driver_name: str, plugin_connector: Any) -> None:
+                 identity: DriverIdentity, driver_name: str, binaries: Binaries, fakecri: Path,
+                 deadline: float) -> None:
         self.node = node
         self.paths = NodePaths.of(cluster_dir, node.name)
         self.api = api
         self.control_plane = control_plane
         self.identity = identity
         self.driver_name = driver_name
-        self.connector = plugin_connector
-        self.heartbeat = NodeHeartbeat(api, node.name, node.instance_type)
-        self.standin: KubeletStandin | None = None
-        self.driver: DriverProcess | None = None
+        self.binaries = binaries
+        self.fakecri = fakecri
+        self.deadline = deadline
+        self.runtime: Restarting | None = None
+        self.kubelet: Restarting | None = None
+        self.driver: Restarting | None = None
         self.efa: EmulatedEfaDriver | None = None
 
     def start(self) -> None:
         p = self.paths
-        for d in (p.plugins_dir, p.registry_dir, p.cdi_root, p.pods_dir):
+        for d in (p.plugins_dir, p.registry_dir, p.cdi_root, p.pids):
             d.mkdir(parents=True, exist_ok=True)
-        kubelet_link = p.base / "kubelet"
-        if not kubelet_link.exists():
-            kubelet_link.symlink_to(p.runtime)  # find the sockets from the node's directory
         if not p.host_root.exists():
             emulate(self.node.instance_type, p.host_root, EmulationOptions(host_id=self.node.name))
         host = discover(p.host_root)
         net = (f"nn-{self.node.name[:4]}-l1", f"nn-{self.node.name[:4]}-l2", f"nn-{self.node.name}-l3")
-        node_uid = self.heartbeat.create_node(node_manifest(self.node.name, self.node.instance_type,
-                                                            network_nodes=net))["uid"]
-        self.heartbeat.start()
-        self.standin = KubeletStandin(
-            StandinConfig(self.node.name, p.registry_dir, p.cdi_root, p.pods_dir), self.api, self.connector)
-        self.standin.start()  # wipes this node's slices first, as kubelet does at start
+        labels, taints, provider_id = kubelet.labels_and_taints(
+            node_manifest(self.node.name, self.node.instance_type, network_nodes=net))
+        spec = kubelet.KubeletSpec(self.node.name, labels, taints, provider_id, kubelet.node_ip(),
+                                   self.control_plane.ca_file, kubelet.free_port(), kubelet.free_port(),
+                                   int(self.binaries.minor.split(".")[1]))
+        kubelet.prepare(spec, p.kubelet,
+                        lambda user, groups, path: self.control_plane.client_kubeconfig(user, groups, path=path))
+        rt = p.fake_runtime
+        self.runtime = Restarting(f"fakecri-{self.node.name}",
+                                  lambda life: fakeruntime.start(self.fakecri, rt, life), rt.pid_file, self.deadline)
+        self.runtime.start()
+        self.kubelet = Restarting(f"kubelet-{self.node.name}",
+                                  lambda life: kubelet.start(self.binaries.kubelet, spec, p.kubelet, life),
+                                  p.kubelet.pid_file, self.deadline)
+        self.kubelet.start()
+        node_uid = self._wait_node_ready()
         self._write_driver_kubeconfig()
         argv = [sys.executable, "-m", "neuron_dra.driver", "--node-name", self.node.name,
                 "--driver-name", self.driver_name, "--plugins-dir", str(p.plugins_dir),
                 "--registry-dir", str(p.registry_dir), "--cdi-root", str(p.cdi_root),
                 "--healthcheck-port", "0", "--metrics-port", "0", "--kubeconfig", str(p.driver_kubeconfig),
                 "--host-root", str(p.host_root)]
-        self.driver = DriverProcess(argv, p, os.environ)
+        env = dict(os.environ)
+        self.driver = Restarting(f"driver-{self.node.name}",
+                                 lambda life: procs.spawn(argv, log=p.driver_log, pid_file=p.driver_pid,
+                                                          lifetime_s=life, env=env),
+                                 p.driver_pid, self.deadline)
         self.driver.start()
         self.efa = EmulatedEfaDriver(self.api, self.node.name, host, p.plugins_dir, p.registry_dir, node_uid)
         self.efa.start()
 
+    def _wait_node_ready(self) -> str:
+        """The kubelet registered the Node and reports it Ready; returns the Node's uid."""
+        core = client.CoreV1Api(self.api)
+        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                node: Any = core.read_node(self.node.name)
+            except client.exceptions.ApiException as e:
+                if e.status != 404:
+                    raise
+            else:
+                conditions = node.status.conditions or [] if node.status is not None else []
+                if any(c.type == "Ready" and c.status == "True" for c in conditions):
+                    return str(node.metadata.uid)
+            time.sleep(0.2)
+        tail = "\n".join(self.paths.kubelet.log.read_text(errors="replace").splitlines()[-30:])
+        raise kubelet.KubeletError(f"the kubelet of {self.node.name} did not report the Node Ready within "
+                                   f"{NODE_READY_TIMEOUT_S:.0f} s; {self.paths.kubelet.log} ends:\n{tail}")
+
     def _write_driver_kubeconfig(self) -> None:
         """A token bound to a driver pod on this node: the API server adds the node name to the identity, which
-        the node-restricting admission policy checks."""
+        the node-restricting admission policy checks. The kubelet "runs" that pod in the fake runtime."""
         core = client.CoreV1Api(self.api)
         ident = self.identity
         pod_name = f"{ident.pod_name}-{self.node.name}"
@@ -159,6 +204,7 @@ class NodeAgent:
             "metadata": {"name": pod_name, "namespace": ident.namespace,
                          "labels": {"app.kubernetes.io/name": "neuron-dra-driver"}},
             "spec": {"nodeName": self.node.name, "serviceAccountName": ident.service_account,
+                     "automountServiceAccountToken": False,
                      "tolerations": [{"operator": "Exists"}],
                      "containers": [{"name": "plugin", "image": "neuron-dra-driver:local"}]},
         }
@@ -177,13 +223,17 @@ class NodeAgent:
         self.paths.driver_kubeconfig.chmod(0o600)
 
     def stop(self) -> None:
-        for part in (self.driver, self.efa, self.standin, self.heartbeat):
+        # The driver first (it must not see a half-stopped node as a reason to act), the runtime last.
+        for name, part in (("driver", self.driver), ("EFA driver", self.efa), ("kubelet", self.kubelet),
+                           ("fake runtime", self.runtime)):
             if part is None:
                 continue
+            began = time.monotonic()
             try:
                 part.stop()
             except Exception:
-                log.exception("stopping %s of %s", type(part).__name__, self.node.name)
+                log.exception("stopping the %s of %s", name, self.node.name)
+            log.info("stopped the %s of %s in %.1f s", name, self.node.name, time.monotonic() - began)
 
 
 def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdentity]:
@@ -199,29 +249,33 @@ def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdenti
 
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         kubernetes_version: str = DEFAULT_MINOR) -> int:
-    from neuron_dra.localcluster.pluginclient import StandinConnector
+    from neuron_dra.localcluster.build import build_fakecri, ensure_binaries
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    (cluster_dir / PID_FILE).write_text(str(os.getpid()))
+    procs.write_pid_file(cluster_dir / PID_FILE, procs.ref_of(os.getpid()))
     agents: list[NodeAgent] = []
     cp = None
+    deadline = time.time() + ttl
     try:
         write_status(cluster_dir, state="starting")
-        cp = ControlPlane.start(cluster_dir / "controlplane", kubernetes_version=kubernetes_version)
+        kubelet.require_root(os.geteuid())
+        binaries = ensure_binaries(kubernetes_version)  # cached by `cluster up` before it started us
+        fakecri = build_fakecri()
+        cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60)
         admin = config.new_client_from_config(str(cp.kubeconfig))
         objects, identity = driver_objects(driver_name)
         apply_all(admin, objects)
         for node in nodes:
-            agent = NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, StandinConnector())
+            agent = NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline)
             agents.append(agent)
             agent.start()
         (cluster_dir / "kubeconfig").write_text(Path(cp.kubeconfig).read_text())
         write_status(cluster_dir, state="ready", kubeconfig=str(cluster_dir / "kubeconfig"),
                      nodes=[{"name": n.name, "instanceType": n.instance_type} for n in nodes],
-                     driverName=driver_name, deadline=time.time() + ttl)
-        log.info("local cluster ready: %d nodes", len(nodes))
+                     driverName=driver_name, deadline=deadline, kubernetesVersion=binaries.kube_version)
+        log.info("local cluster ready: Kubernetes %s, %d nodes", binaries.kube_version, len(nodes))
         stop.wait(ttl)
         return 0
     except Exception as e:
@@ -234,6 +288,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
             t.start()
         for t in stoppers:
             t.join(timeout=60)
+        procs.stop_all(cluster_dir / "nodes")  # anything a node agent could not stop (it logged why)
         if cp is not None:
             cp.stop()
         shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_dra.driver.catalog import get_instance_spec
+from neuron_dra.localcluster.fakeruntime import RuntimePaths
+from neuron_dra.localcluster.kubelet import KubeletPaths
 
 DEMO_NODES = ("trn2.48xlarge:2", "trn1.32xlarge:1", "inf2.48xlarge:1")
 
@@ -39,7 +41,7 @@ def parse_nodes(args: list[str] | tuple[str, ...]) -> list[NodeSpec]:
 
 @dataclass(frozen=True)
 class NodePaths:
-    """Everything of one emulated node lives under DIR/nodes/NAME (the kubelet root of that node)."""
+    """Everything of one emulated node lives under DIR/nodes/NAME, except its sockets (the kubelet root dir)."""
 
     base: Path
     runtime: Path  # short path for the kubelet dirs: unix socket paths are limited to 107 bytes
@@ -54,20 +56,34 @@ class NodePaths:
 
     @property
     def plugins_dir(self) -> Path:
-        return self.runtime / "plugins"
+        return self.kubelet.plugins_dir
 
     @property
     def registry_dir(self) -> Path:
-        return self.runtime / "plugins_registry"
+        return self.kubelet.registry_dir
 
     @property
     def cdi_root(self) -> Path:
         return self.base / "cdi"
 
     @property
-    def pods_dir(self) -> Path:
-        """The kubelet stand-in's record of each running pod (devices, CDI edits)."""
-        return self.base / "pods"
+    def kubelet(self) -> KubeletPaths:
+        """The kubelet's files; its root dir is the short runtime directory (it holds the plugin sockets)."""
+        return KubeletPaths(self.base, self.runtime)
+
+    @property
+    def fake_runtime(self) -> RuntimePaths:
+        return RuntimePaths(socket=self.kubelet.cri_socket, cdi_dir=self.cdi_root, records=self.cri_records,
+                            log=self.base / "fakecri.log", pid_file=self.pids / "fakecri.pid")
+
+    @property
+    def cri_records(self) -> Path:
+        """One JSON line per CreateContainer / RemovePodSandbox of the node's fake runtime (fakeruntime.py)."""
+        return self.base / "cri-records.jsonl"
+
+    @property
+    def pids(self) -> Path:
+        return self.base / "pids"
 
     @property
     def driver_kubeconfig(self) -> Path:
@@ -79,7 +95,7 @@ class NodePaths:
 
     @property
     def driver_pid(self) -> Path:
-        return self.base / "driver.pid"
+        return self.pids / "driver.pid"
 
 
 def runtime_dir(cluster_dir: Path) -> Path:

@@ -29,7 +29,7 @@ def host_tree(tmp_path: Path) -> Callable[..., Path]:
 
 @pytest.fixture(scope="session")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """The local cluster: real control plane, emulated nodes with the driver and kubelet stand-ins.
+    """The local cluster: real control plane, emulated nodes each with the real kubelet, a fake runtime and the driver.
 
     Built from the Go module proxy on first use (cached outside the tree), so it works on a fresh machine.
     """

@@ -107,7 +107,7 @@ def test_orderings_of_the_same_devices_are_not_searched_again(checker: Checker) 
 
 
 def test_a_request_nothing_matches_is_an_error(checker: Checker) -> None:
-    r = checker.check(manifest([neuron_request(f"{D}.family == 'trn3'")]))
+    r = checker.check(manifest([neuron_request(f"{D}.family == 'trn9'")]))
     assert any("no device of any checked instance type" in i.message for i in r.errors)
 
 

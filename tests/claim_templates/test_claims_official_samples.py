@@ -40,7 +40,8 @@ def _request(name: str, selector: str | None, count: int | None = None, cls: str
 
 
 TRN2 = f'{A}.instanceType == "trn2.48xlarge"'
-PSEUDO = "neuron.aws.com/node-trn2u.48xlarge/neuron-node"
+# The UltraServer pseudo-devices (trn2u and the Trn3 Gen1 UltraServer type).
+PSEUDOS = {f"neuron.aws.com/node-{t}/neuron-node" for t in ("trn2u.48xlarge", "trn3p.48xlarge")}
 AWS_SAMPLES = {
     "neuron-1x4-connected": _template("1x4", [_request("neurons", TRN2, 4)],
                                       [{"matchAttribute": "resource.aws.com/devicegroup4_id"}]),
@@ -112,9 +113,9 @@ def test_official_sample_is_one_short_expression_equal_to_aws(ours: ClaimTemplat
         assert ours_selected, "the sample selects some device"
         # Where AWS's selectors do not exclude the trn2u UltraServer pseudo-device, ours still do.
         assert ours_selected <= theirs
-        assert theirs - ours_selected <= {PSEUDO}
+        assert theirs - ours_selected <= PSEUDOS
         if ours.name in ("neuron-pinned-kernel-driver", "neuron-efa-aligned") and i == 0:
-            assert PSEUDO in theirs
+            assert theirs >= PSEUDOS
 
 
 @pytest.mark.parametrize("ours", OFFICIAL_SAMPLES, ids=lambda t: t.name)
@@ -127,7 +128,7 @@ def test_official_sample_packs_like_aws_on_every_instance_type(ours: ClaimTempla
         assert results[0].count == results[1].count, node.instance_type
         theirs = [d.device for d in results[0].allocation[0]] if results[0].count else []
         mine = [d.device for d in results[1].allocation[0]] if results[1].count else []
-        if ours.name == "neuron-pinned-kernel-driver" and node.instance_type == "trn2u.48xlarge":
+        if ours.name == "neuron-pinned-kernel-driver" and node.instance_type in ("trn2u.48xlarge", "trn3p.48xlarge"):
             assert theirs == [*mine, "neuron-node"]
         else:
             assert mine == theirs, node.instance_type
@@ -144,7 +145,7 @@ def test_official_samples_fit_where_aws_documents() -> None:
     assert per_node["neuron-all-devices"] == {"trn2.48xlarge": 1}
     assert per_node["neuron-all-devices-lnc1"] == {"trn2.48xlarge": 1}
     assert per_node["neuron-pinned-kernel-driver"] == dict.fromkeys(CATALOG, 1)
-    assert per_node["neuron-ultraserver-4"] == {"trn2u.48xlarge": 1}
+    assert per_node["neuron-ultraserver-4"] == {"trn2u.48xlarge": 1, "trn3p.48xlarge": 1}
     # trn1.32xlarge shares one EFA between two devices: a devicegroup of 4 has only 2 EFAs.
     assert per_node["neuron-efa-aligned"] == {"trn1n.32xlarge": 4, "trn2.48xlarge": 4, "trn2u.48xlarge": 4}
 

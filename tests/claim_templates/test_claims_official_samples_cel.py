@@ -53,7 +53,7 @@ def test_resource_type_node_matches_exactly_the_ultraserver_pseudo_device(device
     env = CelEnvironment()
     expr = f'{A}.resourceType == "neuron_node"'
     assert {t: matching(env, expr, devs) for t, devs in devices.items() if matching(env, expr, devs)} == \
-        {"trn2u.48xlarge": ["neuron-node"]}
+        {"trn2u.48xlarge": ["neuron-node"], "trn3p.48xlarge": ["neuron-node"]}
     device_expr = f'{A}.resourceType == "neuron_device"'
     assert len(matching(env, device_expr, devices["trn2u.48xlarge"])) == 16
 

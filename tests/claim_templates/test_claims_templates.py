@@ -138,7 +138,7 @@ BAD: list[tuple[Callable[[], Any], str]] = [
     (lambda: Neuron(17, instance_types="trn2.48xlarge"), "1 to 16 on trn2.48xlarge"),
     (lambda: Neuron(True), "Neuron.count: True"),
     (lambda: Neuron(1, name="Neurons"), "Neuron.name: 'Neurons'"),
-    (lambda: Neuron(1, instance_types="trn3.48xlarge"), "Neuron.instance_types: 'trn3.48xlarge'"),
+    (lambda: Neuron(1, instance_types="trn9.48xlarge"), "Neuron.instance_types: 'trn9.48xlarge'"),
     (lambda: Neuron(1, families="p5"), "Neuron.families: 'p5'"),
     (lambda: Neuron(1, instance_types="trn1.2xlarge", families="inf2"), "families that contain"),
     (lambda: Neuron(1, lnc=1), "LNC only on Trainium2"),
@@ -148,7 +148,8 @@ BAD: list[tuple[Callable[[], Any], str]] = [
     (lambda: Neuron(1, kernel_driver="2.25"), "a 4-part version"),
     (lambda: AtLeast("2.x"), "AtLeast.version"),
     (lambda: Neuron(1, min_memory="lots"), "Neuron.min_memory: 'lots'"),
-    (lambda: Neuron(1, min_memory="128Gi"), "at most 96Gi"),
+    (lambda: Neuron(1, min_memory="160Gi"), "at most 144Gi"),
+    (lambda: Neuron(1, min_memory="128Gi", families="trn2"), "at most 96Gi"),
     (lambda: Neuron(1, min_cores=9), "1 to 8"),
     (lambda: Neuron(1, selectors="device.attributes['neuron.aws.com'].x =="), "a valid device selector"),
     (lambda: Connected(attribute="aws"), "Connected.attribute"),  # type: ignore[arg-type]

@@ -29,9 +29,11 @@ OPTION_SETS = {
 
 def by_kind(options: DriverDeployOptions) -> dict[str, dict[str, Any]]:
     items = deploy.manifests(options)
-    kinds = [m["kind"] for m in items]
+    kinds = [m["kind"] for m in items if m["kind"] != "DeviceClass"]
     assert len(set(kinds)) == len(kinds) == 8
-    return {m["kind"]: m for m in items}
+    classes = [m for m in items if m["kind"] == "DeviceClass"]
+    assert len(classes) == 2  # whole devices, then NeuronCores
+    return {**{m["kind"]: m for m in items}, "DeviceClass": classes[0], "CoreDeviceClass": classes[1]}
 
 
 @pytest.mark.parametrize("name", sorted(OPTION_SETS))
@@ -41,7 +43,7 @@ def test_every_manifest_passes_strict_schema_validation(name: str) -> None:
         kubernetes_validate.validate(manifest, "1.34", strict=True)
     assert [m["kind"] for m in items] == [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding", "DeviceClass", "DaemonSet",
+        "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "DeviceClass", "DeviceClass", "DaemonSet",
     ]
 
 
@@ -53,14 +55,15 @@ def test_strict_validation_catches_a_misspelt_field() -> None:
         kubernetes_validate.validate(ds, "1.34", strict=True)
 
 
-def test_rbac_is_exactly_the_kubelet_plugin_minimum() -> None:
+def test_rbac_is_exactly_what_the_daemon_calls() -> None:
     objs = by_kind(DriverDeployOptions())
     granted = {
         (group, resource, verb)
         for rule in objs["ClusterRole"]["rules"]
         for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]
     }
-    slice_verbs = ("get", "list", "watch", "create", "update", "patch", "delete")
+    # What publisher.py calls (test_driver_rbac.py records it against the API server): no get, no patch.
+    slice_verbs = ("list", "watch", "create", "update", "delete")
     assert granted == {
         ("resource.k8s.io", "resourceclaims", "get"),
         ("", "nodes", "get"),
@@ -89,17 +92,59 @@ def test_admission_policy_restricts_the_driver_to_its_own_node() -> None:
         "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')")
     assert variables["objectNodeName"] == (
         '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")')
+    assert variables["objectDriver"] == '(request.operation == "DELETE" ? oldObject : object).spec.driver'
     assert [v["expression"] for v in spec["validations"]] == [
-        'variables.userNodeName != ""', "variables.userNodeName == variables.objectNodeName"]
+        'variables.userNodeName != ""',
+        "variables.userNodeName == variables.objectNodeName && variables.userNodeName == variables.oldNodeName",
+        'variables.objectDriver == "neuron.aws.com" && variables.oldDriver == "neuron.aws.com"']
     binding = objs["ValidatingAdmissionPolicyBinding"]["spec"]
     assert binding == {"policyName": objs["ValidatingAdmissionPolicy"]["metadata"]["name"],
                        "validationActions": ["Deny"]}
 
 
-def test_device_class_selects_the_driver() -> None:
-    dc = by_kind(OPTION_SETS["custom"])["DeviceClass"]
-    assert dc["metadata"]["name"] == "neuron.example.com"
-    assert dc["spec"] == {"selectors": [{"cel": {"expression": 'device.driver == "neuron.example.com"'}}]}
+def test_network_policy_admits_only_metrics_scrapers() -> None:
+    """Default (no metrics): no ingress at all (kubelet's probe from the pod's own node cannot be blocked)."""
+    default = by_kind(DriverDeployOptions())
+    policy = default["NetworkPolicy"]
+    assert policy["metadata"]["namespace"] == "neuron-dra-driver"
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == []
+    pod_labels = default["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    custom = by_kind(OPTION_SETS["custom"])["NetworkPolicy"]["spec"]["ingress"]
+    assert custom == [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                       "ports": [{"protocol": "TCP", "port": 9400}]}]
+    with pytest.raises(DeployOptionError, match="metrics_scrape_namespaces"):
+        DriverDeployOptions(metrics_scrape_namespaces=("Not A Namespace",))
+
+
+def test_device_classes_split_the_driver_into_devices_and_cores_with_the_device_plugins_resource_names() -> None:
+    objs = by_kind(OPTION_SETS["custom"])
+    dc, core = objs["DeviceClass"], objs["CoreDeviceClass"]
+    assert dc["metadata"]["name"] == "neuron.example.com" and core["metadata"]["name"] == "neuroncore.aws.com"
+    assert dc["spec"] == {"extendedResourceName": "aws.amazon.com/neuron", "selectors": [{"cel": {"expression": (
+        'device.driver == "neuron.example.com" && '
+        'device.attributes["neuron.example.com"].resourceType != "neuron_core"')}}]}
+    assert core["spec"] == {"extendedResourceName": "aws.amazon.com/neuroncore", "selectors": [{"cel": {
+        "expression": ('device.driver == "neuron.example.com" && '
+                       'device.attributes["neuron.example.com"].resourceType == "neuron_core"')}}]}
+    # Left out (clusters before 1.36 lack the field) and renamed.
+    plain = by_kind(DriverDeployOptions(extended_resource_name=None, core_extended_resource_name="example.com/nc",
+                                        core_device_class_name="cores.example.com"))
+    assert "extendedResourceName" not in plain["DeviceClass"]["spec"]
+    assert plain["CoreDeviceClass"]["spec"]["extendedResourceName"] == "example.com/nc"
+    assert plain["CoreDeviceClass"]["metadata"]["name"] == "cores.example.com"
+
+
+@pytest.mark.parametrize(("option", "value", "allowed"), [
+    ("extended_resource_name", "neuron", "an extended resource name"),
+    ("core_extended_resource_name", "kubernetes.io/neuroncore", "an extended resource name"),
+    ("core_extended_resource_name", "aws.amazon.com/neuron", "a name other than extended_resource_name"),
+    ("core_device_class_name", "neuron.aws.com", "a name other than the device class neuron.aws.com"),
+])
+def test_device_class_options_are_checked(option: str, value: str, allowed: str) -> None:
+    with pytest.raises(DeployOptionError, match=allowed) as e:
+        DriverDeployOptions(**{option: value})  # type: ignore[arg-type]
+    assert option in str(e.value) and repr(value) in str(e.value)
 
 
 def _container(options: DriverDeployOptions) -> dict[str, Any]:
@@ -111,7 +156,7 @@ def _container(options: DriverDeployOptions) -> dict[str, Any]:
 
 def _resolved_env(container: dict[str, Any]) -> dict[str, str]:
     """The container's environment as kubelet would set it on node `node-7` for pod uid `uid-1`."""
-    field_values = {"spec.nodeName": "node-7", "metadata.uid": "uid-1"}
+    field_values = {"spec.nodeName": "node-7", "metadata.uid": "uid-1", "status.podIP": "10.0.0.7"}
     env = {}
     for var in container["env"]:
         env[var["name"]] = var["value"] if "value" in var else field_values[var["valueFrom"]["fieldRef"]["fieldPath"]]
@@ -134,6 +179,8 @@ def test_the_daemon_parses_the_daemonset_and_every_path_it_writes_is_mounted_at_
     assert daemon.metrics_port == options.metrics_port
     assert daemon.host_root == Path(options.host_root)
     assert env["POD_UID"] == "uid-1"
+    # Health and metrics listen on the pod IP only (where kubelet's probe connects), not on every address.
+    assert daemon.bind_address == "10.0.0.7"
 
     volumes = {v["name"]: v for v in pod["volumes"]}
     writable: dict[str, str] = {}
@@ -151,7 +198,9 @@ def test_the_daemon_parses_the_daemonset_and_every_path_it_writes_is_mounted_at_
     assert f"{options.plugins_dir}/{options.driver_name}" in writable
     assert options.plugins_dir not in writable
     # Discovery reads <host root>/sys and <host root>/dev: the host's, read-only.
-    assert read_only == {f"{options.host_root}/sys": "/sys", f"{options.host_root}/dev": "/dev"}
+    # The node's LNC file below /opt/aws/neuron (docs/neuron-cores.md §2).
+    assert read_only == {f"{options.host_root}/sys": "/sys", f"{options.host_root}/dev": "/dev",
+                         f"{options.host_root}/opt/aws/neuron": "/opt/aws/neuron"}
     assert {v["name"]: v.get("emptyDir") for v in pod["volumes"] if "emptyDir" in v} == {
         "tmp": {"medium": "Memory", "sizeLimit": "16Mi"}}
 
@@ -159,11 +208,15 @@ def test_the_daemon_parses_the_daemonset_and_every_path_it_writes_is_mounted_at_
 def test_daemonset_env_matches_awss_chart() -> None:
     env = _resolved_env(_container(DriverDeployOptions()))
     assert env == {
-        "NODE_NAME": "node-7", "POD_UID": "uid-1",
+        "NODE_NAME": "node-7", "POD_UID": "uid-1", "POD_IP": "10.0.0.7",
         "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins",
         "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
-        "CDI_ROOT": "/var/run/cdi", "HEALTHCHECK_PORT": "51515",
+        "CDI_ROOT": "/var/run/cdi", "HEALTHCHECK_PORT": "51515", "UNHEALTHY_TAINT_EFFECT": "NoSchedule",
     }
+    noexec = _resolved_env(_container(DriverDeployOptions(unhealthy_taint_effect="NoExecute")))
+    assert noexec["UNHEALTHY_TAINT_EFFECT"] == "NoExecute"
+    with pytest.raises(DeployOptionError, match=r"unhealthy_taint_effect.*NoSchedule, NoExecute, None"):
+        DriverDeployOptions(unhealthy_taint_effect="PreferNoSchedule")
 
 
 def test_daemonset_scheduling_security_and_probe() -> None:

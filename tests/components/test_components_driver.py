@@ -40,7 +40,7 @@ def test_applies_exactly_the_deploy_manifests() -> None:
     run = run_driver(NeuronDraDriverArgs(options=OPTIONS, image=IMAGE))
     objects = k8s_objects(run)
     expected = {deploy.object_key(m): m for m in deploy.manifests(replace(OPTIONS, image=IMAGE))}
-    assert set(objects) == set(expected) and len(expected) == 8
+    assert set(objects) == set(expected) and len(expected) == 10
     for key, manifest in expected.items():
         sent = objects[key].plain_inputs
         assert sent == manifest, key
@@ -59,7 +59,7 @@ def test_every_object_goes_through_the_given_provider_and_waits_for_what_it_need
     ds = objects["DaemonSet/accel/neuron-dra-driver-kubelet-plugin"]
     # The policy, the RBAC and the service account exist before the driver's pods write ResourceSlices.
     for kind in ("Namespace", "ServiceAccount", "ClusterRoleBinding", "ValidatingAdmissionPolicyBinding",
-                 "DeviceClass"):
+                 "NetworkPolicy", "DeviceClass"):
         assert urn[kind] in ds.dependencies, kind
     assert urn["ClusterRole"] in objects[f"ClusterRoleBinding/{OPTIONS.cluster_role_name}"].dependencies
     assert urn["Namespace"] in objects["ServiceAccount/accel/neuron-dra-driver-sa"].dependencies

@@ -42,6 +42,20 @@ def test_yaml_output_is_exactly_the_driver_objects_and_the_templates(capsys: pyt
     assert kinds.index("Namespace") < kinds.index("ClusterRoleBinding") < kinds.index("DaemonSet")
 
 
+def test_yaml_shows_the_network_policy_and_the_tightened_rbac(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 14: the deployment ships a NetworkPolicy and RBAC that grants only what the daemon calls."""
+    assert main(["plan", "-o", "yaml"]) == 0
+    docs = {d["kind"]: d for d in yaml.safe_load_all(capsys.readouterr().out)}
+    policy = docs["NetworkPolicy"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == []
+    slice_rules = [r for r in docs["ClusterRole"]["rules"] if r["resources"] == ["resourceslices"]]
+    assert [sorted(r["verbs"]) for r in slice_rules] == [["create", "delete", "list", "update", "watch"]]
+    env = {e["name"]: e for e in docs["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    validations = docs["ValidatingAdmissionPolicy"]["spec"]["validations"]
+    assert any("variables.objectDriver ==" in v["expression"] for v in validations)
+
+
 def test_table_output_shows_the_tree_and_key_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path, """
 config:

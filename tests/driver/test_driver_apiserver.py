@@ -25,7 +25,7 @@ from neuron_dra.driver.publisher import Backoff, SlicePublisher
 from neuron_dra.driver.slices import NETWORK_NODE_LABELS, NodeFacts, PublishOptions, build_pool
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.controlplane import ControlPlane
-from neuron_dra.localcluster.kubelet_standin import ClaimRef
+from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, DaemonDirs, opaque, short_dir, wait_until
 from tests.support.e2e import raw
 
@@ -55,9 +55,9 @@ def wipe(api: Any, node: str = NODE) -> None:
     client.ResourceV1Api(api).delete_collection_resource_slice(field_selector=f"spec.nodeName={node}")
 
 
-def foreign_slice(node: str, name: str, generation: int = 0) -> Any:
+def foreign_slice(node: str, name: str, generation: int = 0, pool: str | None = None) -> Any:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": generation,
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": pool or node, "generation": generation,
                                                                     "resourceSliceCount": 1},
                      "devices": [{"name": "stale-device"}]}}
 
@@ -138,6 +138,41 @@ def test_watch_republishes_after_kubelet_wipes_the_slices(api: Any, host_root: P
     finally:
         stop.set()
         thread.join(timeout=40)
+
+
+def test_a_slice_of_another_pool_never_stalls_publishing(api: Any, host_root: Path) -> None:
+    """Issue 14 item 3: a slice for (this node, this driver) in another pool. Before, the publisher deleted its own
+    correct slice and retried forever to update the foreign one (pool names cannot change: 422)."""
+    ensure_node(api, NODE, LAYERS)
+    wipe(api)
+    res = client.ResourceV1Api(api)
+    pub = SlicePublisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), Metrics(),
+                         resync_seconds=30)
+    first, _ = pub.reconcile()
+    assert first.created == 1
+    [own] = slices(api)
+    # Sorted before ours by name, so it would be the one "reused" for the update.
+    res.create_resource_slice(foreign_slice(NODE, "aaa-foreign", generation=7, pool="someone-elses-pool"))
+    again, _ = pub.reconcile()
+    assert not again.changed, again
+    stop = threading.Event()
+    thread = pub.start(stop)
+    try:
+        assert pub.published.wait(10)
+        wipe_own = own["metadata"]["name"]
+        res.delete_resource_slice(wipe_own)  # kubelet-style wipe of ours only: republished despite the foreign one
+        republished = wait_until(lambda: [s for s in slices(api) if s["spec"]["pool"]["name"] == NODE
+                                          and s["metadata"]["uid"] != own["metadata"]["uid"]], 10,
+                                 "our slice republished next to the foreign one")
+        assert len(republished[0]["spec"]["devices"]) == 16
+        foreign = res.read_resource_slice("aaa-foreign", _preload_content=False)
+        spec = raw(foreign)["spec"]
+        assert spec["pool"] == {"name": "someone-elses-pool", "generation": 7, "resourceSliceCount": 1}
+        assert [d["name"] for d in spec["devices"]] == ["stale-device"]  # left exactly as it was
+    finally:
+        stop.set()
+        thread.join(timeout=40)
+        res.delete_resource_slice("aaa-foreign")
 
 
 def test_unreachable_api_server_is_retried_with_backoff(host_root: Path, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_
 from neuron_dra.driver.emulate import emulate
 from neuron_dra.driver.failpoints import STEPS
 from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.kubelet_standin import ClaimRef, PrepareResult
+from neuron_dra.localcluster.pluginclient import ClaimRef, PrepareResult
 from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid, wait_until
 
 C1 = ClaimRef("default", "c1", uid(1))

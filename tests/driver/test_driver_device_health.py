@@ -11,7 +11,6 @@ from types import ModuleType
 
 import grpc
 import pytest
-from tests.support.driver import DRIVER, NODE, DaemonDirs, DaemonProcess, short_dir
 
 from neuron_dra.cli import main as cli_main
 from neuron_dra.driver._generated import (
@@ -29,6 +28,7 @@ from neuron_dra.driver.health_stream import HEALTH_SERVICES, published_health
 from neuron_dra.driver.slices import NodeFacts, build_pool, resource_slices, with_taints
 from neuron_dra.driver.taints import unhealthy_taint_key, unhealthy_taints
 from neuron_dra.localcluster import pluginclient
+from tests.support.driver import DRIVER, NODE, DaemonDirs, DaemonProcess, short_dir
 
 VERSIONS: dict[str, tuple[ModuleType, ModuleType]] = {
     "v1alpha1": (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
@@ -242,3 +242,38 @@ def test_daemon_streams_health_in_every_version_and_advertises_it(dirs: DaemonDi
             s.close()
     finally:
         assert d.terminate() == 0
+
+
+def test_stream_beats_between_changes_and_refuses_undecodable_requests(tmp_path: Path) -> None:
+    """In-process: the full list again every heartbeat without any change (kubelet's timeout needs fresh
+    timestamps), and the shared raw-bytes handler answers INVALID_ARGUMENT to garbage."""
+    from neuron_dra.driver import grpc_raw
+    from neuron_dra.driver.health_stream import HealthStreamService
+
+    host = emulate("inf2.48xlarge", tmp_path / "host")
+    monitor = HealthMonitor(host, range(12))
+    stop = threading.Event()
+    service = HealthStreamService(monitor, discover(host), NODE, stop, heartbeat_s=0.2)
+    server = grpc_raw.new_server("test-health", 4, 4)
+    server.add_generic_rpc_handlers(service.handlers())
+    with short_dir() as d:
+        sock = d / "h.sock"
+        server.add_insecure_port(f"unix://{sock}")
+        server.start()
+        try:
+            stream = Stream(sock, "v1alpha1")
+            time.sleep(1.1)
+            assert len(stream.responses) >= 4  # the first list plus a beat every 0.2 s
+            assert all(len(devices) == 12 for _, devices in stream.responses)
+            assert service.active_streams == 1
+            channel = grpc.insecure_channel(f"unix://{sock}")
+            garbage = channel.unary_stream("/v1.DRAResourceHealth/NodeWatchResources",
+                                           request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            with pytest.raises(grpc.RpcError) as refused:
+                list(garbage(b"\xff", timeout=5))
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            channel.close()
+            stream.close()
+            stop.set()
+        finally:
+            server.stop(1).wait(2)

@@ -24,8 +24,8 @@ from neuron_dra.driver.health import HealthServer
 from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
 from neuron_dra.driver.state import DriverState
 from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.kubelet_standin import ClaimRef as StandinClaimRef
-from neuron_dra.localcluster.kubelet_standin import PluginConnector
+from neuron_dra.localcluster.pluginclient import ClaimRef as ClientClaimRef
+from neuron_dra.localcluster.pluginclient import PluginConnector
 from tests.support.driver import DRIVER, NODE, FakeLookup, claim, devices, short_dir, uid
 
 
@@ -93,11 +93,11 @@ def test_a_kubelet_without_a_common_version_reports_the_failure(served: Served) 
     assert "v2.DRAPlugin" in served.servers.registration.last_error
 
 
-def test_the_standin_connector_is_a_plugin_connector(served: Served) -> None:
-    connector: PluginConnector = pluginclient.StandinConnector()
+def test_the_grpc_connector_is_a_plugin_connector(served: Served) -> None:
+    connector: PluginConnector = pluginclient.GrpcConnector()
     served.lookup.put(claim("c", uid(1), devices(0)))
     reg = connector.register(served.paths.registration)
-    refs = [StandinClaimRef("default", "c", uid(1))]
+    refs = [ClientClaimRef("default", "c", uid(1))]
     assert connector.prepare(reg, refs, 45.0)[uid(1)].devices[0].device_name == "neuron-device-0"
     assert connector.unprepare(reg, refs, 45.0) == {uid(1): ""}
 

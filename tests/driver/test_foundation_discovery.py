@@ -30,7 +30,7 @@ def test_emulated_tree_discovers_as_its_catalog_type(host_tree: HostTree, instan
         assert (dev.major, dev.minor) == (EMULATED_MAJOR, dev.index)
         assert dev.pci_bdf is not None and dev.numa_node is not None  # from neuron-ls
         assert dev.efa_bdf == (spec.device_efa_bdfs[dev.index] if spec.device_efa_bdfs else None)
-    assert (host.ultraserver is not None) == spec.ultraserver
+    assert (host.ultraserver is not None) == (spec.ultraserver is not None)
     assert len(host.efa_bdfs) == spec.efa_count
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,15 +17,16 @@ from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool
+from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.cluster import LocalCluster
 from tests.support.e2e import (
     allocated_devices,
     cdi_specs_naming,
     claim_template,
+    created_container,
     eventually,
     pod_claim,
     pod_phase,
-    pod_record,
     pod_with_template,
     raw,
 )
@@ -122,11 +122,11 @@ def test_four_connected_claims_pack_four_per_trn2_and_get_their_cores(local_clus
         devices = sorted(int(d.rsplit("-", 1)[1]) for d in allocated_devices(claim, DRIVER))
         assert len(devices) == 4 and devices == list(range(devices[0], devices[0] + 4)) and devices[0] % 4 == 0
         groups.append(devices[0] // 4)
-        record = pod_record(paths.pods_dir, ns, p)
-        env = record["containers"]["main"]["env"]
+        record = created_container(paths.cri_records, ns, p)
+        env = record["env"]
         first = devices[0] * 4  # trn2 at LNC 2: 4 logical cores per device
         assert env["NEURON_RT_VISIBLE_CORES"] == f"{first}-{first + 15}"
-        nodes = sorted(n["path"] for n in record["containers"]["main"]["deviceNodes"])
+        nodes = sorted(n["path"] for n in record["deviceNodes"])
         assert nodes == sorted(f"/dev/neuron{d}" for d in devices)
         uid = claim["metadata"]["uid"]
         assert cdi_specs_naming(paths.cdi_root, [uid]), "a CDI spec names the claim UID"
@@ -148,7 +148,7 @@ def test_whole_node_with_lnc1(local_cluster: LocalCluster, kube: client.ApiClien
             "apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}}}]))
     _create(kube, ns, pod_with_template("whole", "all-lnc1", node=TRN2_A))
     eventually(lambda: _running(kube, ns, ["whole"]), 90, what="whole-node pod running")
-    env = pod_record(local_cluster.node_paths(TRN2_A).pods_dir, ns, "whole")["containers"]["main"]["env"]
+    env = created_container(local_cluster.node_paths(TRN2_A).cri_records, ns, "whole")["env"]
     assert env["NEURON_LOGICAL_NC_CONFIG"] == "1"
     assert env["NEURON_RT_VISIBLE_CORES"] == "0-127"  # 16 devices x 8 logical cores at LNC 1
 
@@ -212,14 +212,18 @@ def test_ultraserver_config(local_cluster: LocalCluster, kube: client.ApiClient,
             "apiVersion": "neuron.aws.com/v1", "kind": "UltraServerConfig", "ultraserverMode": 4}}}]))
     _create(kube, ns, pod_with_template("us", "us"))
     eventually(lambda: _running(kube, ns, ["us"]), 90, what="UltraServer pod running")
-    env = pod_record(local_cluster.node_paths(TRN2U).pods_dir, ns, "us")["containers"]["main"]["env"]
+    env = created_container(local_cluster.node_paths(TRN2U).cri_records, ns, "us")["env"]
     assert env["NEURON_RT_ULTRASERVER_MODE"] == "4"
     assert env["NEURON_RT_ULTRASERVER_NODE_ID"] == "0"
     assert env["NEURON_RT_ULTRASERVER_SERVER_ID"]
 
 
 def _driver_pid(paths: Any) -> int:
-    return int(Path(paths.driver_pid).read_text())
+    """The driver daemon's own pid: the child of the `timeout` process its pid file records (procs.spawn)."""
+    ref = procs.running(paths.driver_pid)
+    assert ref is not None, f"no live driver recorded in {paths.driver_pid}"
+    (pid,) = procs.children(ref.pid)
+    return pid
 
 
 def test_driver_kill9_with_pods_alive(local_cluster: LocalCluster, kube: client.ApiClient, ns: str) -> None:

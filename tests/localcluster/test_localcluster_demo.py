@@ -1,4 +1,4 @@
-"""`neuron-dra demo`: its report from stand-in records (offline), and the whole demo end to end in a subprocess
+"""`neuron-dra demo`: its report from pod records (offline), and the whole demo end to end in a subprocess
 against the real control plane (binaries built on first use), including teardown on success and on SIGTERM."""
 
 from __future__ import annotations
@@ -143,16 +143,21 @@ def test_binaries_cached_means_every_binary_is_executable(tmp_path: Path, monkey
     from neuron_dra.localcluster.demo import binaries_cached
 
     monkeypatch.setenv("NEURON_DRA_CACHE", str(tmp_path))
-    assert not binaries_cached()
-    paths = [tmp_path / "k8s" / build.kube_version() / n for n in build.KUBE_BINARIES]
+    minor = build.DEFAULT_MINOR
+    assert not binaries_cached(minor)
+    paths = [tmp_path / "k8s" / build.kube_version(minor) / n for n in build.KUBE_BINARIES]
     paths += [tmp_path / "etcd" / build.etcd_version() / n for n in build.ETCD_BINARIES]
     for p in paths:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("#!/bin/sh\n")
         p.chmod(0o755)
-    assert binaries_cached()
+    assert binaries_cached(minor)
+    assert not binaries_cached("1.34") or (build.cache_root() / "k8s" / build.kube_version("1.34")).exists()
     paths[-1].chmod(0o644)
-    assert not binaries_cached()
+    assert not binaries_cached(minor)
+    paths[-1].chmod(0o755)
+    (tmp_path / "k8s" / build.kube_version(minor) / "kubelet").chmod(0o644)  # the kubelet counts too
+    assert not binaries_cached(minor)
 
 
 def test_a_supervisor_interrupted_before_its_pid_file_is_stopped(tmp_path: Path) -> None:

@@ -178,10 +178,10 @@ class DaemonProcess:
     """`python -m neuron_dra.driver.testing` (the real daemon, claims from files) as a child process."""
 
     def __init__(self, dirs: DaemonDirs, host_root: Path, *, extra_args: Sequence[str] = (),
-                 crash_at: str | None = None) -> None:
+                 crash_at: str | None = None, env: Mapping[str, str] | None = None) -> None:
         dirs.claims.mkdir(parents=True, exist_ok=True)
         self.dirs = dirs
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         env.pop("NEURON_DRA_CRASH_AT", None)
         if crash_at:
             env["NEURON_DRA_CRASH_AT"] = crash_at

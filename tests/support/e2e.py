@@ -93,9 +93,14 @@ def allocated_devices(claim: dict[str, Any], driver: str) -> list[str]:
     return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == driver]
 
 
-def pod_record(pods_dir: Path, ns: str, pod: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((pods_dir / f"{ns}_{pod}.json").read_text())
-    return data
+def created_container(records: Path, ns: str, pod: str, container: str = "main") -> dict[str, Any]:
+    """What the node's fake runtime recorded when kubelet created the container (CDI ids, resolved env and
+    device nodes); fails the test when there is no such record."""
+    from neuron_dra.localcluster.fakeruntime import created_containers
+
+    found = created_containers(records, ns, pod)
+    assert container in found, f"no CreateContainer of {ns}/{pod}/{container} in {records}"
+    return found[container]
 
 
 def cdi_specs_naming(cdi_root: Path, uids: list[str]) -> list[str]:

@@ -1,0 +1,266 @@
+"""The real kubelet as an emulated node's agent: its configuration, its identity, and how it is run isolated.
+
+A stock kubelet writes outside its root directory (docs/real-kubelet.md): the device-plugin socket
+`/var/lib/kubelet/device-plugins/kubelet.sock`, symlinks in `/var/log/containers`, the volume plugin dir under
+`/usr/libexec/kubernetes`, and, with `protectKernelDefaults: false`, six sysctls machine-wide. Here each kubelet
+runs under `unshare --mount --propagation private`, and a short shell prologue inside that namespace
+
+- bind-mounts this node's `var-lib` and `var-log` directories over `/var/lib` and `/var/log`, so the
+  hard-coded paths land in the cluster directory (the host's `/var/lib` and `/var/log` are hidden from the
+  kubelet only; it needs nothing from them);
+- bind-mounts files holding exactly the values kubelet wants over those `/proc/sys` entries, so it reads
+  what it expects and writes nothing (a write would only reach the file);
+
+then execs kubelet with `--root-dir` (the node's short runtime directory: socket paths are limited to 107
+bytes), `--volume-plugin-dir`, `--node-ip` (a local non-loopback IPv4: kubelet refuses loopback and would
+otherwise resolve its name in DNS), and the Node's EKS labels. Every mount lives in the namespace and goes
+away with it. The DRA driver registers through this kubelet's own plugin watcher in `<root>/plugins_registry`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import socket
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from neuron_dra.localcluster import procs
+
+# What kubelet's container manager wants in these sysctls (pkg/kubelet/cm/container_manager_linux.go,
+# setupKernelTunables; values from k8s.io/component-helpers/node/util/sysctl); docs/real-kubelet.md.
+KUBELET_SYSCTLS: Mapping[str, int] = {
+    "vm/overcommit_memory": 1,
+    "vm/panic_on_oom": 0,
+    "kernel/panic": 10,
+    "kernel/panic_on_oops": 1,
+    "kernel/keys/root_maxkeys": 1000000,
+    "kernel/keys/root_maxbytes": 25000000,
+}
+# Host directories a stock kubelet writes to whatever its flags say; shadowed inside its mount namespace.
+SHADOWED_DIRS = ("/var/lib", "/var/log")
+
+
+class KubeletError(RuntimeError):
+    """The kubelet of an emulated node cannot be configured or started; the message says why."""
+
+
+@dataclass(frozen=True)
+class KubeletPaths:
+    """Where one node's kubelet keeps its state. `root` must be short (it holds the plugin sockets)."""
+
+    base: Path  # DIR/nodes/NAME
+    root: Path  # --root-dir: plugins/, plugins_registry/, pods/, checkpoints
+
+    @property
+    def config(self) -> Path:
+        return self.base / "kubelet-config.yaml"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.base / "kubelet.kubeconfig"
+
+    @property
+    def cert_dir(self) -> Path:
+        return self.base / "kubelet-pki"
+
+    @property
+    def log(self) -> Path:
+        return self.base / "kubelet.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.base / "pids" / "kubelet.pid"
+
+    @property
+    def var_lib(self) -> Path:
+        return self.base / "var-lib"
+
+    @property
+    def var_log(self) -> Path:
+        return self.base / "var-log"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.base / "pod-logs"
+
+    @property
+    def volume_plugins(self) -> Path:
+        return self.base / "volume-plugins"
+
+    @property
+    def sysctls(self) -> Path:
+        return self.base / "sysctl"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.root / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.root / "plugins"
+
+    @property
+    def cri_socket(self) -> Path:
+        return self.root / "cri.sock"
+
+
+@dataclass(frozen=True)
+class KubeletSpec:
+    """Everything that decides one node's kubelet, besides the binary."""
+
+    node_name: str
+    labels: Mapping[str, str]
+    taints: tuple[Mapping[str, str], ...]
+    provider_id: str
+    node_ip: str
+    client_ca: Path  # the control plane's CA: verifies clients of kubelet's own API
+    port: int
+    healthz_port: int
+    minor: int  # Kubernetes minor of the kubelet binary (1.35+ needs failCgroupV1: false here)
+
+
+def node_ip() -> str:
+    """A non-loopback IPv4 address of this machine (kubelet refuses loopback for --node-ip).
+
+    Read from `ip -4 -o addr show scope global`; if that is not available, the source address the kernel
+    would use for a route (a UDP `connect`, which sends no packet)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True,
+                             text=True, timeout=5, check=False).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if "inet" in parts:
+                return parts[parts.index("inet") + 1].split("/")[0]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # TEST-NET-1: only the routing decision is used
+        address = str(s.getsockname()[0])
+        if not address.startswith("127."):
+            return address
+    raise KubeletError("this machine has no non-loopback IPv4 address; kubelet needs one for --node-ip "
+                       "(it refuses 127.0.0.1 and would otherwise look its node name up in DNS)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
+    """The KubeletConfiguration (v1beta1) of an emulated node. Settings that differ from a real node's and why:
+    docs/real-kubelet.md."""
+    config: dict[str, Any] = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # kubelet's API on loopback only; nothing here dials the node IP.
+        "address": "127.0.0.1",
+        "port": spec.port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": spec.healthz_port,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                           "x509": {"clientCAFile": str(spec.client_ca)}},
+        "authorization": {"mode": "AlwaysAllow"},  # loopback only, and anonymous is off
+        "containerRuntimeEndpoint": f"unix://{paths.cri_socket}",
+        "imageServiceEndpoint": f"unix://{paths.cri_socket}",
+        "cgroupDriver": "cgroupfs",
+        # No containers run: no QoS cgroup tree, no node-allocatable enforcement (both write cgroups).
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "failSwapOn": False,
+        "protectKernelDefaults": False,  # the sysctls it would set are shadowed in its namespace
+        "podLogsDir": str(paths.pod_logs),
+        "registerWithTaints": [dict(t) for t in spec.taints],
+        "providerID": spec.provider_id,
+        # A shared disk and memory must not make the emulated node evict pods or report pressure.
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "nodefs.inodesFree": "1%",
+                         "imagefs.available": "1%", "imagefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "resolvConf": "",
+        "serializeImagePulls": False,
+        "rotateCertificates": False,
+    }
+    if spec.minor >= 35:
+        # 1.35+ refuses to start on cgroup v1 unless told otherwise; these machines mount cgroup v1.
+        config["failCgroupV1"] = False
+    return config
+
+
+def kubelet_argv(binary: Path, spec: KubeletSpec, paths: KubeletPaths, verbosity: int = 3) -> list[str]:
+    labels = ",".join(f"{k}={v}" for k, v in sorted(spec.labels.items()))
+    # --v=3: kubelet logs "Registered DRA plugin ... chosenService" and its ResourceSlice wipes at that level.
+    return [str(binary), f"--config={paths.config}", f"--kubeconfig={paths.kubeconfig}",
+            f"--root-dir={paths.root}", f"--cert-dir={paths.cert_dir}", f"--hostname-override={spec.node_name}",
+            f"--node-ip={spec.node_ip}", f"--volume-plugin-dir={paths.volume_plugins}", f"--node-labels={labels}",
+            f"--v={verbosity}"]
+
+
+def namespace_prologue(paths: KubeletPaths) -> str:
+    """Shell commands run inside the kubelet's mount namespace before it execs kubelet."""
+    lines = ["set -eu"]
+    for host_dir, own in zip(SHADOWED_DIRS, (paths.var_lib, paths.var_log), strict=True):
+        lines.append(f"mount --bind {shlex.quote(str(own))} {host_dir}")
+    for name in KUBELET_SYSCTLS:
+        lines.append(f"mount --bind {shlex.quote(str(paths.sysctls / name.replace('/', '.')))} /proc/sys/{name}")
+    return "\n".join(lines)
+
+
+def prepare(spec: KubeletSpec, paths: KubeletPaths, write_kubeconfig: Any) -> None:
+    """Write the kubelet's directories, configuration and node kubeconfig (via `write_kubeconfig(user, groups,
+    path)`: a client certificate for `system:node:<node>` in group `system:nodes`)."""
+    for shadowed in SHADOWED_DIRS:
+        if paths.base.resolve().is_relative_to(shadowed) or paths.root.resolve().is_relative_to(shadowed):
+            raise KubeletError(f"the cluster directory {paths.base} is under {shadowed}, which the kubelet's mount "
+                               f"namespace shadows; choose a --dir outside {', '.join(SHADOWED_DIRS)}")
+    for d in (paths.base, paths.root, paths.cert_dir, paths.var_lib / "kubelet" / "device-plugins",
+              paths.var_log / "containers", paths.pod_logs, paths.volume_plugins, paths.sysctls,
+              paths.registry_dir, paths.plugins_dir, paths.pid_file.parent):
+        d.mkdir(parents=True, exist_ok=True)
+    for name, value in KUBELET_SYSCTLS.items():
+        (paths.sysctls / name.replace("/", ".")).write_text(f"{value}\n")
+    paths.config.write_text(yaml.safe_dump(kubelet_config(spec, paths), sort_keys=False))
+    write_kubeconfig(f"system:node:{spec.node_name}", ["system:nodes"], paths.kubeconfig)
+
+
+def launch_argv(binary: Path, spec: KubeletSpec, paths: KubeletPaths) -> list[str]:
+    """`unshare` + prologue + `exec kubelet ...`: the whole command line of one node's kubelet."""
+    script = namespace_prologue(paths) + "\nexec " + shlex.join(kubelet_argv(binary, spec, paths))
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+
+
+def start(binary: Path, spec: KubeletSpec, paths: KubeletPaths, lifetime_s: float) -> subprocess.Popen[bytes]:
+    """Start the kubelet (config written by `prepare`); its pid file is `paths.pid_file`."""
+    return procs.spawn(launch_argv(binary, spec, paths), log=paths.log, pid_file=paths.pid_file,
+                       lifetime_s=lifetime_s, cwd=paths.base)
+
+
+def healthy(spec: KubeletSpec) -> bool:
+    """kubelet's /healthz answers ok."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{spec.healthz_port}/healthz", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def labels_and_taints(manifest: Mapping[str, Any]) -> tuple[dict[str, str], tuple[dict[str, str], ...], str]:
+    """The labels, taints and providerID of a Node manifest (nodes.node_manifest), as kubelet flags take them."""
+    labels = dict(manifest["metadata"]["labels"])
+    taints = tuple(dict(t) for t in manifest["spec"].get("taints") or ())
+    return labels, taints, str(manifest["spec"].get("providerID", ""))
+
+
+def require_root(euid: int) -> None:
+    if euid != 0:
+        raise KubeletError("the local cluster runs real kubelets, which need root: each runs in its own mount "
+                           "namespace (unshare --mount) so that it writes nothing outside the cluster directory")
+

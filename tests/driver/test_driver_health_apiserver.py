@@ -1,0 +1,117 @@
+"""Device health against the real kube-apiserver (1.36): a fault taints the device in the published ResourceSlice
+and records an Event on the Node; clearing it removes the taint; an API server without DRADeviceTaints drops the
+taints and the publisher notices once and stops sending them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from neuron_dra.driver.discovery import discover
+from neuron_dra.driver.emulate import clear_faults, emulate, inject_fault
+from neuron_dra.driver.health_reporting import HealthReporter
+from neuron_dra.driver.health_source import HealthMonitor
+from neuron_dra.driver.kube import api_client
+from neuron_dra.driver.metrics import Metrics
+from neuron_dra.driver.publisher import SlicePublisher
+from neuron_dra.driver.slices import PublishOptions
+from neuron_dra.localcluster.controlplane import ControlPlane
+from tests.support.driver import DRIVER, NODE
+from tests.support.e2e import raw
+
+pytestmark = pytest.mark.cluster
+
+
+def ensure_node(api: Any, name: str) -> None:
+    core = client.CoreV1Api(api)
+    try:
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})  # type: ignore[arg-type]
+    except client.exceptions.ApiException as e:
+        if e.status != 409:
+            raise
+
+
+def devices_by_name(api: Any, node: str) -> dict[str, dict[str, Any]]:
+    resp = client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node}",
+                                                          _preload_content=False)
+    return {d["name"]: d for s in raw(resp)["items"] for d in s["spec"].get("devices") or ()}
+
+
+def node_events(api: Any, node: str) -> list[tuple[str, str, str]]:
+    resp = client.CoreV1Api(api).list_namespaced_event("default", field_selector=f"involvedObject.name={node}",
+                                                       _preload_content=False)
+    return [(e["reason"], e["type"], e["message"]) for e in raw(resp)["items"]]
+
+
+class Node:
+    """One node's health pieces wired as the daemon wires them (main.py), driven by explicit polls."""
+
+    def __init__(self, api: Any, name: str, host: Path, effect: str) -> None:
+        ensure_node(api, name)
+        self.host = host
+        self.metrics = Metrics()
+        self.monitor = HealthMonitor(host, range(16))
+        neuron_host = discover(host)
+        self.reporter = HealthReporter(self.monitor, neuron_host, name, DRIVER, effect, api, self.metrics)
+        self.publisher = SlicePublisher(api, neuron_host, name, PublishOptions(driver_name=DRIVER), self.metrics,
+                                        taints=self.reporter.taints)
+        self.reporter.republish = self.publisher.refresh
+        self.monitor.add_listener(self.reporter.on_change)
+
+
+def test_fault_taints_the_device_records_events_and_clear_untaints(api: Any, tmp_path: Path) -> None:
+    node = Node(api, "health-node-a", emulate("trn2.48xlarge", tmp_path / "host"), "NoExecute")
+    node.publisher.reconcile()
+    assert not any("taints" in d for d in devices_by_name(api, "health-node-a").values())
+
+    inject_fault(node.host, 3)
+    assert set(node.monitor.poll()) == {3}  # the listener republished synchronously
+    devs = devices_by_name(api, "health-node-a")
+    (taint,) = devs["neuron-device-3"]["taints"]
+    assert taint["key"] == "neuron.aws.com/unhealthy" and taint["value"] == "mem_ecc_uncorrected"
+    assert taint["effect"] == "NoExecute"
+    assert [n for n, d in devs.items() if "taints" in d] == ["neuron-device-3"]
+    # What the server stored compares equal to what we send: no rewrite loop, timeAdded does not move.
+    result, _ = node.publisher.reconcile()
+    assert not result.changed
+    assert devices_by_name(api, "health-node-a")["neuron-device-3"]["taints"] == [taint]
+    assert node.publisher.taints_supported
+    assert node.metrics.tainted_devices._value.get() == 1
+    unhealthy = [e for e in node_events(api, "health-node-a") if e[0] == "DeviceUnhealthy"]
+    assert len(unhealthy) == 1 and unhealthy[0][1] == "Warning"
+    assert "neuron-device-3 is unhealthy: 1 uncorrectable HBM ECC errors" in unhealthy[0][2]
+
+    clear_faults(node.host, 3)
+    node.monitor.poll()
+    assert not any("taints" in d for d in devices_by_name(api, "health-node-a").values())
+    assert ("DeviceHealthy", "Normal") in [e[:2] for e in node_events(api, "health-node-a")]
+    assert node.metrics.tainted_devices._value.get() == 0
+
+
+@pytest.fixture(scope="module")
+def plane_without_taints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """Kubernetes 1.36 with the beta DRADeviceTaints gate off: like 1.34/1.35 (alpha, off)."""
+    cp = ControlPlane.start(tmp_path_factory.mktemp("controlplane-notaints"), max_lifetime_s=900,
+                            extra_apiserver_args=["--feature-gates=DRADeviceTaints=false"])
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+def test_api_server_without_device_taints_drops_them_and_the_publisher_stops_sending(
+        plane_without_taints: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    api = api_client(str(plane_without_taints.kubeconfig))
+    host = emulate("trn2.48xlarge", tmp_path / "host")
+    inject_fault(host, 0)  # unhealthy from the start
+    node = Node(api, NODE, host, "NoSchedule")
+    node.publisher.reconcile()
+    assert not node.publisher.taints_supported
+    assert "dropped the device taints" in caplog.text
+    assert not any("taints" in d for d in devices_by_name(api, NODE).values())
+    result, _ = node.publisher.reconcile()  # stable from then on: no rewrite loop
+    assert not result.changed and len(devices_by_name(api, NODE)) == 16
