@@ -47,8 +47,8 @@ def poll_cost(host: Path, n: int = 2000) -> None:
 
     base = _per_call(bare, n)
     poll = _per_call(monitor.poll, n)
-    print(f"poll of 16 devices: {poll * 1e6:8.1f} us  (Path.read_text of the same {len(files)} files: {base * 1e6:.1f} us, "
-          f"ratio {poll / base:.2f}); at 1 poll/s: {poll * 100:.3f} % of one core")
+    print(f"poll of 16 devices: {poll * 1e6:8.1f} us  (Path.read_text of the same {len(files)} files: "
+          f"{base * 1e6:.1f} us, ratio {poll / base:.2f}); at 1 poll/s: {poll * 100:.3f} % of one core")
 
 
 def latency(host: Path, interval: float, rounds: int) -> list[float]:

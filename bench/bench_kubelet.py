@@ -30,13 +30,14 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME, neuron_toleration
 from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import down, up
 
 NODE = "trn1-32xlarge-1"
 NS = "default"
-TOLERATION = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
+TOLERATION = neuron_toleration()
 
 
 def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:
@@ -140,7 +141,7 @@ def main() -> int:
              30, "default service account")
         template: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                          "metadata": {"name": "one"}, "spec": {"spec": {"devices": {"requests": [
-                             {"name": "neurons", "exactly": {"deviceClassName": "neuron.aws.com", "count": 1}}]}}}}
+                             {"name": "neurons", "exactly": {"deviceClassName": DEFAULT_DRIVER_NAME, "count": 1}}]}}}}
         res.create_namespaced_resource_claim_template(NS, template)
         wait(lambda: bool(res.list_resource_slice(field_selector=f"spec.nodeName={NODE}").items), 60, "slices")
         one_round(core, "warmup", True)

@@ -46,10 +46,11 @@ from typing import Any
 import grpc
 
 from neuron_dra.driver._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME, LIVENESS_SERVICE
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 
-DRIVER = "neuron.aws.com"
+DRIVER = DEFAULT_DRIVER_NAME
 NODE = "bench-node"
 MIB = 1024 * 1024
 SIZES = {1: [5], 4: [4, 5, 6, 7], 16: list(range(16))}
@@ -205,7 +206,7 @@ class Daemon:
         return elapsed
 
     def live(self) -> bool:
-        request = grpc_health_v1_pb2.HealthCheckRequest(service="liveness")
+        request = grpc_health_v1_pb2.HealthCheckRequest(service=LIVENESS_SERVICE)
         return bool(self._health.Check(request, timeout=5).status == grpc_health_v1_pb2.HealthCheckResponse.SERVING)
 
     def stop(self) -> None:

@@ -9,6 +9,7 @@ from neuron_dra.claim_templates.checks import (
     TemplateCheckError,
     check,
     check_against,
+    checked_manifest,
 )
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
 from neuron_dra.claim_templates.errors import TemplateError
@@ -21,6 +22,7 @@ from neuron_dra.claim_templates.requests import (
     FirstAvailable,
     GroupAttribute,
     Neuron,
+    NeuronCores,
     RingSegment,
     TolerateUnhealthy,
     Toleration,
@@ -44,6 +46,7 @@ __all__ = [
     "GroupAttribute",
     "Issue",
     "Neuron",
+    "NeuronCores",
     "OpaqueConfig",
     "RingSegment",
     "TemplateCheckError",
@@ -53,5 +56,6 @@ __all__ = [
     "UltraServerNode",
     "check",
     "check_against",
+    "checked_manifest",
     "to_yaml_documents",
 ]

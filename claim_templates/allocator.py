@@ -43,6 +43,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Literal, NamedTuple
 
 from neuron_dra.claim_templates.cel_env import (
@@ -51,9 +52,10 @@ from neuron_dra.claim_templates.cel_env import (
     CelEnvironment,
     CelEvaluationError,
 )
+from neuron_dra.claim_templates.cel_types import Quantity
 
 MAX_DEVICES_PER_CLAIM = 32  # resource.k8s.io/v1 AllocationResultsMaxSize
-COUNT_CAP = 64
+COUNT_CAP = 256  # copies counted at most: above any node (16 devices + 128 NeuronCores at LNC=1)
 
 Mode = Literal["fit-one", "count"]
 
@@ -146,6 +148,19 @@ class _Pool:
     devices: list[_Device] = field(default_factory=list)
     incomplete: bool = False
     invalid: bool = False
+    counter_sets: dict[str, dict[str, Fraction]] = field(default_factory=dict)  # sharedCounters, by set name
+
+
+Consumption = dict[tuple[str, str], Fraction]  # (counter set, counter) -> amount
+
+
+def _consumption(device: Mapping[str, Any]) -> Consumption:
+    out: Consumption = {}
+    for c in device.get("consumesCounters") or ():
+        for name, counter in (c.get("counters") or {}).items():
+            key = (c["counterSet"], name)
+            out[key] = out.get(key, Fraction(0)) + Quantity.parse(str(counter["value"])).value
+    return out
 
 
 def _node_matches(node_name: str, labels: Mapping[str, str], selector: Mapping[str, Any]) -> bool:
@@ -181,15 +196,19 @@ def _requirement(values: Mapping[str, str], req: Mapping[str, Any]) -> bool:
     return False
 
 
-def gather_pools(slices: Iterable[Mapping[str, Any]], node_name: str, node_labels: Mapping[str, str]
-                 ) -> list[_Pool]:
+def gather_pools(slices: Iterable[Mapping[str, Any]], node_name: str, node_labels: Mapping[str, str],
+                 partitionable: bool = True) -> list[_Pool]:
     labels = {"kubernetes.io/hostname": node_name, **node_labels}
     pools: dict[tuple[str, str], _Pool] = {}
     for s in slices:
         spec = s["spec"]
         if spec.get("perDeviceNodeSelection") is not None:
-            continue  # partitionable devices (alpha) are off
-        if spec.get("nodeName"):
+            continue  # per-device node selection is not modelled
+        if spec.get("sharedCounters"):
+            if not partitionable:
+                continue
+            # counter sets are needed to use a pool, whatever node they name
+        elif spec.get("nodeName"):
             if spec["nodeName"] != node_name:
                 continue
         elif spec.get("allNodes"):
@@ -211,13 +230,23 @@ def gather_pools(slices: Iterable[Mapping[str, Any]], node_name: str, node_label
         pool.slices.append(s)
     for pool in pools.values():
         pool.incomplete = len(pool.slices) != int(pool.slices[0]["spec"]["pool"].get("resourceSliceCount", 1))
+        pool.slices.sort(key=lambda x: str((x.get("metadata") or {}).get("name", "")))  # 1.36 visits them by name
         seen: set[str] = set()
         for s in pool.slices:
+            for cs in s["spec"].get("sharedCounters") or []:
+                if cs["name"] in pool.counter_sets:
+                    pool.invalid = True  # duplicate counter set name
+                pool.counter_sets[cs["name"]] = {
+                    n: Quantity.parse(str(c["value"])).value for n, c in (cs.get("counters") or {}).items()}
             for d in s["spec"].get("devices") or []:
                 if d["name"] in seen:
                     pool.invalid = True
                 seen.add(d["name"])
                 pool.devices.append(_Device(DeviceId(pool.driver, pool.name, d["name"]), d, pool))
+        for device in pool.devices if partitionable else ():  # each consumption names a counter of the pool
+            for (set_name, counter) in _consumption(device.api):
+                if counter not in pool.counter_sets.get(set_name, {}):
+                    pool.invalid = True
     return list(pools.values())
 
 
@@ -291,8 +320,9 @@ class Simulator:
 
     def __init__(self, slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mapping[str, Any]],
                  node_name: str, node_labels: Mapping[str, str] | None = None, cel: CelEnvironment | None = None,
-                 prune: bool = True, device_taints: bool = True) -> None:
-        self.pools = gather_pools(slices, node_name, node_labels or {})
+                 prune: bool = True, device_taints: bool = True, partitionable: bool = True) -> None:
+        self.pools = gather_pools(slices, node_name, node_labels or {}, partitionable)
+        self.partitionable = partitionable  # DRAPartitionableDevices (1.36+): else counters are ignored
         self.prune = prune  # False: visit every subtree as the Go search does (tests and baselines)
         self.device_taints = device_taints  # DRADeviceTaints (1.36+)
         self.classes = {c["metadata"]["name"]: c for c in device_classes}
@@ -364,6 +394,9 @@ class _Search:
         self.constraints: list[list[_MatchAttribute]] = []
         self.results: list[list[DeviceResult]] = [[] for _ in claims]
         self.failed: dict[tuple[Any, ...], bool] = {}  # failed subtree state -> raised max-size (else False)
+        # per pool: counters left after the allocated devices, and consumed by the devices being allocated
+        self.available: dict[tuple[str, str], Consumption] = {}
+        self.consuming: dict[tuple[str, str], Consumption] = {}
         # per request: devices that are selectable, or whose selectors error (selection is static)
         self.candidates: dict[tuple[int, int, int], list[tuple[_Device, AllocationError | None]]] = {}
 
@@ -552,13 +585,16 @@ class _Search:
         """allocateDevice: availability, then constraints; returns how to roll back, or None."""
         if self._busy(req, device):
             return None
-        if device.api.get("consumesCounters"):
-            return None  # partitionable devices (alpha) are off
+        release_counters = self._take_counters(device)
+        if release_counters is None:
+            return None
         if self._tainted(req, device):
+            release_counters()
             return None
         constraints = self.constraints[req.claim]
         for i, constraint in enumerate(constraints):
             if not constraint.add(req, device):
+                release_counters()
                 if must:
                     raise AllocationError(f"claim {self.labels[req.claim]}, request {req.name}: cannot add device "
                                           f"{device.id} because a claim constraint would not be satisfied")
@@ -574,8 +610,41 @@ class _Search:
                 constraint.remove(req)
             self.allocating[device.id].discard(req.claim)
             self.results[req.claim].pop()
+            release_counters()
 
         return undo
+
+    def _take_counters(self, device: _Device) -> Undo | None:
+        """checkAvailableCounters: reserve the device's counters, or None when some counter of its pool would go
+        below zero."""
+        wanted = _consumption(device.api)
+        if not wanted:
+            return lambda: None
+        if not self.sim.partitionable:
+            return None  # a device that consumes counters is never allocated without the feature
+        pool = device.pool
+        key = (pool.driver, pool.name)
+        available = self.available.get(key)
+        if available is None:
+            available = {(s, n): v for s, counters in pool.counter_sets.items() for n, v in counters.items()}
+            for other in pool.devices:  # the allocated devices' consumption (fixed during this allocation)
+                if other.id in self.allocated:
+                    for k, v in _consumption(other.api).items():
+                        if k in available:
+                            available[k] -= v
+            self.available[key] = available
+        consuming = self.consuming.setdefault(key, {})
+        for k, v in wanted.items():
+            consuming[k] = consuming.get(k, Fraction(0)) + v
+
+        def release() -> None:
+            for k, v in wanted.items():
+                consuming[k] -= v
+
+        if any(left < consuming.get(k, 0) for k, left in available.items()):
+            release()
+            return None
+        return release
 
     def _enough_candidates(self, req: _Request, needed: int) -> bool:
         """Whether enough devices remain for this request's remaining slots (a sound cut of the search).
@@ -610,8 +679,6 @@ class _Search:
                 if pool.invalid or pool.incomplete:
                     continue
                 for device in pool.devices:
-                    if device.api.get("consumesCounters"):
-                        continue
                     try:
                         if self._selectable(req, device):
                             found.append((device, None))

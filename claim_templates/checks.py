@@ -36,6 +36,8 @@ from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
 from neuron_dra.claim_templates.template import ClaimTemplate
 from neuron_dra.driver import config as driver_config
 from neuron_dra.driver.catalog import BUILTIN, HOW_TO_ADD, Catalog
+from neuron_dra.driver.partitions import parse_core_device
+from neuron_dra.driver.slices import device_name
 from neuron_dra.driver.taints import unhealthy_taint_key
 
 Severity = Literal["error", "warning"]
@@ -368,12 +370,15 @@ class _Check:
             return None
         taint = {"key": unhealthy_taint_key(self.drivers.neuron_driver), "value": "mem_ecc_uncorrected",
                  "effect": "NoSchedule"}
+        # The driver taints a faulty device and the cores carved from it (partitions.py names them after it).
+        core = parse_core_device(victim.device)
+        base = device_name(core[0]) if core is not None else victim.device
         slices = copy.deepcopy(list(node.slices))
         for sl in slices:
             if sl["spec"]["driver"] != victim.driver:
                 continue
-            for dev in sl["spec"]["devices"]:
-                if dev["name"] == victim.device:
+            for dev in sl["spec"].get("devices") or ():  # counter-set slices have none
+                if dev["name"] == base or dev["name"].startswith(f"{base}-core-"):
                     dev["taints"] = [taint]
         return simulate(slices, node.device_classes, [claim], node_name=node.node_name, mode="count",
                         cel=self.cel).count
@@ -472,3 +477,11 @@ def check_against(template: TemplateInput, instance_types: Sequence[str]) -> Non
     report = check(template, instance_types)
     if not report.ok:
         raise TemplateCheckError(report)
+
+
+def checked_manifest(template: ClaimTemplate, instance_types: Sequence[str] | None = None) -> dict[str, Any]:
+    """The template's manifest after the checks passed against `instance_types` (default: every built-in catalog type);
+    TemplateCheckError with the reasons otherwise. A function here, not a ClaimTemplate method: the checks
+    import the template module, never the other way round."""
+    check_against(template, list(instance_types or BUILTIN.names))
+    return template.to_manifest()

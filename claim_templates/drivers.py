@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_dra.claim_templates.names import check_dns_subdomain
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.deploy import DEFAULT_CORE_DEVICE_CLASS, device_class_selector
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME, device_class_manifest
 
-DEFAULT_NEURON_CLASS = "neuron.aws.com"
+DEFAULT_NEURON_CLASS = DEFAULT_DRIVER_NAME  # AWS names the DeviceClass after the driver
+DEFAULT_NEURON_CORE_CLASS = DEFAULT_CORE_DEVICE_CLASS  # NeuronCores (docs/neuron-cores.md §4)
 DEFAULT_EFA_DRIVER = "dra.net"
 DEFAULT_EFA_CLASS = "efa.networking.k8s.aws"
 
@@ -24,19 +26,20 @@ class Drivers:
     neuron_class: str = DEFAULT_NEURON_CLASS
     efa_driver: str = DEFAULT_EFA_DRIVER
     efa_class: str = DEFAULT_EFA_CLASS
+    neuron_core_class: str = DEFAULT_NEURON_CORE_CLASS
 
     def __post_init__(self) -> None:
-        for name in ("neuron_driver", "neuron_class", "efa_driver", "efa_class"):
+        for name in ("neuron_driver", "neuron_class", "efa_driver", "efa_class", "neuron_core_class"):
             check_dns_subdomain(f"Drivers.{name}", getattr(self, name))
 
     def device_classes(self) -> list[dict[str, Any]]:
-        """The DeviceClasses the drivers install: each selects its driver's devices."""
-        return [_device_class(self.neuron_class, self.neuron_driver), _device_class(self.efa_class, self.efa_driver)]
-
-
-def _device_class(name: str, driver: str) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
+        """The DeviceClasses the drivers install: the bundled driver's two (whole devices, NeuronCores; the
+        selectors of driver/deploy.py) and the EFA driver's."""
+        return [device_class_manifest(self.neuron_class, self.neuron_driver,
+                                      expression=device_class_selector(self.neuron_driver, cores=False)),
+                device_class_manifest(self.neuron_core_class, self.neuron_driver,
+                                      expression=device_class_selector(self.neuron_driver, cores=True)),
+                device_class_manifest(self.efa_class, self.efa_driver)]
 
 
 DEFAULT_DRIVERS = Drivers()

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
+from neuron_dra.driver.errors import NotAllowed
 
-class TemplateError(ValueError):
-    """Bad input to a typed claim template class, found at construction."""
 
-    def __init__(self, field: str, value: object, allowed: str) -> None:
-        self.field = field
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{field}: {value!r} is not allowed; allowed: {allowed}")
+class TemplateError(NotAllowed):
+    """Bad input to a typed claim template class, found at construction; `field` names the class and argument."""

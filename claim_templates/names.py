@@ -6,41 +6,28 @@ import re
 from collections.abc import Mapping
 
 from neuron_dra.claim_templates.errors import TemplateError
+from neuron_dra.driver import k8s_names
+from neuron_dra.driver.k8s_names import LABEL_KEY_RULE, LABEL_VALUE_RULE, is_label_key, is_label_value
 
-DNS_LABEL_MAX = 63
-DNS_SUBDOMAIN_MAX = 253
-LABEL_VALUE_MAX = 63
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def check_dns_label(field: str, value: object) -> str:
-    if not isinstance(value, str) or len(value) > DNS_LABEL_MAX or not _DNS_LABEL.match(value):
-        raise TemplateError(field, value, f"a DNS label: lowercase letters, digits and '-', starting and ending "
-                                          f"with a letter or digit, at most {DNS_LABEL_MAX} characters")
-    return value
+    return k8s_names.check_dns_label(field, value, TemplateError)
 
 
 def check_dns_subdomain(field: str, value: object) -> str:
-    if not isinstance(value, str) or len(value) > DNS_SUBDOMAIN_MAX or not _DNS_SUBDOMAIN.match(value):
-        raise TemplateError(field, value, "a DNS subdomain: dot-separated DNS labels (lowercase letters, digits, '-'),"
-                                          f" at most {DNS_SUBDOMAIN_MAX} characters")
-    return value
+    return k8s_names.check_dns_subdomain(field, value, TemplateError)
 
 
 def check_label_key(field: str, key: object) -> str:
     if not isinstance(key, str):
         raise TemplateError(field, key, "a label key string")
-    prefix, _, name = key.rpartition("/")
+    prefix, _, _name = key.rpartition("/")
     if prefix:
-        check_dns_subdomain(f"{field} prefix", prefix)
-    if len(name) > DNS_LABEL_MAX or not _LABEL_NAME.match(name):
-        raise TemplateError(field, key, "a label key: an optional DNS subdomain prefix and '/', then a name of at most "
-                                        "63 letters, digits, '-', '_' or '.', starting and ending alphanumeric")
+        check_dns_subdomain(f"{field} prefix", prefix)  # names the prefix when it is the wrong part
+    if not is_label_key(key):
+        raise TemplateError(field, key, LABEL_KEY_RULE)
     return key
 
 
@@ -52,9 +39,8 @@ def check_labels(field: str, labels: Mapping[str, str] | None) -> tuple[tuple[st
         raise TemplateError(field, labels, "a mapping of label keys to values")
     for k, v in labels.items():
         check_label_key(f"{field} key", k)
-        if not isinstance(v, str) or len(v) > LABEL_VALUE_MAX or not _LABEL_VALUE.match(v):
-            raise TemplateError(f"{field}[{k!r}]", v, "a label value: at most 63 letters, digits, '-', '_' or '.', "
-                                                      "starting and ending alphanumeric (or empty)")
+        if not is_label_value(v):
+            raise TemplateError(f"{field}[{k!r}]", v, LABEL_VALUE_RULE)
     return tuple(sorted(labels.items()))
 
 

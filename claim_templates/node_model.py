@@ -19,6 +19,7 @@ from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
 from neuron_dra.driver.catalog import BUILTIN, Catalog
 from neuron_dra.driver.hosts import emulated_host
 from neuron_dra.driver.model import NeuronHost
+from neuron_dra.driver.partitions import CoreLayout
 from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, efa_driver_devices, resource_slices
 
 
@@ -44,25 +45,32 @@ class NodeModel:
         return len(self.devices)
 
 
-def build_node(host: NeuronHost, node_name: str, drivers: Drivers = DEFAULT_DRIVERS) -> NodeModel:
-    pool = build_pool(host, NodeFacts(node_name), PublishOptions(driver_name=drivers.neuron_driver))
+def build_node(host: NeuronHost, node_name: str, drivers: Drivers = DEFAULT_DRIVERS, partitionable: bool = True
+               ) -> NodeModel:
+    """`partitionable`: the node as the driver publishes it on Kubernetes 1.36+ (NeuronCores and counters at the
+    family's default LNC); else whole devices only."""
+    cores = CoreLayout.for_spec(host.spec) if partitionable else None
+    pool = build_pool(host, NodeFacts(node_name), PublishOptions(driver_name=drivers.neuron_driver, cores=cores))
     slices = []
-    for s in resource_slices(pool):
-        s["metadata"] = {"name": f"{node_name}-{drivers.neuron_driver}"}
+    for i, s in enumerate(resource_slices(pool)):
+        s["metadata"] = {"name": f"{node_name}-{drivers.neuron_driver}-{i:02d}"}  # visited by name, in this order
         slices.append(s)
     efa = efa_driver_devices(pool)
     if efa:
         slices.append(_slice(drivers.efa_driver, node_name, efa))
-    devices = tuple(CelDevice.from_api(s["spec"]["driver"], d, node_name) for s in slices for d in s["spec"]["devices"])
+    devices = tuple(CelDevice.from_api(s["spec"]["driver"], d, node_name)
+                    for s in slices for d in s["spec"].get("devices") or ())
     return NodeModel(host.instance_type, node_name, tuple(slices), tuple(drivers.device_classes()), devices)
 
 
 class NodeCatalog:
     """Node models per instance type, built once (emulating a host is the slow part)."""
 
-    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, hardware: Catalog = BUILTIN) -> None:
+    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, hardware: Catalog = BUILTIN,
+                 partitionable: bool = True) -> None:
         self.drivers = drivers
         self.hardware = hardware
+        self.partitionable = partitionable  # nodes as published on 1.36+ (NeuronCores, counters); else devices only
         self._nodes: dict[str, NodeModel] = {}
         self._published: dict[tuple[RefKind, str], frozenset[str]] | None = None
 
@@ -71,7 +79,7 @@ class NodeCatalog:
         if model is None:
             self.hardware.spec(instance_type)  # an unknown type lists the known ones
             model = build_node(emulated_host(instance_type, catalog=self.hardware), f"node-{instance_type}",
-                               self.drivers)
+                               self.drivers, self.partitionable)
             self._nodes[instance_type] = model
         return model
 

@@ -10,6 +10,9 @@
 - `Efa(count, aligned_to=...)`: EFA devices of AWS's EFA driver in the same devicegroup as the Neuron
   devices of the named request.
 - `FirstAvailable(option, option, ...)`: the first alternative that fits (`firstAvailable`).
+- `NeuronCores(n, ...)`: n NeuronCores (logical cores at the node's LNC) of one Neuron device, an aligned,
+  contiguous group (n a power of two up to a device's cores), from the NeuronCore DeviceClass; Kubernetes 1.36+
+  (partitionable devices). docs/neuron-cores.md.
 
 Every Neuron request guards its selectors with `resourceType == 'neuron_device'` so that `ALL` or a
 count of 16 never takes the UltraServer pseudo-device of an UltraServer node. Bad input raises TemplateError at
@@ -34,7 +37,9 @@ from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
 from neuron_dra.driver import config as driver_config
 from neuron_dra.driver.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
-from neuron_dra.driver.slices import AWS_DOMAIN, DEFAULT_DRIVER_NAME, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.partitions import NEURON_CORE, CoreLayout
+from neuron_dra.driver.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
 from neuron_dra.driver.taints import UNHEALTHY_TAINT_NAME
 
 UNHEALTHY_TAINT_KEY = f"{DEFAULT_DRIVER_NAME}/{UNHEALTHY_TAINT_NAME}"
@@ -546,7 +551,7 @@ class UltraServerNode:
                 driver_config.decode(neuron_config(self.lnc))
         except driver_config.ConfigError as e:
             field_name = "UltraServerNode.mode" if e.field == "ultraserverMode" else "UltraServerNode.lnc"
-            raise TemplateError(field_name, e.value, e.allowed) from None
+            raise e.restated(TemplateError, field_name) from None
         object.__setattr__(self, "selectors", _as_tuple("UltraServerNode.selectors", self.selectors))
         _check_selectors("UltraServerNode.selectors", self.selectors)  # type: ignore[arg-type]
 
@@ -654,4 +659,96 @@ def _renamed(option: Neuron, name: str) -> Neuron:
     return replace(option, name=name)
 
 
-Request = Neuron | UltraServerNode | Efa | FirstAvailable
+@dataclass(frozen=True)
+class NeuronCores:
+    """`count` NeuronCores (logical cores at the node's LNC; physical cores on Trainium1/Inferentia2) of one
+    Neuron device, forming one aligned, contiguous range of NEURON_RT_VISIBLE_CORES ids: the count is a power of
+    two up to a device's logical cores, and more than one core is held together by `coreGroup{count}_id`
+    (docs/neuron-cores.md §2-3). `node_lnc` keeps the request to nodes of that LNC (the count's meaning changes
+    with it on Trainium2+)."""
+
+    count: int = 1
+    name: str = "cores"
+    instance_types: Sequence[str] | str = ()
+    families: Sequence[str] | str = ()
+    node_lnc: int | None = None
+    selectors: Sequence[str] | str = ()
+    tolerations: Sequence[Tolerance] | Tolerance = ()
+    catalog: Catalog = field(default=BUILTIN, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.catalog, Catalog):
+            raise TemplateError("NeuronCores.catalog", self.catalog, "a Catalog")
+        check_dns_label("NeuronCores.name", self.name)
+        object.__setattr__(self, "instance_types", _as_tuple("NeuronCores.instance_types", self.instance_types))
+        object.__setattr__(self, "families", _as_tuple("NeuronCores.families", self.families))
+        object.__setattr__(self, "selectors", _as_tuple("NeuronCores.selectors", self.selectors))
+        object.__setattr__(self, "tolerations", _tolerations("NeuronCores.tolerations", self.tolerations))
+        types = self.catalog.types
+        for t in self.instance_types:
+            if t not in types:
+                raise TemplateError("NeuronCores.instance_types", t, ", ".join(types))
+        for f in self.families:
+            if f not in self.catalog.family_map:
+                raise TemplateError("NeuronCores.families", f, ", ".join(self.catalog.family_map))
+        targets = self.target_types
+        if not targets:
+            raise TemplateError("NeuronCores.families", self.families,
+                                f"families that contain one of the instance types {', '.join(self.instance_types)}")
+        if self.node_lnc is not None:
+            if isinstance(self.node_lnc, bool) or self.node_lnc not in driver_config.LNC_VALUES:
+                raise TemplateError("NeuronCores.node_lnc", self.node_lnc, "1 or 2")
+            without = [t for t in targets if not types[t].lnc_supported]
+            if without:
+                raise TemplateError("NeuronCores.node_lnc", self.node_lnc,
+                                    f"LNC only on Trainium2 and later; this request may land on {', '.join(without)}: "
+                                    "restrict instance_types or families")
+        sizes = sorted({n for t in targets for n in self._sizes(types[t])})
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count not in sizes:
+            raise TemplateError("NeuronCores.count", self.count,
+                                f"the aligned core group sizes of {', '.join(targets)}: {_sizes(sizes)}")
+        _check_selectors("NeuronCores.selectors", self.selectors)  # type: ignore[arg-type]
+
+    def _sizes(self, spec: InstanceSpec) -> tuple[int, ...]:
+        lncs = [self.node_lnc] if self.node_lnc is not None else ([1, 2] if spec.lnc_supported else [1])
+        return tuple(n for lnc in lncs for n in CoreLayout.for_spec(spec, lnc).claim_sizes())
+
+    @property
+    def target_types(self) -> tuple[str, ...]:
+        types = self.catalog.types
+        by_family = tuple(t for t, s in types.items() if s.family.name in self.families)
+        if self.instance_types and self.families:
+            return tuple(t for t in self.instance_types if t in by_family)
+        return tuple(self.instance_types) or by_family or tuple(types)
+
+    def selector_expressions(self, drivers: Drivers) -> list[str]:
+        d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
+        out = [f"{d}.resourceType == {_cel_string(NEURON_CORE)}"]
+        if self.instance_types or self.families:
+            types = self.target_types
+            out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
+                       else f"{d}.instanceType in {_cel_list(types)}")
+        if self.node_lnc is not None:
+            out.append(f"{d}.lnc == {self.node_lnc}")
+        if self.count > 1:  # only nodes whose devices have groups of this size
+            out.append(f"'coreGroup{self.count}_id' in {d}")
+        out.extend(self.selectors)
+        return out
+
+    def render(self, drivers: Drivers) -> Rendered:
+        body: dict[str, Any] = {"deviceClassName": drivers.neuron_core_class, "allocationMode": "ExactCount",
+                                "count": self.count,
+                                "selectors": [_selector(e) for e in self.selector_expressions(drivers)]}
+        if self.tolerations:
+            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
+        constraints = []
+        if self.count > 1:
+            constraints.append({"requests": [self.name],
+                                "matchAttribute": f"{drivers.neuron_driver}/coreGroup{self.count}_id"})
+        return Rendered({"name": self.name, "exactly": body}, constraints)
+
+    def max_devices(self) -> int:
+        return self.count
+
+
+Request = Neuron | UltraServerNode | Efa | FirstAvailable | NeuronCores

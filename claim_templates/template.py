@@ -16,6 +16,7 @@ from neuron_dra.claim_templates.requests import (
     Efa,
     FirstAvailable,
     Neuron,
+    NeuronCores,
     Request,
     UltraServerNode,
     default_group,
@@ -66,8 +67,9 @@ class ClaimTemplate:
         if not 1 <= len(all_requests) <= MAX_REQUESTS:
             raise TemplateError("ClaimTemplate.requests", len(all_requests), f"1 to {MAX_REQUESTS} requests")
         for r in all_requests:
-            if not isinstance(r, Neuron | UltraServerNode | Efa | FirstAvailable):
-                raise TemplateError("ClaimTemplate.requests", r, "Neuron, UltraServerNode, Efa or FirstAvailable")
+            if not isinstance(r, Neuron | UltraServerNode | Efa | FirstAvailable | NeuronCores):
+                raise TemplateError("ClaimTemplate.requests", r,
+                                    "Neuron, NeuronCores, UltraServerNode, Efa or FirstAvailable")
         names = [r.name for r in all_requests]
         for n in names:
             if names.count(n) > 1:
@@ -113,7 +115,7 @@ class ClaimTemplate:
                 try:
                     driver_config.decode(dict(cfg.parameters))
                 except driver_config.ConfigError as e:
-                    raise TemplateError(f"OpaqueConfig.parameters.{e.field}", e.value, e.allowed) from None
+                    raise e.restated(TemplateError, f"OpaqueConfig.parameters.{e.field}") from None
             if len(yaml.safe_dump(dict(cfg.parameters)).encode()) > MAX_OPAQUE_PARAMETERS_BYTES:
                 raise TemplateError("OpaqueConfig.parameters", "...", f"at most {MAX_OPAQUE_PARAMETERS_BYTES} bytes")
 
@@ -174,14 +176,6 @@ class ClaimTemplate:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_manifest(), sort_keys=False)
 
-    def render(self, instance_types: Sequence[str] | None = None) -> dict[str, Any]:
-        """The manifest after the checks passed against `instance_types` (default: every built-in catalog type);
-        raises checks.TemplateCheckError with the reasons otherwise."""
-        from neuron_dra.claim_templates.checks import check_against  # here: checks imports this module
-        from neuron_dra.driver.catalog import BUILTIN
-
-        check_against(self, list(instance_types or BUILTIN.names))
-        return self.to_manifest()
 
 
 def _mapping(value: Mapping[str, str] | Sequence[tuple[str, str]] | None) -> Mapping[str, str] | None:

@@ -179,12 +179,11 @@ def render_yaml(run: Any) -> str:
 def _user_error(exc: BaseException) -> BaseException | None:
     """Our own error behind Pulumi's wrapping (errors raised in `apply` come back as causes)."""
     from neuron_dra.components.claims import ClaimTemplateCheckError
-    from neuron_dra.components.settings import SettingError
-    from neuron_dra.driver.deploy import DeployOptionError
+    from neuron_dra.driver.errors import NotAllowed
 
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, SettingError | ClaimTemplateCheckError | DeployOptionError):
+        if isinstance(seen, NotAllowed | ClaimTemplateCheckError):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None

@@ -29,14 +29,14 @@ from neuron_dra.components.settings import (
     parse_addon_version,
     parse_kubernetes_version,
 )
-from neuron_dra.driver.deploy import NEURON_TAINT_KEY
+from neuron_dra.driver.k8s_names import neuron_toleration
 
 ADMIN_POLICY_ARN = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator")
 # CoreDNS may run on Neuron nodes when they are the only nodes (tolerations in its add-on configuration).
 COREDNS_TOLERATIONS = (
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
-    {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+    neuron_toleration(),
 )
 
 

@@ -22,7 +22,8 @@ import pulumi_aws as aws
 
 from neuron_dra.components.efa import efa_interfaces
 from neuron_dra.components.settings import NodeGroupSettings, SettingError
-from neuron_dra.driver.deploy import CAPACITY_BLOCK_LABEL, NEURON_TAINT_KEY, NODE_GROUP_LABEL
+from neuron_dra.driver.deploy import CAPACITY_BLOCK_LABEL, NODE_GROUP_LABEL
+from neuron_dra.driver.k8s_names import NEURON_TAINT_KEY, NEURON_TAINT_VALUE
 
 AMI_TYPE = "AL2023_x86_64_NEURON"
 ROOT_DEVICE = "/dev/xvda"  # AL2023 root device
@@ -31,7 +32,7 @@ NODE_POLICIES = (
     "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",  # the vpc-cni add-on runs with the node's role
     "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",  # pull images (the driver's too), no push
 )
-NEURON_TAINT = {"key": NEURON_TAINT_KEY, "value": "true", "effect": "NO_SCHEDULE"}
+NEURON_TAINT = {"key": NEURON_TAINT_KEY, "value": NEURON_TAINT_VALUE, "effect": "NO_SCHEDULE"}  # EKS API spelling
 
 
 @dataclass(frozen=True)

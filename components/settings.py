@@ -16,14 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from neuron_dra.driver.catalog import CATALOG, InstanceSpec, get_instance_spec
-from neuron_dra.driver.deploy import (
-    DEFAULT_NAMESPACE,
+from neuron_dra.driver.deploy import DEFAULT_NAMESPACE, DeployOptionError, DriverDeployOptions
+from neuron_dra.driver.errors import NotAllowed
+from neuron_dra.driver.k8s_names import (
+    DEFAULT_DRIVER_NAME,
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,
-    DeployOptionError,
-    DriverDeployOptions,
+    LABEL_KEY_RULE,
+    LABEL_VALUE_RULE,
+    is_label_key,
+    is_label_value,
 )
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 
 PROJECT = "neuron-dra"
 MIN_KUBERNETES_VERSION = (1, 34)
@@ -41,14 +44,12 @@ NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
 Kind = Literal["string", "integer", "boolean", "strings", "objects"]
 
 
-class SettingError(ValueError):
-    """A setting that cannot work; names it, the value and what is allowed."""
+class SettingError(NotAllowed):
+    """A setting that cannot work; `field` (also `setting`) is the setting's name as the user wrote it."""
 
-    def __init__(self, setting: str, value: object, allowed: str) -> None:
-        self.setting = setting
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{setting}: {value!r} is not allowed; allowed: {allowed}")
+    @property
+    def setting(self) -> str:
+        return self.field
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,6 @@ _CIDR = re.compile(r"^(\d{1,3}\.){3}\d{1,3}/\d{1,2}$")
 _ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/\S+$")
 _ADDON_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(-eksbuild\.\d+)?$")
 _K8S_VERSION = re.compile(r"^(\d+)\.(\d+)$")
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -214,10 +212,10 @@ class NodeGroupSettings:
             raise SettingError(f"{w}.availabilityZone", self.availability_zone,
                                "unset when subnetIds is given (the subnets decide the AZ)")
         for label, text in self.labels.items():
-            if not isinstance(label, str) or not _LABEL_KEY.match(label) or len(label) > 316:
-                raise SettingError(f"{w}.labels", label, "Kubernetes label keys ([prefix/]name)")
-            if not isinstance(text, str) or not _LABEL_VALUE.match(text):
-                raise SettingError(f"{w}.labels[{label}]", text, "a Kubernetes label value (<= 63 characters)")
+            if not is_label_key(label):
+                raise SettingError(f"{w}.labels", label, LABEL_KEY_RULE)
+            if not is_label_value(text):
+                raise SettingError(f"{w}.labels[{label}]", text, LABEL_VALUE_RULE)
         if self.version is not None:
             parse_kubernetes_version(f"{w}.version", self.version)
         self._check_capacity_block(w)
@@ -401,7 +399,7 @@ class StackSettings:
                 DriverDeployOptions(image=self.driver_image)
         except DeployOptionError as e:
             key = _SETTING_OF_OPTION.get(e.option, e.option)
-            raise SettingError(setting_name(key), e.value, e.allowed) from e
+            raise e.restated(SettingError, setting_name(key)) from e
         return options
 
     def resolved_cluster_name(self, stack: str) -> str:

@@ -9,15 +9,17 @@ fields it uses (runtimes reject specs whose version is too low for their content
 
 from __future__ import annotations
 
-import contextlib
 import json
+import os
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from neuron_dra.driver.atomicfile import remove_temp_files, write_atomic
+from neuron_dra.driver.errortext import shown
 
 CDI_KIND = "aws.amazon.com/neuron"
 SPEC_FILE_MODE = 0o644  # read by the container runtime; holds no secrets
@@ -33,8 +35,8 @@ class CdiError(ValueError):
 
 
 def check_claim_uid(uid: str) -> str:
-    if not _CLAIM_UID.match(uid):
-        raise CdiError(f"claim uid {uid!r} is not allowed: letters, digits and '-' only, at most 128 characters")
+    if not isinstance(uid, str) or not _CLAIM_UID.match(uid):
+        raise CdiError(f"claim uid {shown(uid)} is not allowed: letters, digits and '-' only, at most 128 characters")
     return uid
 
 
@@ -136,16 +138,34 @@ class CdiStore:
         return path
 
     def read(self, claim_uid: str) -> str | None:
+        """The spec file's text; None when there is none; CdiError when it cannot be read as UTF-8 text."""
+        path = self.path_for(claim_uid)
         try:
-            return self.path_for(claim_uid).read_text(encoding="utf-8")
+            return path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
+        except (UnicodeDecodeError, OSError) as e:  # invalid UTF-8, a directory in its place, no permission
+            raise CdiError(f"{path}: unreadable ({type(e).__name__}: {str(e)[:200]})") from None
+
+    def quarantine(self, claim_uid: str) -> Path | None:
+        """Move an unreadable spec aside (a hidden name: runtimes read only *.json/*.yaml files) so it can be
+        rewritten or left behind; returns where it went, None when there was nothing."""
+        path = self.path_for(claim_uid)
+        if not os.path.lexists(path):
+            return None
+        target = self.root / f".{path.name}.unreadable-{time.time_ns()}"
+        os.replace(path, target)
+        return target
 
     def remove(self, claim_uid: str) -> bool:
-        with contextlib.suppress(FileNotFoundError):
-            self.path_for(claim_uid).unlink()
-            return True
-        return False
+        path = self.path_for(claim_uid)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        except (IsADirectoryError, PermissionError):  # not a file we wrote: moved aside instead
+            return self.quarantine(claim_uid) is not None
+        return True
 
     def claim_uids(self) -> set[str]:
         """Claims that have a spec file of this driver (used to find orphans after a crash)."""

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.driver.atomicfile import remove_temp_files, write_atomic
+from neuron_dra.driver.cdi import CdiError, check_claim_uid
+from neuron_dra.driver.errortext import shown
 
 CHECKPOINT_VERSION = 1
 CHECKPOINT_FILE = "checkpoint.json"
@@ -134,22 +136,31 @@ def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
     try:
         doc = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(path, f"not JSON ({e}); the file is corrupt") from None
+        raise CheckpointError(path, f"not JSON ({str(e)[:200]}); the file is corrupt") from None
+    except RecursionError:
+        raise CheckpointError(path, "nested deeper than any checkpoint this driver writes; corrupt") from None
     if not isinstance(doc, dict):
         raise CheckpointError(path, "expected a JSON object")
     version = doc.get("version")
     if version != CHECKPOINT_VERSION:
-        raise CheckpointError(path, f"checkpoint version {version!r} is not supported; this driver reads version "
+        raise CheckpointError(path, f"checkpoint version {shown(version)} is not supported; this driver reads version "
                                     f"{CHECKPOINT_VERSION} (was it written by a newer driver?)")
     data = doc.get("preparedClaims")
     if not isinstance(data, dict):
         raise CheckpointError(path, "field 'preparedClaims' must be an object")
     if doc.get("checksum") != _checksum(_canonical(data)):
-        raise CheckpointError(path, f"checksum mismatch (recorded {doc.get('checksum')!r}); the file is corrupt")
-    try:
-        return {uid: PreparedClaim.from_json(uid, entry) for uid, entry in data.items()}
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(path, f"malformed claim entry: {e!r}") from None
+        raise CheckpointError(path, f"checksum mismatch (recorded {shown(doc.get('checksum'))}); the file is corrupt")
+    claims = {}
+    for uid, entry in data.items():
+        try:
+            # The uid names files (CDI specs): one that could not have been written by prepare is refused here.
+            check_claim_uid(uid)
+            claims[uid] = PreparedClaim.from_json(uid, entry)
+        except CdiError as e:
+            raise CheckpointError(path, f"bad claim entry: {e}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
+            raise CheckpointError(path, f"malformed entry of claim {shown(uid)}: {shown(e)}") from None
+    return claims
 
 
 JOURNAL_SUFFIX = ".journal"

@@ -38,6 +38,7 @@ class Reason(StrEnum):
     ALLOCATION_CHANGED = "allocation_changed"
     UNPREPARED_MEANWHILE = "unprepared_meanwhile"
     API_ERROR = "api_error"
+    ABANDONED = "abandoned"
     INTERNAL = "internal"
 
 

@@ -10,7 +10,8 @@ from neuron_dra.driver.catalog import BUILTIN, CATALOG, UnknownInstanceTypeError
 from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog
 from neuron_dra.driver.discovery import DiscoveryError
 from neuron_dra.driver.hosts import load_host
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME, NodeFacts, PublishOptions, build_pool, resource_slices
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices
 
 HELP = "Print the JSON array of ResourceSlices the driver publishes for an emulated host or a host tree."
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_dra.driver.catalog import InstanceSpec
+from neuron_dra.driver.errors import NotAllowed
 
 API_VERSION = "neuron.aws.com/v1"
 NEURON_CONFIG = "NeuronConfig"
@@ -21,14 +22,11 @@ LNC_VALUES = (1, 2)
 ULTRASERVER_MODES = (1, 2, 4)
 
 
-class ConfigError(ValueError):
-    """An opaque config this driver cannot accept; names the field, the value and what is allowed."""
+class ConfigError(NotAllowed):
+    """An opaque config this driver cannot accept; `field` is the config's own field name (e.g. logicalNeuronCore)."""
 
-    def __init__(self, field: str, value: object, allowed: str) -> None:
-        self.field = field
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"opaque config field {field!r}: {value!r} is not allowed; allowed: {allowed}")
+    def where(self) -> str:
+        return f"opaque config field {self.field!r}"
 
 
 @dataclass(frozen=True)

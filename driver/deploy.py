@@ -21,16 +21,37 @@ Security choices (each one is what the daemon needs, nothing more):
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+import yaml
+
 from neuron_dra import __version__
-from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError, get_instance_spec
+from neuron_dra.driver.catalog import BUILTIN, CATALOG, Catalog
+from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
+from neuron_dra.driver.catalog_file import CatalogFileError, parse_catalog
+from neuron_dra.driver.errors import NotAllowed
+from neuron_dra.driver.k8s_names import (
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_HEALTHCHECK_PORT,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    LIVENESS_SERVICE,
+    NEURON_CORE_RESOURCE,
+    NEURON_DEVICE_RESOURCE,
+    check_dns_label,
+    check_dns_subdomain,
+    check_driver_name,
+    device_class_manifest,
+    neuron_toleration,
+)
 from neuron_dra.driver.partitions import NEURON_CORE
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
 
 Manifest = dict[str, Any]
@@ -38,17 +59,14 @@ Manifest = dict[str, Any]
 DEFAULT_NAMESPACE = "neuron-dra-driver"
 DEFAULT_SERVICE_ACCOUNT = "neuron-dra-driver-sa"
 DEFAULT_DAEMONSET = "neuron-dra-driver-kubelet-plugin"
-DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
-DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_HOST_ROOT = "/host"
-DEFAULT_HEALTHCHECK_PORT = 51515
+# A catalog file (docs/catalog-file.md) travels as a ConfigMap mounted here; NEURON_DRA_CATALOG points to it.
+CATALOG_DIR = "/etc/neuron-dra"
+CATALOG_KEY = "catalog.yaml"
 DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
 DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
-DEFAULT_EXTENDED_RESOURCE = "aws.amazon.com/neuron"  # the Neuron device plugin's resource names
-DEFAULT_CORE_EXTENDED_RESOURCE = "aws.amazon.com/neuroncore"
-LIVENESS_SERVICE = "liveness"
-NEURON_TAINT_KEY = "aws.amazon.com/neuron"
+DEFAULT_EXTENDED_RESOURCE = NEURON_DEVICE_RESOURCE  # the Neuron device plugin's resource names
+DEFAULT_CORE_EXTENDED_RESOURCE = NEURON_CORE_RESOURCE
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 COMPUTE_TYPE_LABEL = "eks.amazonaws.com/compute-type"
 # The driver cannot run on these EKS compute types (no host access or no Neuron kernel driver).
@@ -81,8 +99,6 @@ RBAC_RULES: tuple[Manifest, ...] = (
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # A qualified name with a domain prefix, as Kubernetes requires of extended resources.
 _EXTENDED_RESOURCE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
                                 r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -90,14 +106,15 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 
-class DeployOptionError(ValueError):
-    """A deployment option that cannot work; names the option, the value and what is allowed."""
+class DeployOptionError(NotAllowed):
+    """A deployment option that cannot work; `field` is the DriverDeployOptions field."""
 
-    def __init__(self, option: str, value: object, allowed: str) -> None:
-        self.option = option
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"driver option {option}: {value!r} is not allowed; allowed: {allowed}")
+    @property
+    def option(self) -> str:
+        return self.field
+
+    def where(self) -> str:
+        return f"driver option {self.field}"
 
 
 @dataclass(frozen=True)
@@ -148,17 +165,16 @@ class DriverDeployOptions:
     priority_class_name: str = "system-node-critical"
     labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
     unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT  # taint on devices with hardware errors (taints.py)
+    catalog_yaml: str | None = None  # a catalog file's text: more instance types without a new image
 
     def __post_init__(self) -> None:
-        _check_name("namespace", self.namespace, _DNS_LABEL, "a DNS label (lowercase letters, digits, '-')")
-        _check_name("service_account", self.service_account, _DNS_SUBDOMAIN, "a DNS subdomain")
-        _check_name("daemonset_name", self.daemonset_name, _DNS_SUBDOMAIN, "a DNS subdomain")
-        _check_name("driver_name", self.driver_name, _DNS_SUBDOMAIN, "a DNS subdomain of at most 63 characters")
-        if len(self.driver_name) > 63:
-            raise DeployOptionError("driver_name", self.driver_name, "at most 63 characters")
+        check_dns_label("namespace", self.namespace, DeployOptionError)
+        check_dns_subdomain("service_account", self.service_account, DeployOptionError)
+        check_dns_subdomain("daemonset_name", self.daemonset_name, DeployOptionError)
+        check_driver_name("driver_name", self.driver_name, DeployOptionError)
         if self.device_class_name is not None:
-            _check_name("device_class_name", self.device_class_name, _DNS_SUBDOMAIN, "a DNS subdomain")
-        _check_name("core_device_class_name", self.core_device_class_name, _DNS_SUBDOMAIN, "a DNS subdomain")
+            check_dns_subdomain("device_class_name", self.device_class_name, DeployOptionError)
+        check_dns_subdomain("core_device_class_name", self.core_device_class_name, DeployOptionError)
         if self.core_device_class_name == self.device_class:
             raise DeployOptionError("core_device_class_name", self.core_device_class_name,
                                     f"a name other than the device class {self.device_class}")
@@ -185,22 +201,41 @@ class DriverDeployOptions:
             if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
                 raise DeployOptionError(opt, port, "0 (off) or a TCP port 1-65535")
         for ns in self.metrics_scrape_namespaces:
-            _check_name("metrics_scrape_namespaces", ns, _DNS_LABEL, "DNS labels (namespace names)")
+            check_dns_label("metrics_scrape_namespaces", ns, DeployOptionError)
         if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
             raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
         if self.unhealthy_taint_effect not in TAINT_EFFECTS:
             raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
         if not self.instance_types:
             raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
+        hardware = self.hardware  # a bad catalog file is refused here, naming its key path
         for t in self.instance_types:
-            try:
-                get_instance_spec(t)
-            except UnknownInstanceTypeError as e:
-                raise DeployOptionError("instance_types", t, ", ".join(CATALOG)) from e
+            if t not in hardware:
+                raise DeployOptionError("instance_types", t, ", ".join(hardware.names))
         for opt in ("cpu_request", "memory_request", "memory_limit", "cpu_limit"):
             q = getattr(self.resources, opt)
             if q is not None and not _QUANTITY.match(q):
                 raise DeployOptionError(f"resources.{opt}", q, "a Kubernetes quantity such as 10m or 128Mi")
+
+    @cached_property
+    def hardware(self) -> Catalog:
+        """The built-in catalog, extended by `catalog_yaml`."""
+        if self.catalog_yaml is None:
+            return BUILTIN
+        try:
+            return parse_catalog(yaml.safe_load(self.catalog_yaml), "catalog_yaml")
+        except (CatalogFileError, yaml.YAMLError) as e:
+            raise DeployOptionError("catalog_yaml", "...",
+                                    f"a valid catalog file (docs/catalog-file.md): {e}") from None
+
+    @property
+    def node_instance_types(self) -> tuple[str, ...]:
+        """Node affinity: the chosen types; with the default choice, every type of the catalog (file types too)."""
+        return self.hardware.names if self.instance_types == BUILTIN.names else self.instance_types
+
+    @property
+    def catalog_config_map(self) -> str:
+        return f"{self.daemonset_name}-catalog"
 
     @property
     def device_class(self) -> str:
@@ -222,11 +257,6 @@ class DriverDeployOptions:
     @property
     def admission_policy_name(self) -> str:
         return f"{self.namespace}.{self.driver_name}-resourceslices"
-
-
-def _check_name(option: str, value: str, pattern: re.Pattern[str], allowed: str) -> None:
-    if not isinstance(value, str) or not pattern.match(value) or len(value) > 253:
-        raise DeployOptionError(option, value, allowed)
 
 
 def _labels(options: DriverDeployOptions, component: str) -> dict[str, str]:
@@ -392,27 +422,17 @@ def device_class_selector(driver: str, cores: bool) -> str:
 
 
 def device_class(options: DriverDeployOptions) -> Manifest:
-    spec: Manifest = {"selectors": [{"cel": {"expression": device_class_selector(options.driver_name, False)}}]}
-    if options.extended_resource_name is not None:
-        spec["extendedResourceName"] = options.extended_resource_name
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": _meta(options, options.device_class, "device-class"),
-        "spec": spec,
-    }
+    return device_class_manifest(options.device_class, options.driver_name,
+                                 expression=device_class_selector(options.driver_name, False),
+                                 extended_resource_name=options.extended_resource_name,
+                                 labels=_labels(options, "device-class"))
 
 
 def core_device_class(options: DriverDeployOptions) -> Manifest:
-    spec: Manifest = {"selectors": [{"cel": {"expression": device_class_selector(options.driver_name, True)}}]}
-    if options.core_extended_resource_name is not None:
-        spec["extendedResourceName"] = options.core_extended_resource_name
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": _meta(options, options.core_device_class_name, "device-class"),
-        "spec": spec,
-    }
+    return device_class_manifest(options.core_device_class_name, options.driver_name,
+                                 expression=device_class_selector(options.driver_name, True),
+                                 extended_resource_name=options.core_extended_resource_name,
+                                 labels=_labels(options, "device-class"))
 
 
 def driver_args(options: DriverDeployOptions) -> list[str]:
@@ -440,7 +460,7 @@ def driver_env(options: DriverDeployOptions) -> list[Manifest]:
         {"name": "CDI_ROOT", "value": options.cdi_root},
         {"name": "HEALTHCHECK_PORT", "value": str(options.healthcheck_port)},
         {"name": "UNHEALTHY_TAINT_EFFECT", "value": options.unhealthy_taint_effect},
-    ]
+    ] + ([{"name": CATALOG_ENV, "value": f"{CATALOG_DIR}/{CATALOG_KEY}"}] if options.catalog_yaml is not None else [])
 
 
 @dataclass(frozen=True)
@@ -499,7 +519,7 @@ def _affinity(options: DriverDeployOptions) -> Manifest:
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{
                     "matchExpressions": [
-                        {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(options.instance_types)},
+                        {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(options.node_instance_types)},
                         {"key": COMPUTE_TYPE_LABEL, "operator": "NotIn", "values": list(EXCLUDED_COMPUTE_TYPES)},
                     ],
                 }],
@@ -541,6 +561,13 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
     ]
     # Python and grpc want a writable /tmp; the root filesystem is read-only.
     volumes.append({"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}})
+    pod_annotations: Manifest = {}
+    if options.catalog_yaml is not None:
+        volumes.append({"name": "catalog", "configMap": {"name": options.catalog_config_map}})
+        container["volumeMounts"].append({"name": "catalog", "mountPath": CATALOG_DIR, "readOnly": True})
+        # A changed catalog rolls the pods: the daemon reads the file at start-up only.
+        digest = hashlib.sha256(options.catalog_yaml.encode()).hexdigest()[:16]
+        pod_annotations["neuron-dra/catalog-sha256"] = digest
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -549,7 +576,8 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
             "selector": {"matchLabels": dict(selector)},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {
-                "metadata": {"labels": {**_labels(options, "kubelet-plugin"), **selector}},
+                "metadata": {"labels": {**_labels(options, "kubelet-plugin"), **selector},
+                             **({"annotations": pod_annotations} if pod_annotations else {})},
                 "spec": {
                     "serviceAccountName": options.service_account,
                     "priorityClassName": options.priority_class_name,
@@ -558,7 +586,7 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
                     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "tolerations": [
                         {"key": "CriticalAddonsOnly", "operator": "Exists"},
-                        {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+                        neuron_toleration(),
                     ],
                     "affinity": _affinity(options),
                     "containers": [container],
@@ -582,8 +610,17 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         network_policy(options),
         device_class(options),
         core_device_class(options),
+        *([catalog_config_map(options)] if options.catalog_yaml is not None else []),
         daemonset(options),
     ]
+
+
+def catalog_config_map(options: DriverDeployOptions) -> Manifest:
+    """The catalog file the daemon reads (mounted at CATALOG_DIR)."""
+    assert options.catalog_yaml is not None
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(options, options.catalog_config_map, "kubelet-plugin", namespaced=True),
+            "data": {CATALOG_KEY: options.catalog_yaml}}
 
 
 def object_key(manifest: Mapping[str, Any]) -> str:

@@ -21,11 +21,11 @@ from neuron_dra.driver._generated import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from neuron_dra.driver.k8s_names import LIVENESS_SERVICE
 from neuron_dra.driver.plugin import SocketPaths
 
 log = logging.getLogger("neuron_dra.driver.health")
 
-LIVENESS_SERVICE = "liveness"
 SERVING = grpc_health_v1_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
 HEALTH = grpc_health_v1_pb2.DESCRIPTOR.services_by_name["Health"]

@@ -14,7 +14,6 @@ import argparse
 import ipaddress
 import logging
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -27,7 +26,9 @@ from typing import TYPE_CHECKING
 
 from neuron_dra import __version__
 from neuron_dra.driver import logs, memory
-from neuron_dra.driver.catalog import CATALOG, UnknownInstanceTypeError
+from neuron_dra.driver.catalog import BUILTIN, Catalog, UnknownInstanceTypeError
+from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
+from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog
 from neuron_dra.driver.cdi import CdiStore
 from neuron_dra.driver.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError
 from neuron_dra.driver.claims import ClaimLookup
@@ -38,12 +39,22 @@ from neuron_dra.driver.health import HealthServer
 from neuron_dra.driver.health_reporting import HealthReporter
 from neuron_dra.driver.health_source import HealthMonitor
 from neuron_dra.driver.health_stream import HEALTH_SERVICES, HealthStreamService
+from neuron_dra.driver.k8s_names import (
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    DNS_SUBDOMAIN_RULE,
+    DRIVER_NAME_MAX,
+    DRIVER_NAME_RULE,
+    is_dns_subdomain,
+)
 from neuron_dra.driver.kube import ApiClient, KubeClaimLookup, KubeConfigError, api_client
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.partitions import CoreLayout, PartitionError, read_node_lnc
 from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
 from neuron_dra.driver.publisher import SlicePublisher
-from neuron_dra.driver.slices import DEFAULT_DRIVER_NAME, PublishOptions
+from neuron_dra.driver.slices import PublishOptions
 from neuron_dra.driver.state import DriverState
 from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
 
@@ -52,9 +63,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("neuron_dra.driver.main")
 
-DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
-DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-DEFAULT_CDI_ROOT = "/var/run/cdi"
 RESOLVE_INTERVAL = 30.0  # seconds between checks of unfinished prepares the API server could not answer for
 TRIM_INTERVAL = 60.0  # seconds between returns of free heap memory to the system
 
@@ -73,6 +81,7 @@ class DaemonOptions:
     kubeconfig: str | None = None  # None: in-cluster service account
     host_root: Path | None = Path("/")
     emulate: str | None = None  # instance type to emulate instead of reading host_root
+    catalog: Path | None = None  # catalog file with more instance types (docs/catalog-file.md); None: built-in
     log_level: str = "info"
     health_poll_interval: float = 1.0  # seconds between reads of the hardware error counters
     unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT
@@ -98,14 +107,10 @@ def _port(text: str) -> int:
     return value
 
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
 def _driver_name(text: str) -> str:
-    # ResourceSlice.spec.driver: a DNS subdomain of at most 63 characters. It also names socket and CDI files.
-    if len(text) > 63 or not _DNS_SUBDOMAIN.match(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a DRA driver name: a lowercase DNS subdomain of at most "
-                                         "63 characters, e.g. neuron.aws.com")
+    if not is_dns_subdomain(text, DRIVER_NAME_MAX):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: {DRIVER_NAME_RULE}, e.g. "
+                                         f"{DEFAULT_DRIVER_NAME}")
     return text
 
 
@@ -120,9 +125,8 @@ def _interval(text: str) -> float:
 
 
 def _node_name(text: str) -> str:
-    if len(text) > 253 or not _DNS_SUBDOMAIN.match(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a node name: a lowercase DNS subdomain of at most 253 "
-                                         "characters")
+    if not is_dns_subdomain(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node name; allowed: {DNS_SUBDOMAIN_RULE}")
     return text
 
 
@@ -182,8 +186,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--host-root", type=_abs_dir, metavar="DIR",
                      help="root of the host's /sys and /dev as mounted in the container (default /)")
-    src.add_argument("--emulate", metavar="INSTANCE_TYPE", choices=sorted(CATALOG),
-                     help="emulate this instance type in a temporary host tree (for local clusters and tests)")
+    src.add_argument("--emulate", metavar="INSTANCE_TYPE",
+                     help="emulate this instance type (of the catalog) in a temporary host tree (for local clusters "
+                          "and tests)")
+    p.add_argument("--catalog", type=Path, default=env_default(CATALOG_ENV, None), metavar="FILE",
+                   help=f"catalog file with more instance types (docs/catalog-file.md) [env {CATALOG_ENV}]")
     p.add_argument("--health-poll-interval", type=_interval, default=env_default("HEALTH_POLL_INTERVAL", "1"),
                    metavar="SECONDS", help="seconds between reads of the devices' hardware error counters "
                                            "[env HEALTH_POLL_INTERVAL] (default 1)")
@@ -216,7 +223,7 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
         metrics_port=int(a.metrics_port), bind_address=a.bind_address, kubeconfig=a.kubeconfig, host_root=host_root,
         emulate=a.emulate, log_level=a.log_level, health_poll_interval=float(a.health_poll_interval),
         unhealthy_taint_effect=a.unhealthy_taint_effect, core_partitions=a.core_partitions,
-        lnc=None if a.lnc is None else int(a.lnc),
+        lnc=None if a.lnc is None else int(a.lnc), catalog=Path(a.catalog) if a.catalog else None,
     )
 
 
@@ -254,19 +261,23 @@ class Daemon:
 
     def _load_host(self) -> tuple[NeuronHost, Path]:
         o = self.options
+        catalog: Catalog = load_catalog(o.catalog) if o.catalog else BUILTIN
         if o.emulate:
             # Kept for the daemon's lifetime: prepare reads the UltraServer class files under it.
             self._emulated = tempfile.TemporaryDirectory(prefix="neuron-dra-emulated-")
-            root = emulate(o.emulate, Path(self._emulated.name) / "root", EmulationOptions(host_id=o.node_name))
+            root = emulate(o.emulate, Path(self._emulated.name) / "root", EmulationOptions(host_id=o.node_name),
+                           catalog)
         else:
             assert o.host_root is not None
             root = o.host_root
-        return discover(root), root
+        return discover(root, catalog=catalog), root
 
     def start(self) -> None:
         o = self.options
         try:
             self.host, self.host_root = self._load_host()
+        except CatalogFileError as e:
+            raise StartupError(f"catalog file: {e}") from None
         except (DiscoveryError, UnknownInstanceTypeError) as e:
             raise StartupError(f"host discovery failed: {e}") from None
         log.info("discovered host", extra={"instance_type": self.host.instance_type,
@@ -290,7 +301,8 @@ class Daemon:
             raise StartupError(str(e)) from None
         self.health_monitor = HealthMonitor(self.host_root, [d.index for d in self.host.devices],
                                             o.health_poll_interval)
-        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event)
+        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event,
+                                                 cores_per_device=layout.logical_per_device)
         self.health_reporter = HealthReporter(self.health_monitor, self.host, o.node_name, o.driver_name,
                                               o.unhealthy_taint_effect, self.api, self.metrics)
         self.health_reporter.on_change(self.health_monitor.current())  # devices already unhealthy at start

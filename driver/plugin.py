@@ -13,6 +13,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -23,7 +24,7 @@ import grpc
 from neuron_dra.driver import grpc_raw
 from neuron_dra.driver._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 from neuron_dra.driver.claims import ClaimError, ClaimRef
-from neuron_dra.driver.state import DriverState
+from neuron_dra.driver.state import CallScope, DriverState
 
 log = logging.getLogger("neuron_dra.driver.plugin")
 
@@ -68,7 +69,12 @@ class DraService:
         self._pb = messages
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        results = self._state.prepare(_claim_refs(request.claims))
+        # kubelet gives each call 45 s; when it gives up (deadline, cancel) the rest of the call's work is dropped.
+        remaining = context.time_remaining()
+        call = CallScope(time.monotonic() + remaining if remaining is not None else None)
+        if not context.add_callback(call.abandon):  # runs when the call ends, whatever the reason
+            call.abandon()  # already over
+        results = self._state.prepare(_claim_refs(request.claims), call)
         response = self._pb.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = response.claims[uid]  # creates the entry: every claim gets one

@@ -192,7 +192,7 @@ class SlicePublisher:
         if any(d["spec"]["pool"]["name"] != self.pool_name for d in desired):
             raise RuntimeError(f"desired slices are not in pool {self.pool_name!r}")  # ownership would break
         existing, rv = self.list_slices()
-        devices = sum(len(d["spec"]["devices"]) for d in desired)
+        devices = sum(len(d["spec"].get("devices") or ()) for d in desired)
         generations = {int(s["spec"]["pool"].get("generation", 0)) for s in existing}
         owners_ok = all(s["metadata"].get("ownerReferences") == d["metadata"].get("ownerReferences")
                         for s, d in zip(existing, desired, strict=False))

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +74,38 @@ class ReconcileReport:
     kept: tuple[str, ...] = ()  # unfinished prepares whose claims still exist: left for kubelet's retry
     unresolved: tuple[str, ...] = ()  # unfinished prepares the API server could not tell about
     orphans_removed: tuple[str, ...] = ()  # CDI specs of this driver with no checkpoint entry
+
+
+class CallScope:
+    """kubelet's view of one call: its deadline (time.monotonic) and whether it was cancelled.
+
+    The gRPC handler makes one per call (deadline from context.time_remaining(), `abandon` from
+    context.add_callback, which runs when the call ends for any reason); work for the call checks `abandoned`
+    before starting and registers `on_abandon` to cancel what is queued."""
+
+    def __init__(self, deadline: float | None = None) -> None:
+        self.deadline = deadline
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._callbacks: list[Callable[[], object]] = []
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned or (self.deadline is not None and time.monotonic() >= self.deadline)
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
+
+    def on_abandon(self, fn: Callable[[], object]) -> None:
+        with self._lock:
+            if not self._abandoned:
+                self._callbacks.append(fn)
+                return
+        fn()
 
 
 class DriverState:
@@ -137,16 +169,37 @@ class DriverState:
 
     # --- prepare ---------------------------------------------------------------------------------------------
 
-    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        """Prepare each claim; every claim gets a result (its devices or its error)."""
+    def prepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None) -> dict[str, PrepareResult]:
+        """Prepare each claim; every claim gets a result (its devices or its error).
+
+        `call`: kubelet's call (its deadline, cancellation). Once kubelet has given up on it, claims not yet
+        started are not looked up at all (their queued work is cancelled), so an abandoned call cannot keep
+        the shared lookup pool busy for the calls that follow."""
+        call = call or CallScope()
         ticket = next(self._tickets)
         unique = list({r.uid: r for r in refs}.values())
         if len(unique) <= 1:
-            return {r.uid: self._prepare_measured(r, ticket) for r in unique}
-        futures = {r.uid: self._executor.submit(self._prepare_measured, r, ticket) for r in unique}
-        return {uid: f.result() for uid, f in futures.items()}
+            return {r.uid: self._prepare_measured(r, ticket, call) for r in unique}
+        futures: dict[str, Future[PrepareResult]] = {
+            r.uid: self._executor.submit(self._prepare_measured, r, ticket, call) for r in unique}
+        call.on_abandon(lambda: [f.cancel() for f in futures.values()])
+        out: dict[str, PrepareResult] = {}
+        for r in unique:
+            try:
+                out[r.uid] = futures[r.uid].result()
+            except CancelledError:
+                out[r.uid] = self._abandoned(r)
+        return out
 
-    def _prepare_measured(self, ref: ClaimRef, ticket: int) -> PrepareResult:
+    def _abandoned(self, ref: ClaimRef) -> ClaimError:
+        if self._metrics:
+            self._metrics.errors.labels("prepare", Reason.ABANDONED.value).inc()
+        return ClaimError(Reason.ABANDONED, f"claim {ref}: kubelet gave up on this call (deadline passed or "
+                                            "cancelled) before it was prepared; kubelet retries")
+
+    def _prepare_measured(self, ref: ClaimRef, ticket: int, call: CallScope | None = None) -> PrepareResult:
+        if call is not None and call.abandoned:
+            return self._abandoned(ref)
         start = time.perf_counter()
         try:
             devices = self._prepare_one(ref, ticket)
@@ -413,7 +466,17 @@ class DriverState:
         rewritten = []
         with self._lock:
             for c in self._claims.values():
-                if c.state is ClaimState.PREPARE_COMPLETED and self._cdi.read(c.uid) != c.cdi_spec:
+                if c.state is not ClaimState.PREPARE_COMPLETED:
+                    continue
+                try:
+                    current = self._cdi.read(c.uid)
+                except CdiError as e:
+                    # Whatever is there cannot be what we wrote: moved aside, rewritten from the checkpoint.
+                    moved = self._cdi.quarantine(c.uid)
+                    log.warning("unreadable CDI spec of a prepared claim quarantined; rewriting it from the "
+                                "checkpoint", extra={"claim": c.uid, "error": str(e), "moved_to": str(moved)})
+                    current = None
+                if current != c.cdi_spec:
                     self._write_cdi(c.uid, c.cdi_spec)
                     rewritten.append(c.uid)
             orphans = sorted(self._cdi.claim_uids() - set(self._claims))

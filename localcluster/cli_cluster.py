@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from neuron_dra.driver.cli_fault import add_fault_arguments, apply_fault
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.taints import TAINT_EFFECTS
 from neuron_dra.localcluster import cli_build
 from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
@@ -25,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--node", action="append", default=None, metavar="TYPE[:COUNT]",
                     help="emulated nodes, repeatable (default: trn2.48xlarge:2, trn1.32xlarge, inf2.48xlarge)")
     up.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="stop by itself after this many seconds")
-    up.add_argument("--driver-name", default="neuron.aws.com")
+    up.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     up.add_argument("--kubernetes-version", default=DEFAULT_MINOR, metavar="MINOR",
                     help=f"Kubernetes minor: {', '.join(supported_minors())} (default {DEFAULT_MINOR})")
     up.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS, default=None,

@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
 from neuron_dra.driver.catalog import get_instance_spec
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import LocalCluster
@@ -70,7 +71,7 @@ class DemoOptions:
     timeout: float = 180.0  # for the workloads to be scheduled and to run
     start_timeout: float = 300.0  # for the cluster to be ready (binaries cached)
     ttl: float | None = None  # the cluster's own lifetime; default DEMO_TTL_S, or 2 h with keep
-    driver_name: str = "neuron.aws.com"
+    driver_name: str = DEFAULT_DRIVER_NAME
     node_args: tuple[str, ...] = DEMO_NODES
     kubernetes_version: str = DEFAULT_MINOR
 
@@ -166,7 +167,7 @@ class DemoRun:
         wait_until("every node's ResourceSlices", lambda: not self._missing_slices(), 90,
                    lambda: "missing " + ", ".join(self._missing_slices()) + f" (see {self.cluster.dir}/nodes/*/"
                    "driver.log)")
-        total = sum(len(s["spec"]["devices"]) for s in
+        total = sum(len(s["spec"].get("devices") or ()) for s in
                     _raw(self.resource.list_resource_slice(_preload_content=False)).get("items", []))
         self.say(f"every node publishes its devices: {total} devices in ResourceSlices")
 

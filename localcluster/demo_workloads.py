@@ -25,12 +25,12 @@ from neuron_dra.claim_templates.examples import (
     trn2_8_else_trn1_16,
     trn2_row_lnc1,
 )
+from neuron_dra.driver.k8s_names import neuron_toleration
 from neuron_dra.localcluster.topology import DEMO_NODES
 
 DEMO_NAMESPACE = "neuron-demo"
 DEMO_LABEL = "neuron-dra.aws.com/demo"
 TEMPLATE_ANNOTATION = "neuron-dra.aws.com/claim-template"
-NEURON_TOLERATION = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
 IMAGE = "public.ecr.aws/neuron/pytorch-training-neuronx:emulated"  # never pulled: the fake runtime runs no containers
 
 
@@ -88,7 +88,7 @@ def pod_manifest(workload: Workload, namespace: str = DEMO_NAMESPACE) -> dict[st
         "metadata": {"name": workload.pod, "namespace": namespace, "labels": {DEMO_LABEL: "true"},
                      "annotations": {TEMPLATE_ANNOTATION: workload.template.name}},
         "spec": {
-            "tolerations": [dict(NEURON_TOLERATION)],
+            "tolerations": [neuron_toleration()],
             "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": workload.template.name}],
             "containers": [{"name": "main", "image": IMAGE, "command": ["sleep", "infinity"],
                             "resources": {"claims": [{"name": "neuron"}]}}],

@@ -24,6 +24,7 @@ from neuron_dra.driver._generated import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from neuron_dra.driver.k8s_names import device_class_manifest
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.slices import NodeFacts, build_pool, efa_driver_devices
 
@@ -46,8 +47,7 @@ def efa_slice(node_name: str, host: NeuronHost, node_uid: str | None = None) -> 
 
 
 def efa_device_class() -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": EFA_DEVICE_CLASS},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{EFA_DRIVER}"'}}]}}
+    return device_class_manifest(EFA_DEVICE_CLASS, EFA_DRIVER)
 
 
 class _Registration(pluginregistration_pb2_grpc.RegistrationServicer):

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_dra.driver.catalog import get_instance_spec
+from neuron_dra.driver.k8s_names import neuron_taint
 from neuron_dra.driver.slices import NETWORK_NODE_LABELS
-
-NEURON_TAINT = {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}
 
 
 def node_manifest(node_name: str, instance_type: str, zone: str = "us-east-2a", network_nodes: tuple[str, ...] = ()
@@ -33,5 +32,5 @@ def node_manifest(node_name: str, instance_type: str, zone: str = "us-east-2a", 
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": node_name, "labels": labels},
-        "spec": {"taints": [dict(NEURON_TAINT)], "providerID": f"aws:///{zone}/i-emulated-{node_name}"},
+        "spec": {"taints": [neuron_taint()], "providerID": f"aws:///{zone}/i-emulated-{node_name}"},
     }

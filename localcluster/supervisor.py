@@ -31,6 +31,7 @@ from kubernetes import client, config
 
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import EmulationOptions, emulate
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import fakeruntime, kubelet, procs
 from neuron_dra.localcluster.apply import apply_all
 from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries
@@ -236,6 +237,27 @@ class NodeAgent:
             log.info("stopped the %s of %s in %.1f s", name, self.node.name, time.monotonic() - began)
 
 
+def start_all(agents: list[NodeAgent]) -> None:
+    """Start the nodes side by side (each waits for its kubelet to report the Node Ready); the first failure is
+    raised once every start has returned."""
+    errors: list[BaseException] = []
+
+    def start(agent: NodeAgent) -> None:
+        try:
+            agent.start()
+        except BaseException as e:  # reported below, with the node's name
+            log.exception("starting node %s failed", agent.node.name)
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(a,), name=f"start-{a.node.name}") for a in agents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdentity]:
     """The same objects `neuron-dra plan -o yaml` prints for the driver, minus the DaemonSet (the supervisor
     runs the daemon itself), plus the EFA DeviceClass of the emulated EFA driver."""
@@ -267,10 +289,9 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         admin = config.new_client_from_config(str(cp.kubeconfig))
         objects, identity = driver_objects(driver_name)
         apply_all(admin, objects)
-        for node in nodes:
-            agent = NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline)
-            agents.append(agent)
-            agent.start()
+        agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline)
+                   for node in nodes]
+        start_all(agents)
         (cluster_dir / "kubeconfig").write_text(Path(cp.kubeconfig).read_text())
         write_status(cluster_dir, state="ready", kubeconfig=str(cluster_dir / "kubeconfig"),
                      nodes=[{"name": n.name, "instanceType": n.instance_type} for n in nodes],
@@ -304,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--node", action="append", default=[])
     parser.add_argument("--ttl", type=float, default=DEFAULT_TTL_S)
-    parser.add_argument("--driver-name", default="neuron.aws.com")
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

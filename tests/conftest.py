@@ -12,6 +12,18 @@ from neuron_dra.driver.emulate import EmulationOptions, emulate
 from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.controlplane import ControlPlane, running
 
+# Fixtures that start a control plane: a test using one (directly or through another fixture) is a `cluster` test
+# even if its module forgot the marker, so `make test-fast` never waits for a control plane.
+CLUSTER_FIXTURES = frozenset({"plane", "api", "local_cluster", "kube", "ns"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
+
+
 # The end-to-end cluster: the demo's nodes plus an UltraServer node.
 E2E_NODES = ("trn2.48xlarge:2", "trn1.32xlarge:1", "inf2.48xlarge:1", "trn2u.48xlarge:1")
 

@@ -2,21 +2,43 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
+from neuron_dra import PARTS
+
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    # Run outside the repository: `python -m pytest` puts the repository root on sys.path.
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=False)
+    # Run outside the repository: `python -m pytest` puts the repository root on sys.path; without PYTHONPATH
+    # (a developer's pointer at a work tree, where the top-level folders are importable by design).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=False,
+                          env=env)
+
+
+def test_the_namespace_subpackages_are_symlinks_to_the_top_level_folders() -> None:
+    namespace = ROOT / "neuron_dra"
+    assert sorted(p.name for p in namespace.iterdir() if p.is_symlink()) == sorted(PARTS)
+    for name, folder in PARTS.items():
+        link = namespace / name
+        assert link.is_symlink(), f"neuron_dra/{name} must be a symlink to ../{folder} (clone with symlinks)"
+        assert os.readlink(link) == f"../{folder}"
+        assert link.resolve() == (ROOT / folder).resolve() and (ROOT / folder / "__init__.py").is_file()
+    # git records them as links (mode 120000): a clone with core.symlinks=true recreates them.
+    staged = subprocess.run(["git", "ls-files", "-s", "--", *(f"neuron_dra/{n}" for n in PARTS)], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    assert sorted(line.split()[0] for line in staged) == ["120000"] * len(PARTS), staged
 
 
 def test_only_the_neuron_dra_namespace_is_importable(tmp_path: Path) -> None:
     probe = (
         "import importlib.util as u\n"
-        "for name in ('driver', 'claim_templates', 'components', 'localcluster'):\n"
+        f"for name in {tuple(PARTS)!r}:\n"
         "    assert u.find_spec(name) is None, name\n"
         "import neuron_dra.driver.catalog, neuron_dra.claim_templates, neuron_dra.localcluster.topology\n"
         "print('ok')\n"

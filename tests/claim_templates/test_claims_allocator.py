@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.claim_templates.allocator import DeviceId, Simulator, simulate
+from neuron_dra.claim_templates.allocator import COUNT_CAP, DeviceId, Simulator, simulate
 from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.node_model import NodeCatalog
 
@@ -136,8 +136,8 @@ def test_pools_newest_generation_complete_and_for_this_node() -> None:
     new = slice_([dev("new")], generation=2)
     assert names(run([old, new], claim(req()))) == ["r:new"]
     incomplete = slice_([dev("a")], count=2)
-    # Kubernetes allocates ExactCount requests from the slices an incomplete pool has (only All waits).
-    assert names(run([incomplete], claim(req()))) == ["r:a"]
+    # 1.36: an incomplete pool gives no devices (1.34 still allocated ExactCount requests from its slices).
+    assert not run([incomplete], claim(req())).satisfiable
     assert "currently being updated" in (run([incomplete], claim(req(count=None))).error or "")
     other_node = slice_([dev("x")], node="n2")
     assert not run([other_node], claim(req())).satisfiable
@@ -162,7 +162,7 @@ def test_count_mode_and_admin_access() -> None:
     r = run(s, claim(req(count=2)), mode="count", allocated=[DeviceId(DRIVER, "n1", "d0")])
     assert r.count == 2 and names(r, 0) == ["r:d1", "r:d2"]
     # Admin access does not take devices away, so copies keep fitting up to the cap.
-    assert run(s, claim(req(count=5, admin=True)), mode="count").count == 64
+    assert run(s, claim(req(count=5, admin=True)), mode="count").count == COUNT_CAP
 
 
 def test_packing_on_modelled_nodes() -> None:

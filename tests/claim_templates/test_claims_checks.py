@@ -21,6 +21,7 @@ from neuron_dra.claim_templates import (
     TemplateCheckError,
     check,
     check_against,
+    checked_manifest,
 )
 from neuron_dra.claim_templates.checks import default_checker
 from neuron_dra.claim_templates.examples import OFFICIAL_SAMPLES, RICHER_CASES
@@ -119,11 +120,11 @@ def test_check_against_raises_with_the_reason() -> None:
     assert "default/inf2-only" in str(err.value) and "trn2.48xlarge" in str(err.value)
 
 
-def test_render_runs_the_checks() -> None:
+def test_checked_manifest_runs_the_checks() -> None:
     t = ClaimTemplate("ring", Neuron(2, topology=RingSegment(), families="inf2"))
-    assert t.render() == t.to_manifest()
+    assert checked_manifest(t) == t.to_manifest()
     with pytest.raises(TemplateCheckError, match=r"trn2\.48xlarge"):
-        t.render(["trn2.48xlarge"])
+        checked_manifest(t, ["trn2.48xlarge"])
 
 
 def test_templates_for_a_cluster_running_other_driver_names(checker: Checker) -> None:

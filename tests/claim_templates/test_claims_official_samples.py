@@ -19,6 +19,7 @@ import pytest
 from neuron_dra.claim_templates import Checker, ClaimTemplate
 from neuron_dra.claim_templates.allocator import simulate
 from neuron_dra.claim_templates.cel_env import CelEnvironment
+from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS
 from neuron_dra.claim_templates.examples import OFFICIAL_SAMPLES, RICHER_CASES
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.driver.catalog import CATALOG
@@ -97,7 +98,9 @@ def catalog() -> NodeCatalog:
 def _selected(manifest: Mapping[str, Any], index: int, catalog: NodeCatalog, env: CelEnvironment) -> set[str]:
     """Every device (of every catalog node) that request `index`'s class and selectors accept."""
     request = _requests(manifest)[index]["exactly"]
-    exprs = [f'device.driver == "{"dra.net" if "efa" in request["deviceClassName"] else "neuron.aws.com"}"']
+    # The DeviceClass's own selectors (the bundled classes keep NeuronCores out of neuron.aws.com).
+    classes = {c["metadata"]["name"]: c for c in DEFAULT_DRIVERS.device_classes()}
+    exprs = [sel["cel"]["expression"] for sel in classes[request["deviceClassName"]]["spec"]["selectors"]]
     exprs += [s["cel"]["expression"] for s in request.get("selectors", [])]
     return {d.name for node in catalog.nodes() for d in node.devices if all(env.evaluate(e, d) for e in exprs)}
 

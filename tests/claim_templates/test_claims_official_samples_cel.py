@@ -1,4 +1,5 @@
-"""The official samples' selectors (docs/neuron-hardware.md §5), evaluated with real CEL on the devices the driver publishes.
+"""The official samples' selectors (docs/neuron-hardware.md §5), evaluated with real CEL on the devices the driver
+publishes.
 
 The devices come straight from the driver's own model (emulated_host + build_pool), so this shows AWS's
 samples select what they should on our driver: drop-in compatibility of the published attributes.

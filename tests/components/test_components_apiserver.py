@@ -21,6 +21,9 @@ from neuron_dra.components import cli_plan
 from neuron_dra.driver import deploy
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
 
+# Every test here runs a control plane.
+pytestmark = pytest.mark.cluster
+
 NODE = "trn2-node-a"
 OTHER = "trn2-node-b"
 IMAGE = "registry.example.com/neuron-dra-driver:0.1.0"

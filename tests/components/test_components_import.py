@@ -1,22 +1,28 @@
 """The components are importable from another Pulumi project that installed this repository with pip.
 
-A copy of the checkout is pip-installed (not editable) into a fresh virtualenv with --system-site-packages
-(Pulumi and the other dependencies come from the system; the package itself from the venv). A separate project
-directory with its own Pulumi.yaml and program then creates every component under its own Pulumi mocks.
+A copy of the checkout is pip-installed (not editable) into a fresh virtualenv whose other packages (Pulumi, the
+kubernetes client, pip and setuptools) are those of the interpreter running the tests, whether that is a virtualenv
+or a base installation. A separate project directory with its own Pulumi.yaml and program then creates every
+component under its own Pulumi mocks.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import site
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from neuron_dra import PARTS
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE_PARTS = ("neuron_dra", "driver", "claim_templates", "components", "localcluster", "pyproject.toml",
-                 "README.md")
+PACKAGE_PARTS = ("neuron_dra", *PARTS.values(), "pyproject.toml", "README.md", "LICENSE")
 
 OTHER_PROGRAM = '''
 """Another team's stack: its own project, its own mocks, our components."""
@@ -81,6 +87,29 @@ print(json.dumps({"package": neuron_dra.__file__, "created": created}, default=s
 '''
 
 
+def with_packages_of_this_interpreter(venv: Path) -> Path:
+    """A new virtualenv that also sees this interpreter's site-packages, and its python.
+
+    `venv --system-site-packages` would expose the *base* installation's packages: run from a virtualenv, that is
+    not where the dependencies are. A .pth file listing this interpreter's site directories works in both cases;
+    its lines are plain paths (no `import` lines), so .pth files inside those directories, such as the editable
+    install of this checkout, are not run, and the package can only come from the new venv.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    ours = [*site.getsitepackages(), site.getusersitepackages()] if site.ENABLE_USER_SITE else site.getsitepackages()
+    (Path(purelib) / "_outer_site_packages.pth").write_text("".join(f"{d}\n" for d in ours if Path(d).is_dir()))
+    return python
+
+
+def environment_without_this_checkout() -> dict[str, str]:
+    """PYTHONPATH (a developer's pointer at a work tree) would put a checkout before the installed copy."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+@pytest.mark.slow  # builds a wheel into a new virtualenv (~20 s)
 def test_components_from_a_separate_project_with_a_pip_installed_copy(tmp_path: Path) -> None:
     source = tmp_path / "checkout"
     source.mkdir()
@@ -91,17 +120,18 @@ def test_components_from_a_separate_project_with_a_pip_installed_copy(tmp_path: 
         else:
             shutil.copy2(src, source / part)
     venv = tmp_path / "venv"
-    # Without pip: the system's pip and setuptools (system site packages) build the wheel offline.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
+    python = with_packages_of_this_interpreter(venv)
+    env = environment_without_this_checkout()
+    # pip and setuptools of this interpreter build the wheel offline.
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", str(source)], check=True, cwd=tmp_path)
+                    "--no-index", str(source)], check=True, cwd=tmp_path, env=env)
 
     project = tmp_path / "team-infra"
     project.mkdir()
     (project / "Pulumi.yaml").write_text("name: team-infra\nruntime:\n  name: python\n")
     (project / "__main__.py").write_text(textwrap.dedent(OTHER_PROGRAM))
-    done = subprocess.run([str(python), "__main__.py"], cwd=project, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([str(python), "__main__.py"], cwd=project, capture_output=True, text=True, timeout=300,
+                          env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
 

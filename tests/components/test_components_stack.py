@@ -179,7 +179,7 @@ BAD_CONFIGS = [
     ({"vpcCniVersion": "v1.18.3-eksbuild.1"}, "neuron-dra:vpcCniVersion", "v1.18.4 or newer"),
     ({"nodeGroups": [{"name": "a", "efaInterfaceType": "ena"}]}, "neuron-dra:nodeGroups[0].efaInterfaceType",
      "efa-only or efa"),
-    ({"nodeGroups": [{"name": "a", "labels": {"bad key!": "x"}}]}, "neuron-dra:nodeGroups[0].labels", "label keys"),
+    ({"nodeGroups": [{"name": "a", "labels": {"bad key!": "x"}}]}, "neuron-dra:nodeGroups[0].labels", "label key"),
     ({"endpointPublicAccess": "yes"}, "neuron-dra:endpointPublicAccess", "true or false"),
     ({"driverMetricsPort": "many"}, "neuron-dra:driverMetricsPort", "whole number"),
     ({"claimTemplatesModule": "not a module"}, "neuron-dra:claimTemplatesModule", "dotted Python module"),

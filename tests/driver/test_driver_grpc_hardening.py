@@ -180,3 +180,33 @@ def test_health_port_listens_on_the_pod_ip_by_default(dirs: DaemonDirs, host_roo
             assert s.connect_ex(("127.0.0.1", port)) != 0, "the health port also listens on 127.0.0.1"
     finally:
         d.terminate()
+
+
+@pytest.mark.slow
+def test_an_abandoned_prepare_does_not_hold_up_the_next_one(dirs: DaemonDirs, host_root: Path) -> None:
+    """Issue 14 item 7: kubelet gives up on a prepare of 48 slow claims (1 s per GET, 8 lookup workers: 6 s of
+    work). Its queued lookups are cancelled, so a 2-claim prepare right after waits only for the GETs in flight."""
+    slow = [ClaimRef("default", f"slow{i}", uid(100 + i)) for i in range(48)]
+    for ref in slow:
+        dirs.put_claim(claim(ref.name, ref.uid, devices(0)))
+        (dirs.claims / f"default_{ref.name}.delay").write_text("1.0")
+    fast = [ClaimRef("default", f"fast{i}", uid(200 + i)) for i in range(2)]
+    for i, ref in enumerate(fast):
+        dirs.put_claim(claim(ref.name, ref.uid, devices(1 + i)))
+    d = DaemonProcess(dirs, host_root).wait_ready()
+    try:
+        client = pluginclient.DraClient(dirs.dra_socket)
+        try:
+            with pytest.raises(pluginclient.PluginCallError) as e:
+                client.prepare(slow, timeout=0.5)
+            assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+            start = time.monotonic()
+            results = client.prepare(fast, timeout=30)
+            waited = time.monotonic() - start
+        finally:
+            client.close()
+        assert all(not r.error for r in results.values()), results
+        print(f"2-claim prepare after an abandoned 48-claim one: {waited:.2f} s")
+        assert waited < 2.5, f"the next prepare waited {waited:.1f} s behind abandoned work"
+    finally:
+        d.terminate()

@@ -56,7 +56,8 @@ def test_slices_pass_kubernetes_validate_strict_1_34(instance_type: str) -> None
 
 @pytest.mark.parametrize("instance_type", sorted(CATALOG))
 def test_api_limits(instance_type: str) -> None:
-    facts = NodeFacts("n", ("nn-1", "nn-2", "nn-3"), "cr-0123456789abcdef0")
+    # Every optional attribute set: the 32 attributes + capacities per device must hold for every type.
+    facts = NodeFacts("n", ("nn-1", "nn-2", "nn-3"), "cr-0123456789abcdef0", workload_id="job-a")
     for dev in build_pool(emulated_host(instance_type), facts).devices:
         assert len(dev.attributes) + len(dev.capacity) <= 32
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", dev.name) and len(dev.name) <= 63

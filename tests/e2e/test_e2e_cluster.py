@@ -8,6 +8,7 @@ The `ns` fixture (conftest.py) gives each test a namespace and cleans its pods a
 from __future__ import annotations
 
 import os
+import re
 import signal
 from typing import Any
 
@@ -16,7 +17,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool
+from neuron_dra.driver.partitions import CoreLayout, parse_core_device, read_node_lnc
+from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices
 from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.cluster import LocalCluster
 from tests.support.e2e import (
@@ -31,6 +33,9 @@ from tests.support.e2e import (
     raw,
 )
 
+# The end-to-end suite runs the local cluster.
+pytestmark = pytest.mark.cluster
+
 DRIVER = "neuron.aws.com"
 TRN2_A, TRN2_B, TRN1, INF2, TRN2U = (
     "trn2-48xlarge-1", "trn2-48xlarge-2", "trn1-32xlarge-1", "inf2-48xlarge-1", "trn2u-48xlarge-1")
@@ -42,25 +47,42 @@ def slices_of(res: client.ResourceV1Api, node: str, driver: str = DRIVER) -> lis
     return items
 
 
+def _complete(slices: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """The slices once all `count` of the pool are there (else none)."""
+    return slices if len(slices) == count else []
+
+
 def test_slices_are_the_device_model_and_come_back_after_deletion(local_cluster: LocalCluster,
                                                                   kube: client.ApiClient) -> None:
     res = client.ResourceV1Api(kube)
     core = client.CoreV1Api(kube)
+    # From 1.36 (partitionable devices on by default) the driver publishes NeuronCores and counters as well.
+    version: Any = client.VersionApi(kube).get_code()
+    partitionable = int(re.sub(r"\D.*", "", version.minor)) >= 36
     for node in local_cluster.nodes:
-        published = eventually(lambda n=node.name: slices_of(res, n), 60, what=f"slices of {node.name}")  # type: ignore[misc]
-        (obj,) = published
+        host_root = local_cluster.node_paths(node.name).host_root
+        host = discover(host_root)
+        cores = CoreLayout.for_spec(host.spec, read_node_lnc(host_root, host.spec)) if partitionable else None
         node_obj: Any = core.read_node(node.name)
-        labels = node_obj.metadata.labels
-        host = discover(local_cluster.node_paths(node.name).host_root)
-        pool = build_pool(host, NodeFacts.from_labels(node.name, labels), PublishOptions(DRIVER))
-        assert obj["spec"]["devices"] == [d.to_api() for d in pool.devices]
-        assert obj["spec"]["pool"]["name"] == node.name
-        assert obj["metadata"]["ownerReferences"][0]["name"] == node.name
+        pool = build_pool(host, NodeFacts.from_labels(node.name, node_obj.metadata.labels),
+                          PublishOptions(DRIVER, cores=cores))
+        want = len(resource_slices(pool))
+        published = eventually(lambda n=node.name, w=want: _complete(slices_of(res, n), w),  # type: ignore[misc]
+                               60, what=f"{want} slices of {node.name}")
+        devices = sorted((d for s in published for d in s["spec"].get("devices", [])), key=lambda d: d["name"])
+        assert devices == sorted((d.to_api() for d in pool.devices), key=lambda d: d["name"])
+        counters = [c for s in published for c in s["spec"].get("sharedCounters", [])]
+        assert sorted(counters, key=lambda c: c["name"]) == sorted(pool.counter_sets, key=lambda c: c["name"])
+        assert all(s["spec"]["pool"]["name"] == node.name for s in published)
+        assert len({s["spec"]["pool"]["generation"] for s in published}) == 1
+        assert all(s["metadata"]["ownerReferences"][0]["name"] == node.name for s in published)
     before = {s["metadata"]["name"] for s in slices_of(res, TRN1)}
     res.delete_collection_resource_slice(field_selector=f"spec.nodeName={TRN1},spec.driver={DRIVER}")
-    again = eventually(lambda: slices_of(res, TRN1), 20, what="slices republished after deletion")
+    again = eventually(lambda: _complete(slices_of(res, TRN1), len(before)), 20,
+                       what="slices republished after deletion")
     assert {s["metadata"]["name"] for s in again}.isdisjoint(before)
-    assert len(again[0]["spec"]["devices"]) == 16
+    whole = [d for s in again for d in s["spec"].get("devices", []) if not parse_core_device(d["name"])]
+    assert len(whole) == 16
 
 
 def test_driver_identity_cannot_write_another_nodes_slice(local_cluster: LocalCluster) -> None:
@@ -68,10 +90,13 @@ def test_driver_identity_cannot_write_another_nodes_slice(local_cluster: LocalCl
     res = client.ResourceV1Api(driver_api)
 
     def slice_for(node: str) -> Any:
+        # its own driver name (the admission policy refuses other drivers' slices), a pool of its own (the
+        # daemon leaves slices of its node and driver in another pool alone)
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
                 "metadata": {"generateName": f"{node}-probe-"},
-                "spec": {"driver": "probe.example.com", "nodeName": node,
-                         "pool": {"name": node, "generation": 0, "resourceSliceCount": 1}, "devices": []}}
+                "spec": {"driver": DRIVER, "nodeName": node,
+                         "pool": {"name": f"{node}-probe", "generation": 0, "resourceSliceCount": 1},
+                         "devices": []}}
 
     with pytest.raises(ApiException) as refused:
         res.create_resource_slice(slice_for(TRN2_A))

@@ -26,6 +26,9 @@ from neuron_dra.claim_templates.loader import templates_in
 from neuron_dra.localcluster.cluster import LocalCluster
 from tests.support.e2e import eventually, pod_claim, pod_phase, pod_with_template, raw, unschedulable
 
+# The end-to-end suite runs the local cluster.
+pytestmark = pytest.mark.cluster
+
 DRIVER = "neuron.aws.com"
 TRN2_A, TRN2_B, TRN1, INF2 = "trn2-48xlarge-1", "trn2-48xlarge-2", "trn1-32xlarge-1", "inf2-48xlarge-1"
 EXAMPLES = templates_in(vars(examples))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from neuron_dra.claim_templates import ClaimTemplate, Neuron, TolerateUnhealthy
+from neuron_dra.claim_templates import ClaimTemplate, Neuron, TolerateUnhealthy, checked_manifest
 from neuron_dra.cli import main as cli_main
 from neuron_dra.localcluster.cluster import LocalCluster, up
 from tests.support.e2e import (
@@ -59,7 +59,7 @@ def fault(cluster_dir: Path, node: str, device: str, clear: bool = False) -> Non
 
 
 def create_template(kube: client.ApiClient, ns: str, template: ClaimTemplate) -> None:
-    body = template.render()
+    body = checked_manifest(template)
     body["metadata"]["namespace"] = ns
     client.ResourceV1Api(kube).create_namespaced_resource_claim_template(ns, body)  # type: ignore[arg-type]
 
@@ -88,7 +88,9 @@ def test_fault_on_a_device_in_use_taints_it_new_claims_avoid_it_and_clear_undoes
         print(f"fault -> taint on the ResourceSlice: {latency:.2f} s")
         assert [(t["key"], t["value"], t["effect"]) for t in taints] == [(TAINT_KEY, "mem_ecc_uncorrected",
                                                                           "NoSchedule")]
-        assert list(device_taints(res, TRN2_A)) == [device]
+        # The device and the cores carved from it (when the node publishes cores), nothing else.
+        tainted = set(device_taints(res, TRN2_A))
+        assert device in tainted and all(n == device or n.startswith(f"{device}-core-") for n in tainted)
         # A new claim on the same node gets another device; the running pod stays (NoSchedule).
         other = run_pod(kube, ns, "newcomer", "one", TRN2_A)
         assert other != device

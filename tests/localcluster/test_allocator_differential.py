@@ -35,7 +35,9 @@ class Differential:
 
 @pytest.fixture(scope="module")
 def catalog() -> NodeCatalog:
-    return NodeCatalog()
+    # Whole devices only: these generators shape one-slice pools; NeuronCores and counters have their own
+    # differential cases (test_allocator_differential_cores.py).
+    return NodeCatalog(partitionable=False)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,8 @@ def differential(catalog: NodeCatalog) -> Differential:
     return Differential(generated, verdicts, go[0])
 
 
+@pytest.mark.gobuild
+@pytest.mark.slow
 def test_cases_cover_claims_hosts_and_allocations(differential: Differential) -> None:
     cases = differential.generated.cases
     assert len(cases) >= 2000
@@ -87,6 +91,8 @@ def test_cases_cover_claims_hosts_and_allocations(differential: Differential) ->
     assert sum(1 for v in runs if v.case.category == "first-available" and v.go.satisfiable) >= 50
 
 
+@pytest.mark.gobuild
+@pytest.mark.slow
 def test_python_simulation_agrees_with_kube_scheduler(differential: Differential) -> None:
     disagreements = [v for v in differential.verdicts if v.kind == "disagree"]
     assert not disagreements, (
@@ -95,6 +101,8 @@ def test_python_simulation_agrees_with_kube_scheduler(differential: Differential
     assert sum(v.kind == "agree" for v in differential.verdicts) >= 2 * 2000
 
 
+@pytest.mark.gobuild
+@pytest.mark.slow
 def test_generated_searches_stay_under_the_filter_timeout(differential: Differential) -> None:
     """The generator leaves out cases whose Go search would be large; a timeout here means its estimate
     missed one (a timeout is not an answer, so such runs count neither as agreement nor as disagreement)."""
@@ -111,6 +119,7 @@ def test_generation_is_deterministic(catalog: NodeCatalog) -> None:
     assert digest(7) != digest(8)
 
 
+@pytest.mark.gobuild
 def test_incomplete_pool_is_treated_as_kubernetes_does(catalog: NodeCatalog) -> None:
     """Incomplete pools follow the allocator of the default minor: Kubernetes 1.34 refused them only for
     `All` requests and allocated ExactCount requests from the slices it had; 1.36 allocates nothing from

@@ -13,6 +13,9 @@ import pytest
 
 from neuron_dra.localcluster.allocsim import run_cases
 
+# Builds and runs allocsim (kube-scheduler's allocator) from the Go module proxy.
+pytestmark = pytest.mark.gobuild
+
 DRIVER = "neuron.aws.com"
 NODE = "trn-node-1"
 

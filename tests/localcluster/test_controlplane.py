@@ -27,6 +27,9 @@ from neuron_dra.localcluster.build import kube_version
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane, running, stop
 from tests.support.e2e import eventually, raw
 
+# Every test here runs a control plane.
+pytestmark = pytest.mark.cluster
+
 DRIVER = "neuron.aws.com"
 NODE = "cp-test-node"
 

@@ -218,6 +218,7 @@ def _assert_nothing_left(cluster_dir: Path) -> None:
     assert not _processes_mentioning(cluster_dir), _processes_mentioning(cluster_dir)
 
 
+@pytest.mark.cluster
 def test_demo_end_to_end(tmp_path: Path) -> None:
     cluster_dir = tmp_path / "demo"
     started = time.monotonic()
@@ -254,6 +255,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     print(f"demo wall time {seconds:.1f} s")  # shown with -s; the figure the report quotes
 
 
+@pytest.mark.cluster
 def test_demo_stops_the_cluster_on_sigterm(tmp_path: Path) -> None:
     cluster_dir = tmp_path / "demo"
     proc = subprocess.Popen([sys.executable, "-m", "neuron_dra", "demo", "--dir", str(cluster_dir)],
@@ -276,6 +278,7 @@ def test_demo_stops_the_cluster_on_sigterm(tmp_path: Path) -> None:
     _assert_nothing_left(cluster_dir)
 
 
+@pytest.mark.cluster
 def test_demo_keep_leaves_a_working_cluster_and_prints_how_to_stop_it(tmp_path: Path) -> None:
     from kubernetes import client, config
 
@@ -305,6 +308,7 @@ def test_demo_keep_leaves_a_working_cluster_and_prints_how_to_stop_it(tmp_path: 
     _assert_nothing_left(cluster_dir)
 
 
+@pytest.mark.cluster
 def test_a_failing_demo_explains_why_and_stops_the_cluster(tmp_path: Path) -> None:
     """With one trn2 node the whole-node pod takes it, so the 8-connected pod cannot be scheduled."""
     import io

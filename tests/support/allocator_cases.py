@@ -58,7 +58,7 @@ from neuron_dra.claim_templates import (
     TemplateError,
     UltraServerNode,
 )
-from neuron_dra.claim_templates.allocator import DeviceId, Mode
+from neuron_dra.claim_templates.allocator import COUNT_CAP, DeviceId, Mode
 from neuron_dra.claim_templates.cel_env import CelDevice, CelEnvironment, CelEvaluationError
 from neuron_dra.claim_templates.examples import OFFICIAL_SAMPLES, RICHER_CASES
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
@@ -74,7 +74,6 @@ CAP = f"device.capacity['{NEURON_DRIVER}']"
 GUARD = f"{A}.resourceType == 'neuron_device'"
 MODES: tuple[Mode, ...] = ("fit-one", "count")
 MAX_RESULTS = 32  # resource.k8s.io/v1 AllocationResultsMaxSize
-COUNT_CAP = 64  # copies counted at most, as both allocators do
 # allocateOne calls per allocation. Go makes about 170 000 a second here (each scans every device of the node),
 # so a case stays near 0.1 s, far from the 10 s filter timeout.
 DEFAULT_BUDGET = 10_000

@@ -12,8 +12,11 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 
+from neuron_dra.driver.k8s_names import neuron_toleration
+
+NEURON_TOLERATION = neuron_toleration()
+
 T = TypeVar("T")
-NEURON_TOLERATION = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def eventually(fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.3, what: str = "") -> T:

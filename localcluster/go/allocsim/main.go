@@ -38,8 +38,8 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// countCap bounds mode "count": enough for any node this project models (at most 64 devices).
-const countCap = 64
+// countCap bounds mode "count": enough for any node this project models (at most 16 devices + 128 NeuronCores).
+const countCap = 256
 
 // defaultTimeout mirrors kube-scheduler's DRA filter timeout (DRASchedulerFilterTimeout, beta and on
 // in 1.34; FilterTimeout default 10 s), applied to each allocation like to each Filter call.

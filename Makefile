@@ -1,0 +1,42 @@
+# Named commands for developers and CI (.ci/run calls `make lint` and `make test`).
+# `make test` is the README's test command; `make test-fast` leaves out what needs Go, a control plane,
+# the Pulumi engine or more than a few seconds (pytest markers declared in pyproject.toml).
+
+PYTHON ?= python3
+IMAGE ?= neuron-dra-driver:0.1.0
+FAST := not cluster and not gobuild and not pulumi_engine and not slow
+
+.PHONY: help install test test-fast lint protos image demo
+
+help:
+	@echo "make install    pip install -r requirements.txt (everything, this repository editable)"
+	@echo "make test-fast  tests without Go, a control plane, the Pulumi engine or slow tests"
+	@echo "make test       every test: $(PYTHON) -m pytest -q (the README's command, what CI runs)"
+	@echo "make lint       ruff, mypy (package, tests, bench), import contracts"
+	@echo "make protos     regenerate driver/_generated from driver/proto"
+	@echo "make image      docker build the driver image as $(IMAGE)"
+	@echo "make demo       neuron-dra demo: local cluster, emulated nodes, driver, workloads"
+
+install:
+	$(PYTHON) -m pip install -r requirements.txt
+
+test-fast:
+	$(PYTHON) -m pytest -q -m "$(FAST)"
+
+test:
+	$(PYTHON) -m pytest -q
+
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy
+	$(PYTHON) -m mypy tests bench
+	lint-imports
+
+protos:
+	$(PYTHON) -m neuron_dra.driver.protogen
+
+image:
+	docker build -f driver/Dockerfile -t $(IMAGE) .
+
+demo:
+	$(PYTHON) -m neuron_dra demo

@@ -1,0 +1,20 @@
+"""One rule for echoing a value in an error message: its repr, cut to a bounded length.
+
+Errors name the offending value, but the value may be huge (a 1 MB string in a config file or a request): printed
+whole it floods logs and terminals. `shown` keeps the start and says how long the rest was.
+"""
+
+from __future__ import annotations
+
+MAX_SHOWN = 200  # characters of a value's repr in an error message
+
+
+def shown(value: object, limit: int = MAX_SHOWN) -> str:
+    """`repr(value)`, at most about `limit` characters: longer ones end with '...' and the full length."""
+    try:
+        text = repr(value)
+    except RecursionError:  # a structure nested deeper than repr can go
+        return f"<{type(value).__name__} nested too deeply to show>"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"

@@ -1,0 +1,96 @@
+"""Issue 14 items 4 and 9 (daemon side): bad files at start-up end in a log line or a clear start-up error, never a
+traceback: a CDI spec with invalid UTF-8 (or a directory in its place), deeply nested or bad-uid checkpoints."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from neuron_dra.driver.checkpoint import _canonical, _checksum
+from neuron_dra.driver.emulate import emulate
+from neuron_dra.localcluster import pluginclient
+from neuron_dra.localcluster.pluginclient import ClaimRef
+from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid
+
+
+@pytest.fixture
+def dirs() -> Iterator[DaemonDirs]:
+    with short_dir() as base:
+        yield DaemonDirs(base)
+
+
+@pytest.fixture
+def host_root(dirs: DaemonDirs) -> Path:
+    return emulate("trn2.48xlarge", dirs.base / "host")
+
+
+def prepared_once(dirs: DaemonDirs, host_root: Path, *refs: ClaimRef) -> None:
+    for i, r in enumerate(refs):
+        dirs.put_claim(claim(r.name, r.uid, devices(i)))
+    d = DaemonProcess(dirs, host_root).wait_ready()
+    client = pluginclient.DraClient(dirs.dra_socket)
+    try:
+        assert all(not x.error for x in client.prepare(refs, timeout=20).values())
+    finally:
+        client.close()
+        assert d.terminate() == 0
+
+
+def test_cdi_spec_with_invalid_utf8_is_quarantined_and_rewritten(dirs: DaemonDirs, host_root: Path) -> None:
+    c1, c2 = ClaimRef("default", "c1", uid(1)), ClaimRef("default", "c2", uid(2))
+    prepared_once(dirs, host_root, c1, c2)
+    spec1, spec2 = dirs.cdi / f"{DRIVER}_{uid(1)}.json", dirs.cdi / f"{DRIVER}_{uid(2)}.json"
+    good = spec1.read_text()
+    spec1.write_bytes(b'{"cdiVersion": "\xff\xfe"}')  # invalid UTF-8
+    spec2.unlink()
+    spec2.mkdir()  # not even a file
+    orphan = dirs.cdi / f"{DRIVER}_{uid(3)}.json"
+    orphan.write_bytes(b"\xff\xff")  # no checkpoint entry, unreadable: removed
+    d = DaemonProcess(dirs, host_root).wait_ready()
+    try:
+        assert spec1.read_text() == good
+        assert spec2.is_file() and json.loads(spec2.read_text())["kind"]
+        assert not orphan.exists()
+        quarantined = sorted(p.name for p in dirs.cdi.iterdir() if ".unreadable-" in p.name)
+        assert len(quarantined) == 2 and all(q.startswith(".") for q in quarantined), quarantined
+        warnings = [r for r in d.log_records() if r["msg"].startswith("unreadable CDI spec")]
+        assert {r["claim"] for r in warnings} == {uid(1), uid(2)}
+        assert "UnicodeDecodeError" in next(r["error"] for r in warnings if r["claim"] == uid(1))
+        assert "Traceback" not in d.log()
+    finally:
+        assert d.terminate() == 0
+
+
+def write_checkpoint(dirs: DaemonDirs, claims: object) -> None:
+    dirs.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"checksum": _checksum(_canonical(claims)), "preparedClaims": claims, "version": 1}
+    dirs.checkpoint.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("deeply nested", "nested deeper"),
+    ("bad uid, valid checksum", "is not allowed"),
+    ("huge uid, valid checksum", "characters)"),
+    ("entry not an object", "malformed entry"),
+])
+def test_bad_checkpoints_stop_start_up_with_a_reason_not_a_traceback(dirs: DaemonDirs, host_root: Path, case: str,
+                                                                      expected: str) -> None:
+    if case == "deeply nested":
+        dirs.checkpoint.parent.mkdir(parents=True)
+        dirs.checkpoint.write_text('{"version": 1, "preparedClaims": ' + "[" * 100000 + "]" * 100000 + "}")
+    elif case == "bad uid, valid checksum":
+        write_checkpoint(dirs, {"../../etc/passwd": {"namespace": "a", "name": "b"}})
+    elif case == "huge uid, valid checksum":
+        write_checkpoint(dirs, {"x" * 1_000_000: {}})
+    else:
+        write_checkpoint(dirs, {uid(1): [1, 2, 3]})
+    d = DaemonProcess(dirs, host_root)
+    assert d.wait_exit() == 1
+    log = d.log()
+    assert "Traceback" not in log
+    error = next(r for r in d.log_records() if r["msg"] == "start-up failed")["error"]
+    assert str(dirs.checkpoint) in error and expected in error, error
+    assert len(error) < 1000, len(error)  # values are echoed capped

@@ -1,0 +1,45 @@
+"""One "not allowed" error: every part's refusal names the field, the value and what is allowed, and is a NotAllowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from neuron_dra.claim_templates import ClaimTemplate, Neuron, OpaqueConfig, TemplateError
+from neuron_dra.components.settings import SettingError, decode_settings
+from neuron_dra.driver.config import ConfigError, decode
+from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions
+from neuron_dra.driver.errors import NotAllowed
+
+
+def test_each_part_refuses_with_a_not_allowed_naming_field_value_and_what_is_allowed() -> None:
+    with pytest.raises(ConfigError) as config:
+        decode({"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 3})
+    with pytest.raises(DeployOptionError) as option:
+        DriverDeployOptions(namespace="Not_A_Label")
+    with pytest.raises(TemplateError) as template:
+        Neuron(0)
+    with pytest.raises(SettingError) as setting:
+        decode_settings({"neuron-dra:kubernetesVersion": "1.20"})
+    for info, field, value in ((config, "logicalNeuronCore", 3), (option, "namespace", "Not_A_Label"),
+                               (template, "Neuron.count", 0), (setting, "neuron-dra:kubernetesVersion", "1.20")):
+        error = info.value
+        assert isinstance(error, NotAllowed) and isinstance(error, ValueError)
+        assert (error.field, error.value) == (field, value), error
+        assert error.allowed and f"{value!r} is not allowed; allowed: {error.allowed}" in str(error)
+    assert str(config.value).startswith("opaque config field 'logicalNeuronCore': ")
+    assert str(option.value).startswith("driver option namespace: ")
+    assert option.value.option == "namespace" and setting.value.setting == "neuron-dra:kubernetesVersion"
+
+
+def test_a_refusal_restated_by_another_part_keeps_value_and_allowed() -> None:
+    """A bad opaque config in a template is the driver's ConfigError, restated as a TemplateError."""
+    with pytest.raises(TemplateError) as info:
+        ClaimTemplate("t", Neuron(1, instance_types="trn2.48xlarge"),
+                      configs=[OpaqueConfig({"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig",
+                                            "logicalNeuronCore": 3})])
+    with pytest.raises(ConfigError) as driver:
+        decode({"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 3})
+    assert info.value.field == "OpaqueConfig.parameters.logicalNeuronCore"
+    assert (info.value.value, info.value.allowed) == (driver.value.value, driver.value.allowed)
+    restated = driver.value.restated(DeployOptionError)
+    assert type(restated) is DeployOptionError and restated.field == "logicalNeuronCore"
