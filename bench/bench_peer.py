@@ -43,6 +43,7 @@ from typing import Any
 import grpc
 
 from neuron_dra.driver._generated import dra_v1_pb2, pluginregistration_pb2
+from neuron_dra.driver.emulate import EmulationOptions, emulate
 from neuron_dra.localcluster import build
 from neuron_dra.localcluster.controlplane import ControlPlane
 
@@ -190,9 +191,9 @@ class DriverSpec:
     env: Mapping[str, str]
 
 
-def ours_spec(python: str, env: Mapping[str, str]) -> DriverSpec:
+def ours_spec(python: str, env: Mapping[str, str], host_root: Path) -> DriverSpec:
     def command(run: Path, kubeconfig: Path) -> list[str]:
-        return [python, "-m", "neuron_dra.driver", "--node-name", NODE, "--emulate", "trn2.48xlarge",
+        return [python, "-m", "neuron_dra.driver", "--node-name", NODE, "--host-root", str(host_root),
                 "--plugins-dir", str(run / "plugins"), "--registry-dir", str(run / "registry"),
                 "--cdi-root", str(run / "cdi"), "--kubeconfig", str(kubeconfig)]
     return DriverSpec("neuron-dra", "neuron.aws.com", tuple(f"neuron-device-{i}" for i in range(16)), command, env)
@@ -381,7 +382,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         try:
             api = Api(client)
             api.call("POST", "/api/v1/nodes", {"metadata": {"name": NODE}})
-            specs = [ours_spec(python, env), example_spec(binary)]
+            # The host tree exists before the daemon starts, as sysfs does on a node (`--emulate` would write it
+            # at start-up; the example keeps its fake GPUs in memory).
+            host_root = emulate("trn2.48xlarge", base / "host", EmulationOptions(host_id=NODE))
+            specs = [ours_spec(python, env, host_root), example_spec(binary)]
             for spec in specs:  # one at a time: each start measured on an otherwise idle machine
                 drivers.append(Running(spec, base / spec.driver_name, plane.kubeconfig, api.has_slice))
                 log(f"{spec.label} up: registration socket after {drivers[-1].to_socket:.3f} s, first "
