@@ -1,7 +1,7 @@
 """What happens when a device's health changes: ResourceSlice taints, Kubernetes Events, Prometheus metrics.
 
-The HealthMonitor (health_source.py) calls `HealthReporter.on_change` from its polling thread. Events go on the
-Node (namespace `default`, as kubelet records node events): `DeviceUnhealthy` (Warning) and `DeviceHealthy`
+The HealthMonitor (health_source.py) hands changes to `HealthReporter.on_change` on a thread of its own. Events
+go on the Node (namespace `default`, as kubelet records node events): `DeviceUnhealthy` (Warning) and `DeviceHealthy`
 (Normal), with the counters in the message, so `kubectl describe node` and `kubectl get events` say what happened.
 Failures to record an event are logged and never block the taint or the health stream.
 """
@@ -9,6 +9,8 @@ Failures to record an event are logged and never block the taint or the health s
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -52,6 +54,25 @@ class HealthReporter:
         """Device name -> taints for the slices (the publisher's TaintSource)."""
         return unhealthy_taints(published_health(self.host, self.monitor.current()), self.driver_name,
                                 self.taint_effect)
+
+    def in_background(self, stop: threading.Event) -> Callable[[Mapping[int, DeviceHealth]], None]:
+        """A listener that hands changes to a thread of their own: a slow or unreachable API server (taint, event)
+        must not hold up the polling thread, which feeds kubelet's health stream."""
+        changes: queue.SimpleQueue[Mapping[int, DeviceHealth]] = queue.SimpleQueue()
+
+        def work() -> None:
+            while not stop.is_set():
+                try:
+                    changed = changes.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                try:
+                    self.on_change(changed)
+                except Exception:
+                    log.exception("reporting a device health change failed")
+
+        threading.Thread(target=work, name="health-reporter", daemon=True).start()
+        return changes.put
 
     def on_change(self, changed: Mapping[int, DeviceHealth]) -> None:
         current = self.monitor.current()
