@@ -116,7 +116,7 @@ def _create_pod(core: client.CoreV1Api, namespace: str, pod: Any) -> bool:
     return True
 
 
-def test_rbac_grants_exactly_the_calls_the_daemon_makes(driver_api: client.ApiClient, api: Any, tmp_path: Path,
+def test_rbac_grants_exactly_the_calls_the_daemon_makes(driver_api: Any, api: Any, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Access, int]] = []
     original = KubeApi.request
