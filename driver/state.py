@@ -328,8 +328,13 @@ class DriverState:
                 raise ClaimError(Reason.BAD_CONFIG, f"claim {ref}, request {request!r}: {e}") from None
             env_name = f"{ref.uid}-request-{request}"
             env_devices.append(CdiDevice(env_name, env=env))
+            named: set[str] = set()
             for a in devs:
-                ids = (qualified_id(self._node_device_name(ref.uid, a.device)), qualified_id(env_name))
+                # The cores of one Neuron device share its device-node CDI device: name it once per request, so
+                # the runtime is never handed the same CDI id (and /dev/neuronN) twice.
+                node = self._node_device_name(ref.uid, a.device)
+                ids = (qualified_id(env_name),) if node in named else (qualified_id(node), qualified_id(env_name))
+                named.add(node)
                 answer.append(PreparedDevice((request,), self.pool_name, a.device, ids))
         try:
             spec = build_spec([*node_devices.values(), *env_devices])

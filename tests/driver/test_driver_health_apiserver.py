@@ -4,6 +4,7 @@ taints and the publisher notices once and stops sending them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,13 @@ def test_fault_taints_the_device_records_events_and_clear_untaints(api: Any, tmp
     unhealthy = [e for e in node_events(api, "health-node-a") if e[0] == "DeviceUnhealthy"]
     assert len(unhealthy) == 1 and unhealthy[0][1] == "Warning"
     assert "neuron-device-3 is unhealthy: 1 uncorrectable HBM ECC errors" in unhealthy[0][2]
+
+    # A restarted daemon sees the fault anew (a later `since`) but keeps the published taint as it is.
+    time.sleep(1.1)
+    restarted = Node(api, "health-node-a", node.host, "NoExecute")
+    result, _ = restarted.publisher.reconcile()
+    assert not result.changed
+    assert devices_by_name(api, "health-node-a")["neuron-device-3"]["taints"] == [taint]
 
     clear_faults(node.host, 3)
     node.monitor.poll()
