@@ -163,6 +163,8 @@ class DriverState:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._checkpoint.close()  # folds the journal into checkpoint.json
 
     def prepared(self) -> Mapping[str, PreparedClaim]:
         with self._lock:
