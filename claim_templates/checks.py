@@ -461,20 +461,22 @@ def _has_attribute(device: CelDevice, qualified: str) -> bool:
     return _attribute(device, qualified) is not None
 
 
-@functools.lru_cache(maxsize=1)
-def default_checker() -> Checker:
-    """A shared checker, so repeated checks (e.g. one per template in a Pulumi program) emulate hosts once."""
-    return Checker()
+@functools.lru_cache(maxsize=4)
+def default_checker(hardware: Catalog = BUILTIN) -> Checker:
+    """A shared checker per hardware catalog, so repeated checks (e.g. one per template in a Pulumi program)
+    emulate hosts once."""
+    return Checker(hardware=hardware)
 
 
-def check(template: TemplateInput, instance_types: Sequence[str] | None = None) -> CheckReport:
-    """Check one template against instance types (default: every catalog type)."""
-    return default_checker().check(template, instance_types)
+def check(template: TemplateInput, instance_types: Sequence[str] | None = None,
+          hardware: Catalog = BUILTIN) -> CheckReport:
+    """Check one template against instance types of `hardware` (default: every type of it)."""
+    return default_checker(hardware).check(template, instance_types)
 
 
-def check_against(template: TemplateInput, instance_types: Sequence[str]) -> None:
+def check_against(template: TemplateInput, instance_types: Sequence[str], hardware: Catalog = BUILTIN) -> None:
     """Raise TemplateCheckError unless the template is error-free and fits one of `instance_types`."""
-    report = check(template, instance_types)
+    report = check(template, instance_types, hardware)
     if not report.ok:
         raise TemplateCheckError(report)
 

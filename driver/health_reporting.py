@@ -16,11 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from kubernetes import client
-
 from neuron_dra.driver.health_source import DeviceHealth, Health, HealthMonitor
 from neuron_dra.driver.health_stream import published_health
-from neuron_dra.driver.kube import KubeApi
+from neuron_dra.driver.kube import ApiClient, KubeApi
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.taints import unhealthy_taints
 
@@ -39,7 +37,7 @@ def _now() -> str:
 
 class HealthReporter:
     def __init__(self, monitor: HealthMonitor, host: NeuronHost, node_name: str, driver_name: str,
-                 taint_effect: str, api: client.ApiClient | None = None, metrics: Metrics | None = None,
+                 taint_effect: str, api: ApiClient | None = None, metrics: Metrics | None = None,
                  republish: Callable[[], None] | None = None) -> None:
         self.monitor = monitor
         self.host = host

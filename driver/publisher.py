@@ -23,10 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
-from neuron_dra.driver.kube import RESOURCE_SLICES, KubeApi
+from neuron_dra.driver.kube import RESOURCE_SLICES, ApiClient, ApiException, KubeApi
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.partitions import MEMORY_COUNTER
 from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices, with_taints
@@ -90,7 +87,7 @@ def _keep_taint_times(desired: list[Slice], existing: list[Slice]) -> None:
 
 
 class SlicePublisher:
-    def __init__(self, api: client.ApiClient, host: NeuronHost, node_name: str, options: PublishOptions,
+    def __init__(self, api: ApiClient, host: NeuronHost, node_name: str, options: PublishOptions,
                  metrics: Metrics | None = None, resync_seconds: float = 60.0, backoff: Backoff | None = None,
                  capacity_block_id: str | None = None, taints: TaintSource | None = None,
                  force_cores: bool = False) -> None:

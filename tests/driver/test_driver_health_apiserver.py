@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, config
 
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import clear_faults, emulate, inject_fault
 from neuron_dra.driver.health_reporting import HealthReporter
 from neuron_dra.driver.health_source import HealthMonitor
-from neuron_dra.driver.kube import api_client
 from neuron_dra.driver.metrics import Metrics
 from neuron_dra.driver.publisher import SlicePublisher
 from neuron_dra.driver.slices import PublishOptions
@@ -113,7 +112,7 @@ def plane_without_taints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
 
 def test_api_server_without_device_taints_drops_them_and_the_publisher_stops_sending(
         plane_without_taints: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    api = api_client(str(plane_without_taints.kubeconfig))
+    api = config.new_client_from_config(str(plane_without_taints.kubeconfig))
     host = emulate("trn2.48xlarge", tmp_path / "host")
     inject_fault(host, 0)  # unhealthy from the start
     node = Node(api, NODE, host, "NoSchedule")
