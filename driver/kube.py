@@ -74,20 +74,32 @@ def _kubeconfig_file(data: str, directory: Path, name: str) -> str:
     return str(path)
 
 
+def _parse_kubeconfig(text: str) -> Any:
+    """JSON (a kubeconfig may be JSON, as client-go reads it) without importing yaml; YAML otherwise. Only with
+    --kubeconfig (tests, local clusters): in-cluster start-up parses nothing."""
+    if text.lstrip().startswith("{"):
+        return json.loads(text)
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"not YAML: {e}") from None
+
+
 def load_kubeconfig(path: str) -> ClusterConfig:
     """The current context's cluster and user of a kubeconfig file (inline `*-data` fields are written to a
     private temporary directory, since ssl loads certificates from files; `api_client` removes it)."""
-    import yaml  # only with --kubeconfig (tests, local clusters); in-cluster start-up does not pay for it
-
     try:
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
+            text = f.read()
+        doc = _parse_kubeconfig(text)
         by_name = {kind: {e["name"]: e[kind[:-1]] for e in doc.get(kind) or ()} for kind in
                    ("clusters", "users", "contexts")}
         context = by_name["contexts"][doc["current-context"]]
         cluster = by_name["clusters"][context["cluster"]]
         user = by_name["users"].get(context.get("user"), {}) or {}
-    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise KubeConfigError(f"cannot load kubeconfig {path}: {e!r}") from None
     if "exec" in user or "auth-provider" in user:
         raise KubeConfigError(f"kubeconfig {path}: user credentials by exec or auth-provider plugins are not "

@@ -140,3 +140,11 @@ def test_an_unknown_ca_is_refused(https_server: str) -> None:
     api = KubeApi(ApiClient(ClusterConfig(server=https_server, token="t")))
     with pytest.raises(ssl.SSLError):
         api.call("GET", "/apis/x")
+
+
+def test_a_json_kubeconfig_reads_like_the_yaml_one(tmp_path: Path) -> None:
+    as_yaml = kubeconfig(tmp_path / "yaml", {"token": "t"})
+    as_json = tmp_path / "json"
+    as_json.write_text(json.dumps(yaml.safe_load(as_yaml.read_text())))
+    a, b = load_kubeconfig(str(as_yaml)), load_kubeconfig(str(as_json))
+    assert (a.server, a.token, a.insecure) == (b.server, b.token, b.insecure) == ("https://127.0.0.1:6443", "t", True)
