@@ -23,7 +23,10 @@ class NotAllowed(ValueError):
         self.value = value
         self.allowed = allowed
         # The value capped: a 1 MB value in a config file must not come back whole (errortext.shown).
-        super().__init__(f"{self.where()}: {shown(value)} is not allowed; allowed: {allowed}")
+        where = self.where()
+        if len(where) > 300:  # field names come from input too (a config's keys)
+            where = f"{where[:300]}... ({len(where)} characters)"
+        super().__init__(f"{where}: {shown(value)} is not allowed; allowed: {allowed}")
 
     def where(self) -> str:
         """How the message names the field; subclasses say whose field it is."""

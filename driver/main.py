@@ -305,8 +305,9 @@ class Daemon:
                                                  cores_per_device=layout.logical_per_device)
         self.health_reporter = HealthReporter(self.health_monitor, self.host, o.node_name, o.driver_name,
                                               o.unhealthy_taint_effect, self.api, self.metrics)
-        self.health_reporter.on_change(self.health_monitor.current())  # devices already unhealthy at start
-        self.health_monitor.add_listener(self.health_reporter.in_background(self.stop_event))
+        report = self.health_reporter.in_background(self.stop_event)
+        report(self.health_monitor.current())  # devices already unhealthy at start (events, metrics)
+        self.health_monitor.add_listener(report)
         self.servers = PluginServers(o.sockets, self.state, o.driver_name,
                                      extra_handlers=self.health_stream.handlers(), extra_services=HEALTH_SERVICES)
         try:

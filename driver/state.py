@@ -41,7 +41,10 @@ from neuron_dra.driver.claims import (
     allocated_devices,
 )
 from neuron_dra.driver.discovery import DiscoveryError, read_ultraserver
+from neuron_dra.driver.errors import NotAllowed
+from neuron_dra.driver.errortext import shown
 from neuron_dra.driver.failpoints import CrashPoints
+from neuron_dra.driver.k8s_names import check_dns_label, check_dns_subdomain
 from neuron_dra.driver.model import NeuronHost, UltraServer
 from neuron_dra.driver.neuron_env import EnvError, core_ranges, request_env
 from neuron_dra.driver.partitions import CoreLayout, parse_core_device
@@ -227,7 +230,15 @@ class DriverState:
             raise ClaimError(Reason.INVALID_REQUEST, str(e)) from None
         if need_name and (not ref.namespace or not ref.name):
             raise ClaimError(Reason.INVALID_REQUEST,
-                             f"claim {ref.uid}: namespace and name are required (got {ref.namespace!r}, {ref.name!r})")
+                             f"claim {ref.uid}: namespace and name are required (got {shown(ref.namespace)}, "
+                             f"{shown(ref.name)})")
+        if need_name:
+            # Names the API server could never have: refused before they reach a URL, a file name or a log line.
+            try:
+                check_dns_label("namespace", ref.namespace)
+                check_dns_subdomain("name", ref.name)
+            except NotAllowed as e:
+                raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref.uid}: {e}") from None
 
     def _prepare_one(self, ref: ClaimRef, ticket: int) -> tuple[PreparedDevice, ...]:
         self._check_ref(ref, need_name=True)

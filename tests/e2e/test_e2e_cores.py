@@ -132,6 +132,7 @@ def test_device_plugin_pods_run_unchanged_and_fill_exactly_the_counters(local_cl
     # One core pod leaves (the pending one first, so it cannot take the freed cores): its devices are untouched
     # again and the whole-device pod gets one of them.
     core.delete_namespaced_pod(pending[0], ns, grace_period_seconds=0)
+    pods.remove(pending[0])
     leaving = _running(core, ns, pods)[0]
     freed = {i // 4 for i in _visible(local_cluster, ns, leaving)[0]}
     core.delete_namespaced_pod(leaving, ns, grace_period_seconds=0)
