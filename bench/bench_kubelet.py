@@ -22,7 +22,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import yaml
 from kubernetes import client, config
 
 from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME, neuron_toleration
-from neuron_dra.localcluster import procs
+from neuron_dra.localcluster import kubelet, procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import down, up
 
@@ -103,14 +102,6 @@ def slice_names(res: client.ResourceV1Api) -> set[str]:
     return {str(s.metadata.name) for s in items if s.metadata is not None}
 
 
-def healthz(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
 def node_ready(core: client.CoreV1Api) -> bool:
     node: Any = core.read_node_status(NODE)
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
@@ -167,7 +158,7 @@ def main() -> int:
         procs.signal_group(ref, signal.SIGTERM)
         wait(lambda: (r := procs.running(paths.kubelet.pid_file)) is not None and r != ref, 60, "kubelet restarted")
         port = yaml.safe_load(paths.kubelet.config.read_text())["healthzPort"]
-        wait(lambda: healthz(port), 60, "kubelet /healthz")
+        wait(lambda: kubelet.healthy(port), 60, "kubelet /healthz")
         healthy = time.monotonic() - restart
         wait(lambda: bool(slice_names(res)) and slice_names(res).isdisjoint(before) and node_ready(core), 60,
              "slices republished and Node Ready")

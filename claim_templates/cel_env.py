@@ -18,9 +18,12 @@ published device costs few real evaluations.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from collections.abc import Callable, Mapping
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
@@ -42,12 +45,22 @@ from neuron_dra.claim_templates.cel_analysis import (
     analyze,
     bind_calls,
 )
+from neuron_dra.claim_templates.cel_cost import COST_LIMIT, CostTooDeep, estimate
 from neuron_dra.claim_templates.cel_types import INT64_MAX, INT64_MIN, CelValueError, Quantity, Semver
 
 MAX_EXPRESSION_BYTES = 10 * 1024  # resource.k8s.io/v1 CELSelectorExpressionMaxLength
+# Wall-clock bound of one evaluation (the cost estimate bounds the work; this catches what it cannot see).
+EVALUATION_SECONDS = 5.0
+TOO_DEEP = ("nested too deeply for this checker's CEL implementation (Python recursion); Kubernetes may accept it: "
+            "remove redundant parentheses or split the selector")
 
 # celpy logs every evaluation error at ERROR level; a selector that errors is a normal check outcome.
 logging.getLogger("celpy").setLevel(logging.CRITICAL)
+
+
+def _cut(expression: str, limit: int = 200) -> str:
+    """An expression as error messages show it: at most `limit` characters (selectors may be 10 KiB)."""
+    return expression if len(expression) <= limit else f"{expression[:limit]}... ({len(expression)} characters)"
 
 
 class CelCompileError(ValueError):
@@ -56,7 +69,7 @@ class CelCompileError(ValueError):
     def __init__(self, expression: str, message: str) -> None:
         self.expression = expression
         self.message = message
-        super().__init__(f"CEL compile error in `{expression}`: {message}")
+        super().__init__(f"CEL compile error in `{_cut(expression)}`: {message}")
 
 
 class CelEvaluationError(ValueError):
@@ -66,7 +79,7 @@ class CelEvaluationError(ValueError):
         self.expression = expression
         self.device = device
         self.message = message
-        super().__init__(f"CEL runtime error in `{expression}` on device {device}: {message}")
+        super().__init__(f"CEL runtime error in `{_cut(expression)}` on device {device}: {message}")
 
 
 # --- the device input -------------------------------------------------------------------------------
@@ -474,6 +487,30 @@ def _describe(err: CELEvalError) -> str:
     return message
 
 
+class _EvaluationTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Interrupt the block after `seconds` (SIGALRM; only in the main thread, where the claims CLI evaluates;
+    elsewhere the cost estimate is the only bound). The previous handler and timer are restored."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise _EvaluationTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class CelEnvironment:
     """Compiles selectors (cached by text) and evaluates them on devices (memoised)."""
 
@@ -497,7 +534,14 @@ class CelEnvironment:
         try:
             tree = self._env.compile(expression)
             analysis = analyze(tree, KNOWN_FUNCTIONS, KNOWN_METHODS)
+            cost = estimate(tree)
+            if cost > COST_LIMIT:
+                raise CelCompileError(expression, f"estimated cost {cost:,} exceeds Kubernetes' per-expression cost "
+                                                  f"limit of {COST_LIMIT:,} (the API server refuses it: too complex, "
+                                                  "exceeds cost limit); nest fewer comprehensions or range over less")
             program = self._env.program(self._env.compile(self._desugar(expression, tree)), functions=_LIBRARY)
+        except (RecursionError, CostTooDeep):
+            raise CelCompileError(expression, TOO_DEEP) from None
         except CELParseError as e:
             raise CelCompileError(expression, f"syntax error at line {e.line}, column {e.column}") from None
         except lark.exceptions.LarkError as e:
@@ -556,9 +600,15 @@ class CelEnvironment:
         if isinstance(value, str):
             return _Outcome(False, value)
         try:
-            result = compiled.program.evaluate({"device": value})
+            with _time_limit(EVALUATION_SECONDS):
+                result = compiled.program.evaluate({"device": value})
         except CELEvalError as e:
             return _Outcome(False, _describe(e))
+        except RecursionError:
+            return _Outcome(False, TOO_DEEP)
+        except _EvaluationTimeout:
+            return _Outcome(False, f"evaluation took longer than {EVALUATION_SECONDS} s (this checker's wall-clock "
+                                   "limit per evaluation; Kubernetes' runtime cost limit is likely exceeded too)")
         if not isinstance(result, celtypes.BoolType):
             return _Outcome(False, f"CEL result of type {type(result).__name__} could not be converted to bool")
         return _Outcome(bool(result), None)

@@ -36,6 +36,8 @@ from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
 from neuron_dra.claim_templates.template import ClaimTemplate
 from neuron_dra.driver import config as driver_config
 from neuron_dra.driver.catalog import BUILTIN, HOW_TO_ADD, Catalog
+from neuron_dra.driver.partitions import parse_core_device
+from neuron_dra.driver.slices import device_name
 from neuron_dra.driver.taints import unhealthy_taint_key
 
 Severity = Literal["error", "warning"]
@@ -368,12 +370,15 @@ class _Check:
             return None
         taint = {"key": unhealthy_taint_key(self.drivers.neuron_driver), "value": "mem_ecc_uncorrected",
                  "effect": "NoSchedule"}
+        # The driver taints a faulty device and the cores carved from it (partitions.py names them after it).
+        core = parse_core_device(victim.device)
+        base = device_name(core[0]) if core is not None else victim.device
         slices = copy.deepcopy(list(node.slices))
         for sl in slices:
             if sl["spec"]["driver"] != victim.driver:
                 continue
-            for dev in sl["spec"]["devices"]:
-                if dev["name"] == victim.device:
+            for dev in sl["spec"].get("devices") or ():  # counter-set slices have none
+                if dev["name"] == base or dev["name"].startswith(f"{base}-core-"):
                     dev["taints"] = [taint]
         return simulate(slices, node.device_classes, [claim], node_name=node.node_name, mode="count",
                         cel=self.cel).count
@@ -456,20 +461,22 @@ def _has_attribute(device: CelDevice, qualified: str) -> bool:
     return _attribute(device, qualified) is not None
 
 
-@functools.lru_cache(maxsize=1)
-def default_checker() -> Checker:
-    """A shared checker, so repeated checks (e.g. one per template in a Pulumi program) emulate hosts once."""
-    return Checker()
+@functools.lru_cache(maxsize=4)
+def default_checker(hardware: Catalog = BUILTIN) -> Checker:
+    """A shared checker per hardware catalog, so repeated checks (e.g. one per template in a Pulumi program)
+    emulate hosts once."""
+    return Checker(hardware=hardware)
 
 
-def check(template: TemplateInput, instance_types: Sequence[str] | None = None) -> CheckReport:
-    """Check one template against instance types (default: every catalog type)."""
-    return default_checker().check(template, instance_types)
+def check(template: TemplateInput, instance_types: Sequence[str] | None = None,
+          hardware: Catalog = BUILTIN) -> CheckReport:
+    """Check one template against instance types of `hardware` (default: every type of it)."""
+    return default_checker(hardware).check(template, instance_types)
 
 
-def check_against(template: TemplateInput, instance_types: Sequence[str]) -> None:
+def check_against(template: TemplateInput, instance_types: Sequence[str], hardware: Catalog = BUILTIN) -> None:
     """Raise TemplateCheckError unless the template is error-free and fits one of `instance_types`."""
-    report = check(template, instance_types)
+    report = check(template, instance_types, hardware)
     if not report.ok:
         raise TemplateCheckError(report)
 

@@ -63,10 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str], hardware: Catalog,
              unhealthy_device: bool = False) -> list[CheckReport]:
-    if unhealthy_device:
-        checker = Checker(hardware=hardware, unhealthy_device=True)
-    else:
-        checker = default_checker() if hardware is BUILTIN else Checker(hardware=hardware)
+    checker = Checker(hardware=hardware, unhealthy_device=True) if unhealthy_device else default_checker(hardware)
     return [checker.check(t, types) for t in templates]
 
 

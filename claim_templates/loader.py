@@ -8,6 +8,7 @@ from pathlib import Path
 
 from neuron_dra.claim_templates.template import ClaimTemplate
 from neuron_dra.driver.catalog import BUILTIN, Catalog
+from neuron_dra.driver.errortext import shown
 
 
 class LoadError(ValueError):
@@ -33,9 +34,25 @@ def load_templates(path: Path | str, catalog: Catalog = BUILTIN) -> list[ClaimTe
         raise LoadError(f"{file}: no such file")
     try:
         namespace = runpy.run_path(str(file), init_globals={"catalog": catalog}, run_name="__claim_templates__")
+    except SystemExit as e:  # sys.exit() in the file must not end the check as if it had passed
+        raise LoadError(f"{file}: the file called sys.exit({shown(e.code)}) while being loaded; a templates file "
+                        "only defines templates") from None
+    except RecursionError:
+        raise LoadError(f"{file}: RecursionError: nested too deeply while being loaded") from None
     except Exception as e:  # the file's own error (bad input to a class, syntax error) is the message
-        raise LoadError(f"{file}: {type(e).__name__}: {e}") from e
+        raise LoadError(f"{file}: {type(e).__name__}: {_capped(str(e))}") from e
     templates = templates_in(namespace)
     if not templates:
         raise LoadError(f"{file}: defines no ClaimTemplate at module level")
+    seen: dict[str, int] = {}
+    for t in templates:
+        seen[t.name] = seen.get(t.name, 0) + 1
+    duplicates = sorted(n for n, count in seen.items() if count > 1)
+    if duplicates:
+        raise LoadError(f"{file}: template names must be unique (each becomes one ResourceClaimTemplate); "
+                        f"defined more than once: {', '.join(shown(n) for n in duplicates)}")
     return templates
+
+
+def _capped(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

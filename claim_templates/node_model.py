@@ -66,9 +66,11 @@ def build_node(host: NeuronHost, node_name: str, drivers: Drivers = DEFAULT_DRIV
 class NodeCatalog:
     """Node models per instance type, built once (emulating a host is the slow part)."""
 
-    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, hardware: Catalog = BUILTIN) -> None:
+    def __init__(self, drivers: Drivers = DEFAULT_DRIVERS, hardware: Catalog = BUILTIN,
+                 partitionable: bool = True) -> None:
         self.drivers = drivers
         self.hardware = hardware
+        self.partitionable = partitionable  # nodes as published on 1.36+ (NeuronCores, counters); else devices only
         self._nodes: dict[str, NodeModel] = {}
         self._published: dict[tuple[RefKind, str], frozenset[str]] | None = None
 
@@ -77,7 +79,7 @@ class NodeCatalog:
         if model is None:
             self.hardware.spec(instance_type)  # an unknown type lists the known ones
             model = build_node(emulated_host(instance_type, catalog=self.hardware), f"node-{instance_type}",
-                               self.drivers)
+                               self.drivers, self.partitionable)
             self._nodes[instance_type] = model
         return model
 

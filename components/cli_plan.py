@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from neuron_dra.driver.errortext import shown
+
 HELP = (
     "Run the stack program (Pulumi.yaml + __main__.py) offline under Pulumi mocks and print the resource tree "
     "with key inputs (-o table) or every Kubernetes manifest it applies (-o yaml). --config takes a stack config "
@@ -41,6 +43,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="stack name the program sees (default cluster name: neuron-dra-NAME)")
 
 
+# Top-level keys of a Pulumi stack config file (Pulumi.<stack>.yaml).
+STACK_FILE_KEYS = ("config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment")
+
+
 def load_config_file(path: Path) -> dict[str, str]:
     """A stack config file as the engine passes it to programs: full keys, string values, JSON for structures."""
     import yaml
@@ -50,16 +56,30 @@ def load_config_file(path: Path) -> dict[str, str]:
     except OSError as e:
         raise PlanError(f"cannot read --config {path}: {e.strerror}") from e
     except yaml.YAMLError as e:
-        raise PlanError(f"--config {path} is not YAML: {e}") from e
+        raise PlanError(f"--config {path} is not YAML: {str(e)[:500]}") from e
+    except RecursionError:
+        raise PlanError(f"--config {path}: nested too deeply to read") from None
     if document is None:
         return {}
     if not isinstance(document, Mapping) or not isinstance(document.get("config", {}), Mapping):
         raise PlanError(f"--config {path}: expected a mapping with a `config:` mapping of settings")
+    # A misspelt `config:` would otherwise plan the default stack without a word (issue 14).
+    unknown = sorted(str(k) for k in document if k not in STACK_FILE_KEYS)
+    if unknown:
+        raise PlanError(f"--config {path}: unknown top-level key {shown(unknown[0])}; a stack config file has "
+                        f"{', '.join(STACK_FILE_KEYS)} (the settings go under `config:`)")
+    try:
+        return _flatten(path, document)
+    except RecursionError:
+        raise PlanError(f"--config {path}: a value is nested too deeply") from None
+
+
+def _flatten(path: Path, document: Mapping[str, Any]) -> dict[str, str]:
     config: dict[str, str] = {}
     for key, value in (document.get("config") or {}).items():
         full_key = key if ":" in str(key) else f"neuron-dra:{key}"
         if isinstance(value, Mapping) and set(value) == {"secure"}:
-            raise PlanError(f"--config {path}: {full_key} is an encrypted secret; plan cannot decrypt it, "
+            raise PlanError(f"--config {path}: {shown(full_key)} is an encrypted secret; plan cannot decrypt it, "
                             "put a placeholder value in a copy of the file")
         if isinstance(value, str):
             config[full_key] = value

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from neuron_dra.driver.catalog import CATALOG, InstanceSpec, get_instance_spec
-from neuron_dra.driver.deploy import DEFAULT_NAMESPACE, DeployOptionError, DriverDeployOptions
+from neuron_dra.driver.deploy import (
+    DEFAULT_CORE_DEVICE_CLASS,
+    DEFAULT_CORE_EXTENDED_RESOURCE,
+    DEFAULT_EXTENDED_RESOURCE,
+    DEFAULT_NAMESPACE,
+    DeployOptionError,
+    DriverDeployOptions,
+)
 from neuron_dra.driver.errors import NotAllowed
 from neuron_dra.driver.k8s_names import (
     DEFAULT_DRIVER_NAME,
@@ -105,6 +112,13 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("driverName", "string", "DRA driver name and DeviceClass name.", DEFAULT_DRIVER_NAME),
     Setting("driverNamespace", "string", "Namespace of the driver.", DEFAULT_NAMESPACE),
     Setting("driverMetricsPort", "integer", "Prometheus metrics port of the driver (0: off).", 0),
+    Setting("neuronCoreDeviceClass", "string", "DeviceClass of NeuronCores (Kubernetes 1.36+; "
+            "docs/neuron-cores.md).", DEFAULT_CORE_DEVICE_CLASS),
+    Setting("extendedResourceName", "string", "Extended resource the whole-device DeviceClass serves to pods "
+            "written for the Neuron device plugin ('' for none; left out before Kubernetes 1.36).",
+            DEFAULT_EXTENDED_RESOURCE),
+    Setting("coreExtendedResourceName", "string", "Extended resource the NeuronCore DeviceClass serves (logical "
+            "cores at the node's LNC; '' for none; left out before Kubernetes 1.36).", DEFAULT_CORE_EXTENDED_RESOURCE),
     Setting("kubeletPluginsDir", "string", "kubelet's plugins directory on the nodes.", DEFAULT_PLUGINS_DIR),
     Setting("kubeletRegistryDir", "string", "kubelet's plugin registry directory on the nodes.",
             DEFAULT_REGISTRY_DIR),
@@ -301,6 +315,9 @@ class StackSettings:
     driver_name: str = DEFAULT_DRIVER_NAME
     driver_namespace: str = DEFAULT_NAMESPACE
     driver_metrics_port: int = 0
+    neuron_core_device_class: str = DEFAULT_CORE_DEVICE_CLASS
+    extended_resource_name: str = DEFAULT_EXTENDED_RESOURCE
+    core_extended_resource_name: str = DEFAULT_CORE_EXTENDED_RESOURCE
     kubelet_plugins_dir: str = DEFAULT_PLUGINS_DIR
     kubelet_registry_dir: str = DEFAULT_REGISTRY_DIR
     claim_templates_module: str = DEFAULT_CLAIM_TEMPLATES_MODULE
@@ -391,9 +408,14 @@ class StackSettings:
     def driver_options(self) -> DriverDeployOptions:
         """The driver's deployment options; a bad value is reported under its setting's name."""
         try:
+            # DeviceClass.extendedResourceName exists from 1.36 (DRAExtendedResource beta, on): left out before.
+            mapped = parse_kubernetes_version(setting_name("kubernetesVersion"), self.kubernetes_version) >= (1, 36)
             options = DriverDeployOptions(
                 driver_name=self.driver_name, namespace=self.driver_namespace, metrics_port=self.driver_metrics_port,
                 plugins_dir=self.kubelet_plugins_dir, registry_dir=self.kubelet_registry_dir,
+                core_device_class_name=self.neuron_core_device_class,
+                extended_resource_name=(self.extended_resource_name or None) if mapped else None,
+                core_extended_resource_name=(self.core_extended_resource_name or None) if mapped else None,
             )
             if self.driver_image is not None:
                 DriverDeployOptions(image=self.driver_image)
@@ -427,6 +449,8 @@ _FIELD_OF_KEY = {
     "podIdentityAgentVersion": "pod_identity_agent_version", "nodeGroups": "node_groups",
     "driverImage": "driver_image", "driverName": "driver_name", "driverNamespace": "driver_namespace",
     "driverMetricsPort": "driver_metrics_port", "kubeletPluginsDir": "kubelet_plugins_dir",
+    "neuronCoreDeviceClass": "neuron_core_device_class", "extendedResourceName": "extended_resource_name",
+    "coreExtendedResourceName": "core_extended_resource_name",
     "kubeletRegistryDir": "kubelet_registry_dir", "claimTemplatesModule": "claim_templates_module",
     "clusterInstanceTypes": "cluster_instance_types", "kubeconfig": "kubeconfig",
 }
@@ -434,6 +458,8 @@ _KEY_OF_FIELD = {f: k for k, f in _FIELD_OF_KEY.items()}
 _SETTING_OF_OPTION = {
     "driver_name": "driverName", "namespace": "driverNamespace", "metrics_port": "driverMetricsPort",
     "plugins_dir": "kubeletPluginsDir", "registry_dir": "kubeletRegistryDir", "image": "driverImage",
+    "core_device_class_name": "neuronCoreDeviceClass", "extended_resource_name": "extendedResourceName",
+    "core_extended_resource_name": "coreExtendedResourceName",
 }
 
 _NODE_GROUP_FIELD = {

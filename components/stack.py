@@ -165,10 +165,12 @@ def build_stack(
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
         options=driver_options(settings), image=settings.driver_image, source_dir=source_dir,
     ), provider=provider)
-    device_class = driver.objects.get(f"DeviceClass/{driver.device_class_name}")
+    # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first.
+    classes = [driver.objects.get(f"DeviceClass/{name}")
+               for name in (driver.device_class_name, settings.neuron_core_device_class)]
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
         templates=templates, instance_types=settings.node_instance_types, check=check,
-        depends_on=[device_class] if device_class else [],
+        depends_on=[c for c in classes if c is not None],
     ), provider=provider)
     exports: dict[str, Any] = {
         "kubeconfig": kubeconfig,

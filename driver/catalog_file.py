@@ -13,8 +13,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from neuron_dra.driver.catalog import (
     BUILTIN,
     GIB,
@@ -324,6 +322,8 @@ def load_catalog(path: Path | str, base: Catalog = BUILTIN) -> Catalog:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise CatalogFileError(file, "", _MISSING, f"a readable catalog file ({e.strerror or e})") from None
+    import yaml  # only with a catalog file: the daemon's start-up does not pay for the import otherwise
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

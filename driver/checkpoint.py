@@ -1,20 +1,23 @@
-"""The crash-safe record of prepared claims: `<plugins dir>/<driver>/checkpoint.json`.
+"""The crash-safe record of prepared claims: `<plugins dir>/<driver>/checkpoint.json` and its journal.
 
-Unprepare must work after a restart from this file alone (the claim object may be gone), so it
-holds everything: the answer given to kubelet, the devices the claim holds, and the CDI spec text
-(rewritten at start and on every repeated prepare, since the CDI directory is tmpfs). The file is
-versioned and checksummed, and always replaced atomically (temp file + rename). A prepare is recorded
-twice: as PrepareStarted before its CDI spec is written and as PrepareCompleted, fsynced, before kubelet
-gets the answer, so a crash in between leaves an entry the next start can clean up. The PrepareStarted
-write is not fsynced: it survives a crash of the daemon (the rename is in the page cache), and what a
-power loss could cost is a spec in /var/run/cdi, which is tmpfs and gone as well (specs elsewhere are
-found by the orphan scan at start). Removals are fsynced.
+Unprepare must work after a restart from these files alone (the claim object may be gone), so they hold
+everything: the answer given to kubelet, the devices the claim holds, and the CDI spec text (rewritten at start
+and on every repeated prepare, since the CDI directory is tmpfs). The snapshot is versioned and checksummed and
+replaced atomically; changes between snapshots are records in a journal written in place (see `Checkpoint`):
+one fdatasync makes a change durable. A prepare is recorded twice: as PrepareStarted before its CDI spec is
+written and as PrepareCompleted, synced, before kubelet gets the answer, so a crash in between leaves an entry
+the next start can clean up. The PrepareStarted record is not synced: it survives a crash of the daemon (it is
+in the page cache), and what a power loss could cost is a spec in /var/run/cdi, which is tmpfs and gone as well
+(specs elsewhere are found by the orphan scan at start). Removals are synced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -118,12 +121,14 @@ def _checksum(canonical_claims: str) -> str:
     return "sha256:" + hashlib.sha256(canonical_claims.encode("utf-8")).hexdigest()
 
 
-def encode(claims: Mapping[str, PreparedClaim]) -> bytes:
-    """The file: {"checksum", "preparedClaims", "version"}, the checksum taken over the canonical JSON of
-    preparedClaims (sorted keys, no spaces), which is also exactly how it is written. Each claim's canonical
-    text is computed once per entry, so a save costs a join and a hash, not a re-encoding of every claim."""
+def encode(claims: Mapping[str, PreparedClaim], journal: str | None = None) -> bytes:
+    """The file: {"checksum", "journal", "preparedClaims", "version"}, the checksum taken over the canonical JSON
+    of preparedClaims (sorted keys, no spaces), which is also exactly how it is written; `journal` (optional)
+    names the generation of the journal records that apply on top. Each claim's canonical text is computed once
+    per entry, so a save costs a join and a hash, not a re-encoding of every claim."""
     canonical = "{" + ",".join(f"{json.dumps(uid)}:{claims[uid].canonical_json}" for uid in sorted(claims)) + "}"
-    return (f'{{"checksum":"{_checksum(canonical)}","preparedClaims":{canonical},'
+    generation = f'"journal":{json.dumps(journal)},' if journal is not None else ""
+    return (f'{{"checksum":"{_checksum(canonical)}",{generation}"preparedClaims":{canonical},'
             f'"version":{CHECKPOINT_VERSION}}}\n').encode()
 
 
@@ -158,21 +163,196 @@ def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
     return claims
 
 
-class Checkpoint:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+JOURNAL_SUFFIX = ".journal"
+JOURNAL_SIZE = 4 * 1024 * 1024  # zero-filled once; ~1,000 prepare/unprepare cycles of 8-device claims per compaction
 
-    def load(self) -> dict[str, PreparedClaim]:
-        """The recorded claims; an absent file is an empty checkpoint."""
-        remove_temp_files(self.path.parent, self.path.name)
+
+def _line(payload: dict[str, Any]) -> bytes:
+    """One journal record: 16 hex digits of SHA-256 over the canonical JSON, a space, the JSON, a newline."""
+    text = _canonical(payload)
+    return f"{hashlib.sha256(text.encode()).hexdigest()[:16]} {text}\n".encode()
+
+
+def _parse_line(line: bytes) -> dict[str, Any] | None:
+    """The payload of a record `_line` wrote, or None when it is torn or damaged."""
+    digest, _, text = line.partition(b" ")
+    if len(digest) != 16 or hashlib.sha256(text).hexdigest()[:16].encode() != digest:
+        return None
+    try:
+        payload = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+@dataclass(frozen=True)
+class JournalContent:
+    records: tuple[dict[str, Any], ...]  # the valid records of the generation asked for
+    end: int  # offset after the last of them
+    dirty_end: int  # offset after the last non-zero byte (beyond `end`: a torn tail or stale records)
+
+
+def read_journal(path: Path, raw: bytes, generation: str) -> JournalContent:
+    """The records of `generation` from the start of the journal. Reading stops at the first record that is
+    damaged or of another generation (stale bytes of an earlier one): only what follows the last fdatasync can be
+    torn by a power loss, and every record before a synced one was synced with it, so a damaged record followed
+    by a synced record of this generation means corruption."""
+    dirty_end = len(raw.rstrip(b"\0"))
+    records: list[dict[str, Any]] = []
+    offset = 0
+    while offset < dirty_end:
+        newline = raw.find(b"\n", offset, dirty_end)
+        payload = _parse_line(raw[offset:newline]) if newline >= 0 else None
+        if payload is None or payload.get("generation") != generation:
+            break
+        records.append(payload)
+        offset = newline + 1
+    for line in raw[offset:dirty_end].split(b"\n")[1:]:
+        later = _parse_line(line)
+        if later is not None and later.get("generation") == generation and later.get("synced"):
+            raise CheckpointError(path, f"journal record at offset {offset} is damaged and synced records follow "
+                                        "it; the file is corrupt")
+    return JournalContent(tuple(records), offset, dirty_end)
+
+
+def _apply(claims: dict[str, PreparedClaim], ops: list[Any], path: Path) -> None:
+    try:
+        for op in ops:
+            kind, uid = op[0], op[1]
+            if kind == "put":
+                claims[uid] = PreparedClaim.from_json(uid, op[2])
+            elif kind == "state":
+                claims[uid] = claims[uid].with_state(ClaimState(op[2]))
+            elif kind == "delete":
+                claims.pop(uid, None)
+            else:
+                raise ValueError(f"unknown journal operation {kind!r}")
+    except (IndexError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(path, f"malformed journal record: {e!r}") from None
+
+
+class Checkpoint:
+    """A snapshot (`checkpoint.json`, replaced atomically) and a journal beside it (`checkpoint.json.journal`).
+
+    Every save writes one record of what changed into the journal, in place, into a file that was zero-filled
+    and fsynced when it was created: a durable save needs one fdatasync, which flushes data only (the file's
+    size and blocks do not change), and no temp file, rename or directory fsync. When the journal is full, at
+    start and at close, the whole state becomes the new snapshot (atomic replace, fsynced with its directory)
+    naming a new random journal generation, and the journal's records are zeroed. Only records of the
+    snapshot's generation replay, so a reset cut short, stale bytes or a torn tail never do.
+    """
+
+    def __init__(self, path: Path, journal_size: int = JOURNAL_SIZE) -> None:
+        self.path = path
+        self.journal_path = path.with_name(path.name + JOURNAL_SUFFIX)
+        self._journal_size = journal_size
+        self._fd: int | None = None
+        self._limit = journal_size
+        self._offset = 0
+        self._generation = ""
+        self._saved: dict[str, PreparedClaim] = {}
+
+    def read(self) -> dict[str, PreparedClaim]:
+        """The recorded claims (snapshot plus journal) without changing any file; absent files are empty."""
+        return self._read()[0]
+
+    def _read(self) -> tuple[dict[str, PreparedClaim], JournalContent | None]:
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
-        return decode(self.path, raw)
+            return {}, None
+        claims = decode(self.path, raw)
+        generation = json.loads(raw).get("journal")
+        if not isinstance(generation, str):
+            return claims, None
+        try:
+            journal_raw = self.journal_path.read_bytes()
+        except FileNotFoundError:
+            return claims, None
+        journal = read_journal(self.journal_path, journal_raw, generation)
+        for record in journal.records:
+            _apply(claims, record.get("ops") or [], self.journal_path)
+        return claims, journal
+
+    def load(self) -> dict[str, PreparedClaim]:
+        """The recorded claims; removes temp files of interrupted writes and clears a torn journal tail, so that
+        new records follow the valid ones."""
+        remove_temp_files(self.path.parent, self.path.name)
+        self.close(compact=False)
+        claims, journal = self._read()
+        self._saved = dict(claims)
+        if journal is None:
+            if self.path.exists() or self.journal_path.exists():
+                self._compact(claims)  # no journal of this snapshot yet: start one
+            return claims
+        self._fd = os.open(self.journal_path, os.O_RDWR | os.O_CLOEXEC)
+        self._limit = os.fstat(self._fd).st_size
+        self._generation = json.loads(self.path.read_bytes())["journal"]
+        self._offset = journal.end
+        if journal.dirty_end > journal.end:  # a torn tail or stale records: cleared, never mistaken for records
+            os.pwrite(self._fd, bytes(journal.dirty_end - journal.end), journal.end)
+            os.fdatasync(self._fd)
+        return claims
 
     def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True,
              before_rename: Callable[[], None] | None = None) -> None:
-        """Replace the file with `claims`, atomically; `durable` also fsyncs file and directory (survives a power
-        loss, not only a crash). `before_rename` is a crash-injection hook."""
-        write_atomic(self.path, encode(claims), mode=0o600, durable=durable, before_rename=before_rename)
+        """Record `claims` as the new state; `durable` makes it survive a power loss, not only a crash of the
+        daemon. `before_rename` is a crash-injection hook, called before anything changes on disk."""
+        if before_rename is not None:
+            before_rename()
+        if self._fd is None:
+            self._compact(claims)
+            return
+        ops: list[Any] = []
+        saved = self._saved
+        for uid, claim in claims.items():
+            old = saved.get(uid)
+            if old is claim:
+                continue
+            if old is not None and old.with_state(claim.state) == claim:
+                ops.append(["state", uid, claim.state.value])
+            else:
+                ops.append(["put", uid, claim.to_json()])
+        ops.extend(["delete", uid] for uid in saved if uid not in claims)
+        line = _line({"generation": self._generation, "ops": ops, "synced": durable})
+        if self._offset + len(line) > self._limit:
+            self._compact(claims)
+            return
+        try:
+            os.pwrite(self._fd, line, self._offset)
+            if durable:
+                os.fdatasync(self._fd)
+        except OSError:
+            with contextlib.suppress(OSError):  # best effort: a record that failed must not replay
+                os.pwrite(self._fd, bytes(len(line)), self._offset)
+            raise
+        self._offset += len(line)
+        self._saved = dict(claims)
+
+    def _compact(self, claims: Mapping[str, PreparedClaim]) -> None:
+        """`claims` as the snapshot (durable) under a new journal generation, then the journal's records zeroed."""
+        if self._fd is None:
+            if not self.journal_path.exists():
+                write_atomic(self.journal_path, bytes(self._journal_size), mode=0o600, durable=True)
+            self._fd = os.open(self.journal_path, os.O_RDWR | os.O_CLOEXEC)
+            self._limit = os.fstat(self._fd).st_size
+        generation = secrets.token_hex(8)
+        write_atomic(self.path, encode(claims, generation), mode=0o600, durable=True)
+        self._generation = generation
+        used = min(self._offset, self._limit)
+        if used:
+            os.pwrite(self._fd, bytes(used), 0)  # tidiness only: old records are of another generation
+            os.fdatasync(self._fd)
+        self._offset = 0
+        self._saved = dict(claims)
+
+    def close(self, *, compact: bool = True) -> None:
+        """Fold the journal into the snapshot (checkpoint.json alone is then complete) and close it."""
+        if self._fd is None:
+            return
+        try:
+            if compact and self._offset:
+                self._compact(self._saved)
+        finally:
+            os.close(self._fd)
+            self._fd = None

@@ -21,7 +21,8 @@ class ClaimRef:
     uid: str
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.name} ({self.uid})"
+        # Capped: kubelet's fields are checked after they are first logged, and may be of any size.
+        return f"{self.namespace[:63]}/{self.name[:253]} ({self.uid[:128]})"
 
 
 class Reason(StrEnum):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from neuron_dra.driver.errortext import shown
+
 E = TypeVar("E", bound="NotAllowed")
 
 
@@ -20,7 +22,11 @@ class NotAllowed(ValueError):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{self.where()}: {value!r} is not allowed; allowed: {allowed}")
+        # The value capped: a 1 MB value in a config file must not come back whole (errortext.shown).
+        where = self.where()
+        if len(where) > 300:  # field names come from input too (a config's keys)
+            where = f"{where[:300]}... ({len(where)} characters)"
+        super().__init__(f"{where}: {shown(value)} is not allowed; allowed: {allowed}")
 
     def where(self) -> str:
         """How the message names the field; subclasses say whose field it is."""

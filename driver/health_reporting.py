@@ -1,7 +1,7 @@
 """What happens when a device's health changes: ResourceSlice taints, Kubernetes Events, Prometheus metrics.
 
-The HealthMonitor (health_source.py) calls `HealthReporter.on_change` from its polling thread. Events go on the
-Node (namespace `default`, as kubelet records node events): `DeviceUnhealthy` (Warning) and `DeviceHealthy`
+The HealthMonitor (health_source.py) hands changes to `HealthReporter.on_change` on a thread of its own. Events
+go on the Node (namespace `default`, as kubelet records node events): `DeviceUnhealthy` (Warning) and `DeviceHealthy`
 (Normal), with the counters in the message, so `kubectl describe node` and `kubectl get events` say what happened.
 Failures to record an event are logged and never block the taint or the health stream.
 """
@@ -9,16 +9,16 @@ Failures to record an event are logged and never block the taint or the health s
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from kubernetes import client
-
 from neuron_dra.driver.health_source import DeviceHealth, Health, HealthMonitor
 from neuron_dra.driver.health_stream import published_health
-from neuron_dra.driver.kube import KubeApi
+from neuron_dra.driver.kube import ApiClient, KubeApi
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.taints import unhealthy_taints
 
@@ -37,7 +37,7 @@ def _now() -> str:
 
 class HealthReporter:
     def __init__(self, monitor: HealthMonitor, host: NeuronHost, node_name: str, driver_name: str,
-                 taint_effect: str, api: client.ApiClient | None = None, metrics: Metrics | None = None,
+                 taint_effect: str, api: ApiClient | None = None, metrics: Metrics | None = None,
                  republish: Callable[[], None] | None = None) -> None:
         self.monitor = monitor
         self.host = host
@@ -54,6 +54,25 @@ class HealthReporter:
         """Device name -> taints for the slices (the publisher's TaintSource)."""
         return unhealthy_taints(published_health(self.host, self.monitor.current()), self.driver_name,
                                 self.taint_effect)
+
+    def in_background(self, stop: threading.Event) -> Callable[[Mapping[int, DeviceHealth]], None]:
+        """A listener that hands changes to a thread of their own: a slow or unreachable API server (taint, event)
+        must not hold up the polling thread, which feeds kubelet's health stream."""
+        changes: queue.SimpleQueue[Mapping[int, DeviceHealth]] = queue.SimpleQueue()
+
+        def work() -> None:
+            while not stop.is_set():
+                try:
+                    changed = changes.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                try:
+                    self.on_change(changed)
+                except Exception:
+                    log.exception("reporting a device health change failed")
+
+        threading.Thread(target=work, name="health-reporter", daemon=True).start()
+        return changes.put
 
     def on_change(self, changed: Mapping[int, DeviceHealth]) -> None:
         current = self.monitor.current()

@@ -26,6 +26,7 @@ from neuron_dra.driver._generated import dra_health_v1_pb2, dra_health_v1alpha1_
 from neuron_dra.driver._generated import dra_health_v1beta1_pb2 as pb
 from neuron_dra.driver.health_source import MAX_MESSAGE, DeviceHealth, Health, HealthMonitor
 from neuron_dra.driver.model import NeuronHost
+from neuron_dra.driver.partitions import core_device_name
 from neuron_dra.driver.slices import NODE_DEVICE_NAME, device_name
 
 log = logging.getLogger("neuron_dra.driver.health_stream")
@@ -50,16 +51,20 @@ class NamedHealth:
     reason: str = ""  # the first counter that made it unhealthy (a taint value), or ""
 
 
-def published_health(host: NeuronHost, current: Mapping[int, DeviceHealth]) -> dict[str, NamedHealth]:
-    """Health per published device name. The UltraServer pseudo-device stands for all 16 devices, so it is as
-    healthy as the worst of them."""
+def published_health(host: NeuronHost, current: Mapping[int, DeviceHealth], cores_per_device: int = 0
+                     ) -> dict[str, NamedHealth]:
+    """Health per published device name. A device's core devices (`cores_per_device` of them, when cores are
+    published) share its health; the UltraServer pseudo-device stands for all 16 devices, so it is as healthy as
+    the worst of them."""
     out: dict[str, NamedHealth] = {}
     for dev in host.devices:
         h = current.get(dev.index)
         if h is None:
             continue
         reason = next((k for k, v in sorted(h.counters.items()) if v > 0), "")
-        out[device_name(dev.index)] = NamedHealth(device_name(dev.index), h.health, h.message, h.since, reason)
+        names = [device_name(dev.index), *(core_device_name(dev.index, c) for c in range(cores_per_device))]
+        for name in names:
+            out[name] = NamedHealth(name, h.health, h.message, h.since, reason)
     if host.ultraserver is not None and current:
         worst = max(current.values(), key=lambda h: (_RANK[h.health], -h.since))
         bad = sorted(i for i, h in current.items() if h.health is not Health.HEALTHY)
@@ -73,8 +78,10 @@ class HealthStreamService:
     """Serves NodeWatchResources for every version in HEALTH_PACKAGES from one HealthMonitor."""
 
     def __init__(self, monitor: HealthMonitor, host: NeuronHost, pool_name: str, stop: threading.Event,
-                 timeout_s: int = DEFAULT_TIMEOUT_S, heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> None:
+                 timeout_s: int = DEFAULT_TIMEOUT_S, heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+                 cores_per_device: int = 0) -> None:
         self.monitor = monitor
+        self.cores_per_device = cores_per_device  # core devices (partitions.py) report their device's health
         self.host = host
         self.pool_name = pool_name
         self.timeout_s = timeout_s
@@ -86,7 +93,7 @@ class HealthStreamService:
     def response(self) -> pb.NodeWatchResourcesResponse:
         now = int(time.time())
         resp = pb.NodeWatchResourcesResponse()
-        for name, h in sorted(published_health(self.host, self.monitor.current()).items()):
+        for name, h in sorted(published_health(self.host, self.monitor.current(), self.cores_per_device).items()):
             resp.devices.append(pb.DeviceHealth(
                 device=pb.DeviceIdentifier(pool_name=self.pool_name, device_name=name), health=_WIRE[h.health],
                 last_updated_time=now, health_check_timeout_seconds=self.timeout_s, message=h.message))

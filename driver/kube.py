@@ -1,78 +1,263 @@
-"""The API server side of the driver: client construction, the few REST calls it makes, and the claim lookup.
+"""The API server side of the driver: connection settings, the few REST calls it makes, and the claim lookup.
 
-The calls go through the `kubernetes` client's ApiClient (its kubeconfig and in-cluster configuration,
-authentication with token refresh, TLS, retries) but not through its generated API methods: those validate
-every call with pydantic, and the validators of the six calls the daemon makes cost about 25 MiB of resident
-memory (V1Node's alone 17 MiB), a third of the daemon's budget. Bodies and responses are plain JSON.
+A small JSON-over-HTTPS client on the standard library (http.client, ssl) instead of the `kubernetes` package:
+that package's import alone costs 17-19 MiB of resident memory and, on a loaded node, seconds of start-up, for
+six REST calls. What it would have provided and the daemon needs is here: the kubeconfig (server, CA, client
+certificate, bearer token or token file; no exec or auth-provider plugins) and the in-cluster service account
+(KUBERNETES_SERVICE_HOST/PORT, the projected token re-read every minute as client-go does, since kubelet rotates
+it), one keep-alive connection per thread, one retry when a reused connection turns out to be closed.
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
+import os
+import ssl
+import tempfile
+import threading
+import time
 from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import quote
-
-import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
+from urllib.parse import quote, urlencode, urlsplit
 
 from neuron_dra.driver.claims import ClaimLookupError
 
 # (connect, read) seconds: kubelet gives prepare 45 s; a claim GET must fail well before that.
 DEFAULT_TIMEOUT = (3.0, 10.0)
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TOKEN_RELOAD_SECONDS = 60.0
 Timeout = float | tuple[float, float]
+# A reused keep-alive connection the server has closed meanwhile fails with one of these before any byte of
+# the answer: the request is sent again once on a new connection.
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, http.client.CannotSendRequest)
 
 
 class KubeConfigError(RuntimeError):
     pass
 
 
-def api_client(kubeconfig: str | None) -> client.ApiClient:
-    """A client from a kubeconfig file, or the in-cluster service account when `kubeconfig` is None."""
-    cfg = client.Configuration()
+class ApiException(Exception):
+    """A non-2xx answer of the API server."""
+
+    def __init__(self, status: int | None = None, reason: str = "", body: str = "") -> None:
+        self.status = status
+        self.reason = reason
+        self.body = body
+        super().__init__(f"({status}) {reason}: {body[:500]}" if body else f"({status}) {reason}")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where the API server is and how to authenticate: what the kubeconfig or the service account says."""
+
+    server: str  # https://host:port
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    token: str | None = None
+    token_file: str | None = None  # re-read every TOKEN_RELOAD_SECONDS (rotated projected tokens)
+    insecure: bool = False
+
+
+def _kubeconfig_file(data: str, directory: Path, name: str) -> str:
+    path = directory / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(base64.b64decode(data))
+    return str(path)
+
+
+def load_kubeconfig(path: str) -> ClusterConfig:
+    """The current context's cluster and user of a kubeconfig file (inline `*-data` fields are written to a
+    private temporary directory, since ssl loads certificates from files)."""
+    import yaml  # only with --kubeconfig (tests, local clusters); in-cluster start-up does not pay for it
+
     try:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
-        else:
-            config.load_incluster_config(client_configuration=cfg)
-    except (ConfigException, OSError, TypeError, ValueError) as e:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config (no --kubeconfig given)"
-        raise KubeConfigError(f"cannot load {where}: {e}") from None
-    cfg.retries = 1  # one quick retry on connection errors; the callers retry with backoff themselves
-    return client.ApiClient(cfg)
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+        by_name = {kind: {e["name"]: e[kind[:-1]] for e in doc.get(kind) or ()} for kind in
+                   ("clusters", "users", "contexts")}
+        context = by_name["contexts"][doc["current-context"]]
+        cluster = by_name["clusters"][context["cluster"]]
+        user = by_name["users"].get(context.get("user"), {}) or {}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
+        raise KubeConfigError(f"cannot load kubeconfig {path}: {e!r}") from None
+    if "exec" in user or "auth-provider" in user:
+        raise KubeConfigError(f"kubeconfig {path}: user credentials by exec or auth-provider plugins are not "
+                              "supported; use a client certificate or a token")
+    base = Path(path).resolve().parent
+    directory = Path(tempfile.mkdtemp(prefix="neuron-dra-kubeconfig-"))
+
+    def file_of(key: str, name: str, section: Mapping[str, Any]) -> str | None:
+        if section.get(f"{key}-data"):
+            return _kubeconfig_file(section[f"{key}-data"], directory, name)
+        value = section.get(key)
+        return str(base / value) if value else None
+
+    server = str(cluster.get("server", ""))
+    if not server.startswith("https://"):
+        raise KubeConfigError(f"kubeconfig {path}: server {server!r} is not allowed: an https:// URL is required")
+    return ClusterConfig(server=server, ca_file=file_of("certificate-authority", "ca.crt", cluster),
+                         cert_file=file_of("client-certificate", "client.crt", user),
+                         key_file=file_of("client-key", "client.key", user), token=user.get("token"),
+                         token_file=str(base / user["tokenFile"]) if user.get("tokenFile") else None,
+                         insecure=bool(cluster.get("insecure-skip-tls-verify")))
 
 
-def read_json(resp: Any) -> dict[str, Any]:
-    data = json.loads(resp.data)
+def incluster_config(env: Mapping[str, str], account: Path = SERVICE_ACCOUNT_DIR) -> ClusterConfig:
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise KubeConfigError("cannot load in-cluster config (no --kubeconfig given): KUBERNETES_SERVICE_HOST and "
+                              "KUBERNETES_SERVICE_PORT are not set (not running in a pod?)")
+    for name in ("token", "ca.crt"):
+        if not (account / name).is_file():
+            raise KubeConfigError(f"cannot load in-cluster config: {account / name} does not exist "
+                                  "(is the service account token mounted?)")
+    host = f"[{host}]" if ":" in host else host
+    return ClusterConfig(server=f"https://{host}:{port}", ca_file=str(account / "ca.crt"),
+                         token_file=str(account / "token"))
+
+
+class ApiClient:
+    """HTTPS to one API server: a keep-alive connection per thread, bearer token or client certificate."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        url = urlsplit(config.server)
+        if url.scheme != "https" or not url.hostname:
+            raise KubeConfigError(f"API server {config.server!r} is not allowed: an https:// URL is required")
+        self._host = url.hostname
+        self._port = url.port or 443
+        self._prefix = url.path.rstrip("/")
+        try:
+            ctx = ssl.create_default_context(cafile=config.ca_file)
+            if config.insecure:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            if config.cert_file:
+                ctx.load_cert_chain(config.cert_file, config.key_file)
+        except (OSError, ssl.SSLError) as e:
+            raise KubeConfigError(f"TLS settings for {config.server}: {e}") from None
+        self._ssl = ctx
+        self._local = threading.local()
+        self._token_lock = threading.Lock()
+        self._token = config.token
+        self._token_read = 0.0
+
+    def _authorization(self) -> str | None:
+        if self.config.token_file:
+            with self._token_lock:
+                now = time.monotonic()
+                if self._token is None or now - self._token_read >= TOKEN_RELOAD_SECONDS:
+                    try:
+                        self._token = Path(self.config.token_file).read_text().strip()
+                    except OSError:
+                        if self._token is None:
+                            raise
+                    self._token_read = now
+        return f"Bearer {self._token}" if self._token else None
+
+    def connection(self, timeout: Timeout) -> http.client.HTTPSConnection:
+        connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+        conn = http.client.HTTPSConnection(self._host, self._port, context=self._ssl, timeout=connect)
+        conn.connect()
+        assert conn.sock is not None
+        conn.sock.settimeout(read)
+        return conn
+
+    def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
+                body: Mapping[str, Any] | None = None, timeout: Timeout = DEFAULT_TIMEOUT,
+                stream: bool = False) -> http.client.HTTPResponse:
+        """The response (body not yet read) of a 2xx answer, else ApiException. `stream`: on a connection of its
+        own, closed by the caller (watches)."""
+        target = self._prefix + path
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        if params:
+            target += "?" + urlencode(params)
+        headers = {"Accept": "application/json", "User-Agent": "neuron-dra-driver"}
+        auth = self._authorization()
+        if auth:
+            headers["Authorization"] = auth
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        for attempt in (0, 1):
+            reused = not stream and getattr(self._local, "conn", None) is not None
+            conn = self._local.conn if reused else self.connection(timeout)
+            if reused:
+                assert conn.sock is not None
+                conn.sock.settimeout(timeout[1] if isinstance(timeout, tuple) else timeout)
+            try:
+                conn.request(method, target, body=payload, headers=headers)
+                resp = conn.getresponse()
+            except _STALE:
+                conn.close()
+                self._local.conn = None
+                if reused and attempt == 0:
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                if not stream:
+                    self._local.conn = None
+                raise
+            if not stream:
+                self._local.conn = conn
+            if not 200 <= resp.status <= 299:
+                text = resp.read().decode("utf-8", "replace")
+                if stream:
+                    conn.close()
+                raise ApiException(status=resp.status, reason=resp.reason, body=text[:2000])
+            return resp
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+
+def api_client(kubeconfig: str | None, env: Mapping[str, str] | None = None) -> ApiClient:
+    """A client from a kubeconfig file, or the in-cluster service account when `kubeconfig` is None."""
+    config = load_kubeconfig(kubeconfig) if kubeconfig else incluster_config(os.environ if env is None else env)
+    return ApiClient(config)
+
+
+def _from_kubernetes(api: Any) -> ApiClient:
+    """An ApiClient with the settings of a `kubernetes.client.ApiClient` (tests and tools hand those in)."""
+    cfg = api.configuration
+    token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+    if token and token.startswith("Bearer "):
+        token = token[len("Bearer "):]
+    return ApiClient(ClusterConfig(server=cfg.host, ca_file=cfg.ssl_ca_cert, cert_file=cfg.cert_file,
+                                   key_file=cfg.key_file, token=token or None, insecure=not cfg.verify_ssl))
+
+
+def read_json(resp: http.client.HTTPResponse) -> dict[str, Any]:
+    data = json.loads(resp.read())
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object from the API server, got {type(data).__name__}")
     return data
 
 
 class KubeApi:
-    """JSON requests through an ApiClient; a non-2xx answer raises ApiException (with .status)."""
+    """JSON requests to the API server; a non-2xx answer raises ApiException (with .status)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
-        self._api = api
+    def __init__(self, api: ApiClient | Any) -> None:
+        self._api = api if isinstance(api, ApiClient) else _from_kubernetes(api)
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
-                body: Mapping[str, Any] | None = None, timeout: Timeout = DEFAULT_TIMEOUT) -> Any:
-        """The urllib3 response (not yet read), for streaming; see `call` for JSON."""
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        params = [(k, v) for k, v in (query or {}).items() if v is not None]
-        serialized = self._api.param_serialize(method, path, query_params=params, header_params=headers,
-                                               body=dict(body) if body is not None else None,
-                                               auth_settings=["BearerToken"])
-        resp = self._api.call_api(*serialized, _request_timeout=timeout)
-        if not 200 <= resp.status <= 299:
-            text = resp.read().decode("utf-8", "replace")
-            raise ApiException(status=resp.status, reason=resp.reason, body=text[:2000])
-        return resp.response
+                body: Mapping[str, Any] | None = None, timeout: Timeout = DEFAULT_TIMEOUT,
+                stream: bool = False) -> http.client.HTTPResponse:
+        """The response (not yet read), for streaming; see `call` for JSON."""
+        return self._api.request(method, path, query=query, body=body, timeout=timeout, stream=stream)
 
     def call(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
              body: Mapping[str, Any] | None = None, timeout: Timeout = DEFAULT_TIMEOUT) -> dict[str, Any]:
@@ -80,24 +265,22 @@ class KubeApi:
 
     def watch(self, path: str, query: Mapping[str, Any], timeout: Timeout) -> Generator[dict[str, Any], None, None]:
         """Watch events ({"type", "object"}) until the server ends the watch."""
-        resp = self.request("GET", path, query={**query, "watch": "true"}, timeout=timeout)
+        resp = self.request("GET", path, query={**query, "watch": "true"}, timeout=timeout, stream=True)
         try:
-            pending = b""
-            for chunk in resp.stream(64 * 1024, decode_content=True):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield json.loads(line)
+            while True:
+                line = resp.readline()
+                if not line:
+                    return
+                if line.strip():
+                    yield json.loads(line)
         finally:
-            resp.close()  # a watch left early: this connection cannot be reused
-            resp.release_conn()
+            resp.close()
 
 
 class KubeClaimLookup:
     """GET resource.k8s.io/v1 ResourceClaims (RBAC: resourceclaims get)."""
 
-    def __init__(self, api: client.ApiClient, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, api: ApiClient | Any, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
         self._api = KubeApi(api)
         self._timeout = timeout
 
@@ -109,5 +292,5 @@ class KubeClaimLookup:
             if e.status == 404:
                 return None
             raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e.status} {e.reason}") from None
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
-            raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e}") from None
+        except (http.client.HTTPException, OSError, ValueError) as e:
+            raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e!r}") from None

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kubernetes import client
-
 from neuron_dra import __version__
 from neuron_dra.driver import logs, memory
 from neuron_dra.driver.catalog import BUILTIN, Catalog, UnknownInstanceTypeError
@@ -51,7 +49,7 @@ from neuron_dra.driver.k8s_names import (
     DRIVER_NAME_RULE,
     is_dns_subdomain,
 )
-from neuron_dra.driver.kube import KubeClaimLookup, KubeConfigError, api_client
+from neuron_dra.driver.kube import ApiClient, KubeClaimLookup, KubeConfigError, api_client
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.partitions import CoreLayout, PartitionError, read_node_lnc
 from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
@@ -236,7 +234,7 @@ class StartupError(RuntimeError):
 class Daemon:
     """All parts of the running driver; `start` brings them up in order, `stop` takes them down."""
 
-    def __init__(self, options: DaemonOptions, lookup: ClaimLookup, api: client.ApiClient | None,
+    def __init__(self, options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
                  crash: CrashPoints | None = None, metrics: Metrics | None = None) -> None:
         self.options = options
         self.lookup = lookup
@@ -303,11 +301,13 @@ class Daemon:
             raise StartupError(str(e)) from None
         self.health_monitor = HealthMonitor(self.host_root, [d.index for d in self.host.devices],
                                             o.health_poll_interval)
-        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event)
+        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event,
+                                                 cores_per_device=layout.logical_per_device)
         self.health_reporter = HealthReporter(self.health_monitor, self.host, o.node_name, o.driver_name,
                                               o.unhealthy_taint_effect, self.api, self.metrics)
-        self.health_reporter.on_change(self.health_monitor.current())  # devices already unhealthy at start
-        self.health_monitor.add_listener(self.health_reporter.on_change)
+        report = self.health_reporter.in_background(self.stop_event)
+        report(self.health_monitor.current())  # devices already unhealthy at start (events, metrics)
+        self.health_monitor.add_listener(report)
         self.servers = PluginServers(o.sockets, self.state, o.driver_name,
                                      extra_handlers=self.health_stream.handlers(), extra_services=HEALTH_SERVICES)
         try:
@@ -363,7 +363,7 @@ class Daemon:
         log.info("stopped")
 
 
-def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: client.ApiClient | None,
+def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
                crash: CrashPoints | None = None) -> int:
     """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
     memory.limit_arenas()

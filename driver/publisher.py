@@ -23,10 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
-from neuron_dra.driver.kube import RESOURCE_SLICES, KubeApi
+from neuron_dra.driver.kube import RESOURCE_SLICES, ApiClient, ApiException, KubeApi
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.partitions import MEMORY_COUNTER
 from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices, with_taints
@@ -76,8 +73,21 @@ def _content(spec: Mapping[str, Any]) -> str:
                        "sharedCounters": spec.get("sharedCounters") or []})
 
 
+def _keep_taint_times(desired: list[Slice], existing: list[Slice]) -> None:
+    """A taint already published (same device, key, value, effect) keeps its timeAdded: a restarted daemon
+    neither rewrites its slices nor restarts the clock of NoExecute tolerationSeconds."""
+    published = {(d.get("name"), t.get("key"), t.get("value"), t.get("effect")): t.get("timeAdded")
+                 for s in existing for d in (s.get("spec") or {}).get("devices") or () for t in d.get("taints") or ()}
+    for s in desired:
+        for d in s["spec"].get("devices") or ():
+            for t in d.get("taints") or ():
+                when = published.get((d.get("name"), t.get("key"), t.get("value"), t.get("effect")))
+                if when:
+                    t["timeAdded"] = when
+
+
 class SlicePublisher:
-    def __init__(self, api: client.ApiClient, host: NeuronHost, node_name: str, options: PublishOptions,
+    def __init__(self, api: ApiClient, host: NeuronHost, node_name: str, options: PublishOptions,
                  metrics: Metrics | None = None, resync_seconds: float = 60.0, backoff: Backoff | None = None,
                  capacity_block_id: str | None = None, taints: TaintSource | None = None,
                  force_cores: bool = False) -> None:
@@ -195,6 +205,7 @@ class SlicePublisher:
         if any(d["spec"]["pool"]["name"] != self.pool_name for d in desired):
             raise RuntimeError(f"desired slices are not in pool {self.pool_name!r}")  # ownership would break
         existing, rv = self.list_slices()
+        _keep_taint_times(desired, existing)
         devices = sum(len(d["spec"].get("devices") or ()) for d in desired)
         generations = {int(s["spec"]["pool"].get("generation", 0)) for s in existing}
         owners_ok = all(s["metadata"].get("ownerReferences") == d["metadata"].get("ownerReferences")

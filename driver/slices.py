@@ -243,8 +243,17 @@ def build_pool(host: NeuronHost, facts: NodeFacts, options: PublishOptions | Non
 
 
 def with_taints(pool: Pool, taints: Mapping[str, tuple[Mapping[str, str], ...]]) -> Pool:
-    """The pool with these taints (device name -> taints) on its devices, and none on the others."""
-    return replace(pool, devices=tuple(replace(d, taints=tuple(taints.get(d.name, ()))) for d in pool.devices))
+    """The pool with these taints (device name -> taints) on its devices, and none on the others. A Neuron
+    device's taints also go on the devices carved from it (its cores: same index)."""
+    by_index = {d.index: taints[d.name] for d in pool.devices if d.index is not None and d.name in taints}
+
+    def of(d: PoolDevice) -> tuple[Mapping[str, str], ...]:
+        own = taints.get(d.name)
+        if own is None and d.index is not None:
+            own = by_index.get(d.index)
+        return tuple(own or ())
+
+    return replace(pool, devices=tuple(replace(d, taints=of(d)) for d in pool.devices))
 
 
 def slice_device_chunks(pool: Pool) -> list[tuple[PoolDevice, ...]]:

@@ -41,7 +41,10 @@ from neuron_dra.driver.claims import (
     allocated_devices,
 )
 from neuron_dra.driver.discovery import DiscoveryError, read_ultraserver
+from neuron_dra.driver.errors import NotAllowed
+from neuron_dra.driver.errortext import shown
 from neuron_dra.driver.failpoints import CrashPoints
+from neuron_dra.driver.k8s_names import check_dns_label, check_dns_subdomain
 from neuron_dra.driver.model import NeuronHost, UltraServer
 from neuron_dra.driver.neuron_env import EnvError, core_ranges, request_env
 from neuron_dra.driver.partitions import CoreLayout, parse_core_device
@@ -160,6 +163,8 @@ class DriverState:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._checkpoint.close()  # folds the journal into checkpoint.json
 
     def prepared(self) -> Mapping[str, PreparedClaim]:
         with self._lock:
@@ -225,7 +230,15 @@ class DriverState:
             raise ClaimError(Reason.INVALID_REQUEST, str(e)) from None
         if need_name and (not ref.namespace or not ref.name):
             raise ClaimError(Reason.INVALID_REQUEST,
-                             f"claim {ref.uid}: namespace and name are required (got {ref.namespace!r}, {ref.name!r})")
+                             f"claim {ref.uid}: namespace and name are required (got {shown(ref.namespace)}, "
+                             f"{shown(ref.name)})")
+        if need_name:
+            # Names the API server could never have: refused before they reach a URL, a file name or a log line.
+            try:
+                check_dns_label("namespace", ref.namespace)
+                check_dns_subdomain("name", ref.name)
+            except NotAllowed as e:
+                raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref.uid}: {e}") from None
 
     def _prepare_one(self, ref: ClaimRef, ticket: int) -> tuple[PreparedDevice, ...]:
         self._check_ref(ref, need_name=True)
@@ -326,8 +339,13 @@ class DriverState:
                 raise ClaimError(Reason.BAD_CONFIG, f"claim {ref}, request {request!r}: {e}") from None
             env_name = f"{ref.uid}-request-{request}"
             env_devices.append(CdiDevice(env_name, env=env))
+            named: set[str] = set()
             for a in devs:
-                ids = (qualified_id(self._node_device_name(ref.uid, a.device)), qualified_id(env_name))
+                # The cores of one Neuron device share its device-node CDI device: name it once per request, so
+                # the runtime is never handed the same CDI id (and /dev/neuronN) twice.
+                node = self._node_device_name(ref.uid, a.device)
+                ids = (qualified_id(env_name),) if node in named else (qualified_id(node), qualified_id(env_name))
+                named.add(node)
                 answer.append(PreparedDevice((request,), self.pool_name, a.device, ids))
         try:
             spec = build_spec([*node_devices.values(), *env_devices])

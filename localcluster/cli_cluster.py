@@ -29,6 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     up.add_argument("--kubernetes-version", default=DEFAULT_MINOR, metavar="MINOR",
                     help=f"Kubernetes minor: {', '.join(supported_minors())} (default {DEFAULT_MINOR})")
+    up.add_argument("--catalog", type=Path, default=None, metavar="FILE",
+                    help="catalog file with more instance types for --node (docs/catalog-file.md)")
     up.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS, default=None,
                     help="effect of the drivers' taint on faulted devices (default: the driver's, NoSchedule)")
     down = sub.add_parser("down", help="stop the cluster in DIR")
@@ -42,6 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from neuron_dra.driver.catalog_file import CatalogFileError
     from neuron_dra.localcluster.cluster import ClusterError, down, up
     from neuron_dra.localcluster.topology import DEMO_NODES
 
@@ -56,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
         os.environ["UNHEALTHY_TAINT_EFFECT"] = args.unhealthy_taint_effect
     try:
         cluster = up(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
-                     kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr))
-    except (ClusterError, BuildError, ValueError) as e:
+                     kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr),
+                     catalog_file=args.catalog)
+    except (ClusterError, BuildError, ValueError, CatalogFileError) as e:
         print(f"neuron-dra cluster up: {e}", file=sys.stderr)
         return 1
     print(f"local cluster ready: export KUBECONFIG={cluster.kubeconfig}")

@@ -52,13 +52,17 @@ def read_status(cluster_dir: Path) -> dict[str, Any]:
 
 def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S,
        driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = DEFAULT_MINOR, timeout: float = 300.0,
-       log: Callable[[str], None] = lambda _m: None) -> LocalCluster:
+       log: Callable[[str], None] = lambda _m: None, catalog_file: Path | None = None) -> LocalCluster:
     """Start a local cluster in `cluster_dir` on Kubernetes `kubernetes_version` (a minor such as "1.36") and
-    return when every node's kubelet reports Ready and its driver runs."""
+    return when every node's kubelet reports Ready and its driver runs. `catalog_file` adds instance types
+    (docs/catalog-file.md) for the nodes, their emulated hosts and their drivers."""
+    from neuron_dra.driver.catalog import BUILTIN
+    from neuron_dra.driver.catalog_file import load_catalog
     from neuron_dra.localcluster.build import build_fakecri, check_minor, ensure_binaries
     from neuron_dra.localcluster.kubelet import KubeletError, require_root
 
-    nodes = parse_nodes(list(node_args))
+    catalog = load_catalog(catalog_file) if catalog_file else BUILTIN  # a bad file fails here, before any build
+    nodes = parse_nodes(list(node_args), catalog)
     if not nodes:
         raise ClusterError("give at least one --node TYPE[:COUNT]")
     minor = check_minor(kubernetes_version)
@@ -80,6 +84,8 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
             "--driver-name", driver_name, "--kubernetes-version", minor]
     for arg in node_args:
         argv += ["--node", arg]
+    if catalog_file:
+        argv += ["--catalog", str(Path(catalog_file).resolve())]
     with (cluster_dir / LOG_FILE).open("ab") as logf:
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

@@ -44,9 +44,9 @@ from neuron_dra.localcluster.demo_report import (
 )
 from neuron_dra.localcluster.demo_workloads import (
     DEMO_NAMESPACE,
-    DEMO_STAGES,
     Workload,
     demo_instance_types,
+    demo_stages,
     demo_templates,
     pod_manifest,
 )
@@ -100,11 +100,12 @@ class Narrator:
         self.out.flush()
 
 
-def predictions(checker: Checker, instance_types: Sequence[str]) -> dict[str, CheckReport]:
+def predictions(checker: Checker, instance_types: Sequence[str], minor: str = DEFAULT_MINOR
+                ) -> dict[str, CheckReport]:
     """The check report of each workload's template against the demo's instance types; a template that fits none
     of them stops the demo before anything starts."""
     reports: dict[str, CheckReport] = {}
-    for stage in DEMO_STAGES:
+    for stage in demo_stages(minor):
         for w in stage.workloads:
             if w.template.name in reports:
                 continue
@@ -231,7 +232,7 @@ class DemoRun:
 
     def run_stages(self) -> list[Workload]:
         started: list[Workload] = []
-        for number, stage in enumerate(DEMO_STAGES, start=1):
+        for number, stage in enumerate(demo_stages(self.options.kubernetes_version), start=1):
             names = [w.pod for w in stage.workloads]
             for w in stage.workloads:
                 try:
@@ -400,7 +401,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     result = DemoResult(cluster_dir)
     types = demo_instance_types(options.node_args)
     say(f"checking the workloads' claim templates against {', '.join(types)}")
-    reports = predictions(Checker(), types)
+    reports = predictions(Checker(), types, minor)
 
     if binaries_cached(minor):
         say(f"Kubernetes {kube_version(minor)} binaries: cached in {cache_root()}")

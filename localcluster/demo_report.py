@@ -13,6 +13,7 @@ from typing import Any
 
 from neuron_dra.claim_templates import CheckReport
 from neuron_dra.driver.neuron_env import core_ranges
+from neuron_dra.driver.partitions import parse_core_device
 from neuron_dra.localcluster.topology import NodeSpec
 from neuron_dra.localcluster.topology_view import NodeView
 
@@ -78,6 +79,12 @@ def _index(device: str, prefix: str, where: str) -> int:
         raise ReportError(f"{where}: device {device!r} is not named {prefix}N") from None
 
 
+def _device_of(device: str) -> int:
+    """The Neuron device index of a whole device or of one of its NeuronCores."""
+    core = parse_core_device(device)
+    return core[0] if core is not None else int(device.removeprefix(NEURON_DEVICE_PREFIX))
+
+
 def outcome_from_record(record: Mapping[str, Any], template: str, instance_type: str,
                         where: str = "record") -> PodOutcome:
     """A PodOutcome from a pod record (see DemoRun.record)."""
@@ -92,7 +99,12 @@ def outcome_from_record(record: Mapping[str, Any], template: str, instance_type:
     for claim in claims.values():
         for dev in claim.get("devices", ()):
             name = str(dev.get("device", ""))
-            if name.startswith(NEURON_DEVICE_PREFIX):
+            core = parse_core_device(name)
+            if core is not None:  # a NeuronCore: its device, once (docs/neuron-cores.md)
+                if core[0] not in neuron:
+                    neuron.append(core[0])
+                requests.extend(r for r in dev.get("requestNames", ()) if r not in requests)
+            elif name.startswith(NEURON_DEVICE_PREFIX):
                 neuron.append(_index(name, NEURON_DEVICE_PREFIX, where))
                 requests.extend(r for r in dev.get("requestNames", ()) if r not in requests)
             elif name.startswith(EFA_DEVICE_PREFIX):
@@ -105,8 +117,7 @@ def outcome_from_record(record: Mapping[str, Any], template: str, instance_type:
 
 def prediction(report: CheckReport, instance_type: str) -> Prediction:
     fit = report.fit(instance_type)
-    neuron = sorted(int(d.device.removeprefix(NEURON_DEVICE_PREFIX)) for d in fit.devices
-                    if d.device.startswith(NEURON_DEVICE_PREFIX))
+    neuron = sorted({_device_of(d.device) for d in fit.devices if d.device.startswith(NEURON_DEVICE_PREFIX)})
     requests = tuple(dict.fromkeys(d.request for d in fit.devices if d.device.startswith(NEURON_DEVICE_PREFIX)))
     return Prediction(fit.claims_per_node, requests, tuple(neuron))
 

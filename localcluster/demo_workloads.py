@@ -4,7 +4,9 @@ in stages that always fit the demo's nodes (two trn2.48xlarge, one trn1.32xlarge
 The scheduler spreads pods over nodes, so the order matters: the whole-node pod goes first and is scheduled
 before anything else (it needs an empty trn2 node); the 8-connected pod then takes two aligned rows of the
 other trn2, leaving two rows for a row at LNC=1 and a row with its aligned EFAs; only when both trn2 nodes are
-full does the firstAvailable pod come, so it lands on trn1 through its second alternative.
+full does the firstAvailable pod come, so it lands on trn1 through its second alternative. Last, on Kubernetes
+1.36+ (NeuronCores), two pods with one-core claims share one of the four inf2 devices the ring segments leave
+free, on disjoint cores.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_dra.claim_templates import ClaimTemplate
+from neuron_dra.claim_templates import ClaimTemplate, NeuronCores
 from neuron_dra.claim_templates.examples import (
     OFFICIAL_SAMPLES,
     RICHER_CASES,
@@ -50,6 +52,13 @@ class Stage:
     workloads: tuple[Workload, ...]
 
 
+# Core sharing (docs/neuron-cores.md): one NeuronCore each, on the inf2 node (2 cores per device).
+inf2_one_core = ClaimTemplate("inf2-one-core", NeuronCores(1, instance_types="inf2.48xlarge"))
+CORE_STAGE = Stage((
+    Workload("core-a", inf2_one_core, "one NeuronCore of an inf2 device"),
+    Workload("core-b", inf2_one_core, "the other NeuronCore of the same inf2 device"),
+))
+
 DEMO_STAGES: tuple[Stage, ...] = (
     Stage((Workload("whole-node", neuron_whole_node, "a whole trn2 node (16 devices)"),)),
     Stage((Workload("connected-8", neuron_8_connected, "8 connected trn2 devices (two adjacent torus rows)"),)),
@@ -61,7 +70,16 @@ DEMO_STAGES: tuple[Stage, ...] = (
     )),
     Stage((Workload("first-available", trn2_8_else_trn1_16,
                     "8 connected trn2 devices, else 16 trn1 devices (trn2 is full by now)"),)),
+    CORE_STAGE,
 )
+
+
+def demo_stages(minor: str) -> tuple[Stage, ...]:
+    """The stages a cluster of Kubernetes `minor` runs: core sharing needs partitionable devices (1.36+)."""
+    major, _, rest = minor.partition(".")
+    if (int(major), int(rest.split(".")[0])) >= (1, 36):
+        return DEMO_STAGES
+    return tuple(s for s in DEMO_STAGES if s is not CORE_STAGE)
 
 
 def demo_instance_types(node_args: Sequence[str] = DEMO_NODES) -> list[str]:
@@ -74,7 +92,7 @@ def in_namespace(template: ClaimTemplate, namespace: str) -> ClaimTemplate:
 
 def demo_templates(namespace: str = DEMO_NAMESPACE) -> list[ClaimTemplate]:
     """Every example template (official samples and richer cases), in `namespace`."""
-    return [in_namespace(t, namespace) for t in (*OFFICIAL_SAMPLES, *RICHER_CASES)]
+    return [in_namespace(t, namespace) for t in (*OFFICIAL_SAMPLES, *RICHER_CASES, inf2_one_core)]
 
 
 def workloads() -> list[Workload]:

@@ -241,12 +241,12 @@ def start(binary: Path, spec: KubeletSpec, paths: KubeletPaths, lifetime_s: floa
                        lifetime_s=lifetime_s, cwd=paths.base)
 
 
-def healthy(spec: KubeletSpec) -> bool:
-    """kubelet's /healthz answers ok."""
+def healthy(healthz_port: int) -> bool:
+    """kubelet's /healthz (on loopback, `healthzPort` of its configuration) answers ok."""
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{spec.healthz_port}/healthz", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{healthz_port}/healthz", timeout=2) as r:
             return bool(r.status == 200)
     except OSError:
         return False

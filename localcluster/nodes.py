@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_dra.driver.catalog import get_instance_spec
+from neuron_dra.driver.catalog import BUILTIN, Catalog
 from neuron_dra.driver.k8s_names import neuron_taint
 from neuron_dra.driver.slices import NETWORK_NODE_LABELS
 
 
-def node_manifest(node_name: str, instance_type: str, zone: str = "us-east-2a", network_nodes: tuple[str, ...] = ()
-                  ) -> dict[str, Any]:
+def node_manifest(node_name: str, instance_type: str, zone: str = "us-east-2a", network_nodes: tuple[str, ...] = (),
+                  catalog: Catalog = BUILTIN) -> dict[str, Any]:
     """A Node labelled as EKS labels a managed Neuron node (instance type, zone, AMI type, network topology)."""
-    spec = get_instance_spec(instance_type)
+    spec = catalog.spec(instance_type)
     labels = {
         "kubernetes.io/hostname": node_name,
         "kubernetes.io/os": "linux",

@@ -29,6 +29,8 @@ from typing import Any
 
 from kubernetes import client, config
 
+from neuron_dra.driver.catalog import BUILTIN
+from neuron_dra.driver.catalog_file import load_catalog
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import EmulationOptions, emulate
 from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
@@ -121,8 +123,10 @@ class NodeAgent:
 
     def __init__(self, cluster_dir: Path, node: NodeSpec, api: client.ApiClient, control_plane: ControlPlane,
                  identity: DriverIdentity, driver_name: str, binaries: Binaries, fakecri: Path,
-                 deadline: float) -> None:
+                 deadline: float, catalog_file: Path | None = None) -> None:
         self.node = node
+        self.catalog_file = catalog_file  # a catalog file's instance types (docs/catalog-file.md), for the driver too
+        self.catalog = load_catalog(catalog_file) if catalog_file else BUILTIN
         self.paths = NodePaths.of(cluster_dir, node.name)
         self.api = api
         self.control_plane = control_plane
@@ -141,11 +145,11 @@ class NodeAgent:
         for d in (p.plugins_dir, p.registry_dir, p.cdi_root, p.pids):
             d.mkdir(parents=True, exist_ok=True)
         if not p.host_root.exists():
-            emulate(self.node.instance_type, p.host_root, EmulationOptions(host_id=self.node.name))
-        host = discover(p.host_root)
+            emulate(self.node.instance_type, p.host_root, EmulationOptions(host_id=self.node.name), self.catalog)
+        host = discover(p.host_root, catalog=self.catalog)
         net = (f"nn-{self.node.name[:4]}-l1", f"nn-{self.node.name[:4]}-l2", f"nn-{self.node.name}-l3")
         labels, taints, provider_id = kubelet.labels_and_taints(
-            node_manifest(self.node.name, self.node.instance_type, network_nodes=net))
+            node_manifest(self.node.name, self.node.instance_type, network_nodes=net, catalog=self.catalog))
         spec = kubelet.KubeletSpec(self.node.name, labels, taints, provider_id, kubelet.node_ip(),
                                    self.control_plane.ca_file, kubelet.free_port(), kubelet.free_port(),
                                    int(self.binaries.minor.split(".")[1]))
@@ -166,6 +170,8 @@ class NodeAgent:
                 "--registry-dir", str(p.registry_dir), "--cdi-root", str(p.cdi_root),
                 "--healthcheck-port", "0", "--metrics-port", "0", "--kubeconfig", str(p.driver_kubeconfig),
                 "--host-root", str(p.host_root)]
+        if self.catalog_file:
+            argv += ["--catalog", str(self.catalog_file)]
         env = dict(os.environ)
         self.driver = Restarting(f"driver-{self.node.name}",
                                  lambda life: procs.spawn(argv, log=p.driver_log, pid_file=p.driver_pid,
@@ -270,7 +276,7 @@ def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdenti
 
 
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
-        kubernetes_version: str = DEFAULT_MINOR) -> int:
+        kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None) -> int:
     from neuron_dra.localcluster.build import build_fakecri, ensure_binaries
 
     stop = threading.Event()
@@ -289,8 +295,8 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         admin = config.new_client_from_config(str(cp.kubeconfig))
         objects, identity = driver_objects(driver_name)
         apply_all(admin, objects)
-        agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline)
-                   for node in nodes]
+        agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
+                             catalog_file) for node in nodes]
         start_all(agents)
         (cluster_dir / "kubeconfig").write_text(Path(cp.kubeconfig).read_text())
         write_status(cluster_dir, state="ready", kubeconfig=str(cluster_dir / "kubeconfig"),
@@ -327,9 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttl", type=float, default=DEFAULT_TTL_S)
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR)
+    parser.add_argument("--catalog", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    return run(args.dir.resolve(), parse_nodes(args.node), args.ttl, args.driver_name, args.kubernetes_version)
+    catalog = load_catalog(args.catalog) if args.catalog else BUILTIN
+    return run(args.dir.resolve(), parse_nodes(args.node, catalog), args.ttl, args.driver_name,
+               args.kubernetes_version, args.catalog.resolve() if args.catalog else None)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_dra.driver.catalog import get_instance_spec
+from neuron_dra.driver.catalog import BUILTIN, Catalog
 from neuron_dra.localcluster.fakeruntime import RuntimePaths
 from neuron_dra.localcluster.kubelet import KubeletPaths
 
@@ -20,13 +20,14 @@ class NodeSpec:
     instance_type: str
 
 
-def parse_nodes(args: list[str] | tuple[str, ...]) -> list[NodeSpec]:
-    """`trn2.48xlarge:2` -> two trn2 nodes named `trn2-48xlarge-1`, `trn2-48xlarge-2`; unknown types are errors."""
+def parse_nodes(args: list[str] | tuple[str, ...], catalog: Catalog = BUILTIN) -> list[NodeSpec]:
+    """`trn2.48xlarge:2` -> two trn2 nodes named `trn2-48xlarge-1`, `trn2-48xlarge-2`; types not in `catalog` are
+    errors."""
     nodes: list[NodeSpec] = []
     counts: dict[str, int] = {}
     for arg in args:
         instance_type, _, count_text = arg.partition(":")
-        get_instance_spec(instance_type)  # raises with the known types
+        catalog.spec(instance_type)  # raises with the known types and how to add one
         try:
             count = int(count_text) if count_text else 1
         except ValueError:

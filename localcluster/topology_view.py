@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
-from neuron_dra.driver.catalog import InstanceSpec, TopologyKind, expected_neighbours, get_instance_spec
+from neuron_dra.driver.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind, expected_neighbours
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
@@ -25,10 +25,11 @@ class NodeView:
     node_name: str
     instance_type: str
     owners: Mapping[int, str] = field(default_factory=dict)  # device index -> pod (or claim) name
+    catalog: Catalog = field(default=BUILTIN, repr=False)  # where the instance type is described
 
     @property
     def spec(self) -> InstanceSpec:
-        return get_instance_spec(self.instance_type)
+        return self.catalog.spec(self.instance_type)
 
 
 def legend_letters(views: Sequence[NodeView]) -> dict[str, str]:
@@ -48,7 +49,8 @@ def _cell(index: int, owner: str | None, letters: Mapping[str, str]) -> str:
 
 
 def render_text(view: NodeView, letters: Mapping[str, str] | None = None) -> str:
-    """A node as text: the 4x4 torus as a grid (links wrap), rings as a loop, single devices as one cell."""
+    """A node as text: the 4x4 torus as a grid (links wrap), rings as a loop, all-to-all hosts as rows of 8 on
+    their switch, single devices as one cell."""
     letters = letters if letters is not None else legend_letters([view])
     spec = view.spec
     title = f"{view.node_name} ({spec.instance_type}, {spec.topology.value})"
@@ -62,6 +64,11 @@ def render_text(view: NodeView, letters: Mapping[str, str] | None = None) -> str
     elif spec.topology is TopologyKind.RING:
         cells = [_cell(i, view.owners.get(i), letters) for i in range(spec.device_count)]
         lines.append("  " + "--".join(cells) + "--(back to 0)")
+    elif spec.topology is TopologyKind.ALL_TO_ALL:
+        for start in range(0, spec.device_count, 8):
+            cells = [_cell(i, view.owners.get(i), letters) for i in range(start, min(start + 8, spec.device_count))]
+            lines.append("  " + "".join(cells))
+        lines.append("  (all-to-all: every device links to every other through the switch)")
     else:
         lines.append("  " + _cell(0, view.owners.get(0), letters))
     return "\n".join(lines)
@@ -78,6 +85,11 @@ def _positions(spec: InstanceSpec, size: float) -> dict[int, tuple[float, float]
     if spec.topology is TopologyKind.RING:
         n = spec.device_count
         r = size * 0.38
+        return {i: (size / 2 + r * math.sin(2 * math.pi * i / n), size / 2 - r * math.cos(2 * math.pi * i / n))
+                for i in range(n)}
+    if spec.topology is TopologyKind.ALL_TO_ALL:
+        n = spec.device_count
+        r = size * 0.4
         return {i: (size / 2 + r * math.sin(2 * math.pi * i / n), size / 2 - r * math.cos(2 * math.pi * i / n))
                 for i in range(n)}
     return {0: (size / 2, size / 2)}
@@ -100,6 +112,15 @@ def render_svg(views: Sequence[NodeView], panel: int = 260) -> str:
         out.append(f'<text x="{ox + 8}" y="16" font-weight="bold">{escape(view.node_name)}</text>')
         out.append(f'<text x="{ox + 8}" y="28">{escape(spec.instance_type)} · {spec.topology.value}</text>')
         drawn: set[tuple[int, int]] = set()
+        if spec.topology is TopologyKind.ALL_TO_ALL:
+            # One spoke per device to the switch in the middle, instead of n*(n-1)/2 crossing lines.
+            cx, cy = ox + panel / 2, 30 + panel / 2
+            for x, y in pos.values():
+                out.append(f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" stroke="#999"/>')
+            out.append(f'<g><title>all-to-all switch</title><circle cx="{cx:.1f}" cy="{cy:.1f}" r="16" '
+                       f'fill="#dddddd" stroke="#333"/><text x="{cx:.1f}" y="{cy + 4:.1f}" '
+                       'text-anchor="middle">switch</text></g>')
+            drawn = {(min(i, j), max(i, j)) for i in range(spec.device_count) for j in expected_neighbours(spec, i)}
         for i in range(spec.device_count):
             for j in expected_neighbours(spec, i):
                 a, b = min(i, j), max(i, j)

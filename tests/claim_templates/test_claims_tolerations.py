@@ -173,3 +173,15 @@ def test_claims_check_command_with_unhealthy_device(capsys: pytest.CaptureFixtur
     reports = {r["template"]: r for r in json.loads(capsys.readouterr().out)}
     (fit,) = reports["default/one-neuron-device"]["fits"]
     assert (fit["claimsPerNode"], fit["claimsPerNodeWithUnhealthyDevice"]) == (16, 15)
+
+
+def test_a_faulty_device_takes_its_cores_out_of_core_claims_too() -> None:
+    from neuron_dra.claim_templates import Checker
+
+    drivers = Drivers()
+    manifest = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-core", "namespace": "default"},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": "core", "exactly": {"deviceClassName": drivers.neuron_core_class, "count": 1}}]}}}}
+    fit = Checker(unhealthy_device=True).check(manifest, [TRN2]).fit(TRN2)
+    assert (fit.claims_per_node, fit.with_unhealthy_device) == (64, 60)  # 16 devices x 4 cores at LNC 2

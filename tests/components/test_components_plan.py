@@ -92,6 +92,21 @@ def test_plan_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: s
     assert err.startswith("neuron-dra plan: ") and message in err
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("confg:\n  neuron-dra:clusterName: typo\n", "unknown top-level key 'confg'"),
+    ("config:\n  neuron-dra:nodeGroups: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("config:\n  neuron-dra:kubernetesVersion: '" + "9" * 1_000_000 + "'\n", "characters)"),
+])
+def test_plan_refuses_what_it_used_to_accept_or_crash_on(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          text: str, message: str) -> None:
+    """Issue 14 item 9: a misspelt `config:` key ran the default stack; deep nesting gave a traceback; a 1 MB value
+    came back whole in the error."""
+    code = main(["plan", "--config", str(write_config(tmp_path, text))])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and err.startswith("neuron-dra plan: ") and message in err, err[:2000]
+    assert "Traceback" not in err and len(err) < 2000
+
+
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--config", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read --config" in capsys.readouterr().err

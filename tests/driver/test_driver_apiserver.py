@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from neuron_dra.driver.claims import ClaimLookupError
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import emulate
-from neuron_dra.driver.kube import KubeClaimLookup, api_client
+from neuron_dra.driver.kube import ApiClient, ClusterConfig, KubeClaimLookup, api_client
 from neuron_dra.driver.metrics import Metrics
 from neuron_dra.driver.publisher import Backoff, SlicePublisher
 from neuron_dra.driver.slices import NETWORK_NODE_LABELS, NodeFacts, PublishOptions, build_pool
@@ -176,11 +176,7 @@ def test_a_slice_of_another_pool_never_stalls_publishing(api: Any, host_root: Pa
 
 
 def test_unreachable_api_server_is_retried_with_backoff(host_root: Path, tmp_path: Path) -> None:
-    cfg = client.Configuration()
-    cfg.host = "https://127.0.0.1:9"  # nothing listens there
-    cfg.verify_ssl = False
-    cfg.retries = 0
-    api = client.ApiClient(cfg)
+    api = ApiClient(ClusterConfig(server="https://127.0.0.1:9", insecure=True))  # nothing listens there
     metrics = Metrics()
     pub = SlicePublisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), metrics,
                          backoff=Backoff(0.05, 0.2))

@@ -4,7 +4,6 @@ step of prepare and unprepare, an unavailable API server, flags, metrics and hea
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import urllib.request
@@ -16,6 +15,7 @@ import grpc
 import pytest
 
 from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
+from neuron_dra.driver.checkpoint import Checkpoint
 from neuron_dra.driver.emulate import emulate
 from neuron_dra.driver.failpoints import STEPS
 from neuron_dra.localcluster import pluginclient
@@ -53,10 +53,8 @@ def unprepare(dirs: DaemonDirs, *refs: ClaimRef) -> dict[str, str]:
 
 
 def checkpoint_states(dirs: DaemonDirs) -> dict[str, str]:
-    if not dirs.checkpoint.exists():
-        return {}
-    doc = json.loads(dirs.checkpoint.read_text())
-    return {u: c["state"] for u, c in doc["preparedClaims"].items()}
+    # Snapshot plus journal, read without changing them (the daemon may be running).
+    return {u: c.state.value for u, c in Checkpoint(dirs.checkpoint).read().items()}
 
 
 def cdi_files(dirs: DaemonDirs) -> list[str]:

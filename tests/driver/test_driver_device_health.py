@@ -222,7 +222,7 @@ def test_daemon_streams_health_in_every_version_and_advertises_it(dirs: DaemonDi
         for v, s in streams.items():
             s.wait_for("neuron-device-6", s.pb.HEALTHY)
             first = s.responses[0][1]
-            assert len(first) == 16, v
+            assert len(first) == 16 * 5, v  # trn2 at LNC 2: each device and its 4 core devices
             assert all(h == s.pb.HEALTHY and timeout == 30 and abs(ts - time.time()) < 5
                        for h, _, ts, timeout in first.values())
         injected = time.monotonic()
@@ -232,6 +232,7 @@ def test_daemon_streams_health_in_every_version_and_advertises_it(dirs: DaemonDi
             assert latency < 2.0, f"unhealthy reported after {latency:.2f} s"
             _, devices = s.responses[-1]
             assert "uncorrectable HBM ECC" in devices["neuron-device-6"][1]
+            assert devices["neuron-device-6-core-3"][0] == s.pb.UNHEALTHY
             assert devices["neuron-device-5"][0] == s.pb.HEALTHY
         cleared = time.monotonic()
         clear_faults(host, 6)
@@ -277,3 +278,20 @@ def test_stream_beats_between_changes_and_refuses_undecodable_requests(tmp_path:
             stop.set()
         finally:
             server.stop(1).wait(2)
+
+
+def test_the_cores_of_a_faulted_device_are_tainted_and_reported_with_it(host: Path) -> None:
+    from neuron_dra.driver.partitions import CoreLayout
+    from neuron_dra.driver.slices import PublishOptions
+
+    neuron_host = discover(host)
+    layout = CoreLayout.for_spec(neuron_host.spec)  # trn2 at LNC 2: 4 core devices per device
+    inject_fault(host, 2)
+    current = HealthMonitor(host, range(16)).current()
+    taints = unhealthy_taints(published_health(neuron_host, current), DRIVER)
+    pool = with_taints(build_pool(neuron_host, NodeFacts(NODE), PublishOptions(cores=layout)), taints)
+    tainted = sorted(d.name for d in pool.devices if d.taints)
+    assert tainted == ["neuron-device-2", *(f"neuron-device-2-core-{c}" for c in range(4))]
+    streamed = published_health(neuron_host, current, cores_per_device=layout.logical_per_device)
+    assert len(streamed) == 16 * 5
+    assert {n for n, h in streamed.items() if h.health is Health.UNHEALTHY} == set(tainted)

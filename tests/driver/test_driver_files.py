@@ -30,11 +30,13 @@ from neuron_dra.driver.cdi import (
 )
 from neuron_dra.driver.checkpoint import (
     CHECKPOINT_VERSION,
+    JOURNAL_SIZE,
     Checkpoint,
     CheckpointError,
     ClaimState,
     PreparedClaim,
     PreparedDevice,
+    decode,
     encode,
 )
 from neuron_dra.driver.neuron_env import core_ranges
@@ -155,7 +157,67 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     assert doc["version"] == CHECKPOINT_VERSION
     assert doc["checksum"].startswith("sha256:")
     assert (tmp_path / "checkpoint.json").stat().st_mode & 0o777 == 0o600
-    assert encode(cp.load()) == (tmp_path / "checkpoint.json").read_bytes()
+    assert encode(cp.load(), doc["journal"]) == (tmp_path / "checkpoint.json").read_bytes()
+
+
+def test_checkpoint_journal_one_record_per_save_and_replay(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json")
+    cp.load()
+    started = entry("u1", ClaimState.PREPARE_STARTED)
+    cp.save({"u1": started}, durable=False)  # the first save starts snapshot and journal
+    snapshot = cp.path.read_bytes()
+    cp.save({"u1": started.with_state(ClaimState.PREPARE_COMPLETED)})
+    cp.save({"u1": started.with_state(ClaimState.PREPARE_COMPLETED), "u2": entry("u2")})
+    cp.save({"u2": entry("u2")})
+    assert cp.path.read_bytes() == snapshot  # later saves only wrote the journal
+    assert cp.journal_path.stat().st_size == JOURNAL_SIZE  # written in place: size and blocks never change
+    records = cp.journal_path.read_bytes().rstrip(b"\0").split(b"\n")[:-1]
+    assert len(records) == 3 and b'["state","u1","PrepareCompleted"]' in records[0] and b'"delete","u1"' in records[2]
+    assert Checkpoint(cp.path).read() == {"u2": entry("u2")}  # what a crash leaves: snapshot + journal
+    cp.close()  # folds the journal into the snapshot
+    assert decode(cp.path, cp.path.read_bytes()) == {"u2": entry("u2")}
+    assert cp.journal_path.read_bytes().rstrip(b"\0") == b""
+
+
+def test_checkpoint_journal_torn_tail_is_dropped_and_cleared(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json")
+    cp.save({"u1": entry("u1")})
+    cp.save({"u1": entry("u1"), "u2": entry("u2")})
+    raw = cp.journal_path.read_bytes()
+    end = len(raw.rstrip(b"\0"))
+    cp.save({"u2": entry("u2")}, durable=False)
+    with cp.journal_path.open("r+b") as f:  # a power loss tore the unsynced record: half of it reached the disk
+        torn = f.read()[end:len(cp.journal_path.read_bytes().rstrip(b"\0"))]
+        f.seek(end)
+        f.write(torn[: len(torn) // 2] + bytes(len(torn) - len(torn) // 2))
+    restarted = Checkpoint(cp.path)
+    assert restarted.load() == {"u1": entry("u1"), "u2": entry("u2")}
+    assert cp.journal_path.read_bytes() == raw  # the torn bytes are zeroed again
+    restarted.save({})
+    assert Checkpoint(cp.path).read() == {}
+
+
+def test_checkpoint_journal_damage_before_a_synced_record_is_corruption(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json")
+    cp.save({"u1": entry("u1")})
+    cp.save({"u1": entry("u1"), "u2": entry("u2")})
+    cp.save({"u2": entry("u2")})
+    with cp.journal_path.open("r+b") as f:
+        f.seek(30)
+        f.write(b"X")  # a flipped byte in the first record; the second was synced after it
+    with pytest.raises(CheckpointError, match="damaged and synced records follow"):
+        Checkpoint(cp.path).load()
+
+
+def test_checkpoint_journal_full_compacts_into_the_snapshot(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json", journal_size=4096)
+    cp.load()
+    state: dict[str, PreparedClaim] = {}
+    for i in range(40):  # a few records fill 4 KiB: several compactions
+        state = {f"u{i}": entry(f"u{i}")} if i % 2 == 0 else {}
+        cp.save(state)
+        assert Checkpoint(cp.path).read() == state
+    assert len(json.loads(cp.path.read_text())["preparedClaims"]) <= 1
 
 
 @pytest.mark.parametrize(("mutate", "message"), [

@@ -4,18 +4,18 @@ taints and the publisher notices once and stops sending them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, config
 
 from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import clear_faults, emulate, inject_fault
 from neuron_dra.driver.health_reporting import HealthReporter
 from neuron_dra.driver.health_source import HealthMonitor
-from neuron_dra.driver.kube import api_client
 from neuron_dra.driver.metrics import Metrics
 from neuron_dra.driver.publisher import SlicePublisher
 from neuron_dra.driver.slices import PublishOptions
@@ -85,6 +85,13 @@ def test_fault_taints_the_device_records_events_and_clear_untaints(api: Any, tmp
     assert len(unhealthy) == 1 and unhealthy[0][1] == "Warning"
     assert "neuron-device-3 is unhealthy: 1 uncorrectable HBM ECC errors" in unhealthy[0][2]
 
+    # A restarted daemon sees the fault anew (a later `since`) but keeps the published taint as it is.
+    time.sleep(1.1)
+    restarted = Node(api, "health-node-a", node.host, "NoExecute")
+    result, _ = restarted.publisher.reconcile()
+    assert not result.changed
+    assert devices_by_name(api, "health-node-a")["neuron-device-3"]["taints"] == [taint]
+
     clear_faults(node.host, 3)
     node.monitor.poll()
     assert not any("taints" in d for d in devices_by_name(api, "health-node-a").values())
@@ -105,7 +112,7 @@ def plane_without_taints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
 
 def test_api_server_without_device_taints_drops_them_and_the_publisher_stops_sending(
         plane_without_taints: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    api = api_client(str(plane_without_taints.kubeconfig))
+    api = config.new_client_from_config(str(plane_without_taints.kubeconfig))
     host = emulate("trn2.48xlarge", tmp_path / "host")
     inject_fault(host, 0)  # unhealthy from the start
     node = Node(api, NODE, host, "NoSchedule")

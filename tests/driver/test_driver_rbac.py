@@ -24,6 +24,7 @@ from neuron_dra.driver.discovery import discover
 from neuron_dra.driver.emulate import emulate
 from neuron_dra.driver.health_reporting import HealthReporter
 from neuron_dra.driver.health_source import DeviceHealth, Health, HealthMonitor
+from neuron_dra.driver.kube import ApiException as DriverApiException
 from neuron_dra.driver.kube import KubeApi, KubeClaimLookup
 from neuron_dra.driver.publisher import SlicePublisher
 from neuron_dra.driver.slices import PublishOptions
@@ -115,7 +116,7 @@ def _create_pod(core: client.CoreV1Api, namespace: str, pod: Any) -> bool:
     return True
 
 
-def test_rbac_grants_exactly_the_calls_the_daemon_makes(driver_api: client.ApiClient, api: Any, tmp_path: Path,
+def test_rbac_grants_exactly_the_calls_the_daemon_makes(driver_api: Any, api: Any, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Access, int]] = []
     original = KubeApi.request
@@ -124,7 +125,7 @@ def test_rbac_grants_exactly_the_calls_the_daemon_makes(driver_api: client.ApiCl
         access = access_of(method, path, kw.get("query"))
         try:
             response = original(self, method, path, **kw)
-        except ApiException as e:
+        except DriverApiException as e:
             calls.append((access, int(e.status or 0)))
             raise
         calls.append((access, 200))

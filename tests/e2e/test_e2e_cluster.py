@@ -90,10 +90,13 @@ def test_driver_identity_cannot_write_another_nodes_slice(local_cluster: LocalCl
     res = client.ResourceV1Api(driver_api)
 
     def slice_for(node: str) -> Any:
+        # its own driver name (the admission policy refuses other drivers' slices), a pool of its own (the
+        # daemon leaves slices of its node and driver in another pool alone)
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
                 "metadata": {"generateName": f"{node}-probe-"},
-                "spec": {"driver": "probe.example.com", "nodeName": node,
-                         "pool": {"name": node, "generation": 0, "resourceSliceCount": 1}, "devices": []}}
+                "spec": {"driver": DRIVER, "nodeName": node,
+                         "pool": {"name": f"{node}-probe", "generation": 0, "resourceSliceCount": 1},
+                         "devices": []}}
 
     with pytest.raises(ApiException) as refused:
         res.create_resource_slice(slice_for(TRN2_A))

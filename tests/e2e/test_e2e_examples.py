@@ -114,7 +114,7 @@ def _slice_attributes(res: client.ResourceV1Api, node: str) -> dict[str, dict[st
     items = raw(res.list_resource_slice(field_selector=f"spec.nodeName={node}", _preload_content=False))["items"]
     for s in items:
         driver = s["spec"]["driver"]
-        for d in s["spec"]["devices"]:
+        for d in s["spec"].get("devices") or ():
             out[d["name"]] = {(k if "/" in k else f"{driver}/{k}"): v for k, v in (d.get("attributes") or {}).items()}
     return out
 

@@ -35,7 +35,9 @@ class Differential:
 
 @pytest.fixture(scope="module")
 def catalog() -> NodeCatalog:
-    return NodeCatalog()
+    # Whole devices only: these generators shape one-slice pools; NeuronCores and counters have their own
+    # differential cases (test_allocator_differential_cores.py).
+    return NodeCatalog(partitionable=False)
 
 
 @pytest.fixture(scope="module")

@@ -116,3 +116,27 @@ def test_cluster_life_on_real_kubelets_leaves_the_host_untouched(cluster_dir: Pa
     assert not runtime_dir(cluster_dir).exists()
     eventually(lambda: not _processes_mentioning(cluster_dir), 15, what="no process of the cluster left")
     assert host_state() == before
+
+
+def test_down_after_the_supervisor_was_killed_stops_every_node_process(cluster_dir: Path) -> None:
+    """`cluster down` finds the kubelets, fake runtimes, drivers and control plane through their pid files (procs)
+    when the supervisor that started them is gone (kill -9): nothing of the cluster keeps running."""
+    from neuron_dra.localcluster import procs
+    from neuron_dra.localcluster.supervisor import PID_FILE
+
+    up = _cli("cluster", "up", "--dir", str(cluster_dir), "--node", "inf2.48xlarge:1", "--ttl", "900")
+    assert up.returncode == 0, up.stderr[-3000:]
+    pid_files = sorted((cluster_dir / "nodes").rglob("*.pid")) + sorted((cluster_dir / "controlplane").rglob("*.pid"))
+    assert {p.stem for p in pid_files} >= {"kubelet", "fakecri", "driver", "kube-apiserver", "etcd"}
+    refs = [procs.running(p) for p in pid_files]
+    assert all(r is not None for r in refs)
+    supervisor = procs.running(cluster_dir / PID_FILE)
+    assert supervisor is not None
+    os.kill(supervisor.pid, 9)
+    eventually(lambda: not procs.alive(supervisor), 10, what="supervisor gone")
+    assert all(r is not None and procs.alive(r) for r in refs), "the node processes outlive their supervisor"
+    down = _cli("cluster", "down", "--dir", str(cluster_dir), timeout=120)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    assert not any(r is not None and procs.alive(r) for r in refs)
+    assert not runtime_dir(cluster_dir).exists()
+    eventually(lambda: not _processes_mentioning(cluster_dir), 15, what="no process of the cluster left")

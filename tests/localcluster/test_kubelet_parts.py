@@ -187,3 +187,25 @@ def test_fake_runtime_resolves_cdi_ids_like_a_runtime() -> None:
                           text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok" in proc.stdout
+
+
+def test_healthy_asks_the_kubelets_healthz() -> None:
+    import http.server
+    import threading
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/healthz" else 404)
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            return
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert kubelet.healthy(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not kubelet.healthy(kubelet.free_port())

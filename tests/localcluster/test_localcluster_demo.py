@@ -30,9 +30,11 @@ from neuron_dra.localcluster.demo_report import (
     prediction,
 )
 from neuron_dra.localcluster.demo_workloads import (
+    CORE_STAGE,
     DEMO_NAMESPACE,
     DEMO_STAGES,
     demo_instance_types,
+    demo_stages,
     demo_templates,
     pod_manifest,
     workloads,
@@ -110,7 +112,7 @@ def test_demo_pods_and_templates_are_valid_objects() -> None:
     for w in workloads():
         kubernetes_validate.validate(pod_manifest(w), "1.34", strict=True)
     templates = demo_templates()
-    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 16
+    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 17
     names = {t.name for t in templates}
     assert all(w.template.name in names for w in workloads())
 
@@ -128,7 +130,10 @@ def test_every_workload_fits_a_demo_node_and_the_stages_fill_the_trn2_nodes() ->
                 1 for d in fitting[0].devices if d.device.startswith("efa-"))
     # before the firstAvailable stage, the trn2-only workloads take both trn2 nodes exactly
     assert used["trn2"] == 32
-    assert DEMO_STAGES[-1].workloads[0].template.name == "trn2-8-else-trn1-16"
+    assert DEMO_STAGES[-2].workloads[0].template.name == "trn2-8-else-trn1-16"
+    # Last, on 1.36+ only: two one-core pods share an inf2 device the ring segments leave free.
+    assert DEMO_STAGES[-1] is CORE_STAGE and [w.template.name for w in CORE_STAGE.workloads] == ["inf2-one-core"] * 2
+    assert CORE_STAGE in demo_stages("1.36") and CORE_STAGE not in demo_stages("1.35")
 
 
 def test_cli_rejects_bad_options(tmp_path: Path) -> None:

@@ -1,0 +1,126 @@
+"""A conservative estimate of a selector's CEL cost, in the spirit of Kubernetes' cost estimator.
+
+The API server refuses a device selector whose *estimated* cost exceeds 1,000,000 ("too complex, exceeds cost
+limit"; docs/hardening.md §3). cel-python (the CEL implementation here) tracks no cost, so this module estimates it
+from the parse tree with cel-go's rules simplified upward: every operation, call, member access and literal costs
+1; a comprehension macro (`all`, `exists`, `exists_one`, `map`, `filter`) costs its range plus, for every element
+of the range's largest possible size, its body plus 1; string functions cost 1 + length / 10. Sizes come from what
+the expression shows or from the DRA limits on what a device carries (attribute strings <= 64 characters, <= 32
+attributes and capacities per device); what cannot be sized counts as MAX_UNKNOWN_SIZE elements. The estimate is
+an upper bound of cel-go's for the expressions DRA selectors use, so nothing the API server refuses for cost passes
+here; an expression it would accept may exceptionally be refused here, and the message says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import lark
+
+from neuron_dra.claim_templates.cel_analysis import Tree, unwrap
+
+COST_LIMIT = 1_000_000  # apiserver: per-expression estimated cost limit of DRA selectors
+MAX_STRING = 64  # a device attribute's string value (resource.k8s.io/v1)
+MAX_MAP = 32  # attributes + capacities of one device
+MAX_UNKNOWN_SIZE = 1024  # a list or string nothing bounds (cel-go would take the maximum the type allows)
+MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+STRING_METHODS = frozenset({"split", "contains", "startsWith", "endsWith", "matches", "indexOf", "lastIndexOf",
+                            "lowerAscii", "upperAscii", "replace", "substring", "trim", "find", "findAll", "join"})
+
+
+class CostTooDeep(Exception):
+    """The expression nests deeper than this estimator (and the evaluator) can follow."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    cost: int
+    size: int  # elements of a list/map or characters of a string it may hold; 1 for scalars
+    element: int = 1  # size of each element (for nested ranges)
+
+
+def _children(tree: Tree) -> list[Tree]:
+    return [c for c in tree.children if isinstance(c, lark.Tree)]
+
+
+def _tokens(tree: Tree) -> list[str]:
+    return [str(c) for c in tree.children if isinstance(c, lark.Token)]
+
+
+class _Estimator:
+    def __init__(self) -> None:
+        self.scope: dict[str, Estimate] = {}
+
+    def visit(self, tree: Tree, depth: int = 0) -> Estimate:
+        if depth > 400:
+            raise CostTooDeep
+        node = unwrap(tree)
+        kind = node.data
+        kids = _children(node)
+        if kind == "literal":
+            text = _tokens(node)[0] if _tokens(node) else ""
+            return Estimate(1, max(1, len(text) - 2))
+        if kind == "ident":
+            name = _tokens(node)[0] if _tokens(node) else ""
+            if name in self.scope:
+                return self.scope[name]
+            return Estimate(1, MAX_MAP, MAX_MAP if name == "device" else MAX_UNKNOWN_SIZE)
+        if kind == "list_lit":
+            items = [self.visit(k, depth + 1) for e in kids for k in _children(e)] if kids else []
+            return Estimate(1 + sum(i.cost for i in items), len(items), max((i.size for i in items), default=1))
+        if kind == "map_lit":
+            parts = [self.visit(k, depth + 1) for e in kids for k in _children(e)] if kids else []
+            return Estimate(1 + sum(p.cost for p in parts), len(parts) // 2 or 1, max((p.size for p in parts),
+                                                                                    default=1))
+        if kind == "member_dot":
+            base = self.visit(kids[0], depth + 1)
+            # A field of a map (device.attributes["d"].name): a string of at most MAX_STRING characters, or a map.
+            return Estimate(base.cost + 1, max(base.element, MAX_STRING), MAX_STRING)
+        if kind == "member_index":
+            base, index = (self.visit(k, depth + 1) for k in kids[:2])
+            return Estimate(base.cost + index.cost + 1, max(base.element, MAX_STRING), MAX_STRING)
+        if kind == "member_dot_arg":
+            return self._method(node, kids, depth)
+        if kind == "ident_arg":
+            args = [self.visit(k, depth + 1) for e in kids for k in _children(e)]
+            return Estimate(1 + sum(a.cost for a in args), MAX_UNKNOWN_SIZE)
+        # Operators, conditionals, unary, parentheses: the operands plus one.
+        parts = [self.visit(k, depth + 1) for k in kids]
+        if not parts:
+            return Estimate(1, 1)
+        return Estimate(1 + sum(p.cost for p in parts), max(p.size for p in parts), max(p.element for p in parts))
+
+    def _method(self, node: Tree, kids: list[Tree], depth: int) -> Estimate:
+        name = _tokens(node)[0] if _tokens(node) else ""
+        target = kids[0]
+        args = [c for e in kids[1:] for c in _children(e)] if len(kids) > 1 else []
+        base = self.visit(target, depth + 1)
+        if name in MACROS and args:
+            var = unwrap(args[0])
+            var_name = _tokens(var)[0] if var.data == "ident" and _tokens(var) else ""
+            saved = self.scope.get(var_name)
+            self.scope[var_name] = Estimate(1, base.element, MAX_STRING)
+            try:
+                body = [self.visit(a, depth + 1) for a in args[1:]]
+            finally:
+                if saved is None:
+                    self.scope.pop(var_name, None)
+                else:
+                    self.scope[var_name] = saved
+            per_element = 1 + sum(b.cost for b in body)
+            size = base.size if name in ("map", "filter") else 1
+            return Estimate(base.cost + base.size * per_element, size, max((b.size for b in body), default=1))
+        rest = [self.visit(a, depth + 1) for a in args]
+        cost = 1 + base.cost + sum(a.cost for a in rest)
+        if name in STRING_METHODS:
+            cost += base.size // 10
+        if name == "split":
+            return Estimate(cost, base.size + 1, base.size)
+        if name == "bind":  # cel.bind(v, init, body): the init and the body once each
+            return Estimate(cost, max((a.size for a in rest), default=1))
+        return Estimate(cost, max(base.size, *(a.size for a in rest)) if rest else base.size, base.element)
+
+
+def estimate(tree: Tree) -> int:
+    """The estimated cost of a compiled expression (CostTooDeep when it nests too deeply to follow)."""
+    return _Estimator().visit(tree).cost
