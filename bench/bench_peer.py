@@ -45,6 +45,7 @@ import yaml
 
 from neuron_dra.driver._generated import dra_v1_pb2, pluginregistration_pb2
 from neuron_dra.driver.emulate import EmulationOptions, emulate
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import build
 from neuron_dra.localcluster.controlplane import ControlPlane
 
@@ -197,7 +198,7 @@ def ours_spec(python: str, env: Mapping[str, str], host_root: Path) -> DriverSpe
         return [python, "-m", "neuron_dra.driver", "--node-name", NODE, "--host-root", str(host_root),
                 "--plugins-dir", str(run / "plugins"), "--registry-dir", str(run / "registry"),
                 "--cdi-root", str(run / "cdi"), "--kubeconfig", str(kubeconfig)]
-    return DriverSpec("neuron-dra", "neuron.aws.com", tuple(f"neuron-device-{i}" for i in range(16)), command, env)
+    return DriverSpec("neuron-dra", DEFAULT_DRIVER_NAME, tuple(f"neuron-device-{i}" for i in range(16)), command, env)
 
 
 def example_spec(binary: Path) -> DriverSpec:
