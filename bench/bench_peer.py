@@ -41,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 
 from neuron_dra.driver._generated import dra_v1_pb2, pluginregistration_pb2
 from neuron_dra.driver.emulate import EmulationOptions, emulate
+from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import build
 from neuron_dra.localcluster.controlplane import ControlPlane
 
@@ -196,7 +198,7 @@ def ours_spec(python: str, env: Mapping[str, str], host_root: Path) -> DriverSpe
         return [python, "-m", "neuron_dra.driver", "--node-name", NODE, "--host-root", str(host_root),
                 "--plugins-dir", str(run / "plugins"), "--registry-dir", str(run / "registry"),
                 "--cdi-root", str(run / "cdi"), "--kubeconfig", str(kubeconfig)]
-    return DriverSpec("neuron-dra", "neuron.aws.com", tuple(f"neuron-device-{i}" for i in range(16)), command, env)
+    return DriverSpec("neuron-dra", DEFAULT_DRIVER_NAME, tuple(f"neuron-device-{i}" for i in range(16)), command, env)
 
 
 def example_spec(binary: Path) -> DriverSpec:
@@ -382,12 +384,17 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         try:
             api = Api(client)
             api.call("POST", "/api/v1/nodes", {"metadata": {"name": NODE}})
+            # The same kubeconfig as JSON (client-go reads both): in a cluster neither driver parses one, so
+            # neither should pay for a YAML parser here.
+            kubeconfig = base / "kubeconfig.json"
+            kubeconfig.write_text(json.dumps(yaml.safe_load(plane.kubeconfig.read_text())))
+            kubeconfig.chmod(0o600)
             # The host tree exists before the daemon starts, as sysfs does on a node (`--emulate` would write it
             # at start-up; the example keeps its fake GPUs in memory).
             host_root = emulate("trn2.48xlarge", base / "host", EmulationOptions(host_id=NODE))
             specs = [ours_spec(python, env, host_root), example_spec(binary)]
             for spec in specs:  # one at a time: each start measured on an otherwise idle machine
-                drivers.append(Running(spec, base / spec.driver_name, plane.kubeconfig, api.has_slice))
+                drivers.append(Running(spec, base / spec.driver_name, kubeconfig, api.has_slice))
                 log(f"{spec.label} up: registration socket after {drivers[-1].to_socket:.3f} s, first "
                     f"ResourceSlice after {drivers[-1].to_slice:.3f} s")
             figures = measure(drivers, api, args.cycles, args.warmup, log)

@@ -67,7 +67,12 @@ one_neuron_device = ClaimTemplate("one-neuron-device", Neuron(1))
 # Two devices with at least 64 GiB HBM each on a node whose kernel driver is 2.25 or newer.
 two_big_hbm_devices = ClaimTemplate("two-big-hbm-devices", Neuron(2, min_memory="64Gi", kernel_driver=AtLeast("2.25")))
 
+# Trainium3: the 16 devices of a trn3.48xlarge are all connected through its switch (no constraint needed).
+trn3_16_connected = ClaimTemplate("trn3-16-connected", Neuron(16, topology=Connected(), instance_types="trn3.48xlarge"))
+# Any 4 Trainium3 devices, 8 logical cores each (LNC=1).
+trn3_4_connected_lnc1 = ClaimTemplate("trn3-4-connected-lnc1", Neuron(4, topology=Connected(), families="trn3", lnc=1))
+
 RICHER_CASES = (
     inf2_ring_segment_4, inf2_ring_segment_3, trn2_8_connected_efa, trn2_8_else_trn1_16, trn2_row_lnc1,
-    ultraserver_4_whole_node, one_neuron_device, two_big_hbm_devices,
+    ultraserver_4_whole_node, one_neuron_device, two_big_hbm_devices, trn3_16_connected, trn3_4_connected_lnc1,
 )

@@ -8,7 +8,8 @@ one fdatasync makes a change durable. A prepare is recorded twice: as PrepareSta
 written and as PrepareCompleted, synced, before kubelet gets the answer, so a crash in between leaves an entry
 the next start can clean up. The PrepareStarted record is not synced: it survives a crash of the daemon (it is
 in the page cache), and what a power loss could cost is a spec in /var/run/cdi, which is tmpfs and gone as well
-(specs elsewhere are found by the orphan scan at start). Removals are synced.
+(specs elsewhere are found by the orphan scan at start). Removals are synced. What each system call guarantees:
+docs/durability.md.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -214,3 +216,12 @@ def test_prepare_at_lnc1_and_a_claim_lnc_that_contradicts_the_node(tmp_path: Pat
 
 def _ref(name: str, n: int) -> ClaimRef:
     return ClaimRef("default", name, uid(n))
+
+
+def test_cli_slices_with_cores() -> None:
+    run = [sys.executable, "-m", "neuron_dra", "slices", "--node-name", "n1", "--instance-type"]
+    out = subprocess.run([*run, "trn2.48xlarge", "--cores"], capture_output=True, text=True, check=True)
+    slices = json.loads(out.stdout)
+    assert [len(s["spec"].get("devices") or s["spec"]["sharedCounters"]) for s in slices] == [8, 8, 64, 16]
+    bad = subprocess.run([*run, "inf2.xlarge", "--cores", "--lnc", "2"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "inf2.xlarge (Inferentia2) has no Logical NeuronCores" in bad.stderr

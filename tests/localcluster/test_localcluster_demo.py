@@ -112,7 +112,8 @@ def test_demo_pods_and_templates_are_valid_objects() -> None:
     for w in workloads():
         kubernetes_validate.validate(pod_manifest(w), "1.34", strict=True)
     templates = demo_templates()
-    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 17
+    # Every example once: AWS's 8 official samples, the richer cases (trn3 ones included) and the demo's own.
+    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 19
     names = {t.name for t in templates}
     assert all(w.template.name in names for w in workloads())
 

@@ -529,10 +529,11 @@ class CaseGenerator:
     def allocated(self, instance_type: str) -> tuple[str, tuple[DeviceId, ...]]:
         node = self.catalog.node(instance_type)
         spec = CATALOG[instance_type]
-        neurons = [DeviceId(NEURON_DRIVER, node.node_name, d["name"]) for d in node.slices[0]["spec"]["devices"]
-                   if d["attributes"]["resourceType"]["string"] == "neuron_device"]
-        everything = [DeviceId(s["spec"]["driver"], node.node_name, d["name"])
-                      for s in node.slices for d in s["spec"]["devices"]]
+        # every slice of the node: counter sets have no devices, NeuronCores are devices of their own
+        devices = [(s["spec"]["driver"], d) for s in node.slices for d in s["spec"].get("devices") or []]
+        neurons = [DeviceId(NEURON_DRIVER, node.node_name, d["name"]) for driver, d in devices
+                   if driver == NEURON_DRIVER and d["attributes"]["resourceType"]["string"] == "neuron_device"]
+        everything = [DeviceId(driver, node.node_name, d["name"]) for driver, d in devices]
         efas = [d for d in everything if d.driver == EFA_DRIVER]
         n = len(neurons)
         rng = self.rng
