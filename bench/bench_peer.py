@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 
 from neuron_dra.driver._generated import dra_v1_pb2, pluginregistration_pb2
 from neuron_dra.driver.emulate import EmulationOptions, emulate
@@ -383,12 +384,17 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         try:
             api = Api(client)
             api.call("POST", "/api/v1/nodes", {"metadata": {"name": NODE}})
+            # The same kubeconfig as JSON (client-go reads both): in a cluster neither driver parses one, so
+            # neither should pay for a YAML parser here.
+            kubeconfig = base / "kubeconfig.json"
+            kubeconfig.write_text(json.dumps(yaml.safe_load(plane.kubeconfig.read_text())))
+            kubeconfig.chmod(0o600)
             # The host tree exists before the daemon starts, as sysfs does on a node (`--emulate` would write it
             # at start-up; the example keeps its fake GPUs in memory).
             host_root = emulate("trn2.48xlarge", base / "host", EmulationOptions(host_id=NODE))
             specs = [ours_spec(python, env, host_root), example_spec(binary)]
             for spec in specs:  # one at a time: each start measured on an otherwise idle machine
-                drivers.append(Running(spec, base / spec.driver_name, plane.kubeconfig, api.has_slice))
+                drivers.append(Running(spec, base / spec.driver_name, kubeconfig, api.has_slice))
                 log(f"{spec.label} up: registration socket after {drivers[-1].to_socket:.3f} s, first "
                     f"ResourceSlice after {drivers[-1].to_slice:.3f} s")
             figures = measure(drivers, api, args.cycles, args.warmup, log)

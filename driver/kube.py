@@ -14,6 +14,7 @@ import base64
 import http.client
 import json
 import os
+import shutil
 import ssl
 import tempfile
 import threading
@@ -62,6 +63,7 @@ class ClusterConfig:
     token: str | None = None
     token_file: str | None = None  # re-read every TOKEN_RELOAD_SECONDS (rotated projected tokens)
     insecure: bool = False
+    temp_dir: str | None = None  # inline kubeconfig data written out for ssl; removed once the client holds it
 
 
 def _kubeconfig_file(data: str, directory: Path, name: str) -> str:
@@ -72,20 +74,32 @@ def _kubeconfig_file(data: str, directory: Path, name: str) -> str:
     return str(path)
 
 
-def load_kubeconfig(path: str) -> ClusterConfig:
-    """The current context's cluster and user of a kubeconfig file (inline `*-data` fields are written to a
-    private temporary directory, since ssl loads certificates from files)."""
-    import yaml  # only with --kubeconfig (tests, local clusters); in-cluster start-up does not pay for it
+def _parse_kubeconfig(text: str) -> Any:
+    """JSON (a kubeconfig may be JSON, as client-go reads it) without importing yaml; YAML otherwise. Only with
+    --kubeconfig (tests, local clusters): in-cluster start-up parses nothing."""
+    if text.lstrip().startswith("{"):
+        return json.loads(text)
+    import yaml
 
     try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"not YAML: {e}") from None
+
+
+def load_kubeconfig(path: str) -> ClusterConfig:
+    """The current context's cluster and user of a kubeconfig file (inline `*-data` fields are written to a
+    private temporary directory, since ssl loads certificates from files; `api_client` removes it)."""
+    try:
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
+            text = f.read()
+        doc = _parse_kubeconfig(text)
         by_name = {kind: {e["name"]: e[kind[:-1]] for e in doc.get(kind) or ()} for kind in
                    ("clusters", "users", "contexts")}
         context = by_name["contexts"][doc["current-context"]]
         cluster = by_name["clusters"][context["cluster"]]
         user = by_name["users"].get(context.get("user"), {}) or {}
-    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise KubeConfigError(f"cannot load kubeconfig {path}: {e!r}") from None
     if "exec" in user or "auth-provider" in user:
         raise KubeConfigError(f"kubeconfig {path}: user credentials by exec or auth-provider plugins are not "
@@ -106,7 +120,7 @@ def load_kubeconfig(path: str) -> ClusterConfig:
                          cert_file=file_of("client-certificate", "client.crt", user),
                          key_file=file_of("client-key", "client.key", user), token=user.get("token"),
                          token_file=str(base / user["tokenFile"]) if user.get("tokenFile") else None,
-                         insecure=bool(cluster.get("insecure-skip-tls-verify")))
+                         insecure=bool(cluster.get("insecure-skip-tls-verify")), temp_dir=str(directory))
 
 
 def incluster_config(env: Mapping[str, str], account: Path = SERVICE_ACCOUNT_DIR) -> ClusterConfig:
@@ -188,8 +202,10 @@ class ApiClient:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         for attempt in (0, 1):
-            reused = not stream and getattr(self._local, "conn", None) is not None
-            conn = self._local.conn if reused else self.connection(timeout)
+            kept: http.client.HTTPSConnection | None = None if stream else getattr(self._local, "conn", None)
+            # Reused unless a `Connection: close` answer closed it.
+            reused = kept is not None and kept.sock is not None
+            conn = kept if kept is not None and reused else self.connection(timeout)
             if reused:
                 assert conn.sock is not None
                 conn.sock.settimeout(timeout[1] if isinstance(timeout, tuple) else timeout)
@@ -227,7 +243,11 @@ class ApiClient:
 def api_client(kubeconfig: str | None, env: Mapping[str, str] | None = None) -> ApiClient:
     """A client from a kubeconfig file, or the in-cluster service account when `kubeconfig` is None."""
     config = load_kubeconfig(kubeconfig) if kubeconfig else incluster_config(os.environ if env is None else env)
-    return ApiClient(config)
+    try:
+        return ApiClient(config)  # the TLS context has read the certificate files
+    finally:
+        if config.temp_dir:
+            shutil.rmtree(config.temp_dir, ignore_errors=True)
 
 
 def _from_kubernetes(api: Any) -> ApiClient:
