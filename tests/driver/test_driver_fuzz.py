@@ -192,7 +192,7 @@ def _config_params(rng: random.Random) -> Any:
 
 
 def test_fuzz_config_decoders(capsys: pytest.CaptureFixture[str]) -> None:
-    from neuron_dra.components.settings import SCHEMA_BY_KEY, decode_settings
+    from neuron_dra.components.settings_schema import SETTINGS_BY_KEY, decode_settings
 
     rng = random.Random(SEED)
     outcomes: Counter[str] = Counter()
@@ -203,7 +203,7 @@ def test_fuzz_config_decoders(capsys: pytest.CaptureFixture[str]) -> None:
         except NotAllowed as e:
             assert len(str(e)) < 2000, str(e)[:300]
             outcomes["config refused"] += 1
-    keys = sorted(SCHEMA_BY_KEY)
+    keys = sorted(SETTINGS_BY_KEY)
     for _ in range(1500):
         raw: dict[str, object] = {}
         for key in rng.sample(keys, rng.randrange(1, 4)):
