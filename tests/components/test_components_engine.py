@@ -55,7 +55,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
 def project_dir(tmp_path: Path, pulumi_yaml: str | None = None) -> Path:
     work = tmp_path / "project"
-    work.mkdir()
+    work.mkdir(parents=True)
     (work / "Pulumi.yaml").write_text(pulumi_yaml if pulumi_yaml is not None else (ROOT / "Pulumi.yaml").read_text())
     return work
 
@@ -82,7 +82,7 @@ def test_the_engine_accepts_pulumi_yaml_with_only_the_minimal_config(engine: Eng
     strict = project_dir(tmp_path / "strict", yaml.safe_dump(doc))
     refused = engine.step("up", work_dir=strict, stack="aws-only", program=report,
                           config={"aws:region": "us-east-2"}, check=False)
-    assert "missing configuration values" in refused["error"] and "clusterName" in refused["error"]
+    assert "is missing configuration value 'clusterName'" in refused["error"]
 
 
 def planned_driver(options: DriverDeployOptions) -> list[dict[str, Any]]:
@@ -106,6 +106,11 @@ def assert_all_gone(api: Any, planned: list[dict[str, Any]]) -> None:
         eventually(lambda: gone(manifest), 120, what=f"{deploy.object_key(manifest)} gone")  # noqa: B023
 
 
+def changed_kinds(before: DriverDeployOptions, after: DriverDeployOptions) -> list[str]:
+    """The kinds of the driver's objects whose manifests differ between two option sets: what an update must touch."""
+    return sorted(a["kind"] for a, b in zip(deploy.manifests(before), deploy.manifests(after), strict=True) if a != b)
+
+
 def kubernetes_events(result: dict[str, Any], op: str) -> list[dict[str, Any]]:
     return [e for e in result["events"] if e["op"] == op and e["type"].startswith("kubernetes:")]
 
@@ -119,6 +124,7 @@ def test_the_stack_program_up_again_change_and_destroy(engine: Engine, plane: Co
         "neuron-dra:kubeconfig": str(plane.kubeconfig),
         "neuron-dra:driverNamespace": "engine-stack-dra",
         "neuron-dra:driverName": "engine-stack.neuron.aws.com",
+        "neuron-dra:neuronCoreDeviceClass": "engine-stack.neuroncore.aws.com",
         "neuron-dra:driverImage": image,
         "neuron-dra:driverRolloutTimeoutSeconds": "120",
     }
@@ -143,18 +149,23 @@ def test_the_stack_program_up_again_change_and_destroy(engine: Engine, plane: Co
 
     changed = {**config, "neuron-dra:driverMetricsPort": "9400"}
     preview = engine.step("preview", config=changed, **step)
-    assert preview["changes"] == {"same": total - 1, "update": 1}
-    (update,) = [e for e in preview["events"] if e["op"] == "update"]
-    assert update["type"] == "kubernetes:apps/v1:DaemonSet" and update["diffs"] == ["spec"]
+    # Exactly what deploy renders differently: the DaemonSet (its args and port) and the NetworkPolicy (the port).
+    expected = changed_kinds(options, replace(options, metrics_port=9400))
+    assert expected == ["DaemonSet", "NetworkPolicy"]
+    assert preview["changes"] == {"same": total - len(expected), "update": len(expected)}
+    updates = [e for e in preview["events"] if e["op"] == "update"]
+    assert sorted(e["type"].rsplit(":", 1)[1] for e in updates) == expected
+    # Only spec fields change (detailed diff paths such as spec.template.spec.containers[0].args[3]).
+    assert all(e["detailed"] and all(k.startswith("spec") for k in e["detailed"]) for e in updates), updates
     daemonset = next(m for m in planned if m["kind"] == "DaemonSet")
     live = read_object(api, daemonset)
     assert live is not None and not is_subset(daemonset, live)  # preview changed nothing
     applied = engine.step("up", config=changed, **step)
-    assert applied["changes"] == {"same": total - 1, "update": 1}
+    assert applied["changes"] == {"same": total - len(expected), "update": len(expected)}
     assert_live_as_planned(api, planned_driver(replace(options, metrics_port=9400)) + templates)
 
     destroyed = engine.step("destroy", config=changed, **step)
-    assert destroyed["changes"] == {"delete": total - 1}  # everything but the stack itself
+    assert destroyed["changes"] == {"delete": total}  # the stack resource included
     assert_all_gone(api, planned)
 
 
@@ -176,6 +187,7 @@ def program() -> None:
     namespace = k8s.core.v1.Namespace("team-ml", metadata={"name": "team-ml"}, opts=on_cluster)
     driver = NeuronDraDriver("dra", NeuronDraDriverArgs(
         options=DriverDeployOptions(namespace="team-dra", driver_name="team.neuron.aws.com",
+                                    core_device_class_name="team.neuroncore.aws.com",
                                     metrics_port=config.get_int("metricsPort") or 0),
         image="registry.invalid/team/neuron-dra-driver:1",
         rollout_timeout_seconds=0,  # no node may run it here: do not wait for the rollout
@@ -214,6 +226,7 @@ def test_a_separate_project_with_the_pip_installed_package(engine: Engine, plane
     config = {"team-infra:kubeconfig": str(plane.kubeconfig)}
 
     options = DriverDeployOptions(namespace="team-dra", driver_name="team.neuron.aws.com",
+                                  core_device_class_name="team.neuroncore.aws.com",
                                   image="registry.invalid/team/neuron-dra-driver:1")
     template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": "rows", "namespace": "team-ml"}}
@@ -232,11 +245,15 @@ def test_a_separate_project_with_the_pip_installed_package(engine: Engine, plane
 
     changed = {**config, "team-infra:metricsPort": "9400"}
     preview = engine.step("preview", config=changed, **step)
-    assert preview["changes"] == {"same": total - 1, "update": 1}
-    (update,) = [e for e in preview["events"] if e["op"] == "update"]
-    assert update["type"] == "kubernetes:apps/v1:DaemonSet" and update["diffs"] == ["spec"]
-    assert engine.step("up", config=changed, **step)["changes"] == {"same": total - 1, "update": 1}
+    expected = changed_kinds(options, replace(options, metrics_port=9400))
+    assert preview["changes"] == {"same": total - len(expected), "update": len(expected)}
+    updates = [e for e in preview["events"] if e["op"] == "update"]
+    assert sorted(e["type"].rsplit(":", 1)[1] for e in updates) == expected
+    # Only spec fields change (detailed diff paths such as spec.template.spec.containers[0].args[3]).
+    assert all(e["detailed"] and all(k.startswith("spec") for k in e["detailed"]) for e in updates), updates
+    assert engine.step("up", config=changed, **step)["changes"] == {"same": total - len(expected),
+                                                                   "update": len(expected)}
     assert_live_as_planned(api, planned_driver(replace(options, metrics_port=9400)))
 
-    assert engine.step("destroy", config=changed, **step)["changes"] == {"delete": total - 1}
+    assert engine.step("destroy", config=changed, **step)["changes"] == {"delete": total}
     assert_all_gone(api, [*planned, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-ml"}}])

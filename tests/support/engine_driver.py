@@ -25,6 +25,14 @@ from typing import Any
 from pulumi import automation as auto
 
 
+def _project_name(work_dir: str) -> str:
+    import yaml
+
+    with open(os.path.join(work_dir, "Pulumi.yaml")) as f:
+        name: str = yaml.safe_load(f)["name"]
+    return name
+
+
 def main(argv: list[str]) -> int:
     spec: dict[str, Any] = json.loads(argv[1])
     for entry in reversed(spec.get("sys_path", [])):
@@ -36,8 +44,9 @@ def main(argv: list[str]) -> int:
         env_vars={k: v for k, v in os.environ.items() if k.startswith("PULUMI_")},
         pulumi_command=auto.PulumiCommand(root=spec["pulumi_root"], skip_version_check=True),
     )
-    stack = auto.create_or_select_stack(stack_name=spec["stack"], project_name=spec.get("project"),
-                                        program=program, opts=opts)
+    # The Automation API wants the project name with an inline program, even when work_dir has a Pulumi.yaml.
+    project = spec.get("project") or _project_name(spec["work_dir"])
+    stack = auto.create_or_select_stack(stack_name=spec["stack"], project_name=project, program=program, opts=opts)
     wanted: dict[str, str] = spec.get("config", {})
     for key in stack.get_all_config():
         if key not in wanted:

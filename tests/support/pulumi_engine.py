@@ -81,7 +81,8 @@ def is_subset(planned: Any, live: Any, path: str = "") -> list[str]:
         out: list[str] = []
         for key, value in planned.items():
             if key not in live:
-                out.append(f"{path}.{key}: missing")
+                if value not in ({}, []):  # the apiserver drops empty lists and objects
+                    out.append(f"{path}.{key}: missing")
             else:
                 out += is_subset(value, live[key], f"{path}.{key}")
         return out
