@@ -24,7 +24,7 @@ _EXPORTS = {
     "NodeGroupSettings": "neuron_dra.components.settings",
     "StackSettings": "neuron_dra.components.settings",
     "SettingError": "neuron_dra.components.settings",
-    "decode_settings": "neuron_dra.components.settings",
+    "decode_settings": "neuron_dra.components.settings_schema",
     "build_stack": "neuron_dra.components.stack",
     "run_program": "neuron_dra.components.stack",
     "run_offline": "neuron_dra.components.mocks",
@@ -63,7 +63,8 @@ if TYPE_CHECKING:
     from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
     from neuron_dra.components.mocks import PlanMocks, run_offline
     from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroupArgs
-    from neuron_dra.components.settings import NodeGroupSettings, SettingError, StackSettings, decode_settings
+    from neuron_dra.components.settings import NodeGroupSettings, SettingError, StackSettings
+    from neuron_dra.components.settings_schema import decode_settings
     from neuron_dra.components.stack import build_stack, run_program
 
 

@@ -4,7 +4,8 @@ The component runs each template's check against the instance types of the node 
 while the program runs, so `pulumi preview` (and `neuron-dra plan`) fail with the check's message when the
 cluster cannot satisfy a template, instead of a pod waiting forever. Templates are
 `neuron_dra.claim_templates.ClaimTemplate` objects or anything else with `name`, `namespace` and
-`to_manifest()`; the check is `neuron_dra.claim_templates`' own unless one is given.
+`to_manifest()`; the check is `neuron_dra.claim_templates`' own unless one is given. A Kubernetes provider is
+given as `opts.provider` (Pulumi passes it on to the children).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import pulumi
-import pulumi_kubernetes as k8s
 
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
@@ -103,7 +103,7 @@ class ClaimTemplates(pulumi.ComponentResource):
     manifests: list[dict[str, Any]]
     objects: dict[str, pulumi.CustomResource]
 
-    def __init__(self, resource_name_: str, args: ClaimTemplatesArgs, provider: k8s.Provider | None = None,
+    def __init__(self, resource_name_: str, args: ClaimTemplatesArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("neuron-dra:index:ClaimTemplates", resource_name_, None, opts)
         if not args.instance_types:
@@ -122,11 +122,8 @@ class ClaimTemplates(pulumi.ComponentResource):
                 raise ClaimTemplateCheckError(template_key(template), args.instance_types, reason) from e
         self.names = keys
         self.manifests = [dict(t.to_manifest()) for t in args.templates]
-        k8s_opts: dict[str, Any] = {"parent": self, "depends_on": list(args.depends_on)}
-        if provider is not None:
-            k8s_opts["provider"] = provider
         self.objects = {}
         for key, manifest in zip(keys, self.manifests, strict=True):
             self.objects[key] = create_object(resource_name(resource_name_, manifest), manifest,
-                                              pulumi.ResourceOptions(**k8s_opts))
+                                              pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
         self.register_outputs({"names": self.names})

@@ -1,16 +1,20 @@
 """`TrainiumCluster`: an EKS control plane for Neuron node groups.
 
-pulumi_eks.Cluster with a pinned Kubernetes version (1.34 or newer), API authentication with access entries,
+pulumi_eks.Cluster with a pinned Kubernetes version (1.34 to 1.37), API authentication with access entries,
 an OIDC provider, no default node group and no pulumi-eks security groups (so `cluster_security_group_id` is
 the EKS-created cluster security group that managed nodes use), the vpc-cni, kube-proxy and
-eks-pod-identity-agent add-ons, and a Kubernetes provider from its kubeconfig. CoreDNS is created by
-`install_coredns()` once node groups exist: an add-on without nodes stays DEGRADED and its creation times out
-(pulumi-eks creates it before any node group). Its pods tolerate the Neuron taint, so a cluster whose only
-nodes are Neuron nodes still resolves names.
+eks-pod-identity-agent add-ons, and a Kubernetes provider from its kubeconfig. The VPC CNI (service account
+kube-system/aws-node) gets its own IAM role with AmazonEKS_CNI_Policy through an EKS Pod Identity association
+(`vpc_cni_identity="podIdentity"`, the default; docs/eks-trainium.md §5), so the node role does not need that
+policy; node groups must be created after `node_group_dependencies` (pods get their credentials only if the
+association exists when they are created). CoreDNS is created by `install_coredns()` once node groups exist:
+an add-on without nodes stays DEGRADED and its creation times out (pulumi-eks creates it before any node group).
+Its pods tolerate the Neuron taint, so a cluster whose only nodes are Neuron nodes still resolves names.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +29,7 @@ from neuron_dra.components.settings import (
     DEFAULT_KUBERNETES_VERSION,
     MIN_VPC_CNI_FOR_EFA_ONLY,
     NAT_GATEWAY_STRATEGIES,
+    VPC_CNI_IDENTITIES,
     SettingError,
     parse_addon_version,
     parse_kubernetes_version,
@@ -33,6 +38,14 @@ from neuron_dra.driver.k8s_names import neuron_toleration
 
 ADMIN_POLICY_ARN = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator")
+CNI_POLICY_ARN = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
+VPC_CNI_SERVICE_ACCOUNT = ("kube-system", "aws-node")  # the vpc-cni add-on's service account
+# EKS Pod Identity: the role trusts the service principal pods.eks.amazonaws.com (AssumeRole and TagSession).
+POD_IDENTITY_TRUST = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
+                   "Action": ["sts:AssumeRole", "sts:TagSession"]}],
+}
 # CoreDNS may run on Neuron nodes when they are the only nodes (tolerations in its add-on configuration).
 COREDNS_TOLERATIONS = (
     {"key": "CriticalAddonsOnly", "operator": "Exists"},
@@ -60,6 +73,8 @@ class TrainiumClusterArgs:
     kube_proxy_version: str | None = None
     pod_identity_agent_version: str | None = None
     efa_only_interfaces: bool = False  # some node group uses EFA-only interfaces: vpc-cni >= 1.18.4
+    # podIdentity: the VPC CNI's own role; nodeRole: none here (its node groups carry AmazonEKS_CNI_Policy).
+    vpc_cni_identity: str = "podIdentity"
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -70,6 +85,9 @@ class TrainiumClusterArgs:
         if self.vpc_id is None and (self.private_subnet_ids or self.public_subnet_ids):
             raise SettingError("TrainiumClusterArgs.private_subnet_ids", list(self.private_subnet_ids),
                                "unset unless vpc_id is set")
+        if self.vpc_cni_identity not in VPC_CNI_IDENTITIES:
+            raise SettingError("TrainiumClusterArgs.vpc_cni_identity", self.vpc_cni_identity,
+                               " or ".join(VPC_CNI_IDENTITIES))
         if self.nat_gateways not in NAT_GATEWAY_STRATEGIES:
             raise SettingError("TrainiumClusterArgs.nat_gateways", self.nat_gateways,
                                " or ".join(NAT_GATEWAY_STRATEGIES))
@@ -160,6 +178,32 @@ class TrainiumCluster(pulumi.ComponentResource):
             tags=dict(args.tags),
             opts=after_cluster,
         )
+        self.vpc_cni_role: aws.iam.Role | None = None
+        self.vpc_cni_association: aws.eks.PodIdentityAssociation | None = None
+        self.node_group_dependencies: list[pulumi.Resource] = [self.eks_cluster]
+        if args.vpc_cni_identity == "podIdentity":
+            self.vpc_cni_role = aws.iam.Role(
+                f"{resource_name}-vpc-cni",
+                assume_role_policy=json.dumps(POD_IDENTITY_TRUST),
+                description=f"VPC CNI (kube-system/aws-node) of EKS cluster {args.name}",
+                tags=dict(args.tags),
+                opts=child,
+            )
+            cni_policy = aws.iam.RolePolicyAttachment(
+                f"{resource_name}-vpc-cni-policy", role=self.vpc_cni_role.name, policy_arn=CNI_POLICY_ARN,
+                opts=child)
+            namespace, service_account = VPC_CNI_SERVICE_ACCOUNT
+            self.vpc_cni_association = aws.eks.PodIdentityAssociation(
+                f"{resource_name}-vpc-cni",
+                cluster_name=args.name,
+                namespace=namespace,
+                service_account=service_account,
+                role_arn=self.vpc_cni_role.arn,
+                tags=dict(args.tags),
+                opts=pulumi.ResourceOptions(parent=self,
+                                            depends_on=[self.eks_cluster, self.pod_identity_agent, cni_policy]),
+            )
+            self.node_group_dependencies.append(self.vpc_cni_association)
         self.kubeconfig = pulumi.Output.secret(self.eks_cluster.kubeconfig_json)
         self.provider = k8s.Provider(f"{resource_name}-k8s", kubeconfig=self.kubeconfig, opts=child)
         self.vpc_id = pulumi.Output.from_input(vpc_id)

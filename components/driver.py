@@ -3,7 +3,13 @@
 The component adds nothing to those objects except the image reference: either the given image, or the image
 it builds from `driver/Dockerfile` (pulumi-docker-build, BuildKit) and pushes to a new ECR repository, pinned by
 digest. Dependencies make the namespace, RBAC and the node-restricting admission policy exist before the
-DaemonSet's pods start writing ResourceSlices.
+DaemonSet's pods start writing ResourceSlices. A Kubernetes provider is given as `opts.provider` (Pulumi passes
+it on to the children).
+
+What `pulumi up` waits for: the Kubernetes provider waits until the DaemonSet has rolled out (every scheduled
+pod updated and ready), by default up to `rollout_timeout_seconds` = 600, then fails the update (the objects
+stay). 0 skips that wait (annotation `pulumi.com/skipAwait`): the update then ends once the apiserver has the
+DaemonSet, whether or not its pods run (docs/pulumi-engine.md §3).
 """
 
 from __future__ import annotations
@@ -15,12 +21,15 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
-import pulumi_kubernetes as k8s
 
 import neuron_dra
 from neuron_dra import __version__
 from neuron_dra.components.k8s_objects import create_object, resource_name
-from neuron_dra.components.settings import SettingError
+from neuron_dra.components.settings import (
+    DEFAULT_ROLLOUT_TIMEOUT_SECONDS,
+    MAX_ROLLOUT_TIMEOUT_SECONDS,
+    SettingError,
+)
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import DriverDeployOptions, Manifest
 
@@ -41,6 +50,14 @@ class NeuronDraDriverArgs:
     image: pulumi.Input[str] | None = None
     source_dir: Path | None = None
     platform: str = "linux/amd64"
+    # How long `pulumi up` waits for the DaemonSet's rollout; 0: not at all (pulumi.com/skipAwait).
+    rollout_timeout_seconds: int = DEFAULT_ROLLOUT_TIMEOUT_SECONDS
+
+    def __post_init__(self) -> None:
+        t = self.rollout_timeout_seconds
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS:
+            raise SettingError("NeuronDraDriverArgs.rollout_timeout_seconds", t,
+                               f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds")
 
     def dockerfile(self) -> Path:
         source = self.source_dir or default_source_dir()
@@ -64,7 +81,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
     repository: aws.ecr.Repository | None
 
     def __init__(self, resource_name_: str, args: NeuronDraDriverArgs,
-                 provider: k8s.Provider | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
+                 opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("neuron-dra:index:NeuronDraDriver", resource_name_, None, opts)
         options = args.options
         self.namespace = options.namespace
@@ -77,21 +94,19 @@ class NeuronDraDriver(pulumi.ComponentResource):
             self.image = pulumi.Output.from_input(args.image)
         # The dicts as `deploy` renders them; only the DaemonSet's spec waits for the image reference.
         self.manifests = deploy.manifests(options)
-        k8s_opts: dict[str, Any] = {"parent": self}
-        if provider is not None:
-            k8s_opts["provider"] = provider
         self.objects = {}
         by_kind: dict[str, pulumi.CustomResource] = {}
         for manifest in self.manifests:
             kind = manifest["kind"]
             depends = [by_kind[k] for k in _DEPENDS_ON.get(kind, ()) if k in by_kind]
-            overrides = None
+            overrides: dict[str, Any] | None = None
+            child = pulumi.ResourceOptions(parent=self, depends_on=depends)
             if kind == "DaemonSet":
                 overrides = {
                     "spec": self.image.apply(lambda ref: deploy.daemonset(replace(options, image=ref))["spec"]),
                 }
-            obj = create_object(resource_name(resource_name_, manifest), manifest,
-                                pulumi.ResourceOptions(depends_on=depends, **k8s_opts), overrides)
+                overrides["metadata"], child = _await(manifest, child, args.rollout_timeout_seconds)
+            obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)
             self.objects[deploy.object_key(manifest)] = obj
             by_kind[kind] = obj
         self.register_outputs({"namespace": self.namespace, "image": self.image,
@@ -122,6 +137,22 @@ class NeuronDraDriver(pulumi.ComponentResource):
         )
         # `ref` is tag@digest once pushed: the DaemonSet pins the exact build.
         return image.ref
+
+
+SKIP_AWAIT = "pulumi.com/skipAwait"
+
+
+def _await(manifest: Manifest, opts: pulumi.ResourceOptions, timeout_seconds: int
+           ) -> tuple[Manifest, pulumi.ResourceOptions]:
+    """The DaemonSet's metadata and options for what `pulumi up` waits for: its rollout for at most
+    `timeout_seconds` (custom timeouts), or nothing (0: the provider's skipAwait annotation)."""
+    metadata = dict(manifest["metadata"])
+    if timeout_seconds == 0:
+        metadata["annotations"] = {**metadata.get("annotations", {}), SKIP_AWAIT: "true"}
+        return metadata, opts
+    timeout = f"{timeout_seconds}s"
+    return metadata, pulumi.ResourceOptions.merge(
+        opts, pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout)))
 
 
 # What each object waits for: the namespace for namespaced objects, the role for its binding, the policy for

@@ -146,7 +146,8 @@ class PlanMocks(pulumi.runtime.Mocks):
         elif typ == "aws:ec2/launchTemplate:LaunchTemplate":
             rid = f"lt-{_hex(args.name)}"
             out.update(latestVersion=1, defaultVersion=1)
-        elif typ == "aws:ec2/placementGroup:PlacementGroup":
+        elif typ in ("aws:ec2/placementGroup:PlacementGroup", "aws:iam/role:Role"):
+            # Pulumi's auto-naming: the resource name and a random suffix.
             out.setdefault("name", f"{args.name}-{_hex(args.name, 7)}")
         elif typ == "aws:iam/role:Role":
             out.update(name=f"{args.name}-{_hex(args.name, 7)}",

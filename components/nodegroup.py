@@ -6,16 +6,20 @@ NodeGroupV2 has one network interface), so it is pulumi_aws.eks.NodeGroup plus p
   allows all traffic to and from itself (EFA needs it); one subnet (one AZ) and a `cluster` placement group;
 - Capacity Blocks: market type `capacity-block`, the reservation targeted, the instance type in the launch
   template, capacity type CAPACITY_BLOCK;
-- IMDSv2 required with hop limit 2 (pods reach IMDS through one extra hop), an encrypted gp3 root volume;
+- IMDSv2 required with hop limit 1 by default (docs/eks-trainium.md §5): only the node's own processes and
+  host-network pods (kubelet, the VPC CNI, the Pod Identity agent) reach IMDS, so ordinary pods cannot take the
+  node role's credentials;
+- an encrypted gp3 root volume;
 - the taint `aws.amazon.com/neuron=true:NoSchedule`, labels, and a node role with only the managed policies a
-  node needs (join the cluster, the VPC CNI, pull images).
+  node needs (join the cluster, pull images). The VPC CNI's policy goes on the node role only when asked
+  (`cni_policy_on_node_role`); by default the VPC CNI has its own identity (`TrainiumCluster`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import pulumi
 import pulumi_aws as aws
@@ -29,35 +33,47 @@ AMI_TYPE = "AL2023_x86_64_NEURON"
 ROOT_DEVICE = "/dev/xvda"  # AL2023 root device
 NODE_POLICIES = (
     "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",  # join the cluster
-    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",  # the vpc-cni add-on runs with the node's role
     "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",  # pull images (the driver's too), no push
 )
+# Only with cni_policy_on_node_role: the vpc-cni add-on then runs with the node's role.
+CNI_POLICY = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
 NEURON_TAINT = {"key": NEURON_TAINT_KEY, "value": NEURON_TAINT_VALUE, "effect": "NO_SCHEDULE"}  # EKS API spelling
 
 
-@dataclass(frozen=True)
-class TrainiumNodeGroupArgs:
-    """Inputs of `TrainiumNodeGroup`.
+@dataclass(frozen=True, kw_only=True)
+class TrainiumNodeGroupArgs(NodeGroupSettings):
+    """Inputs of `TrainiumNodeGroup`: the node group's own plain fields (`name`, `instance_type`, `desired_size`,
+    ... as in `NodeGroupSettings`, validated the same way) and where it goes in the cluster.
 
-    Subnets: `settings.subnet_ids` when given; otherwise the subnets among `candidate_subnet_ids` (the
-    cluster's private subnets) that lie in `availability_zones` (where the instance type is offered), looked
-    up at deploy time. An EFA group uses exactly one of them (the first by id), so it stays in one AZ.
+    Subnets: `subnet_ids` when given; otherwise the subnets among `candidate_subnet_ids` (the cluster's private
+    subnets) that lie in `availability_zones` (where the instance type is offered), looked up at deploy time.
+    An EFA group uses exactly one of them (the first by id), so it stays in one AZ.
     """
 
     cluster_name: pulumi.Input[str]
-    settings: NodeGroupSettings
     vpc_id: pulumi.Input[str]
     cluster_security_group_id: pulumi.Input[str]
     kubernetes_version: str
     candidate_subnet_ids: pulumi.Input[Sequence[str]] = ()
     availability_zones: Sequence[str] = ()
+    imds_hop_limit: int = 1  # 2 lets every pod reach IMDS and so the node role
+    cni_policy_on_node_role: bool = False  # True when the VPC CNI has no identity of its own
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        s = self.settings
-        if not s.subnet_ids and not s.availability_zone and not self.availability_zones:
-            raise SettingError(f"{s.where or s.name}.availabilityZone", None,
+        super().__post_init__()
+        if not self.subnet_ids and not self.availability_zone and not self.availability_zones:
+            raise SettingError(self._at("availabilityZone"), None,
                                "an AZ offering the instance type, or subnetIds (none was found or given)")
+        hop = self.imds_hop_limit
+        if isinstance(hop, bool) or not isinstance(hop, int) or not 1 <= hop <= 64:
+            raise SettingError(f"{type(self).__name__}.imds_hop_limit", hop, "1 to 64")
+
+    @classmethod
+    def from_settings(cls, group: NodeGroupSettings, **placement: object) -> TrainiumNodeGroupArgs:
+        """A node group of the default stack's settings, placed by `placement` (cluster_name, vpc_id, ...)."""
+        plain = {f.name: getattr(group, f.name) for f in fields(NodeGroupSettings)}
+        return cls(**plain, **placement)  # type: ignore[arg-type]
 
 
 class TrainiumNodeGroup(pulumi.ComponentResource):
@@ -75,7 +91,7 @@ class TrainiumNodeGroup(pulumi.ComponentResource):
     def __init__(self, resource_name: str, args: TrainiumNodeGroupArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("neuron-dra:index:TrainiumNodeGroup", resource_name, None, opts)
-        s = args.settings
+        s = args
         spec = s.spec
         self.name = s.name
         self.instance_type = s.instance_type
@@ -93,10 +109,11 @@ class TrainiumNodeGroup(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
+        policies = (*NODE_POLICIES, CNI_POLICY) if args.cni_policy_on_node_role else NODE_POLICIES
         attachments = [
             aws.iam.RolePolicyAttachment(f"{resource_name}-{arn.rsplit('/', 1)[1]}", role=self.role.name,
                                          policy_arn=arn, opts=child)
-            for arn in NODE_POLICIES
+            for arn in policies
         ]
 
         self.subnet_ids = _subnets(args)
@@ -133,7 +150,7 @@ class TrainiumNodeGroup(pulumi.ComponentResource):
             update_default_version=True,
             instance_type=s.instance_type if s.capacity_block else None,
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=2,
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=args.imds_hop_limit,
                 instance_metadata_tags="disabled"),
             block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                 device_name=ROOT_DEVICE,
@@ -199,7 +216,7 @@ class TrainiumNodeGroup(pulumi.ComponentResource):
 
 
 def _subnets(args: TrainiumNodeGroupArgs) -> pulumi.Output[list[str]]:
-    s = args.settings
+    s = args
     if s.subnet_ids:
         return pulumi.Output.from_input(list(s.subnet_ids))
     zones = [s.availability_zone] if s.availability_zone else list(args.availability_zones)
@@ -211,12 +228,10 @@ def _subnets(args: TrainiumNodeGroupArgs) -> pulumi.Output[list[str]]:
         aws.ec2.GetSubnetsFilterArgs(name="availability-zone", values=zones),
     ])
     found = aws.ec2.get_subnets_output(filters=filters)
-    where = s.where or f"nodeGroup {s.name!r}"
-
     def pick(ids: Sequence[str] | None) -> list[str]:
         chosen = sorted(ids or [])
         if not chosen:
-            raise SettingError(f"{where}.availabilityZone", ", ".join(zones),
+            raise SettingError(s._at("availabilityZone"), ", ".join(zones),
                                "an AZ in which the cluster has a private subnet")
         return chosen[:1] if s.is_efa else chosen
 

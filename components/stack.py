@@ -31,9 +31,10 @@ from neuron_dra.components.settings import (
     NodeGroupSettings,
     SettingError,
     StackSettings,
-    decode_settings,
+    kubernetes_version_warnings,
     setting_name,
 )
+from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.driver.deploy import DriverDeployOptions
 
 MAX_NON_EFA_ZONES = 3  # spread non-EFA groups over at most this many AZs
@@ -134,6 +135,8 @@ def build_stack(
         kubeconfig: pulumi.Output[str] = pulumi.Output.secret(kubeconfig_input(settings.kubeconfig))
         provider = k8s.Provider("existing-cluster", kubeconfig=kubeconfig)
     else:
+        for warning in kubernetes_version_warnings(settings.kubernetes_version):
+            pulumi.log.warn(f"{setting_name('kubernetesVersion')}: {warning}")
         zones = plan_zones(settings)
         name = settings.resolved_cluster_name(stack)
         cluster = TrainiumCluster("cluster", TrainiumClusterArgs(
@@ -153,8 +156,10 @@ def build_stack(
             kube_proxy_version=settings.kube_proxy_version,
             pod_identity_agent_version=settings.pod_identity_agent_version,
             efa_only_interfaces=settings.uses_efa_only,
+            vpc_cni_identity=settings.vpc_cni_identity,
         ))
-        groups = [_node_group(cluster, group, zones.group_zones[group.name]) for group in settings.node_groups]
+        groups = [_node_group(cluster, group, zones.group_zones[group.name], settings)
+                  for group in settings.node_groups]
         if any(g.desired_size > 0 for g in settings.node_groups):
             cluster.install_coredns(after=[g.node_group for g in groups])
         else:
@@ -164,14 +169,15 @@ def build_stack(
         kubeconfig = cluster.kubeconfig
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
         options=driver_options(settings), image=settings.driver_image, source_dir=source_dir,
-    ), provider=provider)
+        rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
+    ), opts=pulumi.ResourceOptions(provider=provider))
     # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first.
     classes = [driver.objects.get(f"DeviceClass/{name}")
                for name in (driver.device_class_name, settings.neuron_core_device_class)]
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
         templates=templates, instance_types=settings.node_instance_types, check=check,
         depends_on=[c for c in classes if c is not None],
-    ), provider=provider)
+    ), opts=pulumi.ResourceOptions(provider=provider))
     exports: dict[str, Any] = {
         "kubeconfig": kubeconfig,
         "clusterName": cluster.name if cluster else None,
@@ -183,16 +189,20 @@ def build_stack(
     return StackResult(settings, cluster, groups, driver, claim_templates, exports)
 
 
-def _node_group(cluster: TrainiumCluster, group: NodeGroupSettings, zones: Sequence[str]) -> TrainiumNodeGroup:
-    return TrainiumNodeGroup(f"ng-{group.name}", TrainiumNodeGroupArgs(
+def _node_group(cluster: TrainiumCluster, group: NodeGroupSettings, zones: Sequence[str],
+                settings: StackSettings) -> TrainiumNodeGroup:
+    """The settings of one node group mapped onto the component's plain fields."""
+    return TrainiumNodeGroup(f"ng-{group.name}", TrainiumNodeGroupArgs.from_settings(
+        group,
         cluster_name=cluster.name,
-        settings=group,
         vpc_id=cluster.vpc_id,
         cluster_security_group_id=cluster.cluster_security_group_id,
         kubernetes_version=cluster.kubernetes_version,
         candidate_subnet_ids=cluster.private_subnet_ids,
         availability_zones=zones,
-    ), opts=pulumi.ResourceOptions(depends_on=[cluster.eks_cluster]))
+        imds_hop_limit=settings.imds_hop_limit,
+        cni_policy_on_node_role=settings.vpc_cni_identity == "nodeRole",
+    ), opts=pulumi.ResourceOptions(depends_on=cluster.node_group_dependencies))
 
 
 def current_config() -> dict[str, str]:

@@ -181,7 +181,7 @@ def _parse_line(line: bytes) -> dict[str, Any] | None:
         return None
     try:
         payload = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return None
     return payload if isinstance(payload, dict) else None
 
@@ -220,6 +220,7 @@ def _apply(claims: dict[str, PreparedClaim], ops: list[Any], path: Path) -> None
     try:
         for op in ops:
             kind, uid = op[0], op[1]
+            check_claim_uid(uid)  # names CDI files: a crafted record must not (CdiError is a ValueError)
             if kind == "put":
                 claims[uid] = PreparedClaim.from_json(uid, op[2])
             elif kind == "state":
@@ -228,8 +229,8 @@ def _apply(claims: dict[str, PreparedClaim], ops: list[Any], path: Path) -> None
                 claims.pop(uid, None)
             else:
                 raise ValueError(f"unknown journal operation {kind!r}")
-    except (IndexError, KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(path, f"malformed journal record: {e!r}") from None
+    except (IndexError, KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
+        raise CheckpointError(path, f"malformed journal record: {type(e).__name__}: {str(e)[:500]}") from None
 
 
 class Checkpoint:

@@ -304,3 +304,109 @@ def build_fakecri(*, cache: Path | None = None, log: Log | None = None) -> Path:
     target = (cache or cache_root()) / "fakecri" / digest.hexdigest()[:16]
     return cached_go_build(FAKECRI_MODULE, {"fakecri": "neuron-dra/localcluster/go/fakecri"}, target,
                            ldflags=["-s", "-w"], log=log)["fakecri"]
+
+
+# --- Pulumi engine (CLI and Kubernetes provider) for the real-engine tests (docs/pulumi-engine.md) ----------------
+# Kept in its own block, apart from the Kubernetes builds above.
+
+PULUMI_MODULE = GO_DIR / "pulumi"
+PULUMI_KUBERNETES_MODULE = GO_DIR / "pulumi-kubernetes"
+PULUMI_CLI_PACKAGE = "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi"
+PULUMI_KUBERNETES_PROVIDER_MODULE = "github.com/pulumi/pulumi-kubernetes/provider/v4"
+# The proxy serves provider/v4 only under a pseudo-version; the tag it was cut from is the version the
+# provider reports to the engine (and writes into its schema), as upstream's release build sets it.
+PULUMI_KUBERNETES_TAGS: Mapping[str, str] = {"v4.0.0-20260115033456-f47bc2d6f199": "4.25.0"}
+
+
+@dataclass(frozen=True)
+class PulumiBinaries:
+    """The Pulumi CLI and the Kubernetes resource provider plugin (found by the CLI on PATH)."""
+
+    pulumi: Path
+    pulumi_resource_kubernetes: Path
+    pulumi_version: str
+    kubernetes_provider_version: str
+
+    def as_dict(self) -> dict[str, Path]:
+        return {"pulumi": self.pulumi, "pulumi-resource-kubernetes": self.pulumi_resource_kubernetes}
+
+
+def pulumi_version() -> str:
+    return required_version(PULUMI_MODULE, "github.com/pulumi/pulumi/pkg/v3")
+
+
+def pulumi_kubernetes_version() -> str:
+    """The provider's release version (e.g. `4.25.0`) for the pseudo-version its wrapper go.mod requires."""
+    pseudo = required_version(PULUMI_KUBERNETES_MODULE, PULUMI_KUBERNETES_PROVIDER_MODULE)
+    tag = PULUMI_KUBERNETES_TAGS.get(pseudo)
+    if tag is None:
+        raise BuildError(
+            f"{PULUMI_KUBERNETES_MODULE / 'go.mod'}: {PULUMI_KUBERNETES_PROVIDER_MODULE} {pseudo} has no known "
+            f"release tag; add it to PULUMI_KUBERNETES_TAGS (known: {sorted(PULUMI_KUBERNETES_TAGS)})"
+        )
+    return tag
+
+
+def build_pulumi_cli(*, cache: Path | None = None, log: Log | None = None) -> Path:
+    """The Pulumi CLI at the version the wrapper module pins."""
+    version = pulumi_version()
+    target = (cache or cache_root()) / "pulumi" / version
+    ldflags = ["-s", "-w", f"-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version={version}"]
+    return cached_go_build(PULUMI_MODULE, {"pulumi": PULUMI_CLI_PACKAGE}, target, ldflags=ldflags, log=log)["pulumi"]
+
+
+def _go_module_dir(module_dir: Path, module: str) -> Path:
+    """The module cache directory of `module` as required by `module_dir`'s go.mod (downloaded if needed)."""
+    proc = subprocess.run(
+        [go_binary(), "mod", "download", "-json", module],
+        cwd=module_dir,
+        env=go_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise BuildError(f"`go mod download {module}` in {module_dir} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
+    return Path(json.loads(proc.stdout)["Dir"])
+
+
+def build_pulumi_kubernetes(*, cache: Path | None = None, log: Log | None = None) -> Path:
+    """The Kubernetes resource provider plugin `pulumi-resource-kubernetes`.
+
+    Its main package embeds `schema-embed.json` and `terraform-mapping-embed.json`, go:generate outputs
+    that the module zip lacks. They are generated (by the wrapper's `cmd/gen-embed`, a copy of upstream's
+    generate.go) into a temporary copy of the wrapper module, which is then built; the tree stays clean.
+    """
+    version = pulumi_kubernetes_version()
+    target = (cache or cache_root()) / "pulumi-resource-kubernetes" / version
+    binaries = {"pulumi-resource-kubernetes": "./cmd/pulumi-resource-kubernetes"}
+    if _complete(target, binaries):
+        return target / "pulumi-resource-kubernetes"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".module-", dir=target.parent) as tmp:
+        module = Path(tmp) / "pulumi-kubernetes"
+        shutil.copytree(PULUMI_KUBERNETES_MODULE, module)
+        source = _go_module_dir(module, PULUMI_KUBERNETES_PROVIDER_MODULE) / "cmd" / "pulumi-resource-kubernetes"
+        main_dir = module / "cmd" / "pulumi-resource-kubernetes"
+        gen = subprocess.run(
+            [go_binary(), "run", "./cmd/gen-embed", version, str(source), str(main_dir)],
+            cwd=module,
+            env=go_env(default_parallelism()),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if gen.returncode != 0:
+            raise BuildError(f"generating the provider's embedded schema failed:\n{(gen.stdout + gen.stderr)[-2000:]}")
+        ldflags = ["-s", "-w", f"-X {PULUMI_KUBERNETES_PROVIDER_MODULE}/pkg/version.Version={version}"]
+        return cached_go_build(module, binaries, target, ldflags=ldflags, log=log)["pulumi-resource-kubernetes"]
+
+
+def ensure_pulumi_binaries(*, cache: Path | None = None, log: Log | None = None) -> PulumiBinaries:
+    """The Pulumi CLI and Kubernetes provider, built first if not cached."""
+    return PulumiBinaries(
+        pulumi=build_pulumi_cli(cache=cache, log=log),
+        pulumi_resource_kubernetes=build_pulumi_kubernetes(cache=cache, log=log),
+        pulumi_version=pulumi_version(),
+        kubernetes_provider_version=pulumi_kubernetes_version(),
+    )

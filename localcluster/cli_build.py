@@ -1,4 +1,4 @@
-"""`neuron-dra cluster build`: build (or find cached) every binary the local cluster runs."""
+"""`neuron-dra cluster build`: build (or find cached) every binary the local cluster runs, and the Pulumi engine."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from neuron_dra.localcluster.build import (
     build_fakecri,
     cache_root,
     ensure_binaries,
+    ensure_pulumi_binaries,
     supported_minors,
 )
 
@@ -21,7 +22,9 @@ HELP = (
     "Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and the fake CRI runtime from "
     "the Go module proxy "
     "at the versions pinned in localcluster/go/*/go.mod, cached outside the work tree "
-    "($NEURON_DRA_CACHE or ~/.cache/neuron-dra). A no-op when cached; a cold build takes minutes."
+    "($NEURON_DRA_CACHE or ~/.cache/neuron-dra), and the Pulumi CLI and its Kubernetes provider (pulumi, "
+    "pulumi-resource-kubernetes: the real-engine tests; --no-pulumi skips them). A no-op when cached; a cold "
+    "build takes minutes."
 )
 
 
@@ -31,6 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"Kubernetes minor, repeatable, or `all`: {', '.join(supported_minors())} "
                              f"(default {DEFAULT_MINOR})")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the binary paths")
+    parser.add_argument("--no-pulumi", action="store_true",
+                        help="skip the Pulumi CLI and Kubernetes provider (about 11 minutes of a cold build)")
     parser.add_argument("--print-paths", action="store_true",
                         help="print one JSON object mapping each binary's name to its cached path (built first if "
                              "needed); with several versions, names of all but the default minor get a "
@@ -69,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         minors = _minors(args.kubernetes_version)
         paths = binary_paths(minors, cache=args.cache, log=log)
+        if not args.no_pulumi:
+            paths.update(ensure_pulumi_binaries(cache=args.cache, log=log).as_dict())
     except BuildError as e:
         print(f"neuron-dra cluster build: {e}", file=sys.stderr)
         return 1

@@ -141,7 +141,11 @@ def node_views(nodes: Sequence[NodeSpec], outcomes: Sequence[PodOutcome]) -> lis
     """Each node with its devices marked by the pod that holds them."""
     views = []
     for node in nodes:
-        owners = {i: o.pod for o in outcomes if o.node == node.name for i in o.neuron_devices}
+        owners: dict[int, str] = {}
+        for o in outcomes:
+            for i in o.neuron_devices if o.node == node.name else ():
+                # pods sharing a device through its NeuronCores: both named
+                owners[i] = f"{owners[i]}+{o.pod}" if i in owners else o.pod
         views.append(NodeView(node.name, node.instance_type, owners))
     return views
 
@@ -151,7 +155,7 @@ def node_usage(nodes: Sequence[NodeSpec], outcomes: Sequence[PodOutcome], device
     lines = []
     for node in nodes:
         mine = [o for o in outcomes if o.node == node.name]
-        used = sum(len(o.neuron_devices) for o in mine)
+        used = len({i for o in mine for i in o.neuron_devices})  # a device shared by core pods counts once
         pods = ", ".join(f"{o.pod} ({len(o.neuron_devices)})" for o in mine) or "no pods"
         lines.append(f"  {node.name}: {used}/{device_counts[node.instance_type]} Neuron devices: {pods}")
     return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from neuron_dra.components.cluster import ADMIN_POLICY_ARN, TrainiumCluster, TrainiumClusterArgs
-from neuron_dra.components.mocks import OfflineRun, run_offline
+from neuron_dra.components.mocks import ACCOUNT, OfflineRun, _hex, run_offline
 from neuron_dra.components.settings import SettingError
 
 
@@ -31,7 +31,7 @@ def test_new_vpc_cluster() -> None:
         pod_identity_agent_version="v1.3.8-eksbuild.2", efa_only_interfaces=True,
         public_access_cidrs=("203.0.113.0/24",)))
     eks = run.one("eks:index:Cluster").plain_inputs
-    assert eks["name"] == "trn" and eks["version"] == "1.34"
+    assert eks["name"] == "trn" and eks["version"] == "1.36"
     assert eks["authenticationMode"] == "API"
     assert eks["createOidcProvider"] is True
     assert eks["skipDefaultNodeGroup"] is True and eks["skipDefaultSecurityGroups"] is True
@@ -62,6 +62,23 @@ def test_new_vpc_cluster() -> None:
     eks_urn = run.one("eks:index:Cluster").urn
     assert eks_urn in addons["coredns"].dependencies and eks_urn in addons["eks-pod-identity-agent"].dependencies
 
+    # The VPC CNI's own identity: a role only EKS Pod Identity can assume, with the CNI policy, associated with
+    # kube-system/aws-node once the Pod Identity agent exists.
+    (role,) = [r for r in run.of_type("aws:iam/role:Role") if r.name == "c-vpc-cni"]
+    assert json.loads(role.plain_inputs["assumeRolePolicy"]) == {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
+        "Action": ["sts:AssumeRole", "sts:TagSession"]}]}
+    (attachment,) = run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    role_name, role_arn = f"c-vpc-cni-{_hex('c-vpc-cni', 7)}", f"arn:aws:iam:us-east-2:{ACCOUNT}:c-vpc-cni"
+    assert attachment.plain_inputs == {"role": role_name,
+                                       "policyArn": "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"}
+    association = run.one("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    assert {k: v for k, v in association.plain_inputs.items() if k != "tags"} == {
+        "clusterName": "trn", "namespace": "kube-system", "serviceAccount": "aws-node",
+        "roleArn": role_arn}
+    assert addons["eks-pod-identity-agent"].urn in association.dependencies
+    assert attachment.urn in association.dependencies
+
     provider = run.one("pulumi:providers:kubernetes").plain_inputs
     assert json.loads(provider["kubeconfig"]) == json.loads(run.exports["kubeconfig"])
     assert json.loads(provider["kubeconfig"])["clusters"][0]["name"] == "trn"
@@ -82,15 +99,23 @@ def test_given_vpc_creates_no_vpc() -> None:
     assert [r.plain_inputs["addonName"] for r in run.of_type("aws:eks/addon:Addon")] == ["eks-pod-identity-agent"]
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.35", "1.40"])
-def test_versions_from_1_34_are_accepted(version: str) -> None:
+def test_vpc_cni_on_the_node_role_creates_no_identity() -> None:
+    run = run_cluster(TrainiumClusterArgs(name="trn", vpc_cni_identity="nodeRole"), coredns=False)
+    assert run.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation") == []
+    assert run.of_type("aws:iam/role:Role") == []
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
+def test_versions_1_34_to_1_37_are_accepted(version: str) -> None:
     assert TrainiumClusterArgs(name="c", kubernetes_version=version).kubernetes_version == version
 
 
 @pytest.mark.parametrize(("kwargs", "setting", "fragment"), [
-    ({"kubernetes_version": "1.33"}, "kubernetes_version", "1.34 or newer"),
-    ({"kubernetes_version": "1.9"}, "kubernetes_version", "1.34 or newer"),
-    ({"kubernetes_version": "latest"}, "kubernetes_version", "such as 1.34"),
+    ({"kubernetes_version": "1.33"}, "kubernetes_version", "1.34 to 1.37"),
+    ({"kubernetes_version": "1.9"}, "kubernetes_version", "1.34 to 1.37"),
+    ({"kubernetes_version": "1.38"}, "kubernetes_version", "1.34 to 1.37"),
+    ({"kubernetes_version": "latest"}, "kubernetes_version", "such as 1.36"),
+    ({"vpc_cni_identity": "irsa"}, "vpc_cni_identity", "podIdentity or nodeRole"),
     ({"vpc_cni_version": "v1.18.3-eksbuild.1", "efa_only_interfaces": True}, "vpc_cni_version", "v1.18.4"),
     ({"vpc_cni_version": "1.18"}, "vpc_cni_version", "add-on version"),
     ({"vpc_id": "vpc-0123456789abcdef0", "private_subnet_ids": ("subnet-0000000000000000a",)},

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 
@@ -23,7 +24,7 @@ OPTIONS = DriverDeployOptions(namespace="accel", metrics_port=9400)
 def run_driver(args: NeuronDraDriverArgs) -> OfflineRun[NeuronDraDriver]:
     def program() -> NeuronDraDriver:
         provider = k8s.Provider("target", kubeconfig="{}")
-        return NeuronDraDriver("drv", args, provider=provider)
+        return NeuronDraDriver("drv", args, opts=pulumi.ResourceOptions(provider=provider))
 
     return run_offline(program, exports=lambda d: {"image": d.image})
 

@@ -35,7 +35,7 @@ import pulumi_kubernetes as k8s
 import neuron_dra
 from neuron_dra.claim_templates import ClaimTemplate, Connected, Neuron
 from neuron_dra.components import (
-    ClaimTemplates, ClaimTemplatesArgs, NeuronDraDriver, NeuronDraDriverArgs, NodeGroupSettings,
+    ClaimTemplates, ClaimTemplatesArgs, NeuronDraDriver, NeuronDraDriverArgs,
     TrainiumCluster, TrainiumClusterArgs, TrainiumNodeGroup, TrainiumNodeGroupArgs,
 )
 from neuron_dra.driver.deploy import DriverDeployOptions
@@ -69,16 +69,17 @@ def program():
     cluster = TrainiumCluster("team", TrainiumClusterArgs(name="team-cluster", kubernetes_version="1.35",
                                                           availability_zones=["us-west-2a", "us-west-2d"]))
     group = TrainiumNodeGroup("trn1", TrainiumNodeGroupArgs(
-        cluster_name=cluster.name, settings=NodeGroupSettings(name="trn1", instance_type="trn1.32xlarge"),
+        name="trn1", instance_type="trn1.32xlarge", cluster_name=cluster.name,
         vpc_id=cluster.vpc_id, cluster_security_group_id=cluster.cluster_security_group_id,
         kubernetes_version=cluster.kubernetes_version, candidate_subnet_ids=cluster.private_subnet_ids,
         availability_zones=["us-west-2d"]))
     cluster.install_coredns(after=[group.node_group])
     driver = NeuronDraDriver("dra", NeuronDraDriverArgs(
-        options=DriverDeployOptions(namespace="team-dra"), image="team.example.com/dra:1"), provider=cluster.provider)
+        options=DriverDeployOptions(namespace="team-dra"), image="team.example.com/dra:1"),
+        opts=pulumi.ResourceOptions(provider=cluster.provider))
     ClaimTemplates("claims", ClaimTemplatesArgs(
         templates=[ClaimTemplate("rows", Neuron(4, topology=Connected()), namespace="team")],
-        instance_types=[group.instance_type]), provider=cluster.provider)
+        instance_types=[group.instance_type]), opts=pulumi.ResourceOptions(provider=cluster.provider))
     return driver.image
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from neuron_dra.components.efa import EfaInterface, efa_interfaces
 from neuron_dra.components.mocks import OfflineRun, PlanMocks, RecordedResource, run_offline
-from neuron_dra.components.nodegroup import NODE_POLICIES, TrainiumNodeGroup, TrainiumNodeGroupArgs
+from neuron_dra.components.nodegroup import CNI_POLICY, NODE_POLICIES, TrainiumNodeGroup, TrainiumNodeGroupArgs
 from neuron_dra.components.settings import NodeGroupSettings, SettingError
 from neuron_dra.driver.catalog import CATALOG, get_instance_spec
 
@@ -22,14 +22,14 @@ CANDIDATES = ["subnet-0000000000000000a", "subnet-0000000000000000b", "subnet-00
 ZONES = {s: f"us-east-2{s[-1]}" for s in CANDIDATES}
 
 
-def run_groups(groups: Sequence[NodeGroupSettings], zones: Sequence[str] = ("us-east-2a", "us-east-2b")
-               ) -> OfflineRun[list[TrainiumNodeGroup]]:
+def run_groups(groups: Sequence[NodeGroupSettings], zones: Sequence[str] = ("us-east-2a", "us-east-2b"),
+               **placement: Any) -> OfflineRun[list[TrainiumNodeGroup]]:
     def program() -> list[TrainiumNodeGroup]:
         return [
-            TrainiumNodeGroup(f"ng-{g.name}", TrainiumNodeGroupArgs(
-                cluster_name="c1", settings=g, vpc_id="vpc-0123456789abcdef0",
+            TrainiumNodeGroup(f"ng-{g.name}", TrainiumNodeGroupArgs.from_settings(
+                g, cluster_name="c1", vpc_id="vpc-0123456789abcdef0",
                 cluster_security_group_id="sg-0cluster0000000000", kubernetes_version="1.34",
-                candidate_subnet_ids=CANDIDATES, availability_zones=zones))
+                candidate_subnet_ids=CANDIDATES, availability_zones=zones, **placement))
             for g in groups
         ]
 
@@ -72,7 +72,7 @@ def test_efa_layout_follows_the_catalog_for_every_instance_type(catalog_run: Off
             assert len(nic["securityGroups"]) == 2  # + the EFA self-referencing group
         assert sorted(n["networkCardIndex"] for n in nics) == list(range(spec.efa_count))
         checked += 1
-    assert checked == len(CATALOG) == 10
+    assert checked == len(CATALOG) >= 10
     assert len(only(catalog_run, "trn2-48xlarge", "aws:ec2/launchTemplate:LaunchTemplate")["networkInterfaces"]) == 16
     assert len(only(catalog_run, "trn1-32xlarge", "aws:ec2/launchTemplate:LaunchTemplate")["networkInterfaces"]) == 8
 
@@ -121,14 +121,14 @@ def test_node_group_ami_taint_labels_scaling_and_launch_template(catalog_run: Of
         assert ng["version"] == "1.34" and ng["clusterName"] == "c1" and ng["nodeGroupName"] == group
         assert ng["launchTemplate"]["version"] == "1"
         assert lt["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
-                                         "httpPutResponseHopLimit": 2, "instanceMetadataTags": "disabled"}
+                                         "httpPutResponseHopLimit": 1, "instanceMetadataTags": "disabled"}
         (root,) = lt["blockDeviceMappings"]
         assert root["deviceName"] == "/dev/xvda"
         assert root["ebs"] == {"volumeSize": 500, "volumeType": "gp3", "encrypted": "true",
                                "deleteOnTermination": "true"}
         assert "instanceMarketOptions" not in lt and "capacityReservationSpecification" not in lt
         count += 1
-    assert count == 10
+    assert count == len(CATALOG)
 
 
 def test_node_role_has_only_the_needed_managed_policies(catalog_run: OfflineRun[Any]) -> None:
@@ -138,9 +138,10 @@ def test_node_role_has_only_the_needed_managed_policies(catalog_run: OfflineRun[
     assert "managedPolicyArns" not in role and "inlinePolicies" not in role
     attached = {r.plain_inputs["policyArn"] for r in
                 children_of(catalog_run, group, "aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    # No AmazonEKS_CNI_Policy: the VPC CNI has its own identity (TrainiumCluster), so a pod that reached IMDS
+    # could not use the node role to change the node's network interfaces.
     assert attached == set(NODE_POLICIES) == {
         "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
-        "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
         "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
     }
     ng_resource = children_of(catalog_run, group, "aws:eks/nodeGroup:NodeGroup")[0]
@@ -194,7 +195,7 @@ def test_no_private_subnet_in_the_groups_az_fails_naming_the_setting() -> None:
         chain.append(e)
         e = e.__cause__ or e.__context__
     ours = [x for x in chain if isinstance(x, SettingError)]
-    assert ours and "availabilityZone" in ours[0].setting and "us-east-2d" in str(ours[0])
+    assert ours and ours[0].setting == "TrainiumNodeGroupArgs('g').availability_zone" and "us-east-2d" in str(ours[0])
 
 
 def test_efa_interfaces_rules() -> None:
@@ -216,3 +217,41 @@ def test_mocked_runs_execute_apply_callbacks() -> None:
 
     run_offline(program)
     assert seen == ["value"]
+
+
+def test_imds_hop_limit_1_by_default_and_the_cni_policy_only_when_asked(catalog_run: OfflineRun[Any]) -> None:
+    for group in (name_of(t) for t in CATALOG):
+        md = only(catalog_run, group, "aws:ec2/launchTemplate:LaunchTemplate")["metadataOptions"]
+        # Hop limit 1: a pod's packets to IMDS take one more hop and are dropped; host-network pods still reach it.
+        assert md == {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 1,
+                      "instanceMetadataTags": "disabled"}, group
+    g = NodeGroupSettings(name="legacy", instance_type="inf2.xlarge")
+    run = run_groups([g], imds_hop_limit=2, cni_policy_on_node_role=True)
+    md = only(run, "legacy", "aws:ec2/launchTemplate:LaunchTemplate")["metadataOptions"]
+    assert md["httpPutResponseHopLimit"] == 2
+    attached = {r.plain_inputs["policyArn"] for r in
+                children_of(run, "legacy", "aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    assert attached == {*NODE_POLICIES, CNI_POLICY}
+
+
+def test_args_take_plain_fields_and_name_the_python_field() -> None:
+    def program() -> TrainiumNodeGroup:
+        return TrainiumNodeGroup("team", TrainiumNodeGroupArgs(
+            name="team", instance_type="trn1.32xlarge", desired_size=2, max_size=3, labels={"team": "ml"},
+            cluster_name="c1", vpc_id="vpc-0123456789abcdef0", cluster_security_group_id="sg-0cluster0000000000",
+            kubernetes_version="1.36", candidate_subnet_ids=CANDIDATES, availability_zones=["us-east-2b"]))
+
+    run = run_offline(program, mocks=PlanMocks(subnet_zones=ZONES))
+    ng = run.one("aws:eks/nodeGroup:NodeGroup").plain_inputs
+    assert ng["instanceTypes"] == ["trn1.32xlarge"] and ng["version"] == "1.36"
+    assert ng["scalingConfig"] == {"desiredSize": 2, "minSize": 0, "maxSize": 3}
+    assert ng["subnetIds"] == ["subnet-0000000000000000b"]
+    assert ng["labels"] == {"team": "ml", "neuron-dra/node-group": "team"}
+    with pytest.raises(SettingError) as err:
+        TrainiumNodeGroupArgs(name="x", instance_type="p5.48xlarge", cluster_name="c", vpc_id="v",
+                              cluster_security_group_id="sg", kubernetes_version="1.36", availability_zones=["a"])
+    assert err.value.setting == "TrainiumNodeGroupArgs('x').instance_type"
+    with pytest.raises(SettingError) as err:
+        TrainiumNodeGroupArgs(name="x", cluster_name="c", vpc_id="v", cluster_security_group_id="sg",
+                              kubernetes_version="1.36", availability_zones=["a"], imds_hop_limit=0)
+    assert err.value.setting == "TrainiumNodeGroupArgs.imds_hop_limit"

@@ -14,7 +14,7 @@ import yaml
 import neuron_dra.claim_templates.stack_examples as examples
 from neuron_dra.claim_templates.loader import templates_in
 from neuron_dra.cli import main
-from neuron_dra.components.settings import decode_settings
+from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.components.stack import driver_options
 from neuron_dra.driver import deploy
 
@@ -31,7 +31,7 @@ def test_yaml_output_is_exactly_the_driver_objects_and_the_templates(capsys: pyt
     assert main(["plan", "-o", "yaml"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     for doc in docs:
-        kubernetes_validate.validate(doc, "1.34", strict=True)
+        kubernetes_validate.validate(doc, "1.36", strict=True)
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
     driver = deploy.manifests(replace(driver_options(decode_settings({})), image=image))
@@ -73,8 +73,8 @@ config:
     assert ng_line.startswith("  ")  # a child of the node group component
     assert "ami=AL2023_x86_64_NEURON" in ng_line and "types=trn1.32xlarge" in ng_line and "size=0/2/2" in ng_line
     lt_line = next(line for line in lines if "LaunchTemplate" in line)
-    assert "efa=8 (1 efa, 7 efa-only)" in lt_line and "imds=required/hop2" in lt_line
-    assert "name=neuron-dra-prod version=1.34 auth=API" in out
+    assert "efa=8 (1 efa, 7 efa-only)" in lt_line and "imds=required/hop1" in lt_line
+    assert "name=neuron-dra-prod version=1.36 auth=API" in out
     assert "eu-north-1a" in out
     assert "kubeconfig: [secret]" in out
 

@@ -14,11 +14,10 @@ from pulumi.runtime import rpc
 
 from neuron_dra.components import cli_plan
 from neuron_dra.components.mocks import SECRET_SIG, SIG_KEY, OfflineRun, PlanMocks, run_offline
-from neuron_dra.components.settings import (
+from neuron_dra.components.settings import SettingError, StackSettings
+from neuron_dra.components.settings_schema import (
     NODE_GROUP_KEYS,
-    SCHEMA,
-    SettingError,
-    StackSettings,
+    SETTINGS,
     decode_settings,
     pulumi_project_config,
 )
@@ -57,7 +56,7 @@ def test_default_stack_one_trn2_node_group_driver_templates_and_exports() -> Non
     groups = run.of_type("aws:eks/nodeGroup:NodeGroup")
     assert [g.plain_inputs["nodeGroupName"] for g in groups] == ["trn2"]
     assert groups[0].plain_inputs["instanceTypes"] == ["trn2.48xlarge"]
-    assert run.one("eks:index:Cluster").plain_inputs["version"] == "1.34"
+    assert run.one("eks:index:Cluster").plain_inputs["version"] == "1.36"
     exports = run.exports
     assert exports["clusterName"] == "neuron-dra-dev"
     assert exports["nodeGroupNames"] == ["trn2"]
@@ -70,7 +69,7 @@ def test_default_stack_one_trn2_node_group_driver_templates_and_exports() -> Non
     assert kinds.count("ResourceClaimTemplate") == len(exports["claimTemplates"])
     assert kinds.count("DaemonSet") == 1
     for m in manifests:
-        kubernetes_validate.validate(m, "1.34", strict=True)
+        kubernetes_validate.validate(m, "1.36", strict=True)
     ds = next(m for m in manifests if m["kind"] == "DaemonSet")
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == exports["driverImage"]
     # CoreDNS waits for the node group; the Kubernetes objects go to the new cluster.
@@ -153,7 +152,11 @@ def test_an_unsatisfiable_template_fails_the_program() -> None:
 BAD_CONFIGS = [
     ({"nodeGroups": [{"name": "a", "instanceType": "trn9.48xlarge"}]}, "neuron-dra:nodeGroups[0].instanceType",
      "trn2.48xlarge"),
-    ({"kubernetesVersion": "1.33"}, "neuron-dra:kubernetesVersion", "1.34 or newer"),
+    ({"kubernetesVersion": "1.33"}, "neuron-dra:kubernetesVersion", "1.34 to 1.37"),
+    ({"kubernetesVersion": "1.38"}, "neuron-dra:kubernetesVersion", "1.34 to 1.37"),
+    ({"vpcCniIdentity": "irsa"}, "neuron-dra:vpcCniIdentity", "podIdentity or nodeRole"),
+    ({"imdsHopLimit": 0}, "neuron-dra:imdsHopLimit", "1 (only the node's own processes"),
+    ({"driverRolloutTimeoutSeconds": -1}, "neuron-dra:driverRolloutTimeoutSeconds", "0 (do not wait"),
     ({"nodeGroups": [{"name": "a", "capacityType": "CAPACITY_BLOCK", "availabilityZone": "us-east-2a"}]},
      "neuron-dra:nodeGroups[0].capacityReservationId", "reservation id"),
     ({"nodeGroups": [{"name": "a", "capacityReservationId": "cr-0123456789abcdef0"}]},
@@ -183,8 +186,8 @@ BAD_CONFIGS = [
     ({"endpointPublicAccess": "yes"}, "neuron-dra:endpointPublicAccess", "true or false"),
     ({"driverMetricsPort": "many"}, "neuron-dra:driverMetricsPort", "whole number"),
     ({"claimTemplatesModule": "not a module"}, "neuron-dra:claimTemplatesModule", "dotted Python module"),
-    ({"nodeGroups": [{"name": "a", "version": "1.35"}]}, "neuron-dra:nodeGroups[0].version",
-     "control plane's version 1.34"),
+    ({"kubernetesVersion": "1.35", "nodeGroups": [{"name": "a", "version": "1.36"}]},
+     "neuron-dra:nodeGroups[0].version", "control plane's version 1.35"),
     ({"driverNamespace": "Neuron_DRA"}, "neuron-dra:driverNamespace", "DNS label"),
     ({"kubeletPluginsDir": "var/lib/kubelet/plugins"}, "neuron-dra:kubeletPluginsDir", "absolute"),
     ({"driverImage": "my image"}, "neuron-dra:driverImage", "without spaces"),
@@ -237,7 +240,7 @@ def test_pulumi_yaml_declares_the_schema() -> None:
 
 def test_pulumi_example_yaml_shows_every_setting_and_plans() -> None:
     text = (ROOT / "Pulumi.example.yaml").read_text()
-    for setting in SCHEMA:
+    for setting in SETTINGS:
         assert f"neuron-dra:{setting.key}:" in text, setting.key
     for key in NODE_GROUP_KEYS:
         assert f"{key}:" in text, key

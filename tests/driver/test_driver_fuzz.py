@@ -30,6 +30,7 @@ import pytest
 
 from neuron_dra.driver import config as opaque_config
 from neuron_dra.driver._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
+from neuron_dra.driver.checkpoint import Checkpoint, ClaimState
 from neuron_dra.driver.emulate import emulate
 from neuron_dra.driver.errors import NotAllowed
 from neuron_dra.driver.health import HEALTH
@@ -191,7 +192,7 @@ def _config_params(rng: random.Random) -> Any:
 
 
 def test_fuzz_config_decoders(capsys: pytest.CaptureFixture[str]) -> None:
-    from neuron_dra.components.settings import SCHEMA_BY_KEY, decode_settings
+    from neuron_dra.components.settings_schema import SETTINGS_BY_KEY, decode_settings
 
     rng = random.Random(SEED)
     outcomes: Counter[str] = Counter()
@@ -202,7 +203,7 @@ def test_fuzz_config_decoders(capsys: pytest.CaptureFixture[str]) -> None:
         except NotAllowed as e:
             assert len(str(e)) < 2000, str(e)[:300]
             outcomes["config refused"] += 1
-    keys = sorted(SCHEMA_BY_KEY)
+    keys = sorted(SETTINGS_BY_KEY)
     for _ in range(1500):
         raw: dict[str, object] = {}
         for key in rng.sample(keys, rng.randrange(1, 4)):
@@ -266,12 +267,14 @@ def test_kill_9_loop(dirs: DaemonDirs, host_root: Path, capsys: pytest.CaptureFi
 
 
 def _check_invariants(dirs: DaemonDirs) -> None:
-    doc = json.loads(dirs.checkpoint.read_text()) if dirs.checkpoint.exists() else {"preparedClaims": {}}
+    """Right after a restart (no call running): the snapshot plus its journal, read without changing either
+    (Checkpoint._read; load() would take the journal over from the running daemon)."""
+    claims, _ = Checkpoint(dirs.checkpoint)._read()
     specs = {p.name for p in dirs.cdi.iterdir()} if dirs.cdi.exists() else set()
-    for u, entry in doc["preparedClaims"].items():
-        if entry["state"] == "PrepareCompleted":
+    for u, entry in claims.items():
+        if entry.state is ClaimState.PREPARE_COMPLETED:
             name = f"{DRIVER}_{u}.json"
             assert name in specs, f"spec of completed claim {u} missing after restart"
-            assert (dirs.cdi / name).read_text() == entry["cdiSpec"]
+            assert (dirs.cdi / name).read_text() == entry.cdi_spec
     leftovers = [n for n in specs if ".tmp-" in n]
     assert not leftovers, leftovers

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.checkpoint import _canonical, _checksum
+from neuron_dra.driver.checkpoint import JOURNAL_SUFFIX, _canonical, _checksum, _line, encode
 from neuron_dra.driver.emulate import emulate
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
@@ -94,3 +94,19 @@ def test_bad_checkpoints_stop_start_up_with_a_reason_not_a_traceback(dirs: Daemo
     error = next(r for r in d.log_records() if r["msg"] == "start-up failed")["error"]
     assert str(dirs.checkpoint) in error and expected in error, error
     assert len(error) < 1000, len(error)  # values are echoed capped
+
+
+def test_a_crafted_journal_record_with_a_bad_uid_stops_start_up_with_the_reason(dirs: DaemonDirs,
+                                                                                 host_root: Path) -> None:
+    """The journal's records are checksummed like the snapshot: a valid checksum over a uid that names no claim
+    (it would name a file outside the CDI dir) is refused as corruption, not a traceback."""
+    dirs.checkpoint.parent.mkdir(parents=True)
+    dirs.checkpoint.write_bytes(encode({}, "g1"))
+    record = _line({"generation": "g1", "ops": [["put", "../../etc/x" * 1000, {}]], "synced": True})
+    journal = dirs.checkpoint.with_name(dirs.checkpoint.name + JOURNAL_SUFFIX)
+    journal.write_bytes(record + bytes(4096))
+    d = DaemonProcess(dirs, host_root)
+    assert d.wait_exit() == 1
+    assert "Traceback" not in d.log()
+    error = next(r for r in d.log_records() if r["msg"] == "start-up failed")["error"]
+    assert "malformed journal record" in error and "is not allowed" in error and len(error) < 1000, error

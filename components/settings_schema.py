@@ -1,0 +1,282 @@
+"""The default stack's settings table and the decoding of raw Pulumi config into `StackSettings`.
+
+`SETTINGS` is the one table of the stack's settings: for each `StackSettings` field its kind, description and
+whether only a new cluster uses it. The config key and the default come from the field itself (its metadata in
+`neuron_dra.components.settings`), so nothing here is a second copy of a name. From the table come:
+`Pulumi.yaml`'s `config:` section (`pulumi_project_config`, a test compares them), `Pulumi.example.yaml`'s keys
+(tested) and the decoding (`decode_settings`).
+
+The engine treats a `config:` declaration without a `default` as REQUIRED ("Stack ... is missing configuration
+values"), so every optional setting is declared with a neutral default ("" or []) that decodes to "unset"
+(docs/pulumi-engine.md).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Literal
+
+from neuron_dra.components.settings import (
+    NODE_GROUP_FIELD_OF_KEY,
+    PROJECT,
+    NodeGroupSettings,
+    SettingError,
+    StackSettings,
+    setting_name,
+)
+
+Kind = Literal["string", "integer", "boolean", "strings", "objects"]
+
+DEFAULT_NODE_GROUPS: tuple[Mapping[str, object], ...] = (
+    {"name": "trn2", "instanceType": "trn2.48xlarge", "desiredSize": 1, "minSize": 0, "maxSize": 1},
+)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table. `key` and `default` are the StackSettings field's (see `_row`)."""
+
+    field: str  # the StackSettings field
+    kind: Kind
+    description: str
+    new_cluster_only: bool = False  # meaningless (and refused) when `kubeconfig` selects an existing cluster
+    key: str = ""  # filled from the field's metadata
+    default: object = None  # the value in Python (None, () or a value)
+
+    @property
+    def optional(self) -> bool:
+        """No value unless configured (None or an empty list in Python)."""
+        return self.default is None or self.default == ()
+
+    @property
+    def engine_default(self) -> object:
+        """The `default:` Pulumi.yaml declares: the neutral "" or [] for optional settings, so the engine does
+        not require them."""
+        if self.key == "nodeGroups":
+            return [dict(g) for g in DEFAULT_NODE_GROUPS]
+        if self.default is None:
+            return ""
+        if isinstance(self.default, tuple):
+            return list(self.default)
+        return self.default
+
+
+_T = Setting  # short rows
+_ROWS: tuple[Setting, ...] = (
+    _T("kubeconfig", "string",
+       "Existing-cluster mode: a kubeconfig (contents or path). When set, the stack installs only the driver "
+       "and the claim templates; no AWS resources are created."),
+    _T("kubernetes_version", "string", "EKS Kubernetes version: 1.34 to 1.37 (DRA resource.k8s.io/v1 is "
+       "served from 1.34; EKS ends standard support of 1.34 on 2026-12-02).", new_cluster_only=True),
+    _T("cluster_name", "string", "EKS cluster name (default: neuron-dra-<stack>).", new_cluster_only=True),
+    _T("vpc_id", "string", "Use this VPC instead of creating one (needs privateSubnetIds).",
+       new_cluster_only=True),
+    _T("private_subnet_ids", "strings", "Private subnets of vpcId for the control plane and the nodes.",
+       new_cluster_only=True),
+    _T("public_subnet_ids", "strings", "Public subnets of vpcId (for load balancers).", new_cluster_only=True),
+    _T("vpc_cidr", "string", "CIDR block of the new VPC.", new_cluster_only=True),
+    _T("availability_zones", "strings", "AZs of the new VPC (default: the AZs offering the node groups' "
+       "instance types, plus one more for the control plane).", new_cluster_only=True),
+    _T("nat_gateways", "string", "NAT gateways of the new VPC: Single or OnePerAz.", new_cluster_only=True),
+    _T("admin_principal_arns", "strings", "IAM principals given cluster-admin access entries.",
+       new_cluster_only=True),
+    _T("endpoint_public_access", "boolean", "Whether the Kubernetes API endpoint is reachable from the "
+       "internet (pulumi needs to reach it to install the driver).", new_cluster_only=True),
+    _T("public_access_cidrs", "strings", "CIDRs allowed to reach the public API endpoint (default: any).",
+       new_cluster_only=True),
+    _T("vpc_cni_version", "string", "vpc-cni add-on version (default: EKS's default; at least v1.18.4 when "
+       "EFA-only interfaces are used).", new_cluster_only=True),
+    _T("vpc_cni_identity", "string", "Who holds the VPC CNI's EC2 permissions (AmazonEKS_CNI_Policy): "
+       "podIdentity (its own IAM role for the aws-node service account, through EKS Pod Identity) or nodeRole "
+       "(the node role, as EKS's defaults do; any pod that reaches IMDS can then use them).",
+       new_cluster_only=True),
+    _T("imds_hop_limit", "integer", "IMDSv2 response hop limit of the nodes: 1 keeps pods (other than "
+       "host-network pods) from the node role's credentials; 2 lets every pod reach IMDS.",
+       new_cluster_only=True),
+    _T("coredns_version", "string", "coredns add-on version (default: EKS's default).", new_cluster_only=True),
+    _T("kube_proxy_version", "string", "kube-proxy add-on version (default: EKS's default).",
+       new_cluster_only=True),
+    _T("pod_identity_agent_version", "string", "eks-pod-identity-agent add-on version (default: EKS's "
+       "default).", new_cluster_only=True),
+    _T("node_groups", "objects", "Trainium/Inferentia managed node groups: "
+       + ", ".join(NODE_GROUP_FIELD_OF_KEY) + ". capacityType is ON_DEMAND or CAPACITY_BLOCK, efaInterfaceType "
+       "efa-only or efa.", new_cluster_only=True),
+    _T("driver_image", "string", "Driver image to deploy (default: build driver/Dockerfile and push it to "
+       "a new ECR repository)."),
+    _T("driver_name", "string", "DRA driver name and DeviceClass name."),
+    _T("driver_namespace", "string", "Namespace of the driver."),
+    _T("driver_metrics_port", "integer", "Prometheus metrics port of the driver (0: off)."),
+    _T("driver_rollout_timeout_seconds", "integer", "How long `pulumi up` waits for the driver's DaemonSet to "
+       "roll out (every scheduled pod updated and ready) before it fails; 0: do not wait (the DaemonSet is "
+       "created and the update goes on)."),
+    _T("neuron_core_device_class", "string", "DeviceClass of NeuronCores (Kubernetes 1.36+; "
+       "docs/neuron-cores.md)."),
+    _T("extended_resource_name", "string", "Extended resource the whole-device DeviceClass serves to pods "
+       "written for the Neuron device plugin ('' for none; left out before Kubernetes 1.36)."),
+    _T("core_extended_resource_name", "string", "Extended resource the NeuronCore DeviceClass serves (logical "
+       "cores at the node's LNC; '' for none; left out before Kubernetes 1.36)."),
+    _T("kubelet_plugins_dir", "string", "kubelet's plugins directory on the nodes."),
+    _T("kubelet_registry_dir", "string", "kubelet's plugin registry directory on the nodes."),
+    _T("claim_templates_module", "string", "Python module whose module-level claim templates are deployed "
+       "and checked against the node groups ('' for none)."),
+    _T("cluster_instance_types", "strings", "Existing-cluster mode: the Neuron instance types of its nodes; "
+       "claim templates are checked against them (default: every catalog type)."),
+)
+
+
+def _join(rows: Sequence[Setting]) -> tuple[Setting, ...]:
+    """Each row completed with its field's config key and default; every field exactly once."""
+    by_field = {f.name: f for f in fields(StackSettings)}
+    names = [r.field for r in rows]
+    if sorted(names) != sorted(by_field) or len(set(names)) != len(names):
+        raise AssertionError(f"settings table and StackSettings disagree: {sorted(set(names) ^ set(by_field))}")
+    out = []
+    for row in rows:
+        f = by_field[row.field]
+        default = None if f.default is MISSING else f.default
+        out.append(Setting(row.field, row.kind, row.description, row.new_cluster_only, f.metadata["key"], default))
+    return tuple(out)
+
+
+SETTINGS: tuple[Setting, ...] = _join(_ROWS)
+SETTINGS_BY_KEY: Mapping[str, Setting] = {s.key: s for s in SETTINGS}
+NODE_GROUP_KEYS: tuple[str, ...] = tuple(NODE_GROUP_FIELD_OF_KEY)
+# Node group keys whose values are strings (the rest: integers, a boolean, a list and an object).
+_NODE_GROUP_STRINGS = ("name", "instanceType", "capacityType", "capacityReservationId", "availabilityZone",
+                       "rootVolumeKmsKeyId", "efaInterfaceType", "version")
+
+
+def _closest(word: str, choices: Sequence[str]) -> str:
+    match = difflib.get_close_matches(word, choices, n=1)
+    return f"did you mean {match[0]!r}? " if match else ""
+
+
+def _decode_scalar(setting: str, kind: Kind, raw: object) -> object:
+    """Pulumi passes every config value as a string; JSON carries lists, objects, numbers and booleans."""
+    value = raw
+    if isinstance(raw, str) and kind != "string":
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+    if kind == "string":
+        if not isinstance(value, str):
+            raise SettingError(setting, value, "a string")
+        return value
+    if kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SettingError(setting, raw, "a whole number")
+        return value
+    if kind == "boolean":
+        if not isinstance(value, bool):
+            raise SettingError(setting, raw, "true or false")
+        return value
+    if not isinstance(value, list):
+        raise SettingError(setting, raw, "a list" + (" of strings" if kind == "strings" else " of objects"))
+    if kind == "strings":
+        for item in value:
+            if not isinstance(item, str):
+                raise SettingError(setting, item, "strings")
+        return tuple(value)
+    for item in value:
+        if not isinstance(item, dict):
+            raise SettingError(setting, item, "objects")
+    return value
+
+
+def _decode_node_group(index: int, raw: Mapping[str, Any]) -> NodeGroupSettings:
+    where = f"{setting_name('nodeGroups')}[{index}]"
+    kwargs: dict[str, Any] = {"where": where}
+    for key, value in raw.items():
+        if key not in NODE_GROUP_FIELD_OF_KEY:
+            raise SettingError(f"{where}.{key}", value,
+                               f"{_closest(key, NODE_GROUP_KEYS)}the node group keys: {', '.join(NODE_GROUP_KEYS)}")
+        if key == "subnetIds":
+            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+                raise SettingError(f"{where}.subnetIds", value, "a list of subnet ids")
+            value = tuple(value)
+        elif key == "labels":
+            if not isinstance(value, dict):
+                raise SettingError(f"{where}.labels", value, "an object of label key -> value")
+            value = dict(value)
+        elif key in _NODE_GROUP_STRINGS:
+            if not isinstance(value, str):
+                raise SettingError(f"{where}.{key}", value, "a string")
+        elif key == "placementGroup" and not isinstance(value, bool):
+            raise SettingError(f"{where}.{key}", value, "true or false")
+        kwargs[NODE_GROUP_FIELD_OF_KEY[key]] = value
+    if "name" not in kwargs:
+        raise SettingError(f"{where}.name", None, "a DNS label naming the node group")
+    return NodeGroupSettings(**kwargs)
+
+
+def _decode(setting: Setting, raw: object) -> object:
+    """One setting's value; the neutral engine default of an optional setting ("" or []) decodes to unset."""
+    decoded = _decode_scalar(setting_name(setting.key), setting.kind, raw)
+    if setting.optional and decoded in ("", ()):
+        return setting.default
+    if setting.kind == "objects":
+        assert isinstance(decoded, list)
+        return tuple(_decode_node_group(i, g) for i, g in enumerate(decoded))
+    return decoded
+
+
+def decode_settings(raw: Mapping[str, object]) -> StackSettings:
+    """Decode raw config (keys without or with the `neuron-dra:` prefix) into validated settings.
+
+    Unknown keys in the project's namespace are errors (with the closest known key), so a typo cannot
+    silently fall back to a default. Keys of other namespaces (aws:region, ...) are ignored.
+    """
+    values: dict[str, object] = {}
+    for full_key, value in raw.items():
+        ns, _, key = full_key.rpartition(":")
+        if ns not in ("", PROJECT):
+            continue
+        if key not in SETTINGS_BY_KEY:
+            raise SettingError(setting_name(key), value,
+                               f"{_closest(key, list(SETTINGS_BY_KEY))}the settings: {', '.join(SETTINGS_BY_KEY)}")
+        values[key] = value
+    decoded = {key: _decode(SETTINGS_BY_KEY[key], value) for key, value in values.items()}
+    kwargs: dict[str, Any] = {SETTINGS_BY_KEY[key].field: value for key, value in decoded.items()}
+    if kwargs.get("kubeconfig") is not None:
+        for key, value in decoded.items():
+            setting = SETTINGS_BY_KEY[key]
+            # The engine passes Pulumi.yaml's defaults as values: only a value other than the default is refused.
+            if setting.new_cluster_only and value != _decode(setting, setting.engine_default):
+                raise SettingError(setting_name(key), values[key],
+                                   "unset when neuron-dra:kubeconfig selects an existing cluster (the stack then "
+                                   "installs only the driver and the claim templates)")
+        kwargs.pop("node_groups", None)
+    elif "node_groups" not in kwargs:
+        kwargs["node_groups"] = tuple(_decode_node_group(i, g) for i, g in enumerate(DEFAULT_NODE_GROUPS))
+    return StackSettings(**kwargs)
+
+
+def settings_from_lookup(lookup: Callable[[str], str | None]) -> StackSettings:
+    """Decode settings from a `key -> raw string` lookup (e.g. pulumi.Config().get) over every known key."""
+    raw = {key: value for key in SETTINGS_BY_KEY if (value := lookup(key)) is not None}
+    return decode_settings(raw)
+
+
+def pulumi_project_config() -> dict[str, dict[str, Any]]:
+    """The `config:` section of Pulumi.yaml that declares `SETTINGS` (types, descriptions, defaults).
+
+    Every entry has a default (the engine requires declared settings without one). Pulumi's project config
+    types are string, integer, boolean and array; `nodeGroups` (a list of objects) is declared by description
+    and default only, which Pulumi accepts untyped.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for s in SETTINGS:
+        entry: dict[str, Any] = {}
+        if s.kind in ("string", "integer", "boolean"):
+            entry["type"] = s.kind
+        elif s.kind == "strings":
+            entry["type"] = "array"
+            entry["items"] = {"type": "string"}
+        entry["description"] = s.description
+        entry["default"] = s.engine_default
+        out[s.key] = entry
+    return out
