@@ -10,6 +10,7 @@ given as `opts.provider` (Pulumi passes it on to the children).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import pulumi
 
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
+from neuron_dra.driver.catalog import BUILTIN, Catalog
 
 
 @runtime_checkable
@@ -51,14 +53,14 @@ class ClaimTemplateCheckError(ValueError):
         )
 
 
-def default_check(template: ClaimTemplateLike, instance_types: Sequence[str]) -> None:
+def default_check(template: ClaimTemplateLike, instance_types: Sequence[str], hardware: Catalog = BUILTIN) -> None:
     """The claim templates package's check: every CEL selector evaluated against the devices the driver
     publishes for each instance type, configs decoded, and an allocator simulation; raises
     TemplateCheckError unless the template fits at least one of `instance_types`."""
     from neuron_dra.claim_templates import ClaimTemplate, check_against
 
     check_against(template if isinstance(template, ClaimTemplate) else dict(template.to_manifest()),
-                  list(instance_types))
+                  list(instance_types), hardware)
 
 
 def module_templates(module_name: str) -> list[ClaimTemplateLike]:
@@ -82,6 +84,7 @@ class ClaimTemplatesArgs:
     templates: Sequence[ClaimTemplateLike]
     instance_types: Sequence[str]  # the Neuron instance types the cluster's nodes have
     check: TemplateCheck | None = None  # None: `default_check` (neuron_dra.claim_templates)
+    hardware: Catalog = BUILTIN  # the instance types `default_check` knows (e.g. extended by a catalog file)
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)  # e.g. the driver's DeviceClass
 
 
@@ -112,7 +115,7 @@ class ClaimTemplates(pulumi.ComponentResource):
         for key in keys:
             if keys.count(key) > 1:
                 raise SettingError("ClaimTemplatesArgs.templates", key, "templates with distinct namespace/name")
-        check = args.check or default_check
+        check = args.check or functools.partial(default_check, hardware=args.hardware)
         for template in args.templates:
             _check_manifest_names(template)
             try:

@@ -27,7 +27,8 @@ HELP = (
 
 # The order objects are applied in; also the order of `-o yaml`.
 KIND_ORDER = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-              "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "DeviceClass", "DaemonSet", "ResourceClaimTemplate")
+              "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "ConfigMap", "DeviceClass", "DaemonSet",
+              "ResourceClaimTemplate")
 
 
 class PlanError(Exception):

@@ -162,6 +162,7 @@ _DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "ClusterRoleBinding": ("ClusterRole", "ServiceAccount"),
     "ValidatingAdmissionPolicyBinding": ("ValidatingAdmissionPolicy",),
     "NetworkPolicy": ("Namespace",),
+    "ConfigMap": ("Namespace",),
     "DaemonSet": ("Namespace", "ServiceAccount", "ClusterRoleBinding", "ValidatingAdmissionPolicyBinding",
-                  "NetworkPolicy", "DeviceClass"),
+                  "NetworkPolicy", "ConfigMap", "DeviceClass"),
 }

@@ -19,6 +19,7 @@ ResourceFactory = Callable[..., pulumi.CustomResource]
 RESOURCE_CLASSES: Mapping[tuple[str, str], ResourceFactory] = {
     ("v1", "Namespace"): k8s.core.v1.Namespace,
     ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
+    ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,  # the driver's catalog file (DriverDeployOptions.catalog_yaml)
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"):
@@ -42,6 +43,7 @@ _FIELD_ARGS = {
     "automountServiceAccountToken": "automount_service_account_token",
     "imagePullSecrets": "image_pull_secrets",
     "secrets": "secrets",
+    "data": "data",
 }
 
 

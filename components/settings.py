@@ -8,12 +8,14 @@ built in code), the value and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.catalog import CATALOG, InstanceSpec, get_instance_spec
+from neuron_dra.driver.catalog import BUILTIN, Catalog, InstanceSpec
 from neuron_dra.driver.deploy import (
     DEFAULT_CORE_DEVICE_CLASS,
     DEFAULT_CORE_EXTENDED_RESOURCE,
@@ -142,12 +144,15 @@ class NodeGroupSettings:
     # The config setting this came from (`neuron-dra:nodeGroups[0]`), for error messages; "" when built in
     # code: errors then name the Python field (`TrainiumNodeGroupArgs.instance_type`).
     where: str = field(default="", compare=False)
+    # The instance types it may use: the built-in catalog, or one extended by the stack's catalogFile.
+    hardware: Catalog = field(default=BUILTIN, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise SettingError(self._at("name"), self.name, "a DNS label of at most 40 characters")
-        if self.instance_type not in CATALOG:
-            raise SettingError(self._at("instanceType"), self.instance_type, ", ".join(CATALOG))
+        if self.instance_type not in self.hardware:
+            raise SettingError(self._at("instanceType"), self.instance_type,
+                               f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)")
         for key, v in (("desiredSize", self.desired_size), ("minSize", self.min_size),
                        ("maxSize", self.max_size), ("rootVolumeSizeGiB", self.root_volume_size_gib)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -199,7 +204,7 @@ class NodeGroupSettings:
             raise SettingError(self._at("capacityReservationId"), self.capacity_reservation_id,
                                "a Capacity Block reservation id such as cr-0123456789abcdef0")
         if not self.spec.capacity_blocks:
-            sold = ", ".join(t for t, s in CATALOG.items() if s.capacity_blocks)
+            sold = ", ".join(t for t, s in self.hardware.types.items() if s.capacity_blocks)
             raise SettingError(self._at("instanceType"), self.instance_type,
                                f"an instance type sold as Capacity Blocks ({sold}) with capacityReservationId")
         if not self.availability_zone and not self.subnet_ids:
@@ -221,7 +226,7 @@ class NodeGroupSettings:
 
     @property
     def spec(self) -> InstanceSpec:
-        return get_instance_spec(self.instance_type)
+        return self.hardware.spec(self.instance_type)
 
     @property
     def maximum(self) -> int:
@@ -297,13 +302,16 @@ class StackSettings:
     kubelet_registry_dir: str = _setting("kubeletRegistryDir", DEFAULT_REGISTRY_DIR, option="registry_dir")
     claim_templates_module: str = _setting("claimTemplatesModule", DEFAULT_CLAIM_TEMPLATES_MODULE)
     cluster_instance_types: tuple[str, ...] = _setting("clusterInstanceTypes", ())
+    catalog_file: str | None = _setting("catalogFile", None)
+    # The catalog of instance types: BUILTIN, extended by catalog_file (the decoder loads the file once).
+    hardware: Catalog = field(default=BUILTIN, compare=False, repr=False)
 
 
     def __post_init__(self) -> None:
         n = setting_name
         for t in self.cluster_instance_types:
-            if t not in CATALOG:
-                raise SettingError(n("clusterInstanceTypes"), t, ", ".join(CATALOG))
+            if t not in self.hardware:
+                raise SettingError(n("clusterInstanceTypes"), t, ", ".join(self.hardware.names))
         if self.claim_templates_module and not _MODULE.match(self.claim_templates_module):
             raise SettingError(n("claimTemplatesModule"), self.claim_templates_module,
                                "a dotted Python module name, or '' for none")
@@ -403,6 +411,9 @@ class StackSettings:
                 extended_resource_name=(self.extended_resource_name or None) if mapped else None,
                 core_extended_resource_name=(self.core_extended_resource_name or None) if mapped else None,
             )
+            if self.catalog_file is not None:
+                # The file's text goes into a ConfigMap the driver pods mount (DriverDeployOptions.catalog_yaml).
+                options = dataclasses.replace(options, catalog_yaml=Path(self.catalog_file).expanduser().read_text())
             if self.driver_image is not None:
                 DriverDeployOptions(image=self.driver_image)
         except DeployOptionError as e:
@@ -416,7 +427,7 @@ class StackSettings:
     def node_instance_types(self) -> tuple[str, ...]:
         """The instance types claim templates are checked against."""
         if self.existing_cluster:
-            return self.cluster_instance_types or tuple(CATALOG)
+            return self.cluster_instance_types or self.hardware.names
         return tuple(dict.fromkeys(g.instance_type for g in self.node_groups))
 
     @property
@@ -425,7 +436,9 @@ class StackSettings:
 
 
 # Field -> config key and driver option -> config key of the stack's settings, from the fields' metadata.
-STACK_KEY_OF_FIELD: Mapping[str, str] = {f.name: f.metadata["key"] for f in fields(StackSettings)}
+STACK_KEY_OF_FIELD: Mapping[str, str] = {
+    f.name: f.metadata["key"] for f in fields(StackSettings) if "key" in f.metadata
+}
 STACK_KEY_OF_OPTION: Mapping[str, str] = {
     f.metadata["option"]: f.metadata["key"] for f in fields(StackSettings) if "option" in f.metadata
 }

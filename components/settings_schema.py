@@ -17,6 +17,7 @@ import difflib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
 from typing import Any, Literal
 
 from neuron_dra.components.settings import (
@@ -27,6 +28,8 @@ from neuron_dra.components.settings import (
     StackSettings,
     setting_name,
 )
+from neuron_dra.driver.catalog import BUILTIN, Catalog
+from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog
 
 Kind = Literal["string", "integer", "boolean", "strings", "objects"]
 
@@ -124,12 +127,15 @@ _ROWS: tuple[Setting, ...] = (
        "and checked against the node groups ('' for none)."),
     _T("cluster_instance_types", "strings", "Existing-cluster mode: the Neuron instance types of its nodes; "
        "claim templates are checked against them (default: every catalog type)."),
+    _T("catalog_file", "string", "A catalog file (YAML, docs/catalog-file.md) that adds or overrides instance "
+       "types: node groups may use them, claim templates are checked against them, and the driver pods get "
+       "the file (a ConfigMap), so a new instance type needs no new release."),
 )
 
 
 def _join(rows: Sequence[Setting]) -> tuple[Setting, ...]:
     """Each row completed with its field's config key and default; every field exactly once."""
-    by_field = {f.name: f for f in fields(StackSettings)}
+    by_field = {f.name: f for f in fields(StackSettings) if "key" in f.metadata}  # not the derived `hardware`
     names = [r.field for r in rows]
     if sorted(names) != sorted(by_field) or len(set(names)) != len(names):
         raise AssertionError(f"settings table and StackSettings disagree: {sorted(set(names) ^ set(by_field))}")
@@ -187,9 +193,9 @@ def _decode_scalar(setting: str, kind: Kind, raw: object) -> object:
     return value
 
 
-def _decode_node_group(index: int, raw: Mapping[str, Any]) -> NodeGroupSettings:
+def _decode_node_group(index: int, raw: Mapping[str, Any], hardware: Catalog = BUILTIN) -> NodeGroupSettings:
     where = f"{setting_name('nodeGroups')}[{index}]"
-    kwargs: dict[str, Any] = {"where": where}
+    kwargs: dict[str, Any] = {"where": where, "hardware": hardware}
     for key, value in raw.items():
         if key not in NODE_GROUP_FIELD_OF_KEY:
             raise SettingError(f"{where}.{key}", value,
@@ -213,15 +219,25 @@ def _decode_node_group(index: int, raw: Mapping[str, Any]) -> NodeGroupSettings:
     return NodeGroupSettings(**kwargs)
 
 
-def _decode(setting: Setting, raw: object) -> object:
+def _decode(setting: Setting, raw: object, hardware: Catalog = BUILTIN) -> object:
     """One setting's value; the neutral engine default of an optional setting ("" or []) decodes to unset."""
     decoded = _decode_scalar(setting_name(setting.key), setting.kind, raw)
     if setting.optional and decoded in ("", ()):
         return setting.default
     if setting.kind == "objects":
         assert isinstance(decoded, list)
-        return tuple(_decode_node_group(i, g) for i, g in enumerate(decoded))
+        return tuple(_decode_node_group(i, g, hardware) for i, g in enumerate(decoded))
     return decoded
+
+
+def _hardware(catalog_file: object) -> Catalog:
+    """The built-in catalog, extended by the catalogFile setting (loaded once, before the node groups)."""
+    if catalog_file is None:
+        return BUILTIN
+    try:
+        return load_catalog(Path(str(catalog_file)).expanduser())
+    except CatalogFileError as e:
+        raise SettingError(setting_name("catalogFile"), catalog_file, f"a valid catalog file: {e}") from e
 
 
 def decode_settings(raw: Mapping[str, object]) -> StackSettings:
@@ -239,8 +255,11 @@ def decode_settings(raw: Mapping[str, object]) -> StackSettings:
             raise SettingError(setting_name(key), value,
                                f"{_closest(key, list(SETTINGS_BY_KEY))}the settings: {', '.join(SETTINGS_BY_KEY)}")
         values[key] = value
-    decoded = {key: _decode(SETTINGS_BY_KEY[key], value) for key, value in values.items()}
+    hardware = _hardware(_decode(SETTINGS_BY_KEY["catalogFile"], values["catalogFile"])
+                         if "catalogFile" in values else None)
+    decoded = {key: _decode(SETTINGS_BY_KEY[key], value, hardware) for key, value in values.items()}
     kwargs: dict[str, Any] = {SETTINGS_BY_KEY[key].field: value for key, value in decoded.items()}
+    kwargs["hardware"] = hardware
     if kwargs.get("kubeconfig") is not None:
         for key, value in decoded.items():
             setting = SETTINGS_BY_KEY[key]
@@ -251,7 +270,7 @@ def decode_settings(raw: Mapping[str, object]) -> StackSettings:
                                    "installs only the driver and the claim templates)")
         kwargs.pop("node_groups", None)
     elif "node_groups" not in kwargs:
-        kwargs["node_groups"] = tuple(_decode_node_group(i, g) for i, g in enumerate(DEFAULT_NODE_GROUPS))
+        kwargs["node_groups"] = tuple(_decode_node_group(i, g, hardware) for i, g in enumerate(DEFAULT_NODE_GROUPS))
     return StackSettings(**kwargs)
 
 

@@ -175,7 +175,7 @@ def build_stack(
     classes = [driver.objects.get(f"DeviceClass/{name}")
                for name in (driver.device_class_name, settings.neuron_core_device_class)]
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
-        templates=templates, instance_types=settings.node_instance_types, check=check,
+        templates=templates, instance_types=settings.node_instance_types, check=check, hardware=settings.hardware,
         depends_on=[c for c in classes if c is not None],
     ), opts=pulumi.ResourceOptions(provider=provider))
     exports: dict[str, Any] = {

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_dra import __version__
-from neuron_dra.driver import logs, memory
+from neuron_dra.driver import grpc_lean, logs, memory  # noqa: F401 (grpc_lean: before anything imports grpc)
 from neuron_dra.driver.catalog import BUILTIN, Catalog, UnknownInstanceTypeError
 from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
 from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog

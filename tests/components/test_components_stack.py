@@ -255,3 +255,35 @@ def test_pulumi_example_yaml_shows_every_setting_and_plans() -> None:
 
 def test_secret_marker_matches_pulumis_wire_format() -> None:
     assert (rpc._special_sig_key, rpc._special_secret_sig) == (SIG_KEY, SECRET_SIG)
+
+
+def test_catalog_file_setting_adds_instance_types_for_node_groups_and_the_driver(tmp_path: Path) -> None:
+    from tests.driver.test_catalog_file import ACME
+
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump(ACME), encoding="utf-8")
+    groups = [{"name": "acme", "instanceType": "acme1.24xlarge", "desiredSize": 1}]
+    base = {"driverImage": "example.com/d:1", "claimTemplatesModule": "", "nodeGroups": groups}
+    with pytest.raises(SettingError) as unknown:
+        decode_settings(engine_config(base))
+    assert unknown.value.setting == "neuron-dra:nodeGroups[0].instanceType" and "catalogFile" in str(unknown.value)
+
+    run = run_stack({**base, "catalogFile": str(catalog)})
+    assert run.one("aws:eks/nodeGroup:NodeGroup").plain_inputs["instanceTypes"] == ["acme1.24xlarge"]
+    manifests = cli_plan.kubernetes_manifests(run)
+    config_map = next(m for m in manifests if m["kind"] == "ConfigMap")
+    assert yaml.safe_load(config_map["data"]["catalog.yaml"]) == ACME  # the driver pods read the same file
+    ds = next(m for m in manifests if m["kind"] == "DaemonSet")
+    env = {e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["NEURON_DRA_CATALOG"] == "/etc/neuron-dra/catalog.yaml"
+    for m in manifests:
+        kubernetes_validate.validate(m, "1.36", strict=True)
+
+
+def test_catalog_file_setting_errors_name_the_setting(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: neuron-dra/v1\nkind: NeuronCatalog\ninstanceTypes: {x.big: {devices: eight}}\n")
+    for path in (bad, tmp_path / "absent.yaml"):
+        with pytest.raises(SettingError) as err:
+            decode_settings(engine_config({"catalogFile": str(path)}))
+        assert err.value.setting == "neuron-dra:catalogFile" and path.name in str(err.value)

@@ -54,3 +54,10 @@ def test_daemon_imports_only_what_the_image_has() -> None:
     assert not [m for m in out if m.split(".")[0] in ("pulumi", "pulumi_aws", "pulumi_kubernetes", "cel", "celpy")]
     # Neither the kubernetes client (17-19 MiB) nor yaml (only for a kubeconfig or catalog file) at start-up.
     assert not [m for m in out if m.split(".")[0] in ("kubernetes", "urllib3", "yaml", "pydantic")]
+
+
+def test_daemon_skips_grpc_aio_but_serves_with_grpc() -> None:
+    code = ("import sys, neuron_dra.driver.main, grpc; "
+            "print(getattr(sys.modules['grpc.aio'], '__file__', None), grpc.server.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["None", "grpc"]  # the placeholder (no file), the synchronous server as usual

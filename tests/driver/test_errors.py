@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from neuron_dra.claim_templates import ClaimTemplate, Neuron, OpaqueConfig, TemplateError
-from neuron_dra.components.settings import SettingError, decode_settings
+from neuron_dra.components.settings import SettingError
+from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.driver.config import ConfigError, decode
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions
 from neuron_dra.driver.errors import NotAllowed

@@ -1,7 +1,7 @@
-"""End-to-end device health on Kubernetes 1.36: `neuron-dra cluster fault` on a device in use taints it in the
-ResourceSlice within seconds, new claims get other devices, the pod's status shows the device Unhealthy (kubelet's
-health stream), and `--clear` undoes all of it; with the NoExecute effect the pod using the device is evicted
-while a pod that tolerates the taint stays."""
+"""End-to-end device health (Kubernetes 1.36; 1.34 and 1.37 at the end): `neuron-dra cluster fault` on a device in
+use taints it in the ResourceSlice within seconds, new claims get other devices, the pod's status shows the device
+Unhealthy (kubelet's health stream), and `--clear` undoes all of it; with the NoExecute effect the pod using the
+device is evicted while a pod that tolerates the taint stays."""
 
 from __future__ import annotations
 
@@ -190,5 +190,32 @@ def test_on_1_34_a_fault_is_detected_and_logged_and_nothing_else_changes(tmp_pat
         assert resource_health(core, ns, "worker", device) is None  # ResourceHealthStatus is off in 1.34
         run_pod(kube, ns, "newcomer", "one", node)  # allocation still works (and may pick the faulty device)
         fault(cluster.dir, node, device, clear=True)
+    finally:
+        cluster.down()
+
+
+# --- Kubernetes 1.37: kubelet picks DRAResourceHealth v1 from the registration ---------------------------------
+
+def test_on_1_37_kubelet_takes_health_over_v1_and_taints_are_ga(tmp_path_factory: pytest.TempPathFactory,
+                                                                request: pytest.FixtureRequest) -> None:
+    cluster = up(tmp_path_factory.mktemp("k137"), [f"{TRN2}:1"], ttl=1200, timeout=900, kubernetes_version="1.37")
+    try:
+        kube = config.new_client_from_config(str(cluster.kubeconfig))
+        core, res = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+        ns = namespace_name("h137-", request.node.name)
+        core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]
+        eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
+                               for sa in core.list_namespaced_service_account(ns).items), 30, what="default SA")
+        node = cluster.nodes[0].name
+        create_template(kube, ns, ClaimTemplate("one", Neuron(1, instance_types=TRN2)))
+        device = run_pod(kube, ns, "worker", "one", node)
+        fault(cluster.dir, node, device)
+        eventually(lambda: device in device_taints(res, node), TAINT_WITHIN_S, interval=0.1, what="taint")
+        eventually(lambda: resource_health(core, ns, "worker", device) == "Unhealthy", 30,
+                   what=f"{device} Unhealthy in the pod's status (1.37 kubelet, health v1)")
+        assert run_pod(kube, ns, "newcomer", "one", node) != device
+        fault(cluster.dir, node, device, clear=True)
+        eventually(lambda: resource_health(core, ns, "worker", device) == "Healthy", 30, what="Healthy again")
+        assert device not in device_taints(res, node)
     finally:
         cluster.down()
