@@ -20,9 +20,11 @@ away with it. The DRA driver registers through this kubelet's own plugin watcher
 from __future__ import annotations
 
 import contextlib
+import random
 import shlex
 import socket
 import subprocess
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +152,49 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def ephemeral_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's range for ports of outgoing connections (32768-60999 by default)."""
+    try:
+        low, high = (int(p) for p in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+class PortAllocator:
+    """Loopback TCP ports for the kubelets' servers, each handed out once.
+
+    A port the kernel picked with bind(0) is an ephemeral one: between closing the probe socket and kubelet's
+    own bind, an outgoing connection of any process on the machine may take it (seen with four nodes starting
+    side by side: "listen tcp 127.0.0.1:50505: bind: address already in use"). Ports below the ephemeral range
+    are never given to outgoing connections, and this allocator never gives one port twice.
+    """
+
+    def __init__(self, low: int = 20000, high: int | None = None, seed: int | None = None) -> None:
+        self.low = low
+        self.high = (ephemeral_range()[0] - 1) if high is None else high
+        if not 1024 <= self.low < self.high:
+            raise KubeletError(f"no port range below the ephemeral range {ephemeral_range()} to allocate from")
+        self._given: set[int] = set()
+        self._lock = threading.Lock()
+        self._random = random.Random(seed)
+
+    def take(self) -> int:
+        with self._lock:
+            for _ in range(1000):
+                port = self._random.randint(self.low, self.high)
+                if port in self._given:
+                    continue
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    try:
+                        s.bind(("127.0.0.1", port))
+                    except OSError:
+                        continue
+                self._given.add(port)
+                return port
+        raise KubeletError(f"no free loopback port in {self.low}-{self.high}")
 
 
 def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:

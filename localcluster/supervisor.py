@@ -123,8 +123,10 @@ class NodeAgent:
 
     def __init__(self, cluster_dir: Path, node: NodeSpec, api: client.ApiClient, control_plane: ControlPlane,
                  identity: DriverIdentity, driver_name: str, binaries: Binaries, fakecri: Path,
-                 deadline: float, catalog_file: Path | None = None) -> None:
+                 deadline: float, catalog_file: Path | None = None,
+                 ports: kubelet.PortAllocator | None = None) -> None:
         self.node = node
+        self.ports = ports or kubelet.PortAllocator()
         self.catalog_file = catalog_file  # a catalog file's instance types (docs/catalog-file.md), for the driver too
         self.catalog = load_catalog(catalog_file) if catalog_file else BUILTIN
         self.paths = NodePaths.of(cluster_dir, node.name)
@@ -151,7 +153,7 @@ class NodeAgent:
         labels, taints, provider_id = kubelet.labels_and_taints(
             node_manifest(self.node.name, self.node.instance_type, network_nodes=net, catalog=self.catalog))
         spec = kubelet.KubeletSpec(self.node.name, labels, taints, provider_id, kubelet.node_ip(),
-                                   self.control_plane.ca_file, kubelet.free_port(), kubelet.free_port(),
+                                   self.control_plane.ca_file, self.ports.take(), self.ports.take(),
                                    int(self.binaries.minor.split(".")[1]))
         kubelet.prepare(spec, p.kubelet,
                         lambda user, groups, path: self.control_plane.client_kubeconfig(user, groups, path=path))
@@ -264,6 +266,18 @@ def start_all(agents: list[NodeAgent]) -> None:
         raise errors[0]
 
 
+def wait_for_service_account(api: client.ApiClient, namespace: str, name: str, timeout: float) -> None:
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(sa.metadata is not None and sa.metadata.name == name
+               for sa in core.list_namespaced_service_account(namespace).items):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"namespace {namespace} has no service account {name} after {timeout:.0f} s "
+                       "(is kube-controller-manager running?)")
+
+
 def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdentity]:
     """The same objects `neuron-dra plan -o yaml` prints for the driver, minus the DaemonSet (the supervisor
     runs the daemon itself), plus the EFA DeviceClass of the emulated EFA driver."""
@@ -295,9 +309,13 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         admin = config.new_client_from_config(str(cp.kubeconfig))
         objects, identity = driver_objects(driver_name)
         apply_all(admin, objects)
+        ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice
         agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
-                             catalog_file) for node in nodes]
+                             catalog_file, ports) for node in nodes]
         start_all(agents)
+        # Pods are refused until kube-controller-manager has made a namespace's `default` service account:
+        # ready means a user's first `kubectl apply` of a pod into `default` works.
+        wait_for_service_account(admin, "default", "default", timeout=120.0)
         (cluster_dir / "kubeconfig").write_text(Path(cp.kubeconfig).read_text())
         write_status(cluster_dir, state="ready", kubeconfig=str(cluster_dir / "kubeconfig"),
                      nodes=[{"name": n.name, "instanceType": n.instance_type} for n in nodes],

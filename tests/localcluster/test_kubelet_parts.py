@@ -209,3 +209,15 @@ def test_healthy_asks_the_kubelets_healthz() -> None:
         server.shutdown()
         server.server_close()
     assert not kubelet.healthy(kubelet.free_port())
+
+
+def test_kubelet_ports_are_below_the_ephemeral_range_and_never_given_twice() -> None:
+    low, _high = kubelet.ephemeral_range()
+    ports = kubelet.PortAllocator(seed=7)
+    taken = [ports.take() for _ in range(200)]
+    assert len(set(taken)) == 200
+    assert all(20000 <= p < low for p in taken)
+    small = kubelet.PortAllocator(low=30000, high=30001, seed=1)
+    assert sorted([small.take(), small.take()]) == [30000, 30001]
+    with pytest.raises(kubelet.KubeletError, match="no free loopback port in 30000-30001"):
+        small.take()
