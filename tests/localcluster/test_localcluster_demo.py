@@ -248,6 +248,9 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert rows["first-available"][2:5] == ["trn1-32xlarge-1", "neurons/trn1", "0-15"]
     assert {rows["ring-a"][4], rows["ring-b"][4]} <= {"0-3", "4-7", "8-11"} and rows["ring-a"][4] != rows["ring-b"][4]
     assert rows["ring-a"][2] == "inf2-48xlarge-1"
+    # the core-sharing stage: one inf2 device, two pods, disjoint NeuronCores
+    assert rows["core-a"][2] == rows["core-b"][2] == "inf2-48xlarge-1"
+    assert rows["core-a"][4] == rows["core-b"][4] and rows["core-a"][6] != rows["core-b"][6]
     # the terminal pictures: one per node, whole-node's letter on all 16 devices of its node
     assert out.count("(trn2.48xlarge, torus4x4)") == 2 and "(inf2.48xlarge, ring)" in out
     letter = re.search(r"\b(\w)=whole-node\b", out)
@@ -256,7 +259,8 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert f"topology picture: {svg}" in out
     titles = [t.text or "" for t in ET.fromstring(svg.read_text()).iter(f"{SVG_NS}title")]
     assert sum(1 for t in titles if t.endswith("→ whole-node")) == 16
-    assert sum(1 for t in titles if t.endswith("(free)")) == 4  # inf2: 12 devices, two segments of 4
+    # inf2: 12 devices, two ring segments of 4, and one device whose cores core-a and core-b share (1.36+)
+    assert sum(1 for t in titles if t.endswith("(free)")) == 3
     _assert_nothing_left(cluster_dir)
     print(f"demo wall time {seconds:.1f} s")  # shown with -s; the figure the report quotes
 
