@@ -30,6 +30,7 @@ from neuron_dra.components.settings import (
 )
 from neuron_dra.driver.catalog import BUILTIN, Catalog
 from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog
+from neuron_dra.driver.errortext import capped
 
 Kind = Literal["string", "integer", "boolean", "strings", "objects"]
 
@@ -237,7 +238,7 @@ def _hardware(catalog_file: object) -> Catalog:
     try:
         return load_catalog(Path(str(catalog_file)).expanduser())
     except CatalogFileError as e:
-        raise SettingError(setting_name("catalogFile"), catalog_file, f"a valid catalog file: {e}") from e
+        raise SettingError(setting_name("catalogFile"), catalog_file, f"a valid catalog file: {capped(str(e))}") from e
 
 
 def decode_settings(raw: Mapping[str, object]) -> StackSettings:

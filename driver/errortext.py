@@ -18,3 +18,8 @@ def shown(value: object, limit: int = MAX_SHOWN) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def capped(text: str, limit: int = 4 * MAX_SHOWN) -> str:
+    """A message of another error, quoted inside ours: at most about `limit` characters."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -5,9 +5,7 @@ step of prepare and unprepare, an unavailable API server, flags, metrics and hea
 from __future__ import annotations
 
 import signal
-import socket
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,24 +14,21 @@ import pytest
 
 from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.checkpoint import Checkpoint
-from neuron_dra.driver.emulate import emulate
 from neuron_dra.driver.failpoints import STEPS
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef, PrepareResult
-from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid, wait_until
+from tests.support.driver import (
+    DRIVER,
+    DaemonDirs,
+    DaemonProcess,
+    claim,
+    devices,
+    free_port,
+    uid,
+    wait_until,
+)
 
 C1 = ClaimRef("default", "c1", uid(1))
-
-
-@pytest.fixture
-def dirs() -> Iterator[DaemonDirs]:
-    with short_dir() as base:
-        yield DaemonDirs(base)
-
-
-@pytest.fixture
-def host_root(dirs: DaemonDirs) -> Path:
-    return emulate("trn2.48xlarge", dirs.base / "host")
 
 
 def prepare(dirs: DaemonDirs, *refs: ClaimRef) -> dict[str, PrepareResult]:
@@ -198,12 +193,6 @@ def test_bad_host_root_stops_start_up_with_the_reason(dirs: DaemonDirs) -> None:
     d = DaemonProcess(dirs, dirs.base)  # no sysfs there
     assert d.wait_exit() == 1
     assert "host discovery failed" in d.log() and "product_name" in d.log()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_metrics_and_health_ports(dirs: DaemonDirs, host_root: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -166,12 +165,6 @@ def test_the_ultraserver_pseudo_device_is_as_healthy_as_its_worst_device(tmp_pat
 
 
 # --- the daemon's health stream ------------------------------------------------------------------------------------
-
-@pytest.fixture
-def dirs() -> Iterator[DaemonDirs]:
-    with short_dir() as base:
-        yield DaemonDirs(base)
-
 
 class Stream:
     """kubelet's side: one NodeWatchResources stream, read on a thread."""

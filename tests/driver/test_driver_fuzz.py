@@ -17,11 +17,9 @@ from __future__ import annotations
 import json
 import random
 import signal
-import socket
 import string
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +29,12 @@ import pytest
 from neuron_dra.driver import config as opaque_config
 from neuron_dra.driver._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.checkpoint import Checkpoint, ClaimState
-from neuron_dra.driver.emulate import emulate
 from neuron_dra.driver.errors import NotAllowed
 from neuron_dra.driver.health import HEALTH
 from neuron_dra.driver.plugin import DRA_V1, DRA_V1BETA1, REGISTRATION
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
-from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid
+from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, free_port, uid
 
 SEED = 20261130
 MEANT = {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "NOT_FOUND", "UNIMPLEMENTED"}
@@ -46,23 +43,6 @@ MEANT = {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "NOT_FOUND", "UNIMPLEME
 def report(capsys: pytest.CaptureFixture[str], line: str) -> None:
     with capsys.disabled():
         print(f"\n[fuzz] {line}")
-
-
-@pytest.fixture
-def dirs() -> Iterator[DaemonDirs]:
-    with short_dir() as base:
-        yield DaemonDirs(base)
-
-
-@pytest.fixture
-def host_root(dirs: DaemonDirs) -> Path:
-    return emulate("trn2.48xlarge", dirs.base / "host")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _text(rng: random.Random) -> str:

@@ -10,7 +10,6 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,31 +18,13 @@ import pytest
 
 from neuron_dra.driver import grpc_raw
 from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
-from neuron_dra.driver.emulate import emulate
 from neuron_dra.driver.health import HEALTH
 from neuron_dra.driver.plugin import DRA_MAX_CONCURRENT, DRA_V1, DRA_V1BETA1, REGISTRATION
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
-from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, short_dir, uid
+from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid
 
 GARBAGE = (b"\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x12\x05abc", b"\x80" * 12)
-
-
-@pytest.fixture
-def dirs() -> Iterator[DaemonDirs]:
-    with short_dir() as base:
-        yield DaemonDirs(base)
-
-
-@pytest.fixture
-def host_root(dirs: DaemonDirs) -> Path:
-    return emulate("trn2.48xlarge", dirs.base / "host")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_kib(pid: int) -> int:

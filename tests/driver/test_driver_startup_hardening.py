@@ -4,27 +4,14 @@ traceback: a CDI spec with invalid UTF-8 (or a directory in its place), deeply n
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from neuron_dra.driver.checkpoint import JOURNAL_SUFFIX, _canonical, _checksum, _line, encode
-from neuron_dra.driver.emulate import emulate
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
-from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid
-
-
-@pytest.fixture
-def dirs() -> Iterator[DaemonDirs]:
-    with short_dir() as base:
-        yield DaemonDirs(base)
-
-
-@pytest.fixture
-def host_root(dirs: DaemonDirs) -> Path:
-    return emulate("trn2.48xlarge", dirs.base / "host")
+from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, uid
 
 
 def prepared_once(dirs: DaemonDirs, host_root: Path, *refs: ClaimRef) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -228,3 +229,10 @@ class DaemonProcess:
         code = self.proc.wait(timeout)
         self._log.close()
         return code
+
+
+def free_port() -> int:
+    """A free loopback TCP port (for a daemon's health or metrics server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

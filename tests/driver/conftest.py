@@ -1,0 +1,22 @@
+"""Fixtures of the driver tests that start the daemon: short socket directories and an emulated trn2 host."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from neuron_dra.driver.emulate import emulate
+from tests.support.driver import DaemonDirs, short_dir
+
+
+@pytest.fixture
+def dirs() -> Iterator[DaemonDirs]:
+    with short_dir() as base:
+        yield DaemonDirs(base)
+
+
+@pytest.fixture
+def host_root(dirs: DaemonDirs) -> Path:
+    return emulate("trn2.48xlarge", dirs.base / "host")
