@@ -307,17 +307,7 @@ class Neuron:
         object.__setattr__(self, "families", _as_tuple("Neuron.families", self.families))
         object.__setattr__(self, "selectors", _as_tuple("Neuron.selectors", self.selectors))
         types = self.catalog.types
-        for t in self.instance_types:
-            if t not in types:
-                raise TemplateError("Neuron.instance_types", t, ", ".join(types) + " (or a catalog file's types, "
-                                    "passed as Neuron(catalog=...))")
-        for f in self.families:
-            if f not in self.catalog.family_map:
-                raise TemplateError("Neuron.families", f, ", ".join(self.catalog.family_map))
-        targets = self.target_types
-        if not targets:
-            raise TemplateError("Neuron.families", self.families,
-                                f"families that contain one of the instance types {', '.join(self.instance_types)}")
+        targets = _checked_targets("Neuron", self.catalog, self.instance_types, self.families, self.target_types)
         most = max(types[t].device_count for t in targets)
         if isinstance(self.count, int) and self.count > most:
             raise TemplateError("Neuron.count", self.count, f"1 to {most} on {', '.join(targets)}")
@@ -685,16 +675,8 @@ class NeuronCores:
         object.__setattr__(self, "selectors", _as_tuple("NeuronCores.selectors", self.selectors))
         object.__setattr__(self, "tolerations", _tolerations("NeuronCores.tolerations", self.tolerations))
         types = self.catalog.types
-        for t in self.instance_types:
-            if t not in types:
-                raise TemplateError("NeuronCores.instance_types", t, ", ".join(types))
-        for f in self.families:
-            if f not in self.catalog.family_map:
-                raise TemplateError("NeuronCores.families", f, ", ".join(self.catalog.family_map))
-        targets = self.target_types
-        if not targets:
-            raise TemplateError("NeuronCores.families", self.families,
-                                f"families that contain one of the instance types {', '.join(self.instance_types)}")
+        targets = _checked_targets("NeuronCores", self.catalog, self.instance_types, self.families,
+                                   self.target_types)
         if self.node_lnc is not None:
             if isinstance(self.node_lnc, bool) or self.node_lnc not in driver_config.LNC_VALUES:
                 raise TemplateError("NeuronCores.node_lnc", self.node_lnc, "1 or 2")
@@ -752,3 +734,19 @@ class NeuronCores:
 
 
 Request = Neuron | UltraServerNode | Efa | FirstAvailable | NeuronCores
+
+
+def _checked_targets(request: str, catalog: Catalog, instance_types: Sequence[str], families: Sequence[str],
+                     targets: Sequence[str]) -> Sequence[str]:
+    """`targets` (the instance types a request can land on) after checking the names it was built from."""
+    for t in instance_types:
+        if t not in catalog.types:
+            raise TemplateError(f"{request}.instance_types", t, ", ".join(catalog.types) + " (or a catalog file's "
+                                f"types, passed as {request}(catalog=...))")
+    for f in families:
+        if f not in catalog.family_map:
+            raise TemplateError(f"{request}.families", f, ", ".join(catalog.family_map))
+    if not targets:
+        raise TemplateError(f"{request}.families", families,
+                            f"families that contain one of the instance types {', '.join(instance_types)}")
+    return targets
