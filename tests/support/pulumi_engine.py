@@ -19,6 +19,9 @@ from typing import Any
 from neuron_dra.localcluster.build import ensure_pulumi_binaries
 
 DRIVER = Path(__file__).resolve().parent / "engine_driver.py"
+# The driver runs as a script, so sys.path[0] is tests/support, not the checkout: programs named `tests.support.…`
+# need the checkout's root put first (CI sets no PYTHONPATH).
+REPO_ROOT = DRIVER.parents[2]
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,12 @@ class Engine:
 
     def step(self, step: str, *, work_dir: Path, stack: str, program: str, config: Mapping[str, str],
              project: str | None = None, python: str = sys.executable, driver: Path = DRIVER,
-             env: Mapping[str, str] | None = None, sys_path: Sequence[str] = (), check: bool = True,
+             env: Mapping[str, str] | None = None, sys_path: Sequence[str] | None = None, check: bool = True,
              timeout: float = 900) -> dict[str, Any]:
         """Run one step (up, preview, destroy, config-only); its JSON result, or {"error": stderr} unless
-        `check`."""
+        `check`. `sys_path` defaults to the checkout's root."""
+        if sys_path is None:
+            sys_path = (str(REPO_ROOT),)
         spec = {"work_dir": str(work_dir), "project": project, "stack": stack, "program": program,
                 "pulumi_root": str(self.root), "config": dict(config), "step": step, "sys_path": list(sys_path)}
         done = subprocess.run([python, str(driver), json.dumps(spec)], env=self.env(env), capture_output=True,
