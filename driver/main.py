@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_dra import __version__
-from neuron_dra.driver import grpc_lean, logs, memory  # noqa: F401 (grpc_lean: before anything imports grpc)
+from neuron_dra.driver import logs, memory
 from neuron_dra.driver.catalog import BUILTIN, Catalog, UnknownInstanceTypeError
 from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
 from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog
@@ -274,6 +274,13 @@ class Daemon:
 
     def start(self) -> None:
         o = self.options
+        # The sockets first: kubelet can register the driver while the rest starts (plugin.py: DRA calls wait in
+        # the DRA socket's backlog until `serve` below).
+        self.servers = PluginServers(o.sockets, o.driver_name, extra_services=HEALTH_SERVICES)
+        try:
+            self.servers.listen()
+        except (SocketError, OSError) as e:
+            raise StartupError(str(e)) from None
         try:
             self.host, self.host_root = self._load_host()
         except CatalogFileError as e:
@@ -308,12 +315,7 @@ class Daemon:
         report = self.health_reporter.in_background(self.stop_event)
         report(self.health_monitor.current())  # devices already unhealthy at start (events, metrics)
         self.health_monitor.add_listener(report)
-        self.servers = PluginServers(o.sockets, self.state, o.driver_name,
-                                     extra_handlers=self.health_stream.handlers(), extra_services=HEALTH_SERVICES)
-        try:
-            self.servers.start()
-        except (SocketError, OSError) as e:
-            raise StartupError(str(e)) from None
+        self.servers.serve(self.state, self.health_stream.methods())
         if o.healthcheck_port:
             self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port)
             self.health.start()

@@ -4,6 +4,11 @@ Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the regi
 dials the endpoint as soon as it sees the registration socket; on shutdown the registration socket goes
 first, so kubelet deregisters before the DRA service stops. Stale socket files are removed before
 listening; both sockets are mode 0600 (kubelet runs as root).
+
+Start-up is in two steps so kubelet sees the driver early (kubelet gives GetInfo 1 s): `listen` binds the DRA
+socket (calls wait in its listen backlog) and then the registration socket, answered at once (it needs only the
+driver name and the endpoint); `serve` starts the DRA service once the state is loaded (checkpoint, CDI specs).
+Served with h2grpc (gRPC on h2; no grpcio in the daemon).
 """
 
 from __future__ import annotations
@@ -11,20 +16,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import stat
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
-
-from neuron_dra.driver import grpc_raw
+from neuron_dra.driver import h2grpc
 from neuron_dra.driver._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 from neuron_dra.driver.claims import ClaimError, ClaimRef
-from neuron_dra.driver.state import CallScope, DriverState
+
+if TYPE_CHECKING:
+    from neuron_dra.driver.state import DriverState
 
 log = logging.getLogger("neuron_dra.driver.plugin")
 
@@ -33,7 +40,7 @@ PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 SOCKET_MODE = 0o600
 MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
-# Services as the protos declare them; served with raw-bytes handlers (grpc_raw: no leak on undecodable requests).
+# Services as the protos declare them; h2grpc hands their handlers parsed messages (INVALID_ARGUMENT otherwise).
 DRA_V1 = dra_v1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
 DRA_V1BETA1 = dra_v1beta1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
 REGISTRATION = pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"]
@@ -68,8 +75,10 @@ class DraService:
         self._state = state
         self._pb = messages
 
-    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def NodePrepareResources(self, request: Any, context: h2grpc.CallContext) -> Any:
         # kubelet gives each call 45 s; when it gives up (deadline, cancel) the rest of the call's work is dropped.
+        from neuron_dra.driver.state import CallScope
+
         remaining = context.time_remaining()
         call = CallScope(time.monotonic() + remaining if remaining is not None else None)
         if not context.add_callback(call.abandon):  # runs when the call ends, whatever the reason
@@ -87,7 +96,7 @@ class DraService:
                                                      cdi_device_ids=list(d.cdi_device_ids)))
         return response
 
-    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def NodeUnprepareResources(self, request: Any, context: h2grpc.CallContext) -> Any:
         results = self._state.unprepare(_claim_refs(request.claims))
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in results.items():
@@ -107,12 +116,12 @@ class RegistrationService:
         self.registered = threading.Event()
         self.last_error = ""
 
-    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def GetInfo(self, request: Any, context: h2grpc.CallContext) -> Any:
         return pluginregistration_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver_name,
                                                  endpoint=str(self.endpoint),
                                                  supported_versions=list(self.services))
 
-    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def NotifyRegistrationStatus(self, request: Any, context: h2grpc.CallContext) -> Any:
         if request.plugin_registered:
             self.last_error = ""
             self.registered.set()
@@ -143,57 +152,67 @@ def remove_stale_socket(path: Path) -> None:
     log.info("removed stale socket", extra={"path": str(path)})
 
 
-def _listen(server: grpc.Server, path: Path) -> None:
+def _listen(path: Path) -> socket.socket:
     check_socket_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_socket(path)
     # Bind under a restrictive umask so the socket is never world-writable, not even briefly.
     old = os.umask(0o177)
     try:
-        server.add_insecure_port(f"unix://{path}")
-    except RuntimeError as e:
+        sock = h2grpc.listening_socket(socket.AF_UNIX, str(path))
+    except OSError as e:
         raise SocketError(f"cannot listen on {path}: {e}") from None
     finally:
         os.umask(old)
     os.chmod(path, SOCKET_MODE)
+    return sock
+
+
+def dra_services(state: DriverState) -> dict[str, h2grpc.Method]:
+    """The DRA service in both versions."""
+    methods = h2grpc.service_methods(DRA_V1, DraService(state, dra_v1_pb2))
+    methods.update(h2grpc.service_methods(DRA_V1BETA1, DraService(state, dra_v1beta1_pb2)))
+    return methods
 
 
 class PluginServers:
-    def __init__(self, paths: SocketPaths, state: DriverState, driver_name: str, max_workers: int = 16,
-                 extra_handlers: tuple[grpc.GenericRpcHandler, ...] = (), extra_services: tuple[str, ...] = (),
-                 max_concurrent_rpcs: int = DRA_MAX_CONCURRENT) -> None:
+    def __init__(self, paths: SocketPaths, driver_name: str, extra_services: tuple[str, ...] = (),
+                 max_workers: int = 16, max_concurrent_rpcs: int = DRA_MAX_CONCURRENT) -> None:
         self.paths = paths
-        # extra_*: optional services on the DRA socket (the health stream), advertised after the DRA versions.
+        # extra_services: served on the DRA socket too (the health stream), advertised after the DRA versions.
         self.registration = RegistrationService(driver_name, paths.dra, DRA_SERVICES + extra_services)
-        self._extra_handlers = extra_handlers
-        self._state = state
-        self._max_workers = max_workers
-        self._max_concurrent = max(max_concurrent_rpcs, max_workers)
-        self._dra: grpc.Server | None = None
-        self._reg: grpc.Server | None = None
+        self._dra = h2grpc.Server("dra", max_workers, max(max_concurrent_rpcs, max_workers))
+        self._reg = h2grpc.Server("registration", 2, REGISTRATION_MAX_CONCURRENT, 64 * 1024)
+        self._reg.add_service(REGISTRATION, self.registration)
+        self._bound: list[Path] = []  # the socket files this instance created (removed on stop)
 
-    def start(self) -> None:
-        dra = grpc_raw.new_server("dra", self._max_workers, self._max_concurrent)
-        grpc_raw.add_servicer(dra, DRA_V1, DraService(self._state, dra_v1_pb2))
-        grpc_raw.add_servicer(dra, DRA_V1BETA1, DraService(self._state, dra_v1beta1_pb2))
-        if self._extra_handlers:  # built with grpc_raw.service_handler (raw bytes) by their owners
-            dra.add_generic_rpc_handlers(self._extra_handlers)
-        _listen(dra, self.paths.dra)
-        dra.start()
-        self._dra = dra
-        reg = grpc_raw.new_server("registration", 2, REGISTRATION_MAX_CONCURRENT, 64 * 1024)
-        grpc_raw.add_servicer(reg, REGISTRATION, self.registration)
-        _listen(reg, self.paths.registration)
-        reg.start()
-        self._reg = reg
+    def listen(self) -> None:
+        """Bind the DRA socket (not served yet: calls wait), then the registration socket, served at once."""
+        self._dra.add_socket(_listen(self.paths.dra))
+        self._bound.append(self.paths.dra)
+        self._reg.add_socket(_listen(self.paths.registration))
+        self._bound.append(self.paths.registration)
+        self._reg.start()
+        log.info("registration socket listening", extra={"registration_socket": str(self.paths.registration)})
+
+    def serve(self, state: DriverState, extra_methods: Mapping[str, h2grpc.Method] = {}) -> None:
+        """Serve the DRA service (and `extra_methods`, e.g. the health stream) on the DRA socket."""
+        if not self._bound:
+            self.listen()
+        self._dra.add_methods(dra_services(state))
+        self._dra.add_methods(extra_methods)
+        self._dra.start()
         log.info("serving", extra={"dra_socket": str(self.paths.dra),
                                    "registration_socket": str(self.paths.registration),
                                    "services": list(self.registration.services)})
 
+    def start(self, state: DriverState, extra_methods: Mapping[str, h2grpc.Method] = {}) -> None:
+        self.serve(state, extra_methods)
+
     def stop(self, grace: float = 5.0) -> None:
         for server, path in ((self._reg, self.paths.registration), (self._dra, self.paths.dra)):
-            if server is not None:
-                server.stop(grace).wait(grace + 1)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        self._reg = self._dra = None
+            server.stop(grace)
+            if path in self._bound:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        self._bound = []
