@@ -417,8 +417,10 @@ class _Connection:
                     try:
                         events = self.h2.receive_data(data)
                     except h2.exceptions.ProtocolError as e:
-                        # h2 queued a GOAWAY naming the error; send it and drop the connection.
+                        # GOAWAY naming the error (h2 queues one for most errors, not for a bad preface), then close.
                         log.debug("HTTP/2 protocol error", extra={"server": self.server.name, "error": str(e)[:200]})
+                        with contextlib.suppress(h2.exceptions.ProtocolError):
+                            self.h2.close_connection(error_code=h2.errors.ErrorCodes.PROTOCOL_ERROR)
                         self._flush()
                         break
                     for event in events:
