@@ -15,7 +15,7 @@ from typing import Any
 from neuron_dra.driver import h2grpc, memory
 from neuron_dra.driver._generated import dra_v1_pb2, grpc_health_v1_pb2, pluginregistration_pb2
 from neuron_dra.driver.k8s_names import LIVENESS_SERVICE
-from neuron_dra.driver.plugin import SocketPaths
+from neuron_dra.driver.sockets import SocketPaths
 
 log = logging.getLogger("neuron_dra.driver.health")
 

@@ -15,20 +15,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
-import stat
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from neuron_dra.driver import h2grpc
+from neuron_dra.driver import h2grpc, sockets
 from neuron_dra.driver._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 from neuron_dra.driver.claims import ClaimError, ClaimRef
+
+# Re-exported: the socket parts of this module's interface live in sockets.py (standard library only).
+from neuron_dra.driver.sockets import SOCKET_MODE as SOCKET_MODE
+from neuron_dra.driver.sockets import BoundSockets as BoundSockets
+from neuron_dra.driver.sockets import SocketError as SocketError
+from neuron_dra.driver.sockets import SocketPaths as SocketPaths
+from neuron_dra.driver.sockets import check_socket_path as check_socket_path
+from neuron_dra.driver.sockets import remove_stale_socket as remove_stale_socket
 
 if TYPE_CHECKING:
     from neuron_dra.driver.state import DriverState
@@ -38,8 +42,6 @@ log = logging.getLogger("neuron_dra.driver.plugin")
 PLUGIN_TYPE = "DRAPlugin"
 # Most recent first: kubelet picks the newest it supports.
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-SOCKET_MODE = 0o600
-MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 # Services as the protos declare them; h2grpc hands their handlers parsed messages (INVALID_ARGUMENT otherwise).
 DRA_V1 = dra_v1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
 DRA_V1BETA1 = dra_v1beta1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
@@ -48,20 +50,6 @@ REGISTRATION = pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"
 # cannot queue without bound.
 DRA_MAX_CONCURRENT = 32
 REGISTRATION_MAX_CONCURRENT = 4
-
-
-class SocketError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class SocketPaths:
-    dra: Path  # <plugins dir>/<driver>/dra.sock
-    registration: Path  # <registry dir>/<driver>-reg.sock
-
-    @classmethod
-    def for_driver(cls, plugins_dir: Path, registry_dir: Path, driver_name: str) -> SocketPaths:
-        return cls(plugins_dir / driver_name / "dra.sock", registry_dir / f"{driver_name}-reg.sock")
 
 
 def _claim_refs(claims: Any) -> list[ClaimRef]:
@@ -133,39 +121,7 @@ class RegistrationService:
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
-def check_socket_path(path: Path) -> None:
-    if not path.is_absolute():
-        raise SocketError(f"socket path {path} must be absolute (kubelet resolves it on the host)")
-    if len(str(path).encode()) > MAX_UNIX_SOCKET_PATH:
-        raise SocketError(f"socket path {path} is {len(str(path).encode())} bytes; unix sockets allow at most "
-                          f"{MAX_UNIX_SOCKET_PATH}: use a shorter --plugins-dir/--registry-dir")
-
-
-def remove_stale_socket(path: Path) -> None:
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        raise SocketError(f"{path} is a directory; cannot listen there")
-    path.unlink()
-    log.info("removed stale socket", extra={"path": str(path)})
-
-
-def _listen(path: Path) -> socket.socket:
-    check_socket_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_socket(path)
-    # Bind under a restrictive umask so the socket is never world-writable, not even briefly.
-    old = os.umask(0o177)
-    try:
-        sock = h2grpc.listening_socket(socket.AF_UNIX, str(path))
-    except OSError as e:
-        raise SocketError(f"cannot listen on {path}: {e}") from None
-    finally:
-        os.umask(old)
-    os.chmod(path, SOCKET_MODE)
-    return sock
+_listen = sockets.listen_unix  # one name, so tests can watch the order of the binds
 
 
 def dra_services(state: DriverState) -> dict[str, h2grpc.Method]:
@@ -186,12 +142,19 @@ class PluginServers:
         self._reg.add_service(REGISTRATION, self.registration)
         self._bound: list[Path] = []  # the socket files this instance created (removed on stop)
 
-    def listen(self) -> None:
-        """Bind the DRA socket (not served yet: calls wait), then the registration socket, served at once."""
-        self._dra.add_socket(_listen(self.paths.dra))
-        self._bound.append(self.paths.dra)
-        self._reg.add_socket(_listen(self.paths.registration))
+    def listen(self, bound: BoundSockets | None = None) -> None:
+        """Bind the DRA socket (not served yet: calls wait), then the registration socket, served at once;
+        `bound`: both bound already (in that order) by the daemon's entry, before its imports."""
+        if bound is None:
+            dra = _listen(self.paths.dra)
+            self._bound.append(self.paths.dra)
+            registration = _listen(self.paths.registration)
+        else:
+            dra, registration = bound.dra, bound.registration
+            self._bound.append(self.paths.dra)
+        self._dra.add_socket(dra)
         self._bound.append(self.paths.registration)
+        self._reg.add_socket(registration)
         self._reg.start()
         log.info("registration socket listening", extra={"registration_socket": str(self.paths.registration)})
 
