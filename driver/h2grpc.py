@@ -613,7 +613,8 @@ class Server:
             for call in calls:
                 call.context.cancel()
             conn.goaway()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        # Not waiting: a handler stuck past its cancellation (e.g. in an API call) must not hold up the stop.
+        self.pool.shutdown(wait=False, cancel_futures=True)
         for t in self._threads:
             t.join(1.0)
 
