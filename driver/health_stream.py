@@ -23,6 +23,8 @@ from neuron_dra.driver import h2grpc
 from neuron_dra.driver._generated import dra_health_v1_pb2, dra_health_v1alpha1_pb2
 from neuron_dra.driver._generated import dra_health_v1beta1_pb2 as pb
 from neuron_dra.driver.health_source import MAX_MESSAGE, DeviceHealth, Health, HealthMonitor
+from neuron_dra.driver.k8s_names import HEALTH_PACKAGES as HEALTH_PACKAGES  # re-exported
+from neuron_dra.driver.k8s_names import HEALTH_SERVICES as HEALTH_SERVICES
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.partitions import core_device_name
 from neuron_dra.driver.slices import NODE_DEVICE_NAME, device_name
@@ -30,8 +32,6 @@ from neuron_dra.driver.slices import NODE_DEVICE_NAME, device_name
 log = logging.getLogger("neuron_dra.driver.health_stream")
 
 # Most recent first; what the registration advertises (kubelet ignores names it does not know).
-HEALTH_PACKAGES = ("v1", "v1beta1", "v1alpha1")
-HEALTH_SERVICES = tuple(f"{p}.DRAResourceHealth" for p in HEALTH_PACKAGES)
 DEFAULT_TIMEOUT_S = 30  # what we tell kubelet; kubelet's own default is the same
 DEFAULT_HEARTBEAT_S = 10.0  # a third of the timeout: two lost beats still leave the device known
 _WIRE = {Health.HEALTHY: pb.HEALTHY, Health.UNHEALTHY: pb.UNHEALTHY, Health.UNKNOWN: pb.UNKNOWN}

@@ -126,3 +126,7 @@ TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 DEFAULT_TAINT_EFFECT = "NoSchedule"
 CATALOG_ENV = "NEURON_DRA_CATALOG"  # the driver daemon's fallback for --catalog (catalog_file.py)
 CHECKPOINT_FILE = "checkpoint.json"
+# kubelet's device health stream: the packages served (most recent first) and what the registration advertises
+# (health_stream.py, docs/kubelet-dra-protocol.md §3).
+HEALTH_PACKAGES = ("v1", "v1beta1", "v1alpha1")
+HEALTH_SERVICES = tuple(f"{p}.DRAResourceHealth" for p in HEALTH_PACKAGES)

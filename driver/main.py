@@ -37,6 +37,7 @@ from neuron_dra.driver.k8s_names import (
     DNS_SUBDOMAIN_RULE,
     DRIVER_NAME_MAX,
     DRIVER_NAME_RULE,
+    HEALTH_SERVICES,
     TAINT_EFFECTS,
     is_dns_subdomain,
 )
@@ -232,14 +233,13 @@ class Daemon:
 
     def __init__(self, options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
                  crash: CrashPoints | None = None, metrics: Metrics | None = None,
-                 bound: BoundSockets | None = None) -> None:
+                 servers: PluginServers | None = None) -> None:
         from neuron_dra.driver.failpoints import CrashPoints
 
         self.options = options
         self.lookup = lookup
         self.api = api
         self.crash = crash or CrashPoints()
-        self._bound = bound  # the sockets, when the entry bound them already (main)
         # prometheus_client only when metrics are served (the DaemonSet's default is off): 0.6 MiB less.
         self.metrics = metrics
         if self.metrics is None and options.metrics_port:
@@ -250,7 +250,7 @@ class Daemon:
         self.host: NeuronHost | None = None
         self.host_root: Path | None = None
         self.state: DriverState | None = None
-        self.servers: PluginServers | None = None
+        self.servers = servers  # listening already when the entry started them (main), else started here
         self.health: HealthServer | None = None
         self.metrics_server: MetricsServer | None = None
         self.publisher: SlicePublisher | None = None
@@ -281,14 +281,8 @@ class Daemon:
         o = self.options
         # The sockets first: kubelet can register the driver while the rest starts (plugin.py: DRA calls wait in
         # the DRA socket's backlog until `serve` below).
-        from neuron_dra.driver.health_stream import HEALTH_SERVICES
-        from neuron_dra.driver.plugin import PluginServers
-
-        self.servers = PluginServers(o.sockets, o.driver_name, extra_services=HEALTH_SERVICES)
-        try:
-            self.servers.listen(self._bound)
-        except (SocketError, OSError) as e:
-            raise StartupError(str(e)) from None
+        if self.servers is None:
+            self.servers = listen(o, None)
         from neuron_dra.driver.catalog import UnknownInstanceTypeError
         from neuron_dra.driver.catalog_file import CatalogFileError
         from neuron_dra.driver.cdi import CdiStore
@@ -391,13 +385,27 @@ class Daemon:
         log.info("stopped")
 
 
+def listen(options: DaemonOptions, bound: BoundSockets | None) -> PluginServers:
+    """The kubelet-facing servers with both sockets listening and the registration socket answered (plugin.py);
+    `bound`: the sockets bound already, else bound here."""
+    from neuron_dra.driver.plugin import PluginServers
+
+    servers = PluginServers(options.sockets, options.driver_name, extra_services=HEALTH_SERVICES)
+    try:
+        servers.listen(bound)
+    except (SocketError, OSError) as e:
+        servers.stop(0)
+        raise StartupError(str(e)) from None
+    return servers
+
+
 def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
-               crash: CrashPoints | None = None, bound: BoundSockets | None = None) -> int:
+               crash: CrashPoints | None = None, servers: PluginServers | None = None) -> int:
     """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
     from neuron_dra.driver import memory
 
-    memory.limit_arenas()  # before any thread starts
-    daemon = Daemon(options, lookup, api, crash, bound=bound)
+    memory.limit_arenas()  # before threads allocate (main applied it before the registration server's threads)
+    daemon = Daemon(options, lookup, api, crash, servers=servers)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop_event.set())
     try:
@@ -413,20 +421,28 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
     return 0
 
 
-def bind_early(options: DaemonOptions) -> BoundSockets | None:
-    """Both sockets, bound before the daemon imports the rest of itself (protobuf, h2, the API client: most of
-    its start-up time), so kubelet finds the driver within tens of milliseconds; None when binding fails (the
-    daemon's start then fails with the reason)."""
+def start_early(options: DaemonOptions) -> PluginServers | None:
+    """Both sockets bound and the registration socket answered before the daemon imports the rest of itself
+    (the API client, discovery, the checkpoint: most of its start-up time), so kubelet finds and registers the
+    driver at once; DRA calls wait in the DRA socket's backlog until the state is loaded (plugin.py). None
+    when that fails (the daemon's start then fails with the reason)."""
     try:
-        return bind(options.sockets)
+        bound = bind(options.sockets)  # standard library only: before the gRPC server's imports
     except (SocketError, OSError):
+        return None
+    from neuron_dra.driver import memory
+
+    memory.limit_arenas()  # before the registration server's threads
+    try:
+        return listen(options, bound)
+    except StartupError:
         return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv, os.environ)
     logs.configure(options.log_level)
-    bound = bind_early(options)
+    servers = start_early(options)
     from neuron_dra.driver.failpoints import CrashPoints
     from neuron_dra.driver.kube import KubeClaimLookup, KubeConfigError, api_client
 
@@ -435,12 +451,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         api = api_client(options.kubeconfig)
     except (ValueError, KubeConfigError) as e:
         log.error("start-up failed", extra={"error": str(e)})
-        if bound is not None:
-            bound.close()
-            for path in (options.sockets.registration, options.sockets.dra):
-                path.unlink(missing_ok=True)
+        if servers is not None:
+            servers.stop(0)
         return 2
-    return run_daemon(options, KubeClaimLookup(api), api, crash, bound)
+    return run_daemon(options, KubeClaimLookup(api), api, crash, servers)
 
 
 if __name__ == "__main__":
