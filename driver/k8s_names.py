@@ -120,3 +120,9 @@ def device_class_manifest(name: str, driver: str, *, expression: str | None = No
     if extended_resource_name is not None:
         spec["extendedResourceName"] = extended_resource_name
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": metadata, "spec": spec}
+
+# Defaults of the daemon's flags that its entry parses before importing anything heavy (driver/main.py).
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+DEFAULT_TAINT_EFFECT = "NoSchedule"
+CATALOG_ENV = "NEURON_DRA_CATALOG"  # the driver daemon's fallback for --catalog (catalog_file.py)
+CHECKPOINT_FILE = "checkpoint.json"
