@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -45,6 +44,8 @@ from neuron_dra.driver.sockets import BoundSockets, SocketError, SocketPaths, bi
 
 # Imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
 if TYPE_CHECKING:
+    import tempfile
+
     from neuron_dra.driver.claims import ClaimLookup
     from neuron_dra.driver.failpoints import CrashPoints
     from neuron_dra.driver.health import HealthServer
@@ -269,6 +270,8 @@ class Daemon:
         catalog: Catalog = load_catalog(o.catalog) if o.catalog else BUILTIN
         if o.emulate:
             # Kept for the daemon's lifetime: prepare reads the UltraServer class files under it.
+            import tempfile
+
             self._emulated = tempfile.TemporaryDirectory(prefix="neuron-dra-emulated-")
             root = emulate(o.emulate, Path(self._emulated.name) / "root", EmulationOptions(host_id=o.node_name),
                            catalog)
