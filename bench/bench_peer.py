@@ -100,10 +100,11 @@ def build_example(version: str, log: Callable[[str], None]) -> Path:
 
 
 def image_python(log: Callable[[str], None]) -> Path:
-    """A virtualenv with only the image's requirements (as driver/Dockerfile), cached by their hash; a venv is
-    not relocatable, so it is made in place and marked complete last."""
+    """A virtualenv with only the image's requirements, laid out as driver/Dockerfile makes it (bytecode for -OO,
+    no pip or setuptools: their .pth hook would cost every start), cached by their hash; a venv is not
+    relocatable, so it is made in place and marked complete last."""
     reqs = REPO / "driver" / "image-requirements.txt"
-    key = hashlib.sha256(reqs.read_bytes() + sys.version.encode()).hexdigest()[:16]
+    key = hashlib.sha256(reqs.read_bytes() + sys.version.encode() + b"layout 3").hexdigest()[:16]
     venv = build.cache_root() / "bench-image-venv" / key
     python, complete = venv / "bin" / "python", venv / ".complete"
     venv.parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +116,8 @@ def image_python(log: Callable[[str], None]) -> Path:
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
             subprocess.run([str(python), "-m", "pip", "install", "-q", "--only-binary=:all:", "-r", str(reqs)],
                            check=True)
+            subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "--yes", "pip", "setuptools"], check=True)
+            subprocess.run([str(python), "-m", "compileall", "-q", "-o", "2", str(venv)], check=True)
             complete.write_text(reqs.read_text())
     return python
 
