@@ -295,3 +295,46 @@ def test_call_unary_client(running: Running) -> None:
     with pytest.raises(h2grpc.RpcError) as e:
         h2grpc.call_unary(str(running.path), GET_INFO, b"", 0.3)
     assert e.value.code is StatusCode.DEADLINE_EXCEEDED
+
+
+def test_many_concurrent_calls_on_one_connection_with_cancellations_and_large_answers() -> None:
+    """One channel (as kubelet holds one connection): concurrent small, large (flow-controlled) and abandoned
+    calls interleave; every call ends, none hangs, and the server is idle afterwards."""
+    with short_dir() as d:
+        b = Behaviour(endpoint_size=200 * 1024, delay=0.0)
+        server = h2grpc.Server("stress", max_workers=4, max_concurrent=64, max_message=64 * 1024)
+        server.add_service(REGISTRATION, Servicer(b))
+        path = d / "s.sock"
+        server.add_socket(h2grpc.listening_socket(socket.AF_UNIX, str(path)))
+        server.start()
+        outcomes: list[str] = []
+        lock = threading.Lock()
+        try:
+            with grpc.insecure_channel(f"unix://{path}") as channel:
+                call = channel.unary_unary(GET_INFO, request_serializer=None, response_deserializer=None)
+
+                def worker(k: int) -> None:
+                    for i in range(15):
+                        try:
+                            # every third call gets a deadline too short for a 200 KiB answer to arrive at times
+                            raw = call(b"", timeout=0.005 if (k + i) % 3 == 0 else 10)
+                            result = "ok" if len(rpb.PluginInfo.FromString(raw).endpoint) == 200 * 1024 else "bad"
+                        except grpc.RpcError as e:
+                            result = e.code().name
+                        with lock:
+                            outcomes.append(result)
+
+                threads = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
+                start = time.monotonic()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(60)
+                assert not any(t.is_alive() for t in threads), "calls hung"
+                assert time.monotonic() - start < 60
+            assert len(outcomes) == 16 * 15
+            assert set(outcomes) <= {"ok", "DEADLINE_EXCEEDED"}, set(outcomes)
+            assert outcomes.count("ok") >= 16 * 10  # all the calls with a 10 s deadline
+            assert idle(server)
+        finally:
+            server.stop(1)
