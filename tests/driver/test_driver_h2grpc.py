@@ -154,7 +154,9 @@ def test_deadline_reaches_the_handler_and_expiry_cancels_it(running: Running) ->
     remaining = running.behaviour.seen_remaining[0]
     assert remaining is not None and 0.2 < remaining <= 0.5
     assert idle(running.server) and time.monotonic() - start < 2.5  # not the handler's 5 s
-    assert running.behaviour.ended == ["cancelled"]
+    # The end callbacks ran once: "cancelled" when the client's RST_STREAM came first, "ended" when the server saw
+    # the deadline pass first (is_active() turned false at the deadline either way).
+    assert running.behaviour.ended in (["cancelled"], ["ended"])
 
 
 def test_calls_beyond_the_bound_are_resource_exhausted_at_once(running: Running) -> None:
