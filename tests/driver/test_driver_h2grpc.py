@@ -152,7 +152,7 @@ def test_deadline_reaches_the_handler_and_expiry_cancels_it(running: Running) ->
     code, _ = code_of(running.unary(GET_INFO), b"", timeout=0.5)
     assert code is grpc.StatusCode.DEADLINE_EXCEEDED
     remaining = running.behaviour.seen_remaining[0]
-    assert remaining is not None and 0.2 < remaining <= 0.5
+    assert remaining is not None and 0 < remaining <= 0.5  # the client's 0.5 s, less the time to get here
     assert idle(running.server) and time.monotonic() - start < 2.5  # not the handler's 5 s
     # The end callbacks ran once: "cancelled" when the client's RST_STREAM came first, "ended" when the server saw
     # the deadline pass first (is_active() turned false at the deadline either way).
@@ -160,7 +160,7 @@ def test_deadline_reaches_the_handler_and_expiry_cancels_it(running: Running) ->
 
 
 def test_calls_beyond_the_bound_are_resource_exhausted_at_once(running: Running) -> None:
-    running.behaviour.delay = 1.5
+    running.behaviour.delay = 2.5  # long enough for all 5 to be in flight at once, even on a loaded machine
     results: list[Any] = []
 
     def call() -> None:
