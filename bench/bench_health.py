@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import statistics
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from neuron_dra.driver import grpc_raw
+from neuron_dra.driver import h2grpc
 from neuron_dra.driver._generated import dra_health_v1alpha1_pb2 as pb
 from neuron_dra.driver._generated import dra_health_v1alpha1_pb2_grpc as pb_grpc
 from neuron_dra.driver.discovery import discover
@@ -55,11 +56,11 @@ def latency(host: Path, interval: float, rounds: int) -> list[float]:
     monitor = HealthMonitor(host, range(16), interval=interval)
     stop = threading.Event()
     service = HealthStreamService(monitor, discover(host), "bench", stop)
-    server = grpc_raw.new_server("bench-health", 4, 4)
-    server.add_generic_rpc_handlers(service.handlers())
+    server = h2grpc.Server("bench-health", 4, 4)
+    server.add_methods(service.methods())
     with tempfile.TemporaryDirectory(prefix="bh", dir="/tmp") as d:
         sock = f"{d}/h.sock"
-        server.add_insecure_port(f"unix://{sock}")
+        server.add_socket(h2grpc.listening_socket(socket.AF_UNIX, sock))
         server.start()
         monitor.start(stop)
         channel = grpc.insecure_channel(f"unix://{sock}")
@@ -93,7 +94,7 @@ def latency(host: Path, interval: float, rounds: int) -> list[float]:
             call.cancel()
             channel.close()
             stop.set()
-            server.stop(0.5).wait(1)
+            server.stop(0.5)
     return out
 
 

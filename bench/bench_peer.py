@@ -18,7 +18,8 @@ Figures (both drivers, ratio ours / example; below 1 means ours is faster or sma
 prepare p50/p99 at 1 and 8 devices, unprepare p50 (client-side wall time), CPU per prepare+unprepare (the
 process's user+system time over the measured cycles, background work included), memory at start (RSS once the
 first ResourceSlice is there and the process settled) and peak (VmHWM at the end), start -> registration
-socket, start -> first ResourceSlice (from the exec of the process).
+socket, start -> registration answered (GetInfo, kubelet's next step), start -> DRA service answered (an empty
+NodePrepareResources), start -> first ResourceSlice (all from the exec of the process).
 
 Run: python bench/bench_peer.py [--cycles 2000] [--kubernetes-version 1.36] [--dir /tmp] [--json]
 """
@@ -63,6 +64,7 @@ GOPROXY = "https://proxy.golang.org"
 SIZES = (1, 8)
 PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
+GET_INFO = "/pluginregistration.Registration/GetInfo"
 
 
 class BenchError(RuntimeError):
@@ -98,10 +100,11 @@ def build_example(version: str, log: Callable[[str], None]) -> Path:
 
 
 def image_python(log: Callable[[str], None]) -> Path:
-    """A virtualenv with only the image's requirements (as driver/Dockerfile), cached by their hash; a venv is
-    not relocatable, so it is made in place and marked complete last."""
+    """A virtualenv with only the image's requirements, laid out as driver/Dockerfile makes it (bytecode for -OO,
+    no pip or setuptools: their .pth hook would cost every start), cached by their hash; a venv is not
+    relocatable, so it is made in place and marked complete last."""
     reqs = REPO / "driver" / "image-requirements.txt"
-    key = hashlib.sha256(reqs.read_bytes() + sys.version.encode()).hexdigest()[:16]
+    key = hashlib.sha256(reqs.read_bytes() + sys.version.encode() + b"layout 3").hexdigest()[:16]
     venv = build.cache_root() / "bench-image-venv" / key
     python, complete = venv / "bin" / "python", venv / ".complete"
     venv.parent.mkdir(parents=True, exist_ok=True)
@@ -113,6 +116,8 @@ def image_python(log: Callable[[str], None]) -> Path:
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
             subprocess.run([str(python), "-m", "pip", "install", "-q", "--only-binary=:all:", "-r", str(reqs)],
                            check=True)
+            subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "--yes", "pip", "setuptools"], check=True)
+            subprocess.run([str(python), "-m", "compileall", "-q", "-o", "2", str(venv)], check=True)
             complete.write_text(reqs.read_text())
     return python
 
@@ -182,6 +187,18 @@ class KubeletClient:
         self.channel.close()
 
 
+def answers(socket_path: Path, method: str, request: bytes, out: list[Any]) -> bool:
+    """One call on a fresh channel (as kubelet dials), with kubelet's 1 s GetInfo timeout: answered or not."""
+    with grpc.insecure_channel(f"unix://{socket_path}") as channel:
+        try:
+            raw = channel.unary_unary(method, request_serializer=None, response_deserializer=None)(request, timeout=1)
+        except grpc.RpcError:
+            return False
+    if method == GET_INFO:
+        out.append(pluginregistration_pb2.PluginInfo.FromString(raw))
+    return True
+
+
 # --- the drivers --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -237,6 +254,11 @@ class Running:
         self.proc = subprocess.Popen(spec.command(run, kubeconfig), stdout=self._log, stderr=subprocess.STDOUT,
                                      env=dict(spec.env))
         self.to_socket = self._until(lambda: registration.exists(), start, 0.0005, run)
+        # What kubelet needs next: GetInfo answered (kubelet allows 1 s), then the DRA endpoint answering.
+        info: list[pluginregistration_pb2.PluginInfo] = []
+        self.to_registered = self._until(lambda: answers(registration, GET_INFO, b"", info), start, 0.0005, run)
+        dra = Path(info[0].endpoint)
+        self.to_dra = self._until(lambda: answers(dra, PREPARE, b"", []), start, 0.0005, run)
         self.to_slice = self._until(lambda: slices(spec.driver_name), start, 0.002, run)
         time.sleep(1.0)  # settle: the first publish and its watch
         self.rss_start = proc_status(self.proc.pid, "VmRSS")
@@ -404,6 +426,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                 Figure("memory peak", "MiB", proc_status(ours.proc.pid, "VmHWM") / MIB,
                        proc_status(ex.proc.pid, "VmHWM") / MIB),
                 Figure("start -> registration socket", "s", ours.to_socket, ex.to_socket),
+                Figure("start -> registration answered", "s", ours.to_registered, ex.to_registered),
+                Figure("start -> DRA service answered", "s", ours.to_dra, ex.to_dra),
                 Figure("start -> first ResourceSlice", "s", ours.to_slice, ex.to_slice),
             ]
         finally:

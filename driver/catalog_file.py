@@ -22,10 +22,11 @@ from neuron_dra.driver.catalog import (
     TopologyKind,
     UltraServerShape,
 )
+from neuron_dra.driver.k8s_names import CATALOG_ENV
 
 API_VERSION = "neuron-dra/v1"
 KIND = "NeuronCatalog"
-ENV_VAR = "NEURON_DRA_CATALOG"  # the driver daemon's fallback for --catalog
+ENV_VAR = CATALOG_ENV  # the driver daemon's fallback for --catalog
 MAX_DEVICES = 127  # one ResourceSlice holds 128 devices; an UltraServer node adds its pseudo-device
 MAX_CORES = 64
 MAX_HBM_GIB = 4096

@@ -26,12 +26,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from neuron_dra.driver import k8s_names
 from neuron_dra.driver.atomicfile import remove_temp_files, write_atomic
 from neuron_dra.driver.cdi import CdiError, check_claim_uid
 from neuron_dra.driver.errortext import shown
 
 CHECKPOINT_VERSION = 1
-CHECKPOINT_FILE = "checkpoint.json"
+CHECKPOINT_FILE = k8s_names.CHECKPOINT_FILE
 
 
 class CheckpointError(RuntimeError):

@@ -32,18 +32,20 @@ import yaml
 
 from neuron_dra import __version__
 from neuron_dra.driver.catalog import BUILTIN, CATALOG, Catalog
-from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
 from neuron_dra.driver.catalog_file import CatalogFileError, parse_catalog
 from neuron_dra.driver.errors import NotAllowed
 from neuron_dra.driver.k8s_names import (
+    CATALOG_ENV,
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
     DEFAULT_HEALTHCHECK_PORT,
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,
+    DEFAULT_TAINT_EFFECT,
     LIVENESS_SERVICE,
     NEURON_CORE_RESOURCE,
     NEURON_DEVICE_RESOURCE,
+    TAINT_EFFECTS,
     check_dns_label,
     check_dns_subdomain,
     check_driver_name,
@@ -52,7 +54,6 @@ from neuron_dra.driver.k8s_names import (
 )
 from neuron_dra.driver.partitions import NEURON_CORE
 from neuron_dra.driver.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
-from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
 
 Manifest = dict[str, Any]
 

@@ -9,20 +9,13 @@ Service "" reports that the health server itself is up.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
-import grpc
-
-from neuron_dra.driver import grpc_raw, memory
-from neuron_dra.driver._generated import (
-    dra_v1_pb2,
-    dra_v1_pb2_grpc,
-    grpc_health_v1_pb2,
-    pluginregistration_pb2,
-    pluginregistration_pb2_grpc,
-)
+from neuron_dra.driver import h2grpc, memory
+from neuron_dra.driver._generated import dra_v1_pb2, grpc_health_v1_pb2, pluginregistration_pb2
 from neuron_dra.driver.k8s_names import LIVENESS_SERVICE
-from neuron_dra.driver.plugin import SocketPaths
+from neuron_dra.driver.sockets import SocketPaths
 
 log = logging.getLogger("neuron_dra.driver.health")
 
@@ -41,28 +34,23 @@ class HealthService:
         self._timeout = probe_timeout
 
     def live(self) -> tuple[bool, str]:
-        """(ok, why not) from a GetInfo and an empty prepare over the daemon's own sockets.
-
-        Fresh channels per probe (unix sockets: cheap), closed afterwards and the heap trimmed: kept open,
-        gRPC's client side would hold about 2 MiB for the daemon's lifetime, for one call every 10 s. (Trimmed
-        before too: part of the last probe's memory is freed only after its channels have wound down.)"""
-        memory.trim(collect=False)
+        """(ok, why not) from a GetInfo and an empty prepare over the daemon's own sockets (a fresh connection
+        each, closed afterwards; the heap trimmed after)."""
         try:
-            with grpc.insecure_channel(f"unix://{self._paths.registration}") as reg_channel, \
-                    grpc.insecure_channel(f"unix://{self._paths.dra}") as dra_channel:
-                reg = pluginregistration_pb2_grpc.RegistrationStub(reg_channel)
-                info = reg.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=self._timeout)
-                if info.endpoint != str(self._paths.dra):
-                    return False, f"registration answers endpoint {info.endpoint!r}, expected {self._paths.dra}"
-                dra = dra_v1_pb2_grpc.DRAPluginStub(dra_channel)
-                dra.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=self._timeout)
-        except grpc.RpcError as e:
-            return False, f"{e.code().name}: {e.details()}"
+            info = pluginregistration_pb2.PluginInfo.FromString(h2grpc.call_unary(
+                str(self._paths.registration), "/pluginregistration.Registration/GetInfo",
+                pluginregistration_pb2.InfoRequest().SerializeToString(), self._timeout))
+            if info.endpoint != str(self._paths.dra):
+                return False, f"registration answers endpoint {info.endpoint!r}, expected {self._paths.dra}"
+            h2grpc.call_unary(str(self._paths.dra), f"/{dra_v1_pb2.DESCRIPTOR.package}.DRAPlugin/NodePrepareResources",
+                              dra_v1_pb2.NodePrepareResourcesRequest().SerializeToString(), self._timeout)
+        except h2grpc.RpcError as e:
+            return False, f"{e.code.name}: {e.details}"
         finally:
             memory.trim(collect=False)
         return True, ""
 
-    def Check(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def Check(self, request: Any, context: h2grpc.CallContext) -> Any:
         if request.service == "":
             return grpc_health_v1_pb2.HealthCheckResponse(status=SERVING)
         if request.service == LIVENESS_SERVICE:
@@ -70,28 +58,31 @@ class HealthService:
             if not ok:
                 log.warning("liveness check failed", extra={"error": why})
             return grpc_health_v1_pb2.HealthCheckResponse(status=SERVING if ok else NOT_SERVING)
-        context.abort(grpc.StatusCode.NOT_FOUND,
+        context.abort(h2grpc.StatusCode.NOT_FOUND,
                       f"unknown health service {request.service!r}; known: '' and {LIVENESS_SERVICE!r}")
 
-    def Watch(self, request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "Watch is not implemented; use Check")
+    def Watch(self, request: Any, context: h2grpc.CallContext) -> Any:
+        context.abort(h2grpc.StatusCode.UNIMPLEMENTED, "Watch is not implemented; use Check")
 
 
 
 class HealthServer:
     def __init__(self, paths: SocketPaths, address: str, port: int) -> None:
         self.service = HealthService(paths)
-        self._server = grpc_raw.new_server("health", 2, MAX_CONCURRENT, MAX_MESSAGE)
-        grpc_raw.add_servicer(self._server, HEALTH, self.service)
-        host = f"[{address}]" if ":" in address else address
+        self._server = h2grpc.Server("health", 2, MAX_CONCURRENT, MAX_MESSAGE, max_connections=16)
+        self._server.add_service(HEALTH, self.service)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
         try:
-            self.port = self._server.add_insecure_port(f"{host}:{port}")
-        except RuntimeError as e:
+            sock = h2grpc.listening_socket(family, (address, port))
+        except OSError as e:
+            host = f"[{address}]" if ":" in address else address
             raise OSError(f"cannot listen for health checks on {host}:{port}: {e}") from None
+        self.port = int(sock.getsockname()[1])
+        self._server.add_socket(sock)
 
     def start(self) -> None:
         self._server.start()
         log.info("health service listening", extra={"port": self.port, "service": LIVENESS_SERVICE})
 
     def stop(self, grace: float = 1.0) -> None:
-        self._server.stop(grace).wait(grace + 1)
+        self._server.stop(grace)

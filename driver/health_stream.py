@@ -4,7 +4,7 @@ kubelets 1.34-1.36 dial `v1alpha1.DRAResourceHealth` whenever their ResourceHeal
 1.36), whatever the registration lists; 1.37 picks `v1` or `v1alpha1` from the registration's supported
 versions; upstream's Go helper serves `v1beta1` (docs/kubelet-dra-protocol.md §3). The messages are identical on
 the wire in all three, so one servicer answers all of them with the v1beta1 messages, through the daemon's
-raw-bytes handlers (grpc_raw.py).
+raw-bytes handlers (h2grpc.py).
 
 The stream sends the full device list at once, again on every change, and at least every `heartbeat` seconds
 with fresh timestamps: kubelet turns a device Unknown when no update came within its health check timeout.
@@ -19,12 +19,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
-from neuron_dra.driver import grpc_raw
+from neuron_dra.driver import h2grpc
 from neuron_dra.driver._generated import dra_health_v1_pb2, dra_health_v1alpha1_pb2
 from neuron_dra.driver._generated import dra_health_v1beta1_pb2 as pb
 from neuron_dra.driver.health_source import MAX_MESSAGE, DeviceHealth, Health, HealthMonitor
+from neuron_dra.driver.k8s_names import HEALTH_PACKAGES as HEALTH_PACKAGES  # re-exported
+from neuron_dra.driver.k8s_names import HEALTH_SERVICES as HEALTH_SERVICES
 from neuron_dra.driver.model import NeuronHost
 from neuron_dra.driver.partitions import core_device_name
 from neuron_dra.driver.slices import NODE_DEVICE_NAME, device_name
@@ -32,8 +32,6 @@ from neuron_dra.driver.slices import NODE_DEVICE_NAME, device_name
 log = logging.getLogger("neuron_dra.driver.health_stream")
 
 # Most recent first; what the registration advertises (kubelet ignores names it does not know).
-HEALTH_PACKAGES = ("v1", "v1beta1", "v1alpha1")
-HEALTH_SERVICES = tuple(f"{p}.DRAResourceHealth" for p in HEALTH_PACKAGES)
 DEFAULT_TIMEOUT_S = 30  # what we tell kubelet; kubelet's own default is the same
 DEFAULT_HEARTBEAT_S = 10.0  # a third of the timeout: two lost beats still leave the device known
 _WIRE = {Health.HEALTHY: pb.HEALTHY, Health.UNHEALTHY: pb.UNHEALTHY, Health.UNKNOWN: pb.UNKNOWN}
@@ -99,7 +97,7 @@ class HealthStreamService:
                 last_updated_time=now, health_check_timeout_seconds=self.timeout_s, message=h.message))
         return resp
 
-    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext
+    def NodeWatchResources(self, request: Any, context: h2grpc.CallContext
                            ) -> Iterator[pb.NodeWatchResourcesResponse]:
         """The stream kubelet holds open (the request message is empty in every version)."""
         with self._lock:
@@ -123,6 +121,9 @@ class HealthStreamService:
                 self.active_streams -= 1
             log.info("device health stream closed", extra={"pool": self.pool_name})
 
-    def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
-        return tuple(grpc_raw.service_handler(module.DESCRIPTOR.services_by_name["DRAResourceHealth"], self)
-                     for module in (dra_health_v1_pb2, pb, dra_health_v1alpha1_pb2))
+    def methods(self) -> dict[str, h2grpc.Method]:
+        """NodeWatchResources in every package of HEALTH_PACKAGES, for the DRA socket's server."""
+        out: dict[str, h2grpc.Method] = {}
+        for module in (dra_health_v1_pb2, pb, dra_health_v1alpha1_pb2):
+            out.update(h2grpc.service_methods(module.DESCRIPTOR.services_by_name["DRAResourceHealth"], self))
+        return out

@@ -120,3 +120,13 @@ def device_class_manifest(name: str, driver: str, *, expression: str | None = No
     if extended_resource_name is not None:
         spec["extendedResourceName"] = extended_resource_name
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": metadata, "spec": spec}
+
+# Defaults of the daemon's flags that its entry parses before importing anything heavy (driver/main.py).
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+DEFAULT_TAINT_EFFECT = "NoSchedule"
+CATALOG_ENV = "NEURON_DRA_CATALOG"  # the driver daemon's fallback for --catalog (catalog_file.py)
+CHECKPOINT_FILE = "checkpoint.json"
+# kubelet's device health stream: the packages served (most recent first) and what the registration advertises
+# (health_stream.py, docs/kubelet-dra-protocol.md §3).
+HEALTH_PACKAGES = ("v1", "v1beta1", "v1alpha1")
+HEALTH_SERVICES = tuple(f"{p}.DRAResourceHealth" for p in HEALTH_PACKAGES)

@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -25,41 +24,40 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_dra import __version__
-from neuron_dra.driver import grpc_lean, logs, memory  # noqa: F401 (grpc_lean: before anything imports grpc)
-from neuron_dra.driver.catalog import BUILTIN, Catalog, UnknownInstanceTypeError
-from neuron_dra.driver.catalog_file import ENV_VAR as CATALOG_ENV
-from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog
-from neuron_dra.driver.cdi import CdiStore
-from neuron_dra.driver.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError
-from neuron_dra.driver.claims import ClaimLookup
-from neuron_dra.driver.discovery import DiscoveryError, discover
-from neuron_dra.driver.emulate import EmulationOptions, emulate
-from neuron_dra.driver.failpoints import CrashPoints
-from neuron_dra.driver.health import HealthServer
-from neuron_dra.driver.health_reporting import HealthReporter
-from neuron_dra.driver.health_source import HealthMonitor
-from neuron_dra.driver.health_stream import HEALTH_SERVICES, HealthStreamService
+from neuron_dra.driver import logs
 from neuron_dra.driver.k8s_names import (
+    CATALOG_ENV,
+    CHECKPOINT_FILE,
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,
+    DEFAULT_TAINT_EFFECT,
     DNS_SUBDOMAIN_RULE,
     DRIVER_NAME_MAX,
     DRIVER_NAME_RULE,
+    HEALTH_SERVICES,
+    TAINT_EFFECTS,
     is_dns_subdomain,
 )
-from neuron_dra.driver.kube import ApiClient, KubeClaimLookup, KubeConfigError, api_client
-from neuron_dra.driver.model import NeuronHost
-from neuron_dra.driver.partitions import CoreLayout, PartitionError, read_node_lnc
-from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
-from neuron_dra.driver.publisher import SlicePublisher
-from neuron_dra.driver.slices import PublishOptions
-from neuron_dra.driver.state import DriverState
-from neuron_dra.driver.taints import DEFAULT_TAINT_EFFECT, TAINT_EFFECTS
+from neuron_dra.driver.sockets import BoundSockets, SocketError, SocketPaths, bind
 
+# Imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
 if TYPE_CHECKING:
+    import tempfile
+
+    from neuron_dra.driver.claims import ClaimLookup
+    from neuron_dra.driver.failpoints import CrashPoints
+    from neuron_dra.driver.health import HealthServer
+    from neuron_dra.driver.health_reporting import HealthReporter
+    from neuron_dra.driver.health_source import HealthMonitor
+    from neuron_dra.driver.health_stream import HealthStreamService
+    from neuron_dra.driver.kube import ApiClient
     from neuron_dra.driver.metrics import Metrics, MetricsServer
+    from neuron_dra.driver.model import NeuronHost
+    from neuron_dra.driver.plugin import PluginServers
+    from neuron_dra.driver.publisher import SlicePublisher
+    from neuron_dra.driver.state import DriverState
 
 log = logging.getLogger("neuron_dra.driver.main")
 
@@ -235,7 +233,10 @@ class Daemon:
     """All parts of the running driver; `start` brings them up in order, `stop` takes them down."""
 
     def __init__(self, options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
-                 crash: CrashPoints | None = None, metrics: Metrics | None = None) -> None:
+                 crash: CrashPoints | None = None, metrics: Metrics | None = None,
+                 servers: PluginServers | None = None) -> None:
+        from neuron_dra.driver.failpoints import CrashPoints
+
         self.options = options
         self.lookup = lookup
         self.api = api
@@ -250,7 +251,7 @@ class Daemon:
         self.host: NeuronHost | None = None
         self.host_root: Path | None = None
         self.state: DriverState | None = None
-        self.servers: PluginServers | None = None
+        self.servers = servers  # listening already when the entry started them (main), else started here
         self.health: HealthServer | None = None
         self.metrics_server: MetricsServer | None = None
         self.publisher: SlicePublisher | None = None
@@ -260,10 +261,17 @@ class Daemon:
         self._emulated: tempfile.TemporaryDirectory[str] | None = None
 
     def _load_host(self) -> tuple[NeuronHost, Path]:
+        from neuron_dra.driver.catalog import BUILTIN, Catalog
+        from neuron_dra.driver.catalog_file import load_catalog
+        from neuron_dra.driver.discovery import discover
+        from neuron_dra.driver.emulate import EmulationOptions, emulate
+
         o = self.options
         catalog: Catalog = load_catalog(o.catalog) if o.catalog else BUILTIN
         if o.emulate:
             # Kept for the daemon's lifetime: prepare reads the UltraServer class files under it.
+            import tempfile
+
             self._emulated = tempfile.TemporaryDirectory(prefix="neuron-dra-emulated-")
             root = emulate(o.emulate, Path(self._emulated.name) / "root", EmulationOptions(host_id=o.node_name),
                            catalog)
@@ -274,6 +282,21 @@ class Daemon:
 
     def start(self) -> None:
         o = self.options
+        # The sockets first: kubelet can register the driver while the rest starts (plugin.py: DRA calls wait in
+        # the DRA socket's backlog until `serve` below).
+        if self.servers is None:
+            self.servers = listen(o, None)
+        from neuron_dra.driver.catalog import UnknownInstanceTypeError
+        from neuron_dra.driver.catalog_file import CatalogFileError
+        from neuron_dra.driver.cdi import CdiStore
+        from neuron_dra.driver.checkpoint import Checkpoint, CheckpointError
+        from neuron_dra.driver.discovery import DiscoveryError
+        from neuron_dra.driver.health_reporting import HealthReporter
+        from neuron_dra.driver.health_source import HealthMonitor
+        from neuron_dra.driver.health_stream import HealthStreamService
+        from neuron_dra.driver.partitions import CoreLayout, PartitionError, read_node_lnc
+        from neuron_dra.driver.state import DriverState
+
         try:
             self.host, self.host_root = self._load_host()
         except CatalogFileError as e:
@@ -308,19 +331,19 @@ class Daemon:
         report = self.health_reporter.in_background(self.stop_event)
         report(self.health_monitor.current())  # devices already unhealthy at start (events, metrics)
         self.health_monitor.add_listener(report)
-        self.servers = PluginServers(o.sockets, self.state, o.driver_name,
-                                     extra_handlers=self.health_stream.handlers(), extra_services=HEALTH_SERVICES)
-        try:
-            self.servers.start()
-        except (SocketError, OSError) as e:
-            raise StartupError(str(e)) from None
+        self.servers.serve(self.state, self.health_stream.methods())
         if o.healthcheck_port:
+            from neuron_dra.driver.health import HealthServer
+
             self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port)
             self.health.start()
         if o.metrics_port and self.metrics is not None:
             self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)
             log.info("metrics listening", extra={"port": self.metrics_server.port})
         if self.api is not None:
+            from neuron_dra.driver.publisher import SlicePublisher
+            from neuron_dra.driver.slices import PublishOptions
+
             cores = None if o.core_partitions == "off" else layout
             if cores is None:
                 log.info("publishing whole Neuron devices only, no NeuronCores", extra={
@@ -337,6 +360,8 @@ class Daemon:
 
     def run(self) -> None:
         """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""
+        from neuron_dra.driver import memory
+
         assert self.state is not None
         pending = True
         next_resolve = 0.0
@@ -363,11 +388,27 @@ class Daemon:
         log.info("stopped")
 
 
+def listen(options: DaemonOptions, bound: BoundSockets | None) -> PluginServers:
+    """The kubelet-facing servers with both sockets listening and the registration socket answered (plugin.py);
+    `bound`: the sockets bound already, else bound here."""
+    from neuron_dra.driver.plugin import PluginServers
+
+    servers = PluginServers(options.sockets, options.driver_name, extra_services=HEALTH_SERVICES)
+    try:
+        servers.listen(bound)
+    except (SocketError, OSError) as e:
+        servers.stop(0)
+        raise StartupError(str(e)) from None
+    return servers
+
+
 def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
-               crash: CrashPoints | None = None) -> int:
+               crash: CrashPoints | None = None, servers: PluginServers | None = None) -> int:
     """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
-    memory.limit_arenas()
-    daemon = Daemon(options, lookup, api, crash)
+    from neuron_dra.driver import memory
+
+    memory.limit_arenas()  # before threads allocate (main applied it before the registration server's threads)
+    daemon = Daemon(options, lookup, api, crash, servers=servers)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop_event.set())
     try:
@@ -383,16 +424,40 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
     return 0
 
 
+def start_early(options: DaemonOptions) -> PluginServers | None:
+    """Both sockets bound and the registration socket answered before the daemon imports the rest of itself
+    (the API client, discovery, the checkpoint: most of its start-up time), so kubelet finds and registers the
+    driver at once; DRA calls wait in the DRA socket's backlog until the state is loaded (plugin.py). None
+    when that fails (the daemon's start then fails with the reason)."""
+    try:
+        bound = bind(options.sockets)  # standard library only: before the gRPC server's imports
+    except (SocketError, OSError):
+        return None
+    from neuron_dra.driver import memory
+
+    memory.limit_arenas()  # before the registration server's threads
+    try:
+        return listen(options, bound)
+    except StartupError:
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv, os.environ)
     logs.configure(options.log_level)
+    servers = start_early(options)
+    from neuron_dra.driver.failpoints import CrashPoints
+    from neuron_dra.driver.kube import KubeClaimLookup, KubeConfigError, api_client
+
     try:
         crash = CrashPoints.from_env(os.environ)
         api = api_client(options.kubeconfig)
     except (ValueError, KubeConfigError) as e:
         log.error("start-up failed", extra={"error": str(e)})
+        if servers is not None:
+            servers.stop(0)
         return 2
-    return run_daemon(options, KubeClaimLookup(api), api, crash)
+    return run_daemon(options, KubeClaimLookup(api), api, crash, servers)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from neuron_dra.driver.health_source import Health
+from neuron_dra.driver.k8s_names import DEFAULT_TAINT_EFFECT as DEFAULT_TAINT_EFFECT  # re-exported
+from neuron_dra.driver.k8s_names import TAINT_EFFECTS as TAINT_EFFECTS
 
 if TYPE_CHECKING:  # claim templates import this module: keep gRPC out of their imports
     from neuron_dra.driver.health_stream import NamedHealth
 
-TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
-DEFAULT_TAINT_EFFECT = "NoSchedule"
 UNHEALTHY_TAINT_NAME = "unhealthy"
 MAX_LABEL_VALUE = 63
 

@@ -71,5 +71,9 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    print(f"demo complete: {len(result.outcomes)} pods ran where the claim check predicted; picture: {result.svg}")
+    health = "" if result.health is None else (
+        f"; a device fault was tainted in {result.health.taint_seconds:.1f} s and avoided, and cleared in "
+        f"{result.health.cleared_seconds:.1f} s")
+    print(f"demo complete: {len(result.outcomes)} pods ran where the claim check predicted{health}; picture: "
+          f"{result.svg}")
     return 0

@@ -5,8 +5,9 @@ Steps: check the workloads' templates against the demo's instance types (the pre
 binaries if they are not cached; bring up the local cluster (the supervisor applies the driver's objects); wait
 for every node's ResourceSlices; install every example template in the demo namespace (the apiserver compiles
 their CEL); create the workloads stage by stage (see demo_workloads); wait until they run; show the table, each
-node's topology and an SVG; tear down unless asked to keep the cluster. Every wait is bounded, and the cluster is
-stopped on any failure or interrupt.
+node's topology and an SVG; on 1.36+ fault two devices and show the taints, the pod's health and a new claim
+avoiding them, then clear the fault (demo_health); tear down unless asked to keep the cluster. Every wait is
+bounded, and the cluster is stopped on any failure or interrupt.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import LocalCluster
+from neuron_dra.localcluster.demo_health import HEALTH_INSTANCE_TYPE, HealthOutcome, HealthStage, plan_faults
+from neuron_dra.localcluster.demo_health import raw_json as _raw
 from neuron_dra.localcluster.demo_report import (
     PodOutcome,
     format_table,
@@ -49,6 +52,7 @@ from neuron_dra.localcluster.demo_workloads import (
     demo_stages,
     demo_templates,
     pod_manifest,
+    runs_health_stage,
 )
 from neuron_dra.localcluster.efa_emulator import EFA_DRIVER
 from neuron_dra.localcluster.fakeruntime import created_containers
@@ -82,6 +86,7 @@ class DemoResult:
     outcomes: list[PodOutcome] = field(default_factory=list)
     svg: Path | None = None
     kubeconfig: Path | None = None
+    health: HealthOutcome | None = None  # the device-health stage (1.36+)
 
 
 class Narrator:
@@ -114,11 +119,6 @@ def predictions(checker: Checker, instance_types: Sequence[str], minor: str = DE
                 raise DemoError(f"claim template {w.template.name} does not fit the demo's nodes: {report.summary()}")
             reports[w.template.name] = report
     return reports
-
-
-def _raw(resp: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(resp.data)
-    return data
 
 
 def wait_until(what: str, predicate: Callable[[], bool], timeout: float, explain: Callable[[], str] = lambda: "",
@@ -256,6 +256,20 @@ class DemoRun:
         wait_until("every workload to run", running, self.options.timeout, lambda: self._explain(names))
         self.say(f"all {len(names)} pods are Running: the driver prepared their claims (CDI specs resolved)")
         return started
+
+    def health_stage(self, outcomes: Sequence[PodOutcome]) -> HealthOutcome:
+        """Fault two inf2 devices (one in use, one free), watch the taints, the pod's status and a new claim, then
+        clear them (demo_health.py)."""
+        inf2 = [n.name for n in self.cluster.nodes if n.instance_type == HEALTH_INSTANCE_TYPE]
+        count = get_instance_spec(HEALTH_INSTANCE_TYPE).device_count
+        plan = next((p for p in (plan_faults(outcomes, n, count) for n in inf2) if p is not None), None)
+        if plan is None:
+            raise DemoError(f"the device-health stage needs an {HEALTH_INSTANCE_TYPE} node with a pod and a free "
+                            f"device; nodes: {', '.join(n.name for n in self.cluster.nodes)}")
+        stage = HealthStage(self.cluster, self.core.api_client, self.namespace, self.say,
+                            lambda what, predicate, timeout: wait_until(what, predicate, timeout),
+                            self.options.timeout)
+        return stage.run(plan)
 
     def _allocated_requests(self, pod: str) -> tuple[str, ...]:
         requests: list[str] = []
@@ -430,13 +444,15 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
             say("creating the workloads stage by stage (each stage scheduled before the next):")
             workloads = run.run_stages()
             result.outcomes = run.outcomes(workloads, reports)
+            show(result, cluster, say)
+            wrong = [o.pod for o in result.outcomes if not o.matches_prediction]
+            if wrong:
+                raise DemoError(f"the allocation of {', '.join(wrong)} differs from what the claim check predicted "
+                                "(see AS PREDICTED)")
+            if runs_health_stage(minor):
+                result.health = run.health_stage(result.outcomes)
         finally:
             api.close()
-        show(result, cluster, say)
-        wrong = [o.pod for o in result.outcomes if not o.matches_prediction]
-        if wrong:
-            raise DemoError(f"the allocation of {', '.join(wrong)} differs from what the claim check predicted "
-                            "(see AS PREDICTED)")
         ok = True
         return result
     finally:

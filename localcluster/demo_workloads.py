@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_dra.claim_templates import ClaimTemplate, NeuronCores
+from neuron_dra.claim_templates import ClaimTemplate, Neuron, NeuronCores
 from neuron_dra.claim_templates.examples import (
     OFFICIAL_SAMPLES,
     RICHER_CASES,
@@ -59,6 +59,10 @@ CORE_STAGE = Stage((
     Workload("core-b", inf2_one_core, "the other NeuronCore of the same inf2 device"),
 ))
 
+# The device-health stage (demo_health.py): a one-device pod created while two inf2 devices are faulted.
+inf2_one_device = ClaimTemplate("inf2-one-device", Neuron(1, instance_types="inf2.48xlarge"))
+SPARE = Workload("spare", inf2_one_device, "one inf2 device while two are faulted")
+
 DEMO_STAGES: tuple[Stage, ...] = (
     Stage((Workload("whole-node", neuron_whole_node, "a whole trn2 node (16 devices)"),)),
     Stage((Workload("connected-8", neuron_8_connected, "8 connected trn2 devices (two adjacent torus rows)"),)),
@@ -74,12 +78,22 @@ DEMO_STAGES: tuple[Stage, ...] = (
 )
 
 
+def _at_least_1_36(minor: str) -> bool:
+    major, _, rest = minor.partition(".")
+    return (int(major), int(rest.split(".")[0])) >= (1, 36)
+
+
 def demo_stages(minor: str) -> tuple[Stage, ...]:
     """The stages a cluster of Kubernetes `minor` runs: core sharing needs partitionable devices (1.36+)."""
-    major, _, rest = minor.partition(".")
-    if (int(major), int(rest.split(".")[0])) >= (1, 36):
+    if _at_least_1_36(minor):
         return DEMO_STAGES
     return tuple(s for s in DEMO_STAGES if s is not CORE_STAGE)
+
+
+def runs_health_stage(minor: str) -> bool:
+    """Device taints are on by default from 1.36 (beta; docs/kubernetes-versions.md), and kubelet 1.36 reports
+    device health in pod status."""
+    return _at_least_1_36(minor)
 
 
 def demo_instance_types(node_args: Sequence[str] = DEMO_NODES) -> list[str]:
@@ -92,7 +106,7 @@ def in_namespace(template: ClaimTemplate, namespace: str) -> ClaimTemplate:
 
 def demo_templates(namespace: str = DEMO_NAMESPACE) -> list[ClaimTemplate]:
     """Every example template (official samples and richer cases), in `namespace`."""
-    return [in_namespace(t, namespace) for t in (*OFFICIAL_SAMPLES, *RICHER_CASES, inf2_one_core)]
+    return [in_namespace(t, namespace) for t in (*OFFICIAL_SAMPLES, *RICHER_CASES, inf2_one_core, inf2_one_device)]
 
 
 def workloads() -> list[Workload]:

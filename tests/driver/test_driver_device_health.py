@@ -241,18 +241,20 @@ def test_daemon_streams_health_in_every_version_and_advertises_it(dirs: DaemonDi
 def test_stream_beats_between_changes_and_refuses_undecodable_requests(tmp_path: Path) -> None:
     """In-process: the full list again every heartbeat without any change (kubelet's timeout needs fresh
     timestamps), and the shared raw-bytes handler answers INVALID_ARGUMENT to garbage."""
-    from neuron_dra.driver import grpc_raw
+    import socket
+
+    from neuron_dra.driver import h2grpc
     from neuron_dra.driver.health_stream import HealthStreamService
 
     host = emulate("inf2.48xlarge", tmp_path / "host")
     monitor = HealthMonitor(host, range(12))
     stop = threading.Event()
     service = HealthStreamService(monitor, discover(host), NODE, stop, heartbeat_s=0.2)
-    server = grpc_raw.new_server("test-health", 4, 4)
-    server.add_generic_rpc_handlers(service.handlers())
+    server = h2grpc.Server("test-health", 4, 4)
+    server.add_methods(service.methods())
     with short_dir() as d:
         sock = d / "h.sock"
-        server.add_insecure_port(f"unix://{sock}")
+        server.add_socket(h2grpc.listening_socket(socket.AF_UNIX, str(sock)))
         server.start()
         try:
             stream = Stream(sock, "v1alpha1")
@@ -270,7 +272,7 @@ def test_stream_beats_between_changes_and_refuses_undecodable_requests(tmp_path:
             stream.close()
             stop.set()
         finally:
-            server.stop(1).wait(2)
+            server.stop(1)
 
 
 def test_the_cores_of_a_faulted_device_are_tainted_and_reported_with_it(host: Path) -> None:

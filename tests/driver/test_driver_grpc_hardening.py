@@ -1,7 +1,7 @@
 """Issue 14 item 1: the daemon's gRPC servers against undecodable requests and floods.
 
 grpcio's Python server leaks ~19 KB per request its deserializer rejects; the daemon parses inside raw-bytes
-handlers (driver/grpc_raw.py) on every port, so garbage leaves its RSS flat. Concurrent calls are bounded.
+handlers (driver/h2grpc.py) on every port, so garbage leaves its RSS flat. Concurrent calls are bounded.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from neuron_dra.driver import grpc_raw
+from neuron_dra.driver import h2grpc
 from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.health import HEALTH
 from neuron_dra.driver.plugin import DRA_MAX_CONCURRENT, DRA_V1, DRA_V1BETA1, REGISTRATION
@@ -71,9 +71,9 @@ def test_20000_undecodable_requests_leave_rss_flat(dirs: DaemonDirs, host_root: 
     try:
         pid = d.proc.pid
         targets = [
-            (f"127.0.0.1:{port}", grpc_raw.method_paths(HEALTH)),
-            (f"unix://{dirs.dra_socket}", grpc_raw.method_paths(DRA_V1) + grpc_raw.method_paths(DRA_V1BETA1)),
-            (f"unix://{dirs.registration_socket}", grpc_raw.method_paths(REGISTRATION)),
+            (f"127.0.0.1:{port}", h2grpc.method_paths(HEALTH)),
+            (f"unix://{dirs.dra_socket}", h2grpc.method_paths(DRA_V1) + h2grpc.method_paths(DRA_V1BETA1)),
+            (f"unix://{dirs.registration_socket}", h2grpc.method_paths(REGISTRATION)),
         ]
         for target, paths in targets:  # warm-up: thread pools, channels, allocator arenas
             flood(target, paths, 600)
@@ -103,7 +103,7 @@ def test_undecodable_request_is_invalid_argument_naming_the_message(dirs: Daemon
     d = DaemonProcess(dirs, host_root).wait_ready()
     try:
         with grpc.insecure_channel(f"unix://{dirs.dra_socket}") as channel:
-            call = channel.unary_unary(grpc_raw.method_paths(DRA_V1)[0], request_serializer=None,
+            call = channel.unary_unary(h2grpc.method_paths(DRA_V1)[0], request_serializer=None,
                                        response_deserializer=None)
             with pytest.raises(grpc.RpcError) as e:
                 call(b"\xff", timeout=10)

@@ -4,6 +4,7 @@ here; test_driver_apiserver.py runs the same path against the real API server.""
 
 from __future__ import annotations
 
+import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -47,8 +48,8 @@ def serve(base: Path, instance_type: str = "trn2.48xlarge") -> Served:
                         cdi=CdiStore(base / "cdi", DRIVER), checkpoint=Checkpoint(base / "plugins" / DRIVER / "cp"),
                         lookup=lookup)
     state.reconcile_local()
-    servers = PluginServers(paths, state, DRIVER)
-    servers.start()
+    servers = PluginServers(paths, DRIVER)
+    servers.start(state)
     return Served(servers, state, lookup, paths, base / "cdi")
 
 
@@ -161,9 +162,10 @@ def test_dra_socket_listens_before_the_registration_socket_appears(monkeypatch: 
     order: list[tuple[str, bool]] = []
     real_listen = plugin._listen
 
-    def recording_listen(server: grpc.Server, path: Path) -> None:
-        real_listen(server, path)
+    def recording_listen(path: Path) -> socket.socket:
+        sock = real_listen(path)
         order.append((path.name, path.exists()))
+        return sock
 
     monkeypatch.setattr(plugin, "_listen", recording_listen)
     with short_dir() as base:

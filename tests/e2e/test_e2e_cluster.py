@@ -7,9 +7,11 @@ The `ns` fixture (conftest.py) gives each test a namespace and cleans its pods a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -251,6 +253,17 @@ def _driver_pid(paths: Any) -> int:
     return pid
 
 
+def _registrations(driver_log: Path) -> int:
+    """How many times kubelet has confirmed the driver's registration (the daemon logs each)."""
+    count = 0
+    for line in driver_log.read_text(errors="replace").splitlines():
+        try:
+            count += json.loads(line).get("msg") == "registered with kubelet"
+        except json.JSONDecodeError:
+            continue
+    return count
+
+
 def test_driver_kill9_with_pods_alive(local_cluster: LocalCluster, kube: client.ApiClient, ns: str) -> None:
     sel = {"cel": {"expression": f"device.attributes['{DRIVER}'].instanceType == 'trn1.32xlarge'"}}
     _create(kube, ns, claim_template("row", [{"name": "n", "exactly": {
@@ -262,8 +275,12 @@ def test_driver_kill9_with_pods_alive(local_cluster: LocalCluster, kube: client.
     uid = pod_claim(core, res, ns, "before")["metadata"]["uid"]
     paths = local_cluster.node_paths(TRN1)
     old = _driver_pid(paths)
+    registrations = _registrations(paths.driver_log)
     os.kill(old, signal.SIGKILL)
     eventually(lambda: _driver_pid(paths) != old, 30, what="driver restarted")
+    # A pod that reaches kubelet before the new process has registered fails its prepare ("connection refused") and
+    # kubelet retries it only at its next pod sync, up to ~90 s later: wait for kubelet to register the new process.
+    eventually(lambda: _registrations(paths.driver_log) > registrations, 30, what="restarted driver registered")
     assert pod_phase(core, ns, "before") == "Running"
     _create(kube, ns, pod_with_template("after", "row", node=TRN1))
     eventually(lambda: _running(kube, ns, ["after"]), 90, what="a new pod prepared by the restarted driver")

@@ -19,6 +19,7 @@ import pytest
 
 from neuron_dra.claim_templates import check
 from neuron_dra.claim_templates.examples import inf2_ring_segment_4, trn2_8_else_trn1_16
+from neuron_dra.localcluster.demo_health import FaultPlan, plan_faults
 from neuron_dra.localcluster.demo_report import (
     PodOutcome,
     Prediction,
@@ -33,10 +34,12 @@ from neuron_dra.localcluster.demo_workloads import (
     CORE_STAGE,
     DEMO_NAMESPACE,
     DEMO_STAGES,
+    SPARE,
     demo_instance_types,
     demo_stages,
     demo_templates,
     pod_manifest,
+    runs_health_stage,
     workloads,
 )
 from neuron_dra.localcluster.topology import NodeSpec, runtime_dir
@@ -109,13 +112,30 @@ def test_table_and_views() -> None:
 # --- offline: what the demo installs and runs ---------------------------------------------------------------
 
 def test_demo_pods_and_templates_are_valid_objects() -> None:
-    for w in workloads():
+    for w in (*workloads(), SPARE):
         kubernetes_validate.validate(pod_manifest(w), "1.34", strict=True)
     templates = demo_templates()
-    # Every example once: AWS's 8 official samples, the richer cases (trn3 ones included) and the demo's own.
-    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 19
+    # Every example once: AWS's 8 official samples, the richer cases (trn3 ones included) and the demo's own two.
+    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 20
     names = {t.name for t in templates}
-    assert all(w.template.name in names for w in workloads())
+    assert all(w.template.name in names for w in (*workloads(), SPARE))
+
+
+def _outcome(pod: str, node: str, devices: tuple[int, ...]) -> PodOutcome:
+    return PodOutcome(pod, "t", node, "inf2.48xlarge", ("neurons",), devices, (), "", "")
+
+
+def test_the_health_stage_faults_a_device_in_use_and_the_first_free_one() -> None:
+    inf2 = "inf2-48xlarge-1"
+    outcomes = [_outcome("whole-node", "trn2-48xlarge-1", tuple(range(16))),
+                _outcome("ring-a", inf2, (4, 5, 6, 7)), _outcome("ring-b", inf2, (0, 1, 2, 3)),
+                _outcome("core-a", inf2, (8,)), _outcome("core-b", inf2, (8,))]
+    assert plan_faults(outcomes, inf2, 12) == FaultPlan(inf2, "ring-a", 4, 9)
+    # a full node, or a node without pods, has nothing to show
+    assert plan_faults([_outcome("all", inf2, tuple(range(12)))], inf2, 12) is None
+    assert plan_faults(outcomes, "inf2-48xlarge-2", 12) is None
+    # device taints and health in pod status are on by default from 1.36 only
+    assert [runs_health_stage(m) for m in ("1.34", "1.35", "1.36", "1.37")] == [False, False, True, True]
 
 
 def test_every_workload_fits_a_demo_node_and_the_stages_fill_the_trn2_nodes() -> None:
@@ -261,6 +281,19 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert sum(1 for t in titles if t.endswith("→ whole-node")) == 16
     # inf2: 12 devices, two ring segments of 4, and one device whose cores core-a and core-b share (1.36+)
     assert sum(1 for t in titles if t.endswith("(free)")) == 3
+    # the device-health stage: a fault on one of ring-a's devices and on the first free inf2 device
+    health = re.search(r"device health: mem_ecc_uncorrected \+1 on inf2-48xlarge-1 neuron-device-(\d+) \(used by "
+                       r"ring-a\) and neuron-device-(\d+) \(free\)", out)
+    assert health is not None, out
+    in_use, free = int(health[1]), int(health[2])
+    assert in_use == int(rows["ring-a"][4].split("-")[0]), out  # ring-a's first device
+    assert "taint neuron.aws.com/unhealthy=mem_ecc_uncorrected:NoSchedule on both devices after" in out
+    assert f"ring-a's status shows neuron-device-{in_use} Unhealthy after" in out
+    spare = re.search(rf"spare +-> inf2-48xlarge-1 .*: got neuron-device-(\d+), not the faulted neuron-device-{free}",
+                      out)
+    assert spare is not None and int(spare[1]) not in (in_use, free), out
+    assert f"taints removed and neuron-device-{in_use} Healthy again after" in out
+    assert "a device fault was tainted in" in out
     _assert_nothing_left(cluster_dir)
     print(f"demo wall time {seconds:.1f} s")  # shown with -s; the figure the report quotes
 

@@ -1,0 +1,720 @@
+"""gRPC over HTTP/2 for the daemon's servers, on the pure-Python `h2` library instead of grpcio.
+
+Why: grpcio costs the daemon ~26 MiB of resident memory and a quarter of a second of import (bench/bench_peer.py),
+more than everything else it runs; h2 costs ~2.5 MiB and ~30 ms. The kubelet protocols need only unary and
+server-streaming calls over plaintext HTTP/2 (prior knowledge, no TLS), so the server here is small. The wire rules
+it keeps are gRPC's "gRPC over HTTP2" (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md) and
+`doc/statuscodes.md`, summarised with the HTTP/2 rules (RFC 9113) in docs/grpc-server.md.
+
+- Every message is a 5-byte prefix (compressed flag, 4-byte big-endian length) and the bytes; responses end with
+  trailers `grpc-status` / `grpc-message` (percent-encoded); a call that fails before any message is answered
+  Trailers-Only (one HEADERS frame with :status 200, content-type and the status, END_STREAM).
+- Requests: POST, content-type application/grpc[+proto|;...] (otherwise HTTP 415), a known path (otherwise
+  UNIMPLEMENTED), at most `max_message` bytes (otherwise RESOURCE_EXHAUSTED), uncompressed (otherwise
+  UNIMPLEMENTED), `grpc-timeout` honoured (DEADLINE_EXCEEDED; the call's context reports the time left).
+- Handlers get the raw request bytes parsed here with the generated message class: undecodable requests are
+  INVALID_ARGUMENT naming the message type (docs/hardening.md §1).
+- Concurrency: at most `max_concurrent` calls per server at once (queued and running), beyond that
+  RESOURCE_EXHAUSTED at once; `max_workers` threads run them; one thread per connection reads and answers
+  HTTP/2 control frames (h2 acks PING and SETTINGS; received data is acknowledged as it arrives, sends wait for
+  the peer's flow-control window). Connections beyond `max_connections` are closed at once.
+- Shutdown: new calls are refused UNAVAILABLE, running ones get `grace` seconds (then their contexts are
+  cancelled), then GOAWAY and close.
+
+`call_unary` is the matching minimal client (the daemon's own liveness probe of its sockets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import re
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+from google.protobuf import message_factory
+from google.protobuf.descriptor import Descriptor, ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+
+log = logging.getLogger("neuron_dra.driver.h2grpc")
+
+# Room for kubelet's largest prepare (thousands of claims) on the DRA socket; gRPC's default receive limit.
+DEFAULT_MAX_MESSAGE = 4 * 1024 * 1024
+MAX_SEND_MESSAGE = 4 * 1024 * 1024
+MAX_HEADER_LIST = 16 * 1024  # our requests carry a handful of short headers
+# HTTP/2 streams a connection may have open; above the call bounds, so the bound answers RESOURCE_EXHAUSTED
+# (a peer exceeding this is a protocol error and loses the connection).
+MAX_STREAMS_PER_CONNECTION = 100
+SEND_TIMEOUT = 10.0  # seconds a send may block on a peer that does not read before the connection is dropped
+PREFIX = struct.Struct(">BI")
+_TIMEOUT = re.compile(rb"^([0-9]{1,8})([HMSmun])$")
+_TIMEOUT_UNIT = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+class StatusCode(enum.IntEnum):
+    """gRPC status codes (grpc/doc/statuscodes.md)."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+class RpcError(Exception):
+    """A call's non-OK status: raised by `CallContext.abort` in handlers and by `call_unary` in clients."""
+
+    def __init__(self, code: StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class CallContext:
+    """What a handler knows about its call: the deadline, whether the caller is still there, and callbacks run
+    once when the call ends for any reason (answered, cancelled by the caller, connection lost, shutdown)."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline  # time.monotonic(), None: no deadline
+        self._lock = threading.Lock()
+        self._over = False
+        self._cancelled = False
+        self._callbacks: list[Callable[[], object]] = []
+
+    def time_remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    @property
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def is_active(self) -> bool:
+        return not self._over and not self._cancelled and not self.expired
+
+    def add_callback(self, fn: Callable[[], object]) -> bool:
+        """Run `fn` when the call ends; False (and `fn` not kept) when it has ended already."""
+        with self._lock:
+            if self._over:
+                return False
+            self._callbacks.append(fn)
+            return True
+
+    def abort(self, code: StatusCode, details: str) -> NoReturn:
+        raise RpcError(code, details)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self.end()
+
+    def end(self) -> None:
+        with self._lock:
+            if self._over:
+                return
+            self._over = True
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:  # a failing callback must not stop the others or the connection
+                log.exception("call end callback failed")
+
+
+def message_class(descriptor: Descriptor) -> type[Message]:
+    cls: type[Message] = message_factory.GetMessageClass(descriptor)
+    return cls
+
+
+def parse(request_type: type[Message], data: bytes) -> Message:
+    """The request message from the wire bytes, or RpcError INVALID_ARGUMENT naming the type."""
+    try:
+        return request_type.FromString(data)
+    except (DecodeError, ValueError, RuntimeError) as e:  # RuntimeError: recursion limit of nested messages
+        raise RpcError(StatusCode.INVALID_ARGUMENT, f"cannot decode the request as "
+                       f"{request_type.DESCRIPTOR.full_name}: {(str(e) or type(e).__name__)[:200]}") from None
+
+
+@dataclass(frozen=True)
+class Method:
+    """One unary or server-streaming method: `behaviour(request message, context)` returns the response message
+    (unary) or an iterator of them (streaming)."""
+
+    request_type: type[Message]
+    behaviour: Callable[[Any, CallContext], Any]
+    streaming: bool
+
+    def run(self, data: bytes, context: CallContext) -> Iterator[bytes]:
+        request = parse(self.request_type, data)
+        if not self.streaming:
+            yield self.behaviour(request, context).SerializeToString()
+            return
+        for response in self.behaviour(request, context):
+            yield response.SerializeToString()
+
+
+def service_methods(service: ServiceDescriptor, servicer: object) -> dict[str, Method]:
+    """Wire path -> Method for every method of `service`, calling the servicer's method of the same name."""
+    methods: dict[str, Method] = {}
+    for m in service.methods:
+        if m.client_streaming:
+            raise ValueError(f"{m.full_name}: client-streaming methods are not supported")
+        behaviour = getattr(servicer, m.name, None)
+        if behaviour is None:
+            raise TypeError(f"{type(servicer).__name__} lacks {m.name} of {service.full_name}")
+        methods[f"/{service.full_name}/{m.name}"] = Method(message_class(m.input_type), behaviour, m.server_streaming)
+    return methods
+
+
+def method_paths(service: ServiceDescriptor) -> list[str]:
+    """The wire paths of a service's methods (for fuzzing and tests)."""
+    return [f"/{service.full_name}/{m.name}" for m in service.methods]
+
+
+def _encode_message(status: str) -> bytes:
+    # grpc-message is percent-encoded UTF-8 (PROTOCOL-HTTP2.md: space through '~' except '%' stay as they are).
+    return urllib.parse.quote(status, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode()
+
+
+def _decode_message(raw: bytes) -> str:
+    return urllib.parse.unquote(raw.decode("ascii", "replace"))
+
+
+def _parse_timeout(raw: bytes) -> float:
+    m = _TIMEOUT.match(raw)
+    if m is None:
+        raise RpcError(StatusCode.INTERNAL, f"malformed grpc-timeout {raw[:20]!r}: allowed 1-8 digits and a unit "
+                                            "of H M S m u n")
+    return int(m.group(1)) * _TIMEOUT_UNIT[m.group(2)]
+
+
+class _Gone(Exception):
+    """The stream or connection went away while answering."""
+
+
+class _Call:
+    def __init__(self, stream_id: int, method: Method, context: CallContext) -> None:
+        self.stream_id = stream_id
+        self.method = method
+        self.context = context
+        self.body = bytearray()
+        self.headers_sent = False
+        self.submitted = False  # handed to a worker, which releases it
+        self.finished = False  # our side is closed (answered or reset)
+
+
+_RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
+_GRPC_CONTENT_TYPE = re.compile(rb"^application/grpc([+;].*)?$")
+
+
+class _Connection:
+    """One HTTP/2 connection: a thread reads and handles frames; workers answer calls through `lock`."""
+
+    def __init__(self, server: Server, sock: socket.socket) -> None:
+        self.server = server
+        self.sock = sock
+        # Sends time out, receives do not: an idle kubelet connection stays open, a peer that stops reading is dropped.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(SEND_TIMEOUT), 0))
+        # Outbound headers are this module's own constants and percent-encoded messages: not re-validated (a
+        # third of h2's cost per call); inbound headers are validated.
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=False, header_encoding=None, validate_inbound_headers=True,
+            validate_outbound_headers=False, normalize_outbound_headers=False))
+        self.lock = threading.Lock()
+        self.window = threading.Condition(self.lock)  # notified when the peer opens its window or a stream ends
+        self.calls: dict[int, _Call] = {}
+        self.closed = False
+
+    # --- everything below with self.lock held unless noted ---
+    def _flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data and not self.closed:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.window.notify_all()
+
+    def _respond_status(self, call_or_id: _Call | int, code: StatusCode, details: str) -> None:
+        """Trailers (after a message) or Trailers-Only; the stream is done on our side."""
+        call = call_or_id if isinstance(call_or_id, _Call) else None
+        stream_id = call_or_id.stream_id if isinstance(call_or_id, _Call) else call_or_id
+        trailers: list[tuple[bytes, bytes]] = []
+        if call is None or not call.headers_sent:
+            trailers += [(b":status", b"200"), (b"content-type", b"application/grpc")]
+        trailers.append((b"grpc-status", str(int(code)).encode()))
+        if details:
+            trailers.append((b"grpc-message", _encode_message(details[:1024])))
+        try:
+            self.h2.send_headers(stream_id, trailers, end_stream=True)
+            if call is not None:
+                call.finished = True
+            # The peer may still be sending the request (refused early): reset the rest, as gRPC servers do.
+            if self.h2.streams.get(stream_id) is not None and not self.h2.streams[stream_id].closed:
+                self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            pass
+        self._flush()
+
+    def _respond_http(self, stream_id: int, status: bytes) -> None:
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self.h2.send_headers(stream_id, [(b":status", status)], end_stream=True)
+            if self.h2.streams.get(stream_id) is not None and not self.h2.streams[stream_id].closed:
+                self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+        self._flush()
+
+    def _on_request(self, event: h2.events.RequestReceived) -> None:
+        stream_id = event.stream_id
+        headers: dict[bytes, bytes] = {}
+        for name, value in event.headers or ():
+            headers[bytes(name)] = bytes(value)
+        if headers.get(b":method") != b"POST":
+            self._respond_http(stream_id, b"405")
+            return
+        if not _GRPC_CONTENT_TYPE.match(headers.get(b"content-type", b"")):
+            self._respond_http(stream_id, b"415")
+            return
+        path = headers.get(b":path", b"").decode("utf-8", "replace")
+        method = self.server.methods.get(path)
+        if method is None:
+            self._respond_status(stream_id, StatusCode.UNIMPLEMENTED, f"unknown method {path[:200]}")
+            return
+        deadline = None
+        if b"grpc-timeout" in headers:
+            try:
+                deadline = time.monotonic() + _parse_timeout(headers[b"grpc-timeout"])
+            except RpcError as e:
+                self._respond_status(stream_id, e.code, e.details)
+                return
+        refusal = self.server.admit()
+        if refusal is not None:
+            self._respond_status(stream_id, *refusal)
+            return
+        call = _Call(stream_id, method, CallContext(deadline))
+        self.calls[stream_id] = call
+
+    def _on_data(self, event: h2.events.DataReceived) -> None:
+        self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        call = self.calls.get(event.stream_id)
+        if call is None or call.finished or call.submitted:
+            return
+        call.body += event.data or b""
+        if len(call.body) > self.server.max_message + PREFIX.size:
+            limit = self.server.max_message
+            self._finish(call, StatusCode.RESOURCE_EXHAUSTED, f"request of more than {limit} bytes (the limit)")
+
+    def _finish(self, call: _Call, code: StatusCode, details: str) -> None:
+        """Answer a call that never reached a worker, and release it."""
+        self._respond_status(call, code, details)
+        self._release(call)
+
+    def _release(self, call: _Call) -> None:
+        if self.calls.pop(call.stream_id, None) is not None:
+            self.server.release()
+        call.context.end()
+
+    def _on_request_complete(self, call: _Call) -> None:
+        body = bytes(call.body)
+        call.body = bytearray()
+        if len(body) < PREFIX.size:
+            self._finish(call, StatusCode.INTERNAL, f"request without a complete message ({len(body)} bytes)")
+            return
+        compressed, length = PREFIX.unpack_from(body)
+        if compressed:
+            self._finish(call, StatusCode.UNIMPLEMENTED, "compressed requests are not supported (grpc-encoding "
+                                                         "identity only)")
+            return
+        if length != len(body) - PREFIX.size:
+            self._finish(call, StatusCode.INTERNAL if length > len(body) - PREFIX.size else StatusCode.UNIMPLEMENTED,
+                         f"request body of {len(body) - PREFIX.size} bytes does not hold exactly one message of "
+                         f"{length} bytes")
+            return
+        call.submitted = True
+        try:
+            self.server.pool.submit(self.serve, call, body[PREFIX.size:])
+        except RuntimeError:  # the pool is shut down
+            call.submitted = False
+            self._finish(call, StatusCode.UNAVAILABLE, "the server is shutting down")
+            return
+
+    def _on_reset(self, stream_id: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.finished = True
+            self.window.notify_all()
+            if not call.submitted:
+                self._release(call)
+            call.context.cancel()  # a worker's call is released by the worker
+
+    def handle(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            self._on_request(event)
+        elif isinstance(event, h2.events.DataReceived):
+            self._on_data(event)
+        elif isinstance(event, h2.events.StreamEnded):
+            call = self.calls.get(event.stream_id)
+            if call is not None and not call.finished and not call.submitted:
+                self._on_request_complete(call)
+        elif isinstance(event, h2.events.StreamReset):
+            self._on_reset(event.stream_id)
+        elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+            self.window.notify_all()
+        elif isinstance(event, h2.events.TrailersReceived):  # clients send none; a stream with them is refused
+            call = self.calls.get(event.stream_id)
+            if call is not None and not call.finished and not call.submitted:
+                self._finish(call, StatusCode.INTERNAL, "unexpected request trailers")
+
+    # --- the reading thread ---
+    def run(self) -> None:
+        try:
+            with self.lock:
+                self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
+                    h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS_PER_CONNECTION,
+                    h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+                })
+                self.h2.initiate_connection()
+                self._flush()
+            while not self.closed:
+                try:
+                    data = self.sock.recv(65536)
+                except OSError:
+                    break
+                if not data:
+                    break
+                with self.lock:
+                    try:
+                        events = self.h2.receive_data(data)
+                    except h2.exceptions.ProtocolError as e:
+                        # GOAWAY naming the error (h2 queues one for most errors, not for a bad preface), then close.
+                        log.debug("HTTP/2 protocol error", extra={"server": self.server.name, "error": str(e)[:200]})
+                        with contextlib.suppress(h2.exceptions.ProtocolError):
+                            self.h2.close_connection(error_code=h2.errors.ErrorCodes.PROTOCOL_ERROR)
+                        self._flush()
+                        break
+                    for event in events:
+                        self.handle(event)
+                    self._flush()
+        finally:
+            with self.lock:
+                self._close_locked()
+                calls = list(self.calls.values())
+                for call in calls:
+                    if not call.submitted:
+                        self._release(call)
+            for call in calls:
+                call.context.cancel()
+            with contextlib.suppress(OSError):
+                self.sock.close()
+            self.server.forget(self)
+
+    # --- worker side ---
+    def _send_message(self, call: _Call, payload: bytes, last: bool = False) -> None:
+        """Headers (first time), the message within the peer's flow-control windows, and with `last` the OK
+        trailers: a small unary answer leaves in one write."""
+        view = memoryview(PREFIX.pack(0, len(payload)) + payload)
+        with self.lock:
+            if not call.headers_sent:
+                self._check(call)
+                self.h2.send_headers(call.stream_id, _RESPONSE_HEADERS)
+                call.headers_sent = True
+            while view:
+                self._check(call)
+                try:
+                    window = min(self.h2.local_flow_control_window(call.stream_id), self.h2.max_outbound_frame_size)
+                except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+                    raise _Gone() from None
+                if window <= 0:
+                    self._flush()
+                    self.window.wait(1.0)
+                    continue
+                self.h2.send_data(call.stream_id, view[:window].tobytes())
+                view = view[window:]
+            if last:
+                self._check(call)
+                self._respond_status(call, StatusCode.OK, "")  # flushes
+            else:
+                self._flush()
+
+    def _check(self, call: _Call) -> None:
+        if self.closed or call.finished or call.context.cancelled:
+            raise _Gone()
+        if call.context.expired:
+            raise RpcError(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+
+    def serve(self, call: _Call, data: bytes) -> None:
+        try:
+            if call.context.cancelled or self.closed:
+                return
+            if call.context.expired:
+                raise RpcError(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before the call started")
+            unary = not call.method.streaming
+            for payload in call.method.run(data, call.context):
+                if len(payload) > MAX_SEND_MESSAGE:
+                    raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"response of {len(payload)} bytes exceeds the "
+                                                                  f"limit of {MAX_SEND_MESSAGE}")
+                self._send_message(call, payload, last=unary)
+            if not unary:
+                with self.lock:
+                    self._check(call)
+                    self._respond_status(call, StatusCode.OK, "")
+        except _Gone:
+            pass
+        except RpcError as e:
+            with self.lock:
+                if not (self.closed or call.finished):
+                    self._respond_status(call, e.code, e.details)
+        except Exception as e:
+            log.exception("call failed", extra={"server": self.server.name})
+            with self.lock:
+                if not (self.closed or call.finished):
+                    self._respond_status(call, StatusCode.UNKNOWN,
+                                         f"exception in the handler: {type(e).__name__}: {str(e)[:200]}")
+        finally:
+            with self.lock:
+                self._release(call)
+
+    def goaway(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.h2.close_connection(last_stream_id=self.h2.highest_inbound_stream_id)
+            self._flush()
+            self._close_locked()
+
+
+class Server:
+    """A gRPC server of unary and server-streaming methods on sockets the caller binds (unix or TCP)."""
+
+    def __init__(self, name: str, max_workers: int, max_concurrent: int, max_message: int = DEFAULT_MAX_MESSAGE,
+                 max_connections: int = 128) -> None:
+        if max_concurrent < max_workers:
+            raise ValueError(f"max_concurrent {max_concurrent} < max_workers {max_workers}: workers would never be "
+                             "used")
+        self.name = name
+        self.max_message = max_message
+        self.max_concurrent = max_concurrent
+        self.max_connections = max_connections
+        self.methods: dict[str, Method] = {}
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._active = 0
+        self._draining = False
+        self._listeners: list[socket.socket] = []
+        self._connections: set[_Connection] = set()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+
+    def add_service(self, service: ServiceDescriptor, servicer: object) -> None:
+        self.add_methods(service_methods(service, servicer))
+
+    def add_methods(self, methods: Mapping[str, Method]) -> None:
+        if self._started:
+            raise RuntimeError(f"server {self.name}: methods must be added before start")
+        self.methods.update(methods)
+
+    def add_socket(self, sock: socket.socket) -> None:
+        """Serve on a bound, listening socket (the server closes it on stop)."""
+        self._listeners.append(sock)
+        if self._started:
+            self._accept_in_background(sock)
+
+    def start(self) -> None:
+        self._started = True
+        for sock in self._listeners:
+            self._accept_in_background(sock)
+
+    def _accept_in_background(self, sock: socket.socket) -> None:
+        t = threading.Thread(target=self._accept, args=(sock,), name=f"{self.name}-accept", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return  # closed by stop
+            with self._lock:
+                if self._draining or len(self._connections) >= self.max_connections:
+                    sock.close()
+                    continue
+                conn = _Connection(self, sock)
+                self._connections.add(conn)
+            threading.Thread(target=conn.run, name=f"{self.name}-conn", daemon=True).start()
+
+    def admit(self) -> tuple[StatusCode, str] | None:
+        with self._lock:
+            if self._draining:
+                return StatusCode.UNAVAILABLE, "the server is shutting down"
+            if self._active >= self.max_concurrent:
+                return StatusCode.RESOURCE_EXHAUSTED, (f"{self._active} calls in progress on {self.name}, the limit "
+                                                       f"is {self.max_concurrent}; retry")
+            self._active += 1
+            return None
+
+    def release(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active <= 0:
+                self._idle.notify_all()
+
+    def forget(self, conn: _Connection) -> None:
+        with self._lock:
+            self._connections.discard(conn)
+
+    @property
+    def active_calls(self) -> int:
+        return self._active
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, refuse new calls, give running ones `grace` seconds, then cancel them; GOAWAY, close."""
+        with self._lock:
+            self._draining = True
+        for sock in self._listeners:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
+            with contextlib.suppress(OSError):
+                sock.close()
+        end = time.monotonic() + grace
+        with self._lock:
+            while self._active > 0 and time.monotonic() < end:
+                self._idle.wait(max(0.0, min(0.2, end - time.monotonic())))
+            connections = list(self._connections)
+        for conn in connections:
+            with conn.lock:
+                calls = list(conn.calls.values())
+            for call in calls:
+                call.context.cancel()
+            conn.goaway()
+        # Not waiting: a handler stuck past its cancellation (e.g. in an API call) must not hold up the stop.
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for t in self._threads:
+            t.join(1.0)
+
+
+# --- client (the liveness probe) ---
+
+def call_unary(target: str | tuple[str, int], path: str, request: bytes, timeout: float,
+               max_response: int = 1024 * 1024) -> bytes:
+    """One unary call over a fresh connection: `target` a unix socket path or (host, port). Returns the response
+    bytes; raises RpcError with the status (UNAVAILABLE when the server cannot be reached, DEADLINE_EXCEEDED when
+    `timeout` passes)."""
+    deadline = time.monotonic() + timeout
+    family = socket.AF_UNIX if isinstance(target, str) else socket.AF_INET6 if ":" in target[0] else socket.AF_INET
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise RpcError(StatusCode.UNAVAILABLE, f"cannot open a socket: {e}") from None
+    with sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(target)
+        except OSError as e:
+            raise RpcError(StatusCode.UNAVAILABLE, f"cannot connect to {target}: {e}") from None
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        conn.initiate_connection()
+        stream_id = conn.get_next_available_stream_id()
+        millis = max(1, int(timeout * 1000))
+        conn.send_headers(stream_id, [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
+                                      (b":authority", b"localhost"), (b"content-type", b"application/grpc"),
+                                      (b"te", b"trailers"), (b"grpc-timeout", f"{millis}m".encode())])
+        conn.send_data(stream_id, PREFIX.pack(0, len(request)) + request, end_stream=True)
+        body = bytearray()
+        status: dict[bytes, bytes] = {}
+        try:
+            sock.sendall(conn.data_to_send())
+            done = False
+            while not done:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                data = sock.recv(65536)
+                if not data:
+                    raise RpcError(StatusCode.UNAVAILABLE, "the server closed the connection")
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                        status.update((bytes(k), bytes(v)) for k, v in event.headers or ())
+                    elif isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                        body += event.data or b""
+                        if len(body) > max_response + PREFIX.size:
+                            raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"response over {max_response} bytes")
+                    elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset
+                                    | h2.events.ConnectionTerminated):
+                        done = True
+                sock.sendall(conn.data_to_send())
+        except TimeoutError:
+            raise RpcError(StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout} s") from None
+        except (OSError, h2.exceptions.ProtocolError) as e:
+            raise RpcError(StatusCode.UNAVAILABLE, f"connection to {target} failed: {e}") from None
+    return _result(status, bytes(body))
+
+
+def _result(headers: Mapping[bytes, bytes], body: bytes) -> bytes:
+    if headers.get(b":status", b"200") != b"200":
+        raise RpcError(StatusCode.UNKNOWN, f"HTTP status {headers[b':status'].decode('ascii', 'replace')}")
+    raw = headers.get(b"grpc-status")
+    if raw is None:
+        raise RpcError(StatusCode.INTERNAL, "the response has no grpc-status")
+    try:
+        code = StatusCode(int(raw))
+    except ValueError:
+        code = StatusCode.UNKNOWN
+    if code is not StatusCode.OK:
+        raise RpcError(code, _decode_message(headers.get(b"grpc-message", b"")))
+    if len(body) < PREFIX.size:
+        raise RpcError(StatusCode.INTERNAL, "OK without a response message")
+    _, length = PREFIX.unpack_from(body)
+    if length != len(body) - PREFIX.size:
+        raise RpcError(StatusCode.INTERNAL, "the response is not exactly one message")
+    return body[PREFIX.size:]
+
+
+def listening_socket(family: int, address: str | tuple[str, int], backlog: int = 64) -> socket.socket:
+    """A bound, listening stream socket (the caller handles unix socket permissions)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if family != socket.AF_UNIX:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
