@@ -25,6 +25,11 @@ failed subtrees by the set of devices taken (the Go search re-visits one per ord
 devices, which is exponential: 8 aligned EFAs on a trn1.32xlarge take it past its 10 s timeout); there
 is no timeout; pools are visited in
 the order their first slice appears (Go flattens a map, so its pool order is unspecified).
+With prune=False the cut and the memo are off and the search makes Go's allocateOne calls in Go's order;
+`SimulationResult.searches` counts them and a budget (SearchBudgetExceeded) bounds them, which is how the
+differential test's case generator keeps its cases clear of Go's filter timeout. Either way, what selection,
+taints and pools decide is worked out once per request (Simulator.loop) and per-device state is indexed by
+position, so the search itself only tracks what is taken and the constraints.
 Alpha features (partitionable devices, consumable capacity, binding conditions) are off, as on
 EKS: slices with per-device node selection are ignored, devices that consume counters or have binding
 conditions are never allocated. Device taints (beta and on in 1.36, GA in 1.37; `device_taints=False` for
@@ -40,8 +45,9 @@ allocated set, up to 64.
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal, NamedTuple
@@ -97,10 +103,22 @@ class SimulationResult:
     count: int
     allocation: tuple[tuple[DeviceResult, ...], ...]  # fit-one: one per claim; count: one per copy
     error: str | None = None  # the allocator returned an error (Kubernetes: the pod is unschedulable here)
+    # allocateOne calls of each allocation run, in order (with prune=False, the calls Go's search makes).
+    # A measure of the search, not part of the answer: left out of equality.
+    searches: tuple[int, ...] = field(default=(), compare=False)
 
 
 class AllocationError(Exception):
     """What the Go allocator returns as an error."""
+
+
+class SearchBudgetExceeded(Exception):
+    """One allocation took more allocateOne calls than the Simulator's budget: no answer (a Go search that
+    large runs into the scheduler's filter timeout)."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__(f"the allocator search exceeded its budget of {budget:,} allocateOne calls")
+        self.budget = budget
 
 
 class _MaxSizeExceeded(Exception):
@@ -114,13 +132,21 @@ class _Device:
     id: DeviceId
     api: Mapping[str, Any]
     pool: _Pool
+    index: int = -1  # position among the Simulator's devices (the search's per-device state is indexed by it)
     _cel: CelDevice | None = None
+    _consumption: Consumption | None = None
 
     @property
     def cel(self) -> CelDevice:
         if self._cel is None:
             self._cel = CelDevice.from_api(self.id.driver, self.api, self.id.pool)
         return self._cel
+
+    @property
+    def consumption(self) -> Consumption:
+        if self._consumption is None:
+            self._consumption = _consumption(self.api)
+        return self._consumption
 
     def attribute(self, qualified: str) -> tuple[Any, ...] | None:
         """lookupAttribute: the fully qualified name, or the bare name when the domain is the driver."""
@@ -252,6 +278,11 @@ def gather_pools(slices: Iterable[Mapping[str, Any]], node_name: str, node_label
 
 # --- requests ----------------------------------------------------------------------------------------
 
+# A device of a request's search loop, and whether its selection must be evaluated on reaching it (its
+# selectors failed: the error is raised there, naming the claim that reaches it, as Kubernetes does).
+_LoopEntry = tuple[_Device, bool]
+
+
 @dataclass
 class _Request:
     claim: int
@@ -267,6 +298,8 @@ class _Request:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     num: int = 0
     all_devices: list[_Device] = field(default_factory=list)
+    applicable: list[_MatchAttribute] = field(default_factory=list)  # the claim's constraints over this request
+    loop: list[_LoopEntry] | None = None  # Simulator.loop, once the search reaches the request
 
     @property
     def full_name(self) -> str:
@@ -281,6 +314,7 @@ class _Request:
 class _MatchAttribute:
     requests: frozenset[str]
     attribute: str
+    values: Sequence[tuple[Any, ...] | None]  # the attribute of every device, by _Device.index
     value: tuple[Any, ...] | None = None
     num: int = 0
 
@@ -289,10 +323,9 @@ class _MatchAttribute:
             return True
         return base in self.requests or (sub is not None and f"{base}/{sub}" in self.requests)
 
-    def add(self, req: _Request, device: _Device) -> bool:
-        if not self.applies(req.name, req.sub_name):
-            return True
-        value = device.attribute(self.attribute)
+    def add(self, device: _Device) -> bool:
+        """For a request it applies to (_Request.applicable)."""
+        value = self.values[device.index]
         if value is None:
             return False
         if self.num == 0:
@@ -302,10 +335,6 @@ class _MatchAttribute:
             return False
         self.num += 1
         return True
-
-    def remove(self, req: _Request) -> None:
-        if self.applies(req.name, req.sub_name):
-            self.num -= 1
 
 
 def _claim_label(claim: Mapping[str, Any], index: int) -> str:
@@ -320,15 +349,26 @@ class Simulator:
 
     def __init__(self, slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mapping[str, Any]],
                  node_name: str, node_labels: Mapping[str, str] | None = None, cel: CelEnvironment | None = None,
-                 prune: bool = True, device_taints: bool = True, partitionable: bool = True) -> None:
+                 prune: bool = True, device_taints: bool = True, partitionable: bool = True,
+                 budget: int | None = None) -> None:
         self.pools = gather_pools(slices, node_name, node_labels or {}, partitionable)
+        self.devices = [d for pool in self.pools for d in pool.devices]
+        for i, device in enumerate(self.devices):
+            device.index = i
+        # the devices an ExactCount search visits, in its order (incomplete and invalid pools give none)
+        self.searched = [d for pool in self.pools if not (pool.invalid or pool.incomplete) for d in pool.devices]
         self.partitionable = partitionable  # DRAPartitionableDevices (1.36+): else counters are ignored
-        self.prune = prune  # False: visit every subtree as the Go search does (tests and baselines)
+        self.prune = prune  # False: visit every subtree as the Go search does (tests, baselines, search sizes)
         self.device_taints = device_taints  # DRADeviceTaints (1.36+)
+        # allocateOne calls one allocation may make (SearchBudgetExceeded beyond); None: unbounded
+        self.budget = budget
         self.classes = {c["metadata"]["name"]: c for c in device_classes}
         self.cel = cel or CelEnvironment()
-        # Selection does not depend on what is allocated, so it is cached per (claim spec, request, device).
+        # Selection does not depend on what is allocated, so it is cached per (claim spec, request, device),
+        # and so are the search loops built from it and the constraint attributes per device.
         self._selectable: dict[tuple[str, tuple[int, int, int], DeviceId], bool | AllocationError] = {}
+        self._loops: dict[tuple[str, tuple[int, int, int]], list[_LoopEntry]] = {}
+        self._attributes: dict[str, list[tuple[Any, ...] | None]] = {}
 
     def allocate(self, claims: Sequence[Mapping[str, Any]], allocated: Iterable[DeviceId] = ()
                  ) -> tuple[tuple[DeviceResult, ...], ...] | None:
@@ -348,6 +388,40 @@ class Simulator:
         if isinstance(cached, AllocationError):
             raise cached
         return cached
+
+    def loop(self, spec_key: str, req: _Request, claim_label: str) -> list[_LoopEntry]:
+        """The devices an ExactCount request's search tries, in order: the selectable ones it may take (not
+        tainted against it, no counters without partitionable devices), and those whose selectors fail.
+        A failure found here is not cached: the claim that reaches the device evaluates it again."""
+        key = (spec_key, req.key)
+        loop = self._loops.get(key)
+        if loop is None:
+            loop = []
+            for device in self.searched:
+                cached = self._selectable.get((spec_key, req.key, device.id))
+                if cached is None:
+                    try:
+                        cached = self._select(req, claim_label, device)
+                    except AllocationError as e:
+                        cached = e
+                    else:
+                        self._selectable[(spec_key, req.key, device.id)] = cached
+                if isinstance(cached, AllocationError):
+                    loop.append((device, True))
+                elif cached and not self.tainted(req, device) and (self.partitionable or not device.consumption):
+                    loop.append((device, False))
+            self._loops[key] = loop
+        return loop
+
+    def attribute_values(self, qualified: str) -> list[tuple[Any, ...] | None]:
+        values = self._attributes.get(qualified)
+        if values is None:
+            values = self._attributes[qualified] = [d.attribute(qualified) for d in self.devices]
+        return values
+
+    def tainted(self, req: _Request, device: _Device) -> bool:
+        return self.device_taints and bool(device.api.get("taints")) and \
+            taint_prevents_allocation(device.api, req.tolerations)
 
     def _select(self, req: _Request, claim_label: str, device: _Device) -> bool:
         if device.api.get("bindingConditions"):
@@ -377,7 +451,6 @@ class Simulator:
         return True
 
 
-Undo = Callable[[], None]
 
 
 class _Search:
@@ -388,17 +461,25 @@ class _Search:
         # Claims with the same spec share selection results (count mode allocates copies).
         self.spec_keys = [json.dumps(c.get("spec"), sort_keys=True) for c in claims]
         self.allocated = allocated
-        self.allocating: dict[DeviceId, set[int]] = {}
+        # Per device (by _Device.index): allocated before, and held by how many claims of this allocation;
+        # per claim: the devices it holds.
+        self.taken = [d.id in allocated for d in sim.devices]
+        self.holders = [0] * len(sim.devices)
+        self.held: list[set[int]] = [set() for _ in claims]
         self.requests: dict[tuple[int, int, int], _Request] = {}
-        self.has_subrequests: set[tuple[int, int]] = set()
+        # claim -> request -> its subrequests (firstAvailable) or itself; and which requests are firstAvailable
+        self.table: list[list[list[_Request]]] = [[] for _ in claims]
+        self.first_available: list[list[bool]] = [[] for _ in claims]
         self.constraints: list[list[_MatchAttribute]] = []
-        self.results: list[list[DeviceResult]] = [[] for _ in claims]
+        self.results: list[list[tuple[_Request, _Device]]] = [[] for _ in claims]
         self.failed: dict[tuple[Any, ...], bool] = {}  # failed subtree state -> raised max-size (else False)
         # per pool: counters left after the allocated devices, and consumed by the devices being allocated
         self.available: dict[tuple[str, str], Consumption] = {}
         self.consuming: dict[tuple[str, str], Consumption] = {}
         # per request: devices that are selectable, or whose selectors error (selection is static)
         self.candidates: dict[tuple[int, int, int], list[tuple[_Device, AllocationError | None]]] = {}
+        self.calls = 0  # allocateOne calls
+        self.budget = sys.maxsize if sim.budget is None else sim.budget
 
     def run(self) -> tuple[tuple[DeviceResult, ...], ...] | None:
         self._prepare()
@@ -410,7 +491,8 @@ class _Search:
             if any(p.invalid for p in self.sim.pools):
                 raise AllocationError("invalid resource pools were encountered")
             return None
-        return tuple(tuple(devs) for devs in self.results)
+        return tuple(tuple(DeviceResult(req.full_name, d.id.driver, d.id.pool, d.id.device, req.admin)
+                           for req, d in devs) for devs in self.results)
 
     # requests and constraints, checked up front as Kubernetes does
 
@@ -421,11 +503,14 @@ class _Search:
             for ri, request in enumerate(devices.get("requests") or []):
                 subs = request.get("firstAvailable") or []
                 if subs:
-                    self.has_subrequests.add((ci, ri))
+                    self.first_available[ci].append(True)
+                    options = []
                     least = None
                     for si, sub in enumerate(subs):
                         req = self._request(ci, ri, si, request["name"], sub["name"], sub, admin=False)
+                        options.append(req)
                         least = req.num if least is None else min(least, req.num)
+                    self.table[ci].append(options)
                     min_devices += least or 0
                 else:
                     exactly = request.get("exactly")
@@ -434,6 +519,8 @@ class _Search:
                                               "class name (unsupported request type?)")
                     req = self._request(ci, ri, 0, request["name"], None, exactly,
                                         admin=bool(exactly.get("adminAccess")))
+                    self.first_available[ci].append(False)
+                    self.table[ci].append([req])
                     min_devices += req.num
             if min_devices > MAX_DEVICES_PER_CLAIM:
                 raise AllocationError(f"claim {self.labels[ci]}: number of requested devices {min_devices} exceeds "
@@ -443,8 +530,11 @@ class _Search:
                 if not c.get("matchAttribute"):
                     raise AllocationError(f"claim {self.labels[ci]}, constraint #{i}: empty constraint "
                                           "(unsupported constraint type?)")
-                constraints.append(_MatchAttribute(frozenset(c.get("requests") or []), c["matchAttribute"]))
+                constraints.append(_MatchAttribute(frozenset(c.get("requests") or []), c["matchAttribute"],
+                                                   self.sim.attribute_values(c["matchAttribute"])))
             self.constraints.append(constraints)
+        for req in self.requests.values():
+            req.applicable = [c for c in self.constraints[req.claim] if c.applies(req.name, req.sub_name)]
 
     def _request(self, ci: int, ri: int, si: int, name: str, sub_name: str | None, spec: Mapping[str, Any],
                  admin: bool) -> _Request:
@@ -488,17 +578,17 @@ class _Search:
 
     # the depth-first search (allocateOne)
 
-    def _in_use(self, device: DeviceId) -> bool:
-        return device in self.allocated or bool(self.allocating.get(device))
-
     def _allocate_one(self, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
         """allocateOne, remembering subtrees that failed: a subtree's outcome depends only on which
         devices are taken (not in which order) and on the claim's constraint state, so a state that
         failed once fails again, and the Go search's re-visits of it (one per ordering) are skipped."""
+        self.calls += 1
+        if self.calls > self.budget:
+            raise SearchBudgetExceeded(self.budget)
         if ci >= len(self.claims) or not self.sim.prune:
             return self._allocate_one_search(ci, ri, si, di, in_subrequest)
         key = (ci, ri, si, di, in_subrequest,
-               frozenset((d, c) for d, claims in self.allocating.items() for c in claims),
+               frozenset((d, c) for c, held in enumerate(self.held) for d in held),
                tuple((c.value if c.num else None, c.num) for c in self.constraints[ci]))
         known = self.failed.get(key)
         if known is not None:
@@ -517,29 +607,27 @@ class _Search:
     def _allocate_one_search(self, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
         if ci >= len(self.claims):
             return True
-        requests = ((self.claims[ci].get("spec") or {}).get("devices") or {}).get("requests") or []
+        requests = self.table[ci]
         if ri >= len(requests):
             try:
                 return self._allocate_one(ci + 1, 0, 0, 0, False)
             except _MaxSizeExceeded:
                 return False
-        if not in_subrequest and (ci, ri) in self.has_subrequests:
+        options = requests[ri]
+        if not in_subrequest and self.first_available[ci][ri]:
             all_exceeded = True
-            sub = 0
-            while (ci, ri, sub) in self.requests:
+            for sub in range(len(options)):
                 try:
                     done = self._allocate_one(ci, ri, sub, 0, True)
                 except _MaxSizeExceeded:
-                    sub += 1
                     continue
                 all_exceeded = False
                 if done:
                     return True
-                sub += 1
             if all_exceeded:
                 raise _MaxSizeExceeded
             return False
-        req = self.requests[(ci, ri, si)]
+        req = options[si]
         if req.mode == "All" and not req.all_devices:
             return False
         if di >= req.num:
@@ -547,111 +635,127 @@ class _Search:
         if len(self.results[ci]) + req.num - di > MAX_DEVICES_PER_CLAIM:
             raise _MaxSizeExceeded
         if req.mode == "All":
-            undo = self._allocate_device(req, req.all_devices[di], must=True)
-            if undo is None:
+            device = req.all_devices[di]
+            if not self._allocate_device(req, device, must=True):
                 return False
-            return self._descend(undo, ci, ri, si, di, in_subrequest)
+            return self._descend(req, device, ci, ri, si, di, in_subrequest)
         if self.sim.prune and not self._enough_candidates(req, req.num - di):
             return False
-        for pool in self.sim.pools:
-            if pool.invalid or pool.incomplete:
+        # The hot loop, _allocate_device inlined: selection and taints are settled by the loop list; the
+        # constraints are checked before the counters (a refusal has no effect, so the order cannot matter).
+        if req.loop is None:
+            req.loop = self.sim.loop(self.spec_keys[ci], req, self.labels[ci])
+        held, taken, holders, admin, results = self.held[ci], self.taken, self.holders, req.admin, self.results[ci]
+        constraints = req.applicable
+        for device, evaluate in req.loop:
+            i = device.index
+            if (i in held) if admin else (taken[i] or holders[i]):
                 continue
-            for device in pool.devices:
-                if self._busy(req, device) or not self._selectable(req, device):
-                    continue
-                undo = self._allocate_device(req, device, must=False)
-                if undo is None:
-                    continue
-                if self._descend(undo, ci, ri, si, di, in_subrequest):
-                    return True
+            if evaluate and not self._selectable(req, device):  # raises the selector's error
+                continue
+            added = 0
+            for constraint in constraints:
+                if not constraint.add(device):
+                    break
+                added += 1
+            if added < len(constraints):
+                for constraint in constraints[:added]:
+                    constraint.num -= 1
+                continue
+            if device.consumption and not self._take_counters(device):
+                for constraint in constraints:
+                    constraint.num -= 1
+                continue
+            holders[i] += 1
+            held.add(i)
+            results.append((req, device))
+            if self._descend(req, device, ci, ri, si, di, in_subrequest):
+                return True
         return False
 
-    def _descend(self, undo: Undo, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
+    def _descend(self, req: _Request, device: _Device, ci: int, ri: int, si: int, di: int,
+                 in_subrequest: bool) -> bool:
         try:
             done = self._allocate_one(ci, ri, si, di + 1, in_subrequest)
         except BaseException:
-            undo()
+            self._deallocate_device(req, device)
             raise
         if not done:
-            undo()
+            self._deallocate_device(req, device)
         return done
 
     def _busy(self, req: _Request, device: _Device) -> bool:
         if req.admin:
-            return req.claim in self.allocating.get(device.id, set())
-        return self._in_use(device.id)
+            return device.index in self.held[req.claim]
+        return self.taken[device.index] or self.holders[device.index] > 0
 
-    def _allocate_device(self, req: _Request, device: _Device, must: bool) -> Undo | None:
-        """allocateDevice: availability, then constraints; returns how to roll back, or None."""
+    def _allocate_device(self, req: _Request, device: _Device, must: bool) -> bool:
+        """allocateDevice: availability, then constraints; False when the device cannot be taken."""
         if self._busy(req, device):
-            return None
-        release_counters = self._take_counters(device)
-        if release_counters is None:
-            return None
-        if self._tainted(req, device):
-            release_counters()
-            return None
-        constraints = self.constraints[req.claim]
+            return False
+        if device.consumption and not self._take_counters(device):
+            return False
+        if self.sim.tainted(req, device):
+            self._release_counters(device)
+            return False
+        constraints = req.applicable
         for i, constraint in enumerate(constraints):
-            if not constraint.add(req, device):
-                release_counters()
+            if not constraint.add(device):
+                self._release_counters(device)
                 if must:
                     raise AllocationError(f"claim {self.labels[req.claim]}, request {req.name}: cannot add device "
                                           f"{device.id} because a claim constraint would not be satisfied")
                 for earlier in constraints[:i]:
-                    earlier.remove(req)
-                return None
-        self.allocating.setdefault(device.id, set()).add(req.claim)
-        self.results[req.claim].append(
-            DeviceResult(req.full_name, device.id.driver, device.id.pool, device.id.device, req.admin))
+                    earlier.num -= 1
+                return False
+        self.holders[device.index] += 1
+        self.held[req.claim].add(device.index)
+        self.results[req.claim].append((req, device))
+        return True
 
-        def undo() -> None:
-            for constraint in constraints:
-                constraint.remove(req)
-            self.allocating[device.id].discard(req.claim)
-            self.results[req.claim].pop()
-            release_counters()
+    def _deallocate_device(self, req: _Request, device: _Device) -> None:
+        for constraint in req.applicable:
+            constraint.num -= 1
+        self.holders[device.index] -= 1
+        self.held[req.claim].discard(device.index)
+        self.results[req.claim].pop()
+        self._release_counters(device)
 
-        return undo
-
-    def _take_counters(self, device: _Device) -> Undo | None:
-        """checkAvailableCounters: reserve the device's counters, or None when some counter of its pool would go
+    def _take_counters(self, device: _Device) -> bool:
+        """checkAvailableCounters: reserve the device's counters, or False when some counter of its pool would go
         below zero."""
-        wanted = _consumption(device.api)
-        if not wanted:
-            return lambda: None
         if not self.sim.partitionable:
-            return None  # a device that consumes counters is never allocated without the feature
+            return False  # a device that consumes counters is never allocated without the feature
         pool = device.pool
         key = (pool.driver, pool.name)
         available = self.available.get(key)
         if available is None:
             available = {(s, n): v for s, counters in pool.counter_sets.items() for n, v in counters.items()}
             for other in pool.devices:  # the allocated devices' consumption (fixed during this allocation)
-                if other.id in self.allocated:
-                    for k, v in _consumption(other.api).items():
+                if self.taken[other.index]:
+                    for k, v in other.consumption.items():
                         if k in available:
                             available[k] -= v
             self.available[key] = available
         consuming = self.consuming.setdefault(key, {})
-        for k, v in wanted.items():
+        for k, v in device.consumption.items():
             consuming[k] = consuming.get(k, Fraction(0)) + v
-
-        def release() -> None:
-            for k, v in wanted.items():
-                consuming[k] -= v
-
         if any(left < consuming.get(k, 0) for k, left in available.items()):
-            release()
-            return None
-        return release
+            self._release_counters(device)
+            return False
+        return True
+
+    def _release_counters(self, device: _Device) -> None:
+        if device.consumption:
+            consuming = self.consuming[(device.pool.driver, device.pool.name)]
+            for k, v in device.consumption.items():
+                consuming[k] -= v
 
     def _enough_candidates(self, req: _Request, needed: int) -> bool:
         """Whether enough devices remain for this request's remaining slots (a sound cut of the search).
 
         When too few remain and a free device's selector errors, the Go search would reach that device
         while failing through this subtree and return its error, so that error is raised here."""
-        applicable = [c for c in self.constraints[req.claim] if c.applies(req.name, req.sub_name)]
         candidates: list[_Device] = []
         first_error: AllocationError | None = None
         for device, error in self._candidates(req):
@@ -659,13 +763,13 @@ class _Search:
                 continue
             if error is not None:
                 first_error = first_error or error
-            elif not self._tainted(req, device):
+            elif not self.sim.tainted(req, device):
                 candidates.append(device)
-        compatible = [d for d in candidates if all(self._compatible(c, d) for c in applicable)]
+        compatible = [d for d in candidates if all(self._compatible(c, d) for c in req.applicable)]
         enough = len(compatible) >= needed
-        for c in applicable:
+        for c in req.applicable:
             if enough and c.num == 0:
-                groups = Counter(d.attribute(c.attribute) for d in compatible)
+                groups = Counter(c.values[d.index] for d in compatible)
                 enough = max(groups.values(), default=0) >= needed
         if not enough and first_error is not None:
             raise first_error
@@ -675,28 +779,21 @@ class _Search:
         found = self.candidates.get(req.key)
         if found is None:
             found = []
-            for pool in self.sim.pools:
-                if pool.invalid or pool.incomplete:
-                    continue
-                for device in pool.devices:
-                    try:
-                        if self._selectable(req, device):
-                            found.append((device, None))
-                    except AllocationError as e:
-                        found.append((device, e))
+            for device in self.sim.searched:
+                try:
+                    if self._selectable(req, device):
+                        found.append((device, None))
+                except AllocationError as e:
+                    found.append((device, e))
             self.candidates[req.key] = found
         return found
 
-    def _tainted(self, req: _Request, device: _Device) -> bool:
-        return self.sim.device_taints and taint_prevents_allocation(device.api, req.tolerations)
-
     @staticmethod
     def _compatible(c: _MatchAttribute, device: _Device) -> bool:
-        value = device.attribute(c.attribute)
+        value = c.values[device.index]
         if value is None or value[0] == "unknown":
             return False
         return c.num == 0 or value == c.value
-
 
 def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     """resourceclaim.ToleratesTaint: effect and key match when set; Equal (the default) compares values."""
@@ -721,19 +818,29 @@ def simulate(slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mappi
              claims: Sequence[Mapping[str, Any]], *, node_name: str, node_labels: Mapping[str, str] | None = None,
              allocated: Iterable[DeviceId] = (), mode: Mode = "fit-one", cel: CelEnvironment | None = None,
              simulator: Simulator | None = None) -> SimulationResult:
-    """Run the allocator on one node. Inputs and outputs as in the Go comparison program."""
+    """Run the allocator on one node. Inputs and outputs as in the Go comparison program.
+    SearchBudgetExceeded when an allocation passes the simulator's budget."""
     if not claims:
         raise ValueError("simulate needs at least one claim")
     sim = simulator or Simulator(slices, device_classes, node_name, node_labels, cel)
     taken = set(allocated)
+    searches: list[int] = []
+
+    def allocate(claims: Sequence[Mapping[str, Any]]) -> tuple[tuple[DeviceResult, ...], ...] | None:
+        search = _Search(sim, claims, taken)
+        try:
+            return search.run()
+        finally:
+            searches.append(search.calls)
+
     if mode == "fit-one":
         try:
-            result = sim.allocate(claims, taken)
+            result = allocate(claims)
         except AllocationError as e:
-            return SimulationResult(False, 0, (), str(e))
+            return SimulationResult(False, 0, (), str(e), tuple(searches))
         if result is None:
-            return SimulationResult(False, 0, ())
-        return SimulationResult(True, 1, result)
+            return SimulationResult(False, 0, (), searches=tuple(searches))
+        return SimulationResult(True, 1, result, searches=tuple(searches))
     if mode != "count":
         raise ValueError(f"mode {mode!r} is not allowed; allowed: fit-one, count")
     rounds: list[tuple[DeviceResult, ...]] = []
@@ -743,7 +850,7 @@ def simulate(slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mappi
     while len(rounds) < COUNT_CAP:
         copy = {**base, "metadata": {**meta, "name": f"{meta.get('name') or 'claim-0'}-{len(rounds)}"}}
         try:
-            result = sim.allocate([copy], taken)
+            result = allocate([copy])
         except AllocationError as e:
             error = str(e)
             break
@@ -751,4 +858,4 @@ def simulate(slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mappi
             break
         rounds.append(result[0])
         taken.update(d.id for d in result[0] if not d.admin_access)
-    return SimulationResult(bool(rounds), len(rounds), tuple(rounds), error)
+    return SimulationResult(bool(rounds), len(rounds), tuple(rounds), error, tuple(searches))

@@ -29,9 +29,10 @@ per torus row or ring segment, whole rows, every other device, half or all of th
 Go's search is a plain depth-first search without any counting shortcut, so a case whose search is large
 (a 16-device claim on a node with 15 free devices, a claim whose last request fails after many orderings
 of the first) runs into the scheduler's 10 s filter timeout. Such cases are left out by design:
-`search_size` replays Go's search order (allocateOne calls) on the case and the generator drops a case
-whose estimate exceeds the budget; how many were dropped is reported per category. The estimate is only a
-cost bound, never an answer the test compares with.
+`SearchEstimator` runs the product's simulator (`neuron_dra.claim_templates.allocator`) with its cut and
+memo off, which makes Go's allocateOne calls in Go's order, counts them, and the generator drops a case
+whose count passes the budget; how many were dropped is reported per category. The count is only a cost
+bound, never an answer the test compares with.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import copy
 import json
 import random
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,8 +59,8 @@ from neuron_dra.claim_templates import (
     TemplateError,
     UltraServerNode,
 )
-from neuron_dra.claim_templates.allocator import COUNT_CAP, DeviceId, Mode
-from neuron_dra.claim_templates.cel_env import CelDevice, CelEnvironment, CelEvaluationError
+from neuron_dra.claim_templates.allocator import DeviceId, Mode, SearchBudgetExceeded, Simulator, simulate
+from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.examples import OFFICIAL_SAMPLES, RICHER_CASES
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
 from neuron_dra.driver.catalog import CATALOG, FAMILIES, TopologyKind
@@ -73,7 +74,6 @@ A = f"device.attributes['{NEURON_DRIVER}']"
 CAP = f"device.capacity['{NEURON_DRIVER}']"
 GUARD = f"{A}.resourceType == 'neuron_device'"
 MODES: tuple[Mode, ...] = ("fit-one", "count")
-MAX_RESULTS = 32  # resource.k8s.io/v1 AllocationResultsMaxSize
 # allocateOne calls per allocation. Go makes about 170 000 a second here (each scans every device of the node),
 # so a case stays near 0.1 s, far from the 10 s filter timeout.
 DEFAULT_BUDGET = 10_000
@@ -152,261 +152,46 @@ def describe_spec(spec: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-# --- Go's search, replayed for its size ------------------------------------------------------------------
-
-class _OverBudget(Exception):
-    pass
-
-
-class _MaxSize(Exception):
-    pass
-
-
-class _Stop(Exception):
-    """The Go search returns an error here (a constraint an All request breaks, a CEL error)."""
-
-
-@dataclass
-class _SearchRequest:
-    base: str
-    sub: str | None
-    all_mode: bool
-    count: int
-    candidates: tuple[int, ...]  # selectable device indexes in search order
-    errors: frozenset[int]  # devices whose selectors fail at runtime
-    admin: bool  # adminAccess: devices in use elsewhere stay available, only this claim's own are taken
-
-
-@dataclass
-class _SearchConstraint:
-    requests: frozenset[str]
-    values: tuple[Hashable | None, ...]  # per device
-    value: Hashable | None = None
-    num: int = 0
-
-    def applies(self, r: _SearchRequest) -> bool:
-        if not self.requests or r.base in self.requests:
-            return True
-        return r.sub is not None and f"{r.base}/{r.sub}" in self.requests
-
-
-def lookup_attribute(device: Mapping[str, Any], driver: str, qualified: str) -> Hashable | None:
-    """Kubernetes' lookupAttribute: the qualified name, else the bare name in the driver's own domain."""
-    attrs: Mapping[str, Mapping[str, Any]] = device.get("attributes") or {}
-    value = attrs.get(qualified)
-    if value is None:
-        domain, _, name = qualified.partition("/")
-        value = attrs.get(name) if domain == driver else None
-    if value is None:
-        return None
-    return tuple(sorted(value.items()))
-
-
-class SearchSize:
-    """Counts the allocateOne calls of Go's depth-first search (same order: claims, requests, subrequests,
-    device slots, devices in slice order) for one allocation, up to a budget. Used only to keep generated
-    cases clear of the filter timeout."""
-
-    def __init__(self, claims: Sequence[list[list[_SearchRequest]]], constraints: Sequence[list[_SearchConstraint]],
-                 allocated: set[int], budget: int) -> None:
-        self.claims = claims
-        # per claim and request: the constraints that apply to it
-        self.applicable = {id(r): [c for c in constraints[ci] if c.applies(r)]
-                           for ci, claim in enumerate(claims) for options in claim for r in options}
-        self.allocated = frozenset(allocated)
-        self.allocating: Counter[int] = Counter()  # device -> claims of this allocation that took it
-        self.budget = budget
-        self.calls = 0
-        self.results: list[list[tuple[int, bool]]] = [[] for _ in claims]  # (device, admin access)
-
-    def run(self) -> bool | None:
-        """True/False: found or not; None: the search would return an error. _OverBudget past the budget."""
-        try:
-            return self._one(0, 0, 0, 0, False)
-        except (_Stop, _MaxSize):
-            return None
-
-    def _one(self, ci: int, ri: int, si: int, di: int, in_sub: bool) -> bool:
-        self.calls += 1
-        if self.calls > self.budget:
-            raise _OverBudget
-        if ci >= len(self.claims):
-            return True
-        requests = self.claims[ci]
-        if ri >= len(requests):
-            try:
-                return self._one(ci + 1, 0, 0, 0, False)
-            except _MaxSize:
-                return False
-        options = requests[ri]
-        if not in_sub and options[0].sub is not None:
-            all_exceeded = True
-            for s in range(len(options)):
-                try:
-                    done = self._one(ci, ri, s, 0, True)
-                except _MaxSize:
-                    continue
-                all_exceeded = False
-                if done:
-                    return True
-            if all_exceeded:
-                raise _MaxSize
-            return False
-        r = options[si]
-        if r.all_mode and not r.candidates:
-            return False
-        num = len(r.candidates) if r.all_mode else r.count
-        if di >= num:
-            return self._one(ci, ri + 1, 0, 0, False)
-        results = self.results[ci]
-        if num - di > MAX_RESULTS - len(results):
-            raise _MaxSize
-        applicable = self.applicable[id(r)]
-        for device in r.candidates[di:di + 1] if r.all_mode else r.candidates:
-            if self._busy(r, results, device):
-                if r.all_mode:
-                    return False
-                continue
-            if device in r.errors:
-                raise _Stop  # Go evaluates the selector on this device and returns the error
-            if applicable and not self._add(applicable, device):
-                if r.all_mode:
-                    raise _Stop  # an All device that breaks a constraint is an error
-                continue
-            self.allocating[device] += 1
-            results.append((device, r.admin))
-            try:
-                done = self._one(ci, ri, si, di + 1, in_sub)
-            except BaseException:
-                self._remove(applicable, results, device)
-                raise
-            if done:
-                return True
-            self._remove(applicable, results, device)
-        return False
-
-    @staticmethod
-    def _add(applicable: list[_SearchConstraint], device: int) -> bool:
-        for i, c in enumerate(applicable):
-            value = c.values[device]
-            if value is None or (c.num > 0 and value != c.value):
-                for earlier in applicable[:i]:
-                    earlier.num -= 1
-                return False
-            if c.num == 0:
-                c.value = value
-            c.num += 1
-        return True
-
-    def _busy(self, r: _SearchRequest, results: list[tuple[int, bool]], device: int) -> bool:
-        if r.admin:
-            return any(d == device for d, _ in results)
-        return device in self.allocated or self.allocating[device] > 0
-
-    def _remove(self, applicable: list[_SearchConstraint], results: list[tuple[int, bool]], device: int) -> None:
-        self.allocating[device] -= 1
-        results.pop()
-        for c in applicable:
-            c.num -= 1
-
-
-def _node_devices(slices: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
-    """The devices Go searches: those of each pool's newest generation, in slice order (all slices name
-    the node)."""
-    newest: dict[tuple[str, str], int] = {}
-    for s in slices:
-        key = (s["spec"]["driver"], s["spec"]["pool"]["name"])
-        newest[key] = max(newest.get(key, 0), int(s["spec"]["pool"].get("generation", 0)))
-    return [(s["spec"]["driver"], d) for s in slices for d in s["spec"].get("devices") or []
-            if int(s["spec"]["pool"].get("generation", 0)) == newest[(s["spec"]["driver"], s["spec"]["pool"]["name"])]]
-
+# --- Go's search size -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class SearchEstimate:
-    """Go's search size on a case: the largest single allocation and the sum over both modes."""
+    """Go's search size on a case (allocateOne calls): the largest single allocation and the sum over both modes."""
 
     largest: int
     total: int
 
 
 class SearchEstimator:
-    """search_size for cases on catalog nodes; selection through the claim checks' CEL (memoised)."""
+    """Go's search size on cases of catalog nodes: the product's simulator without its cut and memo
+    (prune=False visits every subtree as Go does), counting allocateOne calls up to a budget per allocation.
+    One simulator per node serves all its cases (selection is cached per claim spec)."""
 
     def __init__(self, catalog: NodeCatalog, cel: CelEnvironment, budget: int = DEFAULT_BUDGET) -> None:
         self.catalog = catalog
         self.cel = cel
         self.budget = budget
+        self.simulators: dict[str, Simulator] = {}
 
     def estimate(self, case: Case) -> SearchEstimate | None:
         """None when some allocation of the case exceeds the budget."""
         node = self.catalog.node(case.instance_type)
-        devices = _node_devices(case.node_slices(node))
-        cel_devices = [CelDevice.from_api(drv, d, node.node_name) for drv, d in devices]
-        index = {DeviceId(drv, node.node_name, d["name"]): i for i, (drv, d) in enumerate(devices)}
-        allocated = {index[d] for d in case.allocated if d in index}
-        classes = {c["metadata"]["name"]: c for c in node.device_classes}
-        largest = total = 0
+        slices = case.node_slices(node)
+        simulator = self.simulators.get(case.instance_type) if case.slices is None else None
+        if simulator is None:
+            simulator = Simulator(slices, node.device_classes, node.node_name, node_labels(node), self.cel,
+                                  prune=False, budget=self.budget)
+            if case.slices is None:
+                self.simulators[case.instance_type] = simulator
+        searches: list[int] = []
         for mode in MODES:
-            claims = list(case.claims) if mode == "fit-one" else [case.claims[0]]
-            in_use = set(allocated)
-            for _ in range(1 if mode == "fit-one" else COUNT_CAP):
-                try:
-                    search = self._search(devices, cel_devices, classes, claims, in_use)
-                except _Stop:
-                    break
-                try:
-                    found = search.run()
-                except _OverBudget:
-                    return None
-                largest, total = max(largest, search.calls), total + search.calls
-                if not found:
-                    break
-                for chosen in search.results:
-                    in_use.update(d for d, admin in chosen if not admin)  # admin access uses nothing up
-        return SearchEstimate(largest, total)
-
-    def _search(self, devices: list[tuple[str, Mapping[str, Any]]], cel_devices: list[CelDevice],
-                classes: Mapping[str, Mapping[str, Any]], claims: Sequence[Mapping[str, Any]],
-                allocated: set[int]) -> SearchSize:
-        requests: list[list[list[_SearchRequest]]] = []
-        constraints: list[list[_SearchConstraint]] = []
-        for claim in claims:
-            spec = claim["spec"]["devices"]
-            per_claim = []
-            for r in spec["requests"]:
-                if "firstAvailable" in r:
-                    per_claim.append([self._request(r["name"], s["name"], s, cel_devices, classes)
-                                      for s in r["firstAvailable"]])
-                else:
-                    per_claim.append([self._request(r["name"], None, r["exactly"], cel_devices, classes)])
-            least = sum(min(len(o.candidates) if o.all_mode else o.count for o in options) for options in per_claim)
-            if least > MAX_RESULTS:
-                raise _Stop  # Go refuses the claim before searching
-            requests.append(per_claim)
-            constraints.append([
-                _SearchConstraint(frozenset(c.get("requests") or []),
-                                  tuple(lookup_attribute(d, drv, c["matchAttribute"]) for drv, d in devices))
-                for c in spec.get("constraints") or []])
-        return SearchSize(requests, constraints, allocated, self.budget)
-
-    def _request(self, base: str, sub: str | None, body: Mapping[str, Any], cel_devices: list[CelDevice],
-                 classes: Mapping[str, Mapping[str, Any]]) -> _SearchRequest:
-        cls = classes[body["deviceClassName"]]
-        exprs = [s["cel"]["expression"] for s in cls["spec"].get("selectors") or []]
-        exprs += [s["cel"]["expression"] for s in body.get("selectors") or []]
-        candidates, errors = [], set()
-        for i, device in enumerate(cel_devices):
             try:
-                if all(self.cel.evaluate(e, device) for e in exprs):
-                    candidates.append(i)
-            except CelEvaluationError:
-                candidates.append(i)
-                errors.add(i)
-        all_mode = body.get("allocationMode") == "All"
-        if all_mode and errors:
-            raise _Stop  # Go selects All devices up front and returns the error
-        return _SearchRequest(base, sub, all_mode, int(body.get("count", 1)), tuple(candidates), frozenset(errors),
-                              bool(body.get("adminAccess")))
+                result = simulate(slices, node.device_classes, list(case.claims), node_name=node.node_name,
+                                  allocated=case.allocated, mode=mode, simulator=simulator)
+            except SearchBudgetExceeded:
+                return None
+            searches += result.searches
+        return SearchEstimate(max(searches, default=0), sum(searches))
 
 
 # --- the generator ---------------------------------------------------------------------------------------
