@@ -244,6 +244,8 @@ class _Connection:
         # Sends time out, receives do not: an idle kubelet connection stays open, a peer that stops reading is dropped.
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(SEND_TIMEOUT), 0))
+        if server.idle_timeout is not None:  # receives time out too: idle connections are closed (see Server)
+            sock.settimeout(server.idle_timeout)
         # Outbound headers are this module's own constants and percent-encoded messages: not re-validated (a
         # third of h2's cost per call); inbound headers are validated.
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(
@@ -413,6 +415,13 @@ class _Connection:
             while not self.closed:
                 try:
                     data = self.sock.recv(65536)
+                except TimeoutError:
+                    with self.lock:
+                        busy = bool(self.calls)
+                    if busy:
+                        continue
+                    self.goaway()  # idle for idle_timeout: a slot of max_connections back
+                    break
                 except OSError:
                     break
                 if not data:
@@ -523,7 +532,7 @@ class Server:
     """A gRPC server of unary and server-streaming methods on sockets the caller binds (unix or TCP)."""
 
     def __init__(self, name: str, max_workers: int, max_concurrent: int, max_message: int = DEFAULT_MAX_MESSAGE,
-                 max_connections: int = 128) -> None:
+                 max_connections: int = 128, idle_timeout: float | None = None) -> None:
         if max_concurrent < max_workers:
             raise ValueError(f"max_concurrent {max_concurrent} < max_workers {max_workers}: workers would never be "
                              "used")
@@ -531,6 +540,9 @@ class Server:
         self.max_message = max_message
         self.max_concurrent = max_concurrent
         self.max_connections = max_connections
+        # Seconds a connection without calls stays open (None: for ever, as kubelet's one connection to the
+        # unix sockets). On a TCP port any pod of the node can reach, idle connections must not use up the slots.
+        self.idle_timeout = idle_timeout
         self.methods: dict[str, Method] = {}
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name)
         self._lock = threading.Lock()

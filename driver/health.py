@@ -69,7 +69,8 @@ class HealthService:
 class HealthServer:
     def __init__(self, paths: SocketPaths, address: str, port: int) -> None:
         self.service = HealthService(paths)
-        self._server = h2grpc.Server("health", 2, MAX_CONCURRENT, MAX_MESSAGE, max_connections=16)
+        # kubelet's prober opens a connection per probe; idle ones are closed after 10 s (connections are capped).
+        self._server = h2grpc.Server("health", 2, MAX_CONCURRENT, MAX_MESSAGE, max_connections=64, idle_timeout=10.0)
         self._server.add_service(HEALTH, self.service)
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         try:

@@ -340,3 +340,26 @@ def test_many_concurrent_calls_on_one_connection_with_cancellations_and_large_an
             assert idle(server)
         finally:
             server.stop(1)
+
+
+def test_idle_connections_are_closed_but_not_while_a_call_runs() -> None:
+    """The health port's setting: a connection without calls goes after idle_timeout (GOAWAY, close), so idle
+    connections cannot use up max_connections; one waiting for a slow answer stays."""
+    with short_dir() as d:
+        b = Behaviour(delay=0.8)
+        server = h2grpc.Server("idle", max_workers=2, max_concurrent=4, idle_timeout=0.3)
+        server.add_service(REGISTRATION, Servicer(b))
+        path = d / "i.sock"
+        server.add_socket(h2grpc.listening_socket(socket.AF_UNIX, str(path)))
+        server.start()
+        try:
+            raw = RawClient(path)
+            start = time.monotonic()
+            events = raw.events(h2.events.ConnectionTerminated, timeout=5)
+            assert 0.25 < time.monotonic() - start < 3
+            assert next(e for e in events if isinstance(e, h2.events.ConnectionTerminated)).error_code == 0
+            raw.close()
+            info = rpb.PluginInfo.FromString(h2grpc.call_unary(str(path), GET_INFO, b"", 5))  # 0.8 s > 0.3 s idle
+            assert info.type == "DRAPlugin"
+        finally:
+            server.stop(1)
