@@ -8,7 +8,8 @@ already allocated devices, each run in "fit-one" and "count" mode. Figures:
   single-run processes on a sample (what one call from Python costs);
 - Python in-process: simulate() with a fresh Simulator per run, first with a cold CEL environment
   (compiling and evaluating as it goes), then warm; and with one Simulator per node as the claim checks
-  use it; optionally (--plain) the search without its cut and memo, as Go searches.
+  use it; optionally (--plain) the search without its cut and memo, as Go searches (and its allocateOne
+  calls a second: the case generator sizes Go's searches with it).
 Per run: p50, p99 and max (a Python max can be a garbage-collector pause); per category: totals. Only the
 differential test asserts anything; this prints figures.
 
@@ -56,8 +57,10 @@ def timed(fn: Callable[[], list[Answer]]) -> tuple[list[Answer], float]:
     return out, time.perf_counter() - started
 
 
-def plain_answers(cases: Sequence[Case], catalog: NodeCatalog, cel: CelEnvironment) -> list[Answer]:
-    """simulate() with the search cut and the failed-subtree memo off (prune=False): Go's search in Python."""
+def plain_answers(cases: Sequence[Case], catalog: NodeCatalog, cel: CelEnvironment,
+                  calls: list[int] | None = None) -> list[Answer]:
+    """simulate() with the search cut and the failed-subtree memo off (prune=False): Go's search in Python
+    (what the case generator runs to size Go's searches). `calls` gets the allocateOne calls of every run."""
     out = []
     for case, mode in runs(cases):
         node = catalog.node(case.instance_type)
@@ -67,6 +70,8 @@ def plain_answers(cases: Sequence[Case], catalog: NodeCatalog, cel: CelEnvironme
         r = simulate(slices, node.device_classes, list(case.claims), node_name=node.node_name,
                      allocated=case.allocated, mode=mode, cel=cel, simulator=sim)
         out.append(Answer(r.satisfiable, r.count, r.error or "", time.perf_counter() - started))
+        if calls is not None:
+            calls.append(sum(r.searches))
     return out
 
 
@@ -81,7 +86,7 @@ def main() -> None:
     started = time.perf_counter()
     exe = allocsim.binary()
     print(f"allocsim binary: {exe} (ready in {time.perf_counter() - started:.2f} s)")
-    catalog = NodeCatalog()
+    catalog = NodeCatalog(partitionable=False)  # as the differential test: these generators shape whole-device pools
     started = time.perf_counter()
     catalog.nodes()
     print(f"node models (emulated hosts): {time.perf_counter() - started:.2f} s")
@@ -124,9 +129,11 @@ def main() -> None:
     print(row("python: one Simulator per node, warm CEL", [a.seconds for a in shared], shared_wall, go_nanos,
               go_total))
     if args.plain:
-        plain, plain_wall = timed(lambda: plain_answers(cases, catalog, cel))
+        calls: list[int] = []
+        plain, plain_wall = timed(lambda: plain_answers(cases, catalog, cel, calls))
         print(row("python: plain search (no cut, no memo)", [a.seconds for a in plain], plain_wall, go_nanos,
                   go_total))
+        print(f"{'':<44} {sum(calls):,} allocateOne calls (Go's search), {sum(calls) / plain_wall:,.0f} a second")
 
     print("\nper category (totals; python = fresh Simulator per run, warm CEL):")
     print(f"{'category':<16}{'runs':>6}{'go':>14}{'python':>14}{'python/go':>11}{'go p99':>14}{'python p99':>14}")
