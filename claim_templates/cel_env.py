@@ -487,8 +487,9 @@ def _describe(err: CELEvalError) -> str:
     return message
 
 
-class _EvaluationTimeout(Exception):
-    pass
+class _EvaluationTimeout(BaseException):
+    """Raised by SIGALRM anywhere inside cel-python, which turns an `Exception` raised during evaluation into a
+    CELEvalError ("evaluation error"): deriving from BaseException keeps the timeout recognisable."""
 
 
 @contextlib.contextmanager
