@@ -68,7 +68,7 @@ ECHO_SERVER = textwrap.dedent("""
     server.add_insecure_port("unix://" + sys.argv[1])
     server.start()
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    set_on_signals(done, (signal.SIGTERM,))
     print("ready", flush=True)
     done.wait()
     server.stop(0)

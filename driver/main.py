@@ -14,7 +14,6 @@ import argparse
 import ipaddress
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ from neuron_dra.driver.k8s_names import (
     TAINT_EFFECTS,
     is_dns_subdomain,
 )
+from neuron_dra.driver.signals import set_on_signals
 from neuron_dra.driver.sockets import BoundSockets, SocketError, SocketPaths, bind
 
 # Imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
@@ -409,8 +409,7 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
 
     memory.limit_arenas()  # before threads allocate (main applied it before the registration server's threads)
     daemon = Daemon(options, lookup, api, crash, servers=servers)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: daemon.stop_event.set())
+    set_on_signals(daemon.stop_event)
     try:
         daemon.start()
     except StartupError as e:
