@@ -492,8 +492,16 @@ class _EvaluationTimeout(BaseException):
     CELEvalError ("evaluation error"): deriving from BaseException keeps the timeout recognisable."""
 
 
+@dataclass
+class _Expiry:
+    """Whether the alarm fired: then whatever the interrupted evaluation returned or raised is not its answer
+    (cel-python's cleanup can raise its own error, e.g. a wrong overload, over the interrupted state)."""
+
+    expired: bool = False
+
+
 @contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
+def _time_limit(seconds: float, expiry: _Expiry) -> Iterator[None]:
     """Interrupt the block after `seconds` (SIGALRM; only in the main thread, where the claims CLI evaluates;
     elsewhere the cost estimate is the only bound). The previous handler and timer are restored."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
@@ -501,6 +509,7 @@ def _time_limit(seconds: float) -> Iterator[None]:
         return
 
     def expire(signum: int, frame: object) -> None:
+        expiry.expired = True
         raise _EvaluationTimeout
 
     previous = signal.signal(signal.SIGALRM, expire)
@@ -600,17 +609,22 @@ class CelEnvironment:
             self._values[device.key] = value
         if isinstance(value, str):
             return _Outcome(False, value)
+        expiry = _Expiry()
+        outcome: _Outcome | None = None
         try:
-            with _time_limit(EVALUATION_SECONDS):
+            with _time_limit(EVALUATION_SECONDS, expiry):
                 result = compiled.program.evaluate({"device": value})
         except CELEvalError as e:
-            return _Outcome(False, _describe(e))
+            outcome = _Outcome(False, _describe(e))
         except RecursionError:
-            return _Outcome(False, TOO_DEEP)
+            outcome = _Outcome(False, TOO_DEEP)
         except _EvaluationTimeout:
+            expiry.expired = True
+        else:
+            outcome = _Outcome(bool(result), None) if isinstance(result, celtypes.BoolType) else _Outcome(
+                False, f"CEL result of type {type(result).__name__} could not be converted to bool")
+        if expiry.expired or outcome is None:
             return _Outcome(False, f"evaluation took longer than {EVALUATION_SECONDS} s (this checker's wall-clock "
                                    "limit per evaluation; Kubernetes' runtime cost limit is likely exceeded too)")
-        if not isinstance(result, celtypes.BoolType):
-            return _Outcome(False, f"CEL result of type {type(result).__name__} could not be converted to bool")
-        return _Outcome(bool(result), None)
+        return outcome
 

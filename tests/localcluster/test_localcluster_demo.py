@@ -19,6 +19,10 @@ import pytest
 
 from neuron_dra.claim_templates import check
 from neuron_dra.claim_templates.examples import inf2_ring_segment_4, trn2_8_else_trn1_16
+from neuron_dra.driver.discovery import discover
+from neuron_dra.driver.emulate import emulate
+from neuron_dra.driver.neuron_env import core_ranges
+from neuron_dra.driver.slices import NodeFacts, build_pool, resource_slices
 from neuron_dra.localcluster.demo_health import FaultPlan, plan_faults
 from neuron_dra.localcluster.demo_report import (
     PodOutcome,
@@ -42,6 +46,7 @@ from neuron_dra.localcluster.demo_workloads import (
     runs_health_stage,
     workloads,
 )
+from neuron_dra.localcluster.efa_emulator import efa_devices
 from neuron_dra.localcluster.topology import NodeSpec, runtime_dir
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -244,6 +249,20 @@ def _assert_nothing_left(cluster_dir: Path) -> None:
     assert not _processes_mentioning(cluster_dir), _processes_mentioning(cluster_dir)
 
 
+def _efas_of_group(neuron_range: str, tmp_path: Path) -> str:
+    """The EFA devices (numbers, as the table shows them) of the devicegroup of trn2 devices `neuron_range`, from
+    the model the driver and the emulated EFA driver publish: EFA names follow BDF order, not Neuron device order
+    (docs/neuron-hardware.md §4), so rows 4-7 and 8-11 swap their EFAs."""
+    group = "resource.aws.com/devicegroup4_id"
+    host = discover(emulate("trn2.48xlarge", tmp_path / "trn2-host"))
+    first = int(neuron_range.split("-")[0])
+    neuron = {d["name"]: d["attributes"][group]["string"] for sl in resource_slices(build_pool(host, NodeFacts("n")))
+              for d in sl["spec"].get("devices") or () if group in d.get("attributes", {})}
+    wanted = neuron[f"neuron-device-{first}"]
+    return core_ranges(sorted(int(d["name"].rsplit("-", 1)[1]) for d in efa_devices(host)
+                              if d["attributes"][group]["string"] == wanted))
+
+
 @pytest.mark.cluster
 def test_demo_end_to_end(tmp_path: Path) -> None:
     cluster_dir = tmp_path / "demo"
@@ -262,7 +281,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     for pod in ("connected-8", "row-lnc1", "efa-aligned"):
         assert rows[pod][2] == other, rows[pod]
     assert rows["row-lnc1"][7] == "1"  # LNC column
-    assert rows["efa-aligned"][4] == rows["efa-aligned"][5]  # the EFAs of the same devicegroup
+    assert rows["efa-aligned"][5] == _efas_of_group(rows["efa-aligned"][4], tmp_path)  # the same devicegroup
     assert {rows["connected-8"][4], rows["row-lnc1"][4], rows["efa-aligned"][4]} in (
         {"0-7", "8-11", "12-15"}, {"0-7", "12-15", "8-11"}, {"8-15", "0-3", "4-7"})
     assert rows["first-available"][2:5] == ["trn1-32xlarge-1", "neurons/trn1", "0-15"]
