@@ -6,11 +6,13 @@ error naming the file and the value; nothing is guessed over.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ PRODUCT_NAME = "sys/devices/virtual/dmi/id/product_name"
 KERNEL_DRIVER_VERSION = "sys/module/neuron/version"
 EFA_DRIVER_DIR = "sys/bus/pci/drivers/efa"
 NEURON_LS = "opt/aws/neuron/bin/neuron-ls"
+ETXTBSY_ATTEMPTS = 6  # 0.04 + 0.08 + ... + 0.64 s of waiting at most
 ULTRASERVER_FILES = ("server_id_2", "server_id_4", "node_id_2", "node_id_4", "ultraserver_mode")
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -208,6 +211,21 @@ def parse_neuron_ls(text: str, source: str = "neuron-ls --json-output") -> dict[
     return out
 
 
+def _run_executable(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """subprocess.run, retried a few times on ETXTBSY: a process forked elsewhere while the file was open for
+    writing holds that descriptor until its own exec (an emulated host written and run by one process, or a
+    package update); it passes within moments."""
+    attempt = 0
+    while True:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        except OSError as e:
+            attempt += 1
+            if e.errno != errno.ETXTBSY or attempt >= ETXTBSY_ATTEMPTS:
+                raise
+            time.sleep(0.02 * 2 ** attempt)
+
+
 def run_neuron_ls(root: Path, timeout: float = 20.0) -> dict[int, NeuronLsDevice] | None:
     """Run neuron-ls from the host root (or PATH when the root is /); None when not installed."""
     candidate = root / NEURON_LS
@@ -219,7 +237,7 @@ def run_neuron_ls(root: Path, timeout: float = 20.0) -> dict[int, NeuronLsDevice
     if not os.access(exe, os.X_OK):
         raise DiscoveryError(exe, "neuron-ls is present but not executable")
     try:
-        proc = subprocess.run([exe, "--json-output"], capture_output=True, text=True, timeout=timeout, check=False)
+        proc = _run_executable([exe, "--json-output"], timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise DiscoveryError(exe, f"could not run neuron-ls: {e}") from None
     if proc.returncode != 0:

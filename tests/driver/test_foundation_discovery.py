@@ -205,3 +205,23 @@ def test_normalize_bdf() -> None:
     assert normalize_bdf("0000:10:1a.0") == "0000:10:1a.0"
     with pytest.raises(ValueError):
         normalize_bdf("10:1a")
+
+
+def test_neuron_ls_open_for_writing_somewhere_is_retried_not_an_error(tmp_path: Path) -> None:
+    """ETXTBSY: exec of a file that some process still has open for writing fails; a process forked while the
+    emulator wrote neuron-ls holds such a descriptor until its own exec. Discovery waits a moment instead of
+    failing the node (seen once as 'Text file busy' when four nodes started together)."""
+    import threading
+
+    from neuron_dra.driver.discovery import NEURON_LS, run_neuron_ls
+    from neuron_dra.driver.emulate import emulate
+
+    root = emulate("trn1.32xlarge", tmp_path / "host")
+    writer = (root / NEURON_LS).open("ab")  # our own descriptor open for writing: exec gets ETXTBSY
+    threading.Timer(0.1, writer.close).start()
+    devices = run_neuron_ls(root)
+    assert writer.closed and devices is not None and len(devices) == 16
+    # held for good: a clear error after a bounded wait
+    with (root / NEURON_LS).open("ab"), pytest.raises(DiscoveryError) as e:
+        run_neuron_ls(root)
+    assert "Text file busy" in str(e.value)
