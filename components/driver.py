@@ -95,10 +95,11 @@ class NeuronDraDriver(pulumi.ComponentResource):
         # The dicts as `deploy` renders them; only the DaemonSet's spec waits for the image reference.
         self.manifests = deploy.manifests(options)
         self.objects = {}
-        by_kind: dict[str, pulumi.CustomResource] = {}
+        # Every object of a kind: on 1.36+ there are two DeviceClasses, and the DaemonSet waits for both.
+        by_kind: dict[str, list[pulumi.CustomResource]] = {}
         for manifest in self.manifests:
             kind = manifest["kind"]
-            depends = [by_kind[k] for k in _DEPENDS_ON.get(kind, ()) if k in by_kind]
+            depends = [obj for k in _DEPENDS_ON.get(kind, ()) for obj in by_kind.get(k, ())]
             overrides: dict[str, Any] | None = None
             child = pulumi.ResourceOptions(parent=self, depends_on=depends)
             if kind == "DaemonSet":
@@ -108,7 +109,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
                 overrides["metadata"], child = _await(manifest, child, args.rollout_timeout_seconds)
             obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)
             self.objects[deploy.object_key(manifest)] = obj
-            by_kind[kind] = obj
+            by_kind.setdefault(kind, []).append(obj)
         self.register_outputs({"namespace": self.namespace, "image": self.image,
                                "deviceClass": self.device_class_name})
 

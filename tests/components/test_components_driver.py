@@ -56,12 +56,18 @@ def test_every_object_goes_through_the_given_provider_and_waits_for_what_it_need
     provider = run.one("pulumi:providers:kubernetes", "target")
     objects = k8s_objects(run)
     assert all(r.provider.startswith(provider.urn + "::") for r in objects.values())
-    urn = {key.split("/")[0]: r.urn for key, r in objects.items()}
+    urns: dict[str, list[str]] = {}
+    for key, r in objects.items():
+        urns.setdefault(key.split("/")[0], []).append(r.urn)
+    urn = {kind: found[-1] for kind, found in urns.items()}
     ds = objects["DaemonSet/accel/neuron-dra-driver-kubelet-plugin"]
-    # The policy, the RBAC and the service account exist before the driver's pods write ResourceSlices.
+    # The policy, the RBAC and the service account exist before the driver's pods write ResourceSlices;
+    # every DeviceClass (whole devices and, on 1.36+, NeuronCores) exists before the driver publishes.
+    assert len(urns["DeviceClass"]) == 2
     for kind in ("Namespace", "ServiceAccount", "ClusterRoleBinding", "ValidatingAdmissionPolicyBinding",
                  "NetworkPolicy", "DeviceClass"):
-        assert urn[kind] in ds.dependencies, kind
+        for one in urns[kind]:
+            assert one in ds.dependencies, (kind, one)
     assert urn["ClusterRole"] in objects[f"ClusterRoleBinding/{OPTIONS.cluster_role_name}"].dependencies
     assert urn["Namespace"] in objects["ServiceAccount/accel/neuron-dra-driver-sa"].dependencies
 
