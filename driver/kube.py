@@ -1,17 +1,20 @@
 """The API server side of the driver: connection settings, the few REST calls it makes, and the claim lookup.
 
-A small JSON-over-HTTPS client on the standard library (http.client, ssl) instead of the `kubernetes` package:
+A small JSON-over-HTTPS client on the standard library (ssl, socket) instead of the `kubernetes` package:
 that package's import alone costs 17-19 MiB of resident memory and, on a loaded node, seconds of start-up, for
 six REST calls. What it would have provided and the daemon needs is here: the kubeconfig (server, CA, client
 certificate, bearer token or token file; no exec or auth-provider plugins) and the in-cluster service account
 (KUBERNETES_SERVICE_HOST/PORT, the projected token re-read every minute as client-go does, since kubelet rotates
-it), one keep-alive connection per thread, one retry when a reused connection turns out to be closed.
+it), one keep-alive connection per thread. HTTP/1.1 itself is driver/http1.py (not http.client, which costs a
+claim GET ~0.2 ms more: see there), for plain requests and watches alike (a watch is a chunked answer read line by
+line on a connection of its own). A kept connection the server closed while idle is replaced before the request
+goes out; one found closed only after the request was sent (before any byte of the answer) is retried once on a
+new connection for idempotent methods, never for POST (a create by generateName would run twice).
 """
 
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
 import shutil
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from neuron_dra.driver import http1
 from neuron_dra.driver.claims import ClaimLookupError
 
 # (connect, read) seconds: kubelet gives prepare 45 s; a claim GET must fail well before that.
@@ -33,9 +37,6 @@ RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_RELOAD_SECONDS = 60.0
 Timeout = float | tuple[float, float]
-# A reused keep-alive connection the server has closed meanwhile fails with one of these before any byte of
-# the answer: the request is sent again once on a new connection.
-_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, http.client.CannotSendRequest)
 
 
 class KubeConfigError(RuntimeError):
@@ -140,7 +141,7 @@ def incluster_config(env: Mapping[str, str], account: Path = SERVICE_ACCOUNT_DIR
 class ApiClient:
     """HTTPS to one API server: a keep-alive connection per thread, bearer token or client certificate."""
 
-    def __init__(self, config: ClusterConfig) -> None:
+    def __init__(self, config: ClusterConfig, limits: http1.Limits = http1.DEFAULT_LIMITS) -> None:
         self.config = config
         url = urlsplit(config.server)
         if url.scheme != "https" or not url.hostname:
@@ -148,6 +149,9 @@ class ApiClient:
         self._host = url.hostname
         self._port = url.port or 443
         self._prefix = url.path.rstrip("/")
+        host = f"[{self._host}]" if ":" in self._host else self._host  # an IPv6 literal in brackets (RFC 3986)
+        self._host_field = host if self._port == 443 else f"{host}:{self._port}"
+        self._limits = limits
         try:
             ctx = ssl.create_default_context(cafile=config.ca_file)
             if config.insecure:
@@ -176,59 +180,60 @@ class ApiClient:
                     self._token_read = now
         return f"Bearer {self._token}" if self._token else None
 
-    def connection(self, timeout: Timeout) -> http.client.HTTPSConnection:
-        connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
-        conn = http.client.HTTPSConnection(self._host, self._port, context=self._ssl, timeout=connect)
-        conn.connect()
-        assert conn.sock is not None
-        conn.sock.settimeout(read)
-        return conn
+    def connection(self, timeout: Timeout) -> http1.Connection:
+        connect, read = _timeouts(timeout)
+        return http1.connect(self._host, self._port, self._ssl, connect, read, self._limits)
 
-    def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
-                body: Mapping[str, Any] | None = None, timeout: Timeout = DEFAULT_TIMEOUT,
-                stream: bool = False) -> http.client.HTTPResponse:
-        """The response (body not yet read) of a 2xx answer, else ApiException. `stream`: on a connection of its
-        own, closed by the caller (watches)."""
+    def _request_bytes(self, method: str, path: str, query: Mapping[str, Any] | None,
+                       body: Mapping[str, Any] | None) -> bytes:
         target = self._prefix + path
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         if params:
             target += "?" + urlencode(params)
-        headers = {"Accept": "application/json", "User-Agent": "neuron-dra-driver"}
+        fields = [("Accept", "application/json"), ("User-Agent", "neuron-dra-driver")]
         auth = self._authorization()
         if auth:
-            headers["Authorization"] = auth
+            fields.append(("Authorization", auth))
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
+            fields.append(("Content-Type", "application/json"))
+        return http1.request_bytes(method, target, self._host_field, fields, payload)
+
+    def _kept(self, read_timeout: float) -> http1.Connection | None:
+        """This thread's kept connection if it can carry a request (see http1.Connection.reusable)."""
+        conn: http1.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            return None
+        if conn.reusable():
+            conn.settimeout(read_timeout)
+            return conn
+        conn.close()
+        self._local.conn = None
+        return None
+
+    def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
+                body: Mapping[str, Any] | None = None, timeout: Timeout = DEFAULT_TIMEOUT,
+                stream: bool = False) -> http1.Response:
+        """The response (body not yet read) of a 2xx answer, else ApiException. `stream`: on a connection of its
+        own, closed by the caller (watches)."""
+        data = self._request_bytes(method, path, query, body)
         for attempt in (0, 1):
-            kept: http.client.HTTPSConnection | None = None if stream else getattr(self._local, "conn", None)
-            # Reused unless a `Connection: close` answer closed it.
-            reused = kept is not None and kept.sock is not None
-            conn = kept if kept is not None and reused else self.connection(timeout)
-            if reused:
-                assert conn.sock is not None
-                conn.sock.settimeout(timeout[1] if isinstance(timeout, tuple) else timeout)
-            try:
-                conn.request(method, target, body=payload, headers=headers)
-                resp = conn.getresponse()
-            except _STALE:
-                conn.close()
-                self._local.conn = None
-                if reused and attempt == 0:
-                    continue
-                raise
-            except BaseException:
-                conn.close()
-                if not stream:
-                    self._local.conn = None
-                raise
+            kept = None if stream else self._kept(_timeouts(timeout)[1])
+            conn = kept or self.connection(timeout)
             if not stream:
                 self._local.conn = conn
+            try:
+                resp = conn.exchange(data, method, stream=stream)
+            except http1.ClosedBeforeAnswer:
+                # A kept connection the server closed as the request went out (its idle timeout): send it
+                # again on a new one, unless repeating it could do it twice (a POST creating an object).
+                if kept is not None and attempt == 0 and method in http1.IDEMPOTENT:
+                    continue
+                raise
             if not 200 <= resp.status <= 299:
                 text = resp.read().decode("utf-8", "replace")
-                if stream:
-                    conn.close()
+                resp.close()
                 raise ApiException(status=resp.status, reason=resp.reason, body=text[:2000])
             return resp
         raise AssertionError("unreachable")
@@ -238,6 +243,11 @@ class ApiClient:
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+def _timeouts(timeout: Timeout) -> tuple[float, float]:
+    """(connect, read) seconds."""
+    return timeout if isinstance(timeout, tuple) else (timeout, timeout)
 
 
 def api_client(kubeconfig: str | None, env: Mapping[str, str] | None = None) -> ApiClient:
@@ -260,7 +270,7 @@ def _from_kubernetes(api: Any) -> ApiClient:
                                    key_file=cfg.key_file, token=token or None, insecure=not cfg.verify_ssl))
 
 
-def read_json(resp: http.client.HTTPResponse) -> dict[str, Any]:
+def read_json(resp: http1.Response) -> dict[str, Any]:
     data = json.loads(resp.read())
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object from the API server, got {type(data).__name__}")
@@ -275,7 +285,7 @@ class KubeApi:
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                 body: Mapping[str, Any] | None = None, timeout: Timeout = DEFAULT_TIMEOUT,
-                stream: bool = False) -> http.client.HTTPResponse:
+                stream: bool = False) -> http1.Response:
         """The response (not yet read), for streaming; see `call` for JSON."""
         return self._api.request(method, path, query=query, body=body, timeout=timeout, stream=stream)
 
@@ -312,5 +322,5 @@ class KubeClaimLookup:
             if e.status == 404:
                 return None
             raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e.status} {e.reason}") from None
-        except (http.client.HTTPException, OSError, ValueError) as e:
+        except (http1.HttpError, OSError, ValueError) as e:
             raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e!r}") from None
