@@ -6,8 +6,11 @@ well-formed paths in test_driver_h2grpc.py and tests/e2e."""
 
 from __future__ import annotations
 
+import contextlib
+import random
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -365,3 +368,36 @@ def test_streams_over_the_advertised_maximum_are_refused_one_by_one() -> None:
         finally:
             peer.close()
             server.stop(1)
+
+
+def test_random_frames_never_break_the_server(served: tuple[Path, Servicer]) -> None:
+    """Seeded fuzzing: after a valid preface, frames of every type with random flags, stream ids and payloads
+    (some with valid header blocks). Each connection ends in an answer, a reset, a GOAWAY or a close; no reading
+    thread dies of an exception, and the server serves a real call afterwards."""
+    rng = random.Random(20261201)
+    encoder_blocks = [hpack.Encoder().encode(REQUEST), hpack.Encoder().encode([(b":status", b"200")]), b""]
+    died: list[BaseException | None] = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: died.append(args.exc_value)
+    try:
+        for _ in range(300):
+            peer = Peer(served[0])
+            try:
+                data = bytearray()
+                for _ in range(rng.randint(1, 6)):
+                    type_ = rng.choice([*FrameType, 0x0A, 0xFF])
+                    payload = rng.choice([rng.randbytes(rng.randint(0, 40)), rng.choice(encoder_blocks),
+                                          EMPTY_MESSAGE, b"\0\0\0\x01"])
+                    data += frame(type_, rng.randint(0, 255), rng.choice([0, 1, 2, 3, 5, 0x7FFFFFFF]), payload)
+                peer.send(bytes(data))
+                peer.sock.settimeout(0.2)
+                with contextlib.suppress(TimeoutError, ConnectionError):
+                    while peer.sock.recv(65536):
+                        pass
+            finally:
+                peer.close()
+    finally:
+        threading.excepthook = hook
+    assert died == []
+    info = rpb.PluginInfo.FromString(h2grpc.call_unary(str(served[0]), GET_INFO.decode(), b"", 5))
+    assert info.type == "DRAPlugin"
