@@ -1,10 +1,12 @@
-"""gRPC over HTTP/2 for the daemon's servers, on the pure-Python `h2` library instead of grpcio.
+"""gRPC over HTTP/2 for the daemon's servers: its own HTTP/2 framing (h2frames.py) and `hpack`, not grpcio.
 
 Why: grpcio costs the daemon ~26 MiB of resident memory and a quarter of a second of import (bench/bench_peer.py),
-more than everything else it runs; h2 costs ~2.5 MiB and ~30 ms. The kubelet protocols need only unary and
-server-streaming calls over plaintext HTTP/2 (prior knowledge, no TLS), so the server here is small. The wire rules
-it keeps are gRPC's "gRPC over HTTP2" (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md) and
-`doc/statuscodes.md`, summarised with the HTTP/2 rules (RFC 9113) in docs/grpc-server.md.
+more than everything else it runs; the `h2` library, used before, cost ~0.2-0.45 ms of Python per call, the
+largest part of the daemon's gap to the Go reference driver (docs/grpc-server.md has the figures). The kubelet
+protocols need only unary and server-streaming calls over plaintext HTTP/2 (prior knowledge, no TLS), so the server
+here is small. The wire rules it keeps are gRPC's "gRPC over HTTP2"
+(https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md) and `doc/statuscodes.md`, with the HTTP/2 rules
+(RFC 9113) and HPACK (RFC 7541), summarised in docs/grpc-server.md.
 
 - Every message is a 5-byte prefix (compressed flag, 4-byte big-endian length) and the bytes; responses end with
   trailers `grpc-status` / `grpc-message` (percent-encoded); a call that fails before any message is answered
@@ -16,8 +18,8 @@ it keeps are gRPC's "gRPC over HTTP2" (https://github.com/grpc/grpc/blob/master/
   INVALID_ARGUMENT naming the message type (docs/hardening.md §1).
 - Concurrency: at most `max_concurrent` calls per server at once (queued and running), beyond that
   RESOURCE_EXHAUSTED at once; `max_workers` threads run them; one thread per connection reads and answers
-  HTTP/2 control frames (h2 acks PING and SETTINGS; received data is acknowledged as it arrives, sends wait for
-  the peer's flow-control window). Connections beyond `max_connections` are closed at once.
+  HTTP/2 control frames (PING and SETTINGS acks, WINDOW_UPDATE once half a window has arrived; sends wait for
+  the peer's flow-control windows). Connections beyond `max_connections` are closed at once.
 - Shutdown: new calls are refused UNAVAILABLE, running ones get `grace` seconds (then their contexts are
   cancelled), then GOAWAY and close.
 
@@ -38,17 +40,14 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
+import hpack
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
+
+from neuron_dra.driver import h2frames
 
 log = logging.getLogger("neuron_dra.driver.h2grpc")
 
@@ -221,7 +220,7 @@ class _Gone(Exception):
 
 
 class _Call:
-    def __init__(self, stream_id: int, method: Method, context: CallContext) -> None:
+    def __init__(self, stream_id: int, method: Method, context: CallContext, send_window: int) -> None:
         self.stream_id = stream_id
         self.method = method
         self.context = context
@@ -229,10 +228,24 @@ class _Call:
         self.headers_sent = False
         self.submitted = False  # handed to a worker, which releases it
         self.finished = False  # our side is closed (answered or reset)
+        self.remote_ended = False  # the peer's END_STREAM arrived
+        self.send_window = send_window  # the peer's flow-control window for this stream
+        self.recv_window = h2frames.DEFAULT_WINDOW  # ours, as the peer sees it
+        self.recv_unacked = 0
 
 
 _RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
+_RESPONSE_BLOCK = h2frames.encode_headers(_RESPONSE_HEADERS)
+_OK_TRAILERS_BLOCK = h2frames.encode_headers(((b"grpc-status", b"0"),))
 _GRPC_CONTENT_TYPE = re.compile(rb"^application/grpc([+;].*)?$")
+_SERVER_SETTINGS = h2frames.settings({
+    h2frames.Setting.MAX_CONCURRENT_STREAMS: MAX_STREAMS_PER_CONNECTION,
+    h2frames.Setting.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+})
+# Received bytes are acknowledged (WINDOW_UPDATE) once half a window has arrived, as h2 and grpc-go do.
+_ACK_THRESHOLD = h2frames.DEFAULT_WINDOW // 2
+_MAX_HEADER_BLOCK = 4 * MAX_HEADER_LIST  # encoded bytes of one HEADERS + CONTINUATION sequence
+_T = h2frames.FrameType
 
 
 class _Connection:
@@ -246,20 +259,27 @@ class _Connection:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(SEND_TIMEOUT), 0))
         if server.idle_timeout is not None:  # receives time out too: idle connections are closed (see Server)
             sock.settimeout(server.idle_timeout)
-        # Outbound headers are this module's own constants and percent-encoded messages: not re-validated (a
-        # third of h2's cost per call); inbound headers are validated.
-        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(
-            client_side=False, header_encoding=None, validate_inbound_headers=True,
-            validate_outbound_headers=False, normalize_outbound_headers=False))
+        self.reader = h2frames.FrameReader(expect_preface=True)
+        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self.out = bytearray()  # frames to send, written by _flush
         self.lock = threading.Lock()
         self.window = threading.Condition(self.lock)  # notified when the peer opens its window or a stream ends
         self.calls: dict[int, _Call] = {}
         self.closed = False
+        self.settings_seen = False  # the client's preface ends with its SETTINGS
+        self.highest_stream = 0
+        self.send_window = h2frames.DEFAULT_WINDOW  # the peer's connection window
+        self.peer_initial_window = h2frames.DEFAULT_WINDOW
+        self.peer_max_frame = h2frames.DEFAULT_MAX_FRAME
+        self.recv_window = h2frames.DEFAULT_WINDOW
+        self.recv_unacked = 0
+        self.table_update = True  # the next header block starts with a table size update (see h2frames)
+        self.continuing: tuple[int, int, bytearray] | None = None  # HEADERS awaiting CONTINUATION: id, flags, block
 
     # --- everything below with self.lock held unless noted ---
     def _flush(self) -> None:
-        data = self.h2.data_to_send()
-        if data and not self.closed:
+        if self.out and not self.closed:
+            data, self.out = bytes(self.out), bytearray()
             try:
                 self.sock.sendall(data)
             except OSError:
@@ -273,73 +293,113 @@ class _Connection:
             self.sock.shutdown(socket.SHUT_RDWR)
         self.window.notify_all()
 
-    def _respond_status(self, call_or_id: _Call | int, code: StatusCode, details: str) -> None:
-        """Trailers (after a message) or Trailers-Only; the stream is done on our side."""
+    def _headers(self, stream_id: int, block: bytes, end_stream: bool) -> None:
+        if self.table_update:
+            block = h2frames.TABLE_SIZE_ZERO + block
+            self.table_update = False
+        flags = h2frames.END_HEADERS | (h2frames.END_STREAM if end_stream else 0)
+        self.out += h2frames.frame(_T.HEADERS, flags, stream_id, block)
+
+    def _respond_status(self, call_or_id: _Call | int, code: StatusCode, details: str,
+                        remote_ended: bool = False) -> None:
+        """Trailers (after a message) or Trailers-Only; the stream is done on our side. `remote_ended`: whether
+        the peer has ended its side (for a stream id; a call knows)."""
         call = call_or_id if isinstance(call_or_id, _Call) else None
         stream_id = call_or_id.stream_id if isinstance(call_or_id, _Call) else call_or_id
-        trailers: list[tuple[bytes, bytes]] = []
-        if call is None or not call.headers_sent:
-            trailers += [(b":status", b"200"), (b"content-type", b"application/grpc")]
-        trailers.append((b"grpc-status", str(int(code)).encode()))
-        if details:
-            trailers.append((b"grpc-message", _encode_message(details[:1024])))
-        try:
-            self.h2.send_headers(stream_id, trailers, end_stream=True)
-            if call is not None:
-                call.finished = True
-            # The peer may still be sending the request (refused early): reset the rest, as gRPC servers do.
-            if self.h2.streams.get(stream_id) is not None and not self.h2.streams[stream_id].closed:
-                self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            pass
+        if code is StatusCode.OK and call is not None and call.headers_sent:
+            block = _OK_TRAILERS_BLOCK
+        else:
+            trailers: list[tuple[bytes, bytes]] = []
+            if call is None or not call.headers_sent:
+                trailers += _RESPONSE_HEADERS
+            trailers.append((b"grpc-status", str(int(code)).encode()))
+            if details:
+                trailers.append((b"grpc-message", _encode_message(details[:1024])))
+            block = h2frames.encode_headers(trailers)
+        self._headers(stream_id, block, end_stream=True)
+        if call is not None:
+            remote_ended = call.remote_ended
+        if call is not None:
+            call.finished = True
+        # The peer may still be sending the request (refused early): reset the rest, as gRPC servers do.
+        if not remote_ended:
+            self.out += h2frames.rst_stream(stream_id, h2frames.ErrorCode.NO_ERROR)
         self._flush()
 
-    def _respond_http(self, stream_id: int, status: bytes) -> None:
-        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            self.h2.send_headers(stream_id, [(b":status", status)], end_stream=True)
-            if self.h2.streams.get(stream_id) is not None and not self.h2.streams[stream_id].closed:
-                self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
-        self._flush()
+    def _respond_http(self, stream_id: int, status: bytes, remote_ended: bool) -> None:
+        self._headers(stream_id, h2frames.encode_headers([(b":status", status)]), end_stream=True)
+        if not remote_ended:
+            self.out += h2frames.rst_stream(stream_id, h2frames.ErrorCode.NO_ERROR)
 
-    def _on_request(self, event: h2.events.RequestReceived) -> None:
-        stream_id = event.stream_id
-        headers: dict[bytes, bytes] = {}
-        for name, value in event.headers or ():
-            headers[bytes(name)] = bytes(value)
+    def _on_request(self, stream_id: int, headers: Mapping[bytes, bytes], end_stream: bool) -> None:
         if headers.get(b":method") != b"POST":
-            self._respond_http(stream_id, b"405")
+            self._respond_http(stream_id, b"405", end_stream)
             return
         if not _GRPC_CONTENT_TYPE.match(headers.get(b"content-type", b"")):
-            self._respond_http(stream_id, b"415")
+            self._respond_http(stream_id, b"415", end_stream)
             return
-        path = headers.get(b":path", b"").decode("utf-8", "replace")
+        path = headers[b":path"].decode("utf-8", "replace")
         method = self.server.methods.get(path)
         if method is None:
-            self._respond_status(stream_id, StatusCode.UNIMPLEMENTED, f"unknown method {path[:200]}")
+            self._respond_status(stream_id, StatusCode.UNIMPLEMENTED, f"unknown method {path[:200]}", end_stream)
             return
         deadline = None
         if b"grpc-timeout" in headers:
             try:
                 deadline = time.monotonic() + _parse_timeout(headers[b"grpc-timeout"])
             except RpcError as e:
-                self._respond_status(stream_id, e.code, e.details)
+                self._respond_status(stream_id, e.code, e.details, end_stream)
                 return
+        if len(self.calls) >= MAX_STREAMS_PER_CONNECTION:  # over our SETTINGS_MAX_CONCURRENT_STREAMS
+            self.out += h2frames.rst_stream(stream_id, h2frames.ErrorCode.REFUSED_STREAM)
+            return
         refusal = self.server.admit()
         if refusal is not None:
-            self._respond_status(stream_id, *refusal)
+            self._respond_status(stream_id, *refusal, end_stream)
             return
-        call = _Call(stream_id, method, CallContext(deadline))
+        call = _Call(stream_id, method, CallContext(deadline), self.peer_initial_window)
         self.calls[stream_id] = call
+        if end_stream:
+            call.remote_ended = True
+            self._on_request_complete(call)
 
-    def _on_data(self, event: h2.events.DataReceived) -> None:
-        self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-        call = self.calls.get(event.stream_id)
-        if call is None or call.finished or call.submitted:
+    def _on_data(self, f: h2frames.Frame) -> None:
+        sid = f.stream_id
+        if sid == 0 or sid > self.highest_stream:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, f"DATA on idle stream {sid}")
+        size = len(f.payload)  # padding counts against flow control too
+        self.recv_window -= size
+        if self.recv_window < 0:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the window")
+        self.recv_unacked += size
+        if self.recv_unacked >= _ACK_THRESHOLD:
+            self.out += h2frames.window_update(0, self.recv_unacked)
+            self.recv_window += self.recv_unacked
+            self.recv_unacked = 0
+        data = h2frames.strip_padding(f)
+        call = self.calls.get(sid)
+        if call is None or call.remote_ended:
+            return  # a stream already answered and reset, or closed: only the connection window counts
+        call.recv_window -= size
+        if call.recv_window < 0:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.FLOW_CONTROL_ERROR, f"DATA beyond stream {sid}'s window")
+        end = bool(f.flags & h2frames.END_STREAM)
+        if not end:
+            call.recv_unacked += size
+            if call.recv_unacked >= _ACK_THRESHOLD:
+                self.out += h2frames.window_update(sid, call.recv_unacked)
+                call.recv_window += call.recv_unacked
+                call.recv_unacked = 0
+        else:
+            call.remote_ended = True
+        if call.finished or call.submitted:
             return
-        call.body += event.data or b""
+        call.body += data
         if len(call.body) > self.server.max_message + PREFIX.size:
             limit = self.server.max_message
             self._finish(call, StatusCode.RESOURCE_EXHAUSTED, f"request of more than {limit} bytes (the limit)")
+        elif end:
+            self._on_request_complete(call)
 
     def _finish(self, call: _Call, code: StatusCode, details: str) -> None:
         """Answer a call that never reached a worker, and release it."""
@@ -379,38 +439,148 @@ class _Connection:
         call = self.calls.get(stream_id)
         if call is not None:
             call.finished = True
+            call.remote_ended = True
             self.window.notify_all()
             if not call.submitted:
                 self._release(call)
             call.context.cancel()  # a worker's call is released by the worker
 
-    def handle(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.RequestReceived):
-            self._on_request(event)
-        elif isinstance(event, h2.events.DataReceived):
-            self._on_data(event)
-        elif isinstance(event, h2.events.StreamEnded):
-            call = self.calls.get(event.stream_id)
-            if call is not None and not call.finished and not call.submitted:
-                self._on_request_complete(call)
-        elif isinstance(event, h2.events.StreamReset):
-            self._on_reset(event.stream_id)
-        elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
-            self.window.notify_all()
-        elif isinstance(event, h2.events.TrailersReceived):  # clients send none; a stream with them is refused
-            call = self.calls.get(event.stream_id)
-            if call is not None and not call.finished and not call.submitted:
+    def _on_headers(self, f: h2frames.Frame) -> None:
+        sid = f.stream_id
+        if sid == 0:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "HEADERS on stream 0")
+        block = bytearray(h2frames.strip_padding(f))
+        if not f.flags & h2frames.END_HEADERS:
+            self.continuing = (sid, f.flags, block)
+            return
+        self._on_header_block(sid, f.flags, bytes(block))
+
+    def _on_continuation(self, f: h2frames.Frame) -> None:
+        if self.continuing is None or self.continuing[0] != f.stream_id:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "unexpected CONTINUATION")
+        sid, flags, block = self.continuing
+        block += f.payload
+        if len(block) > _MAX_HEADER_BLOCK:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.ENHANCE_YOUR_CALM,
+                                            f"header block over {_MAX_HEADER_BLOCK} bytes")
+        if f.flags & h2frames.END_HEADERS:
+            self.continuing = None
+            self._on_header_block(sid, flags, bytes(block))
+
+    def _on_header_block(self, sid: int, flags: int, block: bytes) -> None:
+        # Decoded whatever becomes of the stream: the decoder's table must follow the peer's encoder.
+        try:
+            # raw=True: names and values stay bytes
+            decoded = cast(list[tuple[bytes, bytes]], self.decoder.decode(block, raw=True))
+        except hpack.HPACKError as e:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.COMPRESSION_ERROR, str(e)[:200]) from None
+        end_stream = bool(flags & h2frames.END_STREAM)
+        call = self.calls.get(sid)
+        if call is not None and not call.remote_ended:  # request trailers: clients send none, refused
+            call.remote_ended = True
+            if not end_stream:
+                raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "trailers without END_STREAM")
+            if not call.finished and not call.submitted:
                 self._finish(call, StatusCode.INTERNAL, "unexpected request trailers")
+            return
+        if sid % 2 == 0 or sid <= self.highest_stream:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR if sid % 2 == 0 else
+                                            h2frames.ErrorCode.STREAM_CLOSED, f"HEADERS opening stream {sid}")
+        self.highest_stream = sid
+        try:
+            headers = h2frames.request_headers(decoded)
+        except h2frames.StreamError as e:
+            self.out += h2frames.rst_stream(sid, e.code)
+            return
+        self._on_request(sid, headers, end_stream)
+
+    def _on_settings(self, f: h2frames.Frame) -> None:
+        values = h2frames.parse_settings(f)
+        if f.flags & h2frames.ACK:
+            return
+        self.settings_seen = True
+        window = values.get(h2frames.Setting.INITIAL_WINDOW_SIZE)
+        if window is not None:
+            delta = window - self.peer_initial_window
+            self.peer_initial_window = window
+            for call in self.calls.values():
+                call.send_window += delta
+                if call.send_window > h2frames.MAX_WINDOW:
+                    raise h2frames.ConnectionError_(h2frames.ErrorCode.FLOW_CONTROL_ERROR, "window over 2^31-1")
+        self.peer_max_frame = values.get(h2frames.Setting.MAX_FRAME_SIZE, self.peer_max_frame)
+        if h2frames.Setting.HEADER_TABLE_SIZE in values:
+            self.table_update = True
+        self.out += h2frames.SETTINGS_ACK
+        self.window.notify_all()
+
+    def _on_window_update(self, f: h2frames.Frame) -> None:
+        increment = h2frames.u32(f, "WINDOW_UPDATE")
+        sid = f.stream_id
+        if sid == 0:
+            if increment == 0:
+                raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self.send_window += increment
+            if self.send_window > h2frames.MAX_WINDOW:
+                raise h2frames.ConnectionError_(h2frames.ErrorCode.FLOW_CONTROL_ERROR, "window over 2^31-1")
+        elif sid > self.highest_stream:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
+        else:
+            call = self.calls.get(sid)
+            if call is None or call.finished:
+                return
+            call.send_window += increment
+            if increment == 0 or call.send_window > h2frames.MAX_WINDOW:
+                code = h2frames.ErrorCode.PROTOCOL_ERROR if increment == 0 else h2frames.ErrorCode.FLOW_CONTROL_ERROR
+                self.out += h2frames.rst_stream(sid, code)
+                self._on_reset(sid)
+                return
+        self.window.notify_all()
+
+    def handle(self, f: h2frames.Frame) -> None:
+        """One frame from the peer (RFC 9113 §6)."""
+        if self.continuing is not None and f.type != _T.CONTINUATION:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "frame inside a header block")
+        if not self.settings_seen and f.type != _T.SETTINGS:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "the preface must end with SETTINGS")
+        t = f.type
+        if t == _T.DATA:
+            self._on_data(f)
+        elif t == _T.HEADERS:
+            self._on_headers(f)
+        elif t == _T.CONTINUATION:
+            self._on_continuation(f)
+        elif t == _T.SETTINGS:
+            self._on_settings(f)
+        elif t == _T.WINDOW_UPDATE:
+            self._on_window_update(f)
+        elif t == _T.PING:
+            if f.stream_id != 0:
+                raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "PING on a stream")
+            if len(f.payload) != 8:
+                raise h2frames.ConnectionError_(h2frames.ErrorCode.FRAME_SIZE_ERROR, "PING not of 8 bytes")
+            if not f.flags & h2frames.ACK:
+                self.out += h2frames.frame(_T.PING, h2frames.ACK, 0, f.payload)
+        elif t == _T.RST_STREAM:
+            h2frames.u32(f, "RST_STREAM")
+            if f.stream_id == 0 or f.stream_id > self.highest_stream:
+                raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
+            self._on_reset(f.stream_id)
+        elif t == _T.PRIORITY:
+            if f.stream_id == 0:
+                raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "PRIORITY on stream 0")
+            if len(f.payload) != 5:
+                self.out += h2frames.rst_stream(f.stream_id, h2frames.ErrorCode.FRAME_SIZE_ERROR)
+        elif t == _T.PUSH_PROMISE:
+            raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+        elif t == _T.GOAWAY:
+            h2frames.goaway_fields(f)  # the client opens no more streams; its calls finish as they are
+        # other types are ignored (§4.1)
 
     # --- the reading thread ---
     def run(self) -> None:
         try:
             with self.lock:
-                self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
-                    h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS_PER_CONNECTION,
-                    h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
-                })
-                self.h2.initiate_connection()
+                self.out += _SERVER_SETTINGS
                 self._flush()
             while not self.closed:
                 try:
@@ -428,16 +598,14 @@ class _Connection:
                     break
                 with self.lock:
                     try:
-                        events = self.h2.receive_data(data)
-                    except h2.exceptions.ProtocolError as e:
-                        # GOAWAY naming the error (h2 queues one for most errors, not for a bad preface), then close.
+                        for f in self.reader.feed(data):
+                            self.handle(f)
+                    except h2frames.ConnectionError_ as e:
+                        # GOAWAY naming the error, then close.
                         log.debug("HTTP/2 protocol error", extra={"server": self.server.name, "error": str(e)[:200]})
-                        with contextlib.suppress(h2.exceptions.ProtocolError):
-                            self.h2.close_connection(error_code=h2.errors.ErrorCodes.PROTOCOL_ERROR)
+                        self.out += h2frames.goaway(self.highest_stream, e.code, e.reason.encode()[:200])
                         self._flush()
                         break
-                    for event in events:
-                        self.handle(event)
                     self._flush()
         finally:
             with self.lock:
@@ -460,20 +628,20 @@ class _Connection:
         with self.lock:
             if not call.headers_sent:
                 self._check(call)
-                self.h2.send_headers(call.stream_id, _RESPONSE_HEADERS)
+                self._headers(call.stream_id, _RESPONSE_BLOCK, end_stream=False)
                 call.headers_sent = True
             while view:
                 self._check(call)
-                try:
-                    window = min(self.h2.local_flow_control_window(call.stream_id), self.h2.max_outbound_frame_size)
-                except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-                    raise _Gone() from None
+                window = min(self.send_window, call.send_window, self.peer_max_frame)
                 if window <= 0:
                     self._flush()
                     self.window.wait(1.0)
                     continue
-                self.h2.send_data(call.stream_id, view[:window].tobytes())
-                view = view[window:]
+                chunk = view[:window]
+                self.out += h2frames.frame(_T.DATA, 0, call.stream_id, chunk.tobytes())
+                self.send_window -= len(chunk)
+                call.send_window -= len(chunk)
+                view = view[len(chunk):]
             if last:
                 self._check(call)
                 self._respond_status(call, StatusCode.OK, "")  # flushes
@@ -522,8 +690,7 @@ class _Connection:
         with self.lock:
             if self.closed:
                 return
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self.h2.close_connection(last_stream_id=self.h2.highest_inbound_stream_id)
+            self.out += h2frames.goaway(self.highest_stream, h2frames.ErrorCode.NO_ERROR)
             self._flush()
             self._close_locked()
 
@@ -661,39 +828,66 @@ def call_unary(target: str | tuple[str, int], path: str, request: bytes, timeout
             sock.connect(target)
         except OSError as e:
             raise RpcError(StatusCode.UNAVAILABLE, f"cannot connect to {target}: {e}") from None
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
-        conn.initiate_connection()
-        stream_id = conn.get_next_available_stream_id()
+        stream_id = 1
         millis = max(1, int(timeout * 1000))
-        conn.send_headers(stream_id, [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
-                                      (b":authority", b"localhost"), (b"content-type", b"application/grpc"),
-                                      (b"te", b"trailers"), (b"grpc-timeout", f"{millis}m".encode())])
-        conn.send_data(stream_id, PREFIX.pack(0, len(request)) + request, end_stream=True)
+        block = h2frames.TABLE_SIZE_ZERO + h2frames.encode_headers([
+            (b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()), (b":authority", b"localhost"),
+            (b"content-type", b"application/grpc"), (b"te", b"trailers"), (b"grpc-timeout", f"{millis}m".encode())])
+        message = PREFIX.pack(0, len(request)) + request
+        if len(message) > h2frames.DEFAULT_MAX_FRAME:  # one DATA frame within the default window and frame size
+            raise ValueError(f"request of {len(request)} bytes: this client sends at most "
+                             f"{h2frames.DEFAULT_MAX_FRAME - PREFIX.size}")
+        reader = h2frames.FrameReader(expect_preface=False)
+        decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         body = bytearray()
         status: dict[bytes, bytes] = {}
         try:
-            sock.sendall(conn.data_to_send())
-            done = False
+            sock.sendall(h2frames.PREFACE + h2frames.settings({h2frames.Setting.ENABLE_PUSH: 0})
+                         + h2frames.frame(h2frames.FrameType.HEADERS, h2frames.END_HEADERS, stream_id, block)
+                         + h2frames.frame(h2frames.FrameType.DATA, h2frames.END_STREAM, stream_id, message))
+            done = ending = False
+            continuing: bytearray | None = None
             while not done:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
                 data = sock.recv(65536)
                 if not data:
                     raise RpcError(StatusCode.UNAVAILABLE, "the server closed the connection")
-                for event in conn.receive_data(data):
-                    if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
-                        status.update((bytes(k), bytes(v)) for k, v in event.headers or ())
-                    elif isinstance(event, h2.events.DataReceived):
-                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                        body += event.data or b""
+                out = bytearray()
+                for f in reader.feed(data):
+                    t = f.type
+                    if t == h2frames.FrameType.SETTINGS:
+                        h2frames.parse_settings(f)
+                        if not f.flags & h2frames.ACK:
+                            out += h2frames.SETTINGS_ACK
+                    elif t == h2frames.FrameType.PING and not f.flags & h2frames.ACK:
+                        out += h2frames.frame(h2frames.FrameType.PING, h2frames.ACK, 0, f.payload)
+                    elif t == h2frames.FrameType.HEADERS or (t == h2frames.FrameType.CONTINUATION and continuing):
+                        if t == h2frames.FrameType.HEADERS:
+                            continuing = bytearray(h2frames.strip_padding(f))
+                            ending = f.stream_id == stream_id and bool(f.flags & h2frames.END_STREAM)
+                        else:
+                            assert continuing is not None
+                            continuing += f.payload
+                        if f.flags & h2frames.END_HEADERS:
+                            status.update(decoder.decode(bytes(continuing), raw=True))
+                            continuing = None
+                            done = done or ending
+                    elif t == h2frames.FrameType.DATA and f.stream_id == stream_id:
+                        body += h2frames.strip_padding(f)
                         if len(body) > max_response + PREFIX.size:
                             raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"response over {max_response} bytes")
-                    elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset
-                                    | h2.events.ConnectionTerminated):
+                        if f.payload:  # the windows back at once: answers may exceed the initial window
+                            out += h2frames.window_update(0, len(f.payload))
+                            out += h2frames.window_update(stream_id, len(f.payload))
+                        done = done or bool(f.flags & h2frames.END_STREAM)
+                    elif (t == h2frames.FrameType.RST_STREAM and f.stream_id == stream_id) or \
+                            t == h2frames.FrameType.GOAWAY:
                         done = True
-                sock.sendall(conn.data_to_send())
+                if out:
+                    sock.sendall(out)
         except TimeoutError:
             raise RpcError(StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout} s") from None
-        except (OSError, h2.exceptions.ProtocolError) as e:
+        except (OSError, h2frames.ConnectionError_, hpack.HPACKError) as e:
             raise RpcError(StatusCode.UNAVAILABLE, f"connection to {target} failed: {e}") from None
     return _result(status, bytes(body))
 
