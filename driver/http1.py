@@ -3,7 +3,7 @@
 Why not http.client: every NodePrepareResources GETs its ResourceClaim, and http.client spends most of such a
 request building it header by header and parsing the answer's headers through the email package. Against a real
 kube-apiserver 1.36 a claim GET took p50 1.46 ms with http.client and 1.27 ms with a bare request over the same
-socket (bench figures in the commit that introduced this module). This client does only what the API server's
+socket (bench/bench_claim_get.py measures both in one run). This client does only what the API server's
 answers need, after RFC 9112 (https://www.rfc-editor.org/rfc/rfc9112):
 
 - Requests: one buffer (request line, headers, body) and one `sendall`; TCP_NODELAY, so the small request is not
@@ -66,21 +66,24 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-def request_bytes(method: str, target: str, host: str, fields: Iterable[tuple[str, str]],
-                  body: bytes | None = None) -> bytes:
-    """The request as sent: request line, Host, the fields, Content-Length for a body, the body."""
-    fields = list(fields)
-    # A CR or LF from a value (a token file's content, a name in the path) would split the request.
-    values = "".join([target, host, *(name + value for name, value in fields)])
-    if "\n" in values or "\r" in values or " " in target:
-        raise ValueError(f"refusing to send {method} {target[:200]!r}: a CR, LF or space in the request target or "
-                         "a header field would change the request")
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
-    lines.extend(f"{name}: {value}" for name, value in fields)
+def header_block(host: str, fields: Iterable[tuple[str, str]]) -> str:
+    """Host and `fields` as header lines (each ending in CRLF): built once, sent with many requests."""
+    lines = [("Host", host), *fields]
+    # A CR or LF from a value (a token file's content) would split the request.
+    if any("\n" in n + v or "\r" in n + v for n, v in lines):
+        raise ValueError(f"refusing to send the header fields {[n for n, _ in lines]}: a CR or LF in a header "
+                         "field would change the request")
+    return "".join([f"{name}: {value}\r\n" for name, value in lines])
+
+
+def request_bytes(method: str, target: str, headers: str, body: bytes | None = None) -> bytes:
+    """The request as sent in one buffer: request line, the `header_block`, Content-Length for a body, the body."""
+    if " " in target or "\r" in target or "\n" in target:
+        raise ValueError(f"refusing to send {method} {target[:200]!r}: a space, CR or LF in the request target "
+                         "would change the request")
     if body is not None or method in ("POST", "PUT", "PATCH"):
-        lines.append(f"Content-Length: {len(body or b'')}")
-    lines.append("\r\n")
-    data = "\r\n".join(lines).encode("latin-1")
+        headers += f"Content-Length: {len(body or b'')}\r\n"
+    data = f"{method} {target} HTTP/1.1\r\n{headers}\r\n".encode("latin-1")
     return data + body if body else data
 
 
@@ -106,6 +109,7 @@ class Connection:
         self.limits = limits
         self.closed = False
         self.idle = True  # no answer pending or partly read: the connection may carry the next request
+        self._timeout = sock.gettimeout()  # settimeout costs a system call: only when it changes
         self._buf = bytearray()  # received, not yet parsed
         self._recv = memoryview(bytearray(_RECV_BYTES))  # recv_into it: no new buffer per recv
 
@@ -115,7 +119,9 @@ class Connection:
         self.sock.close()
 
     def settimeout(self, seconds: float) -> None:
-        self.sock.settimeout(seconds)
+        if seconds != self._timeout:
+            self.sock.settimeout(seconds)
+            self._timeout = seconds
 
     def reusable(self) -> bool:
         """Whether this idle connection can carry a request: open on our side, and nothing readable on it. A
@@ -129,7 +135,6 @@ class Connection:
         poll.register(self.sock, select.POLLIN)
         if not poll.poll(0):
             return True
-        timeout = self.sock.gettimeout()
         self.sock.settimeout(0.0)
         try:
             self.sock.recv(1)
@@ -138,7 +143,7 @@ class Connection:
         except OSError:
             return False
         finally:
-            self.sock.settimeout(timeout)
+            self.sock.settimeout(self._timeout)
         return False  # EOF, or unsolicited data
 
     def exchange(self, request: bytes, method: str, *, stream: bool = False) -> Response:
