@@ -301,7 +301,7 @@ class Response:
         self._keep = keep and not stream
         self._stream = stream
         self._framing = framing
-        self._pending = b""  # read from the body, not yet returned (readline)
+        self._pending = bytearray()  # read from the body, not yet returned (readline)
         self._done = False
         self._body: Iterator[bytes] | None = None  # made on the first piece read (not for a buffered whole body)
 
@@ -352,8 +352,8 @@ class Response:
             body = self._conn.take_buffered(length)  # the usual small answer: all in the first recv
             self._finish()
             return body
-        parts, total = [self._pending], len(self._pending)
-        self._pending = b""
+        parts, total = [bytes(self._pending)], len(self._pending)
+        self._pending.clear()
         while piece := self._next():
             total += len(piece)
             if total > limit:
@@ -365,16 +365,20 @@ class Response:
     def readline(self) -> bytes:
         """The body up to and including the next LF (b"" at its end), a line at most the body limit."""
         limit = self._conn.limits.body_bytes
-        while (end := self._pending.find(b"\n")) < 0:
-            if len(self._pending) > limit:
-                self.close()
-                raise LimitError(f"a line of the answer's body is over the limit of {limit} bytes (MAX_BODY_BYTES)")
+        start = 0  # searched already: a long line costs linear time, not quadratic
+        while (end := self._pending.find(b"\n", start)) < 0 and len(self._pending) <= limit:
+            start = len(self._pending)
             piece = self._next()
             if not piece:
-                line, self._pending = self._pending, b""
+                line = bytes(self._pending)
+                self._pending.clear()
                 return line
             self._pending += piece
-        line, self._pending = self._pending[:end + 1], self._pending[end + 1:]
+        if end < 0 or end >= limit:
+            self.close()
+            raise LimitError(f"a line of the answer's body is over the limit of {limit} bytes (MAX_BODY_BYTES)")
+        line = bytes(self._pending[:end + 1])
+        del self._pending[:end + 1]
         return line
 
     def close(self) -> None:

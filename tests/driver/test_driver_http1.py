@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver import http1
+from neuron_dra.driver import http1, kube
 from neuron_dra.driver.claims import ClaimLookupError
 from neuron_dra.driver.kube import ApiClient, ApiException, ClusterConfig, KubeApi, KubeClaimLookup
 from neuron_dra.localcluster.pki import issue, make_ca
@@ -174,6 +174,27 @@ def test_a_body_without_length_ends_at_close_and_the_next_request_connects_again
     assert api.call("GET", "/a") == {"until": "close"}
     assert api.call("GET", "/b") == {"until": "close"}
     assert [s.conn for s in server.seen] == [0, 1]
+
+
+@pytest.mark.parametrize(("head", "connections"), [
+    (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n", [0, 1]),  # HTTP/1.0 closes unless it says keep-alive
+    (b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 2\r\n\r\n", [0, 0]),
+    (b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nContent-Length: 2\r\n\r\n", [0, 1]),
+])
+def test_which_answers_keep_the_connection(server: Server, pki: dict[str, Path], head: bytes,
+                                           connections: list[int]) -> None:
+    server.script = answer(head + b"{}")
+    api = KubeApi(client(server, pki))
+    assert api.call("GET", "/a") == api.call("GET", "/b") == {}
+    assert [s.conn for s in server.seen] == connections
+
+
+def test_an_answer_without_body_keeps_the_connection(server: Server, pki: dict[str, Path]) -> None:
+    server.script = answer(b"HTTP/1.1 204 No Content\r\n\r\n")
+    api = client(server, pki)
+    assert api.request("DELETE", "/a").read() == b""
+    assert api.request("DELETE", "/b").read() == b""
+    assert [s.conn for s in server.seen] == [0, 0]
 
 
 def test_interim_1xx_answers_are_skipped(server: Server, pki: dict[str, Path]) -> None:
@@ -349,6 +370,24 @@ def test_a_read_timeout_fails_the_request_in_time(server: Server, pki: dict[str,
     assert 0.25 < time.monotonic() - start < 2.0
 
 
+def test_a_rotated_token_file_is_sent_once_reread(server: Server, pki: dict[str, Path], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubelet rotates projected tokens: the cached header block must follow the file."""
+    token = tmp_path / "token"
+    token.write_text("one\n")
+    api = ApiClient(ClusterConfig(server=f"https://127.0.0.1:{server.port}", ca_file=str(pki["ca"]),
+                                  cert_file=str(pki["client.crt"]), key_file=str(pki["client.key"]),
+                                  token_file=str(token)))
+    KubeApi(api).call("GET", "/a")
+    token.write_text("two\n")
+    KubeApi(api).call("GET", "/b")  # within TOKEN_RELOAD_SECONDS: the token read before
+    monkeypatch.setattr(kube, "TOKEN_RELOAD_SECONDS", 0.0)
+    KubeApi(api).call("POST", "/c", body={})
+    KubeApi(api).call("GET", "/d")
+    assert [s.headers["authorization"] for s in server.seen] == ["Bearer one", "Bearer one", "Bearer two",
+                                                                "Bearer two"]
+
+
 def test_a_value_with_a_line_break_is_not_sent(server: Server, pki: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="a CR or LF in a header field would change the request"):
         KubeApi(client(server, pki, token="t\r\nX-Injected: 1")).call("GET", "/a")
@@ -368,6 +407,14 @@ def test_a_watch_yields_events_split_across_chunks_until_the_server_ends_it(serv
     api = client(server, pki)
     assert list(KubeApi(api).watch("/apis/w", {"rv": "1"}, timeout=(3.0, 5.0))) == events
     assert server.seen[0].target == "/apis/w?rv=1&watch=true"
+
+
+def test_a_watch_line_over_the_limit_is_refused(server: Server, pki: dict[str, Path]) -> None:
+    server.script = answer(chunked([b'{"type":"ADDED"}\n', b"x" * 600, b"y" * 600 + b"\n"]))
+    events = KubeApi(client(server, pki, limits=http1.Limits(body_bytes=1000))).watch("/w", {}, timeout=(3.0, 5.0))
+    assert next(events) == {"type": "ADDED"}
+    with pytest.raises(http1.LimitError, match=r"a line of the answer's body is over the limit of 1000 bytes"):
+        next(events)
 
 
 def test_a_watch_answered_with_an_error_raises_and_closes_its_connection(server: Server,
