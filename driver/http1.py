@@ -20,8 +20,8 @@ answers need, after RFC 9112 (https://www.rfc-editor.org/rfc/rfc9112):
   (`reusable`): one the server closed meanwhile (its idle timeout) is readable at EOF, and is replaced before the
   request is sent, so even non-idempotent requests need no retry in that usual case.
 - Errors: malformed answers raise ProtocolError saying what was wrong; a connection that ends before any byte of
-  the answer raises ClosedBeforeAnswer (the caller decides whether to send the request again); timeouts and
-  resets are the socket's own (TimeoutError, ConnectionError).
+  the answer raises ClosedBeforeAnswer (the caller decides whether to send the request again: docs/hardening.md
+  §4); timeouts and resets are the socket's own (TimeoutError, ConnectionError).
 """
 
 from __future__ import annotations
