@@ -219,6 +219,31 @@ def test_one_kept_connection_per_thread_with_nodelay(server: Server, pki: dict[s
     assert [s.conn for s in server.seen] == [0, 0, 1, 0]
 
 
+def test_a_request_goes_out_in_one_write(pki: dict[str, Path]) -> None:
+    """One sendall: request line, headers and body in one TLS record (under 16 KiB), so one server read gets all
+    of it (a separate write for the body would arrive as a record of its own)."""
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(pki["server.crt"], pki["server.key"])
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        got: list[bytes] = []
+
+        def serve() -> None:
+            raw, _ = listener.accept()
+            with tls.wrap_socket(raw, server_side=True) as sock:
+                got.append(sock.recv(65536))
+                sock.sendall(ok())
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        api = ApiClient(ClusterConfig(server=f"https://127.0.0.1:{listener.getsockname()[1]}", ca_file=str(pki["ca"]),
+                                      token="t"))
+        KubeApi(api).call("PUT", "/apis/x", body={"spec": "y" * 5000})
+        thread.join(5)
+    head, _, body = got[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"PUT /apis/x HTTP/1.1\r\n") and b"Content-Length: 5012" in head  # {"spec": "y..."}
+    assert json.loads(body) == {"spec": "y" * 5000}
+
+
 def test_connection_close_answers_close_the_connection(server: Server, pki: dict[str, Path]) -> None:
     server.script = answer(ok(extra="Connection: close\r\n"))  # the server keeps it open: the client must close
     api = client(server, pki)
