@@ -146,6 +146,11 @@ class DriverState:
                 index, logical = core
                 self._device_cores[name] = tuple(index * physical + p for p in self.cores.physical_cores(logical))
                 self._device_logical[name] = (self.cores.global_core_id(index, logical),)
+        # device name -> its /dev/neuronN nodes (built once: the host's devices do not change while it runs)
+        self._device_nodes: dict[str, tuple[DeviceNode, ...]] = {
+            name: tuple(DeviceNode(d.dev_path, d.dev_path, d.major, d.minor)
+                        for d in (host.device(i) for i in indexes))
+            for name, indexes in self._device_indexes.items()}
         self._lock = threading.Lock()
         self._claims: dict[str, PreparedClaim] = {}
         self._tickets = itertools.count(1)
@@ -321,9 +326,7 @@ class DriverState:
             by_request.setdefault(a.base_request, []).append(a)
             name = self._node_device_name(ref.uid, a.device)
             if name not in node_devices:
-                nodes = tuple(DeviceNode(d.dev_path, d.dev_path, d.major, d.minor)
-                              for d in (self.host.device(i) for i in indexes))
-                node_devices[name] = CdiDevice(name, device_nodes=nodes)
+                node_devices[name] = CdiDevice(name, device_nodes=self._device_nodes[a.device])
         env_devices: list[CdiDevice] = []
         answer: list[PreparedDevice] = []
         for request, devs in by_request.items():

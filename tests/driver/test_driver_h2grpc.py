@@ -365,3 +365,30 @@ def test_idle_connections_are_closed_but_not_while_a_call_runs() -> None:
             assert info.type == "DRAPlugin"
         finally:
             server.stop(1)
+
+
+def connection_threads(name: str) -> int:
+    return sum(1 for t in threading.enumerate() if t.name in (f"{name}-conn", f"{name}-call"))
+
+
+def test_calls_run_on_the_connections_threads_and_those_stay_few(running: Running) -> None:
+    """The reader answers a call itself and hands the reading to a parked thread: sequential calls alternate
+    between two threads; a burst of concurrent calls adds threads, which end after their calls, back to two."""
+    for _ in range(50):
+        assert running.unary(GET_INFO)(b"", timeout=5)
+    assert connection_threads("t") == 2  # one reading, one parked
+    running.behaviour.delay = 0.3
+    threads = [threading.Thread(target=lambda: running.unary(GET_INFO)(b"", timeout=10)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    assert running.behaviour.started.wait(5)
+    time.sleep(0.1)
+    assert connection_threads("t") >= 3  # two calls running (the server's 2 worker slots) and a reader
+    for t in threads:
+        t.join(10)
+    running.behaviour.delay = 0.0
+    # Back to a reader and one or two parked threads (two when a call ended while the next reader had not yet
+    # taken over), and no growth with further calls.
+    for _ in range(20):
+        assert running.unary(GET_INFO)(b"", timeout=5)
+    assert 2 <= connection_threads("t") <= 3
