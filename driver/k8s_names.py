@@ -14,6 +14,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, TypeGuard
 
+from neuron_dra.driver.early import DEFAULT_DRIVER_NAME as DEFAULT_DRIVER_NAME
+from neuron_dra.driver.early import DEFAULT_PLUGINS_DIR as DEFAULT_PLUGINS_DIR
+from neuron_dra.driver.early import DEFAULT_REGISTRY_DIR as DEFAULT_REGISTRY_DIR
 from neuron_dra.driver.errors import NotAllowed
 
 # --- name rules (k8s.io/apimachinery/pkg/util/validation) ---
@@ -81,9 +84,8 @@ def check_driver_name(field: str, value: object, error: type[NotAllowed] = NotAl
 
 
 # --- the driver's names and kubelet's directories (AWS's chart uses the same) ---
-DEFAULT_DRIVER_NAME = "neuron.aws.com"  # also the DeviceClass name
-DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
-DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+# DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR: imported above from driver/early.py, where the
+# entry point binds the sockets before anything else is imported.
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_HEALTHCHECK_PORT = 51515
 LIVENESS_SERVICE = "liveness"  # the gRPC health service name kubelet's liveness probe asks for

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from neuron_dra import __version__
 from neuron_dra.driver import logs
+from neuron_dra.driver.early import PLUGINS_DIR_ENV, REGISTRY_DIR_ENV, EarlySockets
 from neuron_dra.driver.k8s_names import (
     CATALOG_ENV,
     CHECKPOINT_FILE,
@@ -163,11 +164,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--driver-name", type=_driver_name, default=DEFAULT_DRIVER_NAME, metavar="NAME",
                    help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
     p.add_argument("--plugins-dir", type=_abs_dir, metavar="DIR",
-                   default=env_default("KUBELET_PLUGINS_DIRECTORY_PATH", DEFAULT_PLUGINS_DIR),
-                   help=f"kubelet plugins dir [env KUBELET_PLUGINS_DIRECTORY_PATH] (default {DEFAULT_PLUGINS_DIR})")
+                   default=env_default(PLUGINS_DIR_ENV, DEFAULT_PLUGINS_DIR),
+                   help=f"kubelet plugins dir [env {PLUGINS_DIR_ENV}] (default {DEFAULT_PLUGINS_DIR})")
     p.add_argument("--registry-dir", type=_abs_dir, metavar="DIR",
-                   default=env_default("KUBELET_REGISTRAR_DIRECTORY_PATH", DEFAULT_REGISTRY_DIR),
-                   help=f"kubelet plugin registry dir [env KUBELET_REGISTRAR_DIRECTORY_PATH] "
+                   default=env_default(REGISTRY_DIR_ENV, DEFAULT_REGISTRY_DIR),
+                   help=f"kubelet plugin registry dir [env {REGISTRY_DIR_ENV}] "
                         f"(default {DEFAULT_REGISTRY_DIR})")
     p.add_argument("--cdi-root", type=_abs_dir, metavar="DIR", default=env_default("CDI_ROOT", DEFAULT_CDI_ROOT),
                    help=f"CDI spec dir [env CDI_ROOT] (default {DEFAULT_CDI_ROOT})")
@@ -423,15 +424,23 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
     return 0
 
 
-def start_early(options: DaemonOptions) -> PluginServers | None:
+def start_early(options: DaemonOptions, early: EarlySockets | None = None) -> PluginServers | None:
     """Both sockets bound and the registration socket answered before the daemon imports the rest of itself
     (the API client, discovery, the checkpoint: most of its start-up time), so kubelet finds and registers the
-    driver at once; DRA calls wait in the DRA socket's backlog until the state is loaded (plugin.py). None
-    when that fails (the daemon's start then fails with the reason)."""
-    try:
-        bound = bind(options.sockets)  # standard library only: before the gRPC server's imports
-    except (SocketError, OSError):
-        return None
+    driver at once; DRA calls wait in the DRA socket's backlog until the state is loaded (plugin.py). `early`:
+    the sockets the entry point bound before this module was imported (driver/early.py), adopted when they are
+    the ones `options` names. None when binding fails (the daemon's start then fails with the reason)."""
+    paths = options.sockets
+    if early is not None and (early.dra_path, early.registration_path) == (str(paths.dra), str(paths.registration)):
+        early.taken = True
+        bound = BoundSockets(early.dra, early.registration)
+    else:
+        if early is not None:  # named differently by the full parse (e.g. an abbreviated flag)
+            early.discard()
+        try:
+            bound = bind(paths)  # standard library only: before the gRPC server's imports
+        except (SocketError, OSError):
+            return None
     from neuron_dra.driver import memory
 
     memory.limit_arenas()  # before the registration server's threads
@@ -441,10 +450,11 @@ def start_early(options: DaemonOptions) -> PluginServers | None:
         return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, early: EarlySockets | None = None) -> int:
+    """`early`: the sockets the entry point bound already (driver/early.py), or None."""
     options = parse_options(argv, os.environ)
     logs.configure(options.log_level)
-    servers = start_early(options)
+    servers = start_early(options, early)
     from neuron_dra.driver.failpoints import CrashPoints
     from neuron_dra.driver.kube import KubeClaimLookup, KubeConfigError, api_client
 

@@ -9,17 +9,17 @@ binding; both sockets are mode 0600 (kubelet runs as root) and never world-writa
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_dra.driver.early import MAX_UNIX_SOCKET_PATH as MAX_UNIX_SOCKET_PATH
+from neuron_dra.driver.early import SOCKET_MODE as SOCKET_MODE
+from neuron_dra.driver.early import dra_socket_path, listening_socket, registration_socket_path
+
 log = logging.getLogger("neuron_dra.driver.sockets")
 
-SOCKET_MODE = 0o600
-MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
-BACKLOG = 64  # connections kubelet (and probes) may open before the server accepts them
 
 
 class SocketError(RuntimeError):
@@ -33,7 +33,8 @@ class SocketPaths:
 
     @classmethod
     def for_driver(cls, plugins_dir: Path, registry_dir: Path, driver_name: str) -> SocketPaths:
-        return cls(plugins_dir / driver_name / "dra.sock", registry_dir / f"{driver_name}-reg.sock")
+        return cls(Path(dra_socket_path(str(plugins_dir), driver_name)),
+                   Path(registration_socket_path(str(registry_dir), driver_name)))
 
 
 @dataclass(frozen=True)
@@ -72,19 +73,10 @@ def listen_unix(path: Path) -> socket.socket:
     check_socket_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_socket(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    # Bind under a restrictive umask so the socket is never world-writable, not even briefly.
-    old = os.umask(0o177)
     try:
-        sock.bind(str(path))
-        sock.listen(BACKLOG)
+        return listening_socket(str(path))
     except OSError as e:
-        sock.close()
         raise SocketError(f"cannot listen on {path}: {e}") from None
-    finally:
-        os.umask(old)
-    os.chmod(path, SOCKET_MODE)
-    return sock
 
 
 def bind(paths: SocketPaths) -> BoundSockets:

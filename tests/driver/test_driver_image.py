@@ -40,7 +40,7 @@ def test_dockerfile_copies_existing_paths_and_runs_the_driver() -> None:
             for src in line.split()[1:-1]:
                 assert (REPO / src).exists(), f"{src} in {DOCKERFILE} does not exist"
     assert 'ENTRYPOINT ["neuron-dra-driver"]' in text  # the DaemonSet's command
-    assert "from neuron_dra.driver.main import main" in text
+    assert "from neuron_dra.driver.entry import main" in text
     assert "PYTHONDONTWRITEBYTECODE=1" in text  # read-only root filesystem
     assert "testing.py" in text  # test support stays out of the image
 

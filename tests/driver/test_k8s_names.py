@@ -99,7 +99,11 @@ ONE_HOME: set[object] = {k8s_names.DEFAULT_DRIVER_NAME, k8s_names.DEFAULT_PLUGIN
                          k8s_names.DEFAULT_CDI_ROOT, k8s_names.LIVENESS_SERVICE, k8s_names.DEFAULT_HEALTHCHECK_PORT,
                          k8s_names.NEURON_TAINT_KEY}
 # The CDI kind is another name that happens to be spelled like the taint key.
-ALLOWED = {("driver/cdi.py", k8s_names.NEURON_TAINT_KEY)}
+ALLOWED = {("driver/cdi.py", k8s_names.NEURON_TAINT_KEY),
+           # The socket names' defaults live where the entry point binds before anything heavier is imported (k8s_names
+           # imports re): k8s_names re-exports them from there.
+           *(("driver/early.py", v) for v in (k8s_names.DEFAULT_DRIVER_NAME, k8s_names.DEFAULT_PLUGINS_DIR,
+                                              k8s_names.DEFAULT_REGISTRY_DIR))}
 
 
 def _literals(path: Path) -> set[object]:
