@@ -406,14 +406,9 @@ class _Connection:
         call.body += data
         if len(call.body) > self.server.max_message + PREFIX.size:
             limit = self.server.max_message
-            self._finish(call, StatusCode.RESOURCE_EXHAUSTED, f"request of more than {limit} bytes (the limit)")
+            self._respond_status(call, StatusCode.RESOURCE_EXHAUSTED, f"request of more than {limit} bytes (the limit)")
         elif end:
             self._on_request_complete(call)
-
-    def _finish(self, call: _Call, code: StatusCode, details: str) -> None:
-        """Answer a call that never reached a worker, and release it."""
-        self._respond_status(call, code, details)
-        self._release(call)
 
     def _release(self, call: _Call) -> None:
         if self.calls.pop(call.stream_id, None) is not None:
@@ -424,20 +419,20 @@ class _Connection:
         body = bytes(call.body)
         call.body = bytearray()
         if len(body) < PREFIX.size:
-            self._finish(call, StatusCode.INTERNAL, f"request without a complete message ({len(body)} bytes)")
+            self._respond_status(call, StatusCode.INTERNAL, f"request without a complete message ({len(body)} bytes)")
             return
         compressed, length = PREFIX.unpack_from(body)
         if compressed:
-            self._finish(call, StatusCode.UNIMPLEMENTED, "compressed requests are not supported (grpc-encoding "
-                                                         "identity only)")
+            self._respond_status(call, StatusCode.UNIMPLEMENTED,
+                                 "compressed requests are not supported (grpc-encoding identity only)")
             return
         if length != len(body) - PREFIX.size:
-            self._finish(call, StatusCode.INTERNAL if length > len(body) - PREFIX.size else StatusCode.UNIMPLEMENTED,
-                         f"request body of {len(body) - PREFIX.size} bytes does not hold exactly one message of "
-                         f"{length} bytes")
+            code = StatusCode.INTERNAL if length > len(body) - PREFIX.size else StatusCode.UNIMPLEMENTED
+            self._respond_status(call, code, f"request body of {len(body) - PREFIX.size} bytes does not hold "
+                                             f"exactly one message of {length} bytes")
             return
         if self.server.draining:
-            self._finish(call, StatusCode.UNAVAILABLE, "the server is shutting down")
+            self._respond_status(call, StatusCode.UNAVAILABLE, "the server is shutting down")
             return
         call.submitted = True  # a worker releases it
         self.ready.append((call, body[PREFIX.size:]))
@@ -488,7 +483,7 @@ class _Connection:
             if not end_stream:
                 raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR, "trailers without END_STREAM")
             if not call.finished and not call.submitted:
-                self._finish(call, StatusCode.INTERNAL, "unexpected request trailers")
+                self._respond_status(call, StatusCode.INTERNAL, "unexpected request trailers")
             return
         if sid % 2 == 0 or sid <= self.highest_stream:
             raise h2frames.ConnectionError_(h2frames.ErrorCode.PROTOCOL_ERROR if sid % 2 == 0 else
@@ -670,15 +665,20 @@ class _Connection:
         return mine
 
     def _end(self) -> None:
-        """The connection is over: calls not handed to a worker are released, the others cancelled."""
+        """The connection is over: calls not handed to a worker (complete ones included, when the read that
+        completed them also hit a protocol error) are released, the others cancelled."""
         with self.lock:
             self.done = True
             self.turn.notify_all()  # threads waiting to read leave
             self._close_locked()
+            unrun = [call for call, _ in self.ready]
+            self.ready.clear()
             calls = list(self.calls.values())
             for call in calls:
                 if not call.submitted:
                     self._release(call)
+            for call in unrun:
+                self._release(call)
         for call in calls:
             call.context.cancel()
         with contextlib.suppress(OSError):

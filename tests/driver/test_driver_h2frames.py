@@ -401,3 +401,33 @@ def test_random_frames_never_break_the_server(served: tuple[Path, Servicer]) -> 
     assert died == []
     info = rpb.PluginInfo.FromString(h2grpc.call_unary(str(served[0]), GET_INFO.decode(), b"", 5))
     assert info.type == "DRAPlugin"
+
+
+def test_a_request_completed_by_the_read_that_ends_the_connection_is_released() -> None:
+    """A complete request and a connection error in one write: the call never runs, and its place in the server's
+    concurrency bound is given back (it used to stay taken for good)."""
+    with short_dir() as d:
+        server = h2grpc.Server("leak", max_workers=2, max_concurrent=4)
+        server.add_service(REGISTRATION, Servicer())
+        path = d / "l.sock"
+        server.add_socket(h2grpc.listening_socket(socket.AF_UNIX, str(path)))
+        server.start()
+        try:
+            for _ in range(5):  # more than the bound: each would leak a place
+                peer = Peer(path)
+                try:
+                    peer.send(frame(FrameType.HEADERS, END_HEADERS, 1, peer.encoder.encode(REQUEST))
+                              + frame(FrameType.DATA, END_STREAM, 1, EMPTY_MESSAGE)
+                              + frame(FrameType.PING, 0, 0, b"1234"))  # FRAME_SIZE_ERROR
+                    frames = peer.frames(is_goaway)
+                    assert goaway_code(frames) == ErrorCode.FRAME_SIZE_ERROR
+                finally:
+                    peer.close()
+            end = time.monotonic() + 3
+            while server.active_calls and time.monotonic() < end:
+                time.sleep(0.01)
+            assert server.active_calls == 0
+            info = rpb.PluginInfo.FromString(h2grpc.call_unary(str(path), GET_INFO.decode(), b"", 5))
+            assert info.type == "DRAPlugin"
+        finally:
+            server.stop(1)
