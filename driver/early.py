@@ -105,14 +105,16 @@ def socket_paths(argv: list[str], env: dict[str, str] | os._Environ[str]) -> tup
     return paths
 
 
-def _remove_stale(path: str) -> None:
+def remove_stale(path: str) -> bool:
+    """Remove what a previous run left at `path` (True if something was there); IsADirectoryError for a directory."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
-        return
+        return False
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(path)
     os.unlink(path)
+    return True
 
 
 def bind_early(argv: list[str], env: dict[str, str] | os._Environ[str]) -> EarlySockets | None:
@@ -124,10 +126,10 @@ def bind_early(argv: list[str], env: dict[str, str] | os._Environ[str]) -> Early
     dra: socket.socket | None = None
     try:
         os.makedirs(os.path.dirname(dra_path), exist_ok=True)
-        _remove_stale(dra_path)
+        remove_stale(dra_path)
         dra = listening_socket(dra_path)
         os.makedirs(os.path.dirname(registration_path), exist_ok=True)
-        _remove_stale(registration_path)
+        remove_stale(registration_path)
         return EarlySockets(dra_path, dra, registration_path, listening_socket(registration_path))
     except OSError:
         if dra is not None:

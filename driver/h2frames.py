@@ -71,22 +71,21 @@ class Setting(enum.IntEnum):
     MAX_HEADER_LIST_SIZE = 0x6
 
 
-class ConnectionError_(Exception):
+class Http2Error(Exception):
+    """An HTTP/2 error with its code (RFC 9113 §7)."""
+
+    def __init__(self, code: ErrorCode, reason: str) -> None:
+        super().__init__(f"{code.name}: {reason}")
+        self.code = code
+        self.reason = reason
+
+
+class ConnectionError_(Http2Error):
     """The connection must end: GOAWAY with `code` (RFC 9113 §5.4.1)."""
 
-    def __init__(self, code: ErrorCode, reason: str) -> None:
-        super().__init__(f"{code.name}: {reason}")
-        self.code = code
-        self.reason = reason
 
-
-class StreamError(Exception):
+class StreamError(Http2Error):
     """One stream must end: RST_STREAM with `code` (RFC 9113 §5.4.2); the connection goes on."""
-
-    def __init__(self, code: ErrorCode, reason: str) -> None:
-        super().__init__(f"{code.name}: {reason}")
-        self.code = code
-        self.reason = reason
 
 
 class Frame(NamedTuple):

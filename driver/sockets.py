@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 import socket
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_dra.driver.early import MAX_UNIX_SOCKET_PATH as MAX_UNIX_SOCKET_PATH
 from neuron_dra.driver.early import SOCKET_MODE as SOCKET_MODE
-from neuron_dra.driver.early import dra_socket_path, listening_socket, registration_socket_path
+from neuron_dra.driver.early import dra_socket_path, listening_socket, registration_socket_path, remove_stale
 
 log = logging.getLogger("neuron_dra.driver.sockets")
 
@@ -59,13 +58,11 @@ def check_socket_path(path: Path) -> None:
 
 def remove_stale_socket(path: Path) -> None:
     try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        raise SocketError(f"{path} is a directory; cannot listen there")
-    path.unlink()
-    log.info("removed stale socket", extra={"path": str(path)})
+        removed = remove_stale(str(path))
+    except IsADirectoryError:
+        raise SocketError(f"{path} is a directory; cannot listen there") from None
+    if removed:
+        log.info("removed stale socket", extra={"path": str(path)})
 
 
 def listen_unix(path: Path) -> socket.socket:
