@@ -22,7 +22,7 @@ from neuron_dra.driver.health import HEALTH
 from neuron_dra.driver.plugin import DRA_MAX_CONCURRENT, DRA_V1, DRA_V1BETA1, REGISTRATION
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
-from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid
+from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
 
 GARBAGE = (b"\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x12\x05abc", b"\x80" * 12)
 
@@ -55,6 +55,12 @@ def flood(target: str, paths: list[str], n: int, threads: int = 4) -> Counter[st
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(worker, range(threads)))
     return codes
+
+
+def _accepts(address: tuple[str, int]) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(address) == 0
 
 
 def liveness(port: int) -> int:
@@ -153,6 +159,8 @@ def test_health_port_listens_on_the_pod_ip_by_default(dirs: DaemonDirs, host_roo
     d = DaemonProcess(dirs, host_root, extra_args=["--healthcheck-port", str(port)],
                       env={"POD_IP": "127.0.0.2", "BIND_ADDRESS": ""}).wait_ready()
     try:
+        # The health server starts just after the "serving" line wait_ready looks for.
+        wait_until(lambda: _accepts(("127.0.0.2", port)), 10, "the health port to listen")
         with grpc.insecure_channel(f"127.0.0.2:{port}") as channel:
             stub = grpc_health_v1_pb2_grpc.HealthStub(channel)
             assert stub.Check(grpc_health_v1_pb2.HealthCheckRequest(service=""), timeout=10).status == 1
