@@ -13,7 +13,7 @@ help:
 	@echo "make test-fast  tests without Go, a control plane, the Pulumi engine or slow tests"
 	@echo "make test       every test: $(PYTHON) -m pytest -q (the README's command, what CI runs)"
 	@echo "make lint       ruff, mypy (package, tests, bench), import contracts"
-	@echo "make protos     regenerate driver/_generated from driver/proto"
+	@echo "make protos     regenerate driver/daemon/_generated from driver/daemon/proto"
 	@echo "make image      docker build the driver image as $(IMAGE)"
 	@echo "make demo       neuron-dra demo: local cluster, emulated nodes, driver, workloads"
 
@@ -33,7 +33,7 @@ lint:
 	lint-imports
 
 protos:
-	$(PYTHON) -m neuron_dra.driver.protogen
+	$(PYTHON) -m neuron_dra.driver.daemon.protogen
 
 image:
 	docker build -f driver/Dockerfile -t $(IMAGE) .

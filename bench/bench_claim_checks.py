@@ -36,7 +36,7 @@ from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS
 from neuron_dra.claim_templates.examples import OFFICIAL_SAMPLES
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
-from neuron_dra.driver.catalog import CATALOG
+from neuron_dra.driver.model.catalog import CATALOG
 
 
 def hundred_templates() -> list[ClaimTemplate]:

@@ -1,6 +1,7 @@
 """Benchmark: the claim GET every NodePrepareResources makes, against a real kube-apiserver (local control plane).
 
-Target: `KubeClaimLookup.get` (driver/kube.py on driver/http1.py, keep-alive connection). Baselines, measured in
+Target: `KubeClaimLookup.get` (driver/daemon/kube.py on driver/daemon/http1.py, keep-alive connection).
+Baselines, measured in
 the same run, call for call in rotating order on their own kept connections to the same API server:
 - `http.client`: what kube.py did before http1.py, an `http.client.HTTPSConnection` GET with the same headers
   and `json.loads` of the body;
@@ -27,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.driver.kube import ApiClient, KubeApi, KubeClaimLookup, api_client
+from neuron_dra.driver.daemon.kube import ApiClient, KubeApi, KubeClaimLookup, api_client
+from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster.controlplane import ControlPlane
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"

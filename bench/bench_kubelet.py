@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME, neuron_toleration
+from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, neuron_toleration
 from neuron_dra.localcluster import kubelet, procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import down, up

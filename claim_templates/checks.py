@@ -34,11 +34,11 @@ from neuron_dra.claim_templates.cel_env import (
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
 from neuron_dra.claim_templates.template import ClaimTemplate
-from neuron_dra.driver import config as driver_config
-from neuron_dra.driver.catalog import BUILTIN, HOW_TO_ADD, Catalog
-from neuron_dra.driver.partitions import parse_core_device
-from neuron_dra.driver.slices import device_name
-from neuron_dra.driver.taints import unhealthy_taint_key
+from neuron_dra.driver.model import config as driver_config
+from neuron_dra.driver.model.catalog import BUILTIN, HOW_TO_ADD, Catalog
+from neuron_dra.driver.model.partitions import parse_core_device
+from neuron_dra.driver.model.slices import device_name
+from neuron_dra.driver.model.taints import unhealthy_taint_key
 
 Severity = Literal["error", "warning"]
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from neuron_dra.claim_templates.checks import Checker, CheckReport, default_checker
 from neuron_dra.claim_templates.loader import LoadError, load_templates
 from neuron_dra.claim_templates.template import ClaimTemplate, to_yaml_documents
-from neuron_dra.driver.catalog import BUILTIN, CATALOG, HOW_TO_ADD, Catalog
-from neuron_dra.driver.catalog_file import CatalogFileError, load_catalog
+from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, HOW_TO_ADD, Catalog
+from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
 
 CATALOG_HELP = ("catalog file with more instance types (docs/catalog-file.md); the templates file sees it as the "
                 "global `catalog`")

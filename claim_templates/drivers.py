@@ -12,7 +12,7 @@ from typing import Any
 
 from neuron_dra.claim_templates.names import check_dns_subdomain
 from neuron_dra.driver.deploy import DEFAULT_CORE_DEVICE_CLASS, device_class_selector
-from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME, device_class_manifest
+from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, device_class_manifest
 
 DEFAULT_NEURON_CLASS = DEFAULT_DRIVER_NAME  # AWS names the DeviceClass after the driver
 DEFAULT_NEURON_CORE_CLASS = DEFAULT_CORE_DEVICE_CLASS  # NeuronCores (docs/neuron-cores.md §4)
@@ -34,7 +34,7 @@ class Drivers:
 
     def device_classes(self) -> list[dict[str, Any]]:
         """The DeviceClasses the drivers install: the bundled driver's two (whole devices, NeuronCores; the
-        selectors of driver/deploy.py) and the EFA driver's."""
+        selectors of driver/deploy/manifests.py) and the EFA driver's."""
         return [device_class_manifest(self.neuron_class, self.neuron_driver,
                                       expression=device_class_selector(self.neuron_driver, cores=False)),
                 device_class_manifest(self.neuron_core_class, self.neuron_driver,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from neuron_dra.driver.errors import NotAllowed
+from neuron_dra.driver.model.errors import NotAllowed
 
 
 class TemplateError(NotAllowed):

@@ -6,8 +6,8 @@ import re
 from collections.abc import Mapping
 
 from neuron_dra.claim_templates.errors import TemplateError
-from neuron_dra.driver import k8s_names
-from neuron_dra.driver.k8s_names import LABEL_KEY_RULE, LABEL_VALUE_RULE, is_label_key, is_label_value
+from neuron_dra.driver.model import k8s_names
+from neuron_dra.driver.model.k8s_names import LABEL_KEY_RULE, LABEL_VALUE_RULE, is_label_key, is_label_value
 
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

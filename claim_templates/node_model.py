@@ -16,11 +16,11 @@ from typing import Any
 from neuron_dra.claim_templates.cel_analysis import RefKind
 from neuron_dra.claim_templates.cel_env import CelDevice, split_qualified_name
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
-from neuron_dra.driver.catalog import BUILTIN, Catalog
-from neuron_dra.driver.hosts import emulated_host
-from neuron_dra.driver.model import NeuronHost
-from neuron_dra.driver.partitions import CoreLayout
-from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, efa_driver_devices, resource_slices
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog
+from neuron_dra.driver.model.devices import NeuronHost
+from neuron_dra.driver.model.hosts import emulated_host
+from neuron_dra.driver.model.partitions import CoreLayout
+from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, efa_driver_devices, resource_slices
 
 
 def _slice(driver: str, node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:

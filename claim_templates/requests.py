@@ -19,7 +19,7 @@ count of 16 never takes the UltraServer pseudo-device of an UltraServer node. Ba
 construction, naming the field, the value and what is allowed.
 
 Instance types and families are those of `Neuron(catalog=...)`: the built-in catalog unless a catalog
-file's `Catalog` is passed (driver/catalog_file.py).
+file's `Catalog` is passed (driver/model/catalog_file.py).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from neuron_dra.claim_templates.cel_types import CelValueError, Quantity
 from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
-from neuron_dra.driver import config as driver_config
-from neuron_dra.driver.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
-from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.driver.partitions import NEURON_CORE, CoreLayout
-from neuron_dra.driver.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
-from neuron_dra.driver.taints import UNHEALTHY_TAINT_NAME
+from neuron_dra.driver.model import config as driver_config
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
+from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.model.partitions import NEURON_CORE, CoreLayout
+from neuron_dra.driver.model.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
+from neuron_dra.driver.model.taints import UNHEALTHY_TAINT_NAME
 
 UNHEALTHY_TAINT_KEY = f"{DEFAULT_DRIVER_NAME}/{UNHEALTHY_TAINT_NAME}"
 

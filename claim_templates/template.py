@@ -21,8 +21,8 @@ from neuron_dra.claim_templates.requests import (
     UltraServerNode,
     default_group,
 )
-from neuron_dra.driver import config as driver_config
-from neuron_dra.driver.slices import AWS_DOMAIN
+from neuron_dra.driver.model import config as driver_config
+from neuron_dra.driver.model.slices import AWS_DOMAIN
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_REQUESTS = 32

@@ -20,7 +20,7 @@ import pulumi
 
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
-from neuron_dra.driver.catalog import BUILTIN, Catalog
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.errortext import shown
+from neuron_dra.driver.model.errortext import shown
 
 HELP = (
     "Run the stack program (Pulumi.yaml + __main__.py) offline under Pulumi mocks and print the resource tree "
@@ -200,7 +200,7 @@ def render_yaml(run: Any) -> str:
 def _user_error(exc: BaseException) -> BaseException | None:
     """Our own error behind Pulumi's wrapping (errors raised in `apply` come back as causes)."""
     from neuron_dra.components.claims import ClaimTemplateCheckError
-    from neuron_dra.driver.errors import NotAllowed
+    from neuron_dra.driver.model.errors import NotAllowed
 
     seen: BaseException | None = exc
     while seen is not None:

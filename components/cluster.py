@@ -34,7 +34,7 @@ from neuron_dra.components.settings import (
     parse_addon_version,
     parse_kubernetes_version,
 )
-from neuron_dra.driver.k8s_names import neuron_toleration
+from neuron_dra.driver.model.k8s_names import neuron_toleration
 
 ADMIN_POLICY_ARN = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neuron_dra.driver.catalog import InstanceSpec
+from neuron_dra.driver.model.catalog import InstanceSpec
 
 INTERFACE_TYPES = ("efa-only", "efa")
 

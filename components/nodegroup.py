@@ -27,7 +27,7 @@ import pulumi_aws as aws
 from neuron_dra.components.efa import efa_interfaces
 from neuron_dra.components.settings import NodeGroupSettings, SettingError
 from neuron_dra.driver.deploy import CAPACITY_BLOCK_LABEL, NODE_GROUP_LABEL
-from neuron_dra.driver.k8s_names import NEURON_TAINT_KEY, NEURON_TAINT_VALUE
+from neuron_dra.driver.model.k8s_names import NEURON_TAINT_KEY, NEURON_TAINT_VALUE
 
 AMI_TYPE = "AL2023_x86_64_NEURON"
 ROOT_DEVICE = "/dev/xvda"  # AL2023 root device

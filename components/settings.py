@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.catalog import BUILTIN, Catalog, InstanceSpec
 from neuron_dra.driver.deploy import (
     DEFAULT_CORE_DEVICE_CLASS,
     DEFAULT_CORE_EXTENDED_RESOURCE,
@@ -24,8 +23,9 @@ from neuron_dra.driver.deploy import (
     DeployOptionError,
     DriverDeployOptions,
 )
-from neuron_dra.driver.errors import NotAllowed
-from neuron_dra.driver.k8s_names import (
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec
+from neuron_dra.driver.model.errors import NotAllowed
+from neuron_dra.driver.model.k8s_names import (
     DEFAULT_DRIVER_NAME,
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,

@@ -1,5 +1,5 @@
 import sys
 
-from neuron_dra.driver.entry import main
+from neuron_dra.driver.daemon.main import main
 
 sys.exit(main())

@@ -7,9 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from neuron_dra.driver.cli_fault import add_fault_arguments, apply_fault
-from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.driver.taints import TAINT_EFFECTS
+from neuron_dra.driver.cli.fault import add_fault_arguments, apply_fault
+from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.model.taints import TAINT_EFFECTS
 from neuron_dra.localcluster import cli_build
 from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
@@ -44,7 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_dra.driver.catalog_file import CatalogFileError
+    from neuron_dra.driver.model.catalog_file import CatalogFileError
     from neuron_dra.localcluster.cluster import ClusterError, down, up
     from neuron_dra.localcluster.topology import DEMO_NODES
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, STATUS_FILE
@@ -56,8 +56,8 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     """Start a local cluster in `cluster_dir` on Kubernetes `kubernetes_version` (a minor such as "1.36") and
     return when every node's kubelet reports Ready and its driver runs. `catalog_file` adds instance types
     (docs/catalog-file.md) for the nodes, their emulated hosts and their drivers."""
-    from neuron_dra.driver.catalog import BUILTIN
-    from neuron_dra.driver.catalog_file import load_catalog
+    from neuron_dra.driver.model.catalog import BUILTIN
+    from neuron_dra.driver.model.catalog_file import load_catalog
     from neuron_dra.localcluster.build import build_fakecri, check_minor, ensure_binaries
     from neuron_dra.localcluster.kubelet import KubeletError, require_root
 

@@ -30,8 +30,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
-from neuron_dra.driver.catalog import get_instance_spec
-from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.model.catalog import get_instance_spec
+from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import LocalCluster

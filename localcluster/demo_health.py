@@ -16,8 +16,8 @@ from typing import Any
 
 from kubernetes import client
 
-from neuron_dra.driver.emulate import clear_faults, inject_fault
-from neuron_dra.driver.taints import unhealthy_taint_key
+from neuron_dra.driver.model.emulate import clear_faults, inject_fault
+from neuron_dra.driver.model.taints import unhealthy_taint_key
 from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.demo_report import PodOutcome
 from neuron_dra.localcluster.demo_workloads import SPARE, pod_manifest

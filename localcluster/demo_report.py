@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_dra.claim_templates import CheckReport
-from neuron_dra.driver.neuron_env import core_ranges
-from neuron_dra.driver.partitions import parse_core_device
+from neuron_dra.driver.model.neuron_env import core_ranges
+from neuron_dra.driver.model.partitions import parse_core_device
 from neuron_dra.localcluster.topology import NodeSpec
 from neuron_dra.localcluster.topology_view import NodeView
 

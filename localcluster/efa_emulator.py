@@ -18,15 +18,15 @@ import grpc
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from neuron_dra.driver._generated import (
+from neuron_dra.driver.daemon._generated import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from neuron_dra.driver.k8s_names import device_class_manifest
-from neuron_dra.driver.model import NeuronHost
-from neuron_dra.driver.slices import NodeFacts, build_pool, efa_driver_devices
+from neuron_dra.driver.model.devices import NeuronHost
+from neuron_dra.driver.model.k8s_names import device_class_manifest
+from neuron_dra.driver.model.slices import NodeFacts, build_pool, efa_driver_devices
 
 EFA_DRIVER = "dra.net"
 EFA_DEVICE_CLASS = "efa.networking.k8s.aws"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_dra.driver.catalog import BUILTIN, Catalog
-from neuron_dra.driver.k8s_names import neuron_taint
-from neuron_dra.driver.slices import NETWORK_NODE_LABELS
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog
+from neuron_dra.driver.model.k8s_names import neuron_taint
+from neuron_dra.driver.model.slices import NETWORK_NODE_LABELS
 
 
 def node_manifest(node_name: str, instance_type: str, zone: str = "us-east-2a", network_nodes: tuple[str, ...] = (),

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from neuron_dra.driver._generated import (
+from neuron_dra.driver.daemon._generated import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,

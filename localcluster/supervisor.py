@@ -28,12 +28,12 @@ from typing import Any
 
 from kubernetes import client, config
 
-from neuron_dra.driver.catalog import BUILTIN
-from neuron_dra.driver.catalog_file import load_catalog
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import EmulationOptions, emulate
-from neuron_dra.driver.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.driver.signals import set_on_signals
+from neuron_dra.driver.daemon.signals import set_on_signals
+from neuron_dra.driver.model.catalog import BUILTIN
+from neuron_dra.driver.model.catalog_file import load_catalog
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import EmulationOptions, emulate
+from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import fakeruntime, kubelet, procs
 from neuron_dra.localcluster.apply import apply_all
 from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries

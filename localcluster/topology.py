@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_dra.driver.catalog import BUILTIN, Catalog
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.localcluster.fakeruntime import RuntimePaths
 from neuron_dra.localcluster.kubelet import KubeletPaths
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
-from neuron_dra.driver.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind, expected_neighbours
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind, expected_neighbours
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")

@@ -16,9 +16,9 @@ from typing import Protocol
 # name -> module; the order is the order of `neuron-dra --help`.
 COMMANDS: dict[str, str] = {
     "demo": "neuron_dra.localcluster.cli_demo",
-    "slices": "neuron_dra.driver.cli_slices",
-    "emulate": "neuron_dra.driver.cli_emulate",
-    "emulate-fault": "neuron_dra.driver.cli_fault",
+    "slices": "neuron_dra.driver.cli.slices",
+    "emulate": "neuron_dra.driver.cli.emulate",
+    "emulate-fault": "neuron_dra.driver.cli.fault",
     "claims": "neuron_dra.claim_templates.cli",
     "plan": "neuron_dra.components.cli_plan",
     "cluster": "neuron_dra.localcluster.cli_cluster",

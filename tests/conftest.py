@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from neuron_dra.driver.emulate import EmulationOptions, emulate
+from neuron_dra.driver.model.emulate import EmulationOptions, emulate
 from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.controlplane import ControlPlane, running
 

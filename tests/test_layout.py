@@ -40,7 +40,7 @@ def test_only_the_neuron_dra_namespace_is_importable(tmp_path: Path) -> None:
         "import importlib.util as u\n"
         f"for name in {tuple(PARTS)!r}:\n"
         "    assert u.find_spec(name) is None, name\n"
-        "import neuron_dra.driver.catalog, neuron_dra.claim_templates, neuron_dra.localcluster.topology\n"
+        "import neuron_dra.driver.model.catalog, neuron_dra.claim_templates, neuron_dra.localcluster.topology\n"
         "print('ok')\n"
     )
     result = _python(probe, tmp_path)
@@ -51,7 +51,7 @@ def test_only_the_neuron_dra_namespace_is_importable(tmp_path: Path) -> None:
 def test_driver_package_does_not_import_pulumi(tmp_path: Path) -> None:
     probe = (
         "import sys\n"
-        "import neuron_dra.driver.main, neuron_dra.driver.deploy, neuron_dra.claim_templates.checks\n"
+        "import neuron_dra.driver.daemon.main, neuron_dra.driver.deploy, neuron_dra.claim_templates.checks\n"
         "print(sorted(m for m in sys.modules if m.startswith('pulumi')))\n"
     )
     result = _python(probe, tmp_path)

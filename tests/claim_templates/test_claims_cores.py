@@ -9,7 +9,7 @@ import pytest
 from neuron_dra.claim_templates import Checker, ClaimTemplate, Neuron, NeuronCores, TemplateError
 from neuron_dra.claim_templates.allocator import DeviceId, Simulator, simulate
 from neuron_dra.claim_templates.node_model import NodeCatalog
-from neuron_dra.driver.partitions import parse_core_device
+from neuron_dra.driver.model.partitions import parse_core_device
 
 DRIVER = "neuron.aws.com"
 

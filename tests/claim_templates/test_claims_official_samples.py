@@ -22,7 +22,7 @@ from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS
 from neuron_dra.claim_templates.examples import OFFICIAL_SAMPLES, RICHER_CASES
 from neuron_dra.claim_templates.node_model import NodeCatalog
-from neuron_dra.driver.catalog import CATALOG
+from neuron_dra.driver.model.catalog import CATALOG
 from tests.support.e2e import claim_template as _template
 
 A = 'device.attributes["neuron.aws.com"]'

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from neuron_dra.claim_templates.cel_env import CelDevice, CelEnvironment
-from neuron_dra.driver.catalog import CATALOG
-from neuron_dra.driver.emulate import EmulationOptions
-from neuron_dra.driver.hosts import emulated_host
-from neuron_dra.driver.slices import NodeFacts, build_pool
+from neuron_dra.driver.model.catalog import CATALOG
+from neuron_dra.driver.model.emulate import EmulationOptions
+from neuron_dra.driver.model.hosts import emulated_host
+from neuron_dra.driver.model.slices import NodeFacts, build_pool
 
 A = 'device.attributes["neuron.aws.com"]'
 CLASS = 'device.driver == "neuron.aws.com"'  # the official DeviceClass selector

@@ -21,9 +21,9 @@ from neuron_dra.claim_templates import (
     UltraServerNode,
 )
 from neuron_dra.claim_templates.allocator import simulate, taint_prevents_allocation, tolerates
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import emulate
-from neuron_dra.driver.slices import NodeFacts, build_pool, resource_slices, with_taints
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import emulate
+from neuron_dra.driver.model.slices import NodeFacts, build_pool, resource_slices, with_taints
 
 NODE = "n1"
 TRN2 = "trn2.48xlarge"

@@ -25,8 +25,8 @@ from neuron_dra.claim_templates import (
     UltraServerNode,
 )
 from neuron_dra.claim_templates.checks import Checker
-from neuron_dra.driver.catalog import BUILTIN, Catalog
-from neuron_dra.driver.catalog_file import parse_catalog
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog
+from neuron_dra.driver.model.catalog_file import parse_catalog
 
 TRN3 = "trn3.48xlarge"
 ACME = parse_catalog({

@@ -1,4 +1,4 @@
-"""driver/deploy.py: the driver's Kubernetes objects (pure dicts), checked against the real schemas and the
+"""driver/deploy/manifests.py: the driver's Kubernetes objects (pure dicts), checked against the real schemas and the
 real daemon's command line."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import kubernetes_validate
 import pytest
 
 from neuron_dra.driver import deploy
-from neuron_dra.driver.catalog import CATALOG
+from neuron_dra.driver.daemon.main import parse_options
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions, Resources
-from neuron_dra.driver.main import parse_options
+from neuron_dra.driver.model.catalog import CATALOG
 
 OPTION_SETS = {
     "default": DriverDeployOptions(),

@@ -16,7 +16,7 @@ from neuron_dra.components.efa import EfaInterface, efa_interfaces
 from neuron_dra.components.mocks import OfflineRun, PlanMocks, RecordedResource, run_offline
 from neuron_dra.components.nodegroup import CNI_POLICY, NODE_POLICIES, TrainiumNodeGroup, TrainiumNodeGroupArgs
 from neuron_dra.components.settings import NodeGroupSettings, SettingError
-from neuron_dra.driver.catalog import CATALOG, get_instance_spec
+from neuron_dra.driver.model.catalog import CATALOG, get_instance_spec
 
 CANDIDATES = ["subnet-0000000000000000a", "subnet-0000000000000000b", "subnet-0000000000000000c"]
 ZONES = {s: f"us-east-2{s[-1]}" for s in CANDIDATES}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.emulate import emulate
+from neuron_dra.driver.model.emulate import emulate
 from tests.support.driver import DaemonDirs, short_dir
 
 

@@ -14,13 +14,13 @@ import pytest
 import yaml
 
 from neuron_dra.driver import deploy
-from neuron_dra.driver.catalog import BUILTIN, GIB, TopologyKind, UnknownInstanceTypeError
-from neuron_dra.driver.catalog_file import CatalogFileError, catalog_from, load_catalog, parse_catalog
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import emulate
-from neuron_dra.driver.hosts import emulated_host
-from neuron_dra.driver.main import parse_options
-from neuron_dra.driver.slices import NodeFacts, build_pool
+from neuron_dra.driver.daemon.main import parse_options
+from neuron_dra.driver.model.catalog import BUILTIN, GIB, TopologyKind, UnknownInstanceTypeError
+from neuron_dra.driver.model.catalog_file import CatalogFileError, catalog_from, load_catalog, parse_catalog
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import emulate
+from neuron_dra.driver.model.hosts import emulated_host
+from neuron_dra.driver.model.slices import NodeFacts, build_pool
 from tests.support.driver import DaemonDirs, DaemonProcess, short_dir
 
 ACME_EFA = [f"0000:{b}:00.0" for b in ("10", "10", "20", "20", "30", "30", "40", "40")]

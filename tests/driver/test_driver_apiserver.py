@@ -16,13 +16,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from neuron_dra.driver.claims import ClaimLookupError
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import emulate
-from neuron_dra.driver.kube import ApiClient, ClusterConfig, KubeClaimLookup, api_client
-from neuron_dra.driver.metrics import Metrics
-from neuron_dra.driver.publisher import Backoff, SlicePublisher
-from neuron_dra.driver.slices import NETWORK_NODE_LABELS, NodeFacts, PublishOptions, build_pool
+from neuron_dra.driver.daemon.claims import ClaimLookupError
+from neuron_dra.driver.daemon.kube import ApiClient, ClusterConfig, KubeClaimLookup, api_client
+from neuron_dra.driver.daemon.metrics import Metrics
+from neuron_dra.driver.daemon.publisher import Backoff, SlicePublisher
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import emulate
+from neuron_dra.driver.model.slices import NETWORK_NODE_LABELS, NodeFacts, PublishOptions, build_pool
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.controlplane import ControlPlane
 from neuron_dra.localcluster.pluginclient import ClaimRef

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from neuron_dra.cli import main as cli_main
-from neuron_dra.driver._generated import (
+from neuron_dra.driver.daemon._generated import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
     dra_health_v1alpha1_pb2,
@@ -20,12 +20,18 @@ from neuron_dra.driver._generated import (
     dra_health_v1beta1_pb2,
     dra_health_v1beta1_pb2_grpc,
 )
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import FaultError, clear_faults, emulate, inject_fault
-from neuron_dra.driver.health_source import ERROR_COUNTERS, Health, HealthMonitor, hardware_dir, read_device_health
-from neuron_dra.driver.health_stream import HEALTH_SERVICES, published_health
-from neuron_dra.driver.slices import NodeFacts, build_pool, resource_slices, with_taints
-from neuron_dra.driver.taints import unhealthy_taint_key, unhealthy_taints
+from neuron_dra.driver.daemon.health_stream import HEALTH_SERVICES, published_health
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import FaultError, clear_faults, emulate, inject_fault
+from neuron_dra.driver.model.health_source import (
+    ERROR_COUNTERS,
+    Health,
+    HealthMonitor,
+    hardware_dir,
+    read_device_health,
+)
+from neuron_dra.driver.model.slices import NodeFacts, build_pool, resource_slices, with_taints
+from neuron_dra.driver.model.taints import unhealthy_taint_key, unhealthy_taints
 from neuron_dra.localcluster import pluginclient
 from tests.support.driver import DRIVER, NODE, DaemonDirs, DaemonProcess, short_dir
 
@@ -243,8 +249,8 @@ def test_stream_beats_between_changes_and_refuses_undecodable_requests(tmp_path:
     timestamps), and the shared raw-bytes handler answers INVALID_ARGUMENT to garbage."""
     import socket
 
-    from neuron_dra.driver import h2grpc
-    from neuron_dra.driver.health_stream import HealthStreamService
+    from neuron_dra.driver.daemon import h2grpc
+    from neuron_dra.driver.daemon.health_stream import HealthStreamService
 
     host = emulate("inf2.48xlarge", tmp_path / "host")
     monitor = HealthMonitor(host, range(12))
@@ -276,8 +282,8 @@ def test_stream_beats_between_changes_and_refuses_undecodable_requests(tmp_path:
 
 
 def test_the_cores_of_a_faulted_device_are_tainted_and_reported_with_it(host: Path) -> None:
-    from neuron_dra.driver.partitions import CoreLayout
-    from neuron_dra.driver.slices import PublishOptions
+    from neuron_dra.driver.model.partitions import CoreLayout
+    from neuron_dra.driver.model.slices import PublishOptions
 
     neuron_host = discover(host)
     layout = CoreLayout.for_spec(neuron_host.spec)  # trn2 at LNC 2: 4 core devices per device

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver import protogen
-from neuron_dra.driver._generated import (
+from neuron_dra.driver.daemon import protogen
+from neuron_dra.driver.daemon._generated import (
     dra_v1_pb2,
     dra_v1beta1_pb2,
     grpc_health_v1_pb2,
     pluginregistration_pb2,
 )
-from neuron_dra.driver.atomicfile import write_atomic
-from neuron_dra.driver.cdi import (
+from neuron_dra.driver.daemon.atomicfile import write_atomic
+from neuron_dra.driver.daemon.cdi import (
     CDI_KIND,
     CdiDevice,
     CdiError,
@@ -28,7 +28,7 @@ from neuron_dra.driver.cdi import (
     minimum_version,
     spec_text,
 )
-from neuron_dra.driver.checkpoint import (
+from neuron_dra.driver.daemon.checkpoint import (
     CHECKPOINT_VERSION,
     JOURNAL_SIZE,
     Checkpoint,
@@ -39,7 +39,7 @@ from neuron_dra.driver.checkpoint import (
     decode,
     encode,
 )
-from neuron_dra.driver.neuron_env import core_ranges
+from neuron_dra.driver.model.neuron_env import core_ranges
 
 # --- generated code --------------------------------------------------------------------------------------------
 
@@ -48,9 +48,9 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
     written = protogen.generate(tmp_path)
     committed = {p.name: p.read_bytes() for p in protogen.GENERATED_DIR.iterdir() if p.is_file()}
     fresh = {p.name: p.read_bytes() for p in written}
-    assert sorted(fresh) == sorted(committed), "files differ: run python -m neuron_dra.driver.protogen"
+    assert sorted(fresh) == sorted(committed), "files differ: run python -m neuron_dra.driver.daemon.protogen"
     stale = [name for name in fresh if fresh[name] != committed[name]]
-    assert stale == [], f"stale generated code {stale}: run python -m neuron_dra.driver.protogen"
+    assert stale == [], f"stale generated code {stale}: run python -m neuron_dra.driver.daemon.protogen"
 
 
 def fields(message: object) -> dict[str, int]:

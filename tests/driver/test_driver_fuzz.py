@@ -5,7 +5,7 @@ decoders, and a bounded kill -9 loop. Each prints its counts (seed, calls, statu
   every method of DRA v1 and v1beta1, registration and health. Every call must end promptly with a status the
   daemon means (OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, NOT_FOUND, UNIMPLEMENTED): no UNKNOWN (an exception in a
   handler), no INTERNAL, no hang; the daemon still answers its liveness check afterwards, its log has no traceback.
-- Config decoders: the opaque config decoder (driver/config.py) and the stack settings decoder get random JSON
+- Config decoders: the opaque config decoder (driver/model/config.py) and the stack settings decoder get random JSON
   structures; they return a value or raise their NotAllowed error with a bounded message, nothing else.
 - kill -9: random prepares and unprepares, the daemon killed at a random moment, restarted; after every restart
   the checkpoint loads, every completed claim's CDI spec is on disk as recorded, no temp files are left, and a
@@ -26,12 +26,12 @@ from typing import Any
 import grpc
 import pytest
 
-from neuron_dra.driver import config as opaque_config
-from neuron_dra.driver._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
-from neuron_dra.driver.checkpoint import Checkpoint, ClaimState
-from neuron_dra.driver.errors import NotAllowed
-from neuron_dra.driver.health import HEALTH
-from neuron_dra.driver.plugin import DRA_V1, DRA_V1BETA1, REGISTRATION
+from neuron_dra.driver.daemon._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
+from neuron_dra.driver.daemon.checkpoint import Checkpoint, ClaimState
+from neuron_dra.driver.daemon.health import HEALTH
+from neuron_dra.driver.daemon.plugin import DRA_V1, DRA_V1BETA1, REGISTRATION
+from neuron_dra.driver.model import config as opaque_config
+from neuron_dra.driver.model.errors import NotAllowed
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, free_port, uid

@@ -1,4 +1,5 @@
-"""driver/h2frames.py and the HTTP/2 rules of driver/h2grpc.py's connections, frame by frame (RFC 9113, RFC 7541).
+"""driver/daemon/h2frames.py and the HTTP/2 rules of driver/daemon/h2grpc.py connections, frame by frame
+(RFC 9113, RFC 7541).
 
 The peer here writes frames by hand (h2frames' own encoders for the malformed ones) and reads the answers with
 the `h2` library's client, an independent implementation; grpcio's client and the real kubelet cover the
@@ -22,10 +23,10 @@ import h2.events
 import hpack
 import pytest
 
-from neuron_dra.driver import h2frames, h2grpc
-from neuron_dra.driver._generated import pluginregistration_pb2 as rpb
-from neuron_dra.driver.h2frames import END_HEADERS, END_STREAM, PADDED, ErrorCode, FrameType, frame
-from neuron_dra.driver.h2grpc import CallContext
+from neuron_dra.driver.daemon import h2frames, h2grpc
+from neuron_dra.driver.daemon._generated import pluginregistration_pb2 as rpb
+from neuron_dra.driver.daemon.h2frames import END_HEADERS, END_STREAM, PADDED, ErrorCode, FrameType, frame
+from neuron_dra.driver.daemon.h2grpc import CallContext
 from tests.support.driver import short_dir
 
 REGISTRATION = rpb.DESCRIPTOR.services_by_name["Registration"]

@@ -1,4 +1,4 @@
-"""driver/h2grpc.py (the daemon's gRPC server on h2) against grpcio's client (real gRPC) and raw HTTP/2 frames:
+"""driver/daemon/h2grpc.py (the daemon's gRPC server on h2) against grpcio's client (real gRPC) and raw HTTP/2 frames:
 framing, statuses, Trailers-Only errors, limits, flow control, deadlines, cancellation, PING, GOAWAY."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import h2.connection
 import h2.events
 import pytest
 
-from neuron_dra.driver import h2grpc
-from neuron_dra.driver._generated import dra_health_v1beta1_pb2 as hpb
-from neuron_dra.driver._generated import pluginregistration_pb2 as rpb
-from neuron_dra.driver.h2grpc import CallContext, StatusCode
+from neuron_dra.driver.daemon import h2grpc
+from neuron_dra.driver.daemon._generated import dra_health_v1beta1_pb2 as hpb
+from neuron_dra.driver.daemon._generated import pluginregistration_pb2 as rpb
+from neuron_dra.driver.daemon.h2grpc import CallContext, StatusCode
 from tests.support.driver import short_dir
 
 REGISTRATION = rpb.DESCRIPTOR.services_by_name["Registration"]

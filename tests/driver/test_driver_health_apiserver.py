@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import clear_faults, emulate, inject_fault
-from neuron_dra.driver.health_reporting import HealthReporter
-from neuron_dra.driver.health_source import HealthMonitor
-from neuron_dra.driver.metrics import Metrics
-from neuron_dra.driver.publisher import SlicePublisher
-from neuron_dra.driver.slices import PublishOptions
+from neuron_dra.driver.daemon.health_reporting import HealthReporter
+from neuron_dra.driver.daemon.metrics import Metrics
+from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import clear_faults, emulate, inject_fault
+from neuron_dra.driver.model.health_source import HealthMonitor
+from neuron_dra.driver.model.slices import PublishOptions
 from neuron_dra.localcluster.controlplane import ControlPlane
 from tests.support.driver import DRIVER, NODE
 from tests.support.e2e import raw

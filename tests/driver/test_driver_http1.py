@@ -1,4 +1,5 @@
-"""driver/http1.py through the daemon's ApiClient (driver/kube.py) against a real local TLS server: a socket
+"""driver/daemon/http1.py through the daemon ApiClient (driver/daemon/kube.py) against a real local TLS server: a
+socket
 server in a thread that answers each request with the bytes a test scripts, so framing, keep-alive, closed
 connections, limits and malformed answers are exercised on the wire. (The real kube-apiserver:
 test_driver_apiserver.py.)"""
@@ -17,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver import http1, kube
-from neuron_dra.driver.claims import ClaimLookupError
-from neuron_dra.driver.kube import ApiClient, ApiException, ClusterConfig, KubeApi, KubeClaimLookup
+from neuron_dra.driver.daemon import http1, kube
+from neuron_dra.driver.daemon.claims import ClaimLookupError
+from neuron_dra.driver.daemon.kube import ApiClient, ApiException, ClusterConfig, KubeApi, KubeClaimLookup
 from neuron_dra.localcluster.pki import issue, make_ca
 
 

@@ -27,8 +27,8 @@ def pins(path: Path) -> dict[str, str]:
 
 def test_image_pins_match_the_repository() -> None:
     image, repo = pins(IMAGE_REQUIREMENTS), pins(REPO / "requirements.txt")
-    # No kubernetes client: driver/kube.py talks to the API server with the standard library; no grpcio and no
-    # h2: the daemon's gRPC is driver/h2grpc.py on its own framing (driver/h2frames.py) and hpack.
+    # No kubernetes client: driver/daemon/kube.py talks to the API server with the standard library; no grpcio and no
+    # h2: the daemon's gRPC is driver/daemon/h2grpc.py on its own framing (driver/daemon/h2frames.py) and hpack.
     assert set(image) == {"protobuf", "hpack", "pyyaml", "prometheus-client"}
     assert {name: repo.get(name) for name in image} == image
 
@@ -40,17 +40,17 @@ def test_dockerfile_copies_existing_paths_and_runs_the_driver() -> None:
             for src in line.split()[1:-1]:
                 assert (REPO / src).exists(), f"{src} in {DOCKERFILE} does not exist"
     assert 'ENTRYPOINT ["neuron-dra-driver"]' in text  # the DaemonSet's command
-    assert "from neuron_dra.driver.entry import main" in text
+    assert "from neuron_dra.driver.daemon.main import main" in text
     assert "PYTHONDONTWRITEBYTECODE=1" in text  # read-only root filesystem
     assert "testing.py" in text  # test support stays out of the image
 
 
 def test_daemon_imports_only_what_the_image_has() -> None:
-    code = "import sys, neuron_dra.driver.main; print('\\n'.join(sorted(sys.modules)))"
+    code = "import sys, neuron_dra.driver.daemon.main; print('\\n'.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     ours = {m for m in out if m.startswith("neuron_dra")}
     assert all(m == "neuron_dra" or m.startswith("neuron_dra.driver") for m in ours), sorted(ours)
-    assert "neuron_dra.driver.testing" not in ours
+    assert "neuron_dra.driver.daemon.testing" not in ours
     # (grpc imports grpc_tools by itself when installed; not in the image)
     assert not [m for m in out if m.split(".")[0] in ("pulumi", "pulumi_aws", "pulumi_kubernetes", "cel", "celpy")]
     # Neither the kubernetes client (17-19 MiB) nor yaml (only for a kubeconfig or catalog file) at start-up.
@@ -60,7 +60,7 @@ def test_daemon_imports_only_what_the_image_has() -> None:
 def test_daemon_never_imports_grpcio_or_h2() -> None:
     """The daemon serves gRPC with h2grpc (its own framing, hpack): grpcio alone would cost ~26 MiB and ~0.25 s
     of start-up, h2's state machine ~0.2-0.45 ms of Python per call."""
-    code = ("import sys, neuron_dra.driver.main, neuron_dra.driver.health; "
+    code = ("import sys, neuron_dra.driver.daemon.main, neuron_dra.driver.daemon.health; "
             "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "grpc" not in out and "h2" not in out and "hyperframe" not in out and "hpack" in out

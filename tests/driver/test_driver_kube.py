@@ -1,4 +1,4 @@
-"""driver/kube.py without an API server: connection settings from the environment and kubeconfig files, and
+"""driver/daemon/kube.py without an API server: connection settings from the environment and kubeconfig files, and
 the errors that name what is wrong. (Calls against a real kube-apiserver: test_driver_apiserver.py, rbac.)"""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from neuron_dra.driver.kube import (
+from neuron_dra.driver.daemon.kube import (
     ApiClient,
     ApiException,
     ClusterConfig,

@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from neuron_dra.driver import metrics as metrics_module
-from neuron_dra.driver.metrics import CONNECTION_TIMEOUT, MAX_CONNECTIONS, Metrics
+from neuron_dra.driver.daemon import metrics as metrics_module
+from neuron_dra.driver.daemon.metrics import CONNECTION_TIMEOUT, MAX_CONNECTIONS, Metrics
 from tests.support.driver import wait_until
 
 

@@ -14,23 +14,23 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.catalog import CATALOG, get_instance_spec
-from neuron_dra.driver.cdi import CdiStore
-from neuron_dra.driver.checkpoint import Checkpoint
-from neuron_dra.driver.claims import ClaimError, ClaimRef, Reason
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import emulate
-from neuron_dra.driver.hosts import emulated_host
-from neuron_dra.driver.model import NeuronHost
-from neuron_dra.driver.partitions import (
+from neuron_dra.driver.daemon.cdi import CdiStore
+from neuron_dra.driver.daemon.checkpoint import Checkpoint
+from neuron_dra.driver.daemon.claims import ClaimError, ClaimRef, Reason
+from neuron_dra.driver.daemon.state import DriverState
+from neuron_dra.driver.model.catalog import CATALOG, get_instance_spec
+from neuron_dra.driver.model.devices import NeuronHost
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import emulate
+from neuron_dra.driver.model.hosts import emulated_host
+from neuron_dra.driver.model.partitions import (
     LNC_FILE,
     CoreLayout,
     PartitionError,
     parse_core_device,
     read_node_lnc,
 )
-from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices
-from neuron_dra.driver.state import DriverState
+from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, resource_slices
 from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, FakeLookup, claim, opaque, result, uid
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

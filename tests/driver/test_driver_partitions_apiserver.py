@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import emulate
-from neuron_dra.driver.metrics import Metrics
-from neuron_dra.driver.partitions import CoreLayout
-from neuron_dra.driver.publisher import SlicePublisher
-from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool
+from neuron_dra.driver.daemon.metrics import Metrics
+from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import emulate
+from neuron_dra.driver.model.partitions import CoreLayout
+from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool
 from neuron_dra.localcluster.controlplane import ControlPlane
 from tests.support.driver import DRIVER, NODE
 from tests.support.e2e import raw
@@ -54,7 +54,7 @@ def test_cores_are_published_where_the_api_server_keeps_counters(versioned_api: 
     host = discover(emulate("trn2.48xlarge", tmp_path / "host"))
     layout = CoreLayout.for_spec(host.spec)
     pub = SlicePublisher(api, host, NODE, PublishOptions(driver_name=DRIVER, cores=layout), Metrics())
-    with caplog.at_level(logging.INFO, logger="neuron_dra.driver.publisher"):
+    with caplog.at_level(logging.INFO, logger="neuron_dra.driver.daemon.publisher"):
         result, _ = pub.reconcile()
     stored = _slices(api)
     devices = [d for s in stored for d in s["spec"].get("devices") or ()]

@@ -14,16 +14,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from neuron_dra.driver import plugin
-from neuron_dra.driver._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
-from neuron_dra.driver.cdi import CDI_KIND, CdiStore
-from neuron_dra.driver.checkpoint import Checkpoint
-from neuron_dra.driver.claims import ClaimRef
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import emulate
-from neuron_dra.driver.health import HealthServer
-from neuron_dra.driver.plugin import PluginServers, SocketError, SocketPaths
-from neuron_dra.driver.state import DriverState
+from neuron_dra.driver.daemon import plugin
+from neuron_dra.driver.daemon._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
+from neuron_dra.driver.daemon.cdi import CDI_KIND, CdiStore
+from neuron_dra.driver.daemon.checkpoint import Checkpoint
+from neuron_dra.driver.daemon.claims import ClaimRef
+from neuron_dra.driver.daemon.health import HealthServer
+from neuron_dra.driver.daemon.plugin import PluginServers, SocketError, SocketPaths
+from neuron_dra.driver.daemon.state import DriverState
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef as ClientClaimRef
 from neuron_dra.localcluster.pluginclient import PluginConnector

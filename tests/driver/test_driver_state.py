@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.cdi import CDI_KIND, CdiStore
-from neuron_dra.driver.checkpoint import Checkpoint, CheckpointError, ClaimState, PreparedClaim
-from neuron_dra.driver.claims import ClaimError, ClaimRef, Reason, allocated_devices
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import EmulationOptions, emulate
-from neuron_dra.driver.metrics import Metrics
-from neuron_dra.driver.state import DriverState
+from neuron_dra.driver.daemon.cdi import CDI_KIND, CdiStore
+from neuron_dra.driver.daemon.checkpoint import Checkpoint, CheckpointError, ClaimState, PreparedClaim
+from neuron_dra.driver.daemon.claims import ClaimError, ClaimRef, Reason, allocated_devices
+from neuron_dra.driver.daemon.metrics import Metrics
+from neuron_dra.driver.daemon.state import DriverState
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import EmulationOptions, emulate
 from tests.support.driver import (
     DRIVER,
     NEURON_CONFIG,

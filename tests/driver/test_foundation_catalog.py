@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from neuron_dra.driver.catalog import (
+from neuron_dra.driver.model.catalog import (
     BUILTIN,
     CATALOG,
     TopologyKind,

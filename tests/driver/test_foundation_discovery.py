@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.catalog import CATALOG, get_instance_spec
-from neuron_dra.driver.discovery import DiscoveryError, discover, normalize_bdf, parse_neuron_ls
-from neuron_dra.driver.emulate import EMULATED_MAJOR
+from neuron_dra.driver.model.catalog import CATALOG, get_instance_spec
+from neuron_dra.driver.model.discovery import DiscoveryError, discover, normalize_bdf, parse_neuron_ls
+from neuron_dra.driver.model.emulate import EMULATED_MAJOR
 
 HostTree = Callable[..., Path]
 DEV = "sys/devices/virtual/neuron_device"
@@ -213,8 +213,8 @@ def test_neuron_ls_open_for_writing_somewhere_is_retried_not_an_error(tmp_path: 
     failing the node (seen once as 'Text file busy' when four nodes started together)."""
     import threading
 
-    from neuron_dra.driver.discovery import NEURON_LS, run_neuron_ls
-    from neuron_dra.driver.emulate import emulate
+    from neuron_dra.driver.model.discovery import NEURON_LS, run_neuron_ls
+    from neuron_dra.driver.model.emulate import emulate
 
     root = emulate("trn1.32xlarge", tmp_path / "host")
     writer = (root / NEURON_LS).open("ab")  # our own descriptor open for writing: exec gets ETXTBSY

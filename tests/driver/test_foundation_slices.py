@@ -14,10 +14,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from neuron_dra.driver.catalog import CATALOG
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.hosts import emulated_host
-from neuron_dra.driver.slices import (
+from neuron_dra.driver.model.catalog import CATALOG
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.hosts import emulated_host
+from neuron_dra.driver.model.slices import (
     NodeFacts,
     PoolDevice,
     PublishOptions,

@@ -1,4 +1,4 @@
-"""One home for Kubernetes and EKS names (driver/k8s_names.py): the rules the API server applies, the defaults
+"""One home for Kubernetes and EKS names (driver/model/k8s_names.py): the rules the API server applies, the defaults
 every part shares, and the DeviceClass manifest built once."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from neuron_dra import PARTS
 from neuron_dra.claim_templates import TemplateError
 from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.names import check_dns_label, check_labels
-from neuron_dra.driver import deploy, k8s_names
+from neuron_dra.driver import deploy
+from neuron_dra.driver.daemon.main import parse_options
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions
-from neuron_dra.driver.errors import NotAllowed
-from neuron_dra.driver.main import parse_options
+from neuron_dra.driver.model import k8s_names
+from neuron_dra.driver.model.errors import NotAllowed
 from neuron_dra.localcluster.efa_emulator import efa_device_class
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,17 +94,13 @@ def test_the_daemonset_tolerates_the_taint_the_nodes_carry() -> None:
     assert toleration in daemonset["spec"]["template"]["spec"]["tolerations"]
 
 
-# Values whose only definition is in driver/k8s_names.py: no other module spells them as a literal (prose in
+# Values whose only definition is in driver/model/k8s_names.py: no other module spells them as a literal (prose in
 # docstrings and comments may mention them).
 ONE_HOME: set[object] = {k8s_names.DEFAULT_DRIVER_NAME, k8s_names.DEFAULT_PLUGINS_DIR, k8s_names.DEFAULT_REGISTRY_DIR,
                          k8s_names.DEFAULT_CDI_ROOT, k8s_names.LIVENESS_SERVICE, k8s_names.DEFAULT_HEALTHCHECK_PORT,
                          k8s_names.NEURON_TAINT_KEY}
 # The CDI kind is another name that happens to be spelled like the taint key.
-ALLOWED = {("driver/cdi.py", k8s_names.NEURON_TAINT_KEY),
-           # The socket names' defaults live where the entry point binds before anything heavier is imported (k8s_names
-           # imports re): k8s_names re-exports them from there.
-           *(("driver/early.py", v) for v in (k8s_names.DEFAULT_DRIVER_NAME, k8s_names.DEFAULT_PLUGINS_DIR,
-                                              k8s_names.DEFAULT_REGISTRY_DIR))}
+ALLOWED = {("driver/daemon/cdi.py", k8s_names.NEURON_TAINT_KEY)}
 
 
 def _literals(path: Path) -> set[object]:
@@ -121,7 +118,7 @@ def test_names_and_defaults_have_one_home() -> None:
     for part in (*PARTS.values(), "bench"):
         for path in sorted((ROOT / part).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel == "driver/k8s_names.py" or "/_generated/" in rel:
+            if rel == "driver/model/k8s_names.py" or "/_generated/" in rel:
                 continue
             offenders += [f"{rel}: {value!r}" for value in _literals(path) & ONE_HOME if (rel, value) not in ALLOWED]
-    assert offenders == [], f"import these from neuron_dra.driver.k8s_names: {offenders}"
+    assert offenders == [], f"import these from neuron_dra.driver.model.k8s_names: {offenders}"

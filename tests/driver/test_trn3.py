@@ -13,11 +13,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from neuron_dra.driver import config as driver_config
-from neuron_dra.driver.catalog import BUILTIN, TopologyKind, torus_neighbours
-from neuron_dra.driver.discovery import DiscoveryError, discover
-from neuron_dra.driver.hosts import emulated_host
-from neuron_dra.driver.slices import (
+from neuron_dra.driver.model import config as driver_config
+from neuron_dra.driver.model.catalog import BUILTIN, TopologyKind, torus_neighbours
+from neuron_dra.driver.model.discovery import DiscoveryError, discover
+from neuron_dra.driver.model.hosts import emulated_host
+from neuron_dra.driver.model.slices import (
     STANDARD_NUMA_NODE,
     WORKLOAD_LABEL,
     NodeFacts,

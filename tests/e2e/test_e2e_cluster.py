@@ -18,9 +18,9 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.partitions import CoreLayout, parse_core_device, read_node_lnc
-from neuron_dra.driver.slices import NodeFacts, PublishOptions, build_pool, resource_slices
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device, read_node_lnc
+from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, resource_slices
 from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.cluster import LocalCluster
 from tests.support.e2e import (

@@ -13,7 +13,7 @@ from kubernetes import client
 from neuron_dra.claim_templates import Checker, ClaimTemplate, NeuronCores
 from neuron_dra.claim_templates.allocator import simulate
 from neuron_dra.claim_templates.node_model import NodeCatalog
-from neuron_dra.driver.partitions import parse_core_device
+from neuron_dra.driver.model.partitions import parse_core_device
 from neuron_dra.localcluster.cluster import LocalCluster
 from tests.support.e2e import (
     NEURON_TOLERATION,

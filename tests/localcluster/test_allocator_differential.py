@@ -18,7 +18,7 @@ import pytest
 from neuron_dra.claim_templates.allocator import DeviceId
 from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.node_model import NodeCatalog
-from neuron_dra.driver.catalog import CATALOG
+from neuron_dra.driver.model.catalog import CATALOG
 from tests.support.allocator_cases import Case, CaseGenerator, GeneratedCases, case_digest
 from tests.support.allocator_compare import GoRun, Verdict, compare, go_answers, python_answers, summary
 

@@ -19,10 +19,10 @@ import pytest
 
 from neuron_dra.claim_templates import check
 from neuron_dra.claim_templates.examples import inf2_ring_segment_4, trn2_8_else_trn1_16
-from neuron_dra.driver.discovery import discover
-from neuron_dra.driver.emulate import emulate
-from neuron_dra.driver.neuron_env import core_ranges
-from neuron_dra.driver.slices import NodeFacts, build_pool, resource_slices
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import emulate
+from neuron_dra.driver.model.neuron_env import core_ranges
+from neuron_dra.driver.model.slices import NodeFacts, build_pool, resource_slices
 from neuron_dra.localcluster.demo_health import FaultPlan, plan_faults
 from neuron_dra.localcluster.demo_report import (
     PodOutcome,

@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from neuron_dra.driver.catalog import UnknownInstanceTypeError
-from neuron_dra.driver.catalog_file import parse_catalog
+from neuron_dra.driver.model.catalog import UnknownInstanceTypeError
+from neuron_dra.driver.model.catalog_file import parse_catalog
 from neuron_dra.localcluster.nodes import node_manifest
 from neuron_dra.localcluster.topology import parse_nodes
 from neuron_dra.localcluster.topology_view import NodeView, render_svg, render_text

@@ -63,7 +63,7 @@ from neuron_dra.claim_templates.allocator import DeviceId, Mode, SearchBudgetExc
 from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.examples import OFFICIAL_SAMPLES, RICHER_CASES
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
-from neuron_dra.driver.catalog import CATALOG, FAMILIES, TopologyKind
+from neuron_dra.driver.model.catalog import CATALOG, FAMILIES, TopologyKind
 
 NEURON_DRIVER = "neuron.aws.com"
 NEURON_CLASS = "neuron.aws.com"

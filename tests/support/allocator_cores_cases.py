@@ -15,8 +15,8 @@ from typing import Any
 from neuron_dra.claim_templates import ClaimTemplate, Neuron, NeuronCores
 from neuron_dra.claim_templates.allocator import DeviceId
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
-from neuron_dra.driver.catalog import get_instance_spec
-from neuron_dra.driver.partitions import CoreLayout, parse_core_device
+from neuron_dra.driver.model.catalog import get_instance_spec
+from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device
 from tests.support.allocator_cases import Case
 
 CORE_TYPES = ("trn2.48xlarge", "trn2.3xlarge", "trn1.32xlarge", "inf2.48xlarge", "inf2.xlarge", "trn2u.48xlarge")

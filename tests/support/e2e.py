@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 
-from neuron_dra.driver.k8s_names import neuron_toleration
+from neuron_dra.driver.model.k8s_names import neuron_toleration
 
 NEURON_TOLERATION = neuron_toleration()
 

@@ -1,0 +1,1 @@
+"""The driver's commands over the device model: `neuron-dra slices`, `emulate`, `emulate-fault`."""

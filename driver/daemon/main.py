@@ -1,0 +1,465 @@
+"""`neuron-dra-driver` (also `python -m neuron_dra.driver`): the DRA kubelet plugin daemon of one node.
+
+Flags fall back to the environment variables of AWS's Helm chart (NODE_NAME, KUBELET_PLUGINS_DIRECTORY_PATH,
+KUBELET_REGISTRAR_DIRECTORY_PATH, CDI_ROOT, HEALTHCHECK_PORT), so the daemon is a drop-in for its DaemonSet.
+Start-up: discover the host, load the checkpoint, rewrite CDI specs and clean up after a crash, serve the
+DRA socket and then the registration socket, then health, metrics and slice publishing. SIGTERM/SIGINT
+stop it cleanly (registration socket first). An unreachable API server never stops it: publishing retries
+with backoff and prepares fail per claim until the server answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neuron_dra import __version__
+from neuron_dra.driver.daemon import logs
+from neuron_dra.driver.daemon.signals import set_on_signals
+from neuron_dra.driver.daemon.sockets import BoundSockets, SocketError, SocketPaths, bind
+from neuron_dra.driver.model.k8s_names import (
+    CATALOG_ENV,
+    CHECKPOINT_FILE,
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    DEFAULT_TAINT_EFFECT,
+    DNS_SUBDOMAIN_RULE,
+    DRIVER_NAME_MAX,
+    DRIVER_NAME_RULE,
+    HEALTH_SERVICES,
+    PLUGINS_DIR_ENV,
+    REGISTRY_DIR_ENV,
+    TAINT_EFFECTS,
+    is_dns_subdomain,
+)
+
+# Imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
+if TYPE_CHECKING:
+    import tempfile
+
+    from neuron_dra.driver.daemon.claims import ClaimLookup
+    from neuron_dra.driver.daemon.failpoints import CrashPoints
+    from neuron_dra.driver.daemon.health import HealthServer
+    from neuron_dra.driver.daemon.health_reporting import HealthReporter
+    from neuron_dra.driver.daemon.health_stream import HealthStreamService
+    from neuron_dra.driver.daemon.kube import ApiClient
+    from neuron_dra.driver.daemon.metrics import Metrics, MetricsServer
+    from neuron_dra.driver.daemon.plugin import PluginServers
+    from neuron_dra.driver.daemon.publisher import SlicePublisher
+    from neuron_dra.driver.daemon.state import DriverState
+    from neuron_dra.driver.model.devices import NeuronHost
+    from neuron_dra.driver.model.health_source import HealthMonitor
+
+log = logging.getLogger("neuron_dra.driver.daemon.main")
+
+RESOLVE_INTERVAL = 30.0  # seconds between checks of unfinished prepares the API server could not answer for
+TRIM_INTERVAL = 60.0  # seconds between returns of free heap memory to the system
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER_NAME
+    plugins_dir: Path = Path(DEFAULT_PLUGINS_DIR)
+    registry_dir: Path = Path(DEFAULT_REGISTRY_DIR)
+    cdi_root: Path = Path(DEFAULT_CDI_ROOT)
+    healthcheck_port: int = 0  # 0: off
+    metrics_port: int = 0  # 0: off
+    # Health and metrics listen here only: kubelet probes and Prometheus scrape the pod IP (docs/hardening.md §1).
+    bind_address: str = "127.0.0.1"
+    kubeconfig: str | None = None  # None: in-cluster service account
+    host_root: Path | None = Path("/")
+    emulate: str | None = None  # instance type to emulate instead of reading host_root
+    catalog: Path | None = None  # catalog file with more instance types (docs/catalog-file.md); None: built-in
+    log_level: str = "info"
+    health_poll_interval: float = 1.0  # seconds between reads of the hardware error counters
+    unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT
+    core_partitions: str = "auto"  # auto: NeuronCores when the API server keeps counters; on; off
+    lnc: int | None = None  # the node's LNC; None: /opt/aws/neuron/logical_nc_config, else the family's default
+
+    @property
+    def sockets(self) -> SocketPaths:
+        return SocketPaths.for_driver(self.plugins_dir, self.registry_dir, self.driver_name)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.plugins_dir / self.driver_name / CHECKPOINT_FILE
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 = off, or 1-65535)") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0 = off, or 1-65535)")
+    return value
+
+
+def _driver_name(text: str) -> str:
+    if not is_dns_subdomain(text, DRIVER_NAME_MAX):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: {DRIVER_NAME_RULE}, e.g. "
+                                         f"{DEFAULT_DRIVER_NAME}")
+    return text
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0.05 to 60)") from None
+    if not 0.05 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"{value} seconds: allowed 0.05 to 60")
+    return value
+
+
+def _node_name(text: str) -> str:
+    if not is_dns_subdomain(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node name; allowed: {DNS_SUBDOMAIN_RULE}")
+    return text
+
+
+def _address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address (the pod's IP, e.g. from the downward API "
+                                         "status.podIP, or 127.0.0.1)") from None
+
+
+CORE_PARTITION_MODES = ("auto", "on", "off")
+
+
+def _lnc(text: str) -> int:
+    if text not in ("1", "2"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Logical NeuronCore config; allowed: 1 or 2")
+    return int(text)
+
+
+def _abs_dir(text: str) -> Path:
+    p = Path(text)
+    if not p.is_absolute():
+        raise argparse.ArgumentTypeError(f"{text!r} must be an absolute path (kubelet resolves it on the host)")
+    return p
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="neuron-dra-driver", description="The Neuron DRA kubelet plugin of one node.")
+
+    def env_default(name: str, fallback: str | None) -> str | None:
+        return env.get(name) or fallback
+
+    p.add_argument("--node-name", type=_node_name, default=env_default("NODE_NAME", None), metavar="NAME",
+                   help="this node (and pool) name [env NODE_NAME]")
+    p.add_argument("--driver-name", type=_driver_name, default=DEFAULT_DRIVER_NAME, metavar="NAME",
+                   help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
+    p.add_argument("--plugins-dir", type=_abs_dir, metavar="DIR",
+                   default=env_default(PLUGINS_DIR_ENV, DEFAULT_PLUGINS_DIR),
+                   help=f"kubelet plugins dir [env {PLUGINS_DIR_ENV}] (default {DEFAULT_PLUGINS_DIR})")
+    p.add_argument("--registry-dir", type=_abs_dir, metavar="DIR",
+                   default=env_default(REGISTRY_DIR_ENV, DEFAULT_REGISTRY_DIR),
+                   help=f"kubelet plugin registry dir [env {REGISTRY_DIR_ENV}] "
+                        f"(default {DEFAULT_REGISTRY_DIR})")
+    p.add_argument("--cdi-root", type=_abs_dir, metavar="DIR", default=env_default("CDI_ROOT", DEFAULT_CDI_ROOT),
+                   help=f"CDI spec dir [env CDI_ROOT] (default {DEFAULT_CDI_ROOT})")
+    p.add_argument("--healthcheck-port", type=_port, default=env_default("HEALTHCHECK_PORT", "0"), metavar="PORT",
+                   help="gRPC health port, service 'liveness'; 0 = off [env HEALTHCHECK_PORT] (default 0)")
+    p.add_argument("--metrics-port", type=_port, default=env_default("METRICS_PORT", "0"), metavar="PORT",
+                   help="Prometheus /metrics port; 0 = off [env METRICS_PORT] (default 0)")
+    p.add_argument("--bind-address", default=env_default("BIND_ADDRESS", env_default("POD_IP", "127.0.0.1")),
+                   type=_address, metavar="ADDR",
+                   help="the one address of the health and metrics ports, where kubelet's probe connects "
+                        "[env BIND_ADDRESS, else env POD_IP (the downward API's status.podIP; the node's IP "
+                        "with hostNetwork)] (default 127.0.0.1)")
+    p.add_argument("--kubeconfig", default=None, metavar="FILE", help="kubeconfig file (default: in-cluster)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--host-root", type=_abs_dir, metavar="DIR",
+                     help="root of the host's /sys and /dev as mounted in the container (default /)")
+    src.add_argument("--emulate", metavar="INSTANCE_TYPE",
+                     help="emulate this instance type (of the catalog) in a temporary host tree (for local clusters "
+                          "and tests)")
+    p.add_argument("--catalog", type=Path, default=env_default(CATALOG_ENV, None), metavar="FILE",
+                   help=f"catalog file with more instance types (docs/catalog-file.md) [env {CATALOG_ENV}]")
+    p.add_argument("--health-poll-interval", type=_interval, default=env_default("HEALTH_POLL_INTERVAL", "1"),
+                   metavar="SECONDS", help="seconds between reads of the devices' hardware error counters "
+                                           "[env HEALTH_POLL_INTERVAL] (default 1)")
+    p.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS,
+                   default=env_default("UNHEALTHY_TAINT_EFFECT", DEFAULT_TAINT_EFFECT),
+                   help="effect of the taint on unhealthy devices [env UNHEALTHY_TAINT_EFFECT] "
+                        f"(default {DEFAULT_TAINT_EFFECT})")
+    p.add_argument("--log-level", default=env_default("LOG_LEVEL", "info"),
+                   choices=["debug", "info", "warning", "error"], help="[env LOG_LEVEL] (default info)")
+    p.add_argument("--core-partitions", choices=CORE_PARTITION_MODES,
+                   default=env_default("CORE_PARTITIONS", "auto"),
+                   help="publish NeuronCores with counters beside whole devices: auto (when the API server keeps "
+                        "ResourceSlice sharedCounters, Kubernetes 1.36+), on, off (env CORE_PARTITIONS)")
+    p.add_argument("--lnc", type=_lnc, default=env_default("NODE_LNC", None), metavar="1|2",
+                   help="the node's Logical NeuronCore config (env NODE_LNC; default: the host's "
+                        "/opt/aws/neuron/logical_nc_config, else 2 on Trainium2+)")
+    p.add_argument("--version", action="version", version=f"neuron-dra-driver {__version__}")
+    return p
+
+
+def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonOptions:
+    parser = build_parser(env)
+    a = parser.parse_args(argv)
+    if not a.node_name:
+        parser.error("--node-name (or env NODE_NAME) is required")
+    host_root = None if a.emulate else (a.host_root or Path("/"))
+    return DaemonOptions(
+        node_name=a.node_name, driver_name=a.driver_name, plugins_dir=Path(a.plugins_dir),
+        registry_dir=Path(a.registry_dir), cdi_root=Path(a.cdi_root), healthcheck_port=int(a.healthcheck_port),
+        metrics_port=int(a.metrics_port), bind_address=a.bind_address, kubeconfig=a.kubeconfig, host_root=host_root,
+        emulate=a.emulate, log_level=a.log_level, health_poll_interval=float(a.health_poll_interval),
+        unhealthy_taint_effect=a.unhealthy_taint_effect, core_partitions=a.core_partitions,
+        lnc=None if a.lnc is None else int(a.lnc), catalog=Path(a.catalog) if a.catalog else None,
+    )
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+class Daemon:
+    """All parts of the running driver; `start` brings them up in order, `stop` takes them down."""
+
+    def __init__(self, options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
+                 crash: CrashPoints | None = None, metrics: Metrics | None = None,
+                 servers: PluginServers | None = None) -> None:
+        from neuron_dra.driver.daemon.failpoints import CrashPoints
+
+        self.options = options
+        self.lookup = lookup
+        self.api = api
+        self.crash = crash or CrashPoints()
+        # prometheus_client only when metrics are served (the DaemonSet's default is off): 0.6 MiB less.
+        self.metrics = metrics
+        if self.metrics is None and options.metrics_port:
+            from neuron_dra.driver.daemon.metrics import Metrics
+
+            self.metrics = Metrics()
+        self.stop_event = threading.Event()
+        self.host: NeuronHost | None = None
+        self.host_root: Path | None = None
+        self.state: DriverState | None = None
+        self.servers = servers  # listening already when the entry started them (main), else started here
+        self.health: HealthServer | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.publisher: SlicePublisher | None = None
+        self.health_monitor: HealthMonitor | None = None
+        self.health_stream: HealthStreamService | None = None
+        self.health_reporter: HealthReporter | None = None
+        self._emulated: tempfile.TemporaryDirectory[str] | None = None
+
+    def _load_host(self) -> tuple[NeuronHost, Path]:
+        from neuron_dra.driver.model.catalog import BUILTIN, Catalog
+        from neuron_dra.driver.model.catalog_file import load_catalog
+        from neuron_dra.driver.model.discovery import discover
+        from neuron_dra.driver.model.emulate import EmulationOptions, emulate
+
+        o = self.options
+        catalog: Catalog = load_catalog(o.catalog) if o.catalog else BUILTIN
+        if o.emulate:
+            # Kept for the daemon's lifetime: prepare reads the UltraServer class files under it.
+            import tempfile
+
+            self._emulated = tempfile.TemporaryDirectory(prefix="neuron-dra-emulated-")
+            root = emulate(o.emulate, Path(self._emulated.name) / "root", EmulationOptions(host_id=o.node_name),
+                           catalog)
+        else:
+            assert o.host_root is not None
+            root = o.host_root
+        return discover(root, catalog=catalog), root
+
+    def start(self) -> None:
+        o = self.options
+        # The sockets first: kubelet can register the driver while the rest starts (plugin.py: DRA calls wait in
+        # the DRA socket's backlog until `serve` below).
+        if self.servers is None:
+            self.servers = listen(o, None)
+        from neuron_dra.driver.daemon.cdi import CdiStore
+        from neuron_dra.driver.daemon.checkpoint import Checkpoint, CheckpointError
+        from neuron_dra.driver.daemon.health_reporting import HealthReporter
+        from neuron_dra.driver.daemon.health_stream import HealthStreamService
+        from neuron_dra.driver.daemon.state import DriverState
+        from neuron_dra.driver.model.catalog import UnknownInstanceTypeError
+        from neuron_dra.driver.model.catalog_file import CatalogFileError
+        from neuron_dra.driver.model.discovery import DiscoveryError
+        from neuron_dra.driver.model.health_source import HealthMonitor
+        from neuron_dra.driver.model.partitions import CoreLayout, PartitionError, read_node_lnc
+
+        try:
+            self.host, self.host_root = self._load_host()
+        except CatalogFileError as e:
+            raise StartupError(f"catalog file: {e}") from None
+        except (DiscoveryError, UnknownInstanceTypeError) as e:
+            raise StartupError(f"host discovery failed: {e}") from None
+        log.info("discovered host", extra={"instance_type": self.host.instance_type,
+                                           "devices": len(self.host.devices), "host_root": str(self.host_root),
+                                           "kernel_driver_version": self.host.kernel_driver_version})
+        try:
+            layout = CoreLayout.for_spec(self.host.spec, read_node_lnc(self.host_root, self.host.spec, o.lnc))
+        except PartitionError as e:
+            raise StartupError(f"node LNC: {e}") from None
+        plugin_dir = o.plugins_dir / o.driver_name
+        plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        # Prepare knows the cores whatever gets published: a core device only reaches a claim once published.
+        self.state = DriverState(host=self.host, host_root=self.host_root, driver_name=o.driver_name,
+                                 pool_name=o.node_name, cdi=CdiStore(o.cdi_root, o.driver_name),
+                                 checkpoint=Checkpoint(o.checkpoint_path), lookup=self.lookup, crash=self.crash,
+                                 metrics=self.metrics, cores=layout)
+        try:
+            self.state.load()
+            self.state.reconcile_local()
+        except (CheckpointError, OSError) as e:
+            raise StartupError(str(e)) from None
+        self.health_monitor = HealthMonitor(self.host_root, [d.index for d in self.host.devices],
+                                            o.health_poll_interval)
+        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event,
+                                                 cores_per_device=layout.logical_per_device)
+        self.health_reporter = HealthReporter(self.health_monitor, self.host, o.node_name, o.driver_name,
+                                              o.unhealthy_taint_effect, self.api, self.metrics)
+        report = self.health_reporter.in_background(self.stop_event)
+        report(self.health_monitor.current())  # devices already unhealthy at start (events, metrics)
+        self.health_monitor.add_listener(report)
+        self.servers.serve(self.state, self.health_stream.methods())
+        if o.healthcheck_port:
+            from neuron_dra.driver.daemon.health import HealthServer
+
+            self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port)
+            self.health.start()
+        if o.metrics_port and self.metrics is not None:
+            self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)
+            log.info("metrics listening", extra={"port": self.metrics_server.port})
+        if self.api is not None:
+            from neuron_dra.driver.daemon.publisher import SlicePublisher
+            from neuron_dra.driver.model.slices import PublishOptions
+
+            cores = None if o.core_partitions == "off" else layout
+            if cores is None:
+                log.info("publishing whole Neuron devices only, no NeuronCores", extra={
+                    "node": o.node_name, "reason": "--core-partitions=off"})
+            self.publisher = SlicePublisher(self.api, self.host, o.node_name,
+                                            PublishOptions(driver_name=o.driver_name, cores=cores), self.metrics,
+                                            taints=self.health_reporter.taints,
+                                            force_cores=o.core_partitions == "on")
+            self.health_reporter.republish = self.publisher.refresh
+            self.publisher.start(self.stop_event)
+        else:
+            log.warning("no API client: not publishing ResourceSlices")
+        self.health_monitor.start(self.stop_event)
+
+    def run(self) -> None:
+        """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""
+        from neuron_dra.driver.daemon import memory
+
+        assert self.state is not None
+        pending = True
+        next_resolve = 0.0
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            if pending and now >= next_resolve:
+                pending = bool(self.state.resolve_unfinished().unresolved)
+                next_resolve = now + RESOLVE_INTERVAL
+            memory.trim()
+            self.stop_event.wait(TRIM_INTERVAL if not pending else min(TRIM_INTERVAL, RESOLVE_INTERVAL))
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.servers is not None:
+            self.servers.stop()
+        if self.health is not None:
+            self.health.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self.state is not None:
+            self.state.close()
+        if self._emulated is not None:
+            self._emulated.cleanup()
+        log.info("stopped")
+
+
+def listen(options: DaemonOptions, bound: BoundSockets | None) -> PluginServers:
+    """The kubelet-facing servers with both sockets listening and the registration socket answered (plugin.py);
+    `bound`: the sockets bound already, else bound here."""
+    from neuron_dra.driver.daemon.plugin import PluginServers
+
+    servers = PluginServers(options.sockets, options.driver_name, extra_services=HEALTH_SERVICES)
+    try:
+        servers.listen(bound)
+    except (SocketError, OSError) as e:
+        servers.stop(0)
+        raise StartupError(str(e)) from None
+    return servers
+
+
+def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
+               crash: CrashPoints | None = None, servers: PluginServers | None = None) -> int:
+    """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
+    from neuron_dra.driver.daemon import memory
+
+    memory.limit_arenas()  # before threads allocate (main applied it before the registration server's threads)
+    daemon = Daemon(options, lookup, api, crash, servers=servers)
+    set_on_signals(daemon.stop_event)
+    try:
+        daemon.start()
+    except StartupError as e:
+        log.error("start-up failed", extra={"error": str(e)})
+        daemon.stop()
+        return 1
+    try:
+        daemon.run()
+    finally:
+        daemon.stop()
+    return 0
+
+
+def start_early(options: DaemonOptions) -> PluginServers | None:
+    """Both sockets bound and the registration socket answered before the daemon imports the rest of itself
+    (the API client, discovery, the checkpoint: most of its start-up time), so kubelet finds and registers the
+    driver at once; DRA calls wait in the DRA socket's backlog until the state is loaded (plugin.py).
+    None when binding fails (the daemon's start then fails with the reason)."""
+    try:
+        bound = bind(options.sockets)  # standard library only: before the gRPC server's imports
+    except (SocketError, OSError):
+        return None
+    from neuron_dra.driver.daemon import memory
+
+    memory.limit_arenas()  # before the registration server's threads
+    try:
+        return listen(options, bound)
+    except StartupError:
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_options(argv, os.environ)
+    logs.configure(options.log_level)
+    servers = start_early(options)
+    from neuron_dra.driver.daemon.failpoints import CrashPoints
+    from neuron_dra.driver.daemon.kube import KubeClaimLookup, KubeConfigError, api_client
+
+    try:
+        crash = CrashPoints.from_env(os.environ)
+        api = api_client(options.kubeconfig)
+    except (ValueError, KubeConfigError) as e:
+        log.error("start-up failed", extra={"error": str(e)})
+        if servers is not None:
+            servers.stop(0)
+        return 2
+    return run_daemon(options, KubeClaimLookup(api), api, crash, servers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The kubelet-facing gRPC servers on unix sockets: the DRA service (v1 and v1beta1) and plugin registration.
+
+Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket appears, because kubelet
+dials the endpoint as soon as it sees the registration socket; on shutdown the registration socket goes
+first, so kubelet deregisters before the DRA service stops. Stale socket files are removed before
+listening; both sockets are mode 0600 (kubelet runs as root).
+
+Start-up is in two steps so kubelet sees the driver early (kubelet gives GetInfo 1 s): `listen` binds the DRA
+socket (calls wait in its listen backlog) and then the registration socket, answered at once (it needs only the
+driver name and the endpoint); `serve` starts the DRA service once the state is loaded (checkpoint, CDI specs).
+Served with h2grpc (gRPC on h2; no grpcio in the daemon).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from neuron_dra.driver.daemon import h2grpc, sockets
+from neuron_dra.driver.daemon._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
+from neuron_dra.driver.daemon.claims import ClaimError, ClaimRef
+
+# Re-exported: the socket parts of this module's interface live in sockets.py (standard library only).
+from neuron_dra.driver.daemon.sockets import SOCKET_MODE as SOCKET_MODE
+from neuron_dra.driver.daemon.sockets import BoundSockets as BoundSockets
+from neuron_dra.driver.daemon.sockets import SocketError as SocketError
+from neuron_dra.driver.daemon.sockets import SocketPaths as SocketPaths
+from neuron_dra.driver.daemon.sockets import check_socket_path as check_socket_path
+from neuron_dra.driver.daemon.sockets import remove_stale_socket as remove_stale_socket
+
+if TYPE_CHECKING:
+    from neuron_dra.driver.daemon.state import DriverState
+
+log = logging.getLogger("neuron_dra.driver.daemon.plugin")
+
+PLUGIN_TYPE = "DRAPlugin"
+# Most recent first: kubelet picks the newest it supports.
+DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# Services as the protos declare them; h2grpc hands their handlers parsed messages (INVALID_ARGUMENT otherwise).
+DRA_V1 = dra_v1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
+DRA_V1BETA1 = dra_v1beta1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
+REGISTRATION = pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"]
+# Calls admitted at once per server beyond which gRPC answers RESOURCE_EXHAUSTED (kubelet retries), so a flood
+# cannot queue without bound.
+DRA_MAX_CONCURRENT = 32
+REGISTRATION_MAX_CONCURRENT = 4
+
+
+def _claim_refs(claims: Any) -> list[ClaimRef]:
+    return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
+
+
+class DraService:
+    """NodePrepareResources / NodeUnprepareResources for one API version (the messages module differs)."""
+
+    def __init__(self, state: DriverState, messages: ModuleType) -> None:
+        self._state = state
+        self._pb = messages
+
+    def NodePrepareResources(self, request: Any, context: h2grpc.CallContext) -> Any:
+        # kubelet gives each call 45 s; when it gives up (deadline, cancel) the rest of the call's work is dropped.
+        from neuron_dra.driver.daemon.state import CallScope
+
+        remaining = context.time_remaining()
+        call = CallScope(time.monotonic() + remaining if remaining is not None else None)
+        if not context.add_callback(call.abandon):  # runs when the call ends, whatever the reason
+            call.abandon()  # already over
+        results = self._state.prepare(_claim_refs(request.claims), call)
+        response = self._pb.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]  # creates the entry: every claim gets one
+            if isinstance(result, ClaimError):
+                entry.error = result.message
+                continue
+            for d in result:
+                entry.devices.append(self._pb.Device(request_names=list(d.request_names), pool_name=d.pool_name,
+                                                     device_name=d.device_name,
+                                                     cdi_device_ids=list(d.cdi_device_ids)))
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: h2grpc.CallContext) -> Any:
+        results = self._state.unprepare(_claim_refs(request.claims))
+        response = self._pb.NodeUnprepareResourcesResponse()
+        for uid, error in results.items():
+            entry = response.claims[uid]
+            if error is not None:
+                entry.error = error.message
+        return response
+
+
+class RegistrationService:
+    """What kubelet's plugin watcher asks on the registration socket."""
+
+    def __init__(self, driver_name: str, endpoint: Path, services: tuple[str, ...] = DRA_SERVICES) -> None:
+        self.driver_name = driver_name
+        self.endpoint = endpoint
+        self.services = services
+        self.registered = threading.Event()
+        self.last_error = ""
+
+    def GetInfo(self, request: Any, context: h2grpc.CallContext) -> Any:
+        return pluginregistration_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver_name,
+                                                 endpoint=str(self.endpoint),
+                                                 supported_versions=list(self.services))
+
+    def NotifyRegistrationStatus(self, request: Any, context: h2grpc.CallContext) -> Any:
+        if request.plugin_registered:
+            self.last_error = ""
+            self.registered.set()
+            log.info("registered with kubelet", extra={"driver": self.driver_name})
+        else:
+            self.last_error = request.error
+            self.registered.clear()
+            log.error("kubelet rejected the registration", extra={"driver": self.driver_name, "error": request.error})
+        return pluginregistration_pb2.RegistrationStatusResponse()
+
+
+_listen = sockets.listen_unix  # one name, so tests can watch the order of the binds
+
+
+def dra_services(state: DriverState) -> dict[str, h2grpc.Method]:
+    """The DRA service in both versions."""
+    methods = h2grpc.service_methods(DRA_V1, DraService(state, dra_v1_pb2))
+    methods.update(h2grpc.service_methods(DRA_V1BETA1, DraService(state, dra_v1beta1_pb2)))
+    return methods
+
+
+class PluginServers:
+    def __init__(self, paths: SocketPaths, driver_name: str, extra_services: tuple[str, ...] = (),
+                 max_workers: int = 16, max_concurrent_rpcs: int = DRA_MAX_CONCURRENT) -> None:
+        self.paths = paths
+        # extra_services: served on the DRA socket too (the health stream), advertised after the DRA versions.
+        self.registration = RegistrationService(driver_name, paths.dra, DRA_SERVICES + extra_services)
+        self._dra = h2grpc.Server("dra", max_workers, max(max_concurrent_rpcs, max_workers))
+        self._reg = h2grpc.Server("registration", 2, REGISTRATION_MAX_CONCURRENT, 64 * 1024)
+        self._reg.add_service(REGISTRATION, self.registration)
+        self._bound: list[Path] = []  # the socket files this instance created (removed on stop)
+
+    def listen(self, bound: BoundSockets | None = None) -> None:
+        """Bind the DRA socket (not served yet: calls wait), then the registration socket, served at once;
+        `bound`: both bound already (in that order) by the daemon's entry, before its imports."""
+        if bound is None:
+            dra = _listen(self.paths.dra)
+            self._bound.append(self.paths.dra)
+            registration = _listen(self.paths.registration)
+        else:
+            dra, registration = bound.dra, bound.registration
+            self._bound.append(self.paths.dra)
+        self._dra.add_socket(dra)
+        self._bound.append(self.paths.registration)
+        self._reg.add_socket(registration)
+        self._reg.start()
+        log.info("registration socket listening", extra={"registration_socket": str(self.paths.registration)})
+
+    def serve(self, state: DriverState, extra_methods: Mapping[str, h2grpc.Method] = {}) -> None:
+        """Serve the DRA service (and `extra_methods`, e.g. the health stream) on the DRA socket."""
+        if not self._bound:
+            self.listen()
+        self._dra.add_methods(dra_services(state))
+        self._dra.add_methods(extra_methods)
+        self._dra.start()
+        log.info("serving", extra={"dra_socket": str(self.paths.dra),
+                                   "registration_socket": str(self.paths.registration),
+                                   "services": list(self.registration.services)})
+
+    def start(self, state: DriverState, extra_methods: Mapping[str, h2grpc.Method] = {}) -> None:
+        self.serve(state, extra_methods)
+
+    def stop(self, grace: float = 5.0) -> None:
+        for server, path in ((self._reg, self.paths.registration), (self._dra, self.paths.dra)):
+            server.stop(grace)
+            if path in self._bound:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        self._bound = []

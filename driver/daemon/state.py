@@ -1,0 +1,553 @@
+"""Prepare and unprepare: the claims this node holds, kept in the checkpoint and the CDI directory.
+
+Concurrency: the claim GET and the planning run outside any lock, so a slow API call delays only
+its own claim; the commit (device check, checkpoint, CDI spec) runs under one short lock, which also
+serializes all calls for the same claim. Every call takes a ticket on arrival; an unprepare records
+its ticket, and a prepare that arrived before a completed unprepare of the same claim fails instead
+of re-preparing a claim kubelet has already released (the "late prepare retry" failure mode).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neuron_dra.driver.daemon.cdi import (
+    CdiDevice,
+    CdiError,
+    CdiStore,
+    DeviceNode,
+    build_spec,
+    check_claim_uid,
+    qualified_id,
+    spec_text,
+)
+from neuron_dra.driver.daemon.checkpoint import Checkpoint, ClaimState, PreparedClaim, PreparedDevice
+from neuron_dra.driver.daemon.claims import (
+    AllocatedDevice,
+    ClaimError,
+    ClaimLookup,
+    ClaimLookupError,
+    ClaimRef,
+    Reason,
+    allocated_devices,
+)
+from neuron_dra.driver.daemon.failpoints import CrashPoints
+from neuron_dra.driver.model.devices import NeuronHost, UltraServer
+from neuron_dra.driver.model.discovery import DiscoveryError, read_ultraserver
+from neuron_dra.driver.model.errors import NotAllowed
+from neuron_dra.driver.model.errortext import shown
+from neuron_dra.driver.model.k8s_names import check_dns_label, check_dns_subdomain
+from neuron_dra.driver.model.neuron_env import EnvError, core_ranges, request_env
+from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device
+from neuron_dra.driver.model.slices import NODE_DEVICE_NAME, NodeFacts, PublishOptions, build_pool
+
+if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
+    from neuron_dra.driver.daemon.metrics import Metrics
+
+log = logging.getLogger("neuron_dra.driver.daemon.state")
+
+PrepareResult = tuple[PreparedDevice, ...] | ClaimError
+UNPREPARED_MEMORY = 10_000  # unprepare tickets remembered (only in-flight prepares older than them matter)
+COMMIT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What preparing one claim writes: the answer, the devices it holds, the CDI spec."""
+
+    devices: tuple[PreparedDevice, ...]
+    exclusive: tuple[int, ...]  # Neuron devices held, wholly or in part
+    cdi_spec: str
+    cores: tuple[int, ...] = ()  # physical NeuronCores held (global ids, see PreparedClaim.neuron_cores)
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    rewritten: tuple[str, ...] = ()  # completed claims whose CDI spec was (re)written
+    dropped: tuple[str, ...] = ()  # unfinished prepares whose claims are gone: cleaned up
+    kept: tuple[str, ...] = ()  # unfinished prepares whose claims still exist: left for kubelet's retry
+    unresolved: tuple[str, ...] = ()  # unfinished prepares the API server could not tell about
+    orphans_removed: tuple[str, ...] = ()  # CDI specs of this driver with no checkpoint entry
+
+
+class CallScope:
+    """kubelet's view of one call: its deadline (time.monotonic) and whether it was cancelled.
+
+    The gRPC handler makes one per call (deadline from context.time_remaining(), `abandon` from
+    context.add_callback, which runs when the call ends for any reason); work for the call checks `abandoned`
+    before starting and registers `on_abandon` to cancel what is queued."""
+
+    def __init__(self, deadline: float | None = None) -> None:
+        self.deadline = deadline
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._callbacks: list[Callable[[], object]] = []
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned or (self.deadline is not None and time.monotonic() >= self.deadline)
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
+
+    def on_abandon(self, fn: Callable[[], object]) -> None:
+        with self._lock:
+            if not self._abandoned:
+                self._callbacks.append(fn)
+                return
+        fn()
+
+
+class DriverState:
+    def __init__(self, *, host: NeuronHost, host_root: Path, driver_name: str, pool_name: str, cdi: CdiStore,
+                 checkpoint: Checkpoint, lookup: ClaimLookup, crash: CrashPoints | None = None,
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
+                 lookup_workers: int = 8, cores: CoreLayout | None = None) -> None:
+        self.host = host
+        self.host_root = host_root
+        self.driver_name = driver_name
+        self.pool_name = pool_name
+        self._cdi = cdi
+        self._checkpoint = checkpoint
+        self._lookup = lookup
+        self._crash = crash or CrashPoints()
+        self._metrics = metrics
+        self._clock = clock
+        # The node's cores (LNC); the pool with its core devices, whether or not the API server gets them.
+        self.cores = cores or CoreLayout.for_spec(host.spec)
+        pool = build_pool(host, NodeFacts(pool_name), PublishOptions(driver_name=driver_name, cores=self.cores))
+        all_indexes = tuple(d.index for d in host.devices)
+        # device name -> the Neuron devices it stands for (the UltraServer pseudo-device: all of them)
+        self._device_indexes: dict[str, tuple[int, ...]] = {
+            d.name: (d.index,) if d.index is not None else all_indexes for d in pool.devices
+        }
+        # device name -> the physical cores it holds (global ids): a whole device all of its own, a core its LNC
+        physical = self.cores.physical_per_device
+        self._device_cores: dict[str, tuple[int, ...]] = {}
+        self._device_logical: dict[str, tuple[int, ...]] = {}  # core devices: their NEURON_RT_VISIBLE_CORES id
+        for name, indexes in self._device_indexes.items():
+            core = parse_core_device(name)
+            if core is None:
+                self._device_cores[name] = tuple(i * physical + p for i in indexes for p in range(physical))
+            else:
+                index, logical = core
+                self._device_cores[name] = tuple(index * physical + p for p in self.cores.physical_cores(logical))
+                self._device_logical[name] = (self.cores.global_core_id(index, logical),)
+        # device name -> its /dev/neuronN nodes (built once: the host's devices do not change while it runs)
+        self._device_nodes: dict[str, tuple[DeviceNode, ...]] = {
+            name: tuple(DeviceNode(d.dev_path, d.dev_path, d.major, d.minor)
+                        for d in (host.device(i) for i in indexes))
+            for name, indexes in self._device_indexes.items()}
+        self._lock = threading.Lock()
+        self._claims: dict[str, PreparedClaim] = {}
+        self._tickets = itertools.count(1)
+        self._unprepared: OrderedDict[str, int] = OrderedDict()
+        self._executor = ThreadPoolExecutor(max_workers=lookup_workers, thread_name_prefix="claim-lookup")
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Read the checkpoint (CheckpointError when it is corrupt or of an unknown version)."""
+        claims = self._checkpoint.load()
+        with self._lock:
+            self._claims = claims
+        self._update_gauge()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._checkpoint.close()  # folds the journal into checkpoint.json
+
+    def prepared(self) -> Mapping[str, PreparedClaim]:
+        with self._lock:
+            return dict(self._claims)
+
+    # --- prepare ---------------------------------------------------------------------------------------------
+
+    def prepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None) -> dict[str, PrepareResult]:
+        """Prepare each claim; every claim gets a result (its devices or its error).
+
+        `call`: kubelet's call (its deadline, cancellation). Once kubelet has given up on it, claims not yet
+        started are not looked up at all (their queued work is cancelled), so an abandoned call cannot keep
+        the shared lookup pool busy for the calls that follow."""
+        call = call or CallScope()
+        ticket = next(self._tickets)
+        unique = list({r.uid: r for r in refs}.values())
+        if len(unique) <= 1:
+            return {r.uid: self._prepare_measured(r, ticket, call) for r in unique}
+        futures: dict[str, Future[PrepareResult]] = {
+            r.uid: self._executor.submit(self._prepare_measured, r, ticket, call) for r in unique}
+        call.on_abandon(lambda: [f.cancel() for f in futures.values()])
+        out: dict[str, PrepareResult] = {}
+        for r in unique:
+            try:
+                out[r.uid] = futures[r.uid].result()
+            except CancelledError:
+                out[r.uid] = self._abandoned(r)
+        return out
+
+    def _abandoned(self, ref: ClaimRef) -> ClaimError:
+        if self._metrics:
+            self._metrics.errors.labels("prepare", Reason.ABANDONED.value).inc()
+        return ClaimError(Reason.ABANDONED, f"claim {ref}: kubelet gave up on this call (deadline passed or "
+                                            "cancelled) before it was prepared; kubelet retries")
+
+    def _prepare_measured(self, ref: ClaimRef, ticket: int, call: CallScope | None = None) -> PrepareResult:
+        if call is not None and call.abandoned:
+            return self._abandoned(ref)
+        start = time.perf_counter()
+        try:
+            devices = self._prepare_one(ref, ticket)
+        except ClaimError as e:
+            log.warning("prepare failed", extra={"claim": str(ref), "reason": e.reason.value, "error": e.message})
+            if self._metrics:
+                self._metrics.errors.labels("prepare", e.reason.value).inc()
+            return e
+        except Exception as e:  # never let one claim take down the call
+            log.exception("prepare failed unexpectedly", extra={"claim": str(ref)})
+            if self._metrics:
+                self._metrics.errors.labels("prepare", Reason.INTERNAL.value).inc()
+            return ClaimError(Reason.INTERNAL, f"claim {ref}: internal error: {e!r}")
+        elapsed = time.perf_counter() - start
+        if self._metrics:
+            self._metrics.prepare_seconds.observe(elapsed)
+        log.info("prepared claim", extra={"claim": str(ref), "devices": [d.device_name for d in devices],
+                                          "seconds": round(elapsed, 6)})
+        return devices
+
+    def _check_ref(self, ref: ClaimRef, need_name: bool) -> None:
+        try:
+            check_claim_uid(ref.uid)
+        except CdiError as e:
+            raise ClaimError(Reason.INVALID_REQUEST, str(e)) from None
+        if need_name and (not ref.namespace or not ref.name):
+            raise ClaimError(Reason.INVALID_REQUEST,
+                             f"claim {ref.uid}: namespace and name are required (got {shown(ref.namespace)}, "
+                             f"{shown(ref.name)})")
+        if need_name:
+            # Names the API server could never have: refused before they reach a URL, a file name or a log line.
+            try:
+                check_dns_label("namespace", ref.namespace)
+                check_dns_subdomain("name", ref.name)
+            except NotAllowed as e:
+                raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref.uid}: {e}") from None
+
+    def _prepare_one(self, ref: ClaimRef, ticket: int) -> tuple[PreparedDevice, ...]:
+        self._check_ref(ref, need_name=True)
+        with self._lock:
+            entry = self._claims.get(ref.uid)
+            if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
+                # Repeated prepare (kubelet restart, node reboot): same answer, spec rewritten (tmpfs).
+                self._write_cdi(entry.uid, entry.cdi_spec)
+                return entry.devices
+        claim = self._get_claim(ref)
+        if claim is None:
+            raise ClaimError(Reason.NOT_FOUND, f"claim {ref} does not exist")
+        allocated = allocated_devices(claim, ref, self.driver_name, self.pool_name, self.host.spec)
+        plan = self.plan(ref, allocated)
+        for _ in range(COMMIT_ATTEMPTS):
+            with self._lock:
+                if self._unprepared.get(ref.uid, 0) > ticket:
+                    raise ClaimError(Reason.UNPREPARED_MEANWHILE,
+                                     f"claim {ref} was unprepared while this prepare was in flight; not preparing it")
+                entry = self._claims.get(ref.uid)
+                if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
+                    if entry.devices != plan.devices:
+                        raise ClaimError(Reason.ALLOCATION_CHANGED,
+                                         f"claim {ref} is already prepared with devices "
+                                         f"{', '.join(d.device_name for d in entry.devices)}; unprepare it first")
+                    self._write_cdi(entry.uid, entry.cdi_spec)
+                    return entry.devices
+                conflicts = self._conflicts_locked(ref.uid, plan.cores)
+                if not conflicts:
+                    self._commit_locked(ref, plan)
+                    return plan.devices
+            # Outside the lock: is each holder still a live claim that owns these devices?
+            live = [c for c in conflicts if self._is_live(c)]
+            if live:
+                physical = self.cores.physical_per_device
+                busy = sorted(set(plan.cores) & {i for c in live for i in self._held_cores(c)})
+                per_device: dict[int, list[int]] = {}
+                for i in busy:
+                    per_device.setdefault(i // physical, []).append(i % physical)
+                where = "; ".join(f"{d}: {core_ranges(c)}" for d, c in per_device.items())
+                holders = ", ".join(f"{c.namespace}/{c.name} ({c.uid})" for c in live)
+                raise ClaimError(Reason.DEVICE_BUSY,
+                                 f"claim {ref}: Neuron device(s) {', '.join(map(str, per_device))} (physical cores "
+                                 f"{where}) are prepared for another live claim: {holders}")
+            with self._lock:
+                self._release_stale_locked(conflicts)
+        raise ClaimError(Reason.DEVICE_BUSY, f"claim {ref}: devices kept being taken by other claims; retry")
+
+    def _get_claim(self, ref: ClaimRef) -> Mapping[str, Any] | None:
+        try:
+            return self._lookup.get(ref.namespace, ref.name)
+        except ClaimLookupError as e:
+            if self._metrics:
+                self._metrics.api_errors.labels("get_resourceclaim").inc()
+            raise ClaimError(Reason.API_ERROR, f"claim {ref}: reading it from the API server failed: {e}") from None
+
+    def plan(self, ref: ClaimRef, allocated: Sequence[AllocatedDevice]) -> Plan:
+        """Answer, held devices and CDI spec for `allocated` (pure, apart from reading the UltraServer files)."""
+        needs_ultraserver = any(a.device == NODE_DEVICE_NAME or a.config.ultraserver_mode is not None
+                                for a in allocated)
+        ultraserver: UltraServer | None = None
+        if needs_ultraserver:
+            try:
+                ultraserver = read_ultraserver(self.host_root)
+            except DiscoveryError as e:
+                raise ClaimError(Reason.INTERNAL, f"claim {ref}: reading the UltraServer class files: {e}") from None
+        by_request: dict[str, list[AllocatedDevice]] = {}
+        exclusive: set[int] = set()
+        held_cores: set[int] = set()
+        node_devices: dict[str, CdiDevice] = {}
+        for a in allocated:
+            indexes = self._device_indexes.get(a.device)
+            if indexes is None:
+                known = ", ".join(sorted(self._device_indexes, key=_device_sort_key))
+                raise ClaimError(Reason.UNKNOWN_DEVICE,
+                                 f"claim {ref}: device {a.device!r} is not in pool {self.pool_name} (devices: {known})")
+            if not a.admin_access:
+                exclusive.update(indexes)
+                held_cores.update(self._device_cores[a.device])
+            by_request.setdefault(a.base_request, []).append(a)
+            name = self._node_device_name(ref.uid, a.device)
+            if name not in node_devices:
+                node_devices[name] = CdiDevice(name, device_nodes=self._device_nodes[a.device])
+        env_devices: list[CdiDevice] = []
+        answer: list[PreparedDevice] = []
+        for request, devs in by_request.items():
+            whole = sorted({i for a in devs if a.device not in self._device_logical
+                            for i in self._device_indexes[a.device]})
+            logical = sorted({c for a in devs for c in self._device_logical.get(a.device, ())})
+            config = devs[0].config  # one base request allocates from one subrequest: one config
+            with_us = any(a.device == NODE_DEVICE_NAME for a in devs) or config.ultraserver_mode is not None
+            try:
+                env = request_env(self.host, whole, config, ultraserver, with_us, node_lnc=self.cores.lnc,
+                                  core_ids=logical)
+            except EnvError as e:
+                raise ClaimError(Reason.BAD_CONFIG, f"claim {ref}, request {request!r}: {e}") from None
+            env_name = f"{ref.uid}-request-{request}"
+            env_devices.append(CdiDevice(env_name, env=env))
+            named: set[str] = set()
+            for a in devs:
+                # The cores of one Neuron device share its device-node CDI device: name it once per request, so
+                # the runtime is never handed the same CDI id (and /dev/neuronN) twice.
+                node = self._node_device_name(ref.uid, a.device)
+                ids = (qualified_id(env_name),) if node in named else (qualified_id(node), qualified_id(env_name))
+                named.add(node)
+                answer.append(PreparedDevice((request,), self.pool_name, a.device, ids))
+        try:
+            spec = build_spec([*node_devices.values(), *env_devices])
+        except CdiError as e:
+            raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref}: {e}") from None
+        return Plan(tuple(answer), tuple(sorted(exclusive)), spec_text(spec), tuple(sorted(held_cores)))
+
+    def _node_device_name(self, claim_uid: str, device: str) -> str:
+        """The CDI device with the device nodes: the cores of one Neuron device share their device's, so a
+        container never gets the same /dev/neuronN twice."""
+        core = parse_core_device(device)
+        return f"{claim_uid}-{device}" if core is None else f"{claim_uid}-neuron-device-{core[0]}"
+
+    def _held_cores(self, entry: PreparedClaim) -> tuple[int, ...]:
+        if entry.neuron_cores is not None:
+            return entry.neuron_cores
+        physical = self.cores.physical_per_device
+        return tuple(i * physical + p for i in entry.neuron_indexes for p in range(physical))
+
+    def _conflicts_locked(self, uid: str, cores: Iterable[int]) -> list[PreparedClaim]:
+        wanted = set(cores)
+        return [c for u, c in self._claims.items() if u != uid and wanted & set(self._held_cores(c))]
+
+    def _is_live(self, entry: PreparedClaim) -> bool:
+        """Does the claim holding these devices still exist with this UID and still own them?"""
+        try:
+            claim = self._lookup.get(entry.namespace, entry.name)
+        except ClaimLookupError:
+            return True  # cannot tell: keep the devices where they are
+        return self._owns(claim, entry)
+
+    def _owns(self, claim: Mapping[str, Any] | None, entry: PreparedClaim) -> bool:
+        if claim is None or claim.get("metadata", {}).get("uid") != entry.uid:
+            return False
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        held = {d.device_name for d in entry.devices}
+        return any(r.get("driver") == self.driver_name and r.get("pool") == self.pool_name and r.get("device") in held
+                   for r in allocation.get("devices", {}).get("results") or ())
+
+    def _release_stale_locked(self, stale: Sequence[PreparedClaim]) -> None:
+        current = dict(self._claims)
+        for entry in stale:
+            if current.get(entry.uid) is entry:
+                log.warning("releasing devices of a claim that is gone and was never unprepared",
+                            extra={"claim": f"{entry.namespace}/{entry.name} ({entry.uid})",
+                                   "devices": list(entry.neuron_indexes)})
+                self._cdi.remove(entry.uid)
+                del current[entry.uid]
+        self._save_locked(current)
+
+    def _commit_locked(self, ref: ClaimRef, plan: Plan) -> None:
+        started = PreparedClaim(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, plan.devices,
+                                plan.exclusive, plan.cdi_spec, self._clock(), plan.cores)
+        before = self._claims
+        self._save_locked({**before, ref.uid: started}, durable=False,
+                          before_rename=lambda: self._crash.hit("prepare-checkpoint-before-rename"))
+        self._crash.hit("prepare-after-started")
+        try:
+            self._write_cdi(ref.uid, plan.cdi_spec)
+        except ClaimError:
+            self._save_locked(before)
+            raise
+        self._crash.hit("prepare-after-cdi")
+        try:
+            self._save_locked({**before, ref.uid: started.with_state(ClaimState.PREPARE_COMPLETED)})
+        except ClaimError:
+            self._cdi.remove(ref.uid)
+            raise
+        self._crash.hit("prepare-after-completed")
+        self._update_gauge()
+
+    def _save_locked(self, claims: dict[str, PreparedClaim], *, durable: bool = True,
+                     before_rename: Callable[[], None] | None = None) -> None:
+        try:
+            self._checkpoint.save(claims, durable=durable, before_rename=before_rename)
+        except OSError as e:
+            raise ClaimError(Reason.INTERNAL, f"writing the checkpoint {self._checkpoint.path} failed: {e}") from None
+        self._claims = claims
+
+    def _write_cdi(self, uid: str, text: str) -> None:
+        try:
+            self._cdi.write(uid, text)
+        except OSError as e:
+            raise ClaimError(Reason.INTERNAL, f"writing the CDI spec {self._cdi.path_for(uid)} failed: {e}") from None
+
+    # --- unprepare -------------------------------------------------------------------------------------------
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
+        """Unprepare each claim from local state alone; unknown claims succeed."""
+        ticket = next(self._tickets)
+        return {r.uid: self._unprepare_measured(r, ticket) for r in {r.uid: r for r in refs}.values()}
+
+    def _unprepare_measured(self, ref: ClaimRef, ticket: int) -> ClaimError | None:
+        start = time.perf_counter()
+        try:
+            self._check_ref(ref, need_name=False)
+            with self._lock:
+                self._unprepare_locked(ref, ticket)
+        except ClaimError as e:
+            log.warning("unprepare failed", extra={"claim": str(ref), "reason": e.reason.value, "error": e.message})
+            if self._metrics:
+                self._metrics.errors.labels("unprepare", e.reason.value).inc()
+            return e
+        elapsed = time.perf_counter() - start
+        if self._metrics:
+            self._metrics.unprepare_seconds.observe(elapsed)
+        log.info("unprepared claim", extra={"claim": str(ref), "seconds": round(elapsed, 6)})
+        return None
+
+    def _unprepare_locked(self, ref: ClaimRef, ticket: int) -> None:
+        entry = self._claims.get(ref.uid)
+        try:
+            self._cdi.remove(ref.uid)  # also removes an orphaned spec of an unknown claim
+        except OSError as e:
+            raise ClaimError(Reason.INTERNAL, f"removing the CDI spec of claim {ref} failed: {e}") from None
+        self._crash.hit("unprepare-after-cdi")
+        if entry is not None:
+            self._save_locked({u: c for u, c in self._claims.items() if u != ref.uid})
+        self._crash.hit("unprepare-after-checkpoint")
+        self._unprepared[ref.uid] = ticket
+        self._unprepared.move_to_end(ref.uid)
+        while len(self._unprepared) > UNPREPARED_MEMORY:
+            self._unprepared.popitem(last=False)
+        self._update_gauge()
+
+    # --- reconcile -------------------------------------------------------------------------------------------
+
+    def reconcile_local(self) -> ReconcileReport:
+        """Before serving, from local state alone: rewrite the CDI specs of prepared claims (the CDI dir is
+        tmpfs and may have been wiped by a reboot), remove temp files of interrupted writes and CDI specs of
+        this driver that no checkpoint entry knows (a crash between writing the spec and recording it)."""
+        self._cdi.ensure_root()
+        self._cdi.remove_temp_files()
+        rewritten = []
+        with self._lock:
+            for c in self._claims.values():
+                if c.state is not ClaimState.PREPARE_COMPLETED:
+                    continue
+                try:
+                    current = self._cdi.read(c.uid)
+                except CdiError as e:
+                    # Whatever is there cannot be what we wrote: moved aside, rewritten from the checkpoint.
+                    moved = self._cdi.quarantine(c.uid)
+                    log.warning("unreadable CDI spec of a prepared claim quarantined; rewriting it from the "
+                                "checkpoint", extra={"claim": c.uid, "error": str(e), "moved_to": str(moved)})
+                    current = None
+                if current != c.cdi_spec:
+                    self._write_cdi(c.uid, c.cdi_spec)
+                    rewritten.append(c.uid)
+            orphans = sorted(self._cdi.claim_uids() - set(self._claims))
+            for uid in orphans:
+                self._cdi.remove(uid)
+        self._update_gauge()
+        report = ReconcileReport(rewritten=tuple(rewritten), orphans_removed=tuple(orphans))
+        log.info("reconciled checkpoint and CDI directory", extra={"rewritten": rewritten, "orphans_removed": orphans})
+        return report
+
+    def resolve_unfinished(self) -> ReconcileReport:
+        """Prepares that never completed (the daemon died in between): drop those whose claims are gone
+        (deleted, replaced, or no longer allocated these devices); keep the others for kubelet's retry or
+        unprepare. Asks the API server, so it runs after serving has started; entries it cannot check yet
+        are reported as unresolved."""
+        with self._lock:
+            unfinished = [c for c in self._claims.values() if c.state is ClaimState.PREPARE_STARTED]
+        dropped, kept, unresolved = [], [], []
+        for c in unfinished:
+            try:
+                claim = self._lookup.get(c.namespace, c.name)
+            except ClaimLookupError as e:
+                log.warning("cannot check an unfinished prepare yet", extra={"claim": c.uid, "error": str(e)})
+                unresolved.append(c.uid)
+                continue
+            if self._owns(claim, c):
+                kept.append(c.uid)
+                continue
+            with self._lock:
+                if self._claims.get(c.uid) is c:  # not completed or replaced meanwhile
+                    self._cdi.remove(c.uid)
+                    self._save_locked({u: x for u, x in self._claims.items() if u != c.uid})
+                    dropped.append(c.uid)
+        if unfinished:
+            log.info("checked unfinished prepares", extra={"dropped": dropped, "kept": kept, "unresolved": unresolved})
+        return ReconcileReport(dropped=tuple(dropped), kept=tuple(kept), unresolved=tuple(unresolved))
+
+    def reconcile(self) -> ReconcileReport:
+        """Both steps (local first); never drops a completed claim."""
+        local = self.reconcile_local()
+        remote = self.resolve_unfinished()
+        return ReconcileReport(local.rewritten, remote.dropped, remote.kept, remote.unresolved, local.orphans_removed)
+
+    def _update_gauge(self) -> None:
+        # No lock: self._claims is replaced, never mutated in place, so this reads one consistent dict
+        # (and callers may hold the lock already).
+        if self._metrics:
+            claims = self._claims
+            self._metrics.prepared_claims.set(sum(1 for c in claims.values()
+                                                  if c.state is ClaimState.PREPARE_COMPLETED))
+
+
+def _device_sort_key(name: str) -> tuple[int, str]:
+    tail = name.rsplit("-", 1)[-1]
+    return (int(tail), name) if tail.isdigit() else (1 << 30, name)

@@ -1,0 +1,631 @@
+"""The driver's Kubernetes objects as plain dicts: the one source of truth for every way of installing it.
+
+The Pulumi `NeuronDraDriver` component applies exactly these dicts, `neuron-dra plan -o yaml` prints them and
+the local cluster applies them, so RBAC, the node-restricting admission policy and the DaemonSet are the same
+everywhere. No Pulumi import here: the driver image must not need it.
+
+Security choices (each one is what the daemon needs, nothing more):
+- RBAC is the kubelet-plugin minimum (docs/dra-api.md §4): GET the claim being prepared, GET its
+  own Node (owner reference, labels), full control of ResourceSlices. A ValidatingAdmissionPolicy narrows the
+  latter to slices of the node the driver's pod runs on, using the node name the API server puts in pod-bound
+  service-account tokens.
+- The container is not privileged, drops every capability and adds none, has a read-only root filesystem and
+  the runtime's default seccomp profile. It runs as uid 0 because kubelet's plugin and registry directories and
+  the CDI directory are root-owned (0750/0700/0755): creating sockets and spec files there needs the owner's
+  permission bits; without capabilities, uid 0 cannot bypass permissions anywhere else (no CAP_DAC_OVERRIDE).
+- Host paths: only the driver's own subdirectory of the kubelet plugins dir (sockets and checkpoint), the
+  registry dir, and the CDI dir are writable, each mounted at the same path as on the host because kubelet and
+  the container runtime resolve those paths on the host. /sys and /dev are mounted read-only under the host
+  root the daemon discovers devices from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import yaml
+
+from neuron_dra import __version__
+from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, Catalog
+from neuron_dra.driver.model.catalog_file import CatalogFileError, parse_catalog
+from neuron_dra.driver.model.errors import NotAllowed
+from neuron_dra.driver.model.k8s_names import (
+    CATALOG_ENV,
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_HEALTHCHECK_PORT,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    DEFAULT_TAINT_EFFECT,
+    LIVENESS_SERVICE,
+    NEURON_CORE_RESOURCE,
+    NEURON_DEVICE_RESOURCE,
+    TAINT_EFFECTS,
+    check_dns_label,
+    check_dns_subdomain,
+    check_driver_name,
+    device_class_manifest,
+    neuron_toleration,
+)
+from neuron_dra.driver.model.partitions import NEURON_CORE
+from neuron_dra.driver.model.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
+
+Manifest = dict[str, Any]
+
+DEFAULT_NAMESPACE = "neuron-dra-driver"
+DEFAULT_SERVICE_ACCOUNT = "neuron-dra-driver-sa"
+DEFAULT_DAEMONSET = "neuron-dra-driver-kubelet-plugin"
+DEFAULT_HOST_ROOT = "/host"
+# A catalog file (docs/catalog-file.md) travels as a ConfigMap mounted here; NEURON_DRA_CATALOG points to it.
+CATALOG_DIR = "/etc/neuron-dra"
+CATALOG_KEY = "catalog.yaml"
+DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
+DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
+DEFAULT_EXTENDED_RESOURCE = NEURON_DEVICE_RESOURCE  # the Neuron device plugin's resource names
+DEFAULT_CORE_EXTENDED_RESOURCE = NEURON_CORE_RESOURCE
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+COMPUTE_TYPE_LABEL = "eks.amazonaws.com/compute-type"
+# The driver cannot run on these EKS compute types (no host access or no Neuron kernel driver).
+EXCLUDED_COMPUTE_TYPES = ("fargate", "hybrid", "auto")
+# Host paths mounted read-only below the host root: what discovery reads (sysfs, the device nodes).
+HOST_READ_ONLY_PATHS = ("/sys", "/dev")
+LNC_CONFIG_DIR = "/opt/aws/neuron"  # holds logical_nc_config (partitions.LNC_FILE)
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+# The DaemonSet's pod selector (also the NetworkPolicy's).
+POD_SELECTOR = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}
+# Node labels the Pulumi node groups set: the node group, and the Capacity Block reservation a node belongs to
+# (the daemon publishes the latter as `capacityBlockId` on UltraServers; CAPACITY_BLOCK_LABEL lives in slices.py).
+NODE_GROUP_LABEL = "neuron-dra/node-group"
+
+# The RBAC rules the daemon needs: exactly the API calls the code makes, each with its caller
+# (tests/driver/test_driver_rbac.py records the daemon's calls against the API server and compares).
+RBAC_RULES: tuple[Manifest, ...] = (
+    # prepare (kube.py KubeClaimLookup): GET the claim named in NodePrepareResources to read its allocation.
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    # publisher.py and health_reporting.py: the Node's UID (owner reference, events), its labels (network layers).
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    # publisher.py: list and watch its node's slices (field selector), create, update (PUT) and delete them. No
+    # get (it lists) and no patch (it replaces whole objects); docs/dra-api.md §4's wider minimum is not needed.
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceslices"],
+        "verbs": ["list", "watch", "create", "update", "delete"],
+    },
+    # device health: a DeviceUnhealthy / DeviceHealthy Event on the Node (health_reporting.py).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+)
+
+# A qualified name with a domain prefix, as Kubernetes requires of extended resources.
+_EXTENDED_RESOURCE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+                                r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
+_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+class DeployOptionError(NotAllowed):
+    """A deployment option that cannot work; `field` is the DriverDeployOptions field."""
+
+    @property
+    def option(self) -> str:
+        return self.field
+
+    def where(self) -> str:
+        return f"driver option {self.field}"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Container resources. No CPU limit by default: CFS throttling of a Python daemon can push kubelet's
+    1 s GetInfo deadline over the edge; the memory limit bounds the daemon (target RSS <= 64 MiB)."""
+
+    cpu_request: str = "10m"
+    memory_request: str = "128Mi"
+    memory_limit: str | None = "256Mi"
+    cpu_limit: str | None = None
+
+    def to_api(self) -> Manifest:
+        limits = {k: v for k, v in (("cpu", self.cpu_limit), ("memory", self.memory_limit)) if v is not None}
+        out: Manifest = {"requests": {"cpu": self.cpu_request, "memory": self.memory_request}}
+        if limits:
+            out["limits"] = limits
+        return out
+
+
+@dataclass(frozen=True)
+class DriverDeployOptions:
+    """Everything that varies between installations of the driver."""
+
+    image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    driver_name: str = DEFAULT_DRIVER_NAME
+    device_class_name: str | None = None  # None: the driver name, as AWS's chart does
+    # NeuronCores (docs/neuron-cores.md §4): their DeviceClass, and the extended resources that the two classes
+    # serve to pods written for the Neuron device plugin (None: no extendedResourceName; Kubernetes < 1.36).
+    core_device_class_name: str = DEFAULT_CORE_DEVICE_CLASS
+    extended_resource_name: str | None = DEFAULT_EXTENDED_RESOURCE
+    core_extended_resource_name: str | None = DEFAULT_CORE_EXTENDED_RESOURCE
+    namespace: str = DEFAULT_NAMESPACE
+    service_account: str = DEFAULT_SERVICE_ACCOUNT
+    daemonset_name: str = DEFAULT_DAEMONSET
+    plugins_dir: str = DEFAULT_PLUGINS_DIR
+    registry_dir: str = DEFAULT_REGISTRY_DIR
+    cdi_root: str = DEFAULT_CDI_ROOT
+    host_root: str = DEFAULT_HOST_ROOT  # inside the container; /sys and /dev are mounted below it
+    healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT  # 0: no health server, no liveness probe
+    metrics_port: int = 0  # 0: no metrics endpoint
+    # Namespaces whose pods may scrape the metrics port (the NetworkPolicy admits nothing else; kubelet's probe
+    # comes from the pod's own node, which a NetworkPolicy cannot block: docs/hardening.md §1).
+    metrics_scrape_namespaces: tuple[str, ...] = ("monitoring",)
+    instance_types: tuple[str, ...] = tuple(CATALOG)  # node affinity: nodes of these types only
+    resources: Resources = field(default_factory=Resources)
+    priority_class_name: str = "system-node-critical"
+    labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
+    unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT  # taint on devices with hardware errors (taints.py)
+    catalog_yaml: str | None = None  # a catalog file's text: more instance types without a new image
+
+    def __post_init__(self) -> None:
+        check_dns_label("namespace", self.namespace, DeployOptionError)
+        check_dns_subdomain("service_account", self.service_account, DeployOptionError)
+        check_dns_subdomain("daemonset_name", self.daemonset_name, DeployOptionError)
+        check_driver_name("driver_name", self.driver_name, DeployOptionError)
+        if self.device_class_name is not None:
+            check_dns_subdomain("device_class_name", self.device_class_name, DeployOptionError)
+        check_dns_subdomain("core_device_class_name", self.core_device_class_name, DeployOptionError)
+        if self.core_device_class_name == self.device_class:
+            raise DeployOptionError("core_device_class_name", self.core_device_class_name,
+                                    f"a name other than the device class {self.device_class}")
+        for opt in ("extended_resource_name", "core_extended_resource_name"):
+            value = getattr(self, opt)
+            if value is not None and (not isinstance(value, str) or not _EXTENDED_RESOURCE.match(value)
+                                      or value.startswith(("kubernetes.io/", "requests."))):
+                raise DeployOptionError(opt, value, "an extended resource name such as aws.amazon.com/neuron "
+                                        "(domain/name, not in kubernetes.io), or None to leave it out")
+        if self.extended_resource_name is not None and \
+                self.extended_resource_name == self.core_extended_resource_name:
+            raise DeployOptionError("core_extended_resource_name", self.core_extended_resource_name,
+                                    "a name other than extended_resource_name")
+        if not self.image or any(c.isspace() for c in self.image):
+            raise DeployOptionError("image", self.image, "a container image reference without spaces")
+        if self.image_pull_policy not in _PULL_POLICIES:
+            raise DeployOptionError("image_pull_policy", self.image_pull_policy, ", ".join(_PULL_POLICIES))
+        for opt in ("plugins_dir", "registry_dir", "cdi_root", "host_root"):
+            value = getattr(self, opt)
+            if not value.startswith("/") or value.rstrip("/") == "" or "//" in value or "/../" in f"{value}/":
+                raise DeployOptionError(opt, value, "an absolute, normalised path other than /")
+        for opt in ("healthcheck_port", "metrics_port"):
+            port = getattr(self, opt)
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise DeployOptionError(opt, port, "0 (off) or a TCP port 1-65535")
+        for ns in self.metrics_scrape_namespaces:
+            check_dns_label("metrics_scrape_namespaces", ns, DeployOptionError)
+        if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
+            raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
+        if self.unhealthy_taint_effect not in TAINT_EFFECTS:
+            raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
+        if not self.instance_types:
+            raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
+        hardware = self.hardware  # a bad catalog file is refused here, naming its key path
+        for t in self.instance_types:
+            if t not in hardware:
+                raise DeployOptionError("instance_types", t, ", ".join(hardware.names))
+        for opt in ("cpu_request", "memory_request", "memory_limit", "cpu_limit"):
+            q = getattr(self.resources, opt)
+            if q is not None and not _QUANTITY.match(q):
+                raise DeployOptionError(f"resources.{opt}", q, "a Kubernetes quantity such as 10m or 128Mi")
+
+    @cached_property
+    def hardware(self) -> Catalog:
+        """The built-in catalog, extended by `catalog_yaml`."""
+        if self.catalog_yaml is None:
+            return BUILTIN
+        try:
+            return parse_catalog(yaml.safe_load(self.catalog_yaml), "catalog_yaml")
+        except (CatalogFileError, yaml.YAMLError) as e:
+            raise DeployOptionError("catalog_yaml", "...",
+                                    f"a valid catalog file (docs/catalog-file.md): {e}") from None
+
+    @property
+    def node_instance_types(self) -> tuple[str, ...]:
+        """Node affinity: the chosen types; with the default choice, every type of the catalog (file types too)."""
+        return self.hardware.names if self.instance_types == BUILTIN.names else self.instance_types
+
+    @property
+    def catalog_config_map(self) -> str:
+        return f"{self.daemonset_name}-catalog"
+
+    @property
+    def device_class(self) -> str:
+        return self.device_class_name or self.driver_name
+
+    @property
+    def plugin_dir(self) -> str:
+        """The driver's own directory below kubelet's plugins dir: its DRA socket and its checkpoint."""
+        return f"{self.plugins_dir.rstrip('/')}/{self.driver_name}"
+
+    @property
+    def service_account_user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+    @property
+    def cluster_role_name(self) -> str:
+        return f"{self.namespace}:{self.service_account}"
+
+    @property
+    def admission_policy_name(self) -> str:
+        return f"{self.namespace}.{self.driver_name}-resourceslices"
+
+
+def _labels(options: DriverDeployOptions, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "neuron-dra-driver",
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "neuron-dra",
+        "app.kubernetes.io/version": __version__,
+        **options.labels,
+    }
+
+
+def _meta(options: DriverDeployOptions, name: str, component: str, namespaced: bool = False) -> Manifest:
+    meta: Manifest = {"name": name, "labels": _labels(options, component)}
+    if namespaced:
+        meta["namespace"] = options.namespace
+    return meta
+
+
+def namespace(options: DriverDeployOptions) -> Manifest:
+    # hostPath volumes are outside the baseline Pod Security level; say so explicitly so a cluster-wide
+    # default of baseline/restricted reports it instead of silently refusing the DaemonSet's pods.
+    meta = _meta(options, options.namespace, "namespace")
+    meta["labels"].update({
+        "pod-security.kubernetes.io/enforce": "privileged",
+        "pod-security.kubernetes.io/warn": "baseline",
+    })
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def service_account(options: DriverDeployOptions) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(options, options.service_account, "kubelet-plugin", namespaced=True),
+    }
+
+
+def cluster_role(options: DriverDeployOptions) -> Manifest:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": _meta(options, options.cluster_role_name, "kubelet-plugin"),
+        "rules": [{k: list(v) for k, v in rule.items()} for rule in RBAC_RULES],
+    }
+
+
+def cluster_role_binding(options: DriverDeployOptions) -> Manifest:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": _meta(options, options.cluster_role_name, "kubelet-plugin"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": options.cluster_role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": options.service_account, "namespace": options.namespace}],
+    }
+
+
+def admission_policy(options: DriverDeployOptions) -> Manifest:
+    """Only this driver's slices of the node the driver's pod runs on: the node name comes from the pod-bound
+    token; for UPDATE both the old and the new object must qualify, for DELETE the old one (docs/hardening.md §2)."""
+    node_of_user = f"request.userInfo.extra[?'{NODE_NAME_EXTRA}'][0].orValue('')"
+    node_of_slice = '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")'
+    driver_of_slice = '(request.operation == "DELETE" ? oldObject : object).spec.driver'
+    # UPDATE: the object as it was must be ours too (else a foreign slice could be rewritten into ours).
+    node_before = 'request.operation == "UPDATE" ? oldObject.spec.?nodeName.orValue("") : variables.objectNodeName'
+    driver_before = 'request.operation == "UPDATE" ? oldObject.spec.driver : variables.objectDriver'
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": _meta(options, options.admission_policy_name, "admission"),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{
+                    "apiGroups": ["resource.k8s.io"],
+                    "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE", "DELETE"],
+                    "resources": ["resourceslices"],
+                }],
+            },
+            "matchConditions": [{
+                "name": "driver-service-account",
+                "expression": f'request.userInfo.username == "{options.service_account_user}"',
+            }],
+            "variables": [
+                {"name": "userNodeName", "expression": node_of_user},
+                {"name": "objectNodeName", "expression": node_of_slice},
+                {"name": "objectDriver", "expression": driver_of_slice},
+                {"name": "oldNodeName", "expression": node_before},
+                {"name": "oldDriver", "expression": driver_before},
+            ],
+            "validations": [
+                # Forbidden (403), not the default Invalid (422): the request is not malformed, it is not allowed.
+                {
+                    "expression": 'variables.userNodeName != ""',
+                    "reason": "Forbidden",
+                    "message": (f"{options.service_account_user} must use a token bound to a pod on a node "
+                                "(no node name in its credentials)"),
+                },
+                {
+                    "expression": ("variables.userNodeName == variables.objectNodeName && "
+                                   "variables.userNodeName == variables.oldNodeName"),
+                    "reason": "Forbidden",
+                    "messageExpression": (
+                        "'the driver on node ' + variables.userNodeName + ' may not modify ' + "
+                        "(variables.objectNodeName != variables.userNodeName ? "
+                        "(variables.objectNodeName == '' ? 'ResourceSlices without a node' : "
+                        "'ResourceSlices of node ' + variables.objectNodeName) : "
+                        "(variables.oldNodeName == '' ? 'ResourceSlices without a node' : "
+                        "'ResourceSlices of node ' + variables.oldNodeName))"
+                    ),
+                },
+                {
+                    "expression": (f'variables.objectDriver == "{options.driver_name}" && '
+                                   f'variables.oldDriver == "{options.driver_name}"'),
+                    "reason": "Forbidden",
+                    "messageExpression": (
+                        f"'the {options.driver_name} driver may not modify ResourceSlices of driver ' + "
+                        f'(variables.objectDriver != "{options.driver_name}" ? variables.objectDriver : '
+                        "variables.oldDriver)"
+                    ),
+                },
+            ],
+        },
+    }
+
+
+def admission_policy_binding(options: DriverDeployOptions) -> Manifest:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": _meta(options, options.admission_policy_name, "admission"),
+        "spec": {"policyName": options.admission_policy_name, "validationActions": ["Deny"]},
+    }
+
+
+def network_policy(options: DriverDeployOptions) -> Manifest:
+    """Ingress to the driver's pods: the metrics port from the scrape namespaces, nothing else.
+
+    kubelet's gRPC liveness probe needs no rule: it comes from the pod's own node, which a NetworkPolicy cannot
+    block (docs/hardening.md §1). The kubelet-facing sockets are unix sockets on the host, outside any policy."""
+    ingress: list[Manifest] = []
+    if options.metrics_port and options.metrics_scrape_namespaces:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+                     for ns in options.metrics_scrape_namespaces],
+            "ports": [{"protocol": "TCP", "port": options.metrics_port}],
+        })
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(options, options.daemonset_name, "kubelet-plugin", namespaced=True),
+        "spec": {"podSelector": {"matchLabels": dict(POD_SELECTOR)}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def device_class_selector(driver: str, cores: bool) -> str:
+    """Whole devices (and the UltraServer node device) or NeuronCores of the driver: the two never mix, so a claim
+    for N devices never gets cores, and an extended-resource count of N means N of one kind
+    (docs/neuron-cores.md §4). Every device of the driver publishes resourceType."""
+    op = "==" if cores else "!="
+    return f'device.driver == "{driver}" && device.attributes["{driver}"].resourceType {op} "{NEURON_CORE}"'
+
+
+def device_class(options: DriverDeployOptions) -> Manifest:
+    return device_class_manifest(options.device_class, options.driver_name,
+                                 expression=device_class_selector(options.driver_name, False),
+                                 extended_resource_name=options.extended_resource_name,
+                                 labels=_labels(options, "device-class"))
+
+
+def core_device_class(options: DriverDeployOptions) -> Manifest:
+    return device_class_manifest(options.core_device_class_name, options.driver_name,
+                                 expression=device_class_selector(options.driver_name, True),
+                                 extended_resource_name=options.core_extended_resource_name,
+                                 labels=_labels(options, "device-class"))
+
+
+def driver_args(options: DriverDeployOptions) -> list[str]:
+    """Flags for what has no environment variable in AWS's chart; the rest comes from `driver_env`."""
+    args = ["--driver-name", options.driver_name, "--host-root", options.host_root]
+    if options.metrics_port:
+        args += ["--metrics-port", str(options.metrics_port)]
+    return args
+
+
+def driver_env(options: DriverDeployOptions) -> list[Manifest]:
+    """The environment of AWS's chart (the daemon's flags fall back to these names)."""
+
+    def field_ref(path: str) -> Manifest:
+        return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+    return [
+        {"name": "NODE_NAME", **field_ref("spec.nodeName")},
+        {"name": "POD_UID", **field_ref("metadata.uid")},
+        # Where kubelet's probe connects (the node's IP under hostNetwork): the daemon's health and metrics
+        # listen on this address only (docs/hardening.md §1).
+        {"name": "POD_IP", **field_ref("status.podIP")},
+        {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": options.plugins_dir},
+        {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": options.registry_dir},
+        {"name": "CDI_ROOT", "value": options.cdi_root},
+        {"name": "HEALTHCHECK_PORT", "value": str(options.healthcheck_port)},
+        {"name": "UNHEALTHY_TAINT_EFFECT", "value": options.unhealthy_taint_effect},
+    ] + ([{"name": CATALOG_ENV, "value": f"{CATALOG_DIR}/{CATALOG_KEY}"}] if options.catalog_yaml is not None else [])
+
+
+@dataclass(frozen=True)
+class HostMount:
+    """One hostPath volume and where it appears in the container."""
+
+    name: str
+    host_path: str
+    mount_path: str
+    read_only: bool
+    host_path_type: str
+
+
+def host_mounts(options: DriverDeployOptions) -> tuple[HostMount, ...]:
+    # Sockets, CDI specs and the checkpoint: identical paths inside and outside (kubelet and the runtime
+    # resolve them on the host). DirectoryOrCreate: a fresh node may not have the driver's dirs yet.
+    writable = (
+        HostMount("plugin-dir", options.plugin_dir, options.plugin_dir, False, "DirectoryOrCreate"),
+        HostMount("registry-dir", options.registry_dir, options.registry_dir, False, "DirectoryOrCreate"),
+        HostMount("cdi-root", options.cdi_root, options.cdi_root, False, "DirectoryOrCreate"),
+    )
+    host = options.host_root.rstrip("/")
+    read_only = tuple(
+        HostMount(f"host-{p.strip('/')}", p, f"{host}{p}", True, "Directory") for p in HOST_READ_ONLY_PATHS
+    )
+    # The node's LNC file (docs/neuron-cores.md §2); the directory may not exist on a non-Neuron AMI.
+    lnc = HostMount("host-neuron-config", LNC_CONFIG_DIR, f"{host}{LNC_CONFIG_DIR}", True, "DirectoryOrCreate")
+    return (*writable, *read_only, lnc)
+
+
+def _volume_mount(m: HostMount) -> Manifest:
+    out: Manifest = {"name": m.name, "mountPath": m.mount_path}
+    if m.read_only:
+        # /sys and /dev carry submounts; make them read-only too where the runtime can.
+        out.update({"readOnly": True, "recursiveReadOnly": "IfPossible"})
+    return out
+
+
+def _security_context() -> Manifest:
+    return {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        # uid 0 for the root-owned kubelet and CDI directories (see the module docstring); no capabilities.
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "runAsNonRoot": False,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _affinity(options: DriverDeployOptions) -> Manifest:
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{
+                    "matchExpressions": [
+                        {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(options.node_instance_types)},
+                        {"key": COMPUTE_TYPE_LABEL, "operator": "NotIn", "values": list(EXCLUDED_COMPUTE_TYPES)},
+                    ],
+                }],
+            },
+        },
+    }
+
+
+def daemonset(options: DriverDeployOptions) -> Manifest:
+    selector = dict(POD_SELECTOR)
+    mounts = host_mounts(options)
+    container: Manifest = {
+        "name": "plugin",
+        "image": options.image,
+        "imagePullPolicy": options.image_pull_policy,
+        "command": ["neuron-dra-driver"],
+        "args": driver_args(options),
+        "env": driver_env(options),
+        "resources": options.resources.to_api(),
+        "securityContext": _security_context(),
+        "volumeMounts": [_volume_mount(m) for m in mounts] + [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    ports = []
+    if options.healthcheck_port:
+        ports.append({"name": "healthz", "containerPort": options.healthcheck_port, "protocol": "TCP"})
+        container["livenessProbe"] = {
+            "grpc": {"port": options.healthcheck_port, "service": LIVENESS_SERVICE},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        }
+    if options.metrics_port:
+        ports.append({"name": "metrics", "containerPort": options.metrics_port, "protocol": "TCP"})
+    if ports:
+        container["ports"] = ports
+    volumes: list[Manifest] = [
+        {"name": m.name, "hostPath": {"path": m.host_path, "type": m.host_path_type}} for m in mounts
+    ]
+    # Python and grpc want a writable /tmp; the root filesystem is read-only.
+    volumes.append({"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}})
+    pod_annotations: Manifest = {}
+    if options.catalog_yaml is not None:
+        volumes.append({"name": "catalog", "configMap": {"name": options.catalog_config_map}})
+        container["volumeMounts"].append({"name": "catalog", "mountPath": CATALOG_DIR, "readOnly": True})
+        # A changed catalog rolls the pods: the daemon reads the file at start-up only.
+        digest = hashlib.sha256(options.catalog_yaml.encode()).hexdigest()[:16]
+        pod_annotations["neuron-dra/catalog-sha256"] = digest
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": _meta(options, options.daemonset_name, "kubelet-plugin", namespaced=True),
+        "spec": {
+            "selector": {"matchLabels": dict(selector)},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": {**_labels(options, "kubelet-plugin"), **selector},
+                             **({"annotations": pod_annotations} if pod_annotations else {})},
+                "spec": {
+                    "serviceAccountName": options.service_account,
+                    "priorityClassName": options.priority_class_name,
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 30,
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                    "tolerations": [
+                        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+                        neuron_toleration(),
+                    ],
+                    "affinity": _affinity(options),
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
+    """Every object of the driver, in apply order (namespace and RBAC first, the DaemonSet last)."""
+    options = options or DriverDeployOptions()
+    return [
+        namespace(options),
+        service_account(options),
+        cluster_role(options),
+        cluster_role_binding(options),
+        admission_policy(options),
+        admission_policy_binding(options),
+        network_policy(options),
+        device_class(options),
+        core_device_class(options),
+        *([catalog_config_map(options)] if options.catalog_yaml is not None else []),
+        daemonset(options),
+    ]
+
+
+def catalog_config_map(options: DriverDeployOptions) -> Manifest:
+    """The catalog file the daemon reads (mounted at CATALOG_DIR)."""
+    assert options.catalog_yaml is not None
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(options, options.catalog_config_map, "kubelet-plugin", namespaced=True),
+            "data": {CATALOG_KEY: options.catalog_yaml}}
+
+
+def object_key(manifest: Mapping[str, Any]) -> str:
+    """`Kind/name` or `Kind/namespace/name`: how plans and tests name an object."""
+    meta = manifest["metadata"]
+    ns = meta.get("namespace")
+    return f"{manifest['kind']}/{ns}/{meta['name']}" if ns else f"{manifest['kind']}/{meta['name']}"

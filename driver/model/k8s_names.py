@@ -1,0 +1,134 @@
+"""Kubernetes and EKS names, name rules and defaults: the one home for what the driver, the claim templates, the
+Pulumi components and the local cluster must agree on. Pure Python, in the ground floor (`driver/`), so every
+part can import it.
+
+Facts: docs/dra-api.md §1 (name rules: apimachinery's DNS-1123 label and subdomain, label keys and values),
+docs/kubelet-dra-protocol.md §1 and §4 (kubelet's plugin directories, the liveness service), docs/cdi.md §1 (the
+CDI directory), docs/neuron-hardware.md §3 (driver and DeviceClass name, the chart's defaults),
+docs/eks-trainium.md §1 (the Neuron taint).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, TypeGuard
+
+from neuron_dra.driver.model.errors import NotAllowed
+
+# --- name rules (k8s.io/apimachinery/pkg/util/validation) ---
+DNS_LABEL_MAX = 63
+DNS_SUBDOMAIN_MAX = 253
+DRIVER_NAME_MAX = 63  # ResourceSlice.spec.driver: a DNS subdomain, but at most 63 characters
+LABEL_NAME_MAX = 63
+LABEL_VALUE_MAX = 63
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+DNS_LABEL_RULE = (f"a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit, "
+                  f"at most {DNS_LABEL_MAX} characters")
+DNS_SUBDOMAIN_RULE = (f"a DNS subdomain: dot-separated DNS labels (lowercase letters, digits, '-'), at most "
+                      f"{DNS_SUBDOMAIN_MAX} characters")
+DRIVER_NAME_RULE = f"a DRA driver name: a lowercase DNS subdomain of at most {DRIVER_NAME_MAX} characters"
+LABEL_KEY_RULE = (f"a label key: an optional DNS subdomain prefix and '/', then a name of at most {LABEL_NAME_MAX} "
+                  "letters, digits, '-', '_' or '.', starting and ending alphanumeric")
+LABEL_VALUE_RULE = (f"a label value: at most {LABEL_VALUE_MAX} letters, digits, '-', '_' or '.', starting and "
+                    "ending alphanumeric (or empty)")
+
+
+def is_dns_label(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and len(value) <= DNS_LABEL_MAX and _DNS_LABEL.match(value) is not None
+
+
+def is_dns_subdomain(value: object, max_length: int = DNS_SUBDOMAIN_MAX) -> TypeGuard[str]:
+    return isinstance(value, str) and len(value) <= max_length and _DNS_SUBDOMAIN.match(value) is not None
+
+
+def is_label_key(value: object) -> TypeGuard[str]:
+    if not isinstance(value, str):
+        return False
+    prefix, slash, name = value.rpartition("/")
+    if slash and not is_dns_subdomain(prefix):
+        return False
+    return len(name) <= LABEL_NAME_MAX and _LABEL_NAME.match(name) is not None
+
+
+def is_label_value(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and len(value) <= LABEL_VALUE_MAX and _LABEL_VALUE.match(value) is not None
+
+
+def check_dns_label(field: str, value: object, error: type[NotAllowed] = NotAllowed) -> str:
+    """`value` if it is a DNS label; otherwise `error` (the caller's NotAllowed) naming `field`."""
+    if not is_dns_label(value):
+        raise error(field, value, DNS_LABEL_RULE)
+    return value
+
+
+def check_dns_subdomain(field: str, value: object, error: type[NotAllowed] = NotAllowed) -> str:
+    if not is_dns_subdomain(value):
+        raise error(field, value, DNS_SUBDOMAIN_RULE)
+    return value
+
+
+def check_driver_name(field: str, value: object, error: type[NotAllowed] = NotAllowed) -> str:
+    """A DRA driver name; it also names the driver's socket and CDI files."""
+    if not is_dns_subdomain(value, DRIVER_NAME_MAX):
+        raise error(field, value, DRIVER_NAME_RULE)
+    return value
+
+
+# --- the driver's names and kubelet's directories (AWS's chart uses the same) ---
+DEFAULT_DRIVER_NAME = "neuron.aws.com"  # also the DeviceClass name
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+PLUGINS_DIR_ENV = "KUBELET_PLUGINS_DIRECTORY_PATH"
+REGISTRY_DIR_ENV = "KUBELET_REGISTRAR_DIRECTORY_PATH"
+DEFAULT_CDI_ROOT = "/var/run/cdi"
+DEFAULT_HEALTHCHECK_PORT = 51515
+LIVENESS_SERVICE = "liveness"  # the gRPC health service name kubelet's liveness probe asks for
+
+# --- the Neuron device plugin's extended resource names (DeviceClasses can serve them: DRAExtendedResource) ---
+NEURON_DEVICE_RESOURCE = "aws.amazon.com/neuron"
+NEURON_CORE_RESOURCE = "aws.amazon.com/neuroncore"
+
+# --- the Neuron taint on Neuron nodes (EKS convention; the chart tolerates it) ---
+NEURON_TAINT_KEY = "aws.amazon.com/neuron"
+NEURON_TAINT_VALUE = "true"
+NEURON_TAINT_EFFECT = "NoSchedule"
+
+
+def neuron_taint() -> dict[str, str]:
+    """The taint as a Node's `spec.taints` entry."""
+    return {"key": NEURON_TAINT_KEY, "value": NEURON_TAINT_VALUE, "effect": NEURON_TAINT_EFFECT}
+
+
+def neuron_toleration() -> dict[str, str]:
+    """A pod toleration of the taint, whatever its value."""
+    return {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": NEURON_TAINT_EFFECT}
+
+
+def device_class_manifest(name: str, driver: str, *, expression: str | None = None,
+                          extended_resource_name: str | None = None,
+                          labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The DeviceClass `name` (resource.k8s.io/v1) selecting devices of `driver`: all of them, or those for which
+    the CEL `expression` holds; `extended_resource_name` lets pods ask for them by resource limits (1.36+)."""
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = dict(labels)
+    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression or f'device.driver == "{driver}"'}}]}
+    if extended_resource_name is not None:
+        spec["extendedResourceName"] = extended_resource_name
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": metadata, "spec": spec}
+
+# Defaults of the daemon's flags that its entry parses before importing anything heavy (driver/daemon/main.py).
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+DEFAULT_TAINT_EFFECT = "NoSchedule"
+CATALOG_ENV = "NEURON_DRA_CATALOG"  # the driver daemon's fallback for --catalog (catalog_file.py)
+CHECKPOINT_FILE = "checkpoint.json"
+# kubelet's device health stream: the packages served (most recent first) and what the registration advertises
+# (health_stream.py, docs/kubelet-dra-protocol.md §3).
+HEALTH_PACKAGES = ("v1", "v1beta1", "v1alpha1")
+HEALTH_SERVICES = tuple(f"{p}.DRAResourceHealth" for p in HEALTH_PACKAGES)
