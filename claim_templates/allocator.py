@@ -23,7 +23,8 @@ Deliberate differences, none of which changes an answer: this search skips a dev
 free, selectable, constraint-compatible devices remain than the request still needs, and it remembers
 failed subtrees by the set of devices taken (the Go search re-visits one per ordering of the same
 devices, which is exponential: 8 aligned EFAs on a trn1.32xlarge take it past its 10 s timeout); there
-is no timeout; pools are visited in
+is no timeout; the memo keys a subtree by the devices the rest of the search can see only, and holds at most
+MEMO_LIMIT entries (then starts again), so its memory is bounded; pools are visited in
 the order their first slice appears (Go flattens a map, so its pool order is unspecified).
 With prune=False the cut and the memo are off and the search makes Go's allocateOne calls in Go's order;
 `SimulationResult.searches` counts them and a budget (SearchBudgetExceeded) bounds them, which is how the
@@ -61,6 +62,8 @@ from neuron_dra.claim_templates.cel_env import (
 from neuron_dra.claim_templates.cel_types import Quantity
 
 MAX_DEVICES_PER_CLAIM = 32  # resource.k8s.io/v1 AllocationResultsMaxSize
+# Failed subtrees the search remembers at most (a few hundred bytes each); past it the memo starts again.
+MEMO_LIMIT = 200_000
 COUNT_CAP = 256  # copies counted at most: above any node (16 devices + 128 NeuronCores at LNC=1)
 
 Mode = Literal["fit-one", "count"]
@@ -106,6 +109,8 @@ class SimulationResult:
     # allocateOne calls of each allocation run, in order (with prune=False, the calls Go's search makes).
     # A measure of the search, not part of the answer: left out of equality.
     searches: tuple[int, ...] = field(default=(), compare=False)
+    # the most failed subtrees the memo held at once, per run (at most MEMO_LIMIT); also left out of equality
+    memo_peaks: tuple[int, ...] = field(default=(), compare=False)
 
 
 class AllocationError(Exception):
@@ -473,12 +478,17 @@ class _Search:
         self.constraints: list[list[_MatchAttribute]] = []
         self.results: list[list[tuple[_Request, _Device]]] = [[] for _ in claims]
         self.failed: dict[tuple[Any, ...], bool] = {}  # failed subtree state -> raised max-size (else False)
+        # per claim, per request: the devices whose state the rest of the search can see (_relevance)
+        self.relevant: list[list[frozenset[int]]] = []
+        self.admin: list[bool] = []  # per claim: whether a request has adminAccess
         # per pool: counters left after the allocated devices, and consumed by the devices being allocated
         self.available: dict[tuple[str, str], Consumption] = {}
         self.consuming: dict[tuple[str, str], Consumption] = {}
         # per request: devices that are selectable, or whose selectors error (selection is static)
         self.candidates: dict[tuple[int, int, int], list[tuple[_Device, AllocationError | None]]] = {}
         self.calls = 0  # allocateOne calls
+        self.memo_resets = 0  # times the memo reached MEMO_LIMIT and was emptied
+        self.memo_peak = 0
         self.budget = sys.maxsize if sim.budget is None else sim.budget
 
     def run(self) -> tuple[tuple[DeviceResult, ...], ...] | None:
@@ -535,6 +545,46 @@ class _Search:
             self.constraints.append(constraints)
         for req in self.requests.values():
             req.applicable = [c for c in self.constraints[req.claim] if c.applies(req.name, req.sub_name)]
+        if self.sim.prune:
+            self._relevance()
+
+    def _relevance(self) -> None:
+        """What a failed subtree's outcome can depend on, for the memo's key: from request `ri` of claim `ci` on,
+        the search takes, skips or evaluates only the devices of the remaining requests' loops (the selectable
+        and the erroring ones), their `All` devices, and whatever shares a counter set with those (counters decide
+        whether a device can be taken). Whether any other device is held changes nothing below, so the key leaves
+        it out: subtrees that differ only in such devices are one failure, and the memo stays small (3 claims
+        whose last one needs EFAs the first two took: one entry instead of one per way of taking them)."""
+        sharing: dict[tuple[str, str, str], set[int]] = {}
+        for d in self.sim.devices:
+            for counter_set, _ in d.consumption:
+                sharing.setdefault((d.pool.driver, d.pool.name, counter_set), set()).add(d.index)
+
+        def devices_of(req: _Request) -> set[int]:
+            if req.loop is None:
+                req.loop = self.sim.loop(self.spec_keys[req.claim], req, self.labels[req.claim])
+            found = {d.index for d, _ in req.loop} | {d.index for d in req.all_devices}
+            found |= {d.index for d, _ in self._candidates(req)}
+            for i in list(found):
+                d = self.sim.devices[i]
+                for counter_set, _ in d.consumption:
+                    found |= sharing[(d.pool.driver, d.pool.name, counter_set)]
+            return found
+
+        later: set[int] = set()
+        per_claim: list[list[frozenset[int]]] = []
+        for ci in reversed(range(len(self.claims))):
+            suffix: list[frozenset[int]] = []
+            for options in reversed(self.table[ci]):
+                for req in options:
+                    later |= devices_of(req)
+                suffix.append(frozenset(later))
+            suffix.reverse()
+            suffix.append(frozenset(later))  # past the claim's last request: the later claims'
+            per_claim.append(suffix)
+        per_claim.reverse()
+        self.relevant = per_claim
+        self.admin = [any(r.admin for options in self.table[ci] for r in options) for ci in range(len(self.claims))]
 
     def _request(self, ci: int, ri: int, si: int, name: str, sub_name: str | None, spec: Mapping[str, Any],
                  admin: bool) -> _Request:
@@ -587,8 +637,16 @@ class _Search:
             raise SearchBudgetExceeded(self.budget)
         if ci >= len(self.claims) or not self.sim.prune:
             return self._allocate_one_search(ci, ri, si, di, in_subrequest)
-        key = (ci, ri, si, di, in_subrequest,
-               frozenset((d, c) for c, held in enumerate(self.held) for d in held),
+        # Which relevant devices are held (2d+1: by this claim, whose admin requests skip only its own), how many
+        # devices the claim has (the 32-device limit) and its constraints' state.
+        relevant = self.relevant[ci][ri]
+        held = 0
+        own = self.admin[ci]  # only a claim with adminAccess requests tells its own devices from others'
+        for c, devices in enumerate(self.held):
+            for d in devices:
+                if d in relevant:
+                    held |= 1 << (2 * d + (own and c == ci))
+        key = (ci, ri, si, di, in_subrequest, len(self.results[ci]), held,
                tuple((c.value if c.num else None, c.num) for c in self.constraints[ci]))
         known = self.failed.get(key)
         if known is not None:
@@ -598,11 +656,20 @@ class _Search:
         try:
             done = self._allocate_one_search(ci, ri, si, di, in_subrequest)
         except _MaxSizeExceeded:
-            self.failed[key] = True
+            self._remember(key, True)
             raise
         if not done:
-            self.failed[key] = False
+            self._remember(key, False)
         return done
+
+    def _remember(self, key: tuple[Any, ...], max_size: bool) -> None:
+        """Memo a failed subtree, forgetting every entry when MEMO_LIMIT is reached: the memo only skips
+        re-visits, so forgetting costs time, never an answer, and its memory stays bounded."""
+        if len(self.failed) >= MEMO_LIMIT:
+            self.failed.clear()
+            self.memo_resets += 1
+        self.failed[key] = max_size
+        self.memo_peak = max(self.memo_peak, len(self.failed))
 
     def _allocate_one_search(self, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
         if ci >= len(self.claims):
@@ -825,6 +892,7 @@ def simulate(slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mappi
     sim = simulator or Simulator(slices, device_classes, node_name, node_labels, cel)
     taken = set(allocated)
     searches: list[int] = []
+    peaks: list[int] = []
 
     def allocate(claims: Sequence[Mapping[str, Any]]) -> tuple[tuple[DeviceResult, ...], ...] | None:
         search = _Search(sim, claims, taken)
@@ -832,15 +900,16 @@ def simulate(slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mappi
             return search.run()
         finally:
             searches.append(search.calls)
+            peaks.append(search.memo_peak)
 
     if mode == "fit-one":
         try:
             result = allocate(claims)
         except AllocationError as e:
-            return SimulationResult(False, 0, (), str(e), tuple(searches))
+            return SimulationResult(False, 0, (), str(e), tuple(searches), tuple(peaks))
         if result is None:
-            return SimulationResult(False, 0, (), searches=tuple(searches))
-        return SimulationResult(True, 1, result, searches=tuple(searches))
+            return SimulationResult(False, 0, (), searches=tuple(searches), memo_peaks=tuple(peaks))
+        return SimulationResult(True, 1, result, searches=tuple(searches), memo_peaks=tuple(peaks))
     if mode != "count":
         raise ValueError(f"mode {mode!r} is not allowed; allowed: fit-one, count")
     rounds: list[tuple[DeviceResult, ...]] = []
@@ -858,4 +927,4 @@ def simulate(slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mappi
             break
         rounds.append(result[0])
         taken.update(d.id for d in result[0] if not d.admin_access)
-    return SimulationResult(bool(rounds), len(rounds), tuple(rounds), error, tuple(searches))
+    return SimulationResult(bool(rounds), len(rounds), tuple(rounds), error, tuple(searches), tuple(peaks))

@@ -63,6 +63,28 @@ def _cut(expression: str, limit: int = 200) -> str:
     return expression if len(expression) <= limit else f"{expression[:limit]}... ({len(expression)} characters)"
 
 
+CARET_WINDOW = 60  # characters of the expression shown either side of a syntax error's caret
+
+
+def syntax_error_text(expression: str, line: int | None, column: int | None) -> str:
+    """`syntax error at line L, column C`, then the line (cut to a window around C) with a caret under column C,
+    and a hint for the commonest slip: a single `=` where CEL compares with `==`."""
+    head = f"syntax error at line {line}, column {column}"
+    lines = expression.splitlines() or [expression]
+    if line is None or column is None or not 1 <= line <= len(lines):
+        return head
+    text = lines[line - 1]
+    at = min(max(column - 1, 0), len(text))
+    start = max(0, at - CARET_WINDOW)
+    shown_text = ("..." if start else "") + text[start:at + CARET_WINDOW] + ("..." if at + CARET_WINDOW < len(text)
+                                                                          else "")
+    caret = " " * (at - start + (3 if start else 0)) + "^"
+    out = f"{head}:\n    {shown_text}\n    {caret}"
+    if (text[at:at + 1] == "=" and text[at - 1:at] not in ("=", "!", "<", ">")) or text[at - 2:at + 1] == "===":
+        out += "\n    `=` is not a CEL operator: use == to compare"
+    return out
+
+
 class CelCompileError(ValueError):
     """A selector that Kubernetes would reject at admission; names the expression."""
 
@@ -553,7 +575,7 @@ class CelEnvironment:
         except (RecursionError, CostTooDeep):
             raise CelCompileError(expression, TOO_DEEP) from None
         except CELParseError as e:
-            raise CelCompileError(expression, f"syntax error at line {e.line}, column {e.column}") from None
+            raise CelCompileError(expression, syntax_error_text(expression, e.line, e.column)) from None
         except lark.exceptions.LarkError as e:
             raise CelCompileError(expression, f"syntax error: {' '.join(str(e).split())}") from None
         except AnalysisError as e:

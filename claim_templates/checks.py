@@ -39,9 +39,11 @@ from neuron_dra.claim_templates.node_types import NodeType, NodeTypeInput
 from neuron_dra.claim_templates.template import ClaimTemplate
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
-from neuron_dra.driver.model.partitions import parse_core_device
-from neuron_dra.driver.model.slices import device_name
+from neuron_dra.driver.model.partitions import NEURON_CORE, parse_core_device
+from neuron_dra.driver.model.slices import NEURON_DEVICE, NEURON_NODE, device_name
 from neuron_dra.driver.model.taints import unhealthy_taint_key
+
+INSTANCE_TYPE = "instanceType"  # the attribute that keeps a request to instance types
 
 Severity = Literal["error", "warning"]
 
@@ -77,6 +79,9 @@ class Fit:
     # unhealthy (the driver's NoSchedule taint), i.e. how the template degrades when a device in use fails.
     with_unhealthy_device: int | None = None
     lnc: int | None = None  # the LNC the node was modelled at (the family's default unless node.lnc)
+    # False when a request's selectors keep it to other instance types (its instanceType selector rejects
+    # the node's devices): the template is not meant for this type, and `claims check` says so in one line.
+    targeted: bool = True
 
     @property
     def instance_type(self) -> str:
@@ -134,7 +139,11 @@ class TemplateCheckError(ValueError):
     def __init__(self, report: CheckReport) -> None:
         self.report = report
         problems = [i.message for i in report.errors] or ["fits none of the instance types"]
-        reasons = [f"{f.label}: {f.reason}" for f in report.fits if f.claims_per_node == 0 and f.reason]
+        reasons = [f"{f.label}: {f.reason}" for f in report.fits if f.claims_per_node == 0 and f.reason
+                   and f.targeted]
+        elsewhere = [f.label for f in report.fits if not f.targeted]
+        if elsewhere:
+            reasons.append(f"not for {', '.join(elsewhere)} (its selectors pick other instance types)")
         detail = "; ".join(problems + reasons)
         super().__init__(f"claim template {report.template}: {detail}")
 
@@ -189,7 +198,9 @@ class _Selection:
     """How a unit's selectors did on one node."""
 
     matched: list[CelDevice] = field(default_factory=list)
-    rejected_by: Counter[str] = field(default_factory=Counter)  # selector label -> devices it rejected
+    in_class: list[CelDevice] = field(default_factory=list)  # the devices the request's DeviceClass selects
+    rejected_by: Counter[str] = field(default_factory=Counter)  # request selector label -> devices it rejected
+    by_instance_type: int = 0  # devices rejected by a selector that reads instanceType
     errors: list[tuple[str, CelEvaluationError]] = field(default_factory=list)
 
 
@@ -355,18 +366,27 @@ class _Check:
         cls = self.classes.get(u.body.get("deviceClassName", ""))
         class_selectors = [self.cel.compile(s["cel"]["expression"]) for s in (cls or {}).get("spec", {})
                            .get("selectors", [])]
-        labelled = [(f"class selector #{i} `{_short(s.expression)}`", s) for i, s in enumerate(class_selectors)]
-        labelled += [(f"selector #{i} `{_short(s.expression)}`", s) for i, s in enumerate(u.selectors)]
+        labelled = [(f"class selector #{i} `{_short(s.expression)}`", s, True) for i, s in enumerate(class_selectors)]
+        labelled += [(f"selector #{i} `{_short(s.expression)}`", s, False) for i, s in enumerate(u.selectors)]
+        by_type = {label for label, s, _ in labelled if any(r.name == INSTANCE_TYPE for r in s.refs)}
         for device in node.devices:
-            for label, s in labelled:
+            in_class = True
+            for label, s, of_class in labelled:
+                if in_class and not of_class:
+                    sel.in_class.append(device)
+                in_class = of_class
                 try:
                     if not self.cel.evaluate(s, device):
-                        sel.rejected_by[label] += 1
+                        if not of_class:  # the class's own choice of devices is not a reason
+                            sel.rejected_by[label] += 1
+                            sel.by_instance_type += label in by_type
                         break
                 except CelEvaluationError as e:
                     sel.errors.append((label, e))
                     break
             else:
+                if in_class:
+                    sel.in_class.append(device)
                 sel.matched.append(device)
         return sel
 
@@ -396,7 +416,13 @@ class _Check:
             return Fit(nt, result.count, None, result.allocation[0], degraded)
         if result.error:
             return Fit(nt, 0, f"the allocator fails: {result.error}")
-        return Fit(nt, 0, self._why_not(node, selections) + self._lnc_hint(nt, node))
+        return Fit(nt, 0, self._why_not(node, selections) + self._lnc_hint(nt, node),
+                   targeted=not self._elsewhere(selections))
+
+    def _elsewhere(self, selections: Mapping[str, _Selection]) -> bool:
+        """Whether a request gets no device here because its selectors name other instance types."""
+        return any(all(not selections[u.ref].matched and selections[u.ref].by_instance_type for u in units)
+                   for units in self.requests)
 
     def _with_unhealthy(self, node: NodeModel, claim: Mapping[str, Any], first: Sequence[DeviceResult]
                         ) -> int | None:
@@ -470,7 +496,6 @@ class _Check:
         return None
 
     def _why_not(self, node: NodeModel, selections: Mapping[str, _Selection]) -> str:
-        total = node.device_count
         for units in self.requests:
             problems: list[str] = []
             for u in units:
@@ -482,7 +507,12 @@ class _Check:
                     break
                 rejected = ", ".join(f"{label} rejects {n}" for label, n in sel.rejected_by.most_common(2))
                 wants = "at least one device" if u.all_mode else f"{need} device{'s' * (need > 1)}"
-                problems.append(f"{u.label} needs {wants}; {have} of the node's {total} devices match"
+                if not sel.in_class:
+                    cls = u.body.get("deviceClassName")
+                    problems.append(f"{u.label} needs {wants}; the node has no device of DeviceClass {cls!r}")
+                    continue
+                of, verb = _kinds(sel.in_class, self.drivers), "matches" if have == 1 else "match"
+                problems.append(f"{u.label} needs {wants}; {have} of the node's {of} {verb}"
                                 + (f" ({rejected})" if rejected else ""))
             if problems:
                 return "; ".join(problems) if len(problems) == 1 else "no alternative fits: " + "; ".join(problems)
@@ -505,6 +535,23 @@ class _Check:
                             f"one value; at most {max(values.values())} of the matching devices share one")
         return ("the allocator finds no combination of devices that satisfies every request and constraint "
                 "together")
+
+
+_KINDS = {NEURON_DEVICE: ("Neuron device", "Neuron devices"), NEURON_CORE: ("NeuronCore", "NeuronCores"),
+          NEURON_NODE: ("UltraServer node device", "UltraServer node devices")}
+
+
+def _kinds(devices: Sequence[CelDevice], drivers: Drivers) -> str:
+    """`16 Neuron devices and 1 UltraServer node device`, `8 EFA devices`: what a DeviceClass selects on a node,
+    counted by kind (a NeuronCore is a device too, but counting it with whole devices reads as 56 devices)."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for d in devices:
+        if d.driver == drivers.efa_driver:
+            counts[("EFA device", "EFA devices")] += 1
+            continue
+        resource_type = d.attributes.get(d.driver, {}).get("resourceType", {}).get("string", "")
+        counts[_KINDS.get(resource_type, ("device", "devices"))] += 1
+    return " and ".join(f"{n} {one if n == 1 else many}" for (one, many), n in counts.items())
 
 
 def _attribute(device: CelDevice, qualified: str) -> Any:

@@ -41,6 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             "NeuronCores the driver publishes at LNC=1; Trainium2 and later) (repeatable; default: "
                             f"all of {', '.join(CATALOG)} at their default LNC)")
     check.add_argument("--json", action="store_true", help="print the reports as JSON")
+    check.add_argument("--verbose", action="store_true",
+                       help="also explain why a template does not fit instance types its selectors exclude")
     check.add_argument("--unhealthy-device", action="store_true",
                        help="also count claims per node when a device the first claim uses is tainted unhealthy")
     check.add_argument("--catalog", metavar="FILE", help=CATALOG_HELP)
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.claims_command == "render":
         return _render(templates, types, not args.no_check, hardware)
-    return _check(templates, types, args.json, hardware, args.unhealthy_device)
+    return _check(templates, types, args.json, hardware, args.unhealthy_device, args.verbose)
 
 
 def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str], hardware: Catalog,
@@ -84,13 +86,13 @@ def _render(templates: Sequence[ClaimTemplate], types: Sequence[str], run_checks
 
 
 def _check(templates: Sequence[ClaimTemplate], types: Sequence[str], as_json: bool, hardware: Catalog,
-           unhealthy_device: bool = False) -> int:
+           unhealthy_device: bool = False, verbose: bool = False) -> int:
     reports = _reports(templates, types, hardware, unhealthy_device)
     if as_json:
         json.dump([_report_json(r) for r in reports], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(format_table(reports, types))
+        sys.stdout.write(format_table(reports, types, verbose))
     return 0 if all(r.ok for r in reports) else 1
 
 
@@ -98,14 +100,15 @@ def _report_json(r: CheckReport) -> dict[str, object]:
     return {"template": r.template, "ok": r.ok,
             "issues": [{"severity": i.severity, "message": i.message} for i in r.issues],
             "fits": [{"instanceType": f.instance_type, "nodeType": f.label, "lnc": f.lnc,
-                      "claimsPerNode": f.claims_per_node, "reason": f.reason,
+                      "claimsPerNode": f.claims_per_node, "reason": f.reason, "targeted": f.targeted,
                       "devices": [d.to_api() for d in f.devices],
                       **({} if f.with_unhealthy_device is None
                          else {"claimsPerNodeWithUnhealthyDevice": f.with_unhealthy_device})} for f in r.fits]}
 
 
-def format_table(reports: Sequence[CheckReport], types: Sequence[str]) -> str:
-    """Claims per node for each template and instance type; '-' with the reasons listed below."""
+def format_table(reports: Sequence[CheckReport], types: Sequence[str], verbose: bool = False) -> str:
+    """Claims per node for each template and instance type; '-' with the reasons listed below: for the types a
+    template is meant for, and the others in one line (each explained with `verbose`)."""
     names = [r.template for r in reports]
     first = max([len("template"), *map(len, names)])
     widths = [max(len(t), 3) for t in types]
@@ -123,7 +126,11 @@ def format_table(reports: Sequence[CheckReport], types: Sequence[str]) -> str:
         lines.append("  ".join([r.template.ljust(first), *cells]) + status)
         for issue in r.issues:
             notes.append(f"{r.template}: {issue}")
-        notes += [f"{r.template} on {f.label}: {f.reason}" for f in r.fits if f.reason]
+        notes += [f"{r.template} on {f.label}: {f.reason}" for f in r.fits if f.reason and (verbose or f.targeted)]
+        elsewhere = [f.label for f in r.fits if not f.targeted]
+        if elsewhere and not verbose:
+            notes.append(f"{r.template}: not for {', '.join(elsewhere)} (its selectors pick other instance types; "
+                         "--verbose explains each)")
     out = "\n".join(lines) + "\n"
     if any(f.with_unhealthy_device is not None for r in reports for f in r.fits):
         out += "(N/M: N claims per node; M when one device the first claim uses is tainted unhealthy)\n"

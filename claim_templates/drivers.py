@@ -2,7 +2,8 @@
 
 Defaults are the bundled driver's (`neuron.aws.com`, the same names AWS's Neuron DRA driver uses, so the
 same templates serve clusters running AWS's driver) and AWS's EFA driver's (`dra.net`, DeviceClass
-`efa.networking.k8s.aws`); all four are configurable.
+`efa.networking.k8s.aws`); all are configurable. The Neuron DeviceClasses left empty follow the driver name as
+the driver's deployment names them (driver/deploy/manifests.py: the driver name, core_device_class_for).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_dra.claim_templates.names import check_dns_subdomain
-from neuron_dra.driver.deploy import DEFAULT_CORE_DEVICE_CLASS, device_class_selector
+from neuron_dra.driver.deploy import DEFAULT_CORE_DEVICE_CLASS, core_device_class_for, device_class_selector
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, device_class_manifest
 
 DEFAULT_NEURON_CLASS = DEFAULT_DRIVER_NAME  # AWS names the DeviceClass after the driver
@@ -23,12 +24,16 @@ DEFAULT_EFA_CLASS = "efa.networking.k8s.aws"
 @dataclass(frozen=True)
 class Drivers:
     neuron_driver: str = DEFAULT_DRIVER_NAME
-    neuron_class: str = DEFAULT_NEURON_CLASS
+    neuron_class: str = ""  # "": the driver name
     efa_driver: str = DEFAULT_EFA_DRIVER
     efa_class: str = DEFAULT_EFA_CLASS
-    neuron_core_class: str = DEFAULT_NEURON_CORE_CLASS
+    neuron_core_class: str = ""  # "": core_device_class_for(neuron_driver)
 
     def __post_init__(self) -> None:
+        if self.neuron_class == "":
+            object.__setattr__(self, "neuron_class", self.neuron_driver)
+        if self.neuron_core_class == "" and isinstance(self.neuron_driver, str):
+            object.__setattr__(self, "neuron_core_class", core_device_class_for(self.neuron_driver))
         for name in ("neuron_driver", "neuron_class", "efa_driver", "efa_class", "neuron_core_class"):
             check_dns_subdomain(f"Drivers.{name}", getattr(self, name))
 

@@ -37,6 +37,7 @@ from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
+from neuron_dra.driver.model.errortext import did_you_mean
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.partitions import NEURON_CORE, CoreLayout
 from neuron_dra.driver.model.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
@@ -426,12 +427,7 @@ class Neuron:
             return
         if isinstance(self.lnc, bool) or self.lnc not in driver_config.LNC_VALUES:
             raise TemplateError("Neuron.lnc", self.lnc, " or ".join(map(str, driver_config.LNC_VALUES)))
-        without = [t for t in targets if not self.catalog.types[t].lnc_supported]
-        if without:
-            lnc_types = ", ".join(t for t, s in self.catalog.types.items() if s.lnc_supported)
-            raise TemplateError("Neuron.lnc", self.lnc,
-                                f"LNC only on Trainium2 and later ({lnc_types}); this request may land on "
-                                f"{', '.join(without)}: restrict instance_types or families")
+        _check_lnc_targets("Neuron.lnc", self.lnc, self.catalog, targets)
 
     def _check_kernel_driver(self) -> None:
         v = self.kernel_driver
@@ -609,20 +605,21 @@ def default_group(neuron_count: int | None) -> int:
 
 @dataclass(frozen=True, init=False)
 class FirstAvailable:
-    """The first of several Neuron alternatives that fits (`firstAvailable`, at most 8)."""
+    """The first of several alternatives that fits (`firstAvailable`, at most 8): Neuron devices or NeuronCores,
+    e.g. `FirstAvailable(NeuronCores(4), Neuron(1))` (a core group, else a whole device)."""
 
-    options: tuple[Neuron, ...]
+    options: tuple[Neuron | NeuronCores, ...]
     name: str
 
-    def __init__(self, *options: Neuron, name: str = "neurons") -> None:
+    def __init__(self, *options: Neuron | NeuronCores, name: str = "neurons") -> None:
         check_dns_label("FirstAvailable.name", name)
         if not 1 <= len(options) <= MAX_SUBREQUESTS:
             raise TemplateError("FirstAvailable.options", len(options), f"1 to {MAX_SUBREQUESTS} alternatives")
         named = []
         for i, option in enumerate(options, start=1):
-            if not isinstance(option, Neuron):
-                raise TemplateError("FirstAvailable.options", option, "Neuron(...) alternatives")
-            if option.name == Neuron.name:  # the default name: number the alternatives
+            if not isinstance(option, Neuron | NeuronCores):
+                raise TemplateError("FirstAvailable.options", option, "Neuron(...) or NeuronCores(...) alternatives")
+            if option.name == type(option).name:  # the default name: number the alternatives
                 option = _renamed(option, f"option{i}")
             named.append(option)
         names = [o.name for o in named]
@@ -645,7 +642,7 @@ class FirstAvailable:
         return min(o.max_devices() for o in self.options)
 
 
-def _renamed(option: Neuron, name: str) -> Neuron:
+def _renamed(option: Neuron | NeuronCores, name: str) -> Neuron | NeuronCores:
     return replace(option, name=name)
 
 
@@ -680,11 +677,7 @@ class NeuronCores:
         if self.node_lnc is not None:
             if isinstance(self.node_lnc, bool) or self.node_lnc not in driver_config.LNC_VALUES:
                 raise TemplateError("NeuronCores.node_lnc", self.node_lnc, "1 or 2")
-            without = [t for t in targets if not types[t].lnc_supported]
-            if without:
-                raise TemplateError("NeuronCores.node_lnc", self.node_lnc,
-                                    f"LNC only on Trainium2 and later; this request may land on {', '.join(without)}: "
-                                    "restrict instance_types or families")
+            _check_lnc_targets("NeuronCores.node_lnc", self.node_lnc, self.catalog, targets)
         sizes = sorted({n for t in targets for n in self._sizes(types[t])})
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count not in sizes:
             raise TemplateError("NeuronCores.count", self.count,
@@ -717,17 +710,24 @@ class NeuronCores:
         out.extend(self.selectors)
         return out
 
-    def render(self, drivers: Drivers) -> Rendered:
+    def exact(self, drivers: Drivers) -> dict[str, Any]:
+        """The ExactDeviceRequest / DeviceSubRequest body."""
         body: dict[str, Any] = {"deviceClassName": drivers.neuron_core_class, "allocationMode": "ExactCount",
                                 "count": self.count,
                                 "selectors": [_selector(e) for e in self.selector_expressions(drivers)]}
         if self.tolerations:
             body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
-        constraints = []
-        if self.count > 1:
-            constraints.append({"requests": [self.name],
-                                "matchAttribute": f"{drivers.neuron_driver}/coreGroup{self.count}_id"})
-        return Rendered({"name": self.name, "exactly": body}, constraints)
+        return body
+
+    def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The core group constraint, `ref` being the request's name in it (`req` or `req/sub`); no configs."""
+        if self.count == 1:
+            return [], []
+        return [{"requests": [ref], "matchAttribute": f"{drivers.neuron_driver}/coreGroup{self.count}_id"}], []
+
+    def render(self, drivers: Drivers) -> Rendered:
+        constraints, _ = self.extras(drivers, self.name)
+        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints)
 
     def max_devices(self) -> int:
         return self.count
@@ -736,16 +736,35 @@ class NeuronCores:
 Request = Neuron | UltraServerNode | Efa | FirstAvailable | NeuronCores
 
 
+def _check_lnc_targets(field_name: str, lnc: int, catalog: Catalog, targets: Sequence[str]) -> None:
+    """LNC applies to Trainium2 and later: when no target has it, the fix is to drop the argument; when some do,
+    to keep the request to those."""
+    without = [t for t in targets if not catalog.types[t].lnc_supported]
+    if not without:
+        return
+    argument = field_name.rpartition(".")[2]
+    devices = sorted({catalog.types[t].family.device_name for t in without})
+    if len(without) == len(targets):
+        raise TemplateError(field_name, lnc, f"no {argument} on {', '.join(without)}: {' and '.join(devices)} "
+                            f"{'has' if len(devices) == 1 else 'have'} no Logical NeuronCores (Trainium2 and later "
+                            f"only); drop {argument}")
+    lnc_types = ", ".join(t for t in targets if catalog.types[t].lnc_supported)
+    raise TemplateError(field_name, lnc, f"LNC only on Trainium2 and later; this request may also land on "
+                        f"{', '.join(without)}: keep it to {lnc_types} (instance_types or families), or drop "
+                        f"{argument}")
+
+
 def _checked_targets(request: str, catalog: Catalog, instance_types: Sequence[str], families: Sequence[str],
                      targets: Sequence[str]) -> Sequence[str]:
     """`targets` (the instance types a request can land on) after checking the names it was built from."""
     for t in instance_types:
         if t not in catalog.types:
-            raise TemplateError(f"{request}.instance_types", t, ", ".join(catalog.types) + " (or a catalog file's "
-                                f"types, passed as {request}(catalog=...))")
+            raise TemplateError(f"{request}.instance_types", t, f"a catalog instance type (or a catalog file's, passed "
+                                f"as {request}(catalog=...)){catalog.unknown_type_text(t)}")
     for f in families:
         if f not in catalog.family_map:
-            raise TemplateError(f"{request}.families", f, ", ".join(catalog.family_map))
+            raise TemplateError(f"{request}.families", f, ", ".join(catalog.family_map)
+                                + did_you_mean(f, catalog.family_map))
     if not targets:
         raise TemplateError(f"{request}.families", families,
                             f"families that contain one of the instance types {', '.join(instance_types)}")

@@ -22,6 +22,7 @@ from neuron_dra.claim_templates.requests import (
     default_group,
 )
 from neuron_dra.driver.model import config as driver_config
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.slices import AWS_DOMAIN
 
 API_VERSION = "resource.k8s.io/v1"
@@ -85,6 +86,7 @@ class ClaimTemplate:
         object.__setattr__(self, "configs", tuple(configs))
         object.__setattr__(self, "drivers", drivers)
         self._check_alignment()
+        self._check_efa_counts()
         self._check_configs()
         total = sum(r.max_devices() for r in all_requests)
         if total > MAX_COUNT:
@@ -100,6 +102,43 @@ class ClaimTemplate:
                 raise TemplateError("Efa.aligned_to", r.aligned_to,
                                     f"the name of a Neuron request of this template ({', '.join(neurons) or 'none'}),"
                                     " or None for an unaligned EFA request")
+
+    def _pinned_types(self) -> tuple[tuple[str, ...], Catalog] | None:
+        """The instance types the claim can land on when its requests name them (every request that names types
+        must be satisfied on the same node), with the catalog they come from; None when none names any."""
+        pinned: tuple[str, ...] | None = None
+        catalog = BUILTIN
+        for r in self.requests:
+            options = r.options if isinstance(r, FirstAvailable) else (r,)
+            named = [o for o in options if isinstance(o, Neuron | NeuronCores) and (o.instance_types or o.families)]
+            if not named or len(named) != len(options):
+                continue  # an alternative without instance types may land anywhere
+            catalog = named[0].catalog
+            targets = tuple(dict.fromkeys(t for o in named for t in o.target_types))
+            pinned = targets if pinned is None else tuple(t for t in pinned if t in targets)
+        return None if pinned is None else (pinned, catalog)
+
+    def _check_efa_counts(self) -> None:
+        """EFA requests above what every instance type the claim may land on has are refused here, naming the
+        count (the EFA driver publishes one device per EFA wired to Neuron devices, node_model.py)."""
+        efas = [r for r in self.requests if isinstance(r, Efa)]
+        found = self._pinned_types() if efas else None
+        if found is None:
+            return
+        types, catalog = found
+        counts = {t: len(set(catalog.types[t].device_efa_bdfs)) for t in types}
+        most = max(counts.values(), default=0)
+        have = ", ".join(f"{t} has {n}" for t, n in counts.items())
+        if most == 0:
+            raise TemplateError("Efa.count", efas[0].count, f"no Efa request: the instance types this claim may land "
+                                f"on have no EFA devices of their own ({', '.join(types)})")
+        for r in efas:
+            if r.count > most:
+                raise TemplateError("Efa.count", r.count, f"1 to {most} ({have} EFA devices)")
+        total = sum(r.count for r in efas)
+        if total > most:
+            raise TemplateError("ClaimTemplate.requests", f"{total} EFA devices",
+                                f"at most {most} EFA devices in all ({have} EFA devices)")
 
     def _check_configs(self) -> None:
         if len(self.configs) > MAX_CONFIGS:
@@ -188,7 +227,10 @@ def _alignment_group(efa: Efa, target: Neuron | FirstAvailable) -> int:
     if efa.group is not None:
         return efa.group
     if isinstance(target, FirstAvailable):
-        target = target.options[0]
+        first = target.options[0]
+        if isinstance(first, NeuronCores):
+            return 1  # cores sit on one device: its own EFA
+        target = first
     size = target.group_size
     return default_group(size if size is not None else (target.count if isinstance(target.count, int) else 16))
 

@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.driver.deploy import (
-    DEFAULT_CORE_DEVICE_CLASS,
     DEFAULT_CORE_EXTENDED_RESOURCE,
     DEFAULT_EXTENDED_RESOURCE,
-    DEFAULT_NAMESPACE,
     DeployOptionError,
     DriverDeployOptions,
 )
@@ -289,10 +287,11 @@ class StackSettings:
     node_groups: tuple[NodeGroupSettings, ...] = _setting("nodeGroups", ())
     driver_image: str | None = _setting("driverImage", None, option="image")
     driver_name: str = _setting("driverName", DEFAULT_DRIVER_NAME, option="driver_name")
-    driver_namespace: str = _setting("driverNamespace", DEFAULT_NAMESPACE, option="namespace")
+    # "": derived from driverName (DriverDeployOptions), so another driverName never shares these objects.
+    driver_namespace: str = _setting("driverNamespace", "", option="namespace")
     driver_metrics_port: int = _setting("driverMetricsPort", 0, option="metrics_port")
     driver_rollout_timeout_seconds: int = _setting("driverRolloutTimeoutSeconds", DEFAULT_ROLLOUT_TIMEOUT_SECONDS)
-    neuron_core_device_class: str = _setting("neuronCoreDeviceClass", DEFAULT_CORE_DEVICE_CLASS,
+    neuron_core_device_class: str = _setting("neuronCoreDeviceClass", "",
                                              option="core_device_class_name")
     extended_resource_name: str = _setting("extendedResourceName", DEFAULT_EXTENDED_RESOURCE,
                                            option="extended_resource_name")

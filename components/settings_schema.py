@@ -111,13 +111,14 @@ _ROWS: tuple[Setting, ...] = (
     _T("driver_image", "string", "Driver image to deploy (default: build driver/Dockerfile and push it to "
        "a new ECR repository)."),
     _T("driver_name", "string", "DRA driver name and DeviceClass name."),
-    _T("driver_namespace", "string", "Namespace of the driver."),
+    _T("driver_namespace", "string", "Namespace of the driver (default: neuron-dra-driver for the default "
+       "driverName, else neuron-dra-<driverName with dots as dashes>; it also names the ClusterRole)."),
     _T("driver_metrics_port", "integer", "Prometheus metrics port of the driver (0: off)."),
     _T("driver_rollout_timeout_seconds", "integer", "How long `pulumi up` waits for the driver's DaemonSet to "
        "roll out (every scheduled pod updated and ready) before it fails; 0: do not wait (the DaemonSet is "
        "created and the update goes on)."),
     _T("neuron_core_device_class", "string", "DeviceClass of NeuronCores (Kubernetes 1.36+; "
-       "docs/neuron-cores.md)."),
+       "docs/neuron-cores.md; default: neuroncore.aws.com for the default driverName, else cores.<driverName>)."),
     _T("extended_resource_name", "string", "Extended resource the whole-device DeviceClass serves to pods "
        "written for the Neuron device plugin ('' for none; left out before Kubernetes 1.36)."),
     _T("core_extended_resource_name", "string", "Extended resource the NeuronCore DeviceClass serves (logical "

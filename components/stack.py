@@ -173,7 +173,7 @@ def build_stack(
     ), opts=pulumi.ResourceOptions(provider=provider))
     # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first.
     classes = [driver.objects.get(f"DeviceClass/{name}")
-               for name in (driver.device_class_name, settings.neuron_core_device_class)]
+               for name in (driver.device_class_name, driver_options(settings).core_device_class_name)]
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
         templates=templates, instance_types=settings.node_instance_types, check=check, hardware=settings.hardware,
         depends_on=[c for c in classes if c is not None],

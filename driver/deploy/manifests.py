@@ -107,6 +107,23 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 
+def namespace_for(driver_name: str) -> str:
+    """The default namespace of an installation: DEFAULT_NAMESPACE for the default driver name, else
+    `neuron-dra-<driver name with dots as dashes>` (cut to a DNS label with a hash of the name when longer)."""
+    if driver_name == DEFAULT_DRIVER_NAME:
+        return DEFAULT_NAMESPACE
+    name = f"neuron-dra-{driver_name.replace('.', '-')}"
+    if len(name) <= 63:
+        return name
+    return f"{name[:54].rstrip('-')}-{hashlib.sha256(driver_name.encode()).hexdigest()[:8]}"
+
+
+def core_device_class_for(driver_name: str) -> str:
+    """The default NeuronCore DeviceClass: DEFAULT_CORE_DEVICE_CLASS for the default driver name, else
+    `cores.<driver name>` (the whole-device class is the driver name itself)."""
+    return DEFAULT_CORE_DEVICE_CLASS if driver_name == DEFAULT_DRIVER_NAME else f"cores.{driver_name}"
+
+
 class DeployOptionError(NotAllowed):
     """A deployment option that cannot work; `field` is the DriverDeployOptions field."""
 
@@ -146,10 +163,10 @@ class DriverDeployOptions:
     device_class_name: str | None = None  # None: the driver name, as AWS's chart does
     # NeuronCores (docs/neuron-cores.md §4): their DeviceClass, and the extended resources that the two classes
     # serve to pods written for the Neuron device plugin (None: no extendedResourceName; Kubernetes < 1.36).
-    core_device_class_name: str = DEFAULT_CORE_DEVICE_CLASS
+    core_device_class_name: str = ""  # "": derived from driver_name (core_device_class_for)
     extended_resource_name: str | None = DEFAULT_EXTENDED_RESOURCE
     core_extended_resource_name: str | None = DEFAULT_CORE_EXTENDED_RESOURCE
-    namespace: str = DEFAULT_NAMESPACE
+    namespace: str = ""  # "": derived from driver_name (namespace_for); it names the ClusterRole/Binding too
     service_account: str = DEFAULT_SERVICE_ACCOUNT
     daemonset_name: str = DEFAULT_DAEMONSET
     plugins_dir: str = DEFAULT_PLUGINS_DIR
@@ -169,6 +186,13 @@ class DriverDeployOptions:
     catalog_yaml: str | None = None  # a catalog file's text: more instance types without a new image
 
     def __post_init__(self) -> None:
+        # Names left empty derive from the driver name, so two installations with different driver names never
+        # share a cluster-scoped object (namespace, ClusterRole/Binding, admission policy/binding, DeviceClasses).
+        check_driver_name("driver_name", self.driver_name, DeployOptionError)
+        if self.namespace == "":
+            object.__setattr__(self, "namespace", namespace_for(self.driver_name))
+        if self.core_device_class_name == "":
+            object.__setattr__(self, "core_device_class_name", core_device_class_for(self.driver_name))
         check_dns_label("namespace", self.namespace, DeployOptionError)
         check_dns_subdomain("service_account", self.service_account, DeployOptionError)
         check_dns_subdomain("daemonset_name", self.daemonset_name, DeployOptionError)
