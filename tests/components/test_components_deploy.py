@@ -120,7 +120,8 @@ def test_network_policy_admits_only_metrics_scrapers() -> None:
 def test_device_classes_split_the_driver_into_devices_and_cores_with_the_device_plugins_resource_names() -> None:
     objs = by_kind(OPTION_SETS["custom"])
     dc, core = objs["DeviceClass"], objs["CoreDeviceClass"]
-    assert dc["metadata"]["name"] == "neuron.example.com" and core["metadata"]["name"] == "neuroncore.aws.com"
+    # Both classes follow the driver name (two installations never share one).
+    assert dc["metadata"]["name"] == "neuron.example.com" and core["metadata"]["name"] == "cores.neuron.example.com"
     assert dc["spec"] == {"extendedResourceName": "aws.amazon.com/neuron", "selectors": [{"cel": {"expression": (
         'device.driver == "neuron.example.com" && '
         'device.attributes["neuron.example.com"].resourceType != "neuron_core"')}}]}
