@@ -124,6 +124,10 @@ _ROWS: tuple[Setting, ...] = (
        "cores at the node's LNC; '' for none; left out before Kubernetes 1.36)."),
     _T("kubelet_plugins_dir", "string", "kubelet's plugins directory on the nodes."),
     _T("kubelet_registry_dir", "string", "kubelet's plugin registry directory on the nodes."),
+    _T("efa_driver", "string", "AWS's EFA DRA driver (DRANET, Helm chart aws-dranet; docs/efa-dra-driver.md): "
+       "auto installs it on the node groups with EFA interfaces (none on an existing cluster), install also on an "
+       "existing cluster's EFA instance types (clusterInstanceTypes), external when the cluster already runs "
+       "one. Claim templates that request EFA devices need one of them."),
     _T("claim_templates_module", "string", "Python module whose module-level claim templates are deployed "
        "and checked against the node groups ('' for none)."),
     _T("cluster_instance_types", "strings", "Existing-cluster mode: the Neuron instance types of its nodes; "
