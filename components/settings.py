@@ -291,6 +291,7 @@ class StackSettings:
     pod_identity_agent_version: str | None = _setting("podIdentityAgentVersion", None)
     node_groups: tuple[NodeGroupSettings, ...] = _setting("nodeGroups", ())
     driver_image: str | None = _setting("driverImage", None, option="image")
+    driver_build_from_source: bool = _setting("driverBuildFromSource", False)
     driver_name: str = _setting("driverName", DEFAULT_DRIVER_NAME, option="driver_name")
     driver_namespace: str = _setting("driverNamespace", DEFAULT_NAMESPACE, option="namespace")
     driver_metrics_port: int = _setting("driverMetricsPort", 0, option="metrics_port")
@@ -320,6 +321,10 @@ class StackSettings:
             raise SettingError(n("claimTemplatesModule"), self.claim_templates_module,
                                "a dotted Python module name, or '' for none")
         self.driver_options()  # the driver settings, checked where they are used
+        if self.driver_build_from_source is not False and self.driver_build_from_source is not True:
+            raise SettingError(n(key_of("driver_build_from_source")), self.driver_build_from_source, "true or false")
+        if self.driver_build_from_source and self.driver_image is not None:
+            raise SettingError(n("driverImage"), self.driver_image, "unset when driverBuildFromSource is true")
         if self.efa_driver not in EFA_DRIVER_MODES:
             raise SettingError(n(key_of("efa_driver")), self.efa_driver, " or ".join(EFA_DRIVER_MODES))
         timeout = self.driver_rollout_timeout_seconds

@@ -108,8 +108,10 @@ _ROWS: tuple[Setting, ...] = (
     _T("node_groups", "objects", "Trainium/Inferentia managed node groups: "
        + ", ".join(NODE_GROUP_FIELD_OF_KEY) + ". capacityType is ON_DEMAND or CAPACITY_BLOCK, efaInterfaceType "
        "efa-only or efa.", new_cluster_only=True),
-    _T("driver_image", "string", "Driver image to deploy (default: build driver/Dockerfile and push it to "
-       "a new ECR repository)."),
+    _T("driver_image", "string", "Driver image to deploy (default: the image this project's release workflow "
+       "publishes for the installed version, ghcr.io/neuron-dra/neuron-dra-driver:<version>)."),
+    _T("driver_build_from_source", "boolean", "Build driver/Dockerfile of the source checkout the package runs "
+       "from and push it to a new ECR repository instead (needs Docker with BuildKit; not with driverImage)."),
     _T("driver_name", "string", "DRA driver name and DeviceClass name."),
     _T("driver_namespace", "string", "Namespace of the driver."),
     _T("driver_metrics_port", "integer", "Prometheus metrics port of the driver (0: off)."),

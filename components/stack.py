@@ -174,6 +174,7 @@ def build_stack(
         kubeconfig = cluster.kubeconfig
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
         options=driver_options(settings), image=settings.driver_image, source_dir=source_dir,
+        build_from_source=settings.driver_build_from_source,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))
     # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first.
