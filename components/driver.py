@@ -3,9 +3,9 @@
 The component adds nothing to those objects except the image reference: the given image, else the image this
 repository's release workflow publishes for the installed version (`deploy.DEFAULT_IMAGE`), or, with
 `build_from_source`, the image it builds from a checkout's `driver/Dockerfile` (pulumi-docker-build, BuildKit) and
-pushes to a new ECR repository, pinned by digest. Dependencies make the namespace, RBAC and the node-restricting admission policy exist before the
-DaemonSet's pods start writing ResourceSlices. A Kubernetes provider is given as `opts.provider` (Pulumi passes
-it on to the children).
+pushes to a new ECR repository, pinned by digest. Dependencies make the namespace, RBAC and the node-restricting
+admission policy exist before the DaemonSet's pods start writing ResourceSlices. A Kubernetes provider is given as
+`opts.provider` (Pulumi passes it on to the children).
 
 What `pulumi up` waits for: the Kubernetes provider waits until the DaemonSet has rolled out (every scheduled
 pod updated and ready), by default up to `rollout_timeout_seconds` = 600, then fails the update (the objects
