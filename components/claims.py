@@ -132,6 +132,12 @@ class ClaimTemplates(pulumi.ComponentResource):
         efa_class = args.efa_driver.device_class_name if isinstance(args.efa_driver, EfaDraDriver) else None
         for template in args.templates:
             _check_manifest_names(template)
+            try:
+                check(template, list(args.instance_types))
+            except Exception as e:  # a custom check's error type is not ours to know; its message is the point
+                reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
+                raise ClaimTemplateCheckError(template_key(template), args.instance_types, reason) from e
+        for template in args.templates:  # after the fit checks: their message says more when both fail
             requests = efa_requests(template.to_manifest())
             if requests and args.efa_driver is None:
                 raise missing_efa_driver(template_key(template), requests)
@@ -139,11 +145,6 @@ class ClaimTemplates(pulumi.ComponentResource):
                 raise SettingError(f"claim template {template_key(template)}", EFA_DEVICE_CLASS,
                                    f"DeviceClass {efa_class}, the one the EfaDraDriver installs (or install it "
                                    f"with device_class_name={EFA_DEVICE_CLASS!r})")
-            try:
-                check(template, list(args.instance_types))
-            except Exception as e:  # a custom check's error type is not ours to know; its message is the point
-                reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
-                raise ClaimTemplateCheckError(template_key(template), args.instance_types, reason) from e
         self.names = keys
         self.manifests = [dict(t.to_manifest()) for t in args.templates]
         self.objects = {}

@@ -163,3 +163,14 @@ def test_an_existing_cluster_needs_efa_driver_set_for_efa_templates() -> None:
     with pytest.raises(SettingError) as err:
         run_stack({**base, "efaDriver": "always"})
     assert err.value.field == "neuron-dra:efaDriver" and err.value.allowed == "auto or install or external"
+
+
+def test_an_efa_driver_with_another_device_class_is_refused_for_templates_of_the_default_one() -> None:
+    def program() -> ClaimTemplates:
+        efa = EfaDraDriver("efa", EfaDraDriverArgs(node_groups=["trn2"], device_class_name="efa.example.com"))
+        return ClaimTemplates("t", ClaimTemplatesArgs(templates=[ClaimTemplate("aligned", Neuron(4), Efa(4))],
+                                                      instance_types=["trn2.48xlarge"], efa_driver=efa))
+
+    with pytest.raises(SettingError) as err:
+        run_offline(program)
+    assert err.value.value == "efa.networking.k8s.aws" and "DeviceClass efa.example.com" in err.value.allowed
