@@ -6,9 +6,10 @@ from neuron_dra.claim_templates import ClaimTemplate, Efa, Neuron
 from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.checks import Checker
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
-from neuron_dra.claim_templates.node_model import NodeModel, build_node, emulated_host
+from neuron_dra.claim_templates.node_model import NodeModel, build_node
 from neuron_dra.driver.model import efa
 from neuron_dra.driver.model.catalog import BUILTIN
+from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.localcluster import efa_emulator
 
 
