@@ -64,7 +64,10 @@ DEFAULT_HOST_ROOT = "/host"
 # A catalog file (docs/catalog-file.md) travels as a ConfigMap mounted here; NEURON_DRA_CATALOG points to it.
 CATALOG_DIR = "/etc/neuron-dra"
 CATALOG_KEY = "catalog.yaml"
-DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
+# The image this repository's release workflow publishes (.github/workflows/release-image.yml; multi-arch, SBOM,
+# cosign keyless signature), tagged with the package version: the version installed is the version deployed.
+IMAGE_REPOSITORY = "ghcr.io/neuron-dra/neuron-dra-driver"
+DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{__version__}"
 DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
 DEFAULT_EXTENDED_RESOURCE = NEURON_DEVICE_RESOURCE  # the Neuron device plugin's resource names
 DEFAULT_CORE_EXTENDED_RESOURCE = NEURON_CORE_RESOURCE
