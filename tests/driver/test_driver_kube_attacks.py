@@ -182,7 +182,8 @@ from neuron_dra.driver.daemon.claims import ClaimLookupError
 def peak():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
 
-lookup = KubeClaimLookup(api_client({str(server.kubeconfig(tmp_path / "kubeconfig"))!r}, ClientOptions(Rate(1000, 1000))))
+kubeconfig = {str(server.kubeconfig(tmp_path / "kubeconfig"))!r}
+lookup = KubeClaimLookup(api_client(kubeconfig, ClientOptions(Rate(1000, 1000))))
 lookup.get("ns", "small")
 before = peak()
 errors = []
@@ -245,4 +246,4 @@ def test_a_watch_that_ends_at_once_makes_the_publisher_back_off_and_log_it(serve
     assert 3 <= len(cycles) <= 8, len(cycles)
     backoffs = [r for r in caplog.records if "ended early without a change; backing off" in r.getMessage()]
     assert len(backoffs) >= 2
-    assert [getattr(r, "retry_in_seconds") for r in backoffs[:3]] == [0.2, 0.4, 0.8]
+    assert [r.__dict__["retry_in_seconds"] for r in backoffs[:3]] == [0.2, 0.4, 0.8]

@@ -298,3 +298,18 @@ def test_requests_beyond_the_burst_wait_for_the_rate(server: FakeApiServer) -> N
                                              r"delay the request [45].\d\d s, past its deadline"):
         slow.call("GET", "/two")
     assert server.seen[-1].target == "/one"
+
+
+def test_the_daemon_flags_of_the_api_client(capsys: pytest.CaptureFixture[str]) -> None:
+    from neuron_dra.driver.daemon.main import parse_options
+
+    default = parse_options(["--node-name", "n"], {})
+    assert (default.kube_api_qps, default.kube_api_burst, default.kube_api_timeout) == (5.0, 10, 10.0)
+    env = parse_options(["--node-name", "n", "--kube-api-burst", "30"], {"KUBE_API_QPS": "15", "KUBE_API_TIMEOUT": "3"})
+    assert (env.kube_api_qps, env.kube_api_burst, env.kube_api_timeout) == (15.0, 30, 3.0)
+    for flag, value, error in (("--kube-api-timeout", "60", "60.0: allowed 0.5 to 40"),
+                               ("--kube-api-qps", "many", "'many' is not a number of requests per second"),
+                               ("--kube-api-burst", "0", "0: allowed 1 to 1000")):
+        with pytest.raises(SystemExit):
+            parse_options(["--node-name", "n", flag, value], {})
+        assert f"argument {flag}: {error}" in capsys.readouterr().err
