@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from neuron_dra.driver.model.slices import PublishOptions
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, NODE, DaemonDirs, claim, devices, uid, wait_until
-from tests.support.fake_apiserver import FakeApiServer, Reply, Seen, chunked, ok, ok_json, serve
+from tests.support.fake_apiserver import FakeApiServer, Reply, Script, Seen, answer_json, chunked, ok, ok_json, serve
 
 FAST = Rate(1000, 1000)
 NOT_FOUND = b'HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}'
@@ -39,7 +39,7 @@ def server(tmp_path: Path) -> Iterator[FakeApiServer]:
     yield from serve(tmp_path)
 
 
-def drip_head(server: FakeApiServer) -> Any:
+def drip_head(server: FakeApiServer) -> Script:
     def script(seen: Seen, reply: Reply) -> bool:
         reply.drip(ok(b'{"kind":"ResourceClaim"}'), 0.4, server.stop)
         return False
@@ -47,7 +47,7 @@ def drip_head(server: FakeApiServer) -> Any:
     return script
 
 
-def drip_body(server: FakeApiServer) -> Any:
+def drip_body(server: FakeApiServer) -> Script:
     def script(seen: Seen, reply: Reply) -> bool:
         reply.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n{")
         reply.drip(b" " * 400, 0.4, server.stop)
@@ -56,7 +56,7 @@ def drip_body(server: FakeApiServer) -> Any:
     return script
 
 
-def endless_continue(server: FakeApiServer) -> Any:
+def endless_continue(server: FakeApiServer) -> Script:
     def script(seen: Seen, reply: Reply) -> bool:
         while not server.stop.wait(0.02):
             try:
@@ -69,8 +69,8 @@ def endless_continue(server: FakeApiServer) -> Any:
 
 
 @pytest.mark.parametrize("attack", [drip_head, drip_body, endless_continue])
-def test_an_answer_that_never_completes_fails_the_claim_get_by_the_deadline(server: FakeApiServer,
-                                                                             attack: Any) -> None:
+def test_an_answer_that_never_completes_fails_the_claim_get_by_the_deadline(
+        server: FakeApiServer, attack: Callable[[FakeApiServer], Script]) -> None:
     lookup = KubeClaimLookup(server.client(options=ClientOptions(rate=FAST, deadline=1.5)))
     server.script = attack(server)
     start = time.monotonic()
@@ -79,7 +79,7 @@ def test_an_answer_that_never_completes_fails_the_claim_get_by_the_deadline(serv
                                                r"of 1.5 s"):
         lookup.get("ns", "c")
     assert 1.4 < time.monotonic() - start < 3.0
-    server.script = lambda seen, reply: (reply.write(ok_json({"metadata": {"name": "d"}})), True)[1]
+    server.script = answer_json({"metadata": {"name": "d"}})
     assert lookup.get("ns", "d") == {"metadata": {"name": "d"}}
 
 
@@ -89,9 +89,9 @@ def test_the_daemon_fails_a_prepare_against_a_dripping_api_server_in_time_and_th
 
     def script(seen: Seen, reply: Reply) -> bool:
         if seen.target.endswith("/resourceclaims/drip"):
-            return drip_body(server)(seen, reply)  # type: ignore[no-any-return]
+            return drip_body(server)(seen, reply)
         if seen.target.endswith("/resourceclaims/continue"):
-            return endless_continue(server)(seen, reply)  # type: ignore[no-any-return]
+            return endless_continue(server)(seen, reply)
         reply.write(ok_json(good) if seen.target.endswith("/resourceclaims/good") else NOT_FOUND)
         return True
 
@@ -128,7 +128,7 @@ def test_the_daemon_fails_a_prepare_against_a_dripping_api_server_in_time_and_th
 def test_a_dripping_list_does_not_hold_the_publisher_lock(server: FakeApiServer, host_root: Path) -> None:
     def script(seen: Seen, reply: Reply) -> bool:
         if seen.target.startswith(RESOURCE_SLICES):
-            return drip_body(server)(seen, reply)  # type: ignore[no-any-return]
+            return drip_body(server)(seen, reply)
         reply.write(ok_json(NODE_OBJECT))
         return True
 

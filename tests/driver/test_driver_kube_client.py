@@ -42,7 +42,11 @@ def api(server: FakeApiServer, options: ClientOptions = FAST, **kw: object) -> K
 # --- the request and the connection ---------------------------------------------------------------------------
 
 def test_the_request_on_the_wire(server: FakeApiServer) -> None:
-    server.script = lambda seen, reply: (reply.write(ok_json({"echo": seen.body.decode()})), True)[1]
+    def echo(seen: Seen, reply: Reply) -> bool:
+        reply.write(ok_json({"echo": seen.body.decode()}))
+        return True
+
+    server.script = echo
     client = api(server)
     assert client.call("GET", "/api/v1/nodes/n1", query={"a": "b c", "skip": None}) == {"echo": ""}
     assert client.call("POST", "/apis/x", body={"k": "v"}) == {"echo": '{"k": "v"}'}

@@ -9,7 +9,6 @@ import json
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +69,11 @@ def chunked(pieces: list[bytes], status: str = "200 OK", trailer: bytes = b"") -
     for p in pieces:
         out += f"{len(p):x}".encode() + b"\r\n" + p + b"\r\n"
     return out + b"0\r\n" + trailer + b"\r\n"
+
+
+def answer_json(doc: Any) -> Script:
+    """A 200 with `doc` to every request."""
+    return answer(ok_json(doc))
 
 
 def answer(data: bytes, keep: bool = True) -> Script:
@@ -185,8 +189,3 @@ def serve(base: Path) -> Iterator[FakeApiServer]:
         httpd.shutdown()
         httpd.server_close()
         thread.join(5)
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.monotonic()
-    return fn(), time.monotonic() - start
