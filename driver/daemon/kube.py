@@ -142,7 +142,10 @@ class ApiClient:
 
     def _headers(self, with_body: bool) -> dict[str, str]:
         """The request's header fields, made again only when the token changes (never mutated once made)."""
-        auth = self._authorization()
+        try:
+            auth = self._authorization()
+        except OSError as e:
+            raise ApiClientError(f"reading the token file {self.config.token_file}: {e}") from None
         key = (auth, with_body)
         headers = self._headers_by_auth.get(key)
         if headers is None:
@@ -215,6 +218,10 @@ class ApiClient:
             parts: list[bytes] = []
             total = 0
             with applied(deadline):
+                if length.isdigit() and not cut:  # the usual answer: its length known, within the cap
+                    body = resp.read()
+                    done = True
+                    return body
                 while piece := resp.read(READ_BYTES):
                     total += len(piece)
                     if total > cap:
@@ -385,7 +392,10 @@ class KubeApi:
         try:
             for line in stream.lines():
                 if line.strip():
-                    event = json.loads(line)
+                    try:
+                        event = json.loads(line)
+                    except ValueError as e:
+                        raise ApiClientError(f"GET {path} (watch): an event that is not JSON: {e}") from None
                     if not isinstance(event, dict):
                         raise ApiClientError(f"GET {path} (watch): an event that is not a JSON object")
                     yield event

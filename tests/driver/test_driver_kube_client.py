@@ -231,6 +231,12 @@ def test_a_rotated_token_file_is_sent_once_reread(server: FakeApiServer, tmp_pat
                                                                 "Bearer two"]
 
 
+def test_a_missing_token_file_fails_the_request_naming_it(server: FakeApiServer, tmp_path: Path) -> None:
+    with pytest.raises(ApiClientError, match=f"reading the token file {tmp_path}/gone: .*No such file"):
+        api(server, token=None, token_file=str(tmp_path / "gone")).call("GET", "/a")
+    assert server.seen == []
+
+
 def test_nothing_can_split_the_request(server: FakeApiServer) -> None:
     with pytest.raises(ApiClientError, match="a CR or LF in a header field"):
         api(server, token="t\r\nX-Injected: 1").call("GET", "/a")
