@@ -1,7 +1,7 @@
 """Where the API server is and how to authenticate: a kubeconfig file (server, CA, client certificate, bearer
 token or token file; no exec or auth-provider plugins) or the in-cluster service account (KUBERNETES_SERVICE_HOST
-and _PORT, the projected token and CA). Without the `kubernetes` package: its import alone costs 17-19 MiB of
-resident memory and, on a loaded node, seconds of start-up."""
+and _PORT, the projected token and CA). Without the `kubernetes` package, whose import is large and slow at
+start-up (driver/README.md)."""
 
 from __future__ import annotations
 
