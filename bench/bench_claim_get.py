@@ -77,10 +77,11 @@ def kubernetes_get(kubeconfig: Path) -> Callable[[], Mapping[str, Any]]:
 
 
 def import_cost(module: str) -> float:
-    """MiB of resident memory that importing `module` adds to a fresh interpreter."""
-    code = ("import resource, importlib; before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
-            f"importlib.import_module({module!r}); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")
+    """MiB of resident memory that importing `module` adds to a fresh interpreter (VmRSS before and after)."""
+    code = ("import importlib\n"
+            "def rss():\n"
+            "    return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1])\n"
+            f"before = rss(); importlib.import_module({module!r}); print(rss() - before)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return int(out) / 1024
 
