@@ -159,7 +159,10 @@ def test_cli_check_table_and_exit_code(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("default/trn2-row"))
     assert row.split()[1:] == ["4", "-"]
-    assert "default/trn2-row on inf2.xlarge: request 'neurons' needs 4 devices" in out
+    assert "default/trn2-row: not for inf2.xlarge (its selectors pick other instance types" in out
+    assert main(["claims", "check", str(f), "--instance-type", "trn2.48xlarge", "--instance-type", "inf2.xlarge",
+                 "--verbose"]) == 0
+    assert "default/trn2-row on inf2.xlarge: request 'neurons' needs 4 devices" in capsys.readouterr().out
     assert main(["claims", "check", str(f), "--instance-type", "inf2.xlarge"]) == 1
     capsys.readouterr()
     assert main(["claims", "check", str(f), "--instance-type", "trn2.48xlarge", "--json"]) == 0
