@@ -1,7 +1,8 @@
 """The default stack program: settings -> components -> exports. `__main__.py` runs it; so does `neuron-dra plan`.
 
-New-cluster mode (no `kubeconfig`): a TrainiumCluster, one TrainiumNodeGroup per `nodeGroups` entry, CoreDNS
-once there are nodes, the driver and the claim templates (checked against the node groups' instance types).
+New-cluster mode (no `kubeconfig`): a TrainiumCluster, one TrainiumNodeGroup per `nodeGroups` entry, with
+`nodePools` Karpenter (TrainiumKarpenter) and one TrainiumNodePool per entry, CoreDNS once there are nodes,
+the driver and the claim templates (checked against the node groups' and pools' instance types).
 Existing-cluster mode (`kubeconfig` set): only the driver and the claim templates, through a Kubernetes
 provider for that kubeconfig; no AWS resource is created.
 
@@ -25,10 +26,13 @@ import pulumi_kubernetes as k8s
 from neuron_dra.components.claims import ClaimTemplates, ClaimTemplatesArgs, TemplateCheck, module_templates
 from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
 from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
+from neuron_dra.components.karpenter import TrainiumKarpenter, TrainiumKarpenterArgs
 from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroupArgs
+from neuron_dra.components.nodepool import TrainiumNodePool, TrainiumNodePoolArgs
 from neuron_dra.components.settings import (
     PROJECT,
     NodeGroupSettings,
+    NodePoolSettings,
     SettingError,
     StackSettings,
     kubernetes_version_warnings,
@@ -56,6 +60,8 @@ class StackResult:
     driver: NeuronDraDriver
     templates: ClaimTemplates
     exports: dict[str, Any] = field(default_factory=dict)
+    karpenter: TrainiumKarpenter | None = None
+    node_pools: list[TrainiumNodePool] = field(default_factory=list)
 
 
 def offered_zones(instance_type: str) -> tuple[str, ...]:
@@ -130,6 +136,8 @@ def build_stack(
     templates = module_templates(settings.claim_templates_module) if settings.claim_templates_module else []
     cluster: TrainiumCluster | None = None
     groups: list[TrainiumNodeGroup] = []
+    karpenter: TrainiumKarpenter | None = None
+    pools: list[TrainiumNodePool] = []
     if settings.existing_cluster:
         assert settings.kubeconfig is not None
         kubeconfig: pulumi.Output[str] = pulumi.Output.secret(kubeconfig_input(settings.kubeconfig))
@@ -160,8 +168,11 @@ def build_stack(
         ))
         groups = [_node_group(cluster, group, zones.group_zones[group.name], settings)
                   for group in settings.node_groups]
-        if any(g.desired_size > 0 for g in settings.node_groups):
-            cluster.install_coredns(after=[g.node_group for g in groups])
+        if settings.node_pools:
+            karpenter, pools = _karpenter(cluster, settings)
+        if karpenter is not None or any(g.desired_size > 0 for g in settings.node_groups):
+            cluster.install_coredns(after=[g.node_group for g in groups]
+                                    + ([karpenter.system_node_group] if karpenter else []))
         else:
             pulumi.log.warn("no node group has nodes yet (every desiredSize is 0): the CoreDNS add-on is created "
                             "by the first `pulumi up` after a node group has nodes")
@@ -182,11 +193,37 @@ def build_stack(
         "kubeconfig": kubeconfig,
         "clusterName": cluster.name if cluster else None,
         "nodeGroupNames": [g.name for g in groups],
+        "nodePoolNames": [p.name for p in pools],
         "driverNamespace": driver.namespace,
         "driverImage": driver.image,
         "claimTemplates": claim_templates.names,
     }
-    return StackResult(settings, cluster, groups, driver, claim_templates, exports)
+    return StackResult(settings, cluster, groups, driver, claim_templates, exports, karpenter, pools)
+
+
+def _karpenter(cluster: TrainiumCluster, settings: StackSettings) -> tuple[TrainiumKarpenter, list[TrainiumNodePool]]:
+    """Karpenter in the cluster and one TrainiumNodePool per `nodePools` entry, after Karpenter's chart (its CRDs)."""
+    provider = pulumi.ResourceOptions(provider=cluster.provider)
+    karpenter = TrainiumKarpenter("karpenter", TrainiumKarpenterArgs(
+        cluster_name=cluster.name,
+        subnet_ids=cluster.private_subnet_ids,
+        kubernetes_version=cluster.kubernetes_version,
+        cni_policy_on_node_role=settings.vpc_cni_identity == "nodeRole",
+        depends_on=[*cluster.node_group_dependencies, cluster.pod_identity_agent],
+    ), opts=provider)
+    return karpenter, [_node_pool(cluster, karpenter, pool, settings) for pool in settings.node_pools]
+
+
+def _node_pool(cluster: TrainiumCluster, karpenter: TrainiumKarpenter, pool: NodePoolSettings,
+               settings: StackSettings) -> TrainiumNodePool:
+    return TrainiumNodePool(f"pool-{pool.name}", TrainiumNodePoolArgs.from_settings(
+        pool,
+        node_role_name=karpenter.node_role.name,
+        subnet_ids=cluster.private_subnet_ids,
+        security_group_ids=cluster.cluster_security_group_id.apply(lambda sg: [sg]),
+        imds_hop_limit=settings.imds_hop_limit,
+        depends_on=[karpenter.release],
+    ), opts=pulumi.ResourceOptions(provider=cluster.provider))
 
 
 def _node_group(cluster: TrainiumCluster, group: NodeGroupSettings, zones: Sequence[str],
