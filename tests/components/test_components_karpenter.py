@@ -34,7 +34,8 @@ RESERVATION = "cr-0123456789abcdef0"
 
 @pytest.fixture(scope="module")
 def run() -> OfflineRun[Any]:
-    return cli_plan.plan(cli_plan.load_config_file(EXAMPLE))
+    planned: OfflineRun[Any] = cli_plan.plan(cli_plan.load_config_file(EXAMPLE))
+    return planned
 
 
 def one(run: OfflineRun[Any], typ: str, name: str | None = None) -> dict[str, Any]:
