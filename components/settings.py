@@ -393,11 +393,15 @@ class NodePoolSettings:
         if self.capacity_kinds != ("reserved",):
             raise SettingError(self._at("capacityTypes"), list(self.capacity_kinds),
                                "[reserved] (or unset) with capacityReservationId")
+
         spec = self.hardware.spec(self.instance_types[0])
         if not spec.capacity_blocks:
             sold = ", ".join(t for t, s in self.hardware.types.items() if s.capacity_blocks)
             raise SettingError(self._at("instanceTypes"), spec.instance_type,
                                f"an instance type sold as Capacity Blocks ({sold}) with capacityReservationId")
+        if not self.availability_zone:
+            raise SettingError(self._at("availabilityZone"), None,
+                               "the reservation's AZ: its instances launch only there (a new VPC gets a subnet in it)")
 
     def _at(self, key: str) -> str:
         if self.where:

@@ -103,14 +103,16 @@ def plan_zones(settings: StackSettings) -> ZonePlan:
         chosen[group.name] = zones[:1] if group.is_efa else zones[:MAX_NON_EFA_ZONES]
     if settings.vpc_id is not None:
         return ZonePlan((), chosen)
+    pool_zones = _pool_zones(settings)
     if settings.availability_zones:
-        for group in settings.node_groups:
-            outside = [z for z in chosen[group.name] if z not in wanted]
-            if outside:
-                raise SettingError(f"{group.where}.availabilityZone", outside[0],
-                                   f"one of neuron-dra:availabilityZones ({', '.join(settings.availability_zones)})")
+        outside_groups = [(g.where, z) for g in settings.node_groups for z in chosen[g.name] if z not in wanted]
+        outside_pools = [(p.where, p.availability_zone) for p in settings.node_pools
+                         if p.availability_zone and p.availability_zone not in wanted]
+        for where, zone in (*outside_groups, *outside_pools):
+            raise SettingError(f"{where}.availabilityZone", zone,
+                               f"one of neuron-dra:availabilityZones ({', '.join(settings.availability_zones)})")
         return ZonePlan(tuple(settings.availability_zones), chosen)
-    vpc_zones = list(dict.fromkeys(z for zones in chosen.values() for z in zones))
+    vpc_zones = list(dict.fromkeys([*(z for zones in chosen.values() for z in zones), *pool_zones]))
     for zone in available_zones():
         if len(vpc_zones) >= 2:
             break
@@ -119,6 +121,22 @@ def plan_zones(settings: StackSettings) -> ZonePlan:
     if len(vpc_zones) < 2:
         raise SettingError(setting_name("availabilityZones"), vpc_zones, "two or more AZs (EKS needs two)")
     return ZonePlan(tuple(vpc_zones), chosen)
+
+
+def _pool_zones(settings: StackSettings) -> list[str]:
+    """AZs a new VPC needs for the node pools: a pool's own AZ (a Capacity Block's), else the first AZ offering
+    each of its instance types, so that Karpenter finds a subnet where it can launch them."""
+    zones: list[str] = []
+    for pool in settings.node_pools:
+        if pool.availability_zone:
+            zones.append(pool.availability_zone)
+            continue
+        offered = [z for t in pool.types for z in offered_zones(t)[:1]]
+        if not offered:
+            raise SettingError(f"{pool.where}.instanceTypes", list(pool.types),
+                               "instance types offered in this region (EC2 offers none of them in any AZ)")
+        zones.extend(offered)
+    return zones
 
 
 def driver_options(settings: StackSettings) -> DriverDeployOptions:

@@ -74,7 +74,8 @@ def test_static_capacity_block_pool(run: OfflineRun[Any]) -> None:
     requirements = {r["key"]: r["values"] for r in spec["requirements"]}
     assert requirements == {"node.kubernetes.io/instance-type": ["trn2.48xlarge"],
                             "karpenter.k8s.aws/instance-family": ["trn2"],
-                            "karpenter.sh/capacity-type": ["reserved"]}
+                            "karpenter.sh/capacity-type": ["reserved"],
+                            "topology.kubernetes.io/zone": ["us-east-2c"]}
     node_class = manifests(run, "EC2NodeClass")["trn2-block"]["spec"]
     assert node_class["capacityReservationSelectorTerms"] == [{"id": RESERVATION}]
     assert node_class["userData"] == lnc_user_data(1)
@@ -96,6 +97,12 @@ def test_node_class_has_the_node_groups_node_settings(run: OfflineRun[Any]) -> N
     assert len(interfaces) == 17  # the ENA primary and one EFA-only per network card (16 on trn2.48xlarge)
     assert interfaces[0] == {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}
     assert sorted(i["networkCardIndex"] for i in interfaces if i["interfaceType"] == "efa-only") == list(range(16))
+
+
+def test_the_new_vpc_has_subnets_where_the_pools_launch(run: OfflineRun[Any]) -> None:
+    zones = one(run, "awsx:ec2:Vpc")["availabilityZoneNames"]
+    assert "us-east-2c" in zones  # the Capacity Block's AZ, which no node group and no default would bring
+    assert "us-east-2a" in zones  # where the mocks offer trn1 first
 
 
 def test_dynamic_trn1_pool(run: OfflineRun[Any]) -> None:
@@ -215,6 +222,8 @@ def pool(**kwargs: Any) -> NodePoolSettings:
       "capacity_types": ("on-demand",)}, "capacity_types", "[reserved]"),
     ({"instance_types": ("inf2.xlarge",), "replicas": 1, "capacity_reservation_id": RESERVATION}, "instance_types",
      "sold as Capacity Blocks"),
+    ({"instance_types": ("trn2.48xlarge",), "replicas": 1, "capacity_reservation_id": RESERVATION},
+     "availability_zone", "the reservation's AZ"),
     ({"instance_types": ("trn2.48xlarge",), "replicas": 3, "max_nodes": 2}, "max_nodes", "at least replicas (3)"),
     ({"instance_types": ("trn2.48xlarge",), "max_nodes": 100000}, "max_nodes", "0 to 1000"),
     ({"instance_types": ("trn2.48xlarge",), "replicas": True}, "replicas", "whole number"),
