@@ -4,12 +4,13 @@ here; test_driver_apiserver.py runs the same path against the real API server.""
 
 from __future__ import annotations
 
-import socket
+import os
 import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -159,20 +160,31 @@ def test_sockets_are_private_and_recreated_over_stale_files() -> None:
 
 
 def test_dra_socket_listens_before_the_registration_socket_appears(monkeypatch: pytest.MonkeyPatch) -> None:
-    order: list[tuple[str, bool]] = []
+    """Each socket file is mode 0600 the moment grpc has bound it (before any chmod), even with umask 0."""
+    order: list[tuple[str, bool, int]] = []
     real_listen = plugin._listen
 
-    def recording_listen(path: Path) -> socket.socket:
-        sock = real_listen(path)
-        order.append((path.name, path.exists()))
-        return sock
+    def recording_listen(server: Any, path: Path) -> None:
+        real_add = server._server.add_insecure_port
+
+        def add(address: str) -> int:
+            port = int(real_add(address))
+            order.append((path.name, path.exists(), stat.S_IMODE(path.stat().st_mode)))
+            return port
+
+        monkeypatch.setattr(server._server, "add_insecure_port", add)
+        real_listen(server, path)
 
     monkeypatch.setattr(plugin, "_listen", recording_listen)
-    with short_dir() as base:
-        s = serve(base)
-        s.servers.stop()
-        s.state.close()
-    assert order == [("dra.sock", True), (f"{DRIVER}-reg.sock", True)]
+    old = os.umask(0)
+    try:
+        with short_dir() as base:
+            s = serve(base)
+            s.servers.stop()
+            s.state.close()
+    finally:
+        os.umask(old)
+    assert order == [("dra.sock", True, 0o600), (f"{DRIVER}-reg.sock", True, 0o600)]
 
 
 def test_socket_paths_too_long_for_unix_sockets_are_refused() -> None:
