@@ -325,6 +325,8 @@ class Server:
                 if item is _END:
                     return
                 yield item.SerializeToString()
+        except RpcError as e:
+            await ctx.abort(e.code, e.details)
         except Exception as e:
             log.exception("gRPC stream handler failed", extra={"server": self.name, "error": str(e)})
             await ctx.abort(StatusCode.INTERNAL, f"internal error: {type(e).__name__}")

@@ -9,6 +9,7 @@ Service "" reports that the health server itself is up.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from neuron_dra.driver.daemon import grpcserver, memory
@@ -64,8 +65,9 @@ class HealthService:
         context.abort(grpcserver.StatusCode.NOT_FOUND,
                       f"unknown health service {request.service!r}; known: '' and {LIVENESS_SERVICE!r}")
 
-    async def Watch(self, request: Any, context: grpcserver.CallContext) -> Any:
+    def Watch(self, request: Any, context: grpcserver.CallContext) -> Iterator[Any]:
         context.abort(grpcserver.StatusCode.UNIMPLEMENTED, "Watch is not implemented; use Check")
+        yield  # a generator: Watch is server-streaming
 
 
 class HealthServer:

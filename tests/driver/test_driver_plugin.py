@@ -209,6 +209,9 @@ def test_health_liveness_calls_the_daemons_own_sockets(served: Served) -> None:
         with pytest.raises(grpc.RpcError) as info:
             check("readiness")
         assert info.value.code() is grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Watch(grpc_health_v1_pb2.HealthCheckRequest(service="liveness"), timeout=5))
+        assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED and "use Check" in (info.value.details() or "")
         served.servers.stop()  # the kubelet-facing sockets are gone: kubelet must restart the container
         assert check("liveness") == grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
     finally:
