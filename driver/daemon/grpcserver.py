@@ -212,7 +212,8 @@ class Server:
     def __init__(self, name: str, limits: Limits) -> None:
         self.name = name
         self.limits = limits
-        self.active_calls = 0  # blocking calls in the pool (event loop thread only)
+        self.active_calls = 0  # blocking calls admitted to the pool and not finished
+        self._count_lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent, thread_name_prefix=name)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-grpc", daemon=True)
@@ -278,10 +279,26 @@ class Server:
     # --- per call, in the event loop --------------------------------------------------------------------
 
     def _admit(self) -> None:
-        if self.active_calls >= self.limits.max_concurrent:
-            raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"{self.name}: {self.limits.max_concurrent} calls are "
-                                                          "running already; retry")
-        self.active_calls += 1
+        with self._count_lock:
+            if self.active_calls >= self.limits.max_concurrent:
+                raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"{self.name}: {self.limits.max_concurrent} calls "
+                                                              "are running already; retry")
+            self.active_calls += 1
+
+    def _release(self, _: object = None) -> None:
+        with self._count_lock:
+            self.active_calls -= 1
+
+    async def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
+        # Released when the work ends, not when the call does: a cancelled call's handler may still be running.
+        self._admit()
+        try:
+            work = self._pool.submit(fn, *args)
+        except BaseException:
+            self._release()
+            raise
+        work.add_done_callback(self._release)
+        return await asyncio.wrap_future(work)
 
     async def _unary(self, method: Method, raw: bytes, ctx: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         call = _context(ctx)
@@ -292,11 +309,7 @@ class Server:
             elif method.inline is not None and method.inline(request):
                 response = method.behaviour(request, call)
             else:
-                self._admit()
-                try:
-                    response = await self._loop.run_in_executor(self._pool, method.behaviour, request, call)
-                finally:
-                    self.active_calls -= 1
+                response = await self._in_pool(method.behaviour, request, call)
             data: bytes = response.SerializeToString()
             return data
         except RpcError as e:
@@ -311,7 +324,7 @@ class Server:
         call = _context(ctx)
         try:
             request = parse(method.request_type, raw)
-            self._admit()
+            self._admit()  # one place for the stream's life
         except RpcError as e:
             await ctx.abort(e.code, e.details)
             raise AssertionError("unreachable") from None  # abort raises
@@ -331,7 +344,7 @@ class Server:
             log.exception("gRPC stream handler failed", extra={"server": self.name, "error": str(e)})
             await ctx.abort(StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
         finally:
-            self.active_calls -= 1
+            self._release()
             call.end()  # the generator sees is_active() False and returns
             with contextlib.suppress(RuntimeError):  # the pool is shut down: the process is stopping
                 self._pool.submit(_close_after, pending, gen)
