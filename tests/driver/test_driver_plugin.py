@@ -40,15 +40,20 @@ class Served:
     cdi: Path
 
 
-def serve(base: Path, instance_type: str = "trn2.48xlarge") -> Served:
+def make_state(base: Path, instance_type: str = "trn2.48xlarge") -> tuple[DriverState, FakeLookup]:
     root = emulate(instance_type, base / "host")
     lookup = FakeLookup()
-    paths = SocketPaths.for_driver(base / "plugins", base / "registry", DRIVER)
     (base / "plugins" / DRIVER).mkdir(parents=True, exist_ok=True)
     state = DriverState(host=discover(root), host_root=root, driver_name=DRIVER, pool_name=NODE,
                         cdi=CdiStore(base / "cdi", DRIVER), checkpoint=Checkpoint(base / "plugins" / DRIVER / "cp"),
                         lookup=lookup)
     state.reconcile_local()
+    return state, lookup
+
+
+def serve(base: Path, instance_type: str = "trn2.48xlarge") -> Served:
+    state, lookup = make_state(base, instance_type)
+    paths = SocketPaths.for_driver(base / "plugins", base / "registry", DRIVER)
     servers = PluginServers(paths, DRIVER)
     servers.start(state)
     return Served(servers, state, lookup, paths, base / "cdi")
@@ -217,3 +222,26 @@ def test_health_liveness_calls_the_daemons_own_sockets(served: Served) -> None:
     finally:
         channel.close()
         health.stop()
+
+
+def test_dra_calls_before_the_state_is_loaded_wait_and_are_answered_after() -> None:
+    """`listen` answers registration at once; a prepare sent before `serve` waits (grpc has bound the DRA socket)
+    and is answered once the DRA service runs."""
+    with short_dir() as base:
+        paths = SocketPaths.for_driver(base / "plugins", base / "registry", DRIVER)
+        servers = PluginServers(paths, DRIVER)
+        servers.listen()
+        try:
+            assert pluginclient.register(paths.registration).driver_name == DRIVER
+            channel = grpc.insecure_channel(f"unix:{paths.dra}")
+            early = channel.unary_unary("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources").future(
+                b"", timeout=20)
+            time.sleep(0.5)
+            assert not early.done()
+            state, _ = make_state(base)
+            servers.serve(state)
+            assert early.result(timeout=10) == b""  # an empty prepare: an empty answer
+            channel.close()
+            state.close()
+        finally:
+            servers.stop()
