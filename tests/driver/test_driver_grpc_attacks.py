@@ -47,7 +47,7 @@ class Running:
 def running(dirs: DaemonDirs, host_root: Path) -> Iterator[Running]:
     port = free_port()
     d = DaemonProcess(dirs, host_root, extra_args=["--healthcheck-port", str(port), "--bind-address",
-                                                   "127.0.0.1"]).wait_ready()
+                                                   "127.0.0.1"]).wait_ready(timeout=60)
     try:
         wait_until(lambda: probe(f"127.0.0.1:{port}")[0], 10, "the health port to answer")
         yield Running(d, dirs, port)
