@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import statistics
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import grpc
 
-from neuron_dra.driver.daemon import h2grpc
+from neuron_dra.driver.daemon import grpcserver
 from neuron_dra.driver.daemon._generated import dra_health_v1alpha1_pb2 as pb
 from neuron_dra.driver.daemon._generated import dra_health_v1alpha1_pb2_grpc as pb_grpc
 from neuron_dra.driver.daemon.health_stream import HealthStreamService
@@ -56,11 +55,11 @@ def latency(host: Path, interval: float, rounds: int) -> list[float]:
     monitor = HealthMonitor(host, range(16), interval=interval)
     stop = threading.Event()
     service = HealthStreamService(monitor, discover(host), "bench", stop)
-    server = h2grpc.Server("bench-health", 4, 4)
+    server = grpcserver.Server("bench-health", grpcserver.Limits(max_concurrent=4))
     server.add_methods(service.methods())
     with tempfile.TemporaryDirectory(prefix="bh", dir="/tmp") as d:
         sock = f"{d}/h.sock"
-        server.add_socket(h2grpc.listening_socket(socket.AF_UNIX, sock))
+        server.add_unix(Path(sock))
         server.start()
         monitor.start(stop)
         channel = grpc.insecure_channel(f"unix://{sock}")

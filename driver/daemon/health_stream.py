@@ -4,7 +4,7 @@ kubelets 1.34-1.36 dial `v1alpha1.DRAResourceHealth` whenever their ResourceHeal
 1.36), whatever the registration lists; 1.37 picks `v1` or `v1alpha1` from the registration's supported
 versions; upstream's Go helper serves `v1beta1` (docs/kubelet-dra-protocol.md §3). The messages are identical on
 the wire in all three, so one servicer answers all of them with the v1beta1 messages, through the daemon's
-raw-bytes handlers (h2grpc.py).
+raw-bytes handlers (grpcserver.py).
 
 The stream sends the full device list at once, again on every change, and at least every `heartbeat` seconds
 with fresh timestamps: kubelet turns a device Unknown when no update came within its health check timeout.
@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from neuron_dra.driver.daemon import h2grpc
+from neuron_dra.driver.daemon import grpcserver
 from neuron_dra.driver.daemon._generated import dra_health_v1_pb2, dra_health_v1alpha1_pb2
 from neuron_dra.driver.daemon._generated import dra_health_v1beta1_pb2 as pb
 from neuron_dra.driver.model.devices import NeuronHost
@@ -61,7 +61,7 @@ class HealthStreamService:
                 last_updated_time=now, health_check_timeout_seconds=self.timeout_s, message=h.message))
         return resp
 
-    def NodeWatchResources(self, request: Any, context: h2grpc.CallContext
+    def NodeWatchResources(self, request: Any, context: grpcserver.CallContext
                            ) -> Iterator[pb.NodeWatchResourcesResponse]:
         """The stream kubelet holds open (the request message is empty in every version)."""
         with self._lock:
@@ -85,9 +85,9 @@ class HealthStreamService:
                 self.active_streams -= 1
             log.info("device health stream closed", extra={"pool": self.pool_name})
 
-    def methods(self) -> dict[str, h2grpc.Method]:
+    def methods(self) -> dict[str, grpcserver.Method]:
         """NodeWatchResources in every package of HEALTH_PACKAGES, for the DRA socket's server."""
-        out: dict[str, h2grpc.Method] = {}
+        out: dict[str, grpcserver.Method] = {}
         for module in (dra_health_v1_pb2, pb, dra_health_v1alpha1_pb2):
-            out.update(h2grpc.service_methods(module.DESCRIPTOR.services_by_name["DRAResourceHealth"], self))
+            out.update(grpcserver.service_methods(module.DESCRIPTOR.services_by_name["DRAResourceHealth"], self))
         return out

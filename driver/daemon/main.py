@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from neuron_dra import __version__
 from neuron_dra.driver.daemon import logs
 from neuron_dra.driver.daemon.signals import set_on_signals
-from neuron_dra.driver.daemon.sockets import BoundSockets, SocketError, SocketPaths, bind
+from neuron_dra.driver.daemon.sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
     CHECKPOINT_FILE,
@@ -314,10 +314,10 @@ class Daemon:
 
     def start(self) -> None:
         o = self.options
-        # The sockets first: kubelet can register the driver while the rest starts (plugin.py: DRA calls wait in
-        # the DRA socket's backlog until `serve` below).
+        # The sockets first: kubelet can register the driver while the rest starts (plugin.py: DRA calls wait
+        # until `serve` below).
         if self.servers is None:
-            self.servers = listen(o, None)
+            self.servers = listen(o)
         from neuron_dra.driver.daemon.cdi import CdiStore
         from neuron_dra.driver.daemon.checkpoint import Checkpoint, CheckpointError
         from neuron_dra.driver.daemon.health_reporting import HealthReporter
@@ -420,14 +420,13 @@ class Daemon:
         log.info("stopped")
 
 
-def listen(options: DaemonOptions, bound: BoundSockets | None) -> PluginServers:
-    """The kubelet-facing servers with both sockets listening and the registration socket answered (plugin.py);
-    `bound`: the sockets bound already, else bound here."""
+def listen(options: DaemonOptions) -> PluginServers:
+    """The kubelet-facing servers with both sockets listening and the registration socket answered (plugin.py)."""
     from neuron_dra.driver.daemon.plugin import PluginServers
 
     servers = PluginServers(options.sockets, options.driver_name, extra_services=HEALTH_SERVICES)
     try:
-        servers.listen(bound)
+        servers.listen()
     except (SocketError, OSError) as e:
         servers.stop(0)
         raise StartupError(str(e)) from None
@@ -456,19 +455,15 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
 
 
 def start_early(options: DaemonOptions) -> PluginServers | None:
-    """Both sockets bound and the registration socket answered before the daemon imports the rest of itself
-    (the API client, discovery, the checkpoint: most of its start-up time), so kubelet finds and registers the
-    driver at once; DRA calls wait in the DRA socket's backlog until the state is loaded (plugin.py).
-    None when binding fails (the daemon's start then fails with the reason)."""
-    try:
-        bound = bind(options.sockets)  # standard library only: before the gRPC server's imports
-    except (SocketError, OSError):
-        return None
+    """Both sockets listening and the registration socket answered before the daemon imports the rest of itself
+    (the API client, discovery, the checkpoint), so kubelet finds and registers the driver at once; DRA calls wait
+    until the state is loaded (plugin.py). None when listening fails (the daemon's start then fails with the
+    reason)."""
     from neuron_dra.driver.daemon import memory
 
-    memory.limit_arenas()  # before the registration server's threads
+    memory.limit_arenas()  # before the gRPC servers' threads
     try:
-        return listen(options, bound)
+        return listen(options)
     except StartupError:
         return None
 

@@ -6,9 +6,9 @@ first, so kubelet deregisters before the DRA service stops. Stale socket files a
 listening; both sockets are mode 0600 (kubelet runs as root).
 
 Start-up is in two steps so kubelet sees the driver early (kubelet gives GetInfo 1 s): `listen` binds the DRA
-socket (calls wait in its listen backlog) and then the registration socket, answered at once (it needs only the
+socket (calls wait until it is served) and then the registration socket, answered at once (it needs only the
 driver name and the endpoint); `serve` starts the DRA service once the state is loaded (checkpoint, CDI specs).
-Served with h2grpc (gRPC on h2; no grpcio in the daemon).
+Served by grpcio's asyncio server (grpcserver.py), each server on its own event loop and thread pool.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from neuron_dra.driver.daemon import h2grpc, sockets
+from neuron_dra.driver.daemon import grpcserver, sockets
 from neuron_dra.driver.daemon._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 from neuron_dra.driver.daemon.claims import ClaimError, ClaimRef
 
-# Re-exported: the socket parts of this module's interface live in sockets.py (standard library only).
+# Re-exported: the socket parts of this module's interface live in sockets.py.
 from neuron_dra.driver.daemon.sockets import SOCKET_MODE as SOCKET_MODE
-from neuron_dra.driver.daemon.sockets import BoundSockets as BoundSockets
 from neuron_dra.driver.daemon.sockets import SocketError as SocketError
 from neuron_dra.driver.daemon.sockets import SocketPaths as SocketPaths
 from neuron_dra.driver.daemon.sockets import check_socket_path as check_socket_path
@@ -42,14 +41,20 @@ log = logging.getLogger("neuron_dra.driver.daemon.plugin")
 PLUGIN_TYPE = "DRAPlugin"
 # Most recent first: kubelet picks the newest it supports.
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-# Services as the protos declare them; h2grpc hands their handlers parsed messages (INVALID_ARGUMENT otherwise).
+# Services as the protos declare them; grpcserver hands their handlers parsed messages (INVALID_ARGUMENT otherwise).
 DRA_V1 = dra_v1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
 DRA_V1BETA1 = dra_v1beta1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
 REGISTRATION = pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"]
-# Calls admitted at once per server beyond which gRPC answers RESOURCE_EXHAUSTED (kubelet retries), so a flood
-# cannot queue without bound.
-DRA_MAX_CONCURRENT = 32
-REGISTRATION_MAX_CONCURRENT = 4
+# Calls running at once per server beyond which gRPC answers RESOURCE_EXHAUSTED (kubelet retries), so a flood
+# cannot queue without bound. Only root can connect (mode 0600); the registration calls run in its event loop.
+DRA_LIMITS = grpcserver.Limits(max_concurrent=32)
+REGISTRATION_LIMITS = grpcserver.Limits(max_concurrent=1, max_message=64 * 1024, max_streams=8,
+                                        max_connections=16)
+
+
+def _no_claims(request: Any) -> bool:
+    # An empty prepare (the liveness check's) needs no work: answered in the event loop, never behind DRA calls.
+    return not request.claims
 
 
 def _claim_refs(claims: Any) -> list[ClaimRef]:
@@ -63,7 +68,7 @@ class DraService:
         self._state = state
         self._pb = messages
 
-    def NodePrepareResources(self, request: Any, context: h2grpc.CallContext) -> Any:
+    def NodePrepareResources(self, request: Any, context: grpcserver.CallContext) -> Any:
         # kubelet gives each call 45 s; when it gives up (deadline, cancel) the rest of the call's work is dropped.
         from neuron_dra.driver.daemon.state import CallScope
 
@@ -84,7 +89,7 @@ class DraService:
                                                      cdi_device_ids=list(d.cdi_device_ids)))
         return response
 
-    def NodeUnprepareResources(self, request: Any, context: h2grpc.CallContext) -> Any:
+    def NodeUnprepareResources(self, request: Any, context: grpcserver.CallContext) -> Any:
         results = self._state.unprepare(_claim_refs(request.claims))
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in results.items():
@@ -104,12 +109,12 @@ class RegistrationService:
         self.registered = threading.Event()
         self.last_error = ""
 
-    def GetInfo(self, request: Any, context: h2grpc.CallContext) -> Any:
+    def GetInfo(self, request: Any, context: grpcserver.CallContext) -> Any:
         return pluginregistration_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver_name,
                                                  endpoint=str(self.endpoint),
                                                  supported_versions=list(self.services))
 
-    def NotifyRegistrationStatus(self, request: Any, context: h2grpc.CallContext) -> Any:
+    def NotifyRegistrationStatus(self, request: Any, context: grpcserver.CallContext) -> Any:
         if request.plugin_registered:
             self.last_error = ""
             self.registered.set()
@@ -121,44 +126,47 @@ class RegistrationService:
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
-_listen = sockets.listen_unix  # one name, so tests can watch the order of the binds
+def _listen(server: grpcserver.Server, path: Path) -> None:
+    server.add_unix(path)  # one name, so tests can watch the order of the binds
 
 
-def dra_services(state: DriverState) -> dict[str, h2grpc.Method]:
+def dra_services(state: DriverState) -> dict[str, grpcserver.Method]:
     """The DRA service in both versions."""
-    methods = h2grpc.service_methods(DRA_V1, DraService(state, dra_v1_pb2))
-    methods.update(h2grpc.service_methods(DRA_V1BETA1, DraService(state, dra_v1beta1_pb2)))
+    inline = {"NodePrepareResources": _no_claims, "NodeUnprepareResources": _no_claims}
+    methods = grpcserver.service_methods(DRA_V1, DraService(state, dra_v1_pb2), inline)
+    methods.update(grpcserver.service_methods(DRA_V1BETA1, DraService(state, dra_v1beta1_pb2), inline))
     return methods
 
 
 class PluginServers:
     def __init__(self, paths: SocketPaths, driver_name: str, extra_services: tuple[str, ...] = (),
-                 max_workers: int = 16, max_concurrent_rpcs: int = DRA_MAX_CONCURRENT) -> None:
+                 limits: grpcserver.Limits = DRA_LIMITS) -> None:
         self.paths = paths
         # extra_services: served on the DRA socket too (the health stream), advertised after the DRA versions.
         self.registration = RegistrationService(driver_name, paths.dra, DRA_SERVICES + extra_services)
-        self._dra = h2grpc.Server("dra", max_workers, max(max_concurrent_rpcs, max_workers))
-        self._reg = h2grpc.Server("registration", 2, REGISTRATION_MAX_CONCURRENT, 64 * 1024)
-        self._reg.add_service(REGISTRATION, self.registration)
+        self._dra = grpcserver.Server("dra", limits)
+        self._reg = grpcserver.Server("registration", REGISTRATION_LIMITS)
+        always = {m.name: (lambda _: True) for m in REGISTRATION.methods}
+        self._reg.add_methods(grpcserver.service_methods(REGISTRATION, self.registration, always))
         self._bound: list[Path] = []  # the socket files this instance created (removed on stop)
 
-    def listen(self, bound: BoundSockets | None = None) -> None:
-        """Bind the DRA socket (not served yet: calls wait), then the registration socket, served at once;
-        `bound`: both bound already (in that order) by the daemon's entry, before its imports."""
-        if bound is None:
-            dra = _listen(self.paths.dra)
-            self._bound.append(self.paths.dra)
-            registration = _listen(self.paths.registration)
-        else:
-            dra, registration = bound.dra, bound.registration
-            self._bound.append(self.paths.dra)
-        self._dra.add_socket(dra)
-        self._bound.append(self.paths.registration)
-        self._reg.add_socket(registration)
+    @property
+    def dra_server(self) -> grpcserver.Server:
+        return self._dra
+
+    def listen(self) -> None:
+        """Bind the DRA socket (not served yet: calls wait), then the registration socket, served at once."""
+        for server, path in ((self._dra, self.paths.dra), (self._reg, self.paths.registration)):
+            sockets.prepare_socket_path(path)
+            try:
+                _listen(server, path)
+            except OSError as e:
+                raise SocketError(str(e)) from None
+            self._bound.append(path)
         self._reg.start()
         log.info("registration socket listening", extra={"registration_socket": str(self.paths.registration)})
 
-    def serve(self, state: DriverState, extra_methods: Mapping[str, h2grpc.Method] = {}) -> None:
+    def serve(self, state: DriverState, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
         """Serve the DRA service (and `extra_methods`, e.g. the health stream) on the DRA socket."""
         if not self._bound:
             self.listen()
@@ -169,10 +177,11 @@ class PluginServers:
                                    "registration_socket": str(self.paths.registration),
                                    "services": list(self.registration.services)})
 
-    def start(self, state: DriverState, extra_methods: Mapping[str, h2grpc.Method] = {}) -> None:
+    def start(self, state: DriverState, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
         self.serve(state, extra_methods)
 
     def stop(self, grace: float = 5.0) -> None:
+        """The registration socket first (kubelet deregisters), then the DRA service; socket files removed."""
         for server, path in ((self._reg, self.paths.registration), (self._dra, self.paths.dra)):
             server.stop(grace)
             if path in self._bound:

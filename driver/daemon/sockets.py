@@ -1,15 +1,14 @@
-"""The kubelet-facing unix sockets: paths, checks, binding (standard library only).
+"""The kubelet-facing unix sockets: paths, checks, stale files (standard library only).
 
-plugin.py serves them. Order (docs/kubelet-dra-protocol.md
-§1): the DRA socket listens before the registration socket appears. Stale socket files are removed before
-binding; both sockets are mode 0600 (kubelet runs as root) and never world-writable, not even briefly.
+plugin.py binds and serves them (grpcserver.Server.add_unix: mode 0600 from creation, never world-writable, not
+even briefly). Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket
+appears. Stale socket files are removed before binding.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ log = logging.getLogger("neuron_dra.driver.daemon.sockets")
 
 SOCKET_MODE = 0o600
 MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
-BACKLOG = 64  # connections kubelet (and probes) may open before the server accepts them
+
 
 def dra_socket_path(plugins_dir: str, driver_name: str) -> str:
     return os.path.join(plugins_dir, driver_name, "dra.sock")
@@ -26,23 +25,6 @@ def dra_socket_path(plugins_dir: str, driver_name: str) -> str:
 
 def registration_socket_path(registry_dir: str, driver_name: str) -> str:
     return os.path.join(registry_dir, f"{driver_name}-reg.sock")
-
-
-def listening_socket(path: str) -> socket.socket:
-    """A unix socket listening at `path`, mode 0600: bound under a umask that keeps it from ever being
-    world-writable, not even briefly."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        sock.bind(path)
-        sock.listen(BACKLOG)
-    except BaseException:
-        sock.close()
-        raise
-    finally:
-        os.umask(old)
-    os.chmod(path, SOCKET_MODE)
-    return sock
 
 
 def remove_stale(path: str) -> bool:
@@ -72,18 +54,6 @@ class SocketPaths:
                    Path(registration_socket_path(str(registry_dir), driver_name)))
 
 
-@dataclass(frozen=True)
-class BoundSockets:
-    """Both sockets bound and listening (connections wait in the backlog until a server accepts them)."""
-
-    dra: socket.socket
-    registration: socket.socket
-
-    def close(self) -> None:
-        self.dra.close()
-        self.registration.close()
-
-
 def check_socket_path(path: Path) -> None:
     if not path.is_absolute():
         raise SocketError(f"socket path {path} must be absolute (kubelet resolves it on the host)")
@@ -101,24 +71,11 @@ def remove_stale_socket(path: Path) -> None:
         log.info("removed stale socket", extra={"path": str(path)})
 
 
-def listen_unix(path: Path) -> socket.socket:
-    """A listening unix socket at `path`, mode 0600."""
+def prepare_socket_path(path: Path) -> None:
+    """Ready `path` for a listening socket: checked, its directory made, a stale file removed."""
     check_socket_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_socket(path)
     try:
-        return listening_socket(str(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SocketError(f"cannot listen on {path}: {e}") from None
-
-
-def bind(paths: SocketPaths) -> BoundSockets:
-    """The DRA socket, then the registration socket; on failure nothing stays bound."""
-    dra = listen_unix(paths.dra)
-    try:
-        registration = listen_unix(paths.registration)
-    except BaseException:
-        dra.close()
-        paths.dra.unlink(missing_ok=True)
-        raise
-    return BoundSockets(dra, registration)
+        raise SocketError(f"cannot create {path.parent} for the socket {path.name}: {e}") from None
+    remove_stale_socket(path)

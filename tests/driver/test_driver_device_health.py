@@ -247,20 +247,18 @@ def test_daemon_streams_health_in_every_version_and_advertises_it(dirs: DaemonDi
 def test_stream_beats_between_changes_and_refuses_undecodable_requests(tmp_path: Path) -> None:
     """In-process: the full list again every heartbeat without any change (kubelet's timeout needs fresh
     timestamps), and the shared raw-bytes handler answers INVALID_ARGUMENT to garbage."""
-    import socket
-
-    from neuron_dra.driver.daemon import h2grpc
+    from neuron_dra.driver.daemon import grpcserver
     from neuron_dra.driver.daemon.health_stream import HealthStreamService
 
     host = emulate("inf2.48xlarge", tmp_path / "host")
     monitor = HealthMonitor(host, range(12))
     stop = threading.Event()
     service = HealthStreamService(monitor, discover(host), NODE, stop, heartbeat_s=0.2)
-    server = h2grpc.Server("test-health", 4, 4)
+    server = grpcserver.Server("test-health", grpcserver.Limits(max_concurrent=4))
     server.add_methods(service.methods())
     with short_dir() as d:
         sock = d / "h.sock"
-        server.add_socket(h2grpc.listening_socket(socket.AF_UNIX, str(sock)))
+        server.add_unix(sock)
         server.start()
         try:
             stream = Stream(sock, "v1alpha1")

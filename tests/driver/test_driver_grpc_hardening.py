@@ -1,7 +1,7 @@
 """Issue 14 item 1: the daemon's gRPC servers against undecodable requests and floods.
 
 grpcio's Python server leaks ~19 KB per request its deserializer rejects; the daemon parses inside raw-bytes
-handlers (driver/daemon/h2grpc.py) on every port, so garbage leaves its RSS flat. Concurrent calls are bounded.
+handlers (driver/daemon/grpcserver.py) on every port, so garbage leaves its RSS flat. Concurrent calls are bounded.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from neuron_dra.driver.daemon import h2grpc
+from neuron_dra.driver.daemon import grpcserver
 from neuron_dra.driver.daemon._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.daemon.health import HEALTH
-from neuron_dra.driver.daemon.plugin import DRA_MAX_CONCURRENT, DRA_V1, DRA_V1BETA1, REGISTRATION
+from neuron_dra.driver.daemon.plugin import DRA_LIMITS, DRA_V1, DRA_V1BETA1, REGISTRATION
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
@@ -77,9 +77,9 @@ def test_20000_undecodable_requests_leave_rss_flat(dirs: DaemonDirs, host_root: 
     try:
         pid = d.proc.pid
         targets = [
-            (f"127.0.0.1:{port}", h2grpc.method_paths(HEALTH)),
-            (f"unix://{dirs.dra_socket}", h2grpc.method_paths(DRA_V1) + h2grpc.method_paths(DRA_V1BETA1)),
-            (f"unix://{dirs.registration_socket}", h2grpc.method_paths(REGISTRATION)),
+            (f"127.0.0.1:{port}", grpcserver.method_paths(HEALTH)),
+            (f"unix://{dirs.dra_socket}", grpcserver.method_paths(DRA_V1) + grpcserver.method_paths(DRA_V1BETA1)),
+            (f"unix://{dirs.registration_socket}", grpcserver.method_paths(REGISTRATION)),
         ]
         for target, paths in targets:  # warm-up: thread pools, channels, allocator arenas
             flood(target, paths, 600)
@@ -109,7 +109,7 @@ def test_undecodable_request_is_invalid_argument_naming_the_message(dirs: Daemon
     d = DaemonProcess(dirs, host_root).wait_ready()
     try:
         with grpc.insecure_channel(f"unix://{dirs.dra_socket}") as channel:
-            call = channel.unary_unary(h2grpc.method_paths(DRA_V1)[0], request_serializer=None,
+            call = channel.unary_unary(grpcserver.method_paths(DRA_V1)[0], request_serializer=None,
                                        response_deserializer=None)
             with pytest.raises(grpc.RpcError) as e:
                 call(b"\xff", timeout=10)
@@ -128,8 +128,9 @@ def test_undecodable_request_is_invalid_argument_naming_the_message(dirs: Daemon
 
 @pytest.mark.slow
 def test_concurrent_prepares_beyond_the_bound_are_refused_not_queued(dirs: DaemonDirs, host_root: Path) -> None:
-    """More calls than DRA_MAX_CONCURRENT at once: the excess is RESOURCE_EXHAUSTED at once (kubelet retries)."""
-    n = DRA_MAX_CONCURRENT + 16
+    """More calls than DRA_LIMITS.max_concurrent at once: the excess is RESOURCE_EXHAUSTED at once (kubelet
+    retries)."""
+    n = DRA_LIMITS.max_concurrent + 16
     for i in range(n):
         dirs.put_claim(claim(f"c{i}", uid(i), None))
         (dirs.claims / f"default_c{i}.delay").write_text("1.5")
@@ -147,7 +148,7 @@ def test_concurrent_prepares_beyond_the_bound_are_refused_not_queued(dirs: Daemo
 
         with ThreadPoolExecutor(n) as pool:
             codes = Counter(pool.map(one, range(n)))
-        assert codes["RESOURCE_EXHAUSTED"] >= n - DRA_MAX_CONCURRENT, codes
+        assert codes["RESOURCE_EXHAUSTED"] >= n - DRA_LIMITS.max_concurrent, codes
         assert codes["OK"] >= 1, codes
     finally:
         d.terminate()

@@ -4,12 +4,13 @@ here; test_driver_apiserver.py runs the same path against the real API server.""
 
 from __future__ import annotations
 
-import socket
+import os
 import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -39,15 +40,20 @@ class Served:
     cdi: Path
 
 
-def serve(base: Path, instance_type: str = "trn2.48xlarge") -> Served:
+def make_state(base: Path, instance_type: str = "trn2.48xlarge") -> tuple[DriverState, FakeLookup]:
     root = emulate(instance_type, base / "host")
     lookup = FakeLookup()
-    paths = SocketPaths.for_driver(base / "plugins", base / "registry", DRIVER)
     (base / "plugins" / DRIVER).mkdir(parents=True, exist_ok=True)
     state = DriverState(host=discover(root), host_root=root, driver_name=DRIVER, pool_name=NODE,
                         cdi=CdiStore(base / "cdi", DRIVER), checkpoint=Checkpoint(base / "plugins" / DRIVER / "cp"),
                         lookup=lookup)
     state.reconcile_local()
+    return state, lookup
+
+
+def serve(base: Path, instance_type: str = "trn2.48xlarge") -> Served:
+    state, lookup = make_state(base, instance_type)
+    paths = SocketPaths.for_driver(base / "plugins", base / "registry", DRIVER)
     servers = PluginServers(paths, DRIVER)
     servers.start(state)
     return Served(servers, state, lookup, paths, base / "cdi")
@@ -159,20 +165,31 @@ def test_sockets_are_private_and_recreated_over_stale_files() -> None:
 
 
 def test_dra_socket_listens_before_the_registration_socket_appears(monkeypatch: pytest.MonkeyPatch) -> None:
-    order: list[tuple[str, bool]] = []
+    """Each socket file is mode 0600 the moment grpc has bound it (before any chmod), even with umask 0."""
+    order: list[tuple[str, bool, int]] = []
     real_listen = plugin._listen
 
-    def recording_listen(path: Path) -> socket.socket:
-        sock = real_listen(path)
-        order.append((path.name, path.exists()))
-        return sock
+    def recording_listen(server: Any, path: Path) -> None:
+        real_add = server._server.add_insecure_port
+
+        def add(address: str) -> int:
+            port = int(real_add(address))
+            order.append((path.name, path.exists(), stat.S_IMODE(path.stat().st_mode)))
+            return port
+
+        monkeypatch.setattr(server._server, "add_insecure_port", add)
+        real_listen(server, path)
 
     monkeypatch.setattr(plugin, "_listen", recording_listen)
-    with short_dir() as base:
-        s = serve(base)
-        s.servers.stop()
-        s.state.close()
-    assert order == [("dra.sock", True), (f"{DRIVER}-reg.sock", True)]
+    old = os.umask(0)
+    try:
+        with short_dir() as base:
+            s = serve(base)
+            s.servers.stop()
+            s.state.close()
+    finally:
+        os.umask(old)
+    assert order == [("dra.sock", True, 0o600), (f"{DRIVER}-reg.sock", True, 0o600)]
 
 
 def test_socket_paths_too_long_for_unix_sockets_are_refused() -> None:
@@ -197,8 +214,34 @@ def test_health_liveness_calls_the_daemons_own_sockets(served: Served) -> None:
         with pytest.raises(grpc.RpcError) as info:
             check("readiness")
         assert info.value.code() is grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Watch(grpc_health_v1_pb2.HealthCheckRequest(service="liveness"), timeout=5))
+        assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED and "use Check" in (info.value.details() or "")
         served.servers.stop()  # the kubelet-facing sockets are gone: kubelet must restart the container
         assert check("liveness") == grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
     finally:
         channel.close()
         health.stop()
+
+
+def test_dra_calls_before_the_state_is_loaded_wait_and_are_answered_after() -> None:
+    """`listen` answers registration at once; a prepare sent before `serve` waits (grpc has bound the DRA socket)
+    and is answered once the DRA service runs."""
+    with short_dir() as base:
+        paths = SocketPaths.for_driver(base / "plugins", base / "registry", DRIVER)
+        servers = PluginServers(paths, DRIVER)
+        servers.listen()
+        try:
+            assert pluginclient.register(paths.registration).driver_name == DRIVER
+            channel = grpc.insecure_channel(f"unix:{paths.dra}")
+            early = channel.unary_unary("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources").future(
+                b"", timeout=20)
+            time.sleep(0.5)
+            assert not early.done()
+            state, _ = make_state(base)
+            servers.serve(state)
+            assert early.result(timeout=10) == b""  # an empty prepare: an empty answer
+            channel.close()
+            state.close()
+        finally:
+            servers.stop()

@@ -1,0 +1,364 @@
+"""The daemon's gRPC servers on grpcio's asyncio server (docs/grpc-server.md), with raw-bytes handlers.
+
+- Every method is registered without a deserializer: the handler parses the bytes itself and answers
+  INVALID_ARGUMENT naming the message type when they do not decode (grpcio's own deserializer path leaks memory
+  per rejected request; docs/hardening.md §1).
+- A call's handler runs only once its request message has arrived (the asyncio server awaits it in the event
+  loop), so calls whose bodies never come, or whose answers cannot be sent (flow-control window 0), hold no
+  thread. Blocking handlers run in the server's thread pool, at most `max_concurrent` at once (beyond that
+  RESOURCE_EXHAUSTED at once, kubelet retries); cheap ones (`inline`) and coroutines run in the event loop.
+- Each server has its own event loop thread and pool, so one server's calls never wait behind another's.
+- HTTP/2 and connection limits are grpc's channel options (`Limits`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+import grpc.aio
+from google.protobuf import message_factory
+from google.protobuf.descriptor import Descriptor, ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+
+log = logging.getLogger("neuron_dra.driver.daemon.grpcserver")
+
+StatusCode = grpc.StatusCode
+SOCKET_UMASK = 0o177  # what grpc's bind creates: the socket file is never more than 0600, not even briefly
+_END = object()
+
+
+class RpcError(Exception):
+    """A call's outcome other than OK: raised by `CallContext.abort`, and by `call_unary` for the answer."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class CallContext:
+    """What a handler knows about its call (safe from any thread): the deadline, whether the caller is still
+    there, and callbacks run once when the call ends for any reason (answered, cancelled, connection lost)."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline  # time.monotonic(); None: no deadline
+        self._lock = threading.Lock()
+        self._over = False
+        self._callbacks: list[Callable[[], object]] = []
+
+    def time_remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def is_active(self) -> bool:
+        return not self._over and (self.deadline is None or time.monotonic() < self.deadline)
+
+    def add_callback(self, fn: Callable[[], object]) -> bool:
+        """Run `fn` when the call ends; False (and `fn` not kept) when it has ended already."""
+        with self._lock:
+            if self._over:
+                return False
+            self._callbacks.append(fn)
+            return True
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+        raise RpcError(code, details)
+
+    def end(self) -> None:
+        with self._lock:
+            if self._over:
+                return
+            self._over = True
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:  # one failing callback must not stop the others
+                log.exception("call end callback failed")
+
+
+def parse(request_type: type[Message], data: bytes) -> Message:
+    """The request message from the wire bytes, or RpcError INVALID_ARGUMENT naming the type."""
+    try:
+        return request_type.FromString(data)
+    except (DecodeError, ValueError, RuntimeError) as e:  # RuntimeError: recursion limit of nested messages
+        raise RpcError(StatusCode.INVALID_ARGUMENT, f"cannot decode the request as "
+                       f"{request_type.DESCRIPTOR.full_name}: {(str(e) or type(e).__name__)[:200]}") from None
+
+
+def message_class(descriptor: Descriptor) -> type[Message]:
+    cls: type[Message] = message_factory.GetMessageClass(descriptor)
+    return cls
+
+
+@dataclass(frozen=True)
+class Method:
+    """One unary or server-streaming method: `behaviour(request, context)` returns the response message (unary)
+    or an iterator of them (streaming); a coroutine function runs in the event loop, a plain function in the
+    pool unless `inline(request)` says it is cheap enough for the loop."""
+
+    request_type: type[Message]
+    behaviour: Callable[[Any, CallContext], Any]
+    streaming: bool
+    inline: Callable[[Any], bool] | None = None
+
+
+def service_methods(service: ServiceDescriptor, servicer: object,
+                    inline: Mapping[str, Callable[[Any], bool]] | None = None) -> dict[str, Method]:
+    """Wire path -> Method for every method of `service`, calling the servicer's method of the same name;
+    `inline`: method name -> which of its requests run in the event loop."""
+    methods: dict[str, Method] = {}
+    for m in service.methods:
+        if m.client_streaming:
+            raise ValueError(f"{m.full_name}: client-streaming methods are not supported")
+        behaviour = getattr(servicer, m.name, None)
+        if behaviour is None:
+            raise TypeError(f"{type(servicer).__name__} lacks {m.name} of {service.full_name}")
+        methods[f"/{service.full_name}/{m.name}"] = Method(message_class(m.input_type), behaviour,
+                                                           m.server_streaming, (inline or {}).get(m.name))
+    return methods
+
+
+def method_paths(service: ServiceDescriptor) -> list[str]:
+    """The wire paths of a service's methods (for fuzzing and tests)."""
+    return [f"/{service.full_name}/{m.name}" for m in service.methods]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A server's bounds, as grpc core's channel options (include/grpc/impl/channel_arg_names.h)."""
+
+    max_concurrent: int  # blocking calls running at once (the pool's size); more: RESOURCE_EXHAUSTED
+    max_message: int = 4 * 1024 * 1024  # request and response bytes (grpc's default receive limit)
+    max_streams: int = 100  # per connection (SETTINGS_MAX_CONCURRENT_STREAMS)
+    max_connections: int = 128
+    max_metadata: int = 16 * 1024  # header list bytes, hard limit (the soft one: 80 %)
+    handshake_timeout_ms: int = 5_000  # until the client's preface and SETTINGS have arrived
+    idle_ms: int = 5 * 60_000  # a connection without calls this long is closed (GOAWAY)
+    age_ms: int | None = None  # a connection this old is closed after its calls (or the grace) end
+    age_grace_ms: int = 5_000
+    min_ping_interval_ms: int = 10_000  # pings without data more often than this are strikes
+    max_ping_strikes: int = 2  # then GOAWAY ENHANCE_YOUR_CALM
+
+    def options(self) -> list[tuple[str, int]]:
+        opts = [
+            ("grpc.max_receive_message_length", self.max_message),
+            ("grpc.max_send_message_length", self.max_message),
+            ("grpc.max_concurrent_streams", self.max_streams),
+            ("grpc.max_allowed_incoming_connections", self.max_connections),
+            ("grpc.absolute_max_metadata_size", self.max_metadata),
+            ("grpc.max_metadata_size", self.max_metadata * 4 // 5),
+            ("grpc.server_handshake_timeout_ms", self.handshake_timeout_ms),
+            ("grpc.max_connection_idle_ms", self.idle_ms),
+            ("grpc.http2.min_ping_interval_without_data_ms", self.min_ping_interval_ms),
+            ("grpc.http2.max_ping_strikes", self.max_ping_strikes),
+            ("grpc.so_reuseport", 0),  # a second daemon on the same port fails instead of sharing it
+        ]
+        if self.age_ms is not None:
+            opts += [("grpc.max_connection_age_ms", self.age_ms), ("grpc.max_connection_age_grace_ms",
+                                                                   self.age_grace_ms)]
+        return opts
+
+
+class _Handlers(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpcio has no type hints
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add(self, path: str, method: Method) -> None:
+        s = self._server  # grpc.aio tells coroutine and async generator handlers apart by their functions
+
+        async def unary(raw: bytes, ctx: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            return await s._unary(method, raw, ctx)
+
+        async def stream(raw: bytes, ctx: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+            async for item in s._stream(method, raw, ctx):
+                yield item
+
+        self._handlers[path] = (grpc.unary_stream_rpc_method_handler(stream) if method.streaming
+                                else grpc.unary_unary_rpc_method_handler(unary))
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return self._handlers.get(handler_call_details.method)
+
+
+def _context(ctx: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
+    remaining = ctx.time_remaining()
+    call = CallContext(None if remaining is None else time.monotonic() + remaining)
+    ctx.add_done_callback(lambda _: call.end())
+    return call
+
+
+def _close_after(pending: concurrent.futures.Future[Any] | None, gen: Generator[Any, None, None]) -> None:
+    if pending is not None:
+        concurrent.futures.wait([pending])
+    gen.close()  # runs the generator's cleanup (its `finally`) in this worker thread
+
+
+class Server:
+    """One grpc.aio server on its own event loop thread; methods are added before `start`."""
+
+    def __init__(self, name: str, limits: Limits) -> None:
+        self.name = name
+        self.limits = limits
+        self.active_calls = 0  # blocking calls admitted to the pool and not finished
+        self._count_lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent, thread_name_prefix=name)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-grpc", daemon=True)
+        self._thread.start()
+        self._handlers = _Handlers(self)
+        self._server: grpc.aio.Server = self.run(self._make())
+        self._started = False
+        self._stopped = False
+
+    async def _make(self) -> grpc.aio.Server:
+        server = grpc.aio.server(options=self.limits.options())
+        server.add_generic_rpc_handlers([self._handlers])
+        return server
+
+    def run(self, coro: Awaitable[Any], timeout: float | None = 30.0) -> Any:
+        """Run `coro` in this server's event loop and return its result (from another thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+
+    def add_methods(self, methods: Mapping[str, Method]) -> None:
+        for path, method in methods.items():
+            self._handlers.add(path, method)
+
+    def add_service(self, service: ServiceDescriptor, servicer: object) -> None:
+        self.add_methods(service_methods(service, servicer))
+
+    def add_unix(self, path: Path) -> None:
+        """Listen at `path` (bound now; calls wait until `start`), the socket file mode 0600 from its creation."""
+        old = os.umask(SOCKET_UMASK)  # process-wide: files other threads create meanwhile get less access, not more
+        try:
+            self._server.add_insecure_port(f"unix:{path}")
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {path}: {e}") from None
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+
+    def add_tcp(self, address: str, port: int) -> int:
+        """Listen on address:port (0: any free port); returns the port."""
+        host = f"[{address}]" if ":" in address else address
+        try:
+            bound = int(self._server.add_insecure_port(f"{host}:{port}"))
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {host}:{port}: {e}") from None
+        if bound == 0:
+            raise OSError(f"cannot listen on {host}:{port}")
+        return bound
+
+    def start(self) -> None:
+        self.run(self._server.start())
+        self._started = True
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Refuse new calls, give running ones `grace` seconds, then cancel them; ends the loop thread."""
+        if self._stopped:
+            return
+        self._stopped = True
+        with contextlib.suppress(Exception):
+            self.run(self._server.stop(grace), timeout=grace + 10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- per call, in the event loop --------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        with self._count_lock:
+            if self.active_calls >= self.limits.max_concurrent:
+                raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"{self.name}: {self.limits.max_concurrent} calls "
+                                                              "are running already; retry")
+            self.active_calls += 1
+
+    def _release(self, _: object = None) -> None:
+        with self._count_lock:
+            self.active_calls -= 1
+
+    async def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
+        # Released when the work ends, not when the call does: a cancelled call's handler may still be running.
+        self._admit()
+        try:
+            work = self._pool.submit(fn, *args)
+        except BaseException:
+            self._release()
+            raise
+        work.add_done_callback(self._release)
+        return await asyncio.wrap_future(work)
+
+    async def _unary(self, method: Method, raw: bytes, ctx: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        call = _context(ctx)
+        try:
+            request = parse(method.request_type, raw)
+            if inspect.iscoroutinefunction(method.behaviour):
+                response = await method.behaviour(request, call)
+            elif method.inline is not None and method.inline(request):
+                response = method.behaviour(request, call)
+            else:
+                response = await self._in_pool(method.behaviour, request, call)
+            data: bytes = response.SerializeToString()
+            return data
+        except RpcError as e:
+            await ctx.abort(e.code, e.details)
+        except Exception as e:
+            log.exception("gRPC handler failed", extra={"server": self.name, "error": str(e)})
+            await ctx.abort(StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+        raise AssertionError("unreachable")  # abort raises
+
+    async def _stream(self, method: Method, raw: bytes, ctx: grpc.aio.ServicerContext[Any, Any]
+                      ) -> AsyncIterator[bytes]:
+        call = _context(ctx)
+        try:
+            request = parse(method.request_type, raw)
+            self._admit()  # one place for the stream's life
+        except RpcError as e:
+            await ctx.abort(e.code, e.details)
+            raise AssertionError("unreachable") from None  # abort raises
+        gen: Generator[Any, None, None] = method.behaviour(request, call)
+        pending: concurrent.futures.Future[Any] | None = None
+        try:
+            while True:
+                pending = self._pool.submit(next, gen, _END)
+                item = await asyncio.wrap_future(pending)
+                pending = None
+                if item is _END:
+                    return
+                yield item.SerializeToString()
+        except RpcError as e:
+            await ctx.abort(e.code, e.details)
+        except Exception as e:
+            log.exception("gRPC stream handler failed", extra={"server": self.name, "error": str(e)})
+            await ctx.abort(StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+        finally:
+            self._release()
+            call.end()  # the generator sees is_active() False and returns
+            with contextlib.suppress(RuntimeError):  # the pool is shut down: the process is stopping
+                self._pool.submit(_close_after, pending, gen)
+
+
+async def call_unary(target: str, path: str, request: bytes, timeout: float, max_response: int = 1024 * 1024
+                     ) -> bytes:
+    """One unary call over a fresh connection (not shared with other channels), in the running event loop.
+    `target`: a grpc target (unix:PATH, HOST:PORT). RpcError with the status when it is not OK."""
+    options = [("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0),
+               ("grpc.max_receive_message_length", max_response)]
+    try:
+        async with grpc.aio.insecure_channel(target, options=options) as channel:
+            answer: bytes = await channel.unary_unary(path)(request, timeout=timeout)
+            return answer
+    except grpc.aio.AioRpcError as e:
+        raise RpcError(e.code(), e.details() or "") from None

@@ -1,0 +1,206 @@
+"""Issue 19: HTTP/2 attacks on the running daemon's health port (TCP, reachable from pods) and DRA socket, from a
+separate process (tests/support/h2attack.py: hyperframe and hpack, not grpc). Meanwhile kubelet's liveness
+probe (a fresh connection per probe, 5 s timeout) keeps answering SERVING, and prepare/unprepare cycles keep
+succeeding. Each test prints the attacker's counts and the probe times. Bounded: seconds of attack, on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from neuron_dra.driver.daemon._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
+from neuron_dra.localcluster import pluginclient
+from neuron_dra.localcluster.pluginclient import ClaimRef
+from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+PROBE_TIMEOUT = 5.0  # the DaemonSet's livenessProbe timeoutSeconds
+T = TypeVar("T")
+PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+
+
+@dataclass
+class Running:
+    daemon: DaemonProcess
+    dirs: DaemonDirs
+    port: int
+
+    @property
+    def health(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def running(dirs: DaemonDirs, host_root: Path) -> Iterator[Running]:
+    port = free_port()
+    d = DaemonProcess(dirs, host_root, extra_args=["--healthcheck-port", str(port), "--bind-address",
+                                                   "127.0.0.1"]).wait_ready(timeout=60)
+    try:
+        wait_until(lambda: probe(f"127.0.0.1:{port}")[0], 10, "the health port to answer")
+        yield Running(d, dirs, port)
+        assert d.proc.poll() is None, d.log()
+    finally:
+        d.terminate()
+
+
+def probe(target: str) -> tuple[bool, float]:
+    """kubelet's gRPC liveness probe: a new connection, Check("liveness"), SERVING within the timeout."""
+    start = time.monotonic()
+    options = [("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0)]
+    try:
+        with grpc.insecure_channel(target, options=options) as channel:
+            status = grpc_health_v1_pb2_grpc.HealthStub(channel).Check(
+                grpc_health_v1_pb2.HealthCheckRequest(service="liveness"), timeout=PROBE_TIMEOUT).status
+        ok = status == grpc_health_v1_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        ok = False
+    return ok, time.monotonic() - start
+
+
+def attack(kind: str, target: str, seconds: float, path: str | None = None) -> subprocess.Popen[str]:
+    args = [sys.executable, "-m", "tests.support.h2attack", kind, target, str(seconds)] + ([path] if path else [])
+    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+
+
+def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = proc.communicate(timeout=60)
+    counts: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return counts
+
+
+def while_attacked(proc: subprocess.Popen[str], check: Callable[[], T], warmup: float = 1.5,
+                   gap: float = 0.5) -> list[T]:
+    """`check` again and again while the attack runs (after it has had `warmup` seconds to set in)."""
+    time.sleep(warmup)
+    results: list[T] = []
+    while proc.poll() is None and len(results) < 100:
+        results.append(check())
+        time.sleep(gap)
+    return results
+
+
+def assert_probes_answer(results: list[tuple[bool, float]], counts: dict[str, Any]) -> None:
+    times = [t for _, t in results]
+    print(f"\n{counts}; {len(results)} probes, {sum(ok for ok, _ in results)} SERVING, "
+          f"max {max(times):.3f} s, median {statistics.median(times):.3f} s")
+    assert len(results) >= 4, results
+    assert all(ok for ok, _ in results), results
+    assert max(times) < PROBE_TIMEOUT, times
+
+
+def test_four_calls_without_bodies_do_not_block_the_probe(running: Running) -> None:
+    proc = attack("no-bodies", running.health, 8)
+    results = while_attacked(proc, lambda: probe(running.health))
+    assert_probes_answer(results, finish(proc))
+
+
+def test_window_zero_then_four_calls_do_not_block_the_probe(running: Running) -> None:
+    proc = attack("window-zero", running.health, 8)
+    results = while_attacked(proc, lambda: probe(running.health))
+    assert_probes_answer(results, finish(proc))
+
+
+def test_64_dripping_connections_do_not_block_the_probe(running: Running) -> None:
+    proc = attack("drip", running.health, 14)
+    results = while_attacked(proc, lambda: probe(running.health), warmup=2.0, gap=1.0)
+    counts = finish(proc)
+    assert_probes_answer(results, counts)
+    assert counts["connections"] >= 64
+
+
+def test_rapid_reset_on_the_health_port_leaves_the_probe_answering(running: Running) -> None:
+    proc = attack("rapid-reset", running.health, 10)
+    results = while_attacked(proc, lambda: probe(running.health))
+    counts = finish(proc)
+    assert_probes_answer(results, counts)
+    assert counts["streams"] >= 1000  # the attack really ran
+
+
+def cycles(dirs: DaemonDirs, n_claims: int = 4) -> Callable[[], tuple[bool, float]]:
+    """One prepare+unprepare of a 1-device claim per call, on one connection (as kubelet keeps one)."""
+    refs = [ClaimRef("default", f"c{i}", uid(i)) for i in range(n_claims)]
+    for i, ref in enumerate(refs):
+        dirs.put_claim(claim(ref.name, ref.uid, devices(i)))
+    turn = iter(range(10**6))
+    client = pluginclient.DraClient(dirs.dra_socket)
+
+    def one() -> tuple[bool, float]:
+        ref = refs[next(turn) % len(refs)]
+        start = time.monotonic()
+        try:
+            ok = not client.prepare([ref], timeout=10)[ref.uid].error
+            ok = ok and not client.unprepare([ref], timeout=10)[ref.uid]
+        except pluginclient.PluginCallError:
+            ok = False
+        return ok, time.monotonic() - start
+
+    return one
+
+
+def test_rapid_reset_on_the_dra_socket_leaves_prepares_and_probes_working(running: Running) -> None:
+    one = cycles(running.dirs)
+    proc = attack("rapid-reset", str(running.dirs.dra_socket), 10, PREPARE)
+    results = while_attacked(proc, lambda: (one(), probe(running.health)), gap=0.2)
+    counts = finish(proc)
+    prepares = [r[0] for r in results]
+    probes = [r[1] for r in results]
+    times = [t for _, t in prepares]
+    print(f"\n{counts}; {len(prepares)} prepare+unprepare cycles, {sum(ok for ok, _ in prepares)} ok, "
+          f"median {statistics.median(times) * 1000:.1f} ms, max {max(times):.3f} s")
+    assert counts["streams"] >= 1000
+    assert len(prepares) >= 4 and all(ok for ok, _ in prepares), prepares
+    assert_probes_answer(probes, counts)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("kind", ["continuation", "continuation-empty"])
+@pytest.mark.parametrize("where", ["dra", "health"])
+def test_a_continuation_flood_is_cut_off_and_keeps_cpu_bounded(running: Running, where: str, kind: str) -> None:
+    """Endless CONTINUATION frames (one header block that never ends). Empty frames: grpc core ends the
+    connection within a few MB. 4 KB header literals: grpc core decodes and drops what exceeds the header list
+    limit without ending the connection; on the health port the connection age limit (10 + 5 s) ends it. The
+    daemon's CPU stays bounded, every prepare and probe succeeds meanwhile."""
+    one = cycles(running.dirs)
+    for _ in range(5):
+        one()  # warm
+    before = [one()[1] for _ in range(20)]
+    target, path = ((str(running.dirs.dra_socket), PREPARE) if where == "dra"
+                    else (running.health, "/grpc.health.v1.Health/Check"))
+    pid = running.daemon.proc.pid
+    seconds = 18 if where == "health" else 8
+    proc = attack(kind, target, seconds, path)
+    time.sleep(1.0)
+    cpu0, wall0 = cpu_seconds(pid), time.monotonic()
+    results = while_attacked(proc, lambda: (one(), probe(running.health)), warmup=0.0, gap=0.3)
+    cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - wall0)
+    counts = finish(proc)
+    during = [r[0][1] for r in results]
+    print(f"\n{counts}; daemon CPU {cpu * 100:.0f} % of a core; prepare+unprepare p50 "
+          f"{statistics.median(before) * 1000:.1f} ms before, {statistics.median(during) * 1000:.1f} ms during "
+          f"({len(during)} cycles, max {max(during):.3f} s)")
+    assert counts["frames"] >= 10000, counts  # the flood really ran
+    if kind == "continuation-empty":
+        assert counts["max_bytes_on_one"] < 16 * 1024 * 1024, counts
+    if where == "health":
+        assert counts["connections"] >= 2, counts  # the first one was ended by the server
+    assert all(r[0][0] for r in results), results
+    assert max(during) < PROBE_TIMEOUT, during
+    assert_probes_answer([r[1] for r in results], counts)
+    assert cpu < 0.75, f"daemon at {cpu * 100:.0f} % CPU under the flood"

@@ -1,0 +1,203 @@
+"""driver/daemon/grpcserver.py in-process against grpcio's client: statuses, the bound on running calls (held
+until the work ends, also for a cancelled call), deadlines and end callbacks, streams, socket files."""
+
+from __future__ import annotations
+
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from neuron_dra.driver.daemon import grpcserver
+from neuron_dra.driver.daemon._generated import grpc_health_v1_pb2 as hpb
+from tests.support.driver import short_dir
+
+CHECK = "/t.Health/Check"
+WATCH = "/t.Health/Watch"
+OK = hpb.HealthCheckResponse(status=hpb.HealthCheckResponse.SERVING)
+
+
+@dataclass
+class Servicer:
+    release: threading.Event = field(default_factory=threading.Event)
+    started: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    deadlines: list[float | None] = field(default_factory=list)
+    ended: threading.Event = field(default_factory=threading.Event)
+    stream_closed: threading.Event = field(default_factory=threading.Event)
+
+    def Check(self, request: Any, context: grpcserver.CallContext) -> Any:
+        self.deadlines.append(context.time_remaining())
+        context.add_callback(self.ended.set)
+        if request.service == "boom":
+            raise ValueError("boom")
+        if request.service == "abort":
+            context.abort(grpcserver.StatusCode.NOT_FOUND, "no such service 'abort'")
+        if request.service == "wait":
+            self.started.release()
+            self.release.wait(10)
+        return OK
+
+    def Watch(self, request: Any, context: grpcserver.CallContext) -> Iterator[Any]:
+        try:
+            while context.is_active():
+                yield OK
+                time.sleep(0.05)
+        finally:
+            self.stream_closed.set()
+
+
+@dataclass
+class Running:
+    server: grpcserver.Server
+    servicer: Servicer
+    path: Path
+    channel: grpc.Channel
+
+    def check(self, service: str, timeout: float = 5) -> Any:
+        return self.channel.unary_unary(CHECK, request_serializer=hpb.HealthCheckRequest.SerializeToString,
+                                        response_deserializer=hpb.HealthCheckResponse.FromString)(
+            hpb.HealthCheckRequest(service=service), timeout=timeout)
+
+
+@pytest.fixture
+def running() -> Iterator[Running]:
+    servicer = Servicer()
+    server = grpcserver.Server("t", grpcserver.Limits(max_concurrent=2))
+    methods = grpcserver.service_methods(hpb.DESCRIPTOR.services_by_name["Health"], servicer)
+    server.add_methods({p.replace("/grpc.health.v1.", "/t."): m for p, m in methods.items()})
+    with short_dir() as d:
+        path = d / "t.sock"
+        server.add_unix(path)
+        server.start()
+        channel = grpc.insecure_channel(f"unix:{path}")
+        try:
+            yield Running(server, servicer, path, channel)
+        finally:
+            servicer.release.set()
+            channel.close()
+            server.stop(1)
+
+
+def code_of(fn: Any) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as e:
+        fn()
+    code: grpc.StatusCode = e.value.code()
+    return code
+
+
+def test_statuses(running: Running) -> None:
+    assert running.check("").status == hpb.HealthCheckResponse.SERVING
+    raw = running.channel.unary_unary(CHECK)
+    with pytest.raises(grpc.RpcError) as e:
+        raw(b"\xff", timeout=5)
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "grpc.health.v1.HealthCheckRequest" in (e.value.details() or "")
+    assert code_of(lambda: running.check("boom")) is grpc.StatusCode.INTERNAL
+    with pytest.raises(grpc.RpcError) as e:
+        running.check("abort")
+    assert e.value.code() is grpc.StatusCode.NOT_FOUND and e.value.details() == "no such service 'abort'"
+    assert code_of(lambda: running.channel.unary_unary("/t.Health/Nope")(b"", timeout=5)) \
+        is grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_the_deadline_reaches_the_handler_and_end_callbacks_run(running: Running) -> None:
+    running.check("", timeout=7)
+    remaining = running.servicer.deadlines[-1]
+    assert remaining is not None and 5 < remaining <= 7
+    assert running.servicer.ended.wait(2)
+    running.check("")  # no deadline from grpcio's client without a timeout is None; with one, as above
+    running.servicer.ended.clear()
+    with pytest.raises(grpc.RpcError) as e:
+        running.check("wait", timeout=0.5)
+    assert e.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert running.servicer.ended.wait(2)  # the call ended while its handler still ran
+
+
+def test_running_calls_are_bounded_until_their_work_ends(running: Running) -> None:
+    """Two handlers block (the bound is 2); their callers give up; the third call is still refused while the
+    abandoned work runs, and admitted once it has ended."""
+    futures = [running.channel.unary_unary(CHECK).future(hpb.HealthCheckRequest(service="wait").SerializeToString(),
+                                                         timeout=10) for _ in range(2)]
+    for _ in range(2):
+        assert running.servicer.started.acquire(timeout=5)
+    for f in futures:
+        f.cancel()
+    time.sleep(0.3)
+    with pytest.raises(grpc.RpcError) as e:
+        running.check("", timeout=5)  # goes to the pool like any call not marked inline
+    assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "2 calls" in (e.value.details() or "")
+    running.servicer.release.set()
+    deadline = time.monotonic() + 5
+    while running.server.active_calls and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert running.server.active_calls == 0
+    assert running.check("").status == hpb.HealthCheckResponse.SERVING
+
+
+def test_a_cancelled_stream_runs_its_generators_cleanup(running: Running) -> None:
+    call = running.channel.unary_stream(WATCH, request_serializer=hpb.HealthCheckRequest.SerializeToString,
+                                        response_deserializer=hpb.HealthCheckResponse.FromString)(
+        hpb.HealthCheckRequest(), timeout=10)
+    got = [next(call), next(call)]
+    assert all(r.status == hpb.HealthCheckResponse.SERVING for r in got)
+    call.cancel()
+    assert running.servicer.stream_closed.wait(5)
+    deadline = time.monotonic() + 5
+    while running.server.active_calls and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert running.server.active_calls == 0
+
+
+def test_inline_methods_answer_while_the_pool_is_full() -> None:
+    servicer = Servicer()
+    server = grpcserver.Server("t", grpcserver.Limits(max_concurrent=1))
+    methods = grpcserver.service_methods(hpb.DESCRIPTOR.services_by_name["Health"], servicer,
+                                         {"Check": lambda r: r.service == ""})
+    server.add_methods(methods)
+    with short_dir() as d:
+        server.add_unix(d / "i.sock")
+        server.start()
+        try:
+            with grpc.insecure_channel(f"unix:{d / 'i.sock'}") as channel:
+                check = channel.unary_unary("/grpc.health.v1.Health/Check")
+                busy = check.future(hpb.HealthCheckRequest(service="wait").SerializeToString(), timeout=10)
+                assert servicer.started.acquire(timeout=5)
+                start = time.monotonic()
+                assert hpb.HealthCheckResponse.FromString(check(b"", timeout=5)).status == 1
+                assert time.monotonic() - start < 1
+                servicer.release.set()
+                busy.result(timeout=5)
+        finally:
+            server.stop(1)
+
+
+def test_unix_socket_is_private_and_removed_on_stop() -> None:
+    server = grpcserver.Server("t", grpcserver.Limits(max_concurrent=1))
+    with short_dir() as d:
+        path = d / "s.sock"
+        server.add_unix(path)
+        assert stat.S_ISSOCK(path.stat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o600
+        server.start()
+        server.stop(0)
+        assert not path.exists()
+        with pytest.raises(OSError, match="cannot listen on"):
+            grpcserver.Server("u", grpcserver.Limits(max_concurrent=1)).add_unix(d / "missing" / "s.sock")
+
+
+def test_a_tcp_port_is_not_shared_with_a_second_server() -> None:
+    first = grpcserver.Server("a", grpcserver.Limits(max_concurrent=1))
+    second = grpcserver.Server("b", grpcserver.Limits(max_concurrent=1))
+    try:
+        port = first.add_tcp("127.0.0.1", 0)
+        first.start()
+        with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
+            second.add_tcp("127.0.0.1", port)
+    finally:
+        first.stop(0)
+        second.stop(0)
