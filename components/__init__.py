@@ -1,5 +1,5 @@
-"""Pulumi components for Trainium on EKS: `TrainiumCluster`, `TrainiumNodeGroup`, `NeuronDraDriver`,
-`ClaimTemplates`, and the default stack (`build_stack`, `run_program`).
+"""Pulumi components for Trainium on EKS: `TrainiumCluster`, `TrainiumNodeGroup`, `TrainiumKarpenter`,
+`TrainiumNodePool`, `NeuronDraDriver`, `ClaimTemplates`, and the default stack (`build_stack`, `run_program`).
 
 Names are re-exported lazily: importing `neuron_dra.components` (as the CLI does for every command) does not
 import Pulumi; the first access to a component does.
@@ -15,6 +15,11 @@ _EXPORTS = {
     "TrainiumClusterArgs": "neuron_dra.components.cluster",
     "TrainiumNodeGroup": "neuron_dra.components.nodegroup",
     "TrainiumNodeGroupArgs": "neuron_dra.components.nodegroup",
+    "TrainiumKarpenter": "neuron_dra.components.karpenter",
+    "TrainiumKarpenterArgs": "neuron_dra.components.karpenter",
+    "TrainiumNodePool": "neuron_dra.components.nodepool",
+    "TrainiumNodePoolArgs": "neuron_dra.components.nodepool",
+    "NodePoolSettings": "neuron_dra.components.settings",
     "NeuronDraDriver": "neuron_dra.components.driver",
     "NeuronDraDriverArgs": "neuron_dra.components.driver",
     "ClaimTemplates": "neuron_dra.components.claims",
@@ -39,13 +44,18 @@ __all__ = [
     "NeuronDraDriver",
     "NeuronDraDriverArgs",
     "NodeGroupSettings",
+    "NodePoolSettings",
     "PlanMocks",
     "SettingError",
     "StackSettings",
     "TrainiumCluster",
     "TrainiumClusterArgs",
+    "TrainiumKarpenter",
+    "TrainiumKarpenterArgs",
     "TrainiumNodeGroup",
     "TrainiumNodeGroupArgs",
+    "TrainiumNodePool",
+    "TrainiumNodePoolArgs",
     "build_stack",
     "decode_settings",
     "run_offline",
@@ -61,9 +71,11 @@ if TYPE_CHECKING:
     )
     from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
     from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
+    from neuron_dra.components.karpenter import TrainiumKarpenter, TrainiumKarpenterArgs
     from neuron_dra.components.mocks import PlanMocks, run_offline
     from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroupArgs
-    from neuron_dra.components.settings import NodeGroupSettings, SettingError, StackSettings
+    from neuron_dra.components.nodepool import TrainiumNodePool, TrainiumNodePoolArgs
+    from neuron_dra.components.settings import NodeGroupSettings, NodePoolSettings, SettingError, StackSettings
     from neuron_dra.components.settings_schema import decode_settings
     from neuron_dra.components.stack import build_stack, run_program
 

@@ -28,7 +28,7 @@ HELP = (
 # The order objects are applied in; also the order of `-o yaml`.
 KIND_ORDER = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
               "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "ConfigMap", "DeviceClass", "DaemonSet",
-              "ResourceClaimTemplate")
+              "ResourceClaimTemplate", "EC2NodeClass", "NodePool")
 
 
 class PlanError(Exception):
@@ -109,8 +109,9 @@ def kubernetes_manifests(run: Any) -> list[dict[str, Any]]:
     """The Kubernetes objects of a plan, as manifests, in apply order."""
     objects = []
     for resource in run.resources:
-        if resource.type.startswith("kubernetes:") and resource.custom:
-            objects.append(resource.plain_inputs)
+        inputs = resource.plain_inputs if resource.type.startswith("kubernetes:") and resource.custom else {}
+        if "apiVersion" in inputs and "kind" in inputs:  # not a Helm release (its chart renders its objects)
+            objects.append(inputs)
 
     def rank(m: Mapping[str, Any]) -> tuple[int, str, str]:
         kind = m.get("kind", "")
@@ -131,6 +132,10 @@ def _summary(resource: Any) -> str:
         if i.get("kind") == "DaemonSet":
             extra = f" image={i['spec']['template']['spec']['containers'][0]['image']}"
         return f"{where}{meta.get('name')}{extra}"
+    if t == "kubernetes:helm.sh/v3:Release":
+        image = i.get("values", {}).get("image", {})
+        shown_image = f" image={image.get('repository')}:{image.get('tag')}" if image.get("repository") else ""
+        return f"{i.get('namespace')}/{i.get('name')} chart={i.get('chart')} version={i.get('version')}{shown_image}"
     if t == "eks:index:Cluster":
         return f"name={i.get('name')} version={i.get('version')} auth={i.get('authenticationMode')}"
     if t == "awsx:ec2:Vpc":

@@ -4,6 +4,11 @@ Rules (docs/eks-trainium.md §2): one EFA per network card; network card 0 carri
 at device index 0 with interface type `efa` (an EFA-only interface cannot be primary); every other card i
 carries one interface at device index 1, `efa` or `efa-only` (EFA-only interfaces take no IP address and need
 VPC CNI 1.18.4+).
+
+Karpenter's EC2NodeClass (`karpenter_interfaces`) takes only `interface` (ENA) and `efa-only`, and requires the
+primary (card 0, device 0) to be `interface`; so, as EC2 recommends for EFA instances with several network cards
+(docs/karpenter.md §3): card 0 carries the ENA primary at device 0 and an EFA-only interface at device 1, and every
+other card one EFA-only interface at device 0. The EFA count per instance is the same as in a launch template.
 """
 
 from __future__ import annotations
@@ -34,3 +39,14 @@ def efa_interfaces(spec: InstanceSpec, secondary_type: str = "efa-only") -> tupl
         for card in range(1, spec.efa_count)
     )
     return (primary, *secondary)
+
+
+def karpenter_interfaces(spec: InstanceSpec) -> tuple[EfaInterface, ...]:
+    """The `networkInterfaces` of a Karpenter EC2NodeClass for `spec`; empty for instance types without EFA
+    (Karpenter then attaches its default single interface)."""
+    if spec.efa_count == 0:
+        return ()
+    primary = EfaInterface(network_card_index=0, device_index=0, interface_type="interface")
+    efa = (EfaInterface(network_card_index=card, device_index=1 if card == 0 else 0, interface_type="efa-only")
+           for card in range(spec.efa_count))
+    return (primary, *efa)

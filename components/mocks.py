@@ -152,6 +152,12 @@ class PlanMocks(pulumi.runtime.Mocks):
         elif typ == "aws:iam/role:Role":
             out.update(name=f"{args.name}-{_hex(args.name, 7)}",
                        arn=f"arn:aws:iam::{ACCOUNT}:role/{args.name}-{_hex(args.name, 7)}")
+        elif typ == "aws:sqs/queue:Queue":
+            queue = f"{args.name}-{_hex(args.name, 7)}"
+            out.update(name=queue, arn=f"arn:aws:sqs:{self.region}:{ACCOUNT}:{queue}",
+                       url=f"https://sqs.{self.region}.amazonaws.com/{ACCOUNT}/{queue}")
+        elif typ == "aws:cloudwatch/eventRule:EventRule":
+            out.setdefault("name", f"{args.name}-{_hex(args.name, 7)}")
         elif typ == "aws:ecr/repository:Repository":
             repo = f"{args.name}-{_hex(args.name, 7)}"
             out.update(name=repo, registryId=ACCOUNT,
@@ -187,6 +193,14 @@ class PlanMocks(pulumi.runtime.Mocks):
             wanted = set(filters.get("availability-zone", []))
             ids = [s for s in candidates if not wanted or self.zone_of(s) in wanted]
             return {"id": self.region, "ids": ids}
+        if token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {"id": ACCOUNT, "accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/offline-plan",
+                    "userId": "AIDAOFFLINEPLAN"}
+        if token == "aws:index/getRegion:getRegion":
+            return {"id": self.region, "name": self.region, "region": self.region,
+                    "endpoint": f"ec2.{self.region}.amazonaws.com", "description": self.region}
+        if token == "aws:index/getPartition:getPartition":
+            return {"id": "aws", "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws"}
         if token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
             return {"id": self.region, "userName": "AWS", "password": "offline-plan-token",
                     "authorizationToken": "QVdTOm9mZmxpbmU=", "proxyEndpoint": f"https://{ACCOUNT}.dkr.ecr.aws",

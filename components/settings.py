@@ -60,6 +60,9 @@ MIN_VPC_CNI_FOR_EFA_ONLY = (1, 18, 4)
 DEFAULT_CLAIM_TEMPLATES_MODULE = "neuron_dra.claim_templates.stack_examples"
 DEFAULT_ROOT_VOLUME_GIB = 500  # AWS's own trn2 sample
 EFA_INTERFACE_TYPES = ("efa-only", "efa")
+# efaDriver: auto installs AWS's EFA DRA driver on the EFA node groups of a new cluster (none on an existing one);
+# install also installs it on an existing cluster's EFA instance types; external: the cluster already runs one.
+EFA_DRIVER_MODES = ("auto", "install", "external")
 CAPACITY_TYPES = ("ON_DEMAND", "CAPACITY_BLOCK")
 NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
 
@@ -257,6 +260,192 @@ NODE_GROUP_FIELD_OF_KEY: Mapping[str, str] = {
 }
 
 
+# Karpenter NodePools (docs/karpenter.md): capacity types as Karpenter spells them (karpenter.sh/capacity-type).
+POOL_CAPACITY_TYPES = ("on-demand", "spot", "reserved")
+MAX_POOL_NODES = 1000  # limits.nodes of one pool: a bound on what a typo in the settings can launch
+DEFAULT_DYNAMIC_POOL_NODES = 4
+LNC_VALUES = (1, 2)
+# Label domains Karpenter reserves for itself (its NodePool CRD refuses them in template labels).
+KARPENTER_LABEL_DOMAINS = ("karpenter.sh", "karpenter.k8s.aws")
+_AMI_VERSION = re.compile(r"^(latest|v\d{8})$")
+
+
+@dataclass(frozen=True)
+class NodePoolSettings:
+    """One Karpenter NodePool (with its EC2NodeClass) of Neuron instances.
+
+    Static (`replicas` set): Karpenter keeps that many nodes of one instance type, e.g. a Capacity Block or an
+    UltraServer reservation selected by `capacity_reservation_id` (capacity type `reserved`). Dynamic (`replicas`
+    unset): Karpenter launches nodes for pending pods, up to `max_nodes`, from `instance_types` and/or every type
+    of `instance_families`, with `capacity_types` on-demand and/or spot.
+    """
+
+    name: str = field(metadata=_key("name"))
+    instance_types: tuple[str, ...] = field(default=(), metadata=_key("instanceTypes"))
+    instance_families: tuple[str, ...] = field(default=(), metadata=_key("instanceFamilies"))
+    # None: reserved with a reservation id, else on-demand
+    capacity_types: tuple[str, ...] | None = field(default=None, metadata=_key("capacityTypes"))
+    replicas: int | None = field(default=None, metadata=_key("replicas"))  # None: a dynamic pool
+    capacity_reservation_id: str | None = field(default=None, metadata=_key("capacityReservationId"))
+    # None: the replicas of a static pool, DEFAULT_DYNAMIC_POOL_NODES for a dynamic one
+    max_nodes: int | None = field(default=None, metadata=_key("maxNodes"))
+    availability_zone: str | None = field(default=None, metadata=_key("availabilityZone"))
+    labels: Mapping[str, str] = field(default_factory=dict, metadata=_key("labels"))
+    root_volume_size_gib: int = field(default=DEFAULT_ROOT_VOLUME_GIB, metadata=_key("rootVolumeSizeGiB"))
+    root_volume_kms_key_id: str | None = field(default=None, metadata=_key("rootVolumeKmsKeyId"))
+    lnc: int | None = field(default=None, metadata=_key("lnc"))  # None: the AMI's default (2 on Trainium2)
+    ami_version: str = field(default="latest", metadata=_key("amiVersion"))  # al2023@<this>
+    where: str = field(default="", compare=False)
+    hardware: Catalog = field(default=BUILTIN, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise SettingError(self._at("name"), self.name, "a DNS label of at most 40 characters")
+        for t in self.instance_types:
+            if t not in self.hardware:
+                raise SettingError(self._at("instanceTypes"), t,
+                                   f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)")
+        families = sorted({spec.family.name for spec in self.hardware.types.values()})
+        for f in self.instance_families:
+            if f not in families:
+                raise SettingError(self._at("instanceFamilies"), f, ", ".join(families))
+        if not self.types:
+            raise SettingError(self._at("instanceTypes"), [], "at least one instance type (instanceTypes or "
+                               "instanceFamilies)")
+        for key, v in (("replicas", self.replicas), ("maxNodes", self.max_nodes)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_POOL_NODES):
+                raise SettingError(self._at(key), v, f"a whole number from 0 to {MAX_POOL_NODES}")
+        size = self.root_volume_size_gib
+        if isinstance(size, bool) or not isinstance(size, int) or size < 50:
+            raise SettingError(self._at("rootVolumeSizeGiB"), size,
+                               "a whole number of at least 50 (the Neuron AMI, container images and Neuron compiler "
+                               "caches)")
+        if self.availability_zone is not None and not _AZ.match(self.availability_zone):
+            raise SettingError(self._at("availabilityZone"), self.availability_zone, "an AZ name such as us-east-2b")
+        if not isinstance(self.ami_version, str) or not _AMI_VERSION.match(self.ami_version):
+            raise SettingError(self._at("amiVersion"), self.ami_version,
+                               "latest or an EKS AMI release such as v20261120 (Karpenter alias al2023@<version>)")
+        for label, text in self.labels.items():
+            if not is_label_key(label):
+                raise SettingError(self._at("labels"), label, LABEL_KEY_RULE)
+            if label.split("/", 1)[0].endswith(KARPENTER_LABEL_DOMAINS) and "/" in label:
+                raise SettingError(self._at("labels"), label,
+                                   f"a key outside {' and '.join(KARPENTER_LABEL_DOMAINS)} (Karpenter's own)")
+            if not is_label_value(text):
+                raise SettingError(f"{self._at('labels')}[{label}]", text, LABEL_VALUE_RULE)
+        self._check_lnc()
+        self._check_capacity()
+
+    def _check_lnc(self) -> None:
+        if self.lnc is None:
+            return
+        if self.lnc not in LNC_VALUES or isinstance(self.lnc, bool):
+            raise SettingError(self._at("lnc"), self.lnc, "1 or 2")
+        without = [t for t in self.types if not self.hardware.spec(t).family.lnc_supported]
+        if without:
+            raise SettingError(self._at("lnc"), self.lnc,
+                               f"unset: {', '.join(without)} have no Logical NeuronCore setting (Trainium2 and later)")
+
+    def _check_capacity(self) -> None:
+        kinds = self.capacity_types
+        if kinds is not None:
+            if not kinds:
+                raise SettingError(self._at("capacityTypes"), [], " and/or ".join(POOL_CAPACITY_TYPES))
+            for k in kinds:
+                if k not in POOL_CAPACITY_TYPES:
+                    raise SettingError(self._at("capacityTypes"), k, ", ".join(POOL_CAPACITY_TYPES))
+        reservation = self.capacity_reservation_id
+        if reservation is not None and (not isinstance(reservation, str) or not _RESERVATION.match(reservation)):
+            raise SettingError(self._at("capacityReservationId"), reservation,
+                               "a Capacity Block reservation id such as cr-0123456789abcdef0")
+        ultra = [t for t in self.types if self.hardware.spec(t).ultraserver is not None]
+        if self.static:
+            self._check_static(ultra)
+            return
+        if reservation is not None:
+            raise SettingError(self._at("capacityReservationId"), reservation,
+                               "unset on a dynamic pool (a reservation is for a static pool: set replicas)")
+        if "reserved" in self.capacity_kinds:
+            raise SettingError(self._at("capacityTypes"), "reserved",
+                               "on-demand and/or spot on a dynamic pool (reserved needs a static pool with "
+                               "capacityReservationId)")
+        if ultra:
+            raise SettingError(self._at("instanceTypes"), ultra[0],
+                               "a non-UltraServer type on a dynamic pool (UltraServers come as Capacity Blocks: "
+                               "use a static pool with replicas and capacityReservationId)")
+
+    def _check_static(self, ultra: list[str]) -> None:
+        assert self.replicas is not None
+        if self.instance_families or len(self.instance_types) != 1:
+            raise SettingError(self._at("instanceTypes"), list(self.instance_types),
+                               "exactly one instance type, and no instanceFamilies, on a static pool (replicas)")
+        if self.max_nodes is not None and self.max_nodes < self.replicas:
+            raise SettingError(self._at("maxNodes"), self.max_nodes, f"at least replicas ({self.replicas})")
+        if "spot" in self.capacity_kinds:
+            raise SettingError(self._at("capacityTypes"), "spot",
+                               "on-demand or reserved on a static pool (spot nodes can be taken back at any time)")
+        reservation = self.capacity_reservation_id
+        if reservation is None:
+            if "reserved" in self.capacity_kinds:
+                raise SettingError(self._at("capacityReservationId"), None,
+                                   "the reservation id (cr-...) with capacityTypes reserved")
+            if ultra:
+                raise SettingError(self._at("capacityReservationId"), None,
+                                   f"the UltraServer reservation id (cr-...): {ultra[0]} comes as Capacity Blocks")
+            return
+        if self.capacity_kinds != ("reserved",):
+            raise SettingError(self._at("capacityTypes"), list(self.capacity_kinds),
+                               "[reserved] (or unset) with capacityReservationId")
+
+        spec = self.hardware.spec(self.instance_types[0])
+        if not spec.capacity_blocks:
+            sold = ", ".join(t for t, s in self.hardware.types.items() if s.capacity_blocks)
+            raise SettingError(self._at("instanceTypes"), spec.instance_type,
+                               f"an instance type sold as Capacity Blocks ({sold}) with capacityReservationId")
+        if not self.availability_zone:
+            raise SettingError(self._at("availabilityZone"), None,
+                               "the reservation's AZ: its instances launch only there (a new VPC gets a subnet in it)")
+
+    def _at(self, key: str) -> str:
+        if self.where:
+            return f"{self.where}.{key}"
+        return f"{type(self).__name__}({self.name!r}).{NODE_POOL_FIELD_OF_KEY.get(key, key)}"
+
+    @property
+    def static(self) -> bool:
+        return self.replicas is not None
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """Every instance type the pool may launch: `instance_types`, then those of `instance_families`."""
+        family = [t for t, s in self.hardware.types.items() if s.family.name in self.instance_families]
+        return tuple(dict.fromkeys((*self.instance_types, *family)))
+
+    @property
+    def capacity_kinds(self) -> tuple[str, ...]:
+        if self.capacity_types is not None:
+            return tuple(self.capacity_types)
+        return ("reserved",) if self.capacity_reservation_id else ("on-demand",)
+
+    @property
+    def node_limit(self) -> int:
+        if self.max_nodes is not None:
+            return self.max_nodes
+        return self.replicas if self.replicas is not None else DEFAULT_DYNAMIC_POOL_NODES
+
+    @property
+    def efa_count(self) -> int | None:
+        """The EFA count all the pool's types share, or None when they differ (Karpenter then sizes EFA per pod
+        request of vpc.amazonaws.com/efa instead of a fixed interface list)."""
+        counts = {self.hardware.spec(t).efa_count for t in self.types}
+        return counts.pop() if len(counts) == 1 else None
+
+
+NODE_POOL_FIELD_OF_KEY: Mapping[str, str] = {
+    f.metadata["key"]: f.name for f in fields(NodePoolSettings) if "key" in f.metadata
+}
+
+
 def _setting(config_key: str, default: Any, option: str | None = None) -> Any:
     """A StackSettings field: its default, its config key (`neuron-dra:<key>`) and the DriverDeployOptions field
     it feeds, as field metadata (settings_schema's table joins its descriptions to these fields)."""
@@ -287,7 +476,10 @@ class StackSettings:
     kube_proxy_version: str | None = _setting("kubeProxyVersion", None)
     pod_identity_agent_version: str | None = _setting("podIdentityAgentVersion", None)
     node_groups: tuple[NodeGroupSettings, ...] = _setting("nodeGroups", ())
+    # Karpenter NodePools (components/karpenter.py installs Karpenter when there is one)
+    node_pools: tuple[NodePoolSettings, ...] = _setting("nodePools", ())
     driver_image: str | None = _setting("driverImage", None, option="image")
+    driver_build_from_source: bool = _setting("driverBuildFromSource", False)
     driver_name: str = _setting("driverName", DEFAULT_DRIVER_NAME, option="driver_name")
     driver_namespace: str = _setting("driverNamespace", DEFAULT_NAMESPACE, option="namespace")
     driver_metrics_port: int = _setting("driverMetricsPort", 0, option="metrics_port")
@@ -300,6 +492,7 @@ class StackSettings:
                                                 option="core_extended_resource_name")
     kubelet_plugins_dir: str = _setting("kubeletPluginsDir", DEFAULT_PLUGINS_DIR, option="plugins_dir")
     kubelet_registry_dir: str = _setting("kubeletRegistryDir", DEFAULT_REGISTRY_DIR, option="registry_dir")
+    efa_driver: str = _setting("efaDriver", "auto")
     claim_templates_module: str = _setting("claimTemplatesModule", DEFAULT_CLAIM_TEMPLATES_MODULE)
     cluster_instance_types: tuple[str, ...] = _setting("clusterInstanceTypes", ())
     catalog_file: str | None = _setting("catalogFile", None)
@@ -316,6 +509,12 @@ class StackSettings:
             raise SettingError(n("claimTemplatesModule"), self.claim_templates_module,
                                "a dotted Python module name, or '' for none")
         self.driver_options()  # the driver settings, checked where they are used
+        if self.driver_build_from_source is not False and self.driver_build_from_source is not True:
+            raise SettingError(n(key_of("driver_build_from_source")), self.driver_build_from_source, "true or false")
+        if self.driver_build_from_source and self.driver_image is not None:
+            raise SettingError(n("driverImage"), self.driver_image, "unset when driverBuildFromSource is true")
+        if self.efa_driver not in EFA_DRIVER_MODES:
+            raise SettingError(n(key_of("efa_driver")), self.efa_driver, " or ".join(EFA_DRIVER_MODES))
         timeout = self.driver_rollout_timeout_seconds
         if isinstance(timeout, bool) or not isinstance(timeout, int) or not 0 <= timeout <= MAX_ROLLOUT_TIMEOUT_SECONDS:
             raise SettingError(n(key_of("driver_rollout_timeout_seconds")), timeout,
@@ -326,8 +525,13 @@ class StackSettings:
         if self.cluster_name is not None and not _CLUSTER_NAME.match(self.cluster_name):
             raise SettingError(n("clusterName"), self.cluster_name,
                                "1-100 letters, digits, '-' and '_', starting with a letter or digit")
-        if not self.node_groups:
-            raise SettingError(n("nodeGroups"), [], "at least one node group")
+        if not self.node_groups and not self.node_pools:
+            raise SettingError(n("nodeGroups"), [], "at least one node group or Karpenter node pool (nodePools)")
+        pools: set[str] = set()
+        for p in self.node_pools:
+            if p.name in pools:
+                raise SettingError(p._at("name"), p.name, "a name no other node pool has")
+            pools.add(p.name)
         seen: set[str] = set()
         for g in self.node_groups:
             if g.name in seen:
@@ -361,7 +565,8 @@ class StackSettings:
                                "1 (only the node's own processes and host-network pods reach IMDS) to 64")
         if self.vpc_cni_version is not None:
             cni = parse_addon_version(n("vpcCniVersion"), self.vpc_cni_version)
-            efa_only = [g.name for g in self.node_groups if g.uses_efa_only]
+            efa_only = [g.name for g in self.node_groups if g.uses_efa_only] + [
+                p.name for p in self.node_pools if p.efa_count]
             if efa_only and cni < MIN_VPC_CNI_FOR_EFA_ONLY:
                 raise SettingError(n("vpcCniVersion"), self.vpc_cni_version,
                                    f"v1.18.4 or newer: node groups {', '.join(efa_only)} use EFA-only interfaces "
@@ -428,11 +633,13 @@ class StackSettings:
         """The instance types claim templates are checked against."""
         if self.existing_cluster:
             return self.cluster_instance_types or self.hardware.names
-        return tuple(dict.fromkeys(g.instance_type for g in self.node_groups))
+        return tuple(dict.fromkeys((*(g.instance_type for g in self.node_groups),
+                                    *(t for p in self.node_pools for t in p.types))))
 
     @property
     def uses_efa_only(self) -> bool:
-        return any(g.uses_efa_only for g in self.node_groups)
+        """Some node group or pool has EFA-only interfaces (they need VPC CNI 1.18.4+)."""
+        return any(g.uses_efa_only for g in self.node_groups) or any(p.efa_count for p in self.node_pools)
 
 
 # Field -> config key and driver option -> config key of the stack's settings, from the fields' metadata.

@@ -22,8 +22,11 @@ from typing import Any, Literal
 
 from neuron_dra.components.settings import (
     NODE_GROUP_FIELD_OF_KEY,
+    NODE_POOL_FIELD_OF_KEY,
+    POOL_CAPACITY_TYPES,
     PROJECT,
     NodeGroupSettings,
+    NodePoolSettings,
     SettingError,
     StackSettings,
     setting_name,
@@ -108,8 +111,15 @@ _ROWS: tuple[Setting, ...] = (
     _T("node_groups", "objects", "Trainium/Inferentia managed node groups: "
        + ", ".join(NODE_GROUP_FIELD_OF_KEY) + ". capacityType is ON_DEMAND or CAPACITY_BLOCK, efaInterfaceType "
        "efa-only or efa.", new_cluster_only=True),
-    _T("driver_image", "string", "Driver image to deploy (default: build driver/Dockerfile and push it to "
-       "a new ECR repository)."),
+    _T("node_pools", "objects", "Karpenter NodePools of Neuron instances, instead of or next to nodeGroups "
+       "(docs/karpenter.md); Karpenter is installed when there is one: " + ", ".join(NODE_POOL_FIELD_OF_KEY)
+       + ". With replicas a static pool (one instance type; a Capacity Block or UltraServer with "
+       "capacityReservationId), without a dynamic pool up to maxNodes; capacityTypes: "
+       + ", ".join(POOL_CAPACITY_TYPES) + ".", new_cluster_only=True),
+    _T("driver_image", "string", "Driver image to deploy (default: the image this project's release workflow "
+       "publishes for the installed version, ghcr.io/neuron-dra/neuron-dra-driver:<version>)."),
+    _T("driver_build_from_source", "boolean", "Build driver/Dockerfile of the source checkout the package runs "
+       "from and push it to a new ECR repository instead (needs Docker with BuildKit; not with driverImage)."),
     _T("driver_name", "string", "DRA driver name and DeviceClass name."),
     _T("driver_namespace", "string", "Namespace of the driver."),
     _T("driver_metrics_port", "integer", "Prometheus metrics port of the driver (0: off)."),
@@ -124,6 +134,10 @@ _ROWS: tuple[Setting, ...] = (
        "cores at the node's LNC; '' for none; left out before Kubernetes 1.36)."),
     _T("kubelet_plugins_dir", "string", "kubelet's plugins directory on the nodes."),
     _T("kubelet_registry_dir", "string", "kubelet's plugin registry directory on the nodes."),
+    _T("efa_driver", "string", "AWS's EFA DRA driver (DRANET, Helm chart aws-dranet; docs/efa-dra-driver.md): "
+       "auto installs it on the node groups with EFA interfaces (none on an existing cluster), install also on an "
+       "existing cluster's EFA instance types (clusterInstanceTypes), external when the cluster already runs "
+       "one. Claim templates that request EFA devices need one of them."),
     _T("claim_templates_module", "string", "Python module whose module-level claim templates are deployed "
        "and checked against the node groups ('' for none)."),
     _T("cluster_instance_types", "strings", "Existing-cluster mode: the Neuron instance types of its nodes; "
@@ -152,6 +166,9 @@ SETTINGS: tuple[Setting, ...] = _join(_ROWS)
 SETTINGS_BY_KEY: Mapping[str, Setting] = {s.key: s for s in SETTINGS}
 NODE_GROUP_KEYS: tuple[str, ...] = tuple(NODE_GROUP_FIELD_OF_KEY)
 # Node group keys whose values are strings (the rest: integers, a boolean, a list and an object).
+_NODE_POOL_STRINGS = ("name", "capacityReservationId", "availabilityZone", "rootVolumeKmsKeyId", "amiVersion")
+_NODE_POOL_LISTS = ("instanceTypes", "instanceFamilies", "capacityTypes")
+NODE_POOL_KEYS: tuple[str, ...] = tuple(NODE_POOL_FIELD_OF_KEY)
 _NODE_GROUP_STRINGS = ("name", "instanceType", "capacityType", "capacityReservationId", "availabilityZone",
                        "rootVolumeKmsKeyId", "efaInterfaceType", "version")
 
@@ -220,6 +237,29 @@ def _decode_node_group(index: int, raw: Mapping[str, Any], hardware: Catalog = B
     return NodeGroupSettings(**kwargs)
 
 
+def _decode_node_pool(index: int, raw: Mapping[str, Any], hardware: Catalog = BUILTIN) -> NodePoolSettings:
+    where = f"{setting_name('nodePools')}[{index}]"
+    kwargs: dict[str, Any] = {"where": where, "hardware": hardware}
+    for key, value in raw.items():
+        if key not in NODE_POOL_FIELD_OF_KEY:
+            raise SettingError(f"{where}.{key}", value,
+                               f"{_closest(key, NODE_POOL_KEYS)}the node pool keys: {', '.join(NODE_POOL_KEYS)}")
+        if key in _NODE_POOL_LISTS:
+            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+                raise SettingError(f"{where}.{key}", value, "a list of strings")
+            value = tuple(value)
+        elif key == "labels":
+            if not isinstance(value, dict):
+                raise SettingError(f"{where}.labels", value, "an object of label key -> value")
+            value = dict(value)
+        elif key in _NODE_POOL_STRINGS and not isinstance(value, str):
+            raise SettingError(f"{where}.{key}", value, "a string")
+        kwargs[NODE_POOL_FIELD_OF_KEY[key]] = value
+    if "name" not in kwargs:
+        raise SettingError(f"{where}.name", None, "a DNS label naming the node pool")
+    return NodePoolSettings(**kwargs)
+
+
 def _decode(setting: Setting, raw: object, hardware: Catalog = BUILTIN) -> object:
     """One setting's value; the neutral engine default of an optional setting ("" or []) decodes to unset."""
     decoded = _decode_scalar(setting_name(setting.key), setting.kind, raw)
@@ -227,6 +267,8 @@ def _decode(setting: Setting, raw: object, hardware: Catalog = BUILTIN) -> objec
         return setting.default
     if setting.kind == "objects":
         assert isinstance(decoded, list)
+        if setting.key == "nodePools":
+            return tuple(_decode_node_pool(i, p, hardware) for i, p in enumerate(decoded))
         return tuple(_decode_node_group(i, g, hardware) for i, g in enumerate(decoded))
     return decoded
 
@@ -270,7 +312,8 @@ def decode_settings(raw: Mapping[str, object]) -> StackSettings:
                                    "unset when neuron-dra:kubeconfig selects an existing cluster (the stack then "
                                    "installs only the driver and the claim templates)")
         kwargs.pop("node_groups", None)
-    elif "node_groups" not in kwargs:
+        kwargs.pop("node_pools", None)
+    elif "node_groups" not in kwargs and not kwargs.get("node_pools"):  # node pools alone: no default node group
         kwargs["node_groups"] = tuple(_decode_node_group(i, g, hardware) for i, g in enumerate(DEFAULT_NODE_GROUPS))
     return StackSettings(**kwargs)
 

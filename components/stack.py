@@ -1,9 +1,13 @@
 """The default stack program: settings -> components -> exports. `__main__.py` runs it; so does `neuron-dra plan`.
 
-New-cluster mode (no `kubeconfig`): a TrainiumCluster, one TrainiumNodeGroup per `nodeGroups` entry, CoreDNS
-once there are nodes, the driver and the claim templates (checked against the node groups' instance types).
+New-cluster mode (no `kubeconfig`): a TrainiumCluster, one TrainiumNodeGroup per `nodeGroups` entry, with
+`nodePools` Karpenter (TrainiumKarpenter) and one TrainiumNodePool per entry, CoreDNS once there are nodes,
+the driver and the claim templates (checked against the node groups' and pools' instance types).
 Existing-cluster mode (`kubeconfig` set): only the driver and the claim templates, through a Kubernetes
 provider for that kubeconfig; no AWS resource is created.
+
+AWS's EFA DRA driver (`EfaDraDriver`) is installed on the node groups with EFA interfaces, or (`efaDriver`
+install) on an existing cluster's EFA instance types.
 
 AZs: a node group without `subnetIds` or `availabilityZone` goes to the AZs that offer its instance type
 (looked up with `ec2:DescribeInstanceTypeOfferings`; trn2 exists in few AZs); an EFA group takes the first one
@@ -25,10 +29,14 @@ import pulumi_kubernetes as k8s
 from neuron_dra.components.claims import ClaimTemplates, ClaimTemplatesArgs, TemplateCheck, module_templates
 from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
 from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
+from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDraDriverArgs, EfaDriverRef
+from neuron_dra.components.karpenter import TrainiumKarpenter, TrainiumKarpenterArgs
 from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroupArgs
+from neuron_dra.components.nodepool import TrainiumNodePool, TrainiumNodePoolArgs
 from neuron_dra.components.settings import (
     PROJECT,
     NodeGroupSettings,
+    NodePoolSettings,
     SettingError,
     StackSettings,
     kubernetes_version_warnings,
@@ -55,7 +63,10 @@ class StackResult:
     node_groups: list[TrainiumNodeGroup]
     driver: NeuronDraDriver
     templates: ClaimTemplates
+    efa_driver: EfaDraDriver | None = None
     exports: dict[str, Any] = field(default_factory=dict)
+    karpenter: TrainiumKarpenter | None = None
+    node_pools: list[TrainiumNodePool] = field(default_factory=list)
 
 
 def offered_zones(instance_type: str) -> tuple[str, ...]:
@@ -97,14 +108,16 @@ def plan_zones(settings: StackSettings) -> ZonePlan:
         chosen[group.name] = zones[:1] if group.is_efa else zones[:MAX_NON_EFA_ZONES]
     if settings.vpc_id is not None:
         return ZonePlan((), chosen)
+    pool_zones = _pool_zones(settings)
     if settings.availability_zones:
-        for group in settings.node_groups:
-            outside = [z for z in chosen[group.name] if z not in wanted]
-            if outside:
-                raise SettingError(f"{group.where}.availabilityZone", outside[0],
-                                   f"one of neuron-dra:availabilityZones ({', '.join(settings.availability_zones)})")
+        outside_groups = [(g.where, z) for g in settings.node_groups for z in chosen[g.name] if z not in wanted]
+        outside_pools = [(p.where, p.availability_zone) for p in settings.node_pools
+                         if p.availability_zone and p.availability_zone not in wanted]
+        for where, zone in (*outside_groups, *outside_pools):
+            raise SettingError(f"{where}.availabilityZone", zone,
+                               f"one of neuron-dra:availabilityZones ({', '.join(settings.availability_zones)})")
         return ZonePlan(tuple(settings.availability_zones), chosen)
-    vpc_zones = list(dict.fromkeys(z for zones in chosen.values() for z in zones))
+    vpc_zones = list(dict.fromkeys([*(z for zones in chosen.values() for z in zones), *pool_zones]))
     for zone in available_zones():
         if len(vpc_zones) >= 2:
             break
@@ -113,6 +126,22 @@ def plan_zones(settings: StackSettings) -> ZonePlan:
     if len(vpc_zones) < 2:
         raise SettingError(setting_name("availabilityZones"), vpc_zones, "two or more AZs (EKS needs two)")
     return ZonePlan(tuple(vpc_zones), chosen)
+
+
+def _pool_zones(settings: StackSettings) -> list[str]:
+    """AZs a new VPC needs for the node pools: a pool's own AZ (a Capacity Block's), else the first AZ offering
+    each of its instance types, so that Karpenter finds a subnet where it can launch them."""
+    zones: list[str] = []
+    for pool in settings.node_pools:
+        if pool.availability_zone:
+            zones.append(pool.availability_zone)
+            continue
+        offered = [z for t in pool.types for z in offered_zones(t)[:1]]
+        if not offered:
+            raise SettingError(f"{pool.where}.instanceTypes", list(pool.types),
+                               "instance types offered in this region (EC2 offers none of them in any AZ)")
+        zones.extend(offered)
+    return zones
 
 
 def driver_options(settings: StackSettings) -> DriverDeployOptions:
@@ -130,6 +159,8 @@ def build_stack(
     templates = module_templates(settings.claim_templates_module) if settings.claim_templates_module else []
     cluster: TrainiumCluster | None = None
     groups: list[TrainiumNodeGroup] = []
+    karpenter: TrainiumKarpenter | None = None
+    pools: list[TrainiumNodePool] = []
     if settings.existing_cluster:
         assert settings.kubeconfig is not None
         kubeconfig: pulumi.Output[str] = pulumi.Output.secret(kubeconfig_input(settings.kubeconfig))
@@ -160,8 +191,11 @@ def build_stack(
         ))
         groups = [_node_group(cluster, group, zones.group_zones[group.name], settings)
                   for group in settings.node_groups]
-        if any(g.desired_size > 0 for g in settings.node_groups):
-            cluster.install_coredns(after=[g.node_group for g in groups])
+        if settings.node_pools:
+            karpenter, pools = _karpenter(cluster, settings)
+        if karpenter is not None or any(g.desired_size > 0 for g in settings.node_groups):
+            cluster.install_coredns(after=[g.node_group for g in groups]
+                                    + ([karpenter.system_node_group] if karpenter else []))
         else:
             pulumi.log.warn("no node group has nodes yet (every desiredSize is 0): the CoreDNS add-on is created "
                             "by the first `pulumi up` after a node group has nodes")
@@ -169,24 +203,79 @@ def build_stack(
         kubeconfig = cluster.kubeconfig
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
         options=driver_options(settings), image=settings.driver_image, source_dir=source_dir,
+        build_from_source=settings.driver_build_from_source,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))
     # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first.
     classes = [driver.objects.get(f"DeviceClass/{name}")
                for name in (driver.device_class_name, settings.neuron_core_device_class)]
+    efa_driver = _efa_driver(settings, provider)
+    efa_ref: EfaDriverRef | None = EXTERNAL if settings.efa_driver == EXTERNAL else efa_driver
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
         templates=templates, instance_types=settings.node_instance_types, check=check, hardware=settings.hardware,
-        depends_on=[c for c in classes if c is not None],
+        depends_on=[c for c in classes if c is not None], efa_driver=efa_ref,
     ), opts=pulumi.ResourceOptions(provider=provider))
     exports: dict[str, Any] = {
         "kubeconfig": kubeconfig,
         "clusterName": cluster.name if cluster else None,
         "nodeGroupNames": [g.name for g in groups],
+        "nodePoolNames": [p.name for p in pools],
         "driverNamespace": driver.namespace,
         "driverImage": driver.image,
         "claimTemplates": claim_templates.names,
     }
-    return StackResult(settings, cluster, groups, driver, claim_templates, exports)
+    return StackResult(settings, cluster, groups, driver, claim_templates, efa_driver, exports, karpenter,
+                       pools)
+
+
+def _efa_driver(settings: StackSettings, provider: k8s.Provider) -> EfaDraDriver | None:
+    """AWS's EFA DRA driver on the node groups with EFA interfaces (new cluster), or on the EFA instance types
+    of an existing cluster when `efaDriver` is install; None when nothing in the stack has EFA."""
+    if settings.efa_driver == EXTERNAL:
+        return None
+    if settings.existing_cluster:
+        if settings.efa_driver != "install":
+            return None
+        types = [t for t in settings.node_instance_types if settings.hardware.spec(t).efa_count > 0]
+        if not types:
+            raise SettingError(setting_name("efaDriver"), settings.efa_driver,
+                               "auto or external: none of the cluster's instance types (clusterInstanceTypes) has "
+                               "EFA interfaces")
+        args = EfaDraDriverArgs(instance_types=types, hardware=settings.hardware)
+    else:
+        groups = [g.name for g in settings.node_groups if g.is_efa]
+        if not groups:
+            if settings.efa_driver == "install":
+                raise SettingError(setting_name("efaDriver"), settings.efa_driver,
+                                   "auto or external: no node group has EFA interfaces")
+            return None
+        args = EfaDraDriverArgs(node_groups=groups, hardware=settings.hardware)
+    return EfaDraDriver("efa-driver", args, opts=pulumi.ResourceOptions(provider=provider))
+
+
+def _karpenter(cluster: TrainiumCluster, settings: StackSettings) -> tuple[TrainiumKarpenter, list[TrainiumNodePool]]:
+    """Karpenter in the cluster and one TrainiumNodePool per `nodePools` entry, after Karpenter's chart (its CRDs)."""
+    provider = pulumi.ResourceOptions(provider=cluster.provider)
+    karpenter = TrainiumKarpenter("karpenter", TrainiumKarpenterArgs(
+        cluster_name=cluster.name,
+        subnet_ids=cluster.private_subnet_ids,
+        kubernetes_version=cluster.kubernetes_version,
+        cni_policy_on_node_role=settings.vpc_cni_identity == "nodeRole",
+        depends_on=[*cluster.node_group_dependencies, cluster.pod_identity_agent],
+    ), opts=provider)
+    return karpenter, [_node_pool(cluster, karpenter, pool, settings) for pool in settings.node_pools]
+
+
+def _node_pool(cluster: TrainiumCluster, karpenter: TrainiumKarpenter, pool: NodePoolSettings,
+               settings: StackSettings) -> TrainiumNodePool:
+    return TrainiumNodePool(f"pool-{pool.name}", TrainiumNodePoolArgs.from_settings(
+        pool,
+        node_role_name=karpenter.node_role.name,
+        subnet_ids=cluster.private_subnet_ids,
+        security_group_ids=cluster.cluster_security_group_id.apply(lambda sg: [sg]),
+        imds_hop_limit=settings.imds_hop_limit,
+        depends_on=[karpenter.release],
+    ), opts=pulumi.ResourceOptions(provider=cluster.provider))
 
 
 def _node_group(cluster: TrainiumCluster, group: NodeGroupSettings, zones: Sequence[str],
