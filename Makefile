@@ -5,11 +5,18 @@
 PYTHON ?= python3
 IMAGE ?= neuron-dra-driver:0.1.0
 FAST := not cluster and not gobuild and not pulumi_engine and not slow
+# The inner loop: the fast tests minus those that start the daemon or a CLI as a process (`process` marker);
+# pytest's cache provider off so parallel worktrees do not share state.
+UNIT := $(FAST) and not process
+PYTEST_UNIT := $(PYTHON) -m pytest -q -p no:cacheprovider -m "$(UNIT)"
 
-.PHONY: help install test test-fast lint protos image demo
+.PHONY: help install test test-fast test-unit test-driver test-claims test-components test-localcluster lint protos \
+	image demo
 
 help:
 	@echo "make install    pip install -r requirements.txt (everything, this repository editable)"
+	@echo "make test-unit  the inner loop: fast tests that start no process (tests/), under a minute"
+	@echo "make test-driver / test-claims / test-components / test-localcluster   the same, for one part"
 	@echo "make test-fast  tests without Go, a control plane, the Pulumi engine or slow tests"
 	@echo "make test       every test: $(PYTHON) -m pytest -q (the README's command, what CI runs)"
 	@echo "make lint       ruff, mypy (package, tests, bench), import contracts"
@@ -19,6 +26,21 @@ help:
 
 install:
 	$(PYTHON) -m pip install -r requirements.txt
+
+test-unit:
+	$(PYTEST_UNIT) tests
+
+test-driver:
+	$(PYTEST_UNIT) tests/driver
+
+test-claims:
+	$(PYTEST_UNIT) tests/claim_templates
+
+test-components:
+	$(PYTEST_UNIT) tests/components
+
+test-localcluster:
+	$(PYTEST_UNIT) tests/localcluster
 
 test-fast:
 	$(PYTHON) -m pytest -q -m "$(FAST)"

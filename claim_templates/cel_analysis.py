@@ -262,3 +262,31 @@ def bind_calls(tree: Tree) -> Iterator[Tree]:
             target = node.children[0]
             if isinstance(target, lark.Tree) and ident_name(target) == "cel":
                 yield node
+
+
+def without_binds(expression: str, tree: Tree) -> str:
+    """`expression` with each `cel.bind(v, init, body)` written as `([init].map(v, body)[0])` (cel-python has no
+    cel.bind; a one-element map binds v to init, evaluated once).
+
+    One pass: every bind becomes three replacements ("cel.bind(v," -> "([", the comma after init -> "].map(v,",
+    the closing ")" -> ")[0])"). Nested binds sit inside an init or a body, so no two replacements overlap and all
+    are applied in one splice: linear in the expression's length (re-parsing after each bind is quadratic)."""
+    edits: list[tuple[int, int, str]] = []
+    for node in bind_calls(tree):
+        args = [c for c in node.children[2].children if isinstance(c, lark.Tree)]  # type: ignore[union-attr]
+        if len(args) != 3:
+            raise AnalysisError(f"cel.bind takes 3 arguments (a name, a value, an expression), got {len(args)}")
+        v, init, _ = args
+        name = expression[v.meta.start_pos:v.meta.end_pos]
+        first = expression.index(",", v.meta.end_pos)
+        # A keyword literal (true, false, null) carries no position: it holds no comma, the next one ends it.
+        second = expression.index(",", getattr(init.meta, "end_pos", None) or first + 1)
+        end = node.meta.end_pos
+        edits += [(node.meta.start_pos, first + 1, "(["), (second, second + 1, f"].map({name},"),
+                  (end - 1, end, ")[0])")]
+    out, at = [], 0
+    for start, stop, text in sorted(edits):
+        out += [expression[at:start], text]
+        at = stop
+    out.append(expression[at:])
+    return "".join(out)

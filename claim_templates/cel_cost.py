@@ -4,7 +4,10 @@ The API server refuses a device selector whose *estimated* cost exceeds 1,000,00
 limit"; docs/hardening.md §3). cel-python (the CEL implementation here) tracks no cost, so this module estimates it
 from the parse tree with cel-go's rules simplified upward: every operation, call, member access and literal costs
 1; a comprehension macro (`all`, `exists`, `exists_one`, `map`, `filter`) costs its range plus, for every element
-of the range's largest possible size, its body plus 1; string functions cost 1 + length / 10. Sizes come from what
+of the range's largest possible size, its body plus 1; string functions cost 1 + length / 10. As in cel-go's
+checker/cost.go (costBind, and functionCost for AddString/AddBytes/AddList), `cel.bind(v, init, body)` costs its
+init once plus its body, with `v` sized as the init, and `a + b` is as large as both operands together and costs
+that size / 10 more (a selector that doubles a string in 25 binds is 2 GiB, and refused). Sizes come from what
 the expression shows or from the DRA limits on what a device carries (attribute strings <= 64 characters, <= 32
 attributes and capacities per device); what cannot be sized counts as MAX_UNKNOWN_SIZE elements. The estimate is
 an upper bound of cel-go's for the expressions DRA selectors use, so nothing the API server refuses for cost passes
@@ -17,12 +20,13 @@ from dataclasses import dataclass
 
 import lark
 
-from neuron_dra.claim_templates.cel_analysis import Tree, unwrap
+from neuron_dra.claim_templates.cel_analysis import Tree, ident_name, unwrap
 
 COST_LIMIT = 1_000_000  # apiserver: per-expression estimated cost limit of DRA selectors
 MAX_STRING = 64  # a device attribute's string value (resource.k8s.io/v1)
 MAX_MAP = 32  # attributes + capacities of one device
 MAX_UNKNOWN_SIZE = 1024  # a list or string nothing bounds (cel-go would take the maximum the type allows)
+STRING_TRAVERSAL = 10  # cel-go's StringTraversalCostFactor, 0.1: one cost unit per 10 characters
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 STRING_METHODS = frozenset({"split", "contains", "startsWith", "endsWith", "matches", "indexOf", "lastIndexOf",
                             "lowerAscii", "upperAscii", "replace", "substring", "trim", "find", "findAll", "join"})
@@ -88,36 +92,51 @@ class _Estimator:
         parts = [self.visit(k, depth + 1) for k in kids]
         if not parts:
             return Estimate(1, 1)
-        return Estimate(1 + sum(p.cost for p in parts), max(p.size for p in parts), max(p.element for p in parts))
+        cost = 1 + sum(p.cost for p in parts)
+        element = max(p.element for p in parts)
+        if kind == "addition" and len(kids) == 2 and unwrap(kids[0]).data == "addition_add":
+            # cel-go (checker/cost.go, AddString/AddBytes/AddList): the result's size is the sum of both sizes,
+            # and joining strings costs that size times StringTraversalCostFactor (0.1). The operand types are
+            # unknown here, so the string cost is always charged: an upper bound for lists.
+            size = parts[0].size + parts[1].size
+            return Estimate(cost + size // STRING_TRAVERSAL, size, element)
+        return Estimate(cost, max(p.size for p in parts), element)
+
+    def _scoped(self, var: str, value: Estimate, trees: list[Tree], depth: int) -> list[Estimate]:
+        """The estimates of `trees` with `var` standing for a value of `value`'s size (a bind or a macro)."""
+        saved = self.scope.get(var)
+        self.scope[var] = value
+        try:
+            return [self.visit(t, depth + 1) for t in trees]
+        finally:
+            if saved is None:
+                self.scope.pop(var, None)
+            else:
+                self.scope[var] = saved
 
     def _method(self, node: Tree, kids: list[Tree], depth: int) -> Estimate:
         name = _tokens(node)[0] if _tokens(node) else ""
         target = kids[0]
         args = [c for e in kids[1:] for c in _children(e)] if len(kids) > 1 else []
         base = self.visit(target, depth + 1)
+        if name == "bind" and len(args) == 3 and ident_name(target) == "cel":
+            # cel-go (costBind): the init once, then the body with the variable sized as the init (pushLocalVar).
+            init = self.visit(args[1], depth + 1)
+            (body,) = self._scoped(ident_name(args[0]) or "", Estimate(1, init.size, init.element), args[2:], depth)
+            return Estimate(base.cost + init.cost + body.cost, body.size, body.element)
         if name in MACROS and args:
             var = unwrap(args[0])
             var_name = _tokens(var)[0] if var.data == "ident" and _tokens(var) else ""
-            saved = self.scope.get(var_name)
-            self.scope[var_name] = Estimate(1, base.element, MAX_STRING)
-            try:
-                body = [self.visit(a, depth + 1) for a in args[1:]]
-            finally:
-                if saved is None:
-                    self.scope.pop(var_name, None)
-                else:
-                    self.scope[var_name] = saved
-            per_element = 1 + sum(b.cost for b in body)
+            bodies = self._scoped(var_name, Estimate(1, base.element, MAX_STRING), args[1:], depth)
+            per_element = 1 + sum(b.cost for b in bodies)
             size = base.size if name in ("map", "filter") else 1
-            return Estimate(base.cost + base.size * per_element, size, max((b.size for b in body), default=1))
+            return Estimate(base.cost + base.size * per_element, size, max((b.size for b in bodies), default=1))
         rest = [self.visit(a, depth + 1) for a in args]
         cost = 1 + base.cost + sum(a.cost for a in rest)
         if name in STRING_METHODS:
-            cost += base.size // 10
+            cost += base.size // STRING_TRAVERSAL
         if name == "split":
             return Estimate(cost, base.size + 1, base.size)
-        if name == "bind":  # cel.bind(v, init, body): the init and the body once each
-            return Estimate(cost, max((a.size for a in rest), default=1))
         return Estimate(cost, max(base.size, *(a.size for a in rest)) if rest else base.size, base.element)
 
 

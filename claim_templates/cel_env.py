@@ -43,7 +43,7 @@ from neuron_dra.claim_templates.cel_analysis import (
     SelectorAnalysis,
     Tree,
     analyze,
-    bind_calls,
+    without_binds,
 )
 from neuron_dra.claim_templates.cel_cost import COST_LIMIT, CostTooDeep, estimate
 from neuron_dra.claim_templates.cel_types import INT64_MAX, INT64_MIN, CelValueError, Quantity, Semver
@@ -585,16 +585,8 @@ class CelEnvironment:
         return compiled
 
     def _desugar(self, expression: str, tree: Tree) -> str:
-        """Rewrite each `cel.bind(v, init, body)` as `([init].map(v, body)[0])`, outermost first."""
-        text = expression
-        while True:
-            node = next(bind_calls(tree), None)
-            if node is None:
-                return text
-            args = [c for c in node.children[2].children if isinstance(c, lark.Tree)]  # type: ignore[union-attr]
-            v, init, body = (text[a.meta.start_pos:a.meta.end_pos] for a in args)
-            text = f"{text[:node.meta.start_pos]}([{init}].map({v}, {body})[0]){text[node.meta.end_pos:]}"
-            tree = self._env.compile(text)
+        """Each `cel.bind(v, init, body)` as `([init].map(v, body)[0])` (cel_analysis.without_binds)."""
+        return without_binds(expression, tree)
 
     def evaluate(self, selector: CompiledSelector | str, device: CelDevice) -> bool:
         """Whether the device matches; CelEvaluationError when the selector fails on it."""

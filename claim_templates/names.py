@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.driver.model import k8s_names
 from neuron_dra.driver.model.k8s_names import LABEL_KEY_RULE, LABEL_VALUE_RULE, is_label_key, is_label_value
-
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def check_dns_label(field: str, value: object) -> str:
@@ -54,14 +51,3 @@ def check_annotations(field: str, annotations: Mapping[str, str] | None) -> tupl
         if not isinstance(v, str):
             raise TemplateError(f"{field}[{k!r}]", v, "a string value")
     return tuple(sorted(annotations.items()))
-
-
-def check_qualified_name(field: str, value: object) -> str:
-    """A fully qualified attribute name `domain/identifier` (what matchAttribute takes)."""
-    if not isinstance(value, str) or "/" not in value:
-        raise TemplateError(field, value, "a fully qualified attribute name 'domain/identifier'")
-    domain, _, ident = value.partition("/")
-    check_dns_subdomain(f"{field} domain", domain)
-    if len(ident) > 32 or not _C_IDENTIFIER.match(ident):
-        raise TemplateError(field, value, "an identifier after the domain: a C identifier of at most 32 characters")
-    return value

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -317,12 +317,6 @@ def decode_settings(raw: Mapping[str, object]) -> StackSettings:
     elif "node_groups" not in kwargs and not kwargs.get("node_pools"):  # node pools alone: no default node group
         kwargs["node_groups"] = tuple(_decode_node_group(i, g, hardware) for i, g in enumerate(DEFAULT_NODE_GROUPS))
     return StackSettings(**kwargs)
-
-
-def settings_from_lookup(lookup: Callable[[str], str | None]) -> StackSettings:
-    """Decode settings from a `key -> raw string` lookup (e.g. pulumi.Config().get) over every known key."""
-    raw = {key: value for key in SETTINGS_BY_KEY if (value := lookup(key)) is not None}
-    return decode_settings(raw)
 
 
 def pulumi_project_config() -> dict[str, dict[str, Any]]:

@@ -257,10 +257,6 @@ def kube_target(minor: str = DEFAULT_MINOR, *, cache: Path | None = None) -> Pat
     return (cache or cache_root()) / "k8s" / kube_version(minor)
 
 
-def kube_cached(minor: str = DEFAULT_MINOR, *, cache: Path | None = None) -> bool:
-    return _complete(kube_target(minor, cache=cache), KUBE_BINARIES)
-
-
 def build_kube(minor: str = DEFAULT_MINOR, *, cache: Path | None = None, log: Log | None = None) -> dict[str, Path]:
     """kube-apiserver, kube-controller-manager, kube-scheduler and kubelet at the version pinned for `minor`."""
     version = kube_version(minor)

@@ -4,7 +4,7 @@ as a container runtime does before it starts a container."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,13 +70,3 @@ def resolve(cdi_root: Path, cdi_ids: Iterable[str]) -> list[ResolvedDevice]:
             nodes.extend(edits.get("deviceNodes") or ())
         out.append(ResolvedDevice(cdi_id, path, tuple(env), tuple(nodes)))
     return out
-
-
-def merged_env(devices: Sequence[ResolvedDevice]) -> dict[str, str]:
-    """Container environment from the resolved devices (later devices win, as runtimes apply edits in order)."""
-    env: dict[str, str] = {}
-    for d in devices:
-        for item in d.env:
-            key, _, value = item.partition("=")
-            env[key] = value
-    return env

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from neuron_dra.driver.model.catalog import InstanceSpec
 from neuron_dra.driver.model.config import ConfigError, EffectiveConfig, OpaqueConfig, check_applies, decode
+from neuron_dra.driver.model.errortext import capped, shown
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Reason(StrEnum):
 
     INVALID_REQUEST = "invalid_request"
     NOT_FOUND = "not_found"
+    MALFORMED_CLAIM = "malformed_claim"
     UID_MISMATCH = "uid_mismatch"
     NOT_ALLOCATED = "not_allocated"
     NOT_FOR_THIS_NODE = "not_for_this_node"
@@ -76,6 +78,74 @@ class AllocatedDevice:
         return self.request.split("/", 1)[0]
 
 
+# --- the claim's fields, type-checked ------------------------------------------------------------------------
+# The API server validates claims, but what it answers is read defensively: a wrong type (an `allocation` that is
+# a list, a result that is a string) is a MALFORMED_CLAIM error naming the field, never a crash of the caller.
+
+_KINDS: dict[type, str] = {str: "a string", bool: "true or false", list: "a list"}
+
+
+def _malformed(ref: ClaimRef, where: str, value: object, expected: str) -> ClaimError:
+    return ClaimError(Reason.MALFORMED_CLAIM, f"claim {ref}: {where} is {shown(value)} ({type(value).__name__}); "
+                                              f"expected {expected}")
+
+
+def _object(ref: ClaimRef, where: str, value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _malformed(ref, where, value, "an object")
+    return value
+
+
+def _member(ref: ClaimRef, parent: Mapping[str, Any], where: str, key: str, kind: type, default: Any) -> Any:
+    """parent[key] when it is of `kind`; `default` when missing or null; MALFORMED_CLAIM otherwise."""
+    value = parent.get(key)
+    if value is None:
+        return default
+    if kind is Mapping:
+        return _object(ref, f"{where}.{key}", value)
+    if type(value) is not kind:
+        raise _malformed(ref, f"{where}.{key}", value, _KINDS[kind])
+    return value
+
+
+def claim_uid(claim: object, ref: ClaimRef) -> str | None:
+    """metadata.uid of a claim answer."""
+    metadata = _member(ref, _object(ref, "the claim", claim), "claim", "metadata", Mapping, {})
+    uid: str | None = _member(ref, metadata, "metadata", "uid", str, None)
+    return uid
+
+
+def allocation_of(claim: Mapping[str, Any], ref: ClaimRef) -> Mapping[str, Any] | None:
+    """status.allocation, None when not allocated."""
+    status = _member(ref, claim, "claim", "status", Mapping, {})
+    allocation: Mapping[str, Any] | None = _member(ref, status, "status", "allocation", Mapping, None)
+    return allocation
+
+
+@dataclass(frozen=True)
+class Result:
+    """One allocation result (status.allocation.devices.results[i]) of any driver."""
+
+    driver: str
+    pool: str
+    device: str
+    request: str
+    admin_access: bool
+
+
+def results_of(allocation: Mapping[str, Any], ref: ClaimRef) -> tuple[Result, ...]:
+    where = "status.allocation.devices"
+    devices = _member(ref, allocation, "status.allocation", "devices", Mapping, {})
+    out = []
+    for i, item in enumerate(_member(ref, devices, where, "results", list, [])):
+        at = f"{where}.results[{i}]"
+        r = _object(ref, at, item)
+        out.append(Result(_member(ref, r, at, "driver", str, ""), _member(ref, r, at, "pool", str, ""),
+                          _member(ref, r, at, "device", str, ""), _member(ref, r, at, "request", str, ""),
+                          _member(ref, r, at, "adminAccess", bool, False)))
+    return tuple(out)
+
+
 def _applies(requests: Sequence[str], result_request: str) -> bool:
     # A config lists requests by name; "req" covers its subrequests, "req/sub" only that subrequest.
     if not requests:
@@ -83,9 +153,11 @@ def _applies(requests: Sequence[str], result_request: str) -> bool:
     return result_request in requests or result_request.split("/", 1)[0] in requests
 
 
-def _configs(allocation: Mapping[str, Any], driver: str, spec: InstanceSpec
+def _configs(allocation: Mapping[str, Any], ref: ClaimRef, driver: str, spec: InstanceSpec
              ) -> list[tuple[tuple[str, ...], OpaqueConfig]]:
-    entries = list(enumerate(allocation.get("devices", {}).get("config") or ()))
+    devices = _member(ref, allocation, "status.allocation", "devices", Mapping, {})
+    listed = _member(ref, devices, "status.allocation.devices", "config", list, [])
+    entries = [(i, _object(ref, f"status.allocation.devices.config[{i}]", e)) for i, e in enumerate(listed)]
     # FromClass before FromClaim; within a source the listed order; later entries win.
     entries.sort(key=lambda e: (0 if e[1].get("source") == "FromClass" else 1, e[0]))
     out = []
@@ -93,44 +165,50 @@ def _configs(allocation: Mapping[str, Any], driver: str, spec: InstanceSpec
         opaque = entry.get("opaque")
         if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
             continue
-        where = f"status.allocation.devices.config[{i}] ({entry.get('source', 'unknown source')})"
+        at = f"status.allocation.devices.config[{i}]"
+        requests = _member(ref, entry, at, "requests", list, [])
+        for j, name in enumerate(requests):
+            if type(name) is not str:
+                raise _malformed(ref, f"{at}.requests[{j}]", name, "a request name")
+        where = f"{at} ({shown(entry.get('source', 'unknown source'), 40)})"
         try:
             config = decode(opaque.get("parameters"))
             check_applies(config, spec)
         except ConfigError as e:
             raise ClaimError(Reason.BAD_CONFIG, f"{where}: {e}") from None
-        out.append((tuple(entry.get("requests") or ()), config))
+        out.append((tuple(requests), config))
     return out
 
 
 def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str, spec: InstanceSpec
                       ) -> tuple[AllocatedDevice, ...]:
     """The results of `driver` in `pool` (this node), checked as kubelet's drivers must."""
-    uid = claim.get("metadata", {}).get("uid")
+    uid = claim_uid(claim, ref)
     if uid != ref.uid:
         raise ClaimError(Reason.UID_MISMATCH,
-                         f"claim {ref.namespace}/{ref.name} has uid {uid!r}, kubelet asked for {ref.uid!r}: "
+                         f"claim {ref.namespace}/{ref.name} has uid {shown(uid)}, kubelet asked for {ref.uid!r}: "
                          "the claim was deleted and replaced")
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not isinstance(allocation, Mapping):
+    allocation = allocation_of(claim, ref)
+    if allocation is None:
         raise ClaimError(Reason.NOT_ALLOCATED, f"claim {ref} is not allocated (status.allocation is not set)")
-    results = allocation.get("devices", {}).get("results") or ()
-    ours = [r for r in results if r.get("driver") == driver]
+    results = results_of(allocation, ref)
+    ours = [r for r in results if r.driver == driver]
     if not ours:
-        found = ", ".join(f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}" for r in results) or "none"
+        found = ", ".join(f"{r.driver}/{r.pool}/{r.device}" for r in results[:8]) or "none"
+        more = f" and {len(results) - 8} more" if len(results) > 8 else ""
         raise ClaimError(Reason.NOT_FOR_THIS_NODE,
-                         f"claim {ref} has no devices of driver {driver} (allocated: {found})")
-    elsewhere = sorted({str(r.get("pool")) for r in ours if r.get("pool") != pool})
+                         f"claim {ref} has no devices of driver {driver} (allocated: {capped(found)}{more})")
+    elsewhere = sorted({r.pool for r in ours if r.pool != pool})
     if elsewhere:
         raise ClaimError(Reason.NOT_FOR_THIS_NODE,
-                         f"claim {ref} is allocated to pool {', '.join(elsewhere)}, not to this node's pool {pool}")
-    configs = _configs(allocation, driver, spec)
+                         f"claim {ref} is allocated to pool {capped(', '.join(elsewhere))}, not to this node's pool "
+                         f"{pool}")
+    configs = _configs(allocation, ref, driver, spec)
     out = []
     for r in ours:
-        request = str(r.get("request", ""))
         effective = EffectiveConfig()
         for requests, config in configs:
-            if _applies(requests, request):
+            if _applies(requests, r.request):
                 effective = effective.merged(config)
-        out.append(AllocatedDevice(request, str(r.get("device", "")), bool(r.get("adminAccess")), effective))
+        out.append(AllocatedDevice(r.request, r.device, r.admin_access, effective))
     return tuple(out)

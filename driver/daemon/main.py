@@ -393,6 +393,7 @@ class Daemon:
     def run(self) -> None:
         """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""
         from neuron_dra.driver.daemon import memory
+        from neuron_dra.driver.daemon.claims import ClaimError
 
         assert self.state is not None
         pending = True
@@ -400,7 +401,10 @@ class Daemon:
         while not self.stop_event.is_set():
             now = time.monotonic()
             if pending and now >= next_resolve:
-                pending = bool(self.state.resolve_unfinished().unresolved)
+                try:
+                    pending = bool(self.state.resolve_unfinished().unresolved)
+                except (ClaimError, OSError) as e:  # dropping an entry failed (checkpoint or CDI file): retried
+                    log.warning("checking unfinished prepares failed; retrying later", extra={"error": str(e)})
                 next_resolve = now + RESOLVE_INTERVAL
             memory.trim()
             self.stop_event.wait(TRIM_INTERVAL if not pending else min(TRIM_INTERVAL, RESOLVE_INTERVAL))

@@ -39,12 +39,15 @@ from neuron_dra.driver.daemon.claims import (
     ClaimRef,
     Reason,
     allocated_devices,
+    allocation_of,
+    claim_uid,
+    results_of,
 )
 from neuron_dra.driver.daemon.failpoints import CrashPoints
 from neuron_dra.driver.model.devices import NeuronHost, UltraServer
 from neuron_dra.driver.model.discovery import DiscoveryError, read_ultraserver
 from neuron_dra.driver.model.errors import NotAllowed
-from neuron_dra.driver.model.errortext import shown
+from neuron_dra.driver.model.errortext import capped, shown
 from neuron_dra.driver.model.k8s_names import check_dns_label, check_dns_subdomain
 from neuron_dra.driver.model.neuron_env import EnvError, core_ranges, request_env
 from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device
@@ -292,9 +295,19 @@ class DriverState:
                 self._release_stale_locked(conflicts)
         raise ClaimError(Reason.DEVICE_BUSY, f"claim {ref}: devices kept being taken by other claims; retry")
 
+    def _ask(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The lookup's answer. Any failure of it is a ClaimLookupError (retryable, per claim), also one the
+        lookup did not expect, such as RecursionError from an answer nested too deeply to decode."""
+        try:
+            return self._lookup.get(namespace, name)
+        except ClaimLookupError:
+            raise
+        except Exception as e:
+            raise ClaimLookupError(f"reading claim {namespace}/{name} failed: {capped(repr(e))}") from None
+
     def _get_claim(self, ref: ClaimRef) -> Mapping[str, Any] | None:
         try:
-            return self._lookup.get(ref.namespace, ref.name)
+            return self._ask(ref.namespace, ref.name)
         except ClaimLookupError as e:
             if self._metrics:
                 self._metrics.api_errors.labels("get_resourceclaim").inc()
@@ -375,18 +388,20 @@ class DriverState:
     def _is_live(self, entry: PreparedClaim) -> bool:
         """Does the claim holding these devices still exist with this UID and still own them?"""
         try:
-            claim = self._lookup.get(entry.namespace, entry.name)
-        except ClaimLookupError:
-            return True  # cannot tell: keep the devices where they are
-        return self._owns(claim, entry)
+            return self._owns(self._ask(entry.namespace, entry.name), entry)
+        except (ClaimLookupError, ClaimError):
+            return True  # cannot tell (no answer, or a malformed one): keep the devices where they are
 
     def _owns(self, claim: Mapping[str, Any] | None, entry: PreparedClaim) -> bool:
-        if claim is None or claim.get("metadata", {}).get("uid") != entry.uid:
+        """Does `claim` (None: gone) still have `entry`'s UID and devices? ClaimError when it is malformed."""
+        ref = ClaimRef(entry.namespace, entry.name, entry.uid)
+        if claim is None or claim_uid(claim, ref) != entry.uid:
             return False
-        allocation = (claim.get("status") or {}).get("allocation") or {}
+        allocation = allocation_of(claim, ref)
         held = {d.device_name for d in entry.devices}
-        return any(r.get("driver") == self.driver_name and r.get("pool") == self.pool_name and r.get("device") in held
-                   for r in allocation.get("devices", {}).get("results") or ())
+        return allocation is not None and any(
+            r.driver == self.driver_name and r.pool == self.pool_name and r.device in held
+            for r in results_of(allocation, ref))
 
     def _release_stale_locked(self, stale: Sequence[PreparedClaim]) -> None:
         current = dict(self._claims)
@@ -515,13 +530,20 @@ class DriverState:
             unfinished = [c for c in self._claims.values() if c.state is ClaimState.PREPARE_STARTED]
         dropped, kept, unresolved = [], [], []
         for c in unfinished:
+            # Whatever the answer, one entry's check never stops the others or the daemon (a raise here at
+            # start-up would exit, and kubelet's restart would raise again): what cannot be checked stays.
             try:
-                claim = self._lookup.get(c.namespace, c.name)
+                owned = self._owns(self._ask(c.namespace, c.name), c)
             except ClaimLookupError as e:
                 log.warning("cannot check an unfinished prepare yet", extra={"claim": c.uid, "error": str(e)})
                 unresolved.append(c.uid)
                 continue
-            if self._owns(claim, c):
+            except ClaimError as e:
+                log.warning("cannot check an unfinished prepare: its claim is malformed; keeping its devices",
+                            extra={"claim": c.uid, "reason": e.reason.value, "error": e.message})
+                unresolved.append(c.uid)
+                continue
+            if owned:
                 kept.append(c.uid)
                 continue
             with self._lock:

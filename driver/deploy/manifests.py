@@ -28,11 +28,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import yaml
-
 from neuron_dra import __version__
 from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, Catalog
-from neuron_dra.driver.model.catalog_file import CatalogFileError, parse_catalog
+from neuron_dra.driver.model.catalog_file import CatalogFileError, parse_catalog_text
 from neuron_dra.driver.model.errors import NotAllowed
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
@@ -261,8 +259,8 @@ class DriverDeployOptions:
         if self.catalog_yaml is None:
             return BUILTIN
         try:
-            return parse_catalog(yaml.safe_load(self.catalog_yaml), "catalog_yaml")
-        except (CatalogFileError, yaml.YAMLError) as e:
+            return parse_catalog_text(self.catalog_yaml, "catalog_yaml")
+        except CatalogFileError as e:
             raise DeployOptionError("catalog_yaml", "...",
                                     f"a valid catalog file (docs/catalog-file.md): {e}") from None
 

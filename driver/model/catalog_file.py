@@ -22,6 +22,7 @@ from neuron_dra.driver.model.catalog import (
     TopologyKind,
     UltraServerShape,
 )
+from neuron_dra.driver.model.errortext import shown
 from neuron_dra.driver.model.k8s_names import CATALOG_ENV
 
 API_VERSION = "neuron-dra/v1"
@@ -57,9 +58,9 @@ class CatalogFileError(ValueError):
         self.key = key
         self.value = value
         self.allowed = allowed
-        shown = "(missing)" if value is _MISSING else repr(value)
+        echo = "(missing)" if value is _MISSING else shown(value)
         where = f"{file}: {key}" if key else file
-        super().__init__(f"{where}: {shown}: {allowed}")
+        super().__init__(f"{where}: {echo}: {allowed}")
 
 
 _MISSING = object()
@@ -84,7 +85,7 @@ class _Reader:
     def integer(self, key: str, value: object, low: int, high: int) -> int:
         if isinstance(value, str) and re.fullmatch(r"0x[0-9a-fA-F]+", value):
             value = int(value, 16)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        if type(value) is not int or not low <= value <= high:  # exactly int: not a bool, not 2.0
             raise self.fail(key, value, f"{low} or {high}" if high == low + 1 else f"an integer from {low} to {high}")
         return value
 
@@ -186,7 +187,7 @@ def _ultraserver(r: _Reader, key: str, value: object) -> UltraServerShape | None
     if "servers" not in m:
         raise r.fail(f"{key}.servers", _MISSING, " or ".join(map(str, ULTRASERVER_SERVERS)))
     servers = m["servers"]
-    if isinstance(servers, bool) or servers not in ULTRASERVER_SERVERS:
+    if type(servers) is not int or servers not in ULTRASERVER_SERVERS:  # exactly int: not true, not 2.0
         raise r.fail(f"{key}.servers", servers,
                      f"{' or '.join(map(str, ULTRASERVER_SERVERS))} (UltraServerConfig modes 1, 2, 4 address at most "
                      "4 servers)")
@@ -317,21 +318,30 @@ def parse_catalog(data: object, source: str, base: Catalog = BUILTIN) -> Catalog
 
 
 def load_catalog(path: Path | str, base: Catalog = BUILTIN) -> Catalog:
-    """`base` extended by the catalog file at `path`."""
+    """`base` extended by the catalog file at `path` (YAML within driver/model/bounded_yaml.py's bounds)."""
+    from neuron_dra.driver.model import bounded_yaml  # imports yaml: only with a catalog file, not at start-up
+
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = bounded_yaml.read(file)
     except OSError as e:
         raise CatalogFileError(file, "", _MISSING, f"a readable catalog file ({e.strerror or e})") from None
-    import yaml  # only with a catalog file: the daemon's start-up does not pay for the import otherwise
+    except UnicodeDecodeError as e:
+        raise CatalogFileError(file, "", _MISSING, f"UTF-8 text ({e.reason} at byte {e.start})") from None
+    except bounded_yaml.YamlError as e:
+        raise CatalogFileError(file, "", _MISSING, str(e)) from None
+    return parse_catalog_text(text, file, base)
+
+
+def parse_catalog_text(text: str, source: str, base: Catalog = BUILTIN) -> Catalog:
+    """`base` extended by the catalog document in `text` (the YAML of a file or of a ConfigMap value)."""
+    from neuron_dra.driver.model import bounded_yaml
 
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise CatalogFileError(file, "", _MISSING, f"valid YAML{where} ({getattr(e, 'problem', None) or e})") from None
-    return parse_catalog(data, file, base)
+        data = bounded_yaml.load(text)
+    except bounded_yaml.YamlError as e:
+        raise CatalogFileError(source, "", _MISSING, str(e)) from None
+    return parse_catalog(data, source, base)
 
 
 def catalog_from(path: Path | str | None, env: Mapping[str, str] | None = None) -> Catalog:

@@ -55,6 +55,7 @@ def test_the_wall_clock_bound_ends_a_slow_evaluation(monkeypatch: pytest.MonkeyP
     assert "wall-clock limit" in e.value.message
 
 
+@pytest.mark.slow  # 60 evaluations; under load one run grew past 10 GiB inside cel-python (see the report)
 def test_an_interrupted_evaluation_always_reports_the_wall_clock_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """The alarm lands at a different point of cel-python each time; its cleanup then sometimes raised its own error
     ("no matching overload for '_+_' applied to (int, list)") or returned a list, 5 times in 150 before the fix."""
@@ -124,3 +125,65 @@ def test_errors_echo_huge_values_capped() -> None:
     with pytest.raises(TemplateError) as e:
         Neuron(1, selectors="x" * 1_000_000)
     assert len(str(e.value)) < 1000 and "characters)" in str(e.value)
+
+
+def doubling_binds(levels: int, seed: str) -> str:
+    """Each bind doubles the previous string: `seed` grows to len(seed) * 2**levels characters."""
+    inner = f"a{levels - 1}.size() > 0"
+    for i in reversed(range(levels)):
+        init = f"'{seed}'" if i == 0 else f"a{i - 1} + a{i - 1}"
+        inner = f"cel.bind(a{i}, {init}, {inner})"
+    return inner
+
+
+def test_binds_and_repeated_operands_are_counted_so_a_2gb_selector_is_refused_unevaluated() -> None:
+    """25 doublings of 64 characters: 2 GiB if evaluated. cel-go sizes a bind's variable as its init and
+    `a + b` as both sizes (checker/cost.go), so the estimate grows with the string; the selector is refused
+    by the estimate at compile time, never run."""
+    selector = doubling_binds(25, "x" * 64)
+    assert len(selector) < 1700
+    with pytest.raises(CelCompileError) as e:
+        CelEnvironment().compile(selector)
+    assert "estimated cost" in e.value.message and f"{COST_LIMIT:,}" in e.value.message
+    small = doubling_binds(4, "x" * 8)  # 128 characters: fine, and evaluated right
+    assert CelEnvironment().evaluate(small, DEVICE) is True
+
+
+def test_a_bound_value_used_in_a_comprehension_counts_its_size() -> None:
+    # 1,000 elements bound once, ranged over by a nested `all`: 1,000 * 1,000 steps at least.
+    items = "[" + ", ".join(["1"] * 1000) + "]"
+    with pytest.raises(CelCompileError, match="estimated cost"):
+        CelEnvironment().compile(f"cel.bind(l, {items}, l.all(x, l.all(y, x == y)))")
+    few = "[" + ", ".join(["1"] * 20) + "]"
+    assert CelEnvironment().evaluate(f"cel.bind(l, {few}, l.all(x, l.all(y, x == y)))", DEVICE) is True
+
+
+def test_binds_are_rewritten_in_one_pass_not_one_parse_per_bind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiling re-parsed the whole expression once per bind (quadratic: 440 nested binds ran for minutes)."""
+    env = CelEnvironment()
+    parses = 0
+    compile_text = env._env.compile
+
+    def counted(text: str) -> object:
+        nonlocal parses
+        parses += 1
+        return compile_text(text)
+
+    monkeypatch.setattr(env._env, "compile", counted)
+    nested = "true"
+    for i in range(12):
+        nested = f"cel.bind(v{i}, {i}, v{i} >= 0 && {nested})"
+    assert env.evaluate(nested, DEVICE) is True
+    assert parses == 2  # the selector, then its rewrite
+
+
+@pytest.mark.slow
+def test_440_nested_binds_end_in_a_clear_error_in_seconds() -> None:
+    nested = "true"
+    for i in range(440):
+        nested = f"cel.bind(v{i}, {i}, {nested})"
+    assert len(nested) < cel_env.MAX_EXPRESSION_BYTES
+    start = time.monotonic()
+    with pytest.raises(CelCompileError) as e:
+        CelEnvironment().compile(nested)
+    assert time.monotonic() - start < 60 and "nested too deeply" in e.value.message

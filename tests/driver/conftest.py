@@ -1,4 +1,5 @@
-"""Fixtures of the driver tests that start the daemon: short socket directories and an emulated trn2 host."""
+"""Fixtures of the driver tests: short socket directories and an emulated trn2 host for the daemon, and the control
+plane for the tests against a real API server."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from neuron_dra.driver.model.emulate import emulate
 from tests.support.driver import DaemonDirs, short_dir
+from tests.support.plane import api, plane  # noqa: F401  (fixtures)
 
 
 @pytest.fixture

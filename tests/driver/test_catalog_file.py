@@ -221,3 +221,79 @@ def test_the_daemonset_mounts_the_catalog_and_schedules_on_its_types() -> None:
         deploy.DriverDeployOptions(instance_types=("acme1.24xlarge",))
     assert deploy.DriverDeployOptions(catalog_yaml=text, instance_types=("acme1.24xlarge",)).node_instance_types == (
         "acme1.24xlarge",)
+
+
+HEADER = "apiVersion: neuron-dra/v1\nkind: NeuronCatalog\n"
+
+
+def aliases(levels: int) -> str:
+    """Anchors that each repeat the previous one nine times: 9**levels values from a few hundred bytes."""
+    parts = ["&a0 [" + ", ".join(["x"] * 9) + "]"]
+    parts += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "[" + ", ".join(parts) + "]"
+
+
+HOSTILE = [
+    ("alias bomb", HEADER + "extra: " + aliases(9), "at most 100000 values with every alias expanded at line 3"),
+    ("flow nesting", "[" * 10_000 + "]" * 10_000, "at most 64 levels of nested mappings and sequences at line 1"),
+    ("block nesting", "".join(" " * i + "a:\n" for i in range(500)), "at most 64 levels of nested mappings"),
+    ("too many aliases", HEADER + "x: &x 1\nextra: [" + ", ".join(["*x"] * 101) + "]\n", "at most 100 aliases"),
+    ("4300-digit integer", HEADER + "instanceTypes:\n  x.big: {devices: " + "9" * 4300 + "}\n",
+     "integers of at most 30 characters (this one has 4300) at line 4"),
+    ("large file", HEADER + "#" * (1 << 20), "a file of at most 1048576 bytes"),
+]
+
+
+@pytest.mark.parametrize(("text", "allowed"), [c[1:] for c in HOSTILE], ids=[c[0] for c in HOSTILE])
+def test_hostile_files_are_refused_by_a_bound_in_a_short_message(tmp_path: Path, text: str, allowed: str) -> None:
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(CatalogFileError) as err:
+        load_catalog(path)
+    assert allowed in err.value.allowed and len(str(err.value)) < 300, str(err.value)[:1000]
+
+
+def test_the_echo_of_a_value_is_capped_even_when_aliases_make_it_huge(tmp_path: Path) -> None:
+    """Within the bounds (75,000 values once expanded) the unknown key's value is still echoed in a few lines."""
+    path = tmp_path / "aliases.yaml"
+    path.write_text(HEADER + "extra: " + aliases(5) + "\n", encoding="utf-8")
+    with pytest.raises(CatalogFileError) as err:
+        load_catalog(path)
+    assert err.value.key == "extra" and "unknown key" in err.value.allowed
+    assert len(str(err.value)) < 600 and str(err.value).startswith(f"{path}: extra: [['x', 'x',")
+
+
+
+
+@pytest.mark.parametrize(("field", "value", "shown"), [
+    ("devices", 16.0, "16.0"), ("devices", True, "True"), ("efaCount", 4.0, "4.0"),
+    ("ultraServer", {"servers": 2.0}, "2.0"), ("ultraServer", {"servers": True}, "True"),
+])
+def test_numbers_are_exactly_integers_not_floats_or_booleans(field: str, value: object, shown: str) -> None:
+    entry = {"family": "trn3", "devices": 16, "topology": "torus4x4", field: value}
+    with pytest.raises(CatalogFileError) as err:
+        parse_catalog(_types(entry), "f.yaml")
+    key = f"instanceTypes[x.big].{field}" + (".servers" if field == "ultraServer" else "")
+    assert str(err.value).startswith(f"f.yaml: {key}: {shown}: ")
+
+
+def test_a_yaml_float_tag_is_not_an_integer(tmp_path: Path) -> None:
+    path = tmp_path / "float.yaml"
+    path.write_text(HEADER + "instanceTypes:\n  x.big: {family: trn3, devices: 16, topology: torus4x4, "
+                    "ultraServer: {servers: !!float 2}}\n", encoding="utf-8")
+    with pytest.raises(CatalogFileError, match=r"ultraServer\.servers: 2\.0: 2 or 4"):
+        load_catalog(path)
+
+
+def test_the_daemon_refuses_a_hostile_catalog_with_a_reason_and_leaves_no_socket(tmp_path: Path) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text("[" * 10_000 + "]" * 10_000, encoding="utf-8")
+    with short_dir() as base:
+        dirs = DaemonDirs(base)
+        root = emulate("trn2.48xlarge", base / "host")
+        daemon = DaemonProcess(dirs, root, extra_args=["--catalog", str(path)])
+        assert daemon.wait_exit() == 1
+        log = daemon.log()
+        assert "Traceback" not in log and "at most 64 levels of nested" in log, log[-2000:]
+        sockets = [p for d in (dirs.plugins, dirs.registry) if d.exists() for p in d.rglob("*") if p.is_socket()]
+        assert sockets == []

@@ -11,7 +11,7 @@ import pytest
 from neuron_dra.driver.daemon.checkpoint import JOURNAL_SUFFIX, _canonical, _checksum, _line, encode
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
-from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, uid
+from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, uid, wait_until
 
 
 def prepared_once(dirs: DaemonDirs, host_root: Path, *refs: ClaimRef) -> None:
@@ -97,3 +97,47 @@ def test_a_crafted_journal_record_with_a_bad_uid_stops_start_up_with_the_reason(
     assert "Traceback" not in d.log()
     error = next(r for r in d.log_records() if r["msg"] == "start-up failed")["error"]
     assert "malformed journal record" in error and "is not allowed" in error and len(error) < 1000, error
+
+
+@pytest.mark.parametrize("case", ["allocation a list", "nested 100,000 deep", "results a string"])
+def test_a_malformed_claim_of_an_unfinished_prepare_does_not_stop_start_up(dirs: DaemonDirs, host_root: Path,
+                                                                            case: str) -> None:
+    """Killed between the two checkpoint writes of a prepare; by the restart the claim's answer is malformed.
+    The daemon serves and keeps running (a raise here was an exit 1 on every restart: a crash loop), logs which
+    claim could not be checked and why, and kubelet's retry of that claim gets a clear per-claim error."""
+    c1 = ClaimRef("default", "c1", uid(1))
+    dirs.put_claim(claim("c1", uid(1), devices(4)))
+    crashed = DaemonProcess(dirs, host_root, crash_at="prepare-after-started").wait_ready()
+    client = pluginclient.DraClient(dirs.dra_socket)
+    try:
+        with pytest.raises(pluginclient.PluginCallError):
+            client.prepare([c1], timeout=20)
+    finally:
+        client.close()
+    crashed.wait_exit()
+    path = dirs.claims / "default_c1.json"
+    if case == "nested 100,000 deep":
+        path.write_text('{"metadata": {"uid": "' + uid(1) + '"}, "status": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    else:
+        doc = claim("c1", uid(1), devices(4))
+        if case == "allocation a list":
+            doc["status"]["allocation"] = [doc["status"]["allocation"]]
+        else:
+            doc["status"]["allocation"]["devices"]["results"] = "neuron-device-4"
+        path.write_text(json.dumps(doc))
+    d = DaemonProcess(dirs, host_root).wait_ready()
+    try:
+        warning = wait_until(lambda: next((r for r in d.log_records()
+                                           if r["msg"].startswith("cannot check an unfinished prepare")), None),
+                             what="the warning about the unfinished prepare")
+        assert warning["claim"] == uid(1) and len(warning["error"]) < 1000
+        assert ("status.allocation" in warning["error"]) or ("RecursionError" in warning["error"])
+        client = pluginclient.DraClient(dirs.dra_socket)
+        try:
+            error = client.prepare([c1], timeout=20)[uid(1)].error
+        finally:
+            client.close()
+        assert ("status.allocation" in error or "RecursionError" in error) and len(error) < 1000, error
+        assert d.proc.poll() is None and "Traceback" not in d.log()
+    finally:
+        assert d.terminate() == 0

@@ -462,6 +462,90 @@ def test_reconcile_cleans_unfinished_prepares_of_gone_claims_only(env_for: Calla
     assert restarted.prepared()[uid(52)].state is ClaimState.PREPARE_COMPLETED
 
 
+def _malformed(name: str, n: int, case: str) -> Any:
+    good = claim(name, uid(n), devices(1))
+    if case == "allocation a list":
+        good["status"]["allocation"] = [good["status"]["allocation"]]
+    elif case == "results a string":
+        good["status"]["allocation"]["devices"]["results"] = "neuron-device-1"
+    elif case == "result a number":
+        good["status"]["allocation"]["devices"]["results"] = [7]
+    elif case == "device a list":
+        good["status"]["allocation"]["devices"]["results"][0]["device"] = ["neuron-device-1"]
+    elif case == "metadata a string":
+        good["metadata"] = "default/" + name
+    elif case == "status a list":
+        good["status"] = []
+    elif case == "claim a list":
+        return [good]
+    elif case == "config requests a string":
+        good["status"]["allocation"]["devices"]["config"] = [{**opaque(NEURON_CONFIG), "requests": "neurons"}]
+    return good
+
+
+MALFORMED = {  # case -> the field the error names
+    "allocation a list": "status.allocation is [",
+    "results a string": "status.allocation.devices.results is 'neuron-device-1' (str); expected a list",
+    "result a number": "status.allocation.devices.results[0] is 7 (int); expected an object",
+    "device a list": "status.allocation.devices.results[0].device is ['neuron-device-1'] (list); expected a string",
+    "metadata a string": "claim.metadata is 'default/c' (str); expected an object",
+    "status a list": "claim.status is [] (list); expected an object",
+    "claim a list": "the claim is [{",
+    "config requests a string": "status.allocation.devices.config[0].requests is 'neurons' (str)",
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_claim_is_a_per_claim_error_naming_the_field(env_for: Callable[..., Env], case: str) -> None:
+    e = env_for()
+    e.lookup.claims[("default", "c")] = _malformed("c", 10, case)
+    before = e.files()
+    err = e.state.prepare([ref("c", 10)])[uid(10)]
+    assert isinstance(err, ClaimError) and err.reason is Reason.MALFORMED_CLAIM, err
+    assert MALFORMED[case] in err.message and len(err.message) < 700
+    assert e.files() == before
+
+
+class RaisingLookup(FakeLookup):
+    """Decodes each claim from JSON text as the API client does; deeply nested text raises RecursionError."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: dict[str, str] = {}
+
+    def get(self, namespace: str, name: str) -> Any:
+        super().get(namespace, name)
+        return json.loads(self.texts[name]) if name in self.texts else self.claims.get((namespace, name))
+
+
+@pytest.mark.parametrize("case", [*sorted(set(MALFORMED) - {"config requests a string"}), "nested 100,000 deep"])
+def test_unfinished_prepares_with_malformed_claims_are_kept_not_fatal(env_for: Callable[..., Env], case: str
+                                                                       ) -> None:
+    """A restart after a crash mid-prepare: the claim's answer is malformed. Checking the unfinished entry
+    reports it unresolved (devices kept) and never raises, so the daemon's start-up goes on; the others resolve.
+    (Configs play no part in who owns devices, so a malformed config is the prepare's error only.)"""
+    e = env_for()
+    bad, gone = started_entry(e, "c", 10, 1), started_entry(e, "gone", 11, 2)
+    Checkpoint(e.checkpoint).save({c.uid: c for c in (bad, gone)})
+    lookup = RaisingLookup()
+    if case.startswith("nested"):
+        lookup.texts["c"] = '{"metadata": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    else:
+        lookup.claims[("default", "c")] = _malformed("c", 10, case)
+    e.lookup = lookup
+    restarted = DriverState(host=discover(e.root), host_root=e.root, driver_name=DRIVER, pool_name=NODE,
+                            cdi=CdiStore(e.cdi, DRIVER), checkpoint=Checkpoint(e.checkpoint), lookup=lookup,
+                            metrics=e.metrics)
+    restarted.load()
+    report = restarted.resolve_unfinished()
+    assert report.unresolved == (uid(10),) and report.dropped == (uid(11),)
+    assert set(restarted.prepared()) == {uid(10)}
+    # devices held by the unresolved entry stay held: another claim wanting them is told they are busy
+    lookup.put(claim("other", uid(12), devices(1)))
+    busy = restarted.prepare([ref("other", 12)])[uid(12)]
+    assert isinstance(busy, ClaimError) and busy.reason is Reason.DEVICE_BUSY
+
+
 def test_corrupt_checkpoint_refuses_to_load(env_for: Callable[..., Env]) -> None:
     e = env_for()
     e.lookup.put(claim("c", uid(60), devices(0)))

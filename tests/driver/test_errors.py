@@ -10,6 +10,7 @@ from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions
 from neuron_dra.driver.model.config import ConfigError, decode
 from neuron_dra.driver.model.errors import NotAllowed
+from neuron_dra.driver.model.errortext import MAX_SHOWN, shown
 
 
 def test_each_part_refuses_with_a_not_allowed_naming_field_value_and_what_is_allowed() -> None:
@@ -44,3 +45,21 @@ def test_a_refusal_restated_by_another_part_keeps_value_and_allowed() -> None:
     assert (info.value.value, info.value.allowed) == (driver.value.value, driver.value.allowed)
     restated = driver.value.restated(DeployOptionError)
     assert type(restated) is DeployOptionError and restated.field == "logicalNeuronCore"
+
+
+def test_shown_is_bounded_whatever_the_value() -> None:
+    """Building the echo costs little and stays short: shared references (YAML aliases), deep nesting, integers
+    Python refuses to print, megabyte strings."""
+    shared: list[object] = ["x"] * 9
+    for _ in range(12):
+        shared = [shared] * 9  # 9**13 values if walked
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    for value, start in ((shared, "[[[[[...], [...],"), (deep, "[[[[[...]]]]]"), (10 ** 5000, "<int of about 5001"),
+                         ("y" * 1_000_000, "'yyy"), ({"k": "v" * 300}, "{'k': 'vvv")):
+        text = shown(value)
+        assert text.startswith(start) and len(text) < 2 * MAX_SHOWN + 40, text
+    assert shown("y" * 1_000_000).endswith("... (1000000 characters)")
+    assert (shown(True), shown(2.0), shown(None), shown("ab"), shown([1, 2])) == ("True", "2.0", "None", "'ab'",
+                                                                              "[1, 2]")
