@@ -9,5 +9,5 @@ echo "workload: NEURON_RT_VISIBLE_CORES=${NEURON_RT_VISIBLE_CORES:-}"
 echo "workload: NEURON_LOGICAL_NC_CONFIG=${NEURON_LOGICAL_NC_CONFIG:-}"
 echo "workload: NEURON_RT_VISIBLE_DEVICES=${NEURON_RT_VISIBLE_DEVICES:-}"
 echo "workload: efa=${efa% }"
-echo "workload: ready"
+echo "workload: ready=yes"
 while :; do sleep 1 & wait $!; done
