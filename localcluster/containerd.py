@@ -160,9 +160,22 @@ def cgroup_dirs(cgroup_root: str, mount: Path = CGROUP_MOUNT) -> list[Path]:
     """The directories of `cgroup_root` in every cgroup hierarchy mounted under `mount` (v1: one per
     controller; a unified v2 mount: just one)."""
     rel = cgroup_root.strip("/")
-    found = [mount / rel] if (mount / rel).is_dir() else []
-    found += [h / rel for h in sorted(mount.iterdir()) if h.is_dir() and not h.is_symlink() and (h / rel).is_dir()]
-    return sorted(set(found))
+    return [h / rel for h in hierarchies(mount) if (h / rel).is_dir()]
+
+
+def hierarchies(mount: Path = CGROUP_MOUNT) -> list[Path]:
+    """Every cgroup hierarchy mounted under `mount` (v1: one per controller and named ones, plus a hybrid
+    `unified`); just `mount` itself on a pure cgroup v2 host."""
+    if (mount / "cgroup.controllers").exists():
+        return [mount]
+    return [h for h in sorted(mount.iterdir()) if h.is_dir() and not h.is_symlink()]
+
+
+def create_cgroups(cgroup_root: str, mount: Path = CGROUP_MOUNT) -> None:
+    """Make `cgroup_root` in every hierarchy: kubelet with cgroupsPerQOS wants it to exist in all of them."""
+    rel = cgroup_root.strip("/")
+    for h in hierarchies(mount):
+        (h / rel).mkdir(parents=True, exist_ok=True)
 
 
 def kill_cgroup_processes(cgroup_root: str, mount: Path = CGROUP_MOUNT) -> int:

@@ -93,6 +93,7 @@ class ContainerdNodeAgent:
         self.namespace = ns
         ns.start(lifetime)
         containerd.prepare(self.ctrd_paths, self.images.pause.reference, self.net.pod_subnet)
+        containerd.create_cgroups(self.cgroup_root)
         binary = self.runtime_binaries["containerd"]
         self.runtime = Restarting(f"containerd-{self.node.name}",
                                   lambda life: containerd.start(binary, self.ctrd_paths, ns.enter, life),

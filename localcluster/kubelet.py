@@ -236,7 +236,11 @@ def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
         "rotateCertificates": False,
     }
     if spec.cgroup_root is not None:
+        # Real containers: kubelet's QoS tree under the node's own cgroup (created beforehand in every hierarchy,
+        # containerd.create_cgroups), so every container's cgroup is below it; without cgroupsPerQOS containerd
+        # puts them under the shared /k8s.io.
         config["cgroupRoot"] = spec.cgroup_root
+        config["cgroupsPerQOS"] = True
     if spec.minor >= 35:
         # 1.35+ refuses to start on cgroup v1 unless told otherwise; these machines mount cgroup v1.
         config["failCgroupV1"] = False
