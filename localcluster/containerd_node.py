@@ -142,13 +142,18 @@ class ContainerdNodeAgent:
                                    f"{NODE_READY_TIMEOUT_S:.0f} s; {self.paths.kubelet.log} ends:\n{tail}")
 
     def stop(self) -> None:
-        steps = (("EFA driver", lambda: self.efa and self.efa.stop()),
-                 ("kubelet", lambda: self.kubelet and self.kubelet.stop()),
-                 ("containers", lambda: containerd.kill_cgroup_processes(self.cgroup_root)),
-                 ("containerd", lambda: self.runtime and self.runtime.stop()),
-                 ("shims", lambda: containerd.kill_shims(self.ctrd_paths.socket)),
-                 ("cgroups", self._remove_cgroups),
-                 ("namespaces", lambda: self.namespace and self.namespace.stop()))
+        def stop_part(part: Any) -> None:
+            if part is not None:
+                part.stop()
+
+        steps: tuple[tuple[str, Any], ...] = (
+            ("EFA driver", lambda: stop_part(self.efa)),
+            ("kubelet", lambda: stop_part(self.kubelet)),
+            ("containers", lambda: containerd.kill_cgroup_processes(self.cgroup_root)),
+            ("containerd", lambda: stop_part(self.runtime)),
+            ("shims", lambda: containerd.kill_shims(self.ctrd_paths.socket)),
+            ("cgroups", self._remove_cgroups),
+            ("namespaces", lambda: stop_part(self.namespace)))
         for name, step in steps:
             began = time.monotonic()
             try:
@@ -180,7 +185,7 @@ def wait_driver_ready(api: client.ApiClient, options: Any, nodes: list[str], tim
         options_pod_selector().items()))
     waiting: list[str] = list(nodes)
     while time.monotonic() < deadline:
-        pods = core.list_namespaced_pod(options.namespace, label_selector=selector).items
+        pods: list[Any] = core.list_namespaced_pod(options.namespace, label_selector=selector).items
         ready = {p.spec.node_name for p in pods
                  if any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))}
         slices = resource.list_resource_slice(field_selector=f"spec.driver={options.driver_name}").items

@@ -159,7 +159,7 @@ def test_image_keys_change_with_content(tmp_path: Path) -> None:
 
 def test_buildah_runs_with_host_etc_and_var_lib_behind_overlays(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(images.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
     argv = images.buildah_argv(tmp_path / "store", tmp_path / "scratch", ["bud", "."])
     assert argv[:4] == ["unshare", "--mount", "--propagation", "private"]
     script = argv[-1]
@@ -170,7 +170,7 @@ def test_buildah_runs_with_host_etc_and_var_lib_behind_overlays(tmp_path: Path,
 
 
 def test_missing_tools_name_the_debian_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(images.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     from neuron_dra.localcluster.build import BuildError
 
     with pytest.raises(BuildError, match=r"`mmdebstrap` is not on PATH.*apt-get install -y buildah mmdebstrap"):
@@ -182,3 +182,31 @@ def test_cluster_up_refuses_an_unknown_runtime(tmp_path: Path) -> None:
 
     with pytest.raises(ClusterError, match=r"--runtime 'docker' is not supported; choose one of containerd, fake"):
         up(tmp_path, ["trn2.48xlarge:1"], runtime="docker")
+
+
+def test_container_logs_are_read_from_the_cri_format_and_the_report_parsed(tmp_path: Path) -> None:
+    from neuron_dra.localcluster.podlogs import container_log, parse_cri_log, workload_report
+
+    d = tmp_path / "demo_p1_uid-1" / "main"
+    d.mkdir(parents=True)
+    (d / "0.log").write_text("2026-12-01T00:00:00Z stdout F workload: devices=neuron0 neuron1\n"
+                             "2026-12-01T00:00:00Z stdout P workload: NEURON_RT_VIS\n"
+                             "2026-12-01T00:00:00Z stdout F IBLE_CORES=0-7\n"
+                             "2026-12-01T00:00:01Z stdout F workload: ready=yes\n")
+    (d / "1.log").write_text("2026-12-01T00:00:02Z stdout F workload: devices=neuron3\n")  # after a restart
+    assert workload_report(container_log(tmp_path, "demo", "p1", "main"))["devices"] == "neuron3"
+    first = workload_report(parse_cri_log((d / "0.log").read_text()))
+    assert first == {"devices": "neuron0 neuron1", "NEURON_RT_VISIBLE_CORES": "0-7", "ready": "yes"}
+    assert container_log(tmp_path, "demo", "p1", "main", uid="other") == ""
+    assert container_log(tmp_path, "demo", "nope", "main") == ""
+
+
+def test_demo_pods_run_the_workload_images_own_command_with_a_real_runtime() -> None:
+    from neuron_dra.localcluster.demo_workloads import IMAGE, pod_manifest, workloads
+
+    w = workloads()[0]
+    fake = pod_manifest(w)["spec"]["containers"][0]
+    assert fake["image"] == IMAGE and fake["command"] == ["sleep", "infinity"]
+    real = pod_manifest(w, image="localhost/neuron-dra-workload:x")["spec"]["containers"][0]
+    assert real["image"] == "localhost/neuron-dra-workload:x" and "command" not in real
+    assert real["resources"] == fake["resources"]
