@@ -14,7 +14,7 @@ from neuron_dra.localcluster import cli_build
 from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, RUNTIMES
 
-DEFAULT_RUNTIME = "fake"  # cluster.DEFAULT_RUNTIME (not imported: this module loads no cluster code until run)
+DEFAULT_RUNTIME = "containerd"  # cluster.DEFAULT_RUNTIME (not imported: this module loads no cluster code until run)
 
 HELP = ("A real kube-apiserver, kube-controller-manager and kube-scheduler (built from the Go module proxy) on "
         "loopback, with emulated Neuron nodes each running the real kubelet (against a fake container runtime) "

@@ -20,8 +20,8 @@ from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, RUNTIMES, STATUS_FILE
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
-# `fake` until the containerd path passes the whole demo (docs/real-runtime.md).
-DEFAULT_RUNTIME = "fake"
+# Real containers by default; `fake` for fast tests of the driver (docs/real-runtime.md).
+DEFAULT_RUNTIME = "containerd"
 
 
 class ClusterError(RuntimeError):

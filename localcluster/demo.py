@@ -79,7 +79,7 @@ class DemoOptions:
     driver_name: str = DEFAULT_DRIVER_NAME
     node_args: tuple[str, ...] = DEMO_NODES
     kubernetes_version: str = DEFAULT_MINOR
-    runtime: str = "fake"  # cluster.DEFAULT_RUNTIME: containerd runs real containers
+    runtime: str = "containerd"  # cluster.DEFAULT_RUNTIME; fake: the fake CRI runtime
 
 
 @dataclass
@@ -274,7 +274,7 @@ class DemoRun:
                             f"device; nodes: {', '.join(n.name for n in self.cluster.nodes)}")
         stage = HealthStage(self.cluster, self.core.api_client, self.namespace, self.say,
                             lambda what, predicate, timeout: wait_until(what, predicate, timeout),
-                            self.options.timeout)
+                            self.options.timeout, self.workload_image)
         return stage.run(plan)
 
     def _allocated_requests(self, pod: str) -> tuple[str, ...]:
@@ -361,8 +361,10 @@ def show(result: DemoResult, cluster: LocalCluster, say: Narrator) -> str:
     counts = {n.instance_type: get_instance_spec(n.instance_type).device_count for n in cluster.nodes}
     views = node_views(cluster.nodes, outcomes)
     letters = legend_letters(views)
-    parts = ["", "Where the scheduler put each pod (devices: the claims' allocation; cores: the container environment "
-                 "the fake runtime recorded at CreateContainer; CHECK PREDICTED: "
+    seen = ("what each container printed to its own log (containerd applied the CDI specs)"
+            if (cluster.dir / "images.json").exists() else "the container environment the fake runtime recorded at "
+            "CreateContainer")
+    parts = ["", f"Where the scheduler put each pod (devices: the claims' allocation; cores: {seen}; CHECK PREDICTED: "
                  "claims per empty node and the first claim's devices, from `neuron-dra claims check`):", "",
              format_table(outcomes), "Devices in use:", node_usage(cluster.nodes, outcomes, counts),
              "Topology (letters: pods; '.': free):", render_legend(letters), ""]
