@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -218,6 +219,16 @@ def decode_snapshot(path: Path, raw: bytes) -> Snapshot:
     return Snapshot(claims, journal, boot_id, fmt)
 
 
+_HEAD = 512  # bootId, checksum, format, integrity and journal come first (sorted keys): all within this
+_JOURNAL_FIELD = re.compile(rb'"journal":"([0-9a-f]{16})"')
+
+
+def _generation_of(head: bytes) -> str | None:
+    """The journal generation named in the first bytes of a snapshot, or None."""
+    found = _JOURNAL_FIELD.search(head.split(b'"preparedClaims"', 1)[0])
+    return found.group(1).decode() if found else None
+
+
 def current_boot_id(path: Path = BOOT_ID_FILE) -> str:
     """The kernel's boot id (changes at every boot), or "" where there is none."""
     try:
@@ -270,7 +281,7 @@ def _torn(region: bytes, start: int) -> bool:
 MIN_RECORD = 20  # 16 hex digits, a space, "{}", a newline: fewer non-zero bytes than this are no record
 
 
-def read_journal(path: Path, raw: bytes, generation: str) -> JournalContent:
+def read_journal(path: Path, raw: bytes, generation: str, start: int = 0) -> JournalContent:
     """The records of `generation` from the start of the journal. Reading stops at the first record that is of
     another generation (stale bytes of an earlier one) or damaged. Damage is a torn write only where a power loss
     could have left it: a sector of the record never written, and no synced record of this generation after it
@@ -278,7 +289,7 @@ def read_journal(path: Path, raw: bytes, generation: str) -> JournalContent:
     above all, is corruption: it may be a change kubelet was told of, so it is an error, never dropped."""
     dirty_end = len(raw.rstrip(b"\0"))
     records: list[dict[str, Any]] = []
-    offset = 0
+    offset = start
     while offset < dirty_end:
         newline = raw.find(b"\n", offset, dirty_end)
         payload = _parse_line(raw[offset:newline]) if newline >= 0 else None
@@ -391,6 +402,32 @@ class Checkpoint:
             os.pwrite(self._fd, bytes(journal.dirty_end - journal.end), journal.end)
             os.fdatasync(self._fd)
         return claims
+
+    def refresh(self) -> dict[str, PreparedClaim] | None:
+        """The recorded claims if another instance of the driver changed the files since this one last read or
+        wrote them, else None. For two instances side by side during a rolling update, each call holds the
+        instances' lock (`InstanceLock`) and refreshes first: a new snapshot shows as a new journal generation
+        (random at every compaction, read from the head of the file), new records as data where this instance
+        would write its next one. Both checks are exact and cost one short read each."""
+        if self._fd is None:
+            return None  # not loaded, or closed: the next save writes a snapshot of its own
+        try:
+            with self.path.open("rb") as f:
+                head = f.read(_HEAD)
+        except FileNotFoundError:
+            head = b""
+        if _generation_of(head) != self._generation:
+            return self.load()
+        if os.pread(self._fd, 1, self._offset) in (b"", b"\0"):
+            return None
+        raw = os.pread(self._fd, self._limit, 0)
+        journal = read_journal(self.journal_path, raw, self._generation, self._offset)
+        claims = dict(self._saved)
+        for record in journal.records:
+            _apply(claims, record.get("ops") or [], self.journal_path)
+        self._offset = journal.end
+        self._saved = claims
+        return dict(claims)
 
     def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True,
              before_rename: Callable[[], None] | None = None) -> None:
