@@ -17,8 +17,8 @@ from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, RUNTIMES
 DEFAULT_RUNTIME = "containerd"  # cluster.DEFAULT_RUNTIME (not imported: this module loads no cluster code until run)
 
 HELP = ("A real kube-apiserver, kube-controller-manager and kube-scheduler (built from the Go module proxy) on "
-        "loopback, with emulated Neuron nodes each running the real kubelet (against a fake container runtime) "
-        "and the driver daemon.")
+        "loopback, with emulated Neuron nodes each running the real kubelet with containerd and runc (the driver as "
+        "its DaemonSet pod) or, with --runtime fake, against a fake container runtime with the driver as a process.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
