@@ -122,8 +122,13 @@ def test_driver_is_the_daemonset_from_the_built_image_ready_on_both_nodes(ctrd: 
     refs = images(ctrd)
     assert set(refs) == {"driver", "workload"}
     assert refs["driver"].startswith("localhost/neuron-dra-driver:")
-    ds: Any = client.AppsV1Api(kapi).read_namespaced_daemon_set("neuron-dra-driver-kubelet-plugin", DRIVER_NS)
-    assert ds.status.number_ready == 2 and ds.status.desired_number_scheduled == 2
+    apps = client.AppsV1Api(kapi)
+
+    def ds_ready() -> Any:  # the DaemonSet controller reports the pods' readiness a moment after they are Ready
+        ds: Any = apps.read_namespaced_daemon_set("neuron-dra-driver-kubelet-plugin", DRIVER_NS)
+        return ds if ds.status.number_ready == 2 else None
+
+    assert eventually(ds_ready, 60, what="DaemonSet numberReady 2").status.desired_number_scheduled == 2
     pods = driver_pods(client.CoreV1Api(kapi))
     assert set(pods) == {TRN2, TRN1}
     for node, pod in pods.items():

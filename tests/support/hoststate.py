@@ -36,11 +36,12 @@ def snapshot() -> dict[str, Any]:
 
 
 def differences(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
-    """Per kind, what appeared and what went away."""
+    """Per kind, what appeared and what went away. Cgroups that went away are not counted: other processes on the
+    machine end theirs meanwhile, and the cluster removes only directories below its own cgroup root."""
     out = {}
     for kind in before:
         added = sorted(set(after[kind]) - set(before[kind]))
-        removed = sorted(set(before[kind]) - set(after[kind]))
+        removed = [] if kind == "cgroups" else sorted(set(before[kind]) - set(after[kind]))
         if added or removed:
             out[kind] = {"added": added, "removed": removed}
     return out
