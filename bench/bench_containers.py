@@ -94,7 +94,8 @@ def leader_child(pid_file: Path) -> int:
 def driver_pod_pids(cgroup: str) -> list[int]:
     """Processes of the driver container: in the node's cgroup tree, running the driver's entry point."""
     pids = []
-    for top in containerd.cgroup_dirs(cgroup, containerd.CGROUP_MOUNT / "memory"):
+    top = containerd.CGROUP_MOUNT / "memory" / cgroup.strip("/")
+    if top.is_dir():
         for procs_file in top.rglob("cgroup.procs"):
             for text in procs_file.read_text().split():
                 try:
