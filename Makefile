@@ -21,7 +21,7 @@ help:
 	@echo "make test       every test: $(PYTHON) -m pytest -q (the README's command, what CI runs)"
 	@echo "make lint       ruff, mypy (package, tests, bench), import contracts"
 	@echo "make protos     regenerate driver/daemon/_generated from driver/daemon/proto"
-	@echo "make image      docker build the driver image as $(IMAGE)"
+	@echo "make image      build the driver image: docker build as $(IMAGE), or without Docker buildah (an OCI archive)"
 	@echo "make demo       neuron-dra demo: local cluster, emulated nodes, driver, workloads"
 
 install:
@@ -58,7 +58,8 @@ protos:
 	$(PYTHON) -m neuron_dra.driver.daemon.protogen
 
 image:
-	docker build -f driver/Dockerfile -t $(IMAGE) .
+	@if command -v docker >/dev/null 2>&1; then docker build -f driver/Dockerfile -t $(IMAGE) .; \
+	else $(PYTHON) -m neuron_dra.localcluster.images driver; fi
 
 demo:
 	$(PYTHON) -m neuron_dra demo

@@ -119,7 +119,7 @@ def main() -> int:
     args = parser.parse_args()
     cluster_dir = args.dir or Path(tempfile.mkdtemp(prefix="bench-kubelet-"))
     started = time.monotonic()
-    cluster = up(cluster_dir, ["trn1.32xlarge:1"], ttl=3600, kubernetes_version=args.kubernetes_version,
+    cluster = up(cluster_dir, ["trn1.32xlarge:1"], ttl=3600, kubernetes_version=args.kubernetes_version, runtime="fake",
                  log=lambda m: print(m, file=sys.stderr))
     print(f"cluster up (control plane + 1 node with kubelet, fake runtime, driver): "
           f"{time.monotonic() - started:.1f} s")

@@ -302,6 +302,28 @@ def build_fakecri(*, cache: Path | None = None, log: Log | None = None) -> Path:
                            ldflags=["-s", "-w"], log=log)["fakecri"]
 
 
+CONTAINERD_MODULE = GO_DIR / "containerd"
+CONTAINERD_BINARIES: Mapping[str, str] = {
+    "containerd": "github.com/containerd/containerd/v2/cmd/containerd",
+    "ctr": "github.com/containerd/containerd/v2/cmd/ctr",
+    "containerd-shim-runc-v2": "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+}
+
+
+def containerd_version() -> str:
+    return required_version(CONTAINERD_MODULE, "github.com/containerd/containerd/v2")
+
+
+def build_containerd(*, cache: Path | None = None, log: Log | None = None) -> dict[str, Path]:
+    """containerd, ctr and the runc shim at the version `go/containerd/go.mod` pins (the real runtime of
+    `--runtime containerd`), cached under `containerd/<version>/`. The version is compiled in as upstream's
+    release build does (`github.com/containerd/containerd/v2/version.Version`)."""
+    version = containerd_version()
+    target = (cache or cache_root()) / "containerd" / version
+    ldflags = ["-s", "-w", f"-X github.com/containerd/containerd/v2/version.Version={version}"]
+    return cached_go_build(CONTAINERD_MODULE, CONTAINERD_BINARIES, target, ldflags=ldflags, log=log)
+
+
 # --- Pulumi engine (CLI and Kubernetes provider) for the real-engine tests (docs/pulumi-engine.md) ----------------
 # Kept in its own block, apart from the Kubernetes builds above.
 

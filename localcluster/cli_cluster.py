@@ -12,11 +12,13 @@ from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.taints import TAINT_EFFECTS
 from neuron_dra.localcluster import cli_build
 from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
-from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
+from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, RUNTIMES
+
+DEFAULT_RUNTIME = "containerd"  # cluster.DEFAULT_RUNTIME (not imported: this module loads no cluster code until run)
 
 HELP = ("A real kube-apiserver, kube-controller-manager and kube-scheduler (built from the Go module proxy) on "
-        "loopback, with emulated Neuron nodes each running the real kubelet (against a fake container runtime) "
-        "and the driver daemon.")
+        "loopback, with emulated Neuron nodes each running the real kubelet with containerd and runc (the driver as "
+        "its DaemonSet pod) or, with --runtime fake, against a fake container runtime with the driver as a process.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +33,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help=f"Kubernetes minor: {', '.join(supported_minors())} (default {DEFAULT_MINOR})")
     up.add_argument("--catalog", type=Path, default=None, metavar="FILE",
                     help="catalog file with more instance types for --node (docs/catalog-file.md)")
+    up.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME,
+                    help="containerd: real containers (containerd + runc; the driver runs as its DaemonSet from the "
+                         "image built from driver/Dockerfile); fake: the fake CRI runtime, no containers "
+                         f"(default {DEFAULT_RUNTIME})")
     up.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS, default=None,
                     help="effect of the drivers' taint on faulted devices (default: the driver's, NoSchedule)")
     down = sub.add_parser("down", help="stop the cluster in DIR")
@@ -60,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cluster = up(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
                      kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr),
-                     catalog_file=args.catalog)
+                     catalog_file=args.catalog, runtime=args.runtime)
     except (ClusterError, BuildError, ValueError, CatalogFileError) as e:
         print(f"neuron-dra cluster up: {e}", file=sys.stderr)
         return 1

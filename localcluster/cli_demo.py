@@ -36,6 +36,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR, metavar="MINOR",
                         help=f"Kubernetes minor of the local cluster: {', '.join(supported_minors())} "
                              f"(default {DEFAULT_MINOR}, the newest EKS serves)")
+    parser.add_argument("--runtime", choices=("containerd", "fake"), default="containerd",
+                        help="containerd: real containers, the driver as its DaemonSet, each workload's log shows "
+                             "its devices; fake: the fake CRI runtime, no containers (default containerd)")
     parser.add_argument("--ttl", type=float, default=None,
                         help="the cluster stops by itself after this many seconds (default 2 h with --keep, "
                              "else 30 min)")
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"neuron-dra demo: --ttl must be at least 60 seconds, got {args.ttl}", file=sys.stderr)
         return 2
     options = DemoOptions(dir=args.dir, keep=args.keep, timeout=args.timeout, ttl=args.ttl,
-                          kubernetes_version=args.kubernetes_version)
+                          kubernetes_version=args.kubernetes_version, runtime=args.runtime)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = run_demo(options)

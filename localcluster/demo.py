@@ -56,6 +56,7 @@ from neuron_dra.localcluster.demo_workloads import (
 )
 from neuron_dra.localcluster.efa_emulator import EFA_DRIVER
 from neuron_dra.localcluster.fakeruntime import created_containers
+from neuron_dra.localcluster.podlogs import container_log, workload_report
 from neuron_dra.localcluster.topology import DEMO_NODES
 from neuron_dra.localcluster.topology_view import legend_letters, render_legend, render_svg, render_text
 
@@ -78,6 +79,7 @@ class DemoOptions:
     driver_name: str = DEFAULT_DRIVER_NAME
     node_args: tuple[str, ...] = DEMO_NODES
     kubernetes_version: str = DEFAULT_MINOR
+    runtime: str = "containerd"  # cluster.DEFAULT_RUNTIME; fake: the fake CRI runtime
 
 
 @dataclass
@@ -144,6 +146,9 @@ class DemoRun:
         self.say = say
         self.options = options
         self.namespace = DEMO_NAMESPACE
+        images = cluster.dir / "images.json"
+        self.workload_image: str | None = (json.loads(images.read_text())["workload"]
+                                           if options.runtime == "containerd" else None)
 
     # --- slices ----------------------------------------------------------------------------------------------
 
@@ -236,7 +241,8 @@ class DemoRun:
             names = [w.pod for w in stage.workloads]
             for w in stage.workloads:
                 try:
-                    self.core.create_namespaced_pod(self.namespace, pod_manifest(w, self.namespace))  # type: ignore[arg-type]
+                    manifest = pod_manifest(w, self.namespace, self.workload_image)
+                    self.core.create_namespaced_pod(self.namespace, manifest)  # type: ignore[arg-type]
                 except ApiException as e:
                     raise DemoError(f"creating pod {w.pod}: {_message(e)}") from None
             started += stage.workloads
@@ -268,7 +274,7 @@ class DemoRun:
                             f"device; nodes: {', '.join(n.name for n in self.cluster.nodes)}")
         stage = HealthStage(self.cluster, self.core.api_client, self.namespace, self.say,
                             lambda what, predicate, timeout: wait_until(what, predicate, timeout),
-                            self.options.timeout)
+                            self.options.timeout, self.workload_image)
         return stage.run(plan)
 
     def _allocated_requests(self, pod: str) -> tuple[str, ...]:
@@ -287,11 +293,14 @@ class DemoRun:
         the CDI edits of the ids kubelet passed, resolved against the node's CDI specs)."""
         pod = self._pod(pod_name)
         node = pod["spec"]["nodeName"]
-        records = self.cluster.node_paths(node).cri_records
-        containers = created_containers(records, self.namespace, pod_name, pod["metadata"]["uid"])
-        if not containers:
-            raise DemoError(f"pod {pod_name} is Running but the fake runtime of {node} recorded no container of it "
-                            f"in {records}")
+        if self.workload_image is not None:
+            containers = self._reported(pod_name, node, pod["metadata"]["uid"])
+        else:
+            records = self.cluster.node_paths(node).cri_records
+            containers = created_containers(records, self.namespace, pod_name, pod["metadata"]["uid"])
+            if not containers:
+                raise DemoError(f"pod {pod_name} is Running but the fake runtime of {node} recorded no container of "
+                                f"it in {records}")
         claims: dict[str, Any] = {}
         for status in pod.get("status", {}).get("resourceClaimStatuses") or ():
             claim = _raw(self.resource.read_namespaced_resource_claim(status["resourceClaimName"], self.namespace,
@@ -302,6 +311,23 @@ class DemoRun:
         return {"namespace": self.namespace, "pod": pod_name, "uid": pod["metadata"]["uid"], "node": node,
                 "claims": claims, "containers": containers}
 
+    def _reported(self, pod_name: str, node: str, uid: str) -> dict[str, Any]:
+        """What the workload container printed about itself (its own log on the node, localcluster/podlogs.py):
+        its `/dev/neuron*` nodes and NEURON_* variables, as containerd applied the CDI specs."""
+        logs = self.cluster.node_paths(node).kubelet.pod_logs
+        report: dict[str, str] = {}
+
+        def complete() -> bool:
+            report.update(workload_report(container_log(logs, self.namespace, pod_name, "main", uid)))
+            return report.get("ready") == "yes"
+
+        wait_until(f"the log of {pod_name} to show its devices", complete, 60.0,
+                   lambda: f"{logs}/{self.namespace}_{pod_name}_{uid}/main has no complete report")
+        devices = [d for d in report.get("devices", "").split() if d]
+        env = {k: v for k, v in report.items() if k.startswith("NEURON_") and v}
+        return {"main": {"env": env, "deviceNodes": [f"/dev/{d}" for d in devices],
+                         "efa": report.get("efa", "").split()}}
+
     def outcomes(self, workloads: Sequence[Workload], reports: dict[str, CheckReport]) -> list[PodOutcome]:
         types = {n.name: n.instance_type for n in self.cluster.nodes}
         out = []
@@ -310,6 +336,11 @@ class DemoRun:
             node = record["node"]
             o = outcome_from_record(record, w.template.name, types[node],
                                     where=str(self.cluster.node_paths(node).cri_records))
+            if self.workload_image is not None:
+                seen = tuple(int(d.removeprefix("/dev/neuron")) for d in record["containers"]["main"]["deviceNodes"])
+                if tuple(sorted(seen)) != o.neuron_devices:
+                    raise DemoError(f"pod {w.pod}'s container sees /dev/neuron{list(seen)} but its claims hold "
+                                    f"devices {list(o.neuron_devices)}")
             # the request names as allocated (`req/subreq` for firstAvailable); drivers get only `req`
             out.append(dataclasses.replace(o, requests=self._allocated_requests(w.pod),
                                            prediction=prediction(reports[w.template.name], types[node])))
@@ -330,8 +361,10 @@ def show(result: DemoResult, cluster: LocalCluster, say: Narrator) -> str:
     counts = {n.instance_type: get_instance_spec(n.instance_type).device_count for n in cluster.nodes}
     views = node_views(cluster.nodes, outcomes)
     letters = legend_letters(views)
-    parts = ["", "Where the scheduler put each pod (devices: the claims' allocation; cores: the container environment "
-                 "the fake runtime recorded at CreateContainer; CHECK PREDICTED: "
+    seen = ("what each container printed to its own log (containerd applied the CDI specs)"
+            if (cluster.dir / "images.json").exists() else "the container environment the fake runtime recorded at "
+            "CreateContainer")
+    parts = ["", f"Where the scheduler put each pod (devices: the claims' allocation; cores: {seen}; CHECK PREDICTED: "
                  "claims per empty node and the first claim's devices, from `neuron-dra claims check`):", "",
              format_table(outcomes), "Devices in use:", node_usage(cluster.nodes, outcomes, counts),
              "Topology (letters: pods; '.': free):", render_legend(letters), ""]
@@ -424,18 +457,29 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
             "kubelet, etcd) are not built yet: building them from the Go module proxy now, once (about 6-12 minutes "
             f"on 2 cores; cached in {cache_root()} afterwards)")
     ensure_binaries(minor, log=lambda m: say(f"  {m}"))
-    build_fakecri(log=lambda m: say(f"  {m}"))
+    if options.runtime == "containerd":
+        from neuron_dra.localcluster.build import build_containerd
+        from neuron_dra.localcluster.images import ensure_images
+
+        say("containerd (Go module proxy) and the images (pause, workload, the driver from driver/Dockerfile; "
+            "buildah, no registry): built once, cached by content")
+        build_containerd(log=lambda m: say(f"  {m}"))
+        ensure_images(log=lambda m: say(f"  {m}"))
+    else:
+        build_fakecri(log=lambda m: say(f"  {m}"))
     ttl = options.ttl if options.ttl is not None else (2 * 3600.0 if options.keep else DEMO_TTL_S)
     say(f"starting the local cluster in {cluster_dir}: " + ", ".join(options.node_args))
     cluster: LocalCluster | None = None
     ok = False
     try:
         cluster = up(cluster_dir, list(options.node_args), ttl=ttl, driver_name=options.driver_name,
-                     kubernetes_version=minor, timeout=options.start_timeout, log=say)
+                     kubernetes_version=minor, timeout=options.start_timeout, log=say, runtime=options.runtime)
         result.kubeconfig = cluster.kubeconfig
+        per_node = ("the real kubelet with containerd and runc, the driver as its DaemonSet pod (image from "
+                    "driver/Dockerfile), an emulated EFA driver" if options.runtime == "containerd" else
+                    "the real kubelet against a fake container runtime, the driver daemon, an emulated EFA driver")
         say(f"Kubernetes {kube_version(minor)} control plane ready (etcd, kube-apiserver, "
-            "kube-controller-manager, kube-scheduler); per node: the real kubelet against a fake container "
-            "runtime, the driver daemon, an emulated EFA driver")
+            f"kube-controller-manager, kube-scheduler); per node: {per_node}")
         api = config.new_client_from_config(str(cluster.kubeconfig))
         try:
             run = DemoRun(cluster, api, say, options)

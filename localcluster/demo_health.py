@@ -75,8 +75,9 @@ class HealthStage:
     """Runs the stage against the demo's cluster; every wait is bounded by `wait` (the demo's wait_until)."""
 
     def __init__(self, cluster: LocalCluster, api: client.ApiClient, namespace: str, say: Callable[[str], None],
-                 wait: Wait, pod_timeout: float) -> None:
+                 wait: Wait, pod_timeout: float, image: str | None = None) -> None:
         self.cluster = cluster
+        self.image = image  # the workload image of a containerd cluster (None: the fake runtime's placeholder)
         self.core = client.CoreV1Api(api)
         self.resource = client.ResourceV1Api(api)
         self.namespace = namespace
@@ -142,7 +143,7 @@ class HealthStage:
             status_seconds = time.monotonic() - started
             self.say(f"  {plan.pod}'s status shows {used} Unhealthy after {status_seconds:.1f} s (kubelet's "
                      f"health stream); {plan.pod} keeps running ({first['effect']})")
-            self.core.create_namespaced_pod(self.namespace, pod_manifest(SPARE, self.namespace))  # type: ignore[arg-type]
+            self.core.create_namespaced_pod(self.namespace, pod_manifest(SPARE, self.namespace, self.image))  # type: ignore[arg-type]
             got: list[int] = []
 
             def spare_running() -> bool:

@@ -113,8 +113,13 @@ def workloads() -> list[Workload]:
     return [w for stage in DEMO_STAGES for w in stage.workloads]
 
 
-def pod_manifest(workload: Workload, namespace: str = DEMO_NAMESPACE) -> dict[str, Any]:
-    """A pod whose one container gets every device of a claim made from the workload's template."""
+def pod_manifest(workload: Workload, namespace: str = DEMO_NAMESPACE, image: str | None = None) -> dict[str, Any]:
+    """A pod whose one container gets every device of a claim made from the workload's template. With `image`
+    (the workload image of a containerd cluster) the container runs that image's own command, which prints what
+    it sees; without, a placeholder the fake runtime never runs."""
+    container: dict[str, Any] = {"name": "main", "image": image or IMAGE, "resources": {"claims": [{"name": "neuron"}]}}
+    if image is None:
+        container["command"] = ["sleep", "infinity"]
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": workload.pod, "namespace": namespace, "labels": {DEMO_LABEL: "true"},
@@ -122,8 +127,7 @@ def pod_manifest(workload: Workload, namespace: str = DEMO_NAMESPACE) -> dict[st
         "spec": {
             "tolerations": [neuron_toleration()],
             "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": workload.template.name}],
-            "containers": [{"name": "main", "image": IMAGE, "command": ["sleep", "infinity"],
-                            "resources": {"claims": [{"name": "neuron"}]}}],
+            "containers": [container],
             "terminationGracePeriodSeconds": 0,
         },
     }

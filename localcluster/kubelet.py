@@ -125,6 +125,9 @@ class KubeletSpec:
     port: int
     healthz_port: int
     minor: int  # Kubernetes minor of the kubelet binary (1.35+ needs failCgroupV1: false here)
+    # With a real runtime: the cgroup (cgroupfs name) every pod goes under, one per node, so that what the
+    # containers create in the host's cgroup v1 hierarchies can be found and removed (containerd.remove_cgroups).
+    cgroup_root: str | None = None
 
 
 def node_ip() -> str:
@@ -232,6 +235,12 @@ def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
         "serializeImagePulls": False,
         "rotateCertificates": False,
     }
+    if spec.cgroup_root is not None:
+        # Real containers: kubelet's QoS tree under the node's own cgroup (created beforehand in every hierarchy,
+        # containerd.create_cgroups), so every container's cgroup is below it; without cgroupsPerQOS containerd
+        # puts them under the shared /k8s.io.
+        config["cgroupRoot"] = spec.cgroup_root
+        config["cgroupsPerQOS"] = True
     if spec.minor >= 35:
         # 1.35+ refuses to start on cgroup v1 unless told otherwise; these machines mount cgroup v1.
         config["failCgroupV1"] = False
@@ -280,10 +289,13 @@ def launch_argv(binary: Path, spec: KubeletSpec, paths: KubeletPaths) -> list[st
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
 
 
-def start(binary: Path, spec: KubeletSpec, paths: KubeletPaths, lifetime_s: float) -> subprocess.Popen[bytes]:
-    """Start the kubelet (config written by `prepare`); its pid file is `paths.pid_file`."""
-    return procs.spawn(launch_argv(binary, spec, paths), log=paths.log, pid_file=paths.pid_file,
-                       lifetime_s=lifetime_s, cwd=paths.base)
+def start(binary: Path, spec: KubeletSpec, paths: KubeletPaths, lifetime_s: float,
+          enter: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """Start the kubelet (config written by `prepare`); its pid file is `paths.pid_file`. With `enter` (the
+    nsenter prefix of a node whose namespaces are already set up, nodens.py) it joins those instead of making
+    its own mount namespace."""
+    argv = [*enter, *kubelet_argv(binary, spec, paths)] if enter is not None else launch_argv(binary, spec, paths)
+    return procs.spawn(argv, log=paths.log, pid_file=paths.pid_file, lifetime_s=lifetime_s, cwd=paths.base)
 
 
 def healthy(healthz_port: int) -> bool:

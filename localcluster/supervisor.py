@@ -17,11 +17,9 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
 from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver, efa_device_class
 from neuron_dra.localcluster.nodes import node_manifest
+from neuron_dra.localcluster.restarting import Restarting
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
 log = logging.getLogger("neuron_dra.localcluster.supervisor")
@@ -48,6 +47,7 @@ STATUS_FILE = "status.json"
 PID_FILE = "supervisor.pid"
 LOG_FILE = "supervisor.log"
 NODE_READY_TIMEOUT_S = 90.0
+RUNTIMES = ("containerd", "fake")  # cluster up --runtime: real containers, or the fake CRI runtime
 
 
 @dataclass(frozen=True)
@@ -61,61 +61,6 @@ def write_status(cluster_dir: Path, **status: Any) -> None:
     tmp = cluster_dir / f".{STATUS_FILE}.tmp"
     tmp.write_text(json.dumps(status, indent=1), encoding="utf-8")
     tmp.replace(cluster_dir / STATUS_FILE)
-
-
-class Restarting:
-    """One node process, started by `launch(lifetime_s)` (via procs.spawn) and restarted with backoff when it
-    exits, until `stop()` or the cluster's deadline."""
-
-    def __init__(self, name: str, launch: Callable[[float], subprocess.Popen[bytes]], pid_file: Path,
-                 deadline: float) -> None:
-        self.name = name
-        self.launch = launch
-        self.pid_file = pid_file
-        self.deadline = deadline  # time.time() at which the cluster's lifetime ends
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
-        self._stop = threading.Event()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        self._started.wait(30)
-        if self.proc is None:
-            raise procs.ProcessError(f"{self.name} did not start")
-
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            lifetime = self.deadline - time.time()
-            if lifetime < 1:
-                return
-            began = time.monotonic()
-            try:
-                self.proc = self.launch(lifetime)
-            except Exception:
-                log.exception("starting %s failed", self.name)
-                self._started.set()
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-                continue
-            self._started.set()
-            code = self.proc.wait()
-            if self._stop.is_set():
-                return
-            self.restarts += 1
-            log.warning("%s exited with %s; restarting", self.name, code)
-            backoff = 0.5 if time.monotonic() - began > 30 else min(backoff * 2, 10.0)
-            self._stop.wait(backoff)
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        self._stop.set()
-        ref = procs.read_pid_file(self.pid_file)
-        if ref is not None:
-            procs.stop(ref, grace_s, popen=self.proc)
-        self._thread.join(timeout=grace_s + 10)
-        self.pid_file.unlink(missing_ok=True)
 
 
 class NodeAgent:
@@ -245,7 +190,7 @@ class NodeAgent:
             log.info("stopped the %s of %s in %.1f s", name, self.node.name, time.monotonic() - began)
 
 
-def start_all(agents: list[NodeAgent]) -> None:
+def start_all(agents: list[Any]) -> None:
     """Start the nodes side by side (each waits for its kubelet to report the Node Ready); the first failure is
     raised once every start has returned."""
     errors: list[BaseException] = []
@@ -279,8 +224,8 @@ def wait_for_service_account(api: client.ApiClient, namespace: str, name: str, t
 
 
 def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdentity]:
-    """The same objects `neuron-dra plan -o yaml` prints for the driver, minus the DaemonSet (the supervisor
-    runs the daemon itself), plus the EFA DeviceClass of the emulated EFA driver."""
+    """The same objects `neuron-dra plan -o yaml` prints for the driver, minus the DaemonSet (with the fake
+    runtime the supervisor runs the daemon itself), plus the EFA DeviceClass of the emulated EFA driver."""
     from neuron_dra.driver import deploy
 
     options = deploy.DriverDeployOptions(driver_name=driver_name)
@@ -289,36 +234,62 @@ def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdenti
     return [*objects, efa_device_class()], identity
 
 
+def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = None) -> Any:
+    """The deploy options of a containerd cluster's driver: the defaults, except what a local node must differ
+    in: the image (imported, not pulled), the emulated host tree's path on the node, a catalog file's text."""
+    from neuron_dra.driver import deploy
+    from neuron_dra.localcluster.nodens import HOST_TREE
+
+    return deploy.DriverDeployOptions(driver_name=driver_name, image=image, host_paths_root=HOST_TREE,
+                                      catalog_yaml=catalog_file.read_text() if catalog_file else None)
+
+
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
-        kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None) -> int:
-    from neuron_dra.localcluster.build import build_fakecri, ensure_binaries
+        kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake") -> int:
+    from neuron_dra.localcluster.build import build_containerd, build_fakecri, ensure_binaries
 
     stop = threading.Event()
     set_on_signals(stop)
     procs.write_pid_file(cluster_dir / PID_FILE, procs.ref_of(os.getpid()))
-    agents: list[NodeAgent] = []
+    agents: list[Any] = []  # NodeAgent or ContainerdNodeAgent
     cp = None
     deadline = time.time() + ttl
     try:
         write_status(cluster_dir, state="starting")
         kubelet.require_root(os.geteuid())
         binaries = ensure_binaries(kubernetes_version)  # cached by `cluster up` before it started us
-        fakecri = build_fakecri()
         cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60)
         admin = config.new_client_from_config(str(cp.kubeconfig))
         objects, identity = driver_objects(driver_name)
-        apply_all(admin, objects)
         ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice
-        agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
-                             catalog_file, ports) for node in nodes]
-        start_all(agents)
+        if runtime == "containerd":
+            from neuron_dra.driver import deploy
+            from neuron_dra.localcluster.containerd_node import ContainerdNodeAgent, wait_driver_ready
+            from neuron_dra.localcluster.images import ensure_images, write_references
+
+            images = ensure_images()  # built by `cluster up` before it started us
+            runtime_binaries = build_containerd()
+            options = daemonset_options(driver_name, images.driver.reference, catalog_file)
+            apply_all(admin, [*deploy.manifests(options), efa_device_class()])
+            agents += [ContainerdNodeAgent(cluster_dir, node, i, admin, cp, binaries, runtime_binaries, images,
+                                           deadline, catalog_file, ports) for i, node in enumerate(nodes, 1)]
+            start_all(agents)
+            wait_driver_ready(admin, options, [n.name for n in nodes], timeout=180.0)
+            write_references(images, cluster_dir / "images.json")
+        else:
+            fakecri = build_fakecri()
+            apply_all(admin, objects)
+            agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
+                                 catalog_file, ports) for node in nodes]
+            start_all(agents)
         # Pods are refused until kube-controller-manager has made a namespace's `default` service account:
         # ready means a user's first `kubectl apply` of a pod into `default` works.
         wait_for_service_account(admin, "default", "default", timeout=120.0)
         (cluster_dir / "kubeconfig").write_text(Path(cp.kubeconfig).read_text())
         write_status(cluster_dir, state="ready", kubeconfig=str(cluster_dir / "kubeconfig"),
                      nodes=[{"name": n.name, "instanceType": n.instance_type} for n in nodes],
-                     driverName=driver_name, deadline=deadline, kubernetesVersion=binaries.kube_version)
+                     driverName=driver_name, deadline=deadline, kubernetesVersion=binaries.kube_version,
+                     runtime=runtime)
         log.info("local cluster ready: Kubernetes %s, %d nodes", binaries.kube_version, len(nodes))
         stop.wait(ttl)
         return 0
@@ -351,11 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR)
     parser.add_argument("--catalog", type=Path, default=None)
+    parser.add_argument("--runtime", choices=RUNTIMES, default="fake")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     catalog = load_catalog(args.catalog) if args.catalog else BUILTIN
     return run(args.dir.resolve(), parse_nodes(args.node, catalog), args.ttl, args.driver_name,
-               args.kubernetes_version, args.catalog.resolve() if args.catalog else None)
+               args.kubernetes_version, args.catalog.resolve() if args.catalog else None, args.runtime)
 
 
 if __name__ == "__main__":

@@ -174,6 +174,9 @@ class DriverDeployOptions:
     registry_dir: str = DEFAULT_REGISTRY_DIR
     cdi_root: str = DEFAULT_CDI_ROOT
     host_root: str = DEFAULT_HOST_ROOT  # inside the container; /sys and /dev are mounted below it
+    # On the node: the directory holding the sys, dev and opt/aws/neuron trees the driver reads ("/" on a real
+    # node; a local cluster's emulated host tree).
+    host_paths_root: str = "/"
     healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT  # 0: no health server, no liveness probe
     metrics_port: int = 0  # 0: no metrics endpoint
     # Namespaces whose pods may scrape the metrics port (the NetworkPolicy admits nothing else; kubelet's probe
@@ -222,6 +225,10 @@ class DriverDeployOptions:
             raise DeployOptionError("image", self.image, "a container image reference without spaces")
         if self.image_pull_policy not in _PULL_POLICIES:
             raise DeployOptionError("image_pull_policy", self.image_pull_policy, ", ".join(_PULL_POLICIES))
+        if self.host_paths_root != "/":
+            value = self.host_paths_root
+            if not value.startswith("/") or value.endswith("/") or "//" in value or "/../" in f"{value}/":
+                raise DeployOptionError("host_paths_root", value, "/ or an absolute, normalised directory path")
         for opt in ("plugins_dir", "registry_dir", "cdi_root", "host_root"):
             value = getattr(self, opt)
             if not value.startswith("/") or value.rstrip("/") == "" or "//" in value or "/../" in f"{value}/":
@@ -523,11 +530,14 @@ def host_mounts(options: DriverDeployOptions) -> tuple[HostMount, ...]:
         HostMount("cdi-root", options.cdi_root, options.cdi_root, False, "DirectoryOrCreate"),
     )
     host = options.host_root.rstrip("/")
+    on_node = options.host_paths_root.rstrip("/")
     read_only = tuple(
-        HostMount(f"host-{p.strip('/')}", p, f"{host}{p}", True, "Directory") for p in HOST_READ_ONLY_PATHS
+        HostMount(f"host-{p.strip('/')}", f"{on_node}{p}", f"{host}{p}", True, "Directory")
+        for p in HOST_READ_ONLY_PATHS
     )
     # The node's LNC file (docs/neuron-cores.md §2); the directory may not exist on a non-Neuron AMI.
-    lnc = HostMount("host-neuron-config", LNC_CONFIG_DIR, f"{host}{LNC_CONFIG_DIR}", True, "DirectoryOrCreate")
+    lnc = HostMount("host-neuron-config", f"{on_node}{LNC_CONFIG_DIR}", f"{host}{LNC_CONFIG_DIR}", True,
+                    "DirectoryOrCreate")
     return (*writable, *read_only, lnc)
 
 

@@ -22,7 +22,7 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     from neuron_dra.localcluster.cluster import up
 
     cluster_dir = tmp_path_factory.mktemp("cluster")
-    cluster = up(cluster_dir, list(E2E_NODES), ttl=3600, timeout=600)
+    cluster = up(cluster_dir, list(E2E_NODES), ttl=3600, timeout=600, runtime="fake")  # it tests the driver
     try:
         yield cluster
     finally:

@@ -116,7 +116,7 @@ def test_fault_on_a_device_in_use_taints_it_new_claims_avoid_it_and_clear_undoes
 def no_execute_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("UNHEALTHY_TAINT_EFFECT", "NoExecute")  # the daemon's env fallback of --unhealthy-taint-effect
-        cluster = up(tmp_path_factory.mktemp("noexec"), [f"{TRN2}:1"], ttl=1800, timeout=600)
+        cluster = up(tmp_path_factory.mktemp("noexec"), [f"{TRN2}:1"], ttl=1800, timeout=600, runtime="fake")
     try:
         yield cluster
     finally:
@@ -169,7 +169,8 @@ def test_no_execute_evicts_the_pod_on_the_device_but_not_one_that_tolerates_it(
 
 def test_on_1_34_a_fault_is_detected_and_logged_and_nothing_else_changes(tmp_path_factory: pytest.TempPathFactory,
                                                                        request: pytest.FixtureRequest) -> None:
-    cluster = up(tmp_path_factory.mktemp("k134"), [f"{TRN2}:1"], ttl=1200, timeout=600, kubernetes_version="1.34")
+    cluster = up(tmp_path_factory.mktemp("k134"), [f"{TRN2}:1"], ttl=1200, timeout=600, kubernetes_version="1.34",
+                 runtime="fake")
     try:
         kube = config.new_client_from_config(str(cluster.kubeconfig))
         core, res = client.CoreV1Api(kube), client.ResourceV1Api(kube)
@@ -198,7 +199,8 @@ def test_on_1_34_a_fault_is_detected_and_logged_and_nothing_else_changes(tmp_pat
 
 def test_on_1_37_kubelet_takes_health_over_v1_and_taints_are_ga(tmp_path_factory: pytest.TempPathFactory,
                                                                 request: pytest.FixtureRequest) -> None:
-    cluster = up(tmp_path_factory.mktemp("k137"), [f"{TRN2}:1"], ttl=1200, timeout=900, kubernetes_version="1.37")
+    cluster = up(tmp_path_factory.mktemp("k137"), [f"{TRN2}:1"], ttl=1200, timeout=900, kubernetes_version="1.37",
+                 runtime="fake")
     try:
         kube = config.new_client_from_config(str(cluster.kubeconfig))
         core, res = client.CoreV1Api(kube), client.ResourceV1Api(kube)

@@ -42,7 +42,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalClu
     base = tmp_path_factory.mktemp("trn3")
     catalog = base / "catalog.yaml"
     catalog.write_text(yaml.safe_dump(CATALOG), encoding="utf-8")
-    c = up(base / "cluster", ["trn3.48xlarge:1", "acme1.24xlarge:1"], ttl=1800, timeout=600, catalog_file=catalog)
+    c = up(base / "cluster", ["trn3.48xlarge:1", "acme1.24xlarge:1"], ttl=1800, timeout=600, catalog_file=catalog,
+           runtime="fake")
     try:
         yield c, catalog
     finally:

@@ -78,7 +78,7 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
 @pytest.mark.parametrize("minor", [DEFAULT_MINOR, "1.34"])
 def test_cluster_life_on_real_kubelets_leaves_the_host_untouched(cluster_dir: Path, minor: str) -> None:
     before = host_state()
-    up = _cli("cluster", "up", "--dir", str(cluster_dir), "--kubernetes-version", minor,
+    up = _cli("cluster", "up", "--runtime", "fake", "--dir", str(cluster_dir), "--kubernetes-version", minor,
               "--node", "trn1.32xlarge:1", "--ttl", "900")
     assert up.returncode == 0, up.stderr[-3000:]
     api = config.new_client_from_config(str(cluster_dir / "kubeconfig"))
@@ -124,7 +124,8 @@ def test_down_after_the_supervisor_was_killed_stops_every_node_process(cluster_d
     from neuron_dra.localcluster import procs
     from neuron_dra.localcluster.supervisor import PID_FILE
 
-    up = _cli("cluster", "up", "--dir", str(cluster_dir), "--node", "inf2.48xlarge:1", "--ttl", "900")
+    up = _cli("cluster", "up", "--runtime", "fake", "--dir", str(cluster_dir), "--node", "inf2.48xlarge:1",
+              "--ttl", "900")
     assert up.returncode == 0, up.stderr[-3000:]
     pid_files = sorted((cluster_dir / "nodes").rglob("*.pid")) + sorted((cluster_dir / "controlplane").rglob("*.pid"))
     assert {p.stem for p in pid_files} >= {"kubelet", "fakecri", "driver", "kube-apiserver", "etcd"}

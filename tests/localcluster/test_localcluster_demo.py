@@ -49,6 +49,10 @@ from neuron_dra.localcluster.demo_workloads import (
 from neuron_dra.localcluster.efa_emulator import efa_devices
 from neuron_dra.localcluster.topology import NodeSpec, runtime_dir
 
+# These tests exercise the demo itself (table, teardown, signals) on the fast fake runtime; real containers:
+# tests/e2e/test_e2e_containerd.py.
+DEMO_FAKE = (sys.executable, "-m", "neuron_dra", "demo", "--runtime", "fake")
+
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 
@@ -163,7 +167,7 @@ def test_every_workload_fits_a_demo_node_and_the_stages_fill_the_trn2_nodes() ->
 
 
 def test_cli_rejects_bad_options(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "neuron_dra", "demo", "--timeout", "0", "--dir", str(tmp_path)],
+    proc = subprocess.run([*DEMO_FAKE, "--timeout", "0", "--dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--timeout must be positive, got 0.0" in proc.stderr
     assert not any(tmp_path.iterdir())
@@ -267,7 +271,7 @@ def _efas_of_group(neuron_range: str, tmp_path: Path) -> str:
 def test_demo_end_to_end(tmp_path: Path) -> None:
     cluster_dir = tmp_path / "demo"
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "neuron_dra", "demo", "--dir", str(cluster_dir)],
+    proc = subprocess.run([*DEMO_FAKE, "--dir", str(cluster_dir)],
                           capture_output=True, text=True, timeout=900)
     seconds = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -320,7 +324,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.cluster
 def test_demo_stops_the_cluster_on_sigterm(tmp_path: Path) -> None:
     cluster_dir = tmp_path / "demo"
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_dra", "demo", "--dir", str(cluster_dir)],
+    proc = subprocess.Popen([*DEMO_FAKE, "--dir", str(cluster_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     seen = []
@@ -346,7 +350,7 @@ def test_demo_keep_leaves_a_working_cluster_and_prints_how_to_stop_it(tmp_path: 
 
     cluster_dir = tmp_path / "demo"
     try:
-        proc = subprocess.run([sys.executable, "-m", "neuron_dra", "demo", "--dir", str(cluster_dir), "--keep"],
+        proc = subprocess.run([*DEMO_FAKE, "--dir", str(cluster_dir), "--keep"],
                               capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         kubeconfig = cluster_dir / "kubeconfig"
@@ -358,7 +362,7 @@ def test_demo_keep_leaves_a_working_cluster_and_prints_how_to_stop_it(tmp_path: 
         pods = json.loads(resp.data)["items"]
         assert sorted(p["metadata"]["name"] for p in pods) == sorted(w.pod for w in workloads())
         assert {p["status"]["phase"] for p in pods} == {"Running"}
-        again = subprocess.run([sys.executable, "-m", "neuron_dra", "demo", "--dir", str(cluster_dir)],
+        again = subprocess.run([*DEMO_FAKE, "--dir", str(cluster_dir)],
                                capture_output=True, text=True, timeout=120)
         assert again.returncode == 1 and f"a local cluster is already running in {cluster_dir}" in again.stderr
         stop = subprocess.run([sys.executable, "-m", "neuron_dra", *down_cmd.split()[1:]], capture_output=True,
@@ -379,7 +383,7 @@ def test_a_failing_demo_explains_why_and_stops_the_cluster(tmp_path: Path) -> No
 
     cluster_dir = tmp_path / "demo"
     out = io.StringIO()
-    options = DemoOptions(dir=cluster_dir, timeout=15, node_args=("trn2.48xlarge:1", "trn1.32xlarge:1",
+    options = DemoOptions(dir=cluster_dir, timeout=15, runtime="fake", node_args=("trn2.48xlarge:1", "trn1.32xlarge:1",
                                                                    "inf2.48xlarge:1"))
     with pytest.raises(DemoError) as failed:
         run_demo(options, out)

@@ -1,0 +1,205 @@
+"""An emulated node with real containers (`--runtime containerd`): its namespaces, containerd, kubelet, images.
+
+The driver is not started here: it is the DaemonSet `deploy.manifests()` renders, which this node's kubelet
+runs in containerd like any pod (supervisor.driver_objects). Start order: namespaces (nodens.py), containerd
+(restarted when it exits, as systemd would), the images imported into it, kubelet (restarted too), Node Ready,
+then the emulated EFA driver. Stop order: kubelet, every container of the node (by its cgroup), containerd,
+its shims, the cgroup directories, the namespaces.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from neuron_dra.driver.model.catalog import BUILTIN
+from neuron_dra.driver.model.catalog_file import load_catalog
+from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import EmulationOptions, emulate
+from neuron_dra.localcluster import containerd, kubelet
+from neuron_dra.localcluster.build import Binaries
+from neuron_dra.localcluster.controlplane import ControlPlane
+from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver
+from neuron_dra.localcluster.images import ClusterImages
+from neuron_dra.localcluster.nodens import NodeNamespace, NodeNamespacePaths, NodeNetwork
+from neuron_dra.localcluster.nodes import node_manifest
+from neuron_dra.localcluster.restarting import Restarting
+from neuron_dra.localcluster.topology import NodePaths, NodeSpec
+
+log = logging.getLogger("neuron_dra.localcluster.containerd_node")
+NODE_READY_TIMEOUT_S = 90.0
+SOCKET_TIMEOUT_S = 30.0
+
+
+def cgroup_root(cluster_dir: Path, node: str) -> str:
+    """The node's cgroup (cgroupfs name): unique per cluster directory and node."""
+    from neuron_dra.localcluster.topology import runtime_dir
+
+    return f"/{runtime_dir(cluster_dir).name}/{node}"
+
+
+def containerd_paths(paths: NodePaths) -> containerd.ContainerdPaths:
+    return containerd.ContainerdPaths(base=paths.base / "containerd", socket=paths.kubelet.cri_socket,
+                                      pid_file=paths.pids / "containerd.pid")
+
+
+class ContainerdNodeAgent:
+    def __init__(self, cluster_dir: Path, node: NodeSpec, index: int, api: client.ApiClient,
+                 control_plane: ControlPlane, binaries: Binaries, runtime_binaries: dict[str, Path],
+                 images: ClusterImages, deadline: float, catalog_file: Path | None = None,
+                 ports: kubelet.PortAllocator | None = None) -> None:
+        self.node = node
+        self.cluster_dir = cluster_dir
+        self.net = NodeNetwork(index)
+        self.ports = ports or kubelet.PortAllocator()
+        self.catalog = load_catalog(catalog_file) if catalog_file else BUILTIN
+        self.paths = NodePaths.of(cluster_dir, node.name)
+        self.api = api
+        self.control_plane = control_plane
+        self.binaries = binaries
+        self.runtime_binaries = runtime_binaries
+        self.images = images
+        self.deadline = deadline
+        self.cgroup_root = cgroup_root(cluster_dir, node.name)
+        self.ctrd_paths = containerd_paths(self.paths)
+        self.namespace: NodeNamespace | None = None
+        self.runtime: Restarting | None = None
+        self.kubelet: Restarting | None = None
+        self.efa: EmulatedEfaDriver | None = None
+
+    def start(self) -> None:
+        p = self.paths
+        for d in (p.plugins_dir, p.registry_dir, p.pids):
+            d.mkdir(parents=True, exist_ok=True)
+        if not p.host_root.exists():
+            emulate(self.node.instance_type, p.host_root, EmulationOptions(host_id=self.node.name), self.catalog)
+        (p.host_root / "opt" / "aws" / "neuron").mkdir(parents=True, exist_ok=True)
+        host = discover(p.host_root, catalog=self.catalog)
+        net_layers = (f"nn-{self.node.name[:4]}-l1", f"nn-{self.node.name[:4]}-l2", f"nn-{self.node.name}-l3")
+        labels, taints, provider_id = kubelet.labels_and_taints(
+            node_manifest(self.node.name, self.node.instance_type, network_nodes=net_layers, catalog=self.catalog))
+        spec = kubelet.KubeletSpec(self.node.name, labels, taints, provider_id, self.net.node_ip,
+                                   self.control_plane.ca_file, self.ports.take(), self.ports.take(),
+                                   int(self.binaries.minor.split(".")[1]), cgroup_root=self.cgroup_root)
+        kubelet.prepare(spec, p.kubelet,
+                        lambda user, groups, path: self.control_plane.client_kubeconfig(user, groups, path=path))
+        lifetime = self.deadline - time.time()
+        ns = NodeNamespace(NodeNamespacePaths(p.base, p.runtime), p.kubelet, p.host_root, self.net,
+                           self.control_plane.ports.apiserver)
+        self.namespace = ns
+        ns.start(lifetime)
+        containerd.prepare(self.ctrd_paths, self.images.pause.reference, self.net.pod_subnet)
+        containerd.create_cgroups(self.cgroup_root)
+        binary = self.runtime_binaries["containerd"]
+        self.runtime = Restarting(f"containerd-{self.node.name}",
+                                  lambda life: containerd.start(binary, self.ctrd_paths, ns.enter, life),
+                                  self.ctrd_paths.pid_file, self.deadline)
+        self.runtime.start()
+        self._wait_containerd()
+        for image in self.images.all():
+            containerd.import_image(self.runtime_binaries["ctr"], self.ctrd_paths, image.archive, image.reference)
+        self.kubelet = Restarting(f"kubelet-{self.node.name}",
+                                  lambda life: kubelet.start(self.binaries.kubelet, spec, p.kubelet, life,
+                                                             enter=ns.enter),
+                                  p.kubelet.pid_file, self.deadline)
+        self.kubelet.start()
+        node_uid = self._wait_node_ready()
+        self.efa = EmulatedEfaDriver(self.api, self.node.name, host, p.plugins_dir, p.registry_dir, node_uid)
+        self.efa.start()
+
+    def _wait_containerd(self) -> None:
+        deadline = time.monotonic() + SOCKET_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                containerd.ctr(self.runtime_binaries["ctr"], self.ctrd_paths, ["version"], timeout=5)
+                return
+            except containerd.ContainerdError:
+                time.sleep(0.2)
+        tail = self.ctrd_paths.log.read_text(errors="replace")[-2000:] if self.ctrd_paths.log.exists() else ""
+        raise containerd.ContainerdError(f"containerd of {self.node.name} did not answer within "
+                                         f"{SOCKET_TIMEOUT_S:.0f} s; {self.ctrd_paths.log} ends:\n{tail}")
+
+    def _wait_node_ready(self) -> str:
+        core = client.CoreV1Api(self.api)
+        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                node: Any = core.read_node(self.node.name)
+            except client.exceptions.ApiException as e:
+                if e.status != 404:
+                    raise
+            else:
+                conditions = node.status.conditions or [] if node.status is not None else []
+                if any(c.type == "Ready" and c.status == "True" for c in conditions):
+                    return str(node.metadata.uid)
+            time.sleep(0.2)
+        tail = "\n".join(self.paths.kubelet.log.read_text(errors="replace").splitlines()[-30:])
+        raise kubelet.KubeletError(f"the kubelet of {self.node.name} did not report the Node Ready within "
+                                   f"{NODE_READY_TIMEOUT_S:.0f} s; {self.paths.kubelet.log} ends:\n{tail}")
+
+    def stop(self) -> None:
+        def stop_part(part: Any) -> None:
+            if part is not None:
+                part.stop()
+
+        steps: tuple[tuple[str, Any], ...] = (
+            ("EFA driver", lambda: stop_part(self.efa)),
+            ("kubelet", lambda: stop_part(self.kubelet)),
+            ("containers", lambda: containerd.kill_cgroup_processes(self.cgroup_root)),
+            ("containerd", lambda: stop_part(self.runtime)),
+            ("shims", lambda: containerd.kill_shims(self.ctrd_paths.socket)),
+            ("cgroups", self._remove_cgroups),
+            ("namespaces", lambda: stop_part(self.namespace)))
+        for name, step in steps:
+            began = time.monotonic()
+            try:
+                step()
+            except Exception:
+                log.exception("stopping the %s of %s", name, self.node.name)
+            log.info("stopped the %s of %s in %.1f s", name, self.node.name, time.monotonic() - began)
+
+    def _remove_cgroups(self) -> None:
+        left = containerd.remove_cgroups(self.cgroup_root)
+        if left:
+            log.error("cgroups of %s left behind: %s", self.node.name, ", ".join(map(str, left)))
+        # The cluster's own parent directory, once its last node is gone.
+        parent = "/" + self.cgroup_root.strip("/").split("/")[0]
+        for d in containerd.cgroup_dirs(parent):
+            try:
+                d.rmdir()
+            except OSError:
+                continue
+
+
+def wait_driver_ready(api: client.ApiClient, options: Any, nodes: list[str], timeout: float) -> None:
+    """The DaemonSet's pod is Ready on every node and each node's driver has published its ResourceSlices
+    (so the plugin watcher registered it and the driver reached the API server from inside its container)."""
+    core = client.CoreV1Api(api)
+    resource = client.ResourceV1Api(api)
+    deadline = time.monotonic() + timeout
+    selector = ",".join(f"{k}={v}" for k, v in sorted(
+        options_pod_selector().items()))
+    waiting: list[str] = list(nodes)
+    while time.monotonic() < deadline:
+        pods: list[Any] = core.list_namespaced_pod(options.namespace, label_selector=selector).items
+        ready = {p.spec.node_name for p in pods
+                 if any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))}
+        slices = resource.list_resource_slice(field_selector=f"spec.driver={options.driver_name}").items
+        published = {s.spec.node_name for s in slices}
+        waiting = [n for n in nodes if n not in ready or n not in published]
+        if not waiting:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the driver DaemonSet is not Ready with published slices on {', '.join(waiting)} after "
+                       f"{timeout:.0f} s (see `kubectl -n {options.namespace} describe pods` and the nodes' "
+                       "kubelet.log / containerd.log)")
+
+
+def options_pod_selector() -> dict[str, str]:
+    from neuron_dra.driver.deploy import POD_SELECTOR
+
+    return dict(POD_SELECTOR)

@@ -1,0 +1,192 @@
+"""The namespaces of one emulated node with a real container runtime: one mount and one network namespace that
+its kubelet and containerd share, held open by a `sleep` process (the holder) and entered with `nsenter`.
+
+Inside the mount namespace (set up before the holder sleeps; every mount goes away with the namespace):
+- kubelet's shadowing of /var/lib, /var/log and its sysctls (kubelet.namespace_prologue);
+- the node's own `run` directory over /run: containerd writes `/run/containerd/{s,runc}` whatever its config
+  says, and `/var/run/cdi` (the DaemonSet's CDI dir) becomes the node's own;
+- kubelet's root directory over /var/lib/kubelet, so the DaemonSet's default plugin and registry paths are the
+  ones this kubelet watches;
+- the emulated host tree (`sys`, `dev`, `opt`) at HOST_TREE, the driver's `host_paths_root`.
+
+The network namespace has loopback, a veth pair carrying the node IP (this kernel has no `dummy` driver), and
+the `kubernetes` Service IP on loopback. The API server on the host's loopback is reached through socat:
+one on the host listens on a unix socket (file system paths cross network namespaces) and connects to the
+API server, two in the node forward `SERVICE_IP:443` (in-cluster config of the driver pod) and
+`127.0.0.1:<API port>` (the kubelet's kubeconfig) to that socket. Nothing is created in the host's network
+namespace, and no `ip netns` entry (which would leave /run/netns behind) is made.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.kubelet import KubeletPaths, namespace_prologue
+
+HOST_TREE = "/run/neuron-dra-host"  # where the node's emulated sys/dev/opt tree appears inside its namespace
+SERVICE_IP = "10.96.0.1"  # controlplane.SERVICE_IP: in the API server's certificate
+HOLDER_TIMEOUT_S = 15.0
+
+
+class NodeNamespaceError(RuntimeError):
+    """The namespaces of a node cannot be made; the message says which step failed and its output."""
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    """Addresses of node number `index` (1-based): unique per node so Node objects differ, never routed."""
+
+    index: int
+
+    @property
+    def node_ip(self) -> str:
+        return f"10.201.{self.index}.2"
+
+    @property
+    def pod_subnet(self) -> str:
+        return f"10.202.{self.index}.0/24"
+
+
+@dataclass(frozen=True)
+class NodeNamespacePaths:
+    base: Path  # DIR/nodes/NAME
+    runtime: Path  # the node's short runtime directory (kubelet root)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.base / "run"
+
+    @property
+    def holder_pid(self) -> Path:
+        return self.base / "pids" / "netns-holder.pid"
+
+    @property
+    def holder_own_pid(self) -> Path:
+        """Written by the holder itself: the pid to enter (the pid file above records its `timeout` leader)."""
+        return self.base / "pids" / "netns-holder.self"
+
+    @property
+    def api_socket(self) -> Path:
+        return self.runtime / "api.sock"
+
+    @property
+    def log(self) -> Path:
+        return self.base / "netns.log"
+
+
+def holder_script(paths: NodeNamespacePaths, kubelet_paths: KubeletPaths, host_tree: Path) -> str:
+    lines = [namespace_prologue(kubelet_paths)]
+    q = shlex.quote
+    lines += [
+        f"mount --bind {q(str(kubelet_paths.root))} /var/lib/kubelet",
+        f"mount --bind {q(str(paths.run_dir))} /run",
+        f"mkdir -p {HOST_TREE}",
+        f"mount --bind {q(str(host_tree))} {HOST_TREE}",
+        f"echo $$ > {q(str(paths.holder_own_pid))}",
+        "exec sleep infinity",
+    ]
+    return "\n".join(lines)
+
+
+def network_script(net: NodeNetwork) -> str:
+    return "\n".join([
+        "set -eu",
+        "ip link set lo up",
+        "ip link add n0 type veth peer name n1",
+        f"ip addr add {net.node_ip}/24 dev n0",
+        "ip link set n1 up",
+        "ip link set n0 up",
+        f"ip addr add {SERVICE_IP}/32 dev lo",
+    ])
+
+
+class NodeNamespace:
+    """The holder of one node's namespaces and the API forwarders; `enter` is the nsenter prefix."""
+
+    def __init__(self, paths: NodeNamespacePaths, kubelet_paths: KubeletPaths, host_tree: Path, net: NodeNetwork,
+                 api_port: int) -> None:
+        self.paths = paths
+        self.kubelet_paths = kubelet_paths
+        self.host_tree = host_tree
+        self.net = net
+        self.api_port = api_port
+        self.pid: int | None = None
+        self._procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    @property
+    def enter(self) -> list[str]:
+        if self.pid is None:
+            raise NodeNamespaceError("the node's namespaces are not set up yet")
+        return ["nsenter", f"--target={self.pid}", "--mount", "--net", "--"]
+
+    @property
+    def enter_net(self) -> list[str]:
+        if self.pid is None:
+            raise NodeNamespaceError("the node's namespaces are not set up yet")
+        return ["nsenter", f"--target={self.pid}", "--net", "--"]
+
+    def start(self, lifetime_s: float) -> None:
+        p = self.paths
+        for d in (p.run_dir, p.holder_pid.parent, (self.kubelet_paths.var_lib / "kubelet")):
+            d.mkdir(parents=True, exist_ok=True)
+        p.holder_own_pid.unlink(missing_ok=True)
+        script = holder_script(p, self.kubelet_paths, self.host_tree)
+        argv = ["unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", script]
+        holder = procs.spawn(argv, log=p.log, pid_file=p.holder_pid, lifetime_s=lifetime_s)
+        self._procs.append((holder, p.holder_pid))
+        deadline = time.monotonic() + HOLDER_TIMEOUT_S
+        while not p.holder_own_pid.exists() or not p.holder_own_pid.read_text().strip():
+            if holder.poll() is not None or time.monotonic() > deadline:
+                raise NodeNamespaceError(f"the namespace holder of {p.base.name} did not start: "
+                                         f"{p.log.read_text(errors='replace')[-1500:]}")
+            time.sleep(0.05)
+        self.pid = int(p.holder_own_pid.read_text())
+        _run([*self.enter_net, "sh", "-c", network_script(self.net)], f"network of {p.base.name}")
+        socat = _socat()
+        p.api_socket.unlink(missing_ok=True)
+        self._spawn("api-forward-host", [socat, f"UNIX-LISTEN:{p.api_socket},fork",
+                                         f"TCP:127.0.0.1:{self.api_port}"], lifetime_s)
+        for name, listen in (("api-forward-service", f"TCP-LISTEN:443,bind={SERVICE_IP},fork,reuseaddr"),
+                             ("api-forward-loopback", f"TCP-LISTEN:{self.api_port},bind=127.0.0.1,fork,reuseaddr")):
+            self._spawn(name, [*self.enter_net, socat, listen, f"UNIX-CONNECT:{p.api_socket}"], lifetime_s)
+        deadline = time.monotonic() + HOLDER_TIMEOUT_S
+        while not p.api_socket.exists():
+            if time.monotonic() > deadline:
+                raise NodeNamespaceError(f"the API forwarder of {p.base.name} made no socket {p.api_socket}")
+            time.sleep(0.05)
+
+    def _spawn(self, name: str, argv: Sequence[str], lifetime_s: float) -> None:
+        pid_file = self.paths.base / "pids" / f"{name}.pid"
+        popen = procs.spawn(argv, log=self.paths.log, pid_file=pid_file, lifetime_s=lifetime_s)
+        self._procs.append((popen, pid_file))
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop the forwarders and the holder: the namespaces end when their last process has exited."""
+        for popen, pid_file in reversed(self._procs):
+            ref = procs.read_pid_file(pid_file)
+            if ref is not None:
+                procs.stop(ref, grace_s, popen=popen)
+            pid_file.unlink(missing_ok=True)
+        self._procs.clear()
+        self.pid = None
+
+
+def _socat() -> str:
+    found = shutil.which("socat")
+    if found is None:
+        raise NodeNamespaceError("`socat` is not on PATH; a containerd node reaches the API server through it "
+                                 "(apt-get install -y socat)")
+    return found
+
+
+def _run(argv: Sequence[str], what: str) -> None:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        raise NodeNamespaceError(f"{what} failed (exit {proc.returncode}): {(proc.stdout + proc.stderr).strip()}")

@@ -1,0 +1,245 @@
+"""End-to-end with real containers: `cluster up --runtime containerd` (containerd + runc under the real kubelet,
+the driver as the DaemonSet of `deploy.manifests()` from the image built from driver/Dockerfile, workloads in
+the busybox workload image). Two nodes; the tests run in file order and the last one stops the cluster and
+checks that nothing outside the cluster directory changed."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.cluster import LocalCluster
+from neuron_dra.localcluster.podlogs import container_log, workload_report
+from tests.support import hoststate
+from tests.support.e2e import (
+    NEURON_TOLERATION,
+    allocated_devices,
+    claim_template,
+    eventually,
+    pod_claim,
+    raw,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.containerd, pytest.mark.slow]
+
+DRIVER = "neuron.aws.com"
+NODES = ("trn2.48xlarge:1", "trn1.32xlarge:1")
+TRN2, TRN1 = "trn2-48xlarge-1", "trn1-32xlarge-1"
+DRIVER_NS = "neuron-dra-driver"
+DRIVER_SELECTOR = "app.kubernetes.io/name=neuron-dra-driver,app.kubernetes.io/component=kubelet-plugin"
+
+
+@pytest.fixture(scope="module")
+def host_before() -> dict[str, Any]:
+    return hoststate.snapshot()
+
+
+@pytest.fixture(scope="module")
+def ctrd(host_before: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    from neuron_dra.localcluster.cluster import up
+
+    cluster = up(tmp_path_factory.mktemp("ctrd"), list(NODES), ttl=3600, timeout=1800, runtime="containerd")
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="module")
+def kapi(ctrd: LocalCluster) -> Iterator[client.ApiClient]:
+    api = config.new_client_from_config(str(ctrd.kubeconfig))
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def wns(kapi: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    core, res = client.CoreV1Api(kapi), client.ResourceV1Api(kapi)
+    name = f"ctrd-{request.node.name.replace('_', '-')[5:40].strip('-').lower()}"
+    core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
+    eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
+                           for sa in core.list_namespaced_service_account(name).items), 30, what="default SA")
+    yield name
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    eventually(lambda: not core.list_namespaced_pod(name).items, 90, what=f"pods of {name} gone")
+    eventually(lambda: not res.list_namespaced_resource_claim(name).items, 60, what=f"claims of {name} gone")
+    core.delete_namespace(name)
+
+
+def images(cluster: LocalCluster) -> dict[str, str]:
+    data: dict[str, str] = json.loads((cluster.dir / "images.json").read_text())
+    return data
+
+
+def workload_pod(name: str, image: str, node: str, template: str | None = "one-device",
+                 init_sleep: int = 0) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "image": image, "imagePullPolicy": "Never"}
+    spec: dict[str, Any] = {"tolerations": [NEURON_TOLERATION], "nodeSelector": {"kubernetes.io/hostname": node},
+                            "containers": [container]}
+    if template:
+        spec["resourceClaims"] = [{"name": "neuron", "resourceClaimTemplateName": template}]
+        container["resources"] = {"claims": [{"name": "neuron"}]}
+    if init_sleep:
+        spec["initContainers"] = [{"name": "wait", "image": image, "imagePullPolicy": "Never",
+                                   "command": ["sleep", str(init_sleep)]}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def report_of(cluster: LocalCluster, node: str, ns: str, pod: str) -> dict[str, str]:
+    """The workload's `key=value` report from its container log on the node, once complete."""
+    logs = cluster.node_paths(node).kubelet.pod_logs
+
+    def complete() -> dict[str, str] | None:
+        report = workload_report(container_log(logs, ns, pod, "main"))
+        return report if report.get("ready") == "yes" else None
+
+    return eventually(complete, 60, what=f"the report of {ns}/{pod}")
+
+
+def wait_running(core: client.CoreV1Api, ns: str, pod: str, timeout: float = 120) -> dict[str, Any]:
+    return eventually(lambda: p if (p := raw(core.read_namespaced_pod(pod, ns, _preload_content=False)))[
+        "status"].get("phase") == "Running" else None, timeout, what=f"{ns}/{pod} Running")
+
+
+def driver_pods(core: client.CoreV1Api) -> dict[str, dict[str, Any]]:
+    items = raw(core.list_namespaced_pod(DRIVER_NS, label_selector=DRIVER_SELECTOR, _preload_content=False))["items"]
+    return {p["spec"]["nodeName"]: p for p in items}
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
+def test_driver_is_the_daemonset_from_the_built_image_ready_on_both_nodes(ctrd: LocalCluster,
+                                                                          kapi: client.ApiClient) -> None:
+    refs = images(ctrd)
+    assert set(refs) == {"driver", "workload"}
+    assert refs["driver"].startswith("localhost/neuron-dra-driver:")
+    apps = client.AppsV1Api(kapi)
+
+    def ds_ready() -> Any:  # the DaemonSet controller reports the pods' readiness a moment after they are Ready
+        ds: Any = apps.read_namespaced_daemon_set("neuron-dra-driver-kubelet-plugin", DRIVER_NS)
+        return ds if ds.status.number_ready == 2 else None
+
+    assert eventually(ds_ready, 60, what="DaemonSet numberReady 2").status.desired_number_scheduled == 2
+    pods = driver_pods(client.CoreV1Api(kapi))
+    assert set(pods) == {TRN2, TRN1}
+    for node, pod in pods.items():
+        assert ready(pod)
+        (container,) = pod["spec"]["containers"]
+        assert container["image"] == refs["driver"] and "livenessProbe" in container
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["restartCount"] == 0, f"the driver on {node} restarted (liveness probe failing?)"
+        log = ctrd.node_paths(node).kubelet.log.read_text(errors="replace")
+        assert f'Registered DRA plugin" driverName="{DRIVER}"' in log or \
+            ("Registered DRA plugin" in log and DRIVER in log)
+
+
+def test_a_claim_pods_container_sees_exactly_its_devices_and_cores(ctrd: LocalCluster, kapi: client.ApiClient,
+                                                                  wns: str) -> None:
+    core, res = client.CoreV1Api(kapi), client.ResourceV1Api(kapi)
+    res.create_namespaced_resource_claim_template(wns, claim_template(  # type: ignore[arg-type]
+        "one-device", [{"name": "neuron", "exactly": {"deviceClassName": DRIVER}}]))
+    core.create_namespaced_pod(wns, workload_pod("w", images(ctrd)["workload"], TRN2))  # type: ignore[arg-type]
+    wait_running(core, wns, "w")
+    report = report_of(ctrd, TRN2, wns, "w")
+    claim = pod_claim(core, res, wns, "w")
+    (device,) = allocated_devices(claim, DRIVER)
+    index = int(device.rsplit("-", 1)[-1])
+    assert report["devices"] == f"neuron{index}"
+    cdi_dir = ctrd.node_paths(TRN2).base / "run" / "cdi"
+    uid = claim["metadata"]["uid"]
+    specs = [json.loads(f.read_text()) for f in cdi_dir.iterdir() if uid in f.read_text()]
+    env = {e.split("=", 1)[0]: e.split("=", 1)[1] for s in specs for d in s.get("devices", [])
+           for e in d.get("containerEdits", {}).get("env", [])}
+    env.update({e.split("=", 1)[0]: e.split("=", 1)[1] for s in specs
+                for e in s.get("containerEdits", {}).get("env", [])})
+    assert env["NEURON_RT_VISIBLE_CORES"], specs
+    assert report["NEURON_RT_VISIBLE_CORES"] == env["NEURON_RT_VISIBLE_CORES"]
+
+
+def test_default_grace_delete_of_a_term_handling_workload_is_quick(ctrd: LocalCluster, kapi: client.ApiClient,
+                                                                   wns: str) -> None:
+    core = client.CoreV1Api(kapi)
+    core.create_namespaced_pod(wns, workload_pod("t", images(ctrd)["workload"], TRN1,  # type: ignore[arg-type]
+                                                 template=None))
+    wait_running(core, wns, "t")
+    report_of(ctrd, TRN1, wns, "t")
+    began = time.monotonic()
+    core.delete_namespaced_pod("t", wns)  # the default grace period: 30 s
+    eventually(lambda: not core.list_namespaced_pod(wns).items or None, 40, what="pod t gone")
+    took = time.monotonic() - began
+    assert took < 15, f"deletion took {took:.1f} s: the workload did not exit on TERM"
+
+
+def test_a_container_whose_cdi_id_does_not_resolve_fails_to_start(ctrd: LocalCluster, kapi: client.ApiClient,
+                                                                  wns: str) -> None:
+    core, res = client.CoreV1Api(kapi), client.ResourceV1Api(kapi)
+    res.create_namespaced_resource_claim_template(wns, claim_template(  # type: ignore[arg-type]
+        "one-device", [{"name": "neuron", "exactly": {"deviceClassName": DRIVER}}]))
+    core.create_namespaced_pod(wns, workload_pod("c", images(ctrd)["workload"], TRN1,  # type: ignore[arg-type]
+                                                 init_sleep=8))
+    cdi_dir = ctrd.node_paths(TRN1).base / "run" / "cdi"
+
+    def prepared() -> list[Path] | None:
+        pod = raw(core.read_namespaced_pod("c", wns, _preload_content=False))
+        statuses = pod["status"].get("resourceClaimStatuses") or []
+        if not statuses:
+            return None
+        claim = raw(res.read_namespaced_resource_claim(statuses[0]["resourceClaimName"], wns,
+                                                       _preload_content=False))
+        files = [f for f in cdi_dir.iterdir() if claim["metadata"]["uid"] in f.read_text()]
+        return files or None
+
+    for spec in eventually(prepared, 60, what="the claim's CDI spec"):
+        spec.unlink()  # while the init container sleeps: the main container's CDI ids no longer resolve
+
+    def waiting_reason() -> str | None:
+        pod = raw(core.read_namespaced_pod("c", wns, _preload_content=False))
+        for s in pod["status"].get("containerStatuses") or []:
+            waiting = s.get("state", {}).get("waiting") or {}
+            if waiting.get("reason") == "CreateContainerError":
+                return str(waiting.get("message", ""))
+        return None
+
+    message = eventually(waiting_reason, 90, what="CreateContainerError of c/main")
+    assert "CDI" in message or "cdi" in message, message
+
+
+def test_driver_pod_deleted_is_recreated_and_registered_again_with_no_claim_lost(
+        ctrd: LocalCluster, kapi: client.ApiClient, wns: str) -> None:
+    core, res = client.CoreV1Api(kapi), client.ResourceV1Api(kapi)
+    res.create_namespaced_resource_claim_template(wns, claim_template(  # type: ignore[arg-type]
+        "one-device", [{"name": "neuron", "exactly": {"deviceClassName": DRIVER}}]))
+    core.create_namespaced_pod(wns, workload_pod("k", images(ctrd)["workload"], TRN2))  # type: ignore[arg-type]
+    before = wait_running(core, wns, "k")["status"]["containerStatuses"][0]["containerID"]
+    old = driver_pods(core)[TRN2]
+    core.delete_namespaced_pod(old["metadata"]["name"], DRIVER_NS)
+    new = eventually(lambda: p if (p := driver_pods(core).get(TRN2)) and p["metadata"]["uid"] != old["metadata"][
+        "uid"] and ready(p) else None, 120, what="a new driver pod Ready on the trn2 node")
+    assert new["spec"]["containers"][0]["image"] == images(ctrd)["driver"]
+    log = ctrd.node_paths(TRN2).kubelet.log
+    eventually(lambda: log.read_text(errors="replace").count("Registered DRA plugin") >= 2 or None, 60,
+               what="a second plugin registration")
+    # kubelet restarted, then containerd restarted: the workload's container is never replaced.
+    for pid_file in (ctrd.node_paths(TRN2).kubelet.pid_file, ctrd.node_paths(TRN2).pids / "containerd.pid"):
+        assert procs.stop_pid_file(pid_file, grace_s=10)
+        eventually(lambda f=pid_file: procs.running(f), 60, what=f"{pid_file.name} restarted")  # type: ignore[misc]
+        time.sleep(3)
+        status = wait_running(core, wns, "k")["status"]["containerStatuses"][0]
+        assert status["containerID"] == before and status["restartCount"] == 0
+    # Still prepared: deleting the pod unprepares through the new driver pod and frees the device.
+    core.delete_namespaced_pod("k", wns, grace_period_seconds=1)
+    eventually(lambda: not core.list_namespaced_pod(wns).items or None, 60, what="pod k gone")
+
+
+def test_zz_cluster_down_leaves_the_host_as_it_was(ctrd: LocalCluster, host_before: dict[str, Any]) -> None:
+    ctrd.down()
+    assert hoststate.differences(host_before, hoststate.snapshot()) == {}
