@@ -13,7 +13,7 @@ only. A new VPC spans those AZs (at least two, as EKS requires).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,6 @@ from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
 from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroupArgs
 from neuron_dra.components.settings import (
     PROJECT,
-    NodeGroupSettings,
     SettingError,
     StackSettings,
     kubernetes_version_warnings,
@@ -138,9 +137,8 @@ def build_stack(
         for warning in kubernetes_version_warnings(settings.kubernetes_version):
             pulumi.log.warn(f"{setting_name('kubernetesVersion')}: {warning}")
         zones = plan_zones(settings)
-        name = settings.resolved_cluster_name(stack)
         cluster = TrainiumCluster("cluster", TrainiumClusterArgs(
-            name=name,
+            cluster_name=settings.resolved_cluster_name(stack),
             kubernetes_version=settings.kubernetes_version,
             vpc_id=settings.vpc_id,
             private_subnet_ids=settings.private_subnet_ids,
@@ -157,52 +155,37 @@ def build_stack(
             pod_identity_agent_version=settings.pod_identity_agent_version,
             efa_only_interfaces=settings.uses_efa_only,
             vpc_cni_identity=settings.vpc_cni_identity,
+            network_policy=settings.vpc_cni_network_policy,
         ))
-        groups = [_node_group(cluster, group, zones.group_zones[group.name], settings)
-                  for group in settings.node_groups]
-        if any(g.desired_size > 0 for g in settings.node_groups):
-            cluster.install_coredns(after=[g.node_group for g in groups])
-        else:
+        # Each group takes its placement from the cluster, waits for the VPC CNI's identity, and the first
+        # one with nodes installs CoreDNS.
+        groups = [TrainiumNodeGroup(f"ng-{group.name}", TrainiumNodeGroupArgs.from_settings(
+            group, cluster=cluster, availability_zones=zones.group_zones[group.name],
+            imds_hop_limit=settings.imds_hop_limit)) for group in settings.node_groups]
+        if cluster.coredns is None:
             pulumi.log.warn("no node group has nodes yet (every desiredSize is 0): the CoreDNS add-on is created "
                             "by the first `pulumi up` after a node group has nodes")
         provider = cluster.provider
         kubeconfig = cluster.kubeconfig
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
-        options=driver_options(settings), image=settings.driver_image, source_dir=source_dir,
+        options=driver_options(settings), image=settings.driver_image, source_dir=source_dir, cluster=cluster,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))
-    # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first.
-    classes = [driver.objects.get(f"DeviceClass/{name}")
-               for name in (driver.device_class_name, settings.neuron_core_device_class)]
+    # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first. Each is checked
+    # against the node groups' nodes at their LNC.
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
-        templates=templates, instance_types=settings.node_instance_types, check=check, hardware=settings.hardware,
-        depends_on=[c for c in classes if c is not None],
+        templates=templates, instance_types=settings.check_targets, check=check, hardware=settings.hardware,
+        depends_on=driver.device_classes(),
     ), opts=pulumi.ResourceOptions(provider=provider))
     exports: dict[str, Any] = {
         "kubeconfig": kubeconfig,
-        "clusterName": cluster.name if cluster else None,
+        "clusterName": cluster.cluster_name if cluster else None,
         "nodeGroupNames": [g.name for g in groups],
         "driverNamespace": driver.namespace,
         "driverImage": driver.image,
         "claimTemplates": claim_templates.names,
     }
     return StackResult(settings, cluster, groups, driver, claim_templates, exports)
-
-
-def _node_group(cluster: TrainiumCluster, group: NodeGroupSettings, zones: Sequence[str],
-                settings: StackSettings) -> TrainiumNodeGroup:
-    """The settings of one node group mapped onto the component's plain fields."""
-    return TrainiumNodeGroup(f"ng-{group.name}", TrainiumNodeGroupArgs.from_settings(
-        group,
-        cluster_name=cluster.name,
-        vpc_id=cluster.vpc_id,
-        cluster_security_group_id=cluster.cluster_security_group_id,
-        kubernetes_version=cluster.kubernetes_version,
-        candidate_subnet_ids=cluster.private_subnet_ids,
-        availability_zones=zones,
-        imds_hop_limit=settings.imds_hop_limit,
-        cni_policy_on_node_role=settings.vpc_cni_identity == "nodeRole",
-    ), opts=pulumi.ResourceOptions(depends_on=cluster.node_group_dependencies))
 
 
 def current_config() -> dict[str, str]:
