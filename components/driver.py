@@ -140,6 +140,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
             opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
         super().__init__("neuron-dra:index:NeuronDraDriver", resource_name_, None, opts)
         options = args.deploy_options
+        self.cluster = args.cluster
         self.namespace = options.namespace
         self.driver_name = options.driver_name
         self.device_class_name = options.device_class
