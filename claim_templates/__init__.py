@@ -13,6 +13,7 @@ from neuron_dra.claim_templates.checks import (
 )
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
 from neuron_dra.claim_templates.errors import TemplateError
+from neuron_dra.claim_templates.node_types import NodeType, NodeTypeInput
 from neuron_dra.claim_templates.requests import (
     ALL,
     AnyTopology,
@@ -47,6 +48,8 @@ __all__ = [
     "Issue",
     "Neuron",
     "NeuronCores",
+    "NodeType",
+    "NodeTypeInput",
     "OpaqueConfig",
     "RingSegment",
     "TemplateCheckError",

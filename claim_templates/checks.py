@@ -15,6 +15,7 @@ For a ResourceClaimTemplate (typed or a plain manifest dict) and a list of insta
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import functools
 from collections import Counter
@@ -32,10 +33,12 @@ from neuron_dra.claim_templates.cel_env import (
     CompiledSelector,
 )
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
+from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
+from neuron_dra.claim_templates.node_types import NodeType, NodeTypeInput
 from neuron_dra.claim_templates.template import ClaimTemplate
 from neuron_dra.driver.model import config as driver_config
-from neuron_dra.driver.model.catalog import BUILTIN, HOW_TO_ADD, Catalog
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.partitions import parse_core_device
 from neuron_dra.driver.model.slices import device_name
 from neuron_dra.driver.model.taints import unhealthy_taint_key
@@ -64,15 +67,25 @@ class Issue:
 
 @dataclass(frozen=True)
 class Fit:
-    """How a template does on one empty node of an instance type."""
+    """How a template does on one empty node of an instance type (at the node's LNC, `node.lnc`)."""
 
-    instance_type: str
+    node: NodeType
     claims_per_node: int
     reason: str | None = None  # why no claim fits
     devices: tuple[DeviceResult, ...] = ()  # what the first claim gets
     # Checker(unhealthy_device=True): claims per node when the first Neuron device of the first claim is tainted
     # unhealthy (the driver's NoSchedule taint), i.e. how the template degrades when a device in use fails.
     with_unhealthy_device: int | None = None
+    lnc: int | None = None  # the LNC the node was modelled at (the family's default unless node.lnc)
+
+    @property
+    def instance_type(self) -> str:
+        return self.node.instance_type
+
+    @property
+    def label(self) -> str:
+        """`trn2.48xlarge`, or `trn2.48xlarge:lnc=1` for a node checked at a given LNC."""
+        return self.node.label
 
 
 @dataclass(frozen=True)
@@ -93,19 +106,25 @@ class CheckReport:
     def ok(self) -> bool:
         return not self.errors and bool(self.fitting)
 
-    def fit(self, instance_type: str) -> Fit:
+    def fit(self, node: NodeTypeInput) -> Fit:
+        """The fit on a node type: `trn2.48xlarge:lnc=1` / NodeType(...) exactly, or a bare instance type (the
+        first fit of that type)."""
+        label = node.label if isinstance(node, NodeType) else node
         for f in self.fits:
-            if f.instance_type == instance_type:
+            if f.label == label:
                 return f
-        raise KeyError(f"{instance_type} was not checked for {self.template}")
+        for f in self.fits:
+            if f.instance_type == label:
+                return f
+        raise KeyError(f"{label} was not checked for {self.template}")
 
     def summary(self) -> str:
         lines = [str(i) for i in self.issues]
         for f in self.fits:
             degraded = "" if f.with_unhealthy_device is None else \
                 f" ({f.with_unhealthy_device} with one unhealthy device)"
-            lines.append(f"{f.instance_type}: {f.claims_per_node} per node{degraded}" if f.claims_per_node
-                         else f"{f.instance_type}: does not fit: {f.reason}")
+            lines.append(f"{f.label}: {f.claims_per_node} per node{degraded}" if f.claims_per_node
+                         else f"{f.label}: does not fit: {f.reason}")
         return "; ".join(lines)
 
 
@@ -115,7 +134,7 @@ class TemplateCheckError(ValueError):
     def __init__(self, report: CheckReport) -> None:
         self.report = report
         problems = [i.message for i in report.errors] or ["fits none of the instance types"]
-        reasons = [f"{f.instance_type}: {f.reason}" for f in report.fits if f.claims_per_node == 0 and f.reason]
+        reasons = [f"{f.label}: {f.reason}" for f in report.fits if f.claims_per_node == 0 and f.reason]
         detail = "; ".join(problems + reasons)
         super().__init__(f"claim template {report.template}: {detail}")
 
@@ -184,7 +203,7 @@ class Checker:
         self.cel = cel or CelEnvironment()
         self.hardware = hardware  # the instance types nodes are modelled from
         self._catalogs: dict[Drivers, NodeCatalog] = {}
-        self._simulators: dict[tuple[Drivers, str], Simulator] = {}
+        self._simulators: dict[tuple[Drivers, str, int], Simulator] = {}
 
     def catalog(self, drivers: Drivers) -> NodeCatalog:
         if drivers not in self._catalogs:
@@ -192,12 +211,14 @@ class Checker:
         return self._catalogs[drivers]
 
     def _simulator(self, drivers: Drivers, node: NodeModel) -> Simulator:
-        key = (drivers, node.instance_type)
+        key = (drivers, node.instance_type, node.lnc)
         if key not in self._simulators:
             self._simulators[key] = Simulator(node.slices, node.device_classes, node.node_name, cel=self.cel)
         return self._simulators[key]
 
-    def check(self, template: TemplateInput, instance_types: Sequence[str] | None = None) -> CheckReport:
+    def check(self, template: TemplateInput, instance_types: Sequence[NodeTypeInput] | None = None) -> CheckReport:
+        """`instance_types`: instance types (`trn2.48xlarge`), node types at an LNC (`trn2.48xlarge:lnc=1`,
+        NodeType(...)); default every catalog type at its default LNC. A bad one is a report error."""
         manifest: Mapping[str, Any]
         if isinstance(template, ClaimTemplate):
             manifest, drivers = template.to_manifest(), template.drivers
@@ -210,7 +231,7 @@ class Checker:
 
 class _Check:
     def __init__(self, checker: Checker, manifest: Mapping[str, Any], drivers: Drivers,
-                 instance_types: tuple[str, ...]) -> None:
+                 instance_types: tuple[NodeTypeInput, ...]) -> None:
         self.checker = checker
         self.cel = checker.cel
         self.drivers = drivers
@@ -231,16 +252,30 @@ class _Check:
         if Issue("error", message) not in self.issues:
             self.issues.append(Issue("error", message))
 
-    def run(self) -> CheckReport:
+    def _node_types(self) -> list[NodeType]:
+        """The node types to check; each bad one an error naming it and what is allowed."""
+        out = []
         for t in self.instance_types:
-            if t not in self.checker.hardware:
-                self.error(f"unknown instance type {t!r}; known: {', '.join(self.checker.hardware.names)}; "
-                           f"{HOW_TO_ADD}")
-        types = [t for t in self.instance_types if t in self.checker.hardware]
+            try:
+                node = NodeType.of(t)
+                node.spec(self.checker.hardware)
+            except TemplateError as e:
+                self.error(str(e))
+                continue
+            if node not in out:
+                out.append(node)
+        return out
+
+    def run(self) -> CheckReport:
+        nodes = self._node_types()
+        types = [n.label for n in nodes]
         self._compile()
         self._check_constraints()
         configs = self._decode_configs()
-        fits = [self._fit(self.catalog.node(t), configs) for t in types]
+        fits = []
+        for n in nodes:
+            node = self.catalog.node(n.instance_type, n.lnc)
+            fits.append(dataclasses.replace(self._fit(n, node, configs), lnc=node.lnc))
         for (request, label, message), where in self.failures.items():
             on = ", ".join(f"{n} device{'s' * (n > 1)} of {t}" for t, n in where.items())
             self.error(f"{request} {label} fails on {on}: {message} (Kubernetes aborts allocation on such a node)")
@@ -335,20 +370,21 @@ class _Check:
                 sel.matched.append(device)
         return sel
 
-    def _fit(self, node: NodeModel, configs: list[tuple[tuple[str, ...], driver_config.OpaqueConfig]]) -> Fit:
+    def _fit(self, nt: NodeType, node: NodeModel,
+             configs: list[tuple[tuple[str, ...], driver_config.OpaqueConfig]]) -> Fit:
         spec = self.checker.hardware.spec(node.instance_type)
         selections: dict[str, _Selection] = {}
         for units in self.requests:
             for u in units:
                 if u.broken:
-                    return Fit(node.instance_type, 0, f"{u.label} is invalid (see the errors)")
+                    return Fit(nt, 0, f"{u.label} is invalid (see the errors)")
                 sel = selections[u.ref] = self._select(u, node)
                 self.matched[u.ref] += len(sel.matched)
                 for label, e in sel.errors:
-                    self.failures.setdefault((u.label, label, e.message), Counter())[node.instance_type] += 1
+                    self.failures.setdefault((u.label, label, e.message), Counter())[nt.label] += 1
         not_applicable = self._configs_not_applicable(configs, selections, spec)
         if not_applicable:
-            return Fit(node.instance_type, 0, not_applicable)
+            return Fit(nt, 0, not_applicable)
         claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                  "metadata": {"name": self.name.split("/")[1], "namespace": self.name.split("/")[0]},
                  "spec": self.spec}
@@ -357,10 +393,10 @@ class _Check:
         if result.count:
             degraded = self._with_unhealthy(node, claim, result.allocation[0]) if self.checker.unhealthy_device \
                 else None
-            return Fit(node.instance_type, result.count, None, result.allocation[0], degraded)
+            return Fit(nt, result.count, None, result.allocation[0], degraded)
         if result.error:
-            return Fit(node.instance_type, 0, f"the allocator fails: {result.error}")
-        return Fit(node.instance_type, 0, self._why_not(node, selections))
+            return Fit(nt, 0, f"the allocator fails: {result.error}")
+        return Fit(nt, 0, self._why_not(node, selections) + self._lnc_hint(nt, node))
 
     def _with_unhealthy(self, node: NodeModel, claim: Mapping[str, Any], first: Sequence[DeviceResult]
                         ) -> int | None:
@@ -382,6 +418,26 @@ class _Check:
                     dev["taints"] = [taint]
         return simulate(slices, node.device_classes, [claim], node_name=node.node_name, mode="count",
                         cel=self.cel).count
+
+    def _read_attributes(self) -> set[str]:
+        """Every attribute the template's selectors and constraints read, as `domain/name`."""
+        names = {f"{r.domain}/{r.name}" for units in self.requests for u in units for s in u.selectors
+                 for r in s.refs if r.kind is RefKind.ATTRIBUTE}
+        names |= {c["matchAttribute"] for c in (self.spec.get("devices") or {}).get("constraints") or []
+                  if c.get("matchAttribute")}
+        return names
+
+    def _lnc_hint(self, nt: NodeType, node: NodeModel) -> str:
+        """When the template reads attributes this node lacks at its LNC but publishes at another one (core
+        groups: coreGroup8_id exists on Trainium2 at LNC=1 only): which, and how to check that node."""
+        wanted = self._read_attributes() - node.attribute_names
+        for other in self.catalog.every_lnc(node.instance_type):
+            there = sorted(wanted & other.attribute_names)
+            if other.lnc != node.lnc and there:
+                return (f"; {node.instance_type} publishes {', '.join(there)} at LNC={other.lnc} only (this node: "
+                        f"LNC={node.lnc}); to check nodes at LNC={other.lnc}: "
+                        f"{NodeType(node.instance_type, other.lnc).label}")
+        return ""
 
     def _check_unmatched(self, types: Sequence[str]) -> None:
         if not types:
@@ -468,20 +524,22 @@ def default_checker(hardware: Catalog = BUILTIN) -> Checker:
     return Checker(hardware=hardware)
 
 
-def check(template: TemplateInput, instance_types: Sequence[str] | None = None,
+def check(template: TemplateInput, instance_types: Sequence[NodeTypeInput] | None = None,
           hardware: Catalog = BUILTIN) -> CheckReport:
     """Check one template against instance types of `hardware` (default: every type of it)."""
     return default_checker(hardware).check(template, instance_types)
 
 
-def check_against(template: TemplateInput, instance_types: Sequence[str], hardware: Catalog = BUILTIN) -> None:
+def check_against(template: TemplateInput, instance_types: Sequence[NodeTypeInput], hardware: Catalog = BUILTIN
+                  ) -> None:
     """Raise TemplateCheckError unless the template is error-free and fits one of `instance_types`."""
     report = check(template, instance_types, hardware)
     if not report.ok:
         raise TemplateCheckError(report)
 
 
-def checked_manifest(template: ClaimTemplate, instance_types: Sequence[str] | None = None) -> dict[str, Any]:
+def checked_manifest(template: ClaimTemplate, instance_types: Sequence[NodeTypeInput] | None = None
+                     ) -> dict[str, Any]:
     """The template's manifest after the checks passed against `instance_types` (default: every built-in catalog type);
     TemplateCheckError with the reasons otherwise. A function here, not a ClaimTemplate method: the checks
     import the template module, never the other way round."""

@@ -1,7 +1,7 @@
 """`neuron-dra claims`: render or check the claim templates a Python file defines.
 
   neuron-dra claims render FILE.py            every module-level template as multi-document YAML (after checks)
-  neuron-dra claims check FILE.py [--instance-type T ...] [--json]
+  neuron-dra claims check FILE.py [--instance-type T[:lnc=N] ...] [--json] [--verbose]
                                               template x instance type -> claims per node, or why not
 """
 
@@ -13,9 +13,11 @@ import sys
 from collections.abc import Sequence
 
 from neuron_dra.claim_templates.checks import Checker, CheckReport, default_checker
+from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.loader import LoadError, load_templates
+from neuron_dra.claim_templates.node_types import NodeType
 from neuron_dra.claim_templates.template import ClaimTemplate, to_yaml_documents
-from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, HOW_TO_ADD, Catalog
+from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, Catalog
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
 
 CATALOG_HELP = ("catalog file with more instance types (docs/catalog-file.md); the templates file sees it as the "
@@ -34,8 +36,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     render.add_argument("--catalog", metavar="FILE", help=CATALOG_HELP)
     check = sub.add_parser("check", help="print template x instance type -> claims per node, or the reason")
     check.add_argument("file", metavar="FILE.py")
-    check.add_argument("--instance-type", action="append", metavar="T", dest="instance_types",
-                       help=f"instance types to check (repeatable; default: all of {', '.join(CATALOG)})")
+    check.add_argument("--instance-type", action="append", metavar="T[:lnc=N]", dest="instance_types",
+                       help="instance types to check, each optionally at a node LNC (`trn2.48xlarge:lnc=1`: the "
+                            "NeuronCores the driver publishes at LNC=1; Trainium2 and later) (repeatable; default: "
+                            f"all of {', '.join(CATALOG)} at their default LNC)")
     check.add_argument("--json", action="store_true", help="print the reports as JSON")
     check.add_argument("--unhealthy-device", action="store_true",
                        help="also count claims per node when a device the first claim uses is tainted unhealthy")
@@ -51,10 +55,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"neuron-dra claims: {e}", file=sys.stderr)
         return 2
     types = list(args.instance_types or hardware.names)
-    unknown = [t for t in types if t not in hardware]
-    if unknown:
-        print(f"neuron-dra claims: unknown instance type {unknown[0]!r}; known: {', '.join(hardware.names)}; "
-              f"{HOW_TO_ADD}", file=sys.stderr)
+    try:
+        for t in types:
+            NodeType.parse(t).spec(hardware)
+    except TemplateError as e:
+        print(f"neuron-dra claims: --instance-type: {e}", file=sys.stderr)
         return 2
     if args.claims_command == "render":
         return _render(templates, types, not args.no_check, hardware)
@@ -92,7 +97,8 @@ def _check(templates: Sequence[ClaimTemplate], types: Sequence[str], as_json: bo
 def _report_json(r: CheckReport) -> dict[str, object]:
     return {"template": r.template, "ok": r.ok,
             "issues": [{"severity": i.severity, "message": i.message} for i in r.issues],
-            "fits": [{"instanceType": f.instance_type, "claimsPerNode": f.claims_per_node, "reason": f.reason,
+            "fits": [{"instanceType": f.instance_type, "nodeType": f.label, "lnc": f.lnc,
+                      "claimsPerNode": f.claims_per_node, "reason": f.reason,
                       "devices": [d.to_api() for d in f.devices],
                       **({} if f.with_unhealthy_device is None
                          else {"claimsPerNodeWithUnhealthyDevice": f.with_unhealthy_device})} for f in r.fits]}
@@ -117,7 +123,7 @@ def format_table(reports: Sequence[CheckReport], types: Sequence[str]) -> str:
         lines.append("  ".join([r.template.ljust(first), *cells]) + status)
         for issue in r.issues:
             notes.append(f"{r.template}: {issue}")
-        notes += [f"{r.template} on {f.instance_type}: {f.reason}" for f in r.fits if f.reason]
+        notes += [f"{r.template} on {f.label}: {f.reason}" for f in r.fits if f.reason]
     out = "\n".join(lines) + "\n"
     if any(f.with_unhealthy_device is not None for r in reports for f in r.fits):
         out += "(N/M: N claims per node; M when one device the first claim uses is tainted unhealthy)\n"

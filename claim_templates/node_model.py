@@ -4,19 +4,22 @@ A node of an instance type carries the Neuron pool the driver publishes for an e
 type (driver.hosts.emulated_host + driver.slices.build_pool: the same model the daemon publishes) and,
 where Neuron devices have EFAs of their own, the EFA pool of AWS's EFA driver as modelled for the
 local cluster: one device per EFA wired to Neuron devices, named efa-N in BDF order, carrying the
-`resource.aws.com/devicegroup*_id` values of those Neuron devices and its `pciAddress`.
+`resource.aws.com/devicegroup*_id` values of those Neuron devices and its `pciAddress`. Its NeuronCores are
+those of the node's LNC (the family's default unless asked for another, claim_templates/node_types.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from neuron_dra.claim_templates.cel_analysis import RefKind
 from neuron_dra.claim_templates.cel_env import CelDevice, split_qualified_name
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
+from neuron_dra.driver.model.config import LNC_VALUES
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.driver.model.partitions import CoreLayout
@@ -39,17 +42,24 @@ class NodeModel:
     slices: tuple[dict[str, Any], ...]
     device_classes: tuple[dict[str, Any], ...]
     devices: tuple[CelDevice, ...] = field(repr=False)  # every device of every slice, in slice order
+    lnc: int = 1  # the node's LNC its NeuronCores are published at (1 on families without LNC)
 
     @property
     def device_count(self) -> int:
         return len(self.devices)
 
+    @cached_property
+    def attribute_names(self) -> frozenset[str]:
+        """Every attribute some device of the node publishes, as `domain/name`."""
+        return frozenset(f"{domain}/{name}" for d in self.devices for domain, attrs in d.attributes.items()
+                         for name in attrs)
 
-def build_node(host: NeuronHost, node_name: str, drivers: Drivers = DEFAULT_DRIVERS, partitionable: bool = True
-               ) -> NodeModel:
+
+def build_node(host: NeuronHost, node_name: str, drivers: Drivers = DEFAULT_DRIVERS, partitionable: bool = True,
+               lnc: int | None = None) -> NodeModel:
     """`partitionable`: the node as the driver publishes it on Kubernetes 1.36+ (NeuronCores and counters at the
-    family's default LNC); else whole devices only."""
-    cores = CoreLayout.for_spec(host.spec) if partitionable else None
+    node's LNC, `lnc`, None: the family's default); else whole devices only."""
+    cores = CoreLayout.for_spec(host.spec, lnc) if partitionable else None
     pool = build_pool(host, NodeFacts(node_name), PublishOptions(driver_name=drivers.neuron_driver, cores=cores))
     slices = []
     for i, s in enumerate(resource_slices(pool)):
@@ -60,7 +70,9 @@ def build_node(host: NeuronHost, node_name: str, drivers: Drivers = DEFAULT_DRIV
         slices.append(_slice(drivers.efa_driver, node_name, efa))
     devices = tuple(CelDevice.from_api(s["spec"]["driver"], d, node_name)
                     for s in slices for d in s["spec"].get("devices") or ())
-    return NodeModel(host.instance_type, node_name, tuple(slices), tuple(drivers.device_classes()), devices)
+    layout_lnc = cores.lnc if cores is not None else CoreLayout.for_spec(host.spec, lnc).lnc
+    return NodeModel(host.instance_type, node_name, tuple(slices), tuple(drivers.device_classes()), devices,
+                     layout_lnc)
 
 
 class NodeCatalog:
@@ -71,26 +83,38 @@ class NodeCatalog:
         self.drivers = drivers
         self.hardware = hardware
         self.partitionable = partitionable  # nodes as published on 1.36+ (NeuronCores, counters); else devices only
-        self._nodes: dict[str, NodeModel] = {}
+        self._hosts: dict[str, NeuronHost] = {}
+        self._nodes: dict[tuple[str, int], NodeModel] = {}
         self._published: dict[tuple[RefKind, str], frozenset[str]] | None = None
 
-    def node(self, instance_type: str) -> NodeModel:
-        model = self._nodes.get(instance_type)
+    def node(self, instance_type: str, lnc: int | None = None) -> NodeModel:
+        """An empty node of the type at LNC `lnc` (None: the family's default); check `lnc` with NodeType."""
+        spec = self.hardware.spec(instance_type)  # an unknown type lists the known ones
+        layout_lnc = CoreLayout.for_spec(spec, lnc).lnc
+        model = self._nodes.get((instance_type, layout_lnc))
         if model is None:
-            self.hardware.spec(instance_type)  # an unknown type lists the known ones
-            model = build_node(emulated_host(instance_type, catalog=self.hardware), f"node-{instance_type}",
-                               self.drivers, self.partitionable)
-            self._nodes[instance_type] = model
+            host = self._hosts.get(instance_type)
+            if host is None:
+                host = self._hosts[instance_type] = emulated_host(instance_type, catalog=self.hardware)
+            default = layout_lnc == CoreLayout.for_spec(spec).lnc
+            name = f"node-{instance_type}" if default else f"node-{instance_type}-lnc{layout_lnc}"
+            model = build_node(host, name, self.drivers, self.partitionable, layout_lnc)
+            self._nodes[(instance_type, layout_lnc)] = model
         return model
 
     def nodes(self, instance_types: Sequence[str] | None = None) -> list[NodeModel]:
         return [self.node(t) for t in (instance_types or list(self.hardware.names))]
 
+    def every_lnc(self, instance_type: str) -> list[NodeModel]:
+        """The type's node at each LNC it can run at (one node on families without LNC)."""
+        spec = self.hardware.spec(instance_type)
+        return [self.node(instance_type, lnc) for lnc in (LNC_VALUES if spec.lnc_supported else (1,))]
+
     def published(self) -> Mapping[tuple[RefKind, str], frozenset[str]]:
-        """Every attribute and capacity name any catalog node publishes, by (kind, domain)."""
+        """Every attribute and capacity name any catalog node publishes at any LNC, by (kind, domain)."""
         if self._published is None:
             names: dict[tuple[RefKind, str], set[str]] = {}
-            for node in self.nodes():
+            for node in (n for t in self.hardware.names for n in self.every_lnc(t)):
                 for d in node.devices:
                     for domain, attrs in d.attributes.items():
                         names.setdefault((RefKind.ATTRIBUTE, domain), set()).update(attrs)

@@ -18,6 +18,8 @@ from enum import StrEnum
 from functools import cached_property
 from types import MappingProxyType
 
+from neuron_dra.driver.model.errortext import did_you_mean
+
 GIB = 1024**3
 
 
@@ -44,9 +46,17 @@ class UnknownInstanceTypeError(ValueError):
 
     def __init__(self, instance_type: str, known: Iterable[str] | None = None) -> None:
         self.instance_type = instance_type
-        names = ", ".join(sorted(BUILTIN.types if known is None else known))
-        super().__init__(f"unknown Neuron instance type {instance_type!r}; known instance types: {names}; "
-                         f"{HOW_TO_ADD}")
+        super().__init__(f"unknown Neuron instance type {instance_type!r}"
+                         f"{unknown_type_text(instance_type, BUILTIN.types if known is None else known)}")
+
+
+def unknown_type_text(instance_type: str, known: Iterable[str]) -> str:
+    """What follows "unknown instance type 'x'" everywhere one is named (templates, `claims check`, node groups,
+    the daemon): the closest known type, the known ones and how to add one."""
+    names = sorted(known)
+    hint = did_you_mean(instance_type, names)
+    lead = f"{hint} Known" if hint else "; known"
+    return f"{lead} instance types: {', '.join(names)}; {HOW_TO_ADD}"
 
 
 @dataclass(frozen=True)
@@ -226,6 +236,10 @@ class Catalog:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self.types)
+
+    def unknown_type_text(self, instance_type: str) -> str:
+        """The did-you-mean, the known types and how to add one, for an instance type not in this catalog."""
+        return unknown_type_text(instance_type, self.types)
 
     def spec(self, instance_type: str) -> InstanceSpec:
         """The entry of an instance type; an unknown type names the known ones and how to add one."""
