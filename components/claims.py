@@ -126,7 +126,8 @@ class ClaimTemplates(pulumi.ComponentResource):
     """One `resource.k8s.io/v1` ResourceClaimTemplate per template object, after its check passed.
 
     `ClaimTemplates(name, args, opts)` or `ClaimTemplates(name, templates=..., node_groups=..., driver=...)`.
-    Outputs: names (`namespace/name`), manifests, objects.
+    Outputs: names (`namespace/name`), manifests, objects, checked_against (the instance types, at an LNC where
+    one was set, that the templates were checked against).
     """
 
     names: list[str]
@@ -161,6 +162,7 @@ class ClaimTemplates(pulumi.ComponentResource):
                 reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
                 raise ClaimTemplateCheckError(template_key(template), targets, reason) from e
         self.names = keys
+        self.checked_against = targets
         self.manifests = [dict(t.to_manifest()) for t in args.templates]
         self.objects = {}
         for key, manifest in zip(keys, self.manifests, strict=True):
