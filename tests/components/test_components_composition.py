@@ -32,7 +32,7 @@ def python_block(path: Path, after: str) -> str:
 def run_example(code: str, name: str) -> OfflineRun[dict[str, Any]]:
     def program() -> dict[str, Any]:
         scope: dict[str, Any] = {"__name__": "__main__"}
-        exec(compile(code, name, "exec"), scope)  # noqa: S102 -- the documented example, verbatim
+        exec(compile(code, name, "exec"), scope)  # the documented example, verbatim
         return scope
 
     return run_offline(program, mocks=PlanMocks(stack_outputs=NETWORK, subnet_zones=ZONES))
@@ -109,4 +109,4 @@ def test_readme_example() -> None:
 def test_a_stack_reference_without_mocked_outputs_says_what_to_give() -> None:
     code = python_block(ROOT / "docs" / "components.md", "## A complete stack")
     with pytest.raises(LookupError, match="stack_outputs"):
-        run_offline(lambda: exec(compile(code, "components.md", "exec"), {"__name__": "__main__"}))  # noqa: S102
+        run_offline(lambda: exec(compile(code, "components.md", "exec"), {"__name__": "__main__"}))
