@@ -93,6 +93,10 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
+class MissingStackOutputs(LookupError):
+    """A StackReference to a stack whose outputs the mocks were not given."""
+
+
 class PlanMocks(pulumi.runtime.Mocks):
     """Deterministic outputs for every resource type the stack creates, and answers to its invokes.
 
@@ -129,8 +133,9 @@ class PlanMocks(pulumi.runtime.Mocks):
         if typ == "pulumi:pulumi:StackReference":
             name = inputs.get("name") or args.name
             if name not in self.stack_outputs:
-                raise LookupError(f"StackReference {name!r}: no outputs given to PlanMocks(stack_outputs=...); "
-                                  f"known: {', '.join(self.stack_outputs) or 'none'}")
+                raise MissingStackOutputs(
+                    f"pulumi.StackReference {name!r}: no outputs given for it (PlanMocks(stack_outputs=...), or "
+                    f"neuron-dra plan --stack-outputs FILE); given: {', '.join(self.stack_outputs) or 'none'}")
             out.update(name=name, outputs=self.stack_outputs[name], secretOutputNames=[])
         elif typ == "eks:index:Cluster":
             name = inputs.get("name") or args.name
