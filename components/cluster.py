@@ -217,9 +217,9 @@ class TrainiumCluster(pulumi.ComponentResource):
                 tags=dict(args.tags),
                 opts=child,
             )
-            vpc_id: pulumi.Input[str] = vpc.vpc_id
-            private: pulumi.Input[Sequence[str]] = vpc.private_subnet_ids
-            public: pulumi.Input[Sequence[str]] = vpc.public_subnet_ids
+            vpc_id: Any = vpc.vpc_id  # Input[str]; Any: the union of Input types is too wide for mypy
+            private: Any = vpc.private_subnet_ids
+            public: Any = vpc.public_subnet_ids
         else:
             vpc_id, private, public = args.vpc_id, _listed(args.private_subnet_ids), _listed(args.public_subnet_ids)
 
@@ -343,7 +343,7 @@ def _listed(value: pulumi.Input[Sequence[pulumi.Input[str]]]) -> pulumi.Input[Se
     return value
 
 
-def _access_entries(principals: Sequence[str]) -> dict[str, eks.AccessEntryArgs]:
+def _access_entries(principals: Sequence[Any]) -> dict[str, eks.AccessEntryArgs]:
     """Cluster-admin access entries; built once the ARNs are known (they may come from another stack)."""
     return {
         f"admin-{i}": eks.AccessEntryArgs(

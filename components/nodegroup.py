@@ -358,7 +358,7 @@ def _user_data(lnc: int) -> str:
 def _subnets(args: TrainiumNodeGroupArgs) -> pulumi.Output[list[str]]:
     s = args
     if not _empty(s.subnet_ids):
-        return pulumi.Output.from_input(s.subnet_ids).apply(list)
+        return pulumi.Output.from_input(s.subnet_ids).apply(lambda ids: [str(i) for i in ids])
     zones = [s.availability_zone] if s.availability_zone else list(args.availability_zones)
     if s.is_efa:
         zones = zones[:1]
