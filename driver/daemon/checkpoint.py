@@ -9,7 +9,7 @@ written and as PrepareCompleted, synced, before kubelet gets the answer, so a cr
 the next start can clean up. The PrepareStarted record is not synced: it survives a crash of the daemon (it is
 in the page cache), and what a power loss could cost is a spec in /var/run/cdi, which is tmpfs and gone as well
 (specs elsewhere are found by the orphan scan at start). Removals are synced. What each system call guarantees:
-docs/durability.md.
+docs/durability.md; the format, its versions and what loads: docs/checkpoint-format.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,8 +33,18 @@ from neuron_dra.driver.daemon.cdi import CdiError, check_claim_uid
 from neuron_dra.driver.model import k8s_names
 from neuron_dra.driver.model.errortext import shown
 
+log = logging.getLogger("neuron_dra.driver.daemon.checkpoint")
+
+# `format`: what this release writes. `version`: the oldest reader that can load the file; it stays 1 while the
+# format only adds fields that format 1's reader ignores (it checks `version`, `checksum` over preparedClaims,
+# and reads `journal`), so a rollback to the previous release reads what this one wrote.
+CHECKPOINT_FORMAT = 2
 CHECKPOINT_VERSION = 1
 CHECKPOINT_FILE = k8s_names.CHECKPOINT_FILE
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+_FORMAT_1_KEYS = frozenset({"checksum", "journal", "preparedClaims", "version"})
+_FORMAT_2_KEYS = _FORMAT_1_KEYS | {"bootId", "format", "integrity"}
+SECTOR = 512  # the unit a power loss can leave unwritten; smaller than any disk's atomic write
 
 
 class CheckpointError(RuntimeError):
@@ -123,18 +135,44 @@ def _checksum(canonical_claims: str) -> str:
     return "sha256:" + hashlib.sha256(canonical_claims.encode("utf-8")).hexdigest()
 
 
-def encode(claims: Mapping[str, PreparedClaim], journal: str | None = None) -> bytes:
-    """The file: {"checksum", "journal", "preparedClaims", "version"}, the checksum taken over the canonical JSON
-    of preparedClaims (sorted keys, no spaces), which is also exactly how it is written; `journal` (optional)
-    names the generation of the journal records that apply on top. Each claim's canonical text is computed once
-    per entry, so a save costs a join and a hash, not a re-encoding of every claim."""
+def _integrity(doc: Mapping[str, Any]) -> str:
+    """SHA-256 over the canonical JSON of every field but itself: everything that decides what loads."""
+    return _checksum(_canonical({k: v for k, v in doc.items() if k != "integrity"}))
+
+
+def encode(claims: Mapping[str, PreparedClaim], journal: str | None = None, boot_id: str = "") -> bytes:
+    """The file: {"bootId", "checksum", "format", "integrity", "journal", "preparedClaims", "version"}, in canonical
+    JSON (sorted keys, no spaces). `checksum` covers preparedClaims (what format 1 checks); `integrity` covers every
+    other field too, the journal generation included. `journal` names the generation of the journal records that
+    apply on top. Each claim's canonical text is computed once per entry, so a save costs a join and two hashes, not
+    a re-encoding of every claim."""
     canonical = "{" + ",".join(f"{json.dumps(uid)}:{claims[uid].canonical_json}" for uid in sorted(claims)) + "}"
-    generation = f'"journal":{json.dumps(journal)},' if journal is not None else ""
-    return (f'{{"checksum":"{_checksum(canonical)}",{generation}"preparedClaims":{canonical},'
-            f'"version":{CHECKPOINT_VERSION}}}\n').encode()
+    head = {"bootId": boot_id, "checksum": _checksum(canonical), "format": CHECKPOINT_FORMAT}
+    if journal is not None:
+        head["journal"] = journal
+    fields = ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in head.items())
+    tail = f'"version":{CHECKPOINT_VERSION}'
+    # The integrity digest over the same canonical text, with the claims spliced in rather than re-encoded.
+    covered = "{" + fields + f',"preparedClaims":{canonical},' + tail + "}"
+    integrity = _checksum(covered)
+    return (f'{{{fields},"integrity":"{integrity}","preparedClaims":{canonical},{tail}}}\n').encode()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    claims: dict[str, PreparedClaim]
+    journal: str | None  # the generation of the journal records that apply, or None
+    boot_id: str  # the node's boot id when it was written ("" in format 1)
+    format: int
 
 
 def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
+    return decode_snapshot(path, raw).claims
+
+
+def decode_snapshot(path: Path, raw: bytes) -> Snapshot:
+    """The snapshot of format 1 (the previous release) or 2; CheckpointError for anything else, including any
+    field that is not exactly what one of the two writes (a damaged key must not pass for an absent one)."""
     try:
         doc = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -146,12 +184,28 @@ def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
     version = doc.get("version")
     if version != CHECKPOINT_VERSION:
         raise CheckpointError(path, f"checkpoint version {shown(version)} is not supported; this driver reads version "
-                                    f"{CHECKPOINT_VERSION} (was it written by a newer driver?)")
-    data = doc.get("preparedClaims")
+                                    f"{CHECKPOINT_VERSION} (formats 1-{CHECKPOINT_FORMAT}; was it written by a newer "
+                                    "driver? roll forward, or drain the node before rolling back)")
+    fmt = doc.get("format", 1)
+    expected = {1: _FORMAT_1_KEYS, 2: _FORMAT_2_KEYS}.get(fmt) if type(fmt) is int else None
+    if expected is None:
+        raise CheckpointError(path, f"checkpoint format {shown(fmt)} is not supported; this driver reads formats 1-"
+                                    f"{CHECKPOINT_FORMAT}")
+    keys = set(doc)
+    if not keys <= expected or (fmt == 2 and keys != expected) or "preparedClaims" not in keys:
+        raise CheckpointError(path, f"fields {shown(sorted(keys))} are not those of a format-{fmt} checkpoint "
+                                    f"({sorted(expected)}); the file is corrupt")
+    data = doc["preparedClaims"]
     if not isinstance(data, dict):
         raise CheckpointError(path, "field 'preparedClaims' must be an object")
+    if fmt == 2 and doc["integrity"] != _integrity(doc):
+        raise CheckpointError(path, f"integrity digest mismatch (recorded {shown(doc['integrity'])}); the file is "
+                                    "corrupt")
     if doc.get("checksum") != _checksum(_canonical(data)):
         raise CheckpointError(path, f"checksum mismatch (recorded {shown(doc.get('checksum'))}); the file is corrupt")
+    journal, boot_id = doc.get("journal"), doc.get("bootId", "")
+    if not (journal is None or isinstance(journal, str)) or not isinstance(boot_id, str):
+        raise CheckpointError(path, "fields 'journal' and 'bootId' must be strings")
     claims = {}
     for uid, entry in data.items():
         try:
@@ -162,7 +216,25 @@ def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
             raise CheckpointError(path, f"bad claim entry: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
             raise CheckpointError(path, f"malformed entry of claim {shown(uid)}: {shown(e)}") from None
-    return claims
+    return Snapshot(claims, journal, boot_id, fmt)
+
+
+_HEAD = 512  # bootId, checksum, format, integrity and journal come first (sorted keys): all within this
+_JOURNAL_FIELD = re.compile(rb'"journal":"([0-9a-f]{16})"')
+
+
+def _generation_of(head: bytes) -> str | None:
+    """The journal generation named in the first bytes of a snapshot, or None."""
+    found = _JOURNAL_FIELD.search(head.split(b'"preparedClaims"', 1)[0])
+    return found.group(1).decode() if found else None
+
+
+def current_boot_id(path: Path = BOOT_ID_FILE) -> str:
+    """The kernel's boot id (changes at every boot), or "" where there is none."""
+    try:
+        return path.read_text().strip()[:64]
+    except OSError:
+        return ""
 
 
 JOURNAL_SUFFIX = ".journal"
@@ -194,18 +266,40 @@ class JournalContent:
     dirty_end: int  # offset after the last non-zero byte (beyond `end`: a torn tail or stale records)
 
 
-def read_journal(path: Path, raw: bytes, generation: str) -> JournalContent:
-    """The records of `generation` from the start of the journal. Reading stops at the first record that is
-    damaged or of another generation (stale bytes of an earlier one): only what follows the last fdatasync can be
-    torn by a power loss, and every record before a synced one was synced with it, so a damaged record followed
-    by a synced record of this generation means corruption."""
+def _torn(region: bytes, start: int) -> bool:
+    """Whether `region` (at file offset `start`) can be a write cut short by a power loss: part of it, a whole
+    sector's worth, was never written (the journal's unused bytes are zero, and a record never contains a zero
+    byte). A record whose every sector holds data was written whole, so damage to it is corruption."""
+    edge = start - start % SECTOR
+    for sector in range(edge, start + len(region), SECTOR):
+        lo, hi = max(sector, start) - start, min(sector + SECTOR, start + len(region)) - start
+        if not region[lo:hi].strip(b"\0"):
+            return True
+    return False
+
+
+MIN_RECORD = 20  # 16 hex digits, a space, "{}", a newline: fewer non-zero bytes than this are no record
+
+
+def read_journal(path: Path, raw: bytes, generation: str, start: int = 0) -> JournalContent:
+    """The records of `generation` from the start of the journal. Reading stops at the first record that is of
+    another generation (stale bytes of an earlier one) or damaged. Damage is a torn write only where a power loss
+    could have left it: a sector of the record never written, and no synced record of this generation after it
+    (every record before a synced one was synced with it). Anything else, a damaged record that was written whole
+    above all, is corruption: it may be a change kubelet was told of, so it is an error, never dropped."""
     dirty_end = len(raw.rstrip(b"\0"))
     records: list[dict[str, Any]] = []
-    offset = 0
+    offset = start
     while offset < dirty_end:
         newline = raw.find(b"\n", offset, dirty_end)
         payload = _parse_line(raw[offset:newline]) if newline >= 0 else None
-        if payload is None or payload.get("generation") != generation:
+        if payload is None:
+            region = raw[offset:newline + 1 if newline >= 0 else dirty_end]
+            if not _torn(region, offset) and len(region.replace(b"\0", b"")) >= MIN_RECORD:
+                raise CheckpointError(path, f"journal record at offset {offset} is damaged but was written whole (not "
+                                            "a write cut short by a power loss); the file is corrupt")
+            break
+        if payload.get("generation") != generation:
             break
         records.append(payload)
         offset = newline + 1
@@ -245,8 +339,9 @@ class Checkpoint:
     snapshot's generation replay, so a reset cut short, stale bytes or a torn tail never do.
     """
 
-    def __init__(self, path: Path, journal_size: int = JOURNAL_SIZE) -> None:
+    def __init__(self, path: Path, journal_size: int = JOURNAL_SIZE, boot_id: str | None = None) -> None:
         self.path = path
+        self.boot_id = current_boot_id() if boot_id is None else boot_id
         self.journal_path = path.with_name(path.name + JOURNAL_SUFFIX)
         self._journal_size = journal_size
         self._fd: int | None = None
@@ -254,6 +349,7 @@ class Checkpoint:
         self._offset = 0
         self._generation = ""
         self._saved: dict[str, PreparedClaim] = {}
+        self._loaded: Snapshot | None = None
 
     def read(self) -> dict[str, PreparedClaim]:
         """The recorded claims (snapshot plus journal) without changing any file; absent files are empty."""
@@ -264,9 +360,10 @@ class Checkpoint:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}, None
-        claims = decode(self.path, raw)
-        generation = json.loads(raw).get("journal")
-        if not isinstance(generation, str):
+        snapshot = decode_snapshot(self.path, raw)
+        claims, generation = snapshot.claims, snapshot.journal
+        self._loaded = snapshot
+        if generation is None:
             return claims, None
         try:
             journal_raw = self.journal_path.read_bytes()
@@ -282,20 +379,55 @@ class Checkpoint:
         new records follow the valid ones."""
         remove_temp_files(self.path.parent, self.path.name)
         self.close(compact=False)
+        self._loaded = None
         claims, journal = self._read()
         self._saved = dict(claims)
-        if journal is None:
+        loaded = self._loaded
+        if loaded is not None and loaded.boot_id != self.boot_id and claims:
+            # kubelet prepares its pods' claims again after a reboot: the entries stay, their CDI specs (tmpfs) are
+            # written again at start, and unprepare still finds what each claim held.
+            log.info("the node booted since the checkpoint was written; prepared claims kept",
+                     extra={"claims": len(claims), "written_at_boot": loaded.boot_id or "unknown (format 1)",
+                            "boot": self.boot_id})
+        if journal is None or loaded is None or loaded.format != CHECKPOINT_FORMAT or loaded.boot_id != self.boot_id:
             if self.path.exists() or self.journal_path.exists():
-                self._compact(claims)  # no journal of this snapshot yet: start one
+                self._compact(claims)  # a new snapshot in this format for this boot, with a journal of its own
             return claims
+        assert loaded.journal is not None
         self._fd = os.open(self.journal_path, os.O_RDWR | os.O_CLOEXEC)
         self._limit = os.fstat(self._fd).st_size
-        self._generation = json.loads(self.path.read_bytes())["journal"]
+        self._generation = loaded.journal
         self._offset = journal.end
         if journal.dirty_end > journal.end:  # a torn tail or stale records: cleared, never mistaken for records
             os.pwrite(self._fd, bytes(journal.dirty_end - journal.end), journal.end)
             os.fdatasync(self._fd)
         return claims
+
+    def refresh(self) -> dict[str, PreparedClaim] | None:
+        """The recorded claims if another instance of the driver changed the files since this one last read or
+        wrote them, else None. For two instances side by side during a rolling update, each call holds the
+        instances' lock (`InstanceLock`) and refreshes first: a new snapshot shows as a new journal generation
+        (random at every compaction, read from the head of the file), new records as data where this instance
+        would write its next one. Both checks are exact and cost one short read each."""
+        if self._fd is None:
+            return None  # not loaded, or closed: the next save writes a snapshot of its own
+        try:
+            with self.path.open("rb") as f:
+                head = f.read(_HEAD)
+        except FileNotFoundError:
+            head = b""
+        if _generation_of(head) != self._generation:
+            return self.load()
+        if os.pread(self._fd, 1, self._offset) in (b"", b"\0"):
+            return None
+        raw = os.pread(self._fd, self._limit, 0)
+        journal = read_journal(self.journal_path, raw, self._generation, self._offset)
+        claims = dict(self._saved)
+        for record in journal.records:
+            _apply(claims, record.get("ops") or [], self.journal_path)
+        self._offset = journal.end
+        self._saved = claims
+        return dict(claims)
 
     def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True,
              before_rename: Callable[[], None] | None = None) -> None:
@@ -339,8 +471,10 @@ class Checkpoint:
                 write_atomic(self.journal_path, bytes(self._journal_size), mode=0o600, durable=True)
             self._fd = os.open(self.journal_path, os.O_RDWR | os.O_CLOEXEC)
             self._limit = os.fstat(self._fd).st_size
+            # Records of an earlier snapshot are zeroed below with the rest: new records must follow only zeros.
+            self._offset = len(os.pread(self._fd, self._limit, 0).rstrip(b"\0"))
         generation = secrets.token_hex(8)
-        write_atomic(self.path, encode(claims, generation), mode=0o600, durable=True)
+        write_atomic(self.path, encode(claims, generation, self.boot_id), mode=0o600, durable=True)
         self._generation = generation
         used = min(self._offset, self._limit)
         if used:

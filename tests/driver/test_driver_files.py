@@ -31,6 +31,7 @@ from neuron_dra.driver.daemon.cdi import (
 from neuron_dra.driver.daemon.checkpoint import (
     CHECKPOINT_VERSION,
     JOURNAL_SIZE,
+    SECTOR,
     Checkpoint,
     CheckpointError,
     ClaimState,
@@ -157,7 +158,7 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     assert doc["version"] == CHECKPOINT_VERSION
     assert doc["checksum"].startswith("sha256:")
     assert (tmp_path / "checkpoint.json").stat().st_mode & 0o777 == 0o600
-    assert encode(cp.load(), doc["journal"]) == (tmp_path / "checkpoint.json").read_bytes()
+    assert encode(cp.load(), doc["journal"], doc["bootId"]) == (tmp_path / "checkpoint.json").read_bytes()
 
 
 def test_checkpoint_journal_one_record_per_save_and_replay(tmp_path: Path) -> None:
@@ -186,10 +187,12 @@ def test_checkpoint_journal_torn_tail_is_dropped_and_cleared(tmp_path: Path) -> 
     raw = cp.journal_path.read_bytes()
     end = len(raw.rstrip(b"\0"))
     cp.save({"u2": entry("u2")}, durable=False)
-    with cp.journal_path.open("r+b") as f:  # a power loss tore the unsynced record: half of it reached the disk
+    with cp.journal_path.open("r+b") as f:  # a power loss tore the unsynced record: its first sector reached the disk
         torn = f.read()[end:len(cp.journal_path.read_bytes().rstrip(b"\0"))]
+        kept = SECTOR - end % SECTOR
+        assert kept < len(torn)
         f.seek(end)
-        f.write(torn[: len(torn) // 2] + bytes(len(torn) - len(torn) // 2))
+        f.write(torn[:kept] + bytes(len(torn) - kept))
     restarted = Checkpoint(cp.path)
     assert restarted.load() == {"u1": entry("u1"), "u2": entry("u2")}
     assert cp.journal_path.read_bytes() == raw  # the torn bytes are zeroed again
@@ -205,7 +208,7 @@ def test_checkpoint_journal_damage_before_a_synced_record_is_corruption(tmp_path
     with cp.journal_path.open("r+b") as f:
         f.seek(30)
         f.write(b"X")  # a flipped byte in the first record; the second was synced after it
-    with pytest.raises(CheckpointError, match="damaged and synced records follow"):
+    with pytest.raises(CheckpointError, match="journal record at offset 0 is damaged"):
         Checkpoint(cp.path).load()
 
 
@@ -221,7 +224,9 @@ def test_checkpoint_journal_full_compacts_into_the_snapshot(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
-    (lambda d: d["preparedClaims"]["u1"].update(namespace="other"), "checksum mismatch"),
+    (lambda d: d["preparedClaims"]["u1"].update(namespace="other"), "integrity digest mismatch"),
+    (lambda d: [d.pop(k) for k in ("bootId", "format", "integrity")] and d["preparedClaims"]["u1"].update(
+        namespace="other"), "checksum mismatch"),  # a format-1 file
     (lambda d: d.update(version=2), "version 2 is not supported"),
     (lambda d: d.update(preparedClaims=[]), "must be an object"),
 ])
@@ -265,5 +270,5 @@ def test_core_ranges() -> None:
 
 def test_memory_controls_apply_on_this_glibc() -> None:
     # In a child process: limiting arenas changes the allocator of the process that calls it.
-    code = "from neuron_dra.driver import memory; import sys; sys.exit(0 if memory.limit_arenas() else 1)"
+    code = "from neuron_dra.driver.daemon import memory; import sys; sys.exit(0 if memory.limit_arenas() else 1)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

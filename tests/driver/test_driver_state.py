@@ -469,5 +469,5 @@ def test_corrupt_checkpoint_refuses_to_load(env_for: Callable[..., Env]) -> None
     doc = json.loads(e.checkpoint.read_text())
     doc["preparedClaims"][uid(60)]["neuronDevices"] = [5]  # a flipped bit
     e.checkpoint.write_text(json.dumps(doc))
-    with pytest.raises(CheckpointError, match="checksum mismatch"):
+    with pytest.raises(CheckpointError, match="integrity digest mismatch"):
         e.make()

@@ -1,0 +1,88 @@
+"""Two instances of the driver on one node (a surge rollout): the lock they share and the checkpoint each
+refreshes before a call, so neither overwrites or misses what the other recorded."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.synchronize
+import time
+from pathlib import Path
+
+import pytest
+
+from neuron_dra.driver.daemon import checkpoint as current
+from neuron_dra.driver.daemon.checkpoint import Checkpoint, ClaimState, PreparedClaim
+from neuron_dra.driver.daemon.instance_lock import InstanceLock, LockTimeout
+from tests.support.checkpoint_claims import claim, uid
+
+BOOT = "boot-1"
+
+
+def pair(tmp_path: Path, journal_size: int = 16384) -> tuple[Checkpoint, Checkpoint]:
+    a = Checkpoint(tmp_path / "checkpoint.json", journal_size=journal_size, boot_id=BOOT)
+    a.load()
+    a.save({})
+    b = Checkpoint(tmp_path / "checkpoint.json", journal_size=journal_size, boot_id=BOOT)
+    b.load()
+    return a, b
+
+
+def test_each_instance_sees_the_records_of_the_other(tmp_path: Path) -> None:
+    a, b = pair(tmp_path)
+    assert a.refresh() is None and b.refresh() is None  # nothing changed
+    a.save({uid(0): claim(current, uid(0), 0)})
+    assert b.refresh() == {uid(0): claim(current, uid(0), 0)}
+    assert b.refresh() is None
+    both = {uid(0): claim(current, uid(0), 0), uid(1): claim(current, uid(1), 1, "PrepareStarted")}
+    b.save(both, durable=False)
+    assert a.refresh() == both
+    completed = {**both, uid(1): both[uid(1)].with_state(ClaimState.PREPARE_COMPLETED)}
+    a.save(completed)
+    assert b.refresh() == completed
+    assert Checkpoint(a.path, boot_id=BOOT).read() == completed  # one journal, records of both, in order
+
+
+def test_a_compaction_by_one_is_a_new_snapshot_for_the_other(tmp_path: Path) -> None:
+    a, b = pair(tmp_path, journal_size=4096)
+    state: dict[str, PreparedClaim] = {}
+    for i in range(12):  # fills 4 KiB several times: each instance compacts in turn
+        writer, reader = (a, b) if i % 2 == 0 else (b, a)
+        assert writer.refresh() in (None, state)
+        state = {**state, uid(i): claim(current, uid(i), i)} if i % 3 else {uid(i): claim(current, uid(i), i)}
+        writer.save(state)
+        assert reader.refresh() == state
+    assert Checkpoint(a.path, boot_id=BOOT).read() == state
+
+
+def test_the_lock_excludes_the_other_process_and_times_out_with_the_path(tmp_path: Path) -> None:
+    lock = InstanceLock(tmp_path)
+    ready, release = multiprocessing.Event(), multiprocessing.Event()
+    holder = multiprocessing.Process(target=_hold, args=(tmp_path, ready, release))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        with pytest.raises(LockTimeout, match=r"serialize\.lock: another instance"), lock.hold(time.monotonic() + 0.2):
+            pass
+        release.set()
+        with lock.hold(time.monotonic() + 10):
+            pass
+    finally:
+        release.set()
+        holder.join(10)
+    killed_ready, never = multiprocessing.Event(), multiprocessing.Event()
+    killed = multiprocessing.Process(target=_hold, args=(tmp_path, killed_ready, never))
+    killed.start()
+    assert killed_ready.wait(10)
+    killed.kill()  # a kill -9 of the holder frees the lock
+    killed.join(10)
+    with lock.hold(time.monotonic() + 5):
+        pass
+    lock.close()
+
+
+def _hold(directory: Path, ready: multiprocessing.synchronize.Event, release: multiprocessing.synchronize.Event
+          ) -> None:
+    lock = InstanceLock(directory)
+    with lock.hold():
+        ready.set()
+        release.wait(30)
