@@ -217,7 +217,7 @@ def test_a_bad_output_fails_the_run_with_the_known_value_message(
         TrainiumClusterArgs(**kwargs)
 
     def program() -> TrainiumCluster:
-        outputs = {k: pulumi.Output.from_input(v) for k, v in kwargs.items()}
+        outputs: dict[str, Any] = {k: pulumi.Output.from_input(v) for k, v in kwargs.items()}
         return TrainiumCluster("c", TrainiumClusterArgs(**outputs))
 
     with pytest.raises(Exception) as late:  # Pulumi wraps errors raised in apply

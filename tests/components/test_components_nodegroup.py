@@ -280,7 +280,7 @@ def test_lnc_is_written_where_the_ami_and_the_driver_read_it(lnc: int, tmp_path:
     run = run_offline(lambda: TrainiumNodeGroup("g", TrainiumNodeGroupArgs(
         name="g", instance_type="trn2.48xlarge", lnc=lnc, **_placement())), mocks=PlanMocks(subnet_zones=ZONES))
     lt = run.one("aws:ec2/launchTemplate:LaunchTemplate").plain_inputs
-    message = email.message_from_bytes(base64.b64decode(lt["userData"]))
+    message: Any = email.message_from_bytes(base64.b64decode(lt["userData"]))
     assert message.is_multipart()  # EKS merges MIME multi-part user data with its own bootstrap
     (part,) = message.get_payload()
     assert part.get_content_type() == "text/x-shellscript"
@@ -313,13 +313,14 @@ def test_check_target_names_a_non_default_lnc() -> None:
 def test_subnets_reservation_and_security_groups_as_outputs() -> None:
     out = pulumi.Output.from_input
 
+    placement: dict[str, Any] = {k: out(v) if k in ("cluster_name", "vpc_id", "cluster_security_group_id") else v
+                                 for k, v in _placement(availability_zones=()).items()}
+
     def program() -> TrainiumNodeGroup:
         return TrainiumNodeGroup("g", TrainiumNodeGroupArgs(
             name="g", instance_type="trn2.48xlarge", desired_size=0,
             capacity_reservation_id=out("cr-0123456789abcdef0"), subnet_ids=out(["subnet-0000000000000000b"]),
-            security_group_ids=[out("sg-0123456789abcdef1")],
-            **{k: out(v) if k in ("cluster_name", "vpc_id", "cluster_security_group_id") else v
-               for k, v in _placement(availability_zones=()).items()}))
+            security_group_ids=[out("sg-0123456789abcdef1")], **placement))
 
     run = run_offline(program, mocks=PlanMocks(subnet_zones=ZONES))
     ng = run.one("aws:eks/nodeGroup:NodeGroup").plain_inputs
@@ -338,15 +339,16 @@ def test_subnets_reservation_and_security_groups_as_outputs() -> None:
     ("subnet_ids", ["sn-1"], "subnet ids such as"),
 ])
 def test_a_bad_output_fails_with_the_message_of_the_known_value(field: str, value: Any, fragment: str) -> None:
-    base = {"name": "g", "instance_type": "trn2.48xlarge", "desired_size": 0,
-            **_placement(availability_zones=())}
+    base: dict[str, Any] = {"name": "g", "instance_type": "trn2.48xlarge", "desired_size": 0,
+                            **_placement(availability_zones=())}
     if field == "capacity_reservation_id":
         base["subnet_ids"] = ["subnet-0000000000000000a"]
     with pytest.raises(SettingError) as known:
         TrainiumNodeGroupArgs(**base, **{field: value})
+    late_value: dict[str, Any] = {field: pulumi.Output.from_input(value)}
     with pytest.raises(Exception) as late:
-        run_offline(lambda: TrainiumNodeGroup("g", TrainiumNodeGroupArgs(
-            **base, **{field: pulumi.Output.from_input(value)})), mocks=PlanMocks(subnet_zones=ZONES))
+        run_offline(lambda: TrainiumNodeGroup("g", TrainiumNodeGroupArgs(**base, **late_value)),
+                    mocks=PlanMocks(subnet_zones=ZONES))
     ours: BaseException | None = late.value
     while ours is not None and not isinstance(ours, SettingError):
         ours = ours.__cause__ or ours.__context__
@@ -360,7 +362,7 @@ def test_placement_is_required_without_a_cluster() -> None:
 
 
 def test_pydoc_of_the_args_shows_field_docs_and_no_catalog() -> None:
-    text = pydoc.render_doc(TrainiumNodeGroupArgs, renderer=pydoc.plaintext)
+    text = pydoc.render_doc(TrainiumNodeGroupArgs, renderer=pydoc.TextDoc())
     assert "InstanceSpec(" not in text and "Catalog(" in text and len(text) < 12_000
     for f in dataclasses.fields(TrainiumNodeGroupArgs):
         if f.name not in ("where", "hardware"):
