@@ -144,8 +144,13 @@ def test_a_bad_image_is_refused_known_or_as_an_output() -> None:
     with pytest.raises(SettingError) as known:
         NeuronDraDriverArgs(image="registry.example.com/dra driver:1")
     assert known.value.setting == "NeuronDraDriverArgs.image"
-    with pytest.raises(Exception) as late:
-        run_driver(NeuronDraDriverArgs(image=pulumi.Output.from_input("registry.example.com/dra driver:1")))
+    def program() -> NeuronDraDriver:
+        provider = k8s.Provider("target", kubeconfig="{}")
+        return NeuronDraDriver("drv", NeuronDraDriverArgs(image=pulumi.Output.from_input(
+            "registry.example.com/dra driver:1")), opts=pulumi.ResourceOptions(provider=provider))
+
+    with pytest.raises(Exception) as late:  # no exports: run_offline would wait on the failed image Output
+        run_offline(program)
     ours: BaseException | None = late.value
     while ours is not None and not isinstance(ours, SettingError):
         ours = ours.__cause__ or ours.__context__
