@@ -304,8 +304,9 @@ def test_node_group_lnc_reaches_the_nodes_and_the_template_checks() -> None:
 def test_the_stack_enforces_network_policies_unless_told_not_to() -> None:
     on = run_stack({"driverImage": "example.com/d:1", "claimTemplatesModule": ""})
     assert on.one("eks:index:Cluster").plain_inputs["vpcCniOptions"]["enableNetworkPolicy"] is True
+    inf2 = [{"name": "inf", "instanceType": "inf2.xlarge"}]  # no EFA: only the NetworkPolicy rule applies
     with pytest.raises(SettingError) as err:
-        decode_settings(engine_config({"vpcCniVersion": "v1.13.0-eksbuild.1"}))
+        decode_settings(engine_config({"vpcCniVersion": "v1.13.0-eksbuild.1", "nodeGroups": inf2}))
     assert err.value.setting == "neuron-dra:vpcCniVersion" and "vpcCniNetworkPolicy" in str(err.value)
-    assert decode_settings(engine_config({"vpcCniVersion": "v1.13.0-eksbuild.1",
+    assert decode_settings(engine_config({"vpcCniVersion": "v1.13.0-eksbuild.1", "nodeGroups": inf2,
                                           "vpcCniNetworkPolicy": False})).vpc_cni_network_policy is False
