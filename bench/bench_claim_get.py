@@ -1,14 +1,15 @@
 """Benchmark: the claim GET every NodePrepareResources makes, against a real kube-apiserver (local control plane).
 
-Target: `KubeClaimLookup.get` (driver/daemon/kube.py on driver/daemon/http1.py, keep-alive connection).
-Baselines, measured in
-the same run, call for call in rotating order on their own kept connections to the same API server:
-- `http.client`: what kube.py did before http1.py, an `http.client.HTTPSConnection` GET with the same headers
-  and `json.loads` of the body;
-- `bare`: the floor, a hand-written GET request and a Content-Length read over the same kind of TLS socket,
-  TCP_NODELAY, no checks at all.
-Figures: wall-clock p50/p90/p99 per GET and the p50 ratio to http.client, and the mean CPU time of the calling
-thread per GET (user and system: the TLS records, the loopback TCP work done in the sender's system calls).
+Target: `KubeClaimLookup.get` (driver/daemon/kube.py on urllib3's connection pool, with its deadline, size cap and
+rate limit in the path; the limit set high here so that it never waits). Baselines, measured in the same run,
+call for call in rotating order on their own kept connections to the same API server:
+- `http.client`: the standard library's client on a kept `HTTPSConnection`, the same headers, `json.loads` of
+  the body (the way kube.py worked before its own HTTP/1.1 client, which urllib3 replaces);
+- `kubernetes`: the official client (`ResourceV1Api.read_namespaced_resource_claim`, `_preload_content=False`
+  and `json.loads`, so that its model classes are not measured; they would cost more).
+Figures: wall-clock p50/p90/p99 per GET and the p50 ratio to http.client, the mean CPU time of the calling
+thread per GET (user and system: the TLS records, the loopback TCP work done in the sender's system calls), and
+what importing each client costs a fresh interpreter in resident memory.
 
 Run: python bench/bench_claim_get.py [--samples 3000] [--kubernetes-version 1.36]
 """
@@ -19,16 +20,21 @@ import argparse
 import http.client
 import json
 import shutil
-import socket
+import ssl
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
-from neuron_dra.driver.daemon.kube import ApiClient, KubeApi, KubeClaimLookup, api_client
+from neuron_dra.driver.daemon.kube import ApiClient, ClientOptions, KubeApi, KubeClaimLookup
+from neuron_dra.driver.daemon.kubeconfig import ClusterConfig, load_kubeconfig
+from neuron_dra.driver.daemon.ratelimit import Rate
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster.controlplane import ControlPlane
 
@@ -37,10 +43,16 @@ NAME = "bench-claim"
 WARMUP = 200
 
 
-def http_client_get(api: ApiClient, path: str) -> Callable[[], Mapping[str, Any]]:
-    """The previous kube.py request path: http.client on a kept connection."""
-    conn = http.client.HTTPSConnection(api._host, api._port, context=api._ssl, timeout=3.0)
+def http_client_get(config: ClusterConfig, path: str) -> Callable[[], Mapping[str, Any]]:
+    """http.client on a kept connection, the same TLS settings."""
+    url = urlsplit(config.server)
+    ctx = ssl.create_default_context(cafile=config.ca_file)
+    if config.cert_file:
+        ctx.load_cert_chain(config.cert_file, config.key_file)
+    conn = http.client.HTTPSConnection(url.hostname or "", url.port, context=ctx, timeout=10.0)
     headers = {"Accept": "application/json", "User-Agent": "neuron-dra-driver"}
+    if config.token:
+        headers["Authorization"] = f"Bearer {config.token}"
 
     def get() -> Mapping[str, Any]:
         conn.request("GET", path, headers=headers)
@@ -51,30 +63,27 @@ def http_client_get(api: ApiClient, path: str) -> Callable[[], Mapping[str, Any]
     return get
 
 
-def bare_get(api: ApiClient, path: str) -> Callable[[], Mapping[str, Any]]:
-    """The floor: one sendall, find the end of the head, read Content-Length bytes; no validation."""
-    raw = socket.create_connection((api._host, api._port))
-    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock = api._ssl.wrap_socket(raw, server_hostname=api._host)
-    request = (f"GET {path} HTTP/1.1\r\nHost: {api._host}:{api._port}\r\nAccept: application/json\r\n"
-               "User-Agent: neuron-dra-driver\r\n\r\n").encode()
-    buf = bytearray()
+def kubernetes_get(kubeconfig: Path) -> Callable[[], Mapping[str, Any]]:
+    from kubernetes import client, config
+
+    api = client.ResourceV1Api(config.new_client_from_config(str(kubeconfig)))
 
     def get() -> Mapping[str, Any]:
-        sock.sendall(request)
-        while (end := buf.find(b"\r\n\r\n")) < 0:
-            buf.extend(sock.recv(65536))
-        head = bytes(buf[:end]).decode("latin-1").lower()
-        length = int(head.split("content-length:", 1)[1].split("\r\n", 1)[0])
-        del buf[:end + 4]
-        while len(buf) < length:
-            buf.extend(sock.recv(65536))
-        body = bytes(buf[:length])
-        del buf[:length]
-        data: Mapping[str, Any] = json.loads(body)
+        resp: Any = api.read_namespaced_resource_claim(NAME, "default", _preload_content=False)
+        data: Mapping[str, Any] = json.loads(resp.data)  # a urllib3 response when not preloaded
         return data
 
     return get
+
+
+def import_cost(module: str) -> float:
+    """MiB of resident memory that importing `module` adds to a fresh interpreter (VmRSS before and after)."""
+    code = ("import importlib\n"
+            "def rss():\n"
+            "    return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1])\n"
+            f"before = rss(); importlib.import_module({module!r}); print(rss() - before)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return int(out) / 1024
 
 
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
@@ -117,7 +126,8 @@ def main() -> None:
     try:
         kubeconfig = base / "kubeconfig.json"  # JSON: the client then needs no yaml import
         kubeconfig.write_text(json.dumps(yaml.safe_load(plane.kubeconfig.read_text())))
-        api = api_client(str(kubeconfig))
+        config = load_kubeconfig(str(kubeconfig))
+        api = ApiClient(config, ClientOptions(rate=Rate(100_000, 100_000)))
         request = {"name": "neurons", "exactly": {"deviceClassName": DEFAULT_DRIVER_NAME, "count": 1}}
         KubeApi(api).call("POST", CLAIMS, body={"metadata": {"name": NAME}, "spec": {"devices": {"requests": [
             request]}}})
@@ -128,16 +138,20 @@ def main() -> None:
             assert claim is not None
             return claim
 
-        getters = {"http1 (target)": target, "http.client": http_client_get(api, f"{CLAIMS}/{NAME}"),
-                   "bare": bare_get(api, f"{CLAIMS}/{NAME}")}
+        getters = {"urllib3 (target)": target, "http.client": http_client_get(config, f"{CLAIMS}/{NAME}"),
+                   "kubernetes": kubernetes_get(kubeconfig)}
         times, cpu = measure(getters, args.samples)
+        if config.temp_dir:
+            shutil.rmtree(config.temp_dir, ignore_errors=True)
         p50_ref = percentiles(times["http.client"])[0]
         print(f"claim GET against kube-apiserver {args.kubernetes_version}, {args.samples} samples each "
               f"(interleaved), keep-alive TLS")
-        print(f"{'client':16} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'p50/http.client':>16} {'CPU us/GET':>11}")
+        print(f"{'client':17} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'p50/http.client':>16} {'CPU us/GET':>11}")
         for name, samples in times.items():
             p50, p90, p99 = percentiles(samples)
-            print(f"{name:16} {p50:8.3f} {p90:8.3f} {p99:8.3f} {p50 / p50_ref:16.2f} {cpu[name]:11.0f}")
+            print(f"{name:17} {p50:8.3f} {p90:8.3f} {p99:8.3f} {p50 / p50_ref:16.2f} {cpu[name]:11.0f}")
+        for module in ("neuron_dra.driver.daemon.kube", "http.client", "kubernetes.client"):
+            print(f"import {module}: +{import_cost(module):.1f} MiB RSS")
     finally:
         plane.stop()
         shutil.rmtree(base, ignore_errors=True)

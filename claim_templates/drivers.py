@@ -2,7 +2,7 @@
 
 Defaults are the bundled driver's (`neuron.aws.com`, the same names AWS's Neuron DRA driver uses, so the
 same templates serve clusters running AWS's driver) and AWS's EFA driver's (`dra.net`, DeviceClass
-`efa.networking.k8s.aws`); all four are configurable.
+`efa.networking.k8s.aws`, from driver/model/efa.py, the names EKS's chart installs); all are configurable.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from typing import Any
 
 from neuron_dra.claim_templates.names import check_dns_subdomain
 from neuron_dra.driver.deploy import DEFAULT_CORE_DEVICE_CLASS, device_class_selector
+from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS, EFA_DRIVER, efa_device_class
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, device_class_manifest
 
 DEFAULT_NEURON_CLASS = DEFAULT_DRIVER_NAME  # AWS names the DeviceClass after the driver
 DEFAULT_NEURON_CORE_CLASS = DEFAULT_CORE_DEVICE_CLASS  # NeuronCores (docs/neuron-cores.md §4)
-DEFAULT_EFA_DRIVER = "dra.net"
-DEFAULT_EFA_CLASS = "efa.networking.k8s.aws"
+DEFAULT_EFA_DRIVER = EFA_DRIVER
+DEFAULT_EFA_CLASS = EFA_DEVICE_CLASS
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,12 @@ class Drivers:
 
     def device_classes(self) -> list[dict[str, Any]]:
         """The DeviceClasses the drivers install: the bundled driver's two (whole devices, NeuronCores; the
-        selectors of driver/deploy/manifests.py) and the EFA driver's."""
+        selectors of driver/deploy/manifests.py) and the EFA driver's (the chart's selector, driver/model/efa.py)."""
         return [device_class_manifest(self.neuron_class, self.neuron_driver,
                                       expression=device_class_selector(self.neuron_driver, cores=False)),
                 device_class_manifest(self.neuron_core_class, self.neuron_driver,
                                       expression=device_class_selector(self.neuron_driver, cores=True)),
-                device_class_manifest(self.efa_class, self.efa_driver)]
+                efa_device_class(self.efa_class, self.efa_driver)]
 
 
 DEFAULT_DRIVERS = Drivers()

@@ -15,6 +15,7 @@ from neuron_dra.claim_templates import (
     Efa,
     FirstAvailable,
     Neuron,
+    NeuronCores,
     RingSegment,
     UltraServerNode,
 )
@@ -76,3 +77,11 @@ RICHER_CASES = (
     inf2_ring_segment_4, inf2_ring_segment_3, trn2_8_connected_efa, trn2_8_else_trn1_16, trn2_row_lnc1,
     ultraserver_4_whole_node, one_neuron_device, two_big_hbm_devices, trn3_16_connected, trn3_4_connected_lnc1,
 )
+
+# --- the templates docs/workloads.md's manifests use (besides one-neuron-device, inf2-ring-segment-4) ------------
+# Two NeuronCores of one trn2 device (logical cores at the node's LNC; Kubernetes 1.36+): a small vLLM server.
+trn2_two_cores = ClaimTemplate("trn2-two-cores", NeuronCores(2, instance_types=TRN2))
+# A whole trn2.48xlarge with all 16 of its EFAs (devicegroup16): one worker of a multi-node training job.
+trn2_whole_node_all_efa = ClaimTemplate("trn2-whole-node-all-efa", Neuron(16, instance_types=TRN2), Efa(16))
+
+WORKLOAD_EXAMPLES = (one_neuron_device, inf2_ring_segment_4, trn2_two_cores, trn2_whole_node_all_efa)

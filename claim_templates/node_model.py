@@ -21,9 +21,10 @@ from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.config import LNC_VALUES
 from neuron_dra.driver.model.devices import NeuronHost
+from neuron_dra.driver.model.efa import efa_driver_devices
 from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.driver.model.partitions import CoreLayout
-from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, efa_driver_devices, resource_slices
+from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, resource_slices
 
 
 def _slice(driver: str, node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -65,7 +66,7 @@ def build_node(host: NeuronHost, node_name: str, drivers: Drivers = DEFAULT_DRIV
     for i, s in enumerate(resource_slices(pool)):
         s["metadata"] = {"name": f"{node_name}-{drivers.neuron_driver}-{i:02d}"}  # visited by name, in this order
         slices.append(s)
-    efa = efa_driver_devices(pool)
+    efa = efa_driver_devices(pool, drivers.efa_driver)
     if efa:
         slices.append(_slice(drivers.efa_driver, node_name, efa))
     devices = tuple(CelDevice.from_api(s["spec"]["driver"], d, node_name)

@@ -6,6 +6,10 @@ cluster cannot satisfy a template, instead of a pod waiting forever. Templates a
 `neuron_dra.claim_templates.ClaimTemplate` objects or anything else with `name`, `namespace` and
 `to_manifest()`; the check is `neuron_dra.claim_templates`' own unless one is given. A Kubernetes provider is
 given as `opts.provider` (Pulumi passes it on to the children).
+
+A template that requests EFA devices (`Efa()`, DeviceClass `efa.networking.k8s.aws`) needs an EFA DRA driver:
+`efa_driver` is the stack's `EfaDraDriver` (the templates then wait for it) or `"external"` when the cluster
+already runs one; without either the component fails naming that fix.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import pulumi
 
+from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDriverRef, efa_requests, missing_efa_driver
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
+from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS
 
 
 @runtime_checkable
@@ -103,6 +109,13 @@ class ClaimTemplatesArgs:
     check: TemplateCheck | None = None  # None: `default_check` (neuron_dra.claim_templates)
     hardware: Catalog = BUILTIN  # the instance types `default_check` knows (e.g. extended by a catalog file)
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)  # e.g. the driver's DeviceClass
+    efa_driver: EfaDriverRef | None = None  # what publishes EFA devices: EfaDraDriver, "external", or nothing
+
+    def __post_init__(self) -> None:
+        if self.efa_driver is not None and self.efa_driver != EXTERNAL and not isinstance(self.efa_driver,
+                                                                                          EfaDraDriver):
+            raise SettingError("ClaimTemplatesArgs.efa_driver", self.efa_driver,
+                               f"an EfaDraDriver, '{EXTERNAL}' (the cluster runs one) or None")
 
     @property
     def check_targets(self) -> tuple[str, ...]:
@@ -154,6 +167,7 @@ class ClaimTemplates(pulumi.ComponentResource):
             if keys.count(key) > 1:
                 raise SettingError("ClaimTemplatesArgs.templates", key, "templates with distinct namespace/name")
         check = args.check or functools.partial(default_check, hardware=args.hardware)
+        efa_class = args.efa_driver.device_class_name if isinstance(args.efa_driver, EfaDraDriver) else None
         for template in args.templates:
             _check_manifest_names(template)
             try:
@@ -161,10 +175,19 @@ class ClaimTemplates(pulumi.ComponentResource):
             except Exception as e:  # a custom check's error type is not ours to know; its message is the point
                 reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
                 raise ClaimTemplateCheckError(template_key(template), targets, reason) from e
+        for template in args.templates:  # after the fit checks: their message says more when both fail
+            requests = efa_requests(template.to_manifest())
+            if requests and args.efa_driver is None:
+                raise missing_efa_driver(template_key(template), requests)
+            if requests and efa_class not in (None, EFA_DEVICE_CLASS):
+                raise SettingError(f"claim template {template_key(template)}", EFA_DEVICE_CLASS,
+                                   f"DeviceClass {efa_class}, the one the EfaDraDriver installs (or install it "
+                                   f"with device_class_name={EFA_DEVICE_CLASS!r})")
         self.names = keys
         self.checked_against = targets
         self.manifests = [dict(t.to_manifest()) for t in args.templates]
         self.objects = {}
+        depends += [args.efa_driver.release] if isinstance(args.efa_driver, EfaDraDriver) else []
         for key, manifest in zip(keys, self.manifests, strict=True):
             self.objects[key] = create_object(resource_name(resource_name_, manifest), manifest,
                                               pulumi.ResourceOptions(parent=self, depends_on=depends))

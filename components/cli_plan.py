@@ -220,7 +220,8 @@ def kubernetes_manifests(run: Any) -> list[dict[str, Any]]:
     """The Kubernetes objects of a plan, as manifests, in apply order."""
     objects = []
     for resource in run.resources:
-        if resource.type.startswith("kubernetes:") and resource.custom:
+        # Objects only: a Helm release (the EFA DRA driver's) is not a manifest; the table shows it.
+        if resource.type.startswith("kubernetes:") and resource.custom and "kind" in resource.plain_inputs:
             objects.append(resource.plain_inputs)
 
     def rank(m: Mapping[str, Any]) -> tuple[int, str, str]:
@@ -242,6 +243,10 @@ def _summary(resource: Any) -> str:
         if i.get("kind") == "DaemonSet":
             extra = f" image={i['spec']['template']['spec']['containers'][0]['image']}"
         return f"{where}{meta.get('name')}{extra}"
+    if t == "kubernetes:helm.sh/v3:Release":
+        image = i.get("values", {}).get("image", {})
+        return (f"{i.get('namespace')}/{i.get('name')} chart={i.get('chart')} {i.get('version')} "
+                f"image={image.get('repository')}:{image.get('tag')}")
     if t == "eks:index:Cluster":
         return f"name={i.get('name')} version={i.get('version')} auth={i.get('authenticationMode')}"
     if t == "awsx:ec2:Vpc":

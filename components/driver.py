@@ -1,11 +1,13 @@
 """`NeuronDraDriver`: the DRA driver's Kubernetes objects, applied from `neuron_dra.driver.deploy`'s dicts.
 
-The component adds nothing to those objects except the image reference: either the given image, or the image
-it builds from `driver/Dockerfile` (pulumi-docker-build, BuildKit) and pushes to a new ECR repository, pinned by
-digest. Dependencies make the namespace, RBAC and the node-restricting admission policy exist before the
-DaemonSet's pods start writing ResourceSlices. The Kubernetes provider is the cluster's (`cluster=`) or
-`opts.provider` (Pulumi passes it on to the children). The objects are those the cluster's Kubernetes minor
-serves (`DriverDeployOptions.kubernetes_version`, the rule in `neuron_dra.driver.deploy.KUBERNETES_FEATURES`).
+The component adds nothing to those objects except the image reference: the given image, else the image this
+repository's release workflow publishes for the installed version (`deploy.DEFAULT_IMAGE`), or, with
+`build_from_source`, the image it builds from a checkout's `driver/Dockerfile` (pulumi-docker-build, BuildKit) and
+pushes to a new ECR repository, pinned by digest. Dependencies make the namespace, RBAC and the node-restricting
+admission policy exist before the DaemonSet's pods start writing ResourceSlices. The Kubernetes provider is the
+cluster's (`cluster=`) or `opts.provider` (Pulumi passes it on to the children). The objects are those the
+cluster's Kubernetes minor serves (`DriverDeployOptions.kubernetes_version`, the rule in
+`neuron_dra.driver.deploy.KUBERNETES_FEATURES`).
 
 What `pulumi up` waits for: the Kubernetes provider waits until the DaemonSet has rolled out (every scheduled
 pod updated and ready), by default up to `rollout_timeout_seconds` = 600, then fails the update (the objects
@@ -51,8 +53,10 @@ class NeuronDraDriverArgs:
 
     options: DriverDeployOptions -- namespace, driver name, DeviceClass names, extended resources, metrics,
         kubelet paths, ... (neuron_dra.driver.deploy; default: DriverDeployOptions()).
-    image: Input[str] | None -- the driver image to run; None: build driver/Dockerfile from source_dir into a new
-        ECR repository (Docker with BuildKit where `pulumi up` runs).
+    image: Input[str] | None -- the driver image to run; None: the image this version's release workflow
+        publishes (`deploy.DEFAULT_IMAGE`).
+    build_from_source: bool -- build driver/Dockerfile of the checkout source_dir into a new ECR repository
+        instead (Docker with BuildKit where `pulumi up` runs; default False).
     cluster: TrainiumCluster | None -- the cluster to install into: its Kubernetes version decides what is
         rendered, its provider is used unless opts.provider is given, and the driver waits for the cluster's node
         groups made so far (create the driver after them).
@@ -67,6 +71,7 @@ class NeuronDraDriverArgs:
 
     options: DriverDeployOptions = field(default_factory=DriverDeployOptions)
     image: pulumi.Input[str] | None = None
+    build_from_source: bool = False
     cluster: TrainiumCluster | None = None
     kubernetes_version: str | None = None
     source_dir: Path | None = None
@@ -74,6 +79,9 @@ class NeuronDraDriverArgs:
     rollout_timeout_seconds: int = DEFAULT_ROLLOUT_TIMEOUT_SECONDS
 
     def __post_init__(self) -> None:
+        if self.build_from_source and self.image is not None:
+            raise SettingError("NeuronDraDriverArgs.image (config neuron-dra:driverImage)", self.image,
+                               "unset when build_from_source (neuron-dra:driverBuildFromSource) is true")
         t = self.rollout_timeout_seconds
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS:
             raise SettingError("NeuronDraDriverArgs.rollout_timeout_seconds", t,
@@ -97,9 +105,10 @@ class NeuronDraDriverArgs:
         source = self.source_dir or default_source_dir()
         dockerfile = source / DOCKERFILE
         if not dockerfile.is_file():
-            raise SettingError("NeuronDraDriverArgs.image (config neuron-dra:driverImage)", None,
-                               f"an image reference, or a source checkout with {DOCKERFILE} to build "
-                               f"(none at {dockerfile})")
+            raise SettingError("NeuronDraDriverArgs.source_dir", str(source),
+                               f"a source checkout with {DOCKERFILE} to build from (none at {dockerfile}); without "
+                               f"build_from_source (neuron-dra:driverBuildFromSource) the published image "
+                               f"{deploy.DEFAULT_IMAGE} is deployed")
         return dockerfile
 
 
@@ -147,10 +156,10 @@ class NeuronDraDriver(pulumi.ComponentResource):
         self.core_device_class_name = options.core_device_class_name if options.serves("core_device_class") else None
         self.kubernetes_version = options.kubernetes_version
         self.repository = None
-        if args.image is None:
+        if args.build_from_source:
             self.image = self._build_image(resource_name_, args)
         else:
-            self.image = pulumi.Output.from_input(args.image)
+            self.image = pulumi.Output.from_input(args.image if args.image is not None else deploy.DEFAULT_IMAGE)
         # The dicts as `deploy` renders them; only the DaemonSet's spec waits for the image reference.
         self.manifests = deploy.manifests(options)
         self.objects = {}

@@ -63,6 +63,9 @@ MIN_VPC_CNI_FOR_NETWORK_POLICY = (1, 14, 0)
 DEFAULT_CLAIM_TEMPLATES_MODULE = "neuron_dra.claim_templates.stack_examples"
 DEFAULT_ROOT_VOLUME_GIB = 500  # AWS's own trn2 sample
 EFA_INTERFACE_TYPES = ("efa-only", "efa")
+# efaDriver: auto installs AWS's EFA DRA driver on the EFA node groups of a new cluster (none on an existing one);
+# install also installs it on an existing cluster's EFA instance types; external: the cluster already runs one.
+EFA_DRIVER_MODES = ("auto", "install", "external")
 CAPACITY_TYPES = ("ON_DEMAND", "CAPACITY_BLOCK")
 LNC_VALUES = (1, 2)  # Logical NeuronCore config: physical cores per logical core (docs/neuron-cores.md §2)
 NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
@@ -363,6 +366,7 @@ class StackSettings:
     pod_identity_agent_version: str | None = _setting("podIdentityAgentVersion", None)
     node_groups: tuple[NodeGroupSettings, ...] = _setting("nodeGroups", ())
     driver_image: str | None = _setting("driverImage", None, option="image")
+    driver_build_from_source: bool = _setting("driverBuildFromSource", False)
     driver_name: str = _setting("driverName", DEFAULT_DRIVER_NAME, option="driver_name")
     driver_namespace: str = _setting("driverNamespace", DEFAULT_NAMESPACE, option="namespace")
     driver_metrics_port: int = _setting("driverMetricsPort", 0, option="metrics_port")
@@ -375,6 +379,7 @@ class StackSettings:
                                                 option="core_extended_resource_name")
     kubelet_plugins_dir: str = _setting("kubeletPluginsDir", DEFAULT_PLUGINS_DIR, option="plugins_dir")
     kubelet_registry_dir: str = _setting("kubeletRegistryDir", DEFAULT_REGISTRY_DIR, option="registry_dir")
+    efa_driver: str = _setting("efaDriver", "auto")
     claim_templates_module: str = _setting("claimTemplatesModule", DEFAULT_CLAIM_TEMPLATES_MODULE)
     cluster_instance_types: tuple[str, ...] = _setting("clusterInstanceTypes", ())
     catalog_file: str | None = _setting("catalogFile", None)
@@ -391,6 +396,12 @@ class StackSettings:
             raise SettingError(n("claimTemplatesModule"), self.claim_templates_module,
                                "a dotted Python module name, or '' for none")
         self.driver_options()  # the driver settings, checked where they are used
+        if self.driver_build_from_source is not False and self.driver_build_from_source is not True:
+            raise SettingError(n(key_of("driver_build_from_source")), self.driver_build_from_source, "true or false")
+        if self.driver_build_from_source and self.driver_image is not None:
+            raise SettingError(n("driverImage"), self.driver_image, "unset when driverBuildFromSource is true")
+        if self.efa_driver not in EFA_DRIVER_MODES:
+            raise SettingError(n(key_of("efa_driver")), self.efa_driver, " or ".join(EFA_DRIVER_MODES))
         timeout = self.driver_rollout_timeout_seconds
         if isinstance(timeout, bool) or not isinstance(timeout, int) or not 0 <= timeout <= MAX_ROLLOUT_TIMEOUT_SECONDS:
             raise SettingError(n(key_of("driver_rollout_timeout_seconds")), timeout,

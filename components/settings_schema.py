@@ -112,8 +112,10 @@ _ROWS: tuple[Setting, ...] = (
        + ", ".join(NODE_GROUP_FIELD_OF_KEY) + ". capacityType is ON_DEMAND or CAPACITY_BLOCK, efaInterfaceType "
        "efa-only or efa, lnc 1 or 2 (Trainium2/Trainium3 only: the nodes' Logical NeuronCore config, default 2; "
        "also the node label neuron-dra/lnc).", new_cluster_only=True),
-    _T("driver_image", "string", "Driver image to deploy (default: build driver/Dockerfile and push it to "
-       "a new ECR repository)."),
+    _T("driver_image", "string", "Driver image to deploy (default: the image this project's release workflow "
+       "publishes for the installed version, ghcr.io/neuron-dra/neuron-dra-driver:<version>)."),
+    _T("driver_build_from_source", "boolean", "Build driver/Dockerfile of the source checkout the package runs "
+       "from and push it to a new ECR repository instead (needs Docker with BuildKit; not with driverImage)."),
     _T("driver_name", "string", "DRA driver name and DeviceClass name."),
     _T("driver_namespace", "string", "Namespace of the driver."),
     _T("driver_metrics_port", "integer", "Prometheus metrics port of the driver (0: off)."),
@@ -128,6 +130,10 @@ _ROWS: tuple[Setting, ...] = (
        "cores at the node's LNC; '' for none; left out before Kubernetes 1.36)."),
     _T("kubelet_plugins_dir", "string", "kubelet's plugins directory on the nodes."),
     _T("kubelet_registry_dir", "string", "kubelet's plugin registry directory on the nodes."),
+    _T("efa_driver", "string", "AWS's EFA DRA driver (DRANET, Helm chart aws-dranet; docs/efa-dra-driver.md): "
+       "auto installs it on the node groups with EFA interfaces (none on an existing cluster), install also on an "
+       "existing cluster's EFA instance types (clusterInstanceTypes), external when the cluster already runs "
+       "one. Claim templates that request EFA devices need one of them."),
     _T("claim_templates_module", "string", "Python module whose module-level claim templates are deployed "
        "and checked against the node groups ('' for none)."),
     _T("cluster_instance_types", "strings", "Existing-cluster mode: the Neuron instance types of its nodes; "

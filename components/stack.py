@@ -5,6 +5,9 @@ once there are nodes, the driver and the claim templates (checked against the no
 Existing-cluster mode (`kubeconfig` set): only the driver and the claim templates, through a Kubernetes
 provider for that kubeconfig; no AWS resource is created.
 
+AWS's EFA DRA driver (`EfaDraDriver`) is installed on the node groups with EFA interfaces, or (`efaDriver`
+install) on an existing cluster's EFA instance types.
+
 AZs: a node group without `subnetIds` or `availabilityZone` goes to the AZs that offer its instance type
 (looked up with `ec2:DescribeInstanceTypeOfferings`; trn2 exists in few AZs); an EFA group takes the first one
 only. A new VPC spans those AZs (at least two, as EKS requires).
@@ -25,6 +28,7 @@ import pulumi_kubernetes as k8s
 from neuron_dra.components.claims import ClaimTemplates, ClaimTemplatesArgs, TemplateCheck, module_templates
 from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
 from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
+from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDraDriverArgs, EfaDriverRef
 from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroupArgs
 from neuron_dra.components.settings import (
     PROJECT,
@@ -54,6 +58,7 @@ class StackResult:
     node_groups: list[TrainiumNodeGroup]
     driver: NeuronDraDriver
     templates: ClaimTemplates
+    efa_driver: EfaDraDriver | None = None
     exports: dict[str, Any] = field(default_factory=dict)
 
 
@@ -169,13 +174,16 @@ def build_stack(
         kubeconfig = cluster.kubeconfig
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
         options=driver_options(settings), image=settings.driver_image, source_dir=source_dir, cluster=cluster,
+        build_from_source=settings.driver_build_from_source,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))
+    efa_driver = _efa_driver(settings, provider)
+    efa_ref: EfaDriverRef | None = EXTERNAL if settings.efa_driver == EXTERNAL else efa_driver
     # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first. Each is checked
     # against the node groups' nodes at their LNC.
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
         templates=templates, instance_types=settings.check_targets, check=check, hardware=settings.hardware,
-        depends_on=driver.device_classes(),
+        depends_on=driver.device_classes(), efa_driver=efa_ref,
     ), opts=pulumi.ResourceOptions(provider=provider))
     exports: dict[str, Any] = {
         "kubeconfig": kubeconfig,
@@ -185,7 +193,32 @@ def build_stack(
         "driverImage": driver.image,
         "claimTemplates": claim_templates.names,
     }
-    return StackResult(settings, cluster, groups, driver, claim_templates, exports)
+    return StackResult(settings, cluster, groups, driver, claim_templates, efa_driver, exports)
+
+
+def _efa_driver(settings: StackSettings, provider: k8s.Provider) -> EfaDraDriver | None:
+    """AWS's EFA DRA driver on the node groups with EFA interfaces (new cluster), or on the EFA instance types
+    of an existing cluster when `efaDriver` is install; None when nothing in the stack has EFA."""
+    if settings.efa_driver == EXTERNAL:
+        return None
+    if settings.existing_cluster:
+        if settings.efa_driver != "install":
+            return None
+        types = [t for t in settings.node_instance_types if settings.hardware.spec(t).efa_count > 0]
+        if not types:
+            raise SettingError(setting_name("efaDriver"), settings.efa_driver,
+                               "auto or external: none of the cluster's instance types (clusterInstanceTypes) has "
+                               "EFA interfaces")
+        args = EfaDraDriverArgs(instance_types=types, hardware=settings.hardware)
+    else:
+        groups = [g.name for g in settings.node_groups if g.is_efa]
+        if not groups:
+            if settings.efa_driver == "install":
+                raise SettingError(setting_name("efaDriver"), settings.efa_driver,
+                                   "auto or external: no node group has EFA interfaces")
+            return None
+        args = EfaDraDriverArgs(node_groups=groups, hardware=settings.hardware)
+    return EfaDraDriver("efa-driver", args, opts=pulumi.ResourceOptions(provider=provider))
 
 
 def current_config() -> dict[str, str]:

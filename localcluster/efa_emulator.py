@@ -1,7 +1,8 @@
-"""An emulated EFA DRA driver for the local cluster (AWS's EFA driver is closed and needs real EFA).
+"""An emulated EFA DRA driver for the local cluster (DRANET, AWS's EFA DRA driver, needs real EFA hardware).
 
-It publishes one device per EFA interface of an emulated host with the same `resource.aws.com/devicegroup*_id`
-values the Neuron driver publishes for the devices wired to it (the shared algorithm), so aligned
+It publishes one device per EFA interface of an emulated host with the attributes of driver/model/efa.py (DRANET's
+PCI identity, which the chart's DeviceClass selects on, and the same `resource.aws.com/devicegroup*_id` values the
+Neuron driver publishes for the devices wired to it), and installs the chart's DeviceClass, so aligned
 Neuron + EFA claims can be scheduled by the real scheduler, and it serves registration and the DRA v1 service so
 the kubelet can prepare such claims (no CDI edits: an EFA is handed over by the network plugin).
 """
@@ -25,11 +26,10 @@ from neuron_dra.driver.daemon._generated import (
     pluginregistration_pb2_grpc,
 )
 from neuron_dra.driver.model.devices import NeuronHost
-from neuron_dra.driver.model.k8s_names import device_class_manifest
-from neuron_dra.driver.model.slices import NodeFacts, build_pool, efa_driver_devices
+from neuron_dra.driver.model.efa import EFA_DRIVER, efa_device_class, efa_driver_devices
+from neuron_dra.driver.model.slices import NodeFacts, build_pool
 
-EFA_DRIVER = "dra.net"
-EFA_DEVICE_CLASS = "efa.networking.k8s.aws"
+__all__ = ["EFA_DRIVER", "EmulatedEfaDriver", "efa_device_class", "efa_devices", "efa_slice"]
 
 
 def efa_devices(host: NeuronHost) -> list[dict[str, Any]]:
@@ -44,10 +44,6 @@ def efa_slice(node_name: str, host: NeuronHost, node_uid: str | None = None) -> 
             "spec": {"driver": EFA_DRIVER, "nodeName": node_name,
                      "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
                      "devices": efa_devices(host)}}
-
-
-def efa_device_class() -> dict[str, Any]:
-    return device_class_manifest(EFA_DEVICE_CLASS, EFA_DRIVER)
 
 
 class _Registration(pluginregistration_pb2_grpc.RegistrationServicer):

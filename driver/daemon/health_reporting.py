@@ -93,7 +93,7 @@ class HealthReporter:
 
     def _node_ref(self) -> dict[str, Any]:
         if self._node_uid is None and self._api is not None:
-            node = self._api.call("GET", f"/api/v1/nodes/{quote(self.node_name, safe='')}", timeout=(3.0, 10.0))
+            node = self._api.call("GET", f"/api/v1/nodes/{quote(self.node_name, safe='')}")
             self._node_uid = node["metadata"]["uid"]
         return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self._node_uid or ""}
 
@@ -117,7 +117,7 @@ class HealthReporter:
                 "reportingComponent": self.driver_name, "reportingInstance": self.node_name,
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
         try:
-            self._api.call("POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", body=body, timeout=(3.0, 10.0))
+            self._api.call("POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", body=body)
         except Exception as e:
             log.warning("recording a device health event failed", extra={"device": device, "reason": reason,
                                                                           "error": f"{type(e).__name__}: {e}"[:300]})

@@ -1,48 +1,58 @@
-"""The API server side of the driver: connection settings, the few REST calls it makes, and the claim lookup.
+"""The daemon's API client: JSON over HTTPS to the API server on urllib3, and the claim lookup of prepare.
 
-A small JSON-over-HTTPS client on the standard library (ssl, socket) instead of the `kubernetes` package:
-that package's import alone costs 17-19 MiB of resident memory and, on a loaded node, seconds of start-up, for
-six REST calls. What it would have provided and the daemon needs is here: the kubeconfig (server, CA, client
-certificate, bearer token or token file; no exec or auth-provider plugins) and the in-cluster service account
-(KUBERNETES_SERVICE_HOST/PORT, the projected token re-read every minute as client-go does, since kubelet rotates
-it), one keep-alive connection per thread. HTTP/1.1 itself is driver/daemon/http1.py (not http.client, which costs a
-claim GET ~0.2 ms more: see there), for plain requests and watches alike (a watch is a chunked answer read line by
-line on a connection of its own). A kept connection the server closed while idle is replaced before the request
-goes out; one found closed only after the request was sent (before any byte of the answer) is retried once on a
-new connection for idempotent methods, never for POST (a create by generateName would run twice).
+What client-go gives a Go driver and the daemon needs, on urllib3's connection pool (docs/hardening.md §4):
+- TLS with the cluster's CA (kubeconfig or service account: kubeconfig.py), a client certificate or a bearer
+  token; a token file is re-read every TOKEN_RELOAD_SECONDS, as client-go does, since kubelet rotates it.
+- Pooled keep-alive connections (a connection the server closed while idle is replaced before the request is
+  sent); a request sent again only when that cannot do it twice: after a failed connect, or for idempotent
+  methods once the request went out (never a POST: slices and events are created by generateName).
+- An overall deadline on each request, rate limit wait, connect, TLS, send and every read of the answer
+  included (deadline.py), so an answer that trickles in or never ends fails in time.
+- A cap on each answer's size, read incrementally and refused once over (the cap named in the error), so a huge
+  answer never sits in memory; a watch's events are capped one by one.
+- Client-side QPS and burst as client-go's defaults (ratelimit.py), configurable (--kube-api-qps/-burst).
+No redirects are followed, Retry-After is not obeyed (a server could make the daemon sleep for an hour) and no
+content coding is accepted (none is asked for: a compressed answer could hide its size).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
 import shutil
 import ssl
-import tempfile
 import threading
 import time
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from neuron_dra.driver.daemon import http1
+import urllib3
+from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.response import BaseHTTPResponse
+
 from neuron_dra.driver.daemon.claims import ClaimLookupError
+from neuron_dra.driver.daemon.deadline import Deadline, DeadlineExceeded, DeadlineSSLSocket, applied
+from neuron_dra.driver.daemon.kubeconfig import ClusterConfig, KubeConfigError, incluster_config, load_kubeconfig
+from neuron_dra.driver.daemon.ratelimit import Rate, RateLimited, TokenBucket
 
-# (connect, read) seconds: kubelet gives prepare 45 s; a claim GET must fail well before that.
-DEFAULT_TIMEOUT = (3.0, 10.0)
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-_PLAIN_NAME = re.compile(r"[a-z0-9.-]+").fullmatch
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+DEFAULT_DEADLINE = 10.0  # seconds for one request; kubelet gives a whole prepare 45 s
+CONNECT_TIMEOUT = 3.0
 TOKEN_RELOAD_SECONDS = 60.0
-Timeout = float | tuple[float, float]
-
-
-class KubeConfigError(RuntimeError):
-    pass
+# One object (a ResourceClaim, a Node, a written slice): etcd stores at most 1.5 MiB per object by default and the
+# API server takes request bodies of at most 3 MiB, so a real object's JSON stays well below this.
+MAX_OBJECT_BYTES = 4 * 1024 * 1024
+MAX_LIST_BYTES = 8 * 1024 * 1024  # this node's slices of this driver (a few, each at most one object)
+MAX_ERROR_BYTES = 64 * 1024  # the body of a non-2xx answer, for its message
+READ_BYTES = 64 * 1024
+POOL_SIZE = 12  # prepare's claim lookups (8 workers), the publisher, its watch, the health reporter
+# RFC 9110 §9.2.2: sending one of these again has the same effect as sending it once.
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+_PLAIN_NAME = re.compile(r"[a-z0-9.-]+").fullmatch
 
 
 class ApiException(Exception):
@@ -55,105 +65,47 @@ class ApiException(Exception):
         super().__init__(f"({status}) {reason}: {body[:500]}" if body else f"({status}) {reason}")
 
 
+class ApiClientError(Exception):
+    """No usable answer: the connection failed, the deadline passed, the answer was too large or malformed."""
+
+
+class RequestDeadlineExceeded(ApiClientError):
+    pass
+
+
+class AnswerTooLarge(ApiClientError):
+    pass
+
+
 @dataclass(frozen=True)
-class ClusterConfig:
-    """Where the API server is and how to authenticate: what the kubeconfig or the service account says."""
+class Limits:
+    """The most bytes read from one answer (a watch: from one event)."""
 
-    server: str  # https://host:port
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    token: str | None = None
-    token_file: str | None = None  # re-read every TOKEN_RELOAD_SECONDS (rotated projected tokens)
-    insecure: bool = False
-    temp_dir: str | None = None  # inline kubeconfig data written out for ssl; removed once the client holds it
+    object_bytes: int = MAX_OBJECT_BYTES
+    list_bytes: int = MAX_LIST_BYTES
 
 
-def _kubeconfig_file(data: str, directory: Path, name: str) -> str:
-    path = directory / name
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(base64.b64decode(data))
-    return str(path)
+@dataclass(frozen=True)
+class ClientOptions:
+    rate: Rate = field(default_factory=Rate)
+    deadline: float = DEFAULT_DEADLINE  # seconds, for every request but watches (which say their own)
+    limits: Limits = field(default_factory=Limits)
 
-
-def _parse_kubeconfig(text: str) -> Any:
-    """JSON (a kubeconfig may be JSON, as client-go reads it) without importing yaml; YAML otherwise. Only with
-    --kubeconfig (tests, local clusters): in-cluster start-up parses nothing."""
-    if text.lstrip().startswith("{"):
-        return json.loads(text)
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(f"not YAML: {e}") from None
-
-
-def load_kubeconfig(path: str) -> ClusterConfig:
-    """The current context's cluster and user of a kubeconfig file (inline `*-data` fields are written to a
-    private temporary directory, since ssl loads certificates from files; `api_client` removes it)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        doc = _parse_kubeconfig(text)
-        by_name = {kind: {e["name"]: e[kind[:-1]] for e in doc.get(kind) or ()} for kind in
-                   ("clusters", "users", "contexts")}
-        context = by_name["contexts"][doc["current-context"]]
-        cluster = by_name["clusters"][context["cluster"]]
-        user = by_name["users"].get(context.get("user"), {}) or {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise KubeConfigError(f"cannot load kubeconfig {path}: {e!r}") from None
-    if "exec" in user or "auth-provider" in user:
-        raise KubeConfigError(f"kubeconfig {path}: user credentials by exec or auth-provider plugins are not "
-                              "supported; use a client certificate or a token")
-    base = Path(path).resolve().parent
-    directory = Path(tempfile.mkdtemp(prefix="neuron-dra-kubeconfig-"))
-
-    def file_of(key: str, name: str, section: Mapping[str, Any]) -> str | None:
-        if section.get(f"{key}-data"):
-            return _kubeconfig_file(section[f"{key}-data"], directory, name)
-        value = section.get(key)
-        return str(base / value) if value else None
-
-    server = str(cluster.get("server", ""))
-    if not server.startswith("https://"):
-        raise KubeConfigError(f"kubeconfig {path}: server {server!r} is not allowed: an https:// URL is required")
-    return ClusterConfig(server=server, ca_file=file_of("certificate-authority", "ca.crt", cluster),
-                         cert_file=file_of("client-certificate", "client.crt", user),
-                         key_file=file_of("client-key", "client.key", user), token=user.get("token"),
-                         token_file=str(base / user["tokenFile"]) if user.get("tokenFile") else None,
-                         insecure=bool(cluster.get("insecure-skip-tls-verify")), temp_dir=str(directory))
-
-
-def incluster_config(env: Mapping[str, str], account: Path = SERVICE_ACCOUNT_DIR) -> ClusterConfig:
-    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
-    if not host or not port:
-        raise KubeConfigError("cannot load in-cluster config (no --kubeconfig given): KUBERNETES_SERVICE_HOST and "
-                              "KUBERNETES_SERVICE_PORT are not set (not running in a pod?)")
-    for name in ("token", "ca.crt"):
-        if not (account / name).is_file():
-            raise KubeConfigError(f"cannot load in-cluster config: {account / name} does not exist "
-                                  "(is the service account token mounted?)")
-    host = f"[{host}]" if ":" in host else host
-    return ClusterConfig(server=f"https://{host}:{port}", ca_file=str(account / "ca.crt"),
-                         token_file=str(account / "token"))
+    def __post_init__(self) -> None:
+        if not 0.1 <= self.deadline <= 300:
+            raise ValueError(f"API request deadline {self.deadline!r} s is not allowed: 0.1 to 300 seconds")
 
 
 class ApiClient:
-    """HTTPS to one API server: a keep-alive connection per thread, bearer token or client certificate."""
+    """HTTPS to one API server through a urllib3 connection pool shared by all threads."""
 
-    def __init__(self, config: ClusterConfig, limits: http1.Limits = http1.DEFAULT_LIMITS) -> None:
+    def __init__(self, config: ClusterConfig, options: ClientOptions | None = None) -> None:
         self.config = config
+        self.options = options or ClientOptions()
         url = urlsplit(config.server)
         if url.scheme != "https" or not url.hostname:
             raise KubeConfigError(f"API server {config.server!r} is not allowed: an https:// URL is required")
-        self._host = url.hostname
-        self._port = url.port or 443
         self._prefix = url.path.rstrip("/")
-        host = f"[{self._host}]" if ":" in self._host else self._host  # an IPv6 literal in brackets (RFC 3986)
-        self._host_field = host if self._port == 443 else f"{host}:{self._port}"
-        self._limits = limits
         try:
             ctx = ssl.create_default_context(cafile=config.ca_file)
             if config.insecure:
@@ -163,13 +115,17 @@ class ApiClient:
                 ctx.load_cert_chain(config.cert_file, config.key_file)
         except (OSError, ssl.SSLError) as e:
             raise KubeConfigError(f"TLS settings for {config.server}: {e}") from None
-        self._ssl = ctx
-        self._local = threading.local()
+        ctx.sslsocket_class = DeadlineSSLSocket
+        retries = urllib3.Retry(total=2, connect=1, read=1, status=0, other=0, redirect=False,
+                                allowed_methods=IDEMPOTENT, respect_retry_after_header=False, raise_on_status=False)
+        self._pool = urllib3.HTTPSConnectionPool(url.hostname, url.port or 443, maxsize=POOL_SIZE, block=False,
+                                                 ssl_context=ctx, retries=retries,
+                                                 assert_hostname=False if config.insecure else None)
+        self._bucket = TokenBucket(self.options.rate)
         self._token_lock = threading.Lock()
         self._token = config.token
         self._token_read = 0.0
-        # (authorization, with a body) -> header block; replaced as a whole (threads share it, never mutate it)
-        self._header_blocks: dict[tuple[str | None, bool], str] = {}
+        self._headers_by_auth: dict[tuple[str | None, bool], dict[str, str]] = {}
 
     def _authorization(self) -> str | None:
         if self.config.token_file:
@@ -184,89 +140,197 @@ class ApiClient:
                     self._token_read = now
         return f"Bearer {self._token}" if self._token else None
 
-    def connection(self, timeout: Timeout) -> http1.Connection:
-        connect, read = _timeouts(timeout)
-        return http1.connect(self._host, self._port, self._ssl, connect, read, self._limits)
-
-    def _headers(self, with_body: bool) -> str:
-        """The header block of a request (http1.header_block), made again only when the token changes."""
-        auth = self._authorization()
+    def _headers(self, with_body: bool) -> dict[str, str]:
+        """The request's header fields, made again only when the token changes (never mutated once made)."""
+        try:
+            auth = self._authorization()
+        except OSError as e:
+            raise ApiClientError(f"reading the token file {self.config.token_file}: {e}") from None
         key = (auth, with_body)
-        block = self._header_blocks.get(key)
-        if block is None:
-            fields = [("Accept", "application/json"), ("User-Agent", "neuron-dra-driver")]
+        headers = self._headers_by_auth.get(key)
+        if headers is None:
+            headers = {"Accept": "application/json", "User-Agent": "neuron-dra-driver"}
             if auth:
-                fields.append(("Authorization", auth))
+                headers["Authorization"] = auth
             if with_body:
-                fields.append(("Content-Type", "application/json"))
-            block = http1.header_block(self._host_field, fields)
-            self._header_blocks = {key: block, **{k: v for k, v in self._header_blocks.items() if k[0] == auth}}
-        return block
+                headers["Content-Type"] = "application/json"
+            if any("\r" in v or "\n" in v for v in headers.values()):
+                raise ApiClientError("refusing to send the request: a CR or LF in a header field (the token?) "
+                                     "would change it")
+            self._headers_by_auth = {key: headers, **{k: v for k, v in self._headers_by_auth.items()
+                                                      if k[0] == auth}}
+        return headers
 
-    def _request_bytes(self, method: str, path: str, query: Mapping[str, Any] | None,
-                       body: Mapping[str, Any] | None) -> bytes:
+    def _open(self, method: str, path: str, query: Mapping[str, Any] | None, body: Mapping[str, Any] | None,
+              deadline: Deadline) -> BaseHTTPResponse:
+        """The answer with its head read (the body not yet); non-2xx raise ApiException."""
         target = self._prefix + path
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         if params:
             target += "?" + urlencode(params)
         payload = None if body is None else json.dumps(body).encode()
-        return http1.request_bytes(method, target, self._headers(payload is not None), payload)
+        headers = self._headers(payload is not None)
+        try:
+            self._bucket.acquire(deadline.at)
+        except RateLimited as e:
+            raise ApiClientError(f"{method} {path}: {e}") from None
+        left = max(0.001, deadline.left())
+        timeout = urllib3.Timeout(connect=min(CONNECT_TIMEOUT, left), read=min(deadline.per_operation, left))
+        try:
+            with applied(deadline):
+                resp = self._pool.urlopen(method, target, body=payload, headers=headers, redirect=False,
+                                          timeout=timeout, preload_content=False, decode_content=False,
+                                          release_conn=False)
+        except DeadlineExceeded:
+            raise self._deadline_error(method, path, deadline) from None
+        except (Urllib3Error, OSError, ValueError) as e:
+            raise ApiClientError(f"{method} {path}: {_cause(e)}") from None
+        if 200 <= resp.status <= 299:
+            return resp
+        if resp.status < 200:  # http.client skips only 100 Continue: another 1xx would desync the connection
+            _discard(resp)
+            raise ApiClientError(f"{method} {path}: an interim answer ({resp.status}) where the final one belongs")
+        try:
+            text = self._read(resp, method, path, MAX_ERROR_BYTES, "MAX_ERROR_BYTES", deadline, cut=True)
+        except ApiClientError:
+            text = b""
+        raise ApiException(status=resp.status, reason=resp.reason or "", body=text.decode("utf-8", "replace"))
 
-    def _kept(self, read_timeout: float) -> http1.Connection | None:
-        """This thread's kept connection if it can carry a request (see http1.Connection.reusable)."""
-        conn: http1.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            return None
-        if conn.reusable():
-            conn.settimeout(read_timeout)
-            return conn
-        conn.close()
-        self._local.conn = None
-        return None
+    def _deadline_error(self, method: str, path: str, deadline: Deadline) -> RequestDeadlineExceeded:
+        return RequestDeadlineExceeded(f"{method} {path}: no complete answer within the request deadline of "
+                                       f"{deadline.seconds:g} s (--kube-api-timeout); an answer that trickles in "
+                                       "or never ends is cut off there")
+
+    def _read(self, resp: BaseHTTPResponse, method: str, path: str, cap: int, cap_name: str, deadline: Deadline,
+              cut: bool = False) -> bytes:
+        """The whole body, at most `cap` bytes (`cut`: the first `cap` bytes of a longer one), read piece by piece
+        within the deadline; the connection goes back to the pool only when the answer was read to its end."""
+        done = False
+        try:
+            coding = resp.headers.get("content-encoding", "identity").strip().lower()
+            if coding != "identity":
+                raise ApiClientError(f"{method} {path}: the answer has Content-Encoding {coding[:40]!r}, which "
+                                     "this client never asks for")
+            length = resp.headers.get("content-length", "")
+            if length.isdigit() and int(length) > cap and not cut:
+                raise AnswerTooLarge(f"{method} {path}: the answer's Content-Length {length} is over the limit of "
+                                     f"{cap} bytes ({cap_name})")
+            parts: list[bytes] = []
+            total = 0
+            with applied(deadline):
+                if length.isdigit() and not cut:  # the usual answer: its length known, within the cap
+                    body = resp.read()
+                    done = True
+                    return body
+                while piece := resp.read(READ_BYTES):
+                    total += len(piece)
+                    if total > cap:
+                        if cut:
+                            parts.append(piece[:cap - total + len(piece)])
+                            return b"".join(parts)
+                        raise AnswerTooLarge(f"{method} {path}: the answer is over the limit of {cap} bytes "
+                                             f"({cap_name}); refused after reading {total} bytes")
+                    parts.append(piece)
+            done = True
+            return b"".join(parts)
+        except DeadlineExceeded:
+            raise self._deadline_error(method, path, deadline) from None
+        except (Urllib3Error, OSError, ValueError) as e:
+            raise ApiClientError(f"{method} {path}: reading the answer: {_cause(e)}") from None
+        finally:
+            if done:
+                resp.release_conn()
+            else:
+                _discard(resp)
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
-                body: Mapping[str, Any] | None = None, timeout: Timeout = DEFAULT_TIMEOUT,
-                stream: bool = False) -> http1.Response:
-        """The response (body not yet read) of a 2xx answer, else ApiException. `stream`: on a connection of its
-        own, closed by the caller (watches)."""
-        data = self._request_bytes(method, path, query, body)
-        for attempt in (0, 1):
-            kept = None if stream else self._kept(_timeouts(timeout)[1])
-            conn = kept or self.connection(timeout)
-            if not stream:
-                self._local.conn = conn
-            try:
-                resp = conn.exchange(data, method, stream=stream)
-            except http1.ClosedBeforeAnswer:
-                # A kept connection the server closed as the request went out (its idle timeout): send it
-                # again on a new one, unless repeating it could do it twice (a POST creating an object).
-                if kept is not None and attempt == 0 and method in http1.IDEMPOTENT:
-                    continue
-                raise
-            if not 200 <= resp.status <= 299:
-                text = resp.read().decode("utf-8", "replace")
-                resp.close()
-                raise ApiException(status=resp.status, reason=resp.reason, body=text[:2000])
-            return resp
-        raise AssertionError("unreachable")
+                body: Mapping[str, Any] | None = None, seconds: float | None = None, list_answer: bool = False,
+                ) -> bytes:
+        """The body of a 2xx answer (at most the object or list limit), else ApiException or ApiClientError."""
+        deadline = Deadline.after(self.options.deadline if seconds is None else seconds)
+        resp = self._open(method, path, query, body, deadline)
+        limits = self.options.limits
+        cap, name = (limits.list_bytes, "MAX_LIST_BYTES") if list_answer else (limits.object_bytes,
+                                                                                "MAX_OBJECT_BYTES")
+        return self._read(resp, method, path, cap, name, deadline)
+
+    def stream(self, path: str, query: Mapping[str, Any], seconds: float, idle_seconds: float) -> Watch:
+        """A GET whose answer is a stream of lines (a watch), over within `seconds`, each wait for data at most
+        `idle_seconds`; each line at most the object limit."""
+        deadline = Deadline.after(seconds, idle_seconds)
+        return Watch(self._open("GET", path, query, None, deadline), path, deadline, self.options.limits.object_bytes,
+                     self._deadline_error("GET", path, deadline))
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+        self._pool.close()
 
 
-def _timeouts(timeout: Timeout) -> tuple[float, float]:
-    """(connect, read) seconds."""
-    return timeout if isinstance(timeout, tuple) else (timeout, timeout)
+class Watch:
+    """An open watch answer: its lines, read as they arrive."""
+
+    def __init__(self, resp: BaseHTTPResponse, path: str, deadline: Deadline, line_bytes: int,
+                 late: RequestDeadlineExceeded) -> None:
+        self._resp = resp
+        self._path = path
+        self._deadline = deadline
+        self._line_bytes = line_bytes
+        self._late = late
+
+    def _piece(self) -> bytes:
+        try:
+            with applied(self._deadline):
+                return self._resp.read1(READ_BYTES)
+        except DeadlineExceeded:
+            raise self._late from None
+        except (Urllib3Error, OSError, ValueError) as e:
+            raise ApiClientError(f"GET {self._path} (watch): {_cause(e)}") from None
+
+    def lines(self) -> Iterator[bytes]:
+        """Each line without its LF, until the server ends the answer."""
+        pending = bytearray()
+        start = 0  # searched already: a long line costs linear time, not quadratic
+        while True:
+            end = pending.find(b"\n", start)
+            if end > self._line_bytes or (end < 0 and len(pending) > self._line_bytes):
+                raise AnswerTooLarge(f"GET {self._path} (watch): an event is over the limit of {self._line_bytes} "
+                                     "bytes (MAX_OBJECT_BYTES)")
+            if end >= 0:
+                line = bytes(pending[:end])
+                del pending[:end + 1]
+                start = 0
+                yield line
+                continue
+            start = len(pending)
+            piece = self._piece()
+            if not piece:
+                if pending:
+                    yield bytes(pending)
+                return
+            pending += piece
+
+    def close(self) -> None:
+        _discard(self._resp)
 
 
-def api_client(kubeconfig: str | None, env: Mapping[str, str] | None = None) -> ApiClient:
+def _discard(resp: BaseHTTPResponse) -> None:
+    """Close the answer's connection (its unread rest makes it unusable) and give its pool slot back."""
+    resp.close()
+    resp.release_conn()
+
+
+def _cause(e: BaseException) -> str:
+    """What went wrong, without urllib3's wrapping (MaxRetryError names the pool, then the cause)."""
+    reason = getattr(e, "reason", None)
+    inner = reason if isinstance(reason, BaseException) else e
+    return f"{type(inner).__name__}: {str(inner)[:300]}"
+
+
+def api_client(kubeconfig: str | None, options: ClientOptions | None = None,
+               env: Mapping[str, str] | None = None) -> ApiClient:
     """A client from a kubeconfig file, or the in-cluster service account when `kubeconfig` is None."""
     config = load_kubeconfig(kubeconfig) if kubeconfig else incluster_config(os.environ if env is None else env)
     try:
-        return ApiClient(config)  # the TLS context has read the certificate files
+        return ApiClient(config, options)  # the TLS context has read the certificate files
     finally:
         if config.temp_dir:
             shutil.rmtree(config.temp_dir, ignore_errors=True)
@@ -282,41 +346,61 @@ def _from_kubernetes(api: Any) -> ApiClient:
                                    key_file=cfg.key_file, token=token or None, insecure=not cfg.verify_ssl))
 
 
-def read_json(resp: http1.Response) -> dict[str, Any]:
-    data = json.loads(resp.read())
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object from the API server, got {type(data).__name__}")
-    return data
+def _json_object(data: bytes, method: str, path: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise ApiClientError(f"{method} {path}: the answer is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ApiClientError(f"{method} {path}: expected a JSON object from the API server, got "
+                             f"{type(doc).__name__}")
+    return doc
 
 
 class KubeApi:
-    """JSON requests to the API server; a non-2xx answer raises ApiException (with .status)."""
+    """JSON requests to the API server; a non-2xx answer raises ApiException (with .status), a failed request
+    ApiClientError. Every call goes through `request`."""
 
     def __init__(self, api: ApiClient | Any) -> None:
         self._api = api if isinstance(api, ApiClient) else _from_kubernetes(api)
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
-                body: Mapping[str, Any] | None = None, timeout: Timeout = DEFAULT_TIMEOUT,
-                stream: bool = False) -> http1.Response:
-        """The response (not yet read), for streaming; see `call` for JSON."""
-        return self._api.request(method, path, query=query, body=body, timeout=timeout, stream=stream)
+                body: Mapping[str, Any] | None = None, seconds: float | None = None, list_answer: bool = False,
+                watch: tuple[float, float] | None = None) -> dict[str, Any] | Watch:
+        """A JSON object, or for `watch` (seconds, idle seconds) the open Watch."""
+        if watch is not None:
+            return self._api.stream(path, query or {}, *watch)
+        data = self._api.request(method, path, query=query, body=body, seconds=seconds, list_answer=list_answer)
+        return _json_object(data, method, path)
 
     def call(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
-             body: Mapping[str, Any] | None = None, timeout: Timeout = DEFAULT_TIMEOUT) -> dict[str, Any]:
-        return read_json(self.request(method, path, query=query, body=body, timeout=timeout))
+             body: Mapping[str, Any] | None = None, seconds: float | None = None) -> dict[str, Any]:
+        doc = self.request(method, path, query=query, body=body, seconds=seconds)
+        assert isinstance(doc, dict)
+        return doc
 
-    def watch(self, path: str, query: Mapping[str, Any], timeout: Timeout) -> Generator[dict[str, Any], None, None]:
-        """Watch events ({"type", "object"}) until the server ends the watch."""
-        resp = self.request("GET", path, query={**query, "watch": "true"}, timeout=timeout, stream=True)
+    def list(self, path: str, query: Mapping[str, Any] | None = None, seconds: float | None = None) -> dict[str, Any]:
+        doc = self.request("GET", path, query=query, seconds=seconds, list_answer=True)
+        assert isinstance(doc, dict)
+        return doc
+
+    def watch(self, path: str, query: Mapping[str, Any], seconds: float,
+              idle_seconds: float) -> Generator[dict[str, Any], None, None]:
+        """Watch events ({"type", "object"}) until the server ends the watch or `seconds` pass."""
+        stream = self.request("GET", path, query={**query, "watch": "true"}, watch=(seconds, idle_seconds))
+        assert isinstance(stream, Watch)
         try:
-            while True:
-                line = resp.readline()
-                if not line:
-                    return
+            for line in stream.lines():
                 if line.strip():
-                    yield json.loads(line)
+                    try:
+                        event = json.loads(line)
+                    except ValueError as e:
+                        raise ApiClientError(f"GET {path} (watch): an event that is not JSON: {e}") from None
+                    if not isinstance(event, dict):
+                        raise ApiClientError(f"GET {path} (watch): an event that is not a JSON object")
+                    yield event
         finally:
-            resp.close()
+            stream.close()
 
 
 def _segment(name: str) -> str:
@@ -328,17 +412,17 @@ def _segment(name: str) -> str:
 class KubeClaimLookup:
     """GET resource.k8s.io/v1 ResourceClaims (RBAC: resourceclaims get)."""
 
-    def __init__(self, api: ApiClient | Any, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, api: ApiClient | Any, seconds: float | None = None) -> None:
         self._api = KubeApi(api)
-        self._timeout = timeout
+        self._seconds = seconds
 
     def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         path = f"/apis/resource.k8s.io/v1/namespaces/{_segment(namespace)}/resourceclaims/{_segment(name)}"
         try:
-            return self._api.call("GET", path, timeout=self._timeout)
+            return self._api.call("GET", path, seconds=self._seconds)
         except ApiException as e:
             if e.status == 404:
                 return None
             raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e.status} {e.reason}") from None
-        except (http1.HttpError, OSError, ValueError) as e:
-            raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e!r}") from None
+        except ApiClientError as e:
+            raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e}") from None

@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,6 +87,10 @@ class DaemonOptions:
     unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT
     core_partitions: str = "auto"  # auto: NeuronCores when the API server keeps counters; on; off
     lnc: int | None = None  # the node's LNC; None: /opt/aws/neuron/logical_nc_config, else the family's default
+    # The API client (kube.py): client-side rate limit as client-go's defaults, and each request's deadline.
+    kube_api_qps: float = 5.0
+    kube_api_burst: int = 10
+    kube_api_timeout: float = 10.0
 
     @property
     def sockets(self) -> SocketPaths:
@@ -122,6 +126,19 @@ def _interval(text: str) -> float:
     if not 0.05 <= value <= 60:
         raise argparse.ArgumentTypeError(f"{value} seconds: allowed 0.05 to 60")
     return value
+
+
+def _bounded(kind: type[float] | type[int], low: float, high: float, what: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} ({low:g} to {high:g})") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value}: allowed {low:g} to {high:g}")
+        return value
+
+    return parse
 
 
 def _node_name(text: str) -> str:
@@ -207,6 +224,17 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--lnc", type=_lnc, default=env_default("NODE_LNC", None), metavar="1|2",
                    help="the node's Logical NeuronCore config (env NODE_LNC; default: the host's "
                         "/opt/aws/neuron/logical_nc_config, else 2 on Trainium2+)")
+    p.add_argument("--kube-api-qps", type=_bounded(float, 0.1, 1000, "a number of requests per second"),
+                   default=env_default("KUBE_API_QPS", "5"), metavar="QPS",
+                   help="API requests per second, sustained (client-go's default) [env KUBE_API_QPS] (default 5)")
+    p.add_argument("--kube-api-burst", type=_bounded(int, 1, 1000, "a whole number of requests"),
+                   default=env_default("KUBE_API_BURST", "10"), metavar="N",
+                   help="API requests allowed at once above the QPS (client-go's default) [env KUBE_API_BURST] "
+                        "(default 10)")
+    p.add_argument("--kube-api-timeout", type=_bounded(float, 0.5, 40, "a number of seconds"),
+                   default=env_default("KUBE_API_TIMEOUT", "10"), metavar="SECONDS",
+                   help="deadline of one API request, the whole answer included; kubelet gives a prepare 45 s "
+                        "[env KUBE_API_TIMEOUT] (default 10)")
     p.add_argument("--version", action="version", version=f"neuron-dra-driver {__version__}")
     return p
 
@@ -224,6 +252,8 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
         emulate=a.emulate, log_level=a.log_level, health_poll_interval=float(a.health_poll_interval),
         unhealthy_taint_effect=a.unhealthy_taint_effect, core_partitions=a.core_partitions,
         lnc=None if a.lnc is None else int(a.lnc), catalog=Path(a.catalog) if a.catalog else None,
+        kube_api_qps=float(a.kube_api_qps), kube_api_burst=int(a.kube_api_burst),
+        kube_api_timeout=float(a.kube_api_timeout),
     )
 
 
@@ -448,11 +478,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(options.log_level)
     servers = start_early(options)
     from neuron_dra.driver.daemon.failpoints import CrashPoints
-    from neuron_dra.driver.daemon.kube import KubeClaimLookup, KubeConfigError, api_client
+    from neuron_dra.driver.daemon.kube import ClientOptions, KubeClaimLookup, api_client
+    from neuron_dra.driver.daemon.kubeconfig import KubeConfigError
+    from neuron_dra.driver.daemon.ratelimit import Rate
 
     try:
         crash = CrashPoints.from_env(os.environ)
-        api = api_client(options.kubeconfig)
+        api = api_client(options.kubeconfig, ClientOptions(Rate(options.kube_api_qps, options.kube_api_burst),
+                                                           options.kube_api_timeout))
     except (ValueError, KubeConfigError) as e:
         log.error("start-up failed", extra={"error": str(e)})
         if servers is not None:

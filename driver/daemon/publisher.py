@@ -3,8 +3,10 @@
 Slices are named by generateName and owned by the Node; any change bumps the pool generation; obsolete
 slices are deleted before the others are updated or created. A watch on this node's slices of this
 driver notices deletion (kubelet wipes a node's slices when it starts, and a driver's after it has been
-gone for 30 s) and republishes at once. API errors are retried with exponential backoff; the publisher
-never raises out of its loop.
+gone for 30 s) and republishes at once. API errors are retried with exponential backoff, and so is a watch that
+ends early without a change (client-go's reflector treats a watch that closes at once with no event as an error):
+only a watch that lasted or saw a change resets the backoff, never a successful LIST, so a server that ends
+every watch at once cannot drive the loop faster than the backoff. The publisher never raises out of its loop.
 
 Ownership: a slice is ours when its spec names this node, this driver and this node's pool (the pool is named
 after the node). Only those are updated or deleted. A slice of this node and driver in another pool (another
@@ -18,6 +20,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -35,7 +38,7 @@ log = logging.getLogger("neuron_dra.driver.daemon.publisher")
 
 Slice = dict[str, Any]
 TaintSource = Callable[[], Mapping[str, tuple[Mapping[str, str], ...]]]
-REQUEST_TIMEOUT = (3.0, 15.0)
+WATCH_SLACK = 30.0  # seconds beyond the watch's timeoutSeconds before the client cuts it off
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class SlicePublisher:
     # --- one pass --------------------------------------------------------------------------------------------
 
     def _node(self) -> tuple[NodeFacts, str]:
-        node = self._api.call("GET", f"/api/v1/nodes/{quote(self.node_name, safe='')}", timeout=REQUEST_TIMEOUT)
+        node = self._api.call("GET", f"/api/v1/nodes/{quote(self.node_name, safe='')}")
         labels = node.get("metadata", {}).get("labels") or {}
         return NodeFacts.from_labels(self.node_name, labels, self._capacity_block_id), node["metadata"]["uid"]
 
@@ -140,8 +143,7 @@ class SlicePublisher:
 
     def list_slices(self) -> tuple[list[Slice], str]:
         """This node's slices of this driver in our pool (sorted by name) and the list's resourceVersion."""
-        data = self._api.call("GET", RESOURCE_SLICES, query={"fieldSelector": self._selector},
-                              timeout=REQUEST_TIMEOUT)
+        data = self._api.list(RESOURCE_SLICES, query={"fieldSelector": self._selector})
         items = []
         for s in data.get("items") or ():
             if self._ours(s):
@@ -161,8 +163,7 @@ class SlicePublisher:
                           "pool": {"name": self.node_name, "generation": 0, "resourceSliceCount": 1},
                           "sharedCounters": [{"name": "probe", "counters": {MEMORY_COUNTER: {"value": "1"}}}]}}
         try:
-            stored = self._api.call("POST", RESOURCE_SLICES, query={"dryRun": "All"}, body=probe,
-                                    timeout=REQUEST_TIMEOUT)
+            stored = self._api.call("POST", RESOURCE_SLICES, query={"dryRun": "All"}, body=probe)
         except ApiException as e:
             if e.status in (400, 422):
                 return False, f"the API server rejected a ResourceSlice with sharedCounters ({e.status} {e.reason})"
@@ -250,7 +251,7 @@ class SlicePublisher:
                 raise
 
     def _write(self, verb: str, method: str, path: str, body: Mapping[str, Any]) -> None:
-        stored = self._api.call(method, path, body=body, timeout=REQUEST_TIMEOUT)
+        stored = self._api.call(method, path, body=body)
         if self._metrics:
             self._metrics.slice_writes.labels(verb).inc()
         sent = any(d.get("taints") for d in (body.get("spec") or {}).get("devices") or ())
@@ -275,25 +276,31 @@ class SlicePublisher:
 
     # --- the loop --------------------------------------------------------------------------------------------
 
-    def _wait_for_change(self, rv: str, stop: threading.Event) -> None:
-        """Block until a slice of ours changes (or the resync period ends)."""
-        query = {"fieldSelector": self._selector, "timeoutSeconds": max(1, int(self._resync)),
+    def _wait_for_change(self, rv: str, stop: threading.Event) -> bool:
+        """Block until a slice of ours changes (or the resync period ends); whether the watch made progress: it
+        saw a change, or lasted at least half the time asked for (a server ending watches at once makes none)."""
+        watch_seconds = max(1, int(self._resync))
+        query = {"fieldSelector": self._selector, "timeoutSeconds": watch_seconds,
                  "allowWatchBookmarks": "true", "resourceVersion": rv or None}
-        with contextlib.closing(self._api.watch(RESOURCE_SLICES, query, timeout=(3.0, self._resync + 10))) as events:
+        started = time.monotonic()
+        events = self._api.watch(RESOURCE_SLICES, query, watch_seconds + WATCH_SLACK, self._resync + 10)
+        with contextlib.closing(events):
             for event in events:
                 if event.get("type") == "ERROR":  # e.g. 410 Gone: list again
                     raise ApiException(status=event.get("object", {}).get("code"), reason="watch error")
-                if stop.is_set() or event.get("type") != "BOOKMARK":
-                    return
+                if event.get("type") != "BOOKMARK":
+                    return True
+                if stop.is_set():
+                    break
+        return stop.is_set() or time.monotonic() - started >= watch_seconds / 2
 
     def run(self, stop: threading.Event) -> None:
-        delay = 0.0
+        delay = 0.0  # reset only by a watch that made progress, never by a successful LIST
         writes_in_a_row = 0
         while not stop.is_set():
             try:
                 result, rv = self.reconcile()
                 self.published.set()
-                delay = 0.0
                 if result.changed:
                     writes_in_a_row += 1
                     if writes_in_a_row < 3:
@@ -304,7 +311,14 @@ class SlicePublisher:
                                 extra={"node": self.node_name})
                     _, rv = self.list_slices()
                 writes_in_a_row = 0
-                self._wait_for_change(rv, stop)
+                started = time.monotonic()
+                if self._wait_for_change(rv, stop):
+                    delay = 0.0
+                    continue
+                delay = self._backoff.next(delay)
+                log.warning("the watch of this node's ResourceSlices ended early without a change; backing off "
+                            "before listing again", extra={"node": self.node_name, "retry_in_seconds": delay,
+                                                           "watch_seconds": round(time.monotonic() - started, 3)})
             except Exception as e:  # API down, conflicts, 410 Gone: back off and start over
                 delay = self._backoff.next(delay)
                 if self._metrics:
@@ -313,7 +327,7 @@ class SlicePublisher:
                 log.warning("publishing ResourceSlices failed; retrying", extra={
                     "node": self.node_name, "error": f"{type(e).__name__}: {str(e)[:300]}", "status": status,
                     "retry_in_seconds": delay})
-                stop.wait(delay)
+            stop.wait(delay)
 
     def start(self, stop: threading.Event) -> threading.Thread:
         self._thread = threading.Thread(target=self.run, args=(stop,), name="slice-publisher", daemon=True)

@@ -64,7 +64,10 @@ DEFAULT_HOST_ROOT = "/host"
 # A catalog file (docs/catalog-file.md) travels as a ConfigMap mounted here; NEURON_DRA_CATALOG points to it.
 CATALOG_DIR = "/etc/neuron-dra"
 CATALOG_KEY = "catalog.yaml"
-DEFAULT_IMAGE = f"neuron-dra-driver:{__version__}"
+# The image this repository's release workflow publishes (.github/workflows/release-image.yml; multi-arch, SBOM,
+# cosign keyless signature), tagged with the package version: the version installed is the version deployed.
+IMAGE_REPOSITORY = "ghcr.io/neuron-dra/neuron-dra-driver"
+DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{__version__}"
 DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
 DEFAULT_EXTENDED_RESOURCE = NEURON_DEVICE_RESOURCE  # the Neuron device plugin's resource names
 DEFAULT_CORE_EXTENDED_RESOURCE = NEURON_CORE_RESOURCE
@@ -185,6 +188,10 @@ class DriverDeployOptions:
     # The cluster's Kubernetes minor ("1.34"): what that minor does not serve is left out (`serves`,
     # KUBERNETES_FEATURES); None: everything, as on the newest minor.
     kubernetes_version: str | None = None
+    # The daemon's API client: client-side rate limit (client-go's defaults) and each request's deadline.
+    kube_api_qps: float = 5.0
+    kube_api_burst: int = 10
+    kube_api_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         check_dns_label("namespace", self.namespace, DeployOptionError)
@@ -231,6 +238,12 @@ class DriverDeployOptions:
                                         "(resource.k8s.io/v1), or None for the newest")
         if self.unhealthy_taint_effect not in TAINT_EFFECTS:
             raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
+        for opt, low, high, kinds in (("kube_api_qps", 0.1, 1000, (int, float)), ("kube_api_burst", 1, 1000, (int,)),
+                                      ("kube_api_timeout", 0.5, 40, (int, float))):
+            value = getattr(self, opt)
+            if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+                what = "a whole number" if kinds == (int,) else "a number"
+                raise DeployOptionError(opt, value, f"{what} from {low:g} to {high:g}")
         if not self.instance_types:
             raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
         hardware = self.hardware  # a bad catalog file is refused here, naming its key path
@@ -475,6 +488,10 @@ def driver_args(options: DriverDeployOptions) -> list[str]:
     args = ["--driver-name", options.driver_name, "--host-root", options.host_root]
     if options.metrics_port:
         args += ["--metrics-port", str(options.metrics_port)]
+    defaults = DriverDeployOptions()
+    for opt in ("kube_api_qps", "kube_api_burst", "kube_api_timeout"):  # only when changed: no rollout otherwise
+        if getattr(options, opt) != getattr(defaults, opt):
+            args += [f"--{opt.replace('_', '-')}", f"{getattr(options, opt):g}"]
     return args
 
 

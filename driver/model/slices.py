@@ -299,18 +299,3 @@ def resource_slices(pool: Pool, generation: int = 0, node_uid: str | None = None
             }
         )
     return out
-
-
-def efa_driver_devices(pool: Pool) -> list[dict[str, Any]]:
-    """The devices AWS's EFA DRA driver publishes on this node, as the local cluster and the claim checks model
-    them: one per EFA wired to Neuron devices (named efa-N in BDF order) carrying the same
-    `resource.aws.com/devicegroup*_id` values as those Neuron devices, so one matchAttribute aligns both."""
-    seen: dict[str, dict[str, Any]] = {}
-    for dev in pool.devices:
-        bdf = dev.attributes.get(f"{AWS_DOMAIN}/devicegroup1_id")
-        if bdf is None or bdf["string"] in seen:
-            continue
-        attrs = {k: dict(v) for k, v in dev.attributes.items() if k.startswith(f"{AWS_DOMAIN}/")}
-        attrs["pciAddress"] = {"string": bdf["string"]}
-        seen[bdf["string"]] = {"attributes": attrs}
-    return [{"name": f"efa-{i}", **d} for i, (_, d) in enumerate(sorted(seen.items()))]

@@ -37,7 +37,8 @@ def recorded_templates(run: OfflineRun[Any]) -> dict[str, dict[str, Any]]:
 def test_stack_examples_become_resource_claim_templates_equal_to_their_manifests() -> None:
     templates = module_templates("neuron_dra.claim_templates.stack_examples")
     assert len(templates) >= 8
-    run = run_templates(ClaimTemplatesArgs(templates=templates, instance_types=["trn2.48xlarge"]))
+    run = run_templates(ClaimTemplatesArgs(templates=templates, instance_types=["trn2.48xlarge"],
+                                           efa_driver="external"))
     sent = recorded_templates(run)
     assert run.result.names == [f"{t.namespace}/{t.name}" for t in templates]
     assert set(sent) == set(run.result.names) and len(sent) == len(templates)

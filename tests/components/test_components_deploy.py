@@ -21,7 +21,8 @@ OPTION_SETS = {
         image="registry.example.com/neuron/driver@sha256:" + "a" * 64, driver_name="neuron.example.com",
         namespace="accel", plugins_dir="/data/kubelet/plugins", registry_dir="/data/kubelet/plugins_registry",
         cdi_root="/etc/cdi", metrics_port=9400, instance_types=("trn1.32xlarge", "inf2.48xlarge"),
-        resources=Resources(cpu_limit="500m"), labels={"team": "ml"},
+        resources=Resources(cpu_limit="500m"), labels={"team": "ml"}, kube_api_qps=20, kube_api_burst=40,
+        kube_api_timeout=4.5,
     ),
     "no-health": DriverDeployOptions(healthcheck_port=0),
 }
@@ -178,6 +179,8 @@ def test_the_daemon_parses_the_daemonset_and_every_path_it_writes_is_mounted_at_
     assert daemon.healthcheck_port == options.healthcheck_port == 51515
     assert daemon.metrics_port == options.metrics_port
     assert daemon.host_root == Path(options.host_root)
+    assert (daemon.kube_api_qps, daemon.kube_api_burst, daemon.kube_api_timeout) == (
+        options.kube_api_qps, options.kube_api_burst, options.kube_api_timeout)
     assert env["POD_UID"] == "uid-1"
     # Health and metrics listen on the pod IP only (where kubelet's probe connects), not on every address.
     assert daemon.bind_address == "10.0.0.7"
@@ -271,6 +274,9 @@ def test_affinity_follows_configured_instance_types_and_no_probe_without_health_
     ({"image_pull_policy": "Sometimes"}, "image_pull_policy"),
     ({"resources": Resources(memory_limit="lots")}, "resources.memory_limit"),
     ({"driver_name": "x" * 64}, "driver_name"),
+    ({"kube_api_qps": 0}, "kube_api_qps"),
+    ({"kube_api_burst": 2.5}, "kube_api_burst"),
+    ({"kube_api_timeout": 45}, "kube_api_timeout"),
 ])
 def test_bad_options_name_the_option_the_value_and_what_is_allowed(kwargs: dict[str, Any], option: str) -> None:
     with pytest.raises(DeployOptionError) as err:

@@ -11,6 +11,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 
+from neuron_dra import __version__
 from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
 from neuron_dra.components.mocks import OfflineRun, run_offline
 from neuron_dra.components.settings import SettingError
@@ -72,10 +73,10 @@ def test_every_object_goes_through_the_given_provider_and_waits_for_what_it_need
     assert urn["Namespace"] in objects["ServiceAccount/accel/neuron-dra-driver-sa"].dependencies
 
 
-def test_without_an_image_it_builds_and_pushes_to_a_new_ecr_repository(tmp_path: Path) -> None:
+def test_built_from_source_it_builds_and_pushes_to_a_new_ecr_repository(tmp_path: Path) -> None:
     (tmp_path / "driver").mkdir()
     (tmp_path / "driver" / "Dockerfile").write_text("FROM scratch\n")
-    run = run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path))
+    run = run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path, build_from_source=True))
     repo = run.one("aws:ecr/repository:Repository").plain_inputs
     assert repo["imageScanningConfiguration"] == {"scanOnPush": True}
     assert repo["encryptionConfigurations"] == [{"encryptionType": "AES256"}]
@@ -96,11 +97,23 @@ def test_without_an_image_it_builds_and_pushes_to_a_new_ecr_repository(tmp_path:
     assert [i.token for i in run.invokes] == ["aws:ecr/getAuthorizationToken:getAuthorizationToken"]
 
 
-def test_without_an_image_or_a_dockerfile_the_error_names_the_setting(tmp_path: Path) -> None:
+def test_building_without_a_dockerfile_the_error_names_the_field_and_the_default(tmp_path: Path) -> None:
     with pytest.raises(SettingError) as err:
-        run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path))
-    assert "neuron-dra:driverImage" in err.value.setting
-    assert "driver/Dockerfile" in str(err.value)
+        run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path, build_from_source=True))
+    assert err.value.setting == "NeuronDraDriverArgs.source_dir" and err.value.value == str(tmp_path)
+    assert "driver/Dockerfile" in str(err.value) and deploy.DEFAULT_IMAGE in str(err.value)
+
+
+def test_without_an_image_it_deploys_the_published_image_of_this_version(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # As from a non-editable install: no checkout, no Dockerfile where the package runs from.
+    monkeypatch.setattr("neuron_dra.components.driver.default_source_dir", lambda: tmp_path)
+    run = run_driver(NeuronDraDriverArgs(options=OPTIONS))
+    assert run.exports["image"] == deploy.DEFAULT_IMAGE == f"ghcr.io/neuron-dra/neuron-dra-driver:{__version__}"
+    assert not [r for r in run.resources if r.type.startswith(("aws:", "docker-build:"))]
+    with pytest.raises(SettingError) as err:
+        NeuronDraDriverArgs(image=IMAGE, build_from_source=True)
+    assert "neuron-dra:driverImage" in err.value.setting and "build_from_source" in err.value.allowed
 
 
 def test_the_repository_dockerfile_is_what_gets_built() -> None:

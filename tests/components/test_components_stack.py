@@ -88,7 +88,7 @@ def test_main_py_is_the_stack_program() -> None:
 
 def test_existing_cluster_mode_installs_only_the_driver_and_templates() -> None:
     values = {**project_defaults(), "kubeconfig": KUBECONFIG, "clusterInstanceTypes": ["trn2.48xlarge"],
-              "driverImage": "example.com/neuron-dra-driver:0.1.0"}
+              "driverImage": "example.com/neuron-dra-driver:0.1.0", "efaDriver": "external"}
     run = run_stack(values)
     types = {r.type for r in run.resources}
     assert not {t for t in types if t.startswith(("aws:", "eks:", "awsx:", "docker-build:"))}

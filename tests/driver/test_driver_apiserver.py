@@ -17,7 +17,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver.daemon.claims import ClaimLookupError
-from neuron_dra.driver.daemon.kube import ApiClient, ClusterConfig, KubeClaimLookup, api_client
+from neuron_dra.driver.daemon.kube import ApiClient, KubeClaimLookup, api_client
+from neuron_dra.driver.daemon.kubeconfig import ClusterConfig
 from neuron_dra.driver.daemon.metrics import Metrics
 from neuron_dra.driver.daemon.publisher import Backoff, SlicePublisher
 from neuron_dra.driver.model.discovery import discover

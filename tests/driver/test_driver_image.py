@@ -27,9 +27,9 @@ def pins(path: Path) -> dict[str, str]:
 
 def test_image_pins_match_the_repository() -> None:
     image, repo = pins(IMAGE_REQUIREMENTS), pins(REPO / "requirements.txt")
-    # No kubernetes client: driver/daemon/kube.py talks to the API server with the standard library; no grpcio and no
+    # No kubernetes client: driver/daemon/kube.py talks to the API server on urllib3; no grpcio and no
     # h2: the daemon's gRPC is driver/daemon/h2grpc.py on its own framing (driver/daemon/h2frames.py) and hpack.
-    assert set(image) == {"protobuf", "hpack", "pyyaml", "prometheus-client"}
+    assert set(image) == {"protobuf", "hpack", "pyyaml", "prometheus-client", "urllib3"}
     assert {name: repo.get(name) for name in image} == image
 
 
@@ -53,7 +53,8 @@ def test_daemon_imports_only_what_the_image_has() -> None:
     assert "neuron_dra.driver.daemon.testing" not in ours
     # (grpc imports grpc_tools by itself when installed; not in the image)
     assert not [m for m in out if m.split(".")[0] in ("pulumi", "pulumi_aws", "pulumi_kubernetes", "cel", "celpy")]
-    # Neither the kubernetes client (17-19 MiB) nor yaml (only for a kubeconfig or catalog file) at start-up.
+    # Neither the kubernetes client (17-19 MiB) nor yaml (only for a kubeconfig or catalog file) at start-up; urllib3
+    # once the sockets are bound (main imports the API client then).
     assert not [m for m in out if m.split(".")[0] in ("kubernetes", "urllib3", "yaml", "pydantic")]
 
 

@@ -1,5 +1,6 @@
-"""driver/daemon/kube.py without an API server: connection settings from the environment and kubeconfig files, and
-the errors that name what is wrong. (Calls against a real kube-apiserver: test_driver_apiserver.py, rbac.)"""
+"""driver/daemon/kubeconfig.py and kube.py without an API server: connection settings from the environment and
+kubeconfig files, and the errors that name what is wrong. (Calls against a real kube-apiserver:
+test_driver_apiserver.py, rbac.)"""
 
 from __future__ import annotations
 
@@ -14,16 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from neuron_dra.driver.daemon.kube import (
-    ApiClient,
-    ApiException,
-    ClusterConfig,
-    KubeApi,
-    KubeConfigError,
-    api_client,
-    incluster_config,
-    load_kubeconfig,
-)
+from neuron_dra.driver.daemon.kube import ApiClient, ApiClientError, ApiException, KubeApi, api_client
+from neuron_dra.driver.daemon.kubeconfig import ClusterConfig, KubeConfigError, incluster_config, load_kubeconfig
 
 
 def test_incluster_config_needs_the_service_environment(tmp_path: Path) -> None:
@@ -131,14 +124,14 @@ def test_requests_verify_the_ca_from_kubeconfig_data_and_send_the_token(https_se
     with pytest.raises(ApiException) as info:
         api.call("GET", "/missing")
     assert info.value.status == 404
-    events = list(api.watch("/apis/w", {}, timeout=5))
+    events = list(api.watch("/apis/w", {}, 5, 5))
     assert events == [{"type": "ADDED", "object": {"n": 1}}, {"type": "DELETED", "object": {"n": 2}}]
     assert {auth for _, _, auth in _Handler.seen} == {"Bearer secret"}
 
 
 def test_an_unknown_ca_is_refused(https_server: str) -> None:
     api = KubeApi(ApiClient(ClusterConfig(server=https_server, token="t")))
-    with pytest.raises(ssl.SSLError):
+    with pytest.raises(ApiClientError, match=r"SSLError.*CERTIFICATE_VERIFY_FAILED"):
         api.call("GET", "/apis/x")
 
 

@@ -18,6 +18,7 @@ from neuron_dra.driver import deploy
 from neuron_dra.driver.daemon.main import parse_options
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions
 from neuron_dra.driver.model import k8s_names
+from neuron_dra.driver.model.efa import efa_device_class_expression
 from neuron_dra.driver.model.errors import NotAllowed
 from neuron_dra.localcluster.efa_emulator import efa_device_class
 
@@ -81,7 +82,8 @@ def test_the_device_class_manifest_is_built_once() -> None:
     neuron_class, core_class, efa_class = drivers.device_classes()
     assert neuron_class["spec"]["selectors"] == by_deploy["spec"]["selectors"]
     assert core_class["spec"]["selectors"] == deploy.core_device_class(options)["spec"]["selectors"]
-    assert efa_device_class() == k8s_names.device_class_manifest(drivers.efa_class, drivers.efa_driver)
+    assert efa_device_class() == k8s_names.device_class_manifest(
+        drivers.efa_class, drivers.efa_driver, expression=efa_device_class_expression(drivers.efa_driver))
     assert efa_class == efa_device_class()
 
 

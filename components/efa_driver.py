@@ -1,0 +1,179 @@
+"""`EfaDraDriver`: AWS's EFA DRA driver (DRANET) installed the way EKS documents it, on EFA nodes only.
+
+EKS installs it with Helm: chart `aws-dranet` from https://aws.github.io/eks-charts, release `aws-dranet` in
+`kube-system` (docs/efa-dra-driver.md §1). This component is that Helm release (pulumi-kubernetes
+`helm.v3.Release`), pinned to a chart version and an image, with three values of its own:
+
+- `supportedInstanceLabels`: the chart's node affinity (one label key In a list of values). By default the chart
+  lists every EFA-capable instance type; here it lists the node groups given (label `neuron-dra/node-group`, set by
+  `TrainiumNodeGroup`) or the instance types given, so DRANET runs only where EFA interfaces are attached;
+- `tolerations`: the Neuron taint, which every Neuron node carries and the chart does not tolerate;
+- `deviceClass.name`: the DeviceClass the claim checks know (driver/model/efa.py).
+
+Do not run it on nodes where the EFA device plugin runs (EKS: the two cannot coexist on a node).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from neuron_dra.components.settings import SettingError
+from neuron_dra.driver.deploy import NODE_GROUP_LABEL
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog
+from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS, EFA_DRIVER
+from neuron_dra.driver.model.k8s_names import (
+    DNS_SUBDOMAIN_RULE,
+    LABEL_VALUE_RULE,
+    is_dns_subdomain,
+    is_label_value,
+    neuron_toleration,
+)
+
+# Pinned: the newest aws-dranet chart of github.com/aws/eks-charts (stable/aws-dranet/Chart.yaml) and its image.
+EKS_CHARTS_REPOSITORY = "https://aws.github.io/eks-charts"
+EFA_CHART = "aws-dranet"
+EFA_CHART_VERSION = "1.0.0"
+EFA_IMAGE_REPOSITORY = "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/dranet"
+EFA_IMAGE_TAG = "v1.2.0-eksbuild.2"
+EFA_NAMESPACE = "kube-system"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+DEFAULT_TIMEOUT_SECONDS = 600
+MAX_TIMEOUT_SECONDS = 3600
+
+# A stack that installs no EFA DRA driver because the cluster already runs one.
+EXTERNAL: Literal["external"] = "external"
+
+_EXACT_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class EfaDraDriverArgs:
+    """Inputs of `EfaDraDriver`. Exactly one of `node_groups` (names of `TrainiumNodeGroup`s with EFA interfaces)
+    and `instance_types` (EFA-capable instance types, for clusters whose nodes this project did not create) says
+    where DRANET runs."""
+
+    node_groups: Sequence[str] = ()
+    instance_types: Sequence[str] = ()
+    chart_version: str = EFA_CHART_VERSION  # an exact chart version: what is installed does not drift
+    chart_repository: str = EKS_CHARTS_REPOSITORY
+    image_repository: str = EFA_IMAGE_REPOSITORY  # EKS's image registries are per region; us-west-2 serves all
+    image_tag: str = EFA_IMAGE_TAG
+    namespace: str = EFA_NAMESPACE
+    release_name: str = EFA_CHART
+    device_class_name: str = EFA_DEVICE_CLASS  # what claim templates name (Drivers.efa_class)
+    extra_values: Mapping[str, Any] = field(default_factory=dict)  # more chart values (values.yaml), top-level keys
+    timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS  # how long `pulumi up` waits for the release to be ready
+    hardware: Catalog = field(default=BUILTIN, repr=False)  # to refuse known instance types without EFA
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "node_groups", tuple(self.node_groups))
+        object.__setattr__(self, "instance_types", tuple(self.instance_types))
+        if bool(self.node_groups) == bool(self.instance_types):
+            raise SettingError("EfaDraDriverArgs.node_groups", list(self.node_groups),
+                               "the names of the node groups with EFA interfaces, or else instance_types "
+                               "(exactly one of the two)")
+        for name in (*self.node_groups, *self.instance_types):
+            if not is_label_value(name):
+                raise SettingError("EfaDraDriverArgs.node_groups" if name in self.node_groups
+                                   else "EfaDraDriverArgs.instance_types", name, LABEL_VALUE_RULE)
+        no_efa = [t for t in self.instance_types if t in self.hardware and self.hardware.spec(t).efa_count == 0]
+        if no_efa:
+            with_efa = [t for t in self.hardware.names if self.hardware.spec(t).efa_count > 0]
+            raise SettingError("EfaDraDriverArgs.instance_types", no_efa[0],
+                               f"instance types with EFA interfaces, such as {', '.join(with_efa)}")
+        if not _EXACT_VERSION.match(self.chart_version):
+            raise SettingError("EfaDraDriverArgs.chart_version", self.chart_version,
+                               f"an exact chart version such as {EFA_CHART_VERSION} (no range: the install is pinned)")
+        if not _IMAGE_TAG.match(self.image_tag) or self.image_tag == "latest":
+            raise SettingError("EfaDraDriverArgs.image_tag", self.image_tag,
+                               f"a pinned image tag such as {EFA_IMAGE_TAG} (not latest)")
+        for key in ("namespace", "release_name", "device_class_name"):
+            value = getattr(self, key)
+            if not is_dns_subdomain(value) or (key != "device_class_name" and len(value) > 53):
+                raise SettingError(f"EfaDraDriverArgs.{key}", value, DNS_SUBDOMAIN_RULE
+                                   + (" of at most 53 characters (Helm release names)" if key != "device_class_name"
+                                      else ""))
+        t = self.timeout_seconds
+        if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= MAX_TIMEOUT_SECONDS:
+            raise SettingError("EfaDraDriverArgs.timeout_seconds", t, f"1-{MAX_TIMEOUT_SECONDS} seconds")
+        owned = sorted(set(self.extra_values) & set(_OWN_VALUES))
+        if owned:
+            raise SettingError("EfaDraDriverArgs.extra_values", owned[0],
+                               f"chart values other than {', '.join(_OWN_VALUES)} (set those with their own fields)")
+
+    def values(self) -> dict[str, Any]:
+        """The chart values the release is installed with."""
+        key, names = ((NODE_GROUP_LABEL, list(self.node_groups)) if self.node_groups
+                      else (INSTANCE_TYPE_LABEL, list(self.instance_types)))
+        return {
+            **dict(self.extra_values),
+            "image": {"repository": self.image_repository, "tag": self.image_tag},
+            "supportedInstanceLabels": {"keys": [key], "values": names},
+            "tolerations": [neuron_toleration()],
+            "deviceClass": {"create": True, "name": self.device_class_name},
+        }
+
+
+_OWN_VALUES = ("image", "supportedInstanceLabels", "tolerations", "deviceClass")
+
+
+class EfaDraDriver(pulumi.ComponentResource):
+    """DRANET's Helm release: a DaemonSet on the EFA nodes and the DeviceClass `efa.networking.k8s.aws`."""
+
+    driver_name: str
+    device_class_name: str
+    namespace: str
+    release: k8s.helm.v3.Release
+
+    def __init__(self, resource_name_: str, args: EfaDraDriverArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("neuron-dra:index:EfaDraDriver", resource_name_, None, opts)
+        self.driver_name = EFA_DRIVER  # fixed by the DRANET binary
+        self.device_class_name = args.device_class_name
+        self.namespace = args.namespace
+        self.release = k8s.helm.v3.Release(
+            f"{resource_name_}-release",
+            name=args.release_name,
+            chart=EFA_CHART,
+            version=args.chart_version,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=args.chart_repository),
+            namespace=args.namespace,
+            values=args.values(),
+            timeout=args.timeout_seconds,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({"releaseStatus": self.release.status, "deviceClass": self.device_class_name,
+                               "driverName": self.driver_name})
+
+
+EfaDriverRef = EfaDraDriver | Literal["external"]
+
+
+def efa_requests(manifest: Mapping[str, Any], device_class: str = EFA_DEVICE_CLASS) -> list[str]:
+    """The names of a ResourceClaimTemplate's requests (and firstAvailable subrequests) for `device_class`."""
+    found = []
+    for request in manifest.get("spec", {}).get("spec", {}).get("devices", {}).get("requests") or ():
+        exact = request.get("exactly") or {}
+        if exact.get("deviceClassName") == device_class:
+            found.append(str(request.get("name")))
+        for sub in request.get("firstAvailable") or ():
+            if sub.get("deviceClassName") == device_class:
+                found.append(f"{request.get('name')}/{sub.get('name')}")
+    return found
+
+
+def missing_efa_driver(template: str, requests: Sequence[str], device_class: str = EFA_DEVICE_CLASS) -> SettingError:
+    """The refusal for a template that asks for EFA devices in a stack that installs no EFA DRA driver."""
+    return SettingError(
+        "ClaimTemplatesArgs.efa_driver", None,
+        f"an EfaDraDriver, or '{EXTERNAL}' when the cluster already runs an EFA DRA driver: claim template "
+        f"{template} requests EFA devices ({', '.join(requests)}: DeviceClass {device_class}) and nothing in this "
+        "stack publishes them, so its pods would stay Pending. The default stack installs the EFA DRA driver when "
+        "a node group has EFA interfaces; on an existing cluster set neuron-dra:efaDriver to install or external")

@@ -1,0 +1,101 @@
+"""The release workflow publishes the image the components deploy by default; actionlint accepts it.
+
+actionlint is built from the Go module proxy at a pinned version (marked gobuild) and cached outside the tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from neuron_dra import __version__
+from neuron_dra.driver import deploy
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW = ROOT / ".github" / "workflows" / "release-image.yml"
+ACTIONLINT = "github.com/rhysd/actionlint/cmd/actionlint"
+ACTIONLINT_VERSION = "v1.7.12"
+
+
+def workflow() -> dict[Any, Any]:
+    doc: dict[Any, Any] = yaml.safe_load(WORKFLOW.read_text())
+    return doc
+
+
+def steps() -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = workflow()["jobs"]["image"]["steps"]
+    return result
+
+
+def uses(prefix: str) -> dict[str, Any]:
+    (step,) = [s for s in steps() if str(s.get("uses", "")).startswith(prefix)]
+    return step
+
+
+def test_it_publishes_the_default_image_multi_arch_with_an_sbom() -> None:
+    assert workflow()["env"]["IMAGE"] == deploy.IMAGE_REPOSITORY
+    assert f"{deploy.IMAGE_REPOSITORY}:{__version__}" == deploy.DEFAULT_IMAGE
+    build = uses("docker/build-push-action@")["with"]
+    assert build["file"] == "driver/Dockerfile" and (ROOT / build["file"]).is_file()
+    assert set(build["platforms"].split(",")) == {"linux/amd64", "linux/arm64"}
+    assert build["push"] is True and build["sbom"] is True and build["provenance"] == "mode=max"
+    assert build["tags"] == "${{ env.IMAGE }}:${{ steps.version.outputs.version }}"
+
+
+def test_it_signs_keyless_by_digest_and_checks_the_tag_against_the_version() -> None:
+    assert workflow()["permissions"] == {}  # nothing unless a job asks
+    assert workflow()["jobs"]["image"]["permissions"] == {"contents": "read", "packages": "write",
+                                                          "id-token": "write"}
+    sign = next(s for s in steps() if "cosign sign" in s.get("run", ""))
+    assert '"${IMAGE}@${DIGEST}"' in sign["run"] and "--key" not in sign["run"]
+    assert sign["env"]["DIGEST"] == "${{ steps.build.outputs.digest }}"
+    uses("sigstore/cosign-installer@")
+    version = next(s for s in steps() if s.get("id") == "version")["run"]
+    assert 'pyproject.toml' in version and '"v${version}"' in version
+
+
+def actionlint_binary(cache: Path) -> Path:
+    """actionlint at the pinned version, built once with `go install` into `cache`."""
+    binary = cache / f"actionlint-{ACTIONLINT_VERSION}" / "actionlint"
+    if binary.is_file():
+        return binary
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail("the Go toolchain (`go`) is needed to build actionlint from the module proxy")
+    env = {**os.environ, "GOBIN": str(binary.parent), "GOFLAGS": "-mod=mod -buildvcs=false", "GOWORK": "off",
+           "CGO_ENABLED": "0"}
+    subprocess.run([go, "install", f"{ACTIONLINT}@{ACTIONLINT_VERSION}"], env=env, check=True, timeout=900,
+                   capture_output=True)
+    return binary
+
+
+@pytest.fixture(scope="module")
+def actionlint() -> Path:
+    return actionlint_binary(Path.home() / ".cache" / "neuron-dra" / "tools")
+
+
+def lint(binary: Path, path: Path) -> subprocess.CompletedProcess[str]:
+    # -shellcheck= and -pyflakes= : lint the workflow itself, not with tools this machine may lack.
+    return subprocess.run([str(binary), "-no-color", "-shellcheck=", "-pyflakes=", str(path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.gobuild
+def test_actionlint_accepts_the_workflow(actionlint: Path) -> None:
+    result = lint(actionlint, WORKFLOW)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.gobuild
+def test_actionlint_catches_a_broken_copy(actionlint: Path, tmp_path: Path) -> None:
+    broken = tmp_path / ".github" / "workflows" / "release-image.yml"
+    broken.parent.mkdir(parents=True)
+    broken.write_text(WORKFLOW.read_text().replace("steps.build.outputs.digest", "steps.biuld.outputs.digest"))
+    result = lint(actionlint, broken)
+    assert result.returncode == 1 and "biuld" in result.stdout
