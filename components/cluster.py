@@ -292,7 +292,7 @@ class TrainiumCluster(pulumi.ComponentResource):
         self.provider = k8s.Provider(f"{resource_name}-k8s", kubeconfig=self.kubeconfig, opts=child)
         self.vpc_id = pulumi.Output.from_input(vpc_id)
         self.private_subnet_ids = pulumi.Output.from_input(private).apply(list)
-        self.public_subnet_ids = pulumi.Output.from_input(public or []).apply(list)
+        self.public_subnet_ids = pulumi.Output.from_input(public).apply(lambda ids: list(ids or []))
         self.cluster_security_group_id = self.eks_cluster.cluster_security_group_id.apply(
             _require("clusterSecurityGroupId"))
         self.oidc_provider_arn = self.eks_cluster.oidc_provider_arn
