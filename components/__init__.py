@@ -1,5 +1,6 @@
 """Pulumi components for Trainium on EKS: `TrainiumCluster`, `TrainiumNodeGroup`, `TrainiumKarpenter`,
-`TrainiumNodePool`, `NeuronDraDriver`, `ClaimTemplates`, and the default stack (`build_stack`, `run_program`).
+`TrainiumNodePool`, `NeuronDraDriver`, `ClaimTemplates`, the default stack (`build_stack`, `run_program`) and the
+mocks to test a stack with (`run_offline`, `PlanMocks`, `OfflineRun`; docs/components.md, docs/testing-your-stack.md).
 
 Names are re-exported lazily: importing `neuron_dra.components` (as the CLI does for every command) does not
 import Pulumi; the first access to a component does.
@@ -34,6 +35,7 @@ _EXPORTS = {
     "run_program": "neuron_dra.components.stack",
     "run_offline": "neuron_dra.components.mocks",
     "PlanMocks": "neuron_dra.components.mocks",
+    "OfflineRun": "neuron_dra.components.mocks",
 }
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "NeuronDraDriverArgs",
     "NodeGroupSettings",
     "NodePoolSettings",
+    "OfflineRun",
     "PlanMocks",
     "SettingError",
     "StackSettings",
@@ -72,7 +75,7 @@ if TYPE_CHECKING:
     from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
     from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
     from neuron_dra.components.karpenter import TrainiumKarpenter, TrainiumKarpenterArgs
-    from neuron_dra.components.mocks import PlanMocks, run_offline
+    from neuron_dra.components.mocks import OfflineRun, PlanMocks, run_offline
     from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroupArgs
     from neuron_dra.components.nodepool import TrainiumNodePool, TrainiumNodePoolArgs
     from neuron_dra.components.settings import NodeGroupSettings, NodePoolSettings, SettingError, StackSettings

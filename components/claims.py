@@ -85,10 +85,27 @@ def template_key(template: ClaimTemplateLike) -> str:
     return f"{template.namespace}/{template.name}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClaimTemplatesArgs:
+    """Inputs of `ClaimTemplates`.
+
+    templates: list[ClaimTemplateLike] -- neuron_dra.claim_templates.ClaimTemplate objects (or anything with
+        name, namespace and to_manifest()).
+    node_groups: list[TrainiumNodeGroup] -- the cluster's node groups: each template is checked against their
+        instance types at their nodes' LNC (`trn2.48xlarge:lnc=1` for a group with lnc=1).
+    instance_types: list[str] -- instead of node_groups (an existing cluster): instance types, each optionally
+        at an LNC (`trn2.48xlarge:lnc=1`).
+    driver: NeuronDraDriver | None -- the templates wait for its DeviceClasses, and use its cluster's provider.
+    check: callable | None -- raises when no node of the instance types can satisfy a template (default: the
+        claim_templates package's own check).
+    hardware: Catalog -- the instance types the default check knows (default: the built-in catalog).
+    depends_on: list[pulumi.Resource] -- more resources the templates wait for.
+    """
+
     templates: Sequence[ClaimTemplateLike]
-    instance_types: Sequence[str]  # the Neuron instance types the cluster's nodes have
+    node_groups: Sequence[Any] = ()
+    instance_types: Sequence[str] = ()
+    driver: Any = None
     check: TemplateCheck | None = None  # None: `default_check` (neuron_dra.claim_templates)
     hardware: Catalog = BUILTIN  # the instance types `default_check` knows (e.g. extended by a catalog file)
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)  # e.g. the driver's DeviceClass
@@ -99,6 +116,12 @@ class ClaimTemplatesArgs:
                                                                                           EfaDraDriver):
             raise SettingError("ClaimTemplatesArgs.efa_driver", self.efa_driver,
                                f"an EfaDraDriver, '{EXTERNAL}' (the cluster runs one) or None")
+
+    @property
+    def check_targets(self) -> tuple[str, ...]:
+        """What the templates are checked against: the node groups' nodes at their LNC, then instance_types."""
+        groups = [g.args.check_target for g in self.node_groups]
+        return tuple(dict.fromkeys([*groups, *self.instance_types]))
 
 
 def _check_manifest_names(template: ClaimTemplateLike) -> None:
@@ -113,17 +136,32 @@ def _check_manifest_names(template: ClaimTemplateLike) -> None:
 
 
 class ClaimTemplates(pulumi.ComponentResource):
-    """One `resource.k8s.io/v1` ResourceClaimTemplate per template object, after its check passed."""
+    """One `resource.k8s.io/v1` ResourceClaimTemplate per template object, after its check passed.
+
+    `ClaimTemplates(name, args, opts)` or `ClaimTemplates(name, templates=..., node_groups=..., driver=...)`.
+    Outputs: names (`namespace/name`), manifests, objects, checked_against (the instance types, at an LNC where
+    one was set, that the templates were checked against).
+    """
 
     names: list[str]
     manifests: list[dict[str, Any]]
     objects: dict[str, pulumi.CustomResource]
 
-    def __init__(self, resource_name_: str, args: ClaimTemplatesArgs,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, resource_name_: str, args: ClaimTemplatesArgs | None = None,
+                 opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
+        if args is not None and kwargs:
+            raise TypeError("ClaimTemplates: give either args or keyword arguments, not both")
+        args = args if args is not None else ClaimTemplatesArgs(**kwargs)
+        driver = args.driver
+        if driver is not None and getattr(driver, "cluster", None) is not None:
+            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=driver.cluster.provider), opts)
         super().__init__("neuron-dra:index:ClaimTemplates", resource_name_, None, opts)
-        if not args.instance_types:
-            raise SettingError("ClaimTemplatesArgs.instance_types", [], "the instance types of the cluster's nodes")
+        targets = args.check_targets
+        if not targets:
+            raise SettingError("ClaimTemplatesArgs.node_groups", [],
+                               "the cluster's node groups, or the instance types of an existing cluster's nodes "
+                               "(instance_types)")
+        depends = [*args.depends_on, *(driver.device_classes() if driver is not None else ())]
         keys = [template_key(t) for t in args.templates]
         for key in keys:
             if keys.count(key) > 1:
@@ -133,10 +171,10 @@ class ClaimTemplates(pulumi.ComponentResource):
         for template in args.templates:
             _check_manifest_names(template)
             try:
-                check(template, list(args.instance_types))
+                check(template, list(targets))
             except Exception as e:  # a custom check's error type is not ours to know; its message is the point
                 reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
-                raise ClaimTemplateCheckError(template_key(template), args.instance_types, reason) from e
+                raise ClaimTemplateCheckError(template_key(template), targets, reason) from e
         for template in args.templates:  # after the fit checks: their message says more when both fail
             requests = efa_requests(template.to_manifest())
             if requests and args.efa_driver is None:
@@ -146,9 +184,10 @@ class ClaimTemplates(pulumi.ComponentResource):
                                    f"DeviceClass {efa_class}, the one the EfaDraDriver installs (or install it "
                                    f"with device_class_name={EFA_DEVICE_CLASS!r})")
         self.names = keys
+        self.checked_against = targets
         self.manifests = [dict(t.to_manifest()) for t in args.templates]
         self.objects = {}
-        depends = [*args.depends_on, *([args.efa_driver.release] if isinstance(args.efa_driver, EfaDraDriver) else [])]
+        depends += [args.efa_driver.release] if isinstance(args.efa_driver, EfaDraDriver) else []
         for key, manifest in zip(keys, self.manifests, strict=True):
             self.objects[key] = create_object(resource_name(resource_name_, manifest), manifest,
                                               pulumi.ResourceOptions(parent=self, depends_on=depends))

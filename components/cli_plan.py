@@ -1,4 +1,9 @@
-"""`neuron-dra plan`: run the default stack offline under Pulumi mocks and print what it would create.
+"""`neuron-dra plan`: run a Pulumi program offline under Pulumi mocks and print what it would create.
+
+Without `--program` the program is this package's default stack (`neuron_dra.components.stack`, what the
+repository's `__main__.py` runs); with `--program DIR` it is the user's own project: DIR's `Pulumi.yaml` (project
+name, `main`, config defaults) and `Pulumi.<stack>.yaml`, its `__main__.py` run with DIR as working directory and
+first on sys.path, under the same mocks (`neuron_dra.components.mocks`).
 
 `-o table` prints the resource tree with the inputs that matter; `-o yaml` prints every Kubernetes object the
 components apply (the driver's objects and the claim templates) as multi-document YAML, for GitOps. The YAML
@@ -12,17 +17,22 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from neuron_dra.driver.model.errortext import shown
 
 HELP = (
-    "Run the stack program (Pulumi.yaml + __main__.py) offline under Pulumi mocks and print the resource tree "
-    "with key inputs (-o table) or every Kubernetes manifest it applies (-o yaml). --config takes a stack config "
-    "file (Pulumi.<stack>.yaml, or Pulumi.example.yaml); without it the defaults apply. AWS is not contacted: "
-    "ids, ARNs, AZ offerings and a built image's digest are placeholders (set neuron-dra:driverImage to print "
-    "a real image reference)."
+    "Run a Pulumi program offline under Pulumi mocks and print the resource tree with key inputs (-o table) or "
+    "every Kubernetes manifest it applies (-o yaml). Without --program: this package's default stack "
+    "(neuron_dra.components.stack, what its Pulumi.yaml + __main__.py run), with --config FILE as its stack "
+    "config (Pulumi.<stack>.yaml format; without it the defaults apply). With --program DIR: your own project, "
+    "DIR/Pulumi.yaml (name, main, config defaults) and DIR/Pulumi.<--stack>.yaml (or --config FILE), running "
+    "its main program (default __main__.py) with DIR as working directory and first on sys.path; its "
+    "pulumi.export values are printed. pulumi.StackReference outputs come from --stack-outputs FILE. AWS is not "
+    "contacted: ids, ARNs, AZ offerings and a built image's digest are placeholders (set "
+    "neuron-dra:driverImage to print a real image reference)."
 )
 
 # The order objects are applied in; also the order of `-o yaml`.
@@ -41,15 +51,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=("table", "yaml"), default="table",
                         help="table: resource tree with key inputs; yaml: the Kubernetes manifests (default table)")
     parser.add_argument("--stack", default="plan", metavar="NAME",
-                        help="stack name the program sees (default cluster name: neuron-dra-NAME)")
+                        help="stack name the program sees (default plan; the default stack's cluster name: "
+                             "neuron-dra-NAME; with --program, DIR/Pulumi.NAME.yaml is its config)")
+    parser.add_argument("--program", metavar="DIR", type=Path,
+                        help="your own Pulumi project directory (Pulumi.yaml and its main program) instead of the "
+                             "default stack")
+    parser.add_argument("--stack-outputs", metavar="FILE", type=Path,
+                        help="YAML mapping of stack names (org/project/stack) to the outputs a "
+                             "pulumi.StackReference to them reads")
 
 
 # Top-level keys of a Pulumi stack config file (Pulumi.<stack>.yaml).
 STACK_FILE_KEYS = ("config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment")
 
 
-def load_config_file(path: Path) -> dict[str, str]:
-    """A stack config file as the engine passes it to programs: full keys, string values, JSON for structures."""
+def load_config_file(path: Path, project: str = "neuron-dra") -> dict[str, str]:
+    """A stack config file as the engine passes it to programs: full keys (`project:` for keys without one),
+    string values, JSON for structures."""
     import yaml
 
     try:
@@ -70,15 +88,15 @@ def load_config_file(path: Path) -> dict[str, str]:
         raise PlanError(f"--config {path}: unknown top-level key {shown(unknown[0])}; a stack config file has "
                         f"{', '.join(STACK_FILE_KEYS)} (the settings go under `config:`)")
     try:
-        return _flatten(path, document)
+        return _flatten(path, document, project)
     except RecursionError:
         raise PlanError(f"--config {path}: a value is nested too deeply") from None
 
 
-def _flatten(path: Path, document: Mapping[str, Any]) -> dict[str, str]:
+def _flatten(path: Path, document: Mapping[str, Any], project: str) -> dict[str, str]:
     config: dict[str, str] = {}
     for key, value in (document.get("config") or {}).items():
-        full_key = key if ":" in str(key) else f"neuron-dra:{key}"
+        full_key = key if ":" in str(key) else f"{project}:{key}"
         if isinstance(value, Mapping) and set(value) == {"secure"}:
             raise PlanError(f"--config {path}: {shown(full_key)} is an encrypted secret; plan cannot decrypt it, "
                             "put a placeholder value in a copy of the file")
@@ -103,6 +121,99 @@ def plan(config: Mapping[str, str], stack: str = "plan") -> Any:
 
     return run_offline(program, config=config, project="neuron-dra", stack=stack, mocks=mocks,
                        exports=lambda result: result.exports)
+
+
+MAX_PROJECT_FILE = 1 << 20  # Pulumi.yaml and stack-outputs files are small; refuse anything bigger
+
+
+def _read_yaml(path: Path, what: str) -> Any:
+    import yaml
+
+    try:
+        if path.stat().st_size > MAX_PROJECT_FILE:
+            raise PlanError(f"{what} {path}: larger than {MAX_PROJECT_FILE} bytes")
+        return yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise PlanError(f"cannot read {what} {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise PlanError(f"{what} {path} is not YAML: {str(e)[:500]}") from e
+    except RecursionError:
+        raise PlanError(f"{what} {path}: nested too deeply to read") from None
+
+
+@dataclass(frozen=True)
+class Project:
+    """A user's Pulumi project directory as the engine reads it."""
+
+    directory: Path
+    name: str
+    main: Path
+    defaults: Mapping[str, str]  # config defaults declared in Pulumi.yaml, as full keys
+
+    @classmethod
+    def load(cls, directory: Path) -> Project:
+        path = directory / "Pulumi.yaml"
+        if not path.is_file():
+            raise PlanError(f"--program {directory}: no Pulumi.yaml there (a Pulumi project directory has one)")
+        doc = _read_yaml(path, "--program")
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("name"), str) or not doc["name"]:
+            raise PlanError(f"--program {path}: expected a mapping with the project's `name`")
+        name = doc["name"]
+        main = directory / str(doc.get("main") or ".")
+        if main.is_dir():
+            main = main / "__main__.py"
+        if not main.is_file():
+            raise PlanError(f"--program {directory}: no program at {main} (Pulumi.yaml `main`, default "
+                            "__main__.py)")
+        declared = doc.get("config") or {}
+        if not isinstance(declared, Mapping):
+            raise PlanError(f"--program {path}: `config` must be a mapping of declared settings")
+        defaults = _flatten(path, {"config": {k: v["default"] for k, v in declared.items()
+                                              if isinstance(v, Mapping) and "default" in v}}, name)
+        return cls(directory.resolve(), name, main.resolve(), defaults)
+
+
+def load_stack_outputs(path: Path) -> dict[str, dict[str, Any]]:
+    doc = _read_yaml(path, "--stack-outputs")
+    if doc is None:
+        return {}
+    if not isinstance(doc, Mapping) or not all(isinstance(v, Mapping) for v in doc.values()):
+        raise PlanError(f"--stack-outputs {path}: expected a mapping of stack names to mappings of outputs")
+    return {str(k): dict(v) for k, v in doc.items()}
+
+
+def plan_program(project: Project, config: Mapping[str, str], stack: str,
+                 stack_outputs: Mapping[str, Mapping[str, Any]] | None = None) -> Any:
+    """Run the user's program under mocks: DIR as working directory and first on sys.path, `__name__` set to
+    `__main__` as the Python language host does; returns the OfflineRun (its exports: the program's)."""
+    import os
+    import runpy
+
+    import pulumi
+
+    from neuron_dra.components.mocks import DEFAULT_REGION, PlanMocks, run_offline
+
+    values = {**project.defaults, **config}
+    mocks = PlanMocks(region=values.get("aws:region", DEFAULT_REGION), stack_outputs=stack_outputs)
+
+    def program() -> Any:
+        runpy.run_path(str(project.main), run_name="__main__")
+        from pulumi.runtime import settings
+
+        return settings.get_root_resource()
+
+    def exports(root: Any) -> Mapping[str, Any]:
+        return dict(getattr(root, "outputs", {}) or {}) if isinstance(root, pulumi.Resource) else {}
+
+    cwd, path = os.getcwd(), list(sys.path)
+    os.chdir(project.directory)
+    sys.path.insert(0, str(project.directory))
+    try:
+        return run_offline(program, config=values, project=project.name, stack=stack, mocks=mocks,
+                           exports=exports)
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
 
 
 def kubernetes_manifests(run: Any) -> list[dict[str, Any]]:
@@ -205,11 +316,12 @@ def render_yaml(run: Any) -> str:
 def _user_error(exc: BaseException) -> BaseException | None:
     """Our own error behind Pulumi's wrapping (errors raised in `apply` come back as causes)."""
     from neuron_dra.components.claims import ClaimTemplateCheckError
+    from neuron_dra.components.mocks import MissingStackOutputs
     from neuron_dra.driver.model.errors import NotAllowed
 
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, NotAllowed | ClaimTemplateCheckError):
+        if isinstance(seen, NotAllowed | ClaimTemplateCheckError | MissingStackOutputs):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
@@ -217,8 +329,17 @@ def _user_error(exc: BaseException) -> BaseException | None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = load_config_file(args.config) if args.config else {}
-        result = plan(config, stack=args.stack)
+        outputs = load_stack_outputs(args.stack_outputs) if args.stack_outputs else None
+        if args.program is not None:
+            project = Project.load(args.program)
+            stack_file = args.config or project.directory / f"Pulumi.{args.stack}.yaml"
+            config = load_config_file(stack_file, project.name) if stack_file.is_file() or args.config else {}
+            result = plan_program(project, config, args.stack, outputs)
+        else:
+            if outputs is not None:
+                raise PlanError("--stack-outputs is for --program: the default stack reads no StackReference")
+            config = load_config_file(args.config) if args.config else {}
+            result = plan(config, stack=args.stack)
     except PlanError as e:
         print(f"neuron-dra plan: {e}", file=sys.stderr)
         return 2

@@ -6,16 +6,19 @@ the EKS-created cluster security group that managed nodes use), the vpc-cni, kub
 eks-pod-identity-agent add-ons, and a Kubernetes provider from its kubeconfig. The VPC CNI (service account
 kube-system/aws-node) gets its own IAM role with AmazonEKS_CNI_Policy through an EKS Pod Identity association
 (`vpc_cni_identity="podIdentity"`, the default; docs/eks-trainium.md §5), so the node role does not need that
-policy; node groups must be created after `node_group_dependencies` (pods get their credentials only if the
-association exists when they are created). CoreDNS is created by `install_coredns()` once node groups exist:
-an add-on without nodes stays DEGRADED and its creation times out (pulumi-eks creates it before any node group).
-Its pods tolerate the Neuron taint, so a cluster whose only nodes are Neuron nodes still resolves names.
+policy; node groups wait for `node_group_dependencies` (pods get their credentials only if the association
+exists when they are created). CoreDNS is created after the first node group with nodes that names this
+cluster (`TrainiumNodeGroup(cluster=...)`): an add-on without nodes stays DEGRADED and its creation times out
+(pulumi-eks creates it before any node group). Its pods tolerate the Neuron taint, so a cluster whose only nodes
+are Neuron nodes still resolves names. The vpc-cni add-on enforces NetworkPolicies (`network_policy`, default
+on; docs/eks-trainium.md §6), so the driver's NetworkPolicy is in force.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,12 +28,17 @@ import pulumi_awsx as awsx
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
+from neuron_dra.components.inputs import checked, is_known
 from neuron_dra.components.settings import (
     DEFAULT_KUBERNETES_VERSION,
+    DEFAULT_VPC_CIDR,
     MIN_VPC_CNI_FOR_EFA_ONLY,
+    MIN_VPC_CNI_FOR_NETWORK_POLICY,
     NAT_GATEWAY_STRATEGIES,
     VPC_CNI_IDENTITIES,
     SettingError,
+    check_id,
+    check_ids,
     parse_addon_version,
     parse_kubernetes_version,
 )
@@ -53,73 +61,143 @@ COREDNS_TOLERATIONS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainiumClusterArgs:
-    """Inputs of `TrainiumCluster`. Without `vpc_id` a new VPC with private subnets is created (awsx)."""
+    """Inputs of `TrainiumCluster`. Fields marked Input also take a `pulumi.Output` (another resource's or a
+    StackReference's): known values are checked here, the others once they resolve (the preview fails with the
+    same message). Without `vpc_id` a new VPC with private and public subnets is created (awsx).
 
-    name: str
+    cluster_name: Input[str] | None -- EKS cluster name (default: the component's resource name).
+    kubernetes_version: str -- Kubernetes minor, "1.34" to "1.37" (default 1.36); node groups and the driver
+        derive theirs from it.
+    vpc_id: Input[str] | None -- an existing VPC (with private_subnet_ids); None: a new VPC.
+    private_subnet_ids: Input[list[Input[str]]] -- private subnets of vpc_id, at least two AZs (control plane,
+        nodes' candidate subnets).
+    public_subnet_ids: Input[list[Input[str]]] -- public subnets of vpc_id (load balancers).
+    vpc_cidr: str -- CIDR of a new VPC (default 10.0.0.0/16).
+    availability_zones: list[str] -- AZs of a new VPC (default: awsx's choice); put the node groups' AZs first.
+    nat_gateways: str -- NAT gateways of a new VPC: Single (default) or OnePerAz.
+    admin_principal_arns: Input[list[Input[str]]] -- IAM roles/users given cluster-admin access entries.
+    endpoint_public_access: bool -- whether the API endpoint is reachable from the internet (default True).
+    public_access_cidrs: Input[list[Input[str]]] -- CIDRs allowed to the public endpoint (default: any).
+    vpc_cni_version, coredns_version, kube_proxy_version, pod_identity_agent_version: Input[str] | None --
+        EKS add-on versions such as v1.20.4-eksbuild.1 (default: EKS's default for the Kubernetes version).
+    efa_only_interfaces: bool -- some node group uses EFA-only interfaces (vpc-cni v1.18.4+ is then required).
+    vpc_cni_identity: str -- podIdentity (default: the VPC CNI's own IAM role through EKS Pod Identity) or
+        nodeRole (node groups carry AmazonEKS_CNI_Policy).
+    network_policy: bool -- the VPC CNI enforces NetworkPolicies (add-on setting enableNetworkPolicy; default
+        True; vpc-cni v1.14+). False leaves every NetworkPolicy, the driver's included, unenforced.
+    tags: dict[str, str] -- AWS tags on everything created.
+    """
+
+    cluster_name: pulumi.Input[str] | None = None
     kubernetes_version: str = DEFAULT_KUBERNETES_VERSION
-    vpc_id: str | None = None
-    private_subnet_ids: Sequence[str] = ()
-    public_subnet_ids: Sequence[str] = ()
-    vpc_cidr: str = "10.0.0.0/16"
-    availability_zones: Sequence[str] = ()  # new VPC: these AZs (the node groups' AZs first)
+    vpc_id: pulumi.Input[str] | None = None
+    private_subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]] = ()
+    public_subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]] = ()
+    vpc_cidr: str = DEFAULT_VPC_CIDR
+    availability_zones: Sequence[str] = ()
     nat_gateways: str = "Single"
-    admin_principal_arns: Sequence[str] = ()
+    admin_principal_arns: pulumi.Input[Sequence[pulumi.Input[str]]] = ()
     endpoint_public_access: bool = True
-    public_access_cidrs: Sequence[str] = ()
-    vpc_cni_version: str | None = None
-    coredns_version: str | None = None
-    kube_proxy_version: str | None = None
-    pod_identity_agent_version: str | None = None
-    efa_only_interfaces: bool = False  # some node group uses EFA-only interfaces: vpc-cni >= 1.18.4
-    # podIdentity: the VPC CNI's own role; nodeRole: none here (its node groups carry AmazonEKS_CNI_Policy).
+    public_access_cidrs: pulumi.Input[Sequence[pulumi.Input[str]]] = ()
+    vpc_cni_version: pulumi.Input[str] | None = None
+    coredns_version: pulumi.Input[str] | None = None
+    kube_proxy_version: pulumi.Input[str] | None = None
+    pod_identity_agent_version: pulumi.Input[str] | None = None
+    efa_only_interfaces: bool = False
     vpc_cni_identity: str = "podIdentity"
+    network_policy: bool = True
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        parse_kubernetes_version("TrainiumClusterArgs.kubernetes_version", self.kubernetes_version)
-        if self.vpc_id is not None and len(self.private_subnet_ids) < 2:
-            raise SettingError("TrainiumClusterArgs.private_subnet_ids", list(self.private_subnet_ids),
-                               "at least two subnets of vpc_id in different AZs")
-        if self.vpc_id is None and (self.private_subnet_ids or self.public_subnet_ids):
-            raise SettingError("TrainiumClusterArgs.private_subnet_ids", list(self.private_subnet_ids),
-                               "unset unless vpc_id is set")
+        at = "TrainiumClusterArgs."
+        parse_kubernetes_version(f"{at}kubernetes_version", self.kubernetes_version)
+        if self.cluster_name is not None:
+            self._check("cluster_name", lambda v: check_id(f"{at}cluster_name", "cluster", v))
+        if self.vpc_id is not None:
+            self._check("vpc_id", lambda v: check_id(f"{at}vpc_id", "vpc", v))
+            self._check("private_subnet_ids", _private_subnets)
+            self._check("public_subnet_ids", lambda v: check_ids(f"{at}public_subnet_ids", "subnet", list(v)))
+        else:
+            for key in ("private_subnet_ids", "public_subnet_ids"):
+                value = getattr(self, key)
+                if not is_known(value) or value:
+                    raise SettingError(f"{at}{key}", _shown(value), "unset unless vpc_id is set")
+        self._check("admin_principal_arns", lambda v: check_ids(f"{at}admin_principal_arns", "arn", list(v)))
+        self._check("public_access_cidrs", lambda v: check_ids(f"{at}public_access_cidrs", "cidr", list(v)))
         if self.vpc_cni_identity not in VPC_CNI_IDENTITIES:
-            raise SettingError("TrainiumClusterArgs.vpc_cni_identity", self.vpc_cni_identity,
-                               " or ".join(VPC_CNI_IDENTITIES))
+            raise SettingError(f"{at}vpc_cni_identity", self.vpc_cni_identity, " or ".join(VPC_CNI_IDENTITIES))
         if self.nat_gateways not in NAT_GATEWAY_STRATEGIES:
-            raise SettingError("TrainiumClusterArgs.nat_gateways", self.nat_gateways,
-                               " or ".join(NAT_GATEWAY_STRATEGIES))
+            raise SettingError(f"{at}nat_gateways", self.nat_gateways, " or ".join(NAT_GATEWAY_STRATEGIES))
         for key in ("coredns_version", "kube_proxy_version", "pod_identity_agent_version"):
-            if (value := getattr(self, key)) is not None:
-                parse_addon_version(f"TrainiumClusterArgs.{key}", value)
+            if getattr(self, key) is not None:
+                self._check(key, functools.partial(parse_addon_version, f"{at}{key}"))
         if self.vpc_cni_version is not None:
-            cni = parse_addon_version("TrainiumClusterArgs.vpc_cni_version", self.vpc_cni_version)
-            if self.efa_only_interfaces and cni < MIN_VPC_CNI_FOR_EFA_ONLY:
-                raise SettingError("TrainiumClusterArgs.vpc_cni_version", self.vpc_cni_version,
-                                   "v1.18.4 or newer (EFA-only interfaces are used)")
+            self._check("vpc_cni_version", self._check_vpc_cni)
+
+    def _check(self, key: str, check: Callable[[Any], object]) -> None:
+        """Check field `key` now if known, else once it resolves (the field then holds the checked Output)."""
+        object.__setattr__(self, key, checked(getattr(self, key), check))
+
+    def _check_vpc_cni(self, version: str) -> None:
+        setting = "TrainiumClusterArgs.vpc_cni_version"
+        cni = parse_addon_version(setting, version)
+        if self.efa_only_interfaces and cni < MIN_VPC_CNI_FOR_EFA_ONLY:
+            raise SettingError(setting, version, "v1.18.4 or newer (EFA-only interfaces are used)")
+        if self.network_policy and cni < MIN_VPC_CNI_FOR_NETWORK_POLICY:
+            raise SettingError(setting, version, "v1.14.0 or newer: the VPC CNI enforces NetworkPolicies "
+                               "(TrainiumClusterArgs.network_policy; or set it to False)")
+
+
+def _private_subnets(value: Sequence[str]) -> None:
+    setting = "TrainiumClusterArgs.private_subnet_ids"
+    if isinstance(value, str) or not isinstance(value, list | tuple) or len(value) < 2:
+        raise SettingError(setting, _shown(value), "at least two subnets of vpc_id in different AZs")
+    check_ids(setting, "subnet", list(value))
+
+
+def _shown(value: object) -> object:
+    """A value for an error message (a list for sequences, '<an Output>' for values not known yet)."""
+    if not is_known(value):
+        return "<a pulumi Output>"
+    return list(value) if isinstance(value, tuple) else value
 
 
 class TrainiumCluster(pulumi.ComponentResource):
-    """An EKS cluster ready for Neuron node groups and the DRA driver."""
+    """An EKS cluster ready for Neuron node groups and the DRA driver.
 
-    name: str
+    `TrainiumCluster(name, args, opts)` or `TrainiumCluster(name, vpc_id=..., ...)` with the fields of
+    `TrainiumClusterArgs` as keyword arguments. Node groups made with `TrainiumNodeGroup(cluster=this)` take
+    their placement from it and wait for `node_group_dependencies`; the first one with nodes (desired_size > 0)
+    installs CoreDNS, which needs nodes to become ready.
+
+    Outputs: cluster_name, kubeconfig (secret), provider (a Kubernetes provider for it), vpc_id,
+    private_subnet_ids, public_subnet_ids, cluster_security_group_id, oidc_provider_arn; coredns (the add-on, once
+    installed); node_groups (the groups made with cluster=this).
+    """
+
+    cluster_name: pulumi.Output[str]
     kubernetes_version: str
     eks_cluster: eks.Cluster
     provider: k8s.Provider
     kubeconfig: pulumi.Output[str]
     vpc_id: pulumi.Output[str]
     private_subnet_ids: pulumi.Output[list[str]]
+    public_subnet_ids: pulumi.Output[list[str]]
     cluster_security_group_id: pulumi.Output[str]
     oidc_provider_arn: pulumi.Output[str]
 
-    def __init__(self, resource_name: str, args: TrainiumClusterArgs,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, resource_name: str, args: TrainiumClusterArgs | None = None,
+                 opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
+        if args is not None and kwargs:
+            raise TypeError("TrainiumCluster: give either args or keyword arguments, not both")
+        args = args if args is not None else TrainiumClusterArgs(**kwargs)
         super().__init__("neuron-dra:index:TrainiumCluster", resource_name, None, opts)
         self.args = args
-        self.name = args.name
         self.kubernetes_version = args.kubernetes_version
+        self.vpc_cni_identity = args.vpc_cni_identity
+        name: pulumi.Input[str] = args.cluster_name if args.cluster_name is not None else resource_name
         child = pulumi.ResourceOptions(parent=self)
 
         if args.vpc_id is None:
@@ -139,38 +217,44 @@ class TrainiumCluster(pulumi.ComponentResource):
                 tags=dict(args.tags),
                 opts=child,
             )
-            vpc_id: pulumi.Input[str] = vpc.vpc_id
-            private: pulumi.Input[Sequence[str]] = vpc.private_subnet_ids
-            public: pulumi.Input[Sequence[str]] = vpc.public_subnet_ids
+            vpc_id: Any = vpc.vpc_id  # Input[str]; Any: the union of Input types is too wide for mypy
+            private: Any = vpc.private_subnet_ids
+            public: Any = vpc.public_subnet_ids
         else:
-            vpc_id, private, public = args.vpc_id, list(args.private_subnet_ids), list(args.public_subnet_ids)
+            vpc_id, private, public = args.vpc_id, _listed(args.private_subnet_ids), _listed(args.public_subnet_ids)
 
         self.eks_cluster = eks.Cluster(
             f"{resource_name}-eks",
-            name=args.name,
+            name=name,
             version=args.kubernetes_version,
             vpc_id=vpc_id,
             private_subnet_ids=private,
-            public_subnet_ids=public or None,
+            public_subnet_ids=public,
             authentication_mode=eks.AuthenticationMode.API,
-            access_entries=_access_entries(args.admin_principal_arns),
+            access_entries=(_access_entries(list(args.admin_principal_arns))  # type: ignore[arg-type]
+                            if is_known(args.admin_principal_arns)
+                            else pulumi.Output.from_input(args.admin_principal_arns).apply(_access_entries)),
             create_oidc_provider=True,
             skip_default_node_group=True,
             skip_default_security_groups=True,
             endpoint_private_access=True,
             endpoint_public_access=args.endpoint_public_access,
-            public_access_cidrs=list(args.public_access_cidrs) or None,
+            public_access_cidrs=_listed(args.public_access_cidrs),
             enabled_cluster_log_types=list(CONTROL_PLANE_LOG_TYPES),
-            vpc_cni_options=eks.VpcCniOptionsArgs(addon_version=args.vpc_cni_version),
+            # enableNetworkPolicy: the vpc-cni add-on runs its network policy agent (docs/eks-trainium.md §6).
+            vpc_cni_options=eks.VpcCniOptionsArgs(addon_version=args.vpc_cni_version,
+                                                  enable_network_policy=args.network_policy),
             coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
             kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(enabled=True, version=args.kube_proxy_version),
             tags=dict(args.tags),
             opts=child,
         )
+        # The name as an Output of the cluster: whatever uses it waits for the cluster.
+        self.cluster_name = pulumi.Output.all(name, self.eks_cluster.kubeconfig_json).apply(lambda v: str(v[0]))
         after_cluster = pulumi.ResourceOptions(parent=self, depends_on=[self.eks_cluster])
         self.pod_identity_agent = aws.eks.Addon(
             f"{resource_name}-pod-identity-agent",
-            cluster_name=args.name,
+            cluster_name=self.cluster_name,
             addon_name="eks-pod-identity-agent",
             addon_version=args.pod_identity_agent_version,
             resolve_conflicts_on_create="OVERWRITE",
@@ -185,7 +269,7 @@ class TrainiumCluster(pulumi.ComponentResource):
             self.vpc_cni_role = aws.iam.Role(
                 f"{resource_name}-vpc-cni",
                 assume_role_policy=json.dumps(POD_IDENTITY_TRUST),
-                description=f"VPC CNI (kube-system/aws-node) of EKS cluster {args.name}",
+                description=pulumi.Output.concat("VPC CNI (kube-system/aws-node) of EKS cluster ", self.cluster_name),
                 tags=dict(args.tags),
                 opts=child,
             )
@@ -195,7 +279,7 @@ class TrainiumCluster(pulumi.ComponentResource):
             namespace, service_account = VPC_CNI_SERVICE_ACCOUNT
             self.vpc_cni_association = aws.eks.PodIdentityAssociation(
                 f"{resource_name}-vpc-cni",
-                cluster_name=args.name,
+                cluster_name=self.cluster_name,
                 namespace=namespace,
                 service_account=service_account,
                 role_arn=self.vpc_cni_role.arn,
@@ -208,26 +292,39 @@ class TrainiumCluster(pulumi.ComponentResource):
         self.provider = k8s.Provider(f"{resource_name}-k8s", kubeconfig=self.kubeconfig, opts=child)
         self.vpc_id = pulumi.Output.from_input(vpc_id)
         self.private_subnet_ids = pulumi.Output.from_input(private).apply(list)
+        self.public_subnet_ids = pulumi.Output.from_input(public).apply(lambda ids: list(ids or []))
         self.cluster_security_group_id = self.eks_cluster.cluster_security_group_id.apply(
             _require("clusterSecurityGroupId"))
         self.oidc_provider_arn = self.eks_cluster.oidc_provider_arn
         self._resource_name = resource_name
         self.coredns: aws.eks.Addon | None = None
+        self.node_groups: list[pulumi.ComponentResource] = []
         self.register_outputs({
-            "name": args.name,
+            "clusterName": self.cluster_name,
+            "kubernetesVersion": self.kubernetes_version,
             "kubeconfig": self.kubeconfig,
             "vpcId": self.vpc_id,
             "privateSubnetIds": self.private_subnet_ids,
             "clusterSecurityGroupId": self.cluster_security_group_id,
         })
 
+    def attach_node_group(self, group: pulumi.ComponentResource, node_group: aws.eks.NodeGroup,
+                          has_nodes: bool) -> None:
+        """Called by `TrainiumNodeGroup(cluster=this)`: remember the group, and install CoreDNS after the first
+        group with nodes."""
+        self.node_groups.append(group)
+        if has_nodes and self.coredns is None:
+            self.install_coredns(after=[node_group])
+
     def install_coredns(self, after: Sequence[pulumi.Resource]) -> aws.eks.Addon:
-        """Create the CoreDNS add-on once `after` (the node groups) exist, tolerating the Neuron taint."""
+        """Create the CoreDNS add-on once `after` (node groups) exist, tolerating the Neuron taint. Node groups
+        made with `TrainiumNodeGroup(cluster=...)` call this themselves; call it only for nodes made otherwise."""
         if self.coredns is not None:
-            raise RuntimeError(f"{self._resource_name}: CoreDNS is already installed")
+            raise RuntimeError(f"{self._resource_name}: CoreDNS is already installed (node groups made with "
+                               "TrainiumNodeGroup(cluster=...) install it once one of them has nodes)")
         self.coredns = aws.eks.Addon(
             f"{self._resource_name}-coredns",
-            cluster_name=self.name,
+            cluster_name=self.cluster_name,
             addon_name="coredns",
             addon_version=self.args.coredns_version,
             configuration_values=pulumi.Output.json_dumps({"tolerations": [dict(t) for t in COREDNS_TOLERATIONS]}),
@@ -239,7 +336,15 @@ class TrainiumCluster(pulumi.ComponentResource):
         return self.coredns
 
 
-def _access_entries(principals: Sequence[str]) -> dict[str, eks.AccessEntryArgs]:
+def _listed(value: pulumi.Input[Sequence[pulumi.Input[str]]]) -> pulumi.Input[Sequence[pulumi.Input[str]]] | None:
+    """A list input as pulumi-eks takes it: a list (None when empty), or the Output as it is."""
+    if is_known(value):
+        return list(value) or None  # type: ignore[arg-type]
+    return value
+
+
+def _access_entries(principals: Sequence[Any]) -> dict[str, eks.AccessEntryArgs]:
+    """Cluster-admin access entries; built once the ARNs are known (they may come from another stack)."""
     return {
         f"admin-{i}": eks.AccessEntryArgs(
             principal_arn=arn,

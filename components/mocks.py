@@ -93,16 +93,23 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
+class MissingStackOutputs(LookupError):
+    """A StackReference to a stack whose outputs the mocks were not given."""
+
+
 class PlanMocks(pulumi.runtime.Mocks):
     """Deterministic outputs for every resource type the stack creates, and answers to its invokes.
 
     `offerings`: instance type -> AZs offering it (default: every type in the region's a, b and c zones).
     `subnet_zones`: subnet id -> AZ for subnets the program is given (default: round robin over the zones).
+    `stack_outputs`: stack name (`org/project/stack`) -> the outputs a `pulumi.StackReference` to it reads.
     """
 
     def __init__(self, region: str = DEFAULT_REGION, offerings: Mapping[str, Sequence[str]] | None = None,
-                 subnet_zones: Mapping[str, str] | None = None) -> None:
+                 subnet_zones: Mapping[str, str] | None = None,
+                 stack_outputs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.region = region
+        self.stack_outputs = {k: dict(v) for k, v in (stack_outputs or {}).items()}
         self.zones = tuple(f"{region}{s}" for s in "abc")
         self.offerings = {k: tuple(v) for k, v in (offerings or {}).items()}
         self.subnet_zones: dict[str, str] = dict(subnet_zones or {})
@@ -123,7 +130,14 @@ class PlanMocks(pulumi.runtime.Mocks):
         if typ.startswith("aws:"):
             service = typ.split(":")[1].split("/")[0]
             out.setdefault("arn", f"arn:aws:{service}:{self.region}:{ACCOUNT}:{args.name}")
-        if typ == "eks:index:Cluster":
+        if typ == "pulumi:pulumi:StackReference":
+            name = inputs.get("name") or args.name
+            if name not in self.stack_outputs:
+                raise MissingStackOutputs(
+                    f"pulumi.StackReference {name!r}: no outputs given for it (PlanMocks(stack_outputs=...), or "
+                    f"neuron-dra plan --stack-outputs FILE); given: {', '.join(self.stack_outputs) or 'none'}")
+            out.update(name=name, outputs=self.stack_outputs[name], secretOutputNames=[])
+        elif typ == "eks:index:Cluster":
             name = inputs.get("name") or args.name
             kubeconfig = _kubeconfig(name, self.region)
             out.update(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,9 @@ MAX_ROLLOUT_TIMEOUT_SECONDS = 3600
 VPC_CNI_IDENTITIES = ("podIdentity", "nodeRole")
 # EFA-only interfaces (no IP addresses) need this VPC CNI version or newer.
 MIN_VPC_CNI_FOR_EFA_ONLY = (1, 18, 4)
+# NetworkPolicy enforcement by the VPC CNI's network policy agent needs this version or newer (EKS user guide,
+# "Restrict Pod network traffic with Kubernetes network policies"; docs/eks-trainium.md §6).
+MIN_VPC_CNI_FOR_NETWORK_POLICY = (1, 14, 0)
 # The project's examples that fit the default node group (trn2.48xlarge); `neuron_dra.claim_templates.examples`
 # also holds UltraServer and inf2 templates, whose checks rightly fail a stack without such nodes.
 DEFAULT_CLAIM_TEMPLATES_MODULE = "neuron_dra.claim_templates.stack_examples"
@@ -62,6 +65,7 @@ EFA_INTERFACE_TYPES = ("efa-only", "efa")
 # install also installs it on an existing cluster's EFA instance types; external: the cluster already runs one.
 EFA_DRIVER_MODES = ("auto", "install", "external")
 CAPACITY_TYPES = ("ON_DEMAND", "CAPACITY_BLOCK")
+LNC_VALUES = (1, 2)  # Logical NeuronCore config: physical cores per logical core (docs/neuron-cores.md §2)
 NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
 
 class SettingError(NotAllowed):
@@ -76,6 +80,7 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+_SECURITY_GROUP = re.compile(r"^sg-[0-9a-f]{8,17}$")
 _VPC = re.compile(r"^vpc-[0-9a-f]{8,17}$")
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _CIDR = re.compile(r"^(\d{1,3}\.){3}\d{1,3}/\d{1,2}$")
@@ -83,6 +88,33 @@ _ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/\S+$")
 _ADDON_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(-eksbuild\.\d+)?$")
 _K8S_VERSION = re.compile(r"^(\d+)\.(\d+)$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+# What each kind of id looks like, for `check_id` (the default stack's settings and the components' Args).
+_ID_RULES: Mapping[str, tuple[re.Pattern[str], str]] = {
+    "cluster": (_CLUSTER_NAME, "1-100 letters, digits, '-' and '_', starting with a letter or digit"),
+    "subnet": (_SUBNET, "subnet ids such as subnet-0123456789abcdef0"),
+    "vpc": (_VPC, "a VPC id such as vpc-0123456789abcdef0"),
+    "arn": (_ARN, "IAM role or user ARNs"),
+    "cidr": (_CIDR, "IPv4 CIDR blocks such as 203.0.113.0/24"),
+    "reservation": (_RESERVATION, "a Capacity Block reservation id such as cr-0123456789abcdef0"),
+    "security_group": (_SECURITY_GROUP, "security group ids such as sg-0123456789abcdef0"),
+}
+
+
+def check_id(setting: str, kind: str, value: object) -> None:
+    """Raise SettingError unless `value` is an id of `kind` (cluster, subnet, vpc, arn, cidr, reservation)."""
+    pattern, allowed = _ID_RULES[kind]
+    if not isinstance(value, str) or not pattern.match(value):
+        raise SettingError(setting, value, allowed)
+
+
+def check_ids(setting: str, kind: str, values: object) -> None:
+    """Each of `values` (a list) is an id of `kind`."""
+    if isinstance(values, str) or not isinstance(values, list | tuple):
+        raise SettingError(setting, values, f"a list of {_ID_RULES[kind][1]}")
+    for value in values:
+        check_id(setting, kind, value)
 
 
 def setting_name(key: str) -> str:
@@ -142,6 +174,8 @@ class NodeGroupSettings:
     # None: for EFA groups not on a Capacity Block
     placement_group: bool | None = field(default=None, metadata=_key("placementGroup"))
     version: str | None = field(default=None, metadata=_key("version"))  # None: the cluster's version
+    # Logical NeuronCore config of the nodes (Trainium2/3: 1 or 2); None: the family's default (2).
+    lnc: int | None = field(default=None, metadata=_key("lnc"))
     # The config setting this came from (`neuron-dra:nodeGroups[0]`), for error messages; "" when built in
     # code: errors then name the Python field (`TrainiumNodeGroupArgs.instance_type`).
     where: str = field(default="", compare=False)
@@ -170,14 +204,8 @@ class NodeGroupSettings:
             raise SettingError(self._at("efaInterfaceType"), self.efa_interface_type, " or ".join(EFA_INTERFACE_TYPES))
         if self.availability_zone is not None and not _AZ.match(self.availability_zone):
             raise SettingError(self._at("availabilityZone"), self.availability_zone, "an AZ name such as us-east-2b")
-        for s in self.subnet_ids:
-            if not _SUBNET.match(s):
-                raise SettingError(self._at("subnetIds"), s, "subnet ids such as subnet-0123456789abcdef0")
-        if self.is_efa and len(self.subnet_ids) > 1:
-            raise SettingError(
-                self._at("subnetIds"), list(self.subnet_ids),
-                f"exactly one subnet: {self.instance_type} uses EFA, and an EFA node group must stay in one AZ "
-                "and one cluster placement group")
+        if self._known(self.subnet_ids):
+            self.check_subnet_ids(self.subnet_ids)
         if self.subnet_ids and self.availability_zone:
             raise SettingError(self._at("availabilityZone"), self.availability_zone,
                                "unset when subnetIds is given (the subnets decide the AZ)")
@@ -188,7 +216,54 @@ class NodeGroupSettings:
                 raise SettingError(f"{self._at('labels')}[{label}]", text, LABEL_VALUE_RULE)
         if self.version is not None:
             parse_kubernetes_version(self._at("version"), self.version)
+        self._check_lnc()
         self._check_capacity_block()
+
+    def _known(self, value: object) -> bool:
+        """Whether `value` is known now (Args that take Pulumi Outputs check the others once they resolve)."""
+        return True
+
+    def check_subnet_ids(self, subnet_ids: Sequence[str]) -> None:
+        for s in subnet_ids:
+            if not isinstance(s, str) or not _SUBNET.match(s):
+                raise SettingError(self._at("subnetIds"), s, "subnet ids such as subnet-0123456789abcdef0")
+        if self.is_efa and len(subnet_ids) > 1:
+            raise SettingError(
+                self._at("subnetIds"), list(subnet_ids),
+                f"exactly one subnet: {self.instance_type} uses EFA, and an EFA node group must stay in one AZ "
+                "and one cluster placement group")
+
+    def check_reservation_id(self, reservation_id: str) -> None:
+        if not isinstance(reservation_id, str) or not _RESERVATION.match(reservation_id):
+            raise SettingError(self._at("capacityReservationId"), reservation_id,
+                               "a Capacity Block reservation id such as cr-0123456789abcdef0")
+
+    def _check_lnc(self) -> None:
+        if self.lnc is None:
+            return
+        spec = self.spec
+        if not spec.lnc_supported:
+            raise SettingError(self._at("lnc"), self.lnc,
+                               f"unset: {self.instance_type} ({spec.family.device_name}) has no Logical NeuronCore "
+                               "config (LNC exists on Trainium2 and Trainium3 only); drop lnc")
+        if isinstance(self.lnc, bool) or self.lnc not in LNC_VALUES:
+            raise SettingError(self._at("lnc"), self.lnc,
+                               f"{' or '.join(map(str, LNC_VALUES))} (unset: {spec.family.default_lnc}, the default)")
+
+    @property
+    def node_lnc(self) -> int | None:
+        """The LNC the nodes run at (the setting, else the family's default); None where LNC does not apply."""
+        if not self.spec.lnc_supported:
+            return None
+        return self.lnc if self.lnc is not None else self.spec.family.default_lnc
+
+    @property
+    def check_target(self) -> str:
+        """How claim checks name this group's nodes: the instance type, with `:lnc=N` when the nodes run at an
+        LNC other than the family's default."""
+        if self.lnc is None or self.lnc == self.spec.family.default_lnc:
+            return self.instance_type
+        return f"{self.instance_type}:lnc={self.lnc}"
 
     def _check_capacity_block(self) -> None:
         if self.capacity_type is not None and self.capacity_type not in CAPACITY_TYPES:
@@ -201,9 +276,8 @@ class NodeGroupSettings:
                                "CAPACITY_BLOCK (or unset) with capacityReservationId")
         if self.capacity_reservation_id is None:
             return
-        if not isinstance(self.capacity_reservation_id, str) or not _RESERVATION.match(self.capacity_reservation_id):
-            raise SettingError(self._at("capacityReservationId"), self.capacity_reservation_id,
-                               "a Capacity Block reservation id such as cr-0123456789abcdef0")
+        if self._known(self.capacity_reservation_id):
+            self.check_reservation_id(self.capacity_reservation_id)
         if not self.spec.capacity_blocks:
             sold = ", ".join(t for t, s in self.hardware.types.items() if s.capacity_blocks)
             raise SettingError(self._at("instanceType"), self.instance_type,
@@ -469,6 +543,7 @@ class StackSettings:
     public_access_cidrs: tuple[str, ...] = _setting("publicAccessCidrs", ())
     vpc_cni_version: str | None = _setting("vpcCniVersion", None)
     vpc_cni_identity: str = _setting("vpcCniIdentity", "podIdentity")
+    vpc_cni_network_policy: bool = _setting("vpcCniNetworkPolicy", True)
     imds_hop_limit: int = _setting("imdsHopLimit", 1)
     coredns_version: str | None = _setting("corednsVersion", None)
     kube_proxy_version: str | None = _setting("kubeProxyVersion", None)
@@ -564,6 +639,10 @@ class StackSettings:
                                "1 (only the node's own processes and host-network pods reach IMDS) to 64")
         if self.vpc_cni_version is not None:
             cni = parse_addon_version(n("vpcCniVersion"), self.vpc_cni_version)
+            if self.vpc_cni_network_policy and cni < MIN_VPC_CNI_FOR_NETWORK_POLICY:
+                raise SettingError(n("vpcCniVersion"), self.vpc_cni_version,
+                                   "v1.14.0 or newer: the VPC CNI enforces NetworkPolicies "
+                                   f"({n('vpcCniNetworkPolicy')}; or set it to false)")
             efa_only = [g.name for g in self.node_groups if g.uses_efa_only] + [
                 p.name for p in self.node_pools if p.efa_count]
             if efa_only and cni < MIN_VPC_CNI_FOR_EFA_ONLY:
@@ -606,14 +685,15 @@ class StackSettings:
     def driver_options(self) -> DriverDeployOptions:
         """The driver's deployment options; a bad value is reported under its setting's name."""
         try:
-            # DeviceClass.extendedResourceName exists from 1.36 (DRAExtendedResource beta, on): left out before.
-            mapped = parse_kubernetes_version(setting_name("kubernetesVersion"), self.kubernetes_version) >= (1, 36)
+            # What the cluster's minor does not serve is left out by the driver's manifests (KUBERNETES_FEATURES).
+            parse_kubernetes_version(setting_name("kubernetesVersion"), self.kubernetes_version)
             options = DriverDeployOptions(
                 driver_name=self.driver_name, namespace=self.driver_namespace, metrics_port=self.driver_metrics_port,
                 plugins_dir=self.kubelet_plugins_dir, registry_dir=self.kubelet_registry_dir,
                 core_device_class_name=self.neuron_core_device_class,
-                extended_resource_name=(self.extended_resource_name or None) if mapped else None,
-                core_extended_resource_name=(self.core_extended_resource_name or None) if mapped else None,
+                extended_resource_name=self.extended_resource_name or None,
+                core_extended_resource_name=self.core_extended_resource_name or None,
+                kubernetes_version=self.kubernetes_version,
             )
             if self.catalog_file is not None:
                 # The file's text goes into a ConfigMap the driver pods mount (DriverDeployOptions.catalog_yaml).
@@ -633,6 +713,15 @@ class StackSettings:
         if self.existing_cluster:
             return self.cluster_instance_types or self.hardware.names
         return tuple(dict.fromkeys((*(g.instance_type for g in self.node_groups),
+                                    *(t for p in self.node_pools for t in p.types))))
+
+    @property
+    def check_targets(self) -> tuple[str, ...]:
+        """What claim templates are checked against: the node groups' instance types at their LNC
+        (`trn2.48xlarge:lnc=1` for a group with lnc 1), or the existing cluster's instance types."""
+        if self.existing_cluster:
+            return self.node_instance_types
+        return tuple(dict.fromkeys((*(g.check_target for g in self.node_groups),
                                     *(t for p in self.node_pools for t in p.types))))
 
     @property

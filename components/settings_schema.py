@@ -100,6 +100,9 @@ _ROWS: tuple[Setting, ...] = (
        "podIdentity (its own IAM role for the aws-node service account, through EKS Pod Identity) or nodeRole "
        "(the node role, as EKS's defaults do; any pod that reaches IMDS can then use them).",
        new_cluster_only=True),
+    _T("vpc_cni_network_policy", "boolean", "Whether the VPC CNI enforces Kubernetes NetworkPolicies (its "
+       "network policy agent, add-on setting enableNetworkPolicy; vpc-cni v1.14+). Without an enforcing CNI the "
+       "driver's NetworkPolicy protects nothing.", new_cluster_only=True),
     _T("imds_hop_limit", "integer", "IMDSv2 response hop limit of the nodes: 1 keeps pods (other than "
        "host-network pods) from the node role's credentials; 2 lets every pod reach IMDS.",
        new_cluster_only=True),
@@ -110,7 +113,8 @@ _ROWS: tuple[Setting, ...] = (
        "default).", new_cluster_only=True),
     _T("node_groups", "objects", "Trainium/Inferentia managed node groups: "
        + ", ".join(NODE_GROUP_FIELD_OF_KEY) + ". capacityType is ON_DEMAND or CAPACITY_BLOCK, efaInterfaceType "
-       "efa-only or efa.", new_cluster_only=True),
+       "efa-only or efa, lnc 1 or 2 (Trainium2/Trainium3 only: the nodes' Logical NeuronCore config, default 2; "
+       "also the node label neuron-dra/lnc).", new_cluster_only=True),
     _T("node_pools", "objects", "Karpenter NodePools of Neuron instances, instead of or next to nodeGroups "
        "(docs/karpenter.md); Karpenter is installed when there is one: " + ", ".join(NODE_POOL_FIELD_OF_KEY)
        + ". With replicas a static pool (one instance type; a Capacity Block or UltraServer with "

@@ -17,7 +17,7 @@ only. A new VPC spans those AZs (at least two, as EKS requires).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,6 @@ from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroup
 from neuron_dra.components.nodepool import TrainiumNodePool, TrainiumNodePoolArgs
 from neuron_dra.components.settings import (
     PROJECT,
-    NodeGroupSettings,
     NodePoolSettings,
     SettingError,
     StackSettings,
@@ -169,9 +168,8 @@ def build_stack(
         for warning in kubernetes_version_warnings(settings.kubernetes_version):
             pulumi.log.warn(f"{setting_name('kubernetesVersion')}: {warning}")
         zones = plan_zones(settings)
-        name = settings.resolved_cluster_name(stack)
         cluster = TrainiumCluster("cluster", TrainiumClusterArgs(
-            name=name,
+            cluster_name=settings.resolved_cluster_name(stack),
             kubernetes_version=settings.kubernetes_version,
             vpc_id=settings.vpc_id,
             private_subnet_ids=settings.private_subnet_ids,
@@ -188,36 +186,38 @@ def build_stack(
             pod_identity_agent_version=settings.pod_identity_agent_version,
             efa_only_interfaces=settings.uses_efa_only,
             vpc_cni_identity=settings.vpc_cni_identity,
+            network_policy=settings.vpc_cni_network_policy,
         ))
-        groups = [_node_group(cluster, group, zones.group_zones[group.name], settings)
-                  for group in settings.node_groups]
+        # Each group takes its placement from the cluster, waits for the VPC CNI's identity, and the first
+        # one with nodes installs CoreDNS.
+        groups = [TrainiumNodeGroup(f"ng-{group.name}", TrainiumNodeGroupArgs.from_settings(
+            group, cluster=cluster, availability_zones=zones.group_zones[group.name],
+            imds_hop_limit=settings.imds_hop_limit)) for group in settings.node_groups]
         if settings.node_pools:
             karpenter, pools = _karpenter(cluster, settings)
-        if karpenter is not None or any(g.desired_size > 0 for g in settings.node_groups):
-            cluster.install_coredns(after=[g.node_group for g in groups]
-                                    + ([karpenter.system_node_group] if karpenter else []))
-        else:
+            if cluster.coredns is None:  # no group has nodes: CoreDNS runs on Karpenter's own nodes
+                cluster.install_coredns(after=[karpenter.system_node_group])
+        if cluster.coredns is None:
             pulumi.log.warn("no node group has nodes yet (every desiredSize is 0): the CoreDNS add-on is created "
                             "by the first `pulumi up` after a node group has nodes")
         provider = cluster.provider
         kubeconfig = cluster.kubeconfig
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
-        options=driver_options(settings), image=settings.driver_image, source_dir=source_dir,
+        options=driver_options(settings), image=settings.driver_image, source_dir=source_dir, cluster=cluster,
         build_from_source=settings.driver_build_from_source,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))
-    # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first.
-    classes = [driver.objects.get(f"DeviceClass/{name}")
-               for name in (driver.device_class_name, driver_options(settings).core_device_class_name)]
     efa_driver = _efa_driver(settings, provider)
     efa_ref: EfaDriverRef | None = EXTERNAL if settings.efa_driver == EXTERNAL else efa_driver
+    # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first. Each is checked
+    # against the node groups' nodes at their LNC.
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
-        templates=templates, instance_types=settings.node_instance_types, check=check, hardware=settings.hardware,
-        depends_on=[c for c in classes if c is not None], efa_driver=efa_ref,
+        templates=templates, instance_types=settings.check_targets, check=check, hardware=settings.hardware,
+        depends_on=driver.device_classes(), efa_driver=efa_ref,
     ), opts=pulumi.ResourceOptions(provider=provider))
     exports: dict[str, Any] = {
         "kubeconfig": kubeconfig,
-        "clusterName": cluster.name if cluster else None,
+        "clusterName": cluster.cluster_name if cluster else None,
         "nodeGroupNames": [g.name for g in groups],
         "nodePoolNames": [p.name for p in pools],
         "driverNamespace": driver.namespace,
@@ -257,7 +257,7 @@ def _karpenter(cluster: TrainiumCluster, settings: StackSettings) -> tuple[Train
     """Karpenter in the cluster and one TrainiumNodePool per `nodePools` entry, after Karpenter's chart (its CRDs)."""
     provider = pulumi.ResourceOptions(provider=cluster.provider)
     karpenter = TrainiumKarpenter("karpenter", TrainiumKarpenterArgs(
-        cluster_name=cluster.name,
+        cluster_name=cluster.cluster_name,
         subnet_ids=cluster.private_subnet_ids,
         kubernetes_version=cluster.kubernetes_version,
         cni_policy_on_node_role=settings.vpc_cni_identity == "nodeRole",
@@ -276,22 +276,6 @@ def _node_pool(cluster: TrainiumCluster, karpenter: TrainiumKarpenter, pool: Nod
         imds_hop_limit=settings.imds_hop_limit,
         depends_on=[karpenter.release],
     ), opts=pulumi.ResourceOptions(provider=cluster.provider))
-
-
-def _node_group(cluster: TrainiumCluster, group: NodeGroupSettings, zones: Sequence[str],
-                settings: StackSettings) -> TrainiumNodeGroup:
-    """The settings of one node group mapped onto the component's plain fields."""
-    return TrainiumNodeGroup(f"ng-{group.name}", TrainiumNodeGroupArgs.from_settings(
-        group,
-        cluster_name=cluster.name,
-        vpc_id=cluster.vpc_id,
-        cluster_security_group_id=cluster.cluster_security_group_id,
-        kubernetes_version=cluster.kubernetes_version,
-        candidate_subnet_ids=cluster.private_subnet_ids,
-        availability_zones=zones,
-        imds_hop_limit=settings.imds_hop_limit,
-        cni_policy_on_node_role=settings.vpc_cni_identity == "nodeRole",
-    ), opts=pulumi.ResourceOptions(depends_on=cluster.node_group_dependencies))
 
 
 def current_config() -> dict[str, str]:

@@ -82,6 +82,8 @@ POD_SELECTOR = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.i
 # Node labels the Pulumi node groups set: the node group, and the Capacity Block reservation a node belongs to
 # (the daemon publishes the latter as `capacityBlockId` on UltraServers; CAPACITY_BLOCK_LABEL lives in slices.py).
 NODE_GROUP_LABEL = "neuron-dra/node-group"
+# The node's Logical NeuronCore config (Trainium2/3 node groups), as the node group writes it to LNC_CONFIG_DIR.
+LNC_LABEL = "neuron-dra/lnc"
 
 # The RBAC rules the daemon needs: exactly the API calls the code makes, each with its caller
 # (tests/driver/test_driver_rbac.py records the daemon's calls against the API server and compares).
@@ -106,6 +108,19 @@ _EXTENDED_RESOURCE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.
                                 r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+_MINOR = re.compile(r"^1\.(\d{2})$")
+MIN_MINOR = 34  # resource.k8s.io/v1
+# The first Kubernetes minor (1.N) that serves, on by default, what parts of the driver's objects use
+# (docs/kubernetes-versions.md §2). The one place the version rule lives: the Pulumi components and the default
+# stack render through it.
+KUBERNETES_FEATURES: Mapping[str, int] = {
+    # DeviceClass.extendedResourceName (DRAExtendedResource, beta on in 1.36)
+    "extended_resource_name": 36,
+    # the NeuronCore DeviceClass: cores are partitions of devices (DRAPartitionableDevices, beta on in 1.36)
+    "core_device_class": 36,
+    # the unhealthy-device taint setting: ResourceSlice device taints (DRADeviceTaints, beta on in 1.36)
+    "device_taints": 36,
+}
 
 
 def namespace_for(driver_name: str) -> str:
@@ -188,6 +203,9 @@ class DriverDeployOptions:
     labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
     unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT  # taint on devices with hardware errors (taints.py)
     catalog_yaml: str | None = None  # a catalog file's text: more instance types without a new image
+    # The cluster's Kubernetes minor ("1.34"): what that minor does not serve is left out (`serves`,
+    # KUBERNETES_FEATURES); None: everything, as on the newest minor.
+    kubernetes_version: str | None = None
     # The daemon's API client: client-side rate limit (client-go's defaults) and each request's deadline.
     kube_api_qps: float = 5.0
     kube_api_burst: int = 10
@@ -241,6 +259,12 @@ class DriverDeployOptions:
             check_dns_label("metrics_scrape_namespaces", ns, DeployOptionError)
         if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
             raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
+        if self.kubernetes_version is not None:
+            m = _MINOR.match(self.kubernetes_version) if isinstance(self.kubernetes_version, str) else None
+            if not m or int(m.group(1)) < MIN_MINOR:
+                raise DeployOptionError("kubernetes_version", self.kubernetes_version,
+                                        f"a Kubernetes minor such as 1.36, at least 1.{MIN_MINOR} "
+                                        "(resource.k8s.io/v1), or None for the newest")
         if self.unhealthy_taint_effect not in TAINT_EFFECTS:
             raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
         for opt, low, high, kinds in (("kube_api_qps", 0.1, 1000, (int, float)), ("kube_api_burst", 1, 1000, (int,)),
@@ -259,6 +283,12 @@ class DriverDeployOptions:
             q = getattr(self.resources, opt)
             if q is not None and not _QUANTITY.match(q):
                 raise DeployOptionError(f"resources.{opt}", q, "a Kubernetes quantity such as 10m or 128Mi")
+
+    def serves(self, feature: str) -> bool:
+        """Whether the cluster's Kubernetes minor serves `feature` (a KUBERNETES_FEATURES key)."""
+        if self.kubernetes_version is None:
+            return True
+        return int(self.kubernetes_version.split(".")[1]) >= KUBERNETES_FEATURES[feature]
 
     @cached_property
     def hardware(self) -> Catalog:
@@ -464,17 +494,21 @@ def device_class_selector(driver: str, cores: bool) -> str:
     return f'device.driver == "{driver}" && device.attributes["{driver}"].resourceType {op} "{NEURON_CORE}"'
 
 
+def _extended(options: DriverDeployOptions, name: str | None) -> str | None:
+    return name if options.serves("extended_resource_name") else None
+
+
 def device_class(options: DriverDeployOptions) -> Manifest:
     return device_class_manifest(options.device_class, options.driver_name,
                                  expression=device_class_selector(options.driver_name, False),
-                                 extended_resource_name=options.extended_resource_name,
+                                 extended_resource_name=_extended(options, options.extended_resource_name),
                                  labels=_labels(options, "device-class"))
 
 
 def core_device_class(options: DriverDeployOptions) -> Manifest:
     return device_class_manifest(options.core_device_class_name, options.driver_name,
                                  expression=device_class_selector(options.driver_name, True),
-                                 extended_resource_name=options.core_extended_resource_name,
+                                 extended_resource_name=_extended(options, options.core_extended_resource_name),
                                  labels=_labels(options, "device-class"))
 
 
@@ -506,8 +540,9 @@ def driver_env(options: DriverDeployOptions) -> list[Manifest]:
         {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": options.registry_dir},
         {"name": "CDI_ROOT", "value": options.cdi_root},
         {"name": "HEALTHCHECK_PORT", "value": str(options.healthcheck_port)},
-        {"name": "UNHEALTHY_TAINT_EFFECT", "value": options.unhealthy_taint_effect},
-    ] + ([{"name": CATALOG_ENV, "value": f"{CATALOG_DIR}/{CATALOG_KEY}"}] if options.catalog_yaml is not None else [])
+    ] + ([{"name": "UNHEALTHY_TAINT_EFFECT", "value": options.unhealthy_taint_effect}]
+         if options.serves("device_taints") else []) + (
+        [{"name": CATALOG_ENV, "value": f"{CATALOG_DIR}/{CATALOG_KEY}"}] if options.catalog_yaml is not None else [])
 
 
 @dataclass(frozen=True)
@@ -659,7 +694,7 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         admission_policy_binding(options),
         network_policy(options),
         device_class(options),
-        core_device_class(options),
+        *([core_device_class(options)] if options.serves("core_device_class") else []),
         *([catalog_config_map(options)] if options.catalog_yaml is not None else []),
         daemonset(options),
     ]

@@ -220,6 +220,10 @@ class Catalog:
     def family_map(self) -> Mapping[str, Family]:
         return MappingProxyType({f.name: f for f in self.families})
 
+    def __repr__(self) -> str:
+        # Short: the default of Args fields, shown by help() and pydoc (the whole catalog would be ~10 KB).
+        return f"Catalog({len(self.specs)} instance types from {', '.join(self.sources)})"
+
     def __contains__(self, instance_type: object) -> bool:
         return instance_type in self.types
 

@@ -25,7 +25,7 @@ def run_cluster(args: TrainiumClusterArgs, coredns: bool = True) -> OfflineRun[T
 
 def test_new_vpc_cluster() -> None:
     run = run_cluster(TrainiumClusterArgs(
-        name="trn", availability_zones=("us-east-2c", "us-east-2a"),
+        cluster_name="trn", availability_zones=("us-east-2c", "us-east-2a"),
         admin_principal_arns=("arn:aws:iam::123456789012:role/admins",), vpc_cni_version="v1.19.0-eksbuild.1",
         kube_proxy_version="v1.34.0-eksbuild.2", coredns_version="v1.12.3-eksbuild.1",
         pod_identity_agent_version="v1.3.8-eksbuild.2", efa_only_interfaces=True,
@@ -87,7 +87,7 @@ def test_new_vpc_cluster() -> None:
 
 def test_given_vpc_creates_no_vpc() -> None:
     run = run_cluster(TrainiumClusterArgs(
-        name="trn", vpc_id="vpc-0123456789abcdef0",
+        cluster_name="trn", vpc_id="vpc-0123456789abcdef0",
         private_subnet_ids=("subnet-0000000000000000a", "subnet-0000000000000000b"),
         public_subnet_ids=("subnet-0000000000000000c",)), coredns=False)
     assert run.of_type("awsx:ec2:Vpc") == []
@@ -100,14 +100,14 @@ def test_given_vpc_creates_no_vpc() -> None:
 
 
 def test_vpc_cni_on_the_node_role_creates_no_identity() -> None:
-    run = run_cluster(TrainiumClusterArgs(name="trn", vpc_cni_identity="nodeRole"), coredns=False)
+    run = run_cluster(TrainiumClusterArgs(cluster_name="trn", vpc_cni_identity="nodeRole"), coredns=False)
     assert run.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation") == []
     assert run.of_type("aws:iam/role:Role") == []
 
 
 @pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
 def test_versions_1_34_to_1_37_are_accepted(version: str) -> None:
-    assert TrainiumClusterArgs(name="c", kubernetes_version=version).kubernetes_version == version
+    assert TrainiumClusterArgs(kubernetes_version=version).kubernetes_version == version
 
 
 @pytest.mark.parametrize(("kwargs", "setting", "fragment"), [
@@ -126,20 +126,105 @@ def test_versions_1_34_to_1_37_are_accepted(version: str) -> None:
 ])
 def test_bad_cluster_args_name_the_argument(kwargs: dict[str, Any], setting: str, fragment: str) -> None:
     with pytest.raises(SettingError) as err:
-        TrainiumClusterArgs(name="c", **kwargs)
+        TrainiumClusterArgs(**kwargs)
     assert err.value.setting == f"TrainiumClusterArgs.{setting}"
     assert fragment in str(err.value)
 
 
 def test_old_vpc_cni_is_fine_without_efa_only_interfaces() -> None:
-    assert TrainiumClusterArgs(name="c", vpc_cni_version="v1.16.0-eksbuild.1").vpc_cni_version
+    assert TrainiumClusterArgs(vpc_cni_version="v1.16.0-eksbuild.1").vpc_cni_version
 
 
 def test_coredns_is_installed_once() -> None:
     def program() -> None:
-        cluster = TrainiumCluster("c", TrainiumClusterArgs(name="c"))
+        cluster = TrainiumCluster("c", TrainiumClusterArgs())
         cluster.install_coredns(after=[])
         cluster.install_coredns(after=[])
 
     with pytest.raises(RuntimeError, match="already installed"):
         run_offline(program)
+
+
+def test_network_policy_enforcement_is_on_by_default() -> None:
+    # Without an enforcing CNI every NetworkPolicy (the driver's included) is accepted and ignored.
+    on = run_cluster(TrainiumClusterArgs(), coredns=False).one("eks:index:Cluster").plain_inputs
+    assert on["vpcCniOptions"]["enableNetworkPolicy"] is True
+    off = run_cluster(TrainiumClusterArgs(network_policy=False), coredns=False).one("eks:index:Cluster")
+    assert off.plain_inputs["vpcCniOptions"]["enableNetworkPolicy"] is False
+
+
+def test_network_policy_needs_vpc_cni_1_14() -> None:
+    with pytest.raises(SettingError) as err:
+        TrainiumClusterArgs(vpc_cni_version="v1.13.4-eksbuild.1")
+    assert err.value.setting == "TrainiumClusterArgs.vpc_cni_version" and "v1.14.0" in str(err.value)
+    assert TrainiumClusterArgs(vpc_cni_version="v1.13.4-eksbuild.1", network_policy=False).network_policy is False
+
+
+def test_the_cluster_name_defaults_to_the_resource_name() -> None:
+    run = run_offline(lambda: TrainiumCluster("team-a", vpc_cni_identity="nodeRole"),
+                      exports=lambda c: {"name": c.cluster_name})
+    assert run.one("eks:index:Cluster").plain_inputs["name"] == "team-a" and run.exports["name"] == "team-a"
+
+
+def test_args_and_keyword_arguments_are_exclusive() -> None:
+    with pytest.raises(TypeError, match="either args or keyword"):
+        run_offline(lambda: TrainiumCluster("c", TrainiumClusterArgs(), vpc_cni_identity="nodeRole"))
+
+
+def test_network_inputs_from_another_stack_as_outputs() -> None:
+    """VPC, subnets, admin ARNs, add-on versions and the name as Outputs (what a StackReference gives)."""
+    import pulumi
+
+    def program() -> TrainiumCluster:
+        out = pulumi.Output.from_input
+        return TrainiumCluster("c", TrainiumClusterArgs(
+            cluster_name=out("shared-trn"), vpc_id=out("vpc-0123456789abcdef0"),
+            private_subnet_ids=out(["subnet-0000000000000000a", "subnet-0000000000000000b"]),
+            public_subnet_ids=[out("subnet-0000000000000000c")],
+            admin_principal_arns=out(["arn:aws:iam::123456789012:role/admins"]),
+            vpc_cni_version=out("v1.20.4-eksbuild.1"), coredns_version=out("v1.12.3-eksbuild.1")))
+
+    run = run_offline(program, exports=lambda c: {"subnets": c.private_subnet_ids, "vpc": c.vpc_id,
+                                                   "name": c.cluster_name})
+    eks = run.one("eks:index:Cluster").plain_inputs
+    assert eks["name"] == "shared-trn" and eks["vpcId"] == "vpc-0123456789abcdef0"
+    assert eks["privateSubnetIds"] == ["subnet-0000000000000000a", "subnet-0000000000000000b"]
+    assert eks["publicSubnetIds"] == ["subnet-0000000000000000c"]
+    assert eks["accessEntries"]["admin-0"]["principalArn"] == "arn:aws:iam::123456789012:role/admins"
+    assert eks["vpcCniOptions"]["addonVersion"] == "v1.20.4-eksbuild.1"
+    assert run.exports == {"subnets": eks["privateSubnetIds"], "vpc": "vpc-0123456789abcdef0", "name": "shared-trn"}
+    association = run.one("aws:eks/podIdentityAssociation:PodIdentityAssociation").plain_inputs
+    assert association["clusterName"] == "shared-trn"
+
+
+@pytest.mark.parametrize(("kwargs", "setting", "fragment"), [
+    ({"vpc_id": "vpc-0123456789abcdef0", "private_subnet_ids": ["subnet-0000000000000000a"]},
+     "private_subnet_ids", "two subnets"),
+    ({"vpc_id": "vpc-0123456789abcdef0", "private_subnet_ids": ["subnet-0000000000000000a", "sn-1"]},
+     "private_subnet_ids", "subnet ids such as"),
+    ({"vpc_id": "vpc-x", "private_subnet_ids": ["subnet-0000000000000000a", "subnet-0000000000000000b"]},
+     "vpc_id", "a VPC id"),
+    ({"admin_principal_arns": ["admins"]}, "admin_principal_arns", "IAM role or user ARNs"),
+    ({"vpc_cni_version": "1.18"}, "vpc_cni_version", "add-on version"),
+    ({"cluster_name": "-bad"}, "cluster_name", "starting with a letter or digit"),
+])
+def test_a_bad_output_fails_the_run_with_the_known_value_message(
+        kwargs: dict[str, Any], setting: str, fragment: str) -> None:
+    """The same check for a value known at construction and one that resolves later (inside apply)."""
+    import pulumi
+
+    with pytest.raises(SettingError) as known:
+        TrainiumClusterArgs(**kwargs)
+
+    def program() -> TrainiumCluster:
+        outputs: dict[str, Any] = {k: pulumi.Output.from_input(v) for k, v in kwargs.items()}
+        return TrainiumCluster("c", TrainiumClusterArgs(**outputs))
+
+    with pytest.raises(Exception) as late:  # Pulumi wraps errors raised in apply
+        run_offline(program)
+    ours = late.value
+    while ours is not None and not isinstance(ours, SettingError):
+        ours = ours.__cause__ or ours.__context__  # type: ignore[assignment]
+    assert isinstance(ours, SettingError), late.value
+    assert str(ours) == str(known.value)
+    assert ours.setting == f"TrainiumClusterArgs.{setting}" and fragment in str(ours)

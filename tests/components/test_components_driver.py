@@ -119,3 +119,57 @@ def test_without_an_image_it_deploys_the_published_image_of_this_version(tmp_pat
 def test_the_repository_dockerfile_is_what_gets_built() -> None:
     # The default build context is this checkout, which has the driver's Dockerfile.
     assert NeuronDraDriverArgs().dockerfile() == Path(__file__).resolve().parents[2] / "driver" / "Dockerfile"
+
+
+@pytest.mark.parametrize(("version", "classes", "mapped", "taint_env"), [
+    ("1.34", ["neuron.aws.com"], False, False),
+    ("1.35", ["neuron.aws.com"], False, False),
+    ("1.36", ["neuron.aws.com", "neuroncore.aws.com"], True, True),
+    ("1.37", ["neuron.aws.com", "neuroncore.aws.com"], True, True),
+])
+def test_renders_what_the_clusters_minor_serves(version: str, classes: list[str], mapped: bool,
+                                                taint_env: bool) -> None:
+    run = run_driver(NeuronDraDriverArgs(image=IMAGE, kubernetes_version=version))
+    objects = k8s_objects(run)
+    found = sorted(k.split("/", 1)[1] for k in objects if k.startswith("DeviceClass/"))
+    assert found == classes
+    for key in (k for k in objects if k.startswith("DeviceClass/")):
+        assert ("extendedResourceName" in objects[key].plain_inputs["spec"]) is mapped
+    ds = objects["DaemonSet/neuron-dra-driver/neuron-dra-driver-kubelet-plugin"].plain_inputs
+    env = {e["name"] for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert ("UNHEALTHY_TAINT_EFFECT" in env) is taint_env
+    for obj in objects.values():
+        kubernetes_validate.validate(obj.plain_inputs, version, strict=True)
+    assert run.result.core_device_class_name == (classes[1] if len(classes) == 2 else None)
+
+
+def test_the_version_rule_lives_in_deploy() -> None:
+    """The component and `deploy.manifests` render the same objects for a minor (one rule)."""
+    old = deploy.manifests(DriverDeployOptions(kubernetes_version="1.34"))
+    assert [m["kind"] for m in old].count("DeviceClass") == 1
+    assert len(deploy.manifests(DriverDeployOptions(kubernetes_version="1.36"))) == len(old) + 1
+    with pytest.raises(deploy.DeployOptionError) as err:
+        DriverDeployOptions(kubernetes_version="1.33")
+    assert err.value.option == "kubernetes_version" and "at least 1.34" in str(err.value)
+
+
+def test_a_bad_image_is_refused_known_or_as_an_output() -> None:
+    with pytest.raises(SettingError) as known:
+        NeuronDraDriverArgs(image="registry.example.com/dra driver:1")
+    assert known.value.setting == "NeuronDraDriverArgs.image"
+    def program() -> NeuronDraDriver:
+        provider = k8s.Provider("target", kubeconfig="{}")
+        return NeuronDraDriver("drv", NeuronDraDriverArgs(image=pulumi.Output.from_input(
+            "registry.example.com/dra driver:1")), opts=pulumi.ResourceOptions(provider=provider))
+
+    with pytest.raises(Exception) as late:  # no exports: run_offline would wait on the failed image Output
+        run_offline(program)
+    ours: BaseException | None = late.value
+    while ours is not None and not isinstance(ours, SettingError):
+        ours = ours.__cause__ or ours.__context__
+    assert isinstance(ours, SettingError) and str(ours) == str(known.value)
+
+
+def test_keyword_arguments_and_args_are_exclusive() -> None:
+    with pytest.raises(TypeError, match="either args or keyword"):
+        run_offline(lambda: NeuronDraDriver("d", NeuronDraDriverArgs(image=IMAGE), image=IMAGE))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -66,10 +67,10 @@ pulumi.runtime.set_mocks(TeamMocks(), project="team-infra", stack="dev", preview
 
 @pulumi.runtime.test
 def program():
-    cluster = TrainiumCluster("team", TrainiumClusterArgs(name="team-cluster", kubernetes_version="1.35",
+    cluster = TrainiumCluster("team", TrainiumClusterArgs(cluster_name="team-cluster", kubernetes_version="1.35",
                                                           availability_zones=["us-west-2a", "us-west-2d"]))
     group = TrainiumNodeGroup("trn1", TrainiumNodeGroupArgs(
-        name="trn1", instance_type="trn1.32xlarge", cluster_name=cluster.name,
+        name="trn1", instance_type="trn1.32xlarge", cluster_name=cluster.cluster_name,
         vpc_id=cluster.vpc_id, cluster_security_group_id=cluster.cluster_security_group_id,
         kubernetes_version=cluster.kubernetes_version, candidate_subnet_ids=cluster.private_subnet_ids,
         availability_zones=["us-west-2d"]))
@@ -110,8 +111,8 @@ def environment_without_this_checkout() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
-@pytest.mark.slow  # builds a wheel into a new virtualenv (~20 s)
-def test_components_from_a_separate_project_with_a_pip_installed_copy(tmp_path: Path) -> None:
+def install_a_copy(tmp_path: Path) -> Path:
+    """A copy of the checkout pip-installed (not editable) into a new virtualenv; its python."""
     source = tmp_path / "checkout"
     source.mkdir()
     for part in PACKAGE_PARTS:
@@ -122,10 +123,46 @@ def test_components_from_a_separate_project_with_a_pip_installed_copy(tmp_path: 
             shutil.copy2(src, source / part)
     venv = tmp_path / "venv"
     python = with_packages_of_this_interpreter(venv)
-    env = environment_without_this_checkout()
     # pip and setuptools of this interpreter build the wheel offline.
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", str(source)], check=True, cwd=tmp_path, env=env)
+                    "--no-index", str(source)], check=True, cwd=tmp_path, env=environment_without_this_checkout())
+    return python
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp_path = tmp_path_factory.mktemp("installed")
+    return tmp_path, install_a_copy(tmp_path)
+
+
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+
+
+@pytest.mark.slow  # builds a wheel into a new virtualenv (~20 s), then runs pytest there
+def test_testing_your_stack_md_works_from_a_separate_project(installed: tuple[Path, Path], tmp_path: Path) -> None:
+    """docs/testing-your-stack.md followed as written: its infra.py and tests in a project of their own, run by
+    pytest in a virtualenv with a pip-installed copy of the package."""
+    _, python = installed
+    infra, test, errors = python_blocks(ROOT / "docs" / "testing-your-stack.md")
+    project = tmp_path / "ml-platform"
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text("name: ml-platform\nruntime: python\n")
+    (project / "infra.py").write_text(infra)
+    (project / "__main__.py").write_text("import infra\n\ninfra.build()\n")
+    (project / "test_infra.py").write_text(test + "\n\n" + errors)
+    done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_infra.py"],
+                          cwd=project, capture_output=True, text=True, timeout=900,
+                          env=environment_without_this_checkout())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "2 passed" in done.stdout
+
+
+@pytest.mark.slow  # builds a wheel into a new virtualenv (~20 s)
+def test_components_from_a_separate_project_with_a_pip_installed_copy(installed: tuple[Path, Path]) -> None:
+    tmp_path, python = installed
+    venv = python.parent.parent
+    env = environment_without_this_checkout()
 
     project = tmp_path / "team-infra"
     project.mkdir()

@@ -6,7 +6,13 @@ Output; each test also checks how many resources it looked at.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import email
+import pydoc
+import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -17,6 +23,7 @@ from neuron_dra.components.mocks import OfflineRun, PlanMocks, RecordedResource,
 from neuron_dra.components.nodegroup import CNI_POLICY, NODE_POLICIES, TrainiumNodeGroup, TrainiumNodeGroupArgs
 from neuron_dra.components.settings import NodeGroupSettings, SettingError
 from neuron_dra.driver.model.catalog import CATALOG, get_instance_spec
+from neuron_dra.driver.model.partitions import read_node_lnc
 
 CANDIDATES = ["subnet-0000000000000000a", "subnet-0000000000000000b", "subnet-0000000000000000c"]
 ZONES = {s: f"us-east-2{s[-1]}" for s in CANDIDATES}
@@ -116,7 +123,10 @@ def test_node_group_ami_taint_labels_scaling_and_launch_template(catalog_run: Of
         assert ng["capacityType"] == "ON_DEMAND"
         assert ng["instanceTypes"] == [instance_type] and "instanceType" not in lt
         assert ng["taints"] == [{"key": "aws.amazon.com/neuron", "value": "true", "effect": "NO_SCHEDULE"}]
-        assert ng["labels"] == {"neuron-dra/node-group": group}
+        # Trainium2/3 nodes say their LNC (the AMI's default 2 unless lnc is set); other families have none.
+        lnc = {"neuron-dra/lnc": "2"} if get_instance_spec(instance_type).lnc_supported else {}
+        assert ng["labels"] == {"neuron-dra/node-group": group, **lnc}
+        assert "userData" not in lt  # only a group with lnc set writes the LNC file
         assert ng["scalingConfig"] == {"desiredSize": 2, "minSize": 0, "maxSize": 4}
         assert ng["version"] == "1.34" and ng["clusterName"] == "c1" and ng["nodeGroupName"] == group
         assert ng["launchTemplate"]["version"] == "1"
@@ -255,3 +265,105 @@ def test_args_take_plain_fields_and_name_the_python_field() -> None:
         TrainiumNodeGroupArgs(name="x", cluster_name="c", vpc_id="v", cluster_security_group_id="sg",
                               kubernetes_version="1.36", availability_zones=["a"], imds_hop_limit=0)
     assert err.value.setting == "TrainiumNodeGroupArgs.imds_hop_limit"
+
+
+def _placement(**extra: Any) -> dict[str, Any]:
+    return {"cluster_name": "c1", "vpc_id": "vpc-0123456789abcdef0",
+            "cluster_security_group_id": "sg-0cluster0000000000", "kubernetes_version": "1.36",
+            "candidate_subnet_ids": CANDIDATES, "availability_zones": ["us-east-2a"], **extra}
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_lnc_is_written_where_the_ami_and_the_driver_read_it(lnc: int, tmp_path: Path) -> None:
+    """The user data's script, run against a scratch root, leaves the file that the driver's own reader
+    (partitions.read_node_lnc, as on the node) reads as `lnc`; the node label says the same."""
+    run = run_offline(lambda: TrainiumNodeGroup("g", TrainiumNodeGroupArgs(
+        name="g", instance_type="trn2.48xlarge", lnc=lnc, **_placement())), mocks=PlanMocks(subnet_zones=ZONES))
+    lt = run.one("aws:ec2/launchTemplate:LaunchTemplate").plain_inputs
+    message: Any = email.message_from_bytes(base64.b64decode(lt["userData"]))
+    assert message.is_multipart()  # EKS merges MIME multi-part user data with its own bootstrap
+    (part,) = message.get_payload()
+    assert part.get_content_type() == "text/x-shellscript"
+    script = part.get_payload().replace("/opt/aws/neuron", f"{tmp_path}/opt/aws/neuron")
+    subprocess.run(["bash", "-c", script], check=True)
+    assert read_node_lnc(tmp_path, get_instance_spec("trn2.48xlarge")) == lnc
+    ng = run.one("aws:eks/nodeGroup:NodeGroup").plain_inputs
+    assert ng["labels"]["neuron-dra/lnc"] == str(lnc)
+
+
+@pytest.mark.parametrize(("instance_type", "lnc", "fragment"), [
+    ("trn1.32xlarge", 1, "drop lnc"),
+    ("inf2.48xlarge", 2, "drop lnc"),
+    ("trn2.48xlarge", 4, "1 or 2"),
+    ("trn2.48xlarge", True, "1 or 2"),
+])
+def test_lnc_outside_trainium2_and_3_or_out_of_range_is_refused(instance_type: str, lnc: Any, fragment: str) -> None:
+    with pytest.raises(SettingError) as err:
+        TrainiumNodeGroupArgs(name="g", instance_type=instance_type, lnc=lnc, **_placement())
+    assert err.value.setting == "TrainiumNodeGroupArgs('g').lnc" and fragment in str(err.value)
+
+
+def test_check_target_names_a_non_default_lnc() -> None:
+    assert NodeGroupSettings(name="a", lnc=1).check_target == "trn2.48xlarge:lnc=1"
+    assert NodeGroupSettings(name="a", lnc=2).check_target == "trn2.48xlarge"
+    assert NodeGroupSettings(name="a", instance_type="trn1.32xlarge").check_target == "trn1.32xlarge"
+    assert NodeGroupSettings(name="a", instance_type="trn1.32xlarge").node_lnc is None
+
+
+def test_subnets_reservation_and_security_groups_as_outputs() -> None:
+    out = pulumi.Output.from_input
+
+    placement: dict[str, Any] = {k: out(v) if k in ("cluster_name", "vpc_id", "cluster_security_group_id") else v
+                                 for k, v in _placement(availability_zones=()).items()}
+
+    def program() -> TrainiumNodeGroup:
+        return TrainiumNodeGroup("g", TrainiumNodeGroupArgs(
+            name="g", instance_type="trn2.48xlarge", desired_size=0,
+            capacity_reservation_id=out("cr-0123456789abcdef0"), subnet_ids=out(["subnet-0000000000000000b"]),
+            security_group_ids=[out("sg-0123456789abcdef1")], **placement))
+
+    run = run_offline(program, mocks=PlanMocks(subnet_zones=ZONES))
+    ng = run.one("aws:eks/nodeGroup:NodeGroup").plain_inputs
+    assert ng["subnetIds"] == ["subnet-0000000000000000b"] and ng["clusterName"] == "c1"
+    assert ng["labels"]["neuron-dra/capacity-block-id"] == "cr-0123456789abcdef0"
+    lt = run.one("aws:ec2/launchTemplate:LaunchTemplate").plain_inputs
+    target = lt["capacityReservationSpecification"]["capacityReservationTarget"]
+    assert target == {"capacityReservationId": "cr-0123456789abcdef0"}
+    groups = lt["networkInterfaces"][0]["securityGroups"]
+    assert groups[0] == "sg-0cluster0000000000" and groups[-1] == "sg-0123456789abcdef1" and len(groups) == 3
+
+
+@pytest.mark.parametrize(("field", "value", "fragment"), [
+    ("capacity_reservation_id", "cr-x", "cr-0123456789abcdef0"),
+    ("subnet_ids", ["subnet-0000000000000000a", "subnet-0000000000000000b"], "exactly one subnet"),
+    ("subnet_ids", ["sn-1"], "subnet ids such as"),
+])
+def test_a_bad_output_fails_with_the_message_of_the_known_value(field: str, value: Any, fragment: str) -> None:
+    base: dict[str, Any] = {"name": "g", "instance_type": "trn2.48xlarge", "desired_size": 0,
+                            **_placement(availability_zones=())}
+    if field == "capacity_reservation_id":
+        base["subnet_ids"] = ["subnet-0000000000000000a"]
+    with pytest.raises(SettingError) as known:
+        TrainiumNodeGroupArgs(**base, **{field: value})
+    late_value: dict[str, Any] = {field: pulumi.Output.from_input(value)}
+    with pytest.raises(Exception) as late:
+        run_offline(lambda: TrainiumNodeGroup("g", TrainiumNodeGroupArgs(**base, **late_value)),
+                    mocks=PlanMocks(subnet_zones=ZONES))
+    ours: BaseException | None = late.value
+    while ours is not None and not isinstance(ours, SettingError):
+        ours = ours.__cause__ or ours.__context__
+    assert isinstance(ours, SettingError) and str(ours) == str(known.value) and fragment in str(ours)
+
+
+def test_placement_is_required_without_a_cluster() -> None:
+    with pytest.raises(SettingError) as err:
+        TrainiumNodeGroupArgs(name="g", availability_zones=["us-east-2a"])
+    assert err.value.setting == "TrainiumNodeGroupArgs('g').cluster_name" and "cluster=" in str(err.value)
+
+
+def test_pydoc_of_the_args_shows_field_docs_and_no_catalog() -> None:
+    text = pydoc.render_doc(TrainiumNodeGroupArgs, renderer=pydoc.TextDoc())
+    assert "InstanceSpec(" not in text and "Catalog(" in text and len(text) < 12_000
+    for f in dataclasses.fields(TrainiumNodeGroupArgs):
+        if f.name not in ("where", "hardware"):
+            assert f.name in (TrainiumNodeGroupArgs.__doc__ or ""), f.name

@@ -120,3 +120,55 @@ def test_components_package_import_does_not_import_pulumi() -> None:
     code = "import sys, neuron_dra.components as c; c.TrainiumCluster; print('pulumi_eks' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "True"
+
+
+NETWORK_OUTPUTS = """\
+acme/network/prod:
+  vpcId: vpc-0123456789abcdef0
+  privateSubnetIds: [subnet-0123456789abcdef0, subnet-0fedcba9876543210]
+"""
+
+
+def user_project(tmp_path: Path) -> Path:
+    """A separate Pulumi project: its Pulumi.yaml with a config default, a stack file, a helper module next to
+    its __main__.py (importable only with the project directory on sys.path), the docs/components.md program."""
+    from tests.components.test_components_composition import python_block
+
+    project = tmp_path / "ml-platform"
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text("name: ml-platform\nruntime: python\nconfig:\n"
+                                         "  driverImage:\n    type: string\n    default: registry.example/dra:1\n")
+    (project / "Pulumi.dev.yaml").write_text(
+        "config:\n  aws:region: us-east-2\n  capacityBlockId: cr-00000000000000abc\n")
+    (project / "naming.py").write_text("SUFFIX = '-team'\n")
+    program = python_block(ROOT / "docs" / "components.md", "## A complete stack")
+    (project / "__main__.py").write_text("import naming\n" + program + "pulumi.export('suffix', naming.SUFFIX)\n")
+    (tmp_path / "network.yaml").write_text(NETWORK_OUTPUTS)
+    return project
+
+
+def test_plan_program_runs_a_users_project(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    project = user_project(tmp_path)
+    args = ["plan", "--program", str(project), "--stack", "dev", "--stack-outputs", str(tmp_path / "network.yaml")]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "neuron-dra:index:TrainiumNodeGroup  trn2-block" in table
+    assert "capacity-block=cr-00000000000000abc" in table  # Pulumi.dev.yaml's value, not the program's fallback
+    assert "image=registry.example/dra:1" in table  # Pulumi.yaml's config default
+    assert 'suffix: "-team"' in table and 'clusterName: "training"' in table
+    assert main([*args, "-o", "yaml"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert {(d["kind"], d["metadata"].get("namespace")) for d in docs if d["kind"] == "ResourceClaimTemplate"} == \
+        {("ResourceClaimTemplate", "ml")}
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.36", strict=True)
+
+
+def test_plan_program_errors_say_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    project = user_project(tmp_path)
+    assert main(["plan", "--program", str(project), "--stack", "dev"]) == 1
+    assert "pulumi.StackReference 'acme/network/prod'" in capsys.readouterr().err
+    assert main(["plan", "--program", str(tmp_path)]) == 2
+    assert "no Pulumi.yaml" in capsys.readouterr().err
+    assert main(["plan", "--stack-outputs", str(tmp_path / "network.yaml")]) == 2
+    assert "--stack-outputs is for --program" in capsys.readouterr().err

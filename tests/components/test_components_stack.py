@@ -287,3 +287,26 @@ def test_catalog_file_setting_errors_name_the_setting(tmp_path: Path) -> None:
         with pytest.raises(SettingError) as err:
             decode_settings(engine_config({"catalogFile": str(path)}))
         assert err.value.setting == "neuron-dra:catalogFile" and path.name in str(err.value)
+
+
+def test_node_group_lnc_reaches_the_nodes_and_the_template_checks() -> None:
+    run = run_stack({"driverImage": "example.com/d:1", "nodeGroups": [
+        {"name": "trn2", "instanceType": "trn2.48xlarge", "lnc": 1},
+        {"name": "trn1", "instanceType": "trn1.32xlarge"}]})
+    groups = {g.plain_inputs["nodeGroupName"]: g.plain_inputs for g in run.of_type("aws:eks/nodeGroup:NodeGroup")}
+    assert groups["trn2"]["labels"]["neuron-dra/lnc"] == "1" and "neuron-dra/lnc" not in groups["trn1"]["labels"]
+    assert run.result.templates.checked_against == ("trn2.48xlarge:lnc=1", "trn1.32xlarge")
+    with pytest.raises(SettingError) as err:
+        decode_settings(engine_config({"nodeGroups": [{"name": "a", "instanceType": "trn1.32xlarge", "lnc": 2}]}))
+    assert err.value.setting == "neuron-dra:nodeGroups[0].lnc" and "drop lnc" in str(err.value)
+
+
+def test_the_stack_enforces_network_policies_unless_told_not_to() -> None:
+    on = run_stack({"driverImage": "example.com/d:1", "claimTemplatesModule": ""})
+    assert on.one("eks:index:Cluster").plain_inputs["vpcCniOptions"]["enableNetworkPolicy"] is True
+    inf2 = [{"name": "inf", "instanceType": "inf2.xlarge"}]  # no EFA: only the NetworkPolicy rule applies
+    with pytest.raises(SettingError) as err:
+        decode_settings(engine_config({"vpcCniVersion": "v1.13.0-eksbuild.1", "nodeGroups": inf2}))
+    assert err.value.setting == "neuron-dra:vpcCniVersion" and "vpcCniNetworkPolicy" in str(err.value)
+    assert decode_settings(engine_config({"vpcCniVersion": "v1.13.0-eksbuild.1", "nodeGroups": inf2,
+                                          "vpcCniNetworkPolicy": False})).vpc_cni_network_policy is False
