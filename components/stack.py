@@ -244,12 +244,18 @@ def _efa_driver(settings: StackSettings, provider: k8s.Provider) -> EfaDraDriver
         args = EfaDraDriverArgs(instance_types=types, hardware=settings.hardware)
     else:
         groups = [g.name for g in settings.node_groups if g.is_efa]
-        if not groups:
+        # Karpenter's nodes carry no node-group label: with EFA pools the driver follows the instance types.
+        pool_types = [t for p in settings.node_pools if p.efa_count for t in p.types]
+        if not groups and not pool_types:
             if settings.efa_driver == "install":
                 raise SettingError(setting_name("efaDriver"), settings.efa_driver,
-                                   "auto or external: no node group has EFA interfaces")
+                                   "auto or external: no node group or node pool has EFA interfaces")
             return None
-        args = EfaDraDriverArgs(node_groups=groups, hardware=settings.hardware)
+        if pool_types:
+            types = [*(g.instance_type for g in settings.node_groups if g.is_efa), *pool_types]
+            args = EfaDraDriverArgs(instance_types=list(dict.fromkeys(types)), hardware=settings.hardware)
+        else:
+            args = EfaDraDriverArgs(node_groups=groups, hardware=settings.hardware)
     return EfaDraDriver("efa-driver", args, opts=pulumi.ResourceOptions(provider=provider))
 
 
