@@ -27,11 +27,12 @@ from typing import Any
 
 import tomli_w
 
+from neuron_dra.driver.model.k8s_names import DEFAULT_CDI_ROOT
 from neuron_dra.localcluster import procs
 
 RUNC = Path("/usr/sbin/runc")
 CNI_BIN_DIR = Path("/usr/lib/cni")
-CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # as seen in the node's mount namespace (its own /run)
+CDI_SPEC_DIRS = ("/etc/cdi", DEFAULT_CDI_ROOT)  # as seen in the node's mount namespace (its own /run)
 K8S_NAMESPACE = "k8s.io"  # containerd namespace of CRI's images and containers
 
 
