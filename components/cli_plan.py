@@ -246,7 +246,7 @@ def _summary(resource: Any) -> str:
     if t == "kubernetes:helm.sh/v3:Release":
         image = i.get("values", {}).get("image", {})
         shown_image = f" image={image.get('repository')}:{image.get('tag')}" if image.get("repository") else ""
-        return f"{i.get('namespace')}/{i.get('name')} chart={i.get('chart')} version={i.get('version')}{shown_image}"
+        return f"{i.get('namespace')}/{i.get('name')} chart={i.get('chart')} {i.get('version')}{shown_image}"
     if t == "eks:index:Cluster":
         return f"name={i.get('name')} version={i.get('version')} auth={i.get('authenticationMode')}"
     if t == "awsx:ec2:Vpc":

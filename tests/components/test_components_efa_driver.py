@@ -149,7 +149,7 @@ def test_a_stack_without_efa_nodes_installs_none() -> None:
     with pytest.raises(SettingError) as err:
         run_stack({**project_defaults(), "driverImage": IMAGE, "claimTemplatesModule": "", "efaDriver": "install",
                    "nodeGroups": [{"name": "inf2", "instanceType": "inf2.48xlarge", "desiredSize": 1}]})
-    assert err.value.field == "neuron-dra:efaDriver" and "no node group has EFA" in err.value.allowed
+    assert err.value.field == "neuron-dra:efaDriver" and "no node group or node pool has EFA" in err.value.allowed
 
 
 def test_an_existing_cluster_needs_efa_driver_set_for_efa_templates() -> None:
