@@ -29,6 +29,8 @@ from neuron_dra.driver.daemon._generated import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from neuron_dra.driver.daemon.checkpoint import PreparedDevice as PreparedDevice  # the daemon's types, re-exported
+from neuron_dra.driver.daemon.claims import ClaimRef as ClaimRef
 
 DIAL_TIMEOUT = 10.0  # kubelet's plugin watcher
 GET_INFO_TIMEOUT = 1.0  # kubelet gives GetInfo one second
@@ -44,21 +46,6 @@ _MESSAGES: dict[str, tuple[ModuleType, ModuleType]] = {
     V1: (dra_v1_pb2, dra_v1_pb2_grpc),
     V1BETA1: (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
 }
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
