@@ -178,6 +178,7 @@ def cached_go_build(
     target: Path,
     *,
     ldflags: list[str] | None = None,
+    tags: tuple[str, ...] = (),
     log: Log | None = None,
     parallelism: int | None = None,
 ) -> dict[str, Path]:
@@ -202,6 +203,8 @@ def cached_go_build(
             cmd = [go_binary(), "build", "-p", str(jobs), "-trimpath"]
             if ldflags:
                 cmd += ["-ldflags", " ".join(ldflags)]
+            if tags:
+                cmd += ["-tags", ",".join(tags)]
             cmd += ["-o", str(tmp) + os.sep, *binaries.values()]
             if log is not None:
                 log(f"building {', '.join(binaries)} into {target} (minutes on a cold Go cache)")

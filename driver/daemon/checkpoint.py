@@ -15,6 +15,7 @@ docs/durability.md; the format, its versions and what loads: docs/checkpoint-for
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -44,6 +45,8 @@ CHECKPOINT_FILE = k8s_names.CHECKPOINT_FILE
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 _FORMAT_1_KEYS = frozenset({"checksum", "journal", "preparedClaims", "version"})
 _FORMAT_2_KEYS = _FORMAT_1_KEYS | {"bootId", "format", "integrity"}
+# Pods recorded per claim (status.reservedFor allows 256): bounds a record and the metrics' series per claim.
+MAX_CONSUMERS = 32
 SECTOR = 512  # the unit a power loss can leave unwritten; smaller than any disk's atomic write
 
 
@@ -93,10 +96,13 @@ class PreparedClaim:
     # Physical NeuronCores held (global ids: device d owns d*c .. d*c+c-1, c = physical cores per device); None
     # (entries written before core partitions): every core of neuron_indexes.
     neuron_cores: tuple[int, ...] | None = None
+    # The pods the claim was reserved for when it was prepared (status.reservedFor, in the claim's namespace), at
+    # most MAX_CONSUMERS of them, and how many more there were: what the attribution metrics name.
+    consumers: tuple[str, ...] = ()
+    consumers_omitted: int = 0
 
     def with_state(self, state: ClaimState) -> PreparedClaim:
-        return PreparedClaim(self.uid, self.namespace, self.name, state, self.devices, self.neuron_indexes,
-                             self.cdi_spec, self.prepared_at, self.neuron_cores)
+        return dataclasses.replace(self, state=state)
 
     @cached_property
     def canonical_json(self) -> str:
@@ -104,21 +110,35 @@ class PreparedClaim:
         return _canonical(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "namespace": self.namespace, "name": self.name, "state": self.state.value,
             "devices": [d.to_json() for d in self.devices], "neuronDevices": list(self.neuron_indexes),
             "cdiSpec": self.cdi_spec, "preparedAt": self.prepared_at,
         }
         if self.neuron_cores is not None:
             out["neuronCores"] = list(self.neuron_cores)
+        if self.consumers:
+            out["consumers"] = list(self.consumers)
+        if self.consumers_omitted:
+            out["consumersOmitted"] = self.consumers_omitted
         return out
 
     @classmethod
     def from_json(cls, uid: str, d: Mapping[str, Any]) -> PreparedClaim:
         cores = d.get("neuronCores")
+        consumers = tuple(_consumer(c) for c in d.get("consumers", ()))
+        if len(consumers) > MAX_CONSUMERS:
+            raise ValueError(f"consumers lists {len(consumers)} pods, more than the {MAX_CONSUMERS} ever recorded")
         return cls(uid, d["namespace"], d["name"], ClaimState(d["state"]),
                    tuple(PreparedDevice.from_json(x) for x in d["devices"]), tuple(int(i) for i in d["neuronDevices"]),
-                   _spec(d["cdiSpec"]), float(d["preparedAt"]), None if cores is None else tuple(int(c) for c in cores))
+                   _spec(d["cdiSpec"]), float(d["preparedAt"]), None if cores is None else tuple(int(c) for c in cores),
+                   consumers, int(d.get("consumersOmitted", 0)))
+
+
+def _consumer(value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > k8s_names.DNS_SUBDOMAIN_MAX:
+        raise ValueError(f"consumers: {shown(value)} is not a pod name")
+    return value
 
 
 def _spec(value: Any) -> str:

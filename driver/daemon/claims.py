@@ -212,3 +212,18 @@ def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool
                 effective = effective.merged(config)
         out.append(AllocatedDevice(r.request, r.device, r.admin_access, effective))
     return tuple(out)
+
+
+def consumer_pods(claim: Mapping[str, Any], limit: int) -> tuple[tuple[str, ...], int]:
+    """The pods in status.reservedFor (core group, resource `pods`; they are in the claim's namespace): the first
+    `limit` names and how many more there are. Read leniently: it only names pods in metrics, so an entry of an
+    unexpected shape is skipped rather than failing the prepare."""
+    status = claim.get("status")
+    reserved = status.get("reservedFor") if isinstance(status, Mapping) else None
+    pods: list[str] = []
+    for entry in reserved if isinstance(reserved, list) else ():
+        if (isinstance(entry, Mapping) and entry.get("resource") == "pods" and entry.get("apiGroup", "") in ("", None)
+                and isinstance(entry.get("name"), str) and 0 < len(entry["name"]) <= 253):
+            pods.append(entry["name"])
+    unique = list(dict.fromkeys(pods))
+    return tuple(unique[:limit]), max(0, len(unique) - limit)

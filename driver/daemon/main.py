@@ -360,6 +360,9 @@ class Daemon:
                                                  cores_per_device=layout.logical_per_device)
         self.health_reporter = HealthReporter(self.health_monitor, self.host, o.node_name, o.driver_name,
                                               o.unhealthy_taint_effect, self.api, self.metrics)
+        if self.metrics is not None:  # who holds which devices: read from the state at every scrape
+            self.metrics.attribute(self.state.prepared, o.node_name, [d.index for d in self.host.devices], layout,
+                                   self.health_reporter.taints)
         report = self.health_reporter.in_background(self.stop_event)
         report(self.health_monitor.current())  # devices already unhealthy at start (events, metrics)
         self.health_monitor.add_listener(report)

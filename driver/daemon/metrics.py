@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from neuron_dra.driver.daemon.attribution import AttributionCollector, Claims, NodeDevices, Taints
+from neuron_dra.driver.model.partitions import CoreLayout
 
 # Prepare is expected in the low milliseconds; the claim GET can take longer.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 5.0,
@@ -101,6 +105,13 @@ class Metrics:
                                              "device and new health", ["device", "health"], registry=r)
         self.tainted_devices = Gauge("neuron_dra_tainted_devices", "Devices carrying the unhealthy taint in this "
                                      "node's ResourceSlices", registry=r)
+
+    def attribute(self, claims: Claims, node: str, indexes: Sequence[int], layout: CoreLayout,
+                  taints: Taints | None = None) -> AttributionCollector:
+        """Add the per-claim attribution series (attribution.py), read from `claims` at every scrape."""
+        collector = AttributionCollector(claims, node, NodeDevices(tuple(indexes), layout), taints)
+        self.registry.register(collector)
+        return collector
 
     def serve(self, address: str, port: int) -> MetricsServer:
         """Serve /metrics over HTTP (port 0: a free port; see MetricsServer.port)."""

@@ -30,7 +30,7 @@ from neuron_dra.driver.daemon.cdi import (
     qualified_id,
     spec_text,
 )
-from neuron_dra.driver.daemon.checkpoint import Checkpoint, ClaimState, PreparedClaim, PreparedDevice
+from neuron_dra.driver.daemon.checkpoint import MAX_CONSUMERS, Checkpoint, ClaimState, PreparedClaim, PreparedDevice
 from neuron_dra.driver.daemon.claims import (
     AllocatedDevice,
     ClaimError,
@@ -41,6 +41,7 @@ from neuron_dra.driver.daemon.claims import (
     allocated_devices,
     allocation_of,
     claim_uid,
+    consumer_pods,
     results_of,
 )
 from neuron_dra.driver.daemon.failpoints import CrashPoints
@@ -276,7 +277,7 @@ class DriverState:
                     return entry.devices
                 conflicts = self._conflicts_locked(ref.uid, plan.cores)
                 if not conflicts:
-                    self._commit_locked(ref, plan)
+                    self._commit_locked(ref, plan, consumer_pods(claim, MAX_CONSUMERS))
                     return plan.devices
             # Outside the lock: is each holder still a live claim that owns these devices?
             live = [c for c in conflicts if self._is_live(c)]
@@ -414,9 +415,9 @@ class DriverState:
                 del current[entry.uid]
         self._save_locked(current)
 
-    def _commit_locked(self, ref: ClaimRef, plan: Plan) -> None:
+    def _commit_locked(self, ref: ClaimRef, plan: Plan, consumers: tuple[tuple[str, ...], int] = ((), 0)) -> None:
         started = PreparedClaim(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, plan.devices,
-                                plan.exclusive, plan.cdi_spec, self._clock(), plan.cores)
+                                plan.exclusive, plan.cdi_spec, self._clock(), plan.cores, *consumers)
         before = self._claims
         self._save_locked({**before, ref.uid: started}, durable=False,
                           before_rename=lambda: self._crash.hit("prepare-checkpoint-before-rename"))

@@ -1,0 +1,159 @@
+"""Which pod holds which Neuron devices and cores on this node, as Prometheus series (docs/metrics.md).
+
+A collector, not gauges kept in step: every scrape reads the prepared claims as they are (DriverState's view of
+the checkpoint), so the series follow prepare, unprepare and a restart (the checkpoint is read at start) with
+no hook to forget. Label values come from the checkpoint: the claim's namespace and name, the pods it was
+reserved for when it was prepared (at most checkpoint.MAX_CONSUMERS), the request and device names of kubelet's
+answer, and NeuronCore ids (NEURON_RT_VISIBLE_CORES numbering at the node's LNC, as neuron-monitor numbers them).
+
+Cardinality on one node: the info series are one per (claim, device, pod) and one per (claim, NeuronCore, pod);
+devices and cores are held exclusively (an admin-access claim adds its own), so a node carries at most its cores
+x MAX_CONSUMERS core series. MAX_SERIES caps both families together whatever the checkpoint holds; what a cap
+leaves out is counted, never silently lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from neuron_dra.driver.daemon.checkpoint import ClaimState, PreparedClaim
+from neuron_dra.driver.model.neuron_env import core_ranges
+from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device
+from neuron_dra.driver.model.slices import NODE_DEVICE_NAME, device_name
+
+MAX_SERIES = 4096  # info series (device and core together) per scrape of one node
+NO_POD = ""  # the pod label of a claim prepared with no pod in reservedFor (or recorded before pods were)
+
+Claims = Callable[[], Mapping[str, PreparedClaim]]
+Taints = Callable[[], Mapping[str, tuple[Mapping[str, str], ...]]]
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """The node's Neuron devices (indexes) and its core layout: what the capacity and core series count."""
+
+    indexes: tuple[int, ...]
+    layout: CoreLayout
+
+    def logical_cores(self, device: str) -> tuple[int, ...]:
+        """The NeuronCore ids (NEURON_RT_VISIBLE_CORES numbering) a published device stands for."""
+        per = self.layout.logical_per_device
+        core = parse_core_device(device)
+        if core is not None:
+            return (self.layout.global_core_id(*core),)
+        if device == NODE_DEVICE_NAME:
+            return tuple(i * per + c for i in self.indexes for c in range(per))
+        for i in self.indexes:
+            if device == device_name(i):
+                return tuple(range(i * per, (i + 1) * per))
+        return ()
+
+    def held_logical(self, claim: PreparedClaim) -> set[int]:
+        """The logical cores a claim holds exclusively (from its physical cores; older entries: whole devices)."""
+        if claim.neuron_cores is not None:
+            return {p // self.layout.lnc for p in claim.neuron_cores}
+        per = self.layout.logical_per_device
+        return {i * per + c for i in claim.neuron_indexes for c in range(per)}
+
+
+class AttributionCollector(Collector):
+    def __init__(self, claims: Claims, node: str, devices: NodeDevices, taints: Taints | None = None,
+                 max_series: int = MAX_SERIES) -> None:
+        self._claims = claims
+        self._node = node
+        self._devices = devices
+        self._taints = taints
+        self._max_series = max_series
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return []  # unchecked: the families are built per scrape
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        claims = self._claims()
+        node = self._node
+        device_info = GaugeMetricFamily(
+            "neuron_dra_claim_device_info", "A device prepared for a claim, per pod the claim is reserved for; "
+            "neuroncores: the NEURON_RT_VISIBLE_CORES ids it stands for",
+            labels=["namespace", "pod", "claim", "request", "device", "neuroncores", "node"])
+        core_info = GaugeMetricFamily(
+            "neuron_dra_claim_neuroncore_info", "A NeuronCore prepared for a claim, per pod the claim is reserved "
+            "for (joins neuron-monitor's neuroncore label)",
+            labels=["namespace", "pod", "claim", "device", "neuroncore", "node"])
+        series = 0
+        dropped = 0
+        omitted = 0
+        completed = [c for c in claims.values() if c.state is ClaimState.PREPARE_COMPLETED]
+        for claim in sorted(completed, key=lambda c: (c.namespace, c.name, c.uid)):
+            pods = claim.consumers or (NO_POD,)
+            omitted += claim.consumers_omitted
+            for d in claim.devices:
+                cores = self._devices.logical_cores(d.device_name)
+                request = ",".join(d.request_names)
+                for pod in pods:
+                    if series + 1 + len(cores) > self._max_series:
+                        dropped += 1 + len(cores)
+                        continue
+                    series += 1 + len(cores)
+                    device_info.add_metric([claim.namespace, pod, claim.name, request, d.device_name,
+                                            core_ranges(cores), node], 1)
+                    for core in cores:
+                        core_info.add_metric([claim.namespace, pod, claim.name, d.device_name, str(core), node], 1)
+        yield device_info
+        yield core_info
+        yield from self._capacity(claims.values(), completed)
+        yield from self._taint_series()
+        yield _gauge("neuron_dra_attribution_pods_omitted", "Pods of prepared claims that the info series leave "
+                     "out (beyond the pods recorded per claim)", node, omitted)
+        yield _gauge("neuron_dra_attribution_series_dropped", "Info series left out of this scrape by the "
+                     "per-node series cap", node, dropped)
+
+    def _capacity(self, every: Iterable[PreparedClaim], completed: list[PreparedClaim]
+                  ) -> Iterator[GaugeMetricFamily]:
+        every = list(every)
+        devices = self._devices
+        held_devices = {i for c in every for i in c.neuron_indexes} & set(devices.indexes)
+        held_cores: set[int] = set()
+        for c in every:
+            held_cores |= devices.held_logical(c)
+        total_cores = len(devices.indexes) * devices.layout.logical_per_device
+        held_cores_n = min(len(held_cores), total_cores)
+        dev = GaugeMetricFamily("neuron_dra_node_devices", "Neuron devices of this node: allocated (any core "
+                                "prepared for a claim) or free", labels=["node", "state"])
+        dev.add_metric([self._node, "allocated"], len(held_devices))
+        dev.add_metric([self._node, "free"], len(devices.indexes) - len(held_devices))
+        yield dev
+        cores = GaugeMetricFamily("neuron_dra_node_neuroncores", "NeuronCores of this node at its LNC: allocated "
+                                  "(prepared for a claim) or free", labels=["node", "state"])
+        cores.add_metric([self._node, "allocated"], held_cores_n)
+        cores.add_metric([self._node, "free"], total_cores - held_cores_n)
+        yield cores
+        states = GaugeMetricFamily("neuron_dra_claims", "Claims in this node's checkpoint: prepared, or pending "
+                                   "(a prepare started and not completed)", labels=["node", "state"])
+        states.add_metric([self._node, "prepared"], len(completed))
+        states.add_metric([self._node, "pending"], len(every) - len(completed))
+        yield states
+
+    def _taint_series(self) -> Iterator[GaugeMetricFamily]:
+        taints = self._taints() if self._taints is not None else {}
+        tainted = GaugeMetricFamily("neuron_dra_device_tainted", "1 when the device carries a taint in this "
+                                    "node's ResourceSlices, else 0", labels=["node", "device"])
+        info = GaugeMetricFamily("neuron_dra_device_taint_info", "A taint on a device in this node's "
+                                 "ResourceSlices", labels=["node", "device", "key", "effect"])
+        for i in self._devices.indexes:
+            name = device_name(i)
+            on = taints.get(name, ())
+            tainted.add_metric([self._node, name], 1 if on else 0)
+            for t in on:
+                info.add_metric([self._node, name, str(t.get("key", "")), str(t.get("effect", ""))], 1)
+        yield tainted
+        yield info
+
+
+def _gauge(name: str, documentation: str, node: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, documentation, labels=["node"])
+    g.add_metric([node], value)
+    return g
