@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from localcluster.build import (
+from neuron_dra.localcluster.build import (
     GO_DIR,
     BuildError,
     Log,

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "claims": "neuron_dra.claim_templates.cli",
     "plan": "neuron_dra.components.cli_plan",
     "cluster": "neuron_dra.localcluster.cli_cluster",
+    "dashboard": "neuron_dra.driver.deploy.cli_dashboard",
 }
 
 SUMMARIES: dict[str, str] = {
@@ -32,6 +33,7 @@ SUMMARIES: dict[str, str] = {
     "claims": "render or check typed claim templates",
     "plan": "run the Pulumi stack offline under mocks and print resources or manifests",
     "cluster": "start or stop the local control plane with emulated nodes",
+    "dashboard": "print the Grafana dashboard of the driver's metrics (JSON or its ConfigMap)",
 }
 
 

@@ -29,6 +29,7 @@ from functools import cached_property
 from typing import Any
 
 from neuron_dra import __version__
+from neuron_dra.driver.deploy import monitoring
 from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, Catalog
 from neuron_dra.driver.model.catalog_file import CatalogFileError, parse_catalog_text
 from neuron_dra.driver.model.errors import NotAllowed
@@ -40,6 +41,8 @@ from neuron_dra.driver.model.k8s_names import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,
     DEFAULT_TAINT_EFFECT,
+    LABEL_KEY_RULE,
+    LABEL_VALUE_RULE,
     LIVENESS_SERVICE,
     NEURON_CORE_RESOURCE,
     NEURON_DEVICE_RESOURCE,
@@ -48,6 +51,8 @@ from neuron_dra.driver.model.k8s_names import (
     check_dns_subdomain,
     check_driver_name,
     device_class_manifest,
+    is_label_key,
+    is_label_value,
     neuron_toleration,
 )
 from neuron_dra.driver.model.partitions import NEURON_CORE
@@ -77,6 +82,7 @@ EXCLUDED_COMPUTE_TYPES = ("fargate", "hybrid", "auto")
 HOST_READ_ONLY_PATHS = ("/sys", "/dev")
 LNC_CONFIG_DIR = "/opt/aws/neuron"  # holds logical_nc_config (partitions.LNC_FILE)
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+DEFAULT_DASHBOARD_LABEL = "grafana_dashboard=1"  # the label kube-prometheus-stack's Grafana sidecar selects
 # The DaemonSet's pod selector (also the NetworkPolicy's).
 POD_SELECTOR = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}
 # Node labels the Pulumi node groups set: the node group, and the Capacity Block reservation a node belongs to
@@ -197,6 +203,19 @@ class DriverDeployOptions:
     # Namespaces whose pods may scrape the metrics port (the NetworkPolicy admits nothing else; kubelet's probe
     # comes from the pod's own node, which a NetworkPolicy cannot block: docs/hardening.md §1).
     metrics_scrape_namespaces: tuple[str, ...] = ("monitoring",)
+    # ... and of those namespaces' pods only these (empty: every pod there), e.g. {"app.kubernetes.io/name":
+    # "prometheus"}.
+    metrics_scrape_pod_labels: Mapping[str, str] = field(default_factory=dict)
+    # Discovery of the metrics port (docs/metrics.md): a headless Service over the driver pods, and a
+    # prometheus-operator PodMonitor (the cluster must have its CRD) with the labels its Prometheus selects.
+    metrics_service: bool = True
+    pod_monitor: bool = False
+    pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    # The Grafana dashboard (deploy/dashboard.py) as a ConfigMap with the label the Grafana sidecar watches
+    # (KEY=VALUE; kube-prometheus-stack's default), in this namespace ("": the driver's).
+    grafana_dashboard: bool = False
+    grafana_dashboard_label: str = DEFAULT_DASHBOARD_LABEL
+    grafana_dashboard_namespace: str = ""
     instance_types: tuple[str, ...] = tuple(CATALOG)  # node affinity: nodes of these types only
     resources: Resources = field(default_factory=Resources)
     priority_class_name: str = "system-node-critical"
@@ -257,6 +276,20 @@ class DriverDeployOptions:
                 raise DeployOptionError(opt, port, "0 (off) or a TCP port 1-65535")
         for ns in self.metrics_scrape_namespaces:
             check_dns_label("metrics_scrape_namespaces", ns, DeployOptionError)
+        for opt in ("metrics_scrape_pod_labels", "pod_monitor_labels"):
+            _check_labels(opt, getattr(self, opt))
+        for opt in ("metrics_service", "pod_monitor", "grafana_dashboard"):
+            if not isinstance(getattr(self, opt), bool):
+                raise DeployOptionError(opt, getattr(self, opt), "true or false")
+        if self.pod_monitor and not self.metrics_port:
+            raise DeployOptionError("pod_monitor", self.pod_monitor, "false while metrics_port is 0 (no metrics "
+                                    "endpoint to scrape)")
+        key, _, value = str(self.grafana_dashboard_label).partition("=")
+        if not _ or not is_label_key(key) or not is_label_value(value):
+            raise DeployOptionError("grafana_dashboard_label", self.grafana_dashboard_label,
+                                    f"KEY=VALUE with {LABEL_KEY_RULE} and {LABEL_VALUE_RULE}")
+        if self.grafana_dashboard_namespace:
+            check_dns_label("grafana_dashboard_namespace", self.grafana_dashboard_namespace, DeployOptionError)
         if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
             raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
         if self.kubernetes_version is not None:
@@ -466,16 +499,47 @@ def admission_policy_binding(options: DriverDeployOptions) -> Manifest:
     }
 
 
+def _check_labels(option: str, labels: object) -> None:
+    if not isinstance(labels, Mapping):
+        raise DeployOptionError(option, labels, "a mapping of label keys to values")
+    for k, v in labels.items():
+        if not is_label_key(k):
+            raise DeployOptionError(f"{option} key", k, LABEL_KEY_RULE)
+        if not is_label_value(v):
+            raise DeployOptionError(f"{option}[{k}]", v, LABEL_VALUE_RULE)
+
+
+def metrics_service(options: DriverDeployOptions) -> Manifest:
+    return monitoring.metrics_service(_meta(options, f"{options.daemonset_name}-metrics", "metrics", namespaced=True),
+                                      POD_SELECTOR, options.metrics_port)
+
+
+def pod_monitor(options: DriverDeployOptions) -> Manifest:
+    meta = _meta(options, options.daemonset_name, "metrics", namespaced=True)
+    meta["labels"].update(options.pod_monitor_labels)
+    return monitoring.pod_monitor(meta, POD_SELECTOR, options.namespace)
+
+
+def dashboard_config_map(options: DriverDeployOptions) -> Manifest:
+    """The dashboard for the Grafana sidecar (imports the Grafana Foundation SDK, which only this needs)."""
+    from neuron_dra.driver.deploy.dashboard import DASHBOARD_UID, dashboard_json
+
+    meta = _meta(options, f"{options.daemonset_name}-dashboard", "dashboard", namespaced=True)
+    meta["namespace"] = options.grafana_dashboard_namespace or options.namespace
+    key, _, value = options.grafana_dashboard_label.partition("=")
+    meta["labels"][key] = value
+    return monitoring.dashboard_config_map(meta, dashboard_json(), f"{DASHBOARD_UID}.json")
+
+
 def network_policy(options: DriverDeployOptions) -> Manifest:
-    """Ingress to the driver's pods: the metrics port from the scrape namespaces, nothing else.
+    """Ingress to the driver's pods: the metrics port from the scrape namespaces (and pods), nothing else.
 
     kubelet's gRPC liveness probe needs no rule: it comes from the pod's own node, which a NetworkPolicy cannot
     block (docs/hardening.md §1). The kubelet-facing sockets are unix sockets on the host, outside any policy."""
     ingress: list[Manifest] = []
     if options.metrics_port and options.metrics_scrape_namespaces:
         ingress.append({
-            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
-                     for ns in options.metrics_scrape_namespaces],
+            "from": monitoring.scrape_peers(options.metrics_scrape_namespaces, options.metrics_scrape_pod_labels),
             "ports": [{"protocol": "TCP", "port": options.metrics_port}],
         })
     return {
@@ -696,6 +760,9 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         device_class(options),
         *([core_device_class(options)] if options.serves("core_device_class") else []),
         *([catalog_config_map(options)] if options.catalog_yaml is not None else []),
+        *([metrics_service(options)] if options.metrics_port and options.metrics_service else []),
+        *([pod_monitor(options)] if options.pod_monitor else []),
+        *([dashboard_config_map(options)] if options.grafana_dashboard else []),
         daemonset(options),
     ]
 

@@ -31,7 +31,8 @@ OPTION_SETS = {
 def by_kind(options: DriverDeployOptions) -> dict[str, dict[str, Any]]:
     items = deploy.manifests(options)
     kinds = [m["kind"] for m in items if m["kind"] != "DeviceClass"]
-    assert len(set(kinds)) == len(kinds) == 8
+    # The metrics port adds its Service (test_deploy_monitoring.py).
+    assert len(set(kinds)) == len(kinds) == (9 if options.metrics_port else 8)
     classes = [m for m in items if m["kind"] == "DeviceClass"]
     assert len(classes) == 2  # whole devices, then NeuronCores
     return {**{m["kind"]: m for m in items}, "DeviceClass": classes[0], "CoreDeviceClass": classes[1]}
@@ -44,7 +45,8 @@ def test_every_manifest_passes_strict_schema_validation(name: str) -> None:
         kubernetes_validate.validate(manifest, "1.34", strict=True)
     assert [m["kind"] for m in items] == [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "DeviceClass", "DeviceClass", "DaemonSet",
+        "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "DeviceClass", "DeviceClass",
+        *(["Service"] if OPTION_SETS[name].metrics_port else []), "DaemonSet",
     ]
 
 
