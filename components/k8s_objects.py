@@ -16,6 +16,13 @@ import pulumi_kubernetes as k8s
 
 ResourceFactory = Callable[..., pulumi.CustomResource]
 
+
+def _pod_monitor(name: str, *, opts: pulumi.ResourceOptions, **fields: Any) -> pulumi.CustomResource:
+    # prometheus-operator's kind has no typed class in pulumi_kubernetes: the generic custom resource.
+    return k8s.apiextensions.CustomResource(name, api_version="monitoring.coreos.com/v1", kind="PodMonitor",
+                                            opts=opts, **fields)
+
+
 RESOURCE_CLASSES: Mapping[tuple[str, str], ResourceFactory] = {
     ("v1", "Namespace"): k8s.core.v1.Namespace,
     ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
@@ -30,6 +37,8 @@ RESOURCE_CLASSES: Mapping[tuple[str, str], ResourceFactory] = {
     ("resource.k8s.io/v1", "DeviceClass"): k8s.resource.v1.DeviceClass,
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): k8s.resource.v1.ResourceClaimTemplate,
     ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSet,
+    ("v1", "Service"): k8s.core.v1.Service,  # the metrics port's (docs/metrics.md)
+    ("monitoring.coreos.com/v1", "PodMonitor"): _pod_monitor,
 }
 
 # Top-level manifest fields -> the resource's keyword argument.

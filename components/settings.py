@@ -17,6 +17,7 @@ from typing import Any
 
 from neuron_dra.driver.deploy import (
     DEFAULT_CORE_EXTENDED_RESOURCE,
+    DEFAULT_DASHBOARD_LABEL,
     DEFAULT_EXTENDED_RESOURCE,
     DeployOptionError,
     DriverDeployOptions,
@@ -64,6 +65,9 @@ EFA_INTERFACE_TYPES = ("efa-only", "efa")
 # efaDriver: auto installs AWS's EFA DRA driver on the EFA node groups of a new cluster (none on an existing one);
 # install also installs it on an existing cluster's EFA instance types; external: the cluster already runs one.
 EFA_DRIVER_MODES = ("auto", "install", "external")
+# podMonitor: auto renders the PodMonitor when the existing cluster serves its CRD (components/monitoring.py asks
+# it while the program runs); a cluster this stack creates has no prometheus-operator, so there auto is false.
+POD_MONITOR_MODES = ("auto", "true", "false")
 CAPACITY_TYPES = ("ON_DEMAND", "CAPACITY_BLOCK")
 LNC_VALUES = (1, 2)  # Logical NeuronCore config: physical cores per logical core (docs/neuron-cores.md §2)
 NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
@@ -557,6 +561,18 @@ class StackSettings:
     # "": derived from driverName (DriverDeployOptions), so another driverName never shares these objects.
     driver_namespace: str = _setting("driverNamespace", "", option="namespace")
     driver_metrics_port: int = _setting("driverMetricsPort", 0, option="metrics_port")
+    # Who may scrape it (the driver's NetworkPolicy) and how Prometheus and Grafana find it (docs/metrics.md).
+    metrics_scrape_namespaces: tuple[str, ...] = _setting("metricsScrapeNamespaces", ("monitoring",),
+                                                          option="metrics_scrape_namespaces")
+    metrics_scrape_pod_labels: tuple[str, ...] = _setting("metricsScrapePodLabels", (),
+                                                          option="metrics_scrape_pod_labels")
+    pod_monitor: str = _setting("podMonitor", "auto", option="pod_monitor")
+    pod_monitor_labels: tuple[str, ...] = _setting("podMonitorLabels", (), option="pod_monitor_labels")
+    grafana_dashboard: bool = _setting("grafanaDashboard", True, option="grafana_dashboard")
+    grafana_dashboard_label: str = _setting("grafanaDashboardLabel", DEFAULT_DASHBOARD_LABEL,
+                                            option="grafana_dashboard_label")
+    grafana_dashboard_namespace: str = _setting("grafanaDashboardNamespace", "",
+                                                option="grafana_dashboard_namespace")
     driver_rollout_timeout_seconds: int = _setting("driverRolloutTimeoutSeconds", DEFAULT_ROLLOUT_TIMEOUT_SECONDS)
     neuron_core_device_class: str = _setting("neuronCoreDeviceClass", "",
                                              option="core_device_class_name")
@@ -587,6 +603,8 @@ class StackSettings:
             raise SettingError(n(key_of("driver_build_from_source")), self.driver_build_from_source, "true or false")
         if self.driver_build_from_source and self.driver_image is not None:
             raise SettingError(n("driverImage"), self.driver_image, "unset when driverBuildFromSource is true")
+        if self.pod_monitor not in POD_MONITOR_MODES:
+            raise SettingError(n(key_of("pod_monitor")), self.pod_monitor, ", ".join(POD_MONITOR_MODES))
         if self.efa_driver not in EFA_DRIVER_MODES:
             raise SettingError(n(key_of("efa_driver")), self.efa_driver, " or ".join(EFA_DRIVER_MODES))
         timeout = self.driver_rollout_timeout_seconds
@@ -694,7 +712,20 @@ class StackSettings:
                 extended_resource_name=self.extended_resource_name or None,
                 core_extended_resource_name=self.core_extended_resource_name or None,
                 kubernetes_version=self.kubernetes_version,
+                metrics_scrape_namespaces=self.metrics_scrape_namespaces,
+                metrics_scrape_pod_labels=_key_values(setting_name(key_of("metrics_scrape_pod_labels")),
+                                                      self.metrics_scrape_pod_labels),
+                # auto: decided against the cluster by the stack (components/monitoring.py)
+                pod_monitor=self.pod_monitor == "true",
+                pod_monitor_labels=_key_values(setting_name(key_of("pod_monitor_labels")), self.pod_monitor_labels),
+                # The dashboard shows the metrics: none without them.
+                grafana_dashboard=self.grafana_dashboard is True and self.driver_metrics_port != 0,
+                grafana_dashboard_label=self.grafana_dashboard_label,
+                grafana_dashboard_namespace=self.grafana_dashboard_namespace,
             )
+            if self.grafana_dashboard is not True and self.grafana_dashboard is not False:
+                raise SettingError(setting_name(key_of("grafana_dashboard")), self.grafana_dashboard,
+                                   "true or false")
             if self.catalog_file is not None:
                 # The file's text goes into a ConfigMap the driver pods mount (DriverDeployOptions.catalog_yaml).
                 options = dataclasses.replace(options, catalog_yaml=Path(self.catalog_file).expanduser().read_text())
@@ -728,6 +759,17 @@ class StackSettings:
     def uses_efa_only(self) -> bool:
         """Some node group or pool has EFA-only interfaces (they need VPC CNI 1.18.4+)."""
         return any(g.uses_efa_only for g in self.node_groups) or any(p.efa_count for p in self.node_pools)
+
+
+def _key_values(setting: str, items: tuple[str, ...]) -> dict[str, str]:
+    """`KEY=VALUE` strings as a mapping (the values are checked as labels by DriverDeployOptions)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, eq, value = str(item).partition("=")
+        if not eq or not key:
+            raise SettingError(setting, item, "KEY=VALUE strings such as app.kubernetes.io/name=prometheus")
+        out[key] = value
+    return out
 
 
 # Field -> config key and driver option -> config key of the stack's settings, from the fields' metadata.

@@ -128,6 +128,21 @@ _ROWS: tuple[Setting, ...] = (
     _T("driver_namespace", "string", "Namespace of the driver (default: neuron-dra-driver for the default "
        "driverName, else neuron-dra-<driverName with dots as dashes>; it also names the ClusterRole)."),
     _T("driver_metrics_port", "integer", "Prometheus metrics port of the driver (0: off)."),
+    _T("metrics_scrape_namespaces", "strings", "Namespaces whose pods the driver's NetworkPolicy lets scrape "
+       "the metrics port."),
+    _T("metrics_scrape_pod_labels", "strings", "KEY=VALUE labels: of the scrape namespaces' pods only those "
+       "with all of them may scrape (default: every pod there), e.g. app.kubernetes.io/name=prometheus."),
+    _T("pod_monitor", "string", "A prometheus-operator PodMonitor for the driver pods (with driverMetricsPort): "
+       "true, false, or auto: on an existing cluster when it serves the PodMonitor CRD (asked while the program "
+       "runs), off on a new cluster (nothing here installs prometheus-operator). docs/metrics.md."),
+    _T("pod_monitor_labels", "strings", "KEY=VALUE labels of the PodMonitor (what the Prometheus's "
+       "podMonitorSelector selects, e.g. release=kube-prometheus-stack)."),
+    _T("grafana_dashboard", "boolean", "Install the driver's Grafana dashboard (`neuron-dra dashboard`) as a "
+       "ConfigMap for the Grafana sidecar (with driverMetricsPort)."),
+    _T("grafana_dashboard_label", "string", "KEY=VALUE label the Grafana sidecar selects dashboards by "
+       "(kube-prometheus-stack's default grafana_dashboard=1)."),
+    _T("grafana_dashboard_namespace", "string", "Namespace of the dashboard ConfigMap (default: the driver's; "
+       "the sidecar must search it)."),
     _T("driver_rollout_timeout_seconds", "integer", "How long `pulumi up` waits for the driver's DaemonSet to "
        "roll out (every scheduled pod updated and ready) before it fails; 0: do not wait (the DaemonSet is "
        "created and the update goes on)."),

@@ -16,6 +16,7 @@ only. A new VPC spans those AZs (at least two, as EKS requires).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
 from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
 from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDraDriverArgs, EfaDriverRef
 from neuron_dra.components.karpenter import TrainiumKarpenter, TrainiumKarpenterArgs
+from neuron_dra.components.monitoring import serves_pod_monitors
 from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroupArgs
 from neuron_dra.components.nodepool import TrainiumNodePool, TrainiumNodePoolArgs
 from neuron_dra.components.settings import (
@@ -144,7 +146,12 @@ def _pool_zones(settings: StackSettings) -> list[str]:
 
 
 def driver_options(settings: StackSettings) -> DriverDeployOptions:
-    return settings.driver_options()
+    options = settings.driver_options()
+    if (settings.pod_monitor == "auto" and settings.existing_cluster and options.metrics_port
+            and settings.kubeconfig is not None
+            and serves_pod_monitors(kubeconfig_input(settings.kubeconfig), pulumi.log.warn)):
+        options = dataclasses.replace(options, pod_monitor=True)
+    return options
 
 
 def build_stack(

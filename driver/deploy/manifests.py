@@ -504,9 +504,9 @@ def _check_labels(option: str, labels: object) -> None:
         raise DeployOptionError(option, labels, "a mapping of label keys to values")
     for k, v in labels.items():
         if not is_label_key(k):
-            raise DeployOptionError(f"{option} key", k, LABEL_KEY_RULE)
+            raise DeployOptionError(option, f"{k}={v}", f"KEY=VALUE labels, KEY {LABEL_KEY_RULE}")
         if not is_label_value(v):
-            raise DeployOptionError(f"{option}[{k}]", v, LABEL_VALUE_RULE)
+            raise DeployOptionError(option, f"{k}={v}", f"KEY=VALUE labels, VALUE {LABEL_VALUE_RULE}")
 
 
 def metrics_service(options: DriverDeployOptions) -> Manifest:

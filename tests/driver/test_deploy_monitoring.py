@@ -65,8 +65,8 @@ def test_network_policy_admits_the_scrapers_pods_only() -> None:
 @pytest.mark.parametrize(("kwargs", "field", "allowed"), [
     ({"pod_monitor": True}, "pod_monitor", "false while metrics_port is 0"),
     ({"pod_monitor": "yes", "metrics_port": 9400}, "pod_monitor", "true or false"),
-    ({"metrics_scrape_pod_labels": {"app": "no spaces"}}, "metrics_scrape_pod_labels[app]", "a label value"),
-    ({"pod_monitor_labels": {"-bad": "x"}}, "pod_monitor_labels key", "a label key"),
+    ({"metrics_scrape_pod_labels": {"app": "no spaces"}}, "metrics_scrape_pod_labels", "VALUE a label value"),
+    ({"pod_monitor_labels": {"-bad": "x"}}, "pod_monitor_labels", "KEY a label key"),
     ({"grafana_dashboard_label": "grafana_dashboard"}, "grafana_dashboard_label", "KEY=VALUE"),
     ({"grafana_dashboard_namespace": "Grafana"}, "grafana_dashboard_namespace", "a DNS label"),
 ])
