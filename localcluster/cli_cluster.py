@@ -37,6 +37,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help="containerd: real containers (containerd + runc; the driver runs as its DaemonSet from the "
                          "image built from driver/Dockerfile); fake: the fake CRI runtime, no containers "
                          f"(default {DEFAULT_RUNTIME})")
+    up.add_argument("--prometheus", action="store_true",
+                    help="also run Prometheus (built from the Go module proxy) scraping every node's driver; its URL "
+                         "is printed (docs/metrics.md)")
     up.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS, default=None,
                     help="effect of the drivers' taint on faulted devices (default: the driver's, NoSchedule)")
     down = sub.add_parser("down", help="stop the cluster in DIR")
@@ -66,11 +69,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         cluster = up(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
                      kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr),
-                     catalog_file=args.catalog, runtime=args.runtime)
+                     catalog_file=args.catalog, runtime=args.runtime, prometheus=args.prometheus)
     except (ClusterError, BuildError, ValueError, CatalogFileError) as e:
         print(f"neuron-dra cluster up: {e}", file=sys.stderr)
         return 1
     print(f"local cluster ready: export KUBECONFIG={cluster.kubeconfig}")
+    if cluster.prometheus:
+        print(f"  Prometheus: {cluster.prometheus} (the drivers' metrics: docs/metrics.md)")
     for node in cluster.nodes:
         print(f"  node {node.name} ({node.instance_type})")
     return 0

@@ -34,6 +34,7 @@ class LocalCluster:
     kubeconfig: Path
     nodes: tuple[NodeSpec, ...]
     driver_name: str
+    prometheus: str | None = None  # the local Prometheus's URL (`up(prometheus=True)`)
 
     def node_paths(self, node: str) -> NodePaths:
         return NodePaths.of(self.dir, node)
@@ -56,12 +57,13 @@ def read_status(cluster_dir: Path) -> dict[str, Any]:
 def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S,
        driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = DEFAULT_MINOR, timeout: float = 300.0,
        log: Callable[[str], None] = lambda _m: None, catalog_file: Path | None = None,
-       runtime: str = DEFAULT_RUNTIME) -> LocalCluster:
+       runtime: str = DEFAULT_RUNTIME, prometheus: bool = False) -> LocalCluster:
     """Start a local cluster in `cluster_dir` on Kubernetes `kubernetes_version` (a minor such as "1.36") and
     return when every node's kubelet reports Ready and its driver runs. `catalog_file` adds instance types
     (docs/catalog-file.md) for the nodes, their emulated hosts and their drivers. `runtime` is `containerd`
     (real containers; the driver runs as the DaemonSet from its image) or `fake` (the fake CRI runtime; the
-    driver runs as a host process)."""
+    driver runs as a host process). `prometheus`: a Prometheus scraping every node's driver
+    (localcluster/prometheus.py; its URL is `LocalCluster.prometheus`)."""
     from neuron_dra.driver.model.catalog import BUILTIN
     from neuron_dra.driver.model.catalog_file import load_catalog
     from neuron_dra.localcluster.build import build_fakecri, check_minor, ensure_binaries
@@ -96,12 +98,18 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
         ensure_images(log=log)
     else:
         build_fakecri(log=log)
+    if prometheus:
+        from neuron_dra.localcluster.prometheus_build import build_prometheus
+
+        build_prometheus(log=log)
     argv = [sys.executable, "-m", "neuron_dra.localcluster.supervisor", "--dir", str(cluster_dir), "--ttl", str(ttl),
             "--driver-name", driver_name, "--kubernetes-version", minor, "--runtime", runtime]
     for arg in node_args:
         argv += ["--node", arg]
     if catalog_file:
         argv += ["--catalog", str(Path(catalog_file).resolve())]
+    if prometheus:
+        argv.append("--prometheus")
     with (cluster_dir / LOG_FILE).open("ab") as logf:
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -111,7 +119,8 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     while time.monotonic() < deadline:
         status = read_status(cluster_dir)
         if status.get("state") == "ready":
-            return LocalCluster(cluster_dir, Path(status["kubeconfig"]), tuple(nodes), driver_name)
+            return LocalCluster(cluster_dir, Path(status["kubeconfig"]), tuple(nodes), driver_name,
+                                status.get("prometheus"))
         if status.get("state") == "failed" or proc.poll() is not None:
             tail = (cluster_dir / LOG_FILE).read_text(errors="replace")[-3000:]
             raise ClusterError(f"local cluster failed to start: {status.get('error', 'supervisor exited')}\n{tail}")
@@ -130,7 +139,8 @@ def down(cluster_dir: Path, timeout: float = 60.0) -> bool:
     ref = procs.running(pid_file)
     if ref is not None:
         procs.stop(ref, grace_s=timeout)
-    leftovers = procs.stop_all(cluster_dir / "nodes") + procs.stop_all(cluster_dir / "controlplane")
+    leftovers = (procs.stop_all(cluster_dir / "nodes") + procs.stop_all(cluster_dir / "controlplane")
+                 + procs.stop_all(cluster_dir / "prometheus"))
     if ref is not None or leftovers:
         shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)
     pid_file.unlink(missing_ok=True)

@@ -162,6 +162,22 @@ class NodeNamespace:
                 raise NodeNamespaceError(f"the API forwarder of {p.base.name} made no socket {p.api_socket}")
             time.sleep(0.05)
 
+    def expose(self, name: str, target: str, host_port: int, lifetime_s: float) -> None:
+        """Make `target` (host:port inside the node's network, e.g. a pod's metrics port) reachable on the host
+        at 127.0.0.1:`host_port`, through a unix socket as the API forwarders do; stopped with the node."""
+        socat = _socat()
+        sock = self.paths.runtime / f"{name}.sock"
+        sock.unlink(missing_ok=True)
+        self._spawn(f"{name}-node", [*self.enter_net, socat, f"UNIX-LISTEN:{sock},fork", f"TCP:{target}"],
+                    lifetime_s)
+        deadline = time.monotonic() + HOLDER_TIMEOUT_S
+        while not sock.exists():
+            if time.monotonic() > deadline:
+                raise NodeNamespaceError(f"the {name} forwarder of {self.paths.base.name} made no socket {sock}")
+            time.sleep(0.05)
+        self._spawn(f"{name}-host", [socat, f"TCP-LISTEN:{host_port},bind=127.0.0.1,fork,reuseaddr",
+                                     f"UNIX-CONNECT:{sock}"], lifetime_s)
+
     def _spawn(self, name: str, argv: Sequence[str], lifetime_s: float) -> None:
         pid_file = self.paths.base / "pids" / f"{name}.pid"
         popen = procs.spawn(argv, log=self.paths.log, pid_file=pid_file, lifetime_s=lifetime_s)

@@ -69,8 +69,9 @@ class NodeAgent:
     def __init__(self, cluster_dir: Path, node: NodeSpec, api: client.ApiClient, control_plane: ControlPlane,
                  identity: DriverIdentity, driver_name: str, binaries: Binaries, fakecri: Path,
                  deadline: float, catalog_file: Path | None = None,
-                 ports: kubelet.PortAllocator | None = None) -> None:
+                 ports: kubelet.PortAllocator | None = None, metrics_port: int = 0) -> None:
         self.node = node
+        self.metrics_port = metrics_port  # 0: none; else the driver's, on loopback (Prometheus scrapes it)
         self.ports = ports or kubelet.PortAllocator()
         self.catalog_file = catalog_file  # a catalog file's instance types (docs/catalog-file.md), for the driver too
         self.catalog = load_catalog(catalog_file) if catalog_file else BUILTIN
@@ -115,7 +116,8 @@ class NodeAgent:
         argv = [sys.executable, "-m", "neuron_dra.driver", "--node-name", self.node.name,
                 "--driver-name", self.driver_name, "--plugins-dir", str(p.plugins_dir),
                 "--registry-dir", str(p.registry_dir), "--cdi-root", str(p.cdi_root),
-                "--healthcheck-port", "0", "--metrics-port", "0", "--kubeconfig", str(p.driver_kubeconfig),
+                "--healthcheck-port", "0", "--metrics-port", str(self.metrics_port), "--bind-address", "127.0.0.1",
+                "--kubeconfig", str(p.driver_kubeconfig),
                 "--host-root", str(p.host_root)]
         if self.catalog_file:
             argv += ["--catalog", str(self.catalog_file)]
@@ -234,25 +236,48 @@ def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdenti
     return [*objects, efa_device_class()], identity
 
 
-def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = None) -> Any:
+def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = None, metrics_port: int = 0) -> Any:
     """The deploy options of a containerd cluster's driver: the defaults, except what a local node must differ
-    in: the image (imported, not pulled), the emulated host tree's path on the node, a catalog file's text."""
+    in: the image (imported, not pulled), the emulated host tree's path on the node, a catalog file's text, and
+    the metrics port when a Prometheus scrapes the drivers."""
     from neuron_dra.driver import deploy
     from neuron_dra.localcluster.nodens import HOST_TREE
 
     return deploy.DriverDeployOptions(driver_name=driver_name, image=image, host_paths_root=HOST_TREE,
-                                      catalog_yaml=catalog_file.read_text() if catalog_file else None)
+                                      catalog_yaml=catalog_file.read_text() if catalog_file else None,
+                                      metrics_port=metrics_port)
+
+
+def expose_drivers(api: client.ApiClient, options: Any, agents: list[Any], ports: kubelet.PortAllocator,
+                   lifetime_s: float) -> list[Any]:
+    """Scrape targets on the host for the driver pods of a containerd cluster (localcluster/prometheus.py)."""
+    from neuron_dra.localcluster.containerd_node import options_pod_selector
+    from neuron_dra.localcluster.prometheus import ScrapeTarget
+
+    selector = ",".join(f"{k}={v}" for k, v in sorted(options_pod_selector().items()))
+    pods = client.CoreV1Api(api).list_namespaced_pod(options.namespace, label_selector=selector).items
+    ip_of = {p.spec.node_name: p.status.pod_ip for p in pods if p.spec and p.status and p.status.pod_ip}
+    targets = []
+    for agent in agents:
+        port = ports.take()
+        agent.namespace.expose("metrics", f"{ip_of[agent.node.name]}:{options.metrics_port}", port, lifetime_s)
+        targets.append(ScrapeTarget(agent.node.name, f"127.0.0.1:{port}"))
+    return targets
 
 
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
-        kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake") -> int:
+        kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake",
+        prometheus: bool = False) -> int:
     from neuron_dra.localcluster.build import build_containerd, build_fakecri, ensure_binaries
+    from neuron_dra.localcluster.prometheus import METRICS_PORT, LocalPrometheus, ScrapeTarget
 
     stop = threading.Event()
     set_on_signals(stop)
     procs.write_pid_file(cluster_dir / PID_FILE, procs.ref_of(os.getpid()))
     agents: list[Any] = []  # NodeAgent or ContainerdNodeAgent
     cp = None
+    scraper: LocalPrometheus | None = None
+    targets: list[ScrapeTarget] = []
     deadline = time.time() + ttl
     try:
         write_status(cluster_dir, state="starting")
@@ -269,19 +294,28 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
 
             images = ensure_images()  # built by `cluster up` before it started us
             runtime_binaries = build_containerd()
-            options = daemonset_options(driver_name, images.driver.reference, catalog_file)
+            options = daemonset_options(driver_name, images.driver.reference, catalog_file,
+                                        METRICS_PORT if prometheus else 0)
             apply_all(admin, [*deploy.manifests(options), efa_device_class()])
             agents += [ContainerdNodeAgent(cluster_dir, node, i, admin, cp, binaries, runtime_binaries, images,
                                            deadline, catalog_file, ports) for i, node in enumerate(nodes, 1)]
             start_all(agents)
             wait_driver_ready(admin, options, [n.name for n in nodes], timeout=180.0)
             write_references(images, cluster_dir / "images.json")
+            if prometheus:
+                targets = expose_drivers(admin, options, agents, ports, deadline - time.time())
         else:
             fakecri = build_fakecri()
             apply_all(admin, objects)
             agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
-                                 catalog_file, ports) for node in nodes]
+                                 catalog_file, ports, ports.take() if prometheus else 0) for node in nodes]
             start_all(agents)
+            targets = [ScrapeTarget(a.node.name, f"127.0.0.1:{a.metrics_port}") for a in agents if a.metrics_port]
+        if prometheus:
+            from neuron_dra.localcluster.prometheus_build import build_prometheus
+
+            scraper = LocalPrometheus(cluster_dir / "prometheus", build_prometheus(), ports.take())
+            scraper.start(targets, deadline - time.time())
         # Pods are refused until kube-controller-manager has made a namespace's `default` service account:
         # ready means a user's first `kubectl apply` of a pod into `default` works.
         wait_for_service_account(admin, "default", "default", timeout=120.0)
@@ -289,7 +323,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         write_status(cluster_dir, state="ready", kubeconfig=str(cluster_dir / "kubeconfig"),
                      nodes=[{"name": n.name, "instanceType": n.instance_type} for n in nodes],
                      driverName=driver_name, deadline=deadline, kubernetesVersion=binaries.kube_version,
-                     runtime=runtime)
+                     runtime=runtime, **({"prometheus": scraper.url} if scraper is not None else {}))
         log.info("local cluster ready: Kubernetes %s, %d nodes", binaries.kube_version, len(nodes))
         stop.wait(ttl)
         return 0
@@ -303,6 +337,8 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
             t.start()
         for t in stoppers:
             t.join(timeout=60)
+        if scraper is not None:
+            scraper.stop()
         procs.stop_all(cluster_dir / "nodes")  # anything a node agent could not stop (it logged why)
         if cp is not None:
             cp.stop()
@@ -323,11 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR)
     parser.add_argument("--catalog", type=Path, default=None)
     parser.add_argument("--runtime", choices=RUNTIMES, default="fake")
+    parser.add_argument("--prometheus", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     catalog = load_catalog(args.catalog) if args.catalog else BUILTIN
     return run(args.dir.resolve(), parse_nodes(args.node, catalog), args.ttl, args.driver_name,
-               args.kubernetes_version, args.catalog.resolve() if args.catalog else None, args.runtime)
+               args.kubernetes_version, args.catalog.resolve() if args.catalog else None, args.runtime,
+               args.prometheus)
 
 
 if __name__ == "__main__":
