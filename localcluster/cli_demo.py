@@ -39,6 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", choices=("containerd", "fake"), default="containerd",
                         help="containerd: real containers, the driver as its DaemonSet, each workload's log shows "
                              "its devices; fake: the fake CRI runtime, no containers (default containerd)")
+    parser.add_argument("--prometheus", action="store_true",
+                        help="also run Prometheus (built from the Go module proxy) scraping the drivers and show "
+                             "which pod it says holds which device and cores (docs/metrics.md)")
     parser.add_argument("--ttl", type=float, default=None,
                         help="the cluster stops by itself after this many seconds (default 2 h with --keep, "
                              "else 30 min)")
@@ -59,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"neuron-dra demo: --ttl must be at least 60 seconds, got {args.ttl}", file=sys.stderr)
         return 2
     options = DemoOptions(dir=args.dir, keep=args.keep, timeout=args.timeout, ttl=args.ttl,
-                          kubernetes_version=args.kubernetes_version, runtime=args.runtime)
+                          kubernetes_version=args.kubernetes_version, runtime=args.runtime,
+                          prometheus=args.prometheus)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = run_demo(options)

@@ -80,6 +80,7 @@ class DemoOptions:
     node_args: tuple[str, ...] = DEMO_NODES
     kubernetes_version: str = DEFAULT_MINOR
     runtime: str = "containerd"  # cluster.DEFAULT_RUNTIME; fake: the fake CRI runtime
+    prometheus: bool = False  # a Prometheus scraping the drivers; the demo shows what it attributes
 
 
 @dataclass
@@ -432,6 +433,15 @@ def binaries_cached(minor: str = DEFAULT_MINOR) -> bool:
     return all(os.access(p, os.X_OK) for p in wanted)
 
 
+def show_attribution(url: str, say: Narrator) -> None:
+    """Who holds which device, as the drivers' metrics tell Prometheus (docs/metrics.md)."""
+    from neuron_dra.localcluster.prometheus import attribution
+
+    rows = attribution(url)
+    say(f"Prometheus at {url} attributes {len(rows)} prepared devices (neuron_dra_claim_device_info):")
+    say.block("\n".join(f"  {node:<18} {device:<24} {pod:<40} cores {cores}" for node, device, pod, cores in rows))
+
+
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     """Run the demo; raises DemoError (or ClusterError, BuildError) on failure, after stopping the cluster."""
     from neuron_dra.localcluster.build import build_fakecri, cache_root, check_minor, ensure_binaries, kube_version
@@ -473,7 +483,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     ok = False
     try:
         cluster = up(cluster_dir, list(options.node_args), ttl=ttl, driver_name=options.driver_name,
-                     kubernetes_version=minor, timeout=options.start_timeout, log=say, runtime=options.runtime)
+                     kubernetes_version=minor, timeout=options.start_timeout, log=say, runtime=options.runtime,
+                     prometheus=options.prometheus)
         result.kubeconfig = cluster.kubeconfig
         per_node = ("the real kubelet with containerd and runc, the driver as its DaemonSet pod (image from "
                     "driver/Dockerfile), an emulated EFA driver" if options.runtime == "containerd" else
@@ -489,6 +500,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
             workloads = run.run_stages()
             result.outcomes = run.outcomes(workloads, reports)
             show(result, cluster, say)
+            if cluster.prometheus:
+                show_attribution(cluster.prometheus, say)
             wrong = [o.pod for o in result.outcomes if not o.matches_prediction]
             if wrong:
                 raise DemoError(f"the allocation of {', '.join(wrong)} differs from what the claim check predicted "

@@ -42,15 +42,33 @@ class ScrapeTarget:
     address: str  # host:port, reachable from the host
 
 
-def config(targets: Sequence[ScrapeTarget], interval_s: int = SCRAPE_INTERVAL_S) -> dict[str, Any]:
+def config(targets: Sequence[ScrapeTarget], extra_targets: Path, interval_s: int = SCRAPE_INTERVAL_S
+           ) -> dict[str, Any]:
+    """The drivers as static targets; `extra_targets`, a file-SD file ([{"targets": [...], "labels": {"node":
+    ...}}]), for exporters such as neuron-monitor's beside them (watched: written later, picked up)."""
     return {
         "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
-        "scrape_configs": [{
-            "job_name": "neuron-dra-driver",
-            "honor_labels": True,
-            "static_configs": [{"targets": [t.address], "labels": {"node": t.node}} for t in targets],
-        }],
+        "scrape_configs": [
+            {"job_name": "neuron-dra-driver", "honor_labels": True,
+             "static_configs": [{"targets": [t.address], "labels": {"node": t.node}} for t in targets]},
+            {"job_name": "neuron-monitor",
+             "file_sd_configs": [{"files": [str(extra_targets)], "refresh_interval": f"{interval_s}s"}]},
+        ],
     }
+
+
+def extra_targets_file(directory: Path) -> Path:
+    return directory / "neuron-monitor-targets.json"
+
+
+def add_targets(directory: Path, node: str, addresses: Sequence[str]) -> None:
+    """Scrape `addresses` (host:port on the host) as node `node`'s neuron-monitor exporters."""
+    path = extra_targets_file(directory)
+    groups = json.loads(path.read_text()) if path.exists() else []
+    groups.append({"targets": list(addresses), "labels": {"node": node}})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(groups))
+    tmp.replace(path)
 
 
 class LocalPrometheus:
@@ -72,10 +90,14 @@ class LocalPrometheus:
     def log(self) -> Path:
         return self.dir / "prometheus.log"
 
+    @property
+    def extra_targets(self) -> Path:
+        return extra_targets_file(self.dir)
+
     def start(self, targets: Sequence[ScrapeTarget], lifetime_s: float) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         conf = self.dir / "prometheus.yml"
-        conf.write_text(yaml.safe_dump(config(targets), sort_keys=False))
+        conf.write_text(yaml.safe_dump(config(targets, self.extra_targets), sort_keys=False))
         argv = [str(self.binary), f"--config.file={conf}", f"--storage.tsdb.path={self.dir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d",
                 "--log.level=warn"]
@@ -120,3 +142,12 @@ def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
 def targets_up(url: str) -> Mapping[str, bool]:
     """node -> whether its last scrape succeeded."""
     return {r["metric"].get("node", ""): r["value"][1] == "1" for r in query(url, "up")}
+
+
+def attribution(url: str, settle_s: float = 3 * SCRAPE_INTERVAL_S) -> list[tuple[str, str, str, str]]:
+    """(node, device, namespace/pod, NeuronCores) of every prepared device, as Prometheus has them after a few
+    scrapes (what the demo prints)."""
+    time.sleep(settle_s)
+    rows = {(m["node"], m["device"], f"{m['namespace']}/{m['pod']}", m["neuroncores"])
+            for m in (r["metric"] for r in query(url, "neuron_dra_claim_device_info"))}
+    return sorted(rows)

@@ -1,0 +1,177 @@
+"""Attribution metrics end to end: `cluster up --runtime containerd --prometheus` (the drivers as DaemonSet pods in
+their nodes' network namespaces, a real Prometheus built from the Go module proxy scraping each of them), claim
+pods in real containers, and the emitted dashboard's every query answered by that Prometheus.
+
+"Which pod holds neuron-device-3 on node X, with which cores" is asked of Prometheus and compared with what the API
+server says (the claim's allocation and reservedFor) and with the NeuronCores the container was given
+(NEURON_RT_VISIBLE_CORES in its report). The utilisation panel joins a stand-in for neuron-monitor's exporter (its
+metric and label names, served by prometheus_client on the host, scraped as the node's neuron-monitor) with the
+driver's per-core series.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from neuron_dra.driver.deploy.dashboard import NEURON_MONITOR_METRIC, PANELS, dashboard_json, panel_exprs
+from neuron_dra.localcluster.cluster import LocalCluster
+from neuron_dra.localcluster.podlogs import container_log, workload_report
+from neuron_dra.localcluster.prometheus import add_targets, query, targets_up
+from tests.support.e2e import NEURON_TOLERATION, claim_template, eventually, raw
+
+pytestmark = [pytest.mark.cluster, pytest.mark.containerd, pytest.mark.gobuild, pytest.mark.slow]
+
+DRIVER = "neuron.aws.com"
+CORES = "neuroncore.aws.com"
+NODE1, NODE2 = "trn2-48xlarge-1", "trn2-48xlarge-2"
+NS = "metrics"
+RATE_INTERVAL = "1m"  # what Grafana puts for $__rate_interval at a 15 s scrape; the test's Prometheus scrapes every 2 s
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    from neuron_dra.localcluster.cluster import up
+
+    c = up(tmp_path_factory.mktemp("metrics"), ["trn2.48xlarge:2"], ttl=3600, timeout=1800, runtime="containerd",
+           prometheus=True)
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+@pytest.fixture(scope="module")
+def kapi(cluster: LocalCluster) -> Iterator[client.ApiClient]:
+    api = config.new_client_from_config(str(cluster.kubeconfig))
+    yield api
+    api.close()
+
+
+def pod(name: str, image: str, node: str, claim: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "tolerations": [NEURON_TOLERATION], "nodeSelector": {"kubernetes.io/hostname": node},
+        "terminationGracePeriodSeconds": 0, "resourceClaims": [{"name": "neuron", **claim}],
+        "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                        "resources": {"claims": [{"name": "neuron"}]}}]}}
+
+
+@pytest.fixture(scope="module")
+def workloads(cluster: LocalCluster, kapi: client.ApiClient) -> dict[str, dict[str, str]]:
+    """Pod `holder` on NODE1 with a claim for neuron-device-3; pod `small` on NODE2 with one NeuronCore."""
+    core, res = client.CoreV1Api(kapi), client.ResourceV1Api(kapi)
+    core.create_namespace({"metadata": {"name": NS}})  # type: ignore[arg-type]
+    eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
+                           for sa in core.list_namespaced_service_account(NS).items), 30, what="default SA")
+    res.create_namespaced_resource_claim(NS, {  # type: ignore[arg-type]
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "device-3"},
+        "spec": {"devices": {"requests": [{"name": "neuron", "exactly": {
+            "deviceClassName": DRIVER,
+            "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].deviceId == 3'}}]}}]}}})
+    res.create_namespaced_resource_claim_template(NS, claim_template(  # type: ignore[arg-type]
+        "one-core", [{"name": "neuron", "exactly": {"deviceClassName": CORES}}]))
+    image = json.loads((cluster.dir / "images.json").read_text())["workload"]
+    core.create_namespaced_pod(NS, pod("holder", image, NODE1, {"resourceClaimName": "device-3"}))  # type: ignore[arg-type]
+    core.create_namespaced_pod(NS, pod("small", image, NODE2, {"resourceClaimTemplateName": "one-core"}))  # type: ignore[arg-type]
+    reports = {}
+    for name, node in (("holder", NODE1), ("small", NODE2)):
+        logs = cluster.node_paths(node).kubelet.pod_logs
+
+        def complete(name: str = name, logs: Any = logs) -> dict[str, str] | None:
+            report = workload_report(container_log(logs, NS, name, "main"))
+            return report if report.get("ready") == "yes" else None
+
+        reports[name] = eventually(complete, 180, what=f"the report of {NS}/{name}")
+    return reports
+
+
+def claim_of(kapi: client.ApiClient, pod_name: str) -> dict[str, Any]:
+    core, res = client.CoreV1Api(kapi), client.ResourceV1Api(kapi)
+    p = raw(core.read_namespaced_pod(pod_name, NS, _preload_content=False))
+    (use,) = p["spec"]["resourceClaims"]
+    # A claim named in the pod is that claim; one from a template is named in the pod's status.
+    name = use.get("resourceClaimName") or p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    return raw(res.read_namespaced_resource_claim(name, NS, _preload_content=False))
+
+
+def test_every_nodes_driver_is_scraped(cluster: LocalCluster) -> None:
+    assert cluster.prometheus
+    url = cluster.prometheus
+    eventually(lambda: targets_up(url) if targets_up(url) == {NODE1: True, NODE2: True} else None, 60,
+               what="both drivers scraped")
+
+
+def test_prometheus_names_the_pod_holding_neuron_device_3_and_its_cores(
+        cluster: LocalCluster, kapi: client.ApiClient, workloads: dict[str, dict[str, str]]) -> None:
+    assert cluster.prometheus
+    url = cluster.prometheus
+    claim = claim_of(kapi, "holder")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["pool"], r["device"]) for r in results] == [(NODE1, "neuron-device-3")]
+    reserved = [r["name"] for r in claim["status"]["reservedFor"] if r["resource"] == "pods"]
+    assert reserved == ["holder"]
+
+    expr = f'neuron_dra_claim_device_info{{node="{NODE1}", device="neuron-device-3"}}'
+    answer = eventually(lambda: query(url, expr) or None, 60, what=expr)
+    (series,) = answer
+    labels = series["metric"]
+    assert (labels["namespace"], labels["pod"], labels["claim"]) == (NS, reserved[0], claim["metadata"]["name"])
+    assert labels["request"] == "neuron"
+    assert labels["neuroncores"] == workloads["holder"]["NEURON_RT_VISIBLE_CORES"]  # what the container sees
+
+    small = claim_of(kapi, "small")
+    (core_device,) = [r["device"] for r in small["status"]["allocation"]["devices"]["results"]]
+    answer = eventually(lambda: query(url, 'neuron_dra_claim_device_info{pod="small"}') or None, 60,
+                        what="the small pod's series")
+    assert [(s["metric"]["node"], s["metric"]["device"], s["metric"]["neuroncores"]) for s in answer] == [
+        (NODE2, core_device, workloads["small"]["NEURON_RT_VISIBLE_CORES"])]
+
+
+def test_every_query_of_the_dashboard_returns_data(cluster: LocalCluster,
+                                                  workloads: dict[str, dict[str, str]]) -> None:
+    assert cluster.prometheus
+    url = cluster.prometheus
+    # The stand-in for neuron-monitor's exporter on NODE1: its gauge and labels (neuron-monitor-prometheus.py),
+    # each NeuronCore's utilisation its id / 100.
+    registry = CollectorRegistry()
+    gauge = Gauge(NEURON_MONITOR_METRIC, "NeuronCore utilization ratio",
+                  ["neuroncore", "instance_id", "instance_type", "runtime_tag"], registry=registry)
+    for c in range(64):
+        gauge.labels(str(c), "i-0123456789abcdef0", "trn2.48xlarge", "1").set(c / 100)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        add_targets(cluster.dir / "prometheus", NODE1, [f"127.0.0.1:{server.server_port}"])
+        exprs = panel_exprs(dashboard_json())
+        assert len(exprs) == sum(len(p.queries) for p in PANELS)
+        answers: dict[str, list[dict[str, Any]]] = {}
+        for title, expr in exprs:
+            concrete = expr.replace("$__rate_interval", RATE_INTERVAL)
+            answers[expr] = eventually(lambda concrete=concrete: query(url, concrete) or None, 90,
+                                       what=f"data for panel {title!r}: {concrete}")
+        # The join: the holder's utilisation is the mean of its cores' (neuron-monitor's ids are the cores it sees).
+        (util,) = [p for p in PANELS if p.needs_neuron_monitor]
+        per_pod = {(s["metric"]["namespace"], s["metric"]["pod"]): float(s["value"][1])
+                   for s in answers[util.exprs[0]]}
+        first, _, last = workloads["holder"]["NEURON_RT_VISIBLE_CORES"].partition("-")
+        cores = range(int(first), int(last or first) + 1)
+        assert per_pod == {(NS, "holder"): pytest.approx(sum(cores) / len(cores) / 100)}
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+def test_the_series_go_with_the_pod(cluster: LocalCluster, kapi: client.ApiClient,
+                                    workloads: dict[str, dict[str, str]]) -> None:
+    assert cluster.prometheus
+    url = cluster.prometheus
+    core = client.CoreV1Api(kapi)
+    core.delete_namespaced_pod("holder", NS, grace_period_seconds=0)
+    eventually(lambda: not query(url, 'neuron_dra_claim_device_info{pod="holder"}') or None, 90,
+               what="the holder's series gone after its claim was unprepared")
+    free = query(url, f'neuron_dra_node_devices{{node="{NODE1}", state="free"}}')
+    assert [s["value"][1] for s in free] == ["16"]
