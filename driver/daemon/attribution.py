@@ -3,7 +3,8 @@
 A collector, not gauges kept in step: every scrape reads the prepared claims as they are (DriverState's view of
 the checkpoint), so the series follow prepare, unprepare and a restart (the checkpoint is read at start) with
 no hook to forget. Label values come from the checkpoint: the claim's namespace and name, the pods it was
-reserved for when it was prepared (at most checkpoint.MAX_CONSUMERS), the request and device names of kubelet's
+reserved for (when it was prepared, as the checkpoint records, or as consumers.py last re-read them; at most
+checkpoint.MAX_CONSUMERS), the request and device names of kubelet's
 answer, and NeuronCore ids (NEURON_RT_VISIBLE_CORES numbering at the node's LNC, as neuron-monitor numbers them).
 
 Cardinality on one node: the info series are one per (claim, device, pod) and one per (claim, NeuronCore, pod);
@@ -30,6 +31,8 @@ NO_POD = ""  # the pod label of a claim prepared with no pod in reservedFor (or 
 
 Claims = Callable[[], Mapping[str, PreparedClaim]]
 Taints = Callable[[], Mapping[str, tuple[Mapping[str, str], ...]]]
+# uid -> (pods, how many more) re-read from the API server (consumers.py); the checkpoint's where absent
+Consumers = Callable[[], Mapping[str, tuple[tuple[str, ...], int]]]
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,9 @@ class NodeDevices:
 
 class AttributionCollector(Collector):
     def __init__(self, claims: Claims, node: str, devices: NodeDevices, taints: Taints | None = None,
-                 max_series: int = MAX_SERIES) -> None:
+                 max_series: int = MAX_SERIES, consumers: Consumers | None = None) -> None:
         self._claims = claims
+        self._consumers = consumers
         self._node = node
         self._devices = devices
         self._taints = taints
@@ -87,9 +91,11 @@ class AttributionCollector(Collector):
         dropped = 0
         omitted = 0
         completed = [c for c in claims.values() if c.state is ClaimState.PREPARE_COMPLETED]
+        refreshed = self._consumers() if self._consumers is not None else {}
         for claim in sorted(completed, key=lambda c: (c.namespace, c.name, c.uid)):
-            pods = claim.consumers or (NO_POD,)
-            omitted += claim.consumers_omitted
+            names, more = refreshed.get(claim.uid, (claim.consumers, claim.consumers_omitted))
+            pods = names or (NO_POD,)
+            omitted += more
             for d in claim.devices:
                 cores = self._devices.logical_cores(d.device_name)
                 request = ",".join(d.request_names)

@@ -361,8 +361,12 @@ class Daemon:
         self.health_reporter = HealthReporter(self.health_monitor, self.host, o.node_name, o.driver_name,
                                               o.unhealthy_taint_effect, self.api, self.metrics)
         if self.metrics is not None:  # who holds which devices: read from the state at every scrape
+            from neuron_dra.driver.daemon.consumers import ConsumerRefresher
+
+            pods = ConsumerRefresher(self.state.prepared, self.lookup)  # pods joining shared claims later
+            pods.start(self.stop_event)
             self.metrics.attribute(self.state.prepared, o.node_name, [d.index for d in self.host.devices], layout,
-                                   self.health_reporter.taints)
+                                   self.health_reporter.taints, pods.current)
         report = self.health_reporter.in_background(self.stop_event)
         report(self.health_monitor.current())  # devices already unhealthy at start (events, metrics)
         self.health_monitor.add_listener(report)

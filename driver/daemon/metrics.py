@@ -12,7 +12,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-from neuron_dra.driver.daemon.attribution import AttributionCollector, Claims, NodeDevices, Taints
+from neuron_dra.driver.daemon.attribution import AttributionCollector, Claims, Consumers, NodeDevices, Taints
 from neuron_dra.driver.model.partitions import CoreLayout
 
 # Prepare is expected in the low milliseconds; the claim GET can take longer.
@@ -107,9 +107,10 @@ class Metrics:
                                      "node's ResourceSlices", registry=r)
 
     def attribute(self, claims: Claims, node: str, indexes: Sequence[int], layout: CoreLayout,
-                  taints: Taints | None = None) -> AttributionCollector:
+                  taints: Taints | None = None, consumers: Consumers | None = None) -> AttributionCollector:
         """Add the per-claim attribution series (attribution.py), read from `claims` at every scrape."""
-        collector = AttributionCollector(claims, node, NodeDevices(tuple(indexes), layout), taints)
+        collector = AttributionCollector(claims, node, NodeDevices(tuple(indexes), layout), taints,
+                                         consumers=consumers)
         self.registry.register(collector)
         return collector
 

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from neuron_dra.driver.daemon.cdi import CdiStore
 from neuron_dra.driver.daemon.checkpoint import MAX_CONSUMERS, Checkpoint, ClaimState, PreparedClaim
 from neuron_dra.driver.daemon.claims import ClaimError, ClaimRef, consumer_pods
+from neuron_dra.driver.daemon.consumers import ConsumerRefresher
 from neuron_dra.driver.daemon.metrics import Metrics
 from neuron_dra.driver.daemon.state import DriverState
 from neuron_dra.driver.model.discovery import discover
@@ -50,8 +51,9 @@ class Node:
         (self.tmp / "plugin").mkdir(exist_ok=True)
         self.state.load()
         self.state.reconcile_local()
+        self.refresher = ConsumerRefresher(self.state.prepared, self.lookup, max_per_round=2)
         collector = self.metrics.attribute(self.state.prepared, NODE, [d.index for d in self.host.devices],
-                                           self.state.cores, lambda: self.taints)
+                                           self.state.cores, lambda: self.taints, self.refresher.current)
         if self.max_series is not None:
             collector._max_series = self.max_series
 
@@ -205,3 +207,43 @@ def test_logical_cores_of_every_device_kind() -> None:
     assert nd.logical_cores("neuron-device-1-core-3") == (11,)
     assert nd.logical_cores("neuron-node") == tuple(range(128))
     assert nd.logical_cores("something-else") == ()
+
+
+def test_a_pod_joining_a_shared_claim_later_is_named_after_a_refresh(tmp_path: Path) -> None:
+    n = Node(tmp_path)
+    shared = reserved(claim("shared", uid(1), devices(6)), "first")
+    n.prepare(shared)
+    assert n.rows("neuron_dra_claim_device_info", "pod") == {("first",)}
+    reserved(shared, "first", "second")  # kubelet does not prepare the claim again for the second pod
+    n.refresher.refresh_once()
+    assert n.rows("neuron_dra_claim_device_info", "pod") == {("first",), ("second",)}
+    reserved(shared, "second")  # the first pod is done
+    n.refresher.refresh_once()
+    assert n.rows("neuron_dra_claim_device_info", "pod") == {("second",)}
+
+
+def test_refresh_ignores_replaced_claims_and_failures_and_goes_round_robin(tmp_path: Path) -> None:
+    n = Node(tmp_path)
+    for i in range(1, 4):
+        n.prepare(reserved(claim(f"c{i}", uid(i), devices(i)), f"p{i}"))
+    for i in range(1, 4):
+        reserved(n.lookup.claims[("default", f"c{i}")], f"p{i}", f"q{i}")
+    n.lookup.calls.clear()
+    n.refresher.refresh_once()  # two claims a round
+    n.refresher.refresh_once()
+    assert sorted(set(n.lookup.calls)) == [("default", "c1"), ("default", "c2"), ("default", "c3")]
+    assert n.rows("neuron_dra_claim_device_info", "pod") >= {("q1",), ("q2",), ("q3",)}
+
+    n.lookup.put(reserved(claim("c1", uid(9), devices(1)), "impostor"))  # deleted and made again: another uid
+    n.lookup.fail = True
+    n.refresher.refresh_once()  # c2, c3 fail: their last answers stay
+    n.lookup.fail = False
+    for _ in range(2):
+        n.refresher.refresh_once()
+    pods = n.rows("neuron_dra_claim_device_info", "claim", "pod")
+    assert ("c1", "impostor") not in pods and ("c1", "p1") in pods  # the checkpoint's pods for c1 again
+    assert {("c2", "q2"), ("c3", "q3")} <= pods
+
+    n.state.unprepare([ClaimRef("default", "c2", uid(2))])
+    n.refresher.refresh_once()
+    assert uid(2) not in n.refresher.current()
