@@ -151,8 +151,11 @@ def test_every_query_of_the_dashboard_returns_data(cluster: LocalCluster,
         answers: dict[str, list[dict[str, Any]]] = {}
         for title, expr in exprs:
             concrete = expr.replace("$__rate_interval", RATE_INTERVAL)
-            answers[expr] = eventually(lambda concrete=concrete: query(url, concrete) or None, 90,
-                                       what=f"data for panel {title!r}: {concrete}")
+
+            def data(concrete: str = concrete) -> list[dict[str, Any]] | None:
+                return query(url, concrete) or None
+
+            answers[expr] = eventually(data, 90, what=f"data for panel {title!r}: {concrete}")
         # The join: the holder's utilisation is the mean of its cores' (neuron-monitor's ids are the cores it sees).
         (util,) = [p for p in PANELS if p.needs_neuron_monitor]
         per_pod = {(s["metric"]["namespace"], s["metric"]["pod"]): float(s["value"][1])
