@@ -15,6 +15,7 @@ leaves out is counted, never silently lost.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -42,9 +43,10 @@ class NodeDevices:
     indexes: tuple[int, ...]
     layout: CoreLayout
 
-    def logical_cores(self, device: str) -> tuple[int, ...]:
-        """The NeuronCore ids (NEURON_RT_VISIBLE_CORES numbering) a published device stands for."""
-        per = self.layout.logical_per_device
+    def logical_cores(self, device: str, lnc: int | None = None) -> tuple[int, ...]:
+        """The NeuronCore ids (NEURON_RT_VISIBLE_CORES numbering) a published device stands for, at the claim's
+        LNC for whole devices (`lnc`, None: the node's; a core device is always at the node's)."""
+        per = self.layout.physical_per_device // lnc if lnc else self.layout.logical_per_device
         core = parse_core_device(device)
         if core is not None:
             return (self.layout.global_core_id(*core),)
@@ -96,8 +98,9 @@ class AttributionCollector(Collector):
             names, more = refreshed.get(claim.uid, (claim.consumers, claim.consumers_omitted))
             pods = names or (NO_POD,)
             omitted += more
+            lnc = request_lnc(claim)
             for d in claim.devices:
-                cores = self._devices.logical_cores(d.device_name)
+                cores = self._devices.logical_cores(d.device_name, lnc.get(d.request_names[0]))
                 request = ",".join(d.request_names)
                 for pod in pods:
                     if series + 1 + len(cores) > self._max_series:
@@ -157,6 +160,26 @@ class AttributionCollector(Collector):
                 info.add_metric([self._node, name, str(t.get("key", "")), str(t.get("effect", ""))], 1)
         yield tainted
         yield info
+
+
+def request_lnc(claim: PreparedClaim) -> dict[str, int]:
+    """request -> the LNC its container runs at (NEURON_LOGICAL_NC_CONFIG in the claim's CDI spec; a claim may
+    set its own, docs/neuron-cores.md §2). Requests without it (families without LNC) are absent."""
+    try:
+        spec = json.loads(claim.cdi_spec)
+    except ValueError:
+        return {}
+    out: dict[str, int] = {}
+    prefix = f"{claim.uid}-request-"
+    for device in spec.get("devices", []) if isinstance(spec, dict) else []:
+        name = device.get("name", "") if isinstance(device, dict) else ""
+        if not isinstance(name, str) or not name.startswith(prefix):
+            continue
+        for env in device.get("containerEdits", {}).get("env", []):
+            key, _, value = str(env).partition("=")
+            if key == "NEURON_LOGICAL_NC_CONFIG" and value in ("1", "2"):
+                out[name[len(prefix):]] = int(value)
+    return out
 
 
 def _gauge(name: str, documentation: str, node: str, value: float) -> GaugeMetricFamily:

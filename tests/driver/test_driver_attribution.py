@@ -3,6 +3,7 @@ prepared claims at every scrape, through prepare, unprepare and a restart from t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from neuron_dra.driver.daemon.state import DriverState
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.partitions import CoreLayout
-from tests.support.driver import DRIVER, NODE, FakeLookup, claim, devices, result, uid
+from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, FakeLookup, claim, devices, opaque, result, uid
 
 Labels = frozenset[tuple[str, str]]
 
@@ -247,3 +248,14 @@ def test_refresh_ignores_replaced_claims_and_failures_and_goes_round_robin(tmp_p
     n.state.unprepare([ClaimRef("default", "c2", uid(2))])
     n.refresher.refresh_once()
     assert uid(2) not in n.refresher.current()
+
+
+def test_a_claim_at_its_own_lnc_is_labelled_with_the_cores_its_container_sees(tmp_path: Path) -> None:
+    n = Node(tmp_path)  # the node at LNC 2: 4 cores per device
+    n.prepare(reserved(claim("lnc1", uid(1), devices(3), configs=[opaque({**NEURON_CONFIG, "logicalNeuronCore": 1})]),
+                       "p"))
+    spec = json.loads((tmp_path / "cdi" / f"{DRIVER}_{uid(1)}.json").read_text())
+    env = [e for d in spec["devices"] for e in d.get("containerEdits", {}).get("env", [])]
+    assert "NEURON_RT_VISIBLE_CORES=24-31" in env
+    assert n.rows("neuron_dra_claim_device_info", "neuroncores") == {("24-31",)}
+    assert len(n.series("neuron_dra_claim_neuroncore_info")) == 8
