@@ -3,6 +3,9 @@ and the errors that name them."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
 from neuron_dra.components.settings import SettingError
@@ -54,3 +57,26 @@ def test_bad_settings_name_the_setting(raw: dict[str, str], key: str, allowed: s
         decode_settings(raw)
     assert f"neuron-dra:{key}" in str(e.value)
     assert allowed in str(e.value)
+
+
+def test_the_example_stack_plans_the_metrics_service_and_the_dashboard() -> None:
+    from pathlib import Path
+
+    from neuron_dra.components import cli_plan
+    from neuron_dra.driver.deploy.dashboard import DASHBOARD_UID, dashboard_json
+
+    root = Path(__file__).resolve().parents[2]
+    run = cli_plan.plan(cli_plan.load_config_file(root / "Pulumi.example.yaml"))
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for m in cli_plan.kubernetes_manifests(run):
+        by_kind.setdefault(str(m["kind"]), []).append(m)
+    (service,) = by_kind["Service"]
+    dashboards = [m for m in by_kind["ConfigMap"] if str(m["metadata"]["name"]).endswith("-dashboard")]
+    (dashboard,) = dashboards
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"][f"{DASHBOARD_UID}.json"]) == dashboard_json()
+    assert "PodMonitor" not in by_kind  # auto on a new cluster: none
+    (policy,) = [m for m in by_kind["NetworkPolicy"] if m["metadata"]["namespace"] == service["metadata"]["namespace"]]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
