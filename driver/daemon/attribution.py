@@ -100,7 +100,8 @@ class AttributionCollector(Collector):
             omitted += more
             lnc = request_lnc(claim)
             for d in claim.devices:
-                cores = self._devices.logical_cores(d.device_name, lnc.get(d.request_names[0]))
+                cores = self._devices.logical_cores(d.device_name,
+                                                    lnc.get(d.request_names[0]) if d.request_names else None)
                 request = ",".join(d.request_names)
                 for pod in pods:
                     if series + 1 + len(cores) > self._max_series:
