@@ -23,6 +23,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        import grafana_foundation_sdk  # noqa: F401  (the dashboard's builder)
+    except ImportError:
+        print("neuron-dra dashboard: the Grafana Foundation SDK is not installed; pip install "
+              "'neuron-dra[dashboard]' (or grafana-foundation-sdk)", file=sys.stderr)
+        return 2
     if not args.config_map:
         sys.stdout.write(dashboard_text())
         return 0

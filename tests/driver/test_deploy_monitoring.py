@@ -102,3 +102,17 @@ def test_the_dashboard_has_every_panel_with_its_queries() -> None:
             assert all(t["instant"] and t["format"] == "table" for t in panel["targets"])
     variable, = document["templating"]["list"]
     assert variable["type"] == "datasource" and variable["query"] == "prometheus"
+
+
+def test_the_dashboard_command_prints_the_json_or_the_config_map(capsys: pytest.CaptureFixture[str]) -> None:
+    from neuron_dra.cli import main
+
+    assert main(["dashboard"]) == 0
+    assert json.loads(capsys.readouterr().out) == dashboard_json()
+    assert main(["dashboard", "--config-map", "--namespace", "grafana"]) == 0
+    cm = json.loads(capsys.readouterr().out)
+    assert (cm["kind"], cm["metadata"]["namespace"], cm["metadata"]["labels"]["grafana_dashboard"]) == (
+        "ConfigMap", "grafana", "1")
+    assert main(["dashboard", "--config-map", "--label", "no-equals"]) == 2
+    err = capsys.readouterr().err
+    assert "grafana_dashboard_label" in err and "'no-equals'" in err and "KEY=VALUE" in err
