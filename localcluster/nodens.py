@@ -187,7 +187,7 @@ class NodeNamespace:
         _wait_for(lambda: sock.exists(), f"the forwarder {name} of {self.paths.base.name} made no socket {sock}")
         self._spawn(f"forward-{name}-host", [socat, f"TCP-LISTEN:{host_port},bind=127.0.0.1,fork,reuseaddr",
                                              f"UNIX-CONNECT:{sock}"], lifetime_s)
-        _wait_for(lambda: _listening(host_port),
+        _wait_for(lambda: host_listening(host_port),
                   f"the forwarder {name} of {self.paths.base.name} does not listen on 127.0.0.1:{host_port} "
                   f"(taken by another process?); see {self.paths.log}")
         return sock
@@ -208,7 +208,7 @@ class NodeNamespace:
         self.pid = None
 
 
-def _listening(port: int) -> bool:
+def host_listening(port: int) -> bool:
     """Something listens on the host's 127.0.0.1:`port` (read from /proc/net/tcp: connecting would start a
     forwarded connection)."""
     wanted = f"0100007F:{port:04X}"
