@@ -3,7 +3,7 @@ cluster.
 
 The API server dials a node's kubelet at one of the Node's `status.addresses`, the first of the types in
 `--kubelet-preferred-address-types`, and the port in `status.daemonEndpoints.kubeletEndpoint` (kube-apiserver
-`pkg/kubelet/client/kubelet_client.go`, `NodeConnectionInfoGetter`; `k8s.io/component-helpers/node/util`
+`pkg/kubelet/client/kubelet_client.go`, `NodeConnectionInfoGetter`; `pkg/util/node/node.go`,
 `GetPreferredNodeAddress`). kubelet reports `Hostname` = its `--hostname-override` (the node name) and
 `InternalIP` = `--node-ip`. With the containerd runtime each kubelet listens on 127.0.0.1 inside its node's
 network namespace and its node IP is routed nowhere on the host (nodens.py), so here:
@@ -87,8 +87,9 @@ def namespace_prefix(hosts_file: Path) -> list[str]:
 
 
 def apiserver_env(node_names: Sequence[str], base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The API server's environment: as `base` (default os.environ), with the node names added to NO_PROXY (Go's
-    HTTP client would send a connection to a name through a proxy that *_PROXY variables name)."""
+    """The API server's environment: as `base` (default os.environ), with the node names added to NO_PROXY: its
+    kubelet client honours *_PROXY variables (`k8s.io/apimachinery/pkg/util/net/http.go`, SetTransportDefaults:
+    http.ProxyFromEnvironment), and Go bypasses a proxy by itself for loopback IPs and `localhost` only."""
     env = dict(os.environ if base is None else base)
     for var in ("NO_PROXY", "no_proxy"):
         current = [p for p in env.get(var, "").split(",") if p]

@@ -5,6 +5,7 @@ checks that nothing outside the cluster directory changed."""
 
 from __future__ import annotations
 
+import io
 import json
 import ssl
 import time
@@ -19,6 +20,7 @@ from kubernetes import client, config
 
 from neuron_dra.localcluster import pki, procs
 from neuron_dra.localcluster.cluster import LocalCluster
+from neuron_dra.localcluster.demo import DemoOptions, DemoRun, Narrator
 from neuron_dra.localcluster.podlogs import api_container_log, container_log, workload_report
 from tests.support import hoststate
 from tests.support.e2e import (
@@ -165,12 +167,18 @@ def test_a_claim_pods_container_sees_exactly_its_devices_and_cores(ctrd: LocalCl
                 for e in s.get("containerEdits", {}).get("env", [])})
     assert env["NEURON_RT_VISIBLE_CORES"], specs
     assert report["NEURON_RT_VISIBLE_CORES"] == env["NEURON_RT_VISIBLE_CORES"]
+    # The demo's table reads the same report through the API (`kubectl logs`), not from the node's files.
+    demo = DemoRun(ctrd, kapi, Narrator(io.StringIO()), DemoOptions(runtime="containerd"))
+    demo.namespace = wns
+    seen = demo.record("w")["containers"]["main"]
+    assert seen["deviceNodes"] == [f"/dev/neuron{index}"]
+    assert seen["env"]["NEURON_RT_VISIBLE_CORES"] == env["NEURON_RT_VISIBLE_CORES"]
 
 
-def test_kubectl_logs_and_exec_reach_the_kubelet_inside_the_node(ctrd: LocalCluster, kapi: client.ApiClient,
-                                                                 wns: str) -> None:
-    """The API server's pod log and exec endpoints (what `kubectl logs/exec` call) go to the pod's kubelet in its
-    node's network namespace: the log is the one kubelet wrote on the node."""
+def test_kubectl_logs_exec_and_port_forward_reach_the_kubelet_inside_the_node(
+        ctrd: LocalCluster, kapi: client.ApiClient, wns: str) -> None:
+    """The API server's pod log, exec and portforward endpoints (what `kubectl logs/exec/port-forward` call) go to
+    the pod's kubelet in its node's network namespace: the log is the one kubelet wrote on the node."""
     from kubernetes.stream import stream
 
     core = client.CoreV1Api(kapi)
@@ -181,9 +189,32 @@ def test_kubectl_logs_and_exec_reach_the_kubelet_inside_the_node(ctrd: LocalClus
     assert report["devices"] == "" and report["ready"] == "yes"
     on_node = container_log(ctrd.node_paths(TRN1).kubelet.pod_logs, wns, "l", "main", uid)
     assert api_container_log(core, wns, "l", "main").startswith(on_node.rstrip("\n"))
+    serve = "mkdir -p /tmp/w && echo forwarded-from-$(hostname) > /tmp/w/i && busybox httpd -p 127.0.0.1:8080 -h /tmp/w"
     out = stream(core.connect_get_namespaced_pod_exec, "l", wns, container="main",
-                 command=["sh", "-c", "echo exec-in-$(hostname)"], stderr=True, stdin=False, stdout=True, tty=False)
+                 command=["sh", "-c", f"echo exec-in-$(hostname) && {serve}"], stderr=True, stdin=False,
+                 stdout=True, tty=False)
     assert out.strip() == "exec-in-l"
+    assert http_through_port_forward(core, wns, "l", 8080, "/i").endswith(b"\r\n\r\nforwarded-from-l\n")
+
+
+def http_through_port_forward(core: client.CoreV1Api, ns: str, pod: str, port: int, path: str) -> bytes:
+    """An HTTP/1.0 GET of `path` to the pod's `port` through the API server's portforward subresource."""
+    from kubernetes.stream import portforward
+
+    forward = portforward(core.connect_get_namespaced_pod_portforward, pod, ns, ports=str(port))
+    try:
+        sock = forward.socket(port)
+        sock.setblocking(True)
+        sock.settimeout(20)
+        sock.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(4096):
+            data += chunk
+        sock.close()
+        assert forward.error(port) is None, forward.error(port)
+        return data
+    finally:
+        forward.close()
 
 
 def test_kubelet_api_refuses_unauthenticated_and_unauthorized_clients(ctrd: LocalCluster,
