@@ -21,6 +21,7 @@ from kubernetes import client, config
 from neuron_dra.localcluster import pki, procs
 from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.demo import DemoOptions, DemoRun, Narrator
+from neuron_dra.localcluster.nodens import host_listening
 from neuron_dra.localcluster.podlogs import api_container_log, container_log, workload_report
 from tests.support import hoststate
 from tests.support.e2e import (
@@ -319,6 +320,11 @@ def test_driver_pod_deleted_is_recreated_and_registered_again_with_no_claim_lost
     eventually(lambda: not core.list_namespaced_pod(wns).items or None, 60, what="pod k gone")
 
 
-def test_zz_cluster_down_leaves_the_host_as_it_was(ctrd: LocalCluster, host_before: dict[str, Any]) -> None:
+def test_zz_cluster_down_leaves_the_host_as_it_was(ctrd: LocalCluster, kapi: client.ApiClient,
+                                                   host_before: dict[str, Any]) -> None:
+    nodes: Any = client.CoreV1Api(kapi).list_node().items
+    kubelet_ports = [n.status.daemon_endpoints.kubelet_endpoint.port for n in nodes]
+    assert all(host_listening(port) for port in kubelet_ports)  # the API server's forwarders to the kubelets
     ctrd.down()
     assert hoststate.differences(host_before, hoststate.snapshot()) == {}
+    assert not any(host_listening(port) for port in kubelet_ports)
