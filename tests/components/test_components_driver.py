@@ -42,7 +42,7 @@ def test_applies_exactly_the_deploy_manifests() -> None:
     run = run_driver(NeuronDraDriverArgs(options=OPTIONS, image=IMAGE))
     objects = k8s_objects(run)
     expected = {deploy.object_key(m): m for m in deploy.manifests(replace(OPTIONS, image=IMAGE))}
-    assert set(objects) == set(expected) and len(expected) == 10
+    assert set(objects) == set(expected) and len(expected) == 11  # with the metrics port: its Service
     for key, manifest in expected.items():
         sent = objects[key].plain_inputs
         assert sent == manifest, key
@@ -176,3 +176,15 @@ def test_a_bad_image_is_refused_known_or_as_an_output() -> None:
 def test_keyword_arguments_and_args_are_exclusive() -> None:
     with pytest.raises(TypeError, match="either args or keyword"):
         run_offline(lambda: NeuronDraDriver("d", NeuronDraDriverArgs(image=IMAGE), image=IMAGE))
+
+
+def test_the_pod_monitor_and_the_dashboard_are_applied_as_rendered() -> None:
+    options = replace(OPTIONS, pod_monitor=True, grafana_dashboard=True, image=IMAGE)
+    objects = k8s_objects(run_driver(NeuronDraDriverArgs(options=options, image=IMAGE)))
+    expected = {deploy.object_key(m): m for m in deploy.manifests(options)}
+    assert set(objects) == set(expected)
+    for kind in ("PodMonitor", "ConfigMap", "Service"):
+        (key,) = [k for k in expected if k.startswith(f"{kind}/")]
+        assert objects[key].plain_inputs == expected[key], key
+    (monitor,) = [r for k, r in objects.items() if k.startswith("PodMonitor/")]
+    assert monitor.type == "kubernetes:monitoring.coreos.com/v1:PodMonitor"
