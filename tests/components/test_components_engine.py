@@ -106,9 +106,14 @@ def assert_all_gone(api: Any, planned: list[dict[str, Any]]) -> None:
         eventually(lambda: gone(manifest), 120, what=f"{deploy.object_key(manifest)} gone")  # noqa: B023
 
 
-def changed_kinds(before: DriverDeployOptions, after: DriverDeployOptions) -> list[str]:
-    """The kinds of the driver's objects whose manifests differ between two option sets: what an update must touch."""
-    return sorted(a["kind"] for a, b in zip(deploy.manifests(before), deploy.manifests(after), strict=True) if a != b)
+def changed_kinds(before: DriverDeployOptions, after: DriverDeployOptions) -> tuple[list[str], list[str]]:
+    """The kinds of the driver's objects whose manifests differ between two option sets (what an update must
+    touch), and of those only `after` has (what it creates: a metrics port adds its Service, docs/metrics.md)."""
+    old = {deploy.object_key(m): m for m in deploy.manifests(before)}
+    new = {deploy.object_key(m): m for m in deploy.manifests(after)}
+    assert old.keys() <= new.keys()
+    return (sorted(new[k]["kind"] for k in old if old[k] != new[k]),
+            sorted(new[k]["kind"] for k in new.keys() - old.keys()))
 
 
 def kubernetes_events(result: dict[str, Any], op: str) -> list[dict[str, Any]]:
@@ -152,10 +157,12 @@ def test_the_stack_program_up_again_change_and_destroy(engine: Engine, plane: Co
 
     changed = {**config, "neuron-dra:driverMetricsPort": "9400"}
     preview = engine.step("preview", config=changed, **step)
-    # Exactly what deploy renders differently: the DaemonSet (its args and port) and the NetworkPolicy (the port).
-    expected = changed_kinds(options, replace(options, metrics_port=9400))
-    assert expected == ["DaemonSet", "NetworkPolicy"]
-    assert preview["changes"] == {"same": total - len(expected), "update": len(expected)}
+    # Exactly what deploy renders differently: the DaemonSet (its args and port) and the NetworkPolicy (the port);
+    # new: the metrics Service and the dashboard ConfigMap (grafanaDashboard is on with a metrics port).
+    metrics_options = replace(decode_settings(changed).driver_options(), image=image)
+    expected, new_kinds = changed_kinds(options, metrics_options)
+    assert expected == ["DaemonSet", "NetworkPolicy"] and new_kinds == ["ConfigMap", "Service"]
+    assert preview["changes"] == {"same": total - len(expected), "update": len(expected), "create": len(new_kinds)}
     updates = [e for e in preview["events"] if e["op"] == "update"]
     assert sorted(e["type"].rsplit(":", 1)[1] for e in updates) == expected
     # Only spec fields change (detailed diff paths such as spec.template.spec.containers[0].args[3]).
@@ -164,11 +171,11 @@ def test_the_stack_program_up_again_change_and_destroy(engine: Engine, plane: Co
     live = read_object(api, daemonset)
     assert live is not None and not is_subset(daemonset, live)  # preview changed nothing
     applied = engine.step("up", config=changed, **step)
-    assert applied["changes"] == {"same": total - len(expected), "update": len(expected)}
-    assert_live_as_planned(api, planned_driver(replace(options, metrics_port=9400)) + templates)
+    assert applied["changes"] == {"same": total - len(expected), "update": len(expected), "create": len(new_kinds)}
+    assert_live_as_planned(api, planned_driver(metrics_options) + templates)
 
     destroyed = engine.step("destroy", config=changed, **step)
-    assert destroyed["changes"] == {"delete": total}  # the stack resource included
+    assert destroyed["changes"] == {"delete": total + len(new_kinds)}  # the stack resource included
     assert_all_gone(api, planned)
 
 
@@ -248,15 +255,17 @@ def test_a_separate_project_with_the_pip_installed_package(engine: Engine, plane
 
     changed = {**config, "team-infra:metricsPort": "9400"}
     preview = engine.step("preview", config=changed, **step)
-    expected = changed_kinds(options, replace(options, metrics_port=9400))
-    assert preview["changes"] == {"same": total - len(expected), "update": len(expected)}
+    expected, new_kinds = changed_kinds(options, replace(options, metrics_port=9400))
+    assert new_kinds == ["Service"]  # the metrics port's
+    assert preview["changes"] == {"same": total - len(expected), "update": len(expected), "create": len(new_kinds)}
     updates = [e for e in preview["events"] if e["op"] == "update"]
     assert sorted(e["type"].rsplit(":", 1)[1] for e in updates) == expected
     # Only spec fields change (detailed diff paths such as spec.template.spec.containers[0].args[3]).
     assert all(e["detailed"] and all(k.startswith("spec") for k in e["detailed"]) for e in updates), updates
     assert engine.step("up", config=changed, **step)["changes"] == {"same": total - len(expected),
-                                                                   "update": len(expected)}
+                                                                   "update": len(expected),
+                                                                   "create": len(new_kinds)}
     assert_live_as_planned(api, planned_driver(replace(options, metrics_port=9400)))
 
-    assert engine.step("destroy", config=changed, **step)["changes"] == {"delete": total}
+    assert engine.step("destroy", config=changed, **step)["changes"] == {"delete": total + len(new_kinds)}
     assert_all_gone(api, [*planned, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-ml"}}])
