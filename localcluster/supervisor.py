@@ -38,6 +38,7 @@ from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
 from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver, efa_device_class
 from neuron_dra.localcluster.nodes import node_manifest
+from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
 from neuron_dra.localcluster.restarting import Restarting
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
@@ -245,7 +246,8 @@ def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = 
 
 
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
-        kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake") -> int:
+        kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake",
+        profile: str = DEFAULT_PROFILE) -> int:
     from neuron_dra.localcluster.build import build_containerd, build_fakecri, ensure_binaries
 
     stop = threading.Event()
@@ -258,7 +260,8 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         write_status(cluster_dir, state="starting")
         kubelet.require_root(os.geteuid())
         binaries = ensure_binaries(kubernetes_version)  # cached by `cluster up` before it started us
-        cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60)
+        cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60,
+                                profile=profile)
         admin = config.new_client_from_config(str(cp.kubeconfig))
         objects, identity = driver_objects(driver_name)
         ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice
@@ -323,11 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR)
     parser.add_argument("--catalog", type=Path, default=None)
     parser.add_argument("--runtime", choices=RUNTIMES, default="fake")
+    parser.add_argument("--profile", choices=list(PROFILES), default=DEFAULT_PROFILE)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     catalog = load_catalog(args.catalog) if args.catalog else BUILTIN
     return run(args.dir.resolve(), parse_nodes(args.node, catalog), args.ttl, args.driver_name,
-               args.kubernetes_version, args.catalog.resolve() if args.catalog else None, args.runtime)
+               args.kubernetes_version, args.catalog.resolve() if args.catalog else None, args.runtime, args.profile)
 
 
 if __name__ == "__main__":
