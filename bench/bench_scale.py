@@ -1,23 +1,24 @@
 """Benchmark: what claim pods cost the real kube-scheduler at 100 to 1,000+ trn2.48xlarge nodes.
 
-Per cell (node count x slice model) one fresh control plane of the default Kubernetes version
+Per cell (node count x slice model) a fresh control plane of the default Kubernetes version
 (localcluster/controlplane.py: etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the profile of
---profile, `tuned` by default) gets N Node objects and their ResourceSlices through the API (no kubelets): the
-slices of the driver's own model ("ours", driver/model/slices.py, NeuronCores included as published on 1.36) or
-AWS-shaped slices of the same devices ("aws": AWS's attribute set only; scale_cluster.aws_shaped), plus the EFA
-driver's slice per node. Then, per pod shape, one burst of pods (created 8 at a time as fast as the API server
-takes them) whose claims come from the claim_templates examples; pods never run, a pod is scheduled when the
-scheduler has bound it (spec.nodeName, seen by a watch). Between bursts the pods are deleted and the claims left
-to the controller-manager until none is left.
+--profile, `tuned` by default) gets N Node objects and their ResourceSlices through the API (no kubelets), as
+one of the slice models (scale_cluster.SLICE_MODELS): "ours" (driver/model/slices.py as the daemon publishes
+it with --core-partitions off), "ours-cores" (with NeuronCores and counters) or "aws" (the same devices with
+AWS's attribute set only), plus the EFA driver's slice per node. The models' control planes of one node count
+run side by side; per pod shape each gets one burst of pods (created 8 at a time as fast as its API server
+takes them; the models' order alternating from shape to shape) whose claims come from the claim_templates
+examples. Pods never run: a pod is scheduled when the scheduler has bound it (spec.nodeName, seen by a watch).
+After a burst its pods are deleted and the controller-manager deletes their claims (waited for).
 
 Figures per burst: pods/s (pods / first create -> last bound), p50/p99 time to scheduled (create -> bound),
 scheduler CPU per pod (its user+system time from /proc over the burst; robust to other load on the machine,
 unlike the wall-clock figures: the load average is printed next to them), and the claim check's prediction
 (`neuron-dra claims check --nodes N`, claim_templates/scale.py) next to the measured CPU per pod. Per cell: RSS
-of etcd, kube-apiserver and kube-scheduler once the objects are loaded.
+of etcd, kube-apiserver, kube-controller-manager and kube-scheduler once the objects are loaded.
 
 Run: python bench/bench_scale.py [--nodes 100,500,1000] [--slices ours,aws] [--shapes ...] [--pods 100]
-                                 [--profile tuned] [--dir DIR] [--json FILE]
+                                 [--profile tuned] [--dir DIR] [--json FILE] | --from-json FILE
 Quick: python bench/bench_scale.py --nodes 50 --pods 20
 """
 
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,7 @@ from neuron_dra.claim_templates.examples import (
     trn2_8_connected_efa,
     trn2_two_cores,
 )
+from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.claim_templates.scale import ScaleEstimate, estimate
 from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.localcluster.controlplane import ControlPlane
@@ -77,8 +80,8 @@ MAX_NODES = 5000  # what the machine's memory could hold at most; a larger --nod
 MAX_PODS = 2000
 BURST_TIMEOUT_S = 300.0
 CLEANUP_TIMEOUT_S = 180.0
-# Kubernetes' node name prefix for the emulated nodes (node-00001, ...).
-NODE_PREFIX = "trn2-"
+NODE_PREFIX = "trn2-"  # the emulated nodes: trn2-00000, ...
+CATALOGS = {False: NodeCatalog(partitionable=False), True: NodeCatalog(partitionable=True)}  # by NeuronCores
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,15 @@ def setup_namespace(api: Api) -> None:
     time.sleep(3)
 
 
-def burst(api: Api, api_client: Any, scheduler_pid: int, n: int, model: str, shape: str, pods: int) -> Burst:
+def predict(template: ClaimTemplate, n: int, model: str, profile: str) -> ScaleEstimate:
+    """`claims check --nodes n`'s estimate for the template on the cell's slices and scheduler settings."""
+    cores = model == "ours-cores"
+    return estimate(template, n, catalog=CATALOGS[cores], shared_counters=cores,
+                    percentage_of_nodes_to_score=PROFILES[profile].percentage_of_nodes_to_score)
+
+
+def burst(api: Api, api_client: Any, scheduler_pid: int, n: int, model: str, shape: str, pods: int,
+          profile: str) -> Burst:
     template = SHAPES[shape]
     watch = ScheduledWatch(api_client, NAMESPACE, BURST_TIMEOUT_S + 60)
     names = [f"{shape}-{i:04d}" for i in range(pods)]
@@ -194,7 +205,7 @@ def burst(api: Api, api_client: Any, scheduler_pid: int, n: int, model: str, sha
     watch.stop()
     waits = [times[p] - started[p] for p in names if p in times]
     last = max(times.values()) if times else time.monotonic()
-    prediction: ScaleEstimate | None = estimate(template, n) if template is not None else None
+    prediction = predict(template, n, model, profile) if template is not None else None
     cleanup(api)
     return Burst(n, model, shape, pods, len(times), len(times) / max(last - t0, 1e-9),
                  1e3 * quantile(waits, 0.5) if waits else float("nan"),
@@ -217,30 +228,53 @@ def cleanup(api: Api) -> None:
     raise ApiError(f"pods or claims of namespace {NAMESPACE} still there after {CLEANUP_TIMEOUT_S:.0f} s")
 
 
-def run_cell(base: Path, n: int, model: str, shapes: Sequence[str], pods: int, profile: str,
-             log: Any) -> Cell:
-    with ControlPlane.start(base / f"cp-{n}-{model}", max_lifetime_s=3600, profile=profile,
-                            # No kubelet renews the Nodes' leases: keep them Ready for the run.
-                            extra_controller_manager_args=("--node-monitor-grace-period=1h",
-                                                           "--node-startup-grace-period=1h")) as plane:
-        api = Api(plane.server, plane.dir / "pki")
-        api_client = plane.api_client()
-        pids = {p.name: program_pid(p.popen.pid) for p in plane.processes}
-        setup_started = time.monotonic()
-        objects = load_objects(api, n, model)
-        setup_namespace(api)
-        load_s = time.monotonic() - setup_started
-        rss = {name: rss_bytes(pid) / 2**20 for name, pid in pids.items()}
-        log(f"{n} nodes, {model} slices: {objects} objects in {load_s:.1f} s; RSS "
-            + ", ".join(f"{k} {v:.0f} MiB" for k, v in rss.items()))
-        bursts = []
-        for shape in shapes:
-            if shape in CORE_SHAPES and model != "ours-cores":
-                continue
-            b = burst(api, api_client, pids["kube-scheduler"], n, model, shape, pods)
-            log(format_burst(b))
-            bursts.append(b)
-        return Cell(n, model, objects, load_s, rss, tuple(bursts))
+@dataclass(frozen=True)
+class Loaded:
+    """One model's running control plane with its objects loaded."""
+
+    model: str
+    api: Api
+    api_client: Any
+    scheduler_pid: int
+    objects: int
+    load_s: float
+    rss_mib: Mapping[str, float]
+
+
+def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, log: Any) -> Loaded:
+    plane = stack.enter_context(ControlPlane.start(
+        base / f"cp-{n}-{model}", max_lifetime_s=3600, profile=profile,
+        # No kubelet renews the Nodes' leases: keep them Ready for the run.
+        extra_controller_manager_args=("--node-monitor-grace-period=1h", "--node-startup-grace-period=1h")))
+    api = Api(plane.server, plane.dir / "pki")
+    api_client = plane.api_client()
+    stack.callback(api_client.close)
+    pids = {p.name: program_pid(p.popen.pid) for p in plane.processes}
+    started = time.monotonic()
+    objects = load_objects(api, n, model)
+    setup_namespace(api)
+    load_s = time.monotonic() - started
+    rss = {name: rss_bytes(pid) / 2**20 for name, pid in pids.items()}
+    log(f"{n} nodes, {model} slices: {objects} objects in {load_s:.1f} s; RSS "
+        + ", ".join(f"{k} {v:.0f} MiB" for k, v in rss.items()))
+    return Loaded(model, api, api_client, pids["kube-scheduler"], objects, load_s, rss)
+
+
+def run_size(base: Path, n: int, models: Sequence[str], shapes: Sequence[str], pods: int, profile: str,
+             log: Any) -> list[Cell]:
+    """Every model's control plane at once, their bursts interleaved shape by shape (the order alternating), so
+    each model's figures come from the same minutes of the machine's load."""
+    with ExitStack() as stack:
+        planes = [load_plane(stack, base, n, model, profile, log) for model in models]
+        bursts: dict[str, list[Burst]] = {p.model: [] for p in planes}
+        for i, shape in enumerate(shapes):
+            for p in planes if i % 2 == 0 else planes[::-1]:
+                if shape in CORE_SHAPES and p.model != "ours-cores":
+                    continue
+                b = burst(p.api, p.api_client, p.scheduler_pid, n, p.model, shape, pods, profile)
+                log(format_burst(b))
+                bursts[p.model].append(b)
+        return [Cell(n, p.model, p.objects, p.load_s, p.rss_mib, tuple(bursts[p.model])) for p in planes]
 
 
 def format_burst(b: Burst) -> str:
@@ -267,6 +301,28 @@ def summary(cells: Sequence[Cell]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def reprint(path: Path) -> int:
+    """The bursts of an earlier run, predictions made again (after a calibration change)."""
+    report = json.loads(path.read_text())
+    cells = []
+    for c in report["cells"]:
+        bursts = []
+        for b in c["bursts"]:
+            template = SHAPES[b["shape"]]
+            p = predict(template, b["nodes"], b["slices"], report["profile"]) if template is not None else None
+            bursts.append(Burst(**{**b, "predicted_cpu_ms_per_pod": p.cpu_ms_per_pod if p else None,
+                                   "predicted_per_node_ms": p.per_node_ms if p else None}))
+        cells.append(Cell(**{**c, "bursts": tuple(bursts)}))
+    print(f"profile {report['profile']} (from {path})")
+    for cell in cells:
+        print(f"{cell.nodes} nodes, {cell.slices} slices: {cell.objects} objects in {cell.load_s:.1f} s; RSS "
+              + ", ".join(f"{k} {v:.0f} MiB" for k, v in cell.rss_mib.items()))
+        for b in cell.bursts:
+            print(format_burst(b))
+    sys.stdout.write(summary(cells))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", default="100,500,1000", help="node counts, comma-separated")
@@ -278,7 +334,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", default="tuned", choices=list(PROFILES), help="control-plane profile")
     parser.add_argument("--dir", type=Path, default=None, help="state directory (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON to this file")
+    parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
+                        help="run nothing: print the figures of an earlier --json FILE with today's predictions")
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        return reprint(args.from_json)
     if not 1 <= args.pods <= MAX_PODS:
         raise SystemExit(f"bench_scale: --pods {args.pods}: give 1 to {MAX_PODS}")
     nodes = parse_nodes(args.nodes)
@@ -291,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"profile {args.profile}; {os.cpu_count()} CPUs; wall-clock figures depend on the machine's load "
         "(load average per burst), CPU per pod does not")
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    cells = [run_cell(base, n, model, shapes, min(args.pods, n), args.profile, log) for n in nodes for model in models]
+    cells = [c for n in nodes for c in run_size(base, n, models, shapes, min(args.pods, n), args.profile, log)]
     sys.stdout.write(summary(cells))
     if args.json is not None:
         args.json.write_text(json.dumps({"profile": args.profile, "cells": [asdict(c) for c in cells]}, indent=2))

@@ -53,6 +53,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="also estimate the kube-scheduler filter work per pod at a cluster of N nodes of each "
                             "type the template fits, warning near the DRA filter's 10 s limit per node "
                             "(calibrated with bench/bench_scale.py; docs/scale.md §4)")
+    check.add_argument("--core-partitions", choices=("on", "off"), default="on",
+                       help="with --nodes: whether the nodes publish NeuronCores and counters (on: the driver's "
+                            "default on Kubernetes 1.36, whose scheduler reads every node's counters on each node; "
+                            "off: --core-partitions off on the driver)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"neuron-dra claims: {e}", file=sys.stderr)
             return 2
-    return _check(templates, types, args.json, hardware, args.unhealthy_device, args.verbose, args.nodes)
+    return _check(templates, types, args.json, hardware, args.unhealthy_device, args.verbose, args.nodes,
+                  args.core_partitions == "on")
 
 
 def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str], hardware: Catalog,
@@ -99,9 +104,10 @@ def _render(templates: Sequence[ClaimTemplate], types: Sequence[str], run_checks
 
 
 def _check(templates: Sequence[ClaimTemplate], types: Sequence[str], as_json: bool, hardware: Catalog,
-           unhealthy_device: bool = False, verbose: bool = False, nodes: int | None = None) -> int:
+           unhealthy_device: bool = False, verbose: bool = False, nodes: int | None = None,
+           core_partitions: bool = True) -> int:
     reports = _reports(templates, types, hardware, unhealthy_device)
-    scale = _estimates(templates, reports, nodes, hardware) if nodes is not None else {}
+    scale = _estimates(templates, reports, nodes, hardware, core_partitions) if nodes is not None else {}
     if as_json:
         out = [_report_json(r) for r in reports]
         for entry in out:
@@ -116,19 +122,21 @@ def _check(templates: Sequence[ClaimTemplate], types: Sequence[str], as_json: bo
     return 0 if all(r.ok for r in reports) else 1
 
 
-def _estimates(templates: Sequence[ClaimTemplate], reports: Sequence[CheckReport], nodes: int, hardware: Catalog
-               ) -> dict[str, list[ScaleEstimate]]:
+def _estimates(templates: Sequence[ClaimTemplate], reports: Sequence[CheckReport], nodes: int, hardware: Catalog,
+               core_partitions: bool) -> dict[str, list[ScaleEstimate]]:
     """Per template, the estimate on each instance type it fits (at the type's default LNC)."""
-    catalog = NodeCatalog(hardware=hardware, partitionable=False)
+    catalog = NodeCatalog(hardware=hardware, partitionable=core_partitions)
     out: dict[str, list[ScaleEstimate]] = {}
     for template, report in zip(templates, reports, strict=True):
         fitting = dict.fromkeys(f.instance_type for f in report.fits if f.claims_per_node)
-        out[report.template] = [estimate(template, nodes, t, catalog) for t in fitting]
+        out[report.template] = [estimate(template, nodes, t, catalog, shared_counters=core_partitions)
+                                for t in fitting]
     return out
 
 
 def format_estimates(scale: Mapping[str, Sequence[ScaleEstimate]], nodes: int) -> str:
-    lines = ["", f"kube-scheduler filter work per pod at {nodes} nodes (empty nodes; estimate):"]
+    lines = ["", f"kube-scheduler filter work per pod at {nodes} nodes (empty nodes, Kubernetes 1.36, adaptive "
+                 "percentageOfNodesToScore; estimate):"]
     warnings = []
     for name, estimates in scale.items():
         for e in estimates:

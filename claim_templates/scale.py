@@ -32,6 +32,10 @@ MAX_NODES = 100_000  # beyond Kubernetes' documented 5,000-node limit, far enoug
 POD_MS = 3.0  # per pod, whatever the cluster size: queueing, binding, the claim's status write
 NODE_MS = 0.19  # per filtered node: the DRA plugin's per-node setup (pools gathered and converted)
 SELECTOR_MS = 0.03  # per CEL selector evaluation on a device (cel-go's cost tracker set up per evaluation)
+# Kubernetes 1.36's allocator treats every slice with sharedCounters as shared by all nodes (1.37 keeps a slice with
+# a nodeName to its node): each node's filter converts every other node's counter slices and, their pools being
+# incomplete there, scans all slices for each (docs/scale.md §2).
+COUNTER_POOL_MS = 0.28  # per other node with counters, per filtered node
 
 
 @dataclass(frozen=True)
@@ -51,10 +55,14 @@ class ScaleEstimate:
 
     @property
     def warning(self) -> str | None:
-        if self.per_node_ms < WARN_SHARE * DRA_FILTER_TIMEOUT_MS:
-            return None
-        return (f"{self.template} at {self.nodes} nodes: about {self.per_node_ms:.0f} ms of DRA filter work per "
-                f"{self.instance_type} node, near the scheduler's {DRA_FILTER_TIMEOUT_MS / 1e3:.0f} s limit per node")
+        if self.per_node_ms >= WARN_SHARE * DRA_FILTER_TIMEOUT_MS:
+            return (f"{self.template} at {self.nodes} nodes: about {self.per_node_ms:.0f} ms of DRA filter work per "
+                    f"{self.instance_type} node, near the scheduler's {DRA_FILTER_TIMEOUT_MS / 1e3:.0f} s limit per "
+                    "node")
+        if self.cpu_ms_per_pod >= DRA_FILTER_TIMEOUT_MS:
+            return (f"{self.template} at {self.nodes} nodes: about {self.cpu_ms_per_pod / 1e3:.0f} s of scheduler CPU "
+                    "per pod: pods wait in line behind each other")
+        return None
 
 
 def feasible_nodes_to_find(nodes: int, percentage: int | None = None) -> int:
@@ -111,13 +119,20 @@ def _expression(selector: Mapping[str, Any]) -> str:
 
 
 def estimate(template: ClaimTemplate, nodes: int, instance_type: str = "trn2.48xlarge",
-             catalog: NodeCatalog | None = None, percentage_of_nodes_to_score: int | None = None) -> ScaleEstimate:
+             catalog: NodeCatalog | None = None, percentage_of_nodes_to_score: int | None = None,
+             shared_counters: bool = False) -> ScaleEstimate:
     """The scheduler's work for one pod with one claim from `template` in a cluster of `nodes` empty nodes of
-    `instance_type` (`percentage_of_nodes_to_score`: the scheduler's setting, None its adaptive default)."""
+    `instance_type` as `catalog` models them (default: whole devices only; `NodeCatalog(partitionable=True)` for
+    NeuronCores and counters). `percentage_of_nodes_to_score`: the scheduler's setting, None its adaptive default.
+    `shared_counters`: the nodes publish counters to a Kubernetes 1.36 scheduler, which reads every node's counter
+    slices on each node."""
     check_nodes(nodes)
     node = (catalog or NodeCatalog(partitionable=False)).node(instance_type)
     evaluations = selector_evaluations(template, node)
     per_node = NODE_MS + evaluations * SELECTOR_MS
+    counters = any(s["spec"].get("sharedCounters") for s in node.slices)
+    if shared_counters and counters:
+        per_node += (nodes - 1) * COUNTER_POOL_MS
     filtered = feasible_nodes_to_find(nodes, percentage_of_nodes_to_score)
     return ScaleEstimate(template.name, nodes, instance_type, filtered, evaluations, per_node,
                          POD_MS + filtered * per_node)
