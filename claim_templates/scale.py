@@ -31,7 +31,7 @@ MAX_NODES = 100_000  # beyond Kubernetes' documented 5,000-node limit, far enoug
 # Calibrated on bench/bench_scale.py (trn2.48xlarge nodes, kube-scheduler 1.36, tuned profile).
 POD_MS = 3.0  # per pod, whatever the cluster size: queueing, binding, the claim's status write
 NODE_MS = 0.19  # per filtered node: the DRA plugin's per-node setup (pools gathered and converted)
-SELECTOR_MS = 0.03  # per CEL selector evaluation on a device (cel-go's cost tracker set up per evaluation)
+SELECTOR_MS = 0.035  # per CEL selector evaluation on a device (cel-go's cost tracker set up per evaluation)
 # Kubernetes 1.36's allocator treats every slice with sharedCounters as shared by all nodes (1.37 keeps a slice with
 # a nodeName to its node): each node's filter converts every other node's counter slices and, their pools being
 # incomplete there, scans all slices for each (docs/scale.md §2).
