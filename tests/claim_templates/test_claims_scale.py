@@ -108,12 +108,23 @@ def test_check_nodes_prints_the_estimates() -> None:
 
 
 def test_check_nodes_json_carries_the_estimates() -> None:
-    result = _claims("--instance-type", "trn2.48xlarge", "--nodes", "500", "--json")
+    result = _claims("--instance-type", "trn2.48xlarge", "--nodes", "500", "--json", "--core-partitions", "off")
     reports = {r["template"]: r for r in json.loads(result.stdout)}
     scale = reports["default/neuron-1x4-connected"]["scale"]
     assert [(s["instanceType"], s["nodes"], s["filteredNodes"], s["selectorEvaluations"]) for s in scale] == [
         ("trn2.48xlarge", 500, 230, 28)]
     assert scale[0]["cpuMsPerPod"] > 0 and scale[0]["warning"] is None
+
+
+def test_counters_on_1_36_cost_every_other_node() -> None:
+    """With NeuronCores published (the driver's default on 1.36) each filtered node reads every node's counters."""
+    with_cores = NodeCatalog(partitionable=True)
+    small = estimate(one_neuron_device, 50, catalog=with_cores, shared_counters=True)
+    large = estimate(one_neuron_device, 500, catalog=with_cores, shared_counters=True)
+    without = estimate(one_neuron_device, 500, catalog=CATALOG)
+    assert large.per_node_ms > 5 * small.per_node_ms and large.per_node_ms > 50 * without.per_node_ms
+    assert large.warning is not None and "of scheduler CPU per pod" in large.warning
+    assert estimate(one_neuron_device, 500, catalog=with_cores).per_node_ms == without.per_node_ms
 
 
 def test_check_nodes_refuses_a_bad_count() -> None:
