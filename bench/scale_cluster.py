@@ -134,7 +134,8 @@ class ScheduledWatch:
         self.scheduled: dict[str, float] = {}
         self._lock = threading.Lock()
         self._core = client.CoreV1Api(api_client)
-        version = self._core.list_namespaced_pod(namespace).metadata.resource_version
+        listing: Any = self._core.list_namespaced_pod(namespace)
+        version = listing.metadata.resource_version
         self._watch = watch.Watch()
         self._stream = self._watch.stream(self._core.list_namespaced_pod, namespace, resource_version=version,
                                           timeout_seconds=int(timeout_s))

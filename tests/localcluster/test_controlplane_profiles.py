@@ -78,3 +78,23 @@ def test_tuned_plane_runs_with_its_settings(tmp_path: Path) -> None:
             kcm = json.loads(resp.read())["kubecontrollermanager.config.k8s.io"]["Generic"]["ClientConnection"]
         assert (kcm["qps"], kcm["burst"]) == (300, 500)
         assert json.loads((plane.dir / "controlplane.json").read_text())["profile"] == "tuned"
+
+
+def test_cluster_up_refuses_an_unknown_profile_before_starting_anything(tmp_path: Path) -> None:
+    from neuron_dra.localcluster.cluster import ClusterError, up
+
+    with pytest.raises(ClusterError, match=r"--profile 'fast' is not known; choose one of default, tuned"):
+        up(tmp_path / "c", ["trn2.48xlarge"], profile="fast")
+    assert not (tmp_path / "c").exists()
+
+
+def test_cluster_up_offers_the_profiles() -> None:
+    import argparse
+
+    from neuron_dra.localcluster import cli_cluster
+
+    parser = argparse.ArgumentParser()
+    cli_cluster.configure(parser)
+    args = parser.parse_args(["up", "--dir", "/tmp/x", "--profile", "tuned"])
+    assert args.profile == "tuned"
+    assert parser.parse_args(["up", "--dir", "/tmp/x"]).profile == "default"
