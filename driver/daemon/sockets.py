@@ -3,13 +3,25 @@
 plugin.py binds and serves them (grpcserver.Server.add_unix: mode 0600 from creation, never world-writable, not
 even briefly). Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket
 appears. Stale socket files are removed before binding.
+
+Two instances of the driver run side by side during a surge rollout (docs/upgrades.md): each then listens on
+names of its own, `dra-<instance>.sock` and `<driver>-<instance>-reg.sock` as the Go helper's `RollingUpdate`
+names them (k8s.io/dynamic-resource-allocation/kubeletplugin, draplugin.go), `<instance>` being the pod UID.
+An instance removes only what it bound itself (the same inode), and another instance's socket only when nothing
+listens on it any more.
 """
 
 from __future__ import annotations
 
+import errno
+import glob
+import hashlib
 import logging
 import os
+import re
+import socket
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,12 +31,18 @@ SOCKET_MODE = 0o600
 MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 
 
-def dra_socket_path(plugins_dir: str, driver_name: str) -> str:
-    return os.path.join(plugins_dir, driver_name, "dra.sock")
+LEFTOVER_AGE = 30.0  # seconds: another instance's socket that refuses connections for this long is left over
+# A pod UID (the apiserver makes them RFC 4122 UUIDs) or its hash: how another instance's socket names look.
+INSTANCE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{16}")
+_HASHED = 16  # hex digits of the instance id when the full one makes a path too long (Go helper 1.37 hashes too)
 
 
-def registration_socket_path(registry_dir: str, driver_name: str) -> str:
-    return os.path.join(registry_dir, f"{driver_name}-reg.sock")
+def dra_socket_path(plugins_dir: str, driver_name: str, instance: str = "") -> str:
+    return os.path.join(plugins_dir, driver_name, f"dra-{instance}.sock" if instance else "dra.sock")
+
+
+def registration_socket_path(registry_dir: str, driver_name: str, instance: str = "") -> str:
+    return os.path.join(registry_dir, f"{driver_name}-{instance}-reg.sock" if instance else f"{driver_name}-reg.sock")
 
 
 def remove_stale(path: str) -> bool:
@@ -45,13 +63,36 @@ class SocketError(RuntimeError):
 
 @dataclass(frozen=True)
 class SocketPaths:
-    dra: Path  # <plugins dir>/<driver>/dra.sock
-    registration: Path  # <registry dir>/<driver>-reg.sock
+    dra: Path  # <plugins dir>/<driver>/dra.sock, or dra-<instance>.sock
+    registration: Path  # <registry dir>/<driver>-reg.sock, or <driver>-<instance>-reg.sock
+    instance: str = ""  # "": the plain names
 
     @classmethod
-    def for_driver(cls, plugins_dir: Path, registry_dir: Path, driver_name: str) -> SocketPaths:
-        return cls(Path(dra_socket_path(str(plugins_dir), driver_name)),
-                   Path(registration_socket_path(str(registry_dir), driver_name)))
+    def for_driver(cls, plugins_dir: Path, registry_dir: Path, driver_name: str, instance: str = "") -> SocketPaths:
+        def paths(name: str) -> SocketPaths:
+            return cls(Path(dra_socket_path(str(plugins_dir), driver_name, name)),
+                       Path(registration_socket_path(str(registry_dir), driver_name, name)), name)
+
+        chosen = paths(instance)
+        if instance and max(len(str(p).encode()) for p in (chosen.dra, chosen.registration)) > MAX_UNIX_SOCKET_PATH:
+            chosen = paths(hashlib.sha256(instance.encode()).hexdigest()[:_HASHED])
+        return chosen
+
+    def siblings(self) -> list[Path]:
+        """The sockets other instances of this driver listen on (or left behind), found by name."""
+        driver = self.registration.name.removesuffix("-reg.sock")
+        if self.instance:
+            driver = driver.removesuffix(f"-{self.instance}")
+        found = []
+        for directory, prefix, suffix in ((self.dra.parent, "dra-", ".sock"),
+                                          (self.registration.parent, f"{driver}-", "-reg.sock")):
+            if not directory.is_dir():
+                continue
+            for path in sorted(directory.glob(f"{glob.escape(prefix)}*{suffix}")):
+                middle = path.name[len(prefix):-len(suffix)]
+                if INSTANCE_ID.fullmatch(middle) and path not in (self.dra, self.registration):
+                    found.append(path)
+        return found
 
 
 def check_socket_path(path: Path) -> None:
@@ -79,3 +120,57 @@ def prepare_socket_path(path: Path) -> None:
     except OSError as e:
         raise SocketError(f"cannot create {path.parent} for the socket {path.name}: {e}") from None
     remove_stale_socket(path)
+
+
+def is_listening(path: Path) -> bool:
+    """Does a process accept connections on the unix socket at `path`? (ECONNREFUSED: its listener is gone.)"""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(str(path))
+        except OSError as e:
+            return e.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK)
+        return True
+
+
+def remove_leftovers(paths: SocketPaths, now: float | None = None) -> list[Path]:
+    """Remove the sockets of other instances of this driver that died without cleaning up (kill -9, power loss):
+    socket files nobody has listened on for LEFTOVER_AGE seconds. A live instance is never touched: it accepts
+    connections, and one that is just starting has a fresh file (bound a moment before it listens)."""
+    now = time.time() if now is None else now
+    removed = []
+    for path in paths.siblings():
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISSOCK(st.st_mode) or now - st.st_mtime < LEFTOVER_AGE or is_listening(path):
+            continue
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+        log.info("removed the socket of an instance that is gone", extra={"path": str(path)})
+    return removed
+
+
+def bound_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the socket file at `path`, to tell later whether it is still the one this process bound."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def remove_own(path: Path, identity: tuple[int, int] | None) -> bool:
+    """Remove `path` only if it is still the file this process bound: with the plain names (kubelet < 1.33) a
+    newer instance may have replaced it, and deleting that one would deregister the instance that serves."""
+    if identity is None or bound_identity(path) != identity:
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
