@@ -26,7 +26,8 @@ log = logging.getLogger("neuron_dra.driver.daemon.instances")
 
 SOCKET_NAME_MODES = ("auto", "per-instance", "plain")
 MIN_KUBELET = (1, 33)  # kubernetes/kubernetes PR #129832: several instances of one DRA driver
-POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# The apiserver makes pod UIDs RFC 4122 UUIDs; any short name of letters, digits and dashes is a safe file name.
+POD_UID = re.compile(r"[0-9A-Za-z][0-9A-Za-z-]{0,63}")
 _VERSION = re.compile(r"v?(\d{1,4})\.(\d{1,4})(?:\.\d+)?(?:[-+].*)?")
 
 
@@ -35,10 +36,11 @@ class InstanceError(ValueError):
 
 
 def check_pod_uid(value: str) -> str:
-    """`value` if it is a pod UID as the apiserver makes them (lower-case UUID), or "" for none."""
+    """`value` if it can be a pod UID (it goes into socket file names), or "" for none."""
     if value and not POD_UID.fullmatch(value):
-        raise InstanceError(f"POD_UID {shown(value)} is not a pod UID; allowed: a lower-case UUID such as "
-                            "0f8fad5b-d9cb-469f-a165-70867728950e (the downward API's metadata.uid), or empty")
+        raise InstanceError(f"POD_UID {shown(value)} is not a pod UID; allowed: up to 64 letters, digits and "
+                            "dashes, such as 0f8fad5b-d9cb-469f-a165-70867728950e (the downward API's "
+                            "metadata.uid), or empty")
     return value
 
 

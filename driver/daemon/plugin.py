@@ -2,8 +2,8 @@
 
 Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket appears, because kubelet
 dials the endpoint as soon as it sees the registration socket; on shutdown the registration socket goes
-first, so kubelet deregisters before the DRA service stops. Stale socket files are removed before
-listening; both sockets are mode 0600 (kubelet runs as root).
+first, so kubelet deregisters before the DRA service stops. Stale socket files are replaced (a rename over them)
+when listening; both sockets are mode 0600 (kubelet runs as root).
 
 Two instances can serve side by side during a surge rollout, each on sockets of its own (sockets.py,
 docs/upgrades.md).
@@ -17,6 +17,7 @@ Served by grpcio's asyncio server (grpcserver.py), each server on its own event 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -129,7 +130,11 @@ class RegistrationService:
 
 
 def _listen(server: grpcserver.Server, path: Path) -> None:
-    server.add_unix(path)  # one name, so tests can watch the order of the binds
+    """Bind at the hidden name, then rename into place (sockets.binding_path); one name, so tests can watch the
+    order of the binds."""
+    tmp = sockets.prepare_socket_path(path)
+    server.add_unix(tmp)
+    os.replace(tmp, path)
 
 
 def dra_services(state: DriverState) -> dict[str, grpcserver.Method]:
@@ -151,7 +156,7 @@ class PluginServers:
         always = {m.name: (lambda _: True) for m in REGISTRATION.methods}
         self._reg.add_methods(grpcserver.service_methods(REGISTRATION, self.registration, always))
         # The socket files this instance bound, with their inodes: removed on stop only while still its own.
-        self._bound: dict[Path, tuple[int, int] | None] = {}
+        self._bound: dict[Path, tuple[int, int, int] | None] = {}
 
     @property
     def dra_server(self) -> grpcserver.Server:
@@ -160,7 +165,6 @@ class PluginServers:
     def listen(self) -> None:
         """Bind the DRA socket (not served yet: calls wait), then the registration socket, served at once."""
         for server, path in ((self._dra, self.paths.dra), (self._reg, self.paths.registration)):
-            sockets.prepare_socket_path(path)
             try:
                 _listen(server, path)
             except OSError as e:

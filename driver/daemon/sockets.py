@@ -2,7 +2,7 @@
 
 plugin.py binds and serves them (grpcserver.Server.add_unix: mode 0600 from creation, never world-writable, not
 even briefly). Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket
-appears. Stale socket files are removed before binding.
+appears. Each socket is bound under a hidden name and renamed into place (`binding_path`), replacing a stale file.
 
 Two instances of the driver run side by side during a surge rollout (docs/upgrades.md): each then listens on
 names of its own, `dra-<instance>.sock` and `<driver>-<instance>-reg.sock` as the Go helper's `RollingUpdate`
@@ -32,7 +32,8 @@ MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating
 
 
 LEFTOVER_AGE = 30.0  # seconds: another instance's socket that refuses connections for this long is left over
-# A pod UID (the apiserver makes them RFC 4122 UUIDs) or its hash: how another instance's socket names look.
+# How another instance's names look when its leftovers may be removed: a pod UID as the apiserver makes them
+# (an RFC 4122 UUID) or its hash, never what could be another driver's plain name (`<driver>-efa-reg.sock`).
 INSTANCE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{16}")
 _HASHED = 16  # hex digits of the instance id when the full one makes a path too long (Go helper 1.37 hashes too)
 
@@ -112,14 +113,28 @@ def remove_stale_socket(path: Path) -> None:
         log.info("removed stale socket", extra={"path": str(path)})
 
 
-def prepare_socket_path(path: Path) -> None:
-    """Ready `path` for a listening socket: checked, its directory made, a stale file removed."""
+def binding_path(path: Path) -> Path:
+    """Where the socket for `path` is bound before it is renamed into place: a name kubelet ignores (a leading
+    dot), of this process. grpc removes the path it bound when the server stops, so binding at `path` itself
+    would remove a newer instance's socket there; and the rename replaces a stale file with no moment without
+    one."""
+    return path.with_name(f".{hashlib.sha256(path.name.encode()).hexdigest()[:8]}-{os.getpid()}.tmp")
+
+
+def prepare_socket_path(path: Path) -> Path:
+    """Ready `path` for a listening socket: checked, its directory made; returns the path to bind (binding_path),
+    a stale file of this process's id there removed."""
     check_socket_path(path)
+    tmp = binding_path(path)
+    check_socket_path(tmp)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise SocketError(f"cannot create {path.parent} for the socket {path.name}: {e}") from None
-    remove_stale_socket(path)
+    if path.is_dir():
+        raise SocketError(f"{path} is a directory; cannot listen there")
+    remove_stale_socket(tmp)
+    return tmp
 
 
 def is_listening(path: Path) -> bool:
@@ -155,16 +170,17 @@ def remove_leftovers(paths: SocketPaths, now: float | None = None) -> list[Path]
     return removed
 
 
-def bound_identity(path: Path) -> tuple[int, int] | None:
-    """(device, inode) of the socket file at `path`, to tell later whether it is still the one this process bound."""
+def bound_identity(path: Path) -> tuple[int, int, int] | None:
+    """(device, inode, change time) of the socket file at `path`, to tell later whether it is still the one this
+    process bound: a file system reuses a freed inode number at once, the change time tells the two apart."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
-    return st.st_dev, st.st_ino
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
-def remove_own(path: Path, identity: tuple[int, int] | None) -> bool:
+def remove_own(path: Path, identity: tuple[int, int, int] | None) -> bool:
     """Remove `path` only if it is still the file this process bound: with the plain names (kubelet < 1.33) a
     newer instance may have replaced it, and deleting that one would deregister the instance that serves."""
     if identity is None or bound_identity(path) != identity:

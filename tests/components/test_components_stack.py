@@ -192,6 +192,9 @@ BAD_CONFIGS = [
     ({"kubeletPluginsDir": "var/lib/kubelet/plugins"}, "neuron-dra:kubeletPluginsDir", "absolute"),
     ({"driverImage": "my image"}, "neuron-dra:driverImage", "without spaces"),
     ({"driverMetricsPort": 51515}, "neuron-dra:driverMetricsPort", "other than healthcheck_port"),
+    ({"driverMaxSurge": -1}, "neuron-dra:driverMaxSurge", "whole number of nodes from 0 to 10000"),
+    ({"driverMaxSurge": 0}, "neuron-dra:driverMaxUnavailable", "at least 1 when max_surge is 0"),
+    ({"driverMaxUnavailable": "some"}, "neuron-dra:driverMaxUnavailable", "whole number"),
 ]
 
 

@@ -174,7 +174,8 @@ def test_dra_socket_listens_before_the_registration_socket_appears(monkeypatch: 
 
         def add(address: str) -> int:
             port = int(real_add(address))
-            order.append((path.name, path.exists(), stat.S_IMODE(path.stat().st_mode)))
+            bound = Path(address.removeprefix("unix:"))  # a hidden name, renamed to `path` once bound
+            order.append((path.name, bound.exists(), stat.S_IMODE(bound.stat().st_mode)))
             return port
 
         monkeypatch.setattr(server._server, "add_insecure_port", add)
