@@ -1,6 +1,6 @@
 """docs/workloads.md: every manifest an ML engineer copies is a valid object for the default Kubernetes version,
 names claim templates that exist in the examples (in its own namespace), tolerates the Neuron taint and wires
-each container to a claim; the Pod example runs on the local cluster."""
+each container to a claim. That the Pod example runs on the local cluster: tests/e2e/test_e2e_workloads_doc.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from kubernetes import client
 
 from neuron_dra.claim_templates import examples
 from neuron_dra.claim_templates.loader import templates_in
@@ -80,19 +79,3 @@ def test_the_training_job_takes_whole_nodes_with_all_their_efas() -> None:
     (service,) = by_kind("Service")
     assert service["spec"]["clusterIP"] == "None"
     assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
-
-
-@pytest.mark.cluster
-def test_the_pod_example_runs_on_the_local_cluster(kube: client.ApiClient, ns: str) -> None:
-    from tests.support.e2e import eventually, pod_phase
-
-    (pod,) = by_kind("Pod")
-    (claim,) = pod["spec"]["resourceClaims"]
-    template = TEMPLATES[("default", claim["resourceClaimTemplateName"])].to_manifest()
-    template["metadata"]["namespace"] = ns
-    pod["metadata"]["namespace"] = ns
-    client.ResourceV1Api(kube).create_namespaced_resource_claim_template(ns, template)  # type: ignore[arg-type]
-    core = client.CoreV1Api(kube)
-    core.create_namespaced_pod(ns, pod)  # type: ignore[arg-type]
-    eventually(lambda: pod_phase(core, ns, pod["metadata"]["name"]) == "Running", 180,
-               what=f"pod {pod['metadata']['name']} Running")

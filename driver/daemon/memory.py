@@ -1,8 +1,8 @@
-"""Keeping the daemon's resident memory small and flat (target: 64 MiB; AWS's driver requests 128 MiB).
+"""Keeping the daemon's resident memory small and flat, well inside the DaemonSet's request.
 
 glibc gives each thread that allocates its own malloc arena and keeps freed memory in them; gRPC's worker
 threads would each grow one. One arena is plenty for a daemon that serves one kubelet (Python allocates under
-its GIL anyway; measured: 0.5 MiB less than two arenas, no latency change), and trimming after start-up and
+its GIL anyway; bench/bench_prepare.py prints the RSS this gives), and trimming after start-up and
 now and then hands back what imports and request bursts left behind. Both are no-ops where the
 C library is not glibc (e.g. musl).
 """

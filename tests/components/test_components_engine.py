@@ -127,6 +127,9 @@ def test_the_stack_program_up_again_change_and_destroy(engine: Engine, plane: Co
         "neuron-dra:neuronCoreDeviceClass": "engine-stack.neuroncore.aws.com",
         "neuron-dra:driverImage": image,
         "neuron-dra:driverRolloutTimeoutSeconds": "120",
+        # The default templates include an EFA-aligned one: on an existing cluster the stack must be told who
+        # publishes EFA devices (the refusal is tested in test_components_efa_driver.py).
+        "neuron-dra:efaDriver": "external",
     }
     settings = decode_settings(config)
     options = replace(settings.driver_options(), image=image)
