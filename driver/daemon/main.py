@@ -417,7 +417,8 @@ class Daemon:
         if o.healthcheck_port:
             from neuron_dra.driver.daemon.health import HealthServer
 
-            self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port)
+            self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port,
+                                       registered=self.servers.registration.registered)
             self.health.start()
         if o.metrics_port and self.metrics is not None:
             self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)

@@ -43,6 +43,7 @@ from neuron_dra.driver.model.k8s_names import (
     LIVENESS_SERVICE,
     NEURON_CORE_RESOURCE,
     NEURON_DEVICE_RESOURCE,
+    READINESS_SERVICE,
     TAINT_EFFECTS,
     check_dns_label,
     check_dns_subdomain,
@@ -648,6 +649,12 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
             "initialDelaySeconds": 10,
             "periodSeconds": 10,
             "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        }
+        container["readinessProbe"] = {
+            "grpc": {"port": options.healthcheck_port, "service": READINESS_SERVICE},
+            "periodSeconds": 2,
+            "timeoutSeconds": 2,
             "failureThreshold": 3,
         }
     if options.metrics_port:
