@@ -69,6 +69,9 @@ RESOLVE_INTERVAL = 30.0  # seconds between checks of unfinished prepares the API
 TRIM_INTERVAL = 60.0  # seconds between returns of free heap memory to the system
 # On SIGTERM, seconds the DRA calls already running get to finish (the DaemonSet's grace period is 30 s).
 DRAIN_SECONDS = 20.0
+# Seconds a new instance waits for one on the plain socket names (not sharing the state) to stop: its pod's grace
+# period (30 s) and some.
+UNSHARED_WAIT = 45.0
 
 
 @dataclass(frozen=True)
@@ -388,6 +391,7 @@ class Daemon:
             raise StartupError(f"node LNC: {e}") from None
         plugin_dir = o.plugins_dir / o.driver_name
         plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self._wait_for_unshared_instance()
         from neuron_dra.driver.daemon.instance_lock import InstanceLock
 
         try:
@@ -440,6 +444,29 @@ class Daemon:
         else:
             log.warning("no API client: not publishing ResourceSlices")
         self.health_monitor.start(self.stop_event)
+
+    def _wait_for_unshared_instance(self) -> None:
+        """With names of its own, wait until nothing listens on the plain names: an instance there (the previous
+        release, or one on plain names) neither takes the instances' lock nor refreshes its state, so both must
+        not change the checkpoint. kubelet calls this instance meanwhile (the newest registered); those calls
+        wait until `serve`, and the DaemonSet stops the other pod once this one is Ready (registered)."""
+        o = self.options
+        if not o.instance:
+            return
+        from neuron_dra.driver.daemon.sockets import SocketPaths, is_listening
+
+        plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)
+        if not is_listening(plain.registration):
+            return
+        log.warning("an instance of the driver on the plain socket names is running (the previous release?); "
+                    "waiting until it stops before loading the claims", extra={"socket": str(plain.registration)})
+        began = time.monotonic()
+        while is_listening(plain.registration) and time.monotonic() - began < UNSHARED_WAIT:
+            if self.stop_event.wait(0.2):
+                return
+        log.info("the instance on the plain socket names is gone" if not is_listening(plain.registration) else
+                 "the instance on the plain socket names still runs; going on", extra={
+                     "waited_seconds": round(time.monotonic() - began, 3)})
 
     def run(self) -> None:
         """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""

@@ -25,7 +25,7 @@ from neuron_dra.driver.daemon.ratelimit import Rate
 from neuron_dra.driver.daemon.sockets import SocketPaths
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
-from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, uid
+from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, uid, wait_until
 from tests.support.fake_apiserver import FakeApiServer, serve
 from tests.support.fake_apiserver import answer as fake_answer
 from tests.support.fake_apiserver import answer_json as fake_answer_json
@@ -227,6 +227,37 @@ def test_with_the_plain_names_the_stopping_instance_leaves_the_newer_ones_socket
         assert pluginclient.register(dirs.registration_socket).endpoint == str(dirs.dra_socket)
         assert new.terminate() == 0
         assert not dirs.dra_socket.exists() and not dirs.registration_socket.exists()
+    finally:
+        old.kill()
+        new.kill()
+
+
+def test_an_instance_on_the_plain_names_is_waited_for_before_the_claims_are_loaded(dirs: DaemonDirs,
+                                                                                  host_root: Path) -> None:
+    """The first surge rollout from the previous release: that instance takes no lock and never refreshes, so
+    the new one loads the claims only once it is gone; kubelet's calls to the new one wait meanwhile."""
+    dirs.put_claim(claim("c1", uid(1), devices(0)))
+    old = DaemonProcess(dirs, host_root).wait_ready()  # the plain names, as the previous release
+    pod = str(uuid.uuid4())
+    new = DaemonProcess(dirs, host_root, extra_args=("--socket-names", "per-instance"), env={"POD_UID": pod})
+    paths = SocketPaths.for_driver(dirs.plugins, dirs.registry, DRIVER, pod)
+    try:
+        wait_until(lambda: any("waiting until it stops" in r.get("msg", "") for r in new.log_records()), 20,
+                   "the new instance to wait for the old one")
+        assert pluginclient.register(paths.registration).endpoint == str(paths.dra)  # registered meanwhile
+        answers: list[dict[str, pluginclient.PrepareResult]] = []
+        client = pluginclient.DraClient(paths.dra)
+        call = threading.Thread(target=lambda: answers.append(client.prepare([ClaimRef("default", "c1", uid(1))],
+                                                                             timeout=30)))
+        call.start()
+        time.sleep(1.0)
+        assert not answers and not any(r.get("msg") == "serving" for r in new.log_records())
+        assert old.terminate() == 0
+        call.join(30)
+        client.close()
+        assert answers and not answers[0][uid(1)].error  # answered once the old one was gone
+        assert set(Checkpoint(dirs.checkpoint).read()) == {uid(1)}
+        assert new.terminate() == 0
     finally:
         old.kill()
         new.kill()
