@@ -86,3 +86,15 @@ def _hold(directory: Path, ready: multiprocessing.synchronize.Event, release: mu
     with lock.hold():
         ready.set()
         release.wait(30)
+
+
+def test_a_refresh_reads_more_than_its_first_piece_when_the_other_wrote_much(tmp_path: Path) -> None:
+    a, b = pair(tmp_path, journal_size=current.JOURNAL_SIZE)
+    state: dict[str, PreparedClaim] = {}
+    for i in range(300):  # far more than the 64 KiB a refresh reads first
+        state = {**state, uid(i % 40): claim(current, uid(i % 40), i % 16)}
+        a.save(state)
+    assert a._offset > current._REFRESH_READ
+    assert b.refresh() == state
+    b.save({})
+    assert a.refresh() == {}
