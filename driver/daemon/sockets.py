@@ -6,7 +6,8 @@ appears. Each socket is bound under a hidden name and renamed into place (`bindi
 
 Two instances of the driver run side by side during a surge rollout (docs/upgrades.md): each then listens on
 names of its own, `dra-<instance>.sock` and `<driver>-<instance>-reg.sock` as the Go helper's `RollingUpdate`
-names them (k8s.io/dynamic-resource-allocation/kubeletplugin, draplugin.go), `<instance>` being the pod UID.
+names them (k8s.io/dynamic-resource-allocation/kubeletplugin, draplugin.go), `<instance>` being the first 16
+digits of the pod UID (`short_instance_id`).
 An instance removes only what it bound itself (the same inode), and another instance's socket only when nothing
 listens on it any more.
 """
@@ -32,10 +33,17 @@ MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating
 
 
 LEFTOVER_AGE = 30.0  # seconds: another instance's socket that refuses connections for this long is left over
-# How another instance's names look when its leftovers may be removed: a pod UID as the apiserver makes them
-# (an RFC 4122 UUID) or its hash, never what could be another driver's plain name (`<driver>-efa-reg.sock`).
-INSTANCE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{16}")
-_HASHED = 16  # hex digits of the instance id when the full one makes a path too long (Go helper 1.37 hashes too)
+# How another instance's names look when its leftovers may be removed: 16 hex digits of a pod UID (the apiserver
+# makes them RFC 4122 UUIDs), never what could be another driver's plain name (`<driver>-efa-reg.sock`).
+INSTANCE_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def short_instance_id(pod_uid: str) -> str:
+    """The pod UID's first 16 letters and digits (dashes dropped; a UUID's are random): the Go helper puts the
+    whole UID into the names, but a kubelet whose root is not where the container sees it (a relocated
+    --root-dir, bind-mounted to the default path) dials longer paths than the container checks, and 20 bytes
+    less keeps those under the unix socket limit (the local cluster's registration socket: 113 -> 93 bytes)."""
+    return pod_uid.replace("-", "")[:16]
 
 
 def dra_socket_path(plugins_dir: str, driver_name: str, instance: str = "") -> str:
@@ -74,10 +82,7 @@ class SocketPaths:
             return cls(Path(dra_socket_path(str(plugins_dir), driver_name, name)),
                        Path(registration_socket_path(str(registry_dir), driver_name, name)), name)
 
-        chosen = paths(instance)
-        if instance and max(len(str(p).encode()) for p in (chosen.dra, chosen.registration)) > MAX_UNIX_SOCKET_PATH:
-            chosen = paths(hashlib.sha256(instance.encode()).hexdigest()[:_HASHED])
-        return chosen
+        return paths(short_instance_id(instance))
 
     def siblings(self) -> list[Path]:
         """The sockets other instances of this driver listen on (or left behind), found by name."""

@@ -213,7 +213,7 @@ def test_health_liveness_calls_the_daemons_own_sockets(served: Served) -> None:
         assert check("liveness") == serving
         assert check("") == serving
         with pytest.raises(grpc.RpcError) as info:
-            check("readiness")
+            check("startup")
         assert info.value.code() is grpc.StatusCode.NOT_FOUND
         with pytest.raises(grpc.RpcError) as info:
             list(stub.Watch(grpc_health_v1_pb2.HealthCheckRequest(service="liveness"), timeout=5))

@@ -89,24 +89,24 @@ def test_the_daemon_reads_the_kubelets_version_from_its_node(server: FakeApiServ
     options = parse_options(["--node-name", "node-a", "--pod-uid", "u-1", "--kube-api-timeout", "2"], {})
     chosen = with_socket_names(options, server.client(options=ClientOptions(rate=Rate(1000, 1000))))
     assert chosen.instance == instance
-    assert chosen.sockets.registration.name == (f"{DRIVER}-u-1-reg.sock" if instance else f"{DRIVER}-reg.sock")
+    assert chosen.sockets.registration.name == (f"{DRIVER}-u1-reg.sock" if instance else f"{DRIVER}-reg.sock")
     assert [seen.target for seen in server.seen][:1] == ["/api/v1/nodes/node-a"]
 
 
-def test_per_instance_names_are_the_go_helpers_and_hashed_when_too_long(tmp_path: Path) -> None:
-    pod = str(uuid.UUID(int=7))
+def test_per_instance_names_are_the_go_helpers_with_16_digits_of_the_pod_uid() -> None:
+    pod = "0f8fad5b-d9cb-469f-a165-70867728950e"
     paths = SocketPaths.for_driver(Path("/var/lib/kubelet/plugins"), Path("/var/lib/kubelet/plugins_registry"),
                                    DRIVER, pod)
-    assert paths.dra == Path(f"/var/lib/kubelet/plugins/{DRIVER}/dra-{pod}.sock")
-    assert paths.registration == Path(f"/var/lib/kubelet/plugins_registry/{DRIVER}-{pod}-reg.sock")
+    assert paths.instance == "0f8fad5bd9cb469f"
+    assert paths.dra == Path(f"/var/lib/kubelet/plugins/{DRIVER}/dra-0f8fad5bd9cb469f.sock")
+    assert paths.registration == Path(f"/var/lib/kubelet/plugins_registry/{DRIVER}-0f8fad5bd9cb469f-reg.sock")
     plain = SocketPaths.for_driver(Path("/p"), Path("/r"), DRIVER)
     assert (plain.dra, plain.registration, plain.instance) == (Path(f"/p/{DRIVER}/dra.sock"),
                                                                Path(f"/r/{DRIVER}-reg.sock"), "")
-    deep = Path("/" + "d" * 50)
-    hashed = SocketPaths.for_driver(deep, deep, DRIVER, pod)
-    assert len(hashed.instance) == 16 and hashed.instance in hashed.registration.name
-    assert max(len(str(p)) for p in (hashed.dra, hashed.registration)) <= sockets.MAX_UNIX_SOCKET_PATH
-    assert hashed == SocketPaths.for_driver(deep, deep, DRIVER, pod)  # the same pod, the same names
+    # The local cluster's kubelet dials its relocated registry dir: with the whole UID that path was 113 bytes.
+    kubelet_view = Path("/tmp/ndra-41aa1f99fa/trn2-48xlarge-1/plugins_registry")
+    assert len(str(SocketPaths.for_driver(kubelet_view, kubelet_view, DRIVER, pod).registration)) <= \
+        sockets.MAX_UNIX_SOCKET_PATH
 
 
 def _listen(path: Path) -> socket.socket:
@@ -125,10 +125,10 @@ def _dead(path: Path, age: float) -> None:
 
 
 def test_only_sockets_nobody_listens_on_are_removed(tmp_path: Path) -> None:
-    me = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=1)))
-    live = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=2)))
-    gone = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=3)))
-    fresh = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=4)))
+    me = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=1 << 96)))
+    live = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=2 << 96)))
+    gone = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=3 << 96)))
+    fresh = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=4 << 96)))
     listeners = [_listen(live.dra), _listen(live.registration)]
     try:
         for p in (gone.dra, gone.registration):
