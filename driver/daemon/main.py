@@ -72,6 +72,7 @@ DRAIN_SECONDS = 20.0
 # Seconds a new instance waits for one on the plain socket names (not sharing the state) to stop: its pod's grace
 # period (30 s) and some.
 UNSHARED_WAIT = 45.0
+UNSHARED_POLL = 0.5  # seconds between looks for such an instance appearing while this one serves
 
 
 @dataclass(frozen=True)
@@ -444,6 +445,7 @@ class Daemon:
         else:
             log.warning("no API client: not publishing ResourceSlices")
         self.health_monitor.start(self.stop_event)
+        self.watch_for_unshared_instance()
 
     def _wait_for_unshared_instance(self) -> None:
         """With names of its own, wait until nothing listens on the plain names: an instance there (the previous
@@ -467,6 +469,31 @@ class Daemon:
         log.info("the instance on the plain socket names is gone" if not is_listening(plain.registration) else
                  "the instance on the plain socket names still runs; going on", extra={
                      "waited_seconds": round(time.monotonic() - began, 3)})
+
+    def watch_for_unshared_instance(self) -> threading.Thread | None:
+        """With names of its own: once an instance appears on the plain names (a rollback to the previous
+        release, which takes no lock and keeps its state in memory), unregister, so that kubelet sends every new
+        call to that one and the two never both change the checkpoint. This instance stops when its pod does."""
+        o = self.options
+        if not o.instance or self.servers is None:
+            return None
+        from neuron_dra.driver.daemon.sockets import SocketPaths, is_listening
+
+        plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)
+        servers = self.servers
+
+        def watch() -> None:
+            while not self.stop_event.wait(UNSHARED_POLL):
+                if is_listening(plain.registration):
+                    log.warning("an instance of the driver on the plain socket names started (a rollback to the "
+                                "previous release?); unregistering so that kubelet calls only that one",
+                                extra={"socket": str(plain.registration)})
+                    servers.unregister()
+                    return
+
+        thread = threading.Thread(target=watch, name="unshared-instance-watch", daemon=True)
+        thread.start()
+        return thread
 
     def run(self) -> None:
         """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""

@@ -189,6 +189,13 @@ class PluginServers:
     def start(self, state: DriverState, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
         self.serve(state, extra_methods)
 
+    def unregister(self) -> None:
+        """Leave kubelet's calls to another instance: the registration socket goes (kubelet deregisters this
+        endpoint); the DRA service keeps answering calls already sent to it."""
+        sockets.remove_own(self.paths.registration, self._bound.get(self.paths.registration))
+        self._reg.stop(1.0)
+        self.registration.registered.clear()
+
     def stop(self, grace: float = 5.0) -> None:
         """Unregister, then finish: the registration socket file goes first (kubelet deregisters this endpoint
         and sends new calls to another instance), then the DRA service refuses new calls and gives the running

@@ -263,6 +263,25 @@ def test_an_instance_on_the_plain_names_is_waited_for_before_the_claims_are_load
         new.kill()
 
 
+def test_an_instance_on_the_plain_names_appearing_takes_the_calls_over(dirs: DaemonDirs, host_root: Path) -> None:
+    """A rollback to the previous release: its pod starts on the plain names and shares nothing, so this
+    instance unregisters (kubelet then calls only that one) and keeps its DRA socket for calls already sent."""
+    new = Instance(dirs, host_root)
+    old = None
+    try:
+        old = DaemonProcess(dirs, host_root).wait_ready()  # the plain names, as the previous release
+        wait_until(lambda: not new.paths.registration.exists(), 10, "this instance to unregister")
+        assert new.paths.dra.exists() and dirs.registration_socket.exists()
+        assert any("unregistering so that kubelet calls only that one" in r.get("msg", "")
+                   for r in new.process.log_records())
+        assert new.process.terminate() == 0
+        assert pluginclient.register(dirs.registration_socket).endpoint == str(dirs.dra_socket)
+    finally:
+        new.process.kill()
+        if old is not None:
+            old.kill()
+
+
 @pytest.mark.slow
 def test_kill_9_loop_with_two_instances(dirs: DaemonDirs, host_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Random prepares and unprepares sent to either of two live instances; one of them killed (kill -9) at a
