@@ -405,6 +405,11 @@ class _Check:
         not_applicable = self._configs_not_applicable(configs, selections, spec)
         if not_applicable:
             return Fit(nt, 0, not_applicable)
+        if self._short_of_devices(selections):
+            # Fewer matching devices than a request needs: no claim fits, whatever the search would try (it
+            # could take the simulation's whole budget to find that out).
+            return Fit(nt, 0, self._why_not(node, selections) + self._lnc_hint(nt, node),
+                       targeted=not self._elsewhere(selections))
         claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                  "metadata": {"name": self.name.split("/")[1], "namespace": self.name.split("/")[0]},
                  "spec": self.spec}
@@ -418,6 +423,14 @@ class _Check:
             return Fit(nt, 0, f"the allocator fails: {result.error}")
         return Fit(nt, 0, self._why_not(node, selections) + self._lnc_hint(nt, node),
                    targeted=not self._elsewhere(selections))
+
+    def _short_of_devices(self, selections: Mapping[str, _Selection]) -> bool:
+        """Whether some request has, in every alternative, fewer matching devices than it needs, with no
+        selector error on the node (an error aborts allocation there: the simulation reports it)."""
+        if any(selections[u.ref].errors for units in self.requests for u in units):
+            return False
+        return any(all(len(selections[u.ref].matched) < (1 if u.all_mode else u.count) for u in units)
+                   for units in self.requests)
 
     def _elsewhere(self, selections: Mapping[str, _Selection]) -> bool:
         """Whether a request gets no device here because its selectors name other instance types."""

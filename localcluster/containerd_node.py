@@ -1,10 +1,11 @@
 """An emulated node with real containers (`--runtime containerd`): its namespaces, containerd, kubelet, images.
 
 The driver is not started here: it is the DaemonSet `deploy.manifests()` renders, which this node's kubelet
-runs in containerd like any pod (supervisor.driver_objects). Start order: namespaces (nodens.py), containerd
-(restarted when it exits, as systemd would), the images imported into it, kubelet (restarted too), Node Ready,
-then the emulated EFA driver. Stop order: kubelet, every container of the node (by its cgroup), containerd,
-its shims, the cgroup directories, the namespaces.
+runs in containerd like any pod (supervisor.driver_objects). Start order: namespaces (nodens.py) and the
+forwarder of the kubelet's port from the host (kubeletaccess.py), containerd (restarted when it exits, as
+systemd would), the images imported into it, kubelet (restarted too), Node Ready, then the emulated EFA driver.
+Stop order: kubelet, every container of the node (by its cgroup), containerd, its shims, the cgroup directories,
+the namespaces.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.catalog_file import load_catalog
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import EmulationOptions, emulate
-from neuron_dra.localcluster import containerd, kubelet
+from neuron_dra.localcluster import containerd, kubelet, kubeletaccess
 from neuron_dra.localcluster.build import Binaries
 from neuron_dra.localcluster.controlplane import ControlPlane
 from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver
@@ -82,9 +83,12 @@ class ContainerdNodeAgent:
         net_layers = (f"nn-{self.node.name[:4]}-l1", f"nn-{self.node.name[:4]}-l2", f"nn-{self.node.name}-l3")
         labels, taints, provider_id = kubelet.labels_and_taints(
             node_manifest(self.node.name, self.node.instance_type, network_nodes=net_layers, catalog=self.catalog))
+        serving = kubeletaccess.serving_cert(self.control_plane.ca, p.kubelet.cert_dir, self.node.name,
+                                             [self.net.node_ip])
         spec = kubelet.KubeletSpec(self.node.name, labels, taints, provider_id, self.net.node_ip,
                                    self.control_plane.ca_file, self.ports.take(), self.ports.take(),
-                                   int(self.binaries.minor.split(".")[1]), cgroup_root=self.cgroup_root)
+                                   int(self.binaries.minor.split(".")[1]), cgroup_root=self.cgroup_root,
+                                   serving_cert=serving)
         kubelet.prepare(spec, p.kubelet,
                         lambda user, groups, path: self.control_plane.client_kubeconfig(user, groups, path=path))
         lifetime = self.deadline - time.time()
@@ -92,6 +96,7 @@ class ContainerdNodeAgent:
                            self.control_plane.ports.apiserver)
         self.namespace = ns
         ns.start(lifetime)
+        ns.forward("kubelet", spec.port, spec.port, lifetime)  # the API server's way in (kubeletaccess.py)
         containerd.prepare(self.ctrd_paths, self.images.pause.reference, self.net.pod_subnet)
         containerd.create_cgroups(self.cgroup_root)
         binary = self.runtime_binaries["containerd"]

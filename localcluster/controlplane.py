@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from neuron_dra.localcluster import pki, procs
+from neuron_dra.localcluster import kubeletaccess, pki, procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries, ensure_binaries
 
 DEFAULT_MAX_LIFETIME_S = 2 * 3600.0
@@ -106,6 +106,7 @@ class ControlPlane:
         binaries: Binaries | None = None,
         kubernetes_version: str = DEFAULT_MINOR,
         extra_apiserver_args: Sequence[str] = (),
+        kubelet_hosts: Sequence[str] = (),
         log: Log | None = None,
     ) -> ControlPlane:
         """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler in `dir`.
@@ -113,6 +114,8 @@ class ControlPlane:
         Builds the binaries first when they are not cached (minutes, once). Returns when the API
         server is ready and the controller-manager and scheduler report healthy; on failure stops
         whatever it started and raises ControlPlaneError with the failing component's log tail.
+        `kubelet_hosts`: the node names the API server resolves to 127.0.0.1, where forwarders to their
+        kubelets listen (kubeletaccess.py).
         """
         dir = dir.resolve()
         if max_lifetime_s < 1:
@@ -130,7 +133,10 @@ class ControlPlane:
             _wait(launcher, "etcd", timeout_s, lambda: _etcd_healthy(ports.etcd_client))
             if log is not None:
                 log(f"etcd {bins.etcd_version} up on {LOOPBACK}:{ports.etcd_client}")
-            launcher.launch("kube-apiserver", bins.kube_apiserver, _apiserver_args(dir, ports, extra_apiserver_args))
+            kubelet_args = kubeletaccess.apiserver_args(files.kubelet_client, files.ca.cert)
+            launcher.launch("kube-apiserver", bins.kube_apiserver,
+                            _apiserver_args(dir, ports, [*kubelet_args, *extra_apiserver_args]),
+                            **_kubelet_hosts_launch(dir, kubelet_hosts))
             server = f"https://{LOOPBACK}:{ports.apiserver}"
             https = _https_context(files)
             _wait(launcher, "kube-apiserver", timeout_s, lambda: _ok(https, f"{server}/readyz"))
@@ -141,6 +147,7 @@ class ControlPlane:
             for name, port in (("kube-controller-manager", ports.controller_manager),
                                ("kube-scheduler", ports.scheduler)):
                 _wait(launcher, name, timeout_s, functools.partial(_ok, https, f"https://{LOOPBACK}:{port}/healthz"))
+            _bind_kubelet_client(dir / "kubeconfig")
         except BaseException:
             _stop_processes(launcher.processes)
             raise
@@ -171,12 +178,16 @@ class ControlPlane:
 
         return config.new_client_from_config(str(self.kubeconfig))
 
+    @property
+    def ca(self) -> pki.CertPair:
+        """The CA that signs every certificate of this cluster (its key too: for issuing more)."""
+        return pki.CertPair(self.dir / "pki" / "ca.crt", self.dir / "pki" / "ca.key")
+
     def client_kubeconfig(self, user: str, groups: Sequence[str] = (), *, path: Path | None = None) -> Path:
         """Mint a client certificate for `user` in `groups` (e.g. `system:node:n1`, `system:nodes`) and
         write a kubeconfig that uses it; returns its path (default DIR/kubeconfigs/user-<user>.kubeconfig)."""
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", user)
-        ca = pki.CertPair(self.dir / "pki" / "ca.crt", self.dir / "pki" / "ca.key")
-        pair = pki.issue(ca, self.dir / "pki" / "users", safe, common_name=user, organizations=groups, client=True)
+        pair = pki.issue(self.ca, self.dir / "pki" / "users", safe, common_name=user, organizations=groups, client=True)
         target = path or self.dir / "kubeconfigs" / f"user-{safe}.kubeconfig"
         _write_kubeconfig(target, self.server, self.ca_file, user, {
             "client-certificate-data": _b64(pair.cert), "client-key-data": _b64(pair.key)})
@@ -252,11 +263,12 @@ class _Launcher:
         self.max_lifetime_s = max_lifetime_s
         self.processes: list[Process] = []
 
-    def launch(self, name: str, binary: Path, args: list[str]) -> Process:
+    def launch(self, name: str, binary: Path, args: list[str], prefix: Sequence[str] = (),
+               env: dict[str, str] | None = None) -> Process:
         log = self.dir / "logs" / f"{name}.log"
         pid_file = self.dir / "pids" / f"{name}.pid"
-        popen = procs.spawn([str(binary), *args], log=log, pid_file=pid_file, lifetime_s=self.max_lifetime_s,
-                            cwd=self.dir)
+        popen = procs.spawn([*prefix, str(binary), *args], log=log, pid_file=pid_file,
+                            lifetime_s=self.max_lifetime_s, cwd=self.dir, env=env)
         proc = Process(name, popen, log, pid_file)
         self.processes.append(proc)
         return proc
@@ -303,6 +315,7 @@ def _tail(path: Path, lines: int = 30) -> str:
 class _Files:
     ca: pki.CertPair
     admin: pki.CertPair
+    kubelet_client: pki.CertPair
 
 
 def _reset_state(dir: Path) -> None:
@@ -312,7 +325,7 @@ def _reset_state(dir: Path) -> None:
         shutil.rmtree(dir / sub, ignore_errors=True)
     for sub in ("pki", "kubeconfigs", "logs", "pids"):
         (dir / sub).mkdir(mode=0o700)
-    for f in ("kubeconfig", "controlplane.json"):
+    for f in ("kubeconfig", "controlplane.json", "hosts"):
         (dir / f).unlink(missing_ok=True)
 
 
@@ -380,7 +393,28 @@ def _write_pki_and_kubeconfigs(dir: Path, ports: Ports) -> _Files:
         pair = pki.issue(ca, p, name, common_name=user, client=True)
         _write_kubeconfig(dir / "kubeconfigs" / f"{name}.kubeconfig", server, ca.cert, user,
                           {"client-certificate-data": _b64(pair.cert), "client-key-data": _b64(pair.key)})
-    return _Files(ca=ca, admin=admin)
+    return _Files(ca=ca, admin=admin, kubelet_client=kubeletaccess.client_cert(ca, p))
+
+
+def _kubelet_hosts_launch(dir: Path, kubelet_hosts: Sequence[str]) -> dict[str, Any]:
+    """How the API server is launched so that it resolves `kubelet_hosts` (nothing changes without them)."""
+    if not kubelet_hosts:
+        return {}
+    hosts = dir / "hosts"
+    hosts.write_text(kubeletaccess.hosts_text(kubelet_hosts))
+    return {"prefix": kubeletaccess.namespace_prefix(hosts), "env": kubeletaccess.apiserver_env(kubelet_hosts)}
+
+
+def _bind_kubelet_client(kubeconfig: Path) -> None:
+    """The RBAC the kubelets' Webhook authorization asks about for the API server's kubelet client user."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(str(kubeconfig))
+    try:
+        body: Any = kubeletaccess.cluster_role_binding()
+        _create_if_missing(lambda: client.RbacAuthorizationV1Api(api).create_cluster_role_binding(body))
+    finally:
+        api.close()
 
 
 def _etcd_args(dir: Path, ports: Ports) -> list[str]:

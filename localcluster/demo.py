@@ -56,7 +56,7 @@ from neuron_dra.localcluster.demo_workloads import (
 )
 from neuron_dra.localcluster.efa_emulator import EFA_DRIVER
 from neuron_dra.localcluster.fakeruntime import created_containers
-from neuron_dra.localcluster.podlogs import container_log, workload_report
+from neuron_dra.localcluster.podlogs import api_container_log, container_log, workload_report
 from neuron_dra.localcluster.topology import DEMO_NODES
 from neuron_dra.localcluster.topology_view import legend_letters, render_legend, render_svg, render_text
 
@@ -312,17 +312,28 @@ class DemoRun:
                 "claims": claims, "containers": containers}
 
     def _reported(self, pod_name: str, node: str, uid: str) -> dict[str, Any]:
-        """What the workload container printed about itself (its own log on the node, localcluster/podlogs.py):
+        """What the workload container printed about itself, read as `kubectl logs` does (localcluster/podlogs.py):
         its `/dev/neuron*` nodes and NEURON_* variables, as containerd applied the CDI specs."""
-        logs = self.cluster.node_paths(node).kubelet.pod_logs
         report: dict[str, str] = {}
+        failures: list[str] = []
 
         def complete() -> bool:
-            report.update(workload_report(container_log(logs, self.namespace, pod_name, "main", uid)))
+            try:
+                text = api_container_log(self.core, self.namespace, pod_name, "main")
+            except client.exceptions.ApiException as e:
+                failures[:] = [f"the API server answered {e.status} {e.reason}: {str(e.body)[:300]}"]
+                return False
+            report.update(workload_report(text))
             return report.get("ready") == "yes"
 
-        wait_until(f"the log of {pod_name} to show its devices", complete, 60.0,
-                   lambda: f"{logs}/{self.namespace}_{pod_name}_{uid}/main has no complete report")
+        def explain() -> str:
+            on_node = container_log(self.cluster.node_paths(node).kubelet.pod_logs, self.namespace, pod_name, "main",
+                                    uid)
+            return (f"`kubectl logs {pod_name} -n {self.namespace} -c main` has no complete report"
+                    + (f" ({failures[0]})" if failures else "")
+                    + f"; the log file on {node} has {len(on_node.splitlines())} lines")
+
+        wait_until(f"the log of {pod_name} to show its devices", complete, 60.0, explain)
         devices = [d for d in report.get("devices", "").split() if d]
         env = {k: v for k, v in report.items() if k.startswith("NEURON_") and v}
         return {"main": {"env": env, "deviceNodes": [f"/dev/{d}" for d in devices],

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.pki import CertPair
 
 # What kubelet's container manager wants in these sysctls (pkg/kubelet/cm/container_manager_linux.go,
 # setupKernelTunables; values from k8s.io/component-helpers/node/util/sysctl); docs/real-kubelet.md.
@@ -128,6 +129,9 @@ class KubeletSpec:
     # With a real runtime: the cgroup (cgroupfs name) every pod goes under, one per node, so that what the
     # containers create in the host's cgroup v1 hierarchies can be found and removed (containerd.remove_cgroups).
     cgroup_root: str | None = None
+    # The API server reaches this kubelet (`kubectl logs/exec`): kubelet serves this certificate, signed by the
+    # control plane's CA, and authenticates and authorizes its clients as a real node does.
+    serving_cert: CertPair | None = None
 
 
 def node_ip() -> str:
@@ -206,7 +210,8 @@ def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
     config: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        # kubelet's API on loopback only; nothing here dials the node IP.
+        # kubelet's API on loopback only (of the node's network namespace with a real runtime, where the API
+        # server reaches it through a forwarder, nodens.py); nothing dials the node IP.
         "address": "127.0.0.1",
         "port": spec.port,
         "readOnlyPort": 0,
@@ -235,6 +240,8 @@ def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
         "serializeImagePulls": False,
         "rotateCertificates": False,
     }
+    if spec.serving_cert is not None:
+        config.update(api_access_settings(spec.serving_cert, spec.client_ca))
     if spec.cgroup_root is not None:
         # Real containers: kubelet's QoS tree under the node's own cgroup (created beforehand in every hierarchy,
         # containerd.create_cgroups), so every container's cgroup is below it; without cgroupsPerQOS containerd
@@ -245,6 +252,22 @@ def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
         # 1.35+ refuses to start on cgroup v1 unless told otherwise; these machines mount cgroup v1.
         config["failCgroupV1"] = False
     return config
+
+
+def api_access_settings(serving_cert: CertPair, client_ca: Path) -> dict[str, Any]:
+    """kubelet's API as on a real cluster (kubeadm's defaults): a client certificate from the control plane's
+    CA or a bearer token the API server confirms (TokenReview) authenticates, nobody else (anonymous off);
+    each request is authorized by a SubjectAccessReview (Webhook), so the API server's own client
+    certificate needs RBAC on the `nodes/*` subresources. kubelet serves a certificate the API server verifies
+    (`--kubelet-certificate-authority`). Reference: kubernetes.io/docs/reference/access-authn-authz/
+    kubelet-authn-authz/."""
+    return {
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(client_ca)}},
+        "authorization": {"mode": "Webhook"},
+        "tlsCertFile": str(serving_cert.cert),
+        "tlsPrivateKeyFile": str(serving_cert.key),
+    }
 
 
 def kubelet_argv(binary: Path, spec: KubeletSpec, paths: KubeletPaths, verbosity: int = 3) -> list[str]:

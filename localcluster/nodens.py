@@ -15,15 +15,21 @@ one on the host listens on a unix socket (file system paths cross network namesp
 API server, two in the node forward `SERVICE_IP:443` (in-cluster config of the driver pod) and
 `127.0.0.1:<API port>` (the kubelet's kubeconfig) to that socket. Nothing is created in the host's network
 namespace, and no `ip netns` entry (which would leave /run/netns behind) is made.
+
+The other direction, host -> node (`NodeNamespace.forward`, any port): socat in the node listens on a unix
+socket and connects to an address inside the node, socat on the host listens on a host loopback port and
+connects to that socket. The API server reaches each kubelet this way (docs/real-runtime.md); a listening
+socket is process state, gone when the forwarder exits, so the host's network namespace is not changed.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +39,7 @@ from neuron_dra.localcluster.kubelet import KubeletPaths, namespace_prologue
 HOST_TREE = "/run/neuron-dra-host"  # where the node's emulated sys/dev/opt tree appears inside its namespace
 SERVICE_IP = "10.96.0.1"  # controlplane.SERVICE_IP: in the API server's certificate
 HOLDER_TIMEOUT_S = 15.0
+_FORWARD_NAME = re.compile(r"[A-Za-z0-9-]{1,20}")
 
 
 class NodeNamespaceError(RuntimeError):
@@ -162,6 +169,29 @@ class NodeNamespace:
                 raise NodeNamespaceError(f"the API forwarder of {p.base.name} made no socket {p.api_socket}")
             time.sleep(0.05)
 
+    def forward(self, name: str, host_port: int, node_port: int, lifetime_s: float, *,
+                node_address: str = "127.0.0.1") -> Path:
+        """Make `127.0.0.1:host_port` on the host reach `node_address:node_port` inside the node (a server the
+        node's processes listen on); returns the unix socket between the two forwarders. `name` (letters,
+        digits, `-`) names the forwarders' pid files and the socket. Returns once the host port accepts."""
+        if not _FORWARD_NAME.fullmatch(name):
+            raise NodeNamespaceError(f"forward name {name!r} is not allowed: use 1-20 letters, digits or '-'")
+        for what, port in (("host_port", host_port), ("node_port", node_port)):
+            if not 1 <= port <= 65535:
+                raise NodeNamespaceError(f"forward {name}: {what} {port} is not a TCP port (1-65535)")
+        socat = _socat()
+        sock = self.paths.runtime / f"fwd-{name}.sock"
+        sock.unlink(missing_ok=True)
+        self._spawn(f"forward-{name}-node", [*self.enter_net, socat, f"UNIX-LISTEN:{sock},fork",
+                                             f"TCP:{node_address}:{node_port}"], lifetime_s)
+        _wait_for(lambda: sock.exists(), f"the forwarder {name} of {self.paths.base.name} made no socket {sock}")
+        self._spawn(f"forward-{name}-host", [socat, f"TCP-LISTEN:{host_port},bind=127.0.0.1,fork,reuseaddr",
+                                             f"UNIX-CONNECT:{sock}"], lifetime_s)
+        _wait_for(lambda: host_listening(host_port),
+                  f"the forwarder {name} of {self.paths.base.name} does not listen on 127.0.0.1:{host_port} "
+                  f"(taken by another process?); see {self.paths.log}")
+        return sock
+
     def _spawn(self, name: str, argv: Sequence[str], lifetime_s: float) -> None:
         pid_file = self.paths.base / "pids" / f"{name}.pid"
         popen = procs.spawn(argv, log=self.paths.log, pid_file=pid_file, lifetime_s=lifetime_s)
@@ -176,6 +206,25 @@ class NodeNamespace:
             pid_file.unlink(missing_ok=True)
         self._procs.clear()
         self.pid = None
+
+
+def host_listening(port: int) -> bool:
+    """Something listens on the host's 127.0.0.1:`port` (read from /proc/net/tcp: connecting would start a
+    forwarded connection)."""
+    wanted = f"0100007F:{port:04X}"
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    return any(f[1] == wanted and f[3] == "0A" for f in (line.split() for line in lines) if len(f) > 3)
+
+
+def _wait_for(check: Callable[[], bool], error: str) -> None:
+    deadline = time.monotonic() + HOLDER_TIMEOUT_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise NodeNamespaceError(error)
+        time.sleep(0.05)
 
 
 def _socat() -> str:

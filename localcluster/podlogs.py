@@ -1,6 +1,8 @@
-"""Containers' logs on an emulated node (what `kubectl logs` shows), and what the workload image reports in them.
+"""Containers' logs (what `kubectl logs` shows), and what the workload image reports in them.
 
-kubelet writes each container's output to `<podLogsDir>/<namespace>_<pod>_<uid>/<container>/<restart>.log`
+`api_container_log` reads them as `kubectl logs` does: the API server's pod `log` subresource, which the API
+server serves by asking the pod's kubelet (kubeletaccess.py). The files themselves, for diagnostics when that
+path fails: kubelet writes each container's output to `<podLogsDir>/<namespace>_<pod>_<uid>/<container>/<restart>.log`
 in the CRI log format, one `<RFC 3339 time> <stdout|stderr> <F|P> <text>` line per chunk (P: the line goes on in
 the next chunk). The workload image (localcluster/workload/workload.sh) prints `workload: key=value` lines.
 """
@@ -8,8 +10,17 @@ the next chunk). The workload image (localcluster/workload/workload.sh) prints `
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 MAX_LOG_BYTES = 1 << 20  # a workload's report is a few lines; never read more than this
+
+
+def api_container_log(core: Any, namespace: str, pod: str, container: str) -> str:
+    """The log of `container` through the API (`GET .../pods/POD/log?container=C`, a `kubernetes.client.CoreV1Api`
+    `core`); at most MAX_LOG_BYTES. Raises the client's ApiException when the API server cannot get it."""
+    response = core.read_namespaced_pod_log(pod, namespace, container=container, limit_bytes=MAX_LOG_BYTES,
+                                            _preload_content=False)
+    return bytes(response.data).decode(errors="replace")
 
 
 def container_log(pod_logs: Path, namespace: str, pod: str, container: str, uid: str | None = None) -> str:

@@ -258,7 +258,10 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         write_status(cluster_dir, state="starting")
         kubelet.require_root(os.geteuid())
         binaries = ensure_binaries(kubernetes_version)  # cached by `cluster up` before it started us
-        cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60)
+        # With containerd the API server reaches the kubelets through forwarders on the host (kubeletaccess.py).
+        kubelet_hosts = [n.name for n in nodes] if runtime == "containerd" else []
+        cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60,
+                                kubelet_hosts=kubelet_hosts)
         admin = config.new_client_from_config(str(cp.kubeconfig))
         objects, identity = driver_objects(driver_name)
         ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice

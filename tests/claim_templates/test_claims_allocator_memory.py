@@ -37,6 +37,7 @@ def run(node: NodeModel, claims: list[dict[str, Any]], mode: allocator.Mode = "f
     return simulate(node.slices, node.device_classes, full, node_name=node.node_name, mode=mode, simulator=sim)
 
 
+@pytest.mark.slow  # a whole search over the 3-claim trn2 case (tens of seconds)
 def test_the_last_claim_needing_taken_efas_fails_in_a_small_memo(catalog: NodeCatalog) -> None:
     node = catalog.node("trn2.48xlarge")
     result = run(node, [efa_claim(f"c{i}", 8) for i in range(3)])
@@ -58,6 +59,7 @@ def test_a_full_memo_starts_again_and_the_answer_stays(catalog: NodeCatalog, mon
     assert max(got.memo_peaks) <= 40 < max(want.memo_peaks)
 
 
+@pytest.mark.slow  # the plain search too
 @pytest.mark.parametrize("mode", ["fit-one", "count"])
 def test_the_pruned_answer_is_the_plain_search_answer(catalog: NodeCatalog, mode: allocator.Mode) -> None:
     """prune=False makes Go's allocateOne calls in Go's order: the same answers and error texts."""

@@ -119,6 +119,7 @@ def test_analysis_lists_what_a_selector_reads(env: CelEnvironment) -> None:
     assert env.compile("device.attributes[device.driver].size() > 0").analysis.opaque
 
 
+@pytest.mark.slow  # 5 selectors on every device of 3 node types, each also in a fresh environment
 def test_the_memo_never_changes_an_answer() -> None:
     """Evaluating with the memo (one evaluation per distinct projection) gives what fresh evaluation gives."""
     catalog = NodeCatalog()

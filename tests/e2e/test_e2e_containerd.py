@@ -5,9 +5,13 @@ checks that nothing outside the cluster directory changed."""
 
 from __future__ import annotations
 
+import io
 import json
+import ssl
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,9 +20,11 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from neuron_dra.localcluster import procs
+from neuron_dra.localcluster import pki, procs
 from neuron_dra.localcluster.cluster import LocalCluster
-from neuron_dra.localcluster.podlogs import container_log, workload_report
+from neuron_dra.localcluster.demo import DemoOptions, DemoRun, Narrator
+from neuron_dra.localcluster.nodens import host_listening
+from neuron_dra.localcluster.podlogs import api_container_log, container_log, workload_report
 from tests.support import hoststate
 from tests.support.e2e import (
     NEURON_TOLERATION,
@@ -95,12 +101,11 @@ def workload_pod(name: str, image: str, node: str, template: str | None = "one-d
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def report_of(cluster: LocalCluster, node: str, ns: str, pod: str) -> dict[str, str]:
-    """The workload's `key=value` report from its container log on the node, once complete."""
-    logs = cluster.node_paths(node).kubelet.pod_logs
+def report_of(core: client.CoreV1Api, ns: str, pod: str) -> dict[str, str]:
+    """The workload's `key=value` report from its container log as `kubectl logs` reads it, once complete."""
 
     def complete() -> dict[str, str] | None:
-        report = workload_report(container_log(logs, ns, pod, "main"))
+        report = workload_report(api_container_log(core, ns, pod, "main"))
         return report if report.get("ready") == "yes" else None
 
     return eventually(complete, 60, what=f"the report of {ns}/{pod}")
@@ -152,7 +157,7 @@ def test_a_claim_pods_container_sees_exactly_its_devices_and_cores(ctrd: LocalCl
         "one-device", [{"name": "neuron", "exactly": {"deviceClassName": DRIVER}}]))
     core.create_namespaced_pod(wns, workload_pod("w", images(ctrd)["workload"], TRN2))  # type: ignore[arg-type]
     wait_running(core, wns, "w")
-    report = report_of(ctrd, TRN2, wns, "w")
+    report = report_of(core, wns, "w")
     claim = pod_claim(core, res, wns, "w")
     (device,) = allocated_devices(claim, DRIVER)
     index = int(device.rsplit("-", 1)[-1])
@@ -166,6 +171,81 @@ def test_a_claim_pods_container_sees_exactly_its_devices_and_cores(ctrd: LocalCl
                 for e in s.get("containerEdits", {}).get("env", [])})
     assert env["NEURON_RT_VISIBLE_CORES"], specs
     assert report["NEURON_RT_VISIBLE_CORES"] == env["NEURON_RT_VISIBLE_CORES"]
+    # The demo's table reads the same report through the API (`kubectl logs`), not from the node's files.
+    demo = DemoRun(ctrd, kapi, Narrator(io.StringIO()), DemoOptions(runtime="containerd"))
+    demo.namespace = wns
+    seen = demo.record("w")["containers"]["main"]
+    assert seen["deviceNodes"] == [f"/dev/neuron{index}"]
+    assert seen["env"]["NEURON_RT_VISIBLE_CORES"] == env["NEURON_RT_VISIBLE_CORES"]
+
+
+def test_kubectl_logs_exec_and_port_forward_reach_the_kubelet_inside_the_node(
+        ctrd: LocalCluster, kapi: client.ApiClient, wns: str) -> None:
+    """The API server's pod log, exec and portforward endpoints (what `kubectl logs/exec/port-forward` call) go to
+    the pod's kubelet in its node's network namespace: the log is the one kubelet wrote on the node."""
+    from kubernetes.stream import stream
+
+    core = client.CoreV1Api(kapi)
+    core.create_namespaced_pod(wns, workload_pod("l", images(ctrd)["workload"], TRN1,  # type: ignore[arg-type]
+                                                 template=None))
+    uid = wait_running(core, wns, "l")["metadata"]["uid"]
+    report = report_of(core, wns, "l")
+    assert report["devices"] == "" and report["ready"] == "yes"
+    on_node = container_log(ctrd.node_paths(TRN1).kubelet.pod_logs, wns, "l", "main", uid)
+    assert api_container_log(core, wns, "l", "main").startswith(on_node.rstrip("\n"))
+    serve = "mkdir -p /tmp/w && echo forwarded-from-$(hostname) > /tmp/w/i && busybox httpd -p 127.0.0.1:8080 -h /tmp/w"
+    out = stream(core.connect_get_namespaced_pod_exec, "l", wns, container="main",
+                 command=["sh", "-c", f"echo exec-in-$(hostname) && {serve}"], stderr=True, stdin=False,
+                 stdout=True, tty=False)
+    assert out.strip() == "exec-in-l"
+    assert http_through_port_forward(core, wns, "l", 8080, "/i").endswith(b"\r\n\r\nforwarded-from-l\n")
+
+
+def http_through_port_forward(core: client.CoreV1Api, ns: str, pod: str, port: int, path: str) -> bytes:
+    """An HTTP/1.0 GET of `path` to the pod's `port` through the API server's portforward subresource."""
+    from kubernetes.stream import portforward
+
+    forward = portforward(core.connect_get_namespaced_pod_portforward, pod, ns, ports=str(port))
+    try:
+        sock = forward.socket(port)
+        sock.setblocking(True)
+        sock.settimeout(20)
+        sock.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(4096):
+            data += chunk
+        sock.close()
+        assert forward.error(port) is None, forward.error(port)
+        return data
+    finally:
+        forward.close()
+
+
+def test_kubelet_api_refuses_unauthenticated_and_unauthorized_clients(ctrd: LocalCluster,
+                                                                      kapi: client.ApiClient) -> None:
+    """As on a real cluster: no client certificate -> 401; a certificate of a user RBAC grants nothing -> 403
+    (Webhook authorization); the API server's own kubelet client identity -> 200."""
+    node: Any = client.CoreV1Api(kapi).read_node(TRN2)
+    port = node.status.daemon_endpoints.kubelet_endpoint.port
+    pki_dir = ctrd.dir / "controlplane" / "pki"
+    ca = pki.CertPair(pki_dir / "ca.crt", pki_dir / "ca.key")
+    nobody = pki.issue(ca, ctrd.dir / "test-pki", "nobody", common_name="nobody", client=True)
+    kubelet_client = pki.CertPair(pki_dir / "apiserver-kubelet-client.crt", pki_dir / "apiserver-kubelet-client.key")
+
+    def status(cert: pki.CertPair | None) -> int:
+        ctx = ssl.create_default_context(cafile=str(ca.cert))  # kubelet serves a certificate of the cluster CA
+        if cert is not None:
+            ctx.load_cert_chain(str(cert.cert), str(cert.key))
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
+        try:
+            with opener.open(f"https://127.0.0.1:{port}/pods", timeout=10) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    assert status(None) == 401
+    assert status(nobody) == 403
+    assert status(kubelet_client) == 200
 
 
 def test_default_grace_delete_of_a_term_handling_workload_is_quick(ctrd: LocalCluster, kapi: client.ApiClient,
@@ -174,7 +254,7 @@ def test_default_grace_delete_of_a_term_handling_workload_is_quick(ctrd: LocalCl
     core.create_namespaced_pod(wns, workload_pod("t", images(ctrd)["workload"], TRN1,  # type: ignore[arg-type]
                                                  template=None))
     wait_running(core, wns, "t")
-    report_of(ctrd, TRN1, wns, "t")
+    report_of(core, wns, "t")
     began = time.monotonic()
     core.delete_namespaced_pod("t", wns)  # the default grace period: 30 s
     eventually(lambda: not core.list_namespaced_pod(wns).items or None, 40, what="pod t gone")
@@ -386,6 +466,11 @@ def test_a_rollout_and_a_rollback_under_a_stream_of_claim_pods_lose_nothing(ctrd
           f"create to Running p50 {took[len(took) // 2]:.2f} s, p99 {took[int(len(took) * 0.99)]:.2f} s")
 
 
-def test_zz_cluster_down_leaves_the_host_as_it_was(ctrd: LocalCluster, host_before: dict[str, Any]) -> None:
+def test_zz_cluster_down_leaves_the_host_as_it_was(ctrd: LocalCluster, kapi: client.ApiClient,
+                                                   host_before: dict[str, Any]) -> None:
+    nodes: Any = client.CoreV1Api(kapi).list_node().items
+    kubelet_ports = [n.status.daemon_endpoints.kubelet_endpoint.port for n in nodes]
+    assert all(host_listening(port) for port in kubelet_ports)  # the API server's forwarders to the kubelets
     ctrd.down()
     assert hoststate.differences(host_before, hoststate.snapshot()) == {}
+    assert not any(host_listening(port) for port in kubelet_ports)

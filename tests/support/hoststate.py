@@ -1,6 +1,6 @@
 """What a local cluster with a real runtime could change on the host, as one comparable snapshot: mount points,
-network namespaces and interfaces, cgroup directories (two levels deep in every hierarchy), and the host paths
-buildah, containerd, CNI and kubelet write by default."""
+network namespaces and interfaces, cgroup directories (two levels deep in every hierarchy), the host paths
+buildah, containerd, CNI and kubelet write by default, and /etc/hosts (the API server sees its own copy)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def snapshot() -> dict[str, Any]:
         if hierarchy.is_dir() and not hierarchy.is_symlink():
             cgroups += [p for p in _tree(hierarchy, 2) if Path(p).is_dir()]
     files = [p for watched in WATCHED_PATHS for p in _tree(Path(watched), 4)]
-    return {"mounts": mounts, "interfaces": interfaces, "cgroups": cgroups, "files": files}
+    etc_hosts = Path("/etc/hosts").read_text(errors="replace").splitlines()
+    return {"mounts": mounts, "interfaces": interfaces, "cgroups": cgroups, "files": files, "etc_hosts": etc_hosts}
 
 
 def differences(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
