@@ -535,7 +535,9 @@ def _time_limit(seconds: float, expiry: _Expiry) -> Iterator[None]:
         raise _EvaluationTimeout
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # Then again every few ms until the block ends: one interruption that lands where it is lost (in a C call,
+    # or turned into a value by the evaluator) must not let the evaluation run on unbounded.
+    signal.setitimer(signal.ITIMER_REAL, seconds, max(0.001, min(seconds, 0.05)))
     try:
         yield
     finally:

@@ -1,8 +1,9 @@
 """`neuron-dra claims`: render or check the claim templates a Python file defines.
 
   neuron-dra claims render FILE.py            every module-level template as multi-document YAML (after checks)
-  neuron-dra claims check FILE.py [--instance-type T[:lnc=N] ...] [--json] [--verbose]
-                                              template x instance type -> claims per node, or why not
+  neuron-dra claims check FILE.py [--instance-type T[:lnc=N] ...] [--json] [--verbose] [--nodes N]
+                                              template x instance type -> claims per node, or why not;
+                                              with --nodes, the scheduler's filter work at N nodes
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from neuron_dra.claim_templates.checks import Checker, CheckReport, default_checker
 from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.loader import LoadError, load_templates
+from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.claim_templates.node_types import NodeType
+from neuron_dra.claim_templates.scale import ScaleEstimate, check_nodes, estimate
 from neuron_dra.claim_templates.template import ClaimTemplate, to_yaml_documents
 from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, Catalog
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
@@ -46,6 +49,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--unhealthy-device", action="store_true",
                        help="also count claims per node when a device the first claim uses is tainted unhealthy")
     check.add_argument("--catalog", metavar="FILE", help=CATALOG_HELP)
+    check.add_argument("--nodes", type=int, default=None, metavar="N",
+                       help="also estimate the kube-scheduler filter work per pod at a cluster of N nodes of each "
+                            "type the template fits, warning near the DRA filter's 10 s limit per node "
+                            "(calibrated with bench/bench_scale.py; docs/scale.md §4)")
+    check.add_argument("--core-partitions", choices=("on", "off"), default="on",
+                       help="with --nodes: whether the nodes publish NeuronCores and counters (on: the driver's "
+                            "default on Kubernetes 1.36, whose scheduler reads every node's counters on each node; "
+                            "off: --core-partitions off on the driver)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +76,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.claims_command == "render":
         return _render(templates, types, not args.no_check, hardware)
-    return _check(templates, types, args.json, hardware, args.unhealthy_device, args.verbose)
+    if args.nodes is not None:
+        try:
+            check_nodes(args.nodes)
+        except ValueError as e:
+            print(f"neuron-dra claims: {e}", file=sys.stderr)
+            return 2
+    return _check(templates, types, args.json, hardware, args.unhealthy_device, args.verbose, args.nodes,
+                  args.core_partitions == "on")
 
 
 def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str], hardware: Catalog,
@@ -86,14 +104,50 @@ def _render(templates: Sequence[ClaimTemplate], types: Sequence[str], run_checks
 
 
 def _check(templates: Sequence[ClaimTemplate], types: Sequence[str], as_json: bool, hardware: Catalog,
-           unhealthy_device: bool = False, verbose: bool = False) -> int:
+           unhealthy_device: bool = False, verbose: bool = False, nodes: int | None = None,
+           core_partitions: bool = True) -> int:
     reports = _reports(templates, types, hardware, unhealthy_device)
+    scale = _estimates(templates, reports, nodes, hardware, core_partitions) if nodes is not None else {}
     if as_json:
-        json.dump([_report_json(r) for r in reports], sys.stdout, indent=2)
+        out = [_report_json(r) for r in reports]
+        for entry in out:
+            if nodes is not None:
+                entry["scale"] = [e.to_json() for e in scale.get(str(entry["template"]), ())]
+        json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_table(reports, types, verbose))
+        if nodes is not None:
+            sys.stdout.write(format_estimates(scale, nodes))
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _estimates(templates: Sequence[ClaimTemplate], reports: Sequence[CheckReport], nodes: int, hardware: Catalog,
+               core_partitions: bool) -> dict[str, list[ScaleEstimate]]:
+    """Per template, the estimate on each instance type it fits (at the type's default LNC)."""
+    catalog = NodeCatalog(hardware=hardware, partitionable=core_partitions)
+    out: dict[str, list[ScaleEstimate]] = {}
+    for template, report in zip(templates, reports, strict=True):
+        fitting = dict.fromkeys(f.instance_type for f in report.fits if f.claims_per_node)
+        out[report.template] = [estimate(template, nodes, t, catalog, shared_counters=core_partitions)
+                                for t in fitting]
+    return out
+
+
+def format_estimates(scale: Mapping[str, Sequence[ScaleEstimate]], nodes: int) -> str:
+    lines = ["", f"kube-scheduler filter work per pod at {nodes} nodes (empty nodes, Kubernetes 1.36, adaptive "
+                 "percentageOfNodesToScore; estimate):"]
+    warnings = []
+    for name, estimates in scale.items():
+        for e in estimates:
+            lines.append(f"  {name} on {e.instance_type}: {e.selector_evaluations} selector evaluations, "
+                         f"{e.per_node_ms:.2f} ms per node x {e.filtered_nodes} nodes filtered = "
+                         f"{e.cpu_ms_per_pod:.0f} ms scheduler CPU per pod")
+            if e.warning:
+                warnings.append(f"WARNING: {e.warning}")
+        if not estimates:
+            lines.append(f"  {name}: fits no instance type checked")
+    return "\n".join([*lines, *warnings]) + "\n"
 
 
 def _report_json(r: CheckReport) -> dict[str, object]:

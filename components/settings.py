@@ -574,6 +574,8 @@ class StackSettings:
     grafana_dashboard_namespace: str = _setting("grafanaDashboardNamespace", "",
                                                 option="grafana_dashboard_namespace")
     driver_rollout_timeout_seconds: int = _setting("driverRolloutTimeoutSeconds", DEFAULT_ROLLOUT_TIMEOUT_SECONDS)
+    driver_max_surge: int = _setting("driverMaxSurge", 1, option="max_surge")
+    driver_max_unavailable: int = _setting("driverMaxUnavailable", 0, option="max_unavailable")
     neuron_core_device_class: str = _setting("neuronCoreDeviceClass", "",
                                              option="core_device_class_name")
     extended_resource_name: str = _setting("extendedResourceName", DEFAULT_EXTENDED_RESOURCE,
@@ -711,7 +713,8 @@ class StackSettings:
                 core_device_class_name=self.neuron_core_device_class,
                 extended_resource_name=self.extended_resource_name or None,
                 core_extended_resource_name=self.core_extended_resource_name or None,
-                kubernetes_version=self.kubernetes_version,
+                kubernetes_version=self.kubernetes_version, max_surge=self.driver_max_surge,
+                max_unavailable=self.driver_max_unavailable,
                 metrics_scrape_namespaces=self.metrics_scrape_namespaces,
                 metrics_scrape_pod_labels=_key_values(setting_name(key_of("metrics_scrape_pod_labels")),
                                                       self.metrics_scrape_pod_labels),

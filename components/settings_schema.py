@@ -146,6 +146,10 @@ _ROWS: tuple[Setting, ...] = (
     _T("driver_rollout_timeout_seconds", "integer", "How long `pulumi up` waits for the driver's DaemonSet to "
        "roll out (every scheduled pod updated and ready) before it fails; 0: do not wait (the DaemonSet is "
        "created and the update goes on)."),
+    _T("driver_max_surge", "integer", "Nodes at a time whose driver pod gets its replacement started beside it "
+       "during a rollout (both serve until the old one stops; docs/upgrades.md)."),
+    _T("driver_max_unavailable", "integer", "Nodes at a time whose driver pod is stopped before its replacement "
+       "starts during a rollout (0 with driverMaxSurge 1: no node is ever without the driver)."),
     _T("neuron_core_device_class", "string", "DeviceClass of NeuronCores (Kubernetes 1.36+; "
        "docs/neuron-cores.md; default: neuroncore.aws.com for the default driverName, else cores.<driverName>)."),
     _T("extended_resource_name", "string", "Extended resource the whole-device DeviceClass serves to pods "

@@ -12,6 +12,7 @@ from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.taints import TAINT_EFFECTS
 from neuron_dra.localcluster import cli_build
 from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
+from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, RUNTIMES
 
 DEFAULT_RUNTIME = "containerd"  # cluster.DEFAULT_RUNTIME (not imported: this module loads no cluster code until run)
@@ -40,6 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--prometheus", action="store_true",
                     help="also run Prometheus (built from the Go module proxy) scraping every node's driver; its URL "
                          "is printed (docs/metrics.md)")
+    up.add_argument("--profile", choices=list(PROFILES), default=DEFAULT_PROFILE,
+                    help="control-plane rate limits: default (upstream defaults) or tuned (higher client QPS/burst "
+                         "for the controller-manager and scheduler, 10 %% of nodes scored; docs/scale.md §3)")
     up.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS, default=None,
                     help="effect of the drivers' taint on faulted devices (default: the driver's, NoSchedule)")
     down = sub.add_parser("down", help="stop the cluster in DIR")
@@ -69,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cluster = up(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
                      kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr),
-                     catalog_file=args.catalog, runtime=args.runtime, prometheus=args.prometheus)
+                     catalog_file=args.catalog, runtime=args.runtime, profile=args.profile,
+                     prometheus=args.prometheus)
     except (ClusterError, BuildError, ValueError, CatalogFileError) as e:
         print(f"neuron-dra cluster up: {e}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from typing import Any
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
+from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, RUNTIMES, STATUS_FILE
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
@@ -57,13 +58,14 @@ def read_status(cluster_dir: Path) -> dict[str, Any]:
 def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S,
        driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = DEFAULT_MINOR, timeout: float = 300.0,
        log: Callable[[str], None] = lambda _m: None, catalog_file: Path | None = None,
-       runtime: str = DEFAULT_RUNTIME, prometheus: bool = False) -> LocalCluster:
+       runtime: str = DEFAULT_RUNTIME, profile: str = DEFAULT_PROFILE, prometheus: bool = False) -> LocalCluster:
     """Start a local cluster in `cluster_dir` on Kubernetes `kubernetes_version` (a minor such as "1.36") and
     return when every node's kubelet reports Ready and its driver runs. `catalog_file` adds instance types
     (docs/catalog-file.md) for the nodes, their emulated hosts and their drivers. `runtime` is `containerd`
     (real containers; the driver runs as the DaemonSet from its image) or `fake` (the fake CRI runtime; the
-    driver runs as a host process). `prometheus`: a Prometheus scraping every node's driver
-    (localcluster/prometheus.py; its URL is `LocalCluster.prometheus`)."""
+    driver runs as a host process). `profile` names the control plane's rate limits (localcluster/profiles.py).
+    `prometheus`: a Prometheus scraping every node's driver (localcluster/prometheus.py; its URL is
+    `LocalCluster.prometheus`)."""
     from neuron_dra.driver.model.catalog import BUILTIN
     from neuron_dra.driver.model.catalog_file import load_catalog
     from neuron_dra.localcluster.build import build_fakecri, check_minor, ensure_binaries
@@ -74,6 +76,8 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     if not nodes:
         raise ClusterError("give at least one --node TYPE[:COUNT]")
     minor = check_minor(kubernetes_version)
+    if profile not in PROFILES:
+        raise ClusterError(f"--profile {profile!r} is not known; choose one of {', '.join(PROFILES)}")
     if runtime not in RUNTIMES:
         raise ClusterError(f"--runtime {runtime!r} is not supported; choose one of {', '.join(RUNTIMES)}")
     try:
@@ -103,7 +107,7 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
 
         build_prometheus(log=log)
     argv = [sys.executable, "-m", "neuron_dra.localcluster.supervisor", "--dir", str(cluster_dir), "--ttl", str(ttl),
-            "--driver-name", driver_name, "--kubernetes-version", minor, "--runtime", runtime]
+            "--driver-name", driver_name, "--kubernetes-version", minor, "--runtime", runtime, "--profile", profile]
     for arg in node_args:
         argv += ["--node", arg]
     if catalog_file:

@@ -38,6 +38,7 @@ import yaml
 
 from neuron_dra.localcluster import kubeletaccess, pki, procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries, ensure_binaries
+from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, ControlPlaneProfile, get_profile, scheduler_config
 
 DEFAULT_MAX_LIFETIME_S = 2 * 3600.0
 LOOPBACK = "127.0.0.1"
@@ -106,6 +107,9 @@ class ControlPlane:
         binaries: Binaries | None = None,
         kubernetes_version: str = DEFAULT_MINOR,
         extra_apiserver_args: Sequence[str] = (),
+        extra_controller_manager_args: Sequence[str] = (),
+        profile: str = DEFAULT_PROFILE,
+        scheduler_profiling: bool = False,
         kubelet_hosts: Sequence[str] = (),
         log: Log | None = None,
     ) -> ControlPlane:
@@ -113,11 +117,16 @@ class ControlPlane:
 
         Builds the binaries first when they are not cached (minutes, once). Returns when the API
         server is ready and the controller-manager and scheduler report healthy; on failure stops
-        whatever it started and raises ControlPlaneError with the failing component's log tail.
-        `kubelet_hosts`: the node names the API server resolves to 127.0.0.1, where forwarders to their
-        kubelets listen (kubeletaccess.py).
+        whatever it started and raises ControlPlaneError with the failing component's log tail. `profile`
+        names the components' rate limits (localcluster/profiles.py: `default` or `tuned`); `scheduler_profiling`
+        serves the scheduler's /debug/pprof. `kubelet_hosts`: the node names the API server resolves to
+        127.0.0.1, where forwarders to their kubelets listen (kubeletaccess.py).
         """
         dir = dir.resolve()
+        try:
+            chosen = get_profile(profile)
+        except ValueError as e:
+            raise ControlPlaneError(str(e)) from None
         if max_lifetime_s < 1:
             raise ControlPlaneError(f"max_lifetime_s must be at least 1 s, got {max_lifetime_s}")
         if running(dir):
@@ -134,16 +143,17 @@ class ControlPlane:
             if log is not None:
                 log(f"etcd {bins.etcd_version} up on {LOOPBACK}:{ports.etcd_client}")
             kubelet_args = kubeletaccess.apiserver_args(files.kubelet_client, files.ca.cert)
-            launcher.launch("kube-apiserver", bins.kube_apiserver,
-                            _apiserver_args(dir, ports, [*kubelet_args, *extra_apiserver_args]),
+            apiserver_args = _apiserver_args(dir, ports, [*kubelet_args, *chosen.apiserver_args, *extra_apiserver_args])
+            launcher.launch("kube-apiserver", bins.kube_apiserver, apiserver_args,
                             **_kubelet_hosts_launch(dir, kubelet_hosts))
             server = f"https://{LOOPBACK}:{ports.apiserver}"
             https = _https_context(files)
             _wait(launcher, "kube-apiserver", timeout_s, lambda: _ok(https, f"{server}/readyz"))
-            launcher.launch(
-                "kube-controller-manager", bins.kube_controller_manager, _controller_manager_args(dir, ports)
-            )
-            launcher.launch("kube-scheduler", bins.kube_scheduler, _scheduler_args(dir, ports))
+            kcm_args = [*_controller_manager_args(dir, ports), *chosen.controller_manager_args,
+                        *extra_controller_manager_args]
+            launcher.launch("kube-controller-manager", bins.kube_controller_manager, kcm_args)
+            scheduler_args = _scheduler_args(dir, ports, chosen, scheduler_profiling)
+            launcher.launch("kube-scheduler", bins.kube_scheduler, scheduler_args)
             for name, port in (("kube-controller-manager", ports.controller_manager),
                                ("kube-scheduler", ports.scheduler)):
                 _wait(launcher, name, timeout_s, functools.partial(_ok, https, f"https://{LOOPBACK}:{port}/healthz"))
@@ -155,6 +165,7 @@ class ControlPlane:
         (dir / "controlplane.json").write_text(json.dumps({
             "server": server, "kubeconfig": str(plane.kubeconfig), "caFile": str(plane.ca_file),
             "ports": ports.__dict__, "deadline": deadline, "kubernetes": bins.kube_version, "etcd": bins.etcd_version,
+            "profile": chosen.name,
         }, indent=2))
         if log is not None:
             log(f"Kubernetes {bins.kube_version} control plane ready at {server} (kubeconfig {plane.kubeconfig})")
@@ -507,8 +518,16 @@ def _controller_manager_args(dir: Path, ports: Ports) -> list[str]:
     ]
 
 
-def _scheduler_args(dir: Path, ports: Ports) -> list[str]:
-    return _component_args(dir, "kube-scheduler", ports.scheduler)
+def _scheduler_args(dir: Path, ports: Ports, profile: ControlPlaneProfile, profiling: bool = False) -> list[str]:
+    args = _component_args(dir, "kube-scheduler", ports.scheduler)
+    if not (profile.scheduler_configured or profiling):
+        return args
+    # The deprecated flags are ignored with --config: the file carries them (profiles.scheduler_config).
+    kubeconfig = dir / "kubeconfigs" / "kube-scheduler.kubeconfig"
+    config = dir / "kubeconfigs" / "kube-scheduler-config.yaml"
+    config.write_text(yaml.safe_dump(scheduler_config(profile, kubeconfig, profiling), sort_keys=False))
+    deprecated = ("--kubeconfig=", "--leader-elect=", "--profiling=")
+    return [f"--config={config}", *(a for a in args if not a.startswith(deprecated))]
 
 
 # --- health ---------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
 from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver, efa_device_class
 from neuron_dra.localcluster.nodes import node_manifest
+from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
 from neuron_dra.localcluster.restarting import Restarting
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
@@ -267,7 +268,7 @@ def expose_drivers(api: client.ApiClient, options: Any, agents: list[Any], ports
 
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake",
-        prometheus: bool = False) -> int:
+        profile: str = DEFAULT_PROFILE, prometheus: bool = False) -> int:
     from neuron_dra.localcluster.build import build_containerd, build_fakecri, ensure_binaries
     from neuron_dra.localcluster.prometheus import METRICS_PORT, LocalPrometheus, ScrapeTarget
 
@@ -286,7 +287,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         # With containerd the API server reaches the kubelets through forwarders on the host (kubeletaccess.py).
         kubelet_hosts = [n.name for n in nodes] if runtime == "containerd" else []
         cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60,
-                                kubelet_hosts=kubelet_hosts)
+                                kubelet_hosts=kubelet_hosts, profile=profile)
         admin = config.new_client_from_config(str(cp.kubeconfig))
         objects, identity = driver_objects(driver_name)
         ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice
@@ -363,11 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--catalog", type=Path, default=None)
     parser.add_argument("--runtime", choices=RUNTIMES, default="fake")
     parser.add_argument("--prometheus", action="store_true")
+    parser.add_argument("--profile", choices=list(PROFILES), default=DEFAULT_PROFILE)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     catalog = load_catalog(args.catalog) if args.catalog else BUILTIN
     return run(args.dir.resolve(), parse_nodes(args.node, catalog), args.ttl, args.driver_name,
-               args.kubernetes_version, args.catalog.resolve() if args.catalog else None, args.runtime,
+               args.kubernetes_version, args.catalog.resolve() if args.catalog else None, args.runtime, args.profile,
                args.prometheus)
 
 

@@ -239,6 +239,7 @@ def decode_snapshot(path: Path, raw: bytes) -> Snapshot:
     return Snapshot(claims, journal, boot_id, fmt)
 
 
+_REFRESH_READ = 64 * 1024  # what a refresh reads first of the other instance's records
 _HEAD = 512  # bootId, checksum, format, integrity and journal come first (sorted keys): all within this
 _JOURNAL_FIELD = re.compile(rb'"journal":"([0-9a-f]{16})"')
 
@@ -301,23 +302,24 @@ def _torn(region: bytes, start: int) -> bool:
 MIN_RECORD = 20  # 16 hex digits, a space, "{}", a newline: fewer non-zero bytes than this are no record
 
 
-def read_journal(path: Path, raw: bytes, generation: str, start: int = 0) -> JournalContent:
+def read_journal(path: Path, raw: bytes, generation: str, start: int = 0, base: int = 0) -> JournalContent:
     """The records of `generation` from the start of the journal. Reading stops at the first record that is of
     another generation (stale bytes of an earlier one) or damaged. Damage is a torn write only where a power loss
     could have left it: a sector of the record never written, and no synced record of this generation after it
     (every record before a synced one was synced with it). Anything else, a damaged record that was written whole
-    above all, is corruption: it may be a change kubelet was told of, so it is an error, never dropped."""
+    above all, is corruption: it may be a change kubelet was told of, so it is an error, never dropped.
+    `raw` holds the file's bytes from offset `base` on (offsets in and out are the file's)."""
     dirty_end = len(raw.rstrip(b"\0"))
     records: list[dict[str, Any]] = []
-    offset = start
+    offset = start - base
     while offset < dirty_end:
         newline = raw.find(b"\n", offset, dirty_end)
         payload = _parse_line(raw[offset:newline]) if newline >= 0 else None
         if payload is None:
             region = raw[offset:newline + 1 if newline >= 0 else dirty_end]
-            if not _torn(region, offset) and len(region.replace(b"\0", b"")) >= MIN_RECORD:
-                raise CheckpointError(path, f"journal record at offset {offset} is damaged but was written whole (not "
-                                            "a write cut short by a power loss); the file is corrupt")
+            if not _torn(region, offset + base) and len(region.replace(b"\0", b"")) >= MIN_RECORD:
+                raise CheckpointError(path, f"journal record at offset {offset + base} is damaged but was written "
+                                            "whole (not a write cut short by a power loss); the file is corrupt")
             break
         if payload.get("generation") != generation:
             break
@@ -326,9 +328,9 @@ def read_journal(path: Path, raw: bytes, generation: str, start: int = 0) -> Jou
     for line in raw[offset:dirty_end].split(b"\n")[1:]:
         later = _parse_line(line)
         if later is not None and later.get("generation") == generation and later.get("synced"):
-            raise CheckpointError(path, f"journal record at offset {offset} is damaged and synced records follow "
-                                        "it; the file is corrupt")
-    return JournalContent(tuple(records), offset, dirty_end)
+            raise CheckpointError(path, f"journal record at offset {offset + base} is damaged and synced records "
+                                        "follow it; the file is corrupt")
+    return JournalContent(tuple(records), offset + base, dirty_end + base)
 
 
 def _apply(claims: dict[str, PreparedClaim], ops: list[Any], path: Path) -> None:
@@ -440,8 +442,19 @@ class Checkpoint:
             return self.load()
         if os.pread(self._fd, 1, self._offset) in (b"", b"\0"):
             return None
-        raw = os.pread(self._fd, self._limit, 0)
-        journal = read_journal(self.journal_path, raw, self._generation, self._offset)
+        # The other instance's new records: usually a few hundred bytes, so read a piece from this instance's
+        # offset; the whole journal only when that piece does not end in unused (zero) bytes or holds more
+        # than whole records (damage is judged with everything after it).
+        tail = os.pread(self._fd, min(_REFRESH_READ, self._limit - self._offset), self._offset)
+        partial: JournalContent | None = None
+        if tail.endswith(b"\0"):  # else a record may go on past the piece
+            with contextlib.suppress(CheckpointError):  # judged again below, with the whole journal
+                partial = read_journal(self.journal_path, tail, self._generation, self._offset, self._offset)
+        if partial is not None and partial.end == partial.dirty_end:
+            journal = partial
+        else:
+            raw = os.pread(self._fd, self._limit, 0)
+            journal = read_journal(self.journal_path, raw, self._generation, self._offset)
         claims = dict(self._saved)
         for record in journal.records:
             _apply(claims, record.get("ops") or [], self.journal_path)

@@ -42,6 +42,7 @@ class Reason(StrEnum):
     UNPREPARED_MEANWHILE = "unprepared_meanwhile"
     API_ERROR = "api_error"
     ABANDONED = "abandoned"
+    LOCK_TIMEOUT = "lock_timeout"  # the other instance of the driver (surge rollout) held the node's lock
     INTERNAL = "internal"
 
 

@@ -3,19 +3,22 @@
 Service "liveness" is SERVING only when the daemon answers its own kubelet-facing sockets: GetInfo on
 the registration socket and an empty NodePrepareResources on the DRA socket (as the reference drivers
 check), so a wedged server or a deleted socket fails the probe and kubelet restarts the container.
+Service "readiness" is SERVING once kubelet has registered this instance (NotifyRegistrationStatus): during a
+surge rollout the DaemonSet stops the old pod only when the new one is Ready, so kubelet always has an instance.
 Service "" reports that the health server itself is up.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 from neuron_dra.driver.daemon import grpcserver, memory
 from neuron_dra.driver.daemon._generated import dra_v1_pb2, grpc_health_v1_pb2, pluginregistration_pb2
 from neuron_dra.driver.daemon.sockets import SocketPaths
-from neuron_dra.driver.model.k8s_names import LIVENESS_SERVICE
+from neuron_dra.driver.model.k8s_names import LIVENESS_SERVICE, READINESS_SERVICE
 
 log = logging.getLogger("neuron_dra.driver.daemon.health")
 
@@ -33,9 +36,11 @@ LIMITS = grpcserver.Limits(max_concurrent=1, max_message=4096, max_streams=8, ma
 
 
 class HealthService:
-    def __init__(self, paths: SocketPaths, probe_timeout: float = 2.0) -> None:
+    def __init__(self, paths: SocketPaths, probe_timeout: float = 2.0,
+                 registered: threading.Event | None = None) -> None:
         self._paths = paths
         self._timeout = probe_timeout
+        self._registered = registered  # None: ready whenever live
 
     async def live(self) -> tuple[bool, str]:
         """(ok, why not) from a GetInfo and an empty prepare over the daemon's own sockets (a fresh connection
@@ -63,8 +68,12 @@ class HealthService:
             if not ok:
                 log.warning("liveness check failed", extra={"error": why})
             return grpc_health_v1_pb2.HealthCheckResponse(status=SERVING if ok else NOT_SERVING)
+        if request.service == READINESS_SERVICE:
+            ready = self._registered is None or self._registered.is_set()
+            return grpc_health_v1_pb2.HealthCheckResponse(status=SERVING if ready else NOT_SERVING)
         context.abort(grpcserver.StatusCode.NOT_FOUND,
-                      f"unknown health service {request.service!r}; known: '' and {LIVENESS_SERVICE!r}")
+                      f"unknown health service {request.service!r}; known: '', {LIVENESS_SERVICE!r} and "
+                      f"{READINESS_SERVICE!r}")
 
     def Watch(self, request: Any, context: grpcserver.CallContext) -> Iterator[Any]:
         context.abort(grpcserver.StatusCode.UNIMPLEMENTED, "Watch is not implemented; use Check")
@@ -74,8 +83,9 @@ class HealthService:
 class HealthServer:
     """The health port: its own grpc server, event loop and thread, apart from the kubelet-facing sockets'."""
 
-    def __init__(self, paths: SocketPaths, address: str, port: int) -> None:
-        self.service = HealthService(paths)
+    def __init__(self, paths: SocketPaths, address: str, port: int,
+                 registered: threading.Event | None = None) -> None:
+        self.service = HealthService(paths, registered=registered)
         self._server = grpcserver.Server("health", LIMITS)
         self._server.add_service(HEALTH, self.service)
         try:

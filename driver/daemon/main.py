@@ -18,12 +18,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_dra import __version__
 from neuron_dra.driver.daemon import logs
+from neuron_dra.driver.daemon.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
 from neuron_dra.driver.daemon.signals import set_on_signals
 from neuron_dra.driver.daemon.sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.k8s_names import (
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from neuron_dra.driver.daemon.health import HealthServer
     from neuron_dra.driver.daemon.health_reporting import HealthReporter
     from neuron_dra.driver.daemon.health_stream import HealthStreamService
+    from neuron_dra.driver.daemon.instance_lock import InstanceLock
     from neuron_dra.driver.daemon.kube import ApiClient
     from neuron_dra.driver.daemon.metrics import Metrics, MetricsServer
     from neuron_dra.driver.daemon.plugin import PluginServers
@@ -65,6 +67,12 @@ log = logging.getLogger("neuron_dra.driver.daemon.main")
 
 RESOLVE_INTERVAL = 30.0  # seconds between checks of unfinished prepares the API server could not answer for
 TRIM_INTERVAL = 60.0  # seconds between returns of free heap memory to the system
+# On SIGTERM, seconds the DRA calls already running get to finish (the DaemonSet's grace period is 30 s).
+DRAIN_SECONDS = 20.0
+# Seconds a new instance waits for one on the plain socket names (not sharing the state) to stop: its pod's grace
+# period (30 s) and some.
+UNSHARED_WAIT = 45.0
+UNSHARED_POLL = 0.5  # seconds between looks for such an instance appearing while this one serves
 
 
 @dataclass(frozen=True)
@@ -91,10 +99,16 @@ class DaemonOptions:
     kube_api_qps: float = 5.0
     kube_api_burst: int = 10
     kube_api_timeout: float = 10.0
+    # Surge rollouts (docs/upgrades.md): the pod UID, how the socket names are chosen (instances.py), and the
+    # instance id chosen ("": the plain names; set by `with_socket_names`).
+    pod_uid: str = ""
+    socket_names: str = "auto"
+    instance: str = ""
+    drain_seconds: float = DRAIN_SECONDS
 
     @property
     def sockets(self) -> SocketPaths:
-        return SocketPaths.for_driver(self.plugins_dir, self.registry_dir, self.driver_name)
+        return SocketPaths.for_driver(self.plugins_dir, self.registry_dir, self.driver_name, self.instance)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -235,6 +249,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                    default=env_default("KUBE_API_TIMEOUT", "10"), metavar="SECONDS",
                    help="deadline of one API request, the whole answer included; kubelet gives a prepare 45 s "
                         "[env KUBE_API_TIMEOUT] (default 10)")
+    p.add_argument("--pod-uid", default=env_default("POD_UID", ""), metavar="UID",
+                   help="this pod's UID (downward API metadata.uid) for socket names of its own [env POD_UID]")
+    p.add_argument("--socket-names", choices=SOCKET_NAME_MODES, default=env_default("SOCKET_NAMES", "auto"),
+                   help="auto: per instance when there is a pod UID and the node's kubelet is 1.33+, else "
+                        "plain; per-instance; plain [env SOCKET_NAMES] (default auto; docs/upgrades.md)")
     p.add_argument("--version", action="version", version=f"neuron-dra-driver {__version__}")
     return p
 
@@ -245,6 +264,10 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
     if not a.node_name:
         parser.error("--node-name (or env NODE_NAME) is required")
     host_root = None if a.emulate else (a.host_root or Path("/"))
+    try:
+        pod_uid = check_pod_uid(a.pod_uid or "")
+    except InstanceError as e:
+        parser.error(str(e))
     return DaemonOptions(
         node_name=a.node_name, driver_name=a.driver_name, plugins_dir=Path(a.plugins_dir),
         registry_dir=Path(a.registry_dir), cdi_root=Path(a.cdi_root), healthcheck_port=int(a.healthcheck_port),
@@ -253,8 +276,32 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
         unhealthy_taint_effect=a.unhealthy_taint_effect, core_partitions=a.core_partitions,
         lnc=None if a.lnc is None else int(a.lnc), catalog=Path(a.catalog) if a.catalog else None,
         kube_api_qps=float(a.kube_api_qps), kube_api_burst=int(a.kube_api_burst),
-        kube_api_timeout=float(a.kube_api_timeout),
+        kube_api_timeout=float(a.kube_api_timeout), pod_uid=pod_uid, socket_names=a.socket_names,
     )
+
+
+def kubelet_version(api: ApiClient, node_name: str, seconds: float) -> str | None:
+    """The node's kubelet version as the Node reports it (status.nodeInfo.kubeletVersion); None on any failure."""
+    from urllib.parse import quote
+
+    from neuron_dra.driver.daemon.kube import ApiClientError, ApiException, KubeApi
+
+    try:
+        node = KubeApi(api).call("GET", f"/api/v1/nodes/{quote(node_name, safe='')}", seconds=seconds)
+    except (ApiException, ApiClientError) as e:
+        log.warning("cannot read the node's kubelet version", extra={"node": node_name, "error": str(e)})
+        return None
+    version = (node.get("status") or {}).get("nodeInfo", {}).get("kubeletVersion")
+    return version if isinstance(version, str) else None
+
+
+def with_socket_names(options: DaemonOptions, api: ApiClient | None) -> DaemonOptions:
+    """`options` with the instance id chosen (instances.py); asks the API server only when that decides."""
+    naming = decide(options.socket_names, options.pod_uid,
+                    lambda: None if api is None else kubelet_version(api, options.node_name,
+                                                                     options.kube_api_timeout))
+    log.info("socket names chosen", extra={"instance": naming.instance or "(plain names)", "reason": naming.reason})
+    return replace(options, instance=naming.instance)
 
 
 class StartupError(RuntimeError):
@@ -291,6 +338,7 @@ class Daemon:
         self.health_stream: HealthStreamService | None = None
         self.health_reporter: HealthReporter | None = None
         self._emulated: tempfile.TemporaryDirectory[str] | None = None
+        self.instance_lock: InstanceLock | None = None
 
     def _load_host(self) -> tuple[NeuronHost, Path]:
         from neuron_dra.driver.model.catalog import BUILTIN, Catalog
@@ -344,11 +392,18 @@ class Daemon:
             raise StartupError(f"node LNC: {e}") from None
         plugin_dir = o.plugins_dir / o.driver_name
         plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self._wait_for_unshared_instance()
+        from neuron_dra.driver.daemon.instance_lock import InstanceLock
+
+        try:
+            self.instance_lock = InstanceLock(plugin_dir)  # shared with another instance during a surge rollout
+        except OSError as e:
+            raise StartupError(f"the lock the driver's instances share: {e}") from None
         # Prepare knows the cores whatever gets published: a core device only reaches a claim once published.
         self.state = DriverState(host=self.host, host_root=self.host_root, driver_name=o.driver_name,
                                  pool_name=o.node_name, cdi=CdiStore(o.cdi_root, o.driver_name),
                                  checkpoint=Checkpoint(o.checkpoint_path), lookup=self.lookup, crash=self.crash,
-                                 metrics=self.metrics, cores=layout)
+                                 metrics=self.metrics, cores=layout, instance_lock=self.instance_lock)
         try:
             self.state.load()
             self.state.reconcile_local()
@@ -374,7 +429,8 @@ class Daemon:
         if o.healthcheck_port:
             from neuron_dra.driver.daemon.health import HealthServer
 
-            self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port)
+            self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port,
+                                       registered=self.servers.registration.registered)
             self.health.start()
         if o.metrics_port and self.metrics is not None:
             self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)
@@ -396,6 +452,55 @@ class Daemon:
         else:
             log.warning("no API client: not publishing ResourceSlices")
         self.health_monitor.start(self.stop_event)
+        self.watch_for_unshared_instance()
+
+    def _wait_for_unshared_instance(self) -> None:
+        """With names of its own, wait until nothing listens on the plain names: an instance there (the previous
+        release, or one on plain names) neither takes the instances' lock nor refreshes its state, so both must
+        not change the checkpoint. kubelet calls this instance meanwhile (the newest registered); those calls
+        wait until `serve`, and the DaemonSet stops the other pod once this one is Ready (registered)."""
+        o = self.options
+        if not o.instance:
+            return
+        from neuron_dra.driver.daemon.sockets import SocketPaths, is_listening
+
+        plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)
+        if not is_listening(plain.registration):
+            return
+        log.warning("an instance of the driver on the plain socket names is running (the previous release?); "
+                    "waiting until it stops before loading the claims", extra={"socket": str(plain.registration)})
+        began = time.monotonic()
+        while is_listening(plain.registration) and time.monotonic() - began < UNSHARED_WAIT:
+            if self.stop_event.wait(0.2):
+                return
+        log.info("the instance on the plain socket names is gone" if not is_listening(plain.registration) else
+                 "the instance on the plain socket names still runs; going on", extra={
+                     "waited_seconds": round(time.monotonic() - began, 3)})
+
+    def watch_for_unshared_instance(self) -> threading.Thread | None:
+        """With names of its own: once an instance appears on the plain names (a rollback to the previous
+        release, which takes no lock and keeps its state in memory), unregister, so that kubelet sends every new
+        call to that one and the two never both change the checkpoint. This instance stops when its pod does."""
+        o = self.options
+        if not o.instance or self.servers is None:
+            return None
+        from neuron_dra.driver.daemon.sockets import SocketPaths, is_listening
+
+        plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)
+        servers = self.servers
+
+        def watch() -> None:
+            while not self.stop_event.wait(UNSHARED_POLL):
+                if is_listening(plain.registration):
+                    log.warning("an instance of the driver on the plain socket names started (a rollback to the "
+                                "previous release?); unregistering so that kubelet calls only that one",
+                                extra={"socket": str(plain.registration)})
+                    servers.unregister()
+                    return
+
+        thread = threading.Thread(target=watch, name="unshared-instance-watch", daemon=True)
+        thread.start()
+        return thread
 
     def run(self) -> None:
         """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""
@@ -419,13 +524,15 @@ class Daemon:
     def stop(self) -> None:
         self.stop_event.set()
         if self.servers is not None:
-            self.servers.stop()
+            self.servers.stop(self.options.drain_seconds)
         if self.health is not None:
             self.health.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         if self.state is not None:
             self.state.close()
+        if self.instance_lock is not None:
+            self.instance_lock.close()
         if self._emulated is not None:
             self._emulated.cleanup()
         log.info("stopped")
@@ -482,7 +589,9 @@ def start_early(options: DaemonOptions) -> PluginServers | None:
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv, os.environ)
     logs.configure(options.log_level)
-    servers = start_early(options)
+    # The socket names may depend on the kubelet's version, read from the Node: then the API client comes first.
+    asks = options.socket_names == "auto" and bool(options.pod_uid)
+    servers = None if asks else start_early(with_socket_names(options, None))
     from neuron_dra.driver.daemon.failpoints import CrashPoints
     from neuron_dra.driver.daemon.kube import ClientOptions, KubeClaimLookup, api_client
     from neuron_dra.driver.daemon.kubeconfig import KubeConfigError
@@ -497,6 +606,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if servers is not None:
             servers.stop(0)
         return 2
+    options = with_socket_names(options, api if asks else None)
+    if asks:
+        servers = start_early(options)
     return run_daemon(options, KubeClaimLookup(api), api, crash, servers)
 
 

@@ -2,8 +2,11 @@
 
 Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket appears, because kubelet
 dials the endpoint as soon as it sees the registration socket; on shutdown the registration socket goes
-first, so kubelet deregisters before the DRA service stops. Stale socket files are removed before
-listening; both sockets are mode 0600 (kubelet runs as root).
+first, so kubelet deregisters before the DRA service stops. Stale socket files are replaced (a rename over them)
+when listening; both sockets are mode 0600 (kubelet runs as root).
+
+Two instances can serve side by side during a surge rollout, each on sockets of its own (sockets.py,
+docs/upgrades.md).
 
 Start-up is in two steps so kubelet sees the driver early (kubelet gives GetInfo 1 s): `listen` binds the DRA
 socket (calls wait until it is served) and then the registration socket, answered at once (it needs only the
@@ -13,8 +16,8 @@ Served by grpcio's asyncio server (grpcserver.py), each server on its own event 
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -127,7 +130,11 @@ class RegistrationService:
 
 
 def _listen(server: grpcserver.Server, path: Path) -> None:
-    server.add_unix(path)  # one name, so tests can watch the order of the binds
+    """Bind at the hidden name, then rename into place (sockets.binding_path); one name, so tests can watch the
+    order of the binds."""
+    tmp = sockets.prepare_socket_path(path)
+    server.add_unix(tmp)
+    os.replace(tmp, path)
 
 
 def dra_services(state: DriverState) -> dict[str, grpcserver.Method]:
@@ -148,7 +155,8 @@ class PluginServers:
         self._reg = grpcserver.Server("registration", REGISTRATION_LIMITS)
         always = {m.name: (lambda _: True) for m in REGISTRATION.methods}
         self._reg.add_methods(grpcserver.service_methods(REGISTRATION, self.registration, always))
-        self._bound: list[Path] = []  # the socket files this instance created (removed on stop)
+        # The socket files this instance bound, with their inodes: removed on stop only while still its own.
+        self._bound: dict[Path, tuple[int, int, int] | None] = {}
 
     @property
     def dra_server(self) -> grpcserver.Server:
@@ -157,14 +165,15 @@ class PluginServers:
     def listen(self) -> None:
         """Bind the DRA socket (not served yet: calls wait), then the registration socket, served at once."""
         for server, path in ((self._dra, self.paths.dra), (self._reg, self.paths.registration)):
-            sockets.prepare_socket_path(path)
             try:
                 _listen(server, path)
             except OSError as e:
                 raise SocketError(str(e)) from None
-            self._bound.append(path)
+            self._bound[path] = sockets.bound_identity(path)
         self._reg.start()
-        log.info("registration socket listening", extra={"registration_socket": str(self.paths.registration)})
+        log.info("registration socket listening", extra={"registration_socket": str(self.paths.registration),
+                                                         "instance": self.paths.instance or "(plain names)"})
+        sockets.remove_leftovers(self.paths)  # after listening: kubelet finds this instance first
 
     def serve(self, state: DriverState, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
         """Serve the DRA service (and `extra_methods`, e.g. the health stream) on the DRA socket."""
@@ -180,11 +189,20 @@ class PluginServers:
     def start(self, state: DriverState, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
         self.serve(state, extra_methods)
 
+    def unregister(self) -> None:
+        """Leave kubelet's calls to another instance: the registration socket goes (kubelet deregisters this
+        endpoint); the DRA service keeps answering calls already sent to it."""
+        sockets.remove_own(self.paths.registration, self._bound.get(self.paths.registration))
+        self._reg.stop(1.0)
+        self.registration.registered.clear()
+
     def stop(self, grace: float = 5.0) -> None:
-        """The registration socket first (kubelet deregisters), then the DRA service; socket files removed."""
+        """Unregister, then finish: the registration socket file goes first (kubelet deregisters this endpoint
+        and sends new calls to another instance), then the DRA service refuses new calls and gives the running
+        ones `grace` seconds. A socket file is removed only while it is still the one this instance bound."""
         for server, path in ((self._reg, self.paths.registration), (self._dra, self.paths.dra)):
-            server.stop(grace)
-            if path in self._bound:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-        self._bound = []
+            if server is self._reg:
+                sockets.remove_own(path, self._bound.get(path))
+            server.stop(grace if server is self._dra else min(grace, 1.0))
+            sockets.remove_own(path, self._bound.get(path))
+        self._bound = {}

@@ -5,16 +5,22 @@ its own claim; the commit (device check, checkpoint, CDI spec) runs under one sh
 serializes all calls for the same claim. Every call takes a ticket on arrival; an unprepare records
 its ticket, and a prepare that arrived before a completed unprepare of the same claim fails instead
 of re-preparing a claim kubelet has already released (the "late prepare retry" failure mode).
+
+Two instances side by side (a surge rollout, docs/upgrades.md): kubelet may send any call to either, so every
+step that reads or changes the recorded claims also holds the instances' lock (instance_lock.py, taken inside
+the thread lock) and starts from the checkpoint as it is on disk (`Checkpoint.refresh`, read only when the other
+instance changed it); each change is persisted before the call answers, as with one instance.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +36,14 @@ from neuron_dra.driver.daemon.cdi import (
     qualified_id,
     spec_text,
 )
-from neuron_dra.driver.daemon.checkpoint import MAX_CONSUMERS, Checkpoint, ClaimState, PreparedClaim, PreparedDevice
+from neuron_dra.driver.daemon.checkpoint import (
+    MAX_CONSUMERS,
+    Checkpoint,
+    CheckpointError,
+    ClaimState,
+    PreparedClaim,
+    PreparedDevice,
+)
 from neuron_dra.driver.daemon.claims import (
     AllocatedDevice,
     ClaimError,
@@ -45,6 +58,7 @@ from neuron_dra.driver.daemon.claims import (
     results_of,
 )
 from neuron_dra.driver.daemon.failpoints import CrashPoints
+from neuron_dra.driver.daemon.instance_lock import InstanceLock, LockTimeout
 from neuron_dra.driver.model.devices import NeuronHost, UltraServer
 from neuron_dra.driver.model.discovery import DiscoveryError, read_ultraserver
 from neuron_dra.driver.model.errors import NotAllowed
@@ -119,7 +133,8 @@ class DriverState:
     def __init__(self, *, host: NeuronHost, host_root: Path, driver_name: str, pool_name: str, cdi: CdiStore,
                  checkpoint: Checkpoint, lookup: ClaimLookup, crash: CrashPoints | None = None,
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
-                 lookup_workers: int = 8, cores: CoreLayout | None = None) -> None:
+                 lookup_workers: int = 8, cores: CoreLayout | None = None,
+                 instance_lock: InstanceLock | None = None) -> None:
         self.host = host
         self.host_root = host_root
         self.driver_name = driver_name
@@ -156,6 +171,7 @@ class DriverState:
                         for d in (host.device(i) for i in indexes))
             for name, indexes in self._device_indexes.items()}
         self._lock = threading.Lock()
+        self._instance_lock = instance_lock  # None: this process is the only instance (tests, benchmarks)
         self._claims: dict[str, PreparedClaim] = {}
         self._tickets = itertools.count(1)
         self._unprepared: OrderedDict[str, int] = OrderedDict()
@@ -165,19 +181,50 @@ class DriverState:
 
     def load(self) -> None:
         """Read the checkpoint (CheckpointError when it is corrupt or of an unknown version)."""
-        claims = self._checkpoint.load()
-        with self._lock:
-            self._claims = claims
+        with self._lock, self._across_instances(None):
+            self._claims = self._checkpoint.load()
         self._update_gauge()
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
+        with self._lock, self._across_instances(None):
+            with contextlib.suppress(CheckpointError, OSError):
+                self._refresh_locked()  # the fold below writes what is on disk, the other instance's records too
             self._checkpoint.close()  # folds the journal into checkpoint.json
 
     def prepared(self) -> Mapping[str, PreparedClaim]:
-        with self._lock:
+        with self._shared():
             return dict(self._claims)
+
+    @contextlib.contextmanager
+    def _across_instances(self, deadline: float | None) -> Iterator[None]:
+        if self._instance_lock is None:
+            yield
+            return
+        try:
+            with self._instance_lock.hold(deadline):
+                yield
+        except LockTimeout as e:  # only taking the lock raises it
+            raise ClaimError(Reason.LOCK_TIMEOUT, f"{e}; kubelet retries") from None
+
+    def _refresh_locked(self) -> None:
+        claims = self._checkpoint.refresh()
+        if claims is not None:
+            self._claims = claims
+
+    @contextlib.contextmanager
+    def _shared(self, deadline: float | None = None) -> Iterator[None]:
+        """The thread lock, the instances' lock, and the claims as recorded on disk now."""
+        with self._lock, self._across_instances(deadline):
+            try:
+                self._refresh_locked()
+            except CheckpointError as e:
+                raise ClaimError(Reason.INTERNAL, f"reading what the other instance of the driver recorded: "
+                                                  f"{e}") from None
+            except OSError as e:
+                raise ClaimError(Reason.INTERNAL, f"reading the checkpoint {self._checkpoint.path} failed: "
+                                                  f"{e}") from None
+            yield
 
     # --- prepare ---------------------------------------------------------------------------------------------
 
@@ -214,7 +261,7 @@ class DriverState:
             return self._abandoned(ref)
         start = time.perf_counter()
         try:
-            devices = self._prepare_one(ref, ticket)
+            devices = self._prepare_one(ref, ticket, None if call is None else call.deadline)
         except ClaimError as e:
             log.warning("prepare failed", extra={"claim": str(ref), "reason": e.reason.value, "error": e.message})
             if self._metrics:
@@ -249,9 +296,9 @@ class DriverState:
             except NotAllowed as e:
                 raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref.uid}: {e}") from None
 
-    def _prepare_one(self, ref: ClaimRef, ticket: int) -> tuple[PreparedDevice, ...]:
+    def _prepare_one(self, ref: ClaimRef, ticket: int, deadline: float | None = None) -> tuple[PreparedDevice, ...]:
         self._check_ref(ref, need_name=True)
-        with self._lock:
+        with self._shared(deadline):
             entry = self._claims.get(ref.uid)
             if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
                 # Repeated prepare (kubelet restart, node reboot): same answer, spec rewritten (tmpfs).
@@ -263,7 +310,7 @@ class DriverState:
         allocated = allocated_devices(claim, ref, self.driver_name, self.pool_name, self.host.spec)
         plan = self.plan(ref, allocated)
         for _ in range(COMMIT_ATTEMPTS):
-            with self._lock:
+            with self._shared(deadline):
                 if self._unprepared.get(ref.uid, 0) > ticket:
                     raise ClaimError(Reason.UNPREPARED_MEANWHILE,
                                      f"claim {ref} was unprepared while this prepare was in flight; not preparing it")
@@ -292,7 +339,7 @@ class DriverState:
                 raise ClaimError(Reason.DEVICE_BUSY,
                                  f"claim {ref}: Neuron device(s) {', '.join(map(str, per_device))} (physical cores "
                                  f"{where}) are prepared for another live claim: {holders}")
-            with self._lock:
+            with self._shared(deadline):
                 self._release_stale_locked(conflicts)
         raise ClaimError(Reason.DEVICE_BUSY, f"claim {ref}: devices kept being taken by other claims; retry")
 
@@ -407,7 +454,7 @@ class DriverState:
     def _release_stale_locked(self, stale: Sequence[PreparedClaim]) -> None:
         current = dict(self._claims)
         for entry in stale:
-            if current.get(entry.uid) is entry:
+            if current.get(entry.uid) == entry:  # equal: a refresh reads new objects
                 log.warning("releasing devices of a claim that is gone and was never unprepared",
                             extra={"claim": f"{entry.namespace}/{entry.name} ({entry.uid})",
                                    "devices": list(entry.neuron_indexes)})
@@ -461,7 +508,7 @@ class DriverState:
         start = time.perf_counter()
         try:
             self._check_ref(ref, need_name=False)
-            with self._lock:
+            with self._shared():
                 self._unprepare_locked(ref, ticket)
         except ClaimError as e:
             log.warning("unprepare failed", extra={"claim": str(ref), "reason": e.reason.value, "error": e.message})
@@ -499,7 +546,7 @@ class DriverState:
         self._cdi.ensure_root()
         self._cdi.remove_temp_files()
         rewritten = []
-        with self._lock:
+        with self._shared():
             for c in self._claims.values():
                 if c.state is not ClaimState.PREPARE_COMPLETED:
                     continue
@@ -527,7 +574,7 @@ class DriverState:
         (deleted, replaced, or no longer allocated these devices); keep the others for kubelet's retry or
         unprepare. Asks the API server, so it runs after serving has started; entries it cannot check yet
         are reported as unresolved."""
-        with self._lock:
+        with self._shared():
             unfinished = [c for c in self._claims.values() if c.state is ClaimState.PREPARE_STARTED]
         dropped, kept, unresolved = [], [], []
         for c in unfinished:
@@ -547,8 +594,8 @@ class DriverState:
             if owned:
                 kept.append(c.uid)
                 continue
-            with self._lock:
-                if self._claims.get(c.uid) is c:  # not completed or replaced meanwhile
+            with self._shared():
+                if self._claims.get(c.uid) == c:  # not completed or replaced meanwhile
                     self._cdi.remove(c.uid)
                     self._save_locked({u: x for u, x in self._claims.items() if u != c.uid})
                     dropped.append(c.uid)

@@ -21,7 +21,7 @@ from typing import Any
 from neuron_dra.driver.daemon import logs
 from neuron_dra.driver.daemon.claims import ClaimLookupError
 from neuron_dra.driver.daemon.failpoints import CrashPoints
-from neuron_dra.driver.daemon.main import parse_options, run_daemon
+from neuron_dra.driver.daemon.main import parse_options, run_daemon, with_socket_names
 
 UNAVAILABLE = "unavailable"
 
@@ -65,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     claims_dir = Path(args[1])
     options = parse_options(args[2:], os.environ)
     logs.configure(options.log_level)
+    options = with_socket_names(options, None)  # no API server: per-instance names only when asked for
     return run_daemon(options, DirectoryClaimLookup(claims_dir), None, CrashPoints.from_env(os.environ))
 
 

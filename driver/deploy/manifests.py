@@ -46,6 +46,7 @@ from neuron_dra.driver.model.k8s_names import (
     LIVENESS_SERVICE,
     NEURON_CORE_RESOURCE,
     NEURON_DEVICE_RESOURCE,
+    READINESS_SERVICE,
     TAINT_EFFECTS,
     check_dns_label,
     check_dns_subdomain,
@@ -116,6 +117,7 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 _MINOR = re.compile(r"^1\.(\d{2})$")
 MIN_MINOR = 34  # resource.k8s.io/v1
+MAX_ROLLOUT_PODS = 10_000  # maxSurge / maxUnavailable count nodes (each with at most two driver pods at once)
 # The first Kubernetes minor (1.N) that serves, on by default, what parts of the driver's objects use
 # (docs/kubernetes-versions.md §2). The one place the version rule lives: the Pulumi components and the default
 # stack render through it.
@@ -229,6 +231,11 @@ class DriverDeployOptions:
     kube_api_qps: float = 5.0
     kube_api_burst: int = 10
     kube_api_timeout: float = 10.0
+    # The DaemonSet's rolling update (docs/upgrades.md), in nodes at a time: with max_surge a new pod starts
+    # beside the old one on a node and both serve until the old one stops (kubelet 1.33+ registers both), so no
+    # node is without the driver; max_unavailable stops the old pod first (a gap until the new one registers).
+    max_surge: int = 1
+    max_unavailable: int = 0
 
     def __post_init__(self) -> None:
         # Names left empty derive from the driver name, so two installations with different driver names never
@@ -306,6 +313,13 @@ class DriverDeployOptions:
             if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
                 what = "a whole number" if kinds == (int,) else "a number"
                 raise DeployOptionError(opt, value, f"{what} from {low:g} to {high:g}")
+        for opt in ("max_surge", "max_unavailable"):
+            value = getattr(self, opt)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ROLLOUT_PODS:
+                raise DeployOptionError(opt, value, f"a whole number of nodes from 0 to {MAX_ROLLOUT_PODS}")
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise DeployOptionError("max_unavailable", self.max_unavailable,
+                                    "at least 1 when max_surge is 0 (the rollout could never start)")
         if not self.instance_types:
             raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
         hardware = self.hardware  # a bad catalog file is refused here, naming its key path
@@ -701,6 +715,12 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
             "timeoutSeconds": 5,
             "failureThreshold": 3,
         }
+        container["readinessProbe"] = {
+            "grpc": {"port": options.healthcheck_port, "service": READINESS_SERVICE},
+            "periodSeconds": 2,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        }
     if options.metrics_port:
         ports.append({"name": "metrics", "containerPort": options.metrics_port, "protocol": "TCP"})
     if ports:
@@ -723,7 +743,8 @@ def daemonset(options: DriverDeployOptions) -> Manifest:
         "metadata": _meta(options, options.daemonset_name, "kubelet-plugin", namespaced=True),
         "spec": {
             "selector": {"matchLabels": dict(selector)},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {
+                "maxSurge": options.max_surge, "maxUnavailable": options.max_unavailable}},
             "template": {
                 "metadata": {"labels": {**_labels(options, "kubelet-plugin"), **selector},
                              **({"annotations": pod_annotations} if pod_annotations else {})},

@@ -89,6 +89,9 @@ REGISTRY_DIR_ENV = "KUBELET_REGISTRAR_DIRECTORY_PATH"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_HEALTHCHECK_PORT = 51515
 LIVENESS_SERVICE = "liveness"  # the gRPC health service name kubelet's liveness probe asks for
+# ... and its readiness probe: SERVING once kubelet has registered this instance, so a surge rollout stops the
+# old pod only when the new one takes calls (docs/upgrades.md).
+READINESS_SERVICE = "readiness"
 
 # --- the Neuron device plugin's extended resource names (DeviceClasses can serve them: DRAExtendedResource) ---
 NEURON_DEVICE_RESOURCE = "aws.amazon.com/neuron"

@@ -225,6 +225,20 @@ def test_daemonset_env_matches_awss_chart() -> None:
         DriverDeployOptions(unhealthy_taint_effect="PreferNoSchedule")
 
 
+def test_daemonset_rolls_with_a_surge_pod_and_no_node_without_the_driver() -> None:
+    """A new pod starts beside the old one (kubelet 1.33+ registers both, docs/upgrades.md); settable."""
+    strategy = by_kind(DriverDeployOptions())["DaemonSet"]["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    stop_first = by_kind(DriverDeployOptions(max_surge=0, max_unavailable=2))["DaemonSet"]["spec"]["updateStrategy"]
+    assert stop_first["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 2}
+    with pytest.raises(DeployOptionError, match=r"max_unavailable.*0.*at least 1 when max_surge is 0"):
+        DriverDeployOptions(max_surge=0, max_unavailable=0)
+    with pytest.raises(DeployOptionError, match=r"max_surge.*True.*whole number of nodes from 0 to 10000"):
+        DriverDeployOptions(max_surge=True)
+    with pytest.raises(DeployOptionError, match=r"max_unavailable.*'10%'.*whole number of nodes"):
+        DriverDeployOptions(max_unavailable="10%")  # type: ignore[arg-type]
+
+
 def test_daemonset_scheduling_security_and_probe() -> None:
     options = DriverDeployOptions()
     ds = by_kind(options)["DaemonSet"]

@@ -192,6 +192,9 @@ BAD_CONFIGS = [
     ({"kubeletPluginsDir": "var/lib/kubelet/plugins"}, "neuron-dra:kubeletPluginsDir", "absolute"),
     ({"driverImage": "my image"}, "neuron-dra:driverImage", "without spaces"),
     ({"driverMetricsPort": 51515}, "neuron-dra:driverMetricsPort", "other than healthcheck_port"),
+    ({"driverMaxSurge": -1}, "neuron-dra:driverMaxSurge", "whole number of nodes from 0 to 10000"),
+    ({"driverMaxSurge": 0}, "neuron-dra:driverMaxUnavailable", "at least 1 when max_surge is 0"),
+    ({"driverMaxUnavailable": "some"}, "neuron-dra:driverMaxUnavailable", "whole number"),
 ]
 
 
@@ -310,3 +313,13 @@ def test_the_stack_enforces_network_policies_unless_told_not_to() -> None:
     assert err.value.setting == "neuron-dra:vpcCniVersion" and "vpcCniNetworkPolicy" in str(err.value)
     assert decode_settings(engine_config({"vpcCniVersion": "v1.13.0-eksbuild.1", "nodeGroups": inf2,
                                           "vpcCniNetworkPolicy": False})).vpc_cni_network_policy is False
+
+
+def test_the_driver_rollout_settings_reach_the_daemonset() -> None:
+    """driverMaxSurge / driverMaxUnavailable: the stack's DaemonSet rolls as set (docs/upgrades.md)."""
+    manifests = cli_plan.kubernetes_manifests(run_stack({"driverMaxSurge": 0, "driverMaxUnavailable": 2}))
+    ds = next(m for m in manifests if m["kind"] == "DaemonSet")
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 2}
+    default = next(m for m in cli_plan.kubernetes_manifests(run_stack({})) if m["kind"] == "DaemonSet")
+    assert default["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    kubernetes_validate.validate(ds, "1.36", strict=True)

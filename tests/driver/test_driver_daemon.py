@@ -212,6 +212,14 @@ def test_metrics_and_health_ports(dirs: DaemonDirs, host_root: Path) -> None:
         stub = grpc_health_v1_pb2_grpc.HealthStub(channel)
         status = stub.Check(grpc_health_v1_pb2.HealthCheckRequest(service="liveness"), timeout=5).status
         assert status == grpc_health_v1_pb2.HealthCheckResponse.SERVING
+
+        def readiness() -> int:
+            return int(stub.Check(grpc_health_v1_pb2.HealthCheckRequest(service="readiness"), timeout=5).status)
+
+        # Ready only once kubelet has registered this instance (a surge rollout then stops the old pod).
+        assert readiness() == grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
+        pluginclient.register(dirs.registration_socket)  # GetInfo and NotifyRegistrationStatus, as kubelet does
+        assert readiness() == grpc_health_v1_pb2.HealthCheckResponse.SERVING
     finally:
         channel.close()
     assert d.terminate() == 0

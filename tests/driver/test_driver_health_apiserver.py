@@ -99,6 +99,50 @@ def test_fault_taints_the_device_records_events_and_clear_untaints(api: Any, tmp
     assert node.metrics.tainted_devices._value.get() == 0
 
 
+def pool_generations(api: Any, node: str) -> list[int]:
+    resp = client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node}",
+                                                          _preload_content=False)
+    return sorted(s["spec"]["pool"]["generation"] for s in raw(resp)["items"])
+
+
+def test_two_instances_side_by_side_publish_the_same_taints_without_flapping(api: Any, tmp_path: Path) -> None:
+    """A surge rollout (docs/upgrades.md): the new instance starts while a device is tainted, a second device
+    fails while both run, then the old one stops. The pool is rewritten only when a fault appears, the taints'
+    timeAdded never moves, and nothing is deleted when the old one goes."""
+    name = "health-node-surge"
+    host = emulate("trn2.48xlarge", tmp_path / "host")
+    old = Node(api, name, host, "NoSchedule")
+    old.publisher.reconcile()
+    inject_fault(host, 5)
+    old.monitor.poll()
+    first = devices_by_name(api, name)["neuron-device-5"]["taints"]
+    time.sleep(1.1)  # the new instance reads the fault later than the old one did
+    new = Node(api, name, host, "NoSchedule")  # its first poll happens as it is made: the taint is known at once
+    generations = pool_generations(api, name)
+    for _ in range(3):
+        for node in (new, old):
+            result, _ = node.publisher.reconcile()
+            assert not result.changed
+    assert pool_generations(api, name) == generations
+
+    inject_fault(host, 9)  # while both run: each notices and republishes; the second finds it done already
+    old.monitor.poll()
+    after_fault = pool_generations(api, name)
+    assert after_fault != generations
+    time.sleep(1.1)
+    new.monitor.poll()
+    for node in (old, new, old):
+        result, _ = node.publisher.reconcile()
+        assert not result.changed
+    assert pool_generations(api, name) == after_fault
+    devs = devices_by_name(api, name)
+    assert devs["neuron-device-5"]["taints"] == first
+    assert [n for n, d in devs.items() if "taints" in d] == ["neuron-device-5", "neuron-device-9"]
+    del old  # the old instance stops: the publisher deletes nothing on the way out
+    assert devices_by_name(api, name)["neuron-device-9"]["taints"]
+    assert pool_generations(api, name) == after_fault
+
+
 @pytest.fixture(scope="module")
 def plane_without_taints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """Kubernetes 1.36 with the beta DRADeviceTaints gate off: like 1.34/1.35 (alpha, off)."""

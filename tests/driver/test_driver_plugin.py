@@ -174,7 +174,8 @@ def test_dra_socket_listens_before_the_registration_socket_appears(monkeypatch: 
 
         def add(address: str) -> int:
             port = int(real_add(address))
-            order.append((path.name, path.exists(), stat.S_IMODE(path.stat().st_mode)))
+            bound = Path(address.removeprefix("unix:"))  # a hidden name, renamed to `path` once bound
+            order.append((path.name, bound.exists(), stat.S_IMODE(bound.stat().st_mode)))
             return port
 
         monkeypatch.setattr(server._server, "add_insecure_port", add)
@@ -212,7 +213,7 @@ def test_health_liveness_calls_the_daemons_own_sockets(served: Served) -> None:
         assert check("liveness") == serving
         assert check("") == serving
         with pytest.raises(grpc.RpcError) as info:
-            check("readiness")
+            check("startup")
         assert info.value.code() is grpc.StatusCode.NOT_FOUND
         with pytest.raises(grpc.RpcError) as info:
             list(stub.Watch(grpc_health_v1_pb2.HealthCheckRequest(service="liveness"), timeout=5))

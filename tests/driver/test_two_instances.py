@@ -86,3 +86,44 @@ def _hold(directory: Path, ready: multiprocessing.synchronize.Event, release: mu
     with lock.hold():
         ready.set()
         release.wait(30)
+
+
+def test_a_refresh_reads_more_than_its_first_piece_when_the_other_wrote_much(tmp_path: Path) -> None:
+    a, b = pair(tmp_path, journal_size=current.JOURNAL_SIZE)
+    state: dict[str, PreparedClaim] = {}
+    for i in range(300):  # far more than the 64 KiB a refresh reads first
+        state = {**state, uid(i % 40): claim(current, uid(i % 40), i % 16)}
+        a.save(state)
+    assert a._offset > current._REFRESH_READ
+    assert b.refresh() == state
+    b.save({})
+    assert a.refresh() == {}
+
+
+def test_a_call_that_cannot_get_the_lock_before_its_deadline_fails_alone_naming_it(tmp_path: Path) -> None:
+    from neuron_dra.driver.daemon.cdi import CdiStore
+    from neuron_dra.driver.daemon.claims import ClaimError, ClaimRef, Reason
+    from neuron_dra.driver.daemon.state import CallScope, DriverState
+    from neuron_dra.driver.model.discovery import discover
+    from neuron_dra.driver.model.emulate import emulate
+    from tests.support.driver import DRIVER, NODE, FakeLookup, devices
+    from tests.support.driver import claim as api_claim
+    from tests.support.driver import uid as claim_uid
+
+    root = emulate("trn2.48xlarge", tmp_path / "host")
+    plugin = tmp_path / "plugin"
+    lookup = FakeLookup(api_claim("c", claim_uid(1), devices(0)))
+    state = DriverState(host=discover(root), host_root=root, driver_name=DRIVER, pool_name=NODE,
+                        cdi=CdiStore(tmp_path / "cdi", DRIVER), checkpoint=Checkpoint(plugin / "checkpoint.json"),
+                        lookup=lookup, instance_lock=InstanceLock(plugin))
+    state.load()
+    state.reconcile_local()
+    other = InstanceLock(plugin)  # another open file: flock excludes it as it would another process
+    ref = ClaimRef("default", "c", claim_uid(1))
+    with other.hold():
+        result = state.prepare([ref], CallScope(time.monotonic() + 0.3))[ref.uid]
+        assert isinstance(result, ClaimError) and result.reason is Reason.LOCK_TIMEOUT
+        assert "serialize.lock: another instance of the driver held the lock" in result.message
+    assert not isinstance(state.prepare([ref], CallScope(time.monotonic() + 5))[ref.uid], ClaimError)
+    state.close()
+    other.close()

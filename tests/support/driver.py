@@ -212,7 +212,9 @@ class DaemonProcess:
                 out.append(json.loads(line))
         return out
 
-    def terminate(self, timeout: float = 20.0) -> int:
+    def terminate(self, timeout: float = 45.0) -> int:
+        """SIGTERM and the exit code. The timeout is above the daemon's drain (main.DRAIN_SECONDS): a call
+        still running may take that long before the daemon exits."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout)

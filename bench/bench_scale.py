@@ -1,0 +1,362 @@
+"""Benchmark: what claim pods cost the real kube-scheduler at 100 to 1,000+ trn2.48xlarge nodes.
+
+Per cell (node count x slice model) a fresh control plane of the default Kubernetes version
+(localcluster/controlplane.py: etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the profile of
+--profile, `tuned` by default) gets N Node objects and their ResourceSlices through the API (no kubelets), as
+one of the slice models (scale_cluster.SLICE_MODELS): "ours" (driver/model/slices.py as the daemon publishes
+it with --core-partitions off), "ours-cores" (with NeuronCores and counters) or "aws" (the same devices with
+AWS's attribute set only), plus the EFA driver's slice per node. The models' control planes of one node count
+run side by side; per pod shape each gets one burst of pods (created 8 at a time as fast as its API server
+takes them; the models' order alternating from shape to shape) whose claims come from the claim_templates
+examples. Pods never run: a pod is scheduled when the scheduler has bound it (spec.nodeName, seen by a watch).
+After a burst its pods are deleted and the controller-manager deletes their claims (waited for).
+
+Figures per burst: pods/s (pods / first create -> last bound), p50/p99 time to scheduled (create -> bound),
+scheduler CPU per pod (its user+system time from /proc over the burst; robust to other load on the machine,
+unlike the wall-clock figures: the load average is printed next to them), and the claim check's prediction
+(`neuron-dra claims check --nodes N`, claim_templates/scale.py) next to the measured CPU per pod. Per cell: RSS
+of etcd, kube-apiserver, kube-controller-manager and kube-scheduler once the objects are loaded.
+
+Run: python bench/bench_scale.py [--nodes 100,500,1000] [--slices ours,aws] [--shapes ...] [--pods 100]
+                                 [--profile tuned] [--dir DIR] [--json FILE] | --from-json FILE
+Quick: python bench/bench_scale.py --nodes 50 --pods 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scale_cluster, beside this file
+
+from scale_cluster import (
+    SLICE_MODELS,
+    Api,
+    ApiError,
+    ScheduledWatch,
+    cpu_seconds,
+    node_object,
+    node_slices,
+    pod_object,
+    program_pid,
+    rss_bytes,
+)
+
+from neuron_dra.claim_templates import ClaimTemplate
+from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS
+from neuron_dra.claim_templates.examples import (
+    neuron_1x4_connected,
+    one_neuron_device,
+    trn2_8_connected_efa,
+    trn2_two_cores,
+)
+from neuron_dra.claim_templates.node_model import NodeCatalog
+from neuron_dra.claim_templates.scale import ScaleEstimate, estimate
+from neuron_dra.driver.model.hosts import emulated_host
+from neuron_dra.localcluster.controlplane import ControlPlane
+from neuron_dra.localcluster.profiles import PROFILES
+
+NAMESPACE = "bench"
+# Pod shape -> its claim template (None: a pod without a claim).
+SHAPES: Mapping[str, ClaimTemplate | None] = {
+    "no-claim": None,
+    "1-device": one_neuron_device,
+    "4-connected": neuron_1x4_connected,
+    "8-connected-efa": trn2_8_connected_efa,
+    "cores": trn2_two_cores,
+}
+DEVICE_SHAPES = ("no-claim", "1-device", "4-connected", "8-connected-efa")
+CORE_SHAPES = ("cores",)  # only where NeuronCores are published (ours-cores)
+MAX_NODES = 5000  # what the machine's memory could hold at most; a larger --nodes is refused
+MAX_PODS = 2000
+BURST_TIMEOUT_S = 300.0
+CLEANUP_TIMEOUT_S = 180.0
+NODE_PREFIX = "trn2-"  # the emulated nodes: trn2-00000, ...
+CATALOGS = {False: NodeCatalog(partitionable=False), True: NodeCatalog(partitionable=True)}  # by NeuronCores
+
+
+@dataclass(frozen=True)
+class Burst:
+    nodes: int
+    slices: str
+    shape: str
+    pods: int
+    scheduled: int
+    pods_per_s: float
+    p50_ms: float
+    p99_ms: float
+    scheduler_cpu_ms_per_pod: float
+    load_average: float
+    predicted_cpu_ms_per_pod: float | None
+    predicted_per_node_ms: float | None
+
+
+@dataclass(frozen=True)
+class Cell:
+    nodes: int
+    slices: str
+    objects: int  # Nodes + ResourceSlices created
+    load_s: float
+    rss_mib: Mapping[str, float]
+    bursts: tuple[Burst, ...]
+
+
+def parse_list(text: str, allowed: Sequence[str] | None, what: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise SystemExit(f"bench_scale: --{what} is empty")
+    if allowed is not None:
+        bad = [t for t in items if t not in allowed]
+        if bad:
+            raise SystemExit(f"bench_scale: --{what} {','.join(bad)}: not known; choose from {', '.join(allowed)}")
+    return items
+
+
+def parse_nodes(text: str) -> list[int]:
+    out = []
+    for t in parse_list(text, None, "nodes"):
+        if not t.isdigit() or not 1 <= int(t) <= MAX_NODES:
+            raise SystemExit(f"bench_scale: --nodes {t!r}: give whole numbers from 1 to {MAX_NODES}")
+        out.append(int(t))
+    return out
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def load_objects(api: Api, n: int, model: str) -> int:
+    host = emulated_host("trn2.48xlarge")
+    template = node_slices(host, NODE_PREFIX + "template", model)  # one node's slices; the others differ by name
+    names = [f"{NODE_PREFIX}{i:05d}" for i in range(n)]
+    api.create_all(("/api/v1/nodes", node_object(name)) for name in names)
+    slices = [s for name in names for s in renamed(template, name)] if names else []
+    api.create_all(("/apis/resource.k8s.io/v1/resourceslices", s) for s in slices)
+    return n + len(slices)
+
+
+def renamed(slices: Sequence[Mapping[str, Any]], node: str) -> list[dict[str, Any]]:
+    out = []
+    for s in slices:
+        copy = json.loads(json.dumps(s))
+        copy["metadata"]["generateName"] = f"{node}-{copy['spec']['driver']}-"
+        copy["spec"]["nodeName"] = copy["spec"]["pool"]["name"] = node
+        out.append(copy)
+    return out
+
+
+def setup_namespace(api: Api) -> None:
+    api.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    for dc in DEFAULT_DRIVERS.device_classes():
+        api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", dc)
+    for template in SHAPES.values():
+        if template is not None:
+            body = template.to_manifest()
+            body["metadata"]["namespace"] = NAMESPACE
+            api.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates", body)
+    # The scheduler's informers see the objects (and the default service account exists) before the first burst.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")
+            break
+        except ApiError:
+            time.sleep(0.5)
+    time.sleep(3)
+
+
+def predict(template: ClaimTemplate, n: int, model: str, profile: str) -> ScaleEstimate:
+    """`claims check --nodes n`'s estimate for the template on the cell's slices and scheduler settings."""
+    cores = model == "ours-cores"
+    return estimate(template, n, catalog=CATALOGS[cores], shared_counters=cores,
+                    percentage_of_nodes_to_score=PROFILES[profile].percentage_of_nodes_to_score)
+
+
+def burst(api: Api, api_client: Any, scheduler_pid: int, n: int, model: str, shape: str, pods: int,
+          profile: str) -> Burst:
+    template = SHAPES[shape]
+    watch = ScheduledWatch(api_client, NAMESPACE, BURST_TIMEOUT_S + 60)
+    names = [f"{shape}-{i:04d}" for i in range(pods)]
+    started: dict[str, float] = {}
+    cpu0 = cpu_seconds(scheduler_pid)
+    t0 = time.monotonic()
+
+    def create(name: str) -> tuple[str, Mapping[str, Any]]:
+        started[name] = time.monotonic()
+        return f"/api/v1/namespaces/{NAMESPACE}/pods", pod_object(name, template.name if template else None)
+
+    api.create_all(create(name) for name in names)
+    deadline = time.monotonic() + BURST_TIMEOUT_S
+    while watch.count() < pods and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cpu = cpu_seconds(scheduler_pid) - cpu0
+    load = os.getloadavg()[0]
+    times = watch.times()
+    watch.stop()
+    waits = [times[p] - started[p] for p in names if p in times]
+    last = max(times.values()) if times else time.monotonic()
+    prediction = predict(template, n, model, profile) if template is not None else None
+    cleanup(api)
+    return Burst(n, model, shape, pods, len(times), len(times) / max(last - t0, 1e-9),
+                 1e3 * quantile(waits, 0.5) if waits else float("nan"),
+                 1e3 * quantile(waits, 0.99) if waits else float("nan"),
+                 1e3 * cpu / max(len(times), 1), load,
+                 prediction.cpu_ms_per_pod if prediction else None,
+                 prediction.per_node_ms if prediction else None)
+
+
+def cleanup(api: Api) -> None:
+    """Delete the pods at once; the controller-manager deletes their claims (waited for)."""
+    api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods?gracePeriodSeconds=0")
+    deadline = time.monotonic() + CLEANUP_TIMEOUT_S
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+    while time.monotonic() < deadline:
+        if api.count(f"/api/v1/namespaces/{NAMESPACE}/pods") == 0 and api.count(claims) == 0:
+            time.sleep(1)  # the scheduler's informers see the deletions
+            return
+        time.sleep(0.5)
+    raise ApiError(f"pods or claims of namespace {NAMESPACE} still there after {CLEANUP_TIMEOUT_S:.0f} s")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One model's running control plane with its objects loaded."""
+
+    model: str
+    api: Api
+    api_client: Any
+    scheduler_pid: int
+    objects: int
+    load_s: float
+    rss_mib: Mapping[str, float]
+
+
+def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, log: Any) -> Loaded:
+    plane = stack.enter_context(ControlPlane.start(
+        base / f"cp-{n}-{model}", max_lifetime_s=3600, profile=profile,
+        # No kubelet renews the Nodes' leases: keep them Ready for the run.
+        extra_controller_manager_args=("--node-monitor-grace-period=1h", "--node-startup-grace-period=1h")))
+    api = Api(plane.server, plane.dir / "pki")
+    api_client = plane.api_client()
+    stack.callback(api_client.close)
+    pids = {p.name: program_pid(p.popen.pid) for p in plane.processes}
+    started = time.monotonic()
+    objects = load_objects(api, n, model)
+    setup_namespace(api)
+    load_s = time.monotonic() - started
+    rss = {name: rss_bytes(pid) / 2**20 for name, pid in pids.items()}
+    log(f"{n} nodes, {model} slices: {objects} objects in {load_s:.1f} s; RSS "
+        + ", ".join(f"{k} {v:.0f} MiB" for k, v in rss.items()))
+    return Loaded(model, api, api_client, pids["kube-scheduler"], objects, load_s, rss)
+
+
+def run_size(base: Path, n: int, models: Sequence[str], shapes: Sequence[str], pods: int, profile: str,
+             log: Any) -> list[Cell]:
+    """Every model's control plane at once, their bursts interleaved shape by shape (the order alternating), so
+    each model's figures come from the same minutes of the machine's load."""
+    with ExitStack() as stack:
+        planes = [load_plane(stack, base, n, model, profile, log) for model in models]
+        bursts: dict[str, list[Burst]] = {p.model: [] for p in planes}
+        for i, shape in enumerate(shapes):
+            for p in planes if i % 2 == 0 else planes[::-1]:
+                if shape in CORE_SHAPES and p.model != "ours-cores":
+                    continue
+                b = burst(p.api, p.api_client, p.scheduler_pid, n, p.model, shape, pods, profile)
+                log(format_burst(b))
+                bursts[p.model].append(b)
+        return [Cell(n, p.model, p.objects, p.load_s, p.rss_mib, tuple(bursts[p.model])) for p in planes]
+
+
+def format_burst(b: Burst) -> str:
+    predicted = "" if b.predicted_cpu_ms_per_pod is None else (
+        f"  predicted {b.predicted_cpu_ms_per_pod:7.1f} ms/pod ({b.predicted_per_node_ms:.3f} ms/node)")
+    missing = "" if b.scheduled == b.pods else f"  ONLY {b.scheduled}/{b.pods} SCHEDULED"
+    return (f"{b.nodes:5d} nodes {b.slices:4s} {b.shape:16s} {b.pods:4d} pods {b.pods_per_s:7.1f} pods/s  "
+            f"p50 {b.p50_ms:8.1f} ms  p99 {b.p99_ms:8.1f} ms  scheduler CPU {b.scheduler_cpu_ms_per_pod:7.2f} ms/pod"
+            f"{predicted}  load {b.load_average:.1f}{missing}")
+
+
+def summary(cells: Sequence[Cell]) -> str:
+    """Scheduler CPU per claim pod, ours / AWS-shaped, per node count and shape."""
+    lines = ["", "scheduler CPU per pod, ours vs AWS-shaped slices (same run; CPU time, robust to load):"]
+    by = {(b.nodes, b.slices, b.shape): b for c in cells for b in c.bursts}
+    for n in sorted({c.nodes for c in cells}):
+        for shape in DEVICE_SHAPES:
+            ours, aws = by.get((n, "ours", shape)), by.get((n, "aws", shape))
+            if ours is None or aws is None:
+                continue
+            ratio = ours.scheduler_cpu_ms_per_pod / max(aws.scheduler_cpu_ms_per_pod, 1e-9)
+            lines.append(f"  {n:5d} nodes {shape:16s} ours {ours.scheduler_cpu_ms_per_pod:7.2f} ms  aws "
+                         f"{aws.scheduler_cpu_ms_per_pod:7.2f} ms  ratio {ratio:5.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def reprint(path: Path) -> int:
+    """The bursts of an earlier run, predictions made again (after a calibration change)."""
+    report = json.loads(path.read_text())
+    cells = []
+    for c in report["cells"]:
+        bursts = []
+        for b in c["bursts"]:
+            template = SHAPES[b["shape"]]
+            p = predict(template, b["nodes"], b["slices"], report["profile"]) if template is not None else None
+            bursts.append(Burst(**{**b, "predicted_cpu_ms_per_pod": p.cpu_ms_per_pod if p else None,
+                                   "predicted_per_node_ms": p.per_node_ms if p else None}))
+        cells.append(Cell(**{**c, "bursts": tuple(bursts)}))
+    print(f"profile {report['profile']} (from {path})")
+    for cell in cells:
+        print(f"{cell.nodes} nodes, {cell.slices} slices: {cell.objects} objects in {cell.load_s:.1f} s; RSS "
+              + ", ".join(f"{k} {v:.0f} MiB" for k, v in cell.rss_mib.items()))
+        for b in cell.bursts:
+            print(format_burst(b))
+    sys.stdout.write(summary(cells))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--nodes", default="100,500,1000", help="node counts, comma-separated")
+    parser.add_argument("--slices", default="ours,aws",
+                        help=f"slice models: {', '.join(SLICE_MODELS)} (ours-cores grows with nodes squared on 1.36: "
+                             "keep it to small clusters)")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"pod shapes: {', '.join(SHAPES)}")
+    parser.add_argument("--pods", type=int, default=100, help=f"pods per burst (1..{MAX_PODS}; at most the nodes)")
+    parser.add_argument("--profile", default="tuned", choices=list(PROFILES), help="control-plane profile")
+    parser.add_argument("--dir", type=Path, default=None, help="state directory (default: a temporary one)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON to this file")
+    parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
+                        help="run nothing: print the figures of an earlier --json FILE with today's predictions")
+    args = parser.parse_args(argv)
+    if args.from_json is not None:
+        return reprint(args.from_json)
+    if not 1 <= args.pods <= MAX_PODS:
+        raise SystemExit(f"bench_scale: --pods {args.pods}: give 1 to {MAX_PODS}")
+    nodes = parse_nodes(args.nodes)
+    models = parse_list(args.slices, SLICE_MODELS, "slices")
+    shapes = parse_list(args.shapes, list(SHAPES), "shapes")
+
+    def log(message: str) -> None:
+        print(message, flush=True)
+
+    log(f"profile {args.profile}; {os.cpu_count()} CPUs; wall-clock figures depend on the machine's load "
+        "(load average per burst), CPU per pod does not")
+    base = args.dir or Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    cells = [c for n in nodes for c in run_size(base, n, models, shapes, min(args.pods, n), args.profile, log)]
+    sys.stdout.write(summary(cells))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"profile": args.profile, "cells": [asdict(c) for c in cells]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

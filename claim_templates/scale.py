@@ -1,0 +1,138 @@
+"""What a template's claims cost kube-scheduler at a cluster size: `neuron-dra claims check --nodes N`.
+
+kube-scheduler filters a pod on nodes until it has found `feasible_nodes_to_find(N)` that fit
+(pkg/scheduler/schedule_one.go numFeasibleNodesToFind: every node below 100, else an adaptive share of
+50 - N/125 percent, at least 5 %, at least 100 nodes). On each node its DRA plugin runs the structured
+allocator over the node's devices: the CEL selectors of the class and the request on each candidate
+device, then the search. The estimate counts that work on an empty node of the template's instance type
+(the claim checks' own node model, the slices the driver publishes) and prices it with per-pod, per-node and
+per-device-selector costs calibrated with bench/bench_scale.py (docs/scale.md §4). The DRA filter gives up
+on a node after 10 s (the DynamicResources plugin's filterTimeout); a per-node estimate that comes near it
+is a warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_dra.claim_templates.allocator import Simulator
+from neuron_dra.claim_templates.cel_env import CelEnvironment, CelEvaluationError
+from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
+from neuron_dra.claim_templates.template import ClaimTemplate
+
+DRA_FILTER_TIMEOUT_MS = 10_000.0
+WARN_SHARE = 0.5  # warn when the estimate per node reaches this share of the filter timeout
+MIN_FEASIBLE_NODES = 100
+MIN_FEASIBLE_PERCENT = 5
+MAX_NODES = 100_000  # beyond Kubernetes' documented 5,000-node limit, far enough for any question
+
+# Calibrated on bench/bench_scale.py (trn2.48xlarge nodes, kube-scheduler 1.36, tuned profile).
+POD_MS = 3.0  # per pod, whatever the cluster size: queueing, binding, the claim's status write
+NODE_MS = 0.19  # per filtered node: the DRA plugin's per-node setup (pools gathered and converted)
+SELECTOR_MS = 0.035  # per CEL selector evaluation on a device (cel-go's cost tracker set up per evaluation)
+# Kubernetes 1.36's allocator treats every slice with sharedCounters as shared by all nodes (1.37 keeps a slice with
+# a nodeName to its node): each node's filter converts every other node's counter slices and, their pools being
+# incomplete there, scans all slices for each (docs/scale.md §2).
+COUNTER_POOL_MS = 0.28  # per other node with counters, per filtered node
+
+
+@dataclass(frozen=True)
+class ScaleEstimate:
+    template: str
+    nodes: int
+    instance_type: str
+    filtered_nodes: int
+    selector_evaluations: int  # per node: candidate devices x selectors, over the claim's requests
+    per_node_ms: float
+    cpu_ms_per_pod: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"instanceType": self.instance_type, "nodes": self.nodes, "filteredNodes": self.filtered_nodes,
+                "selectorEvaluations": self.selector_evaluations, "perNodeMs": round(self.per_node_ms, 3),
+                "cpuMsPerPod": round(self.cpu_ms_per_pod, 1), "warning": self.warning}
+
+    @property
+    def warning(self) -> str | None:
+        if self.per_node_ms >= WARN_SHARE * DRA_FILTER_TIMEOUT_MS:
+            return (f"{self.template} at {self.nodes} nodes: about {self.per_node_ms:.0f} ms of DRA filter work per "
+                    f"{self.instance_type} node, near the scheduler's {DRA_FILTER_TIMEOUT_MS / 1e3:.0f} s limit per "
+                    "node")
+        if self.cpu_ms_per_pod >= DRA_FILTER_TIMEOUT_MS:
+            return (f"{self.template} at {self.nodes} nodes: about {self.cpu_ms_per_pod / 1e3:.0f} s of scheduler CPU "
+                    "per pod: pods wait in line behind each other")
+        return None
+
+
+def feasible_nodes_to_find(nodes: int, percentage: int | None = None) -> int:
+    """How many nodes kube-scheduler filters a pod on when all fit (`percentage`: percentageOfNodesToScore,
+    None: its adaptive default)."""
+    if nodes < MIN_FEASIBLE_NODES:
+        return nodes
+    percent = percentage if percentage else max(MIN_FEASIBLE_PERCENT, 50 - nodes // 125)
+    return min(nodes, max(MIN_FEASIBLE_NODES, nodes * percent // 100))
+
+
+def check_nodes(nodes: int) -> int:
+    if not 1 <= nodes <= MAX_NODES:
+        raise ValueError(f"--nodes {nodes}: give a cluster size from 1 to {MAX_NODES} nodes")
+    return nodes
+
+
+def selector_evaluations(template: ClaimTemplate, node: NodeModel) -> int:
+    """CEL selector evaluations that allocating one claim from `template` on the empty `node` takes, as Go's
+    first-fit search makes them: per request (a firstAvailable one by its first subrequest), devices in search
+    order (pools by driver and name, as the claim checks' allocator simulation orders them), each device's class
+    selectors then the request's until one is false, until the request's count of devices matched. Constraints
+    are not searched: on an empty node the first devices matched fit them (the id-aligned groups)."""
+    cel = CelEnvironment()
+    sim = Simulator(node.slices, node.device_classes, node.node_name, cel=cel)
+    classes = {c["metadata"]["name"]: [_expression(s) for s in c["spec"].get("selectors") or ()]
+               for c in node.device_classes}
+    # Go visits pools sorted by driver and pool name (GatherPools' sortPoolsByID), slices by name within each.
+    order = sorted(sim.searched, key=lambda d: (d.id.driver, d.id.pool))
+    total = 0
+    for request in template.claim_spec()["devices"].get("requests") or ():
+        body = request.get("exactly") or (request.get("firstAvailable") or [{}])[0]
+        expressions = [*classes.get(body.get("deviceClassName", ""), ()),
+                       *(_expression(s) for s in body.get("selectors") or ())]
+        wanted = len(order) if body.get("allocationMode") == "All" else int(body.get("count", 1))
+        matched = 0
+        for device in order:
+            if matched >= wanted:
+                break
+            for expression in expressions:
+                total += 1
+                try:
+                    if not cel.evaluate(expression, device.cel):
+                        break
+                except CelEvaluationError:
+                    break
+            else:
+                matched += 1
+    return total
+
+
+def _expression(selector: Mapping[str, Any]) -> str:
+    return str((selector.get("cel") or {}).get("expression", ""))
+
+
+def estimate(template: ClaimTemplate, nodes: int, instance_type: str = "trn2.48xlarge",
+             catalog: NodeCatalog | None = None, percentage_of_nodes_to_score: int | None = None,
+             shared_counters: bool = False) -> ScaleEstimate:
+    """The scheduler's work for one pod with one claim from `template` in a cluster of `nodes` empty nodes of
+    `instance_type` as `catalog` models them (default: whole devices only; `NodeCatalog(partitionable=True)` for
+    NeuronCores and counters). `percentage_of_nodes_to_score`: the scheduler's setting, None its adaptive default.
+    `shared_counters`: the nodes publish counters to a Kubernetes 1.36 scheduler, which reads every node's counter
+    slices on each node."""
+    check_nodes(nodes)
+    node = (catalog or NodeCatalog(partitionable=False)).node(instance_type)
+    evaluations = selector_evaluations(template, node)
+    per_node = NODE_MS + evaluations * SELECTOR_MS
+    counters = any(s["spec"].get("sharedCounters") for s in node.slices)
+    if shared_counters and counters:
+        per_node += (nodes - 1) * COUNTER_POOL_MS
+    filtered = feasible_nodes_to_find(nodes, percentage_of_nodes_to_score)
+    return ScaleEstimate(template.name, nodes, instance_type, filtered, evaluations, per_node,
+                         POD_MS + filtered * per_node)

@@ -1,0 +1,52 @@
+"""bench/bench_scale.py's quick path: a real control plane, emulated nodes' slices, two slice models, two shapes.
+
+Checks the report's structure and that every figure is positive (not its values: those depend on the machine).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_scale.py"
+
+
+def test_quick_run_reports_each_cell_and_burst(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--nodes", "12", "--pods", "4", "--slices", "ours,aws",
+         "--shapes", "no-claim,1-device,4-connected", "--dir", str(tmp_path / "d"), "--json", str(out)],
+        capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["profile"] == "tuned"
+    cells = report["cells"]
+    assert [(c["nodes"], c["slices"]) for c in cells] == [(12, "ours"), (12, "aws")]
+    for cell in cells:
+        assert cell["objects"] == 12 * 3  # a Node, its Neuron slice and its EFA slice
+        assert set(cell["rss_mib"]) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+        assert all(v > 0 for v in cell["rss_mib"].values())
+        assert [b["shape"] for b in cell["bursts"]] == ["no-claim", "1-device", "4-connected"]
+        for b in cell["bursts"]:
+            assert b["pods"] == b["scheduled"] == 4
+            assert b["pods_per_s"] > 0 and b["p99_ms"] >= b["p50_ms"] > 0
+            assert b["scheduler_cpu_ms_per_pod"] > 0
+            assert (b["predicted_cpu_ms_per_pod"] is None) == (b["shape"] == "no-claim")
+        assert all(b["predicted_cpu_ms_per_pod"] > 0 for b in cell["bursts"][1:])
+    assert "ours vs AWS-shaped slices" in result.stdout
+    assert "   12 nodes 1-device" in result.stdout and "ratio" in result.stdout
+
+
+def test_bad_options_are_refused(tmp_path: Path) -> None:
+    for args, message in ((["--nodes", "0"], "--nodes '0': give whole numbers from 1 to 5000"),
+                          (["--slices", "gpu"], "--slices gpu: not known; choose from ours, ours-cores, aws"),
+                          (["--shapes", "2-device"], "--shapes 2-device: not known")):
+        result = subprocess.run([sys.executable, str(BENCH), *args, "--dir", str(tmp_path)], capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode != 0 and message in result.stderr, result.stderr
