@@ -67,6 +67,7 @@ log = logging.getLogger("neuron_dra.driver.daemon.main")
 
 RESOLVE_INTERVAL = 30.0  # seconds between checks of unfinished prepares the API server could not answer for
 TRIM_INTERVAL = 60.0  # seconds between returns of free heap memory to the system
+SIGNAL_POLL = 0.5  # the main thread's longest wait: how late a stop signal's handler may run
 # On SIGTERM, seconds the DRA calls already running get to finish (the DaemonSet's grace period is 30 s).
 DRAIN_SECONDS = 20.0
 # Seconds a new instance waits for one on the plain socket names (not sharing the state) to stop: its pod's grace
@@ -519,7 +520,11 @@ class Daemon:
                     log.warning("checking unfinished prepares failed; retrying later", extra={"error": str(e)})
                 next_resolve = now + RESOLVE_INTERVAL
             memory.trim()
-            self.stop_event.wait(TRIM_INTERVAL if not pending else min(TRIM_INTERVAL, RESOLVE_INTERVAL))
+            until = time.monotonic() + (TRIM_INTERVAL if not pending else min(TRIM_INTERVAL, RESOLVE_INTERVAL))
+            # In short waits: a signal that arrives just before the main thread blocks does not interrupt that
+            # wait, and its Python handler (signals.py) runs only once the thread runs bytecode again.
+            while not self.stop_event.is_set() and time.monotonic() < until:
+                self.stop_event.wait(min(SIGNAL_POLL, until - time.monotonic()))
 
     def stop(self) -> None:
         self.stop_event.set()
