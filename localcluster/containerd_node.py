@@ -32,7 +32,6 @@ from neuron_dra.localcluster.restarting import Restarting
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec
 
 log = logging.getLogger("neuron_dra.localcluster.containerd_node")
-NODE_READY_TIMEOUT_S = 90.0
 SOCKET_TIMEOUT_S = 30.0
 
 
@@ -129,22 +128,8 @@ class ContainerdNodeAgent:
                                          f"{SOCKET_TIMEOUT_S:.0f} s; {self.ctrd_paths.log} ends:\n{tail}")
 
     def _wait_node_ready(self) -> str:
-        core = client.CoreV1Api(self.api)
-        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                node: Any = core.read_node(self.node.name)
-            except client.exceptions.ApiException as e:
-                if e.status != 404:
-                    raise
-            else:
-                conditions = node.status.conditions or [] if node.status is not None else []
-                if any(c.type == "Ready" and c.status == "True" for c in conditions):
-                    return str(node.metadata.uid)
-            time.sleep(0.2)
-        tail = "\n".join(self.paths.kubelet.log.read_text(errors="replace").splitlines()[-30:])
-        raise kubelet.KubeletError(f"the kubelet of {self.node.name} did not report the Node Ready within "
-                                   f"{NODE_READY_TIMEOUT_S:.0f} s; {self.paths.kubelet.log} ends:\n{tail}")
+        """The kubelet registered the Node and reports it Ready; returns the Node's uid."""
+        return kubelet.wait_node_ready(self.api, self.node.name, self.paths.kubelet.log)
 
     def stop(self) -> None:
         def stop_part(part: Any) -> None:

@@ -344,3 +344,31 @@ def require_root(euid: int) -> None:
         raise KubeletError("the local cluster runs real kubelets, which need root: each runs in its own mount "
                            "namespace (unshare --mount) so that it writes nothing outside the cluster directory")
 
+
+
+NODE_READY_TIMEOUT_S = 90.0
+
+
+def wait_node_ready(api: Any, node_name: str, kubelet_log: Path, timeout_s: float = NODE_READY_TIMEOUT_S) -> str:
+    """Wait until the kubelet registered its Node and reports it Ready; the Node's uid. KubeletError with the
+    end of the kubelet's log when that takes longer than `timeout_s`."""
+    import time
+
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            node: Any = core.read_node(node_name)
+        except client.exceptions.ApiException as e:
+            if e.status != 404:
+                raise
+        else:
+            conditions = node.status.conditions or [] if node.status is not None else []
+            if any(c.type == "Ready" and c.status == "True" for c in conditions):
+                return str(node.metadata.uid)
+        time.sleep(0.2)
+    tail = "\n".join(kubelet_log.read_text(errors="replace").splitlines()[-30:]) if kubelet_log.exists() else ""
+    raise KubeletError(f"the kubelet of {node_name} did not report the Node Ready within {timeout_s:.0f} s; "
+                       f"{kubelet_log} ends:\n{tail}")

@@ -47,7 +47,6 @@ DEFAULT_TTL_S = 2 * 3600
 STATUS_FILE = "status.json"
 PID_FILE = "supervisor.pid"
 LOG_FILE = "supervisor.log"
-NODE_READY_TIMEOUT_S = 90.0
 RUNTIMES = ("containerd", "fake")  # cluster up --runtime: real containers, or the fake CRI runtime
 
 
@@ -133,22 +132,7 @@ class NodeAgent:
 
     def _wait_node_ready(self) -> str:
         """The kubelet registered the Node and reports it Ready; returns the Node's uid."""
-        core = client.CoreV1Api(self.api)
-        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                node: Any = core.read_node(self.node.name)
-            except client.exceptions.ApiException as e:
-                if e.status != 404:
-                    raise
-            else:
-                conditions = node.status.conditions or [] if node.status is not None else []
-                if any(c.type == "Ready" and c.status == "True" for c in conditions):
-                    return str(node.metadata.uid)
-            time.sleep(0.2)
-        tail = "\n".join(self.paths.kubelet.log.read_text(errors="replace").splitlines()[-30:])
-        raise kubelet.KubeletError(f"the kubelet of {self.node.name} did not report the Node Ready within "
-                                   f"{NODE_READY_TIMEOUT_S:.0f} s; {self.paths.kubelet.log} ends:\n{tail}")
+        return kubelet.wait_node_ready(self.api, self.node.name, self.paths.kubelet.log)
 
     def _write_driver_kubeconfig(self) -> None:
         """A token bound to a driver pod on this node: the API server adds the node name to the identity, which
