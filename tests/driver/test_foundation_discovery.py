@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.model.catalog import CATALOG, get_instance_spec
+from neuron_dra.driver.model import hosts
+from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, UnknownInstanceTypeError, get_instance_spec
 from neuron_dra.driver.model.discovery import DiscoveryError, discover, normalize_bdf, parse_neuron_ls
-from neuron_dra.driver.model.emulate import EMULATED_MAJOR
+from neuron_dra.driver.model.emulate import EMULATED_MAJOR, EmulationOptions, emulate
 
 HostTree = Callable[..., Path]
 DEV = "sys/devices/virtual/neuron_device"
@@ -214,8 +215,6 @@ def test_neuron_ls_open_for_writing_somewhere_is_retried_not_an_error(tmp_path: 
     import threading
 
     from neuron_dra.driver.model.discovery import NEURON_LS, run_neuron_ls
-    from neuron_dra.driver.model.emulate import emulate
-
     root = emulate("trn1.32xlarge", tmp_path / "host")
     writer = (root / NEURON_LS).open("ab")  # our own descriptor open for writing: exec gets ETXTBSY
     threading.Timer(0.1, writer.close).start()
@@ -225,3 +224,23 @@ def test_neuron_ls_open_for_writing_somewhere_is_retried_not_an_error(tmp_path: 
     with (root / NEURON_LS).open("ab"), pytest.raises(DiscoveryError) as e:
         run_neuron_ls(root)
     assert "Text file busy" in str(e.value)
+
+
+def test_emulated_hosts_are_kept_per_type_options_and_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    hosts._emulated_host.cache_clear()
+    written: list[str] = []
+
+    def counting_emulate(instance_type: str, *args: object, **kwargs: object) -> Path:
+        written.append(instance_type)
+        return emulate(instance_type, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hosts, "emulate", counting_emulate)
+    first = hosts.emulated_host("inf2.xlarge")
+    assert hosts.emulated_host("inf2.xlarge", EmulationOptions(), BUILTIN) is first  # the defaults are one key
+    other = hosts.emulated_host("inf2.xlarge", EmulationOptions(host_id="other"))
+    assert other != first and other.spec == first.spec  # options seed the serial numbers
+    assert written == ["inf2.xlarge", "inf2.xlarge"]
+    with pytest.raises(UnknownInstanceTypeError, match=r"nope\.xlarge"):
+        hosts.emulated_host("nope.xlarge")
+    assert hosts._emulated_host.cache_info().maxsize == hosts.EMULATED_HOSTS_KEPT  # bounded
+    hosts._emulated_host.cache_clear()
