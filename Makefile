@@ -5,10 +5,13 @@
 PYTHON ?= python3
 IMAGE ?= neuron-dra-driver:0.1.0
 FAST := not cluster and not gobuild and not pulumi_engine and not slow
-# The inner loop: the fast tests minus those that start the daemon or a CLI as a process (`process` marker);
-# pytest's cache provider off so parallel worktrees do not share state.
+# The inner loop: the fast tests minus those that start the daemon or a CLI as a process (`process` marker), on
+# every core (pytest-xdist, one test file per worker at a time so a file's module fixtures and lazy imports are paid
+# once); pytest's cache provider off so parallel worktrees do not share state; bytecode written even where
+# PYTHONDONTWRITEBYTECODE is set (__pycache__ is ignored by git): compiling the package and rewriting the tests'
+# asserts again on every run is seconds of CPU.
 UNIT := $(FAST) and not process
-PYTEST_UNIT := $(PYTHON) -m pytest -q -p no:cacheprovider -m "$(UNIT)"
+PYTEST_UNIT := PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -p no:cacheprovider -n auto --dist loadfile -m "$(UNIT)"
 
 .PHONY: help install test test-fast test-unit test-driver test-claims test-components test-localcluster lint protos \
 	image demo

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_dra.driver.model import bounded_yaml
 from neuron_dra.driver.model.errortext import shown
 
 HELP = (
@@ -68,16 +69,7 @@ STACK_FILE_KEYS = ("config", "secretsprovider", "encryptedkey", "encryptionsalt"
 def load_config_file(path: Path, project: str = "neuron-dra") -> dict[str, str]:
     """A stack config file as the engine passes it to programs: full keys (`project:` for keys without one),
     string values, JSON for structures."""
-    import yaml
-
-    try:
-        document = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise PlanError(f"cannot read --config {path}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise PlanError(f"--config {path} is not YAML: {str(e)[:500]}") from e
-    except RecursionError:
-        raise PlanError(f"--config {path}: nested too deeply to read") from None
+    document = _read_yaml(path, "--config")
     if document is None:
         return {}
     if not isinstance(document, Mapping) or not isinstance(document.get("config", {}), Mapping):
@@ -87,10 +79,7 @@ def load_config_file(path: Path, project: str = "neuron-dra") -> dict[str, str]:
     if unknown:
         raise PlanError(f"--config {path}: unknown top-level key {shown(unknown[0])}; a stack config file has "
                         f"{', '.join(STACK_FILE_KEYS)} (the settings go under `config:`)")
-    try:
-        return _flatten(path, document, project)
-    except RecursionError:
-        raise PlanError(f"--config {path}: a value is nested too deeply") from None
+    return _flatten(path, document, project)  # bounded_yaml's nesting bound keeps json.dumps from recursing deep
 
 
 def _flatten(path: Path, document: Mapping[str, Any], project: str) -> dict[str, str]:
@@ -123,22 +112,15 @@ def plan(config: Mapping[str, str], stack: str = "plan") -> Any:
                        exports=lambda result: result.exports)
 
 
-MAX_PROJECT_FILE = 1 << 20  # Pulumi.yaml and stack-outputs files are small; refuse anything bigger
-
-
 def _read_yaml(path: Path, what: str) -> Any:
-    import yaml
-
+    """A stack config, Pulumi.yaml or stack-outputs file, parsed within bounded_yaml's bounds (size, nesting,
+    aliases): deep nesting is refused as it is composed, not after PyYAML's recursion gives up."""
     try:
-        if path.stat().st_size > MAX_PROJECT_FILE:
-            raise PlanError(f"{what} {path}: larger than {MAX_PROJECT_FILE} bytes")
-        return yaml.safe_load(path.read_text())
+        return bounded_yaml.load(bounded_yaml.read(str(path)))
     except OSError as e:
         raise PlanError(f"cannot read {what} {path}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise PlanError(f"{what} {path} is not YAML: {str(e)[:500]}") from e
-    except RecursionError:
-        raise PlanError(f"{what} {path}: nested too deeply to read") from None
+    except bounded_yaml.YamlError as e:
+        raise PlanError(f"{what} {path}: {e}") from None
 
 
 @dataclass(frozen=True)

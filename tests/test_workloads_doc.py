@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -16,6 +15,7 @@ from neuron_dra.claim_templates import examples
 from neuron_dra.claim_templates.loader import templates_in
 from neuron_dra.components.settings import DEFAULT_KUBERNETES_VERSION
 from neuron_dra.driver.model.k8s_names import neuron_taint
+from tests.support import kubeschema
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "workloads.md"
@@ -50,7 +50,7 @@ def test_the_doc_has_the_promised_workloads() -> None:
 
 @pytest.mark.parametrize("obj", manifests(), ids=lambda m: f"{m['kind']}/{m['metadata']['name']}")
 def test_every_manifest_is_valid_for_the_default_kubernetes_version(obj: dict[str, Any]) -> None:
-    kubernetes_validate.validate(obj, DEFAULT_KUBERNETES_VERSION, strict=True)
+    kubeschema.validate(obj, DEFAULT_KUBERNETES_VERSION, strict=True)
 
 
 @pytest.mark.parametrize("obj", [m for m in manifests() if pod_spec(m)], ids=lambda m: m["metadata"]["name"])

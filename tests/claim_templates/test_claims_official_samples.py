@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from neuron_dra.claim_templates import Checker, ClaimTemplate
@@ -23,6 +22,7 @@ from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS
 from neuron_dra.claim_templates.examples import OFFICIAL_SAMPLES, RICHER_CASES
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.driver.model.catalog import CATALOG
+from tests.support import kubeschema
 from tests.support.e2e import claim_template as _template
 
 A = 'device.attributes["neuron.aws.com"]'
@@ -155,10 +155,10 @@ def test_official_samples_fit_where_aws_documents() -> None:
 
 @pytest.mark.parametrize("template", OFFICIAL_SAMPLES + RICHER_CASES, ids=lambda t: t.name)
 def test_examples_pass_kubernetes_validate_strict(template: ClaimTemplate) -> None:
-    kubernetes_validate.validate(template.to_manifest(), "1.34", strict=True)
+    kubeschema.validate(template.to_manifest(), "1.34", strict=True)
 
 
 @pytest.mark.parametrize("name", sorted(AWS_SAMPLES))
 def test_aws_sample_yaml_is_valid_too(name: str) -> None:
-    kubernetes_validate.validate({**AWS_SAMPLES[name], "metadata": {"name": "x", "namespace": "default"}},
+    kubeschema.validate({**AWS_SAMPLES[name], "metadata": {"name": "x", "namespace": "default"}},
                                  "1.34", strict=True)

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -27,6 +26,7 @@ from neuron_dra.claim_templates import (
 from neuron_dra.claim_templates.checks import Checker
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.catalog_file import parse_catalog
+from tests.support import kubeschema
 
 TRN3 = "trn3.48xlarge"
 ACME = parse_catalog({
@@ -62,7 +62,7 @@ TRN3_TEMPLATES = [
 
 @pytest.mark.parametrize("template", TRN3_TEMPLATES, ids=lambda t: t.name)
 def test_trn3_templates_pass_kubernetes_validate_strict(template: ClaimTemplate) -> None:
-    kubernetes_validate.validate(template.to_manifest(), "1.34", strict=True)
+    kubeschema.validate(template.to_manifest(), "1.34", strict=True)
 
 
 def test_connected_on_all_to_all_hosts_needs_no_constraint() -> None:
@@ -132,7 +132,7 @@ def test_lnc_on_trn3_renders_the_opaque_config() -> None:
 def test_an_instance_type_of_our_own_making_renders_and_checks() -> None:
     assert isinstance(ACME, Catalog) and "acme1.24xlarge" not in BUILTIN
     t = ClaimTemplate("acme", Neuron(4, topology=Connected(), instance_types="acme1.24xlarge", catalog=ACME), Efa(4))
-    kubernetes_validate.validate(t.to_manifest(), "1.34", strict=True)
+    kubeschema.validate(t.to_manifest(), "1.34", strict=True)
     ring = ClaimTemplate("acme2", Neuron(2, topology=RingSegment(), instance_types="acme2.8xlarge", catalog=ACME))
     assert devices_of(ring)["constraints"] == [{"requests": ["neurons"],
                                                 "matchAttribute": "neuron.aws.com/topology2_id"}]

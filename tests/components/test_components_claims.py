@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from neuron_dra.claim_templates import ClaimTemplate, Connected, Neuron, RingSegment
@@ -20,6 +19,7 @@ from neuron_dra.components.claims import (
 )
 from neuron_dra.components.mocks import OfflineRun, run_offline
 from neuron_dra.components.settings import SettingError
+from tests.support import kubeschema
 
 
 def run_templates(args: ClaimTemplatesArgs) -> OfflineRun[ClaimTemplates]:
@@ -45,7 +45,7 @@ def test_stack_examples_become_resource_claim_templates_equal_to_their_manifests
     for template in templates:
         manifest = sent[f"{template.namespace}/{template.name}"]
         assert manifest == dict(template.to_manifest())
-        kubernetes_validate.validate(manifest, "1.34", strict=True)
+        kubeschema.validate(manifest, "1.34", strict=True)
 
 
 def test_a_template_the_node_groups_cannot_satisfy_fails_with_the_checks_message() -> None:

@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from neuron_dra.components import cli_plan
 from neuron_dra.components.mocks import OfflineRun, PlanMocks, run_offline
+from tests.support import kubeschema
 
 ROOT = Path(__file__).resolve().parents[2]
 NETWORK = {"acme/network/prod": {"vpcId": "vpc-0123456789abcdef0",
@@ -72,7 +72,7 @@ def test_components_md_example() -> None:
     assert [(t["metadata"]["namespace"], t["metadata"]["name"]) for t in templates] == [
         ("ml", "trn1-4-connected"), ("ml", "trn2-8-connected-efa")]
     for m in manifests:
-        kubernetes_validate.validate(m, "1.36", strict=True)
+        kubeschema.validate(m, "1.36", strict=True)
     scope = run.result
     assert scope["templates"].names == ["ml/trn2-8-connected-efa", "ml/trn1-4-connected"]
     assert scope["trn2"].lnc == 1 and scope["trn1"].lnc is None
@@ -92,7 +92,7 @@ def test_components_md_example_on_1_34_renders_what_1_34_serves() -> None:
         "containers"][0]["env"]}
     assert "UNHEALTHY_TAINT_EFFECT" not in env and "HEALTHCHECK_PORT" in env
     for m in manifests:
-        kubernetes_validate.validate(m, "1.34", strict=True)
+        kubeschema.validate(m, "1.34", strict=True)
 
 
 def test_readme_example() -> None:

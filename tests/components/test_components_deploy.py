@@ -7,13 +7,13 @@ import copy
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from neuron_dra.driver import deploy
 from neuron_dra.driver.daemon.main import parse_options
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions, Resources
 from neuron_dra.driver.model.catalog import CATALOG
+from tests.support import kubeschema
 
 OPTION_SETS = {
     "default": DriverDeployOptions(),
@@ -42,7 +42,7 @@ def by_kind(options: DriverDeployOptions) -> dict[str, dict[str, Any]]:
 def test_every_manifest_passes_strict_schema_validation(name: str) -> None:
     items = deploy.manifests(OPTION_SETS[name])
     for manifest in items:
-        kubernetes_validate.validate(manifest, "1.34", strict=True)
+        kubeschema.validate(manifest, "1.34", strict=True)
     assert [m["kind"] for m in items] == [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "DeviceClass", "DeviceClass",
@@ -54,8 +54,8 @@ def test_strict_validation_catches_a_misspelt_field() -> None:
     # Proof that the validation above can fail: the typed SDKs would accept this typo silently.
     ds = copy.deepcopy(by_kind(DriverDeployOptions())["DaemonSet"])
     ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(ds, "1.34", strict=True)
+    with pytest.raises(kubeschema.ValidationError):
+        kubeschema.validate(ds, "1.34", strict=True)
 
 
 def test_rbac_is_exactly_what_the_daemon_calls() -> None:

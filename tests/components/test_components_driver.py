@@ -6,7 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
@@ -17,6 +16,7 @@ from neuron_dra.components.mocks import OfflineRun, run_offline
 from neuron_dra.components.settings import SettingError
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import DriverDeployOptions
+from tests.support import kubeschema
 
 IMAGE = "registry.example.com/neuron-dra-driver:0.1.0"
 OPTIONS = DriverDeployOptions(namespace="accel", metrics_port=9400)
@@ -46,7 +46,7 @@ def test_applies_exactly_the_deploy_manifests() -> None:
     for key, manifest in expected.items():
         sent = objects[key].plain_inputs
         assert sent == manifest, key
-        kubernetes_validate.validate(sent, "1.34", strict=True)
+        kubeschema.validate(sent, "1.34", strict=True)
     assert run.exports["image"] == IMAGE
     # No AWS resources when the image is given.
     assert not [r for r in run.resources if r.type.startswith(("aws:", "docker-build:"))]
@@ -139,7 +139,7 @@ def test_renders_what_the_clusters_minor_serves(version: str, classes: list[str]
     env = {e["name"] for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert ("UNHEALTHY_TAINT_EFFECT" in env) is taint_env
     for obj in objects.values():
-        kubernetes_validate.validate(obj.plain_inputs, version, strict=True)
+        kubeschema.validate(obj.plain_inputs, version, strict=True)
     assert run.result.core_device_class_name == (classes[1] if len(classes) == 2 else None)
 
 

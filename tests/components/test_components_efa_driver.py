@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import kubernetes_validate
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
@@ -27,6 +26,7 @@ from neuron_dra.driver.deploy import NODE_GROUP_LABEL
 from neuron_dra.driver.model.efa import efa_device_class
 from neuron_dra.driver.model.k8s_names import neuron_taint, neuron_toleration
 from tests.components.test_components_stack import KUBECONFIG, project_defaults, run_stack
+from tests.support import kubeschema
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 TEMPLATE = "kubernetes:resource.k8s.io/v1:ResourceClaimTemplate"
@@ -86,12 +86,12 @@ def test_bad_arguments_are_refused_naming_the_field(kwargs: dict[str, Any], fiel
 
 @pytest.mark.parametrize("version", ["1.34", "1.36"])
 def test_the_device_class_and_the_tolerations_are_valid_objects(version: str) -> None:
-    kubernetes_validate.validate(efa_device_class(), version, strict=True)
+    kubeschema.validate(efa_device_class(), version, strict=True)
     values = EfaDraDriverArgs(node_groups=["trn2"]).values()
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dranet"},
            "spec": {"containers": [{"name": "dranet", "image": f"{EFA_IMAGE_REPOSITORY}:{EFA_IMAGE_TAG}"}],
                     "tolerations": values["tolerations"]}}
-    kubernetes_validate.validate(pod, version, strict=True)
+    kubeschema.validate(pod, version, strict=True)
     taint = neuron_taint()
     (toleration,) = values["tolerations"]
     assert (toleration["key"], toleration["effect"]) == (taint["key"], taint["effect"])

@@ -7,7 +7,6 @@ import runpy
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 from pulumi.runtime import rpc
@@ -22,6 +21,7 @@ from neuron_dra.components.settings_schema import (
     pulumi_project_config,
 )
 from neuron_dra.components.stack import StackResult, build_stack, kubeconfig_input, settings_from_pulumi_config
+from tests.support import kubeschema
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECONFIG = yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [], "contexts": [], "users": []})
@@ -69,7 +69,7 @@ def test_default_stack_one_trn2_node_group_driver_templates_and_exports() -> Non
     assert kinds.count("ResourceClaimTemplate") == len(exports["claimTemplates"])
     assert kinds.count("DaemonSet") == 1
     for m in manifests:
-        kubernetes_validate.validate(m, "1.36", strict=True)
+        kubeschema.validate(m, "1.36", strict=True)
     ds = next(m for m in manifests if m["kind"] == "DaemonSet")
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == exports["driverImage"]
     # CoreDNS waits for the node group; the Kubernetes objects go to the new cluster.
@@ -280,7 +280,7 @@ def test_catalog_file_setting_adds_instance_types_for_node_groups_and_the_driver
     env = {e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["NEURON_DRA_CATALOG"] == "/etc/neuron-dra/catalog.yaml"
     for m in manifests:
-        kubernetes_validate.validate(m, "1.36", strict=True)
+        kubeschema.validate(m, "1.36", strict=True)
 
 
 def test_catalog_file_setting_errors_name_the_setting(tmp_path: Path) -> None:
@@ -322,4 +322,4 @@ def test_the_driver_rollout_settings_reach_the_daemonset() -> None:
     assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 2}
     default = next(m for m in cli_plan.kubernetes_manifests(run_stack({})) if m["kind"] == "DaemonSet")
     assert default["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
-    kubernetes_validate.validate(ds, "1.36", strict=True)
+    kubeschema.validate(ds, "1.36", strict=True)

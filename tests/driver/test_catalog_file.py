@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -21,6 +20,7 @@ from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.driver.model.slices import NodeFacts, build_pool
+from tests.support import kubeschema
 from tests.support.driver import DaemonDirs, DaemonProcess, short_dir
 
 ACME_EFA = [f"0000:{b}:00.0" for b in ("10", "10", "20", "20", "30", "30", "40", "40")]
@@ -200,7 +200,7 @@ def test_the_daemonset_mounts_the_catalog_and_schedules_on_its_types() -> None:
     options = deploy.DriverDeployOptions(catalog_yaml=text)
     objs = {o["kind"]: o for o in deploy.manifests(options)}
     for obj in objs.values():
-        kubernetes_validate.validate(obj, "1.34", strict=True)
+        kubeschema.validate(obj, "1.34", strict=True)
     assert objs["ConfigMap"]["data"] == {"catalog.yaml": text}
     pod = objs["DaemonSet"]["spec"]["template"]
     (container,) = pod["spec"]["containers"]

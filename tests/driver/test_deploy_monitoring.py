@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions
 from neuron_dra.driver.deploy.dashboard import DASHBOARD_UID, PANELS, dashboard_json, panel_exprs
+from tests.support import kubeschema
 
 
 def kinds(options: DriverDeployOptions) -> dict[str, dict[str, Any]]:
@@ -42,7 +42,7 @@ def test_the_service_and_pod_monitor_select_the_driver_pods_metrics_port() -> No
     assert endpoint["relabelings"] == [{"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"],
                                         "targetLabel": "node"}]
     for m in (service, objs["NetworkPolicy"]):
-        kubernetes_validate.validate(m, "1.34", strict=True)
+        kubeschema.validate(m, "1.34", strict=True)
 
 
 def test_metrics_service_can_be_left_out() -> None:
@@ -81,7 +81,7 @@ def test_dashboard_config_map_for_the_grafana_sidecar() -> None:
     objs = kinds(DriverDeployOptions(grafana_dashboard=True, grafana_dashboard_label="dash=yes",
                                      grafana_dashboard_namespace="grafana"))
     cm = objs["ConfigMap"]
-    kubernetes_validate.validate(cm, "1.34", strict=True)
+    kubeschema.validate(cm, "1.34", strict=True)
     assert cm["metadata"]["namespace"] == "grafana"
     assert cm["metadata"]["labels"]["dash"] == "yes"
     document = json.loads(cm["data"][f"{DASHBOARD_UID}.json"])

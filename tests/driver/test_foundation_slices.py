@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from neuron_dra.driver.model.catalog import CATALOG
@@ -25,6 +24,7 @@ from neuron_dra.driver.model.slices import (
     devicegroup_id,
     resource_slices,
 )
+from tests.support import kubeschema
 
 HostTree = Callable[..., Path]
 DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -48,7 +48,7 @@ def test_slices_pass_kubernetes_validate_strict_1_34(instance_type: str) -> None
     objs = resource_slices(pool, generation=3, node_uid="7f0e0c0a-1111-2222-3333-444455556666")
     assert len(objs) == 1
     for obj in objs:
-        kubernetes_validate.validate(obj, "1.34", strict=True)
+        kubeschema.validate(obj, "1.34", strict=True)
         assert obj["spec"]["pool"] == {"name": facts.node_name, "generation": 3, "resourceSliceCount": 1}
         assert obj["metadata"]["generateName"] == f"{facts.node_name}-neuron.aws.com-"
         assert obj["metadata"]["ownerReferences"][0]["kind"] == "Node"

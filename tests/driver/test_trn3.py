@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from neuron_dra.driver.model import config as driver_config
@@ -25,6 +24,7 @@ from neuron_dra.driver.model.slices import (
     build_pool,
     resource_slices,
 )
+from tests.support import kubeschema
 
 HostTree = Callable[..., Path]
 GRID = ("topology_x", "topology_y", "topology4_id", "topology8_id")
@@ -56,7 +56,7 @@ def test_all_to_all_slices_are_schema_valid(instance_type: str) -> None:
     facts = NodeFacts("ip-10-0-1-2.ec2.internal", ("nn-1", "nn-2", "nn-3"), "cr-0123456789abcdef0", "job-a")
     pool = build_pool(emulated_host(instance_type), facts)
     for obj in resource_slices(pool, node_uid="7f0e0c0a-1111-2222-3333-444455556666"):
-        kubernetes_validate.validate(obj, "1.34", strict=True)
+        kubeschema.validate(obj, "1.34", strict=True)
 
 
 def test_trn3_ultraserver_publishes_ultraserver_id_and_keeps_capacity_block_id() -> None:

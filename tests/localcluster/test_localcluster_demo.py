@@ -14,7 +14,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from neuron_dra.claim_templates import check
@@ -48,6 +47,7 @@ from neuron_dra.localcluster.demo_workloads import (
 )
 from neuron_dra.localcluster.efa_emulator import efa_devices
 from neuron_dra.localcluster.topology import NodeSpec, runtime_dir
+from tests.support import kubeschema
 
 # These tests exercise the demo itself (table, teardown, signals) on the fast fake runtime; real containers:
 # tests/e2e/test_e2e_containerd.py.
@@ -122,7 +122,7 @@ def test_table_and_views() -> None:
 
 def test_demo_pods_and_templates_are_valid_objects() -> None:
     for w in (*workloads(), SPARE):
-        kubernetes_validate.validate(pod_manifest(w), "1.34", strict=True)
+        kubeschema.validate(pod_manifest(w), "1.34", strict=True)
     templates = demo_templates()
     # Every example once: AWS's 8 official samples, the richer cases (trn3 ones included) and the demo's own two.
     assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 20
