@@ -25,7 +25,7 @@ from neuron_dra.driver.daemon.ratelimit import Rate
 from neuron_dra.driver.daemon.sockets import SocketPaths
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
-from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, uid, wait_until
+from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid, wait_until
 from tests.support.fake_apiserver import FakeApiServer, serve
 from tests.support.fake_apiserver import answer as fake_answer
 from tests.support.fake_apiserver import answer_json as fake_answer_json
@@ -124,20 +124,27 @@ def _dead(path: Path, age: float) -> None:
     os.utime(path, (time.time() - age, time.time() - age))
 
 
-def test_only_sockets_nobody_listens_on_are_removed(tmp_path: Path) -> None:
-    me = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=1 << 96)))
-    live = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=2 << 96)))
-    gone = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=3 << 96)))
-    fresh = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER, str(uuid.UUID(int=4 << 96)))
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A directory for unix sockets: pytest's tmp_path (longer still under xdist) can pass the 107-byte limit."""
+    with short_dir() as d:
+        yield d
+
+
+def test_only_sockets_nobody_listens_on_are_removed(short_tmp: Path) -> None:
+    me = SocketPaths.for_driver(short_tmp / "p", short_tmp / "r", DRIVER, str(uuid.UUID(int=1 << 96)))
+    live = SocketPaths.for_driver(short_tmp / "p", short_tmp / "r", DRIVER, str(uuid.UUID(int=2 << 96)))
+    gone = SocketPaths.for_driver(short_tmp / "p", short_tmp / "r", DRIVER, str(uuid.UUID(int=3 << 96)))
+    fresh = SocketPaths.for_driver(short_tmp / "p", short_tmp / "r", DRIVER, str(uuid.UUID(int=4 << 96)))
     listeners = [_listen(live.dra), _listen(live.registration)]
     try:
         for p in (gone.dra, gone.registration):
             _dead(p, 120)
         for p in (fresh.dra, fresh.registration):  # bound a moment ago: perhaps an instance about to listen
             _dead(p, 1)
-        other_driver = tmp_path / "r" / f"{DRIVER}-efa-reg.sock"  # another driver's plain name, also dead
+        other_driver = short_tmp / "r" / f"{DRIVER}-efa-reg.sock"  # another driver's plain name, also dead
         _dead(other_driver, 120)
-        plain = SocketPaths.for_driver(tmp_path / "p", tmp_path / "r", DRIVER)
+        plain = SocketPaths.for_driver(short_tmp / "p", short_tmp / "r", DRIVER)
         _dead(plain.registration, 120)  # the plain names are never another instance's leftovers to remove
         assert sorted(sockets.remove_leftovers(me)) == sorted([gone.dra, gone.registration])
         for p in (live.dra, live.registration, fresh.dra, fresh.registration, other_driver, plain.registration):
