@@ -158,6 +158,7 @@ def test_checker_counts_claims_per_node_with_one_unhealthy_device() -> None:
     assert plain.with_unhealthy_device is None
 
 
+@pytest.mark.slow  # about 3 s of CPU: checks every example template twice
 def test_claims_check_command_with_unhealthy_device(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 

@@ -129,6 +129,7 @@ def test_lnc_on_trn3_renders_the_opaque_config() -> None:
         "apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}}, "requests": ["neurons"]}]
 
 
+@pytest.mark.slow  # about 3 s of CPU: emulates and checks a catalog of its own
 def test_an_instance_type_of_our_own_making_renders_and_checks() -> None:
     assert isinstance(ACME, Catalog) and "acme1.24xlarge" not in BUILTIN
     t = ClaimTemplate("acme", Neuron(4, topology=Connected(), instance_types="acme1.24xlarge", catalog=ACME), Efa(4))

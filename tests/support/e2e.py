@@ -8,11 +8,12 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
-
-from kubernetes import client
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from neuron_dra.driver.model.k8s_names import neuron_toleration
+
+if TYPE_CHECKING:  # annotations only: importing this module does not import the kubernetes client
+    from kubernetes import client
 
 NEURON_TOLERATION = neuron_toleration()
 
