@@ -17,10 +17,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver.daemon.claims import ClaimLookupError
-from neuron_dra.driver.daemon.kube import ApiClient, KubeClaimLookup, api_client
-from neuron_dra.driver.daemon.kubeconfig import ClusterConfig
+from neuron_dra.driver.daemon.kube import KubeClaimLookup, api_client
 from neuron_dra.driver.daemon.metrics import Metrics
-from neuron_dra.driver.daemon.publisher import Backoff, SlicePublisher
+from neuron_dra.driver.daemon.publisher import SlicePublisher
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.slices import NETWORK_NODE_LABELS, NodeFacts, PublishOptions, build_pool
@@ -174,20 +173,6 @@ def test_a_slice_of_another_pool_never_stalls_publishing(api: Any, host_root: Pa
         stop.set()
         thread.join(timeout=40)
         res.delete_resource_slice("aaa-foreign")
-
-
-def test_unreachable_api_server_is_retried_with_backoff(host_root: Path, tmp_path: Path) -> None:
-    api = ApiClient(ClusterConfig(server="https://127.0.0.1:9", insecure=True))  # nothing listens there
-    metrics = Metrics()
-    pub = SlicePublisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), metrics,
-                         backoff=Backoff(0.05, 0.2))
-    stop = threading.Event()
-    thread = pub.start(stop)
-    wait_until(lambda: metrics.api_errors.labels("publish")._value.get() >= 3, 20, "three failed attempts")
-    assert thread.is_alive() and not pub.published.is_set()
-    stop.set()
-    thread.join(5)
-    assert not thread.is_alive()
 
 
 # --- the daemon with the real claim GET --------------------------------------------------------------------------

@@ -19,10 +19,13 @@ from typing import Any
 import pytest
 
 from neuron_dra.driver.daemon.claims import ClaimLookupError
-from neuron_dra.driver.daemon.kube import RESOURCE_SLICES, ClientOptions, KubeClaimLookup
+from neuron_dra.driver.daemon.kube import RESOURCE_SLICES, ApiClient, ClientOptions, KubeClaimLookup
+from neuron_dra.driver.daemon.kubeconfig import ClusterConfig
+from neuron_dra.driver.daemon.metrics import Metrics
 from neuron_dra.driver.daemon.publisher import Backoff, SlicePublisher
 from neuron_dra.driver.daemon.ratelimit import Rate
 from neuron_dra.driver.model.discovery import discover
+from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.slices import PublishOptions
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
@@ -258,3 +261,17 @@ def test_a_watch_that_ends_at_once_makes_the_publisher_back_off_and_log_it(serve
     backoffs = [r for r in caplog.records if "ended early without a change; backing off" in r.getMessage()]
     assert len(backoffs) >= 2
     assert [r.__dict__["retry_in_seconds"] for r in backoffs[:3]] == [0.2, 0.4, 0.8]
+
+
+def test_unreachable_api_server_is_retried_with_backoff(tmp_path: Path) -> None:
+    api = ApiClient(ClusterConfig(server="https://127.0.0.1:9", insecure=True))  # nothing listens there
+    metrics = Metrics()
+    host = discover(emulate("trn2.48xlarge", tmp_path / "host"))
+    pub = SlicePublisher(api, host, NODE, PublishOptions(driver_name=DRIVER), metrics, backoff=Backoff(0.05, 0.2))
+    stop = threading.Event()
+    thread = pub.start(stop)
+    wait_until(lambda: metrics.api_errors.labels("publish")._value.get() >= 3, 20, "three failed attempts")
+    assert thread.is_alive() and not pub.published.is_set()
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
