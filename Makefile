@@ -11,7 +11,8 @@ FAST := not cluster and not gobuild and not pulumi_engine and not slow
 # PYTHONDONTWRITEBYTECODE is set (__pycache__ is ignored by git): compiling the package and rewriting the tests'
 # asserts again on every run is seconds of CPU.
 UNIT := $(FAST) and not process
-PYTEST_UNIT := PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -p no:cacheprovider -n auto --dist loadfile -m "$(UNIT)"
+PYTEST_UNIT_SERIAL := PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -p no:cacheprovider -m "$(UNIT)"
+PYTEST_UNIT := $(PYTEST_UNIT_SERIAL) -n auto --dist loadfile
 
 .PHONY: help install test test-fast test-unit test-driver test-claims test-components test-localcluster lint protos \
 	image demo
@@ -42,8 +43,9 @@ test-claims:
 test-components:
 	$(PYTEST_UNIT) tests/components
 
+# Serial: a few seconds of tests, less than starting the workers costs.
 test-localcluster:
-	$(PYTEST_UNIT) tests/localcluster
+	$(PYTEST_UNIT_SERIAL) tests/localcluster
 
 test-fast:
 	$(PYTHON) -m pytest -q -m "$(FAST)"
