@@ -17,8 +17,11 @@ unlike the wall-clock figures: the load average is printed next to them), and th
 (`neuron-dra claims check --nodes N`, claim_templates/scale.py) next to the measured CPU per pod. Per cell: RSS
 of etcd, kube-apiserver, kube-controller-manager and kube-scheduler once the objects are loaded.
 
+With --pprof DIR the schedulers serve /debug/pprof and each burst's CPU profile (the first --pprof-seconds of the
+burst) is written to DIR/<nodes>-<slices>-<shape>-<HHMMSS>.pprof (read it with `go tool pprof -top FILE`).
+
 Run: python bench/bench_scale.py [--nodes 100,500,1000] [--slices ours,aws] [--shapes ...] [--pods 100]
-                                 [--profile tuned] [--dir DIR] [--json FILE] | --from-json FILE
+                                 [--profile tuned] [--dir DIR] [--json FILE] [--pprof DIR] | --from-json FILE
 Quick: python bench/bench_scale.py --nodes 50 --pods 20
 """
 
@@ -27,14 +30,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import urllib3
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scale_cluster, beside this file
 
@@ -79,6 +86,7 @@ CORE_SHAPES = ("cores",)  # only where NeuronCores are published (ours-cores)
 MAX_NODES = 5000  # what the machine's memory could hold at most; a larger --nodes is refused
 MAX_PODS = 2000
 BURST_TIMEOUT_S = 300.0
+MAX_PPROF_S = 600
 CLEANUP_TIMEOUT_S = 180.0
 NODE_PREFIX = "trn2-"  # the emulated nodes: trn2-00000, ...
 CATALOGS = {False: NodeCatalog(partitionable=False), True: NodeCatalog(partitionable=True)}  # by NeuronCores
@@ -182,14 +190,38 @@ def predict(template: ClaimTemplate, n: int, model: str, profile: str) -> ScaleE
                     percentage_of_nodes_to_score=PROFILES[profile].percentage_of_nodes_to_score)
 
 
+@dataclass(frozen=True)
+class Pprof:
+    """Where a burst's scheduler CPU profile comes from and goes."""
+
+    api: Api  # its client certificate is the cluster's admin
+    scheduler_port: int
+    seconds: int
+    out_dir: Path
+
+    def start(self, name: str) -> threading.Thread:
+        """Fetch a CPU profile of the next `seconds` in the background into out_dir/name.pprof."""
+        def fetch() -> None:
+            url = f"https://127.0.0.1:{self.scheduler_port}/debug/pprof/profile?seconds={self.seconds}"
+            resp = self.api.http.request("GET", url, timeout=urllib3.Timeout(connect=5, read=self.seconds + 60))
+            if resp.status != 200:
+                raise ApiError(f"GET {url}: HTTP {resp.status}: {resp.data[:300]!r}")
+            (self.out_dir / f"{name}.pprof").write_bytes(resp.data)
+
+        thread = threading.Thread(target=fetch, daemon=True, name=f"pprof-{name}")
+        thread.start()
+        return thread
+
+
 def burst(api: Api, api_client: Any, scheduler_pid: int, n: int, model: str, shape: str, pods: int,
-          profile: str) -> Burst:
+          profile: str, pprof: Pprof | None = None) -> Burst:
     template = SHAPES[shape]
     watch = ScheduledWatch(api_client, NAMESPACE, BURST_TIMEOUT_S + 60)
     names = [f"{shape}-{i:04d}" for i in range(pods)]
     started: dict[str, float] = {}
     cpu0 = cpu_seconds(scheduler_pid)
     t0 = time.monotonic()
+    profiling = pprof.start(f"{n}-{model}-{shape}-{time.strftime('%H%M%S')}") if pprof is not None else None
 
     def create(name: str) -> tuple[str, Mapping[str, Any]]:
         started[name] = time.monotonic()
@@ -206,6 +238,8 @@ def burst(api: Api, api_client: Any, scheduler_pid: int, n: int, model: str, sha
     waits = [times[p] - started[p] for p in names if p in times]
     last = max(times.values()) if times else time.monotonic()
     prediction = predict(template, n, model, profile) if template is not None else None
+    if profiling is not None:
+        profiling.join()  # the profile ends before the cleanup's work starts
     cleanup(api)
     return Burst(n, model, shape, pods, len(times), len(times) / max(last - t0, 1e-9),
                  1e3 * quantile(waits, 0.5) if waits else float("nan"),
@@ -236,14 +270,16 @@ class Loaded:
     api: Api
     api_client: Any
     scheduler_pid: int
+    pprof: Pprof | None
     objects: int
     load_s: float
     rss_mib: Mapping[str, float]
 
 
-def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, log: Any) -> Loaded:
+def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, log: Any,
+               pprof: tuple[Path, int] | None = None) -> Loaded:
     plane = stack.enter_context(ControlPlane.start(
-        base / f"cp-{n}-{model}", max_lifetime_s=3600, profile=profile,
+        base / f"cp-{n}-{model}", max_lifetime_s=3600, profile=profile, scheduler_profiling=pprof is not None,
         # No kubelet renews the Nodes' leases: keep them Ready for the run.
         extra_controller_manager_args=("--node-monitor-grace-period=1h", "--node-startup-grace-period=1h")))
     api = Api(plane.server, plane.dir / "pki")
@@ -257,21 +293,22 @@ def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, l
     rss = {name: rss_bytes(pid) / 2**20 for name, pid in pids.items()}
     log(f"{n} nodes, {model} slices: {objects} objects in {load_s:.1f} s; RSS "
         + ", ".join(f"{k} {v:.0f} MiB" for k, v in rss.items()))
-    return Loaded(model, api, api_client, pids["kube-scheduler"], objects, load_s, rss)
+    profiler = None if pprof is None else Pprof(api, plane.ports.scheduler, pprof[1], pprof[0])
+    return Loaded(model, api, api_client, pids["kube-scheduler"], profiler, objects, load_s, rss)
 
 
 def run_size(base: Path, n: int, models: Sequence[str], shapes: Sequence[str], pods: int, profile: str,
-             log: Any) -> list[Cell]:
+             log: Any, pprof: tuple[Path, int] | None = None) -> list[Cell]:
     """Every model's control plane at once, their bursts interleaved shape by shape (the order alternating), so
     each model's figures come from the same minutes of the machine's load."""
     with ExitStack() as stack:
-        planes = [load_plane(stack, base, n, model, profile, log) for model in models]
+        planes = [load_plane(stack, base, n, model, profile, log, pprof) for model in models]
         bursts: dict[str, list[Burst]] = {p.model: [] for p in planes}
         for i, shape in enumerate(shapes):
             for p in planes if i % 2 == 0 else planes[::-1]:
                 if shape in CORE_SHAPES and p.model != "ours-cores":
                     continue
-                b = burst(p.api, p.api_client, p.scheduler_pid, n, p.model, shape, pods, profile)
+                b = burst(p.api, p.api_client, p.scheduler_pid, n, p.model, shape, pods, profile, p.pprof)
                 log(format_burst(b))
                 bursts[p.model].append(b)
         return [Cell(n, p.model, p.objects, p.load_s, p.rss_mib, tuple(bursts[p.model])) for p in planes]
@@ -287,17 +324,22 @@ def format_burst(b: Burst) -> str:
 
 
 def summary(cells: Sequence[Cell]) -> str:
-    """Scheduler CPU per claim pod, ours / AWS-shaped, per node count and shape."""
+    """Scheduler CPU per claim pod, ours / AWS-shaped, per node count and shape (the median of a shape's bursts
+    when --shapes names it more than once)."""
     lines = ["", "scheduler CPU per pod, ours vs AWS-shaped slices (same run; CPU time, robust to load):"]
-    by = {(b.nodes, b.slices, b.shape): b for c in cells for b in c.bursts}
+    by: dict[tuple[int, str, str], list[float]] = {}
+    for c in cells:
+        for b in c.bursts:
+            by.setdefault((b.nodes, b.slices, b.shape), []).append(b.scheduler_cpu_ms_per_pod)
     for n in sorted({c.nodes for c in cells}):
         for shape in DEVICE_SHAPES:
             ours, aws = by.get((n, "ours", shape)), by.get((n, "aws", shape))
             if ours is None or aws is None:
                 continue
-            ratio = ours.scheduler_cpu_ms_per_pod / max(aws.scheduler_cpu_ms_per_pod, 1e-9)
-            lines.append(f"  {n:5d} nodes {shape:16s} ours {ours.scheduler_cpu_ms_per_pod:7.2f} ms  aws "
-                         f"{aws.scheduler_cpu_ms_per_pod:7.2f} ms  ratio {ratio:5.2f}")
+            o, a = statistics.median(ours), statistics.median(aws)
+            runs = f"  (median of {len(ours)} / {len(aws)} bursts)" if len(ours) > 1 or len(aws) > 1 else ""
+            lines.append(f"  {n:5d} nodes {shape:16s} ours {o:7.2f} ms  aws {a:7.2f} ms  ratio "
+                         f"{o / max(a, 1e-9):5.2f}{runs}")
     return "\n".join(lines) + "\n"
 
 
@@ -329,18 +371,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slices", default="ours,aws",
                         help=f"slice models: {', '.join(SLICE_MODELS)} (ours-cores grows with nodes squared on 1.36: "
                              "keep it to small clusters)")
-    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"pod shapes: {', '.join(SHAPES)}")
+    parser.add_argument("--shapes", default=",".join(SHAPES),
+                        help=f"pod shapes: {', '.join(SHAPES)} (one named again: another burst, medians reported)")
     parser.add_argument("--pods", type=int, default=100, help=f"pods per burst (1..{MAX_PODS}; at most the nodes)")
     parser.add_argument("--profile", default="tuned", choices=list(PROFILES), help="control-plane profile")
     parser.add_argument("--dir", type=Path, default=None, help="state directory (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON to this file")
     parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
                         help="run nothing: print the figures of an earlier --json FILE with today's predictions")
+    parser.add_argument("--pprof", type=Path, default=None, metavar="DIR",
+                        help="write each burst's scheduler CPU profile to DIR/<nodes>-<slices>-<shape>-<HHMMSS>.pprof")
+    parser.add_argument("--pprof-seconds", type=int, default=30,
+                        help=f"how long each profile runs from the burst's start (1..{MAX_PPROF_S})")
     args = parser.parse_args(argv)
     if args.from_json is not None:
         return reprint(args.from_json)
     if not 1 <= args.pods <= MAX_PODS:
         raise SystemExit(f"bench_scale: --pods {args.pods}: give 1 to {MAX_PODS}")
+    if not 1 <= args.pprof_seconds <= MAX_PPROF_S:
+        raise SystemExit(f"bench_scale: --pprof-seconds {args.pprof_seconds}: give 1 to {MAX_PPROF_S}")
+    pprof = None
+    if args.pprof is not None:
+        args.pprof.mkdir(parents=True, exist_ok=True)
+        pprof = (args.pprof, args.pprof_seconds)
     nodes = parse_nodes(args.nodes)
     models = parse_list(args.slices, SLICE_MODELS, "slices")
     shapes = parse_list(args.shapes, list(SHAPES), "shapes")
@@ -351,7 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"profile {args.profile}; {os.cpu_count()} CPUs; wall-clock figures depend on the machine's load "
         "(load average per burst), CPU per pod does not")
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    cells = [c for n in nodes for c in run_size(base, n, models, shapes, min(args.pods, n), args.profile, log)]
+    cells = [c for n in nodes
+             for c in run_size(base, n, models, shapes, min(args.pods, n), args.profile, log, pprof)]
     sys.stdout.write(summary(cells))
     if args.json is not None:
         args.json.write_text(json.dumps({"profile": args.profile, "cells": [asdict(c) for c in cells]}, indent=2))
