@@ -39,6 +39,9 @@ def test_quick_run_reports_each_cell_and_burst(tmp_path: Path) -> None:
             assert b["pods"] == b["scheduled"] == 4
             assert b["pods_per_s"] > 0 and b["p99_ms"] >= b["p50_ms"] > 0
             assert b["scheduler_cpu_ms_per_pod"] > 0
+            assert set(b["component_cpu_ms_per_pod"]) == set(cell["rss_mib"])
+            assert b["component_cpu_ms_per_pod"]["kube-scheduler"] == b["scheduler_cpu_ms_per_pod"]
+            assert b["component_cpu_ms_per_pod"]["kube-apiserver"] > 0
             assert (b["predicted_cpu_ms_per_pod"] is None) == (b["shape"] == "no-claim")
         assert all(b["predicted_cpu_ms_per_pod"] > 0 for b in cell["bursts"][1:])
     assert "ours vs AWS-shaped slices" in result.stdout
