@@ -110,7 +110,8 @@ def test_statuses(running: Running) -> None:
 def test_the_deadline_reaches_the_handler_and_end_callbacks_run(running: Running) -> None:
     running.check("", timeout=7)
     remaining = running.servicer.deadlines[-1]
-    assert remaining is not None and 5 < remaining <= 7
+    # grpc sends the timeout rounded up to its wire unit and the server adds it to its own clock: a few ms over.
+    assert remaining is not None and 5 < remaining <= 7.5
     assert running.servicer.ended.wait(2)
     running.check("")  # no deadline from grpcio's client without a timeout is None; with one, as above
     running.servicer.ended.clear()

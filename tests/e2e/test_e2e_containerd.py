@@ -117,8 +117,11 @@ def wait_running(core: client.CoreV1Api, ns: str, pod: str, timeout: float = 120
 
 
 def driver_pods(core: client.CoreV1Api) -> dict[str, dict[str, Any]]:
+    """The driver pods bound to a node, by node (a replacement the scheduler has not bound yet has no nodeName);
+    a pod still terminating gives way to its node's other pod."""
     items = raw(core.list_namespaced_pod(DRIVER_NS, label_selector=DRIVER_SELECTOR, _preload_content=False))["items"]
-    return {p["spec"]["nodeName"]: p for p in items}
+    items.sort(key=lambda p: p["metadata"].get("deletionTimestamp") is None)
+    return {node: p for p in items if (node := p["spec"].get("nodeName"))}
 
 
 def ready(pod: dict[str, Any]) -> bool:
@@ -321,6 +324,7 @@ def test_driver_pod_deleted_is_recreated_and_registered_again_with_no_claim_lost
     # Still prepared: deleting the pod unprepares through the new driver pod and frees the device.
     core.delete_namespaced_pod("k", wns, grace_period_seconds=1)
     eventually(lambda: not core.list_namespaced_pod(wns).items or None, 60, what="pod k gone")
+    eventually(lambda: rolled_out(client.AppsV1Api(kapi), core), 120, what="the DaemonSet settled")
 
 
 class Stream:
@@ -424,6 +428,8 @@ def test_a_rollout_and_a_rollback_under_a_stream_of_claim_pods_lose_nothing(ctrd
     core, res, apps = client.CoreV1Api(kapi), client.ResourceV1Api(kapi), client.AppsV1Api(kapi)
     res.create_namespaced_resource_claim_template(wns, claim_template(  # type: ignore[arg-type]
         "one-device", [{"name": "neuron", "exactly": {"deviceClassName": DRIVER}}]))
+    # Begin from a settled DaemonSet, every node's driver registered (an earlier test may have replaced a pod).
+    eventually(lambda: rolled_out(apps, core), 120, what="the DaemonSet settled before the stream")
     original = raw(apps.read_namespaced_daemon_set(DAEMONSET, DRIVER_NS, _preload_content=False))
     assert original["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     changed = deploy.daemonset(replace(daemonset_options(DRIVER, images(ctrd)["driver"]), kube_api_qps=6.0))

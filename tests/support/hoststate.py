@@ -36,12 +36,32 @@ def snapshot() -> dict[str, Any]:
     return {"mounts": mounts, "interfaces": interfaces, "cgroups": cgroups, "files": files, "etc_hosts": etc_hosts}
 
 
+def sibling_cgroup_parents() -> set[Path]:
+    """The directories holding this process's own cgroups where it is not at a hierarchy's root (a sandbox that
+    puts each of its processes in a cgroup of its own, e.g. memory:/process_api/ID): what appears there belongs to
+    the machine's other processes, never to the cluster, whose cgroups live below its own cgroup root."""
+    parents = set()
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if not path.strip("/"):
+            continue
+        if controllers:  # v1: one hierarchy per controller set
+            parents.add(Path("/sys/fs/cgroup", controllers.removeprefix("name="), path.strip("/")).parent)
+        elif Path("/sys/fs/cgroup/cgroup.controllers").exists():  # v2 mounted alone
+            parents.add(Path("/sys/fs/cgroup", path.strip("/")).parent)
+    return parents
+
+
 def differences(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
     """Per kind, what appeared and what went away. Cgroups that went away are not counted: other processes on the
-    machine end theirs meanwhile, and the cluster removes only directories below its own cgroup root."""
+    machine end theirs meanwhile, and the cluster removes only directories below its own cgroup root; neither are
+    new cgroups beside this process's own (sibling_cgroup_parents)."""
     out = {}
+    foreign = sibling_cgroup_parents()
     for kind in before:
         added = sorted(set(after[kind]) - set(before[kind]))
+        if kind == "cgroups":
+            added = [c for c in added if Path(c).parent not in foreign]
         removed = [] if kind == "cgroups" else sorted(set(before[kind]) - set(after[kind]))
         if added or removed:
             out[kind] = {"added": added, "removed": removed}
