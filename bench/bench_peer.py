@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -214,9 +215,17 @@ class DriverSpec:
     env: Mapping[str, str]
 
 
-def ours_spec(python: str, env: Mapping[str, str], host_root: Path) -> DriverSpec:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def ours_spec(python: str, env: Mapping[str, str], host_root: Path, health: bool = False) -> DriverSpec:
     def command(run: Path, kubeconfig: Path) -> list[str]:
         return [python, "-m", "neuron_dra.driver", "--node-name", NODE, "--host-root", str(host_root),
+                *(["--healthcheck-port", str(free_port())] if health else []),
                 "--plugins-dir", str(run / "plugins"), "--registry-dir", str(run / "registry"),
                 "--cdi-root", str(run / "cdi"), "--kubeconfig", str(kubeconfig),
                 # Both drivers without client-side throttling (the example gets the same flags): the cycles
@@ -225,9 +234,10 @@ def ours_spec(python: str, env: Mapping[str, str], host_root: Path) -> DriverSpe
     return DriverSpec("neuron-dra", DEFAULT_DRIVER_NAME, tuple(f"neuron-device-{i}" for i in range(16)), command, env)
 
 
-def example_spec(binary: Path) -> DriverSpec:
+def example_spec(binary: Path, health: bool = False) -> DriverSpec:
     def command(run: Path, kubeconfig: Path) -> list[str]:
         return [str(binary), "--node-name", NODE, "--cdi-root", str(run / "cdi"), "--num-devices", "8",
+                "--healthcheck-port", "0" if health else "-1",  # 0: a free port; -1: off (its default)
                 "--kubelet-plugins-directory-path", str(run / "plugins"),
                 "--kubelet-registrar-directory-path", str(run / "registry"),
                 "--kubeconfig", str(kubeconfig), "--kube-api-qps", "1000", "--kube-api-burst", "1000"]
@@ -452,7 +462,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             # The host tree exists before the daemon starts, as sysfs does on a node (`--emulate` would write it
             # at start-up; the example keeps its fake GPUs in memory).
             host_root = emulate("trn2.48xlarge", base / "host", EmulationOptions(host_id=NODE))
-            specs = [ours_spec(python, env, host_root), example_spec(binary)]
+            specs = [ours_spec(python, env, host_root, args.health), example_spec(binary, args.health)]
             for spec in specs:  # one at a time: each start measured on an otherwise idle machine
                 drivers.append(Running(spec, base / spec.driver_name, kubeconfig, api.has_slice))
                 log(f"{spec.label} up: registration socket after {drivers[-1].to_socket:.3f} s, first "
@@ -482,7 +492,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             shutil.rmtree(base, ignore_errors=True)
     return {"kubernetes": plane.binaries.kube_version, "example": version, "cycles": args.cycles,
             "daemon_python": "dev" if args.dev_python else "image", "state_filesystem": filesystem(Path(args.dir)),
-            "priority": priority, "load_average": [load_before, load_after],
+            "priority": priority, "load_average": [load_before, load_after], "health_servers": args.health,
             "figures": [{"name": f.name, "unit": f.unit, "neuron_dra": round(f.ours, 4),
                          "example": round(f.example, 4), "ratio": round(f.ratio, 3)} for f in figures]}
 
@@ -499,7 +509,8 @@ def filesystem(path: Path) -> str:
 def table(result: Mapping[str, Any]) -> str:
     rows = [f"Kubernetes {result['kubernetes']}, dra-example-driver {result['example']}, {result['cycles']} cycles, "
             f"daemon as the {result['daemon_python']} runs it, state on {result['state_filesystem']}",
-            f"{result['priority']}; load average {result['load_average'][0]} before the drivers started, "
+            f"{'health servers on; ' if result['health_servers'] else ''}{result['priority']}; "
+            f"load average {result['load_average'][0]} before the drivers started, "
             f"{result['load_average'][1]} after the last cycle",
             "", "| figure | neuron-dra | example (Go) | ratio |", "|---|---|---|---|"]
     for f in result["figures"]:
@@ -521,6 +532,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="run the daemon with this interpreter and the repository, not as the image")
     parser.add_argument("--keep", action="store_true", help="keep the run directory (driver logs)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
+    parser.add_argument("--health", action="store_true",
+                        help="both drivers with their gRPC health servers on, as the DaemonSets run them")
     parser.add_argument("--samples", metavar="FILE", help="also write every measured call's time (JSON) to FILE")
     args = parser.parse_args(argv)
     if args.cycles < 100:
