@@ -20,6 +20,7 @@ process's user+system time over the measured cycles, background work included), 
 first ResourceSlice is there and the process settled) and peak (VmHWM at the end), start -> registration
 socket, start -> registration answered (GetInfo, kubelet's next step), start -> DRA service answered (an empty
 NodePrepareResources), start -> first ResourceSlice (all from the exec of the process).
+Below the table: the prepare p99 ratio in each quarter of the run, which shows how much of a tail ratio is noise.
 
 Run under `nice -n -15` on a shared machine: the bench then gives that niceness to its session's autogroup and to
 the control plane's (`share_priority`), without which nice has no effect against other sessions' work; the
@@ -387,7 +388,7 @@ class Figure:
 
 
 def measure(drivers: Sequence[Running], api: Api, cycles: int, warmup: int, log: Callable[[str], None],
-            samples: list[dict[str, Any]] | None = None) -> list[Figure]:
+            samples: list[dict[str, Any]] | None = None) -> tuple[list[Figure], dict[int, list[float]]]:
     work = []  # (driver, size, prepare request, unprepare request, uid)
     for d in drivers:
         for n in SIZES:
@@ -428,7 +429,17 @@ def measure(drivers: Sequence[Running], api: Api, cycles: int, warmup: int, log:
     figures.append(Figure("unprepare p99", "ms", percentile(unprep[ours], 99) * 1000,
                           percentile(unprep[ex], 99) * 1000))
     figures.append(Figure("CPU per prepare+unprepare", "ms", cpu[ours] * 1000, cpu[ex] * 1000))
-    return figures
+    return figures, {n: quarter_ratios(prep[(ours, n)], prep[(ex, n)], 99) for n in SIZES}
+
+
+def quarter_ratios(ours: Sequence[float], example: Sequence[float], p: float) -> list[float]:
+    """The percentile's ratio in each quarter of the run (calls in cycle order): how much of a tail ratio is the
+    machine's noise, which moves it between quarters of one run."""
+    out = []
+    for q in range(4):
+        a, b = (slice(q * len(x) // 4, (q + 1) * len(x) // 4) for x in (ours, example))
+        out.append(round(percentile(ours[a], p) / percentile(example[b], p), 2))
+    return out
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
@@ -468,7 +479,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                 log(f"{spec.label} up: registration socket after {drivers[-1].to_socket:.3f} s, first "
                     f"ResourceSlice after {drivers[-1].to_slice:.3f} s")
             samples: list[dict[str, Any]] | None = [] if args.samples else None
-            figures = measure(drivers, api, args.cycles, args.warmup, log, samples)
+            figures, quarters = measure(drivers, api, args.cycles, args.warmup, log, samples)
             load_after = load_average()
             if args.samples:
                 Path(args.samples).write_text(json.dumps(samples))
@@ -493,6 +504,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     return {"kubernetes": plane.binaries.kube_version, "example": version, "cycles": args.cycles,
             "daemon_python": "dev" if args.dev_python else "image", "state_filesystem": filesystem(Path(args.dir)),
             "priority": priority, "load_average": [load_before, load_after], "health_servers": args.health,
+            "prepare_p99_ratio_by_quarter": {str(n): q for n, q in quarters.items()},
             "figures": [{"name": f.name, "unit": f.unit, "neuron_dra": round(f.ours, 4),
                          "example": round(f.example, 4), "ratio": round(f.ratio, 3)} for f in figures]}
 
@@ -517,6 +529,9 @@ def table(result: Mapping[str, Any]) -> str:
         digits = 3 if f["unit"] == "s" else 2 if f["unit"] == "ms" else 1
         rows.append(f"| {f['name']} | {f['neuron_dra']:.{digits}f} {f['unit']} | {f['example']:.{digits}f} "
                     f"{f['unit']} | {f['ratio']:.2f} |")
+    by_quarter = "; ".join(f"{n} device{'s' if n != '1' else ''} {' '.join(f'{r:.2f}' for r in q)}"
+                           for n, q in result["prepare_p99_ratio_by_quarter"].items())
+    rows += ["", f"prepare p99 ratio in each quarter of the run: {by_quarter}"]
     return "\n".join(rows)
 
 
