@@ -344,23 +344,34 @@ def request_bytes(message: type, name: str, uid: str) -> bytes:
 
 # --- the machine --------------------------------------------------------------------------------------------
 
+def autogroup_nice(pid: int) -> int | None:
+    """The niceness of `pid`'s autogroup ("/autogroup-25 nice 0" in /proc/PID/autogroup); None without one."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_autogroup_nice(pid: int, niceness: int) -> bool:
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
+    except OSError:  # no autogroup (kernel option off) or not allowed (raising priority needs root)
+        return False
+    return True
+
+
 def share_priority(pids: Sequence[int]) -> str:
     """The bench's niceness for the autogroups of `pids` too; says what applies.
 
     With autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled; sched(7), "The autogroup feature") the
     CPU is shared between sessions first and `nice` orders only the processes of one session: `nice -n -15`
     alone gives the bench nothing against other work on the machine. The drivers run in the bench's session;
-    the control plane's processes in sessions of their own (localcluster/procs.py)."""
+    the control plane's processes in sessions of their own (localcluster/procs.py). The caller restores its
+    own session's (`run`): the shell that started the bench keeps running in it."""
     niceness = os.nice(0)
     if niceness >= 0:
         return f"nice {niceness}"
-    applied = 0
-    for pid in pids:
-        try:
-            Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
-            applied += 1
-        except OSError:  # no autogroup (kernel option off) or not allowed (raising priority needs root)
-            pass
+    applied = sum(set_autogroup_nice(pid, niceness) for pid in pids)
     return f"nice {niceness}" + (f", autogroups of {applied} sessions too" if applied else "")
 
 
@@ -458,6 +469,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         else:
             env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         plane = ControlPlane.start(base / "controlplane", max_lifetime_s=3600, kubernetes_version=minor, log=log)
+        own_nice = autogroup_nice(os.getpid())
         priority = share_priority([os.getpid(), *(p.popen.pid for p in plane.processes)])
         load_before = load_average()
         client = plane.api_client()
@@ -498,6 +510,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                 d.stop()
             client.close()
             plane.stop()
+            if own_nice is not None:
+                set_autogroup_nice(os.getpid(), own_nice)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
