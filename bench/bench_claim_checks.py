@@ -75,8 +75,8 @@ def hundred_templates() -> list[ClaimTemplate]:
     for family in ("trn1", "trn1n", "trn2", "trn2u", "inf2"):
         out.append(ClaimTemplate(f"all-{family}", Neuron(ALL, families=family, kernel_driver="2.25.4.0")))
     out.append(ClaimTemplate("raw", Neuron(2, selectors=(
-        "device.attributes['neuron.aws.com'].numaNode == 0",
-        "cel.bind(a, device.attributes['neuron.aws.com'], a.coreCount >= 2)"))))
+        "device.attributes['resource.kubernetes.io'].numaNode == 0",
+        "cel.bind(a, device.attributes['neuron.aws.com'], a.deviceId >= 2)"))))
     names = [t.name for t in out]
     assert len(set(names)) == len(names)
     if len(out) < 100:

@@ -14,11 +14,16 @@ After a burst its pods are deleted and the controller-manager deletes their clai
 Figures per burst: pods/s (pods / first create -> last bound), p50/p99 time to scheduled (create -> bound),
 scheduler CPU per pod (its user+system time from /proc over the burst; robust to other load on the machine,
 unlike the wall-clock figures: the load average is printed next to them), and the claim check's prediction
-(`neuron-dra claims check --nodes N`, claim_templates/scale.py) next to the measured CPU per pod. Per cell: RSS
+(`neuron-dra claims check --nodes N`, claim_templates/scale.py) next to the measured CPU per pod, and the CPU per pod
+of the other control-plane processes (what a claim pod costs the machine besides the scheduler). Per cell: RSS
 of etcd, kube-apiserver, kube-controller-manager and kube-scheduler once the objects are loaded.
 
+With --pprof DIR the schedulers serve /debug/pprof and each burst's CPU profile (the first --pprof-seconds of the
+burst) is written to DIR/<nodes>-<slices>-<shape>-<HHMMSS>.pprof (read it with `go tool pprof -top FILE`).
+
 Run: python bench/bench_scale.py [--nodes 100,500,1000] [--slices ours,aws] [--shapes ...] [--pods 100]
-                                 [--profile tuned] [--dir DIR] [--json FILE] | --from-json FILE
+                                 [--profile tuned] [--dir DIR] [--json FILE] [--pprof DIR] [--together]
+                                 | --from-json FILE
 Quick: python bench/bench_scale.py --nodes 50 --pods 20
 """
 
@@ -27,14 +32,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import urllib3
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scale_cluster, beside this file
 
@@ -79,6 +89,8 @@ CORE_SHAPES = ("cores",)  # only where NeuronCores are published (ours-cores)
 MAX_NODES = 5000  # what the machine's memory could hold at most; a larger --nodes is refused
 MAX_PODS = 2000
 BURST_TIMEOUT_S = 300.0
+MAX_PPROF_S = 600
+SHORT = {"kube-apiserver": "apiserver", "kube-controller-manager": "kcm"}
 CLEANUP_TIMEOUT_S = 180.0
 NODE_PREFIX = "trn2-"  # the emulated nodes: trn2-00000, ...
 CATALOGS = {False: NodeCatalog(partitionable=False), True: NodeCatalog(partitionable=True)}  # by NeuronCores
@@ -98,6 +110,9 @@ class Burst:
     load_average: float
     predicted_cpu_ms_per_pod: float | None
     predicted_per_node_ms: float | None
+    # Every control-plane process's CPU per pod over the burst (etcd, kube-apiserver, kube-controller-manager,
+    # kube-scheduler): what one claim pod costs the machine. Empty in runs from before it was recorded.
+    component_cpu_ms_per_pod: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -182,14 +197,38 @@ def predict(template: ClaimTemplate, n: int, model: str, profile: str) -> ScaleE
                     percentage_of_nodes_to_score=PROFILES[profile].percentage_of_nodes_to_score)
 
 
-def burst(api: Api, api_client: Any, scheduler_pid: int, n: int, model: str, shape: str, pods: int,
-          profile: str) -> Burst:
+@dataclass(frozen=True)
+class Pprof:
+    """Where a burst's scheduler CPU profile comes from and goes."""
+
+    api: Api  # its client certificate is the cluster's admin
+    scheduler_port: int
+    seconds: int
+    out_dir: Path
+
+    def start(self, name: str) -> threading.Thread:
+        """Fetch a CPU profile of the next `seconds` in the background into out_dir/name.pprof."""
+        def fetch() -> None:
+            url = f"https://127.0.0.1:{self.scheduler_port}/debug/pprof/profile?seconds={self.seconds}"
+            resp = self.api.http.request("GET", url, timeout=urllib3.Timeout(connect=5, read=self.seconds + 60))
+            if resp.status != 200:
+                raise ApiError(f"GET {url}: HTTP {resp.status}: {resp.data[:300]!r}")
+            (self.out_dir / f"{name}.pprof").write_bytes(resp.data)
+
+        thread = threading.Thread(target=fetch, daemon=True, name=f"pprof-{name}")
+        thread.start()
+        return thread
+
+
+def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str, shape: str, pods: int,
+          profile: str, pprof: Pprof | None = None) -> Burst:
     template = SHAPES[shape]
     watch = ScheduledWatch(api_client, NAMESPACE, BURST_TIMEOUT_S + 60)
     names = [f"{shape}-{i:04d}" for i in range(pods)]
     started: dict[str, float] = {}
-    cpu0 = cpu_seconds(scheduler_pid)
+    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     t0 = time.monotonic()
+    profiling = pprof.start(f"{n}-{model}-{shape}-{time.strftime('%H%M%S')}") if pprof is not None else None
 
     def create(name: str) -> tuple[str, Mapping[str, Any]]:
         started[name] = time.monotonic()
@@ -199,20 +238,24 @@ def burst(api: Api, api_client: Any, scheduler_pid: int, n: int, model: str, sha
     deadline = time.monotonic() + BURST_TIMEOUT_S
     while watch.count() < pods and time.monotonic() < deadline:
         time.sleep(0.05)
-    cpu = cpu_seconds(scheduler_pid) - cpu0
+    cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
     load = os.getloadavg()[0]
     times = watch.times()
     watch.stop()
     waits = [times[p] - started[p] for p in names if p in times]
     last = max(times.values()) if times else time.monotonic()
     prediction = predict(template, n, model, profile) if template is not None else None
+    bound = max(len(times), 1)
+    if profiling is not None:
+        profiling.join()  # the profile ends before the cleanup's work starts
     cleanup(api)
     return Burst(n, model, shape, pods, len(times), len(times) / max(last - t0, 1e-9),
                  1e3 * quantile(waits, 0.5) if waits else float("nan"),
                  1e3 * quantile(waits, 0.99) if waits else float("nan"),
-                 1e3 * cpu / max(len(times), 1), load,
+                 1e3 * cpu["kube-scheduler"] / bound, load,
                  prediction.cpu_ms_per_pod if prediction else None,
-                 prediction.per_node_ms if prediction else None)
+                 prediction.per_node_ms if prediction else None,
+                 {name: 1e3 * seconds / bound for name, seconds in cpu.items()})
 
 
 def cleanup(api: Api) -> None:
@@ -235,15 +278,17 @@ class Loaded:
     model: str
     api: Api
     api_client: Any
-    scheduler_pid: int
+    pids: Mapping[str, int]  # control-plane program -> pid
+    pprof: Pprof | None
     objects: int
     load_s: float
     rss_mib: Mapping[str, float]
 
 
-def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, log: Any) -> Loaded:
+def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, log: Any,
+               pprof: tuple[Path, int] | None = None) -> Loaded:
     plane = stack.enter_context(ControlPlane.start(
-        base / f"cp-{n}-{model}", max_lifetime_s=3600, profile=profile,
+        base / f"cp-{n}-{model}", max_lifetime_s=3600, profile=profile, scheduler_profiling=pprof is not None,
         # No kubelet renews the Nodes' leases: keep them Ready for the run.
         extra_controller_manager_args=("--node-monitor-grace-period=1h", "--node-startup-grace-period=1h")))
     api = Api(plane.server, plane.dir / "pki")
@@ -257,21 +302,31 @@ def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, l
     rss = {name: rss_bytes(pid) / 2**20 for name, pid in pids.items()}
     log(f"{n} nodes, {model} slices: {objects} objects in {load_s:.1f} s; RSS "
         + ", ".join(f"{k} {v:.0f} MiB" for k, v in rss.items()))
-    return Loaded(model, api, api_client, pids["kube-scheduler"], objects, load_s, rss)
+    profiler = None if pprof is None else Pprof(api, plane.ports.scheduler, pprof[1], pprof[0])
+    return Loaded(model, api, api_client, pids, profiler, objects, load_s, rss)
 
 
 def run_size(base: Path, n: int, models: Sequence[str], shapes: Sequence[str], pods: int, profile: str,
-             log: Any) -> list[Cell]:
+             log: Any, pprof: tuple[Path, int] | None = None, together: bool = False) -> list[Cell]:
     """Every model's control plane at once, their bursts interleaved shape by shape (the order alternating), so
-    each model's figures come from the same minutes of the machine's load."""
+    each model's figures come from the same minutes of the machine's load; with `together` the models' bursts of
+    a shape run at the same time, so each scheduler works under the same load (the other's included)."""
     with ExitStack() as stack:
-        planes = [load_plane(stack, base, n, model, profile, log) for model in models]
+        planes = [load_plane(stack, base, n, model, profile, log, pprof) for model in models]
         bursts: dict[str, list[Burst]] = {p.model: [] for p in planes}
+
+        def run(p: Loaded, shape: str) -> Burst:
+            return burst(p.api, p.api_client, p.pids, n, p.model, shape, pods, profile, p.pprof)
+
         for i, shape in enumerate(shapes):
-            for p in planes if i % 2 == 0 else planes[::-1]:
-                if shape in CORE_SHAPES and p.model != "ours-cores":
-                    continue
-                b = burst(p.api, p.api_client, p.scheduler_pid, n, p.model, shape, pods, profile)
+            chosen = [p for p in (planes if i % 2 == 0 else planes[::-1])
+                      if shape not in CORE_SHAPES or p.model == "ours-cores"]
+            if together:
+                with ThreadPoolExecutor(len(chosen) or 1) as pool:
+                    done = list(pool.map(run, chosen, [shape] * len(chosen)))
+            else:
+                done = [run(p, shape) for p in chosen]
+            for p, b in zip(chosen, done, strict=True):
                 log(format_burst(b))
                 bursts[p.model].append(b)
         return [Cell(n, p.model, p.objects, p.load_s, p.rss_mib, tuple(bursts[p.model])) for p in planes]
@@ -281,23 +336,31 @@ def format_burst(b: Burst) -> str:
     predicted = "" if b.predicted_cpu_ms_per_pod is None else (
         f"  predicted {b.predicted_cpu_ms_per_pod:7.1f} ms/pod ({b.predicted_per_node_ms:.3f} ms/node)")
     missing = "" if b.scheduled == b.pods else f"  ONLY {b.scheduled}/{b.pods} SCHEDULED"
+    others = "".join(f" {SHORT.get(k, k)} {v:.1f}" for k, v in b.component_cpu_ms_per_pod.items()
+                     if k != "kube-scheduler")
+    components = f"  other CPU ms/pod:{others}" if others else ""
     return (f"{b.nodes:5d} nodes {b.slices:4s} {b.shape:16s} {b.pods:4d} pods {b.pods_per_s:7.1f} pods/s  "
             f"p50 {b.p50_ms:8.1f} ms  p99 {b.p99_ms:8.1f} ms  scheduler CPU {b.scheduler_cpu_ms_per_pod:7.2f} ms/pod"
-            f"{predicted}  load {b.load_average:.1f}{missing}")
+            f"{predicted}  load {b.load_average:.1f}{components}{missing}")
 
 
 def summary(cells: Sequence[Cell]) -> str:
-    """Scheduler CPU per claim pod, ours / AWS-shaped, per node count and shape."""
+    """Scheduler CPU per claim pod, ours / AWS-shaped, per node count and shape (the median of a shape's bursts
+    when --shapes names it more than once)."""
     lines = ["", "scheduler CPU per pod, ours vs AWS-shaped slices (same run; CPU time, robust to load):"]
-    by = {(b.nodes, b.slices, b.shape): b for c in cells for b in c.bursts}
+    by: dict[tuple[int, str, str], list[float]] = {}
+    for c in cells:
+        for b in c.bursts:
+            by.setdefault((b.nodes, b.slices, b.shape), []).append(b.scheduler_cpu_ms_per_pod)
     for n in sorted({c.nodes for c in cells}):
         for shape in DEVICE_SHAPES:
             ours, aws = by.get((n, "ours", shape)), by.get((n, "aws", shape))
             if ours is None or aws is None:
                 continue
-            ratio = ours.scheduler_cpu_ms_per_pod / max(aws.scheduler_cpu_ms_per_pod, 1e-9)
-            lines.append(f"  {n:5d} nodes {shape:16s} ours {ours.scheduler_cpu_ms_per_pod:7.2f} ms  aws "
-                         f"{aws.scheduler_cpu_ms_per_pod:7.2f} ms  ratio {ratio:5.2f}")
+            o, a = statistics.median(ours), statistics.median(aws)
+            runs = f"  (median of {len(ours)} / {len(aws)} bursts)" if len(ours) > 1 or len(aws) > 1 else ""
+            lines.append(f"  {n:5d} nodes {shape:16s} ours {o:7.2f} ms  aws {a:7.2f} ms  ratio "
+                         f"{o / max(a, 1e-9):5.2f}{runs}")
     return "\n".join(lines) + "\n"
 
 
@@ -329,18 +392,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slices", default="ours,aws",
                         help=f"slice models: {', '.join(SLICE_MODELS)} (ours-cores grows with nodes squared on 1.36: "
                              "keep it to small clusters)")
-    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"pod shapes: {', '.join(SHAPES)}")
+    parser.add_argument("--shapes", default=",".join(SHAPES),
+                        help=f"pod shapes: {', '.join(SHAPES)} (one named again: another burst, medians reported)")
     parser.add_argument("--pods", type=int, default=100, help=f"pods per burst (1..{MAX_PODS}; at most the nodes)")
     parser.add_argument("--profile", default="tuned", choices=list(PROFILES), help="control-plane profile")
     parser.add_argument("--dir", type=Path, default=None, help="state directory (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON to this file")
     parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
                         help="run nothing: print the figures of an earlier --json FILE with today's predictions")
+    parser.add_argument("--together", action="store_true",
+                        help="run the models' bursts of a shape at the same time (the same load for each scheduler)")
+    parser.add_argument("--pprof", type=Path, default=None, metavar="DIR",
+                        help="write each burst's scheduler CPU profile to DIR/<nodes>-<slices>-<shape>-<HHMMSS>.pprof")
+    parser.add_argument("--pprof-seconds", type=int, default=30,
+                        help=f"how long each profile runs from the burst's start (1..{MAX_PPROF_S})")
     args = parser.parse_args(argv)
     if args.from_json is not None:
         return reprint(args.from_json)
     if not 1 <= args.pods <= MAX_PODS:
         raise SystemExit(f"bench_scale: --pods {args.pods}: give 1 to {MAX_PODS}")
+    if not 1 <= args.pprof_seconds <= MAX_PPROF_S:
+        raise SystemExit(f"bench_scale: --pprof-seconds {args.pprof_seconds}: give 1 to {MAX_PPROF_S}")
+    pprof = None
+    if args.pprof is not None:
+        args.pprof.mkdir(parents=True, exist_ok=True)
+        pprof = (args.pprof, args.pprof_seconds)
     nodes = parse_nodes(args.nodes)
     models = parse_list(args.slices, SLICE_MODELS, "slices")
     shapes = parse_list(args.shapes, list(SHAPES), "shapes")
@@ -351,7 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"profile {args.profile}; {os.cpu_count()} CPUs; wall-clock figures depend on the machine's load "
         "(load average per burst), CPU per pod does not")
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    cells = [c for n in nodes for c in run_size(base, n, models, shapes, min(args.pods, n), args.profile, log)]
+    cells = [c for n in nodes
+             for c in run_size(base, n, models, shapes, min(args.pods, n), args.profile, log, pprof,
+                               args.together)]
     sys.stdout.write(summary(cells))
     if args.json is not None:
         args.json.write_text(json.dumps({"profile": args.profile, "cells": [asdict(c) for c in cells]}, indent=2))

@@ -342,6 +342,10 @@ class Neuron:
     def _specs(self, targets: Sequence[str]) -> list[InstanceSpec]:
         return [self.catalog.types[t] for t in targets]
 
+    def _pseudo_device_possible(self) -> bool:
+        """Whether a target type publishes the UltraServer pseudo-device (which the Neuron class selects too)."""
+        return not self.explicit_targets or any(s.ultraserver is not None for s in self._specs(self.target_types))
+
     def _check_grid_selectors(self, targets: Sequence[str], compiled: Sequence[tuple[str, frozenset[str]]]) -> None:
         """Raw selectors reading grid-only attributes can never match when every target is all-to-all."""
         specs = self._specs(targets)
@@ -459,7 +463,9 @@ class Neuron:
     def selector_expressions(self, drivers: Drivers) -> list[str]:
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
         c = f"device.capacity[{_cel_string(drivers.neuron_driver)}]"
-        out = [f"{d}.resourceType == {_cel_string(NEURON_DEVICE)}"]
+        # The class keeps NeuronCores out; the UltraServer pseudo-device only a selector does. Where no target
+        # type publishes one, that selector would be one more CEL evaluation per candidate device and node.
+        out = [f"{d}.resourceType == {_cel_string(NEURON_DEVICE)}"] if self._pseudo_device_possible() else []
         if self.instance_types or self.families:
             types = self.target_types
             out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1

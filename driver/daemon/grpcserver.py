@@ -7,7 +7,11 @@
   loop), so calls whose bodies never come, or whose answers cannot be sent (flow-control window 0), hold no
   thread. Blocking handlers run in the server's thread pool, at most `max_concurrent` at once (beyond that
   RESOURCE_EXHAUSTED at once, kubelet retries); cheap ones (`inline`) and coroutines run in the event loop.
-- Each server has its own event loop thread and pool, so one server's calls never wait behind another's.
+- All servers of the process share one event loop thread (`shared_loop`); each has its own pool and limits, so one
+  server's blocking calls never wait behind another's, and the loop runs only grpc's dispatch and the cheap
+  inline handlers. grpc.aio's poller wakes every bound loop for every completion and the loop that reads it
+  forwards the others' to their threads, so each extra loop thread costs CPU and a thread hand-off per call
+  (docs/grpc-server.md).
 - HTTP/2 and connection limits are grpc's channel options (`Limits`).
 """
 
@@ -206,8 +210,24 @@ def _close_after(pending: concurrent.futures.Future[Any] | None, gen: Generator[
     gen.close()  # runs the generator's cleanup (its `finally`) in this worker thread
 
 
+_LOOP_LOCK = threading.Lock()
+_LOOP: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None
+
+
+def shared_loop() -> asyncio.AbstractEventLoop:
+    """The event loop every Server of this process runs in, on a daemon thread started on first use."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or not _LOOP[1].is_alive():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="grpc-loop", daemon=True)
+            thread.start()
+            _LOOP = (loop, thread)
+        return _LOOP[0]
+
+
 class Server:
-    """One grpc.aio server on its own event loop thread; methods are added before `start`."""
+    """One grpc.aio server in the shared event loop, with its own pool; methods are added before `start`."""
 
     def __init__(self, name: str, limits: Limits) -> None:
         self.name = name
@@ -215,9 +235,7 @@ class Server:
         self.active_calls = 0  # blocking calls admitted to the pool and not finished
         self._count_lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent, thread_name_prefix=name)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-grpc", daemon=True)
-        self._thread.start()
+        self._loop = shared_loop()
         self._handlers = _Handlers(self)
         self._server: grpc.aio.Server = self.run(self._make())
         self._started = False
@@ -229,7 +247,10 @@ class Server:
         return server
 
     def run(self, coro: Awaitable[Any], timeout: float | None = 30.0) -> Any:
-        """Run `coro` in this server's event loop and return its result (from another thread)."""
+        """Run `coro` in the event loop and return its result (from another thread: in the loop's own it would
+        wait for itself)."""
+        if _running_loop() is self._loop:
+            raise RuntimeError(f"{self.name}: Server.run called from its event loop")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
 
     def add_methods(self, methods: Mapping[str, Method]) -> None:
@@ -266,14 +287,12 @@ class Server:
         self._started = True
 
     def stop(self, grace: float = 5.0) -> None:
-        """Refuse new calls, give running ones `grace` seconds, then cancel them; ends the loop thread."""
+        """Refuse new calls, give running ones `grace` seconds, then cancel them (the shared loop runs on)."""
         if self._stopped:
             return
         self._stopped = True
         with contextlib.suppress(Exception):
             self.run(self._server.stop(grace), timeout=grace + 10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- per call, in the event loop --------------------------------------------------------------------
@@ -348,6 +367,13 @@ class Server:
             call.end()  # the generator sees is_active() False and returns
             with contextlib.suppress(RuntimeError):  # the pool is shut down: the process is stopping
                 self._pool.submit(_close_after, pending, gen)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 async def call_unary(target: str, path: str, request: bytes, timeout: float, max_response: int = 1024 * 1024

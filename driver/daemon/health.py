@@ -25,9 +25,9 @@ log = logging.getLogger("neuron_dra.driver.daemon.health")
 SERVING = grpc_health_v1_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
 HEALTH = grpc_health_v1_pb2.DESCRIPTOR.services_by_name["Health"]
-# The probe is one small call every few seconds, answered in the health server's own event loop (no thread
-# pool). The port listens on the pod IP: connections that never finish their preface are cut after 5 s,
-# connections without calls after 10 s, every connection after 10 s plus 5 s for its calls (kubelet's prober
+# The probe is one small call every few seconds, answered in the event loop (no thread pool). The port listens
+# on the pod IP: connections that never finish their preface are cut after 5 s, connections without calls after
+# 10 s, every connection after 10 s plus 5 s for its calls (kubelet's prober
 # opens one per probe; grpc core does not end a header block that never ends, the age limit does); header
 # lists, messages and streams per connection are small; at most 128 connections.
 LIMITS = grpcserver.Limits(max_concurrent=1, max_message=4096, max_streams=8, max_connections=128,

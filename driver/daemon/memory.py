@@ -10,7 +10,6 @@ C library is not glibc (e.g. musl).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import gc
 
@@ -20,11 +19,10 @@ ARENAS = 1
 
 @functools.cache  # one handle per process: a new CDLL per call would leak a little memory each time
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    # The process's own symbols (dlopen(NULL)), the C library's among them: ctypes.util.find_library would run
+    # `ldconfig -p` in a child process, on the start-up path before the sockets listen.
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)
     except OSError:
         return None
     return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None

@@ -11,7 +11,7 @@ docs/upgrades.md).
 Start-up is in two steps so kubelet sees the driver early (kubelet gives GetInfo 1 s): `listen` binds the DRA
 socket (calls wait until it is served) and then the registration socket, answered at once (it needs only the
 driver name and the endpoint); `serve` starts the DRA service once the state is loaded (checkpoint, CDI specs).
-Served by grpcio's asyncio server (grpcserver.py), each server on its own event loop and thread pool.
+Served by grpcio's asyncio server (grpcserver.py), each server with its own thread pool, in one event loop.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from neuron_dra.driver.daemon import grpcserver, sockets
 from neuron_dra.driver.daemon._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
-from neuron_dra.driver.daemon.claims import ClaimError, ClaimRef
 
 # Re-exported: the socket parts of this module's interface live in sockets.py.
 from neuron_dra.driver.daemon.sockets import SOCKET_MODE as SOCKET_MODE
@@ -36,7 +35,10 @@ from neuron_dra.driver.daemon.sockets import SocketPaths as SocketPaths
 from neuron_dra.driver.daemon.sockets import check_socket_path as check_socket_path
 from neuron_dra.driver.daemon.sockets import remove_stale_socket as remove_stale_socket
 
+# claims.py (and the device model it imports) only once a DRA call comes: not on the path to the registration
+# socket answering, which kubelet gives 1 s.
 if TYPE_CHECKING:
+    from neuron_dra.driver.daemon.claims import ClaimRef
     from neuron_dra.driver.daemon.state import DriverState
 
 log = logging.getLogger("neuron_dra.driver.daemon.plugin")
@@ -61,6 +63,8 @@ def _no_claims(request: Any) -> bool:
 
 
 def _claim_refs(claims: Any) -> list[ClaimRef]:
+    from neuron_dra.driver.daemon.claims import ClaimRef
+
     return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
 
 
@@ -73,6 +77,7 @@ class DraService:
 
     def NodePrepareResources(self, request: Any, context: grpcserver.CallContext) -> Any:
         # kubelet gives each call 45 s; when it gives up (deadline, cancel) the rest of the call's work is dropped.
+        from neuron_dra.driver.daemon.claims import ClaimError
         from neuron_dra.driver.daemon.state import CallScope
 
         remaining = context.time_remaining()

@@ -180,7 +180,6 @@ def core_attributes(device_attributes: Mapping[str, Mapping[str, Any]], index: i
     attrs = {k: dict(v) for k, v in device_attributes.items() if k not in _NOT_ON_CORES}
     global_id = layout.global_core_id(index, logical)
     attrs["resourceType"] = {"string": NEURON_CORE}
-    attrs["coreCount"] = {"int": layout.lnc}  # physical cores, as on whole devices
     attrs["coreIndex"] = {"int": logical}  # logical core within the device
     attrs["neuronCoreId"] = {"int": global_id}  # the NEURON_RT_VISIBLE_CORES id at the node's LNC
     attrs["lnc"] = {"int": layout.lnc}

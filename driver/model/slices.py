@@ -4,6 +4,11 @@ Drop-in compatible with AWS's Neuron DRA driver (same driver name, device names,
 types and topology group ids; docs/neuron-hardware.md §3-4), plus capacities, NUMA, PCI address,
 neighbours and connected-group ids on every topology kind. This is the one model that the daemon
 publishes and that the claim checks evaluate CEL against.
+
+Nothing is published twice: the scheduler copies every attribute of a device into fresh maps on each CEL
+evaluation, and more than 14 in one domain regrow Go's map once more (docs/scale.md §2). So no `numaNode`
+beside the standard `resource.kubernetes.io/numaNode`, no `coreCount` beside the `cores` capacity and no
+`topology1_id` beside `deviceId`.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ NETWORK_NODE_LABELS = tuple(f"topology.k8s.aws/network-node-layer-{i}" for i in 
 CAPACITY_BLOCK_LABEL = "neuron-dra/capacity-block-id"
 # Without AWS's UltraServer operator, a node label assigns the node's devices to a workload (docs/trainium3.md §5).
 WORKLOAD_LABEL = "neuron-dra/workload-id"
-# The standard NUMA attribute of Kubernetes 1.37 (KEP-6072), published next to our own `numaNode`.
+# The standard NUMA attribute of Kubernetes 1.37 (KEP-6072): the device's NUMA node.
 STANDARD_NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 Attribute = dict[str, Any]  # {"int": 1} | {"bool": True} | {"string": "x"} | {"version": "1.2.3"}
@@ -165,7 +170,6 @@ def neuron_device_attributes(host: NeuronHost, dev: NeuronDevice, facts: NodeFac
     spec = host.spec
     attrs = _common_attributes(host, facts, options, NEURON_DEVICE)
     attrs["deviceId"] = _int(dev.index)
-    attrs["coreCount"] = _int(dev.physical_cores)
     attrs["topologyKind"] = _str(spec.topology.value)
     attrs["neighbors"] = _str(",".join(map(str, dev.connected)))
     if spec.grid:
@@ -173,14 +177,15 @@ def neuron_device_attributes(host: NeuronHost, dev: NeuronDevice, facts: NodeFac
         attrs["topology_x"] = _int(dev.index // 4)
         attrs["topology_y"] = _int(dev.index % 4)
     # topology{N}_id: connected, id-aligned groups of N. On the torus 4 and 8 are AWS's own ids;
-    # the rest (1, 16, ring segments, single devices) we add so every host answers topology claims.
-    # All-to-all hosts publish none: any N devices of the server are connected, so a connected request
-    # there needs no constraint (claim_templates Connected), and grid ids would only mislead.
+    # the rest (16, ring segments) we add so every host answers topology claims. The group of one is the
+    # device (deviceId; one device needs no constraint). All-to-all hosts publish none: any N devices of the
+    # server are connected, so a connected request there needs no constraint (claim_templates Connected), and
+    # grid ids would only mislead.
     if not spec.all_to_all:
         for n in spec.group_sizes():
-            attrs[f"topology{n}_id"] = _int(dev.index // n)
+            if n > 1:
+                attrs[f"topology{n}_id"] = _int(dev.index // n)
     if dev.numa_node is not None:
-        attrs["numaNode"] = _int(dev.numa_node)
         attrs[STANDARD_NUMA_NODE] = _int(dev.numa_node)
     if dev.pci_bdf is not None:
         attrs[f"{K8S_DOMAIN}/pciBusID"] = _str(dev.pci_bdf)

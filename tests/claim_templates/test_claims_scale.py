@@ -61,9 +61,10 @@ def test_one_device_without_efas_takes_two_evaluations() -> None:
 
 def test_connected_and_efa_requests_add_their_devices() -> None:
     trn2 = CATALOG.node("trn2.48xlarge")
-    assert selector_evaluations(neuron_1x4_connected, trn2) == 16 + 4 * 3
-    # 8 Neuron devices x 3 selectors after the 16 EFAs, then the EFA request's class selector on 8 EFAs.
-    assert selector_evaluations(trn2_8_connected_efa, trn2) == 16 + 8 * 3 + 8
+    # The class selector fails on the 16 EFAs (their pool comes first); then per device the class and instanceType.
+    assert selector_evaluations(neuron_1x4_connected, trn2) == 16 + 4 * 2
+    # 8 Neuron devices x 2 selectors after the 16 EFAs, then the EFA request's class selector on 8 EFAs.
+    assert selector_evaluations(trn2_8_connected_efa, trn2) == 16 + 8 * 2 + 8
 
 
 def test_estimate_grows_with_the_nodes_filtered() -> None:
@@ -92,7 +93,7 @@ def test_bad_node_count_is_refused(nodes: int) -> None:
 
 def test_all_devices_request_evaluates_every_device() -> None:
     every = ClaimTemplate("every", Neuron(16, instance_types="trn2.48xlarge"))
-    assert selector_evaluations(every, CATALOG.node("trn2.48xlarge")) == 16 + 16 * 3
+    assert selector_evaluations(every, CATALOG.node("trn2.48xlarge")) == 16 + 16 * 2
 
 
 def _claims(*args: str) -> subprocess.CompletedProcess[str]:
@@ -112,7 +113,7 @@ def test_check_nodes_json_carries_the_estimates() -> None:
     reports = {r["template"]: r for r in json.loads(result.stdout)}
     scale = reports["default/neuron-1x4-connected"]["scale"]
     assert [(s["instanceType"], s["nodes"], s["filteredNodes"], s["selectorEvaluations"]) for s in scale] == [
-        ("trn2.48xlarge", 500, 230, 28)]
+        ("trn2.48xlarge", 500, 230, 24)]
     assert scale[0]["cpuMsPerPod"] > 0 and scale[0]["warning"] is None
 
 

@@ -26,6 +26,7 @@ from neuron_dra.claim_templates import (
     to_yaml_documents,
 )
 from neuron_dra.claim_templates.cel_env import CelDevice, CelEnvironment
+from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS
 from neuron_dra.claim_templates.node_model import NodeCatalog
 
 D = "device.attributes['neuron.aws.com']"
@@ -45,8 +46,9 @@ def test_manifest_shape() -> None:
     assert m["spec"]["spec"]["devices"] == {
         "requests": [{"name": "neurons", "exactly": {
             "deviceClassName": "neuron.aws.com",
-            "selectors": [{"cel": {"expression": f"{D}.resourceType == 'neuron_device'"}},
-                          {"cel": {"expression": f"{D}.instanceType == 'trn2.48xlarge'"}}],
+            # No resourceType selector: trn2.48xlarge publishes no UltraServer pseudo-device and the class keeps
+            # NeuronCores out, so it would only be one more CEL evaluation per device.
+            "selectors": [{"cel": {"expression": f"{D}.instanceType == 'trn2.48xlarge'"}}],
             "allocationMode": "ExactCount", "count": 4}}],
         "constraints": [{"requests": ["neurons"], "matchAttribute": "resource.aws.com/devicegroup4_id"}],
         "config": [{"opaque": {"driver": "neuron.aws.com", "parameters": {
@@ -109,9 +111,13 @@ def test_generated_selectors_select_what_they_say() -> None:
     catalog = NodeCatalog()
     env = CelEnvironment()
 
+    classes = {c["metadata"]["name"]: c for c in DEFAULT_DRIVERS.device_classes()}
+
     def selected(n: Neuron, instance_type: str) -> list[CelDevice]:
-        exprs = [s["cel"]["expression"] for s in devices_of(ClaimTemplate("t", n))["requests"][0]["exactly"]
-                 ["selectors"]]
+        exactly = devices_of(ClaimTemplate("t", n))["requests"][0]["exactly"]
+        # The class's selectors first, as the scheduler evaluates them (they keep NeuronCores out).
+        exprs = [s["cel"]["expression"] for s in classes[exactly["deviceClassName"]]["spec"]["selectors"]]
+        exprs += [s["cel"]["expression"] for s in exactly["selectors"]]
         return [d for d in catalog.node(instance_type).devices
                 if d.driver == "neuron.aws.com" and all(env.evaluate(e, d) for e in exprs)]
 

@@ -3,6 +3,7 @@ until the work ends, also for a cancelled call), deadlines and end callbacks, st
 
 from __future__ import annotations
 
+import asyncio
 import stat
 import threading
 import time
@@ -202,3 +203,24 @@ def test_a_tcp_port_is_not_shared_with_a_second_server() -> None:
     finally:
         first.stop(0)
         second.stop(0)
+
+
+def test_servers_share_one_event_loop_and_a_stopped_one_leaves_it_running(running: Running) -> None:
+    """grpc.aio's poller wakes every bound loop for every completion: one loop thread for all servers."""
+    other = grpcserver.Server("other", grpcserver.Limits(max_concurrent=1))
+    try:
+        assert other._loop is running.server._loop is grpcserver.shared_loop()
+        assert [t.name for t in threading.enumerate()].count("grpc-loop") == 1
+    finally:
+        other.stop(0)
+    assert running.check("").status == hpb.HealthCheckResponse.SERVING  # its server stopped, the loop runs on
+
+    async def from_the_loop() -> None:
+        nothing = asyncio.sleep(0)
+        try:
+            running.server.run(nothing)
+        finally:
+            nothing.close()
+
+    with pytest.raises(RuntimeError, match="from its event loop"):
+        asyncio.run_coroutine_threadsafe(from_the_loop(), grpcserver.shared_loop()).result(5)

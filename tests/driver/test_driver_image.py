@@ -58,6 +58,31 @@ def test_daemon_imports_only_what_the_image_has() -> None:
     assert not [m for m in out if m.split(".")[0] in ("kubernetes", "urllib3", "yaml", "pydantic")]
 
 
+# What the entry imports until the registration socket answers (main.start_early), kubelet giving GetInfo 1 s: the
+# gRPC servers and the socket names only. The claims and device model come with the state, the API client after.
+START_EARLY = """
+import sys, tempfile
+from pathlib import Path
+from neuron_dra.driver.daemon import main
+d = Path(tempfile.mkdtemp())
+o = main.parse_options(["--node-name", "n", "--plugins-dir", str(d / "p"), "--registry-dir", str(d / "r")], {})
+servers = main.start_early(main.with_socket_names(o, None))
+assert servers is not None and servers.paths.registration.exists()
+print("\\n".join(sorted(sys.modules)))
+servers.stop(0)
+"""
+
+
+def test_registration_answers_before_the_claims_model_and_api_client_are_imported() -> None:
+    out = subprocess.run([sys.executable, "-c", START_EARLY], capture_output=True, text=True, check=True).stdout.split()
+    ours = {m.removeprefix("neuron_dra.driver.") for m in out if m.startswith("neuron_dra.driver.")}
+    later = {"daemon.claims", "daemon.state", "daemon.kube", "daemon.checkpoint", "model.catalog", "model.config",
+             "model.discovery"}
+    assert "daemon.plugin" in ours and not later & ours, sorted(later & ours)
+    # ctypes.util.find_library runs `ldconfig -p` in a child process (memory.py finds malloc's knobs without it)
+    assert not {"ctypes.util", "urllib3", "yaml"} & set(out)
+
+
 def test_daemon_serves_grpc_with_grpcio_not_its_own_http2() -> None:
     """The daemon's HTTP/2 is grpcio's: no HTTP/2 framing or HPACK library of its own is imported."""
     code = ("import sys, neuron_dra.driver.daemon.main, neuron_dra.driver.daemon.plugin, "

@@ -84,7 +84,9 @@ def test_aws_attributes_and_types_on_trn2() -> None:
     assert d5.attributes["topology8_id"] == {"int": 0}
     assert d5.attributes["neighbors"] == {"string": "1,4,9,6"}
     assert d5.capacity == {"cores": "8", "memory": "96Gi"}
-    assert d5.attributes["coreCount"] == {"int": 8}
+    # Nothing twice (the scheduler copies every attribute per CEL evaluation): `cores` is the capacity, the NUMA node
+    # the standard attribute, the group of one the deviceId.
+    assert not {"coreCount", "numaNode", "topology1_id"} & set(d5.attributes)
     assert "capacityBlockId" not in d5.attributes  # only on UltraServers
 
 
@@ -156,14 +158,15 @@ def test_inf2_ring_segments() -> None:
     assert attr(d7, "topologyKind") == "ring"
     assert attr(d7, "neighbors") == "6,8"
     assert {k: attr(d7, k) for k in d7.attributes if k.startswith("topology") and k.endswith("_id")} == {
-        "topology1_id": 7, "topology2_id": 3, "topology3_id": 2, "topology4_id": 1, "topology6_id": 1,
+        "topology2_id": 3, "topology3_id": 2, "topology4_id": 1, "topology6_id": 1,
         "topology12_id": 0}
     assert d7.capacity == {"cores": "2", "memory": "32Gi"}
 
 
-def test_single_device_host_is_groupable() -> None:
+def test_single_device_host_has_no_group_id() -> None:
     (dev,) = pool_of("trn2.3xlarge").values()
-    assert attr(dev, "topology1_id") == 0 and attr(dev, "topologyKind") == "single"
+    assert attr(dev, "topologyKind") == "single" and attr(dev, "deviceId") == 0
+    assert not any(k.startswith("topology") and k.endswith("_id") for k in dev.attributes)
 
 
 def test_ultraserver_pseudo_device_and_capacity_block() -> None:

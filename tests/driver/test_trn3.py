@@ -74,13 +74,13 @@ def test_trn3_ultraserver_publishes_ultraserver_id_and_keeps_capacity_block_id()
                                              ).devices[0].attributes
 
 
-def test_workload_id_comes_from_the_node_label_and_numa_node_is_published_twice() -> None:
+def test_workload_id_comes_from_the_node_label_and_numa_node_is_the_standard_attribute() -> None:
     facts = NodeFacts.from_labels("n", {WORKLOAD_LABEL: "job-a"})
     assert facts.workload_id == "job-a"
     for dev in build_pool(emulated_host("trn3.48xlarge"), facts).devices:
         assert attr(dev, "workloadId") == "job-a"
-        assert attr(dev, STANDARD_NUMA_NODE) == attr(dev, "numaNode")
-    numa = [attr(d, "numaNode") for d in build_pool(emulated_host("trn3.48xlarge"), NodeFacts("n")).devices]
+        assert "numaNode" not in dev.attributes
+    numa = [attr(d, STANDARD_NUMA_NODE) for d in build_pool(emulated_host("trn3.48xlarge"), NodeFacts("n")).devices]
     assert numa == [0] * 8 + [1] * 8
     assert "workloadId" not in build_pool(emulated_host("trn3.48xlarge"), NodeFacts.from_labels("n", {})
                                           ).devices[0].attributes

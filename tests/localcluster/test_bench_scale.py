@@ -1,6 +1,7 @@
 """bench/bench_scale.py's quick path: a real control plane, emulated nodes' slices, two slice models, two shapes.
 
-Checks the report's structure and that every figure is positive (not its values: those depend on the machine).
+Checks the report's structure and that every figure is positive (not its values: those depend on the machine), and
+that --pprof writes a scheduler CPU profile per burst.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def test_quick_run_reports_each_cell_and_burst(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     result = subprocess.run(
         [sys.executable, str(BENCH), "--nodes", "12", "--pods", "4", "--slices", "ours,aws",
-         "--shapes", "no-claim,1-device,4-connected", "--dir", str(tmp_path / "d"), "--json", str(out)],
+         "--shapes", "no-claim,1-device,4-connected,1-device", "--dir", str(tmp_path / "d"), "--json", str(out),
+         "--pprof", str(tmp_path / "pprof"), "--pprof-seconds", "2"],
         capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -32,21 +34,30 @@ def test_quick_run_reports_each_cell_and_burst(tmp_path: Path) -> None:
         assert cell["objects"] == 12 * 3  # a Node, its Neuron slice and its EFA slice
         assert set(cell["rss_mib"]) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
         assert all(v > 0 for v in cell["rss_mib"].values())
-        assert [b["shape"] for b in cell["bursts"]] == ["no-claim", "1-device", "4-connected"]
+        assert [b["shape"] for b in cell["bursts"]] == ["no-claim", "1-device", "4-connected", "1-device"]
         for b in cell["bursts"]:
             assert b["pods"] == b["scheduled"] == 4
             assert b["pods_per_s"] > 0 and b["p99_ms"] >= b["p50_ms"] > 0
             assert b["scheduler_cpu_ms_per_pod"] > 0
+            assert set(b["component_cpu_ms_per_pod"]) == set(cell["rss_mib"])
+            assert b["component_cpu_ms_per_pod"]["kube-scheduler"] == b["scheduler_cpu_ms_per_pod"]
+            assert b["component_cpu_ms_per_pod"]["kube-apiserver"] > 0
             assert (b["predicted_cpu_ms_per_pod"] is None) == (b["shape"] == "no-claim")
         assert all(b["predicted_cpu_ms_per_pod"] > 0 for b in cell["bursts"][1:])
     assert "ours vs AWS-shaped slices" in result.stdout
     assert "   12 nodes 1-device" in result.stdout and "ratio" in result.stdout
+    assert "(median of 2 / 2 bursts)" in result.stdout  # 1-device, named twice
+    profiles = sorted((tmp_path / "pprof").iterdir())
+    assert len(profiles) == 8 and all(p.suffix == ".pprof" and p.stat().st_size > 0 for p in profiles)
+    assert {p.name.rsplit("-", 1)[0] for p in profiles} == {
+        f"12-{m}-{s}" for m in ("ours", "aws") for s in ("no-claim", "1-device", "4-connected")}
 
 
 def test_bad_options_are_refused(tmp_path: Path) -> None:
     for args, message in ((["--nodes", "0"], "--nodes '0': give whole numbers from 1 to 5000"),
                           (["--slices", "gpu"], "--slices gpu: not known; choose from ours, ours-cores, aws"),
-                          (["--shapes", "2-device"], "--shapes 2-device: not known")):
+                          (["--shapes", "2-device"], "--shapes 2-device: not known"),
+                          (["--pprof-seconds", "0"], "--pprof-seconds 0: give 1 to 600")):
         result = subprocess.run([sys.executable, str(BENCH), *args, "--dir", str(tmp_path)], capture_output=True,
                                 text=True, timeout=120)
         assert result.returncode != 0 and message in result.stderr, result.stderr

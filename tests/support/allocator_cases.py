@@ -7,9 +7,9 @@ another: how many fit). Categories:
 
 - `typed`: one `Neuron(...)` request from the typed classes (counts, instance types, families, Connected /
   RingSegment groups on devicegroup or topology ids, LNC, kernel driver version, HBM and core minimums);
-- `raw`: hand-made ExactCount 1..17 requests with selectors on instanceType, family, deviceId, coreCount,
-  the `memory` capacity (quantity), the `draDriverVersion` semver and matchAttribute on
-  devicegroup{4,8,16}_id / topology{N}_id (any N, so also groups the host lacks);
+- `raw`: hand-made ExactCount 1..17 requests with selectors on instanceType, family, deviceId, the
+  `cores` and `memory` capacities (quantity), the standard NUMA node, the `draDriverVersion` semver and
+  matchAttribute on devicegroup{4,8,16}_id / topology{N}_id (any N, so also groups the host lacks);
 - `all`: allocationMode All, with selectors and with constraints that hold or break;
 - `efa`: Neuron + EFA requests, aligned on a devicegroup or not, and EFA alone;
 - `first-available`: firstAvailable with 2-3 subrequests (typed and hand-made, constraints on subrequests);
@@ -72,6 +72,7 @@ EFA_CLASS = "efa.networking.k8s.aws"
 AWS = "resource.aws.com"
 A = f"device.attributes['{NEURON_DRIVER}']"
 CAP = f"device.capacity['{NEURON_DRIVER}']"
+K8S = "device.attributes['resource.kubernetes.io']"
 GUARD = f"{A}.resourceType == 'neuron_device'"
 MODES: tuple[Mode, ...] = ("fit-one", "count")
 # allocateOne calls per allocation. Go makes about 170 000 a second here (each scans every device of the node),
@@ -398,7 +399,7 @@ class CaseGenerator:
             ids = sorted(rng.sample(range(16), rng.randint(2, 10)))
             return f"{A}.deviceId in {ids}"
         if kind == "coreCount":
-            return f"{A}.coreCount {rng.choice(('>=', '==', '<'))} {rng.choice((2, 8))}"
+            return f"{CAP}.cores.compareTo(quantity('{rng.choice((2, 8))}')) {rng.choice(('>=', '==', '<'))} 0"
         if kind == "memory":
             q = rng.choice(("16Gi", "32Gi", "64Gi", "96Gi", "100Gi", "34359738368"))
             form = rng.randrange(3)
@@ -419,7 +420,7 @@ class CaseGenerator:
             v = rng.choice(("2.25.4.0", "2.24.0.0"))
             return f"{A}.neuronDriverVersion {rng.choice(('==', '!='))} '{v}'"
         if kind == "numa":
-            return f"{A}.numaNode == {rng.randint(0, 1)}"
+            return f"{K8S}.numaNode == {rng.randint(0, 1)}"
         return f"{A}.topologyKind == '{rng.choice(('torus4x4', 'ring', 'single'))}'"
 
     def selectors(self, instance_type: str, most: int = 2) -> list[str]:
@@ -632,7 +633,8 @@ class CaseGenerator:
 
     def _cel_error(self, instance_type: str) -> list[dict[str, Any]]:
         rng = self.rng
-        expr = rng.choice((f"{A}.coreCount >= 2", f"{A}.topology_x < 2", f"{A}.topology4_id == 0",
+        expr = rng.choice((f"{CAP}.cores.compareTo(quantity('2')) >= 0", f"{A}.topology_x < 2",
+                           f"{A}.topology4_id == 0",
                            f"{CAP}.memory.compareTo(quantity('32Gi')) >= 0", f"{A}.topology2_id == 1",
                            f"{A}.deviceId < 8"))
         guarded = [GUARD] if rng.random() < 0.3 else []

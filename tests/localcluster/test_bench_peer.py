@@ -1,0 +1,69 @@
+"""bench/bench_peer.py's own parts that need no cluster: the autogroup priority it takes and gives back, the
+p99 ratio per quarter of a run, and the table's lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_peer.py"
+
+
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_peer", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_peer"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+# In a session of its own (setsid), so that the test never changes the priority of the session running pytest.
+PRIORITY = f"""
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("bench_peer", {str(BENCH)!r})
+b = sys.modules["bench_peer"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(b)
+own = b.autogroup_nice(os.getpid())
+said = b.share_priority([os.getpid()])
+during = b.autogroup_nice(os.getpid())
+b.set_autogroup_nice(os.getpid(), own)
+print(own, during, b.autogroup_nice(os.getpid()), said, sep="|")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists() or os.geteuid() != 0,
+                    reason="needs autogroup scheduling and root (raising a priority)")
+def test_a_raised_niceness_reaches_the_autogroup_and_is_given_back() -> None:
+    out = subprocess.run(["setsid", "nice", "-n", "-5", sys.executable, "-c", PRIORITY], capture_output=True,
+                         text=True, check=True, timeout=120).stdout.strip().split("|")
+    assert out == ["0", "-5", "0", "nice -5, autogroups of 1 sessions too"]
+
+
+def test_without_a_raised_niceness_nothing_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = bench()
+    monkeypatch.setattr(b.os, "nice", lambda _: 0)
+    monkeypatch.setattr(b, "set_autogroup_nice", lambda *_: pytest.fail("wrote an autogroup"))
+    assert b.share_priority([os.getpid()]) == "nice 0"
+
+
+def test_quarter_ratios_and_the_table() -> None:
+    b = bench()
+    ours = [1.0] * 100 + [2.0] * 100 + [1.0] * 100 + [4.0] * 100
+    assert b.quarter_ratios(ours, [1.0] * 400, 99) == [1.0, 2.0, 1.0, 4.0]
+    result = {"kubernetes": "v1.36.5", "example": "v0.4.0", "cycles": 400, "daemon_python": "image",
+              "state_filesystem": "ext4", "priority": "nice -15", "load_average": [1.0, 2.0],
+              "health_servers": False, "prepare_p99_ratio_by_quarter": {"1": [1.0, 2.0, 1.0, 4.0], "8": [1.0] * 4},
+              "figures": [{"name": "prepare p99, 1 device", "unit": "ms", "neuron_dra": 2.0, "example": 1.0,
+                           "ratio": 2.0}]}
+    text = b.table(result)
+    assert "nice -15; load average 1.0 before the drivers started, 2.0 after the last cycle" in text
+    assert "| prepare p99, 1 device | 2.00 ms | 1.00 ms | 2.00 |" in text
+    assert text.endswith("prepare p99 ratio in each quarter of the run: 1 device 1.00 2.00 1.00 4.00; "
+                         "8 devices 1.00 1.00 1.00 1.00")
