@@ -94,7 +94,8 @@ def test_broken_cel_is_refused_by_the_apiserver(kube: client.ApiClient, ns: str,
                                                 complaint: str) -> None:
     manifest = copy.deepcopy(_manifest(examples.neuron_1x4_connected, ns))
     manifest["metadata"]["name"] = "broken"
-    manifest["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][1]["cel"]["expression"] = expression
+    selectors = manifest["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    selectors.append({"cel": {"expression": expression}})
     with pytest.raises(ApiException) as refused:
         _create_template(client.ResourceV1Api(kube), ns, manifest)
     assert refused.value.status == 422
