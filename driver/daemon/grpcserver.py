@@ -7,11 +7,11 @@
   loop), so calls whose bodies never come, or whose answers cannot be sent (flow-control window 0), hold no
   thread. Blocking handlers run in the server's thread pool, at most `max_concurrent` at once (beyond that
   RESOURCE_EXHAUSTED at once, kubelet retries); cheap ones (`inline`) and coroutines run in the event loop.
-- All servers of the process share one event loop thread (`shared_loop`); each has its own pool and limits, so one
-  server's blocking calls never wait behind another's, and the loop runs only grpc's dispatch and the cheap
-  inline handlers. grpc.aio's poller wakes every bound loop for every completion and the loop that reads it
-  forwards the others' to their threads, so each extra loop thread costs CPU and a thread hand-off per call
-  (docs/grpc-server.md).
+- The daemon's servers share one event loop thread (an `EventLoopThread` it owns and hands to each); each has its
+  own pool and limits, so one server's blocking calls never wait behind another's, and the loop runs only grpc's
+  dispatch and the cheap inline handlers. grpc.aio's poller wakes every bound loop for every completion and the
+  loop that reads it forwards the others' to their threads, so each extra loop thread costs CPU and a thread
+  hand-off per call (docs/grpc-server.md).
 - HTTP/2 and connection limits are grpc's channel options (`Limits`).
 """
 
@@ -210,32 +210,41 @@ def _close_after(pending: concurrent.futures.Future[Any] | None, gen: Generator[
     gen.close()  # runs the generator's cleanup (its `finally`) in this worker thread
 
 
-_LOOP_LOCK = threading.Lock()
-_LOOP: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None
+class EventLoopThread:
+    """An asyncio event loop running on its own daemon thread, for the Servers given it. Whoever created it closes
+    it, after stopping those servers."""
 
+    def __init__(self, name: str = "grpc-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
 
-def shared_loop() -> asyncio.AbstractEventLoop:
-    """The event loop every Server of this process runs in, on a daemon thread started on first use."""
-    global _LOOP
-    with _LOOP_LOCK:
-        if _LOOP is None or not _LOOP[1].is_alive():
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="grpc-loop", daemon=True)
-            thread.start()
-            _LOOP = (loop, thread)
-        return _LOOP[0]
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the loop and wait for its thread (again: nothing). The loop object is not closed: grpc.aio's
+        poller keeps every loop it was bound to and may still hand it a late completion."""
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
 
 
 class Server:
-    """One grpc.aio server in the shared event loop, with its own pool; methods are added before `start`."""
+    """One grpc.aio server with its own pool, in the event loop given (shared with other servers) or else in one of
+    its own, ended by `stop`; methods are added before `start`."""
 
-    def __init__(self, name: str, limits: Limits) -> None:
+    def __init__(self, name: str, limits: Limits, loop: EventLoopThread | None = None) -> None:
         self.name = name
         self.limits = limits
         self.active_calls = 0  # blocking calls admitted to the pool and not finished
         self._count_lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent, thread_name_prefix=name)
-        self._loop = shared_loop()
+        self._own_loop: EventLoopThread | None = None
+        if loop is None:
+            loop = self._own_loop = EventLoopThread(f"{name}-grpc")
+        self._loop = loop.loop
         self._handlers = _Handlers(self)
         self._server: grpc.aio.Server = self.run(self._make())
         self._started = False
@@ -287,12 +296,15 @@ class Server:
         self._started = True
 
     def stop(self, grace: float = 5.0) -> None:
-        """Refuse new calls, give running ones `grace` seconds, then cancel them (the shared loop runs on)."""
+        """Refuse new calls, give running ones `grace` seconds, then cancel them; ends the loop thread only when it
+        is the server's own (a shared one runs on for the others)."""
         if self._stopped:
             return
         self._stopped = True
         with contextlib.suppress(Exception):
             self.run(self._server.stop(grace), timeout=grace + 10)
+        if self._own_loop is not None:
+            self._own_loop.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- per call, in the event loop --------------------------------------------------------------------

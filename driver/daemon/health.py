@@ -81,12 +81,13 @@ class HealthService:
 
 
 class HealthServer:
-    """The health port: its own grpc server, event loop and thread, apart from the kubelet-facing sockets'."""
+    """The health port: its own grpc server and pool, apart from the kubelet-facing sockets', in the event loop
+    given (the daemon's) or else its own."""
 
     def __init__(self, paths: SocketPaths, address: str, port: int,
-                 registered: threading.Event | None = None) -> None:
+                 registered: threading.Event | None = None, loop: grpcserver.EventLoopThread | None = None) -> None:
         self.service = HealthService(paths, registered=registered)
-        self._server = grpcserver.Server("health", LIMITS)
+        self._server = grpcserver.Server("health", LIMITS, loop)
         self._server.add_service(HEALTH, self.service)
         try:
             self.port = self._server.add_tcp(address, port)

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from neuron_dra.driver.daemon.claims import ClaimLookup
     from neuron_dra.driver.daemon.failpoints import CrashPoints
+    from neuron_dra.driver.daemon.grpcserver import EventLoopThread
     from neuron_dra.driver.daemon.health import HealthServer
     from neuron_dra.driver.daemon.health_reporting import HealthReporter
     from neuron_dra.driver.daemon.health_stream import HealthStreamService
@@ -314,7 +315,9 @@ class Daemon:
 
     def __init__(self, options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
                  crash: CrashPoints | None = None, metrics: Metrics | None = None,
-                 servers: PluginServers | None = None) -> None:
+                 servers: PluginServers | None = None, loop: EventLoopThread | None = None) -> None:
+        """`servers` (listening already) and `loop` (the event loop they run in), when given, are the daemon's
+        from then on: `stop` ends them."""
         from neuron_dra.driver.daemon.failpoints import CrashPoints
 
         self.options = options
@@ -332,6 +335,7 @@ class Daemon:
         self.host_root: Path | None = None
         self.state: DriverState | None = None
         self.servers = servers  # listening already when the entry started them (main), else started here
+        self.loop = loop  # every gRPC server of the daemon runs in it: one loop thread (grpcserver.py)
         self.health: HealthServer | None = None
         self.metrics_server: MetricsServer | None = None
         self.publisher: SlicePublisher | None = None
@@ -365,8 +369,12 @@ class Daemon:
         o = self.options
         # The sockets first: kubelet can register the driver while the rest starts (plugin.py: DRA calls wait
         # until `serve` below).
+        if self.loop is None:
+            from neuron_dra.driver.daemon.grpcserver import EventLoopThread
+
+            self.loop = EventLoopThread()
         if self.servers is None:
-            self.servers = listen(o)
+            self.servers = listen(o, self.loop)
         from neuron_dra.driver.daemon.cdi import CdiStore
         from neuron_dra.driver.daemon.checkpoint import Checkpoint, CheckpointError
         from neuron_dra.driver.daemon.health_reporting import HealthReporter
@@ -431,7 +439,7 @@ class Daemon:
             from neuron_dra.driver.daemon.health import HealthServer
 
             self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port,
-                                       registered=self.servers.registration.registered)
+                                       registered=self.servers.registration.registered, loop=self.loop)
             self.health.start()
         if o.metrics_port and self.metrics is not None:
             self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)
@@ -534,6 +542,8 @@ class Daemon:
             self.health.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        if self.loop is not None:
+            self.loop.close()  # after every server in it stopped
         if self.state is not None:
             self.state.close()
         if self.instance_lock is not None:
@@ -543,11 +553,12 @@ class Daemon:
         log.info("stopped")
 
 
-def listen(options: DaemonOptions) -> PluginServers:
-    """The kubelet-facing servers with both sockets listening and the registration socket answered (plugin.py)."""
+def listen(options: DaemonOptions, loop: EventLoopThread) -> PluginServers:
+    """The kubelet-facing servers, in `loop`, with both sockets listening and the registration socket answered
+    (plugin.py)."""
     from neuron_dra.driver.daemon.plugin import PluginServers
 
-    servers = PluginServers(options.sockets, options.driver_name, extra_services=HEALTH_SERVICES)
+    servers = PluginServers(options.sockets, options.driver_name, extra_services=HEALTH_SERVICES, loop=loop)
     try:
         servers.listen()
     except (SocketError, OSError) as e:
@@ -557,12 +568,13 @@ def listen(options: DaemonOptions) -> PluginServers:
 
 
 def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
-               crash: CrashPoints | None = None, servers: PluginServers | None = None) -> int:
+               crash: CrashPoints | None = None, servers: PluginServers | None = None,
+               loop: EventLoopThread | None = None) -> int:
     """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
     from neuron_dra.driver.daemon import memory
 
     memory.limit_arenas()  # before threads allocate (main applied it before the registration server's threads)
-    daemon = Daemon(options, lookup, api, crash, servers=servers)
+    daemon = Daemon(options, lookup, api, crash, servers=servers, loop=loop)
     set_on_signals(daemon.stop_event)
     try:
         daemon.start()
@@ -577,7 +589,7 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
     return 0
 
 
-def start_early(options: DaemonOptions) -> PluginServers | None:
+def start_early(options: DaemonOptions, loop: EventLoopThread) -> PluginServers | None:
     """Both sockets listening and the registration socket answered before the daemon imports the rest of itself
     (the API client, discovery, the checkpoint), so kubelet finds and registers the driver at once; DRA calls wait
     until the state is loaded (plugin.py). None when listening fails (the daemon's start then fails with the
@@ -586,7 +598,7 @@ def start_early(options: DaemonOptions) -> PluginServers | None:
 
     memory.limit_arenas()  # before the gRPC servers' threads
     try:
-        return listen(options)
+        return listen(options, loop)
     except StartupError:
         return None
 
@@ -596,7 +608,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(options.log_level)
     # The socket names may depend on the kubelet's version, read from the Node: then the API client comes first.
     asks = options.socket_names == "auto" and bool(options.pod_uid)
-    servers = None if asks else start_early(with_socket_names(options, None))
+    from neuron_dra.driver.daemon.grpcserver import EventLoopThread
+
+    loop = EventLoopThread()  # the daemon's from run_daemon on
+    servers = None if asks else start_early(with_socket_names(options, None), loop)
     from neuron_dra.driver.daemon.failpoints import CrashPoints
     from neuron_dra.driver.daemon.kube import ClientOptions, KubeClaimLookup, api_client
     from neuron_dra.driver.daemon.kubeconfig import KubeConfigError
@@ -610,11 +625,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("start-up failed", extra={"error": str(e)})
         if servers is not None:
             servers.stop(0)
+        loop.close()
         return 2
     options = with_socket_names(options, api if asks else None)
     if asks:
-        servers = start_early(options)
-    return run_daemon(options, KubeClaimLookup(api), api, crash, servers)
+        servers = start_early(options, loop)
+    return run_daemon(options, KubeClaimLookup(api), api, crash, servers, loop)
 
 
 if __name__ == "__main__":

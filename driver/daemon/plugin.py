@@ -152,12 +152,13 @@ def dra_services(state: DriverState) -> dict[str, grpcserver.Method]:
 
 class PluginServers:
     def __init__(self, paths: SocketPaths, driver_name: str, extra_services: tuple[str, ...] = (),
-                 limits: grpcserver.Limits = DRA_LIMITS) -> None:
+                 limits: grpcserver.Limits = DRA_LIMITS, loop: grpcserver.EventLoopThread | None = None) -> None:
+        """`loop`: the event loop both servers run in (the daemon's); without one each server has its own."""
         self.paths = paths
         # extra_services: served on the DRA socket too (the health stream), advertised after the DRA versions.
         self.registration = RegistrationService(driver_name, paths.dra, DRA_SERVICES + extra_services)
-        self._dra = grpcserver.Server("dra", limits)
-        self._reg = grpcserver.Server("registration", REGISTRATION_LIMITS)
+        self._dra = grpcserver.Server("dra", limits, loop)
+        self._reg = grpcserver.Server("registration", REGISTRATION_LIMITS, loop)
         always = {m.name: (lambda _: True) for m in REGISTRATION.methods}
         self._reg.add_methods(grpcserver.service_methods(REGISTRATION, self.registration, always))
         # The socket files this instance bound, with their inodes: removed on stop only while still its own.

@@ -205,22 +205,44 @@ def test_a_tcp_port_is_not_shared_with_a_second_server() -> None:
         second.stop(0)
 
 
-def test_servers_share_one_event_loop_and_a_stopped_one_leaves_it_running(running: Running) -> None:
-    """grpc.aio's poller wakes every bound loop for every completion: one loop thread for all servers."""
-    other = grpcserver.Server("other", grpcserver.Limits(max_concurrent=1))
+def test_servers_given_one_event_loop_share_it_and_a_stopped_one_leaves_it_running() -> None:
+    """grpc.aio's poller wakes every bound loop for every completion: the daemon runs all its servers in one."""
+    loop = grpcserver.EventLoopThread("shared-loop")
+    servicer = Servicer()
+    first = grpcserver.Server("first", grpcserver.Limits(max_concurrent=1), loop)
+    first.add_service(hpb.DESCRIPTOR.services_by_name["Health"], servicer)
+    second = grpcserver.Server("second", grpcserver.Limits(max_concurrent=1), loop)
     try:
-        assert other._loop is running.server._loop is grpcserver.shared_loop()
-        assert [t.name for t in threading.enumerate()].count("grpc-loop") == 1
+        assert first._loop is second._loop is loop.loop
+        with short_dir() as d:
+            first.add_unix(d / "f.sock")
+            first.start()
+            second.stop(0)
+            assert loop.running  # not the second server's to end
+            with grpc.insecure_channel(f"unix:{d / 'f.sock'}") as channel:
+                check = channel.unary_unary("/grpc.health.v1.Health/Check")
+                answer = hpb.HealthCheckResponse.FromString(check(b"", timeout=5))
+                assert answer.status == hpb.HealthCheckResponse.SERVING
+
+            async def from_the_loop() -> None:
+                nothing = asyncio.sleep(0)
+                try:
+                    first.run(nothing)
+                finally:
+                    nothing.close()
+
+            with pytest.raises(RuntimeError, match="from its event loop"):
+                asyncio.run_coroutine_threadsafe(from_the_loop(), loop.loop).result(5)
     finally:
-        other.stop(0)
-    assert running.check("").status == hpb.HealthCheckResponse.SERVING  # its server stopped, the loop runs on
+        first.stop(0)
+        second.stop(0)
+        loop.close()
+    assert not loop.running
+    assert "shared-loop" not in [t.name for t in threading.enumerate()]
 
-    async def from_the_loop() -> None:
-        nothing = asyncio.sleep(0)
-        try:
-            running.server.run(nothing)
-        finally:
-            nothing.close()
 
-    with pytest.raises(RuntimeError, match="from its event loop"):
-        asyncio.run_coroutine_threadsafe(from_the_loop(), grpcserver.shared_loop()).result(5)
+def test_a_server_without_a_loop_runs_its_own_and_ends_it_on_stop() -> None:
+    server = grpcserver.Server("alone", grpcserver.Limits(max_concurrent=1))
+    assert "alone-grpc" in [t.name for t in threading.enumerate()]
+    server.stop(0)
+    assert "alone-grpc" not in [t.name for t in threading.enumerate()]

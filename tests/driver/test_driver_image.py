@@ -64,9 +64,10 @@ START_EARLY = """
 import sys, tempfile
 from pathlib import Path
 from neuron_dra.driver.daemon import main
+from neuron_dra.driver.daemon.grpcserver import EventLoopThread
 d = Path(tempfile.mkdtemp())
 o = main.parse_options(["--node-name", "n", "--plugins-dir", str(d / "p"), "--registry-dir", str(d / "r")], {})
-servers = main.start_early(main.with_socket_names(o, None))
+servers = main.start_early(main.with_socket_names(o, None), EventLoopThread())
 assert servers is not None and servers.paths.registration.exists()
 print("\\n".join(sorted(sys.modules)))
 servers.stop(0)
