@@ -608,8 +608,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(options.log_level)
     # The socket names may depend on the kubelet's version, read from the Node: then the API client comes first.
     asks = options.socket_names == "auto" and bool(options.pod_uid)
+    from neuron_dra.driver.daemon import memory
     from neuron_dra.driver.daemon.grpcserver import EventLoopThread
 
+    memory.limit_arenas()  # before the loop thread allocates
     loop = EventLoopThread()  # the daemon's from run_daemon on
     servers = None if asks else start_early(with_socket_names(options, None), loop)
     from neuron_dra.driver.daemon.failpoints import CrashPoints
