@@ -26,7 +26,7 @@ import json
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ def variants() -> list[dict[str, Any]]:
     ours = ours_slices[0]["spec"]["devices"][0]
     aws = node_slices(host, "bench-node", "aws")[0]["spec"]["devices"][0]
 
-    def without(keep: Any, capacity: bool = True) -> dict[str, Any]:
+    def without(keep: Callable[[str], bool], capacity: bool = True) -> dict[str, Any]:
         return {**ours, "attributes": {k: v for k, v in ours["attributes"].items() if keep(k)},
                 "capacity": ours.get("capacity", {}) if capacity else {}}
 

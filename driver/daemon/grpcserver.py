@@ -224,8 +224,8 @@ class EventLoopThread:
         return self._thread.is_alive()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the loop and wait for its thread (again: nothing). The loop object is not closed: grpc.aio's
-        poller keeps every loop it was bound to and may still hand it a late completion."""
+        """Stop the loop and wait for its thread; a second call does nothing. The loop object is not closed:
+        grpc.aio's poller keeps every loop it was bound to and may still hand it a late completion."""
         if self._thread.is_alive():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout)

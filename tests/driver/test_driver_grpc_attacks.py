@@ -200,8 +200,8 @@ def memory_limit_mib() -> int:
 
 
 # What the flood may do to the daemon's RSS. grpc core's buffers for the header block in flight come and go with
-# it: spikes of 15-140 MiB that are gone at the next sample, higher the more the daemon is starved of CPU (the
-# attacker gets ahead). They must not accumulate (what remains once the flood stops), and the peak must stay inside
+# it: spikes that are gone at the next sample, larger the more the daemon is starved of CPU (the attacker gets
+# ahead). They must not accumulate (what remains once the flood stops), and the peak must stay inside
 # the DaemonSet's memory limit (driver/deploy/manifests.py) with a tenth to spare, or the kernel would kill it.
 MEMORY_LIMIT_MIB = memory_limit_mib()
 FLOOD_PEAK_MIB = MEMORY_LIMIT_MIB * 9 // 10

@@ -40,7 +40,6 @@ def test_quick_run_reports_each_cell_and_burst(tmp_path: Path) -> None:
             assert b["pods_per_s"] > 0 and b["p99_ms"] >= b["p50_ms"] > 0
             # /proc counts CPU in 10 ms ticks: 4 pods without a claim (~3 ms each) may stay within one.
             assert b["scheduler_cpu_ms_per_pod"] > 0 or b["shape"] == "no-claim", b
-            assert b["scheduler_cpu_ms_per_pod"] >= 0
             assert set(b["component_cpu_ms_per_pod"]) == set(cell["rss_mib"])
             assert b["component_cpu_ms_per_pod"]["kube-scheduler"] == b["scheduler_cpu_ms_per_pod"]
             assert b["component_cpu_ms_per_pod"]["kube-apiserver"] > 0
