@@ -63,7 +63,7 @@ protos:
 	$(PYTHON) -m neuron_dra.driver.daemon.protogen
 
 image:
-	@if command -v docker >/dev/null 2>&1; then docker build -f driver/Dockerfile -t $(IMAGE) .; \
+	@if command -v docker >/dev/null 2>&1; then docker build -f neuron_dra/driver/Dockerfile -t $(IMAGE) .; \
 	else $(PYTHON) -m neuron_dra.localcluster.images driver; fi
 
 demo:

@@ -10,8 +10,8 @@ default 5 requests/s, which would throttle prepares to ~180 ms).
 
 The example is built from the Go module proxy into the shared cache (`~/.cache/neuron-dra/dra-example-driver/
 <version>/`), at the version whose Kubernetes libraries match the cluster's minor where one exists
-(EXAMPLE_VERSIONS). Our daemon runs as the image runs (driver/Dockerfile): a virtualenv with only
-driver/image-requirements.txt (cached beside the example), the driver copied out and precompiled with `-OO`,
+(EXAMPLE_VERSIONS). Our daemon runs as the image runs (neuron_dra/driver/Dockerfile): a virtualenv with only
+neuron_dra/driver/image-requirements.txt (cached beside the example), the driver copied out and precompiled with `-OO`,
 PYTHONOPTIMIZE=2; --dev-python runs it with this interpreter and the repository instead.
 
 Figures (both drivers, ratio ours / example; below 1 means ours is faster or smaller):
@@ -106,10 +106,10 @@ def build_example(version: str, log: Callable[[str], None]) -> Path:
 
 
 def image_python(log: Callable[[str], None]) -> Path:
-    """A virtualenv with only the image's requirements, laid out as driver/Dockerfile makes it (bytecode for -OO,
-    no pip or setuptools: their .pth hook would cost every start), cached by their hash; a venv is not
+    """A virtualenv with only the image's requirements, laid out as neuron_dra/driver/Dockerfile makes it (bytecode
+    for -OO, no pip or setuptools: their .pth hook would cost every start), cached by their hash; a venv is not
     relocatable, so it is made in place and marked complete last."""
-    reqs = REPO / "driver" / "image-requirements.txt"
+    reqs = REPO / "neuron_dra" / "driver" / "image-requirements.txt"
     key = hashlib.sha256(reqs.read_bytes() + sys.version.encode() + b"layout 3").hexdigest()[:16]
     venv = build.cache_root() / "bench-image-venv" / key
     python, complete = venv / "bin" / "python", venv / ".complete"
@@ -134,7 +134,7 @@ def image_app(dest: Path) -> Path:
     pkg = app / "neuron_dra"
     pkg.mkdir(parents=True)
     shutil.copy2(REPO / "neuron_dra" / "__init__.py", pkg / "__init__.py")
-    shutil.copytree(REPO / "driver", pkg / "driver", ignore=shutil.ignore_patterns(
+    shutil.copytree(REPO / "neuron_dra" / "driver", pkg / "driver", ignore=shutil.ignore_patterns(
         "__pycache__", "Dockerfile", "image-requirements.txt", "testing.py"))
     return app
 

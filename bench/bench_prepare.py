@@ -18,8 +18,8 @@ daemon's own sockets) probed every second. With --apiserver, a second daemon, th
 prepare GETs its claim over TLS, slices are published, and every tenth of the cycles the node's slices are
 wiped as kubelet does at its start, so the daemon republishes them.
 
-What the image runs: --daemon-python a virtualenv with only driver/image-requirements.txt installed, and
---image-env (PYTHONOPTIMIZE=2, as driver/Dockerfile sets). The default is this interpreter, whose
+What the image runs: --daemon-python a virtualenv with only neuron_dra/driver/image-requirements.txt installed, and
+--image-env (PYTHONOPTIMIZE=2, as neuron_dra/driver/Dockerfile sets). The default is this interpreter, whose
 environment holds the development tools too (grpc and kubernetes import grpc_tools and kubernetes_validate
 when they are installed).
 

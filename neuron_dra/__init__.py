@@ -6,13 +6,3 @@ Subpackages: `neuron_dra.driver` (the DRA kubelet plugin and the device model),
 """
 
 __version__ = "0.1.0"
-
-# The one folder <-> namespace mapping: each subpackage of `neuron_dra` is a symlink to a top-level folder of the
-# repository (`neuron_dra/driver -> ../driver`), so a checkout is worked on folder by folder and installed as one
-# namespace. tests/test_layout.py checks the links; a clone needs symlinks (git's core.symlinks on Windows).
-PARTS: dict[str, str] = {
-    "driver": "driver",
-    "claim_templates": "claim_templates",
-    "components": "components",
-    "localcluster": "localcluster",
-}

@@ -42,7 +42,7 @@ def test_it_publishes_the_default_image_multi_arch_with_an_sbom() -> None:
     assert workflow()["env"]["IMAGE"] == deploy.IMAGE_REPOSITORY
     assert f"{deploy.IMAGE_REPOSITORY}:{__version__}" == deploy.DEFAULT_IMAGE
     build = uses("docker/build-push-action@")["with"]
-    assert build["file"] == "driver/Dockerfile" and (ROOT / build["file"]).is_file()
+    assert build["file"] == "neuron_dra/driver/Dockerfile" and (ROOT / build["file"]).is_file()
     assert set(build["platforms"].split(",")) == {"linux/amd64", "linux/arm64"}
     assert build["push"] is True and build["sbom"] is True and build["provenance"] == "mode=max"
     assert build["tags"] == "${{ env.IMAGE }}:${{ steps.version.outputs.version }}"

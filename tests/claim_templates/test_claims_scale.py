@@ -31,7 +31,7 @@ from neuron_dra.claim_templates.scale import (
     selector_evaluations,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "claim_templates" / "examples.py"
+EXAMPLES = Path(__file__).resolve().parents[2] / "neuron_dra" / "claim_templates" / "examples.py"
 CATALOG = NodeCatalog(partitionable=False)
 
 

@@ -164,7 +164,7 @@ def test_claims_check_command_with_unhealthy_device(capsys: pytest.CaptureFixtur
 
     from neuron_dra.cli import main as cli_main
 
-    examples = str(Path(__file__).resolve().parents[2] / "claim_templates" / "examples.py")
+    examples = str(Path(__file__).resolve().parents[2] / "neuron_dra" / "claim_templates" / "examples.py")
     assert cli_main(["claims", "check", examples, "--instance-type", TRN2, "--unhealthy-device"]) in (0, 1)
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith("default/")}

@@ -74,8 +74,8 @@ def test_every_object_goes_through_the_given_provider_and_waits_for_what_it_need
 
 
 def test_built_from_source_it_builds_and_pushes_to_a_new_ecr_repository(tmp_path: Path) -> None:
-    (tmp_path / "driver").mkdir()
-    (tmp_path / "driver" / "Dockerfile").write_text("FROM scratch\n")
+    (tmp_path / "neuron_dra" / "driver").mkdir(parents=True)
+    (tmp_path / "neuron_dra" / "driver" / "Dockerfile").write_text("FROM scratch\n")
     run = run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path, build_from_source=True))
     repo = run.one("aws:ecr/repository:Repository").plain_inputs
     assert repo["imageScanningConfiguration"] == {"scanOnPush": True}
@@ -83,7 +83,7 @@ def test_built_from_source_it_builds_and_pushes_to_a_new_ecr_repository(tmp_path
     image = run.one("docker-build:index:Image").plain_inputs
     assert image["push"] is True
     assert image["context"] == {"location": str(tmp_path)}
-    assert image["dockerfile"] == {"location": str(tmp_path / "driver" / "Dockerfile")}
+    assert image["dockerfile"] == {"location": str(tmp_path / "neuron_dra" / "driver" / "Dockerfile")}
     assert image["platforms"] == ["linux/amd64"]
     (tag,) = image["tags"]
     registry = image["registries"][0]
@@ -101,7 +101,7 @@ def test_building_without_a_dockerfile_the_error_names_the_field_and_the_default
     with pytest.raises(SettingError) as err:
         run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path, build_from_source=True))
     assert err.value.setting == "NeuronDraDriverArgs.source_dir" and err.value.value == str(tmp_path)
-    assert "driver/Dockerfile" in str(err.value) and deploy.DEFAULT_IMAGE in str(err.value)
+    assert "neuron_dra/driver/Dockerfile" in str(err.value) and deploy.DEFAULT_IMAGE in str(err.value)
 
 
 def test_without_an_image_it_deploys_the_published_image_of_this_version(tmp_path: Path,
@@ -118,7 +118,8 @@ def test_without_an_image_it_deploys_the_published_image_of_this_version(tmp_pat
 
 def test_the_repository_dockerfile_is_what_gets_built() -> None:
     # The default build context is this checkout, which has the driver's Dockerfile.
-    assert NeuronDraDriverArgs().dockerfile() == Path(__file__).resolve().parents[2] / "driver" / "Dockerfile"
+    root = Path(__file__).resolve().parents[2]
+    assert NeuronDraDriverArgs().dockerfile() == root / "neuron_dra" / "driver" / "Dockerfile"
 
 
 @pytest.mark.parametrize(("version", "classes", "mapped", "taint_env"), [

@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra import PARTS
-
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE_PARTS = ("neuron_dra", *PARTS.values(), "pyproject.toml", "README.md", "LICENSE")
+PACKAGE_PARTS = ("neuron_dra", "pyproject.toml", "README.md", "LICENSE")
 
 OTHER_PROGRAM = '''
 """Another team's stack: its own project, its own mocks, our components."""

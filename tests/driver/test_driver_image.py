@@ -1,4 +1,4 @@
-"""driver/Dockerfile: the image holds the daemon's own dependencies at the repository's pinned versions and
+"""neuron_dra/driver/Dockerfile: the image holds the daemon's own dependencies at the repository's pinned versions and
 the `neuron_dra.driver` package only, which must run without the rest of the repository.
 
 (No container engine runs here, so the image itself is not built in the tests; the layout it creates is what
@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DOCKERFILE = REPO / "driver" / "Dockerfile"
-IMAGE_REQUIREMENTS = REPO / "driver" / "image-requirements.txt"
+DOCKERFILE = REPO / "neuron_dra" / "driver" / "Dockerfile"
+IMAGE_REQUIREMENTS = REPO / "neuron_dra" / "driver" / "image-requirements.txt"
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -90,5 +90,5 @@ def test_daemon_serves_grpc_with_grpcio_not_its_own_http2() -> None:
             "neuron_dra.driver.daemon.health; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "grpc" in out and not {"h2", "hyperframe", "hpack"} & set(out)
-    requirements = (REPO / "driver" / "image-requirements.txt").read_text()
+    requirements = (REPO / "neuron_dra" / "driver" / "image-requirements.txt").read_text()
     assert "grpcio==" in requirements and "h2==" not in requirements and "hpack==" not in requirements

@@ -1,5 +1,5 @@
 """End-to-end with real containers: `cluster up --runtime containerd` (containerd + runc under the real kubelet,
-the driver as the DaemonSet of `deploy.manifests()` from the image built from driver/Dockerfile, workloads in
+the driver as the DaemonSet of `deploy.manifests()` from the image built from neuron_dra/driver/Dockerfile, workloads in
 the busybox workload image). Two nodes; the tests run in file order and the last one stops the cluster and
 checks that nothing outside the cluster directory changed."""
 

@@ -2,11 +2,11 @@
 
 The component adds nothing to those objects except the image reference: the given image, else the image this
 repository's release workflow publishes for the installed version (`deploy.DEFAULT_IMAGE`), or, with
-`build_from_source`, the image it builds from a checkout's `driver/Dockerfile` (pulumi-docker-build, BuildKit) and
-pushes to a new ECR repository, pinned by digest. Dependencies make the namespace, RBAC and the node-restricting
-admission policy exist before the DaemonSet's pods start writing ResourceSlices. The Kubernetes provider is the
-cluster's (`cluster=`) or `opts.provider` (Pulumi passes it on to the children). The objects are those the
-cluster's Kubernetes minor serves (`DriverDeployOptions.kubernetes_version`, the rule in
+`build_from_source`, the image it builds from a checkout's `neuron_dra/driver/Dockerfile` (pulumi-docker-build,
+BuildKit) and pushes to a new ECR repository, pinned by digest. Dependencies make the namespace, RBAC and the
+node-restricting admission policy exist before the DaemonSet's pods start writing ResourceSlices. The Kubernetes
+provider is the cluster's (`cluster=`) or `opts.provider` (Pulumi passes it on to the children). The objects are those
+the cluster's Kubernetes minor serves (`DriverDeployOptions.kubernetes_version`, the rule in
 `neuron_dra.driver.deploy.KUBERNETES_FEATURES`).
 
 What `pulumi up` waits for: the Kubernetes provider waits until the DaemonSet has rolled out (every scheduled
@@ -39,7 +39,7 @@ from neuron_dra.components.settings import (
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import DriverDeployOptions, Manifest
 
-DOCKERFILE = Path("driver") / "Dockerfile"
+DOCKERFILE = Path("neuron_dra") / "driver" / "Dockerfile"
 
 
 def default_source_dir() -> Path:
@@ -55,7 +55,7 @@ class NeuronDraDriverArgs:
         kubelet paths, ... (neuron_dra.driver.deploy; default: DriverDeployOptions()).
     image: Input[str] | None -- the driver image to run; None: the image this version's release workflow
         publishes (`deploy.DEFAULT_IMAGE`).
-    build_from_source: bool -- build driver/Dockerfile of the checkout source_dir into a new ECR repository
+    build_from_source: bool -- build neuron_dra/driver/Dockerfile of the checkout source_dir into a new ECR repository
         instead (Docker with BuildKit where `pulumi up` runs; default False).
     cluster: TrainiumCluster | None -- the cluster to install into: its Kubernetes version decides what is
         rendered, its provider is used unless opts.provider is given, and the driver waits for the cluster's node
@@ -200,7 +200,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
         token = aws.ecr.get_authorization_token_output(registry_id=repo.registry_id)
         image = docker_build.Image(
             f"{name}-image",
-            context=docker_build.BuildContextArgs(location=str(dockerfile.parent.parent)),
+            context=docker_build.BuildContextArgs(location=str(dockerfile.parents[2])),
             dockerfile=docker_build.DockerfileArgs(location=str(dockerfile)),
             platforms=[docker_build.Platform(args.platform)],
             push=True,

@@ -7,7 +7,7 @@
 - base: a Debian rootfs made by `mmdebstrap` with Python, for the driver image's PYTHON_IMAGE build argument
   when the Dockerfile's default base cannot be pulled (no registry here); it carries the host's CA bundle so
   the Dockerfile's `pip install` works behind a TLS-intercepting proxy (docs/real-runtime.md).
-- driver: `driver/Dockerfile`, unchanged, built from that base.
+- driver: `neuron_dra/driver/Dockerfile`, unchanged, built from that base.
 
 Each image is built with buildah (`--isolation chroot`, vfs storage under the cache) and exported as an OCI
 archive `images/<name>-<content hash>.tar` (what `ctr images import` reads). buildah writes a few host paths
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from neuron_dra.localcluster.build import KUBE_MODULES, BuildError, Log, _go_module_dir, _locked, cache_root
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workload"
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -40,7 +40,7 @@ PAUSE_VERSION = "3.10.2"  # TAG of build/pause/Makefile in the pinned Kubernetes
 BASE_SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
 # Paths the Dockerfile copies from the repository (its COPY lines): the driver image's content.
-DRIVER_SOURCES = ("driver", "neuron_dra/__init__.py", "neuron_dra/py.typed")
+DRIVER_SOURCES = ("neuron_dra/driver", "neuron_dra/__init__.py", "neuron_dra/py.typed")
 APT_PACKAGES = ("buildah", "mmdebstrap", "busybox-static", "gcc", "libc6-dev")
 TOOL_TIMEOUT_S = 1800.0
 
@@ -218,9 +218,9 @@ def build_base(*, log: Log | None = None, cache: Path | None = None) -> Image:
 
 
 def build_driver(base: Image | None = None, *, log: Log | None = None, cache: Path | None = None) -> Image:
-    """driver/Dockerfile, unchanged, with PYTHON_IMAGE set to the mmdebstrap base."""
+    """neuron_dra/driver/Dockerfile, unchanged, with PYTHON_IMAGE set to the mmdebstrap base."""
     base = base or build_base(log=log, cache=cache)
-    dockerfile = REPO / "driver" / "Dockerfile"
+    dockerfile = REPO / "neuron_dra" / "driver" / "Dockerfile"
     key = content_hash([REPO / p for p in DRIVER_SOURCES], REPO, extra=[base.reference])
     from neuron_dra import __version__
 

@@ -122,8 +122,8 @@ _ROWS: tuple[Setting, ...] = (
        + ", ".join(POOL_CAPACITY_TYPES) + ".", new_cluster_only=True),
     _T("driver_image", "string", "Driver image to deploy (default: the image this project's release workflow "
        "publishes for the installed version, ghcr.io/neuron-dra/neuron-dra-driver:<version>)."),
-    _T("driver_build_from_source", "boolean", "Build driver/Dockerfile of the source checkout the package runs "
-       "from and push it to a new ECR repository instead (needs Docker with BuildKit; not with driverImage)."),
+    _T("driver_build_from_source", "boolean", "Build neuron_dra/driver/Dockerfile of the source checkout the package "
+       "runs from and push it to a new ECR repository instead (needs Docker with BuildKit; not with driverImage)."),
     _T("driver_name", "string", "DRA driver name and DeviceClass name."),
     _T("driver_namespace", "string", "Namespace of the driver (default: neuron-dra-driver for the default "
        "driverName, else neuron-dra-<driverName with dots as dashes>; it also names the ClusterRole)."),

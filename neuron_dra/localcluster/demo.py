@@ -482,8 +482,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         from neuron_dra.localcluster.build import build_containerd
         from neuron_dra.localcluster.images import ensure_images
 
-        say("containerd (Go module proxy) and the images (pause, workload, the driver from driver/Dockerfile; "
-            "buildah, no registry): built once, cached by content")
+        say("containerd (Go module proxy) and the images (pause, workload, the driver from "
+            "neuron_dra/driver/Dockerfile; buildah, no registry): built once, cached by content")
         build_containerd(log=lambda m: say(f"  {m}"))
         ensure_images(log=lambda m: say(f"  {m}"))
     else:
@@ -498,7 +498,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
                      prometheus=options.prometheus)
         result.kubeconfig = cluster.kubeconfig
         per_node = ("the real kubelet with containerd and runc, the driver as its DaemonSet pod (image from "
-                    "driver/Dockerfile), an emulated EFA driver" if options.runtime == "containerd" else
+                    "neuron_dra/driver/Dockerfile), an emulated EFA driver" if options.runtime == "containerd" else
                     "the real kubelet against a fake container runtime, the driver daemon, an emulated EFA driver")
         say(f"Kubernetes {kube_version(minor)} control plane ready (etcd, kube-apiserver, "
             f"kube-controller-manager, kube-scheduler); per node: {per_node}")

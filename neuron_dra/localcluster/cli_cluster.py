@@ -36,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help="catalog file with more instance types for --node (docs/catalog-file.md)")
     up.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME,
                     help="containerd: real containers (containerd + runc; the driver runs as its DaemonSet from the "
-                         "image built from driver/Dockerfile); fake: the fake CRI runtime, no containers "
+                         "image built from neuron_dra/driver/Dockerfile); fake: the fake CRI runtime, no containers "
                          f"(default {DEFAULT_RUNTIME})")
     up.add_argument("--prometheus", action="store_true",
                     help="also run Prometheus (built from the Go module proxy) scraping every node's driver; its URL "
