@@ -5,8 +5,8 @@ runs in containerd like any pod (supervisor.driver_objects). Start order: namesp
 forwarder of the kubelet's port from the host (kubeletaccess.py), containerd (restarted when it exits, as
 systemd would), the images imported into it, kubelet (restarted too), Node Ready, with `--network-policy` the
 NetworkPolicy enforcer (netpol.py), then the emulated EFA driver.
-Stop order: the EFA driver, the enforcer, kubelet, every container of the node (by its cgroup), containerd, its shims, the cgroup directories,
-the namespaces.
+Stop order: the EFA driver, the enforcer, kubelet, every container of the node (by its cgroup), containerd, its
+shims, the cgroup directories, the namespaces.
 """
 
 from __future__ import annotations
