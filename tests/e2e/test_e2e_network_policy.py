@@ -30,7 +30,7 @@ NODE = "trn1-32xlarge-1"
 DRIVER_NS = "neuron-dra-driver"
 DRIVER_SELECTOR = "app.kubernetes.io/name=neuron-dra-driver,app.kubernetes.io/component=kubelet-plugin"
 SCRAPE_NS = "monitoring"  # DriverDeployOptions.metrics_scrape_namespaces' default
-LOCAL_ACCEPT = "source is the pod's local node"  # kube-router's comment on its node-source rule (pod.go)
+LOCAL_ACCEPT = "-m addrtype --src-type LOCAL"  # kube-router's node-source rule in a pod's chain (pod.go)
 
 
 def netfilter_state() -> dict[str, list[str]]:
@@ -166,9 +166,10 @@ def test_the_enforcer_runs_in_the_node_namespace_and_guards_the_driver_pod(npc: 
     rules = filter_rules(npc)
     # kube-router hooked its chains into the node's filter table and gave the driver pod a firewall chain that
     # applies the driver's NetworkPolicy, with a REJECT for what no policy admits.
-    assert any(r.endswith("-j KUBE-ROUTER-FORWARD") for r in rules), rules
-    assert any(f"POD name:{name} namespace: {DRIVER_NS}" in r and "REJECT" in r for r in rules), rules
-    assert any(LOCAL_ACCEPT in r and ip in r for r in rules), rules
+    text = "\n".join(rules)
+    assert any(r.endswith("-j KUBE-ROUTER-FORWARD") for r in rules), text
+    assert any(f"POD name:{name} namespace: {DRIVER_NS}" in r and "REJECT" in r for r in rules), text
+    assert any(LOCAL_ACCEPT in r and f"-d {ip}/32" in r and r.endswith("-j ACCEPT") for r in rules), text
     policy = raw(client.NetworkingV1Api(kapi).read_namespaced_network_policy(
         "neuron-dra-driver-kubelet-plugin", DRIVER_NS, _preload_content=False))
     assert policy["spec"]["policyTypes"] == ["Ingress"]
@@ -179,25 +180,31 @@ def test_the_enforcer_runs_in_the_node_namespace_and_guards_the_driver_pod(npc: 
 
 
 def test_kubelets_probes_pass_through_the_policy(npc: LocalCluster, kapi: client.ApiClient) -> None:
-    """The readiness probe (every 2 s, 3 failures make the pod NotReady) and the liveness probe (every 10 s)
-    connect from the node; the pod stays Ready with no restart for 30 s, and the policy chain's node-source rule
-    counts their packets."""
+    """The readiness probe (every 2 s, 3 failures in a row make the pod NotReady) and the liveness probe (every
+    10 s) connect from the node: for 30 s the pod stays Ready with no restart, the node-source rule of its chain
+    counts their packets and its REJECT rule counts none (nothing else connects meanwhile)."""
     core = client.CoreV1Api(kapi)
     pod = driver_pod(core)
-    ip = pod["status"]["podIP"]
+    ip, name = pod["status"]["podIP"], pod["metadata"]["name"]
+    accept = (LOCAL_ACCEPT, f"-d {ip}/32", "-j ACCEPT")
+    reject = (f"POD name:{name} namespace: {DRIVER_NS}", "REJECT")
     assert connects_from_node(npc, ip, port_of(pod, "healthz"))
-    eventually(lambda: packets(filter_rules(npc), LOCAL_ACCEPT, ip) > 0, 30,
-               what="probe packets counted by the node-source rule")
     deadline = time.monotonic() + 30
+    accepted = 0
     while time.monotonic() < deadline:
         pod = driver_pod(core)
         assert ready(pod), pod["status"]
+        rules = filter_rules(npc)
+        accepted = max(accepted, packets(rules, *accept))
+        assert packets(rules, *reject) == 0, "\n".join(rules)
         time.sleep(1)
+    assert accepted > 0
     (status,) = pod["status"]["containerStatuses"]
     assert status["restartCount"] == 0
-    probe_failures = [e.get("message", "") for e in raw(core.list_namespaced_event(
-        DRIVER_NS, _preload_content=False))["items"] if e.get("reason") == "Unhealthy"]
-    assert not probe_failures, probe_failures[:3]
+    # Single probe timeouts under load are no policy drop (that would count as a REJECT); shown for the record.
+    for e in raw(core.list_namespaced_event(DRIVER_NS, _preload_content=False))["items"]:
+        if e.get("reason") == "Unhealthy":
+            print(f"\n{e.get('firstTimestamp')} x{e.get('count')}: {e.get('message', '')[:160]}")
 
 
 def test_another_pods_ingress_is_rejected_until_the_policy_is_removed(npc: LocalCluster,
