@@ -40,7 +40,7 @@ def netfilter_state() -> dict[str, list[str]]:
         return [line for line in out.splitlines() if not line.startswith("#")]
 
     return {"iptables": run(["iptables-save"]), "ip6tables": run(["ip6tables-save"]),
-            "nft": run(["nft", "list", "ruleset"]), "ipset": run(["ipset", "list", "-n"])}
+            "nft": run(["nft", "--stateless", "list", "ruleset"]), "ipset": run(["ipset", "list", "-n"])}
 
 
 @pytest.fixture(scope="module")
