@@ -152,6 +152,8 @@ def test_the_enforcer_runs_in_the_node_namespace_and_guards_the_driver_pod(npc: 
     pod = eventually(lambda: p if ready(p := driver_pod(client.CoreV1Api(kapi))) else None, 120,
                      what="the driver pod Ready")
     ip, name = pod["status"]["podIP"], pod["metadata"]["name"]
+    # On the pod network (docs/network-policy.md §2): its own address on the node's bridge, not the node's.
+    assert not pod["spec"].get("hostNetwork") and ip != pod["status"]["hostIP"]
     rules = filter_rules(npc)
     # kube-router hooked its chains into the node's filter table and gave the driver pod a firewall chain that
     # applies the driver's NetworkPolicy, with a REJECT for what no policy admits.
