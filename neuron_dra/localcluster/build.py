@@ -327,6 +327,24 @@ def build_containerd(*, cache: Path | None = None, log: Log | None = None) -> di
     return cached_go_build(CONTAINERD_MODULE, CONTAINERD_BINARIES, target, ldflags=ldflags, log=log)
 
 
+KUBE_ROUTER_MODULE = GO_DIR / "kube-router"
+KUBE_ROUTER = "github.com/cloudnativelabs/kube-router/v2"
+
+
+def kube_router_version() -> str:
+    return required_version(KUBE_ROUTER_MODULE, KUBE_ROUTER)
+
+
+def build_kube_router(*, cache: Path | None = None, log: Log | None = None) -> Path:
+    """kube-router at the version `go/kube-router/go.mod` pins: the local cluster's NetworkPolicy enforcer
+    (netpol.py), cached under `kube-router/<version>/`, its version compiled in as upstream's Makefile does."""
+    version = kube_router_version()
+    target = (cache or cache_root()) / "kube-router" / version
+    ldflags = ["-s", "-w", f"-X {KUBE_ROUTER}/pkg/version.Version={version}"]
+    return cached_go_build(KUBE_ROUTER_MODULE, {"kube-router": f"{KUBE_ROUTER}/cmd/kube-router"}, target,
+                           ldflags=ldflags, log=log)["kube-router"]
+
+
 # --- Pulumi engine (CLI and Kubernetes provider) for the real-engine tests (docs/pulumi-engine.md) ----------------
 # Kept in its own block, apart from the Kubernetes builds above.
 

@@ -58,14 +58,16 @@ def read_status(cluster_dir: Path) -> dict[str, Any]:
 def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S,
        driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = DEFAULT_MINOR, timeout: float = 300.0,
        log: Callable[[str], None] = lambda _m: None, catalog_file: Path | None = None,
-       runtime: str = DEFAULT_RUNTIME, profile: str = DEFAULT_PROFILE, prometheus: bool = False) -> LocalCluster:
+       runtime: str = DEFAULT_RUNTIME, profile: str = DEFAULT_PROFILE, prometheus: bool = False,
+       network_policy: bool = False) -> LocalCluster:
     """Start a local cluster in `cluster_dir` on Kubernetes `kubernetes_version` (a minor such as "1.36") and
     return when every node's kubelet reports Ready and its driver runs. `catalog_file` adds instance types
     (docs/catalog-file.md) for the nodes, their emulated hosts and their drivers. `runtime` is `containerd`
     (real containers; the driver runs as the DaemonSet from its image) or `fake` (the fake CRI runtime; the
     driver runs as a host process). `profile` names the control plane's rate limits (localcluster/profiles.py).
     `prometheus`: a Prometheus scraping every node's driver (localcluster/prometheus.py; its URL is
-    `LocalCluster.prometheus`)."""
+    `LocalCluster.prometheus`). `network_policy`: NetworkPolicy enforced on every node by kube-router's policy
+    controller inside the node's network namespace (containerd only; localcluster/netpol.py)."""
     from neuron_dra.driver.model.catalog import BUILTIN
     from neuron_dra.driver.model.catalog_file import load_catalog
     from neuron_dra.localcluster.build import build_fakecri, check_minor, ensure_binaries
@@ -80,6 +82,9 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
         raise ClusterError(f"--profile {profile!r} is not known; choose one of {', '.join(PROFILES)}")
     if runtime not in RUNTIMES:
         raise ClusterError(f"--runtime {runtime!r} is not supported; choose one of {', '.join(RUNTIMES)}")
+    if network_policy and runtime != "containerd":
+        raise ClusterError(f"--network-policy needs --runtime containerd (pods with network namespaces), not "
+                           f"{runtime!r}")
     try:
         require_root(os.geteuid())
     except KubeletError as e:
@@ -106,6 +111,15 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
         from neuron_dra.localcluster.prometheus_build import build_prometheus
 
         build_prometheus(log=log)
+    if network_policy:
+        from neuron_dra.localcluster.build import build_kube_router
+        from neuron_dra.localcluster.netpol import NetworkPolicyError, require_tools
+
+        try:
+            require_tools()
+        except NetworkPolicyError as e:
+            raise ClusterError(str(e)) from None
+        build_kube_router(log=log)
     argv = [sys.executable, "-m", "neuron_dra.localcluster.supervisor", "--dir", str(cluster_dir), "--ttl", str(ttl),
             "--driver-name", driver_name, "--kubernetes-version", minor, "--runtime", runtime, "--profile", profile]
     for arg in node_args:
@@ -114,6 +128,8 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
         argv += ["--catalog", str(Path(catalog_file).resolve())]
     if prometheus:
         argv.append("--prometheus")
+    if network_policy:
+        argv.append("--network-policy")
     with (cluster_dir / LOG_FILE).open("ab") as logf:
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

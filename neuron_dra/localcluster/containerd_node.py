@@ -3,9 +3,10 @@
 The driver is not started here: it is the DaemonSet `deploy.manifests()` renders, which this node's kubelet
 runs in containerd like any pod (supervisor.driver_objects). Start order: namespaces (nodens.py) and the
 forwarder of the kubelet's port from the host (kubeletaccess.py), containerd (restarted when it exits, as
-systemd would), the images imported into it, kubelet (restarted too), Node Ready, then the emulated EFA driver.
-Stop order: kubelet, every container of the node (by its cgroup), containerd, its shims, the cgroup directories,
-the namespaces.
+systemd would), the images imported into it, kubelet (restarted too), Node Ready, with `--network-policy` the
+NetworkPolicy enforcer (netpol.py), then the emulated EFA driver.
+Stop order: the EFA driver, the enforcer, kubelet, every container of the node (by its cgroup), containerd, its
+shims, the cgroup directories, the namespaces.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.catalog_file import load_catalog
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import EmulationOptions, emulate
-from neuron_dra.localcluster import containerd, kubelet, kubeletaccess
+from neuron_dra.localcluster import containerd, kubelet, kubeletaccess, netpol
 from neuron_dra.localcluster.build import Binaries
 from neuron_dra.localcluster.controlplane import ControlPlane
 from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver
@@ -51,7 +52,7 @@ class ContainerdNodeAgent:
     def __init__(self, cluster_dir: Path, node: NodeSpec, index: int, api: client.ApiClient,
                  control_plane: ControlPlane, binaries: Binaries, runtime_binaries: dict[str, Path],
                  images: ClusterImages, deadline: float, catalog_file: Path | None = None,
-                 ports: kubelet.PortAllocator | None = None) -> None:
+                 ports: kubelet.PortAllocator | None = None, enforcer_binary: Path | None = None) -> None:
         self.node = node
         self.cluster_dir = cluster_dir
         self.net = NodeNetwork(index)
@@ -70,6 +71,8 @@ class ContainerdNodeAgent:
         self.runtime: Restarting | None = None
         self.kubelet: Restarting | None = None
         self.efa: EmulatedEfaDriver | None = None
+        self.enforcer_binary = enforcer_binary  # kube-router: NetworkPolicy enforced on this node (netpol.py)
+        self.enforcer: netpol.NetworkPolicyEnforcer | None = None
 
     def start(self) -> None:
         p = self.paths
@@ -112,6 +115,12 @@ class ContainerdNodeAgent:
                                   p.kubelet.pid_file, self.deadline)
         self.kubelet.start()
         node_uid = self._wait_node_ready()
+        if self.enforcer_binary is not None:  # it reads its Node's InternalIP at start
+            paths = netpol.EnforcerPaths(p.base / "netpol")
+            self.control_plane.client_kubeconfig(netpol.USER, path=paths.kubeconfig)
+            self.enforcer = netpol.NetworkPolicyEnforcer(self.node.name, paths, self.enforcer_binary, ns.enter,
+                                                         ns.enter_net, self.deadline)
+            self.enforcer.start()
         self.efa = EmulatedEfaDriver(self.api, self.node.name, host, p.plugins_dir, p.registry_dir, node_uid)
         self.efa.start()
 
@@ -138,6 +147,7 @@ class ContainerdNodeAgent:
 
         steps: tuple[tuple[str, Any], ...] = (
             ("EFA driver", lambda: stop_part(self.efa)),
+            ("NetworkPolicy enforcer", lambda: stop_part(self.enforcer)),
             ("kubelet", lambda: stop_part(self.kubelet)),
             ("containers", lambda: containerd.kill_cgroup_processes(self.cgroup_root)),
             ("containerd", lambda: stop_part(self.runtime)),

@@ -252,7 +252,7 @@ def expose_drivers(api: client.ApiClient, options: Any, agents: list[Any], ports
 
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake",
-        profile: str = DEFAULT_PROFILE, prometheus: bool = False) -> int:
+        profile: str = DEFAULT_PROFILE, prometheus: bool = False, network_policy: bool = False) -> int:
     from neuron_dra.localcluster.build import build_containerd, build_fakecri, ensure_binaries
     from neuron_dra.localcluster.prometheus import METRICS_PORT, LocalPrometheus, ScrapeTarget
 
@@ -282,11 +282,21 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
 
             images = ensure_images()  # built by `cluster up` before it started us
             runtime_binaries = build_containerd()
+            # The metrics port is on for a Prometheus, and with NetworkPolicy enforced: the policy's scrape rule
+            # then has a port to admit (docs/network-policy.md).
             options = daemonset_options(driver_name, images.driver.reference, catalog_file,
-                                        METRICS_PORT if prometheus else 0)
+                                        METRICS_PORT if prometheus or network_policy else 0)
+            enforcer = None
+            if network_policy:
+                from neuron_dra.localcluster import netpol
+                from neuron_dra.localcluster.build import build_kube_router
+
+                enforcer = build_kube_router()  # built by `cluster up` before it started us
+                apply_all(admin, netpol.rbac_manifests())
             apply_all(admin, [*deploy.manifests(options), efa_device_class()])
             agents += [ContainerdNodeAgent(cluster_dir, node, i, admin, cp, binaries, runtime_binaries, images,
-                                           deadline, catalog_file, ports) for i, node in enumerate(nodes, 1)]
+                                           deadline, catalog_file, ports, enforcer)
+                       for i, node in enumerate(nodes, 1)]
             start_all(agents)
             wait_driver_ready(admin, options, [n.name for n in nodes], timeout=180.0)
             write_references(images, cluster_dir / "images.json")
@@ -311,7 +321,8 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         write_status(cluster_dir, state="ready", kubeconfig=str(cluster_dir / "kubeconfig"),
                      nodes=[{"name": n.name, "instanceType": n.instance_type} for n in nodes],
                      driverName=driver_name, deadline=deadline, kubernetesVersion=binaries.kube_version,
-                     runtime=runtime, **({"prometheus": scraper.url} if scraper is not None else {}))
+                     runtime=runtime, networkPolicy=network_policy,
+                     **({"prometheus": scraper.url} if scraper is not None else {}))
         log.info("local cluster ready: Kubernetes %s, %d nodes", binaries.kube_version, len(nodes))
         stop.wait(ttl)
         return 0
@@ -348,13 +359,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--catalog", type=Path, default=None)
     parser.add_argument("--runtime", choices=RUNTIMES, default="fake")
     parser.add_argument("--prometheus", action="store_true")
+    parser.add_argument("--network-policy", action="store_true")
     parser.add_argument("--profile", choices=list(PROFILES), default=DEFAULT_PROFILE)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     catalog = load_catalog(args.catalog) if args.catalog else BUILTIN
     return run(args.dir.resolve(), parse_nodes(args.node, catalog), args.ttl, args.driver_name,
                args.kubernetes_version, args.catalog.resolve() if args.catalog else None, args.runtime, args.profile,
-               args.prometheus)
+               args.prometheus, args.network_policy)
 
 
 if __name__ == "__main__":

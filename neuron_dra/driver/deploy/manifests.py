@@ -203,7 +203,7 @@ class DriverDeployOptions:
     healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT  # 0: no health server, no liveness probe
     metrics_port: int = 0  # 0: no metrics endpoint
     # Namespaces whose pods may scrape the metrics port (the NetworkPolicy admits nothing else; kubelet's probe
-    # comes from the pod's own node, which a NetworkPolicy cannot block: docs/hardening.md §1).
+    # comes from the pod's own node, which a NetworkPolicy cannot block: docs/network-policy.md).
     metrics_scrape_namespaces: tuple[str, ...] = ("monitoring",)
     # ... and of those namespaces' pods only these (empty: every pod there), e.g. {"app.kubernetes.io/name":
     # "prometheus"}.
@@ -548,8 +548,10 @@ def dashboard_config_map(options: DriverDeployOptions) -> Manifest:
 def network_policy(options: DriverDeployOptions) -> Manifest:
     """Ingress to the driver's pods: the metrics port from the scrape namespaces (and pods), nothing else.
 
-    kubelet's gRPC liveness probe needs no rule: it comes from the pod's own node, which a NetworkPolicy cannot
-    block (docs/hardening.md §1). The kubelet-facing sockets are unix sockets on the host, outside any policy."""
+    kubelet's gRPC probes need no rule: the pods are on the pod network (no hostNetwork) and the probes come from
+    the pod's own node, which NetworkPolicy always admits (the VPC CNI's agent admits the node's IP on every pod);
+    a rule for the node's address range would admit every hostNetwork pod too (docs/network-policy.md). The
+    kubelet-facing sockets are unix sockets on the host, outside any policy."""
     ingress: list[Manifest] = []
     if options.metrics_port and options.metrics_scrape_namespaces:
         ingress.append({
