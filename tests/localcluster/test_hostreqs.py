@@ -241,3 +241,11 @@ def test_demo_refuses_containerd_without_its_tools_before_starting_anything(tmp_
     assert "neuron-dra demo: --runtime containerd: real containers cannot run here: buildah, mmdebstrap" in proc.stderr
     assert "installing refused (--no-install)" in proc.stderr and "apt-get install -y" in proc.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_ci_installs_through_hostreqs_and_has_no_apt_get_of_its_own() -> None:
+    script = (REPO / ".ci" / "run").read_text()
+    assert "python3 -m neuron_dra.localcluster.hostreqs" in script
+    assert "apt-get install" not in script
+    order = [script.index(step) for step in ("pip install", "neuron_dra.localcluster.hostreqs", "make test PYTHON")]
+    assert order == sorted(order)
