@@ -29,6 +29,7 @@ from neuron_dra.localcluster.cachedir import cache_root, locked
 GO_DIR = Path(__file__).resolve().parent / "go"  # the wrapper modules that pin what is built
 RUNC = Path("/usr/sbin/runc")  # containerd's runtime binary (its config names the path)
 CNI_BIN_DIR = Path("/usr/lib/cni")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # where Debian's packages put tools
 AUTO, CONTAINERD, FAKE = "auto", "containerd", "fake"
 RUNTIME_CHOICES = (AUTO, CONTAINERD, FAKE)
 APT_TIMEOUT_S = 1200.0  # apt-get update + install of the packages below: well under a minute on a mirror
@@ -180,10 +181,19 @@ def ensure_real_containers(host: Host, *, allow_install: bool, log: Log) -> Cont
             return Containers(ok=False, why=f"apt-get failed (exit {code}: {_tail(out)})", enable=command)
     still = missing(host.tools, host.path)
     if still:
-        return Containers(ok=False, installed=packages, enable=f"put {', '.join(t.name for t in still)} on PATH",
+        return Containers(ok=False, installed=packages, enable=_onto_path(still),
                           why=f"{', '.join(t.name for t in still)} still not found on PATH after apt-get installed "
                               f"{' '.join(packages)}")
     return Containers(ok=True, installed=packages)
+
+
+def _onto_path(tools: Sequence[Tool]) -> str:
+    """How to make installed tools visible: the system directories that hold them, added to PATH."""
+    dirs = [str(Path(found).parent) for t in tools if (found := t.locate(SYSTEM_PATH)) is not None]
+    names = ", ".join(t.name for t in tools)
+    if not dirs:
+        return f"put {names} on PATH"
+    return f"export PATH=\"$PATH:{':'.join(dict.fromkeys(dirs))}\" (where {names} are)"
 
 
 # Go --------------------------------------------------------------------------------------------------------------

@@ -116,6 +116,10 @@ def test_packages_installed_but_still_not_on_path_are_named(tmp_path: Path) -> N
     choice = hostreqs.choose_runtime("auto", fake.host("b"), allow_install=True, log=lambda m: None)
     assert choice.runtime == "fake"
     assert "tool-b still not found on PATH after apt-get installed pkg-b" in choice.line
+    assert "to enable them: put tool-b on PATH" in choice.line  # not in the system directories either
+    hidden = hostreqs.missing((Tool("sh", "dash", "a shell"),), path=str(tmp_path / "empty"))
+    assert hostreqs._onto_path(hidden).startswith('export PATH="$PATH:/') and "(where sh are)" in \
+        hostreqs._onto_path(hidden)
 
 
 def test_asking_for_containerd_without_its_tools_is_an_error_naming_them_and_the_command(tmp_path: Path) -> None:
