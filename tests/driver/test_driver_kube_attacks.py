@@ -32,6 +32,8 @@ from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, NODE, DaemonDirs, claim, devices, uid, wait_until
 from tests.support.fake_apiserver import FakeApiServer, Reply, Script, Seen, answer_json, chunked, ok, ok_json, serve
 
+pytestmark = pytest.mark.attacks
+
 FAST = Rate(1000, 1000)
 NOT_FOUND = b'HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}'
 NODE_OBJECT = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid", "labels": {}}}

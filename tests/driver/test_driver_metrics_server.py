@@ -13,6 +13,8 @@ from neuron_dra.driver.daemon import metrics as metrics_module
 from neuron_dra.driver.daemon.metrics import CONNECTION_TIMEOUT, MAX_CONNECTIONS, Metrics
 from tests.support.driver import wait_until
 
+pytestmark = pytest.mark.attacks
+
 
 def scrape(port: int) -> str:
     body: bytes = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
