@@ -212,6 +212,10 @@ class ApiClient:
                 raise ApiClientError(f"{method} {path}: the answer has Content-Encoding {coding[:40]!r}, which "
                                      "this client never asks for")
             length = resp.headers.get("content-length", "")
+            if length and "transfer-encoding" in resp.headers:
+                # RFC 9112 §6.3: a sender must not send both; which one frames the body is ambiguous (smuggling).
+                raise ApiClientError(f"{method} {path}: the answer has both Content-Length and Transfer-Encoding; "
+                                     "its framing is ambiguous, so it is refused")
             if length.isdigit() and int(length) > cap and not cut:
                 raise AnswerTooLarge(f"{method} {path}: the answer's Content-Length {length} is over the limit of "
                                      f"{cap} bytes ({cap_name})")
@@ -219,7 +223,10 @@ class ApiClient:
             total = 0
             with applied(deadline):
                 if length.isdigit() and not cut:  # the usual answer: its length known, within the cap
-                    body = resp.read()
+                    body = resp.read(cap + 1)  # bounded whatever frames the body
+                    if len(body) > cap:
+                        raise AnswerTooLarge(f"{method} {path}: the answer is over the limit of {cap} bytes "
+                                             f"({cap_name}) although its Content-Length says {length}")
                     done = True
                     return body
                 while piece := resp.read(READ_BYTES):
