@@ -251,3 +251,52 @@ def test_a_continuation_flood_is_cut_off_and_keeps_cpu_bounded(running: Running,
     assert peak < FLOOD_PEAK_MIB, f"RSS {rss0:.0f} -> {peak:.0f} MiB under the flood (limit {MEMORY_LIMIT_MIB} MiB)"
     left = wait_for_rss(pid, rss0 + FLOOD_RSS_LEFT_MIB, timeout=10)
     assert left < rss0 + FLOOD_RSS_LEFT_MIB, f"RSS {rss0:.0f} -> {left:.0f} MiB once the flood stopped"
+
+
+RSS_LIMIT_MIB = MEMORY_LIMIT_MIB * 8 // 10  # issue 32: RSS under 80 % of the DaemonSet's limit throughout an attack
+
+
+@pytest.mark.attacks
+def test_50000_claims_in_one_call_are_refused_and_memory_returns(running: Running) -> None:
+    """Issue 32, finding 7: 50,000 claims in one prepare took RSS to 247 MiB, and it stayed at 236 MiB. Now a call
+    over the claims-per-call limit is refused as a whole, naming the limit; a call at the limit is answered (each
+    claim its own error: none exists), and RSS stays under 80 % of the DaemonSet's limit and comes back."""
+    from neuron_dra.driver.daemon._generated import dra_v1_pb2
+    from neuron_dra.driver.daemon.plugin import MAX_CLAIMS_PER_CALL
+
+    pid = running.daemon.proc.pid
+    one = cycles(running.dirs)
+    assert one()[0]
+    rss0 = rss_mib(pid)
+
+    def request(n: int) -> bytes:
+        return dra_v1_pb2.NodePrepareResourcesRequest(claims=[
+            dra_v1_pb2.Claim(namespace="default", name=f"flood{i}", uid=f"{i:08d}-0000-4000-8000-000000000000")
+            for i in range(n)]).SerializeToString()
+
+    big = request(50_000)
+    at_limit = request(MAX_CLAIMS_PER_CALL)
+    peaks: list[float] = []
+    with grpc.insecure_channel(f"unix:{running.dirs.dra_socket}") as channel:
+        prepare = channel.unary_unary(PREPARE)
+        unprepare = channel.unary_unary(PREPARE.replace("NodePrepareResources", "NodeUnprepareResources"))
+        start = time.monotonic()
+        for call in (prepare, unprepare) * 5:
+            with pytest.raises(grpc.RpcError) as info:
+                call(big, timeout=20)
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert (f"with 50000 claims: at most {MAX_CLAIMS_PER_CALL} claims per call are allowed "
+                    "(MAX_CLAIMS_PER_CALL)") in (info.value.details() or "")
+            peaks.append(rss_mib(pid))
+        refused_in = time.monotonic() - start
+        answer = dra_v1_pb2.NodePrepareResourcesResponse.FromString(prepare(at_limit, timeout=40))
+        assert len(answer.claims) == MAX_CLAIMS_PER_CALL
+        assert all(entry.error for entry in answer.claims.values()), list(answer.claims.items())[:3]
+        peaks.append(rss_mib(pid))
+    assert probe(running.health)[0]
+    assert one()[0]
+    left = wait_for_rss(pid, rss0 + 16, timeout=10)
+    print(f"\nRSS {rss0:.0f} MiB -> peaks {[round(p) for p in peaks]} -> {left:.0f} MiB; 10 refused calls in "
+          f"{refused_in:.2f} s")
+    assert max(peaks) < RSS_LIMIT_MIB, peaks
+    assert left < rss0 + 16, f"RSS {rss0:.0f} -> {left:.0f} MiB after the calls"
