@@ -300,3 +300,18 @@ def test_50000_claims_in_one_call_are_refused_and_memory_returns(running: Runnin
           f"{refused_in:.2f} s")
     assert max(peaks) < RSS_LIMIT_MIB, peaks
     assert left < rss0 + 16, f"RSS {rss0:.0f} -> {left:.0f} MiB after the calls"
+
+
+@pytest.mark.attacks
+def test_idle_connections_on_the_kubelet_sockets_do_not_turn_liveness_off(running: Running) -> None:
+    """Issue 32, finding 3: 128 idle connections on the DRA socket (its connection limit) made the self-check's
+    fresh connection fail: liveness NOT_SERVING. 200 on each kubelet-facing socket (limits 128 and 16) now leave
+    every probe SERVING: the check keeps its connections."""
+    dra = attack("idle", str(running.dirs.dra_socket), 8)
+    reg = attack("idle", str(running.dirs.registration_socket), 8)
+    results = while_attacked(dra, lambda: probe(running.health), warmup=2.0)
+    counts = finish(dra)
+    reg_counts = finish(reg)
+    assert counts["connections"] >= 200 and reg_counts["connections"] >= 200, (counts, reg_counts)
+    assert counts["closed_by_server"] >= 50, counts  # the limit was reached: connections beyond it refused
+    assert_probes_answer(results, {"dra": counts, "registration": reg_counts})

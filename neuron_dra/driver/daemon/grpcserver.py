@@ -44,7 +44,7 @@ _END = object()
 
 
 class RpcError(Exception):
-    """A call's outcome other than OK: raised by `CallContext.abort`, and by `call_unary` for the answer."""
+    """A call's outcome other than OK: raised by `CallContext.abort`, and by `call_on` for the answer."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(f"{code.name}: {details}")
@@ -401,15 +401,19 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-async def call_unary(target: str, path: str, request: bytes, timeout: float, max_response: int = 1024 * 1024
-                     ) -> bytes:
-    """One unary call over a fresh connection (not shared with other channels), in the running event loop.
-    `target`: a grpc target (unix:PATH, HOST:PORT). RpcError with the status when it is not OK."""
+def channel(target: str, max_response: int = 1024 * 1024) -> grpc.aio.Channel:
+    """A channel of its own (no connection shared with other channels), without retries, for the running event
+    loop. `target`: a grpc target (unix:PATH, HOST:PORT)."""
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0),
                ("grpc.max_receive_message_length", max_response)]
+    return grpc.aio.insecure_channel(target, options=options)
+
+
+async def call_on(chan: grpc.aio.Channel, path: str, request: bytes, timeout: float) -> bytes:
+    """One unary call on `chan`; RpcError with the status when it is not OK."""
     try:
-        async with grpc.aio.insecure_channel(target, options=options) as channel:
-            answer: bytes = await channel.unary_unary(path)(request, timeout=timeout)
-            return answer
+        answer: bytes = await chan.unary_unary(path)(request, timeout=timeout)
+        return answer
     except grpc.aio.AioRpcError as e:
         raise RpcError(e.code(), e.details() or "") from None
+

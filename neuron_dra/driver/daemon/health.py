@@ -10,10 +10,16 @@ Service "" reports that the health server itself is up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import stat
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import grpc.aio
 
 from neuron_dra.driver.daemon import grpcserver, memory
 from neuron_dra.driver.daemon._generated import dra_v1_pb2, grpc_health_v1_pb2, pluginregistration_pb2
@@ -41,19 +47,47 @@ class HealthService:
         self._paths = paths
         self._timeout = probe_timeout
         self._registered = registered  # None: ready whenever live
+        # One channel per socket, kept while its calls succeed: the check then needs no new connection, so
+        # connections others hold (up to the server's limit) cannot fail it. Dropped on a failure (a fresh one
+        # next time: grpc's reconnect backoff would otherwise fail checks for up to two minutes).
+        self._channels: dict[Path, grpc.aio.Channel] = {}
+
+    async def _call(self, socket: Path, method: str, request: bytes) -> bytes:
+        try:
+            mode = os.stat(socket).st_mode
+        except OSError as e:
+            raise grpcserver.RpcError(grpcserver.StatusCode.UNAVAILABLE, f"{socket}: {e.strerror}") from None
+        if not stat.S_ISSOCK(mode):
+            raise grpcserver.RpcError(grpcserver.StatusCode.UNAVAILABLE, f"{socket} is not a socket")
+        channel = self._channels.get(socket)
+        if channel is None:
+            channel = self._channels[socket] = grpcserver.channel(f"unix:{socket}")
+        try:
+            return await grpcserver.call_on(channel, method, request, self._timeout)
+        except grpcserver.RpcError:
+            await self._drop(socket)
+            raise
+
+    async def _drop(self, socket: Path) -> None:
+        channel = self._channels.pop(socket, None)
+        if channel is not None:
+            await channel.close()
+
+    async def close(self) -> None:
+        for socket in list(self._channels):
+            await self._drop(socket)
 
     async def live(self) -> tuple[bool, str]:
-        """(ok, why not) from a GetInfo and an empty prepare over the daemon's own sockets (a fresh connection
-        each, closed afterwards; the heap trimmed after)."""
+        """(ok, why not) from a GetInfo and an empty prepare over the daemon's own sockets (each socket file
+        must be there; the calls on a connection kept for the next check; the heap trimmed after)."""
         try:
-            info = pluginregistration_pb2.PluginInfo.FromString(await grpcserver.call_unary(
-                f"unix:{self._paths.registration}", "/pluginregistration.Registration/GetInfo",
-                pluginregistration_pb2.InfoRequest().SerializeToString(), self._timeout))
+            info = pluginregistration_pb2.PluginInfo.FromString(await self._call(
+                self._paths.registration, "/pluginregistration.Registration/GetInfo",
+                pluginregistration_pb2.InfoRequest().SerializeToString()))
             if info.endpoint != str(self._paths.dra):
                 return False, f"registration answers endpoint {info.endpoint!r}, expected {self._paths.dra}"
-            await grpcserver.call_unary(
-                f"unix:{self._paths.dra}", f"/{dra_v1_pb2.DESCRIPTOR.package}.DRAPlugin/NodePrepareResources",
-                dra_v1_pb2.NodePrepareResourcesRequest().SerializeToString(), self._timeout)
+            await self._call(self._paths.dra, f"/{dra_v1_pb2.DESCRIPTOR.package}.DRAPlugin/NodePrepareResources",
+                             dra_v1_pb2.NodePrepareResourcesRequest().SerializeToString())
         except grpcserver.RpcError as e:
             return False, f"{e.code.name}: {e.details}"
         finally:
@@ -101,4 +135,6 @@ class HealthServer:
         log.info("health service listening", extra={"port": self.port, "service": LIVENESS_SERVICE})
 
     def stop(self, grace: float = 1.0) -> None:
+        with contextlib.suppress(Exception):  # the loop may be gone already
+            self._server.run(self.service.close(), timeout=5)
         self._server.stop(grace)
