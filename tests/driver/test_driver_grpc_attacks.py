@@ -315,3 +315,22 @@ def test_idle_connections_on_the_kubelet_sockets_do_not_turn_liveness_off(runnin
     assert counts["connections"] >= 200 and reg_counts["connections"] >= 200, (counts, reg_counts)
     assert counts["closed_by_server"] >= 50, counts  # the limit was reached: connections beyond it refused
     assert_probes_answer(results, {"dra": counts, "registration": reg_counts})
+
+
+@pytest.mark.attacks
+@pytest.mark.parametrize("kind", ["hold-2000", "idle-2000", "drip-200"])
+def test_a_connection_flood_on_the_health_port_leaves_every_probe_serving(running: Running, kind: str) -> None:
+    """Issue 32, finding 2: 2,000 connections to the health port held all of grpc's 128 slots and every probe
+    was refused while they lasted (200 dripping connections: 55 % answered). The front accepts every connection
+    and closes the oldest for a new one, so kubelet's probe (a fresh connection that sends its call at once)
+    always gets through; RSS stays under 80 % of the DaemonSet's limit."""
+    pid = running.daemon.proc.pid
+    rss0 = rss_mib(pid)
+    proc = attack(kind, running.health, 10)
+    results = while_attacked(proc, lambda: (probe(running.health), rss_mib(pid)), warmup=2.0, gap=0.4)
+    counts = finish(proc)
+    peak = max(r[1] for r in results)
+    print(f"\nRSS {rss0:.0f} -> peak {peak:.0f} MiB")
+    assert_probes_answer([r[0] for r in results], counts)
+    assert counts["connections"] >= 200, counts
+    assert peak < RSS_LIMIT_MIB, f"RSS {rss0:.0f} -> {peak:.0f} MiB (80 % of the limit: {RSS_LIMIT_MIB} MiB)"

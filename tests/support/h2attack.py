@@ -4,7 +4,8 @@ independent of grpc). Run as a separate process so its CPU and GIL stay apart fr
     python -m tests.support.h2attack KIND TARGET SECONDS [PATH]
 
 KIND: no-bodies (one connection, 4 calls whose bodies never come), window-zero (initial window 0, then 4
-calls), drip (64 connections, one byte every 4 s), idle (200 connections that open and then send nothing), rapid-reset (a call then RST_STREAM in a loop),
+calls), drip (64 connections, one byte every 4 s), idle / idle-2000 (200 / 2,000 connections that send the preface, then nothing), hold-2000 (2,000
+connections that send nothing), drip-200 (drip with 200 connections), rapid-reset (a call then RST_STREAM in a loop),
 continuation / continuation-empty (one HEADERS, then CONTINUATION frames of header bytes / empty frames, without
 end). TARGET: host:port or a unix socket path. Prints one JSON line of counts when done.
 """
@@ -120,9 +121,9 @@ def drip(target: str, seconds: float, connections: int = 64, every: float = 4.0)
     return counts
 
 
-def idle(target: str, seconds: float, connections: int) -> dict[str, int]:
-    """`connections` connections that send the preface and SETTINGS, then nothing (held until the server's idle
-    limit); reopened when the server closes one. Counts connections the server refused (closed at once)."""
+def idle(target: str, seconds: float, connections: int, preface: bool = True) -> dict[str, int]:
+    """`connections` connections that send the preface and SETTINGS (or, without `preface`, not a byte), then
+    nothing (held until a server limit ends them); reopened when the server closes one."""
     counts = {"connections": 0, "closed_by_server": 0}
     socks: dict[socket.socket, dict[str, int]] = {}
     end = time.monotonic() + seconds
@@ -134,7 +135,7 @@ def idle(target: str, seconds: float, connections: int) -> dict[str, int]:
                 del socks[s]
         while len(socks) < connections and time.monotonic() < end:
             try:
-                s = opened(target)
+                s = opened(target) if preface else connect(target)
             except OSError:
                 counts["connect_failed"] = counts.get("connect_failed", 0) + 1
                 break
@@ -221,6 +222,9 @@ ATTACKS: dict[str, Callable[[str, float, str], dict[str, int]]] = {
     "drip": lambda t, s, p: drip(t, s),
     "rapid-reset": rapid_reset,
     "idle": lambda t, s, p: idle(t, s, 200),
+    "idle-2000": lambda t, s, p: idle(t, s, 2000),
+    "hold-2000": lambda t, s, p: idle(t, s, 2000, preface=False),
+    "drip-200": lambda t, s, p: drip(t, s, connections=200),
     # Header bytes (4 KB literals): the block grows; empty frames: it never does, each frame costs a parse.
     "continuation": lambda t, s, p: continuation(t, s, p, Encoder().encode([("x-filler", "a" * 4000)])),
     "continuation-empty": lambda t, s, p: continuation(t, s, p, b""),

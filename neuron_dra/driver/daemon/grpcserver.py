@@ -280,6 +280,13 @@ class Server:
             os.umask(old)
         os.chmod(path, 0o600)
 
+    def add_abstract(self, name: str) -> None:
+        """Listen on the abstract unix socket `name` (Linux: no file; reachable from this network namespace)."""
+        try:
+            self._server.add_insecure_port(f"unix-abstract:{name}")
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on the abstract socket {name}: {e}") from None
+
     def add_tcp(self, address: str, port: int) -> int:
         """Listen on address:port (0: any free port); returns the port."""
         host = f"[{address}]" if ":" in address else address

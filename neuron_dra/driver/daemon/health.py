@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from typing import Any
 
 import grpc.aio
 
-from neuron_dra.driver.daemon import grpcserver, memory
+from neuron_dra.driver.daemon import grpcserver, memory, tcpfront
 from neuron_dra.driver.daemon._generated import dra_v1_pb2, grpc_health_v1_pb2, pluginregistration_pb2
 from neuron_dra.driver.daemon.sockets import SocketPaths
 from neuron_dra.driver.model.k8s_names import LIVENESS_SERVICE, READINESS_SERVICE
@@ -32,13 +33,15 @@ SERVING = grpc_health_v1_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
 HEALTH = grpc_health_v1_pb2.DESCRIPTOR.services_by_name["Health"]
 # The probe is one small call every few seconds, answered in the event loop (no thread pool). The port listens
-# on the pod IP: connections that never finish their preface are cut after 5 s, connections without calls after
-# 10 s, every connection after 10 s plus 5 s for its calls (kubelet's prober
-# opens one per probe; grpc core does not end a header block that never ends, the age limit does); header
-# lists, messages and streams per connection are small; at most 128 connections.
-LIMITS = grpcserver.Limits(max_concurrent=1, max_message=4096, max_streams=8, max_connections=128,
-                           max_metadata=8 * 1024, handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000,
-                           age_grace_ms=5_000)
+# on the pod IP through a front (tcpfront.py: every connection accepted, the oldest closed for a new one beyond
+# its limit, each ended after 5 s or 16 KiB), which forwards to this grpc server on an abstract unix socket of
+# its own; grpc's limits stay as a second line: connections that never finish their preface are cut after 5 s,
+# connections without calls after 10 s, every connection after 10 s plus 5 s for its calls; header lists,
+# messages and streams per connection are small; its connection limit is twice the front's forwarded ones (a
+# closed connection leaves grpc's count a moment later).
+LIMITS = grpcserver.Limits(max_concurrent=1, max_message=4096, max_streams=8,
+                           max_connections=tcpfront.FrontLimits.max_forwarded * 2, max_metadata=8 * 1024,
+                           handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000, age_grace_ms=5_000)
 
 
 class HealthService:
@@ -115,16 +118,19 @@ class HealthService:
 
 
 class HealthServer:
-    """The health port: its own grpc server and pool, apart from the kubelet-facing sockets', in the event loop
-    given (the daemon's) or else its own."""
+    """The health port: its own grpc server and pool, apart from the kubelet-facing sockets', behind a TCP front
+    (tcpfront.py), in the event loop given (the daemon's) or else its own."""
 
     def __init__(self, paths: SocketPaths, address: str, port: int,
                  registered: threading.Event | None = None, loop: grpcserver.EventLoopThread | None = None) -> None:
         self.service = HealthService(paths, registered=registered)
         self._server = grpcserver.Server("health", LIMITS, loop)
         self._server.add_service(HEALTH, self.service)
+        name = f"neuron-dra-health-{os.getpid()}-{secrets.token_hex(8)}"  # several daemons share a test host
+        self.front = tcpfront.Front("\0" + name, tcpfront.FrontLimits.for_open_files(tcpfront.open_files_limit()))
         try:
-            self.port = self._server.add_tcp(address, port)
+            self._server.add_abstract(name)
+            self.port: int = self._server.run(self.front.listen(address, port))
         except OSError as e:
             self._server.stop(0)
             host = f"[{address}]" if ":" in address else address
@@ -132,9 +138,11 @@ class HealthServer:
 
     def start(self) -> None:
         self._server.start()
+        self._server.run(self.front.start())
         log.info("health service listening", extra={"port": self.port, "service": LIVENESS_SERVICE})
 
     def stop(self, grace: float = 1.0) -> None:
         with contextlib.suppress(Exception):  # the loop may be gone already
+            self._server.run(self.front.close(), timeout=5)
             self._server.run(self.service.close(), timeout=5)
         self._server.stop(grace)
