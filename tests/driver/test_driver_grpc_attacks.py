@@ -312,8 +312,9 @@ def test_idle_connections_on_the_kubelet_sockets_do_not_turn_liveness_off(runnin
     results = while_attacked(dra, lambda: probe(running.health), warmup=2.0)
     counts = finish(dra)
     reg_counts = finish(reg)
-    assert counts["connections"] >= 200 and reg_counts["connections"] >= 200, (counts, reg_counts)
-    assert counts["closed_by_server"] >= 50, counts  # the limit was reached: connections beyond it refused
+    # Both limits were reached (128 and 16): connections beyond them refused.
+    assert counts["connections"] > 128 and counts["closed_by_server"] > 0, counts
+    assert reg_counts["connections"] > 16 and reg_counts["closed_by_server"] > 0, reg_counts
     assert_probes_answer(results, {"dra": counts, "registration": reg_counts})
 
 
