@@ -270,9 +270,10 @@ def test_50000_claims_in_one_call_are_refused_and_memory_returns(running: Runnin
     rss0 = rss_mib(pid)
 
     def request(n: int) -> bytes:
-        return dra_v1_pb2.NodePrepareResourcesRequest(claims=[
+        data: bytes = dra_v1_pb2.NodePrepareResourcesRequest(claims=[
             dra_v1_pb2.Claim(namespace="default", name=f"flood{i}", uid=f"{i:08d}-0000-4000-8000-000000000000")
             for i in range(n)]).SerializeToString()
+        return data
 
     big = request(50_000)
     at_limit = request(MAX_CLAIMS_PER_CALL)

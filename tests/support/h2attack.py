@@ -4,10 +4,11 @@ independent of grpc). Run as a separate process so its CPU and GIL stay apart fr
     python -m tests.support.h2attack KIND TARGET SECONDS [PATH]
 
 KIND: no-bodies (one connection, 4 calls whose bodies never come), window-zero (initial window 0, then 4
-calls), drip (64 connections, one byte every 4 s), idle / idle-2000 (200 / 2,000 connections that send the preface, then nothing), hold-2000 (2,000
-connections that send nothing), drip-200 (drip with 200 connections), rapid-reset (a call then RST_STREAM in a loop),
-continuation / continuation-empty (one HEADERS, then CONTINUATION frames of header bytes / empty frames, without
-end). TARGET: host:port or a unix socket path. Prints one JSON line of counts when done.
+calls), drip (64 connections, one byte every 4 s), drip-200 (the same with 200), idle / idle-2000 (200 / 2,000
+connections that send the preface, then nothing), hold-2000 (2,000 connections that send nothing), rapid-reset (a
+call then RST_STREAM in a loop), continuation / continuation-empty (one HEADERS, then CONTINUATION frames of
+header bytes / empty frames, without end). TARGET: host:port or a unix socket path. Prints one JSON line of
+counts when done.
 """
 
 from __future__ import annotations
@@ -128,8 +129,8 @@ def idle(target: str, seconds: float, connections: int, preface: bool = True) ->
     socks: dict[socket.socket, dict[str, int]] = {}
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        for s, seen in list(socks.items()):
-            if seen.get("closed_by_server"):
+        for s, state in list(socks.items()):
+            if state.get("closed_by_server"):
                 counts["closed_by_server"] += 1
                 s.close()
                 del socks[s]

@@ -63,7 +63,7 @@ class _QuietHandler(WSGIRequestHandler):
     def setup(self) -> None:
         sock, head, deadline = self.request
         self.connection = sock
-        self.rfile = io.BytesIO(head)  # type: ignore[assignment]  # what handle() reads: the head, nothing more
+        self.rfile = io.BytesIO(head)  # what handle() reads: the head, nothing more
         self.wfile = _DeadlineWriter(sock, deadline)  # type: ignore[assignment]
 
     def finish(self) -> None:
@@ -185,7 +185,7 @@ class BoundedWSGIServer(WSGIServer):
     def _answer(self, sock: socket.socket, head: bytes, deadline: float) -> None:
         try:
             sock.setblocking(True)
-            self.finish_request((sock, head, deadline), sock.getpeername())
+            self.finish_request((sock, head, deadline), sock.getpeername())  # type: ignore[arg-type]  # our handler's
         except Exception:  # a client that went away or ran out of time: nothing to do
             pass
         finally:
