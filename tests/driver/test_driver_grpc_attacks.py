@@ -26,7 +26,7 @@ from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.attacks]
 REPO = Path(__file__).resolve().parents[2]
 PROBE_TIMEOUT = 5.0  # the DaemonSet's livenessProbe timeoutSeconds
 T = TypeVar("T")
@@ -199,12 +199,12 @@ def memory_limit_mib() -> int:
     return int(limit.removesuffix("Mi"))
 
 
-# What the flood may do to the daemon's RSS. grpc core's buffers for the header block in flight come and go with
+# What an attack may do to the daemon's RSS. grpc core's buffers for a header block in flight come and go with
 # it: spikes that are gone at the next sample, larger the more the daemon is starved of CPU (the attacker gets
-# ahead). They must not accumulate (what remains once the flood stops), and the peak must stay inside
-# the DaemonSet's memory limit (driver/deploy/manifests.py) with a tenth to spare, or the kernel would kill it.
+# ahead). They must not accumulate (what remains once the flood stops), and the peak must stay under 80 % of
+# the DaemonSet's memory limit (neuron_dra/driver/deploy/manifests.py; issue 32), far from the kernel's kill.
 MEMORY_LIMIT_MIB = memory_limit_mib()
-FLOOD_PEAK_MIB = MEMORY_LIMIT_MIB * 9 // 10
+RSS_LIMIT_MIB = MEMORY_LIMIT_MIB * 8 // 10
 FLOOD_RSS_LEFT_MIB = 32
 
 
@@ -213,9 +213,11 @@ FLOOD_RSS_LEFT_MIB = 32
 def test_a_continuation_flood_is_cut_off_and_keeps_cpu_bounded(running: Running, where: str, kind: str) -> None:
     """Endless CONTINUATION frames (one header block that never ends). Empty frames: grpc core ends the
     connection within a few MB. 4 KB header literals: grpc core decodes and drops what exceeds the header list
-    limit; the connection age limit ends the connection. The daemon's CPU per byte of flood and its memory stay
-    bounded, every prepare and probe succeeds meanwhile. (Total CPU under a flood follows the attacker's speed
-    on the machine, so it is not what is asserted.)"""
+    limit and does not end the connection: on the DRA socket (root only) it runs; on the health port the front
+    ends each connection after 16 KiB (the connection age cut let one reach 206 MiB RSS: issue 32, finding 10).
+    The daemon's CPU per byte of flood and its memory stay bounded (RSS under 80 % of the DaemonSet's limit),
+    every prepare and probe succeeds meanwhile. (Total CPU under a flood follows the attacker's speed on the
+    machine, so it is not what is asserted.)"""
     one = cycles(running.dirs)
     pid = running.daemon.proc.pid
     for _ in range(5):
@@ -226,7 +228,7 @@ def test_a_continuation_flood_is_cut_off_and_keeps_cpu_bounded(running: Running,
     rss0 = rss_mib(pid)
     target, path = ((str(running.dirs.dra_socket), PREPARE) if where == "dra"
                     else (running.health, "/grpc.health.v1.Health/Check"))
-    seconds = 18 if where == "health" else 8
+    seconds = 10 if where == "health" else 8
     cpu0 = cpu_seconds(pid)
     proc = attack(kind, target, seconds, path)
     results = while_attacked(proc, lambda: (one(), probe(running.health), rss_mib(pid)), warmup=1.0, gap=0.3)
@@ -242,21 +244,18 @@ def test_a_continuation_flood_is_cut_off_and_keeps_cpu_bounded(running: Running,
     assert counts["frames"] >= 10000, counts  # the flood really ran
     if kind == "continuation-empty":
         assert counts["max_bytes_on_one"] < 16 * 1024 * 1024, counts
-    if where == "health":
-        assert counts["connections"] >= 2, counts  # the first one was ended by the server
+    if where == "health":  # the front ended each connection after 16 KiB (one frame more, as the attacker saw it)
+        assert counts["connections"] >= 100 and counts["closed_by_server"] >= 100, counts
     assert all(r[0][0] for r in results), results
     assert max(during) < PROBE_TIMEOUT, during
     assert_probes_answer([r[1] for r in results], counts)
     assert flood_cpu / mib < FLOOD_CPU_PER_MIB, f"{flood_cpu:.2f} s of daemon CPU for {mib:.0f} MiB of flood"
-    assert peak < FLOOD_PEAK_MIB, f"RSS {rss0:.0f} -> {peak:.0f} MiB under the flood (limit {MEMORY_LIMIT_MIB} MiB)"
+    assert peak < RSS_LIMIT_MIB, f"RSS {rss0:.0f} -> {peak:.0f} MiB under the flood (limit {MEMORY_LIMIT_MIB} MiB)"
     left = wait_for_rss(pid, rss0 + FLOOD_RSS_LEFT_MIB, timeout=10)
     assert left < rss0 + FLOOD_RSS_LEFT_MIB, f"RSS {rss0:.0f} -> {left:.0f} MiB once the flood stopped"
 
 
-RSS_LIMIT_MIB = MEMORY_LIMIT_MIB * 8 // 10  # issue 32: RSS under 80 % of the DaemonSet's limit throughout an attack
 
-
-@pytest.mark.attacks
 def test_50000_claims_in_one_call_are_refused_and_memory_returns(running: Running) -> None:
     """Issue 32, finding 7: 50,000 claims in one prepare took RSS to 247 MiB, and it stayed at 236 MiB. Now a call
     over the claims-per-call limit is refused as a whole, naming the limit; a call at the limit is answered (each
@@ -303,7 +302,6 @@ def test_50000_claims_in_one_call_are_refused_and_memory_returns(running: Runnin
     assert left < rss0 + 16, f"RSS {rss0:.0f} -> {left:.0f} MiB after the calls"
 
 
-@pytest.mark.attacks
 def test_idle_connections_on_the_kubelet_sockets_do_not_turn_liveness_off(running: Running) -> None:
     """Issue 32, finding 3: 128 idle connections on the DRA socket (its connection limit) made the self-check's
     fresh connection fail: liveness NOT_SERVING. 200 on each kubelet-facing socket (limits 128 and 16) now leave
@@ -319,7 +317,6 @@ def test_idle_connections_on_the_kubelet_sockets_do_not_turn_liveness_off(runnin
     assert_probes_answer(results, {"dra": counts, "registration": reg_counts})
 
 
-@pytest.mark.attacks
 @pytest.mark.parametrize("kind", ["hold-2000", "idle-2000", "drip-200"])
 def test_a_connection_flood_on_the_health_port_leaves_every_probe_serving(running: Running, kind: str) -> None:
     """Issue 32, finding 2: 2,000 connections to the health port held all of grpc's 128 slots and every probe
