@@ -71,6 +71,7 @@ def endless_continue(server: FakeApiServer) -> Script:
     return script
 
 
+@pytest.mark.attacks
 @pytest.mark.parametrize("attack", [drip_head, drip_body, endless_continue])
 def test_an_answer_that_never_completes_fails_the_claim_get_by_the_deadline(
         server: FakeApiServer, attack: Callable[[FakeApiServer], Script]) -> None:
@@ -86,6 +87,7 @@ def test_an_answer_that_never_completes_fails_the_claim_get_by_the_deadline(
     assert lookup.get("ns", "d") == {"metadata": {"name": "d"}}
 
 
+@pytest.mark.attacks
 def test_the_daemon_fails_a_prepare_against_a_dripping_api_server_in_time_and_the_next_prepare_works(
         server: FakeApiServer, dirs: DaemonDirs, host_root: Path) -> None:
     good = claim("good", uid(2), devices(3))
@@ -128,6 +130,7 @@ def test_the_daemon_fails_a_prepare_against_a_dripping_api_server_in_time_and_th
             assert proc.wait(20) == 0, log_path.read_text()
 
 
+@pytest.mark.attacks
 def test_a_dripping_list_does_not_hold_the_publisher_lock(server: FakeApiServer, host_root: Path) -> None:
     def script(seen: Seen, reply: Reply) -> bool:
         if seen.target.startswith(RESOURCE_SLICES):
@@ -217,6 +220,7 @@ print(json.dumps({{"before": before, "after": peak(), "errors": errors}}))
     assert report["after"] - report["before"] < 32 * 1024 * 1024, report
 
 
+@pytest.mark.attacks
 def test_a_watch_that_ends_at_once_makes_the_publisher_back_off_and_log_it(server: FakeApiServer, host_root: Path,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
     """A small in-memory API for slices; every watch ends at once, without an event. Without backoff the publisher
