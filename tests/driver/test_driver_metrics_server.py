@@ -118,7 +118,7 @@ def test_slowloris_connections_do_not_keep_scrapes_out(count: int) -> None:
     every = REQUEST_SECONDS * 0.8  # one byte per turn: no per-operation timeout would ever trip
     try:
         attacker = subprocess.Popen([sys.executable, "-c", SLOWLORIS, str(server.port), str(count), str(every),
-                                     str(2.5 * REQUEST_SECONDS)], stdout=subprocess.PIPE, text=True)
+                                     str(2 * REQUEST_SECONDS)], stdout=subprocess.PIPE, text=True)
         time.sleep(1.0)
         answered = []
         while attacker.poll() is None:
