@@ -268,6 +268,31 @@ def _summary(resource: Any) -> str:
     return ""
 
 
+def driver_images(run: Any) -> list[str]:
+    """Which image each driver DaemonSet runs: built here (from which context, pushed where) or given (pinned by
+    digest, or a tag that floats)."""
+    builds = run.of_type("docker-build:index:Image")
+    out = []
+    for resource in run.resources:
+        inputs = resource.plain_inputs
+        if not (resource.type == "kubernetes:apps/v1:DaemonSet" and "spec" in inputs):
+            continue
+        ref = inputs["spec"]["template"]["spec"]["containers"][0]["image"]
+        meta = inputs.get("metadata", {})
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        built = [b for b in builds if any(ref.startswith(f"{tag}@") for tag in b.plain_inputs.get("tags") or ())]
+        if built:
+            i = built[0].plain_inputs
+            out.append(f"{name} runs an image built here from {i['context']['location']} "
+                       f"({i['dockerfile']['location']}), pushed to {ref.split('@')[0]} and pinned by digest")
+        elif "@sha256:" in ref:
+            out.append(f"{name} runs the given image {ref}, pinned by digest")
+        else:
+            out.append(f"{name} runs the given image {ref}: a tag, which floats (give repo@sha256:<digest> to "
+                       "pin it)")
+    return out
+
+
 def render_table(run: Any) -> str:
     lines: list[str] = []
 
@@ -282,6 +307,7 @@ def render_table(run: Any) -> str:
 
     walk(None, 0)
     lines.append("")
+    lines += [f"Driver image: {line}" for line in driver_images(run)]
     lines.append(f"{len(run.resources)} resources. Exports:")
     for key, value in run.exports.items():
         shown = "[secret]" if key == "kubeconfig" else json.dumps(value)

@@ -556,7 +556,9 @@ class StackSettings:
     # Karpenter NodePools (components/karpenter.py installs Karpenter when there is one)
     node_pools: tuple[NodePoolSettings, ...] = _setting("nodePools", ())
     driver_image: str | None = _setting("driverImage", None, option="image")
-    driver_build_from_source: bool = _setting("driverBuildFromSource", False)
+    # Without driverImage the stack builds the driver image into an ECR repository it owns; destroy deletes the
+    # repository with its images only when this is true.
+    driver_repository_force_delete: bool = _setting("driverRepositoryForceDelete", False)
     driver_name: str = _setting("driverName", DEFAULT_DRIVER_NAME, option="driver_name")
     # "": derived from driverName (DriverDeployOptions), so another driverName never shares these objects.
     driver_namespace: str = _setting("driverNamespace", "", option="namespace")
@@ -601,10 +603,9 @@ class StackSettings:
             raise SettingError(n("claimTemplatesModule"), self.claim_templates_module,
                                "a dotted Python module name, or '' for none")
         self.driver_options()  # the driver settings, checked where they are used
-        if self.driver_build_from_source is not False and self.driver_build_from_source is not True:
-            raise SettingError(n(key_of("driver_build_from_source")), self.driver_build_from_source, "true or false")
-        if self.driver_build_from_source and self.driver_image is not None:
-            raise SettingError(n("driverImage"), self.driver_image, "unset when driverBuildFromSource is true")
+        force = self.driver_repository_force_delete
+        if force is not False and force is not True:
+            raise SettingError(n(key_of("driver_repository_force_delete")), force, "true or false")
         if self.pod_monitor not in POD_MONITOR_MODES:
             raise SettingError(n(key_of("pod_monitor")), self.pod_monitor, ", ".join(POD_MONITOR_MODES))
         if self.efa_driver not in EFA_DRIVER_MODES:

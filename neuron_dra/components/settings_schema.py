@@ -120,10 +120,12 @@ _ROWS: tuple[Setting, ...] = (
        + ". With replicas a static pool (one instance type; a Capacity Block or UltraServer with "
        "capacityReservationId), without a dynamic pool up to maxNodes; capacityTypes: "
        + ", ".join(POOL_CAPACITY_TYPES) + ".", new_cluster_only=True),
-    _T("driver_image", "string", "Driver image to deploy (default: the image this project's release workflow "
-       "publishes for the installed version, ghcr.io/neuron-dra/neuron-dra-driver:<version>)."),
-    _T("driver_build_from_source", "boolean", "Build neuron_dra/driver/Dockerfile of the source checkout the package "
-       "runs from and push it to a new ECR repository instead (needs Docker with BuildKit; not with driverImage)."),
+    _T("driver_image", "string", "Driver image to deploy, repo@sha256:<digest> (pinned) or repo:tag (follows the "
+       "tag), e.g. the one the release workflow publishes (default: build neuron_dra/driver/Dockerfile of the "
+       "installed package and push it to an ECR repository of the stack, pinned by digest; needs Docker with "
+       "BuildKit where pulumi up runs)."),
+    _T("driver_repository_force_delete", "boolean", "Let pulumi destroy delete the driver's ECR repository with "
+       "its images (without driverImage; default false: ECR refuses while it holds images)."),
     _T("driver_name", "string", "DRA driver name and DeviceClass name."),
     _T("driver_namespace", "string", "Namespace of the driver (default: neuron-dra-driver for the default "
        "driverName, else neuron-dra-<driverName with dots as dashes>; it also names the ClusterRole)."),

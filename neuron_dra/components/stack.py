@@ -211,7 +211,7 @@ def build_stack(
         kubeconfig = cluster.kubeconfig
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
         options=driver_options(settings), image=settings.driver_image, source_dir=source_dir, cluster=cluster,
-        build_from_source=settings.driver_build_from_source,
+        force_delete_repository=settings.driver_repository_force_delete,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))
     efa_driver = _efa_driver(settings, provider)
