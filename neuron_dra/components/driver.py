@@ -35,7 +35,7 @@ from neuron_dra.components.settings import (
     parse_kubernetes_version,
 )
 from neuron_dra.driver import deploy
-from neuron_dra.driver.deploy import DriverDeployOptions, Manifest
+from neuron_dra.driver.deploy import DeviceClassNames, DriverDeployOptions, Manifest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,14 +108,16 @@ class NeuronDraDriver(pulumi.ComponentResource):
     `opts.provider`.
 
     Outputs: namespace, driver_name, device_class_name, core_device_class_name (None where the minor has no
-    NeuronCore class), image, manifests (the rendered dicts), objects (`Kind/name` -> resource), repository
-    (the ECR repository of a built image, else None).
+    NeuronCore class), class_names (the driver name and both class names, `deploy.device_class_names`), image,
+    manifests (the rendered dicts), objects (`Kind/name` -> resource), repository (the ECR repository of a built
+    image, else None).
     """
 
     namespace: str
     driver_name: str
     device_class_name: str
     core_device_class_name: str | None
+    class_names: DeviceClassNames
     image: pulumi.Output[str]
     manifests: list[Manifest]
     objects: dict[str, pulumi.CustomResource]
@@ -137,6 +139,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
         self.driver_name = options.driver_name
         self.device_class_name = options.device_class
         self.core_device_class_name = options.core_device_class_name if options.serves("core_device_class") else None
+        self.class_names = options.class_names  # what templates deployed with this driver name
         self.kubernetes_version = options.kubernetes_version
         self.repository = None
         if args.image is None:
@@ -171,6 +174,11 @@ class NeuronDraDriver(pulumi.ComponentResource):
     def device_classes(self) -> list[pulumi.CustomResource]:
         """The DeviceClass objects (claim templates that name them wait for these)."""
         return [obj for key, obj in self.objects.items() if key.startswith("DeviceClass/")]
+
+    @property
+    def device_class_names(self) -> list[str]:
+        """The names of the DeviceClasses it creates (the NeuronCore class only where the minor serves it)."""
+        return [m["metadata"]["name"] for m in self.manifests if m["kind"] == "DeviceClass"]
 
 
 def _warn_if_floating(image: str) -> str:

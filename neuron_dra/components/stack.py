@@ -220,7 +220,7 @@ def build_stack(
     # against the node groups' nodes at their LNC.
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
         templates=templates, instance_types=settings.check_targets, check=check, hardware=settings.hardware,
-        depends_on=driver.device_classes(), efa_driver=efa_ref,
+        driver=driver, efa_driver=efa_ref,
     ), opts=pulumi.ResourceOptions(provider=provider))
     exports: dict[str, Any] = {
         "kubeconfig": kubeconfig,
