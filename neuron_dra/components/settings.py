@@ -12,9 +12,11 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from datetime import date
 from pathlib import Path
 from typing import Any
 
+from neuron_dra.components.eks_versions import EksVersion, eks_version, offered, support_warning, today_utc
 from neuron_dra.driver.deploy import (
     DEFAULT_CORE_EXTENDED_RESOURCE,
     DEFAULT_DASHBOARD_LABEL,
@@ -35,15 +37,11 @@ from neuron_dra.driver.model.k8s_names import (
 )
 
 PROJECT = "neuron-dra"
-# The Kubernetes minors the stack supports (docs/kubernetes-versions.md): DRA's resource.k8s.io/v1 is served from
-# 1.34; 1.37 is the newest release. EKS ends standard support of 1.34 on 2026-12-02.
+# The Kubernetes minors the driver supports (docs/kubernetes-versions.md): DRA's resource.k8s.io/v1 is served from
+# 1.34; 1.37 is the newest release. Of these, an EKS cluster takes only the minors EKS offers (eks_versions.py).
 MIN_KUBERNETES_VERSION = (1, 34)
 MAX_KUBERNETES_VERSION = (1, 37)
 DEFAULT_KUBERNETES_VERSION = "1.36"
-KUBERNETES_VERSION_NOTES: Mapping[tuple[int, int], str] = {
-    (1, 34): "Kubernetes 1.34: EKS standard support ends 2026-12-02 (extended support costs more); "
-             "plan the upgrade to 1.35 or newer",
-}
 DEFAULT_VPC_CIDR = "10.0.0.0/16"
 # What `pulumi up` waits for on the driver's DaemonSet: its rollout, up to this long (the Kubernetes provider's
 # own default is 10 minutes); 0 skips the wait (annotation pulumi.com/skipAwait).
@@ -136,11 +134,25 @@ def parse_kubernetes_version(setting: str, value: str) -> tuple[int, int]:
     return version
 
 
-def kubernetes_version_warnings(version: str) -> list[str]:
-    """What a user of this (valid) Kubernetes version should be told, e.g. that its support ends soon."""
-    m = _K8S_VERSION.match(version)
-    note = KUBERNETES_VERSION_NOTES.get((int(m.group(1)), int(m.group(2)))) if m else None
-    return [note] if note else []
+def check_eks_version(setting: str, value: str, today: date | None = None) -> EksVersion:
+    """`value` (a valid minor) as EKS offers it on `today` (default: today, UTC); else SettingError naming the
+    minors EKS offers."""
+    today = today or today_utc()
+    version = eks_version(value)
+    if version is None or today > version.end_of_extended_support:
+        why = (f"EKS does not offer {value}" if version is None else
+               f"EKS ended extended support of {value} on {version.end_of_extended_support.isoformat()}")
+        raise SettingError(setting, value, f"a minor EKS offers: {', '.join(offered(today))} ({why}; "
+                           "docs/kubernetes-versions.md §1; a local cluster may run 1.34-1.37)")
+    return version
+
+
+def kubernetes_version_warnings(version: str, today: date | None = None) -> list[str]:
+    """What a user of this EKS minor should be told: that it is past, or near, the end of standard support (with
+    the date, and that extended support costs extra)."""
+    found = eks_version(version)
+    warning = support_warning(found, today or today_utc()) if found else None
+    return [warning] if warning else []
 
 
 def parse_addon_version(setting: str, value: str) -> tuple[int, int, int]:
@@ -220,6 +232,7 @@ class NodeGroupSettings:
                 raise SettingError(f"{self._at('labels')}[{label}]", text, LABEL_VALUE_RULE)
         if self.version is not None:
             parse_kubernetes_version(self._at("version"), self.version)
+            check_eks_version(self._at("version"), self.version)
         self._check_lnc()
         self._check_capacity_block()
 
@@ -617,6 +630,7 @@ class StackSettings:
         if self.existing_cluster:
             return
         parse_kubernetes_version(n("kubernetesVersion"), self.kubernetes_version)
+        check_eks_version(n("kubernetesVersion"), self.kubernetes_version)
         if self.cluster_name is not None and not _CLUSTER_NAME.match(self.cluster_name):
             raise SettingError(n("clusterName"), self.cluster_name,
                                "1-100 letters, digits, '-' and '_', starting with a letter or digit")

@@ -76,8 +76,10 @@ _ROWS: tuple[Setting, ...] = (
     _T("kubeconfig", "string",
        "Existing-cluster mode: a kubeconfig (contents or path). When set, the stack installs only the driver "
        "and the claim templates; no AWS resources are created."),
-    _T("kubernetes_version", "string", "EKS Kubernetes version: 1.34 to 1.37 (DRA resource.k8s.io/v1 is "
-       "served from 1.34; EKS ends standard support of 1.34 on 2026-12-02).", new_cluster_only=True),
+    _T("kubernetes_version", "string", "EKS Kubernetes version: a minor EKS offers, of 1.34 to 1.36 (DRA "
+       "resource.k8s.io/v1 is served from 1.34; EKS does not offer 1.37 yet). A minor past EKS standard support "
+       "(1.34 since 2026-12-02) gets a preview warning: extended support costs extra per cluster-hour "
+       "(docs/kubernetes-versions.md).", new_cluster_only=True),
     _T("cluster_name", "string", "EKS cluster name (default: neuron-dra-<stack>).", new_cluster_only=True),
     _T("vpc_id", "string", "Use this VPC instead of creating one (needs privateSubnetIds).",
        new_cluster_only=True),

@@ -40,7 +40,6 @@ from neuron_dra.components.settings import (
     NodePoolSettings,
     SettingError,
     StackSettings,
-    kubernetes_version_warnings,
     setting_name,
 )
 from neuron_dra.components.settings_schema import decode_settings
@@ -172,8 +171,6 @@ def build_stack(
         kubeconfig: pulumi.Output[str] = pulumi.Output.secret(kubeconfig_input(settings.kubeconfig))
         provider = k8s.Provider("existing-cluster", kubeconfig=kubeconfig)
     else:
-        for warning in kubernetes_version_warnings(settings.kubernetes_version):
-            pulumi.log.warn(f"{setting_name('kubernetesVersion')}: {warning}")
         zones = plan_zones(settings)
         cluster = TrainiumCluster("cluster", TrainiumClusterArgs(
             cluster_name=settings.resolved_cluster_name(stack),
