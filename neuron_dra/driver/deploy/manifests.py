@@ -69,7 +69,8 @@ DEFAULT_HOST_ROOT = "/host"
 CATALOG_DIR = "/etc/neuron-dra"
 CATALOG_KEY = "catalog.yaml"
 # The image this repository's release workflow publishes (.github/workflows/release-image.yml; multi-arch, SBOM,
-# cosign keyless signature), tagged with the package version: the version installed is the version deployed.
+# cosign keyless signature), tagged with the package version: the default of renders outside Pulumi. The Pulumi
+# components build and push their own image unless given one (components/driver_image.py).
 IMAGE_REPOSITORY = "ghcr.io/neuron-dra/neuron-dra-driver"
 DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{__version__}"
 DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
