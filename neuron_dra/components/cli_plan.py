@@ -342,7 +342,8 @@ HELM_HEADER = ("Helm releases this plan installs, not rendered above (their char
 def render_yaml(run: Any) -> str:
     import yaml
 
-    text = yaml.safe_dump_all(kubernetes_manifests(run), sort_keys=True, default_flow_style=False)
+    text = "".join(f"# Driver image: {line}\n" for line in driver_images(run))
+    text += yaml.safe_dump_all(kubernetes_manifests(run), sort_keys=True, default_flow_style=False)
     releases = helm_releases(run)
     if releases:
         block = yaml.safe_dump(releases, sort_keys=False, default_flow_style=False)

@@ -212,6 +212,9 @@ def test_yaml_names_every_helm_release_it_cannot_render(capsys: pytest.CaptureFi
     for name in expected:
         assert name in captured.err
     assert "comment block" in captured.err and "not rendered as manifests" in captured.err
+    (image,) = [x for x in captured.out.splitlines() if x.startswith("# Driver image: ")]
+    # Which image the DaemonSet runs, in the YAML too: built by default, given in the Karpenter example.
+    assert ("built here from" if config is None else "runs the given image") in image
 
 
 def test_table_output_says_nothing_about_helm_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
