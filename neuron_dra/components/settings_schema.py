@@ -128,7 +128,8 @@ _ROWS: tuple[Setting, ...] = (
        "BuildKit where pulumi up runs)."),
     _T("driver_repository_force_delete", "boolean", "Let pulumi destroy delete the driver's ECR repository with "
        "its images (without driverImage; default false: ECR refuses while it holds images)."),
-    _T("driver_name", "string", "DRA driver name and DeviceClass name."),
+    _T("driver_name", "string", "DRA driver name. Its DeviceClasses are named after it (neuron.aws.com: "
+       "neuron.aws.com and neuroncore.aws.com; another name N: N and cores.N) and the claim templates name them."),
     _T("driver_namespace", "string", "Namespace of the driver (default: neuron-dra-driver for the default "
        "driverName, else neuron-dra-<driverName with dots as dashes>; it also names the ClusterRole)."),
     _T("driver_metrics_port", "integer", "Prometheus metrics port of the driver (0: off)."),
