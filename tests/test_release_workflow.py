@@ -1,4 +1,5 @@
-"""The release workflow publishes the image the components deploy by default; actionlint accepts it.
+"""The release workflow publishes the image `neuron-dra:driverImage` can name (deploy.DEFAULT_IMAGE); actionlint
+accepts it.
 
 actionlint is built from the Go module proxy at a pinned version (marked gobuild) and cached outside the tree.
 """
