@@ -27,6 +27,7 @@ from neuron_dra.driver.daemon import logs
 from neuron_dra.driver.daemon.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
 from neuron_dra.driver.daemon.signals import set_on_signals
 from neuron_dra.driver.daemon.sockets import SocketError, SocketPaths
+from neuron_dra.driver.model.errortext import capped
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
     CHECKPOINT_FILE,
@@ -596,6 +597,10 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
         daemon.start()
     except StartupError as e:
         log.error("start-up failed", extra={"error": str(e)})
+        daemon.stop()
+        return 1
+    except Exception as e:  # a fault no check above names: still the one line operators look for, and exit 1
+        log.exception("start-up failed", extra={"error": f"unexpected {capped(repr(e))}"})
         daemon.stop()
         return 1
     try:
