@@ -64,7 +64,7 @@ def test_downgrade_the_previous_release_refuses_a_journal_it_cannot_verify_and_r
     claims[uid(9)] = claims[uid(9)].with_state(ClaimState.PREPARE_COMPLETED)
     upgraded.save(claims)
     old = previous_checkpoint.load()
-    with pytest.raises(old.CheckpointError, match="version 2 is not supported.*written by a newer driver"):
+    with pytest.raises(old.CheckpointError, match=r"version 2 is not supported.*written by a newer driver"):
         old.Checkpoint(upgraded.path).load()
     upgraded.close()
     doc = json.loads(upgraded.path.read_text())
@@ -161,7 +161,7 @@ def test_a_renamed_field_is_not_taken_for_an_absent_one(tmp_path: Path) -> None:
     raw = cp.path.read_bytes()
     for old, new in ((b'"integrity"', b'"integritx"'), (b'"format"', b'"formaT"')):
         cp.path.write_bytes(raw.replace(old, new))
-        with pytest.raises(CheckpointError, match="are not those of a format|formats 1 and 2 are version 1"):
+        with pytest.raises(CheckpointError, match=r"are not those of a format|formats 1 and 2 are version 1"):
             Checkpoint(cp.path, boot_id=BOOT).load()
 
 

@@ -234,8 +234,8 @@ def test_checkpoint_journal_full_compacts_into_the_snapshot(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda d: d["preparedClaims"]["u1"].update(namespace="other"), "integrity digest mismatch"),
-    (lambda d: [d.pop(k) for k in ("bootId", "format", "integrity")] and d.update(version=1) or
-     d["preparedClaims"]["u1"].update(namespace="other"), "checksum mismatch"),  # a format-1 file
+    (lambda d: [d.pop(k) for k in ("bootId", "format", "integrity")] + [d.update(version=1),
+                d["preparedClaims"]["u1"].update(namespace="other")], "checksum mismatch"),  # a format-1 file
     (lambda d: d.update(version=3), "version 3 is not supported"),
     (lambda d: d.update(preparedClaims=[]), "must be an object"),
 ])

@@ -95,7 +95,7 @@ class _BoundedLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=True)
             try:
                 first = seen.setdefault(key, key_node)
             except TypeError:  # an unhashable key: the constructor below names it
@@ -104,7 +104,7 @@ class _BoundedLoader(yaml.SafeLoader):
                 raise _error(f"each key once per mapping (key {shown(key)} repeats the one of line "
                              f"{first.start_mark.line + 1})", key_node.start_mark,
                              "a repeated key would silently take the last value")
-        return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
+        return super().construct_mapping(node, deep)
 
 
 def _check_number(text: str, node: yaml.ScalarNode) -> None:
