@@ -25,6 +25,7 @@ from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.localcluster import pluginclient
 from tests.driver.test_surge_instances import Instance, _check_whole
+from tests.support.checkpoint_claims import ErrorCount
 from tests.support.driver import DRIVER, NODE, DaemonDirs, FakeLookup, claim, devices, uid
 
 pytestmark = pytest.mark.attacks
@@ -217,7 +218,7 @@ def test_every_damaged_byte_of_the_last_records_is_resolved_against_the_api_serv
     # In memory where there is a tmpfs (thousands of renames on a busy disk take minutes).
     shm = Path("/dev/shm")
     work = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else tmp_path)))
-    errors = _ErrorCount()
+    errors = ErrorCount()
     logging.getLogger("neuron_dra.driver.daemon.checkpoint").addHandler(errors)
     counts = {"damaged": 0, "unchanged": 0, "resolved": 0}
     began = time.monotonic()
@@ -262,12 +263,3 @@ def test_every_damaged_byte_of_the_last_records_is_resolved_against_the_api_serv
     with capsys.disabled():
         print(f"\ndamaged journal bytes: {counts} in {time.monotonic() - began:.1f} s")
     assert counts["resolved"] > 0
-
-
-class _ErrorCount(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.count += 1

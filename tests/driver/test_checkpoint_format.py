@@ -15,7 +15,7 @@ import pytest
 from neuron_dra.driver.daemon import checkpoint as current
 from neuron_dra.driver.daemon.checkpoint import SECTOR, Checkpoint, CheckpointError, ClaimState, PreparedClaim
 from tests.support import previous_checkpoint
-from tests.support.checkpoint_claims import claim, uid
+from tests.support.checkpoint_claims import ErrorCount, claim, uid
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_format1"
 BOOT = "1b6e1bb1-0000-4000-8000-000000000001"
@@ -298,7 +298,7 @@ def test_single_byte_mutations_never_change_the_loaded_claims_silently(tmp_path:
     work.mkdir()
     counts = {"mutations": 0, "errors": 0, "unchanged": 0, "left to the API server": 0}
     target = Checkpoint(work / "checkpoint.json", boot_id=BOOT)
-    errors = _ErrorCount()
+    errors = ErrorCount()
     logging.getLogger("neuron_dra.driver.daemon.checkpoint").addHandler(errors)
     try:
         for name, original, other, limit in (("checkpoint.json", snapshot, journal, len(snapshot)),
@@ -331,12 +331,3 @@ def test_single_byte_mutations_never_change_the_loaded_claims_silently(tmp_path:
         logging.getLogger("neuron_dra.driver.daemon.checkpoint").removeHandler(errors)
     print(f"single-byte mutations: {counts}")
     assert counts["errors"] > 0 and counts["left to the API server"] > 0
-
-
-class _ErrorCount(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.count += 1
