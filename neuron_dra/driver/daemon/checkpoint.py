@@ -433,6 +433,7 @@ class Checkpoint:
         self._loaded: Snapshot | None = None
         self._snapshot_only = False  # after `hand_over`: every save is a journal-less snapshot
         self._written: tuple[int, int, int] | None = None  # the snapshot file this instance wrote last then
+        self._closed = False  # by `close`: the clean stop's snapshot stays as it is
 
     def read(self) -> dict[str, PreparedClaim]:
         """The recorded claims (snapshot plus journal) without changing any file; absent files are empty. Claims
@@ -468,6 +469,7 @@ class Checkpoint:
         remove_temp_files(self.path.parent, self.path.name)
         self.close(compact=False)
         self._snapshot_only = False
+        self._closed = False
         claims, journal = self._read()
         self._saved = dict(claims)
         loaded = self._loaded
@@ -496,12 +498,12 @@ class Checkpoint:
         wrote them, else None. For two instances side by side during a rolling update, each call holds the
         instances' lock (`InstanceLock`) and refreshes first: a new snapshot shows as a new journal generation
         (random at every compaction, read from the head of the file), new records as data where this instance
-        would write its next one. Both checks are exact and cost one short read each. Not loaded yet, or
-        closed: the files are loaded (never a snapshot written blind over the other instance's records)."""
+        would write its next one. Both checks are exact and cost one short read each. Not loaded yet: the files
+        are loaded (never a snapshot written blind over the other instance's records); closed: None."""
         if self._snapshot_only:
             return self._refresh_snapshot()
         if self._fd is None:
-            return self.load()
+            return None if self._closed else self.load()
         try:
             with self.path.open("rb") as f:
                 head = f.read(_HEAD)
@@ -624,6 +626,8 @@ class Checkpoint:
     def close(self, *, compact: bool = True) -> None:
         """Fold the journal into a snapshot without one (checkpoint.json alone is then complete, and the
         previous release can read it) and close it; `compact=False` only closes."""
+        if compact:
+            self._closed = True
         if self._fd is None:
             return
         try:
