@@ -270,7 +270,7 @@ def current_boot_id(path: Path = BOOT_ID_FILE) -> str:
 
 
 JOURNAL_SUFFIX = ".journal"
-JOURNAL_SIZE = 4 * 1024 * 1024  # zero-filled once; hundreds of prepare/unprepare cycles of 8-device claims per compaction
+JOURNAL_SIZE = 4 * 1024 * 1024  # zero-filled once; hundreds of prepare/unprepare cycles of 8-device claims
 
 
 def _line(payload: dict[str, Any]) -> bytes:
