@@ -238,10 +238,11 @@ def test_bad_claims_fail_alone_and_change_nothing(env_for: Callable[..., Env], c
 def test_lnc_on_trainium1_is_a_config_error(env_for: Callable[..., Env]) -> None:
     e = env_for("trn1.32xlarge")
     e.lookup.put(claim("c", uid(12), devices(0), configs=[opaque({**NEURON_CONFIG, "logicalNeuronCore": 1})]))
+    before = e.files()  # the empty snapshot and journal the load wrote
     err = e.state.prepare([ref("c", 12)])[uid(12)]
     assert isinstance(err, ClaimError) and err.reason is Reason.BAD_CONFIG
     assert "logicalNeuronCore" in err.message and "Trainium2" in err.message
-    assert e.files() == {}
+    assert e.files() == before
 
 
 def test_invalid_uid_is_refused_before_touching_files(env_for: Callable[..., Env]) -> None:
@@ -550,6 +551,7 @@ def test_corrupt_checkpoint_refuses_to_load(env_for: Callable[..., Env]) -> None
     e = env_for()
     e.lookup.put(claim("c", uid(60), devices(0)))
     ok(e.state.prepare([ref("c", 60)]), uid(60))
+    e.state.close()  # the claim in the snapshot
     doc = json.loads(e.checkpoint.read_text())
     doc["preparedClaims"][uid(60)]["neuronDevices"] = [5]  # a flipped bit
     e.checkpoint.write_text(json.dumps(doc))

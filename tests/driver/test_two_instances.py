@@ -127,3 +127,21 @@ def test_a_call_that_cannot_get_the_lock_before_its_deadline_fails_alone_naming_
     assert not isinstance(state.prepare([ref], CallScope(time.monotonic() + 5))[ref.uid], ClaimError)
     state.close()
     other.close()
+
+
+def test_an_instance_that_never_loaded_reads_the_others_records_and_a_closed_one_writes_nothing(
+        tmp_path: Path) -> None:
+    """Round 3: on a node with no checkpoint yet, an instance whose load found nothing never saw the other's
+    records, and its first save wrote a snapshot of its own over them. Now a load always leaves a snapshot and a
+    journal, a refresh before any load loads, and after a clean stop the stop's snapshot (version 1) stays."""
+    a = Checkpoint(tmp_path / "checkpoint.json", journal_size=16384, boot_id=BOOT)
+    b = Checkpoint(tmp_path / "checkpoint.json", journal_size=16384, boot_id=BOOT)
+    assert a.load() == {} and b.load() == {}  # both on an empty node
+    assert a.path.exists() and a.journal_path.exists()
+    a.save({uid(0): claim(current, uid(0), 0)})
+    assert b.refresh() == {uid(0): claim(current, uid(0), 0)}
+    c = Checkpoint(tmp_path / "checkpoint.json", journal_size=16384, boot_id=BOOT)
+    assert c.refresh() == {uid(0): claim(current, uid(0), 0)}  # never loaded: loads
+    b.close()
+    stopped = a.path.read_bytes()
+    assert b.refresh() is None and a.path.read_bytes() == stopped

@@ -3,6 +3,7 @@ module or the previous release's, tests/support/previous_checkpoint.py), so both
 
 from __future__ import annotations
 
+import logging
 import types
 from typing import Any
 
@@ -20,3 +21,14 @@ def claim(module: types.ModuleType, uid: str, index: int, state: str = "PrepareC
 
 def uid(i: int) -> str:
     return f"00000000-0000-4000-8000-{i:012d}"
+
+
+class ErrorCount(logging.Handler):
+    """Counts the error records of the loggers it is added to (the checkpoint's damage reports)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1

@@ -26,7 +26,8 @@ SPEC_FILE_MODE = 0o644  # read by the container runtime; holds no secrets
 
 # CDI device names: start and end with a letter or digit; letters, digits, '-', '_', '.', ':' inside.
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
-# Claim UIDs become part of file and device names: nothing that could leave the directory.
+# Claim UIDs become part of file and device names: nothing that could leave the directory. Both are checked with
+# fullmatch: the `$` of match also matches before a final line feed, which would reach the CDI id.
 _CLAIM_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
 
 
@@ -35,7 +36,7 @@ class CdiError(ValueError):
 
 
 def check_claim_uid(uid: str) -> str:
-    if not isinstance(uid, str) or not _CLAIM_UID.match(uid):
+    if not isinstance(uid, str) or not _CLAIM_UID.fullmatch(uid):
         raise CdiError(f"claim uid {shown(uid)} is not allowed: letters, digits and '-' only, at most 128 characters")
     return uid
 
@@ -60,7 +61,7 @@ class CdiDevice:
     env: tuple[str, ...] = ()  # NAME=value
 
     def __post_init__(self) -> None:
-        if not _DEVICE_NAME.match(self.name):
+        if not _DEVICE_NAME.fullmatch(self.name):
             raise CdiError(f"CDI device name {self.name!r} is not allowed: letters, digits, '-', '_', '.', ':', "
                            "starting and ending with a letter or digit")
 
@@ -175,7 +176,7 @@ class CdiStore:
         for p in self.root.iterdir():
             if p.name.startswith(self.prefix) and p.name.endswith(".json"):
                 uid = p.name[len(self.prefix):-len(".json")]
-                if _CLAIM_UID.match(uid):
+                if _CLAIM_UID.fullmatch(uid):
                     out.add(uid)
         return out
 

@@ -36,18 +36,23 @@ from neuron_dra.driver.model.errortext import shown
 
 log = logging.getLogger("neuron_dra.driver.daemon.checkpoint")
 
-# `format`: what this release writes. `version`: the oldest reader that can load the file; it stays 1 while the
-# format only adds fields that format 1's reader ignores (it checks `version`, `checksum` over preparedClaims,
-# and reads `journal`), so a rollback to the previous release reads what this one wrote.
-CHECKPOINT_FORMAT = 2
-CHECKPOINT_VERSION = 1
+# `format`: what this release writes. `version`: the oldest reader that can load the file and verify all of it.
+# Format 1's reader (the previous release) checks `version` and the checksum over preparedClaims but trusts the
+# `journal` field unchecked (a changed digit there drops the journal), so a snapshot that names a journal is
+# version 2, which that reader refuses as a future version; the journal-less snapshot written at a clean stop and
+# at a hand-over to the previous release (`hand_over`) is version 1, all of which format 1 verifies.
+CHECKPOINT_FORMAT = 3
+CHECKPOINT_VERSION = 2  # a snapshot with a journal
+JOURNAL_LESS_VERSION = 1  # a snapshot alone: what the previous release can read
+READ_VERSIONS = (JOURNAL_LESS_VERSION, CHECKPOINT_VERSION)
 CHECKPOINT_FILE = k8s_names.CHECKPOINT_FILE
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 _FORMAT_1_KEYS = frozenset({"checksum", "journal", "preparedClaims", "version"})
 _FORMAT_2_KEYS = _FORMAT_1_KEYS | {"bootId", "format", "integrity"}
+_FORMAT_3_KEYS = _FORMAT_2_KEYS  # "journal" only with version 2
+SECTOR = 512  # the unit a power loss can leave unwritten (what the tests tear)
 # Pods recorded per claim (status.reservedFor allows 256): bounds a record and the metrics' series per claim.
 MAX_CONSUMERS = 32
-SECTOR = 512  # the unit a power loss can leave unwritten; smaller than any disk's atomic write
 
 
 class CheckpointError(RuntimeError):
@@ -164,14 +169,15 @@ def encode(claims: Mapping[str, PreparedClaim], journal: str | None = None, boot
     """The file: {"bootId", "checksum", "format", "integrity", "journal", "preparedClaims", "version"}, in canonical
     JSON (sorted keys, no spaces). `checksum` covers preparedClaims (what format 1 checks); `integrity` covers every
     other field too, the journal generation included. `journal` names the generation of the journal records that
-    apply on top. Each claim's canonical text is computed once per entry, so a save costs a join and two hashes, not
+    apply on top; without it the file is version 1 (the previous release can read and verify all of it), with it
+    version 2. Each claim's canonical text is computed once per entry, so a save costs a join and two hashes, not
     a re-encoding of every claim."""
     canonical = "{" + ",".join(f"{json.dumps(uid)}:{claims[uid].canonical_json}" for uid in sorted(claims)) + "}"
     head = {"bootId": boot_id, "checksum": _checksum(canonical), "format": CHECKPOINT_FORMAT}
     if journal is not None:
         head["journal"] = journal
     fields = ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in head.items())
-    tail = f'"version":{CHECKPOINT_VERSION}'
+    tail = f'"version":{JOURNAL_LESS_VERSION if journal is None else CHECKPOINT_VERSION}'
     # The integrity digest over the same canonical text, with the claims spliced in rather than re-encoded.
     covered = "{" + fields + f',"preparedClaims":{canonical},' + tail + "}"
     integrity = _checksum(covered)
@@ -191,8 +197,8 @@ def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
 
 
 def decode_snapshot(path: Path, raw: bytes) -> Snapshot:
-    """The snapshot of format 1 (the previous release) or 2; CheckpointError for anything else, including any
-    field that is not exactly what one of the two writes (a damaged key must not pass for an absent one)."""
+    """The snapshot of format 1 (the previous release), 2 or 3; CheckpointError for anything else, including any
+    field that is not exactly what one of them writes (a damaged key must not pass for an absent one)."""
     try:
         doc = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -202,23 +208,28 @@ def decode_snapshot(path: Path, raw: bytes) -> Snapshot:
     if not isinstance(doc, dict):
         raise CheckpointError(path, "expected a JSON object")
     version = doc.get("version")
-    if version != CHECKPOINT_VERSION:
-        raise CheckpointError(path, f"checkpoint version {shown(version)} is not supported; this driver reads version "
-                                    f"{CHECKPOINT_VERSION} (formats 1-{CHECKPOINT_FORMAT}; was it written by a newer "
-                                    "driver? roll forward, or drain the node before rolling back)")
+    if type(version) is not int or version not in READ_VERSIONS:
+        raise CheckpointError(path, f"checkpoint version {shown(version)} is not supported; this driver reads versions "
+                                    f"{READ_VERSIONS[0]}-{READ_VERSIONS[-1]} (formats 1-{CHECKPOINT_FORMAT}; was it "
+                                    "written by a newer driver? roll forward, or drain the node before rolling back)")
     fmt = doc.get("format", 1)
-    expected = {1: _FORMAT_1_KEYS, 2: _FORMAT_2_KEYS}.get(fmt) if type(fmt) is int else None
+    expected = {1: _FORMAT_1_KEYS, 2: _FORMAT_2_KEYS, 3: _FORMAT_3_KEYS}.get(fmt) if type(fmt) is int else None
     if expected is None:
         raise CheckpointError(path, f"checkpoint format {shown(fmt)} is not supported; this driver reads formats 1-"
                                     f"{CHECKPOINT_FORMAT}")
+    if fmt < 3 and version != JOURNAL_LESS_VERSION:
+        raise CheckpointError(path, f"checkpoint version {version} with format {fmt}: formats 1 and 2 are version "
+                                    f"{JOURNAL_LESS_VERSION}; the file is corrupt")
+    if fmt == 3:  # version 2 exactly when a journal applies
+        expected = expected if version == CHECKPOINT_VERSION else expected - {"journal"}
     keys = set(doc)
-    if not keys <= expected or (fmt == 2 and keys != expected) or "preparedClaims" not in keys:
-        raise CheckpointError(path, f"fields {shown(sorted(keys))} are not those of a format-{fmt} checkpoint "
-                                    f"({sorted(expected)}); the file is corrupt")
+    if not keys <= expected or (fmt >= 2 and keys != expected) or "preparedClaims" not in keys:
+        raise CheckpointError(path, f"fields {shown(sorted(keys))} are not those of a format-{fmt} version-{version} "
+                                    f"checkpoint ({sorted(expected)}); the file is corrupt")
     data = doc["preparedClaims"]
     if not isinstance(data, dict):
         raise CheckpointError(path, "field 'preparedClaims' must be an object")
-    if fmt == 2 and doc["integrity"] != _integrity(doc):
+    if fmt >= 2 and doc["integrity"] != _integrity(doc):
         raise CheckpointError(path, f"integrity digest mismatch (recorded {shown(doc['integrity'])}); the file is "
                                     "corrupt")
     if doc.get("checksum") != _checksum(_canonical(data)):
@@ -259,7 +270,7 @@ def current_boot_id(path: Path = BOOT_ID_FILE) -> str:
 
 
 JOURNAL_SUFFIX = ".journal"
-JOURNAL_SIZE = 4 * 1024 * 1024  # zero-filled once; ~1,000 prepare/unprepare cycles of 8-device claims per compaction
+JOURNAL_SIZE = 4 * 1024 * 1024  # zero-filled once; hundreds of prepare/unprepare cycles of 8-device claims
 
 
 def _line(payload: dict[str, Any]) -> bytes:
@@ -281,34 +292,34 @@ def _parse_line(line: bytes) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
+class Damage:
+    """Bytes of the journal that are neither a record of the snapshot's generation nor unused (zero): a write
+    cut short by a power loss, or corruption. What they changed is unknown, so nothing in them is replayed."""
+
+    offset: int  # file offset of the first damaged byte's record
+    later: tuple[dict[str, Any], ...]  # valid records of the generation found after the damage, in order
+    named: tuple[str, ...]  # claim uids that the damaged bytes name (for the log; a damaged byte may be in one)
+
+
+@dataclass(frozen=True)
 class JournalContent:
-    records: tuple[dict[str, Any], ...]  # the valid records of the generation asked for
+    records: tuple[dict[str, Any], ...]  # the valid records of the generation asked for, up to any damage
     end: int  # offset after the last of them
-    dirty_end: int  # offset after the last non-zero byte (beyond `end`: a torn tail or stale records)
+    dirty_end: int  # offset after the last non-zero byte (beyond `end`: damage or stale records)
+    damage: Damage | None = None
 
 
-def _torn(region: bytes, start: int) -> bool:
-    """Whether `region` (at file offset `start`) can be a write cut short by a power loss: part of it, a whole
-    sector's worth, was never written (the journal's unused bytes are zero, and a record never contains a zero
-    byte). A record whose every sector holds data was written whole, so damage to it is corruption."""
-    edge = start - start % SECTOR
-    for sector in range(edge, start + len(region), SECTOR):
-        lo, hi = max(sector, start) - start, min(sector + SECTOR, start + len(region)) - start
-        if not region[lo:hi].strip(b"\0"):
-            return True
-    return False
-
-
-MIN_RECORD = 20  # 16 hex digits, a space, "{}", a newline: fewer non-zero bytes than this are no record
+_RECORD_START = rb"[0-9a-f]{16} \{\"generation\":\"%s\""
+_NAMED_UID = re.compile(rb'\["(?:put|state|delete)","([A-Za-z0-9][A-Za-z0-9-]{0,127})"')
+_NAMED_MAX = 64  # uids a damage report names
 
 
 def read_journal(path: Path, raw: bytes, generation: str, start: int = 0, base: int = 0) -> JournalContent:
-    """The records of `generation` from the start of the journal. Reading stops at the first record that is of
-    another generation (stale bytes of an earlier one) or damaged. Damage is a torn write only where a power loss
-    could have left it: a sector of the record never written, and no synced record of this generation after it
-    (every record before a synced one was synced with it). Anything else, a damaged record that was written whole
-    above all, is corruption: it may be a change kubelet was told of, so it is an error, never dropped.
-    `raw` holds the file's bytes from offset `base` on (offsets in and out are the file's)."""
+    """The records of `generation` from `start`. Reading stops at a valid record of another generation (stale
+    bytes of an earlier one, zeroed afterwards) or at damage: anything else that is not zero. Damage is not
+    dropped: it is returned with the valid records of the generation found after it (a damaged newline can join
+    two records, so every place where one can start is tried) for the caller to resolve. `raw` holds the file's
+    bytes from offset `base` on (offsets in and out are the file's)."""
     dirty_end = len(raw.rstrip(b"\0"))
     records: list[dict[str, Any]] = []
     offset = start - base
@@ -316,21 +327,68 @@ def read_journal(path: Path, raw: bytes, generation: str, start: int = 0, base: 
         newline = raw.find(b"\n", offset, dirty_end)
         payload = _parse_line(raw[offset:newline]) if newline >= 0 else None
         if payload is None:
-            region = raw[offset:newline + 1 if newline >= 0 else dirty_end]
-            if not _torn(region, offset + base) and len(region.replace(b"\0", b"")) >= MIN_RECORD:
-                raise CheckpointError(path, f"journal record at offset {offset + base} is damaged but was written "
-                                            "whole (not a write cut short by a power loss); the file is corrupt")
-            break
+            return JournalContent(tuple(records), offset + base, dirty_end + base,
+                                  _damage(raw, offset, dirty_end, generation, base))
         if payload.get("generation") != generation:
+            later = _records_after(raw, offset + 1, dirty_end, generation)
+            if later:  # records of this generation after stale bytes: they were written over damage
+                return JournalContent(tuple(records), offset + base, dirty_end + base,
+                                      _damage(raw, offset, dirty_end, generation, base))
             break
         records.append(payload)
         offset = newline + 1
-    for line in raw[offset:dirty_end].split(b"\n")[1:]:
-        later = _parse_line(line)
-        if later is not None and later.get("generation") == generation and later.get("synced"):
-            raise CheckpointError(path, f"journal record at offset {offset + base} is damaged and synced records "
-                                        "follow it; the file is corrupt")
     return JournalContent(tuple(records), offset + base, dirty_end + base)
+
+
+def _records_after(raw: bytes, offset: int, end: int, generation: str) -> list[dict[str, Any]]:
+    """The valid records of `generation` that start anywhere in raw[offset:end], in order."""
+    found = []
+    pattern = re.compile(_RECORD_START % re.escape(generation.encode()))
+    position = offset
+    while (match := pattern.search(raw, position, end)) is not None:
+        newline = raw.find(b"\n", match.start(), end)
+        payload = _parse_line(raw[match.start():newline]) if newline >= 0 else None
+        if payload is not None and payload.get("generation") == generation:
+            found.append(payload)
+            position = newline + 1
+        else:
+            position = match.start() + 1
+    return found
+
+
+def _damage(raw: bytes, offset: int, end: int, generation: str, base: int) -> Damage:
+    named = dict.fromkeys(m.group(1).decode() for m in _NAMED_UID.finditer(raw, offset, end))
+    return Damage(offset + base, tuple(_records_after(raw, offset + 1, end, generation)),
+                  tuple(list(named)[:_NAMED_MAX]))
+
+
+def resolve_damage(claims: dict[str, PreparedClaim], damage: Damage, path: Path) -> dict[str, PreparedClaim]:
+    """The claims after damaged journal bytes, none of which replays: a claim the damage may have changed (every
+    claim recorded before it, as a record names its claims only in its damaged text) becomes an unfinished
+    prepare, which the daemon resolves against the API server (kept while the claim exists and is allocated
+    these devices, dropped with its CDI spec when not); what valid records after the damage set (a whole entry,
+    or a removal) holds as they set it. Logged as an error naming the claims."""
+    out = dict(claims)
+    doubtful = set(out)
+    lost: set[str] = set()
+    for record in damage.later:
+        for op in record.get("ops") or []:
+            if isinstance(op, list) and len(op) >= 2 and op[0] == "state" and op[1] not in out:
+                lost.add(str(op[1]))  # a state change of an entry the damage held: nothing to apply it to
+                continue
+            _apply(out, [op], path)
+            if isinstance(op, list) and len(op) >= 2 and op[0] in ("put", "delete"):
+                doubtful.discard(op[1])
+    for uid in doubtful:
+        if uid in out:
+            out[uid] = out[uid].with_state(ClaimState.PREPARE_STARTED)
+    log.error("the checkpoint journal is damaged (a power loss cut a write short, or the file is corrupt); "
+              "nothing in the damaged bytes is replayed: the claims it may have changed are kept as unfinished "
+              "prepares and resolved against the API server", extra={
+                  "journal": str(path), "offset": damage.offset, "records_after_it": len(damage.later),
+                  "unfinished": sorted(doubtful & set(out)), "named_in_damage": list(damage.named),
+                  "unknown": sorted(lost - set(out))})
+    return out
 
 
 def _apply(claims: dict[str, PreparedClaim], ops: list[Any], path: Path) -> None:
@@ -355,10 +413,11 @@ class Checkpoint:
 
     Every save writes one record of what changed into the journal, in place, into a file that was zero-filled
     and fsynced when it was created: a durable save needs one fdatasync, which flushes data only (the file's
-    size and blocks do not change), and no temp file, rename or directory fsync. When the journal is full, at
-    start and at close, the whole state becomes the new snapshot (atomic replace, fsynced with its directory)
-    naming a new random journal generation, and the journal's records are zeroed. Only records of the
-    snapshot's generation replay, so a reset cut short, stale bytes or a torn tail never do.
+    size and blocks do not change), and no temp file, rename or directory fsync. When the journal is full and
+    at start, the whole state becomes the new snapshot (atomic replace, fsynced with its directory) naming a new
+    random journal generation, and the journal's records are zeroed. Only records of the snapshot's generation
+    replay, so a reset cut short or stale bytes never do; damaged bytes never replay (`resolve_damage`). At a
+    clean stop the state becomes a snapshot without a journal, which the previous release can read (version 1).
     """
 
     def __init__(self, path: Path, journal_size: int = JOURNAL_SIZE, boot_id: str | None = None) -> None:
@@ -372,15 +431,20 @@ class Checkpoint:
         self._generation = ""
         self._saved: dict[str, PreparedClaim] = {}
         self._loaded: Snapshot | None = None
+        self._snapshot_only = False  # after `hand_over`: every save is a journal-less snapshot
+        self._written: tuple[int, int, int] | None = None  # the snapshot file this instance wrote last then
+        self._closed = False  # by `close`: the clean stop's snapshot stays as it is
 
     def read(self) -> dict[str, PreparedClaim]:
-        """The recorded claims (snapshot plus journal) without changing any file; absent files are empty."""
+        """The recorded claims (snapshot plus journal) without changing any file; absent files are empty. Claims
+        that damaged journal bytes may have changed are unfinished prepares (`resolve_damage`)."""
         return self._read()[0]
 
     def _read(self) -> tuple[dict[str, PreparedClaim], JournalContent | None]:
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
+            self._loaded = None
             return {}, None
         snapshot = decode_snapshot(self.path, raw)
         claims, generation = snapshot.claims, snapshot.journal
@@ -394,14 +458,18 @@ class Checkpoint:
         journal = read_journal(self.journal_path, journal_raw, generation)
         for record in journal.records:
             _apply(claims, record.get("ops") or [], self.journal_path)
+        if journal.damage is not None:
+            claims = resolve_damage(claims, journal.damage, self.journal_path)
         return claims, journal
 
     def load(self) -> dict[str, PreparedClaim]:
-        """The recorded claims; removes temp files of interrupted writes and clears a torn journal tail, so that
-        new records follow the valid ones."""
+        """The recorded claims; removes temp files of interrupted writes and, unless the snapshot's journal can
+        go on as it is, writes a new snapshot with a journal of its own, so that this instance always holds the
+        journal open (and `refresh` sees the other instance's records), even on a node that had no files yet."""
         remove_temp_files(self.path.parent, self.path.name)
         self.close(compact=False)
-        self._loaded = None
+        self._snapshot_only = False
+        self._closed = False
         claims, journal = self._read()
         self._saved = dict(claims)
         loaded = self._loaded
@@ -411,16 +479,16 @@ class Checkpoint:
             log.info("the node booted since the checkpoint was written; prepared claims kept",
                      extra={"claims": len(claims), "written_at_boot": loaded.boot_id or "unknown (format 1)",
                             "boot": self.boot_id})
-        if journal is None or loaded is None or loaded.format != CHECKPOINT_FORMAT or loaded.boot_id != self.boot_id:
-            if self.path.exists() or self.journal_path.exists():
-                self._compact(claims)  # a new snapshot in this format for this boot, with a journal of its own
+        if (journal is None or journal.damage is not None or loaded is None or loaded.format != CHECKPOINT_FORMAT
+                or loaded.boot_id != self.boot_id):
+            self._compact(claims)  # a new snapshot in this format for this boot, with a journal of its own
             return claims
         assert loaded.journal is not None
         self._fd = os.open(self.journal_path, os.O_RDWR | os.O_CLOEXEC)
         self._limit = os.fstat(self._fd).st_size
         self._generation = loaded.journal
         self._offset = journal.end
-        if journal.dirty_end > journal.end:  # a torn tail or stale records: cleared, never mistaken for records
+        if journal.dirty_end > journal.end:  # stale records: cleared, never mistaken for records
             os.pwrite(self._fd, bytes(journal.dirty_end - journal.end), journal.end)
             os.fdatasync(self._fd)
         return claims
@@ -430,9 +498,12 @@ class Checkpoint:
         wrote them, else None. For two instances side by side during a rolling update, each call holds the
         instances' lock (`InstanceLock`) and refreshes first: a new snapshot shows as a new journal generation
         (random at every compaction, read from the head of the file), new records as data where this instance
-        would write its next one. Both checks are exact and cost one short read each."""
+        would write its next one. Both checks are exact and cost one short read each. Not loaded yet: the files
+        are loaded (never a snapshot written blind over the other instance's records); closed: None."""
+        if self._snapshot_only:
+            return self._refresh_snapshot()
         if self._fd is None:
-            return None  # not loaded, or closed: the next save writes a snapshot of its own
+            return None if self._closed else self.load()
         try:
             with self.path.open("rb") as f:
                 head = f.read(_HEAD)
@@ -448,13 +519,14 @@ class Checkpoint:
         tail = os.pread(self._fd, min(_REFRESH_READ, self._limit - self._offset), self._offset)
         partial: JournalContent | None = None
         if tail.endswith(b"\0"):  # else a record may go on past the piece
-            with contextlib.suppress(CheckpointError):  # judged again below, with the whole journal
-                partial = read_journal(self.journal_path, tail, self._generation, self._offset, self._offset)
+            partial = read_journal(self.journal_path, tail, self._generation, self._offset, self._offset)
         if partial is not None and partial.end == partial.dirty_end:
             journal = partial
         else:
             raw = os.pread(self._fd, self._limit, 0)
             journal = read_journal(self.journal_path, raw, self._generation, self._offset)
+        if journal.damage is not None:
+            return self.load()  # resolved, and written as a new snapshot
         claims = dict(self._saved)
         for record in journal.records:
             _apply(claims, record.get("ops") or [], self.journal_path)
@@ -468,6 +540,9 @@ class Checkpoint:
         daemon. `before_rename` is a crash-injection hook, called before anything changes on disk."""
         if before_rename is not None:
             before_rename()
+        if self._snapshot_only:
+            self._write_journal_less(claims)
+            return
         if self._fd is None:
             self._compact(claims)
             return
@@ -477,10 +552,9 @@ class Checkpoint:
             old = saved.get(uid)
             if old is claim:
                 continue
-            if old is not None and old.with_state(claim.state) == claim:
-                ops.append(["state", uid, claim.state.value])
-            else:
-                ops.append(["put", uid, claim.to_json()])
+            # The whole entry, also for a change of state: every record says all it changes, so records after
+            # damaged ones apply on their own (`resolve_damage`).
+            ops.append(["put", uid, claim.to_json()])
         ops.extend(["delete", uid] for uid in saved if uid not in claims)
         line = _line({"generation": self._generation, "ops": ops, "synced": durable})
         if self._offset + len(line) > self._limit:
@@ -496,6 +570,39 @@ class Checkpoint:
             raise
         self._offset += len(line)
         self._saved = dict(claims)
+
+    def hand_over(self) -> None:
+        """For the previous release starting beside this one (a rollback, docs/upgrades.md): from now on every
+        save is a journal-less snapshot (version 1), which that release can read and verify, and the journal
+        is folded in now. The caller holds the instances' lock and has refreshed."""
+        if self._snapshot_only:
+            return
+        self._write_journal_less(self._saved)
+        self._snapshot_only = True
+        log.warning("writing the checkpoint as snapshots the previous release can read (version 1) from now on",
+                    extra={"checkpoint": str(self.path)})
+
+    def _write_journal_less(self, claims: Mapping[str, PreparedClaim]) -> None:
+        write_atomic(self.path, encode(claims, None, self.boot_id), mode=0o600, durable=True)
+        self._written = _identity(self.path)
+        self._saved = dict(claims)
+        if self._fd is not None:
+            try:
+                if self._offset:
+                    os.pwrite(self._fd, bytes(min(self._offset, self._limit)), 0)  # tidiness: no generation names them
+                    os.fdatasync(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+                self._offset = 0
+
+    def _refresh_snapshot(self) -> dict[str, PreparedClaim] | None:
+        if _identity(self.path) == self._written:
+            return None
+        claims, _ = self._read()
+        self._written = _identity(self.path)
+        self._saved = dict(claims)
+        return dict(claims)
 
     def _compact(self, claims: Mapping[str, PreparedClaim]) -> None:
         """`claims` as the snapshot (durable) under a new journal generation, then the journal's records zeroed."""
@@ -517,12 +624,24 @@ class Checkpoint:
         self._saved = dict(claims)
 
     def close(self, *, compact: bool = True) -> None:
-        """Fold the journal into the snapshot (checkpoint.json alone is then complete) and close it."""
+        """Fold the journal into a snapshot without one (checkpoint.json alone is then complete, and the
+        previous release can read it) and close it; `compact=False` only closes."""
+        if compact:
+            self._closed = True
         if self._fd is None:
             return
         try:
-            if compact and self._offset:
-                self._compact(self._saved)
+            if compact:
+                self._write_journal_less(self._saved)  # closes the journal
         finally:
-            os.close(self._fd)
-            self._fd = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size

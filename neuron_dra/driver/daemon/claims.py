@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from neuron_dra.driver.model.catalog import InstanceSpec
 from neuron_dra.driver.model.config import ConfigError, EffectiveConfig, OpaqueConfig, check_applies, decode
 from neuron_dra.driver.model.errortext import capped, shown
+from neuron_dra.driver.model.k8s_names import DNS_LABEL_RULE, is_dns_label
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,11 @@ def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool
         raise ClaimError(Reason.NOT_FOR_THIS_NODE,
                          f"claim {ref} is allocated to pool {capped(', '.join(elsewhere))}, not to this node's pool "
                          f"{pool}")
+    for r in ours:  # the request name goes into CDI device names and ids
+        parts = r.request.split("/")
+        if len(parts) > 2 or not all(is_dns_label(p) for p in parts):
+            raise _malformed(ref, f"status.allocation.devices.results[device {shown(r.device, 70)}].request",
+                             r.request, f"a request name ({DNS_LABEL_RULE}), or request/subrequest")
     configs = _configs(allocation, ref, driver, spec)
     out = []
     for r in ours:

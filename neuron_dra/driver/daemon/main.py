@@ -27,6 +27,7 @@ from neuron_dra.driver.daemon import logs
 from neuron_dra.driver.daemon.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
 from neuron_dra.driver.daemon.signals import set_on_signals
 from neuron_dra.driver.daemon.sockets import SocketError, SocketPaths
+from neuron_dra.driver.model.errortext import capped
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
     CHECKPOINT_FILE,
@@ -488,19 +489,35 @@ class Daemon:
 
     def watch_for_unshared_instance(self) -> threading.Thread | None:
         """With names of its own: once an instance appears on the plain names (a rollback to the previous
-        release, which takes no lock and keeps its state in memory), unregister, so that kubelet sends every new
-        call to that one and the two never both change the checkpoint. This instance stops when its pod does."""
+        release, which takes no lock and keeps its state in memory), write the checkpoint as that release can
+        read it (it refuses a journal it cannot verify and exits; kubelet starts it again), and once it still
+        listens a poll later (it loaded the claims), unregister, so that kubelet sends every new call to that
+        one and the two never both change the checkpoint. This instance stops when its pod does."""
         o = self.options
         if not o.instance or self.servers is None:
             return None
+        from neuron_dra.driver.daemon.checkpoint import CheckpointError
+        from neuron_dra.driver.daemon.claims import ClaimError
         from neuron_dra.driver.daemon.sockets import SocketPaths, is_listening
 
         plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)
         servers = self.servers
 
+        state = self.state
+
         def watch() -> None:
+            seen = 0
             while not self.stop_event.wait(UNSHARED_POLL):
-                if is_listening(plain.registration):
+                seen = seen + 1 if is_listening(plain.registration) else 0
+                if seen == 1 and state is not None:
+                    # The previous release refuses a checkpoint with a journal (version 2) rather than misread
+                    # it: from now on this instance writes snapshots it can read, for its (re)start to load.
+                    try:
+                        state.hand_over()
+                    except (ClaimError, CheckpointError, OSError) as e:
+                        log.error("writing the checkpoint for the previous release failed",
+                                  extra={"error": str(e)})
+                if seen == 2:  # it loaded the claims and still listens: it serves from here on
                     log.warning("an instance of the driver on the plain socket names started (a rollback to the "
                                 "previous release?); unregistering so that kubelet calls only that one",
                                 extra={"socket": str(plain.registration)})
@@ -580,6 +597,10 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
         daemon.start()
     except StartupError as e:
         log.error("start-up failed", extra={"error": str(e)})
+        daemon.stop()
+        return 1
+    except Exception as e:  # a fault no check above names: still the one line operators look for, and exit 1
+        log.exception("start-up failed", extra={"error": f"unexpected {capped(repr(e))}"})
         daemon.stop()
         return 1
     try:

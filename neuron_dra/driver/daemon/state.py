@@ -192,6 +192,13 @@ class DriverState:
                 self._refresh_locked()  # the fold below writes what is on disk, the other instance's records too
             self._checkpoint.close()  # folds the journal into checkpoint.json
 
+    def hand_over(self) -> None:
+        """The previous release is starting beside this instance (a rollback): from now on the checkpoint is
+        written as snapshots that release can read and verify (Checkpoint.hand_over)."""
+        with self._lock, self._across_instances(None):
+            self._refresh_locked()
+            self._checkpoint.hand_over()
+
     def prepared(self) -> Mapping[str, PreparedClaim]:
         with self._shared():
             return dict(self._claims)

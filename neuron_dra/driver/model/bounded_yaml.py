@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from neuron_dra.driver.model.errortext import capped
+from neuron_dra.driver.model.errortext import capped, shown
 
 MAX_BYTES = 1 << 20  # a catalog file is a few KiB
 MAX_DEPTH = 64  # nested mappings and sequences
@@ -82,17 +82,55 @@ class _BoundedLoader(yaml.SafeLoader):
         if len(text) > MAX_INT_DIGITS:
             raise _error(f"integers of at most {MAX_INT_DIGITS} characters (this one has {len(text)})",
                          node.start_mark)
+        _check_number(text, node)
         return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        _check_number(str(node.value), node)
+        return super().construct_yaml_float(node)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # Before the merge keys (<<) are flattened in: only keys written in this mapping can repeat.
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: the constructor below names it
+                continue
+            if first is not key_node:
+                raise _error(f"each key once per mapping (key {shown(key)} repeats the one of line "
+                             f"{first.start_mark.line + 1})", key_node.start_mark,
+                             "a repeated key would silently take the last value")
+        return super().construct_mapping(node, deep)
+
+
+def _check_number(text: str, node: yaml.ScalarNode) -> None:
+    """YAML 1.1 reads `1_6` as 16, `1:30` as 90 and `017` as 15; a catalog value written so is a typo more often
+    than not, so only plain decimal (and 0x hex for integers) is taken."""
+    digits = text.lstrip("+-")
+    if "_" in text or ":" in text or (len(digits) > 1 and digits[0] == "0" and digits[1].isdigit()):
+        raise _error(f"numbers in plain decimal or 0x hex, without '_' or ':' or a leading 0 (got {shown(text)})",
+                     node.start_mark)
 
 
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+_BoundedLoader.add_constructor("tag:yaml.org,2002:float", _BoundedLoader.construct_yaml_float)
 
 
 def load(text: str) -> Any:
     """The single document in `text`; YamlError when it is not YAML or breaks a bound."""
     if len(text) > MAX_BYTES:
         raise YamlError(f"at most {MAX_BYTES} characters of YAML (this has {len(text)})")
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # the reader refuses control characters (NUL, ESC...) here, before parsing
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        raise YamlError(f"printable text (control character {e.character:#04x} is not allowed in YAML)", line,
+                        column) from None
     try:
         return loader.get_single_data()
     except yaml.YAMLError as e:

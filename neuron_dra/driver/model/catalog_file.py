@@ -95,7 +95,7 @@ class _Reader:
         return value
 
     def string(self, key: str, value: object, pattern: re.Pattern[str], what: str) -> str:
-        if not isinstance(value, str) or not pattern.match(value):
+        if not isinstance(value, str) or not pattern.fullmatch(value):
             raise self.fail(key, value, what)
         return value
 
@@ -174,7 +174,7 @@ def _efa_map(r: _Reader, key: str, value: object) -> tuple[str, ...]:
         raise r.fail(key, value, "a list with one EFA PCI address (like 0000:c9:00.0) per Neuron device, or []")
     out = []
     for i, bdf in enumerate(value):
-        if not isinstance(bdf, str) or not _BDF.match(bdf.lower()):
+        if not isinstance(bdf, str) or not _BDF.fullmatch(bdf.lower()):
             raise r.fail(f"{key}[{i}]", bdf, "a PCI address like 0000:c9:00.0")
         out.append(bdf.lower())
     return tuple(out)

@@ -23,6 +23,7 @@ DRIVER_NAME_MAX = 63  # ResourceSlice.spec.driver: a DNS subdomain, but at most 
 LABEL_NAME_MAX = 63
 LABEL_VALUE_MAX = 63
 
+# fullmatch, never match: `$` matches before a final line feed.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -40,11 +41,11 @@ LABEL_VALUE_RULE = (f"a label value: at most {LABEL_VALUE_MAX} letters, digits, 
 
 
 def is_dns_label(value: object) -> TypeGuard[str]:
-    return isinstance(value, str) and len(value) <= DNS_LABEL_MAX and _DNS_LABEL.match(value) is not None
+    return isinstance(value, str) and len(value) <= DNS_LABEL_MAX and _DNS_LABEL.fullmatch(value) is not None
 
 
 def is_dns_subdomain(value: object, max_length: int = DNS_SUBDOMAIN_MAX) -> TypeGuard[str]:
-    return isinstance(value, str) and len(value) <= max_length and _DNS_SUBDOMAIN.match(value) is not None
+    return isinstance(value, str) and len(value) <= max_length and _DNS_SUBDOMAIN.fullmatch(value) is not None
 
 
 def is_label_key(value: object) -> TypeGuard[str]:
@@ -53,11 +54,11 @@ def is_label_key(value: object) -> TypeGuard[str]:
     prefix, slash, name = value.rpartition("/")
     if slash and not is_dns_subdomain(prefix):
         return False
-    return len(name) <= LABEL_NAME_MAX and _LABEL_NAME.match(name) is not None
+    return len(name) <= LABEL_NAME_MAX and _LABEL_NAME.fullmatch(name) is not None
 
 
 def is_label_value(value: object) -> TypeGuard[str]:
-    return isinstance(value, str) and len(value) <= LABEL_VALUE_MAX and _LABEL_VALUE.match(value) is not None
+    return isinstance(value, str) and len(value) <= LABEL_VALUE_MAX and _LABEL_VALUE.fullmatch(value) is not None
 
 
 def check_dns_label(field: str, value: object, error: type[NotAllowed] = NotAllowed) -> str:
