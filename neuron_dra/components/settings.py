@@ -24,6 +24,7 @@ from neuron_dra.driver.deploy import (
 )
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec
 from neuron_dra.driver.model.errors import NotAllowed
+from neuron_dra.driver.model.errortext import did_you_mean
 from neuron_dra.driver.model.k8s_names import (
     DEFAULT_DRIVER_NAME,
     DEFAULT_PLUGINS_DIR,
@@ -191,7 +192,8 @@ class NodeGroupSettings:
             raise SettingError(self._at("name"), self.name, "a DNS label of at most 40 characters")
         if self.instance_type not in self.hardware:
             raise SettingError(self._at("instanceType"), self.instance_type,
-                               f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)")
+                               f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)"
+                               f"{did_you_mean(str(self.instance_type), self.hardware.names)}")
         for key, v in (("desiredSize", self.desired_size), ("minSize", self.min_size),
                        ("maxSize", self.max_size), ("rootVolumeSizeGiB", self.root_volume_size_gib)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -380,7 +382,8 @@ class NodePoolSettings:
         for t in self.instance_types:
             if t not in self.hardware:
                 raise SettingError(self._at("instanceTypes"), t,
-                                   f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)")
+                                   f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)"
+                                   f"{did_you_mean(str(t), self.hardware.names)}")
         families = sorted({spec.family.name for spec in self.hardware.types.values()})
         for f in self.instance_families:
             if f not in families:
