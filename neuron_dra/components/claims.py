@@ -62,11 +62,17 @@ class ClaimTemplateCheckError(ValueError):
 def default_check(template: ClaimTemplateLike, instance_types: Sequence[str], hardware: Catalog = BUILTIN) -> None:
     """The claim templates package's check: every CEL selector evaluated against the devices the driver
     publishes for each instance type, configs decoded, and an allocator simulation; raises
-    TemplateCheckError unless the template fits at least one of `instance_types`."""
-    from neuron_dra.claim_templates import ClaimTemplate, check_against
+    TemplateCheckError unless the template fits at least one of `instance_types`. Its warnings (e.g. a
+    FirstAvailable alternative no target can satisfy) go to `pulumi preview`'s output."""
+    from neuron_dra.claim_templates import ClaimTemplate, TemplateCheckError, check
 
-    check_against(template if isinstance(template, ClaimTemplate) else dict(template.to_manifest()),
-                  list(instance_types), hardware)
+    report = check(template if isinstance(template, ClaimTemplate) else dict(template.to_manifest()),
+                   list(instance_types), hardware)
+    if not report.ok:
+        raise TemplateCheckError(report)
+    for issue in report.issues:
+        if issue.severity == "warning":
+            pulumi.log.warn(f"claim template {template_key(template)}: {issue.message}")
 
 
 def module_templates(module_name: str) -> list[ClaimTemplateLike]:
@@ -93,6 +99,8 @@ class ClaimTemplatesArgs:
         name, namespace and to_manifest()).
     node_groups: list[TrainiumNodeGroup] -- the cluster's node groups: each template is checked against their
         instance types at their nodes' LNC (`trn2.48xlarge:lnc=1` for a group with lnc=1).
+    node_pools: list[TrainiumNodePool] -- the cluster's Karpenter pools: checked against every instance type
+        they may launch, at their nodes' LNC, like node groups.
     instance_types: list[str] -- instead of node_groups (an existing cluster): instance types, each optionally
         at an LNC (`trn2.48xlarge:lnc=1`).
     driver: NeuronDraDriver | None -- the templates wait for its DeviceClasses, and use its cluster's provider.
@@ -100,6 +108,10 @@ class ClaimTemplatesArgs:
         claim_templates package's own check).
     hardware: Catalog -- the instance types the default check knows (default: the built-in catalog).
     depends_on: list[pulumi.Resource] -- more resources the templates wait for.
+    efa_driver: EfaDraDriver | "external" | None -- what publishes EFA devices.
+    efa_targets: list[str] | None -- what templates requesting EFA devices must fit: the targets where the EFA
+        DRA driver runs (None: the node groups and pools the EfaDraDriver names, or every target with
+        "external" or an EfaDraDriver placed by instance type).
     """
 
     templates: Sequence[ClaimTemplateLike]
@@ -110,6 +122,8 @@ class ClaimTemplatesArgs:
     hardware: Catalog = BUILTIN  # the instance types `default_check` knows (e.g. extended by a catalog file)
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)  # e.g. the driver's DeviceClass
     efa_driver: EfaDriverRef | None = None  # what publishes EFA devices: EfaDraDriver, "external", or nothing
+    node_pools: Sequence[Any] = ()
+    efa_targets: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if self.efa_driver is not None and self.efa_driver != EXTERNAL and not isinstance(self.efa_driver,
@@ -121,7 +135,20 @@ class ClaimTemplatesArgs:
     def check_targets(self) -> tuple[str, ...]:
         """What the templates are checked against: the node groups' nodes at their LNC, then instance_types."""
         groups = [g.args.check_target for g in self.node_groups]
-        return tuple(dict.fromkeys([*groups, *self.instance_types]))
+        pools = [t for p in self.node_pools for t in p.check_targets]
+        return tuple(dict.fromkeys([*groups, *pools, *self.instance_types]))
+
+    @property
+    def efa_check_targets(self) -> tuple[str, ...]:
+        """Where templates that request EFA devices are checked: where the EFA DRA driver runs."""
+        if self.efa_targets is not None:
+            return tuple(self.efa_targets)
+        efa = self.efa_driver
+        if not isinstance(efa, EfaDraDriver) or efa.instance_types or not (self.node_groups or self.node_pools):
+            return self.check_targets  # "external", placed by instance type, or nothing to tell groups apart
+        groups = [g.args.check_target for g in self.node_groups if g.name in efa.node_groups]
+        pools = [t for p in self.node_pools if p.name in efa.node_pools for t in p.check_targets]
+        return tuple(dict.fromkeys([*groups, *pools]))
 
 
 def _check_manifest_names(template: ClaimTemplateLike) -> None:
@@ -135,10 +162,26 @@ def _check_manifest_names(template: ClaimTemplateLike) -> None:
                            "a manifest with the template's own namespace and name")
 
 
+def _check_efa_fit(check: TemplateCheck, template: ClaimTemplateLike, targets: Sequence[str],
+                   efa_targets: Sequence[str], requests: Sequence[str]) -> None:
+    """A template requesting EFA devices must fit where the EFA DRA driver runs, not merely somewhere."""
+    where = f"only on {', '.join(efa_targets)}" if efa_targets else "on none of them"
+    try:
+        if not efa_targets:
+            raise ValueError("no node group or pool with EFA interfaces")
+        check(template, list(efa_targets))
+    except Exception as e:  # as above: a custom check's error type is not ours to know
+        reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
+        raise ClaimTemplateCheckError(template_key(template), targets, (
+            f"it requests EFA devices ({', '.join(requests)}), which the EFA DRA driver publishes {where} (the "
+            f"node groups and Karpenter pools with EFA interfaces), and there it does not fit: {reason}")) from e
+
+
 class ClaimTemplates(pulumi.ComponentResource):
     """One `resource.k8s.io/v1` ResourceClaimTemplate per template object, after its check passed.
 
-    `ClaimTemplates(name, args, opts)` or `ClaimTemplates(name, templates=..., node_groups=..., driver=...)`.
+    `ClaimTemplates(name, args, opts)` or `ClaimTemplates(name, templates=..., node_groups=..., node_pools=...,
+    driver=...)`.
     Outputs: names (`namespace/name`), manifests, objects, checked_against (the instance types, at an LNC where
     one was set, that the templates were checked against).
     """
@@ -175,10 +218,13 @@ class ClaimTemplates(pulumi.ComponentResource):
             except Exception as e:  # a custom check's error type is not ours to know; its message is the point
                 reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
                 raise ClaimTemplateCheckError(template_key(template), targets, reason) from e
+        efa_targets = args.efa_check_targets
         for template in args.templates:  # after the fit checks: their message says more when both fail
             requests = efa_requests(template.to_manifest())
             if requests and args.efa_driver is None:
                 raise missing_efa_driver(template_key(template), requests)
+            if requests and set(efa_targets) != set(targets):
+                _check_efa_fit(check, template, targets, efa_targets, requests)
             if requests and efa_class not in (None, EFA_DEVICE_CLASS):
                 raise SettingError(f"claim template {template_key(template)}", EFA_DEVICE_CLASS,
                                    f"DeviceClass {efa_class}, the one the EfaDraDriver installs (or install it "

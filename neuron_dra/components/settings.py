@@ -513,6 +513,13 @@ class NodePoolSettings:
         return self.replicas if self.replicas is not None else DEFAULT_DYNAMIC_POOL_NODES
 
     @property
+    def check_targets(self) -> tuple[str, ...]:
+        """How claim checks name the pool's nodes: each instance type, with `:lnc=N` when the nodes run at an
+        LNC other than the family's default (as `NodeGroupSettings.check_target`)."""
+        return tuple(t if self.lnc is None or self.lnc == self.hardware.spec(t).family.default_lnc
+                     else f"{t}:lnc={self.lnc}" for t in self.types)
+
+    @property
     def efa_count(self) -> int | None:
         """The EFA count all the pool's types share, or None when they differ (Karpenter then sizes EFA per pod
         request of vpc.amazonaws.com/efa instead of a fixed interface list)."""
@@ -754,12 +761,19 @@ class StackSettings:
 
     @property
     def check_targets(self) -> tuple[str, ...]:
-        """What claim templates are checked against: the node groups' instance types at their LNC
+        """What claim templates are checked against: the node groups' and pools' instance types at their LNC
         (`trn2.48xlarge:lnc=1` for a group with lnc 1), or the existing cluster's instance types."""
         if self.existing_cluster:
             return self.node_instance_types
         return tuple(dict.fromkeys((*(g.check_target for g in self.node_groups),
-                                    *(t for p in self.node_pools for t in p.types))))
+                                    *(t for p in self.node_pools for t in p.check_targets))))
+
+    @property
+    def efa_check_targets(self) -> tuple[str, ...]:
+        """Where the EFA DRA driver runs (new cluster): the node groups with EFA interfaces and the pools whose
+        nodes get them (one EFA count for all the pool's types: `NodePoolSettings.efa_count`)."""
+        return tuple(dict.fromkeys((*(g.check_target for g in self.node_groups if g.is_efa),
+                                    *(t for p in self.node_pools if p.efa_count for t in p.check_targets))))
 
     @property
     def uses_efa_only(self) -> bool:

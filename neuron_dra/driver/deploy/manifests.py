@@ -89,6 +89,7 @@ POD_SELECTOR = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.i
 # Node labels the Pulumi node groups set: the node group, and the Capacity Block reservation a node belongs to
 # (the daemon publishes the latter as `capacityBlockId` on UltraServers; CAPACITY_BLOCK_LABEL lives in slices.py).
 NODE_GROUP_LABEL = "neuron-dra/node-group"
+NODE_POOL_LABEL = "neuron-dra/node-pool"  # ... and the Karpenter NodePool a node belongs to (TrainiumNodePool)
 # The node's Logical NeuronCore config (Trainium2/3 node groups), as the node group writes it to LNC_CONFIG_DIR.
 LNC_LABEL = "neuron-dra/lnc"
 
