@@ -1,6 +1,7 @@
 """Pulumi components for Trainium on EKS: `TrainiumCluster`, `TrainiumNodeGroup`, `TrainiumKarpenter`,
 `TrainiumNodePool`, `NeuronDraDriver`, `EfaDraDriver`, `ClaimTemplates`, the default stack (`build_stack`,
-`run_program`) and the mocks to test a stack with (`run_offline`, `PlanMocks`, `OfflineRun`; docs/components.md, docs/testing-your-stack.md).
+`run_program`) and the mocks to test a stack with (`run_offline`, `PlanMocks`, `OfflineRun`; docs/components.md,
+docs/testing-your-stack.md).
 
 Names are re-exported lazily: importing `neuron_dra.components` (as the CLI does for every command) does not
 import Pulumi; the first access to a component does.

@@ -153,7 +153,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
         self.namespace = options.namespace
         self.driver_name = options.driver_name
         self.device_class_name = options.device_class
-        self.core_device_class_name = options.core_device_class_name if options.serves("core_device_class") else None
+        self.core_device_class_name = options.core_device_class_name if options.publishes_cores else None
         self.kubernetes_version = options.kubernetes_version
         self.repository = None
         if args.build_from_source:

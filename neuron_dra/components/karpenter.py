@@ -96,7 +96,8 @@ class TrainiumKarpenterArgs:
                                                     *self.depends_on))
         for key in ("cluster_name", "subnet_ids", "kubernetes_version"):
             if getattr(self, key) is None:
-                raise SettingError(f"TrainiumKarpenterArgs.{key}", None, "the cluster's value, or cluster=<TrainiumCluster>")
+                raise SettingError(f"TrainiumKarpenterArgs.{key}", None,
+                                   "the cluster's value, or cluster=<TrainiumCluster>")
         if self.cni_policy_on_node_role is None:
             object.__setattr__(self, "cni_policy_on_node_role", False)
         parts = self.chart_version.split(".")

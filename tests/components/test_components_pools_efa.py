@@ -79,7 +79,7 @@ def test_efa_driver_args_take_groups_and_pools() -> None:
     assert err.value.field == "EfaDraDriverArgs.node_groups" and "not both" in err.value.allowed
     with pytest.raises(SettingError, match="a list of names, not one string"):
         EfaDraDriverArgs(node_pools="block")
-    with pytest.raises(SettingError, match="EfaDraDriverArgs.node_pools"):
+    with pytest.raises(SettingError, match=r"EfaDraDriverArgs\.node_pools"):
         EfaDraDriverArgs(node_pools=["a b"])
     assert EfaDraDriver.__module__ == "neuron_dra.components.efa_driver"  # exported from neuron_dra.components
 
