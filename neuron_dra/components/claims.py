@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import pulumi
 
-from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDriverRef, efa_requests, missing_efa_driver
+from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDriverRef, class_requests, missing_efa_driver
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
@@ -220,7 +220,7 @@ class ClaimTemplates(pulumi.ComponentResource):
                 raise ClaimTemplateCheckError(template_key(template), targets, reason) from e
         efa_targets = args.efa_check_targets
         for template in args.templates:  # after the fit checks: their message says more when both fail
-            requests = efa_requests(template.to_manifest())
+            requests = class_requests(template.to_manifest(), EFA_DEVICE_CLASS)
             if requests and args.efa_driver is None:
                 raise missing_efa_driver(template_key(template), requests)
             if requests and set(efa_targets) != set(targets):

@@ -180,8 +180,9 @@ class EfaDraDriver(pulumi.ComponentResource):
 EfaDriverRef = EfaDraDriver | Literal["external"]
 
 
-def efa_requests(manifest: Mapping[str, Any], device_class: str = EFA_DEVICE_CLASS) -> list[str]:
-    """The names of a ResourceClaimTemplate's requests (and firstAvailable subrequests) for `device_class`."""
+def class_requests(manifest: Mapping[str, Any], device_class: str) -> list[str]:
+    """The names of a ResourceClaimTemplate's requests (and firstAvailable subrequests) for `device_class`
+    (the EFA class here, the NeuronCore class in core_scale.py)."""
     found = []
     for request in manifest.get("spec", {}).get("spec", {}).get("devices", {}).get("requests") or ():
         exact = request.get("exactly") or {}

@@ -36,6 +36,7 @@ from neuron_dra.driver.model.k8s_names import (
 )
 
 PROJECT = "neuron-dra"
+AUTO = "auto"  # settings whose default the stack decides (corePartitions, coreExtendedResourceName)
 # The Kubernetes minors the stack supports (docs/kubernetes-versions.md): DRA's resource.k8s.io/v1 is served from
 # 1.34; 1.37 is the newest release. EKS ends standard support of 1.34 on 2026-12-02.
 MIN_KUBERNETES_VERSION = (1, 34)
@@ -590,8 +591,13 @@ class StackSettings:
                                              option="core_device_class_name")
     extended_resource_name: str = _setting("extendedResourceName", DEFAULT_EXTENDED_RESOURCE,
                                            option="extended_resource_name")
-    core_extended_resource_name: str = _setting("coreExtendedResourceName", DEFAULT_CORE_EXTENDED_RESOURCE,
+    # auto: DEFAULT_CORE_EXTENDED_RESOURCE where the driver publishes NeuronCores; a name also asks for them
+    core_extended_resource_name: str = _setting("coreExtendedResourceName", AUTO,
                                                 option="core_extended_resource_name")
+    # NeuronCores with counters (the daemon's --core-partitions): auto, on, off (core_scale.py decides auto)
+    core_partitions: str = _setting("corePartitions", AUTO, option="core_partitions")
+    # Deploy NeuronCores on Kubernetes 1.36 even where the predicted scheduler time per claim pod passes 10 s.
+    allow_slow_claim_scheduling: bool = _setting("allowSlowClaimScheduling", False)
     kubelet_plugins_dir: str = _setting("kubeletPluginsDir", DEFAULT_PLUGINS_DIR, option="plugins_dir")
     kubelet_registry_dir: str = _setting("kubeletRegistryDir", DEFAULT_REGISTRY_DIR, option="registry_dir")
     efa_driver: str = _setting("efaDriver", "auto")
@@ -617,6 +623,9 @@ class StackSettings:
             raise SettingError(n("driverImage"), self.driver_image, "unset when driverBuildFromSource is true")
         if self.pod_monitor not in POD_MONITOR_MODES:
             raise SettingError(n(key_of("pod_monitor")), self.pod_monitor, ", ".join(POD_MONITOR_MODES))
+        if not isinstance(self.allow_slow_claim_scheduling, bool):
+            raise SettingError(n(key_of("allow_slow_claim_scheduling")), self.allow_slow_claim_scheduling,
+                               "true or false")
         if self.efa_driver not in EFA_DRIVER_MODES:
             raise SettingError(n(key_of("efa_driver")), self.efa_driver, " or ".join(EFA_DRIVER_MODES))
         timeout = self.driver_rollout_timeout_seconds
@@ -722,7 +731,9 @@ class StackSettings:
                 plugins_dir=self.kubelet_plugins_dir, registry_dir=self.kubelet_registry_dir,
                 core_device_class_name=self.neuron_core_device_class,
                 extended_resource_name=self.extended_resource_name or None,
-                core_extended_resource_name=self.core_extended_resource_name or None,
+                core_extended_resource_name=(DEFAULT_CORE_EXTENDED_RESOURCE if self.core_extended_resource_name == AUTO
+                                             else self.core_extended_resource_name or None),
+                core_partitions=self.core_partitions,
                 kubernetes_version=self.kubernetes_version, max_surge=self.driver_max_surge,
                 max_unavailable=self.driver_max_unavailable,
                 metrics_scrape_namespaces=self.metrics_scrape_namespaces,
@@ -774,6 +785,18 @@ class StackSettings:
         nodes get them (one EFA count for all the pool's types: `NodePoolSettings.efa_count`)."""
         return tuple(dict.fromkeys((*(g.check_target for g in self.node_groups if g.is_efa),
                                     *(t for p in self.node_pools if p.efa_count for t in p.check_targets))))
+
+    @property
+    def asks_for_core_extended_resource(self) -> bool:
+        """coreExtendedResourceName names a resource (not auto, not ''): pods for it need NeuronCores."""
+        return self.core_extended_resource_name not in (AUTO, "")
+
+    @property
+    def max_nodes(self) -> int | None:
+        """The most nodes the stack's node groups and pools can have at once (None: an existing cluster)."""
+        if self.existing_cluster:
+            return None
+        return sum(g.maximum for g in self.node_groups) + sum(p.node_limit for p in self.node_pools)
 
     @property
     def uses_efa_only(self) -> bool:

@@ -27,6 +27,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from neuron_dra.components import core_scale
 from neuron_dra.components.claims import ClaimTemplates, ClaimTemplatesArgs, TemplateCheck, module_templates
 from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
 from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
@@ -209,8 +210,10 @@ def build_stack(
                             "by the first `pulumi up` after a node group has nodes")
         provider = cluster.provider
         kubeconfig = cluster.kubeconfig
+    cores = core_scale.choose(settings, driver_options(settings), templates)
+    core_scale.check(settings, cores, templates, pulumi.log.warn)
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
-        options=driver_options(settings), image=settings.driver_image, source_dir=source_dir, cluster=cluster,
+        options=cores.options, image=settings.driver_image, source_dir=source_dir, cluster=cluster,
         build_from_source=settings.driver_build_from_source,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))
