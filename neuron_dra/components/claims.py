@@ -25,6 +25,7 @@ import pulumi
 from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDriverRef, class_requests, missing_efa_driver
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
+from neuron_dra.driver.deploy import DriverDeployOptions
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS
 
@@ -112,6 +113,8 @@ class ClaimTemplatesArgs:
     efa_targets: list[str] | None -- what templates requesting EFA devices must fit: the targets where the EFA
         DRA driver runs (None: the node groups and pools the EfaDraDriver names, or every target with
         "external" or an EfaDraDriver placed by instance type).
+    allow_slow_scheduling: bool -- with a driver publishing NeuronCores on Kubernetes 1.36, deploy even where
+        the predicted scheduler time per claim pod at the node groups' and pools' maximum passes 10 s.
     """
 
     templates: Sequence[ClaimTemplateLike]
@@ -124,6 +127,7 @@ class ClaimTemplatesArgs:
     efa_driver: EfaDriverRef | None = None  # what publishes EFA devices: EfaDraDriver, "external", or nothing
     node_pools: Sequence[Any] = ()
     efa_targets: Sequence[str] | None = None
+    allow_slow_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.efa_driver is not None and self.efa_driver != EXTERNAL and not isinstance(self.efa_driver,
@@ -175,6 +179,28 @@ def _check_efa_fit(check: TemplateCheck, template: ClaimTemplateLike, targets: S
         raise ClaimTemplateCheckError(template_key(template), targets, (
             f"it requests EFA devices ({', '.join(requests)}), which the EFA DRA driver publishes {where} (the "
             f"node groups and Karpenter pools with EFA interfaces), and there it does not fit: {reason}")) from e
+
+
+def _check_cores(args: ClaimTemplatesArgs, options: DriverDeployOptions, targets: Sequence[str]) -> None:
+    """Templates requesting NeuronCores need a driver that publishes them; where it does on Kubernetes 1.36, the
+    scheduler's cost at the node groups' and pools' maximum size is warned about, or refused (core_scale.py)."""
+    from neuron_dra.components import core_scale
+
+    asking = [template_key(t) for t in args.templates
+              if class_requests(t.to_manifest(), options.core_device_class_name)]
+    if asking and not options.publishes_cores:
+        where = (f"on Kubernetes {options.kubernetes_version} only with DriverDeployOptions(core_partitions='on')"
+                 if options.serves("core_device_class") else "from Kubernetes 1.36 (partitionable devices)")
+        raise SettingError("NeuronDraDriverArgs.options.core_partitions", options.core_partitions,
+                           f"on: claim template {asking[0]} requests NeuronCores (DeviceClass "
+                           f"{options.core_device_class_name}), which the driver publishes {where} "
+                           "(docs/neuron-cores.md §5)")
+    nodes = (sum(g.args.maximum for g in args.node_groups) + sum(p.node_limit for p in args.node_pools)
+             if args.node_groups or args.node_pools else None)
+    core_scale.assess(options, ", ".join(f"claim template {a}" for a in asking) or "core_partitions on", nodes,
+                      args.templates, targets, args.hardware, allowed=args.allow_slow_scheduling is True,
+                      override=("ClaimTemplatesArgs.allow_slow_scheduling", args.allow_slow_scheduling),
+                      instead="DriverDeployOptions(core_partitions='off')", warn=pulumi.log.warn)
 
 
 class ClaimTemplates(pulumi.ComponentResource):
@@ -229,6 +255,8 @@ class ClaimTemplates(pulumi.ComponentResource):
                 raise SettingError(f"claim template {template_key(template)}", EFA_DEVICE_CLASS,
                                    f"DeviceClass {efa_class}, the one the EfaDraDriver installs (or install it "
                                    f"with device_class_name={EFA_DEVICE_CLASS!r})")
+        if driver is not None and getattr(driver, "options", None) is not None:
+            _check_cores(args, driver.options, targets)
         self.names = keys
         self.checked_against = targets
         self.manifests = [dict(t.to_manifest()) for t in args.templates]

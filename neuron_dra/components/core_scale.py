@@ -67,28 +67,37 @@ def predict(templates: Sequence[ClaimTemplateLike], nodes: int, targets: Sequenc
 
 def check(settings: StackSettings, choice: CoreChoice, templates: Sequence[ClaimTemplateLike],
           warn: Callable[[str], None]) -> None:
-    """On 1.36 with NeuronCores published: warn with the predicted scheduler time per claim pod at the stack's
-    maximum size; refuse above the DRA filter limit unless allowSlowClaimScheduling."""
-    options = choice.options
+    """The default stack's NeuronCores on 1.36, priced at its maximum size (`assess`)."""
+    why = ", ".join(choice.asked_by) or f"{setting_name(key_of('core_partitions'))} on"
+    assess(choice.options, why, settings.max_nodes, templates, settings.check_targets, settings.hardware,
+           allowed=settings.allow_slow_claim_scheduling is True,
+           override=(setting_name(key_of("allow_slow_claim_scheduling")), settings.allow_slow_claim_scheduling),
+           instead=f"{setting_name(key_of('core_partitions'))} off", warn=warn)
+
+
+def assess(options: DriverDeployOptions, why: str, nodes: int | None, templates: Sequence[ClaimTemplateLike],
+           targets: Sequence[str], hardware: Catalog, *, allowed: bool, override: tuple[str, object], instead: str,
+           warn: Callable[[str], None]) -> None:
+    """Where NeuronCores are published to a scheduler without the counter fix: warn with the predicted scheduler
+    CPU per claim pod at `nodes` (None: unknown), refuse above the DRA filter limit unless `allowed` (the
+    refusal names `override`, the setting and its value, and `instead`, the setting that turns cores off)."""
     if not options.publishes_cores or options.serves("core_partitions_by_default"):
         return
-    why = ", ".join(choice.asked_by) or f"{setting_name(key_of('core_partitions'))} on"
-    head = (f"NeuronCores on Kubernetes {options.kubernetes_version} (for {why}): its scheduler reads every node's "
-            "counter slices on each node (kubernetes#138917, fixed in 1.37), so a claim pod's scheduling cost grows "
-            "with nodes squared (docs/scale.md §2)")
-    nodes = settings.max_nodes
-    if nodes is None:
+    head = (f"NeuronCores on Kubernetes {options.kubernetes_version or 'of this minor'} (for {why}): its scheduler "
+            "reads every node's counter slices on each node (kubernetes#138917, fixed in 1.37), so a claim pod's "
+            "scheduling cost grows with nodes squared (docs/scale.md §2)")
+    if nodes is None or not targets:
         warn(f"{head}; `neuron-dra claims check --nodes N` predicts it at this cluster's size")
         return
-    worst = predict(templates, max(nodes, 1), settings.check_targets, settings.hardware)
+    worst = predict(templates, max(nodes, 1), targets, hardware)
     cpu = worst.cpu_ms_per_pod
     spent = f"{cpu / 1e3:.1f} s" if cpu >= 1e3 else f"{cpu:.0f} ms"
     figure = (f"about {spent} of scheduler CPU per claim pod at {nodes} node{'s' * (nodes != 1)} (the node groups' "
               f"and pools' maximum; {worst.template} on {worst.instance_type})")
-    if worst.cpu_ms_per_pod > DRA_FILTER_TIMEOUT_MS and settings.allow_slow_claim_scheduling is not True:
+    if cpu > DRA_FILTER_TIMEOUT_MS and not allowed:
         raise SettingError(
-            setting_name(key_of("allow_slow_claim_scheduling")), settings.allow_slow_claim_scheduling,
+            override[0], override[1],
             f"true to deploy anyway: {head}; {figure}, past the scheduler's {DRA_FILTER_TIMEOUT_MS / 1e3:.0f} s DRA "
-            f"filter limit, so claims would stop scheduling. Or: Kubernetes 1.37, "
-            f"{setting_name(key_of('core_partitions'))} off (whole devices only), or smaller maxSize/maxNodes")
+            f"filter limit, so claims would stop scheduling. Or: Kubernetes 1.37, {instead} (whole devices only), "
+            "or smaller maximum sizes")
     warn(f"{head}; {figure}")

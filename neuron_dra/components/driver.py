@@ -149,6 +149,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
             opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
         super().__init__("neuron-dra:index:NeuronDraDriver", resource_name_, None, opts)
         options = args.deploy_options
+        self.options = options  # as rendered: ClaimTemplates(driver=...) reads what it publishes
         self.cluster = args.cluster
         self.namespace = options.namespace
         self.driver_name = options.driver_name

@@ -199,6 +199,7 @@ class TrainiumNodePool(pulumi.ComponentResource):
         self.instance_types = args.types
         self.check_targets = args.check_targets  # what ClaimTemplates(node_pools=[...]) checks against
         self.efa_count = args.efa_count
+        self.node_limit = args.node_limit  # its most nodes (limits.nodes)
         after = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
         spec = pulumi.Output.all(args.node_role_name, args.subnet_ids, args.security_group_ids).apply(
             lambda known: node_class_manifest(args, role=known[0], subnet_ids=list(known[1]),

@@ -108,3 +108,35 @@ def test_off_with_a_neuroncores_template_is_refused(caplog: pytest.LogCaptureFix
     with pytest.raises(SettingError) as bad:
         plan(caplog, corePartitions="yes")
     assert bad.value.field == "neuron-dra:corePartitions" and bad.value.allowed == "auto, on, off"
+
+
+def test_components_claim_templates_need_a_driver_publishing_cores_and_price_them(caplog: pytest.LogCaptureFixture
+                                                                                  ) -> None:
+    from neuron_dra.components import ClaimTemplates, NeuronDraDriver, TrainiumCluster, TrainiumNodeGroup
+    from neuron_dra.components.mocks import run_offline
+    from neuron_dra.driver.deploy import DriverDeployOptions
+
+    template = ClaimTemplate("two-cores", NeuronCores(2, instance_types="trn2.48xlarge"))
+
+    def program(cores: str, max_size: int, allow: bool = False) -> Any:
+        cluster = TrainiumCluster("c", kubernetes_version="1.36")
+        group = TrainiumNodeGroup("trn2", cluster=cluster, desired_size=1, max_size=max_size,
+                                  availability_zones=["us-east-2a"])
+        driver = NeuronDraDriver("d", cluster=cluster, image=IMAGE,
+                                 options=DriverDeployOptions(core_partitions=cores))
+        return ClaimTemplates("t", templates=[template], node_groups=[group], driver=driver,
+                              allow_slow_scheduling=allow)
+
+    with pytest.raises(SettingError) as err:  # auto on 1.36: no NeuronCores, so no class for the template
+        run_offline(lambda: program("auto", 4))
+    assert err.value.field == "NeuronDraDriverArgs.options.core_partitions"
+    assert "default/two-cores requests NeuronCores (DeviceClass neuroncore.aws.com)" in err.value.allowed
+    assert "core_partitions='on'" in err.value.allowed
+    with caplog.at_level("WARNING"):
+        run_offline(lambda: program("on", 30))
+    assert any("NeuronCores on Kubernetes 1.36 (for claim template default/two-cores)" in r.getMessage()
+               and "at 30 nodes" in r.getMessage() for r in caplog.records)
+    with pytest.raises(SettingError) as slow:
+        run_offline(lambda: program("on", 400))
+    assert slow.value.field == "ClaimTemplatesArgs.allow_slow_scheduling" and "at 400 nodes" in slow.value.allowed
+    run_offline(lambda: program("on", 400, allow=True))  # overridden: deployed, with the warning
