@@ -16,32 +16,21 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import pulumi
 
+from neuron_dra.components import core_scale
 from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDriverRef, class_requests, missing_efa_driver
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
+from neuron_dra.components.template_like import ClaimTemplateLike as ClaimTemplateLike
+from neuron_dra.components.template_like import template_key as template_key
 from neuron_dra.driver.deploy import DriverDeployOptions
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS
-
-
-@runtime_checkable
-class ClaimTemplateLike(Protocol):
-    """What the component needs from a claim template object."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def namespace(self) -> str: ...
-
-    def to_manifest(self) -> Mapping[str, Any]: ...
-
 
 # Raises (any exception; its message is shown) when no node of these instance types can satisfy the template.
 TemplateCheck = Callable[[ClaimTemplateLike, Sequence[str]], None]
@@ -86,10 +75,6 @@ def module_templates(module_name: str) -> list[ClaimTemplateLike]:
         raise SettingError("neuron-dra:claimTemplatesModule", module_name, f"an importable Python module ({e})"
                            ) from e
     return list(templates_in(vars(module)))
-
-
-def template_key(template: ClaimTemplateLike) -> str:
-    return f"{template.namespace}/{template.name}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,8 +169,6 @@ def _check_efa_fit(check: TemplateCheck, template: ClaimTemplateLike, targets: S
 def _check_cores(args: ClaimTemplatesArgs, options: DriverDeployOptions, targets: Sequence[str]) -> None:
     """Templates requesting NeuronCores need a driver that publishes them; where it does on Kubernetes 1.36, the
     scheduler's cost at the node groups' and pools' maximum size is warned about, or refused (core_scale.py)."""
-    from neuron_dra.components import core_scale
-
     asking = [template_key(t) for t in args.templates
               if class_requests(t.to_manifest(), options.core_device_class_name)]
     if asking and not options.publishes_cores:

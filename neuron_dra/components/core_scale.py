@@ -18,9 +18,9 @@ from neuron_dra.claim_templates import ClaimTemplate, NeuronCores
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.claim_templates.node_types import NodeType
 from neuron_dra.claim_templates.scale import DRA_FILTER_TIMEOUT_MS, ScaleEstimate, estimate
-from neuron_dra.components.claims import ClaimTemplateLike, template_key
 from neuron_dra.components.efa_driver import class_requests
 from neuron_dra.components.settings import SettingError, StackSettings, key_of, setting_name
+from neuron_dra.components.template_like import ClaimTemplateLike, template_key
 from neuron_dra.driver.deploy import DriverDeployOptions
 from neuron_dra.driver.model.catalog import Catalog
 
