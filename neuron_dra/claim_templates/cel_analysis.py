@@ -50,6 +50,7 @@ class _Result:
     refs: set[DeviceRef] = field(default_factory=set)
     reads_driver: bool = False
     opaque: bool = False  # reads `device` in a way the references do not capture
+    quantity_strings: list[tuple[DeviceRef, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class SelectorAnalysis:
     refs: frozenset[DeviceRef]
     reads_driver: bool
     opaque: bool
+    # A capacity (a Kubernetes quantity) compared with a string literal, `capacity[...].memory >= "64Gi"`: no
+    # such overload exists, so Kubernetes rejects the selector (cel-python would only fail at evaluation).
+    quantity_strings: tuple[tuple[DeviceRef, str], ...] = ()
 
 
 # What an expression node evaluates to, as far as the analysis needs to know.
@@ -178,12 +182,32 @@ class _Analyzer:
         assert isinstance(left, lark.Tree)
         right_kind = self.visit(right, scope)
         literal = string_literal(left) if op.data == "relation_in" else None
+        if op.data != "relation_in":
+            self._note_quantity_string(left, right, scope)
         if isinstance(right_kind, _Domain) and literal is not None:
             self.out.refs.add(DeviceRef(right_kind.kind, right_kind.domain, literal, presence=True))
             return _Kind.VALUE
         self.consume(right_kind)
         self.consume(self.visit(left, scope))
         return _Kind.VALUE
+
+    def _capacity_ref(self, tree: Tree, scope: Mapping[str, _Node]) -> DeviceRef | None:
+        """The capacity `tree` reads directly (`device.capacity['d'].name` or `['name']`), else None."""
+        node = unwrap(tree)
+        if node.data not in ("member_dot", "member_index"):
+            return None
+        base = self.visit(node.children[0], scope)  # type: ignore[arg-type]
+        if not isinstance(base, _Domain) or base.kind is not RefKind.CAPACITY:
+            return None
+        name = str(node.children[1]) if node.data == "member_dot" else string_literal(node.children[1])  # type: ignore[arg-type]
+        return None if name is None else DeviceRef(RefKind.CAPACITY, base.domain, name)
+
+    def _note_quantity_string(self, left: Tree, right: Tree, scope: Mapping[str, _Node]) -> None:
+        for side, other in ((left, right), (right, left)):
+            text = string_literal(other)
+            ref = self._capacity_ref(side, scope) if text is not None else None
+            if ref is not None and text is not None:
+                self.out.quantity_strings.append((ref, text))
 
     def _ident_arg(self, node: Tree, scope: Mapping[str, _Node]) -> _Node:
         name = str(node.children[0])
@@ -252,7 +276,7 @@ def analyze(tree: Tree, functions: frozenset[str], methods: frozenset[str]) -> S
     """What the selector reads from `device`; raises AnalysisError for what cel-go rejects at compile time."""
     a = _Analyzer(functions, methods)
     a.consume(a.visit(tree, {}))
-    return SelectorAnalysis(frozenset(a.out.refs), a.out.reads_driver, a.out.opaque)
+    return SelectorAnalysis(frozenset(a.out.refs), a.out.reads_driver, a.out.opaque, tuple(a.out.quantity_strings))
 
 
 def bind_calls(tree: Tree) -> Iterator[Tree]:

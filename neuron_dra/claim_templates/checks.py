@@ -18,13 +18,14 @@ import copy
 import dataclasses
 import difflib
 import functools
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from neuron_dra.claim_templates.allocator import DeviceResult, Simulator, simulate
-from neuron_dra.claim_templates.cel_analysis import RefKind
+from neuron_dra.claim_templates.cel_analysis import DeviceRef, RefKind
 from neuron_dra.claim_templates.cel_env import (
     CelCompileError,
     CelDevice,
@@ -193,6 +194,42 @@ def _closest(name: str, candidates: Sequence[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def _ref_hint(ref: DeviceRef, published: Mapping[tuple[RefKind, str], frozenset[str]]) -> str:
+    """The did-you-mean for an unpublished name: the same name in another domain first (the driver publishes
+    `numaNode` only as the standard `resource.kubernetes.io/numaNode`), else the domain's closest name."""
+    elsewhere = sorted(d for (kind, d), names in published.items()
+                       if kind is ref.kind and d != ref.domain and ref.name in names)
+    if elsewhere:
+        return (f"; did you mean device.{ref.kind.value}[{elsewhere[0]!r}].{ref.name} "
+                f"({elsewhere[0]}/{ref.name})?")
+    return _closest(ref.name, sorted(published.get((ref.kind, ref.domain), ())))
+
+
+def _qualified_hint(name: str, known: Sequence[str]) -> str:
+    """As `_ref_hint` for a qualified attribute name (`domain/name`) of a constraint."""
+    short = name.rpartition("/")[2]
+    elsewhere = [k for k in known if k.rpartition("/")[2] == short]
+    return f"; did you mean {elsewhere[0]!r}?" if elsewhere else _closest(name, known)
+
+
+def _quantity_example(ref: DeviceRef, text: str) -> str:
+    return (f"device.{ref.kind.value}[{ref.domain!r}].{ref.name}.compareTo(quantity({text!r})) against 0 "
+            f"(>= 0, == 0), or .isGreaterThan(quantity({text!r}))")
+
+
+_QUANTITY_OVERLOAD = re.compile(r"no matching overload for '_(<|<=|>|>=|==|!=)_' applied to \((quantity|string), "
+                                r"(quantity|string)\)")
+
+
+def _overload_hint(message: str) -> str:
+    """How to compare a quantity, for cel's missing overload of a comparison with a quantity operand."""
+    m = _QUANTITY_OVERLOAD.search(message)
+    if m is None or "quantity" not in (m.group(2), m.group(3)):
+        return ""
+    return ("; quantities compare with methods, against a quantity such as quantity(\"64Gi\") (not a string): "
+            "x.compareTo(quantity(\"64Gi\")) >= 0, x.isGreaterThan(quantity(\"64Gi\")), x.isLessThan(...)")
+
+
 @dataclass
 class _Selection:
     """How a unit's selectors did on one node."""
@@ -256,6 +293,7 @@ class _Check:
         self.issues: list[Issue] = []
         self.classes = {c["metadata"]["name"]: c for c in drivers.device_classes()}
         self.matched: Counter[str] = Counter()  # unit ref -> devices matched over every checked node
+        self.most_matched: Counter[str] = Counter()  # unit ref -> the most devices matched on one node
         # (request, selector, message) -> instance type -> devices it fails on
         self.failures: dict[tuple[str, str, str], Counter[str]] = {}
 
@@ -289,7 +327,8 @@ class _Check:
             fits.append(dataclasses.replace(self._fit(n, node, configs), lnc=node.lnc))
         for (request, label, message), where in self.failures.items():
             on = ", ".join(f"{n} device{'s' * (n > 1)} of {t}" for t, n in where.items())
-            self.error(f"{request} {label} fails on {on}: {message} (Kubernetes aborts allocation on such a node)")
+            self.error(f"{request} {label} fails on {on}: {message} (Kubernetes aborts allocation on such a node)"
+                       f"{_overload_hint(message)}")
         self._check_unmatched(types)
         if types and not any(f.claims_per_node for f in fits) and not self.issues:
             self.error(f"fits none of the checked instance types ({', '.join(types)})")
@@ -316,6 +355,10 @@ class _Check:
                         continue
                     u.selectors.append(compiled)
                     self._check_refs(u, i, compiled, published)
+                    for ref, text in compiled.analysis.quantity_strings:
+                        self.error(f"{u.label} selector #{i} compares {ref} (a quantity) with the string {text!r}: "
+                                   f"no such comparison exists, so Kubernetes rejects the selector; compare "
+                                   f"quantities, e.g. {_quantity_example(ref, text)}")
 
     def _check_refs(self, u: _Unit, i: int, compiled: CompiledSelector,
                     published: Mapping[tuple[RefKind, str], frozenset[str]]) -> None:
@@ -327,7 +370,7 @@ class _Check:
                            f"domain {ref.domain!r} (domains: {', '.join(domains)})")
             elif ref.name not in names:
                 self.error(f"{u.label} selector #{i} reads {ref}, which the driver does not publish"
-                           f"{_closest(ref.name, sorted(names))}")
+                           f"{_ref_hint(ref, published)}")
 
     def _check_constraints(self) -> None:
         known = self.catalog.published_qualified()
@@ -339,7 +382,7 @@ class _Check:
                 continue
             if name not in known:
                 self.error(f"constraint #{i} matchAttribute {name!r}: no device publishes it"
-                           f"{_closest(name, sorted(known))}")
+                           f"{_qualified_hint(name, sorted(known))}")
             for r in c.get("requests") or []:
                 if r not in refs:
                     self.error(f"constraint #{i} names request {r!r}, which the template does not have")
@@ -400,6 +443,7 @@ class _Check:
                     return Fit(nt, 0, f"{u.label} is invalid (see the errors)")
                 sel = selections[u.ref] = self._select(u, node)
                 self.matched[u.ref] += len(sel.matched)
+                self.most_matched[u.ref] = max(self.most_matched[u.ref], len(sel.matched))
                 for label, e in sel.errors:
                     self.failures.setdefault((u.label, label, e.message), Counter())[nt.label] += 1
         not_applicable = self._configs_not_applicable(configs, selections, spec)
@@ -494,6 +538,11 @@ class _Check:
                 if len(units) > 1 and not self.matched[u.ref]:
                     self.issues.append(Issue("warning", f"{u.label}: no device of any checked instance type "
                                                         f"({where}) matches this alternative"))
+                elif len(units) > 1 and not u.all_mode and self.most_matched[u.ref] < u.count:
+                    self.issues.append(Issue("warning", f"{u.label}: this alternative can never be satisfied: it "
+                                                        f"needs {u.count} devices and at most "
+                                                        f"{self.most_matched[u.ref]} match on one node of the "
+                                                        f"checked instance types ({where})"))
 
     def _configs_not_applicable(self, configs: list[tuple[tuple[str, ...], driver_config.OpaqueConfig]],
                                 selections: Mapping[str, _Selection], spec: Any) -> str | None:

@@ -34,6 +34,7 @@ from neuron_dra.claim_templates.cel_env import CelCompileError, CelEnvironment
 from neuron_dra.claim_templates.cel_types import CelValueError, Quantity
 from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.errors import TemplateError
+from neuron_dra.claim_templates.keywords import keyword_hints
 from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
@@ -83,6 +84,7 @@ class AnyTopology:
     """No placement constraint."""
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class Connected:
     """All devices of the request in one connected, id-aligned group of `size` (default: the count)."""
@@ -98,6 +100,7 @@ class Connected:
             raise TemplateError("Connected.attribute", self.attribute, ", ".join(a.value for a in GroupAttribute))
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class RingSegment:
     """A contiguous, aligned segment of an inf2 device ring (size divides the ring length)."""
@@ -113,6 +116,7 @@ class RingSegment:
 Topology = AnyTopology | Connected | RingSegment
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class AtLeast:
     """A minimum kernel driver version, 1 to 4 dot-separated numbers (e.g. `2.25`)."""
@@ -198,6 +202,7 @@ TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("", "NoSchedule", "NoExecute")  # "": every effect
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class Toleration:
     """A device toleration (`exactly.tolerations[]`): the request may get devices with a matching taint.
@@ -244,6 +249,7 @@ class Toleration:
         return out
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class TolerateUnhealthy:
     """Tolerates the driver's own taint on unhealthy devices (`<driver>/unhealthy`, any value): for diagnostics
@@ -280,6 +286,7 @@ class Rendered:
     configs: list[dict[str, Any]] = field(default_factory=list)
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class Neuron:
     """Neuron devices: `count` of them (1..32) or ALL on the node."""
@@ -524,6 +531,7 @@ def _at_least(attribute: str, parts: tuple[int, ...]) -> str:
     return f"cel.bind(v, {attribute}.split('.'), v.size() >= {len(parts)} && ({cmp(0)}))"
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class UltraServerNode:
     """The UltraServer pseudo-device of a trn2u node, with the UltraServer mode (1, 2 or 4 nodes)."""
@@ -570,6 +578,7 @@ class UltraServerNode:
         return 1
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class Efa:
     """EFA devices; `aligned_to` names a Neuron request whose devices share their devicegroup."""
@@ -609,6 +618,7 @@ def default_group(neuron_count: int | None) -> int:
                 DEVICEGROUP_SIZES[-1])
 
 
+@keyword_hints
 @dataclass(frozen=True, init=False)
 class FirstAvailable:
     """The first of several alternatives that fits (`firstAvailable`, at most 8): Neuron devices or NeuronCores,
@@ -652,6 +662,7 @@ def _renamed(option: Neuron | NeuronCores, name: str) -> Neuron | NeuronCores:
     return replace(option, name=name)
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class NeuronCores:
     """`count` NeuronCores (logical cores at the node's LNC; physical cores on Trainium1/Inferentia2) of one

@@ -10,6 +10,7 @@ import yaml
 
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
 from neuron_dra.claim_templates.errors import TemplateError
+from neuron_dra.claim_templates.keywords import keyword_hints
 from neuron_dra.claim_templates.names import check_annotations, check_dns_label, check_dns_subdomain, check_labels
 from neuron_dra.claim_templates.requests import (
     MAX_COUNT,
@@ -32,6 +33,7 @@ MAX_CONFIGS = 32
 MAX_OPAQUE_PARAMETERS_BYTES = 10 * 1024
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class OpaqueConfig:
     """A raw opaque config (escape hatch); for this driver it is decoded by the driver's own code."""
@@ -44,6 +46,7 @@ class OpaqueConfig:
         return hash((repr(sorted(self.parameters.items())), self.requests, self.driver))
 
 
+@keyword_hints
 @dataclass(frozen=True, init=False)
 class ClaimTemplate:
     """A ResourceClaimTemplate: `ClaimTemplate("name", Neuron(4, topology=Connected()), namespace="ml")`."""

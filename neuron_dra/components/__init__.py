@@ -1,6 +1,7 @@
 """Pulumi components for Trainium on EKS: `TrainiumCluster`, `TrainiumNodeGroup`, `TrainiumKarpenter`,
-`TrainiumNodePool`, `NeuronDraDriver`, `ClaimTemplates`, the default stack (`build_stack`, `run_program`) and the
-mocks to test a stack with (`run_offline`, `PlanMocks`, `OfflineRun`; docs/components.md, docs/testing-your-stack.md).
+`TrainiumNodePool`, `NeuronDraDriver`, `EfaDraDriver`, `ClaimTemplates`, the default stack (`build_stack`,
+`run_program`) and the mocks to test a stack with (`run_offline`, `PlanMocks`, `OfflineRun`; docs/components.md,
+docs/testing-your-stack.md).
 
 Names are re-exported lazily: importing `neuron_dra.components` (as the CLI does for every command) does not
 import Pulumi; the first access to a component does.
@@ -23,6 +24,8 @@ _EXPORTS = {
     "NodePoolSettings": "neuron_dra.components.settings",
     "NeuronDraDriver": "neuron_dra.components.driver",
     "NeuronDraDriverArgs": "neuron_dra.components.driver",
+    "EfaDraDriver": "neuron_dra.components.efa_driver",
+    "EfaDraDriverArgs": "neuron_dra.components.efa_driver",
     "ClaimTemplates": "neuron_dra.components.claims",
     "ClaimTemplatesArgs": "neuron_dra.components.claims",
     "ClaimTemplateLike": "neuron_dra.components.claims",
@@ -43,6 +46,8 @@ __all__ = [
     "ClaimTemplateLike",
     "ClaimTemplates",
     "ClaimTemplatesArgs",
+    "EfaDraDriver",
+    "EfaDraDriverArgs",
     "NeuronDraDriver",
     "NeuronDraDriverArgs",
     "NodeGroupSettings",
@@ -74,6 +79,7 @@ if TYPE_CHECKING:
     )
     from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
     from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
+    from neuron_dra.components.efa_driver import EfaDraDriver, EfaDraDriverArgs
     from neuron_dra.components.karpenter import TrainiumKarpenter, TrainiumKarpenterArgs
     from neuron_dra.components.mocks import OfflineRun, PlanMocks, run_offline
     from neuron_dra.components.nodegroup import TrainiumNodeGroup, TrainiumNodeGroupArgs

@@ -24,32 +24,22 @@ import functools
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 
-from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDriverRef, efa_requests, missing_efa_driver
+from neuron_dra.components import core_scale
+from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDriverRef, class_requests, missing_efa_driver
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
+from neuron_dra.components.template_like import ClaimTemplateLike as ClaimTemplateLike
+from neuron_dra.components.template_like import template_key as template_key
+from neuron_dra.driver.deploy import DriverDeployOptions
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS, EFA_DRIVER
 
 if TYPE_CHECKING:
     from neuron_dra.claim_templates import Drivers
-
-
-@runtime_checkable
-class ClaimTemplateLike(Protocol):
-    """What the component needs from a claim template object."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def namespace(self) -> str: ...
-
-    def to_manifest(self) -> Mapping[str, Any]: ...
-
 
 # Raises (any exception; its message is shown) when no node of these instance types can satisfy the template.
 TemplateCheck = Callable[[ClaimTemplateLike, Sequence[str]], None]
@@ -71,11 +61,17 @@ class ClaimTemplateCheckError(ValueError):
 def default_check(template: ClaimTemplateLike, instance_types: Sequence[str], hardware: Catalog = BUILTIN) -> None:
     """The claim templates package's check: every CEL selector evaluated against the devices the driver
     publishes for each instance type, configs decoded, and an allocator simulation; raises
-    TemplateCheckError unless the template fits at least one of `instance_types`."""
-    from neuron_dra.claim_templates import ClaimTemplate, check_against
+    TemplateCheckError unless the template fits at least one of `instance_types`. Its warnings (e.g. a
+    FirstAvailable alternative no target can satisfy) go to `pulumi preview`'s output."""
+    from neuron_dra.claim_templates import ClaimTemplate, TemplateCheckError, check
 
-    check_against(template if isinstance(template, ClaimTemplate) else dict(template.to_manifest()),
-                  list(instance_types), hardware)
+    report = check(template if isinstance(template, ClaimTemplate) else dict(template.to_manifest()),
+                   list(instance_types), hardware)
+    if not report.ok:
+        raise TemplateCheckError(report)
+    for issue in report.issues:
+        if issue.severity == "warning":
+            pulumi.log.warn(f"claim template {template_key(template)}: {issue.message}")
 
 
 def module_templates(module_name: str) -> list[ClaimTemplateLike]:
@@ -90,10 +86,6 @@ def module_templates(module_name: str) -> list[ClaimTemplateLike]:
     return list(templates_in(vars(module)))
 
 
-def template_key(template: ClaimTemplateLike) -> str:
-    return f"{template.namespace}/{template.name}"
-
-
 @dataclass(frozen=True, kw_only=True)
 class ClaimTemplatesArgs:
     """Inputs of `ClaimTemplates`.
@@ -102,6 +94,8 @@ class ClaimTemplatesArgs:
         name, namespace and to_manifest()).
     node_groups: list[TrainiumNodeGroup] -- the cluster's node groups: each template is checked against their
         instance types at their nodes' LNC (`trn2.48xlarge:lnc=1` for a group with lnc=1).
+    node_pools: list[TrainiumNodePool] -- the cluster's Karpenter pools: checked against every instance type
+        they may launch, at their nodes' LNC, like node groups.
     instance_types: list[str] -- instead of node_groups (an existing cluster): instance types, each optionally
         at an LNC (`trn2.48xlarge:lnc=1`).
     driver: NeuronDraDriver | None -- the templates take its driver and DeviceClass names, name only classes it
@@ -110,6 +104,12 @@ class ClaimTemplatesArgs:
         claim_templates package's own check).
     hardware: Catalog -- the instance types the default check knows (default: the built-in catalog).
     depends_on: list[pulumi.Resource] -- more resources the templates wait for.
+    efa_driver: EfaDraDriver | "external" | None -- what publishes EFA devices.
+    efa_targets: list[str] | None -- what templates requesting EFA devices must fit: the targets where the EFA
+        DRA driver runs (None: the node groups and pools the EfaDraDriver names, or every target with
+        "external" or an EfaDraDriver placed by instance type).
+    allow_slow_scheduling: bool -- with a driver publishing NeuronCores on Kubernetes 1.36, deploy even where
+        the predicted scheduler time per claim pod at the node groups' and pools' maximum passes 10 s.
     """
 
     templates: Sequence[ClaimTemplateLike]
@@ -120,6 +120,10 @@ class ClaimTemplatesArgs:
     hardware: Catalog = BUILTIN  # the instance types `default_check` knows (e.g. extended by a catalog file)
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)  # e.g. the driver's DeviceClass
     efa_driver: EfaDriverRef | None = None  # what publishes EFA devices: EfaDraDriver, "external", or nothing
+    node_pools: Sequence[Any] = ()
+    efa_targets: Sequence[str] | None = None
+    allow_slow_scheduling: bool = False
+    scheduling_priced: bool = False  # the caller priced NeuronCores' scheduler cost already (the default stack)
 
     def __post_init__(self) -> None:
         if self.driver is not None and not hasattr(self.driver, "class_names"):
@@ -133,7 +137,20 @@ class ClaimTemplatesArgs:
     def check_targets(self) -> tuple[str, ...]:
         """What the templates are checked against: the node groups' nodes at their LNC, then instance_types."""
         groups = [g.args.check_target for g in self.node_groups]
-        return tuple(dict.fromkeys([*groups, *self.instance_types]))
+        pools = [t for p in self.node_pools for t in p.check_targets]
+        return tuple(dict.fromkeys([*groups, *pools, *self.instance_types]))
+
+    @property
+    def efa_check_targets(self) -> tuple[str, ...]:
+        """Where templates that request EFA devices are checked: where the EFA DRA driver runs."""
+        if self.efa_targets is not None:
+            return tuple(self.efa_targets)
+        efa = self.efa_driver
+        if not isinstance(efa, EfaDraDriver) or efa.instance_types or not (self.node_groups or self.node_pools):
+            return self.check_targets  # "external", placed by instance type, or nothing to tell groups apart
+        groups = [g.args.check_target for g in self.node_groups if g.name in efa.node_groups]
+        pools = [t for p in self.node_pools if p.name in efa.node_pools for t in p.check_targets]
+        return tuple(dict.fromkeys([*groups, *pools]))
 
 
 def device_class_refs(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -162,6 +179,9 @@ def _check_classes_exist(template: ClaimTemplateLike, manifest: Mapping[str, Any
     for request, cls in device_class_refs(manifest):
         if cls in created or cls == efa_class:  # a missing EFA driver is reported with its own fix
             continue
+        options = getattr(driver, "options", None)
+        if cls == driver.class_names.core_device_class and options is not None and options.serves("core_device_class"):
+            continue  # the minor has NeuronCores but core_partitions keeps them off: _check_cores says so
         why = ""
         if cls == driver.class_names.core_device_class and driver.core_device_class_name is None:
             why = (f"; NeuronCores (NeuronCores() requests) need Kubernetes 1.36 or newer, and the cluster runs "
@@ -182,10 +202,48 @@ def _check_manifest_names(template: ClaimTemplateLike) -> None:
                            "a manifest with the template's own namespace and name")
 
 
+def _check_efa_fit(check: TemplateCheck, template: ClaimTemplateLike, targets: Sequence[str],
+                   efa_targets: Sequence[str], requests: Sequence[str]) -> None:
+    """A template requesting EFA devices must fit where the EFA DRA driver runs, not merely somewhere."""
+    where = f"only on {', '.join(efa_targets)}" if efa_targets else "on none of them"
+    try:
+        if not efa_targets:
+            raise ValueError("no node group or pool with EFA interfaces")
+        check(template, list(efa_targets))
+    except Exception as e:  # as above: a custom check's error type is not ours to know
+        reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
+        raise ClaimTemplateCheckError(template_key(template), targets, (
+            f"it requests EFA devices ({', '.join(requests)}), which the EFA DRA driver publishes {where} (the "
+            f"node groups and Karpenter pools with EFA interfaces), and there it does not fit: {reason}")) from e
+
+
+def _check_cores(args: ClaimTemplatesArgs, templates: Sequence[ClaimTemplateLike], options: DriverDeployOptions,
+                 targets: Sequence[str]) -> None:
+    """Templates requesting NeuronCores need a driver that publishes them; where it does on Kubernetes 1.36, the
+    scheduler's cost at the node groups' and pools' maximum size is warned about, or refused (core_scale.py)."""
+    asking = [template_key(t) for t in templates if class_requests(t.to_manifest(), options.core_device_class_name)]
+    if asking and not options.publishes_cores:
+        where = (f"on Kubernetes {options.kubernetes_version} only with DriverDeployOptions(core_partitions='on')"
+                 if options.serves("core_device_class") else "from Kubernetes 1.36 (partitionable devices)")
+        raise SettingError("NeuronDraDriverArgs.options.core_partitions", options.core_partitions,
+                           f"on: claim template {asking[0]} requests NeuronCores (DeviceClass "
+                           f"{options.core_device_class_name}), which the driver publishes {where} "
+                           "(docs/neuron-cores.md §5)")
+    if args.scheduling_priced:
+        return
+    nodes = (sum(g.args.maximum for g in args.node_groups) + sum(p.node_limit for p in args.node_pools)
+             if args.node_groups or args.node_pools else None)
+    core_scale.assess(options, ", ".join(f"claim template {a}" for a in asking) or "core_partitions on", nodes,
+                      templates, targets, args.hardware, allowed=args.allow_slow_scheduling is True,
+                      override=("ClaimTemplatesArgs.allow_slow_scheduling", args.allow_slow_scheduling),
+                      instead="DriverDeployOptions(core_partitions='off')", warn=pulumi.log.warn)
+
+
 class ClaimTemplates(pulumi.ComponentResource):
     """One `resource.k8s.io/v1` ResourceClaimTemplate per template object, after its check passed.
 
-    `ClaimTemplates(name, args, opts)` or `ClaimTemplates(name, templates=..., node_groups=..., driver=...)`.
+    `ClaimTemplates(name, args, opts)` or `ClaimTemplates(name, templates=..., node_groups=..., node_pools=...,
+    driver=...)`.
     Outputs: names (`namespace/name`), templates (as deployed: with the driver's names), manifests, objects,
     checked_against (the instance types, at an LNC where
     one was set, that the templates were checked against).
@@ -232,15 +290,20 @@ class ClaimTemplates(pulumi.ComponentResource):
             except Exception as e:  # a custom check's error type is not ours to know; its message is the point
                 reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
                 raise ClaimTemplateCheckError(template_key(template), targets, reason) from e
+        efa_targets = args.efa_check_targets
+        installed = args.efa_driver.device_class_name if isinstance(args.efa_driver, EfaDraDriver) else None
         for template in templates:  # after the fit checks: their message says more when both fail
-            requests = efa_requests(template.to_manifest(), efa_class)
+            requests = class_requests(template.to_manifest(), efa_class)
             if requests and args.efa_driver is None:
                 raise missing_efa_driver(template_key(template), requests, efa_class)
-            installed = args.efa_driver.device_class_name if isinstance(args.efa_driver, EfaDraDriver) else None
+            if requests and set(efa_targets) != set(targets):
+                _check_efa_fit(check, template, targets, efa_targets, requests)
             if requests and installed not in (None, efa_class):
                 raise SettingError(f"claim template {template_key(template)}", efa_class,
                                    f"DeviceClass {installed}, the one the EfaDraDriver installs (or install it "
                                    f"with device_class_name={efa_class!r})")
+        if driver is not None and getattr(driver, "options", None) is not None:
+            _check_cores(args, templates, driver.options, targets)
         self.names = keys
         self.checked_against = targets
         self.templates = templates

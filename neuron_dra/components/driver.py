@@ -134,11 +134,12 @@ class NeuronDraDriver(pulumi.ComponentResource):
             opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
         super().__init__("neuron-dra:index:NeuronDraDriver", resource_name_, None, opts)
         options = args.deploy_options
+        self.options = options  # as rendered: ClaimTemplates(driver=...) reads what it publishes
         self.cluster = args.cluster
         self.namespace = options.namespace
         self.driver_name = options.driver_name
         self.device_class_name = options.device_class
-        self.core_device_class_name = options.core_device_class_name if options.serves("core_device_class") else None
+        self.core_device_class_name = options.core_device_class_name if options.publishes_cores else None
         self.class_names = options.class_names  # what templates deployed with this driver name
         self.kubernetes_version = options.kubernetes_version
         self.repository = None

@@ -4,9 +4,11 @@ EKS installs it with Helm: chart `aws-dranet` from https://aws.github.io/eks-cha
 `kube-system` (docs/efa-dra-driver.md §1). This component is that Helm release (pulumi-kubernetes
 `helm.v3.Release`), pinned to a chart version and an image, with three values of its own:
 
-- `supportedInstanceLabels`: the chart's node affinity (one label key In a list of values). By default the chart
-  lists every EFA-capable instance type; here it lists the node groups given (label `neuron-dra/node-group`, set by
-  `TrainiumNodeGroup`) or the instance types given, so DRANET runs only where EFA interfaces are attached;
+- `supportedInstanceLabels`: the chart's node affinity (each label key a node selector term, `key In values`;
+  the terms are ORed). By default the chart lists every EFA-capable instance type; here it lists the node groups
+  given (label `neuron-dra/node-group`, set by `TrainiumNodeGroup`), the Karpenter pools given (label
+  `neuron-dra/node-pool`, set by `TrainiumNodePool` on its nodes) or the instance types given, so DRANET runs only
+  where EFA interfaces are attached;
 - `tolerations`: the Neuron taint, which every Neuron node carries and the chart does not tolerate;
 - `deviceClass.name`: the DeviceClass the claim checks know (driver/model/efa.py).
 
@@ -24,7 +26,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from neuron_dra.components.settings import SettingError
-from neuron_dra.driver.deploy import NODE_GROUP_LABEL
+from neuron_dra.driver.deploy import NODE_GROUP_LABEL, NODE_POOL_LABEL
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS, EFA_DRIVER
 from neuron_dra.driver.model.k8s_names import (
@@ -55,12 +57,15 @@ _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 @dataclass(frozen=True)
 class EfaDraDriverArgs:
-    """Inputs of `EfaDraDriver`. Exactly one of `node_groups` (names of `TrainiumNodeGroup`s with EFA interfaces)
-    and `instance_types` (EFA-capable instance types, for clusters whose nodes this project did not create) says
-    where DRANET runs."""
+    """Inputs of `EfaDraDriver`. Where DRANET runs: `node_groups` (names of `TrainiumNodeGroup`s with EFA
+    interfaces) and/or `node_pools` (names of `TrainiumNodePool`s whose nodes get EFA interfaces), or else
+    `instance_types` (EFA-capable instance types, for clusters whose nodes this project did not create).
+    `cluster`: the TrainiumCluster whose Kubernetes provider installs it (else `opts.provider`)."""
 
     node_groups: Sequence[str] = ()
     instance_types: Sequence[str] = ()
+    node_pools: Sequence[str] = ()
+    cluster: Any = None  # a TrainiumCluster (typed Any: claims.py imports this module, not the cluster's)
     chart_version: str = EFA_CHART_VERSION  # an exact chart version: what is installed does not drift
     chart_repository: str = EKS_CHARTS_REPOSITORY
     image_repository: str = EFA_IMAGE_REPOSITORY  # EKS's image registries are per region; us-west-2 serves all
@@ -73,16 +78,19 @@ class EfaDraDriverArgs:
     hardware: Catalog = field(default=BUILTIN, repr=False)  # to refuse known instance types without EFA
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "node_groups", tuple(self.node_groups))
-        object.__setattr__(self, "instance_types", tuple(self.instance_types))
-        if bool(self.node_groups) == bool(self.instance_types):
+        for key in ("node_groups", "node_pools", "instance_types"):
+            value = getattr(self, key)
+            if isinstance(value, str):
+                raise SettingError(f"EfaDraDriverArgs.{key}", value, "a list of names, not one string")
+            object.__setattr__(self, key, tuple(value))
+        if bool(self.node_groups or self.node_pools) == bool(self.instance_types):
             raise SettingError("EfaDraDriverArgs.node_groups", list(self.node_groups),
-                               "the names of the node groups with EFA interfaces, or else instance_types "
-                               "(exactly one of the two)")
-        for name in (*self.node_groups, *self.instance_types):
-            if not is_label_value(name):
-                raise SettingError("EfaDraDriverArgs.node_groups" if name in self.node_groups
-                                   else "EfaDraDriverArgs.instance_types", name, LABEL_VALUE_RULE)
+                               "the names of the node groups (and/or node_pools) with EFA interfaces, or else "
+                               "instance_types (not both, not neither)")
+        for key in ("node_groups", "node_pools", "instance_types"):
+            for name in getattr(self, key):
+                if not is_label_value(name):
+                    raise SettingError(f"EfaDraDriverArgs.{key}", name, LABEL_VALUE_RULE)
         no_efa = [t for t in self.instance_types if t in self.hardware and self.hardware.spec(t).efa_count == 0]
         if no_efa:
             with_efa = [t for t in self.hardware.names if self.hardware.spec(t).efa_count > 0]
@@ -110,12 +118,16 @@ class EfaDraDriverArgs:
 
     def values(self) -> dict[str, Any]:
         """The chart values the release is installed with."""
-        key, names = ((NODE_GROUP_LABEL, list(self.node_groups)) if self.node_groups
-                      else (INSTANCE_TYPE_LABEL, list(self.instance_types)))
+        # The chart makes one node selector term per key, each `key In values` with the same values.
+        if self.instance_types:
+            keys, names = [INSTANCE_TYPE_LABEL], list(self.instance_types)
+        else:
+            keys = [*([NODE_GROUP_LABEL] if self.node_groups else []), *([NODE_POOL_LABEL] if self.node_pools else [])]
+            names = list(dict.fromkeys([*self.node_groups, *self.node_pools]))
         return {
             **dict(self.extra_values),
             "image": {"repository": self.image_repository, "tag": self.image_tag},
-            "supportedInstanceLabels": {"keys": [key], "values": names},
+            "supportedInstanceLabels": {"keys": keys, "values": names},
             "tolerations": [neuron_toleration()],
             "deviceClass": {"create": True, "name": self.device_class_name},
         }
@@ -125,16 +137,28 @@ _OWN_VALUES = ("image", "supportedInstanceLabels", "tolerations", "deviceClass")
 
 
 class EfaDraDriver(pulumi.ComponentResource):
-    """DRANET's Helm release: a DaemonSet on the EFA nodes and the DeviceClass `efa.networking.k8s.aws`."""
+    """DRANET's Helm release: a DaemonSet on the EFA nodes and the DeviceClass `efa.networking.k8s.aws`.
+
+    `EfaDraDriver(name, args, opts)` or `EfaDraDriver(name, cluster=..., node_groups=[...], ...)`. Outputs:
+    driver_name, device_class_name, namespace, release, and where it runs (node_groups, node_pools,
+    instance_types)."""
 
     driver_name: str
     device_class_name: str
     namespace: str
     release: k8s.helm.v3.Release
 
-    def __init__(self, resource_name_: str, args: EfaDraDriverArgs,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, resource_name_: str, args: EfaDraDriverArgs | None = None,
+                 opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
+        if args is not None and kwargs:
+            raise TypeError("EfaDraDriver: give either args or keyword arguments, not both")
+        args = args if args is not None else EfaDraDriverArgs(**kwargs)
+        if args.cluster is not None:
+            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
         super().__init__("neuron-dra:index:EfaDraDriver", resource_name_, None, opts)
+        self.node_groups = args.node_groups
+        self.node_pools = args.node_pools
+        self.instance_types = args.instance_types
         self.driver_name = EFA_DRIVER  # fixed by the DRANET binary
         self.device_class_name = args.device_class_name
         self.namespace = args.namespace
@@ -156,8 +180,9 @@ class EfaDraDriver(pulumi.ComponentResource):
 EfaDriverRef = EfaDraDriver | Literal["external"]
 
 
-def efa_requests(manifest: Mapping[str, Any], device_class: str = EFA_DEVICE_CLASS) -> list[str]:
-    """The names of a ResourceClaimTemplate's requests (and firstAvailable subrequests) for `device_class`."""
+def class_requests(manifest: Mapping[str, Any], device_class: str) -> list[str]:
+    """The names of a ResourceClaimTemplate's requests (and firstAvailable subrequests) for `device_class`
+    (the EFA class here, the NeuronCore class in core_scale.py)."""
     found = []
     for request in manifest.get("spec", {}).get("spec", {}).get("devices", {}).get("requests") or ():
         exact = request.get("exactly") or {}

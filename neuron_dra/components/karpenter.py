@@ -29,7 +29,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from neuron_dra.components.cluster import POD_IDENTITY_TRUST
+from neuron_dra.components.cluster import POD_IDENTITY_TRUST, TrainiumCluster
 from neuron_dra.components.nodegroup import CNI_POLICY, NODE_POLICIES, ROOT_DEVICE
 from neuron_dra.components.settings import SettingError
 
@@ -53,20 +53,53 @@ QUEUE_RETENTION_SECONDS = 300
 
 @dataclass(frozen=True)
 class TrainiumKarpenterArgs:
-    """Inputs of `TrainiumKarpenter`. `cluster_name` is the EKS cluster's; `subnet_ids` its private subnets
-    (for the controller's node group); `depends_on`: what must exist first (the cluster's Pod Identity agent)."""
+    """Inputs of `TrainiumKarpenter`.
 
-    cluster_name: pulumi.Input[str]
-    subnet_ids: pulumi.Input[Sequence[str]]
-    kubernetes_version: str
+    cluster: TrainiumCluster | None -- the cluster: its name, private subnets, Kubernetes version, CNI-policy
+        choice and provider, and its Pod Identity agent to wait for. Without it, give the next three fields.
+    cluster_name: Input[str] | None -- the EKS cluster's name.
+    subnet_ids: Input[list[str]] | None -- its private subnets (the controller's node group).
+    kubernetes_version: str | None -- its Kubernetes minor (the controller's node group).
+    chart_version: str -- the Karpenter chart release (default the pinned KARPENTER_VERSION).
+    static_capacity: bool -- featureGates.staticCapacity: static NodePools (replicas) (default True).
+    system_instance_type: str -- the controller nodes' instance type (default m7i.large).
+    cni_policy_on_node_role: bool | None -- AmazonEKS_CNI_Policy on the node roles (default: the cluster's
+        vpc_cni_identity is nodeRole; False without cluster).
+    depends_on: list[pulumi.Resource] -- what must exist first (with cluster: its Pod Identity agent too).
+    tags: dict[str, str] -- AWS tags.
+    """
+
+    cluster_name: pulumi.Input[str] | None = None
+    subnet_ids: pulumi.Input[Sequence[str]] | None = None
+    kubernetes_version: str | None = None
     chart_version: str = KARPENTER_VERSION
     static_capacity: bool = True  # featureGates.staticCapacity: static NodePools (replicas)
     system_instance_type: str = DEFAULT_SYSTEM_INSTANCE_TYPE
-    cni_policy_on_node_role: bool = False
+    cni_policy_on_node_role: bool | None = None
     depends_on: Sequence[pulumi.Resource] = ()
     tags: Mapping[str, str] = field(default_factory=dict)
+    cluster: TrainiumCluster | None = None
 
     def __post_init__(self) -> None:
+        if self.cluster is not None:
+            c = self.cluster
+            for key in ("cluster_name", "subnet_ids", "kubernetes_version"):
+                if getattr(self, key) is not None:
+                    raise SettingError(f"TrainiumKarpenterArgs.{key}", getattr(self, key),
+                                       "unset when cluster is given (it comes from the cluster)")
+            object.__setattr__(self, "cluster_name", c.cluster_name)
+            object.__setattr__(self, "subnet_ids", c.private_subnet_ids)
+            object.__setattr__(self, "kubernetes_version", c.kubernetes_version)
+            if self.cni_policy_on_node_role is None:
+                object.__setattr__(self, "cni_policy_on_node_role", c.vpc_cni_identity == "nodeRole")
+            object.__setattr__(self, "depends_on", (*c.node_group_dependencies, c.pod_identity_agent,
+                                                    *self.depends_on))
+        for key in ("cluster_name", "subnet_ids", "kubernetes_version"):
+            if getattr(self, key) is None:
+                raise SettingError(f"TrainiumKarpenterArgs.{key}", None,
+                                   "the cluster's value, or cluster=<TrainiumCluster>")
+        if self.cni_policy_on_node_role is None:
+            object.__setattr__(self, "cni_policy_on_node_role", False)
         parts = self.chart_version.split(".")
         if len(parts) != 3 or not all(p.isdigit() for p in parts):
             raise SettingError("TrainiumKarpenterArgs.chart_version", self.chart_version,
@@ -167,7 +200,12 @@ def chart_values(*, cluster_name: str, queue_name: str, static_capacity: bool) -
 
 
 class TrainiumKarpenter(pulumi.ComponentResource):
-    """Karpenter, its IAM and its controller nodes. A Kubernetes provider is given as `opts.provider`."""
+    """Karpenter, its IAM and its controller nodes.
+
+    `TrainiumKarpenter(name, args, opts)` or `TrainiumKarpenter(name, cluster=..., ...)` with the fields of
+    `TrainiumKarpenterArgs` as keyword arguments. The Kubernetes provider is the cluster's, or `opts.provider`.
+    Outputs: node_role, controller_role, queue, release (the chart; node pools wait for it), system_node_group.
+    """
 
     node_role: aws.iam.Role
     controller_role: aws.iam.Role
@@ -175,9 +213,15 @@ class TrainiumKarpenter(pulumi.ComponentResource):
     release: k8s.helm.v3.Release
     system_node_group: aws.eks.NodeGroup
 
-    def __init__(self, resource_name: str, args: TrainiumKarpenterArgs,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, resource_name: str, args: TrainiumKarpenterArgs | None = None,
+                 opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
+        if args is not None and kwargs:
+            raise TypeError("TrainiumKarpenter: give either args or keyword arguments, not both")
+        args = args if args is not None else TrainiumKarpenterArgs(**kwargs)
+        if args.cluster is not None:
+            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
         super().__init__("neuron-dra:index:TrainiumKarpenter", resource_name, None, opts)
+        self.cluster = args.cluster
         child = pulumi.ResourceOptions(parent=self)
         after = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
         tags = {**args.tags, "neuron-dra/karpenter": "true"}

@@ -207,6 +207,9 @@ class PlanMocks(pulumi.runtime.Mocks):
             wanted = set(filters.get("availability-zone", []))
             ids = [s for s in candidates if not wanted or self.zone_of(s) in wanted]
             return {"id": self.region, "ids": ids}
+        if token == "aws:ec2/getSubnet:getSubnet":
+            subnet = str(args.args.get("id"))
+            return {"id": subnet, "availabilityZone": self.zone_of(subnet), "vpcId": "vpc-0offline00000000"}
         if token == "aws:index/getCallerIdentity:getCallerIdentity":
             return {"id": ACCOUNT, "accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/offline-plan",
                     "userId": "AIDAOFFLINEPLAN"}

@@ -369,11 +369,29 @@ def _subnets(args: TrainiumNodeGroupArgs) -> pulumi.Output[list[str]]:
         aws.ec2.GetSubnetsFilterArgs(name="availability-zone", values=zones),
     ])
     found = aws.ec2.get_subnets_output(filters=filters)
-    def pick(ids: Sequence[str] | None) -> list[str]:
+
+    def pick(ids: Sequence[str] | None, subnets: Sequence[str]) -> list[str]:
         chosen = sorted(ids or [])
         if not chosen:
             raise SettingError(s._at("availabilityZone"), ", ".join(zones),
-                               "an AZ in which the cluster has a private subnet")
+                               f"an AZ in which the cluster has a private subnet ({subnet_zones(subnets)})")
         return chosen[:1] if s.is_efa else chosen
 
-    return found.ids.apply(pick)
+    return pulumi.Output.all(found.ids, candidates).apply(lambda known: pick(known[0], list(known[1])))
+
+
+MAX_SUBNETS_NAMED = 16  # an error names at most this many subnets' AZs (one lookup each)
+
+
+def subnet_zones(subnets: Sequence[str]) -> str:
+    """`us-east-2a (subnet-1), us-east-2b (subnet-2)`: the AZs of the cluster's subnets, for an error message;
+    looked up only on that error's path."""
+    if not subnets:
+        return "the cluster has none"
+    shown = sorted(subnets)[:MAX_SUBNETS_NAMED]
+    by_zone: dict[str, list[str]] = {}
+    for subnet in shown:
+        by_zone.setdefault(aws.ec2.get_subnet(id=subnet).availability_zone, []).append(subnet)
+    more = f", and {len(subnets) - len(shown)} more" if len(subnets) > len(shown) else ""
+    return "its private subnets are in " + ", ".join(
+        f"{zone} ({', '.join(ids)})" for zone, ids in sorted(by_zone.items())) + more

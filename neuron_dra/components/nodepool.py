@@ -26,14 +26,13 @@ import pulumi_kubernetes as k8s
 from neuron_dra.components.efa import karpenter_interfaces
 from neuron_dra.components.nodegroup import ROOT_DEVICE
 from neuron_dra.components.settings import NodePoolSettings, SettingError
-from neuron_dra.driver.deploy import CAPACITY_BLOCK_LABEL, INSTANCE_TYPE_LABEL
+from neuron_dra.driver.deploy import CAPACITY_BLOCK_LABEL, INSTANCE_TYPE_LABEL, NODE_POOL_LABEL
 from neuron_dra.driver.model.k8s_names import neuron_taint
 from neuron_dra.driver.model.partitions import LNC_FILE
 
 NODE_POOL_API = "karpenter.sh/v1"
 NODE_CLASS_GROUP = "karpenter.k8s.aws"
 NODE_CLASS_API = f"{NODE_CLASS_GROUP}/v1"
-NODE_POOL_LABEL = "neuron-dra/node-pool"
 LNC_LABEL = "neuron-dra/lnc"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 INSTANCE_FAMILY_LABEL = "karpenter.k8s.aws/instance-family"
@@ -132,18 +131,38 @@ def node_class_manifest(pool: NodePoolSettings, *, role: str, subnet_ids: Sequen
 @dataclass(frozen=True, kw_only=True)
 class TrainiumNodePoolArgs(NodePoolSettings):
     """Inputs of `TrainiumNodePool`: the pool's own plain fields (as in `NodePoolSettings`, validated the same
-    way) and where its nodes go: the node role Karpenter gives them (`TrainiumKarpenter.node_role`), the
-    cluster's private subnets and security group."""
+    way) and where its nodes go: `karpenter` (TrainiumKarpenter: the node role it gives them, and its chart,
+    which installs the CRDs, to wait for) and `cluster` (TrainiumCluster: its private subnets, security group and
+    provider), or else node_role_name, subnet_ids and security_group_ids and the provider as `opts.provider`."""
 
-    node_role_name: pulumi.Input[str]
-    subnet_ids: pulumi.Input[Sequence[str]]
-    security_group_ids: pulumi.Input[Sequence[str]]
+    node_role_name: pulumi.Input[str] | None = None
+    subnet_ids: pulumi.Input[Sequence[str]] | None = None
+    security_group_ids: pulumi.Input[Sequence[str]] | None = None
     imds_hop_limit: int = 1  # 2 lets every pod reach IMDS and so the node role
     tags: Mapping[str, str] = field(default_factory=dict)
     depends_on: Sequence[pulumi.Resource] = ()  # e.g. Karpenter's chart, which installs the CRDs
+    cluster: Any = None  # TrainiumCluster (typed Any: NodePoolSettings' module stays free of Pulumi)
+    karpenter: Any = None  # TrainiumKarpenter
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        derived: dict[str, Any] = {}
+        if self.karpenter is not None:
+            derived["node_role_name"] = self.karpenter.node_role.name
+            object.__setattr__(self, "depends_on", (self.karpenter.release, *self.depends_on))
+        if self.cluster is not None:
+            derived["subnet_ids"] = self.cluster.private_subnet_ids
+            derived["security_group_ids"] = self.cluster.cluster_security_group_id.apply(lambda sg: [sg])
+        for key, value in derived.items():
+            if getattr(self, key) is not None:
+                raise SettingError(f"{type(self).__name__}.{key}", getattr(self, key),
+                                   "unset when cluster and karpenter are given (it comes from them)")
+            object.__setattr__(self, key, value)
+        for key, source in (("node_role_name", "karpenter=<TrainiumKarpenter>"),
+                            ("subnet_ids", "cluster=<TrainiumCluster>"),
+                            ("security_group_ids", "cluster=<TrainiumCluster>")):
+            if getattr(self, key) is None:
+                raise SettingError(f"{type(self).__name__}.{key}", None, f"a value, or {source}")
         hop = self.imds_hop_limit
         if isinstance(hop, bool) or not isinstance(hop, int) or not 1 <= hop <= 64:
             raise SettingError(f"{type(self).__name__}.imds_hop_limit", hop, "1 to 64")
@@ -156,18 +175,31 @@ class TrainiumNodePoolArgs(NodePoolSettings):
 
 
 class TrainiumNodePool(pulumi.ComponentResource):
-    """A Karpenter NodePool and its EC2NodeClass. A Kubernetes provider is given as `opts.provider`."""
+    """A Karpenter NodePool and its EC2NodeClass.
+
+    `TrainiumNodePool(name, args, opts)` or `TrainiumNodePool(name, cluster=..., karpenter=..., name=...,
+    instance_types=[...], ...)`. The Kubernetes provider is the cluster's, or `opts.provider`. Outputs: name,
+    instance_types, check_targets (what `ClaimTemplates(node_pools=[...])` checks templates against), efa_count,
+    node_pool, node_class."""
 
     name: str
     instance_types: tuple[str, ...]
     node_pool: k8s.apiextensions.CustomResource
     node_class: k8s.apiextensions.CustomResource
 
-    def __init__(self, resource_name: str, args: TrainiumNodePoolArgs,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, resource_name: str, args: TrainiumNodePoolArgs | None = None,
+                 opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
+        if args is not None and kwargs:
+            raise TypeError("TrainiumNodePool: give either args or keyword arguments, not both")
+        args = args if args is not None else TrainiumNodePoolArgs(**{"name": resource_name, **kwargs})
+        if args.cluster is not None:
+            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
         super().__init__("neuron-dra:index:TrainiumNodePool", resource_name, None, opts)
         self.name = args.name
         self.instance_types = args.types
+        self.check_targets = args.check_targets  # what ClaimTemplates(node_pools=[...]) checks against
+        self.efa_count = args.efa_count
+        self.node_limit = args.node_limit  # its most nodes (limits.nodes)
         after = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
         spec = pulumi.Output.all(args.node_role_name, args.subnet_ids, args.security_group_ids).apply(
             lambda known: node_class_manifest(args, role=known[0], subnet_ids=list(known[1]),

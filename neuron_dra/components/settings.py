@@ -26,6 +26,7 @@ from neuron_dra.driver.deploy import (
 )
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec
 from neuron_dra.driver.model.errors import NotAllowed
+from neuron_dra.driver.model.errortext import did_you_mean
 from neuron_dra.driver.model.k8s_names import (
     DEFAULT_DRIVER_NAME,
     DEFAULT_PLUGINS_DIR,
@@ -37,6 +38,7 @@ from neuron_dra.driver.model.k8s_names import (
 )
 
 PROJECT = "neuron-dra"
+AUTO = "auto"  # settings whose default the stack decides (corePartitions, coreExtendedResourceName)
 # The Kubernetes minors the driver supports (docs/kubernetes-versions.md): DRA's resource.k8s.io/v1 is served from
 # 1.34; 1.37 is the newest release. Of these, an EKS cluster takes only the minors EKS offers (eks_versions.py).
 MIN_KUBERNETES_VERSION = (1, 34)
@@ -203,7 +205,8 @@ class NodeGroupSettings:
             raise SettingError(self._at("name"), self.name, "a DNS label of at most 40 characters")
         if self.instance_type not in self.hardware:
             raise SettingError(self._at("instanceType"), self.instance_type,
-                               f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)")
+                               f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)"
+                               f"{did_you_mean(str(self.instance_type), self.hardware.names)}")
         for key, v in (("desiredSize", self.desired_size), ("minSize", self.min_size),
                        ("maxSize", self.max_size), ("rootVolumeSizeGiB", self.root_volume_size_gib)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -393,7 +396,8 @@ class NodePoolSettings:
         for t in self.instance_types:
             if t not in self.hardware:
                 raise SettingError(self._at("instanceTypes"), t,
-                                   f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)")
+                                   f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)"
+                                   f"{did_you_mean(str(t), self.hardware.names)}")
         families = sorted({spec.family.name for spec in self.hardware.types.values()})
         for f in self.instance_families:
             if f not in families:
@@ -523,6 +527,13 @@ class NodePoolSettings:
         return self.replicas if self.replicas is not None else DEFAULT_DYNAMIC_POOL_NODES
 
     @property
+    def check_targets(self) -> tuple[str, ...]:
+        """How claim checks name the pool's nodes: each instance type, with `:lnc=N` when the nodes run at an
+        LNC other than the family's default (as `NodeGroupSettings.check_target`)."""
+        return tuple(t if self.lnc is None or self.lnc == self.hardware.spec(t).family.default_lnc
+                     else f"{t}:lnc={self.lnc}" for t in self.types)
+
+    @property
     def efa_count(self) -> int | None:
         """The EFA count all the pool's types share, or None when they differ (Karpenter then sizes EFA per pod
         request of vpc.amazonaws.com/efa instead of a fixed interface list)."""
@@ -595,8 +606,13 @@ class StackSettings:
                                              option="core_device_class_name")
     extended_resource_name: str = _setting("extendedResourceName", DEFAULT_EXTENDED_RESOURCE,
                                            option="extended_resource_name")
-    core_extended_resource_name: str = _setting("coreExtendedResourceName", DEFAULT_CORE_EXTENDED_RESOURCE,
+    # auto: DEFAULT_CORE_EXTENDED_RESOURCE where the driver publishes NeuronCores; a name also asks for them
+    core_extended_resource_name: str = _setting("coreExtendedResourceName", AUTO,
                                                 option="core_extended_resource_name")
+    # NeuronCores with counters (the daemon's --core-partitions): auto, on, off (core_scale.py decides auto)
+    core_partitions: str = _setting("corePartitions", AUTO, option="core_partitions")
+    # Deploy NeuronCores on Kubernetes 1.36 even where the predicted scheduler time per claim pod passes 10 s.
+    allow_slow_claim_scheduling: bool = _setting("allowSlowClaimScheduling", False)
     kubelet_plugins_dir: str = _setting("kubeletPluginsDir", DEFAULT_PLUGINS_DIR, option="plugins_dir")
     kubelet_registry_dir: str = _setting("kubeletRegistryDir", DEFAULT_REGISTRY_DIR, option="registry_dir")
     efa_driver: str = _setting("efaDriver", "auto")
@@ -621,6 +637,9 @@ class StackSettings:
             raise SettingError(n(key_of("driver_repository_force_delete")), force, "true or false")
         if self.pod_monitor not in POD_MONITOR_MODES:
             raise SettingError(n(key_of("pod_monitor")), self.pod_monitor, ", ".join(POD_MONITOR_MODES))
+        if not isinstance(self.allow_slow_claim_scheduling, bool):
+            raise SettingError(n(key_of("allow_slow_claim_scheduling")), self.allow_slow_claim_scheduling,
+                               "true or false")
         if self.efa_driver not in EFA_DRIVER_MODES:
             raise SettingError(n(key_of("efa_driver")), self.efa_driver, " or ".join(EFA_DRIVER_MODES))
         timeout = self.driver_rollout_timeout_seconds
@@ -727,7 +746,9 @@ class StackSettings:
                 plugins_dir=self.kubelet_plugins_dir, registry_dir=self.kubelet_registry_dir,
                 core_device_class_name=self.neuron_core_device_class,
                 extended_resource_name=self.extended_resource_name or None,
-                core_extended_resource_name=self.core_extended_resource_name or None,
+                core_extended_resource_name=(DEFAULT_CORE_EXTENDED_RESOURCE if self.core_extended_resource_name == AUTO
+                                             else self.core_extended_resource_name or None),
+                core_partitions=self.core_partitions,
                 kubernetes_version=self.kubernetes_version, max_surge=self.driver_max_surge,
                 max_unavailable=self.driver_max_unavailable,
                 metrics_scrape_namespaces=self.metrics_scrape_namespaces,
@@ -766,12 +787,31 @@ class StackSettings:
 
     @property
     def check_targets(self) -> tuple[str, ...]:
-        """What claim templates are checked against: the node groups' instance types at their LNC
+        """What claim templates are checked against: the node groups' and pools' instance types at their LNC
         (`trn2.48xlarge:lnc=1` for a group with lnc 1), or the existing cluster's instance types."""
         if self.existing_cluster:
             return self.node_instance_types
         return tuple(dict.fromkeys((*(g.check_target for g in self.node_groups),
-                                    *(t for p in self.node_pools for t in p.types))))
+                                    *(t for p in self.node_pools for t in p.check_targets))))
+
+    @property
+    def efa_check_targets(self) -> tuple[str, ...]:
+        """Where the EFA DRA driver runs (new cluster): the node groups with EFA interfaces and the pools whose
+        nodes get them (one EFA count for all the pool's types: `NodePoolSettings.efa_count`)."""
+        return tuple(dict.fromkeys((*(g.check_target for g in self.node_groups if g.is_efa),
+                                    *(t for p in self.node_pools if p.efa_count for t in p.check_targets))))
+
+    @property
+    def asks_for_core_extended_resource(self) -> bool:
+        """coreExtendedResourceName names a resource (not auto, not ''): pods for it need NeuronCores."""
+        return self.core_extended_resource_name not in (AUTO, "")
+
+    @property
+    def max_nodes(self) -> int | None:
+        """The most nodes the stack's node groups and pools can have at once (None: an existing cluster)."""
+        if self.existing_cluster:
+            return None
+        return sum(g.maximum for g in self.node_groups) + sum(p.node_limit for p in self.node_pools)
 
     @property
     def uses_efa_only(self) -> bool:

@@ -160,7 +160,15 @@ _ROWS: tuple[Setting, ...] = (
     _T("extended_resource_name", "string", "Extended resource the whole-device DeviceClass serves to pods "
        "written for the Neuron device plugin ('' for none; left out before Kubernetes 1.36)."),
     _T("core_extended_resource_name", "string", "Extended resource the NeuronCore DeviceClass serves (logical "
-       "cores at the node's LNC; '' for none; left out before Kubernetes 1.36)."),
+       "cores at the node's LNC): auto (aws.amazon.com/neuroncore where the driver publishes NeuronCores), a name "
+       "(on Kubernetes 1.36 it also turns NeuronCores on), or '' for none; left out before Kubernetes 1.36."),
+    _T("core_partitions", "string", "NeuronCores with shared counters beside whole devices (the daemon's "
+       "--core-partitions): auto (on Kubernetes 1.37+; on 1.36 only when a claim template requests NeuronCores or "
+       "coreExtendedResourceName names a resource, since the 1.36 scheduler's cost per claim pod grows with nodes "
+       "squared: docs/scale.md), on, or off."),
+    _T("allow_slow_claim_scheduling", "boolean", "Deploy NeuronCores on Kubernetes 1.36 even where the predicted "
+       "scheduler time per claim pod at the node groups' and pools' maximum size passes the scheduler's 10 s DRA "
+       "filter limit (preview refuses it otherwise)."),
     _T("kubelet_plugins_dir", "string", "kubelet's plugins directory on the nodes."),
     _T("kubelet_registry_dir", "string", "kubelet's plugin registry directory on the nodes."),
     _T("efa_driver", "string", "AWS's EFA DRA driver (DRANET, Helm chart aws-dranet; docs/efa-dra-driver.md): "

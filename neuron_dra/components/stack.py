@@ -27,6 +27,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from neuron_dra.components import core_scale
 from neuron_dra.components.claims import ClaimTemplates, ClaimTemplatesArgs, TemplateCheck, module_templates
 from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
 from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
@@ -206,8 +207,10 @@ def build_stack(
                             "by the first `pulumi up` after a node group has nodes")
         provider = cluster.provider
         kubeconfig = cluster.kubeconfig
+    cores = core_scale.choose(settings, driver_options(settings), templates)
+    core_scale.check(settings, cores, templates, pulumi.log.warn)
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
-        options=driver_options(settings), image=settings.driver_image, source_dir=source_dir, cluster=cluster,
+        options=cores.options, image=settings.driver_image, source_dir=source_dir, cluster=cluster,
         force_delete_repository=settings.driver_repository_force_delete,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))
@@ -217,7 +220,8 @@ def build_stack(
     # against the node groups' nodes at their LNC.
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
         templates=templates, instance_types=settings.check_targets, check=check, hardware=settings.hardware,
-        driver=driver, efa_driver=efa_ref,
+        driver=driver, efa_driver=efa_ref, scheduling_priced=True,
+        efa_targets=None if efa_driver is None or settings.existing_cluster else settings.efa_check_targets,
     ), opts=pulumi.ResourceOptions(provider=provider))
     exports: dict[str, Any] = {
         "kubeconfig": kubeconfig,
@@ -247,45 +251,30 @@ def _efa_driver(settings: StackSettings, provider: k8s.Provider) -> EfaDraDriver
                                "EFA interfaces")
         args = EfaDraDriverArgs(instance_types=types, hardware=settings.hardware)
     else:
+        # Node groups' nodes carry neuron-dra/node-group, Karpenter pools' neuron-dra/node-pool; a pool gets
+        # EFA interfaces when all its types have the same EFA count (nodepool.py).
         groups = [g.name for g in settings.node_groups if g.is_efa]
-        # Karpenter's nodes carry no node-group label: with EFA pools the driver follows the instance types.
-        pool_types = [t for p in settings.node_pools if p.efa_count for t in p.types]
-        if not groups and not pool_types:
+        pools = [p.name for p in settings.node_pools if p.efa_count]
+        if not groups and not pools:
             if settings.efa_driver == "install":
                 raise SettingError(setting_name("efaDriver"), settings.efa_driver,
                                    "auto or external: no node group or node pool has EFA interfaces")
             return None
-        if pool_types:
-            types = [*(g.instance_type for g in settings.node_groups if g.is_efa), *pool_types]
-            args = EfaDraDriverArgs(instance_types=list(dict.fromkeys(types)), hardware=settings.hardware)
-        else:
-            args = EfaDraDriverArgs(node_groups=groups, hardware=settings.hardware)
+        args = EfaDraDriverArgs(node_groups=groups, node_pools=pools, hardware=settings.hardware)
     return EfaDraDriver("efa-driver", args, opts=pulumi.ResourceOptions(provider=provider))
 
 
 def _karpenter(cluster: TrainiumCluster, settings: StackSettings) -> tuple[TrainiumKarpenter, list[TrainiumNodePool]]:
     """Karpenter in the cluster and one TrainiumNodePool per `nodePools` entry, after Karpenter's chart (its CRDs)."""
     provider = pulumi.ResourceOptions(provider=cluster.provider)
-    karpenter = TrainiumKarpenter("karpenter", TrainiumKarpenterArgs(
-        cluster_name=cluster.cluster_name,
-        subnet_ids=cluster.private_subnet_ids,
-        kubernetes_version=cluster.kubernetes_version,
-        cni_policy_on_node_role=settings.vpc_cni_identity == "nodeRole",
-        depends_on=[*cluster.node_group_dependencies, cluster.pod_identity_agent],
-    ), opts=provider)
+    karpenter = TrainiumKarpenter("karpenter", TrainiumKarpenterArgs(cluster=cluster), opts=provider)
     return karpenter, [_node_pool(cluster, karpenter, pool, settings) for pool in settings.node_pools]
 
 
 def _node_pool(cluster: TrainiumCluster, karpenter: TrainiumKarpenter, pool: NodePoolSettings,
                settings: StackSettings) -> TrainiumNodePool:
     return TrainiumNodePool(f"pool-{pool.name}", TrainiumNodePoolArgs.from_settings(
-        pool,
-        node_role_name=karpenter.node_role.name,
-        subnet_ids=cluster.private_subnet_ids,
-        security_group_ids=cluster.cluster_security_group_id.apply(lambda sg: [sg]),
-        imds_hop_limit=settings.imds_hop_limit,
-        depends_on=[karpenter.release],
-    ), opts=pulumi.ResourceOptions(provider=cluster.provider))
+        pool, cluster=cluster, karpenter=karpenter, imds_hop_limit=settings.imds_hop_limit))
 
 
 def current_config() -> dict[str, str]:

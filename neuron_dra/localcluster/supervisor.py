@@ -118,7 +118,8 @@ class NodeAgent:
                 "--registry-dir", str(p.registry_dir), "--cdi-root", str(p.cdi_root),
                 "--healthcheck-port", "0", "--metrics-port", str(self.metrics_port), "--bind-address", "127.0.0.1",
                 "--kubeconfig", str(p.driver_kubeconfig),
-                "--host-root", str(p.host_root)]
+                "--host-root", str(p.host_root),
+                "--core-partitions", local_core_partitions(self.binaries.minor)]
         if self.catalog_file:
             argv += ["--catalog", str(self.catalog_file)]
         env = dict(os.environ)
@@ -210,18 +211,34 @@ def wait_for_service_account(api: client.ApiClient, namespace: str, name: str, t
                        "(is kube-controller-manager running?)")
 
 
-def driver_objects(driver_name: str) -> tuple[list[dict[str, Any]], DriverIdentity]:
+# A local cluster has a handful of nodes: NeuronCores on every minor that serves them (1.36+), whatever the
+# 1.36 scheduler would cost at 1,000 nodes (DriverDeployOptions.core_partitions).
+LOCAL_CORE_PARTITIONS = "on"
+
+
+def local_core_partitions(minor: str | None) -> str:
+    """The fake runtime's daemon's --core-partitions: the DaemonSet's rule (deploy.core_partitions_arg)."""
+    from neuron_dra.driver import deploy
+
+    options = deploy.DriverDeployOptions(kubernetes_version=minor, core_partitions=LOCAL_CORE_PARTITIONS)
+    return deploy.core_partitions_arg(options) or "auto"
+
+
+def driver_objects(driver_name: str, kubernetes_version: str | None = None
+                   ) -> tuple[list[dict[str, Any]], DriverIdentity]:
     """The same objects `neuron-dra plan -o yaml` prints for the driver, minus the DaemonSet (with the fake
     runtime the supervisor runs the daemon itself), plus the EFA DeviceClass of the emulated EFA driver."""
     from neuron_dra.driver import deploy
 
-    options = deploy.DriverDeployOptions(driver_name=driver_name)
+    options = deploy.DriverDeployOptions(driver_name=driver_name, core_partitions=LOCAL_CORE_PARTITIONS,
+                                         kubernetes_version=kubernetes_version)
     objects = [o for o in deploy.manifests(options) if o["kind"] != "DaemonSet"]
     identity = DriverIdentity(options.namespace, options.service_account, "neuron-dra-driver-kubelet-plugin")
     return [*objects, efa_device_class()], identity
 
 
-def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = None, metrics_port: int = 0) -> Any:
+def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = None, metrics_port: int = 0,
+                      kubernetes_version: str | None = None) -> Any:
     """The deploy options of a containerd cluster's driver: the defaults, except what a local node must differ
     in: the image (imported, not pulled), the emulated host tree's path on the node, a catalog file's text, and
     the metrics port when a Prometheus scrapes the drivers."""
@@ -230,7 +247,8 @@ def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = 
 
     return deploy.DriverDeployOptions(driver_name=driver_name, image=image, host_paths_root=HOST_TREE,
                                       catalog_yaml=catalog_file.read_text() if catalog_file else None,
-                                      metrics_port=metrics_port)
+                                      metrics_port=metrics_port, core_partitions=LOCAL_CORE_PARTITIONS,
+                                      kubernetes_version=kubernetes_version)
 
 
 def expose_drivers(api: client.ApiClient, options: Any, agents: list[Any], ports: kubelet.PortAllocator,
@@ -273,7 +291,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60,
                                 kubelet_hosts=kubelet_hosts, profile=profile)
         admin = config.new_client_from_config(str(cp.kubeconfig))
-        objects, identity = driver_objects(driver_name)
+        objects, identity = driver_objects(driver_name, binaries.minor)
         ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice
         if runtime == "containerd":
             from neuron_dra.driver import deploy
@@ -285,7 +303,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
             # The metrics port is on for a Prometheus, and with NetworkPolicy enforced: the policy's scrape rule
             # then has a port to admit (docs/network-policy.md).
             options = daemonset_options(driver_name, images.driver.reference, catalog_file,
-                                        METRICS_PORT if prometheus or network_policy else 0)
+                                        METRICS_PORT if prometheus or network_policy else 0, binaries.minor)
             enforcer = None
             if network_policy:
                 from neuron_dra.localcluster import netpol

@@ -138,3 +138,55 @@ def test_first_available_takes_neuron_cores_alternatives() -> None:
     with pytest.raises(TemplateError, match=r"Neuron\(...\) or NeuronCores\(...\) alternatives"):
         FirstAvailable(Efa(1))  # type: ignore[arg-type]
     ClaimTemplate("fa-efa", FirstAvailable(NeuronCores(2), Neuron(1)), Efa(1))  # EFA of the cores' device
+
+
+def test_numa_node_in_the_driver_domain_suggests_the_standard_attribute() -> None:
+    t = ClaimTemplate("t", Neuron(1, selectors="device.attributes['neuron.aws.com'].numaNode == 0"))
+    messages = [i.message for i in check(t, [TRN2]).errors]
+    assert any("numaNode, which the driver does not publish; did you mean "
+               "device.attributes['resource.kubernetes.io'].numaNode (resource.kubernetes.io/numaNode)?" in m
+               for m in messages), messages
+    assert not any("neuronCoreId" in m or "ultraserverNodeId4" in m for m in messages)
+    # the same for a constraint's qualified name
+    raw = ClaimTemplate("c", Neuron(2, instance_types=TRN2)).to_manifest()
+    raw["spec"]["spec"]["devices"]["constraints"] = [{"matchAttribute": "neuron.aws.com/numaNode"}]
+    assert any("did you mean 'resource.kubernetes.io/numaNode'?" in i.message for i in check(raw, [TRN2]).errors)
+
+
+def test_a_quantity_compared_with_a_string_hints_quantity() -> None:
+    t = ClaimTemplate("t", Neuron(1, selectors="device.capacity['neuron.aws.com'].memory >= '64Gi'"))
+    errors = [i.message for i in check(t, [TRN2]).errors]
+    assert any("compares device.capacity['neuron.aws.com'].memory (a quantity) with the string '64Gi'" in m
+               and "compareTo(quantity('64Gi'))" in m for m in errors), errors
+    swapped = ClaimTemplate("s", Neuron(1, selectors="'96Gi' == device.capacity['neuron.aws.com'].memory"))
+    assert any("with the string '96Gi'" in i.message for i in check(swapped, [TRN2]).errors)
+    # a quantity against a quantity with an operator: cel has no such overload; the hint names the methods
+    ops = ClaimTemplate("q", Neuron(1, selectors="device.capacity['neuron.aws.com'].memory >= quantity('64Gi')"))
+    assert any("x.compareTo(quantity(\"64Gi\")) >= 0" in i.message for i in check(ops, [TRN2]).errors)
+    fine = ClaimTemplate("f", Neuron(1, selectors="device.capacity['neuron.aws.com'].memory"
+                                                   ".compareTo(quantity('64Gi')) >= 0"))
+    assert check(fine, [TRN2]).ok
+
+
+def test_an_unknown_keyword_to_a_claim_class_gets_a_did_you_mean() -> None:
+    with pytest.raises(TemplateError, match=r"Neuron\(\) keyword: 'instance_type' is not allowed.*"
+                                            r"did you mean 'instance_types'\?"):
+        Neuron(1, instance_type=TRN2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"did you mean 'namespace'\?"):  # still a TypeError, as Python's own
+        ClaimTemplate("t", Neuron(1), namespce="ml")  # type: ignore[call-arg]
+    with pytest.raises(TemplateError, match=r"did you mean 'node_lnc'\?"):
+        NeuronCores(1, node_lnk=1)  # type: ignore[call-arg]
+    with pytest.raises(TemplateError) as far:
+        Efa(1, zzz=1)  # type: ignore[call-arg]
+    assert "did you mean" not in str(far.value) and "count" in str(far.value)
+    assert Neuron(count=2, instance_types=TRN2).count == 2  # known keywords still work
+
+
+def test_a_first_available_alternative_that_never_fits_is_a_warning() -> None:
+    t = ClaimTemplate("t", FirstAvailable(Neuron(16), Neuron(1)))
+    report = check(t, ["inf2.48xlarge", "trn1.2xlarge"])
+    assert report.ok  # the second alternative fits
+    assert [str(i) for i in report.issues] == [
+        "warning: request 'neurons/option1': this alternative can never be satisfied: it needs 16 devices and at "
+        "most 12 match on one node of the checked instance types (inf2.48xlarge, trn1.2xlarge)"]
+    assert not check(t, ["inf2.48xlarge", TRN2]).issues  # a trn2.48xlarge has 16

@@ -136,3 +136,14 @@ def test_an_unimportable_module_names_the_setting() -> None:
     with pytest.raises(SettingError) as err:
         module_templates("neuron_dra.claim_templates.no_such_module")
     assert err.value.setting == "neuron-dra:claimTemplatesModule"
+
+
+def test_a_check_warning_reaches_the_preview_output(caplog: pytest.LogCaptureFixture) -> None:
+    from neuron_dra.claim_templates import FirstAvailable
+
+    template = ClaimTemplate("fallback", FirstAvailable(Neuron(16), Neuron(1)))
+    with caplog.at_level("WARNING"):
+        run = run_templates(ClaimTemplatesArgs(templates=[template], instance_types=["inf2.48xlarge"]))
+    assert list(recorded_templates(run)) == ["default/fallback"]  # a warning, not a refusal
+    assert any("claim template default/fallback: request 'neurons/option1': this alternative can never be "
+               "satisfied" in r.getMessage() for r in caplog.records)

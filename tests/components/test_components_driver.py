@@ -180,15 +180,19 @@ def test_the_package_directory_is_a_complete_build_context() -> None:
         assert any(path.rstrip("/") == a or path.startswith(a + "/") for a in admitted), (path, admitted)
 
 
-@pytest.mark.parametrize(("version", "classes", "mapped", "taint_env"), [
-    ("1.34", ["neuron.aws.com"], False, False),
-    ("1.35", ["neuron.aws.com"], False, False),
-    ("1.36", ["neuron.aws.com", "neuroncore.aws.com"], True, True),
-    ("1.37", ["neuron.aws.com", "neuroncore.aws.com"], True, True),
+@pytest.mark.parametrize(("version", "cores", "classes", "mapped", "taint_env"), [
+    ("1.34", "auto", ["neuron.aws.com"], False, False),
+    ("1.35", "on", ["neuron.aws.com"], False, False),  # no partitionable devices: on changes nothing
+    # 1.36: NeuronCores (and their class) only when asked for: the scheduler's counter cost (docs/scale.md §2)
+    ("1.36", "auto", ["neuron.aws.com"], True, True),
+    ("1.36", "on", ["neuron.aws.com", "neuroncore.aws.com"], True, True),
+    ("1.37", "auto", ["neuron.aws.com", "neuroncore.aws.com"], True, True),
+    ("1.37", "off", ["neuron.aws.com"], True, True),
 ])
-def test_renders_what_the_clusters_minor_serves(version: str, classes: list[str], mapped: bool,
+def test_renders_what_the_clusters_minor_serves(version: str, cores: str, classes: list[str], mapped: bool,
                                                 taint_env: bool) -> None:
-    run = run_driver(NeuronDraDriverArgs(image=IMAGE, kubernetes_version=version))
+    run = run_driver(NeuronDraDriverArgs(image=IMAGE, kubernetes_version=version,
+                                         options=DriverDeployOptions(core_partitions=cores)))
     objects = k8s_objects(run)
     found = sorted(k.split("/", 1)[1] for k in objects if k.startswith("DeviceClass/"))
     assert found == classes
@@ -200,13 +204,24 @@ def test_renders_what_the_clusters_minor_serves(version: str, classes: list[str]
     for obj in objects.values():
         kubeschema.validate(obj.plain_inputs, version, strict=True)
     assert run.result.core_device_class_name == (classes[1] if len(classes) == 2 else None)
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    # the daemon publishes NeuronCores exactly where their class exists (auto on 1.37: its own rule, the same)
+    expected = [] if (version, cores) == ("1.37", "auto") else ["--core-partitions",
+                                                                 "on" if len(classes) == 2 else "off"]
+    assert [a for a in args if a == "--core-partitions"] + [
+        args[i + 1] for i, a in enumerate(args) if a == "--core-partitions"] == expected
 
 
 def test_the_version_rule_lives_in_deploy() -> None:
     """The component and `deploy.manifests` render the same objects for a minor (one rule)."""
     old = deploy.manifests(DriverDeployOptions(kubernetes_version="1.34"))
     assert [m["kind"] for m in old].count("DeviceClass") == 1
-    assert len(deploy.manifests(DriverDeployOptions(kubernetes_version="1.36"))) == len(old) + 1
+    assert len(deploy.manifests(DriverDeployOptions(kubernetes_version="1.36"))) == len(old)
+    assert len(deploy.manifests(DriverDeployOptions(kubernetes_version="1.36", core_partitions="on"))) == len(old) + 1
+    assert len(deploy.manifests(DriverDeployOptions(kubernetes_version="1.37"))) == len(old) + 1
+    with pytest.raises(deploy.DeployOptionError) as bad:
+        DriverDeployOptions(core_partitions="yes")
+    assert bad.value.option == "core_partitions" and bad.value.allowed == "auto, on, off"
     with pytest.raises(deploy.DeployOptionError) as err:
         DriverDeployOptions(kubernetes_version="1.33")
     assert err.value.option == "kubernetes_version" and "at least 1.34" in str(err.value)

@@ -69,8 +69,8 @@ def test_on_an_existing_cluster_it_selects_instance_types_and_takes_more_values(
 
 
 @pytest.mark.parametrize(("kwargs", "field", "allowed"), [
-    ({}, "EfaDraDriverArgs.node_groups", "exactly one of the two"),
-    ({"node_groups": ["a"], "instance_types": ["trn2.48xlarge"]}, "EfaDraDriverArgs.node_groups", "exactly one"),
+    ({}, "EfaDraDriverArgs.node_groups", "not both, not neither"),
+    ({"node_groups": ["a"], "instance_types": ["trn2.48xlarge"]}, "EfaDraDriverArgs.node_groups", "not both"),
     ({"instance_types": ["inf2.48xlarge"]}, "EfaDraDriverArgs.instance_types", "trn2.48xlarge"),
     ({"node_groups": ["a"], "chart_version": "^1.0"}, "EfaDraDriverArgs.chart_version", "exact chart version"),
     ({"node_groups": ["a"], "image_tag": "latest"}, "EfaDraDriverArgs.image_tag", "pinned image tag"),

@@ -20,10 +20,10 @@ from neuron_dra.components.efa import karpenter_interfaces
 from neuron_dra.components.karpenter import CHART, INTERRUPTION_EVENTS, KARPENTER_VERSION, NAMESPACE, SERVICE_ACCOUNT
 from neuron_dra.components.mocks import OfflineRun
 from neuron_dra.components.nodegroup import NODE_POLICIES
-from neuron_dra.components.nodepool import NODE_POOL_LABEL, lnc_user_data, node_class_manifest, node_pool_manifest
+from neuron_dra.components.nodepool import lnc_user_data, node_class_manifest, node_pool_manifest
 from neuron_dra.components.settings import NodePoolSettings, SettingError
 from neuron_dra.components.settings_schema import NODE_POOL_KEYS, decode_settings
-from neuron_dra.driver.deploy import CAPACITY_BLOCK_LABEL
+from neuron_dra.driver.deploy import CAPACITY_BLOCK_LABEL, NODE_POOL_LABEL
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.k8s_names import neuron_taint
 

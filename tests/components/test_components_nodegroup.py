@@ -206,6 +206,17 @@ def test_no_private_subnet_in_the_groups_az_fails_naming_the_setting() -> None:
         e = e.__cause__ or e.__context__
     ours = [x for x in chain if isinstance(x, SettingError)]
     assert ours and ours[0].setting == "TrainiumNodeGroupArgs('g').availability_zone" and "us-east-2d" in str(ours[0])
+    # ... and says where the cluster's subnets are (each looked up: getSubnet)
+    assert ("its private subnets are in us-east-2a (subnet-0000000000000000a), us-east-2b (subnet-0000000000000000b), "
+            "us-east-2c (subnet-0000000000000000c)") in str(ours[0])
+
+
+def test_an_instance_type_typo_gets_a_did_you_mean() -> None:
+    with pytest.raises(SettingError, match=r"did you mean 'trn2.48xlarge'\?"):
+        NodeGroupSettings(name="g", instance_type="trn2.48xlarg")
+    with pytest.raises(SettingError) as far:  # nothing close: the known types, no guess
+        NodeGroupSettings(name="g", instance_type="zzz")
+    assert "did you mean" not in str(far.value) and "trn2.48xlarge" in str(far.value)
 
 
 def test_efa_interfaces_rules() -> None:

@@ -14,6 +14,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -31,6 +32,8 @@ from neuron_dra.driver.model.errortext import capped
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
     CHECKPOINT_FILE,
+    CORE_PARTITION_MODES,
+    COUNTERS_PER_NODE_MINOR,
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
     DEFAULT_PLUGINS_DIR,
@@ -96,7 +99,10 @@ class DaemonOptions:
     log_level: str = "info"
     health_poll_interval: float = 1.0  # seconds between reads of the hardware error counters
     unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT
-    core_partitions: str = "auto"  # auto: NeuronCores when the API server keeps counters; on; off
+    # auto: NeuronCores with counters where the API server is Kubernetes 1.37+ and keeps counters; on; off.
+    # `with_core_partitions` resolves auto to auto (probe the counters) or off, with the reason.
+    core_partitions: str = "auto"
+    core_partitions_reason: str = ""
     lnc: int | None = None  # the node's LNC; None: /opt/aws/neuron/logical_nc_config, else the family's default
     # The API client (kube.py): client-side rate limit as client-go's defaults, and each request's deadline.
     kube_api_qps: float = 5.0
@@ -172,7 +178,6 @@ def _address(text: str) -> str:
                                          "status.podIP, or 127.0.0.1)") from None
 
 
-CORE_PARTITION_MODES = ("auto", "on", "off")
 
 
 def _lnc(text: str) -> int:
@@ -236,8 +241,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                    choices=["debug", "info", "warning", "error"], help="[env LOG_LEVEL] (default info)")
     p.add_argument("--core-partitions", choices=CORE_PARTITION_MODES,
                    default=env_default("CORE_PARTITIONS", "auto"),
-                   help="publish NeuronCores with counters beside whole devices: auto (when the API server keeps "
-                        "ResourceSlice sharedCounters, Kubernetes 1.36+), on, off (env CORE_PARTITIONS)")
+                   help="publish NeuronCores with counters beside whole devices: auto (where the API server is "
+                        f"Kubernetes 1.{COUNTERS_PER_NODE_MINOR}+, whose scheduler keeps each node's counters to "
+                        "that node, and keeps ResourceSlice sharedCounters; on 1.36 a claim pod's scheduler CPU "
+                        "grows with nodes squared), on, off [env CORE_PARTITIONS] (default auto)")
     p.add_argument("--lnc", type=_lnc, default=env_default("NODE_LNC", None), metavar="1|2",
                    help="the node's Logical NeuronCore config (env NODE_LNC; default: the host's "
                         "/opt/aws/neuron/logical_nc_config, else 2 on Trainium2+)")
@@ -296,6 +303,48 @@ def kubelet_version(api: ApiClient, node_name: str, seconds: float) -> str | Non
         return None
     version = (node.get("status") or {}).get("nodeInfo", {}).get("kubeletVersion")
     return version if isinstance(version, str) else None
+
+
+_SERVER_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
+
+
+def server_version(api: ApiClient, seconds: float) -> str | None:
+    """The API server's version (GET /version, gitVersion: `v1.36.5`, `v1.37.1-eks-...`); None on any failure."""
+    from neuron_dra.driver.daemon.kube import ApiClientError, ApiException, KubeApi
+
+    try:
+        version = KubeApi(api).call("GET", "/version", seconds=seconds).get("gitVersion")
+    except (ApiException, ApiClientError) as e:
+        log.warning("cannot read the API server's version", extra={"error": str(e)})
+        return None
+    return version if isinstance(version, str) else None
+
+
+def decide_core_partitions(mode: str, version: Callable[[], str | None]) -> tuple[str, str]:
+    """`--core-partitions` resolved to on, off or auto (publish NeuronCores if the API server keeps counters:
+    the publisher's probe), with the reason; `version` (the API server's) is asked only for auto."""
+    if mode != "auto":
+        return mode, f"--core-partitions={mode}"
+    seen = version()
+    m = _SERVER_VERSION.match(seen or "")
+    if m is None:
+        return "off", (f"the API server's version is unknown ({seen!r}): whole devices only, which never slow the "
+                       "scheduler (--core-partitions on publishes NeuronCores)")
+    major, minor = int(m.group(1)), int(m.group(2))
+    if (major, minor) < (1, COUNTERS_PER_NODE_MINOR):
+        return "off", (f"the API server is {seen}: its scheduler reads every node's counter slices on each node "
+                       f"(kubernetes#138917, fixed in 1.{COUNTERS_PER_NODE_MINOR}), so NeuronCores with counters make "
+                       "every claim pod's scheduling cost grow with nodes squared (--core-partitions on publishes "
+                       "them anyway)")
+    return "auto", f"the API server is {seen}"
+
+
+def with_core_partitions(options: DaemonOptions, api: ApiClient | None) -> DaemonOptions:
+    """`options` with `--core-partitions auto` resolved against the API server's version (once, at start)."""
+    mode, reason = decide_core_partitions(
+        options.core_partitions,
+        lambda: None if api is None else server_version(api, options.kube_api_timeout))
+    return replace(options, core_partitions=mode, core_partitions_reason=reason)
 
 
 def with_socket_names(options: DaemonOptions, api: ApiClient | None) -> DaemonOptions:
@@ -452,7 +501,7 @@ class Daemon:
             cores = None if o.core_partitions == "off" else layout
             if cores is None:
                 log.info("publishing whole Neuron devices only, no NeuronCores", extra={
-                    "node": o.node_name, "reason": "--core-partitions=off"})
+                    "node": o.node_name, "reason": o.core_partitions_reason or "--core-partitions=off"})
             self.publisher = SlicePublisher(self.api, self.host, o.node_name,
                                             PublishOptions(driver_name=o.driver_name, cores=cores), self.metrics,
                                             taints=self.health_reporter.taints,
@@ -650,7 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             servers.stop(0)
         loop.close()
         return 2
-    options = with_socket_names(options, api if asks else None)
+    options = with_core_partitions(with_socket_names(options, api if asks else None), api)
     if asks:
         servers = start_early(options, loop)
     return run_daemon(options, KubeClaimLookup(api), api, crash, servers, loop)

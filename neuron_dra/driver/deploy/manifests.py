@@ -35,6 +35,8 @@ from neuron_dra.driver.model.catalog_file import CatalogFileError, parse_catalog
 from neuron_dra.driver.model.errors import NotAllowed
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
+    CORE_PARTITION_MODES,
+    COUNTERS_PER_NODE_MINOR,
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
     DEFAULT_HEALTHCHECK_PORT,
@@ -90,6 +92,7 @@ POD_SELECTOR = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.i
 # Node labels the Pulumi node groups set: the node group, and the Capacity Block reservation a node belongs to
 # (the daemon publishes the latter as `capacityBlockId` on UltraServers; CAPACITY_BLOCK_LABEL lives in slices.py).
 NODE_GROUP_LABEL = "neuron-dra/node-group"
+NODE_POOL_LABEL = "neuron-dra/node-pool"  # ... and the Karpenter NodePool a node belongs to (TrainiumNodePool)
 # The node's Logical NeuronCore config (Trainium2/3 node groups), as the node group writes it to LNC_CONFIG_DIR.
 LNC_LABEL = "neuron-dra/lnc"
 
@@ -129,7 +132,11 @@ KUBERNETES_FEATURES: Mapping[str, int] = {
     "core_device_class": 36,
     # the unhealthy-device taint setting: ResourceSlice device taints (DRADeviceTaints, beta on in 1.36)
     "device_taints": 36,
+    # NeuronCores published without being asked (core_partitions auto): the scheduler keeps each node's counter
+    # slices to that node (kubernetes#138917); before it every claim pod costs nodes squared (docs/scale.md §2)
+    "core_partitions_by_default": COUNTERS_PER_NODE_MINOR,
 }
+
 
 
 def namespace_for(driver_name: str) -> str:
@@ -202,7 +209,7 @@ class DriverDeployOptions:
     device_class_name: str | None = None  # None: the driver name, as AWS's chart does
     # NeuronCores (docs/neuron-cores.md §4): their DeviceClass, and the extended resources that the two classes
     # serve to pods written for the Neuron device plugin (None: no extendedResourceName; Kubernetes < 1.36).
-    core_device_class_name: str = ""  # "": derived from driver_name (core_device_class_for)
+    core_device_class_name: str = ""  # "": derived from driver_name (device_class_names)
     extended_resource_name: str | None = DEFAULT_EXTENDED_RESOURCE
     core_extended_resource_name: str | None = DEFAULT_CORE_EXTENDED_RESOURCE
     namespace: str = ""  # "": derived from driver_name (namespace_for); it names the ClusterRole/Binding too
@@ -251,6 +258,10 @@ class DriverDeployOptions:
     # node is without the driver; max_unavailable stops the old pod first (a gap until the new one registers).
     max_surge: int = 1
     max_unavailable: int = 0
+    # NeuronCores with counters beside whole devices (the daemon's --core-partitions): on, off, or auto (where
+    # the cluster's minor has the scheduler's counter fix, 1.37+; `publishes_cores`). Without them there is no
+    # NeuronCore DeviceClass: a pod asking for one could never be scheduled.
+    core_partitions: str = "auto"
 
     def __post_init__(self) -> None:
         # Names left empty derive from the driver name, so two installations with different driver names never
@@ -320,6 +331,8 @@ class DriverDeployOptions:
                 raise DeployOptionError("kubernetes_version", self.kubernetes_version,
                                         f"a Kubernetes minor such as 1.36, at least 1.{MIN_MINOR} "
                                         "(resource.k8s.io/v1), or None for the newest")
+        if self.core_partitions not in CORE_PARTITION_MODES:
+            raise DeployOptionError("core_partitions", self.core_partitions, ", ".join(CORE_PARTITION_MODES))
         if self.unhealthy_taint_effect not in TAINT_EFFECTS:
             raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
         for opt, low, high, kinds in (("kube_api_qps", 0.1, 1000, (int, float)), ("kube_api_burst", 1, 1000, (int,)),
@@ -351,6 +364,14 @@ class DriverDeployOptions:
         if self.kubernetes_version is None:
             return True
         return int(self.kubernetes_version.split(".")[1]) >= KUBERNETES_FEATURES[feature]
+
+    @property
+    def publishes_cores(self) -> bool:
+        """Whether the daemon publishes NeuronCores (and so the NeuronCore DeviceClass exists): the minor serves
+        partitionable devices, and core_partitions is on, or auto where counters stay per node."""
+        if not self.serves("core_device_class") or self.core_partitions == "off":
+            return False
+        return self.core_partitions == "on" or self.serves("core_partitions_by_default")
 
     @cached_property
     def hardware(self) -> Catalog:
@@ -617,11 +638,23 @@ def driver_args(options: DriverDeployOptions) -> list[str]:
     args = ["--driver-name", options.driver_name, "--host-root", options.host_root]
     if options.metrics_port:
         args += ["--metrics-port", str(options.metrics_port)]
+    mode = core_partitions_arg(options)
+    if mode is not None:
+        args += ["--core-partitions", mode]
     defaults = DriverDeployOptions()
     for opt in ("kube_api_qps", "kube_api_burst", "kube_api_timeout"):  # only when changed: no rollout otherwise
         if getattr(options, opt) != getattr(defaults, opt):
             args += [f"--{opt.replace('_', '-')}", f"{getattr(options, opt):g}"]
     return args
+
+
+def core_partitions_arg(options: DriverDeployOptions) -> str | None:
+    """The daemon's --core-partitions for `options`: what `publishes_cores` says, so the daemon publishes
+    NeuronCores exactly where the NeuronCore DeviceClass is rendered; None (the daemon's own auto, the same rule
+    against the API server's version) for auto where cores are published by default."""
+    if options.core_partitions == "auto" and options.publishes_cores:
+        return None
+    return "on" if options.publishes_cores else "off"
 
 
 def driver_env(options: DriverDeployOptions) -> list[Manifest]:
@@ -801,7 +834,7 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         admission_policy_binding(options),
         network_policy(options),
         device_class(options),
-        *([core_device_class(options)] if options.serves("core_device_class") else []),
+        *([core_device_class(options)] if options.publishes_cores else []),
         *([catalog_config_map(options)] if options.catalog_yaml is not None else []),
         *([metrics_service(options)] if options.metrics_port and options.metrics_service else []),
         *([pod_monitor(options)] if options.pod_monitor else []),

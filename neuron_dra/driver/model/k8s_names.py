@@ -97,6 +97,12 @@ READINESS_SERVICE = "readiness"
 # --- the Neuron device plugin's extended resource names (DeviceClasses can serve them: DRAExtendedResource) ---
 NEURON_DEVICE_RESOURCE = "aws.amazon.com/neuron"
 NEURON_CORE_RESOURCE = "aws.amazon.com/neuroncore"
+# The first Kubernetes minor whose scheduler keeps a node's counter slices (ResourceSlice sharedCounters) to that
+# node: kubernetes/kubernetes#138917. Before it every node's Filter reads every other node's counter slices, so a
+# claim pod's scheduler CPU grows with nodes squared (docs/scale.md §2). Not backported: the 1.36 allocator of
+# k8s.io/dynamic-resource-allocation v0.36.5 still shares every slice with counters (docs/neuron-cores.md §5).
+COUNTERS_PER_NODE_MINOR = 37
+CORE_PARTITION_MODES = ("auto", "on", "off")  # the daemon's --core-partitions, DriverDeployOptions.core_partitions
 
 # --- the Neuron taint on Neuron nodes (EKS convention; the chart tolerates it) ---
 NEURON_TAINT_KEY = "aws.amazon.com/neuron"
