@@ -178,6 +178,19 @@ def _selector(expression: str) -> dict[str, Any]:
     return {"cel": {"expression": expression}}
 
 
+def merged_selectors(parts: Sequence[str], raw: Sequence[str]) -> list[dict[str, Any]]:
+    """The request's selectors as one CEL expression (none when there is nothing to test).
+
+    kube-scheduler's allocator converts a device and copies its attributes into fresh maps for every selector
+    it evaluates (docs/scale.md §2), so one `&&` of the parts costs one copy where separate selectors cost one
+    each; `&&` stops at the first false part, so the caller lists the cheap, selective parts first. `parts` are
+    this module's own tests (each a conjunction or a call, safe to join as they are); `raw` are users' selectors,
+    parenthesized when joined. The claim checks split the expression again to name the part that failed
+    (cel_analysis.conjuncts)."""
+    joined = [*parts, *(f"({r})" if len(parts) + len(raw) > 1 else r for r in raw)]
+    return [_selector(" && ".join(joined))] if joined else []
+
+
 def _opaque(drivers: Drivers, requests: Sequence[str], parameters: dict[str, Any]) -> dict[str, Any]:
     entry: dict[str, Any] = {"opaque": {"driver": drivers.neuron_driver, "parameters": parameters}}
     if requests:
@@ -293,7 +306,7 @@ class Neuron:
     kernel_driver: KernelDriver | None = None  # exact version string, or AtLeast(...)
     min_memory: str | None = None  # HBM per device, a quantity such as "64Gi"
     min_cores: int | None = None  # physical NeuronCores per device
-    selectors: Sequence[str] | str = ()  # raw CEL, ANDed with the rest
+    selectors: Sequence[str] | str = ()  # raw CEL, ANDed with the rest (after them: one expression)
     tolerations: Sequence[Tolerance] | Tolerance = ()  # e.g. TolerateUnhealthy() for diagnostics pods
     catalog: Catalog = field(default=BUILTIN, repr=False)  # where instance types and families come from
 
@@ -461,6 +474,7 @@ class Neuron:
                                     f"1 to {best.physical_cores_per_device} ({best.instance_type})")
 
     def selector_expressions(self, drivers: Drivers) -> list[str]:
+        """The request's own tests, cheap and selective first (merged_selectors adds the raw selectors)."""
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
         c = f"device.capacity[{_cel_string(drivers.neuron_driver)}]"
         # The class keeps NeuronCores out; the UltraServer pseudo-device only a selector does. Where no target
@@ -480,13 +494,14 @@ class Neuron:
             out.append(f"'memory' in {c} && {c}.memory.compareTo(quantity({_cel_string(self.min_memory)})) >= 0")
         if self.min_cores is not None:
             out.append(f"'cores' in {c} && {c}.cores.compareTo(quantity('{self.min_cores}')) >= 0")
-        out.extend(self.selectors)
         return out
 
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         """The ExactDeviceRequest / DeviceSubRequest body."""
-        body: dict[str, Any] = {"deviceClassName": drivers.neuron_class,
-                                "selectors": [_selector(e) for e in self.selector_expressions(drivers)]}
+        body: dict[str, Any] = {"deviceClassName": drivers.neuron_class}
+        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)  # type: ignore[arg-type]
+        if selectors:
+            body["selectors"] = selectors
         if self.count is ALL:
             body["allocationMode"] = "All"
         else:
@@ -549,8 +564,9 @@ class UltraServerNode:
 
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
-        selectors = [f"{d}.resourceType == {_cel_string(NEURON_NODE)}", *self.selectors]
-        body = {"deviceClassName": drivers.neuron_class, "selectors": [_selector(e) for e in selectors],
+        selectors = merged_selectors([f"{d}.resourceType == {_cel_string(NEURON_NODE)}"],
+                                     self.selectors)  # type: ignore[arg-type]
+        body = {"deviceClassName": drivers.neuron_class, "selectors": selectors,
                 "allocationMode": "ExactCount", "count": 1}
         if self.tolerations:
             body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
@@ -591,7 +607,8 @@ class Efa:
         _check_selectors("Efa.selectors", self.selectors)  # type: ignore[arg-type]
 
     def render(self, drivers: Drivers) -> Rendered:
-        body = {"deviceClassName": drivers.efa_class, "selectors": [_selector(e) for e in self.selectors],
+        body = {"deviceClassName": drivers.efa_class,
+                "selectors": merged_selectors([], self.selectors),  # type: ignore[arg-type]
                 "allocationMode": "ExactCount", "count": self.count}
         if not body["selectors"]:
             del body["selectors"]
@@ -713,14 +730,14 @@ class NeuronCores:
             out.append(f"{d}.lnc == {self.node_lnc}")
         if self.count > 1:  # only nodes whose devices have groups of this size
             out.append(f"'coreGroup{self.count}_id' in {d}")
-        out.extend(self.selectors)
         return out
 
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         """The ExactDeviceRequest / DeviceSubRequest body."""
         body: dict[str, Any] = {"deviceClassName": drivers.neuron_core_class, "allocationMode": "ExactCount",
                                 "count": self.count,
-                                "selectors": [_selector(e) for e in self.selector_expressions(drivers)]}
+                                "selectors": merged_selectors(self.selector_expressions(drivers),
+                                                              self.selectors)}  # type: ignore[arg-type]
         if self.tolerations:
             body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
         return body
