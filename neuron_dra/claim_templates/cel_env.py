@@ -43,6 +43,7 @@ from neuron_dra.claim_templates.cel_analysis import (
     SelectorAnalysis,
     Tree,
     analyze,
+    conjuncts,
     without_binds,
 )
 from neuron_dra.claim_templates.cel_cost import COST_LIMIT, CostTooDeep, estimate
@@ -585,6 +586,11 @@ class CelEnvironment:
         compiled = CompiledSelector(expression, analysis, program, tuple(sorted(analysis.refs)))
         self._compiled[expression] = compiled
         return compiled
+
+    def parts(self, compiled: CompiledSelector) -> tuple[CompiledSelector, ...]:
+        """The selector's top-level `&&` parts, compiled (cel_analysis.conjuncts); itself when it has one."""
+        texts = conjuncts(compiled.expression, self._env.compile(compiled.expression))
+        return (compiled,) if len(texts) == 1 else tuple(self.compile(t) for t in texts)
 
     def _desugar(self, expression: str, tree: Tree) -> str:
         """Each `cel.bind(v, init, body)` as `([init].map(v, body)[0])` (cel_analysis.without_binds)."""
