@@ -14,9 +14,10 @@
   contiguous group (n a power of two up to a device's cores), from the NeuronCore DeviceClass; Kubernetes 1.36+
   (partitionable devices). docs/neuron-cores.md.
 
-Every Neuron request guards its selectors with `resourceType == 'neuron_device'` so that `ALL` or a
-count of 16 never takes the UltraServer pseudo-device of an UltraServer node. Bad input raises TemplateError at
-construction, naming the field, the value and what is allowed.
+A request's tests render as one CEL expression (`merged_selectors`: one evaluation per device). A Neuron request
+that could otherwise take the UltraServer pseudo-device of an UltraServer node (`ALL`, a count of 16, no group
+constraint) tests `resourceType == 'neuron_device'`. Bad input raises TemplateError at construction, naming the
+field, the value and what is allowed.
 
 Instance types and families are those of `Neuron(catalog=...)`: the built-in catalog unless a catalog
 file's `Catalog` is passed (driver/model/catalog_file.py).
@@ -39,7 +40,7 @@ from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
 from neuron_dra.driver.model.errortext import did_you_mean
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.driver.model.partitions import NEURON_CORE, CoreLayout
+from neuron_dra.driver.model.partitions import CoreLayout
 from neuron_dra.driver.model.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
 from neuron_dra.driver.model.taints import UNHEALTHY_TAINT_NAME
 
@@ -477,9 +478,11 @@ class Neuron:
         """The request's own tests, cheap and selective first (merged_selectors adds the raw selectors)."""
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
         c = f"device.capacity[{_cel_string(drivers.neuron_driver)}]"
-        # The class keeps NeuronCores out; the UltraServer pseudo-device only a selector does. Where no target
-        # type publishes one, that selector would be one more CEL evaluation per candidate device and node.
-        out = [f"{d}.resourceType == {_cel_string(NEURON_DEVICE)}"] if self._pseudo_device_possible() else []
+        # The class keeps NeuronCores out; the UltraServer pseudo-device only a selector does, or a group
+        # constraint (the pseudo-device has no group id, and the allocator never chooses a device that lacks the
+        # matchAttribute). Where neither is needed, the test would only make the expression longer.
+        guard = self._pseudo_device_possible() and self.group_attribute(drivers) is None
+        out = [f"{d}.resourceType == {_cel_string(NEURON_DEVICE)}"] if guard else []
         if self.instance_types or self.families:
             types = self.target_types
             out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
@@ -607,11 +610,11 @@ class Efa:
         _check_selectors("Efa.selectors", self.selectors)  # type: ignore[arg-type]
 
     def render(self, drivers: Drivers) -> Rendered:
-        body = {"deviceClassName": drivers.efa_class,
-                "selectors": merged_selectors([], self.selectors),  # type: ignore[arg-type]
-                "allocationMode": "ExactCount", "count": self.count}
-        if not body["selectors"]:
-            del body["selectors"]
+        body: dict[str, Any] = {"deviceClassName": drivers.efa_class, "allocationMode": "ExactCount",
+                                "count": self.count}
+        selectors = merged_selectors([], self.selectors)  # type: ignore[arg-type]
+        if selectors:
+            body["selectors"] = selectors
         return Rendered({"name": self.name, "exactly": body})
 
     def max_devices(self) -> int:
@@ -721,7 +724,7 @@ class NeuronCores:
 
     def selector_expressions(self, drivers: Drivers) -> list[str]:
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
-        out = [f"{d}.resourceType == {_cel_string(NEURON_CORE)}"]
+        out = []  # the NeuronCore class selects resourceType neuron_core already
         if self.instance_types or self.families:
             types = self.target_types
             out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
@@ -735,9 +738,10 @@ class NeuronCores:
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         """The ExactDeviceRequest / DeviceSubRequest body."""
         body: dict[str, Any] = {"deviceClassName": drivers.neuron_core_class, "allocationMode": "ExactCount",
-                                "count": self.count,
-                                "selectors": merged_selectors(self.selector_expressions(drivers),
-                                                              self.selectors)}  # type: ignore[arg-type]
+                                "count": self.count}
+        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)  # type: ignore[arg-type]
+        if selectors:
+            body["selectors"] = selectors
         if self.tolerations:
             body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
         return body

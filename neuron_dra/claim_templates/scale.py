@@ -14,7 +14,7 @@ is a warning.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_dra.claim_templates.allocator import Simulator
@@ -38,6 +38,19 @@ SELECTOR_MS = 0.035  # per CEL selector evaluation on a device (cel-go's cost tr
 COUNTER_POOL_MS = 0.28  # per other node with counters, per filtered node
 
 
+# The other control-plane processes per claim pod, (ms per pod, ms per allocated device): the claim created from
+# the template, its allocation written and watched, the pod bound. A linear fit of bench_scale --together at 1,000
+# nodes over the three shapes (1, 4 and 16 devices). See CALIBRATION.
+CONTROL_PLANE_MS: Mapping[str, tuple[float, float]] = {
+    "kube-apiserver": (36.0, 4.0),
+    "etcd": (8.0, 1.0),
+    "kube-controller-manager": (6.0, 1.5),
+}
+CALIBRATION = ("calibrated with bench/bench_scale.py --together at 1,000 trn2.48xlarge nodes (Kubernetes 1.36.5, "
+               "tuned profile, a 2-core machine shared with other work; docs/scale.md §4-5): CPU per pod rises "
+               "with the machine's load, so read the figures as a cost model, not a promise")
+
+
 @dataclass(frozen=True)
 class ScaleEstimate:
     template: str
@@ -46,12 +59,25 @@ class ScaleEstimate:
     filtered_nodes: int
     selector_evaluations: int  # per node: candidate devices x selectors, over the claim's requests
     per_node_ms: float
-    cpu_ms_per_pod: float
+    cpu_ms_per_pod: float  # kube-scheduler's
+    others_ms_per_pod: Mapping[str, float] = field(default_factory=dict)  # the other processes (control_plane_ms)
+
+    @property
+    def control_plane_s_per_pod(self) -> float:
+        """CPU seconds one claim pod costs the whole control plane."""
+        return (self.cpu_ms_per_pod + sum(self.others_ms_per_pod.values())) / 1e3
+
+    def cores_for(self, pods_per_s: float) -> float:
+        """Control-plane cores a steady rate of these claim pods keeps busy (no headroom)."""
+        return pods_per_s * self.control_plane_s_per_pod
 
     def to_json(self) -> dict[str, Any]:
         return {"instanceType": self.instance_type, "nodes": self.nodes, "filteredNodes": self.filtered_nodes,
                 "selectorEvaluations": self.selector_evaluations, "perNodeMs": round(self.per_node_ms, 3),
-                "cpuMsPerPod": round(self.cpu_ms_per_pod, 1), "warning": self.warning}
+                "cpuMsPerPod": round(self.cpu_ms_per_pod, 1),
+                "controlPlaneCpuMsPerPod": {"kube-scheduler": round(self.cpu_ms_per_pod, 1),
+                                            **{k: round(v, 1) for k, v in self.others_ms_per_pod.items()}},
+                "controlPlaneCpuSPerPod": round(self.control_plane_s_per_pod, 4), "warning": self.warning}
 
     @property
     def warning(self) -> str | None:
@@ -80,8 +106,9 @@ def check_nodes(nodes: int) -> int:
     return nodes
 
 
-def selector_evaluations(template: ClaimTemplate, node: NodeModel) -> int:
-    """CEL selector evaluations that allocating one claim from `template` on the empty `node` takes, as Go's
+def selector_evaluations(template: ClaimTemplate | Mapping[str, Any], node: NodeModel) -> int:
+    """CEL selector evaluations that allocating one claim from `template` (or a ResourceClaimSpec) on the empty
+    `node` takes, as Go's
     first-fit search makes them: per request (a firstAvailable one by its first subrequest), devices in search
     order (pools by driver and name, as the claim checks' allocator simulation orders them), each device's class
     selectors then the request's until one is false, until the request's count of devices matched. Constraints
@@ -92,8 +119,9 @@ def selector_evaluations(template: ClaimTemplate, node: NodeModel) -> int:
                for c in node.device_classes}
     # Go visits pools sorted by driver and pool name (GatherPools' sortPoolsByID), slices by name within each.
     order = sorted(sim.searched, key=lambda d: (d.id.driver, d.id.pool))
+    spec = template.claim_spec() if isinstance(template, ClaimTemplate) else template
     total = 0
-    for request in template.claim_spec()["devices"].get("requests") or ():
+    for request in (spec.get("devices") or {}).get("requests") or ():
         body = request.get("exactly") or (request.get("firstAvailable") or [{}])[0]
         expressions = [*classes.get(body.get("deviceClassName", ""), ()),
                        *(_expression(s) for s in body.get("selectors") or ())]
@@ -121,18 +149,44 @@ def _expression(selector: Mapping[str, Any]) -> str:
 def estimate(template: ClaimTemplate, nodes: int, instance_type: str = "trn2.48xlarge",
              catalog: NodeCatalog | None = None, percentage_of_nodes_to_score: int | None = None,
              shared_counters: bool = False) -> ScaleEstimate:
-    """The scheduler's work for one pod with one claim from `template` in a cluster of `nodes` empty nodes of
+    """The control plane's work for one pod with one claim from `template` in a cluster of `nodes` empty nodes of
     `instance_type` as `catalog` models them (default: whole devices only; `NodeCatalog(partitionable=True)` for
     NeuronCores and counters). `percentage_of_nodes_to_score`: the scheduler's setting, None its adaptive default.
     `shared_counters`: the nodes publish counters to a Kubernetes 1.36 scheduler, which reads every node's counter
     slices on each node."""
+    return estimate_spec(template.name, template.claim_spec(), nodes, instance_type, catalog,
+                         percentage_of_nodes_to_score, shared_counters)
+
+
+def estimate_spec(name: str, spec: Mapping[str, Any], nodes: int, instance_type: str = "trn2.48xlarge",
+                  catalog: NodeCatalog | None = None, percentage_of_nodes_to_score: int | None = None,
+                  shared_counters: bool = False) -> ScaleEstimate:
+    """`estimate` for a ResourceClaimSpec written by hand (AWS's sample claims in bench_scale)."""
     check_nodes(nodes)
     node = (catalog or NodeCatalog(partitionable=False)).node(instance_type)
-    evaluations = selector_evaluations(template, node)
+    evaluations = selector_evaluations(spec, node)
     per_node = NODE_MS + evaluations * SELECTOR_MS
     counters = any(s["spec"].get("sharedCounters") for s in node.slices)
     if shared_counters and counters:
         per_node += (nodes - 1) * COUNTER_POOL_MS
     filtered = feasible_nodes_to_find(nodes, percentage_of_nodes_to_score)
-    return ScaleEstimate(template.name, nodes, instance_type, filtered, evaluations, per_node,
-                         POD_MS + filtered * per_node)
+    devices = _claimed_devices(spec, node)
+    return ScaleEstimate(name, nodes, instance_type, filtered, evaluations, per_node,
+                         POD_MS + filtered * per_node, control_plane_ms(devices))
+
+
+def _claimed_devices(spec: Mapping[str, Any], node: NodeModel) -> int:
+    """Devices one claim gets (ALL: the node's devices of the class; firstAvailable: its first alternative)."""
+    total = 0
+    for request in (spec.get("devices") or {}).get("requests") or ():
+        body = request.get("exactly") or (request.get("firstAvailable") or [{}])[0]
+        if body.get("allocationMode") == "All":
+            total += sum(1 for d in node.devices if d.driver != "dra.net" and "-core-" not in d.name)
+        else:
+            total += int(body.get("count", 1))
+    return total
+
+
+def control_plane_ms(devices: int) -> Mapping[str, float]:
+    """CPU ms per claim pod of the control plane's other processes, by claim size (CONTROL_PLANE_MS)."""
+    return {k: base + per_device * devices for k, (base, per_device) in CONTROL_PLANE_MS.items()}
