@@ -51,7 +51,8 @@ def test_every_request_renders_one_selector_with_the_raw_ones_last_in_parenthese
     assert _selectors(efa) == [[f"{D}.instanceType == '{TRN2}'"], ["true"]]
     assert _selectors(ClaimTemplate("e", Neuron(4, instance_types=TRN2), Efa(4)))[1] == []
     cores = ClaimTemplate("c", NeuronCores(2, instance_types=TRN2, node_lnc=2))
-    assert len(_selectors(cores)[0]) == 1 and _selectors(cores)[0][0].count(" && ") == 3
+    # instanceType, lnc and the core group in one (the NeuronCore class tests resourceType itself)
+    assert len(_selectors(cores)[0]) == 1 and _selectors(cores)[0][0].count(" && ") == 2
 
 
 @pytest.mark.parametrize("template", [
@@ -131,3 +132,12 @@ def test_a_failed_instance_type_part_still_means_not_for_this_type() -> None:
 def test_the_device_classes_carry_one_selector_each() -> None:
     for cls in DEFAULT_DRIVERS.device_classes():
         assert len(cls["spec"]["selectors"]) == 1, cls["metadata"]["name"]
+
+
+@pytest.mark.parametrize("dropped", ["deviceName", "neighbors"])
+def test_a_claim_reading_a_dropped_attribute_is_told_before_deploy(dropped: str) -> None:
+    # docs/upgrades.md: deviceName and neighbors only repeated family and the catalog's neighbours of deviceId.
+    report = Checker().check(ClaimTemplate("old", Neuron(1, selectors=f"{D}.{dropped} != ''")), [TRN2])
+    assert not report.ok
+    assert any(f"reads device.attributes['neuron.aws.com'].{dropped}, which the driver does not publish" in i.message
+               for i in report.issues), report.issues

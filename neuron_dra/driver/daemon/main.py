@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from neuron_dra import __version__
 from neuron_dra.driver.daemon import logs
 from neuron_dra.driver.daemon.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
-from neuron_dra.driver.daemon.signals import set_on_signals
 from neuron_dra.driver.daemon.ratelimit import DAEMON_BURST, DAEMON_QPS
+from neuron_dra.driver.daemon.signals import set_on_signals
 from neuron_dra.driver.daemon.sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
