@@ -502,7 +502,7 @@ class Neuron:
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         """The ExactDeviceRequest / DeviceSubRequest body."""
         body: dict[str, Any] = {"deviceClassName": drivers.neuron_class}
-        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)  # type: ignore[arg-type]
+        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)
         if selectors:
             body["selectors"] = selectors
         if self.count is ALL:
@@ -568,7 +568,7 @@ class UltraServerNode:
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
         selectors = merged_selectors([f"{d}.resourceType == {_cel_string(NEURON_NODE)}"],
-                                     self.selectors)  # type: ignore[arg-type]
+                                     self.selectors)
         body = {"deviceClassName": drivers.neuron_class, "selectors": selectors,
                 "allocationMode": "ExactCount", "count": 1}
         if self.tolerations:
@@ -612,7 +612,7 @@ class Efa:
     def render(self, drivers: Drivers) -> Rendered:
         body: dict[str, Any] = {"deviceClassName": drivers.efa_class, "allocationMode": "ExactCount",
                                 "count": self.count}
-        selectors = merged_selectors([], self.selectors)  # type: ignore[arg-type]
+        selectors = merged_selectors([], self.selectors)
         if selectors:
             body["selectors"] = selectors
         return Rendered({"name": self.name, "exactly": body})
@@ -739,7 +739,7 @@ class NeuronCores:
         """The ExactDeviceRequest / DeviceSubRequest body."""
         body: dict[str, Any] = {"deviceClassName": drivers.neuron_core_class, "allocationMode": "ExactCount",
                                 "count": self.count}
-        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)  # type: ignore[arg-type]
+        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)
         if selectors:
             body["selectors"] = selectors
         if self.tolerations:

@@ -30,8 +30,8 @@ MAX_NODES = 100_000  # beyond Kubernetes' documented 5,000-node limit, far enoug
 
 # Calibrated on bench/bench_scale.py (trn2.48xlarge nodes, kube-scheduler 1.36, tuned profile).
 POD_MS = 3.0  # per pod, whatever the cluster size: queueing, binding, the claim's status write
-NODE_MS = 0.19  # per filtered node: the DRA plugin's per-node setup (pools gathered and converted)
-SELECTOR_MS = 0.035  # per CEL selector evaluation on a device (cel-go's cost tracker set up per evaluation)
+NODE_MS = 0.10  # per filtered node: the DRA plugin's per-node setup (pools gathered and converted)
+SELECTOR_MS = 0.028  # per CEL selector evaluation on a device (attribute maps built, cost tracker set up)
 # Kubernetes 1.36's allocator treats every slice with sharedCounters as shared by all nodes (1.37 keeps a slice with
 # a nodeName to its node): each node's filter converts every other node's counter slices and, their pools being
 # incomplete there, scans all slices for each (docs/scale.md §2).
@@ -42,13 +42,13 @@ COUNTER_POOL_MS = 0.28  # per other node with counters, per filtered node
 # the template, its allocation written and watched, the pod bound. A linear fit of bench_scale --together at 1,000
 # nodes over the three shapes (1, 4 and 16 devices). See CALIBRATION.
 CONTROL_PLANE_MS: Mapping[str, tuple[float, float]] = {
-    "kube-apiserver": (36.0, 4.0),
-    "etcd": (8.0, 1.0),
-    "kube-controller-manager": (6.0, 1.5),
+    "kube-apiserver": (36.5, 0.45),
+    "etcd": (7.5, 0.35),
+    "kube-controller-manager": (8.5, 0.4),
 }
-CALIBRATION = ("calibrated with bench/bench_scale.py --together at 1,000 trn2.48xlarge nodes (Kubernetes 1.36.5, "
-               "tuned profile, a 2-core machine shared with other work; docs/scale.md §4-5): CPU per pod rises "
-               "with the machine's load, so read the figures as a cost model, not a promise")
+CALIBRATION = ("calibrated with bench/bench_scale.py --together at 1,000 trn2.48xlarge nodes, Kubernetes 1.36.5, "
+               "tuned profile, on a 2-core machine (a quiet run and one at load 19-23; measured scheduler CPU "
+               "came within 0.7-1.4x of this model, docs/scale.md §4-5): a cost model, not a promise")
 
 
 @dataclass(frozen=True)
