@@ -22,10 +22,12 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config, watch
+from urllib3.exceptions import ProtocolError
 
 from neuron_dra.claim_templates import ClaimTemplate, NeuronCores
 from neuron_dra.driver.model.k8s_names import neuron_toleration
@@ -68,25 +70,34 @@ def watch_claims(api: client.ApiClient, allocated: Times, stop: threading.Event)
         time.sleep(0.05)
 
 
-def watch_pods(api: client.ApiClient, ready: Times, stop: threading.Event) -> None:
+def watch_pods(api: client.ApiClient, scheduled: Times, ready: Times, stop: threading.Event) -> None:
     core = client.CoreV1Api(api)
     w = watch.Watch()
     while not stop.is_set():
-        for event in w.stream(core.list_namespaced_pod, NS, timeout_seconds=5):
-            pod: Any = event["object"]
-            conditions = (pod.status.conditions if pod.status is not None else None) or []
-            if any(c.type == "Ready" and c.status == "True" for c in conditions):
-                ready.mark(pod.metadata.name)
+        try:
+            for event in w.stream(core.list_namespaced_pod, NS, timeout_seconds=5):
+                pod: Any = event["object"]
+                if pod.spec is not None and pod.spec.node_name:
+                    scheduled.mark(pod.metadata.name)
+                conditions = (pod.status.conditions if pod.status is not None else None) or []
+                if any(c.type == "Ready" and c.status == "True" for c in conditions):
+                    ready.mark(pod.metadata.name)
+                if stop.is_set():
+                    break
+        except (ProtocolError, client.exceptions.ApiException):  # a watch cut (the cluster going away at the end)
             if stop.is_set():
-                break
+                return
+            time.sleep(0.2)
 
 
-def pod(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"tolerations": [neuron_toleration()], "nodeSelector": {"kubernetes.io/hostname": NODE},
-                     "resourceClaims": [{"name": "c", "resourceClaimTemplateName": TEMPLATE.name}],
-                     "containers": [{"name": "main", "image": "bench:emulated",
-                                     "resources": {"claims": [{"name": "c"}]}}]}}
+def pod(name: str, with_claim: bool) -> Any:
+    container: dict[str, Any] = {"name": "main", "image": "bench:emulated"}
+    spec: dict[str, Any] = {"tolerations": [neuron_toleration()], "nodeSelector": {"kubernetes.io/hostname": NODE},
+                            "containers": [container]}
+    if with_claim:
+        spec["resourceClaims"] = [{"name": "c", "resourceClaimTemplateName": TEMPLATE.name}]
+        container["resources"] = {"claims": [{"name": "c"}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 def wait(predicate: Any, timeout: float, what: str) -> None:
@@ -98,20 +109,39 @@ def wait(predicate: Any, timeout: float, what: str) -> None:
     raise SystemExit(f"bench_claim_burst: timed out after {timeout:.0f} s waiting for {what}")
 
 
-def burst(api: client.ApiClient, pods: int) -> tuple[dict[str, float], dict[str, float]]:
+@dataclass(frozen=True)
+class Result:
+    allocated: dict[str, float]
+    scheduled: dict[str, float]
+    ready: dict[str, float]
+
+    def waits(self, since: dict[str, float]) -> list[float]:
+        return sorted(self.ready[p] - since[p] for p in self.ready if p in since)
+
+    @staticmethod
+    def text(waits: list[float]) -> str:
+        return f"p50 {statistics.median(waits):.2f} s, max {waits[-1]:.2f} s"
+
+
+def burst(api: client.ApiClient, pods: int, with_claim: bool) -> Result:
     core = client.CoreV1Api(api)
-    allocated, ready, stop = Times(), Times(), threading.Event()
-    threads = [threading.Thread(target=f, args=(api, t, stop), daemon=True)
-               for f, t in ((watch_claims, allocated), (watch_pods, ready))]
+    allocated, scheduled, ready, stop = Times(), Times(), Times(), threading.Event()
+    threads = [threading.Thread(target=watch_claims, args=(api, allocated, stop), daemon=True),
+               threading.Thread(target=watch_pods, args=(api, scheduled, ready, stop), daemon=True)]
     for t in threads:
         t.start()
-    time.sleep(1)  # both watches listening
-    names = [f"burst-{i:02d}" for i in range(pods)]
+    time.sleep(1)  # both listening
+    prefix = "claim" if with_claim else "plain"
+    names = [f"{prefix}-{i:02d}" for i in range(pods)]
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda n: core.create_namespaced_pod(NS, pod(n)), names))
+        list(pool.map(lambda n: core.create_namespaced_pod(NS, pod(n, with_claim)), names))
     wait(lambda: len(ready.snapshot()) >= pods, TIMEOUT_S, f"{pods} pods Ready")
     stop.set()
-    return allocated.snapshot(), ready.snapshot()
+    for t in threads:
+        t.join(10)
+    core.delete_collection_namespaced_pod(NS, grace_period_seconds=0)
+    wait(lambda: not core.list_namespaced_pod(NS).items, TIMEOUT_S, "the pods deleted")
+    return Result(allocated.snapshot(), scheduled.snapshot(), ready.snapshot())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,24 +163,28 @@ def main(argv: list[str] | None = None) -> int:
     api = config.new_client_from_config(str(cluster.kubeconfig))
     try:
         core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
-        wait(lambda: any(a.metadata.name == "default" for a in core.list_namespaced_service_account(NS).items), 60,
+        accounts = core.list_namespaced_service_account
+        wait(lambda: any(a.metadata is not None and a.metadata.name == "default" for a in accounts(NS).items), 60,
              "the default service account")
-        res.create_namespaced_resource_claim_template(NS, TEMPLATE.to_manifest())
+        template: Any = TEMPLATE.to_manifest()
+        res.create_namespaced_resource_claim_template(NS, template)
         cores = f"spec.nodeName={NODE},spec.driver=neuron.aws.com"
         wait(lambda: sum(len(s.spec.devices or []) for s in res.list_resource_slice(field_selector=cores).items)
              >= 16 + MAX_PODS, 120, "the node's NeuronCores published")
-        allocated, ready = burst(api, args.pods)
-        waits = sorted(ready[p] - allocated[p] for p in ready if p in allocated)
+        claims = burst(api, args.pods, with_claim=True)
+        waits = claims.waits(claims.allocated)
         if len(waits) < args.pods:
             raise SystemExit(f"bench_claim_burst: only {len(waits)} of {args.pods} pods had an allocation seen")
-        span = max(ready.values()) - min(allocated.values())
+        span = max(claims.ready.values()) - min(claims.allocated.values())
+        plain = burst(api, args.pods, with_claim=False)  # the baseline: kubelet and the runtime alone
         rate = ("the driver's defaults" if args.kube_api_qps is None and args.kube_api_burst is None else
                 f"QPS {os.environ.get('KUBE_API_QPS', 'default')}, burst {os.environ.get('KUBE_API_BURST', 'default')}")
         version = client.VersionApi(api).get_code().git_version
         print(f"Kubernetes {version}; {args.pods} NeuronCore claim pods at once on one trn2.48xlarge; driver API "
               f"client: {rate}; load average {os.getloadavg()[0]:.1f}")
-        print(f"claim allocated -> pod Ready: p50 {statistics.median(waits):.2f} s, max {waits[-1]:.2f} s; "
-              f"first allocation -> last Ready {span:.2f} s")
+        print(f"claim allocated -> pod Ready: {Result.text(waits)}; first allocation -> last Ready {span:.2f} s")
+        print(f"pod scheduled -> Ready, with claims: {Result.text(claims.waits(claims.scheduled))}; "
+              f"without (baseline, same node after): {Result.text(plain.waits(plain.scheduled))}")
     finally:
         api.close()
         down(cluster_dir)
