@@ -108,11 +108,15 @@ def check_nodes(nodes: int) -> int:
 
 def selector_evaluations(template: ClaimTemplate | Mapping[str, Any], node: NodeModel) -> int:
     """CEL selector evaluations that allocating one claim from `template` (or a ResourceClaimSpec) on the empty
-    `node` takes, as Go's
-    first-fit search makes them: per request (a firstAvailable one by its first subrequest), devices in search
-    order (pools by driver and name, as the claim checks' allocator simulation orders them), each device's class
-    selectors then the request's until one is false, until the request's count of devices matched. Constraints
-    are not searched: on an empty node the first devices matched fit them (the id-aligned groups)."""
+    `node` takes, as Go's first-fit search makes them: per request (a firstAvailable one by its first subrequest),
+    devices in search order (pools by driver and name, as the claim checks' allocator simulation orders them), each
+    device's class selectors then the request's until one is false, until the request's count of devices matched.
+    Constraints are not searched: on an empty node the first devices matched fit them (the id-aligned groups)."""
+    return _first_fit(template, node)[0]
+
+
+def _first_fit(template: ClaimTemplate | Mapping[str, Any], node: NodeModel) -> tuple[int, int]:
+    """(selector evaluations, devices matched) of selector_evaluations' search."""
     cel = CelEnvironment()
     sim = Simulator(node.slices, node.device_classes, node.node_name, cel=cel)
     classes = {c["metadata"]["name"]: [_expression(s) for s in c["spec"].get("selectors") or ()]
@@ -120,7 +124,7 @@ def selector_evaluations(template: ClaimTemplate | Mapping[str, Any], node: Node
     # Go visits pools sorted by driver and pool name (GatherPools' sortPoolsByID), slices by name within each.
     order = sorted(sim.searched, key=lambda d: (d.id.driver, d.id.pool))
     spec = template.claim_spec() if isinstance(template, ClaimTemplate) else template
-    total = 0
+    total = devices = 0
     for request in (spec.get("devices") or {}).get("requests") or ():
         body = request.get("exactly") or (request.get("firstAvailable") or [{}])[0]
         expressions = [*classes.get(body.get("deviceClassName", ""), ()),
@@ -139,7 +143,8 @@ def selector_evaluations(template: ClaimTemplate | Mapping[str, Any], node: Node
                     break
             else:
                 matched += 1
-    return total
+        devices += matched
+    return total, devices
 
 
 def _expression(selector: Mapping[str, Any]) -> str:
@@ -164,27 +169,14 @@ def estimate_spec(name: str, spec: Mapping[str, Any], nodes: int, instance_type:
     """`estimate` for a ResourceClaimSpec written by hand (AWS's sample claims in bench_scale)."""
     check_nodes(nodes)
     node = (catalog or NodeCatalog(partitionable=False)).node(instance_type)
-    evaluations = selector_evaluations(spec, node)
+    evaluations, devices = _first_fit(spec, node)
     per_node = NODE_MS + evaluations * SELECTOR_MS
     counters = any(s["spec"].get("sharedCounters") for s in node.slices)
     if shared_counters and counters:
         per_node += (nodes - 1) * COUNTER_POOL_MS
     filtered = feasible_nodes_to_find(nodes, percentage_of_nodes_to_score)
-    devices = _claimed_devices(spec, node)
     return ScaleEstimate(name, nodes, instance_type, filtered, evaluations, per_node,
                          POD_MS + filtered * per_node, control_plane_ms(devices))
-
-
-def _claimed_devices(spec: Mapping[str, Any], node: NodeModel) -> int:
-    """Devices one claim gets (ALL: the node's devices of the class; firstAvailable: its first alternative)."""
-    total = 0
-    for request in (spec.get("devices") or {}).get("requests") or ():
-        body = request.get("exactly") or (request.get("firstAvailable") or [{}])[0]
-        if body.get("allocationMode") == "All":
-            total += sum(1 for d in node.devices if d.driver != "dra.net" and "-core-" not in d.name)
-        else:
-            total += int(body.get("count", 1))
-    return total
 
 
 def control_plane_ms(devices: int) -> Mapping[str, float]:
