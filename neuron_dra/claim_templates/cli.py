@@ -134,6 +134,10 @@ def _estimates(templates: Sequence[ClaimTemplate], reports: Sequence[CheckReport
     return out
 
 
+SIZING_RATE = 10  # claim pods/s to size the control plane's cores for
+SIZING_CORES = 16  # control-plane cores to derive sustained claim pods/s for
+
+
 def format_estimates(scale: Mapping[str, Sequence[ScaleEstimate]], nodes: int) -> str:
     lines = ["", f"control-plane CPU per claim pod at {nodes} nodes (empty nodes, Kubernetes 1.36, adaptive "
                  "percentageOfNodesToScore; estimate, kube-scheduler's filter work first):"]
@@ -144,8 +148,9 @@ def format_estimates(scale: Mapping[str, Sequence[ScaleEstimate]], nodes: int) -
             lines.append(f"  {name} on {e.instance_type}: {e.selector_evaluations} selector evaluations, "
                          f"{e.per_node_ms:.2f} ms per node x {e.filtered_nodes} nodes filtered = "
                          f"{e.cpu_ms_per_pod:.0f} ms scheduler CPU per pod; with {others} ms: "
-                         f"{e.control_plane_s_per_pod:.3f} CPU s per claim pod, {e.cores_for(10):.1f} cores for "
-                         f"10 pods/s, {16 / e.control_plane_s_per_pod:.0f} pods/s on 16 cores")
+                         f"{e.control_plane_s_per_pod:.3f} CPU s per claim pod, {e.cores_for(SIZING_RATE):.1f} cores "
+                         f"for {SIZING_RATE} pods/s, {SIZING_CORES / e.control_plane_s_per_pod:.0f} pods/s on "
+                         f"{SIZING_CORES} cores")
             if e.warning:
                 warnings.append(f"WARNING: {e.warning}")
         if not estimates:
