@@ -187,9 +187,18 @@ def merged_selectors(parts: Sequence[str], raw: Sequence[str]) -> list[dict[str,
     each; `&&` stops at the first false part, so the caller lists the cheap, selective parts first. `parts` are
     this module's own tests (each a conjunction or a call, safe to join as they are); `raw` are users' selectors,
     parenthesized when joined. The claim checks split the expression again to name the part that failed
-    (cel_analysis.conjuncts)."""
+    (cel_analysis.conjuncts). Where users' selectors would take the one expression past Kubernetes' size or cost
+    limit per expression (each passed on its own), they stay separate selectors after the typed ones."""
     joined = [*parts, *(f"({r})" if len(parts) + len(raw) > 1 else r for r in raw)]
-    return [_selector(" && ".join(joined))] if joined else []
+    if not joined:
+        return []
+    expression = " && ".join(joined)
+    if raw and len(joined) > 1:
+        try:
+            CelEnvironment().compile(expression)
+        except CelCompileError:
+            return [*merged_selectors(parts, ()), *(_selector(r) for r in raw)]
+    return [_selector(expression)]
 
 
 def _opaque(drivers: Drivers, requests: Sequence[str], parameters: dict[str, Any]) -> dict[str, Any]:

@@ -141,3 +141,11 @@ def test_a_claim_reading_a_dropped_attribute_is_told_before_deploy(dropped: str)
     assert not report.ok
     assert any(f"reads device.attributes['neuron.aws.com'].{dropped}, which the driver does not publish" in i.message
                for i in report.issues), report.issues
+
+
+def test_raw_selectors_too_large_to_merge_stay_separate() -> None:
+    # Each under Kubernetes' 10 KiB per expression, together over it: merged, the API server would refuse it.
+    big = [f"{D}.instanceType != '{'x' * 40}{i}' && " * 60 + "true" for i in range(3)]
+    assert all(len(b) < 10 * 1024 for b in big) and len(" && ".join(big)) > 10 * 1024
+    (selectors,) = _selectors(ClaimTemplate("b", Neuron(1, instance_types=TRN2, selectors=big)))
+    assert selectors == [f"{D}.instanceType == '{TRN2}'", *big]
