@@ -394,11 +394,13 @@ def format_burst(b: Burst) -> str:
 
 
 def _medians(cells: Sequence[Cell]) -> dict[tuple[int, str, str], tuple[float, int]]:
-    """(nodes, variant, shape) -> (median scheduler CPU ms per pod over the shape's bursts, bursts)."""
+    """(nodes, variant, shape) -> (median scheduler CPU ms per pod over the shape's complete bursts, bursts); a
+    burst whose pods were not all seen bound is no measurement (its CPU is that of the wait)."""
     by: dict[tuple[int, str, str], list[float]] = {}
     for c in cells:
         for b in c.bursts:
-            by.setdefault((b.nodes, b.slices, b.shape), []).append(b.scheduler_cpu_ms_per_pod)
+            if b.scheduled == b.pods:
+                by.setdefault((b.nodes, b.slices, b.shape), []).append(b.scheduler_cpu_ms_per_pod)
     return {k: (statistics.median(v), len(v)) for k, v in by.items()}
 
 
@@ -425,7 +427,7 @@ def summary(cells: Sequence[Cell], rate: float = 50.0, cores: int = 16) -> str:
                   f"(cores) or {cores} cores sustain (pods/s; derived: CPU per pod only, no headroom):"]
     for c in cells:
         for shape in DEVICE_SHAPES[1:]:
-            bursts = [b for b in c.bursts if b.shape == shape and b.component_cpu_ms_per_pod]
+            bursts = [b for b in c.bursts if b.shape == shape and b.component_cpu_ms_per_pod and b.scheduled == b.pods]
             if not bursts:
                 continue
             per = {k: statistics.median(b.component_cpu_ms_per_pod.get(k, 0.0) for b in bursts) / 1e3
