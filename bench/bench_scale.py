@@ -1,15 +1,17 @@
 """Benchmark: what claim pods cost the real kube-scheduler at 100 to 1,000+ trn2.48xlarge nodes.
 
-Per cell (node count x slice model) a fresh control plane of the default Kubernetes version
+Per cell (node count x variant) a fresh control plane of the default Kubernetes version
 (localcluster/controlplane.py: etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the profile of
---profile, `tuned` by default) gets N Node objects and their ResourceSlices through the API (no kubelets), as
-one of the slice models (scale_cluster.SLICE_MODELS): "ours" (driver/model/slices.py as the daemon publishes
-it with --core-partitions off), "ours-cores" (with NeuronCores and counters) or "aws" (the same devices with
-AWS's attribute set only), plus the EFA driver's slice per node. The models' control planes of one node count
-run side by side; per pod shape each gets one burst of pods (created 8 at a time as fast as its API server
-takes them; the models' order alternating from shape to shape) whose claims come from the claim_templates
-examples. Pods never run: a pod is scheduled when the scheduler has bound it (spec.nodeName, seen by a watch).
-After a burst its pods are deleted and the controller-manager deletes their claims (waited for).
+--profile, `tuned` by default) gets N Node objects and their ResourceSlices through the API (no kubelets). A variant
+(VARIANTS) names the slice model (scale_cluster.SLICE_MODELS: "ours", driver/model/slices.py as the daemon
+publishes it with --core-partitions off; "ours-cores", with NeuronCores and counters; "aws", the same devices with
+AWS's attribute set only; plus the EFA driver's slice per node) and whose claims the pods carry: our typed
+templates (SHAPES) or the claims AWS's documentation gives (AWS_CLAIMS). The default compares our templates on our
+slices, AWS's claims on our slices and AWS's claims on AWS-shaped slices. The variants' control planes of one
+node count run side by side; per pod shape each gets one burst of pods (created 8 at a time as fast as its API
+server takes them; the order alternating from shape to shape; with --together all at once). Pods never run: a pod
+is scheduled when the scheduler has bound it (spec.nodeName, seen by a watch). After a burst its pods are deleted
+and the controller-manager deletes their claims (waited for).
 
 Figures per burst: pods/s (pods / first create -> last bound), p50/p99 time to scheduled (create -> bound),
 scheduler CPU per pod (its user+system time from /proc over the burst; robust to other load on the machine,
@@ -21,8 +23,9 @@ of etcd, kube-apiserver, kube-controller-manager and kube-scheduler once the obj
 With --pprof DIR the schedulers serve /debug/pprof and each burst's CPU profile (the first --pprof-seconds of the
 burst) is written to DIR/<nodes>-<slices>-<shape>-<HHMMSS>.pprof (read it with `go tool pprof -top FILE`).
 
-Run: python bench/bench_scale.py [--nodes 100,500,1000] [--slices ours,aws] [--shapes ...] [--pods 100]
-                                 [--profile tuned] [--dir DIR] [--json FILE] [--pprof DIR] [--together]
+Run: python bench/bench_scale.py [--nodes 100,500,1000] [--slices ours,ours-aws-claims,aws] [--shapes ...]
+                                 [--pods 100] [--profile tuned] [--dir DIR] [--json FILE] [--pprof DIR]
+                                 [--together] [--rate 50] [--cores 16]
                                  | --from-json FILE
 Quick: python bench/bench_scale.py --nodes 50 --pods 20
 """
@@ -49,7 +52,6 @@ import urllib3
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scale_cluster, beside this file
 
 from scale_cluster import (
-    SLICE_MODELS,
     Api,
     ApiError,
     ScheduledWatch,
@@ -61,29 +63,56 @@ from scale_cluster import (
     rss_bytes,
 )
 
-from neuron_dra.claim_templates import ClaimTemplate
+from neuron_dra.claim_templates import ClaimTemplate, Connected, Efa, Neuron
 from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS
-from neuron_dra.claim_templates.examples import (
-    neuron_1x4_connected,
-    one_neuron_device,
-    trn2_8_connected_efa,
-    trn2_two_cores,
-)
+from neuron_dra.claim_templates.examples import neuron_1x4_connected, one_neuron_device, trn2_two_cores
 from neuron_dra.claim_templates.node_model import NodeCatalog
-from neuron_dra.claim_templates.scale import ScaleEstimate, estimate
+from neuron_dra.claim_templates.scale import ScaleEstimate, estimate_spec
 from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.localcluster.controlplane import ControlPlane
 from neuron_dra.localcluster.profiles import PROFILES
 
 NAMESPACE = "bench"
-# Pod shape -> its claim template (None: a pod without a claim).
+# Pod shape -> its claim template (None: a pod without a claim). 8 connected + 8 EFAs is AWS's aligned-EFA sample
+# at 8 (no instance type, like AWS's); the example trn2_8_connected_efa pins trn2.48xlarge, one more test per device.
 SHAPES: Mapping[str, ClaimTemplate | None] = {
     "no-claim": None,
     "1-device": one_neuron_device,
     "4-connected": neuron_1x4_connected,
-    "8-connected-efa": trn2_8_connected_efa,
+    "8-connected-efa": ClaimTemplate("neuron-8-efa-aligned", Neuron(8, topology=Connected()), Efa(8)),
     "cores": trn2_two_cores,
 }
+AWS_CLASS = "neuron.aws.com"
+_TRN2 = 'device.attributes["neuron.aws.com"].instanceType == "trn2.48xlarge"'
+
+
+def _aws_request(name: str, count: int, selector: str | None, cls: str = AWS_CLASS) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": cls, "count": count}  # AWS omits allocationMode (ExactCount)
+    if selector is not None:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {"name": name, "exactly": exactly}
+
+
+# The claims AWS's documentation gives for each shape, as users copy them (docs/neuron-hardware.md §5: the 1x4
+# sample; the aligned-EFA sample with 8 and devicegroup8_id; AWS has no one-device sample, so its samples' only
+# selector, the instance type). AWS's driver publishes no NeuronCores: no "cores" claim.
+AWS_CLAIMS: Mapping[str, Mapping[str, Any]] = {
+    "1-device": {"devices": {"requests": [_aws_request("neurons", 1, _TRN2)]}},
+    "4-connected": {"devices": {"requests": [_aws_request("neurons", 4, _TRN2)],
+                                "constraints": [{"matchAttribute": "resource.aws.com/devicegroup4_id"}]}},
+    "8-connected-efa": {"devices": {
+        "requests": [_aws_request("neuron", 8, None), _aws_request("efa", 8, None, cls="efa.networking.k8s.aws")],
+        "constraints": [{"requests": ["neuron", "efa"], "matchAttribute": "resource.aws.com/devicegroup8_id"}]}},
+}
+# Variant -> (slice model, claims): whose slices the nodes publish and whose claims the pods carry.
+VARIANTS: Mapping[str, tuple[str, str]] = {
+    "ours": ("ours", "ours"),  # our templates on our slices
+    "ours-aws-claims": ("ours", "aws"),  # AWS's claims on our slices
+    "aws": ("aws", "aws"),  # AWS's claims on AWS-shaped slices
+    "aws-our-claims": ("aws", "ours"),  # our templates on AWS-shaped slices
+    "ours-cores": ("ours-cores", "ours"),
+}
+COMPONENTS = ("kube-scheduler", "kube-apiserver", "etcd", "kube-controller-manager")
 DEVICE_SHAPES = ("no-claim", "1-device", "4-connected", "8-connected-efa")
 CORE_SHAPES = ("cores",)  # only where NeuronCores are published (ours-cores)
 MAX_NODES = 5000  # what the machine's memory could hold at most; a larger --nodes is refused
@@ -170,14 +199,27 @@ def renamed(slices: Sequence[Mapping[str, Any]], node: str) -> list[dict[str, An
     return out
 
 
+def claim_template(shape: str, claims: str) -> tuple[str, Mapping[str, Any]] | None:
+    """(name, ResourceClaimSpec) of the shape's claim under `claims` ("ours": the typed template; "aws": AWS's
+    documented claim); None for a pod without a claim or a shape the claims do not have."""
+    if claims == "aws":
+        spec = AWS_CLAIMS.get(shape)
+        return None if spec is None else (f"aws-{shape}", spec)
+    template = SHAPES[shape]
+    return None if template is None else (template.name, template.claim_spec())
+
+
 def setup_namespace(api: Api) -> None:
     api.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
     for dc in DEFAULT_DRIVERS.device_classes():
         api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", dc)
-    for template in SHAPES.values():
-        if template is not None:
-            body = template.to_manifest()
-            body["metadata"]["namespace"] = NAMESPACE
+    for shape in SHAPES:
+        for claims in ("ours", "aws"):
+            found = claim_template(shape, claims)
+            if found is None:
+                continue
+            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": found[0], "namespace": NAMESPACE}, "spec": {"spec": found[1]}}
             api.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates", body)
     # The scheduler's informers see the objects (and the default service account exists) before the first burst.
     deadline = time.monotonic() + 60
@@ -190,11 +232,17 @@ def setup_namespace(api: Api) -> None:
     time.sleep(3)
 
 
-def predict(template: ClaimTemplate, n: int, model: str, profile: str) -> ScaleEstimate:
-    """`claims check --nodes n`'s estimate for the template on the cell's slices and scheduler settings."""
+def predict(shape: str, n: int, variant: str, profile: str) -> ScaleEstimate | None:
+    """`claims check --nodes n`'s estimate for the variant's claim of the shape on the cell's slices (ours: the
+    model the checks use; AWS-shaped slices are not modelled, so their prediction is that of ours) and scheduler
+    settings; None for a pod without a claim."""
+    model, claims = VARIANTS.get(variant, (variant, "ours"))  # runs from before variants: the slice model
+    found = claim_template(shape, claims)
+    if found is None:
+        return None
     cores = model == "ours-cores"
-    return estimate(template, n, catalog=CATALOGS[cores], shared_counters=cores,
-                    percentage_of_nodes_to_score=PROFILES[profile].percentage_of_nodes_to_score)
+    return estimate_spec(found[0], found[1], n, catalog=CATALOGS[cores], shared_counters=cores,
+                         percentage_of_nodes_to_score=PROFILES[profile].percentage_of_nodes_to_score)
 
 
 @dataclass(frozen=True)
@@ -222,7 +270,7 @@ class Pprof:
 
 def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str, shape: str, pods: int,
           profile: str, pprof: Pprof | None = None) -> Burst:
-    template = SHAPES[shape]
+    found = claim_template(shape, VARIANTS[model][1])
     watch = ScheduledWatch(api_client, NAMESPACE, BURST_TIMEOUT_S + 60)
     names = [f"{shape}-{i:04d}" for i in range(pods)]
     started: dict[str, float] = {}
@@ -232,7 +280,7 @@ def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str
 
     def create(name: str) -> tuple[str, Mapping[str, Any]]:
         started[name] = time.monotonic()
-        return f"/api/v1/namespaces/{NAMESPACE}/pods", pod_object(name, template.name if template else None)
+        return f"/api/v1/namespaces/{NAMESPACE}/pods", pod_object(name, found[0] if found else None)
 
     api.create_all(create(name) for name in names)
     deadline = time.monotonic() + BURST_TIMEOUT_S
@@ -244,7 +292,7 @@ def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str
     watch.stop()
     waits = [times[p] - started[p] for p in names if p in times]
     last = max(times.values()) if times else time.monotonic()
-    prediction = predict(template, n, model, profile) if template is not None else None
+    prediction = predict(shape, n, model, profile)
     bound = max(len(times), 1)
     if profiling is not None:
         profiling.join()  # the profile ends before the cleanup's work starts
@@ -296,7 +344,7 @@ def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, l
     stack.callback(api_client.close)
     pids = {p.name: program_pid(p.popen.pid) for p in plane.processes}
     started = time.monotonic()
-    objects = load_objects(api, n, model)
+    objects = load_objects(api, n, VARIANTS[model][0])
     setup_namespace(api)
     load_s = time.monotonic() - started
     rss = {name: rss_bytes(pid) / 2**20 for name, pid in pids.items()}
@@ -320,7 +368,8 @@ def run_size(base: Path, n: int, models: Sequence[str], shapes: Sequence[str], p
 
         for i, shape in enumerate(shapes):
             chosen = [p for p in (planes if i % 2 == 0 else planes[::-1])
-                      if shape not in CORE_SHAPES or p.model == "ours-cores"]
+                      if (shape not in CORE_SHAPES or p.model == "ours-cores")
+                      and (shape == "no-claim" or claim_template(shape, VARIANTS[p.model][1]) is not None)]
             if together:
                 with ThreadPoolExecutor(len(chosen) or 1) as pool:
                     done = list(pool.map(run, chosen, [shape] * len(chosen)))
@@ -339,28 +388,56 @@ def format_burst(b: Burst) -> str:
     others = "".join(f" {SHORT.get(k, k)} {v:.1f}" for k, v in b.component_cpu_ms_per_pod.items()
                      if k != "kube-scheduler")
     components = f"  other CPU ms/pod:{others}" if others else ""
-    return (f"{b.nodes:5d} nodes {b.slices:4s} {b.shape:16s} {b.pods:4d} pods {b.pods_per_s:7.1f} pods/s  "
+    return (f"{b.nodes:5d} nodes {b.slices:15s} {b.shape:16s} {b.pods:4d} pods {b.pods_per_s:7.1f} pods/s  "
             f"p50 {b.p50_ms:8.1f} ms  p99 {b.p99_ms:8.1f} ms  scheduler CPU {b.scheduler_cpu_ms_per_pod:7.2f} ms/pod"
             f"{predicted}  load {b.load_average:.1f}{components}{missing}")
 
 
-def summary(cells: Sequence[Cell]) -> str:
-    """Scheduler CPU per claim pod, ours / AWS-shaped, per node count and shape (the median of a shape's bursts
-    when --shapes names it more than once)."""
-    lines = ["", "scheduler CPU per pod, ours vs AWS-shaped slices (same run; CPU time, robust to load):"]
+def _medians(cells: Sequence[Cell]) -> dict[tuple[int, str, str], tuple[float, int]]:
+    """(nodes, variant, shape) -> (median scheduler CPU ms per pod over the shape's complete bursts, bursts); a
+    burst whose pods were not all seen bound is no measurement (its CPU is that of the wait)."""
     by: dict[tuple[int, str, str], list[float]] = {}
     for c in cells:
         for b in c.bursts:
-            by.setdefault((b.nodes, b.slices, b.shape), []).append(b.scheduler_cpu_ms_per_pod)
+            if b.scheduled == b.pods:
+                by.setdefault((b.nodes, b.slices, b.shape), []).append(b.scheduler_cpu_ms_per_pod)
+    return {k: (statistics.median(v), len(v)) for k, v in by.items()}
+
+
+def summary(cells: Sequence[Cell], rate: float = 50.0, cores: int = 16) -> str:
+    """Scheduler CPU per claim pod per shape: our templates on our slices and AWS's claims on our slices, each
+    against AWS's claims on AWS-shaped slices (medians of a shape's bursts when --shapes names it more than
+    once); then the control plane's CPU per claim pod per component and what it implies."""
+    lines = ["", "scheduler CPU per claim pod against AWS's claims on AWS-shaped slices (same run; CPU time):"]
+    med = _medians(cells)
     for n in sorted({c.nodes for c in cells}):
-        for shape in DEVICE_SHAPES:
-            ours, aws = by.get((n, "ours", shape)), by.get((n, "aws", shape))
-            if ours is None or aws is None:
+        for shape in DEVICE_SHAPES[1:]:
+            base = med.get((n, "aws", shape))
+            if base is None:
                 continue
-            o, a = statistics.median(ours), statistics.median(aws)
-            runs = f"  (median of {len(ours)} / {len(aws)} bursts)" if len(ours) > 1 or len(aws) > 1 else ""
-            lines.append(f"  {n:5d} nodes {shape:16s} ours {o:7.2f} ms  aws {a:7.2f} ms  ratio "
-                         f"{o / max(a, 1e-9):5.2f}{runs}")
+            parts = [f"aws {base[0]:7.2f} ms"]
+            for variant in ("ours", "ours-aws-claims", "aws-our-claims"):
+                got = med.get((n, variant, shape))
+                if got is not None:
+                    parts.append(f"{variant} {got[0]:7.2f} ms ({got[0] / max(base[0], 1e-9):4.2f}x)")
+            counts = sorted({m[1] for k, m in med.items() if k[0] == n and k[2] == shape})
+            runs = f"  (median of {'/'.join(map(str, counts))} bursts)" if counts != [1] else ""
+            lines.append(f"  {n:5d} nodes {shape:16s} " + "  ".join(parts) + runs)
+    lines += ["", f"control-plane CPU seconds per claim pod (median over bursts), and what {rate:g} pods/s needs "
+                  f"(cores) or {cores} cores sustain (pods/s; derived: CPU per pod only, no headroom):"]
+    for c in cells:
+        for shape in DEVICE_SHAPES[1:]:
+            bursts = [b for b in c.bursts if b.shape == shape and b.component_cpu_ms_per_pod and b.scheduled == b.pods]
+            if not bursts:
+                continue
+            per = {k: statistics.median(b.component_cpu_ms_per_pod.get(k, 0.0) for b in bursts) / 1e3
+                   for k in COMPONENTS}
+            total = sum(per.values())
+            loads = f"{min(b.load_average for b in bursts):.1f}-{max(b.load_average for b in bursts):.1f}"
+            lines.append(f"  {c.nodes:5d} nodes {c.slices:15s} {shape:16s} "
+                         + " ".join(f"{SHORT.get(k, k)} {v:.4f}" for k, v in per.items())
+                         + f"  total {total:.4f} s: {total * rate:5.1f} cores for {rate:g}/s, "
+                           f"{cores / max(total, 1e-9):6.1f} pods/s on {cores} cores  (load {loads})")
     return "\n".join(lines) + "\n"
 
 
@@ -371,8 +448,7 @@ def reprint(path: Path) -> int:
     for c in report["cells"]:
         bursts = []
         for b in c["bursts"]:
-            template = SHAPES[b["shape"]]
-            p = predict(template, b["nodes"], b["slices"], report["profile"]) if template is not None else None
+            p = predict(b["shape"], b["nodes"], b["slices"], report["profile"])
             bursts.append(Burst(**{**b, "predicted_cpu_ms_per_pod": p.cpu_ms_per_pod if p else None,
                                    "predicted_per_node_ms": p.per_node_ms if p else None}))
         cells.append(Cell(**{**c, "bursts": tuple(bursts)}))
@@ -389,8 +465,9 @@ def reprint(path: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", default="100,500,1000", help="node counts, comma-separated")
-    parser.add_argument("--slices", default="ours,aws",
-                        help=f"slice models: {', '.join(SLICE_MODELS)} (ours-cores grows with nodes squared on 1.36: "
+    parser.add_argument("--slices", default="ours,ours-aws-claims,aws",
+                        help=f"variants (slices and claims): {', '.join(VARIANTS)} (ours-cores grows with nodes "
+                             "squared on 1.36: "
                              "keep it to small clusters)")
     parser.add_argument("--shapes", default=",".join(SHAPES),
                         help=f"pod shapes: {', '.join(SHAPES)} (one named again: another burst, medians reported)")
@@ -404,6 +481,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="run the models' bursts of a shape at the same time (the same load for each scheduler)")
     parser.add_argument("--pprof", type=Path, default=None, metavar="DIR",
                         help="write each burst's scheduler CPU profile to DIR/<nodes>-<slices>-<shape>-<HHMMSS>.pprof")
+    parser.add_argument("--rate", type=float, default=50.0,
+                        help="claim pods per second to size the control plane's cores for in the summary")
+    parser.add_argument("--cores", type=int, default=16,
+                        help="control-plane cores to derive sustained claim pods per second for in the summary")
     parser.add_argument("--pprof-seconds", type=int, default=30,
                         help=f"how long each profile runs from the burst's start (1..{MAX_PPROF_S})")
     args = parser.parse_args(argv)
@@ -418,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.pprof.mkdir(parents=True, exist_ok=True)
         pprof = (args.pprof, args.pprof_seconds)
     nodes = parse_nodes(args.nodes)
-    models = parse_list(args.slices, SLICE_MODELS, "slices")
+    models = parse_list(args.slices, list(VARIANTS), "slices")
     shapes = parse_list(args.shapes, list(SHAPES), "shapes")
 
     def log(message: str) -> None:
@@ -430,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = [c for n in nodes
              for c in run_size(base, n, models, shapes, min(args.pods, n), args.profile, log, pprof,
                                args.together)]
-    sys.stdout.write(summary(cells))
+    sys.stdout.write(summary(cells, args.rate, args.cores))
     if args.json is not None:
         args.json.write_text(json.dumps({"profile": args.profile, "cells": [asdict(c) for c in cells]}, indent=2))
     return 0

@@ -314,3 +314,68 @@ def without_binds(expression: str, tree: Tree) -> str:
         at = stop
     out.append(expression[at:])
     return "".join(out)
+
+
+def _only_child(node: Tree, data: str) -> Tree | None:
+    kids = [c for c in node.children if isinstance(c, lark.Tree)]
+    return kids[0] if node.data == data and len(kids) == 1 and len(node.children) == 1 else None
+
+
+def _and_operands(node: Tree) -> list[Tree] | None:
+    """The operands of a top-level `a && b && ...` (parentheses around a conjunction opened), or None when the
+    node is not one."""
+    inner = _only_child(node, "expr")
+    inner = _only_child(inner, "conditionalor") if inner is not None else None
+    if inner is None or inner.data != "conditionaland":
+        return None
+    out: list[Tree] = []
+    stack = [inner]
+    while stack:  # conditionaland is left-nested: [conditionaland, relation] or [relation]
+        n = stack.pop()
+        kids = [c for c in n.children if isinstance(c, lark.Tree)]
+        if n.data == "conditionaland" and len(kids) == 2:
+            stack += [kids[1], kids[0]]
+        elif n.data == "conditionaland" and len(kids) == 1:
+            stack.append(kids[0])
+        else:
+            out.append(n)
+    return out if len(out) > 1 else None
+
+
+def _paren_conjunction(node: Tree) -> Tree | None:
+    """The inner expression of `( a && b )` written as one operand, else None."""
+    for sub in node.iter_subtrees_topdown():  # type: ignore[no-untyped-call]
+        if sub.data == "paren_expr":
+            break
+        kids = [c for c in sub.children if isinstance(c, lark.Tree)]
+        if len(kids) != 1 or len(sub.children) != 1:
+            return None
+    else:
+        return None
+    inner = sub.children[0]
+    return inner if isinstance(inner, lark.Tree) and _and_operands(inner) is not None else None
+
+
+def conjuncts(expression: str, tree: Tree) -> list[str]:
+    """The parts of a top-level conjunction `a && (b && c) && d` as their source text (a, b, c, d), in order:
+    what the templates merge into one selector (requests.merged_selectors), so that a check can name the part
+    that is false. An expression that is not a conjunction is its own one part."""
+    return _parts(expression, tree) or [expression]
+
+
+def _parts(expression: str, node: Tree) -> list[str] | None:
+    operands = _and_operands(node)
+    if operands is None:
+        return None
+    out: list[str] = []
+    for op in operands:
+        nested = _paren_conjunction(op)
+        inner = _parts(expression, nested) if nested is not None else None
+        if inner is not None:
+            out += inner
+            continue
+        start, end = getattr(op.meta, "start_pos", None), getattr(op.meta, "end_pos", None)
+        if start is None or end is None:
+            return None  # a bare keyword literal carries no position: keep the whole
+        out.append(expression[start:end].strip())
+    return out

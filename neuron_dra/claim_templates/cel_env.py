@@ -43,6 +43,7 @@ from neuron_dra.claim_templates.cel_analysis import (
     SelectorAnalysis,
     Tree,
     analyze,
+    conjuncts,
     without_binds,
 )
 from neuron_dra.claim_templates.cel_cost import COST_LIMIT, CostTooDeep, estimate
@@ -551,6 +552,7 @@ class CelEnvironment:
     def __init__(self) -> None:
         self._env = celpy.Environment()
         self._compiled: dict[str, CompiledSelector] = {}
+        self._parts: dict[str, tuple[CompiledSelector, ...]] = {}
         self._outcomes: dict[tuple[str, tuple[Any, ...]], _Outcome] = {}
         # (expression, id(device)) -> (device, outcome); holding the device keeps its id from being reused
         self._by_device: dict[tuple[str, int], tuple[CelDevice, _Outcome]] = {}
@@ -585,6 +587,15 @@ class CelEnvironment:
         compiled = CompiledSelector(expression, analysis, program, tuple(sorted(analysis.refs)))
         self._compiled[expression] = compiled
         return compiled
+
+    def parts(self, compiled: CompiledSelector) -> tuple[CompiledSelector, ...]:
+        """The selector's top-level `&&` parts, compiled (cel_analysis.conjuncts); itself when it has one."""
+        cached = self._parts.get(compiled.expression)
+        if cached is None:
+            texts = conjuncts(compiled.expression, self._env.compile(compiled.expression))
+            cached = (compiled,) if len(texts) == 1 else tuple(self.compile(t) for t in texts)
+            self._parts[compiled.expression] = cached
+        return cached
 
     def _desugar(self, expression: str, tree: Tree) -> str:
         """Each `cel.bind(v, init, body)` as `([init].map(v, body)[0])` (cel_analysis.without_binds)."""

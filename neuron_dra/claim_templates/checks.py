@@ -411,7 +411,9 @@ class _Check:
                            .get("selectors", [])]
         labelled = [(f"class selector #{i} `{_short(s.expression)}`", s, True) for i, s in enumerate(class_selectors)]
         labelled += [(f"selector #{i} `{_short(s.expression)}`", s, False) for i, s in enumerate(u.selectors)]
-        by_type = {label for label, s, _ in labelled if any(r.name == INSTANCE_TYPE for r in s.refs)}
+        # A merged selector (requests.merged_selectors) is false because of one of its `&&` parts: the first
+        # false one, in the order `&&` evaluates them, is the reason named (and whether it reads instanceType).
+        parts = {label: self.cel.parts(s) for label, s, of_class in labelled if not of_class}
         for device in node.devices:
             in_class = True
             for label, s, of_class in labelled:
@@ -421,8 +423,11 @@ class _Check:
                 try:
                     if not self.cel.evaluate(s, device):
                         if not of_class:  # the class's own choice of devices is not a reason
-                            sel.rejected_by[label] += 1
-                            sel.by_instance_type += label in by_type
+                            failed = self._failed_part(parts[label], device)
+                            reason = label if failed is None or len(parts[label]) == 1 else \
+                                f"{label.split(' `')[0]} part `{_short(failed.expression)}`"
+                            sel.rejected_by[reason] += 1
+                            sel.by_instance_type += any(r.name == INSTANCE_TYPE for r in (failed or s).refs)
                         break
                 except CelEvaluationError as e:
                     sel.errors.append((label, e))
@@ -432,6 +437,16 @@ class _Check:
                     sel.in_class.append(device)
                 sel.matched.append(device)
         return sel
+
+    def _failed_part(self, parts: Sequence[CompiledSelector], device: CelDevice) -> CompiledSelector | None:
+        """The first part that is false (or fails) on the device, None when each is true on its own."""
+        for part in parts:
+            try:
+                if not self.cel.evaluate(part, device):
+                    return part
+            except CelEvaluationError:
+                return part
+        return None
 
     def _fit(self, nt: NodeType, node: NodeModel,
              configs: list[tuple[tuple[str, ...], driver_config.OpaqueConfig]]) -> Fit:

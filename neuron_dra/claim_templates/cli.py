@@ -18,7 +18,7 @@ from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.loader import LoadError, load_templates
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.claim_templates.node_types import NodeType
-from neuron_dra.claim_templates.scale import ScaleEstimate, check_nodes, estimate
+from neuron_dra.claim_templates.scale import CALIBRATION, ScaleEstimate, check_nodes, estimate
 from neuron_dra.claim_templates.template import ClaimTemplate, to_yaml_documents
 from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, Catalog
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
@@ -134,20 +134,28 @@ def _estimates(templates: Sequence[ClaimTemplate], reports: Sequence[CheckReport
     return out
 
 
+SIZING_RATE = 10  # claim pods/s to size the control plane's cores for
+SIZING_CORES = 16  # control-plane cores to derive sustained claim pods/s for
+
+
 def format_estimates(scale: Mapping[str, Sequence[ScaleEstimate]], nodes: int) -> str:
-    lines = ["", f"kube-scheduler filter work per pod at {nodes} nodes (empty nodes, Kubernetes 1.36, adaptive "
-                 "percentageOfNodesToScore; estimate):"]
+    lines = ["", f"control-plane CPU per claim pod at {nodes} nodes (empty nodes, Kubernetes 1.36, adaptive "
+                 "percentageOfNodesToScore; estimate, kube-scheduler's filter work first):"]
     warnings = []
     for name, estimates in scale.items():
         for e in estimates:
+            others = ", ".join(f"{k} {v:.0f}" for k, v in e.others_ms_per_pod.items())
             lines.append(f"  {name} on {e.instance_type}: {e.selector_evaluations} selector evaluations, "
                          f"{e.per_node_ms:.2f} ms per node x {e.filtered_nodes} nodes filtered = "
-                         f"{e.cpu_ms_per_pod:.0f} ms scheduler CPU per pod")
+                         f"{e.cpu_ms_per_pod:.0f} ms scheduler CPU per pod; with {others} ms: "
+                         f"{e.control_plane_s_per_pod:.3f} CPU s per claim pod, {e.cores_for(SIZING_RATE):.1f} cores "
+                         f"for {SIZING_RATE} pods/s, {SIZING_CORES / e.control_plane_s_per_pod:.0f} pods/s on "
+                         f"{SIZING_CORES} cores")
             if e.warning:
                 warnings.append(f"WARNING: {e.warning}")
         if not estimates:
             lines.append(f"  {name}: fits no instance type checked")
-    return "\n".join([*lines, *warnings]) + "\n"
+    return "\n".join([*lines, f"  ({CALIBRATION})", *warnings]) + "\n"
 
 
 def _report_json(r: CheckReport) -> dict[str, object]:

@@ -14,9 +14,10 @@
   contiguous group (n a power of two up to a device's cores), from the NeuronCore DeviceClass; Kubernetes 1.36+
   (partitionable devices). docs/neuron-cores.md.
 
-Every Neuron request guards its selectors with `resourceType == 'neuron_device'` so that `ALL` or a
-count of 16 never takes the UltraServer pseudo-device of an UltraServer node. Bad input raises TemplateError at
-construction, naming the field, the value and what is allowed.
+A request's tests render as one CEL expression (`merged_selectors`: one evaluation per device). A Neuron request
+that could otherwise take the UltraServer pseudo-device of an UltraServer node (`ALL`, a count of 16, no group
+constraint) tests `resourceType == 'neuron_device'`. Bad input raises TemplateError at construction, naming the
+field, the value and what is allowed.
 
 Instance types and families are those of `Neuron(catalog=...)`: the built-in catalog unless a catalog
 file's `Catalog` is passed (driver/model/catalog_file.py).
@@ -40,7 +41,7 @@ from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
 from neuron_dra.driver.model.errortext import did_you_mean
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.driver.model.partitions import NEURON_CORE, CoreLayout
+from neuron_dra.driver.model.partitions import CoreLayout
 from neuron_dra.driver.model.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
 from neuron_dra.driver.model.taints import UNHEALTHY_TAINT_NAME
 
@@ -182,6 +183,28 @@ def _selector(expression: str) -> dict[str, Any]:
     return {"cel": {"expression": expression}}
 
 
+def merged_selectors(parts: Sequence[str], raw: Sequence[str]) -> list[dict[str, Any]]:
+    """The request's selectors as one CEL expression (none when there is nothing to test).
+
+    kube-scheduler's allocator converts a device and copies its attributes into fresh maps for every selector
+    it evaluates (docs/scale.md §2), so one `&&` of the parts costs one copy where separate selectors cost one
+    each; `&&` stops at the first false part, so the caller lists the cheap, selective parts first. `parts` are
+    this module's own tests (each a conjunction or a call, safe to join as they are); `raw` are users' selectors,
+    parenthesized when joined. The claim checks split the expression again to name the part that failed
+    (cel_analysis.conjuncts). Where users' selectors would take the one expression past Kubernetes' size or cost
+    limit per expression (each passed on its own), they stay separate selectors after the typed ones."""
+    joined = [*parts, *(f"({r})" if len(parts) + len(raw) > 1 else r for r in raw)]
+    if not joined:
+        return []
+    expression = " && ".join(joined)
+    if raw and len(joined) > 1:
+        try:
+            CelEnvironment().compile(expression)
+        except CelCompileError:
+            return [*merged_selectors(parts, ()), *(_selector(r) for r in raw)]
+    return [_selector(expression)]
+
+
 def _opaque(drivers: Drivers, requests: Sequence[str], parameters: dict[str, Any]) -> dict[str, Any]:
     entry: dict[str, Any] = {"opaque": {"driver": drivers.neuron_driver, "parameters": parameters}}
     if requests:
@@ -300,7 +323,7 @@ class Neuron:
     kernel_driver: KernelDriver | None = None  # exact version string, or AtLeast(...)
     min_memory: str | None = None  # HBM per device, a quantity such as "64Gi"
     min_cores: int | None = None  # physical NeuronCores per device
-    selectors: Sequence[str] | str = ()  # raw CEL, ANDed with the rest
+    selectors: Sequence[str] | str = ()  # raw CEL, ANDed with the rest (after them: one expression)
     tolerations: Sequence[Tolerance] | Tolerance = ()  # e.g. TolerateUnhealthy() for diagnostics pods
     catalog: Catalog = field(default=BUILTIN, repr=False)  # where instance types and families come from
 
@@ -468,11 +491,14 @@ class Neuron:
                                     f"1 to {best.physical_cores_per_device} ({best.instance_type})")
 
     def selector_expressions(self, drivers: Drivers) -> list[str]:
+        """The request's own tests, cheap and selective first (merged_selectors adds the raw selectors)."""
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
         c = f"device.capacity[{_cel_string(drivers.neuron_driver)}]"
-        # The class keeps NeuronCores out; the UltraServer pseudo-device only a selector does. Where no target
-        # type publishes one, that selector would be one more CEL evaluation per candidate device and node.
-        out = [f"{d}.resourceType == {_cel_string(NEURON_DEVICE)}"] if self._pseudo_device_possible() else []
+        # The class keeps NeuronCores out; the UltraServer pseudo-device only a selector does, or a group
+        # constraint (the pseudo-device has no group id, and the allocator never chooses a device that lacks the
+        # matchAttribute). Where neither is needed, the test would only make the expression longer.
+        guard = self._pseudo_device_possible() and self.group_attribute(drivers) is None
+        out = [f"{d}.resourceType == {_cel_string(NEURON_DEVICE)}"] if guard else []
         if self.instance_types or self.families:
             types = self.target_types
             out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
@@ -487,13 +513,14 @@ class Neuron:
             out.append(f"'memory' in {c} && {c}.memory.compareTo(quantity({_cel_string(self.min_memory)})) >= 0")
         if self.min_cores is not None:
             out.append(f"'cores' in {c} && {c}.cores.compareTo(quantity('{self.min_cores}')) >= 0")
-        out.extend(self.selectors)
         return out
 
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         """The ExactDeviceRequest / DeviceSubRequest body."""
-        body: dict[str, Any] = {"deviceClassName": drivers.neuron_class,
-                                "selectors": [_selector(e) for e in self.selector_expressions(drivers)]}
+        body: dict[str, Any] = {"deviceClassName": drivers.neuron_class}
+        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)
+        if selectors:
+            body["selectors"] = selectors
         if self.count is ALL:
             body["allocationMode"] = "All"
         else:
@@ -557,8 +584,9 @@ class UltraServerNode:
 
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
-        selectors = [f"{d}.resourceType == {_cel_string(NEURON_NODE)}", *self.selectors]
-        body = {"deviceClassName": drivers.neuron_class, "selectors": [_selector(e) for e in selectors],
+        selectors = merged_selectors([f"{d}.resourceType == {_cel_string(NEURON_NODE)}"],
+                                     self.selectors)
+        body = {"deviceClassName": drivers.neuron_class, "selectors": selectors,
                 "allocationMode": "ExactCount", "count": 1}
         if self.tolerations:
             body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
@@ -600,10 +628,11 @@ class Efa:
         _check_selectors("Efa.selectors", self.selectors)  # type: ignore[arg-type]
 
     def render(self, drivers: Drivers) -> Rendered:
-        body = {"deviceClassName": drivers.efa_class, "selectors": [_selector(e) for e in self.selectors],
-                "allocationMode": "ExactCount", "count": self.count}
-        if not body["selectors"]:
-            del body["selectors"]
+        body: dict[str, Any] = {"deviceClassName": drivers.efa_class, "allocationMode": "ExactCount",
+                                "count": self.count}
+        selectors = merged_selectors([], self.selectors)
+        if selectors:
+            body["selectors"] = selectors
         return Rendered({"name": self.name, "exactly": body})
 
     def max_devices(self) -> int:
@@ -715,7 +744,7 @@ class NeuronCores:
 
     def selector_expressions(self, drivers: Drivers) -> list[str]:
         d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
-        out = [f"{d}.resourceType == {_cel_string(NEURON_CORE)}"]
+        out = []  # the NeuronCore class selects resourceType neuron_core already
         if self.instance_types or self.families:
             types = self.target_types
             out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
@@ -724,14 +753,15 @@ class NeuronCores:
             out.append(f"{d}.lnc == {self.node_lnc}")
         if self.count > 1:  # only nodes whose devices have groups of this size
             out.append(f"'coreGroup{self.count}_id' in {d}")
-        out.extend(self.selectors)
         return out
 
     def exact(self, drivers: Drivers) -> dict[str, Any]:
         """The ExactDeviceRequest / DeviceSubRequest body."""
         body: dict[str, Any] = {"deviceClassName": drivers.neuron_core_class, "allocationMode": "ExactCount",
-                                "count": self.count,
-                                "selectors": [_selector(e) for e in self.selector_expressions(drivers)]}
+                                "count": self.count}
+        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)
+        if selectors:
+            body["selectors"] = selectors
         if self.tolerations:
             body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
         return body

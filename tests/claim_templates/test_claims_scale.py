@@ -103,7 +103,8 @@ def _claims(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_check_nodes_prints_the_estimates() -> None:
     result = _claims("--instance-type", "trn2.48xlarge", "--nodes", "1000")
-    assert "kube-scheduler filter work per pod at 1000 nodes" in result.stdout
+    assert "control-plane CPU per claim pod at 1000 nodes" in result.stdout
+    assert "(calibrated with bench/bench_scale.py --together at 1,000 trn2.48xlarge nodes" in result.stdout
     assert "default/one-neuron-device on trn2.48xlarge: 18 selector evaluations" in result.stdout
     assert "x 420 nodes filtered" in result.stdout
 

@@ -79,7 +79,9 @@ def test_group_attribute_is_aws_compatible_where_every_target_publishes_it() -> 
     d = devices_of(ClaimTemplate("t", Neuron(4, topology=Connected()), drivers=custom))
     assert d["constraints"][0]["matchAttribute"] == "neuron.example.com/topology4_id"
     assert d["requests"][0]["exactly"]["deviceClassName"] == "neurons"
-    assert "device.attributes['neuron.example.com']" in d["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
+    assert "selectors" not in d["requests"][0]["exactly"]  # the group constraint keeps the pseudo-device out
+    one = devices_of(ClaimTemplate("t", Neuron(1), drivers=custom))["requests"][0]["exactly"]
+    assert "device.attributes['neuron.example.com']" in one["selectors"][0]["cel"]["expression"]
 
 
 def test_every_neuron_request_guards_against_the_ultraserver_pseudo_device() -> None:

@@ -322,7 +322,12 @@ def test_the_daemon_flags_of_the_api_client(capsys: pytest.CaptureFixture[str]) 
     from neuron_dra.driver.daemon.main import parse_options
 
     default = parse_options(["--node-name", "n"], {})
-    assert (default.kube_api_qps, default.kube_api_burst, default.kube_api_timeout) == (5.0, 10, 10.0)
+    assert (default.kube_api_qps, default.kube_api_burst, default.kube_api_timeout) == (50.0, 100, 10.0)  # kubelet's
+    from neuron_dra.driver.deploy.manifests import DriverDeployOptions
+
+    deploy = DriverDeployOptions()  # the DaemonSet passes no flag for them: the defaults must agree
+    assert (deploy.kube_api_qps, deploy.kube_api_burst, deploy.kube_api_timeout) == (
+        default.kube_api_qps, default.kube_api_burst, default.kube_api_timeout)
     env = parse_options(["--node-name", "n", "--kube-api-burst", "30"], {"KUBE_API_QPS": "15", "KUBE_API_TIMEOUT": "3"})
     assert (env.kube_api_qps, env.kube_api_burst, env.kube_api_timeout) == (15.0, 30, 3.0)
     for flag, value, error in (("--kube-api-timeout", "60", "60.0: allowed 0.5 to 40"),

@@ -82,11 +82,12 @@ def test_aws_attributes_and_types_on_trn2() -> None:
     assert d5.attributes["topology_y"] == {"int": 1}
     assert d5.attributes["topology4_id"] == {"int": 1}
     assert d5.attributes["topology8_id"] == {"int": 0}
-    assert d5.attributes["neighbors"] == {"string": "1,4,9,6"}
+    assert d5.attributes["family"] == {"string": "trn2"}
     assert d5.capacity == {"cores": "8", "memory": "96Gi"}
     # Nothing twice (the scheduler copies every attribute per CEL evaluation): `cores` is the capacity, the NUMA node
-    # the standard attribute, the group of one the deviceId.
-    assert not {"coreCount", "numaNode", "topology1_id"} & set(d5.attributes)
+    # the standard attribute, the group of one the deviceId, the device name a function of the family, the
+    # neighbours the catalog's for the topology kind and deviceId.
+    assert not {"coreCount", "numaNode", "topology1_id", "deviceName", "neighbors"} & set(d5.attributes)
     assert "capacityBlockId" not in d5.attributes  # only on UltraServers
 
 
@@ -97,8 +98,6 @@ def test_torus_coordinates_pinned() -> None:
     assert coords[0] == (0, 0) and coords[3] == (0, 3) and coords[4] == (1, 0) and coords[14] == (3, 2)
     assert [attr(devs[f"neuron-device-{i}"], "topology4_id") for i in range(16)] == [i // 4 for i in range(16)]
     assert [attr(devs[f"neuron-device-{i}"], "topology8_id") for i in range(16)] == [0] * 8 + [1] * 8
-    assert attr(devs["neuron-device-0"], "neighbors") == "12,3,4,1"
-    assert attr(devs["neuron-device-15"], "neighbors") == "11,14,3,12"
 
 
 # devicegroup ids pinned as literal values: SHA-256 of the sorted, de-duplicated EFA BDFs of each group.
@@ -156,7 +155,6 @@ def test_inf2_ring_segments() -> None:
     devs = pool_of("inf2.48xlarge")
     d7 = devs["neuron-device-7"]
     assert attr(d7, "topologyKind") == "ring"
-    assert attr(d7, "neighbors") == "6,8"
     assert {k: attr(d7, k) for k in d7.attributes if k.startswith("topology") and k.endswith("_id")} == {
         "topology2_id": 3, "topology3_id": 2, "topology4_id": 1, "topology6_id": 1,
         "topology12_id": 0}

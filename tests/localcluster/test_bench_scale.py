@@ -1,4 +1,4 @@
-"""bench/bench_scale.py's quick path: a real control plane, emulated nodes' slices, two slice models, two shapes.
+"""bench/bench_scale.py's quick path: real control planes, emulated nodes' slices, three variants, three shapes.
 
 Checks the report's structure and that every figure is positive (not its values: those depend on the machine), and
 that --pprof writes a scheduler CPU profile per burst.
@@ -21,7 +21,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_scale.py"
 def test_quick_run_reports_each_cell_and_burst(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     result = subprocess.run(
-        [sys.executable, str(BENCH), "--nodes", "12", "--pods", "4", "--slices", "ours,aws",
+        [sys.executable, str(BENCH), "--nodes", "12", "--pods", "4", "--slices", "ours,ours-aws-claims,aws",
          "--shapes", "no-claim,1-device,4-connected,1-device", "--dir", str(tmp_path / "d"), "--json", str(out),
          "--pprof", str(tmp_path / "pprof"), "--pprof-seconds", "2"],
         capture_output=True, text=True, timeout=900)
@@ -29,7 +29,7 @@ def test_quick_run_reports_each_cell_and_burst(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["profile"] == "tuned"
     cells = report["cells"]
-    assert [(c["nodes"], c["slices"]) for c in cells] == [(12, "ours"), (12, "aws")]
+    assert [(c["nodes"], c["slices"]) for c in cells] == [(12, "ours"), (12, "ours-aws-claims"), (12, "aws")]
     for cell in cells:
         assert cell["objects"] == 12 * 3  # a Node, its Neuron slice and its EFA slice
         assert set(cell["rss_mib"]) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
@@ -45,18 +45,22 @@ def test_quick_run_reports_each_cell_and_burst(tmp_path: Path) -> None:
             assert b["component_cpu_ms_per_pod"]["kube-apiserver"] > 0
             assert (b["predicted_cpu_ms_per_pod"] is None) == (b["shape"] == "no-claim")
         assert all(b["predicted_cpu_ms_per_pod"] > 0 for b in cell["bursts"][1:])
-    assert "ours vs AWS-shaped slices" in result.stdout
-    assert "   12 nodes 1-device" in result.stdout and "ratio" in result.stdout
-    assert "(median of 2 / 2 bursts)" in result.stdout  # 1-device, named twice
+    assert "against AWS's claims on AWS-shaped slices" in result.stdout
+    line = next(x for x in result.stdout.splitlines() if x.startswith("     12 nodes 1-device"))
+    assert "aws " in line and "ours-aws-claims " in line and "x)" in line
+    assert "(median of 2 bursts)" in line  # 1-device, named twice
+    # The cost model: per variant and claim shape, every component's CPU seconds per pod and the cores implied.
+    costs = [x for x in result.stdout.splitlines() if "cores for 50/s" in x]
+    assert len(costs) == 3 * 2 and all("apiserver" in x and "etcd" in x and "kcm" in x for x in costs)
     profiles = sorted((tmp_path / "pprof").iterdir())
-    assert len(profiles) == 8 and all(p.suffix == ".pprof" and p.stat().st_size > 0 for p in profiles)
+    assert len(profiles) == 12 and all(p.suffix == ".pprof" and p.stat().st_size > 0 for p in profiles)
     assert {p.name.rsplit("-", 1)[0] for p in profiles} == {
-        f"12-{m}-{s}" for m in ("ours", "aws") for s in ("no-claim", "1-device", "4-connected")}
+        f"12-{m}-{s}" for m in ("ours", "ours-aws-claims", "aws") for s in ("no-claim", "1-device", "4-connected")}
 
 
 def test_bad_options_are_refused(tmp_path: Path) -> None:
     for args, message in ((["--nodes", "0"], "--nodes '0': give whole numbers from 1 to 5000"),
-                          (["--slices", "gpu"], "--slices gpu: not known; choose from ours, ours-cores, aws"),
+                          (["--slices", "gpu"], "--slices gpu: not known; choose from ours, ours-aws-claims, aws"),
                           (["--shapes", "2-device"], "--shapes 2-device: not known"),
                           (["--pprof-seconds", "0"], "--pprof-seconds 0: give 1 to 600")):
         result = subprocess.run([sys.executable, str(BENCH), *args, "--dir", str(tmp_path)], capture_output=True,

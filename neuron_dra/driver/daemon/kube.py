@@ -10,7 +10,7 @@ What client-go gives a Go driver and the daemon needs, on urllib3's connection p
   included (deadline.py), so an answer that trickles in or never ends fails in time.
 - A cap on each answer's size, read incrementally and refused once over (the cap named in the error), so a huge
   answer never sits in memory; a watch's events are capped one by one.
-- Client-side QPS and burst as client-go's defaults (ratelimit.py), configurable (--kube-api-qps/-burst).
+- Client-side QPS and burst (ratelimit.py: kubelet's defaults in the daemon), configurable (--kube-api-qps/-burst).
 No redirects are followed, Retry-After is not obeyed (a server could make the daemon sleep for an hour) and no
 content coding is accepted (none is asked for: a compressed answer could hide its size).
 """

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from neuron_dra import __version__
 from neuron_dra.driver.daemon import logs
 from neuron_dra.driver.daemon.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
+from neuron_dra.driver.daemon.ratelimit import DAEMON_BURST, DAEMON_QPS
 from neuron_dra.driver.daemon.signals import set_on_signals
 from neuron_dra.driver.daemon.sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.errortext import capped
@@ -104,9 +105,9 @@ class DaemonOptions:
     core_partitions: str = "auto"
     core_partitions_reason: str = ""
     lnc: int | None = None  # the node's LNC; None: /opt/aws/neuron/logical_nc_config, else the family's default
-    # The API client (kube.py): client-side rate limit as client-go's defaults, and each request's deadline.
-    kube_api_qps: float = 5.0
-    kube_api_burst: int = 10
+    # The API client (kube.py): client-side rate limit as kubelet's defaults (ratelimit.py), each request's deadline.
+    kube_api_qps: float = DAEMON_QPS
+    kube_api_burst: int = DAEMON_BURST
     kube_api_timeout: float = 10.0
     # Surge rollouts (docs/upgrades.md): the pod UID, how the socket names are chosen (instances.py), and the
     # instance id chosen ("": the plain names; set by `with_socket_names`).
@@ -249,12 +250,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                    help="the node's Logical NeuronCore config (env NODE_LNC; default: the host's "
                         "/opt/aws/neuron/logical_nc_config, else 2 on Trainium2+)")
     p.add_argument("--kube-api-qps", type=_bounded(float, 0.1, 1000, "a number of requests per second"),
-                   default=env_default("KUBE_API_QPS", "5"), metavar="QPS",
-                   help="API requests per second, sustained (client-go's default) [env KUBE_API_QPS] (default 5)")
+                   default=env_default("KUBE_API_QPS", f"{DAEMON_QPS:g}"), metavar="QPS",
+                   help=f"API requests per second, sustained (kubelet's default) [env KUBE_API_QPS] "
+                        f"(default {DAEMON_QPS:g})")
     p.add_argument("--kube-api-burst", type=_bounded(int, 1, 1000, "a whole number of requests"),
-                   default=env_default("KUBE_API_BURST", "10"), metavar="N",
-                   help="API requests allowed at once above the QPS (client-go's default) [env KUBE_API_BURST] "
-                        "(default 10)")
+                   default=env_default("KUBE_API_BURST", str(DAEMON_BURST)), metavar="N",
+                   help=f"API requests allowed at once above the QPS (kubelet's default) [env KUBE_API_BURST] "
+                        f"(default {DAEMON_BURST})")
     p.add_argument("--kube-api-timeout", type=_bounded(float, 0.5, 40, "a number of seconds"),
                    default=env_default("KUBE_API_TIMEOUT", "10"), metavar="SECONDS",
                    help="deadline of one API request, the whole answer included; kubelet gives a prepare 45 s "

@@ -12,6 +12,11 @@ from dataclasses import dataclass
 
 DEFAULT_QPS = 5.0
 DEFAULT_BURST = 10
+# The daemon's defaults: kubelet's own (KubeletConfiguration kubeAPIQPS 50, kubeAPIBurst 100 since 1.27), so that a
+# node starting 64 claim pods at once gets its 64 claim GETs in one burst; the API server's priority and fairness
+# bounds what many nodes do at once (docs/hardening.md §4).
+DAEMON_QPS = 50.0
+DAEMON_BURST = 100
 
 
 class RateLimited(Exception):

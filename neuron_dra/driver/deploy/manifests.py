@@ -249,9 +249,10 @@ class DriverDeployOptions:
     # The cluster's Kubernetes minor ("1.34"): what that minor does not serve is left out (`serves`,
     # KUBERNETES_FEATURES); None: everything, as on the newest minor.
     kubernetes_version: str | None = None
-    # The daemon's API client: client-side rate limit (client-go's defaults) and each request's deadline.
-    kube_api_qps: float = 5.0
-    kube_api_burst: int = 10
+    # The daemon's API client: client-side rate limit (the daemon's defaults, kubelet's: daemon/ratelimit.py) and
+    # each request's deadline.
+    kube_api_qps: float = 50.0
+    kube_api_burst: int = 100
     kube_api_timeout: float = 10.0
     # The DaemonSet's rolling update (docs/upgrades.md), in nodes at a time: with max_surge a new pod starts
     # beside the old one on a node and both serve until the old one stops (kubelet 1.33+ registers both), so no

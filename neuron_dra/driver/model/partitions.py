@@ -170,7 +170,7 @@ def core_consumption(index: int, logical: int, layout: CoreLayout) -> dict[str, 
 
 # Attributes of the whole device a core does not repeat: they describe the device's links, not the core,
 # and a core has room for 32 attributes and capacities only.
-_NOT_ON_CORES = ("neighbors", "topologyKind", "topology_x", "topology_y")
+_NOT_ON_CORES = ("topologyKind", "topology_x", "topology_y")
 
 
 def core_attributes(device_attributes: Mapping[str, Mapping[str, Any]], index: int, logical: int,

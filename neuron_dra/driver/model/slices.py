@@ -2,13 +2,15 @@
 
 Drop-in compatible with AWS's Neuron DRA driver (same driver name, device names, attribute names,
 types and topology group ids; docs/neuron-hardware.md §3-4), plus capacities, NUMA, PCI address,
-neighbours and connected-group ids on every topology kind. This is the one model that the daemon
+family, topology kind and connected-group ids on every topology kind. This is the one model that the daemon
 publishes and that the claim checks evaluate CEL against.
 
 Nothing is published twice: the scheduler copies every attribute of a device into fresh maps on each CEL
 evaluation, and more than 14 in one domain regrow Go's map once more (docs/scale.md §2). So no `numaNode`
-beside the standard `resource.kubernetes.io/numaNode`, no `coreCount` beside the `cores` capacity and no
-`topology1_id` beside `deviceId`.
+beside the standard `resource.kubernetes.io/numaNode`, no `coreCount` beside the `cores` capacity, no
+`topology1_id` beside `deviceId`, no `deviceName` (a function of `family`) and no `neighbors` (the catalog's
+neighbours of `deviceId` for the `topologyKind`; the topology{N}_id groups are what claims constrain on);
+docs/upgrades.md says what a claim that read them uses instead.
 """
 
 from __future__ import annotations
@@ -150,7 +152,6 @@ def _common_attributes(host: NeuronHost, facts: NodeFacts, options: PublishOptio
         "draDriverVersion": {"version": options.dra_driver_version},
         "resourceType": _str(resource_type),
         "family": _str(host.spec.family.name),
-        "deviceName": _str(host.spec.family.device_name),
     }
     for i, layer in enumerate(facts.network_node_layers, start=1):
         attrs[f"networkNodeLayer{i}"] = _str(layer)
@@ -171,7 +172,6 @@ def neuron_device_attributes(host: NeuronHost, dev: NeuronDevice, facts: NodeFac
     attrs = _common_attributes(host, facts, options, NEURON_DEVICE)
     attrs["deviceId"] = _int(dev.index)
     attrs["topologyKind"] = _str(spec.topology.value)
-    attrs["neighbors"] = _str(",".join(map(str, dev.connected)))
     if spec.grid:
         # AWS's names: row (x), column (y), row id, id of the pair of rows.
         attrs["topology_x"] = _int(dev.index // 4)
