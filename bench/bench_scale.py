@@ -69,6 +69,7 @@ from neuron_dra.claim_templates.examples import neuron_1x4_connected, one_neuron
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.claim_templates.scale import ScaleEstimate, estimate_spec
 from neuron_dra.driver.model.hosts import emulated_host
+from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster.controlplane import ControlPlane
 from neuron_dra.localcluster.profiles import PROFILES
 
@@ -82,8 +83,8 @@ SHAPES: Mapping[str, ClaimTemplate | None] = {
     "8-connected-efa": ClaimTemplate("neuron-8-efa-aligned", Neuron(8, topology=Connected()), Efa(8)),
     "cores": trn2_two_cores,
 }
-AWS_CLASS = "neuron.aws.com"
-_TRN2 = 'device.attributes["neuron.aws.com"].instanceType == "trn2.48xlarge"'
+AWS_CLASS = DEFAULT_DRIVER_NAME  # AWS's driver name is also its DeviceClass's
+_TRN2 = f'device.attributes["{DEFAULT_DRIVER_NAME}"].instanceType == "trn2.48xlarge"'
 
 
 def _aws_request(name: str, count: int, selector: str | None, cls: str = AWS_CLASS) -> dict[str, Any]:
