@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_dra import __version__
 from neuron_dra.localcluster.build import KUBE_MODULES, BuildError, Log, _go_module_dir, _locked, cache_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -222,8 +223,6 @@ def build_driver(base: Image | None = None, *, log: Log | None = None, cache: Pa
     base = base or build_base(log=log, cache=cache)
     dockerfile = REPO / "neuron_dra" / "driver" / "Dockerfile"
     key = content_hash([REPO / p for p in DRIVER_SOURCES], REPO, extra=[base.reference])
-    from neuron_dra import __version__
-
     return build_image("neuron-dra-driver", f"{__version__}-{key[:12]}", REPO, dockerfile, key,
                        build_args=[f"PYTHON_IMAGE={base.reference}"], log=log, cache=cache)
 

@@ -11,7 +11,7 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from neuron_dra.claim_templates import ClaimTemplate, Efa, Neuron
-from neuron_dra.components import cli_plan
+from neuron_dra.components import plan
 from neuron_dra.components.claims import ClaimTemplates, ClaimTemplatesArgs
 from neuron_dra.components.efa_driver import (
     EFA_CHART_VERSION,
@@ -138,8 +138,8 @@ def test_the_default_stack_installs_it_on_its_efa_node_group_only() -> None:
     assert ng["trn2"]["labels"][NODE_GROUP_LABEL] == "trn2"  # the label the chart's affinity selects
     efa_templates = [t for t in run.of_type(TEMPLATE) if "efa" in json.dumps(t.plain_inputs["spec"])]
     assert efa_templates and all(run.one(RELEASE).urn in t.dependencies for t in efa_templates)
-    assert "kube-system/aws-dranet chart=aws-dranet 1.0.0" in cli_plan.render_table(run)
-    assert "aws-dranet" not in cli_plan.render_yaml(run)  # a Helm release, not a manifest
+    assert "kube-system/aws-dranet chart=aws-dranet 1.0.0" in plan.render_table(run)
+    assert "aws-dranet" not in plan.render_yaml(run)  # a Helm release, not a manifest
 
 
 def test_a_stack_without_efa_nodes_installs_none() -> None:
