@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
-import importlib.util
-import pkgutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol, cast
 
 from neuron_dra import __version__
@@ -28,17 +27,15 @@ class CommandModule(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-def commands() -> dict[str, str]:
-    """Command name -> module name, in name order (the order of `neuron-dra --help`)."""
-    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
-    return {name.replace("_", "-"): f"{__name__}.{name}" for name in names}
+def commands() -> dict[str, Path]:
+    """Command name -> its module's source file, in name order (the order of `neuron-dra --help`)."""
+    sources = sorted(p for p in Path(__file__).parent.glob("*.py") if not p.stem.startswith("_"))
+    return {p.stem.replace("_", "-"): p for p in sources}
 
 
-def summary(module: str) -> str:
+def summary(source: Path) -> str:
     """The summary in a command module's docstring, read without importing the module."""
-    spec = importlib.util.find_spec(module)
-    source = spec.loader.get_source(module) if spec is not None and spec.loader is not None else None
-    doc = ast.get_docstring(ast.parse(source)) if source else None
+    doc = ast.get_docstring(ast.parse(source.read_text()))
     return doc.splitlines()[0].split("`: ", 1)[-1].rstrip(".") if doc else ""
 
 
@@ -50,12 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"neuron-dra {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     module: CommandModule | None = None
-    for name, path in names.items():
+    for name, source in names.items():
         if name == selected:
-            module = cast(CommandModule, importlib.import_module(path))
-            module.configure(sub.add_parser(name, help=summary(path), description=module.HELP))
+            module = cast(CommandModule, importlib.import_module(f"{__name__}.{source.stem}"))
+            module.configure(sub.add_parser(name, help=summary(source), description=module.HELP))
         else:  # the summaries show only in the top-level help
-            sub.add_parser(name, help=None if selected in names else summary(path))
+            sub.add_parser(name, help=None if selected in names else summary(source))
     args = parser.parse_args(args_list)
     if module is None:  # (argparse has exited on anything but a command)
         parser.error(f"no command given; one of {', '.join(names)}")

@@ -30,8 +30,8 @@ def imported_after(argv: list[str]) -> list[str]:
 
 def test_every_command_module_is_a_command_with_a_summary() -> None:
     assert set(commands()) == README_COMMANDS
-    for name, module in commands().items():
-        assert summary(module) and not summary(module).startswith("`"), name
+    for name, source in commands().items():
+        assert summary(source) and not summary(source).startswith("`"), name
 
 
 def test_help_lists_the_commands_without_importing_them() -> None:
