@@ -58,8 +58,6 @@ VIOLATIONS = [
     pytest.param("neuron_dra/claim_templates/checks.py", "import neuron_dra.driver.daemon.state",
                  "The daemon is the driver's own",
                  id="claim_templates-imports-the-daemon"),
-    pytest.param("neuron_dra/cli/slices.py", "import neuron_dra.driver.daemon.state", "The daemon is the driver's own",
-                 id="cli-imports-the-daemon", marks=SLOW),
     pytest.param("neuron_dra/localcluster/topology.py", "import neuron_dra.cli.slices",
                  "Layers: driver, then claim_templates", id="localcluster-imports-the-cli", marks=SLOW),
     # (planted where claim_templates and components do not import, so that only the layer rule breaks)
