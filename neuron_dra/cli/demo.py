@@ -13,6 +13,7 @@ from types import FrameType
 
 from kubernetes.client.exceptions import ApiException
 
+from neuron_dra.cli._host import add_host_arguments, choose
 from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
 from neuron_dra.localcluster.cluster import ClusterError
 from neuron_dra.localcluster.demo import DemoError, DemoOptions, run_demo
@@ -44,9 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubernetes-version", default=DEFAULT_MINOR, metavar="MINOR",
                         help=f"Kubernetes minor of the local cluster: {', '.join(supported_minors())} "
                              f"(default {DEFAULT_MINOR}, the newest EKS serves)")
-    parser.add_argument("--runtime", choices=("containerd", "fake"), default="containerd",
-                        help="containerd: real containers, the driver as its DaemonSet, each workload's log shows "
-                             "its devices; fake: the fake CRI runtime, no containers (default containerd)")
+    add_host_arguments(parser)
     parser.add_argument("--prometheus", action="store_true",
                         help="also run Prometheus (built from the Go module proxy) scraping the drivers and show "
                              "which pod it says holds which device and cores (docs/metrics.md)")
@@ -62,9 +61,11 @@ def run(args: argparse.Namespace) -> int:
     if args.ttl is not None and args.ttl < 60:
         print(f"neuron-dra demo: --ttl must be at least 60 seconds, got {args.ttl}", file=sys.stderr)
         return 2
+    runtime = choose(args, "neuron-dra demo")
+    if runtime is None:
+        return 1
     options = DemoOptions(dir=args.dir, keep=args.keep, timeout=args.timeout, ttl=args.ttl,
-                          kubernetes_version=args.kubernetes_version, runtime=args.runtime,
-                          prometheus=args.prometheus)
+                          kubernetes_version=args.kubernetes_version, runtime=runtime, prometheus=args.prometheus)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = run_demo(options)

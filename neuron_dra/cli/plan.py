@@ -12,6 +12,7 @@ from pathlib import Path
 from neuron_dra.components.plan import (
     PlanError,
     Project,
+    helm_notice,
     load_config_file,
     load_stack_outputs,
     plan,
@@ -75,4 +76,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"neuron-dra plan: {ours}", file=sys.stderr)
         return 1
     sys.stdout.write(render_yaml(result) if args.output == "yaml" else render_table(result))
+    notice = helm_notice(result) if args.output == "yaml" else None
+    if notice:
+        print(notice, file=sys.stderr)
     return 0

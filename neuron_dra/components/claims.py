@@ -10,6 +10,12 @@ given as `opts.provider` (Pulumi passes it on to the children).
 A template that requests EFA devices (`Efa()`, DeviceClass `efa.networking.k8s.aws`) needs an EFA DRA driver:
 `efa_driver` is the stack's `EfaDraDriver` (the templates then wait for it) or `"external"` when the cluster
 already runs one; without either the component fails naming that fix.
+
+Names carry through from the driver: given `driver` (a `NeuronDraDriver`), every ClaimTemplate that was given no
+Drivers of its own is rendered with that driver's name and DeviceClass names and the EfaDraDriver's EFA class
+(`ClaimTemplate.for_drivers`), and every `deviceClassName` of every template must be a class the driver or the
+EFA driver creates (NeuronCores have none before Kubernetes 1.36): else the component fails naming the class and
+the classes that exist.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import functools
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pulumi
 
@@ -26,7 +32,10 @@ from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDriverRe
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
-from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS
+from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS, EFA_DRIVER
+
+if TYPE_CHECKING:
+    from neuron_dra.claim_templates import Drivers
 
 
 @runtime_checkable
@@ -95,7 +104,8 @@ class ClaimTemplatesArgs:
         instance types at their nodes' LNC (`trn2.48xlarge:lnc=1` for a group with lnc=1).
     instance_types: list[str] -- instead of node_groups (an existing cluster): instance types, each optionally
         at an LNC (`trn2.48xlarge:lnc=1`).
-    driver: NeuronDraDriver | None -- the templates wait for its DeviceClasses, and use its cluster's provider.
+    driver: NeuronDraDriver | None -- the templates take its driver and DeviceClass names, name only classes it
+        (or the EFA driver) creates, wait for its DeviceClasses, and use its cluster's provider.
     check: callable | None -- raises when no node of the instance types can satisfy a template (default: the
         claim_templates package's own check).
     hardware: Catalog -- the instance types the default check knows (default: the built-in catalog).
@@ -112,6 +122,8 @@ class ClaimTemplatesArgs:
     efa_driver: EfaDriverRef | None = None  # what publishes EFA devices: EfaDraDriver, "external", or nothing
 
     def __post_init__(self) -> None:
+        if self.driver is not None and not hasattr(self.driver, "class_names"):
+            raise SettingError("ClaimTemplatesArgs.driver", self.driver, "a NeuronDraDriver, or None")
         if self.efa_driver is not None and self.efa_driver != EXTERNAL and not isinstance(self.efa_driver,
                                                                                           EfaDraDriver):
             raise SettingError("ClaimTemplatesArgs.efa_driver", self.efa_driver,
@@ -122,6 +134,41 @@ class ClaimTemplatesArgs:
         """What the templates are checked against: the node groups' nodes at their LNC, then instance_types."""
         groups = [g.args.check_target for g in self.node_groups]
         return tuple(dict.fromkeys([*groups, *self.instance_types]))
+
+
+def device_class_refs(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(request, deviceClassName) of a ResourceClaimTemplate's requests and firstAvailable subrequests."""
+    refs = []
+    for request in ((manifest.get("spec") or {}).get("spec") or {}).get("devices", {}).get("requests") or []:
+        if "deviceClassName" in (request.get("exactly") or {}):
+            refs.append((request.get("name", ""), request["exactly"]["deviceClassName"]))
+        for sub in request.get("firstAvailable") or []:
+            refs.append((f"{request.get('name')}/{sub.get('name')}", sub.get("deviceClassName", "")))
+    return refs
+
+
+def _drivers_of(driver: Any, efa_driver: EfaDriverRef | None) -> Drivers:
+    """The names templates deployed with `driver` (a NeuronDraDriver) and `efa_driver` use."""
+    from neuron_dra.claim_templates import Drivers
+
+    efa_class = efa_driver.device_class_name if isinstance(efa_driver, EfaDraDriver) else EFA_DEVICE_CLASS
+    return Drivers.of(driver.class_names, efa_driver=EFA_DRIVER, efa_class=efa_class)
+
+
+def _check_classes_exist(template: ClaimTemplateLike, manifest: Mapping[str, Any], created: Sequence[str],
+                         driver: Any, efa_class: str) -> None:
+    """Every DeviceClass the template names is one the stack creates: the error names the class, the request,
+    the classes that exist and, for the NeuronCore class on a minor without it, the version rule."""
+    for request, cls in device_class_refs(manifest):
+        if cls in created or cls == efa_class:  # a missing EFA driver is reported with its own fix
+            continue
+        why = ""
+        if cls == driver.class_names.core_device_class and driver.core_device_class_name is None:
+            why = (f"; NeuronCores (NeuronCores() requests) need Kubernetes 1.36 or newer, and the cluster runs "
+                   f"{driver.kubernetes_version}: no NeuronCore DeviceClass is created there. Request whole devices "
+                   f"(Neuron()) or upgrade the cluster")
+        raise SettingError(f"claim template {template_key(template)} request {request} deviceClassName", cls,
+                           f"a DeviceClass this stack creates ({', '.join(created)}){why}")
 
 
 def _check_manifest_names(template: ClaimTemplateLike) -> None:
@@ -139,7 +186,8 @@ class ClaimTemplates(pulumi.ComponentResource):
     """One `resource.k8s.io/v1` ResourceClaimTemplate per template object, after its check passed.
 
     `ClaimTemplates(name, args, opts)` or `ClaimTemplates(name, templates=..., node_groups=..., driver=...)`.
-    Outputs: names (`namespace/name`), manifests, objects, checked_against (the instance types, at an LNC where
+    Outputs: names (`namespace/name`), templates (as deployed: with the driver's names), manifests, objects,
+    checked_against (the instance types, at an LNC where
     one was set, that the templates were checked against).
     """
 
@@ -162,30 +210,41 @@ class ClaimTemplates(pulumi.ComponentResource):
                                "the cluster's node groups, or the instance types of an existing cluster's nodes "
                                "(instance_types)")
         depends = [*args.depends_on, *(driver.device_classes() if driver is not None else ())]
-        keys = [template_key(t) for t in args.templates]
+        from neuron_dra.claim_templates import ClaimTemplate
+
+        drivers = _drivers_of(driver, args.efa_driver) if driver is not None else None
+        templates = [t.for_drivers(drivers) if drivers is not None and isinstance(t, ClaimTemplate) else t
+                     for t in args.templates]
+        keys = [template_key(t) for t in templates]
         for key in keys:
             if keys.count(key) > 1:
                 raise SettingError("ClaimTemplatesArgs.templates", key, "templates with distinct namespace/name")
         check = args.check or functools.partial(default_check, hardware=args.hardware)
-        efa_class = args.efa_driver.device_class_name if isinstance(args.efa_driver, EfaDraDriver) else None
-        for template in args.templates:
+        efa_class = drivers.efa_class if drivers is not None else EFA_DEVICE_CLASS
+        created = [*driver.device_class_names, *([efa_class] if args.efa_driver is not None else [])] \
+            if driver is not None else None
+        for template in templates:
             _check_manifest_names(template)
+            if created is not None:
+                _check_classes_exist(template, template.to_manifest(), created, driver, efa_class)
             try:
                 check(template, list(targets))
             except Exception as e:  # a custom check's error type is not ours to know; its message is the point
                 reason = str(e).removeprefix(f"claim template {template_key(template)}: ")
                 raise ClaimTemplateCheckError(template_key(template), targets, reason) from e
-        for template in args.templates:  # after the fit checks: their message says more when both fail
-            requests = efa_requests(template.to_manifest())
+        for template in templates:  # after the fit checks: their message says more when both fail
+            requests = efa_requests(template.to_manifest(), efa_class)
             if requests and args.efa_driver is None:
-                raise missing_efa_driver(template_key(template), requests)
-            if requests and efa_class not in (None, EFA_DEVICE_CLASS):
-                raise SettingError(f"claim template {template_key(template)}", EFA_DEVICE_CLASS,
-                                   f"DeviceClass {efa_class}, the one the EfaDraDriver installs (or install it "
-                                   f"with device_class_name={EFA_DEVICE_CLASS!r})")
+                raise missing_efa_driver(template_key(template), requests, efa_class)
+            installed = args.efa_driver.device_class_name if isinstance(args.efa_driver, EfaDraDriver) else None
+            if requests and installed not in (None, efa_class):
+                raise SettingError(f"claim template {template_key(template)}", efa_class,
+                                   f"DeviceClass {installed}, the one the EfaDraDriver installs (or install it "
+                                   f"with device_class_name={efa_class!r})")
         self.names = keys
         self.checked_against = targets
-        self.manifests = [dict(t.to_manifest()) for t in args.templates]
+        self.templates = templates
+        self.manifests = [dict(t.to_manifest()) for t in templates]
         self.objects = {}
         depends += [args.efa_driver.release] if isinstance(args.efa_driver, EfaDraDriver) else []
         for key, manifest in zip(keys, self.manifests, strict=True):

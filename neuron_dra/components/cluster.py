@@ -1,18 +1,17 @@
 """`TrainiumCluster`: an EKS control plane for Neuron node groups.
 
-pulumi_eks.Cluster with a pinned Kubernetes version (1.34 to 1.37), API authentication with access entries,
-an OIDC provider, no default node group and no pulumi-eks security groups (so `cluster_security_group_id` is
-the EKS-created cluster security group that managed nodes use), the vpc-cni, kube-proxy and
-eks-pod-identity-agent add-ons, and a Kubernetes provider from its kubeconfig. The VPC CNI (service account
-kube-system/aws-node) gets its own IAM role with AmazonEKS_CNI_Policy through an EKS Pod Identity association
-(`vpc_cni_identity="podIdentity"`, the default; docs/eks-trainium.md §5), so the node role does not need that
-policy; node groups wait for `node_group_dependencies` (pods get their credentials only if the association
-exists when they are created). CoreDNS is created after the first node group with nodes that names this
-cluster (`TrainiumNodeGroup(cluster=...)`): an add-on without nodes stays DEGRADED and its creation times out
-(pulumi-eks creates it before any node group). Its pods tolerate the Neuron taint, so a cluster whose only nodes
-are Neuron nodes still resolves names. The vpc-cni add-on enforces NetworkPolicies (`network_policy`, default
-on; docs/eks-trainium.md §6), so the driver's NetworkPolicy is in force.
-"""
+pulumi_eks.Cluster with a pinned Kubernetes version (a minor EKS offers: components/eks_versions.py), API
+authentication with access entries, an OIDC provider, no default node group and no pulumi-eks security groups (so
+`cluster_security_group_id` is the EKS-created cluster security group that managed nodes use), the vpc-cni,
+kube-proxy and eks-pod-identity-agent add-ons, and a Kubernetes provider from its kubeconfig. The VPC CNI (service
+account kube-system/aws-node) gets its own IAM role with AmazonEKS_CNI_Policy through an EKS Pod Identity
+association (`vpc_cni_identity="podIdentity"`, the default; docs/eks-trainium.md §5), so the node role does not need
+that policy; node groups wait for `node_group_dependencies` (pods get their credentials only if the association
+exists when they are created). CoreDNS is created after the first node group with nodes that names this cluster
+(`TrainiumNodeGroup(cluster=...)`): an add-on without nodes stays DEGRADED and its creation times out (pulumi-eks
+creates it before any node group). Its pods tolerate the Neuron taint, so a cluster whose only nodes are Neuron
+nodes still resolves names. The vpc-cni add-on enforces NetworkPolicies (`network_policy`, default on;
+docs/eks-trainium.md §6), so the driver's NetworkPolicy is in force. """
 
 from __future__ import annotations
 
@@ -37,8 +36,10 @@ from neuron_dra.components.settings import (
     NAT_GATEWAY_STRATEGIES,
     VPC_CNI_IDENTITIES,
     SettingError,
+    check_eks_version,
     check_id,
     check_ids,
+    kubernetes_version_warnings,
     parse_addon_version,
     parse_kubernetes_version,
 )
@@ -68,8 +69,8 @@ class TrainiumClusterArgs:
     same message). Without `vpc_id` a new VPC with private and public subnets is created (awsx).
 
     cluster_name: Input[str] | None -- EKS cluster name (default: the component's resource name).
-    kubernetes_version: str -- Kubernetes minor, "1.34" to "1.37" (default 1.36); node groups and the driver
-        derive theirs from it.
+    kubernetes_version: str -- Kubernetes minor EKS offers, "1.34" to "1.36" (default 1.36; a minor past standard
+        support gets a preview warning); node groups and the driver derive theirs from it.
     vpc_id: Input[str] | None -- an existing VPC (with private_subnet_ids); None: a new VPC.
     private_subnet_ids: Input[list[Input[str]]] -- private subnets of vpc_id, at least two AZs (control plane,
         nodes' candidate subnets).
@@ -113,6 +114,7 @@ class TrainiumClusterArgs:
     def __post_init__(self) -> None:
         at = "TrainiumClusterArgs."
         parse_kubernetes_version(f"{at}kubernetes_version", self.kubernetes_version)
+        check_eks_version(f"{at}kubernetes_version", self.kubernetes_version)  # EKS offers only some minors
         if self.cluster_name is not None:
             self._check("cluster_name", lambda v: check_id(f"{at}cluster_name", "cluster", v))
         if self.vpc_id is not None:
@@ -194,6 +196,8 @@ class TrainiumCluster(pulumi.ComponentResource):
             raise TypeError("TrainiumCluster: give either args or keyword arguments, not both")
         args = args if args is not None else TrainiumClusterArgs(**kwargs)
         super().__init__("neuron-dra:index:TrainiumCluster", resource_name, None, opts)
+        for warning in kubernetes_version_warnings(args.kubernetes_version):  # e.g. past standard support
+            pulumi.log.warn(f"{resource_name}: {warning}", resource=self)
         self.args = args
         self.kubernetes_version = args.kubernetes_version
         self.vpc_cni_identity = args.vpc_cni_identity

@@ -1,9 +1,9 @@
 """`NeuronDraDriver`: the DRA driver's Kubernetes objects, applied from `neuron_dra.driver.deploy`'s dicts.
 
-The component adds nothing to those objects except the image reference: the given image, else the image this
-repository's release workflow publishes for the installed version (`deploy.DEFAULT_IMAGE`), or, with
-`build_from_source`, the image it builds from a checkout's `neuron_dra/driver/Dockerfile` (pulumi-docker-build,
-BuildKit) and pushes to a new ECR repository, pinned by digest. Dependencies make the namespace, RBAC and the
+The component adds nothing to those objects except the image reference: by default the image it builds from
+`neuron_dra/driver/Dockerfile` of the directory the package runs from (a checkout or a pip install) and pushes to
+an ECR repository it owns, pinned by digest; or the image given (`image`, e.g. the one the release workflow
+publishes), pinned when given by digest (`components/driver_image.py`). Dependencies make the namespace, RBAC and the
 node-restricting admission policy exist before the DaemonSet's pods start writing ResourceSlices. The Kubernetes
 provider is the cluster's (`cluster=`) or `opts.provider` (Pulumi passes it on to the children). The objects are those
 the cluster's Kubernetes minor serves (`DriverDeployOptions.kubernetes_version`, the rule in
@@ -23,10 +23,8 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
-import pulumi_docker_build as docker_build
 
-import neuron_dra
-from neuron_dra import __version__
+from neuron_dra.components import driver_image
 from neuron_dra.components.cluster import TrainiumCluster
 from neuron_dra.components.inputs import checked
 from neuron_dra.components.k8s_objects import create_object, resource_name
@@ -37,14 +35,7 @@ from neuron_dra.components.settings import (
     parse_kubernetes_version,
 )
 from neuron_dra.driver import deploy
-from neuron_dra.driver.deploy import DriverDeployOptions, Manifest
-
-DOCKERFILE = Path("neuron_dra") / "driver" / "Dockerfile"
-
-
-def default_source_dir() -> Path:
-    """The checkout this package runs from (editable installs); the image's build context."""
-    return Path(neuron_dra.__file__).resolve().parent.parent
+from neuron_dra.driver.deploy import DeviceClassNames, DriverDeployOptions, Manifest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,17 +44,19 @@ class NeuronDraDriverArgs:
 
     options: DriverDeployOptions -- namespace, driver name, DeviceClass names, extended resources, metrics,
         kubelet paths, ... (neuron_dra.driver.deploy; default: DriverDeployOptions()).
-    image: Input[str] | None -- the driver image to run; None: the image this version's release workflow
-        publishes (`deploy.DEFAULT_IMAGE`).
-    build_from_source: bool -- build neuron_dra/driver/Dockerfile of the checkout source_dir into a new ECR repository
-        instead (Docker with BuildKit where `pulumi up` runs; default False).
+    image: Input[str] | None -- the driver image to run, `repo@sha256:<digest>` (pinned) or `repo:tag` (follows
+        the tag; preview warns); None: build neuron_dra/driver/Dockerfile of source_dir and push it to an ECR
+        repository of this component (Docker with BuildKit where `pulumi up` runs).
+    force_delete_repository: bool -- let `pulumi destroy` delete the ECR repository with its images (default
+        False: ECR refuses to delete a repository that holds images).
     cluster: TrainiumCluster | None -- the cluster to install into: its Kubernetes version decides what is
         rendered, its provider is used unless opts.provider is given, and the driver waits for the cluster's node
         groups made so far (create the driver after them).
     kubernetes_version: str | None -- without cluster: the cluster's Kubernetes minor ("1.34"); objects and fields
         that minor does not serve are left out (before 1.36: the NeuronCore DeviceClass, extendedResourceName and
         the device-taint setting). None: options.kubernetes_version (None: the newest minor's objects).
-    source_dir: Path | None -- the checkout to build the image from (default: the one this package runs from).
+    source_dir: Path | None -- the build context: the directory holding neuron_dra/ (default: the one this package
+        runs from, a checkout or site-packages).
     platform: str -- the image's platform (default linux/amd64).
     rollout_timeout_seconds: int -- how long `pulumi up` waits for the DaemonSet's rollout (default 600;
         0: not at all, annotation pulumi.com/skipAwait).
@@ -71,7 +64,7 @@ class NeuronDraDriverArgs:
 
     options: DriverDeployOptions = field(default_factory=DriverDeployOptions)
     image: pulumi.Input[str] | None = None
-    build_from_source: bool = False
+    force_delete_repository: bool = False
     cluster: TrainiumCluster | None = None
     kubernetes_version: str | None = None
     source_dir: Path | None = None
@@ -79,9 +72,9 @@ class NeuronDraDriverArgs:
     rollout_timeout_seconds: int = DEFAULT_ROLLOUT_TIMEOUT_SECONDS
 
     def __post_init__(self) -> None:
-        if self.build_from_source and self.image is not None:
-            raise SettingError("NeuronDraDriverArgs.image (config neuron-dra:driverImage)", self.image,
-                               "unset when build_from_source (neuron-dra:driverBuildFromSource) is true")
+        if self.force_delete_repository is not True and self.force_delete_repository is not False:
+            raise SettingError("NeuronDraDriverArgs.force_delete_repository", self.force_delete_repository,
+                               "true or false")
         t = self.rollout_timeout_seconds
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS:
             raise SettingError("NeuronDraDriverArgs.rollout_timeout_seconds", t,
@@ -92,7 +85,7 @@ class NeuronDraDriverArgs:
                 raise SettingError("NeuronDraDriverArgs.kubernetes_version", self.kubernetes_version,
                                    f"unset with cluster (the cluster runs {self.cluster.kubernetes_version})")
         if self.image is not None:
-            object.__setattr__(self, "image", checked(self.image, _check_image))
+            object.__setattr__(self, "image", checked(self.image, driver_image.check_image))
 
     @property
     def deploy_options(self) -> DriverDeployOptions:
@@ -101,20 +94,9 @@ class NeuronDraDriverArgs:
                    else self.kubernetes_version or self.options.kubernetes_version)
         return replace(self.options, kubernetes_version=version)
 
-    def dockerfile(self) -> Path:
-        source = self.source_dir or default_source_dir()
-        dockerfile = source / DOCKERFILE
-        if not dockerfile.is_file():
-            raise SettingError("NeuronDraDriverArgs.source_dir", str(source),
-                               f"a source checkout with {DOCKERFILE} to build from (none at {dockerfile}); without "
-                               f"build_from_source (neuron-dra:driverBuildFromSource) the published image "
-                               f"{deploy.DEFAULT_IMAGE} is deployed")
-        return dockerfile
-
-
-def _check_image(image: object) -> None:
-    if not isinstance(image, str) or not image or any(c.isspace() for c in image):
-        raise SettingError("NeuronDraDriverArgs.image", image, "a container image reference without spaces")
+    def build_context(self) -> Path:
+        """The directory the image is built from (without `image`), checked to hold what the build reads."""
+        return driver_image.build_context(self.source_dir, "NeuronDraDriverArgs.source_dir")
 
 
 class NeuronDraDriver(pulumi.ComponentResource):
@@ -126,13 +108,16 @@ class NeuronDraDriver(pulumi.ComponentResource):
     `opts.provider`.
 
     Outputs: namespace, driver_name, device_class_name, core_device_class_name (None where the minor has no
-    NeuronCore class), image, manifests (the rendered dicts), objects (`Kind/name` -> resource), repository.
+    NeuronCore class), class_names (the driver name and both class names, `deploy.device_class_names`), image,
+    manifests (the rendered dicts), objects (`Kind/name` -> resource), repository (the ECR repository of a built
+    image, else None).
     """
 
     namespace: str
     driver_name: str
     device_class_name: str
     core_device_class_name: str | None
+    class_names: DeviceClassNames
     image: pulumi.Output[str]
     manifests: list[Manifest]
     objects: dict[str, pulumi.CustomResource]
@@ -154,12 +139,16 @@ class NeuronDraDriver(pulumi.ComponentResource):
         self.driver_name = options.driver_name
         self.device_class_name = options.device_class
         self.core_device_class_name = options.core_device_class_name if options.serves("core_device_class") else None
+        self.class_names = options.class_names  # what templates deployed with this driver name
         self.kubernetes_version = options.kubernetes_version
         self.repository = None
-        if args.build_from_source:
-            self.image = self._build_image(resource_name_, args)
+        if args.image is None:
+            built = driver_image.build_and_push(resource_name_, args.build_context(), platform=args.platform,
+                                                force_delete=args.force_delete_repository,
+                                                opts=pulumi.ResourceOptions(parent=self))
+            self.repository, self.image = built.repository, built.ref
         else:
-            self.image = pulumi.Output.from_input(args.image if args.image is not None else deploy.DEFAULT_IMAGE)
+            self.image = pulumi.Output.from_input(args.image).apply(_warn_if_floating)
         # The dicts as `deploy` renders them; only the DaemonSet's spec waits for the image reference.
         self.manifests = deploy.manifests(options)
         self.objects = {}
@@ -186,31 +175,16 @@ class NeuronDraDriver(pulumi.ComponentResource):
         """The DeviceClass objects (claim templates that name them wait for these)."""
         return [obj for key, obj in self.objects.items() if key.startswith("DeviceClass/")]
 
-    def _build_image(self, name: str, args: NeuronDraDriverArgs) -> pulumi.Output[str]:
-        dockerfile = args.dockerfile()
-        child = pulumi.ResourceOptions(parent=self)
-        self.repository = aws.ecr.Repository(
-            f"{name}-repo",
-            image_scanning_configuration=aws.ecr.RepositoryImageScanningConfigurationArgs(scan_on_push=True),
-            encryption_configurations=[aws.ecr.RepositoryEncryptionConfigurationArgs(encryption_type="AES256")],
-            force_delete=True,  # the repository holds only this stack's driver image
-            opts=child,
-        )
-        repo = self.repository
-        token = aws.ecr.get_authorization_token_output(registry_id=repo.registry_id)
-        image = docker_build.Image(
-            f"{name}-image",
-            context=docker_build.BuildContextArgs(location=str(dockerfile.parents[2])),
-            dockerfile=docker_build.DockerfileArgs(location=str(dockerfile)),
-            platforms=[docker_build.Platform(args.platform)],
-            push=True,
-            tags=[repo.repository_url.apply(lambda url: f"{url}:{__version__}")],
-            registries=[docker_build.RegistryArgs(address=repo.repository_url, username=token.user_name,
-                                                  password=token.password)],
-            opts=child,
-        )
-        # `ref` is tag@digest once pushed: the DaemonSet pins the exact build.
-        return image.ref
+    @property
+    def device_class_names(self) -> list[str]:
+        """The names of the DeviceClasses it creates (the NeuronCore class only where the minor serves it)."""
+        return [m["metadata"]["name"] for m in self.manifests if m["kind"] == "DeviceClass"]
+
+
+def _warn_if_floating(image: str) -> str:
+    if not driver_image.is_pinned(image):
+        pulumi.log.warn(driver_image.floating_warning(image))
+    return image
 
 
 SKIP_AWAIT = "pulumi.com/skipAwait"

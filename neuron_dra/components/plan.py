@@ -8,7 +8,9 @@ first on sys.path, under the same mocks (`neuron_dra.components.mocks`).
 `-o table` prints the resource tree with the inputs that matter; `-o yaml` prints every Kubernetes object the
 components apply (the driver's objects and the claim templates) as multi-document YAML, for GitOps. The YAML
 is read back from what the components sent to the (mocked) engine, so it is the very objects `pulumi up`
-applies. AWS is not contacted: ids, ARNs, AZ offerings and the image digest are placeholders.
+applies. Helm releases (aws-dranet, karpenter, ...) render their objects from charts, which needs the chart
+repository: the YAML ends with a comment block naming each (release, namespace, chart, repository, version,
+values), and stderr says so. AWS is not contacted: ids, ARNs, AZ offerings and the image digest are placeholders.
 """
 
 from __future__ import annotations
@@ -237,6 +239,31 @@ def _summary(resource: Any) -> str:
     return ""
 
 
+def driver_images(run: Any) -> list[str]:
+    """Which image each driver DaemonSet runs: built here (from which context, pushed where) or given (pinned by
+    digest, or a tag that floats)."""
+    builds = run.of_type("docker-build:index:Image")
+    out = []
+    for resource in run.resources:
+        inputs = resource.plain_inputs
+        if not (resource.type == "kubernetes:apps/v1:DaemonSet" and "spec" in inputs):
+            continue
+        ref = inputs["spec"]["template"]["spec"]["containers"][0]["image"]
+        meta = inputs.get("metadata", {})
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        built = [b for b in builds if any(ref.startswith(f"{tag}@") for tag in b.plain_inputs.get("tags") or ())]
+        if built:
+            i = built[0].plain_inputs
+            out.append(f"{name} runs an image built here from {i['context']['location']} "
+                       f"({i['dockerfile']['location']}), pushed to {ref.split('@')[0]} and pinned by digest")
+        elif "@sha256:" in ref:
+            out.append(f"{name} runs the given image {ref}, pinned by digest")
+        else:
+            out.append(f"{name} runs the given image {ref}: a tag, which floats (give repo@sha256:<digest> to "
+                       "pin it)")
+    return out
+
+
 def render_table(run: Any) -> str:
     lines: list[str] = []
 
@@ -251,6 +278,7 @@ def render_table(run: Any) -> str:
 
     walk(None, 0)
     lines.append("")
+    lines += [f"Driver image: {line}" for line in driver_images(run)]
     lines.append(f"{len(run.resources)} resources. Exports:")
     for key, value in run.exports.items():
         shown = "[secret]" if key == "kubeconfig" else json.dumps(value)
@@ -258,8 +286,46 @@ def render_table(run: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+def helm_releases(run: Any) -> list[dict[str, Any]]:
+    """The Helm releases of a plan (which `-o yaml` cannot render offline): release, namespace, chart,
+    repository, version and values, as the components gave them."""
+    out = []
+    for resource in run.resources:
+        if not resource.type.startswith("kubernetes:helm.sh/"):
+            continue
+        i = resource.plain_inputs
+        chart = str(i.get("chart") or "")
+        # An OCI chart names its repository itself (oci://registry/path/chart).
+        repository = (i.get("repositoryOpts") or {}).get("repo") or (
+            chart.rsplit("/", 1)[0] if chart.startswith("oci://") else None)
+        out.append({"release": i.get("name") or resource.name, "namespace": i.get("namespace", "default"),
+                    "chart": chart, "repository": repository,
+                    "version": i.get("version"), "values": i.get("values") or {}})
+    return out
+
+
+HELM_HEADER = ("Helm releases this plan installs, not rendered above (their charts render their objects; "
+               "install them with helm or your GitOps tool's HelmRelease):")
+
+
 def render_yaml(run: Any) -> str:
-    return yaml.safe_dump_all(kubernetes_manifests(run), sort_keys=True, default_flow_style=False)
+    text = "".join(f"# Driver image: {line}\n" for line in driver_images(run))
+    text += yaml.safe_dump_all(kubernetes_manifests(run), sort_keys=True, default_flow_style=False)
+    releases = helm_releases(run)
+    if releases:
+        block = yaml.safe_dump(releases, sort_keys=False, default_flow_style=False)
+        text += "".join(f"# {line}".rstrip() + "\n" for line in [HELM_HEADER, *block.splitlines()])
+    return text
+
+
+def helm_notice(run: Any) -> str | None:
+    """What stderr says under `-o yaml` when the plan has Helm releases."""
+    releases = helm_releases(run)
+    if not releases:
+        return None
+    names = ", ".join(f"{r['release']} ({r['chart']} {r['version']})" for r in releases)
+    return (f"neuron-dra plan: {len(releases)} Helm release{'s' * (len(releases) > 1)} not rendered as "
+            f"manifests: {names}; listed in the comment block at the end of the YAML")
 
 
 def user_error(exc: BaseException) -> BaseException | None:

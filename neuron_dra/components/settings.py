@@ -12,9 +12,11 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from datetime import date
 from pathlib import Path
 from typing import Any
 
+from neuron_dra.components.eks_versions import EksVersion, eks_version, offered, support_warning, today_utc
 from neuron_dra.driver.deploy import (
     DEFAULT_CORE_EXTENDED_RESOURCE,
     DEFAULT_DASHBOARD_LABEL,
@@ -35,15 +37,11 @@ from neuron_dra.driver.model.k8s_names import (
 )
 
 PROJECT = "neuron-dra"
-# The Kubernetes minors the stack supports (docs/kubernetes-versions.md): DRA's resource.k8s.io/v1 is served from
-# 1.34; 1.37 is the newest release. EKS ends standard support of 1.34 on 2026-12-02.
+# The Kubernetes minors the driver supports (docs/kubernetes-versions.md): DRA's resource.k8s.io/v1 is served from
+# 1.34; 1.37 is the newest release. Of these, an EKS cluster takes only the minors EKS offers (eks_versions.py).
 MIN_KUBERNETES_VERSION = (1, 34)
 MAX_KUBERNETES_VERSION = (1, 37)
 DEFAULT_KUBERNETES_VERSION = "1.36"
-KUBERNETES_VERSION_NOTES: Mapping[tuple[int, int], str] = {
-    (1, 34): "Kubernetes 1.34: EKS standard support ends 2026-12-02 (extended support costs more); "
-             "plan the upgrade to 1.35 or newer",
-}
 DEFAULT_VPC_CIDR = "10.0.0.0/16"
 # What `pulumi up` waits for on the driver's DaemonSet: its rollout, up to this long (the Kubernetes provider's
 # own default is 10 minutes); 0 skips the wait (annotation pulumi.com/skipAwait).
@@ -136,11 +134,25 @@ def parse_kubernetes_version(setting: str, value: str) -> tuple[int, int]:
     return version
 
 
-def kubernetes_version_warnings(version: str) -> list[str]:
-    """What a user of this (valid) Kubernetes version should be told, e.g. that its support ends soon."""
-    m = _K8S_VERSION.match(version)
-    note = KUBERNETES_VERSION_NOTES.get((int(m.group(1)), int(m.group(2)))) if m else None
-    return [note] if note else []
+def check_eks_version(setting: str, value: str, today: date | None = None) -> EksVersion:
+    """`value` (a valid minor) as EKS offers it on `today` (default: today, UTC); else SettingError naming the
+    minors EKS offers."""
+    today = today or today_utc()
+    version = eks_version(value)
+    if version is None or today > version.end_of_extended_support:
+        why = (f"EKS does not offer {value}" if version is None else
+               f"EKS ended extended support of {value} on {version.end_of_extended_support.isoformat()}")
+        raise SettingError(setting, value, f"a minor EKS offers: {', '.join(offered(today))} ({why}; "
+                           "docs/kubernetes-versions.md §1; a local cluster may run 1.34-1.37)")
+    return version
+
+
+def kubernetes_version_warnings(version: str, today: date | None = None) -> list[str]:
+    """What a user of this EKS minor should be told: that it is past, or near, the end of standard support (with
+    the date, and that extended support costs extra)."""
+    found = eks_version(version)
+    warning = support_warning(found, today or today_utc()) if found else None
+    return [warning] if warning else []
 
 
 def parse_addon_version(setting: str, value: str) -> tuple[int, int, int]:
@@ -220,6 +232,7 @@ class NodeGroupSettings:
                 raise SettingError(f"{self._at('labels')}[{label}]", text, LABEL_VALUE_RULE)
         if self.version is not None:
             parse_kubernetes_version(self._at("version"), self.version)
+            check_eks_version(self._at("version"), self.version)
         self._check_lnc()
         self._check_capacity_block()
 
@@ -556,7 +569,9 @@ class StackSettings:
     # Karpenter NodePools (components/karpenter.py installs Karpenter when there is one)
     node_pools: tuple[NodePoolSettings, ...] = _setting("nodePools", ())
     driver_image: str | None = _setting("driverImage", None, option="image")
-    driver_build_from_source: bool = _setting("driverBuildFromSource", False)
+    # Without driverImage the stack builds the driver image into an ECR repository it owns; destroy deletes the
+    # repository with its images only when this is true.
+    driver_repository_force_delete: bool = _setting("driverRepositoryForceDelete", False)
     driver_name: str = _setting("driverName", DEFAULT_DRIVER_NAME, option="driver_name")
     # "": derived from driverName (DriverDeployOptions), so another driverName never shares these objects.
     driver_namespace: str = _setting("driverNamespace", "", option="namespace")
@@ -601,10 +616,9 @@ class StackSettings:
             raise SettingError(n("claimTemplatesModule"), self.claim_templates_module,
                                "a dotted Python module name, or '' for none")
         self.driver_options()  # the driver settings, checked where they are used
-        if self.driver_build_from_source is not False and self.driver_build_from_source is not True:
-            raise SettingError(n(key_of("driver_build_from_source")), self.driver_build_from_source, "true or false")
-        if self.driver_build_from_source and self.driver_image is not None:
-            raise SettingError(n("driverImage"), self.driver_image, "unset when driverBuildFromSource is true")
+        force = self.driver_repository_force_delete
+        if force is not False and force is not True:
+            raise SettingError(n(key_of("driver_repository_force_delete")), force, "true or false")
         if self.pod_monitor not in POD_MONITOR_MODES:
             raise SettingError(n(key_of("pod_monitor")), self.pod_monitor, ", ".join(POD_MONITOR_MODES))
         if self.efa_driver not in EFA_DRIVER_MODES:
@@ -616,6 +630,7 @@ class StackSettings:
         if self.existing_cluster:
             return
         parse_kubernetes_version(n("kubernetesVersion"), self.kubernetes_version)
+        check_eks_version(n("kubernetesVersion"), self.kubernetes_version)
         if self.cluster_name is not None and not _CLUSTER_NAME.match(self.cluster_name):
             raise SettingError(n("clusterName"), self.cluster_name,
                                "1-100 letters, digits, '-' and '_', starting with a letter or digit")

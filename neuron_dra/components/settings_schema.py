@@ -76,8 +76,10 @@ _ROWS: tuple[Setting, ...] = (
     _T("kubeconfig", "string",
        "Existing-cluster mode: a kubeconfig (contents or path). When set, the stack installs only the driver "
        "and the claim templates; no AWS resources are created."),
-    _T("kubernetes_version", "string", "EKS Kubernetes version: 1.34 to 1.37 (DRA resource.k8s.io/v1 is "
-       "served from 1.34; EKS ends standard support of 1.34 on 2026-12-02).", new_cluster_only=True),
+    _T("kubernetes_version", "string", "EKS Kubernetes version: a minor EKS offers, of 1.34 to 1.36 (DRA "
+       "resource.k8s.io/v1 is served from 1.34; EKS does not offer 1.37 yet). A minor past EKS standard support "
+       "(1.34 since 2026-12-02) gets a preview warning: extended support costs extra per cluster-hour "
+       "(docs/kubernetes-versions.md).", new_cluster_only=True),
     _T("cluster_name", "string", "EKS cluster name (default: neuron-dra-<stack>).", new_cluster_only=True),
     _T("vpc_id", "string", "Use this VPC instead of creating one (needs privateSubnetIds).",
        new_cluster_only=True),
@@ -120,11 +122,14 @@ _ROWS: tuple[Setting, ...] = (
        + ". With replicas a static pool (one instance type; a Capacity Block or UltraServer with "
        "capacityReservationId), without a dynamic pool up to maxNodes; capacityTypes: "
        + ", ".join(POOL_CAPACITY_TYPES) + ".", new_cluster_only=True),
-    _T("driver_image", "string", "Driver image to deploy (default: the image this project's release workflow "
-       "publishes for the installed version, ghcr.io/neuron-dra/neuron-dra-driver:<version>)."),
-    _T("driver_build_from_source", "boolean", "Build neuron_dra/driver/Dockerfile of the source checkout the package "
-       "runs from and push it to a new ECR repository instead (needs Docker with BuildKit; not with driverImage)."),
-    _T("driver_name", "string", "DRA driver name and DeviceClass name."),
+    _T("driver_image", "string", "Driver image to deploy, repo@sha256:<digest> (pinned) or repo:tag (follows the "
+       "tag), e.g. the one the release workflow publishes (default: build neuron_dra/driver/Dockerfile of the "
+       "installed package and push it to an ECR repository of the stack, pinned by digest; needs Docker with "
+       "BuildKit where pulumi up runs)."),
+    _T("driver_repository_force_delete", "boolean", "Let pulumi destroy delete the driver's ECR repository with "
+       "its images (without driverImage; default false: ECR refuses while it holds images)."),
+    _T("driver_name", "string", "DRA driver name. Its DeviceClasses are named after it (neuron.aws.com: "
+       "neuron.aws.com and neuroncore.aws.com; another name N: N and cores.N) and the claim templates name them."),
     _T("driver_namespace", "string", "Namespace of the driver (default: neuron-dra-driver for the default "
        "driverName, else neuron-dra-<driverName with dots as dashes>; it also names the ClusterRole)."),
     _T("driver_metrics_port", "integer", "Prometheus metrics port of the driver (0: off)."),

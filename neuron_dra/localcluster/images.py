@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_dra import __version__
-from neuron_dra.localcluster.build import KUBE_MODULES, BuildError, Log, _go_module_dir, _locked, cache_root
+from neuron_dra.localcluster import hostreqs
+from neuron_dra.localcluster.build import KUBE_MODULES, BuildError, Log, _go_module_dir, cache_root
+from neuron_dra.localcluster.cachedir import locked
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workload"
@@ -42,7 +44,6 @@ BASE_SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
 # Paths the Dockerfile copies from the repository (its COPY lines): the driver image's content.
 DRIVER_SOURCES = ("neuron_dra/driver", "neuron_dra/__init__.py", "neuron_dra/py.typed", "pyproject.toml")
-APT_PACKAGES = ("buildah", "mmdebstrap", "busybox-static", "gcc", "libc6-dev")
 TOOL_TIMEOUT_S = 1800.0
 
 
@@ -74,10 +75,9 @@ def images_dir(cache: Path | None = None) -> Path:
 
 
 def require_tool(name: str) -> str:
-    found = shutil.which(name)
+    found = hostreqs.find(name)
     if found is None:
-        raise BuildError(f"`{name}` is not on PATH; the real container runtime's images need the Debian packages "
-                         f"{' '.join(APT_PACKAGES)} (apt-get install -y {' '.join(APT_PACKAGES)})")
+        raise BuildError(hostreqs.not_found(name))
     return found
 
 
@@ -154,7 +154,7 @@ def build_image(name: str, tag: str, context: Path, containerfile: Path, key: st
     archive = images_dir(cache) / f"{name}-{key}.tar"
     if archive.is_file():
         return Image(name, reference, archive)
-    with _locked(images_dir(cache) / f".{name}.lock"):
+    with locked(images_dir(cache) / f".{name}.lock"):
         if archive.is_file():
             return Image(name, reference, archive)
         bud = ["bud", "--isolation", "chroot", "--pull=never", "--layers=false", "-t", reference,

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_dra.localcluster import procs
+from neuron_dra.localcluster import hostreqs, procs
 from neuron_dra.localcluster.kubelet import KubeletPaths, namespace_prologue
 
 HOST_TREE = "/run/neuron-dra-host"  # where the node's emulated sys/dev/opt tree appears inside its namespace
@@ -228,10 +227,9 @@ def _wait_for(check: Callable[[], bool], error: str) -> None:
 
 
 def _socat() -> str:
-    found = shutil.which("socat")
+    found = hostreqs.find("socat")
     if found is None:
-        raise NodeNamespaceError("`socat` is not on PATH; a containerd node reaches the API server through it "
-                                 "(apt-get install -y socat)")
+        raise NodeNamespaceError(hostreqs.not_found("socat"))
     return found
 
 

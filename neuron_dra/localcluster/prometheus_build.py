@@ -25,12 +25,12 @@ from neuron_dra.localcluster.build import (
     BuildError,
     Log,
     _go_module_dir,
-    _locked,
     cache_root,
     cached_go_build,
     go_env,
     required_version,
 )
+from neuron_dra.localcluster.cachedir import locked
 
 PROMETHEUS_MODULE_DIR = GO_DIR / "prometheus"
 PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
@@ -84,7 +84,7 @@ def podmonitor_crd(*, cache: Path | None = None, log: Log | None = None) -> dict
     crd = target / PODMONITOR_CRD
     if not crd.exists():
         gen = build_controller_gen(cache=root, log=log)
-        with _locked(target.parent / f".{target.name}.lock"):
+        with locked(target.parent / f".{target.name}.lock"):
             if not crd.exists():
                 _generate(gen, target, log)
     document = yaml.safe_load(crd.read_text())

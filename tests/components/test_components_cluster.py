@@ -105,8 +105,8 @@ def test_vpc_cni_on_the_node_role_creates_no_identity() -> None:
     assert run.of_type("aws:iam/role:Role") == []
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
-def test_versions_1_34_to_1_37_are_accepted(version: str) -> None:
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36"])
+def test_the_versions_eks_offers_are_accepted(version: str) -> None:
     assert TrainiumClusterArgs(kubernetes_version=version).kubernetes_version == version
 
 

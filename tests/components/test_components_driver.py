@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from neuron_dra import __version__
+from neuron_dra.components import driver_image
 from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
 from neuron_dra.components.mocks import OfflineRun, run_offline
 from neuron_dra.components.settings import SettingError
@@ -73,53 +75,109 @@ def test_every_object_goes_through_the_given_provider_and_waits_for_what_it_need
     assert urn["Namespace"] in objects["ServiceAccount/accel/neuron-dra-driver-sa"].dependencies
 
 
-def test_built_from_source_it_builds_and_pushes_to_a_new_ecr_repository(tmp_path: Path) -> None:
-    (tmp_path / "neuron_dra" / "driver").mkdir(parents=True)
-    (tmp_path / "neuron_dra" / "driver" / "Dockerfile").write_text("FROM scratch\n")
-    run = run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path, build_from_source=True))
-    repo = run.one("aws:ecr/repository:Repository").plain_inputs
-    assert repo["imageScanningConfiguration"] == {"scanOnPush": True}
-    assert repo["encryptionConfigurations"] == [{"encryptionType": "AES256"}]
+def build_context(root: Path) -> Path:
+    """A minimal build context: the files driver_image.CONTEXT_FILES names and a driver tree."""
+    for rel in (*driver_image.CONTEXT_FILES, driver_image.CONTEXT_TREE / "model" / "x.py"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"# {rel}\n")
+    return root
+
+
+def test_without_an_image_it_builds_and_pushes_to_an_ecr_repository_it_owns(tmp_path: Path) -> None:
+    context = build_context(tmp_path)
+    run = run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=context))
+    repo = run.one("aws:ecr/repository:Repository")
+    assert repo.plain_inputs["imageScanningConfiguration"] == {"scanOnPush": True}
+    assert repo.plain_inputs["imageTagMutability"] == "IMMUTABLE"
+    assert repo.plain_inputs["encryptionConfigurations"] == [{"encryptionType": "AES256"}]
+    assert repo.plain_inputs["forceDelete"] is False  # destroy keeps a repository holding images unless asked
+    policy = run.one("aws:ecr/lifecyclePolicy:LifecyclePolicy").plain_inputs
+    (rule,) = json.loads(policy["policy"])["rules"]
+    assert rule["selection"]["countType"] == "imageCountMoreThan" and rule["action"] == {"type": "expire"}
+    assert rule["selection"]["countNumber"] == driver_image.KEEP_IMAGES and rule["selection"]["tagStatus"] == "tagged"
     image = run.one("docker-build:index:Image").plain_inputs
     assert image["push"] is True
-    assert image["context"] == {"location": str(tmp_path)}
-    assert image["dockerfile"] == {"location": str(tmp_path / "neuron_dra" / "driver" / "Dockerfile")}
+    assert image["context"] == {"location": str(context)}
+    assert image["dockerfile"] == {"location": str(context / "neuron_dra" / "driver" / "Dockerfile")}
     assert image["platforms"] == ["linux/amd64"]
     (tag,) = image["tags"]
     registry = image["registries"][0]
-    assert tag.startswith(registry["address"] + ":")
+    assert tag == f"{registry['address']}:{driver_image.context_tag(context)}"
+    assert tag.split(":")[-1].startswith(f"{__version__}-")
     assert registry["username"] == "AWS" and registry["password"]
     # The DaemonSet runs the pushed build, pinned by digest.
     ds = k8s_objects(run)["DaemonSet/accel/neuron-dra-driver-kubelet-plugin"].plain_inputs
     ref = ds["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert ref == run.exports["image"] and ref.startswith(tag + "@sha256:")
+    assert ref == run.exports["image"] and ref.startswith(tag + "@sha256:") and driver_image.is_pinned(ref)
     assert ds["spec"] == deploy.daemonset(replace(OPTIONS, image=ref))["spec"]
     assert [i.token for i in run.invokes] == ["aws:ecr/getAuthorizationToken:getAuthorizationToken"]
+    forced = run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=context, force_delete_repository=True))
+    assert forced.one("aws:ecr/repository:Repository").plain_inputs["forceDelete"] is True
 
 
-def test_building_without_a_dockerfile_the_error_names_the_field_and_the_default(tmp_path: Path) -> None:
+def test_the_tag_follows_the_build_context_and_only_it(tmp_path: Path) -> None:
+    context = build_context(tmp_path)
+    first = driver_image.context_tag(context)
+    (context / "neuron_dra" / "driver" / "__pycache__").mkdir()
+    (context / "neuron_dra" / "driver" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
+    assert driver_image.context_tag(context) == first  # what the dockerignore leaves out does not count
+    (context / "neuron_dra" / "driver" / "model" / "x.py").write_text("changed = True\n")
+    assert driver_image.context_tag(context) != first  # immutable tags: a changed driver is a new tag
+
+
+def test_without_a_build_context_the_error_names_what_is_missing_and_the_way_out(tmp_path: Path) -> None:
+    (tmp_path / "neuron_dra" / "driver").mkdir(parents=True)
+    (tmp_path / "neuron_dra" / "driver" / "Dockerfile").write_text("FROM scratch\n")
     with pytest.raises(SettingError) as err:
-        run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path, build_from_source=True))
+        run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=tmp_path))
     assert err.value.setting == "NeuronDraDriverArgs.source_dir" and err.value.value == str(tmp_path)
-    assert "neuron_dra/driver/Dockerfile" in str(err.value) and deploy.DEFAULT_IMAGE in str(err.value)
+    assert "neuron_dra/driver/image-requirements.txt" in err.value.allowed
+    assert "neuron_dra/driver/Dockerfile.dockerignore" in err.value.allowed
+    assert "neuron-dra:driverImage" in err.value.allowed
 
 
-def test_without_an_image_it_deploys_the_published_image_of_this_version(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    # As from a non-editable install: no checkout, no Dockerfile where the package runs from.
-    monkeypatch.setattr("neuron_dra.components.driver.default_source_dir", lambda: tmp_path)
-    run = run_driver(NeuronDraDriverArgs(options=OPTIONS))
-    assert run.exports["image"] == deploy.DEFAULT_IMAGE == f"ghcr.io/neuron-dra/neuron-dra-driver:{__version__}"
+@pytest.mark.parametrize("image", [
+    "registry.example.com/neuron-dra-driver@sha256:" + "a" * 64,
+    "registry.example.com:5000/team/neuron-dra-driver:0.1.0@sha256:" + "0" * 64,
+])
+def test_a_given_digest_is_used_as_given_and_pinned(image: str, caplog: pytest.LogCaptureFixture) -> None:
+    run = run_driver(NeuronDraDriverArgs(options=OPTIONS, image=image))
+    assert run.exports["image"] == image
     assert not [r for r in run.resources if r.type.startswith(("aws:", "docker-build:"))]
+    assert "names a tag" not in caplog.text
+
+
+def test_a_tag_only_image_floats_and_preview_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    run = run_driver(NeuronDraDriverArgs(options=OPTIONS, image=IMAGE))
+    assert run.exports["image"] == IMAGE
+    warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(IMAGE in w and "names a tag, not a digest" in w and "@sha256:" in w for w in warning), warning
+
+
+@pytest.mark.parametrize("image", ["", "has space:1", "Registry/UPPER:1", "repo@sha256:short",
+                                   "repo@md5:" + "a" * 32])
+def test_a_bad_image_reference_names_the_setting(image: str) -> None:
     with pytest.raises(SettingError) as err:
-        NeuronDraDriverArgs(image=IMAGE, build_from_source=True)
-    assert "neuron-dra:driverImage" in err.value.setting and "build_from_source" in err.value.allowed
+        NeuronDraDriverArgs(image=image)
+    assert "neuron-dra:driverImage" in err.value.setting and err.value.value == image
+    assert "@sha256:" in err.value.allowed
 
 
-def test_the_repository_dockerfile_is_what_gets_built() -> None:
-    # The default build context is this checkout, which has the driver's Dockerfile.
+def test_the_package_directory_is_a_complete_build_context() -> None:
+    # This checkout, as the default context: the Dockerfile and everything it copies, admitted by its ignore file.
     root = Path(__file__).resolve().parents[2]
-    assert NeuronDraDriverArgs().dockerfile() == root / "neuron_dra" / "driver" / "Dockerfile"
+    assert NeuronDraDriverArgs().build_context() == root
+    ignore = (root / driver_image.DOCKERIGNORE).read_text()
+    dockerfile = (root / driver_image.DOCKERFILE).read_text()
+    copied = {line.split()[i] for line in dockerfile.splitlines() if line.startswith("COPY ") and "--from" not in line
+              for i in range(1, len(line.split()) - 1)}
+    assert copied == {"neuron_dra/driver/image-requirements.txt", "neuron_dra/__init__.py", "neuron_dra/py.typed",
+                      "neuron_dra/driver/"}
+    admitted = [line[1:] for line in ignore.splitlines() if line.startswith("!")]
+    assert "*" in ignore.splitlines()  # everything else stays out of the context
+    for path in copied:
+        assert (root / path).exists(), path
+        assert any(path.rstrip("/") == a or path.startswith(a + "/") for a in admitted), (path, admitted)
 
 
 @pytest.mark.parametrize(("version", "classes", "mapped", "taint_env"), [
@@ -157,7 +215,7 @@ def test_the_version_rule_lives_in_deploy() -> None:
 def test_a_bad_image_is_refused_known_or_as_an_output() -> None:
     with pytest.raises(SettingError) as known:
         NeuronDraDriverArgs(image="registry.example.com/dra driver:1")
-    assert known.value.setting == "NeuronDraDriverArgs.image"
+    assert known.value.setting.startswith("NeuronDraDriverArgs.image")
     def program() -> NeuronDraDriver:
         provider = k8s.Provider("target", kubeconfig="{}")
         return NeuronDraDriver("drv", NeuronDraDriverArgs(image=pulumi.Output.from_input(

@@ -9,6 +9,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
+import yaml
 
 from neuron_dra.claim_templates import ClaimTemplate, Efa, Neuron
 from neuron_dra.components import plan
@@ -139,7 +140,9 @@ def test_the_default_stack_installs_it_on_its_efa_node_group_only() -> None:
     efa_templates = [t for t in run.of_type(TEMPLATE) if "efa" in json.dumps(t.plain_inputs["spec"])]
     assert efa_templates and all(run.one(RELEASE).urn in t.dependencies for t in efa_templates)
     assert "kube-system/aws-dranet chart=aws-dranet 1.0.0" in plan.render_table(run)
-    assert "aws-dranet" not in plan.render_yaml(run)  # a Helm release, not a manifest
+    # A Helm release, not a manifest: -o yaml names it in its closing comment block only.
+    assert "aws-dranet" not in yaml.safe_dump_all(plan.kubernetes_manifests(run))
+    assert [r["release"] for r in plan.helm_releases(run)] == ["aws-dranet"]
 
 
 def test_a_stack_without_efa_nodes_installs_none() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -11,6 +12,7 @@ import yaml
 import neuron_dra.claim_templates.stack_examples as examples
 from neuron_dra.claim_templates.loader import templates_in
 from neuron_dra.cli import main
+from neuron_dra.components.plan import load_config_file, plan
 from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.components.stack import driver_options
 from neuron_dra.driver import deploy
@@ -160,3 +162,66 @@ def test_plan_program_errors_say_what_is_missing(tmp_path: Path, capsys: pytest.
     assert "no Pulumi.yaml" in capsys.readouterr().err
     assert main(["plan", "--stack-outputs", str(tmp_path / "network.yaml")]) == 2
     assert "--stack-outputs is for --program" in capsys.readouterr().err
+
+
+def helm_block(out: str) -> list[dict[str, Any]]:
+    """The YAML comment block `-o yaml` ends with, uncommented and parsed."""
+    lines = out.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("# Helm releases this plan installs"))
+    assert all(line.startswith("#") for line in lines[start:])
+    releases: list[dict[str, Any]] = yaml.safe_load("\n".join(line[2:] for line in lines[start + 1:]))
+    return releases
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    (None, ["aws-dranet"]),
+    (ROOT / "Pulumi.karpenter-example.yaml", ["karpenter", "aws-dranet"]),
+])
+def test_yaml_names_every_helm_release_it_cannot_render(capsys: pytest.CaptureFixture[str], config: Path | None,
+                                                        expected: list[str]) -> None:
+    assert main(["plan", "-o", "yaml", *(["--config", str(config)] if config else [])]) == 0
+    captured = capsys.readouterr()
+    releases = helm_block(captured.out)
+    assert sorted(r["release"] for r in releases) == sorted(expected)
+    # What the components give the engine, release by release: chart, repository, version and values.
+    run = plan(load_config_file(config) if config else {})
+    sent = {r.plain_inputs["name"]: r.plain_inputs for r in run.of_type("kubernetes:helm.sh/v3:Release")}
+    for release in releases:
+        inputs = sent[release["release"]]
+        assert release["chart"] == inputs["chart"] and release["version"] == inputs["version"]
+        assert release["namespace"] == inputs["namespace"] and release["values"] == inputs["values"]
+        assert release["repository"] and release["version"]
+    by_name = {r["release"]: r for r in releases}
+    assert by_name["aws-dranet"]["repository"] == "https://aws.github.io/eks-charts"
+    if "karpenter" in by_name:  # an OCI chart names its own repository
+        assert by_name["karpenter"]["repository"] == "oci://public.ecr.aws/karpenter"
+    # Every YAML document is still a Kubernetes object: the block is comments only.
+    assert all(d["kind"] != "Release" for d in yaml.safe_load_all(captured.out))
+    for name in expected:
+        assert name in captured.err
+    assert "comment block" in captured.err and "not rendered as manifests" in captured.err
+    (image,) = [x for x in captured.out.splitlines() if x.startswith("# Driver image: ")]
+    # Which image the DaemonSet runs, in the YAML too: built by default, given in the Karpenter example.
+    assert ("built here from" if config is None else "runs the given image") in image
+
+
+def test_table_output_says_nothing_about_helm_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan"]) == 0
+    captured = capsys.readouterr()
+    assert "Helm release" not in captured.err and "aws-dranet" in captured.out
+    (line,) = [x for x in captured.out.splitlines() if x.startswith("Driver image: ")]
+    assert f"built here from {ROOT} ({ROOT}/neuron_dra/driver/Dockerfile)" in line and "pinned by digest" in line
+
+
+@pytest.mark.parametrize(("image", "says"), [
+    ("registry.example.com/dra@sha256:" + "1" * 64, "pinned by digest"),
+    ("registry.example.com/dra:1", "a tag, which floats"),
+])
+def test_table_output_says_which_given_image_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], image: str,
+                                                  says: str) -> None:
+    config = write_config(tmp_path, f"config:\n  neuron-dra:driverImage: '{image}'\n")
+    assert main(["plan", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("Driver image: ")]
+    assert f"runs the given image {image}" in line and says in line
+    assert "docker-build:index:Image" not in out and "aws:ecr/repository:Repository" not in out

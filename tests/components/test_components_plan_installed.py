@@ -1,5 +1,6 @@
-"""`neuron-dra plan` from a non-editable install: no checkout, so the default driver image must be the published
-one (no build from a Dockerfile that is not there), and the plan shows the EFA DRA driver's release."""
+"""`neuron-dra plan` from a non-editable install: no checkout, yet the default driver image is built from the
+installed package (its Dockerfile, ignore file and image requirements ship as package data) and pushed to the
+stack's ECR repository; the plan says so and shows the EFA DRA driver's release."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.components.test_components_import import (
 
 
 @pytest.mark.slow  # builds a wheel into a new virtualenv
-def test_plan_runs_from_a_pip_installed_copy_with_the_published_image(tmp_path: Path) -> None:
+def test_plan_runs_from_a_pip_installed_copy_and_builds_the_image_from_it(tmp_path: Path) -> None:
     source = tmp_path / "checkout"
     source.mkdir()
     for part in PACKAGE_PARTS:
@@ -40,8 +41,16 @@ def test_plan_runs_from_a_pip_installed_copy_with_the_published_image(tmp_path: 
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     (ds,) = [m for m in yaml.safe_load_all(out.stdout) if m and m["kind"] == "DaemonSet"]
-    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == deploy.DEFAULT_IMAGE
+    image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert ".dkr.ecr." in image and "@sha256:" in image and image != deploy.DEFAULT_IMAGE
     table = subprocess.run([str(python), "-m", "neuron_dra", "plan"], cwd=work, env=env, capture_output=True,
                            text=True, timeout=600)
     assert table.returncode == 0, table.stderr[-3000:]
-    assert "aws-dranet" in table.stdout and "docker-build" not in table.stdout
+    assert "aws-dranet" in table.stdout and "docker-build:index:Image" in table.stdout
+    (line,) = [x for x in table.stdout.splitlines() if x.startswith("Driver image: ")]
+    site = subprocess.run([str(python), "-c", "import neuron_dra, pathlib; "
+                           "print(pathlib.Path(neuron_dra.__file__).resolve().parent.parent)"],
+                          cwd=work, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert f"built here from {site} ({site}/neuron_dra/driver/Dockerfile)" in line, line
+    for rel in ("neuron_dra/driver/Dockerfile.dockerignore", "neuron_dra/driver/image-requirements.txt"):
+        assert (Path(site) / rel).is_file(), rel  # shipped as package data: the build context is complete

@@ -87,6 +87,7 @@ def payload(path: str, rng: random.Random) -> bytes:
 
 
 @pytest.mark.slow
+@pytest.mark.attacks
 def test_fuzz_every_grpc_method(dirs: DaemonDirs, host_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     dirs.put_claim(claim("c1", uid(1), devices(0)))
@@ -171,6 +172,7 @@ def _config_params(rng: random.Random) -> Any:
     return params
 
 
+@pytest.mark.attacks
 def test_fuzz_config_decoders(capsys: pytest.CaptureFixture[str]) -> None:
     from neuron_dra.components.settings_schema import SETTINGS_BY_KEY, decode_settings
 

@@ -24,6 +24,8 @@ from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
 
+pytestmark = pytest.mark.attacks
+
 GARBAGE = (b"\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x12\x05abc", b"\x80" * 12)
 
 
@@ -88,12 +90,18 @@ def test_20000_undecodable_requests_leave_rss_flat(dirs: DaemonDirs, host_root: 
         total: Counter[str] = Counter()
         # 20,000 in all: most on the TCP health port (what any pod could reach), the rest on both sockets.
         for (target, paths), n in zip(targets, (14000, 4000, 2000), strict=True):
-            total.update(flood(target, paths, n))
+            codes = flood(target, paths, n)
+            if target.startswith("127.0.0.1"):
+                # The health port's front ends a connection after 16 KiB or 5 s (tcpfront.py): the calls then in
+                # flight fail UNAVAILABLE and the channel reconnects. The kubelet-facing sockets end none.
+                cut = codes.pop("UNAVAILABLE", 0)
+                assert cut < n // 20, codes
+            total.update(codes)
         time.sleep(0.5)
         after = rss_kib(pid)
         print(f"20,000 undecodable requests: {dict(total)}; daemon RSS {before} KiB -> {after} KiB "
               f"({(after - before) / 1024:+.1f} MiB)")
-        assert sum(total.values()) == 20000
+        assert sum(total.values()) + cut == 20000
         # Each is refused as undecodable (a few may meet the concurrency bound instead), none succeeds.
         assert total["INVALID_ARGUMENT"] >= 19000, total
         assert set(total) <= {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}, total

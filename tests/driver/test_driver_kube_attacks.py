@@ -32,6 +32,8 @@ from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, NODE, DaemonDirs, claim, devices, uid, wait_until
 from tests.support.fake_apiserver import FakeApiServer, Reply, Script, Seen, answer_json, chunked, ok, ok_json, serve
 
+pytestmark = pytest.mark.attacks
+
 FAST = Rate(1000, 1000)
 NOT_FOUND = b'HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}'
 NODE_OBJECT = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid", "labels": {}}}
@@ -71,6 +73,7 @@ def endless_continue(server: FakeApiServer) -> Script:
     return script
 
 
+@pytest.mark.attacks
 @pytest.mark.parametrize("attack", [drip_head, drip_body, endless_continue])
 def test_an_answer_that_never_completes_fails_the_claim_get_by_the_deadline(
         server: FakeApiServer, attack: Callable[[FakeApiServer], Script]) -> None:
@@ -86,6 +89,7 @@ def test_an_answer_that_never_completes_fails_the_claim_get_by_the_deadline(
     assert lookup.get("ns", "d") == {"metadata": {"name": "d"}}
 
 
+@pytest.mark.attacks
 def test_the_daemon_fails_a_prepare_against_a_dripping_api_server_in_time_and_the_next_prepare_works(
         server: FakeApiServer, dirs: DaemonDirs, host_root: Path) -> None:
     good = claim("good", uid(2), devices(3))
@@ -128,6 +132,7 @@ def test_the_daemon_fails_a_prepare_against_a_dripping_api_server_in_time_and_th
             assert proc.wait(20) == 0, log_path.read_text()
 
 
+@pytest.mark.attacks
 def test_a_dripping_list_does_not_hold_the_publisher_lock(server: FakeApiServer, host_root: Path) -> None:
     def script(seen: Seen, reply: Reply) -> bool:
         if seen.target.startswith(RESOURCE_SLICES):
@@ -217,6 +222,7 @@ print(json.dumps({{"before": before, "after": peak(), "errors": errors}}))
     assert report["after"] - report["before"] < 32 * 1024 * 1024, report
 
 
+@pytest.mark.attacks
 def test_a_watch_that_ends_at_once_makes_the_publisher_back_off_and_log_it(server: FakeApiServer, host_root: Path,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
     """A small in-memory API for slices; every watch ends at once, without an event. Without backoff the publisher
@@ -275,3 +281,38 @@ def test_unreachable_api_server_is_retried_with_backoff(tmp_path: Path) -> None:
     stop.set()
     thread.join(5)
     assert not thread.is_alive()
+
+
+@pytest.mark.attacks
+def test_an_answer_with_both_a_length_and_chunks_is_refused_before_its_body(server: FakeApiServer) -> None:
+    """Issue 32, finding 4: `Content-Length: 100` and `Transfer-Encoding: chunked` together. The length branch
+    trusted the header while urllib3 read the chunked body, 60 MiB of it, uncapped. Now refused at its head (RFC
+    9112 §6.3), and a claim within the cap still reads; the next request gets a clean connection."""
+    piece = b"x" * (1024 * 1024)
+    sent: list[int] = []
+    finished = threading.Event()
+
+    def script(seen: Seen, reply: Reply) -> bool:
+        if seen.target.endswith("/both"):
+            reply.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n")
+            try:
+                for _ in range(60):
+                    reply.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    sent.append(len(piece))
+            except OSError:  # the client closed the connection
+                pass
+            finished.set()
+            return False
+        reply.write(ok_json({"metadata": {"name": "small"}}))
+        return True
+
+    server.script = script
+    lookup = KubeClaimLookup(server.client(options=ClientOptions(rate=FAST, deadline=5)))
+    start = time.monotonic()
+    with pytest.raises(ClaimLookupError, match=r"GET resourceclaims ns/both: .* both Content-Length and "
+                                               r"Transfer-Encoding; its framing is ambiguous, so it is refused"):
+        lookup.get("ns", "both")
+    assert time.monotonic() - start < 5
+    assert lookup.get("ns", "small") == {"metadata": {"name": "small"}}
+    assert finished.wait(10)
+    assert len(sent) < 60, "the client read the whole chunked body"

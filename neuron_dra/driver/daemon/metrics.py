@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import selectors
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -21,45 +25,171 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.12
 
 
 # prometheus_client's own server starts a thread per connection: 1,500 idle connections made 1,510 threads and
-# +37 MB. This one serves at most MAX_CONNECTIONS at once from a fixed pool; a connection beyond that is closed at
-# once, and one that sends nothing is dropped after CONNECTION_TIMEOUT seconds.
+# +37 MB. Here one thread (the server's) accepts every connection and reads request heads as they arrive
+# (non-blocking, a selector); only a complete head goes to the pool of MAX_CONNECTIONS workers, which answer it and
+# close. Each connection has REQUEST_SECONDS from its accept to its answer sent (a per-operation timeout let
+# connections sending a byte every 4 s hold every worker) and MAX_HEAD_BYTES for its request line and headers; at
+# most MAX_PENDING heads arrive at once, the oldest closed for a new one, so slow clients cannot keep a scrape out.
 MAX_CONNECTIONS = 4
-CONNECTION_TIMEOUT = 5.0
+MAX_PENDING = 256
+REQUEST_SECONDS = 5.0
+MAX_HEAD_BYTES = 16 * 1024
+_END_OF_HEAD = b"\r\n\r\n"
+_SWEEP_SECONDS = 0.25
+
+
+class _DeadlineWriter(io.RawIOBase):
+    """The answer's writes on the connection, all within the request's deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's time is over")
+        self._sock.settimeout(left)
+        self._sock.sendall(data)  # the timeout bounds the whole sendall (Python 3.5+)
+        return len(data)
 
 
 class _QuietHandler(WSGIRequestHandler):
-    timeout = CONNECTION_TIMEOUT  # socket timeout for reading the request and writing the answer
+    """Answers one request whose head has been read already: `request` is (socket, head, deadline)."""
+
+    def setup(self) -> None:
+        sock, head, deadline = self.request
+        self.connection = sock
+        self.rfile = io.BytesIO(head)  # what handle() reads: the head, nothing more
+        self.wfile = _DeadlineWriter(sock, deadline)  # type: ignore[assignment]
+
+    def finish(self) -> None:
+        self.rfile.close()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a scrape every few seconds is not news
 
 
+@dataclass
+class _Pending:
+    deadline: float
+    head: bytearray = field(default_factory=bytearray)
+
+
 class BoundedWSGIServer(WSGIServer):
-    """A WSGI server whose connections are handled by a fixed pool, never more than `max_connections` at once."""
+    """A WSGI server that reads request heads in its own thread and answers complete ones from a fixed pool,
+    never more than `max_connections` at once, each connection within `request_seconds`."""
 
-    request_queue_size = 64  # listen backlog: excess connections are accepted and closed, not left to time out
+    request_queue_size = 128  # listen backlog
 
-    def __init__(self, address: tuple[str, int], max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(self, address: tuple[str, int], max_connections: int = MAX_CONNECTIONS,
+                 request_seconds: float = REQUEST_SECONDS, max_pending: int = MAX_PENDING,
+                 max_head_bytes: int = MAX_HEAD_BYTES) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _QuietHandler)
+        self.request_seconds = request_seconds
+        self.max_pending = max_pending
+        self.max_head_bytes = max_head_bytes
         self._slots = threading.BoundedSemaphore(max_connections)
         self._pool = ThreadPoolExecutor(max_workers=max_connections, thread_name_prefix="metrics")
-        self.refused = 0
+        self._pending: dict[socket.socket, _Pending] = {}  # accept order: the first is the oldest
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self.refused = 0  # complete requests beyond the pool, and heads over the size limit
+        self.expired = 0  # connections whose time ran out before their head was complete
+        self.evicted = 0  # closed for a newer connection
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            self.shutdown_request(request)
-            return
-        self._pool.submit(self._handle, request, client_address)
+    def serve_forever(self, poll_interval: float = _SWEEP_SECONDS) -> None:
+        self._stopping.clear()
+        self._stopped.clear()
+        self.socket.setblocking(False)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            try:
+                while not self._stopping.is_set():
+                    for key, _ in selector.select(min(poll_interval, _SWEEP_SECONDS)):
+                        if key.fileobj is self.socket:
+                            self._accept(selector)
+                        else:
+                            assert isinstance(key.fileobj, socket.socket)
+                            self._read(selector, key.fileobj)
+                    self._expire(selector)
+            finally:
+                for sock in list(self._pending):
+                    self._drop(selector, sock)
+                self._stopped.set()
 
-    def _handle(self, request: Any, client_address: Any) -> None:
+    def shutdown(self) -> None:
+        self._stopping.set()
+        self._stopped.wait()
+
+    def _accept(self, selector: selectors.BaseSelector) -> None:
+        for _ in range(self.request_queue_size):
+            try:
+                sock, _ = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of files, a connection reset before accept: try again at the next event
+                return
+            sock.setblocking(False)
+            if len(self._pending) >= self.max_pending:
+                self.evicted += 1
+                self._drop(selector, next(iter(self._pending)))
+            self._pending[sock] = _Pending(time.monotonic() + self.request_seconds)
+            selector.register(sock, selectors.EVENT_READ)
+
+    def _read(self, selector: selectors.BaseSelector, sock: socket.socket) -> None:
+        pending = self._pending[sock]
         try:
-            self.finish_request(request, client_address)
-        except Exception:  # a client that went away or timed out: nothing to do
+            data = sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(selector, sock)
+            return
+        searched = max(0, len(pending.head) - len(_END_OF_HEAD) + 1)
+        pending.head += data
+        end = pending.head.find(_END_OF_HEAD, searched)
+        if end < 0 and len(pending.head) <= self.max_head_bytes:
+            return
+        if end < 0 or end + len(_END_OF_HEAD) > self.max_head_bytes or not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self._drop(selector, sock)
+            return
+        selector.unregister(sock)
+        del self._pending[sock]
+        head = bytes(pending.head[:end + len(_END_OF_HEAD)])
+        try:
+            self._pool.submit(self._answer, sock, head, pending.deadline)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._slots.release()
+            sock.close()
+
+    def _expire(self, selector: selectors.BaseSelector) -> None:
+        now = time.monotonic()
+        while self._pending and (oldest := next(iter(self._pending))) and self._pending[oldest].deadline <= now:
+            self.expired += 1
+            self._drop(selector, oldest)
+
+    def _drop(self, selector: selectors.BaseSelector, sock: socket.socket) -> None:
+        self._pending.pop(sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            selector.unregister(sock)
+        sock.close()
+
+    def _answer(self, sock: socket.socket, head: bytes, deadline: float) -> None:
+        try:
+            sock.setblocking(True)
+            self.finish_request((sock, head, deadline), sock.getpeername())  # type: ignore[arg-type]  # our handler's
+        except Exception:  # a client that went away or ran out of time: nothing to do
             pass
         finally:
-            self.shutdown_request(request)
+            sock.close()
             self._slots.release()
 
     def server_close(self) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from neuron_dra.driver.daemon import grpcserver, sockets
+from neuron_dra.driver.daemon import grpcserver, memory, sockets
 from neuron_dra.driver.daemon._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 
 # Re-exported: the socket parts of this module's interface live in sockets.py.
@@ -57,6 +57,26 @@ REGISTRATION_LIMITS = grpcserver.Limits(max_concurrent=1, max_message=64 * 1024,
                                         max_connections=16)
 
 
+# Claims in one prepare or unprepare call (kubelet sends a pod's claims of this driver in one call; docs/hardening.md
+# §1): each claim prepared here holds at least one device of this node, a trn2.48xlarge publishes 144 (16 devices,
+# 128 cores), and at the default API rate (5/s, bursts of 10) a call of more than ~235 claims cannot finish within
+# kubelet's 45 s anyway. Beyond it the call is refused as a whole, before any claim is looked up.
+MAX_CLAIMS_PER_CALL = 1024
+# A call with more claims than this hands the heap's free memory back when it ends (memory.trim).
+TRIM_AFTER_CLAIMS = 64
+
+
+def _check_claims(method: str, request: Any, context: grpcserver.CallContext) -> None:
+    """Refuse a call over MAX_CLAIMS_PER_CALL; have a large one trim the heap once it is over."""
+    n = len(request.claims)
+    if n > TRIM_AFTER_CLAIMS and not context.add_callback(memory.trim):
+        memory.trim()
+    if n > MAX_CLAIMS_PER_CALL:
+        context.abort(grpcserver.StatusCode.INVALID_ARGUMENT,
+                      f"{method} with {n} claims: at most {MAX_CLAIMS_PER_CALL} claims per call are allowed "
+                      "(MAX_CLAIMS_PER_CALL); a pod's claims of one driver come in one call")
+
+
 def _no_claims(request: Any) -> bool:
     # An empty prepare (the liveness check's) needs no work: answered in the event loop, never behind DRA calls.
     return not request.claims
@@ -80,6 +100,7 @@ class DraService:
         from neuron_dra.driver.daemon.claims import ClaimError
         from neuron_dra.driver.daemon.state import CallScope
 
+        _check_claims("NodePrepareResources", request, context)
         remaining = context.time_remaining()
         call = CallScope(time.monotonic() + remaining if remaining is not None else None)
         if not context.add_callback(call.abandon):  # runs when the call ends, whatever the reason
@@ -98,6 +119,7 @@ class DraService:
         return response
 
     def NodeUnprepareResources(self, request: Any, context: grpcserver.CallContext) -> Any:
+        _check_claims("NodeUnprepareResources", request, context)
         results = self._state.unprepare(_claim_refs(request.claims))
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in results.items():

