@@ -37,7 +37,6 @@ from neuron_dra.localcluster.cachedir import locked
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workload"
-BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 PAUSE_VERSION = "3.10.2"  # TAG of build/pause/Makefile in the pinned Kubernetes module
 BASE_SUITE = "bookworm"
