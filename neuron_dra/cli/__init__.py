@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from neuron_dra import __version__
+from neuron_dra.driver.model.errortext import did_you_mean, shown
 
 
 class CommandModule(Protocol):
@@ -46,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="neuron-dra", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"neuron-dra {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    if selected is not None and selected not in names:
+        parser.error(f"unknown command {shown(selected)}{did_you_mean(selected, names)} (commands: "
+                     f"{', '.join(names)})")
     module: CommandModule | None = None
     for name, source in names.items():
         if name == selected:
