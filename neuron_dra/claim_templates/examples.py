@@ -84,4 +84,3 @@ trn2_two_cores = ClaimTemplate("trn2-two-cores", NeuronCores(2, instance_types=T
 # A whole trn2.48xlarge with all 16 of its EFAs (devicegroup16): one worker of a multi-node training job.
 trn2_whole_node_all_efa = ClaimTemplate("trn2-whole-node-all-efa", Neuron(16, instance_types=TRN2), Efa(16))
 
-WORKLOAD_EXAMPLES = (one_neuron_device, inf2_ring_segment_4, trn2_two_cores, trn2_whole_node_all_efa)

@@ -105,9 +105,20 @@ class ClaimTemplate:
         itself (its own names stand, and are checked against the classes that exist)."""
         if not self.follows_driver or drivers == self.drivers:
             return self
-        return ClaimTemplate(self.name, requests=self.requests, namespace=self.namespace, labels=self.labels,
-                             annotations=self.annotations, claim_labels=self.claim_labels, configs=self.configs,
-                             drivers=drivers)
+        return self._with(drivers=drivers)
+
+    def in_namespace(self, namespace: str) -> ClaimTemplate:
+        """This template in another namespace, still following the driver if it did."""
+        return self._with(namespace=namespace)
+
+    def _with(self, **changes: Any) -> ClaimTemplate:
+        """A copy built by the constructor (so it is checked again) with `changes` to its keywords; a template
+        that follows its driver keeps doing so (`dataclasses.replace` would pass the derived field)."""
+        keywords: dict[str, Any] = {
+            "requests": self.requests, "namespace": self.namespace, "labels": self.labels,
+            "annotations": self.annotations, "claim_labels": self.claim_labels, "configs": self.configs,
+            "drivers": None if self.follows_driver else self.drivers, **changes}
+        return ClaimTemplate(self.name, **keywords)
 
     def _neuron_requests(self) -> dict[str, Neuron | FirstAvailable]:
         return {r.name: r for r in self.requests if isinstance(r, Neuron | FirstAvailable)}

@@ -294,6 +294,22 @@ def build_fakecri(*, cache: Path | None = None, log: Log | None = None) -> Path:
                            ldflags=["-s", "-w"], log=log)["fakecri"]
 
 
+def binary_paths(minors: list[str], *, cache: Path | None, log: Log) -> dict[str, Path]:
+    """name -> path of every binary for `minors` (the first minor's under plain names, the others' with an
+    `@MINOR` suffix), built first if not cached."""
+    paths: dict[str, Path] = {}
+    for index, minor in enumerate(minors):
+        binaries = ensure_binaries(minor, cache=cache, log=log)
+        suffix = "" if index == 0 else f"@{minor}"
+        paths[f"kube-apiserver{suffix}"] = binaries.kube_apiserver
+        paths[f"kube-controller-manager{suffix}"] = binaries.kube_controller_manager
+        paths[f"kube-scheduler{suffix}"] = binaries.kube_scheduler
+        paths[f"kubelet{suffix}"] = binaries.kubelet
+        paths["etcd"] = binaries.etcd
+    paths["fakecri"] = build_fakecri(cache=cache, log=log)  # the kubelets' container runtime (go/fakecri)
+    return paths
+
+
 CONTAINERD_MODULE = GO_DIR / "containerd"
 CONTAINERD_BINARIES: Mapping[str, str] = {
     "containerd": "github.com/containerd/containerd/v2/cmd/containerd",

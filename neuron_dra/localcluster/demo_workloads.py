@@ -11,7 +11,6 @@ free, on disjoint cores.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -101,7 +100,7 @@ def demo_instance_types(node_args: Sequence[str] = DEMO_NODES) -> list[str]:
 
 
 def in_namespace(template: ClaimTemplate, namespace: str) -> ClaimTemplate:
-    return dataclasses.replace(template, namespace=namespace)
+    return template.in_namespace(namespace)
 
 
 def demo_templates(namespace: str = DEMO_NAMESPACE) -> list[ClaimTemplate]:

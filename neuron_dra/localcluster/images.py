@@ -30,19 +30,19 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_dra import __version__
 from neuron_dra.localcluster import hostreqs
 from neuron_dra.localcluster.build import KUBE_MODULES, BuildError, Log, _go_module_dir, cache_root
 from neuron_dra.localcluster.cachedir import locked
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workload"
-BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 PAUSE_VERSION = "3.10.2"  # TAG of build/pause/Makefile in the pinned Kubernetes module
 BASE_SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
 # Paths the Dockerfile copies from the repository (its COPY lines): the driver image's content.
-DRIVER_SOURCES = ("neuron_dra/driver", "neuron_dra/__init__.py", "neuron_dra/py.typed")
+DRIVER_SOURCES = ("neuron_dra/driver", "neuron_dra/__init__.py", "neuron_dra/py.typed", "pyproject.toml")
 TOOL_TIMEOUT_S = 1800.0
 
 
@@ -222,8 +222,6 @@ def build_driver(base: Image | None = None, *, log: Log | None = None, cache: Pa
     base = base or build_base(log=log, cache=cache)
     dockerfile = REPO / "neuron_dra" / "driver" / "Dockerfile"
     key = content_hash([REPO / p for p in DRIVER_SOURCES], REPO, extra=[base.reference])
-    from neuron_dra import __version__
-
     return build_image("neuron-dra-driver", f"{__version__}-{key[:12]}", REPO, dockerfile, key,
                        build_args=[f"PYTHON_IMAGE={base.reference}"], log=log, cache=cache)
 

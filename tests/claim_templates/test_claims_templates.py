@@ -193,3 +193,14 @@ def test_bad_input_is_refused_at_construction(make: Callable[[], Any], message: 
         make()
     assert message in str(err.value)
     assert err.value.field and err.value.allowed  # names the field and what is allowed
+
+
+def test_a_template_moved_to_another_namespace_still_follows_its_driver() -> None:
+    from neuron_dra.claim_templates import ClaimTemplate, Drivers, Neuron
+
+    follows = ClaimTemplate("t", Neuron(1)).in_namespace("ml")
+    assert follows.namespace == "ml" and follows.follows_driver
+    own = ClaimTemplate("t", Neuron(1), drivers=Drivers()).in_namespace("ml")
+    assert own.namespace == "ml" and not own.follows_driver
+    with pytest.raises(TemplateError):
+        ClaimTemplate("t", Neuron(1)).in_namespace("Not_A_Label")

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 
-from neuron_dra.components import cli_plan
+from neuron_dra.components import plan
 from neuron_dra.driver import deploy
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
 
@@ -31,8 +31,8 @@ IMAGE = "registry.example.com/neuron-dra-driver:0.1.0"
 
 @pytest.fixture(scope="module")
 def planned(api: Any) -> list[dict[str, Any]]:
-    run = cli_plan.plan({"neuron-dra:driverImage": IMAGE})
-    manifests: list[dict[str, Any]] = cli_plan.kubernetes_manifests(run)
+    run = plan.plan({"neuron-dra:driverImage": IMAGE})
+    manifests: list[dict[str, Any]] = plan.kubernetes_manifests(run)
     dyn = dynamic.DynamicClient(api)
     for m in manifests:
         resource = dyn.resources.get(api_version=m["apiVersion"], kind=m["kind"])

@@ -13,10 +13,10 @@ import pytest
 
 from neuron_dra.claim_templates import ClaimTemplate, Drivers, Efa, Neuron, NeuronCores
 from neuron_dra.components.claims import ClaimTemplates, ClaimTemplatesArgs, device_class_refs
-from neuron_dra.components.cli_plan import kubernetes_manifests, plan
 from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
 from neuron_dra.components.efa_driver import EfaDraDriver, EfaDraDriverArgs
 from neuron_dra.components.mocks import OfflineRun, run_offline
+from neuron_dra.components.plan import kubernetes_manifests, plan
 from neuron_dra.components.settings import SettingError
 from neuron_dra.driver.deploy import DriverDeployOptions, device_class_names
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.components import cli_plan
+from neuron_dra.components import plan
 from neuron_dra.components.mocks import OfflineRun, PlanMocks, run_offline
 from tests.support import kubeschema
 
@@ -63,7 +63,7 @@ def test_components_md_example() -> None:
         "cr-0123456789abcdef0"
     (coredns,) = [a for a in run.of_type("aws:eks/addon:Addon") if a.plain_inputs["addonName"] == "coredns"]
     assert groups["trn2-block-ng"].urn in coredns.dependencies
-    manifests = cli_plan.kubernetes_manifests(run)
+    manifests = plan.kubernetes_manifests(run)
     classes = [m["metadata"]["name"] for m in manifests if m["kind"] == "DeviceClass"]
     # 1.36 without NeuronCores asked for (DriverDeployOptions.core_partitions auto): whole devices only
     assert classes == ["neuron.aws.com"]
@@ -85,7 +85,7 @@ def test_components_md_example_on_1_34_renders_what_1_34_serves() -> None:
     code = python_block(ROOT / "docs" / "components.md", "## A complete stack")
     assert code.count('kubernetes_version="1.36"') == 1
     run = run_example(code.replace('kubernetes_version="1.36"', 'kubernetes_version="1.34"'), "components.md")
-    manifests = cli_plan.kubernetes_manifests(run)
+    manifests = plan.kubernetes_manifests(run)
     classes = [m for m in manifests if m["kind"] == "DeviceClass"]
     assert [c["metadata"]["name"] for c in classes] == ["neuron.aws.com"]
     assert "extendedResourceName" not in classes[0]["spec"]

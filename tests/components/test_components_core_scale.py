@@ -14,7 +14,8 @@ import pytest
 from neuron_dra.claim_templates import ClaimTemplate, NeuronCores
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.claim_templates.scale import estimate
-from neuron_dra.components import cli_plan, core_scale
+from neuron_dra.components import core_scale
+from neuron_dra.components import plan as stack_plan
 from neuron_dra.components.mocks import OfflineRun
 from neuron_dra.components.settings import SettingError
 from neuron_dra.driver import deploy
@@ -38,18 +39,18 @@ def plan(caplog: pytest.LogCaptureFixture, **config: Any) -> tuple[OfflineRun[An
            **{f"neuron-dra:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}}
     caplog.clear()
     with caplog.at_level("WARNING"):
-        run = cli_plan.plan(raw)
+        run = stack_plan.plan(raw)
     return run, [r.getMessage() for r in caplog.records if "NeuronCores on Kubernetes" in r.getMessage()]
 
 
 def core_flag(run: OfflineRun[Any]) -> str | None:
-    (ds,) = [m for m in cli_plan.kubernetes_manifests(run) if m["kind"] == "DaemonSet"]
+    (ds,) = [m for m in stack_plan.kubernetes_manifests(run) if m["kind"] == "DaemonSet"]
     args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
     return args[args.index("--core-partitions") + 1] if "--core-partitions" in args else None
 
 
 def device_classes(run: OfflineRun[Any]) -> list[str]:
-    return [m["metadata"]["name"] for m in cli_plan.kubernetes_manifests(run) if m["kind"] == "DeviceClass"]
+    return [m["metadata"]["name"] for m in stack_plan.kubernetes_manifests(run) if m["kind"] == "DeviceClass"]
 
 
 def test_the_default_stack_on_136_publishes_whole_devices_only(caplog: pytest.LogCaptureFixture) -> None:
@@ -79,7 +80,7 @@ def test_a_neuroncores_template_turns_them_on_and_preview_says_the_cost(caplog: 
 def test_a_core_extended_resource_turns_them_on(caplog: pytest.LogCaptureFixture) -> None:
     run, warnings = plan(caplog, coreExtendedResourceName="aws.amazon.com/neuroncore")
     assert core_flag(run) == "on"
-    (core,) = [m for m in cli_plan.kubernetes_manifests(run) if m["metadata"]["name"] == "neuroncore.aws.com"]
+    (core,) = [m for m in stack_plan.kubernetes_manifests(run) if m["metadata"]["name"] == "neuroncore.aws.com"]
     assert core["spec"]["extendedResourceName"] == "aws.amazon.com/neuroncore"
     assert len(warnings) == 1 and "neuron-dra:coreExtendedResourceName aws.amazon.com/neuroncore" in warnings[0]
 

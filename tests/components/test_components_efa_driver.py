@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from neuron_dra.claim_templates import ClaimTemplate, Efa, Neuron
-from neuron_dra.components import cli_plan
+from neuron_dra.components import plan
 from neuron_dra.components.claims import ClaimTemplates, ClaimTemplatesArgs
 from neuron_dra.components.efa_driver import (
     EFA_CHART_VERSION,
@@ -139,10 +139,10 @@ def test_the_default_stack_installs_it_on_its_efa_node_group_only() -> None:
     assert ng["trn2"]["labels"][NODE_GROUP_LABEL] == "trn2"  # the label the chart's affinity selects
     efa_templates = [t for t in run.of_type(TEMPLATE) if "efa" in json.dumps(t.plain_inputs["spec"])]
     assert efa_templates and all(run.one(RELEASE).urn in t.dependencies for t in efa_templates)
-    assert "kube-system/aws-dranet chart=aws-dranet 1.0.0" in cli_plan.render_table(run)
+    assert "kube-system/aws-dranet chart=aws-dranet 1.0.0" in plan.render_table(run)
     # A Helm release, not a manifest: -o yaml names it in its closing comment block only.
-    assert "aws-dranet" not in yaml.safe_dump_all(cli_plan.kubernetes_manifests(run))
-    assert [r["release"] for r in cli_plan.helm_releases(run)] == ["aws-dranet"]
+    assert "aws-dranet" not in yaml.safe_dump_all(plan.kubernetes_manifests(run))
+    assert [r["release"] for r in plan.helm_releases(run)] == ["aws-dranet"]
 
 
 def test_a_stack_without_efa_nodes_installs_none() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.components import cli_plan
+from neuron_dra.components import plan
 from neuron_dra.components.claims import ClaimTemplateCheckError
 from neuron_dra.components.cluster import POD_IDENTITY_TRUST
 from neuron_dra.components.efa import karpenter_interfaces
@@ -34,7 +34,7 @@ RESERVATION = "cr-0123456789abcdef0"
 
 @pytest.fixture(scope="module")
 def run() -> OfflineRun[Any]:
-    planned: OfflineRun[Any] = cli_plan.plan(cli_plan.load_config_file(EXAMPLE))
+    planned: OfflineRun[Any] = plan.plan(plan.load_config_file(EXAMPLE))
     return planned
 
 
@@ -44,7 +44,7 @@ def one(run: OfflineRun[Any], typ: str, name: str | None = None) -> dict[str, An
 
 
 def manifests(run: OfflineRun[Any], kind: str) -> dict[str, dict[str, Any]]:
-    return {m["metadata"]["name"]: m for m in cli_plan.kubernetes_manifests(run) if m["kind"] == kind}
+    return {m["metadata"]["name"]: m for m in plan.kubernetes_manifests(run) if m["kind"] == kind}
 
 
 def test_the_example_stack_has_karpenter_two_pools_the_driver_and_no_node_group(run: OfflineRun[Any]) -> None:
@@ -52,7 +52,7 @@ def test_the_example_stack_has_karpenter_two_pools_the_driver_and_no_node_group(
     assert run.exports["nodeGroupNames"] == []
     assert len(run.of_type("neuron-dra:index:TrainiumKarpenter")) == 1
     assert len(run.of_type("neuron-dra:index:NeuronDraDriver")) == 1
-    kinds = [m["kind"] for m in cli_plan.kubernetes_manifests(run)]
+    kinds = [m["kind"] for m in plan.kubernetes_manifests(run)]
     # -o yaml: every object the stack applies, the pools last (after the chart has installed the CRDs).
     assert kinds[-4:] == ["EC2NodeClass", "EC2NodeClass", "NodePool", "NodePool"]
     assert "DaemonSet" in kinds and "Release" not in kinds
@@ -189,7 +189,7 @@ def test_claim_templates_are_checked_against_the_pools_instance_types() -> None:
     settings = decode_settings(config)
     assert settings.node_instance_types == ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge")
     with pytest.raises(ClaimTemplateCheckError) as err:  # the default templates want trn2 devices
-        cli_plan.plan(config)
+        plan.plan(config)
     assert "inf2.48xlarge" in str(err.value)
 
 

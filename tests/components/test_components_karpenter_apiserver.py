@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
-from neuron_dra.components import cli_plan
+from neuron_dra.components import plan
 from neuron_dra.localcluster import karpenter
 
 pytestmark = pytest.mark.cluster
@@ -51,8 +51,8 @@ def crds(api: Any) -> list[str]:
 
 @pytest.fixture(scope="module")
 def planned() -> list[dict[str, Any]]:
-    run = cli_plan.plan(cli_plan.load_config_file(ROOT / "Pulumi.karpenter-example.yaml"))
-    return [m for m in cli_plan.kubernetes_manifests(run) if m["kind"] in PLURALS]
+    run = plan.plan(plan.load_config_file(ROOT / "Pulumi.karpenter-example.yaml"))
+    return [m for m in plan.kubernetes_manifests(run) if m["kind"] in PLURALS]
 
 
 def create(api: Any, manifest: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:

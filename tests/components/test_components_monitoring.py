@@ -62,13 +62,13 @@ def test_bad_settings_name_the_setting(raw: dict[str, str], key: str, allowed: s
 def test_the_example_stack_plans_the_metrics_service_and_the_dashboard() -> None:
     from pathlib import Path
 
-    from neuron_dra.components import cli_plan
+    from neuron_dra.components import plan
     from neuron_dra.driver.deploy.dashboard import DASHBOARD_UID, dashboard_json
 
     root = Path(__file__).resolve().parents[2]
-    run = cli_plan.plan(cli_plan.load_config_file(root / "Pulumi.example.yaml"))
+    run = plan.plan(plan.load_config_file(root / "Pulumi.example.yaml"))
     by_kind: dict[str, list[dict[str, Any]]] = {}
-    for m in cli_plan.kubernetes_manifests(run):
+    for m in plan.kubernetes_manifests(run):
         by_kind.setdefault(str(m["kind"]), []).append(m)
     (service,) = by_kind["Service"]
     dashboards = [m for m in by_kind["ConfigMap"] if str(m["metadata"]["name"]).endswith("-dashboard")]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ import yaml
 import neuron_dra.claim_templates.stack_examples as examples
 from neuron_dra.claim_templates.loader import templates_in
 from neuron_dra.cli import main
-from neuron_dra.components.cli_plan import load_config_file, plan
+from neuron_dra.components.plan import load_config_file, plan
 from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.components.stack import driver_options
 from neuron_dra.driver import deploy
@@ -112,16 +110,6 @@ def test_plan_refuses_what_it_used_to_accept_or_crash_on(tmp_path: Path, capsys:
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--config", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read --config" in capsys.readouterr().err
-
-
-def test_components_package_import_does_not_import_pulumi() -> None:
-    code = ("import sys, neuron_dra.components, neuron_dra.components.settings, neuron_dra.components.cli_plan;"
-            "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('pulumi')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    assert out.strip() == "[]"
-    code = "import sys, neuron_dra.components as c; c.TrainiumCluster; print('pulumi_eks' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    assert out.strip() == "True"
 
 
 NETWORK_OUTPUTS = """\

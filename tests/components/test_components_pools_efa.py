@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from neuron_dra.claim_templates import ClaimTemplate, Efa, Neuron
-from neuron_dra.components import EfaDraDriver, EfaDraDriverArgs, cli_plan
+from neuron_dra.components import EfaDraDriver, EfaDraDriverArgs, plan
 from neuron_dra.components.claims import ClaimTemplateCheckError
 from neuron_dra.components.mocks import OfflineRun, PlanMocks, run_offline
 from neuron_dra.components.settings import NodePoolSettings, SettingError
@@ -90,7 +90,7 @@ def _stack(pools: list[dict[str, Any]], module: str = "") -> dict[str, Any]:
 
 
 def test_the_stack_runs_dranet_on_efa_pools_by_their_label() -> None:
-    run = cli_plan.plan(_stack([{"name": "trn1", "instanceTypes": ["trn1.32xlarge"], "maxNodes": 4},
+    run = plan.plan(_stack([{"name": "trn1", "instanceTypes": ["trn1.32xlarge"], "maxNodes": 4},
                                 {"name": "inf2", "instanceTypes": ["inf2.48xlarge"], "maxNodes": 2}]))
     (release,) = [r for r in run.of_type(RELEASE) if r.plain_inputs["chart"] == "aws-dranet"]
     assert release.plain_inputs["values"]["supportedInstanceLabels"] == {
@@ -107,12 +107,12 @@ def test_an_efa_template_that_fits_only_a_pool_without_efa_interfaces_is_refused
     # trn1.32xlarge (8 EFAs) and trn1.2xlarge (none) in one pool: no interface list, so no EFA interfaces
     mixed = [{"name": "trn1", "instanceFamilies": ["trn1"], "maxNodes": 4}]
     with pytest.raises(ClaimTemplateCheckError) as err:
-        cli_plan.plan(_stack(mixed, "efa_claims"))
+        plan.plan(_stack(mixed, "efa_claims"))
     message = str(err.value)
     assert "default/trn1-efa" in message and "which the EFA DRA driver publishes only on trn2.48xlarge" in message
     # the same template on a pool whose nodes get EFA interfaces passes
-    run = cli_plan.plan(_stack([{"name": "trn1", "instanceTypes": ["trn1.32xlarge"], "maxNodes": 4}], "efa_claims"))
-    assert [m["metadata"]["name"] for m in cli_plan.kubernetes_manifests(run)
+    run = plan.plan(_stack([{"name": "trn1", "instanceTypes": ["trn1.32xlarge"], "maxNodes": 4}], "efa_claims"))
+    assert [m["metadata"]["name"] for m in plan.kubernetes_manifests(run)
             if m["kind"] == "ResourceClaimTemplate"] == ["trn1-efa"]
 
 

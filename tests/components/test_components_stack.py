@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pulumi.runtime import rpc
 
-from neuron_dra.components import cli_plan
+from neuron_dra.components import plan
 from neuron_dra.components.mocks import SECRET_SIG, SIG_KEY, OfflineRun, PlanMocks, run_offline
 from neuron_dra.components.settings import SettingError, StackSettings
 from neuron_dra.components.settings_schema import (
@@ -64,7 +64,7 @@ def test_default_stack_one_trn2_node_group_driver_templates_and_exports() -> Non
     assert json.loads(exports["kubeconfig"])["clusters"][0]["name"] == "neuron-dra-dev"
     assert len(exports["claimTemplates"]) >= 8
     assert all(name.startswith("default/") for name in exports["claimTemplates"])
-    manifests = cli_plan.kubernetes_manifests(run)
+    manifests = plan.kubernetes_manifests(run)
     kinds = [m["kind"] for m in manifests]
     assert kinds.count("ResourceClaimTemplate") == len(exports["claimTemplates"])
     assert kinds.count("DaemonSet") == 1
@@ -247,10 +247,10 @@ def test_pulumi_example_yaml_shows_every_setting_and_plans() -> None:
         assert f"neuron-dra:{setting.key}:" in text, setting.key
     for key in NODE_GROUP_KEYS:
         assert f"{key}:" in text, key
-    config = cli_plan.load_config_file(ROOT / "Pulumi.example.yaml")
+    config = plan.load_config_file(ROOT / "Pulumi.example.yaml")
     settings = decode_settings(config)
     assert [g.name for g in settings.node_groups] == ["trn2", "trn2-block"]
-    run = cli_plan.plan(config)
+    run = plan.plan(config)
     lts = {r.name: r.plain_inputs for r in run.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
     assert lts["ng-trn2-block-lt"]["instanceMarketOptions"] == {"marketType": "capacity-block"}
     assert "capacityReservationSpecification" not in lts["ng-trn2-lt"]
@@ -273,7 +273,7 @@ def test_catalog_file_setting_adds_instance_types_for_node_groups_and_the_driver
 
     run = run_stack({**base, "catalogFile": str(catalog)})
     assert run.one("aws:eks/nodeGroup:NodeGroup").plain_inputs["instanceTypes"] == ["acme1.24xlarge"]
-    manifests = cli_plan.kubernetes_manifests(run)
+    manifests = plan.kubernetes_manifests(run)
     config_map = next(m for m in manifests if m["kind"] == "ConfigMap")
     assert yaml.safe_load(config_map["data"]["catalog.yaml"]) == ACME  # the driver pods read the same file
     ds = next(m for m in manifests if m["kind"] == "DaemonSet")
@@ -317,9 +317,9 @@ def test_the_stack_enforces_network_policies_unless_told_not_to() -> None:
 
 def test_the_driver_rollout_settings_reach_the_daemonset() -> None:
     """driverMaxSurge / driverMaxUnavailable: the stack's DaemonSet rolls as set (docs/upgrades.md)."""
-    manifests = cli_plan.kubernetes_manifests(run_stack({"driverMaxSurge": 0, "driverMaxUnavailable": 2}))
+    manifests = plan.kubernetes_manifests(run_stack({"driverMaxSurge": 0, "driverMaxUnavailable": 2}))
     ds = next(m for m in manifests if m["kind"] == "DaemonSet")
     assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 2}
-    default = next(m for m in cli_plan.kubernetes_manifests(run_stack({})) if m["kind"] == "DaemonSet")
+    default = next(m for m in plan.kubernetes_manifests(run_stack({})) if m["kind"] == "DaemonSet")
     assert default["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     kubeschema.validate(ds, "1.36", strict=True)

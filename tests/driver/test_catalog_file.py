@@ -14,8 +14,8 @@ import yaml
 
 from neuron_dra.driver import deploy
 from neuron_dra.driver.daemon.main import parse_options
-from neuron_dra.driver.model.catalog import BUILTIN, GIB, TopologyKind, UnknownInstanceTypeError
-from neuron_dra.driver.model.catalog_file import CatalogFileError, catalog_from, load_catalog, parse_catalog
+from neuron_dra.driver.model.catalog import BUILTIN, GIB, TopologyKind
+from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog, parse_catalog
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.hosts import emulated_host
@@ -166,15 +166,6 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     broken.write_text("instanceTypes: [\n", encoding="utf-8")
     with pytest.raises(CatalogFileError, match=r"valid YAML at line \d+"):
         load_catalog(broken)
-
-
-def test_the_daemon_option_and_the_environment(tmp_path: Path) -> None:
-    path = write(tmp_path, ACME)
-    assert catalog_from(None, {}) is BUILTIN
-    assert "acme1.24xlarge" in catalog_from(None, {"NEURON_DRA_CATALOG": str(path)})
-    assert "acme1.24xlarge" in catalog_from(str(path), {"NEURON_DRA_CATALOG": "/nonexistent"})
-    with pytest.raises(UnknownInstanceTypeError):
-        catalog_from(None, {}).spec("acme1.24xlarge")
 
 
 def test_the_daemon_serves_an_own_type_from_the_env_catalog_and_refuses_without_it(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def serve(base: Path, instance_type: str = "trn2.48xlarge") -> Served:
     state, lookup = make_state(base, instance_type)
     paths = SocketPaths.for_driver(base / "plugins", base / "registry", DRIVER)
     servers = PluginServers(paths, DRIVER)
-    servers.start(state)
+    servers.serve(state)
     return Served(servers, state, lookup, paths, base / "cdi")
 
 

@@ -91,10 +91,10 @@ def test_cluster_up_refuses_an_unknown_profile_before_starting_anything(tmp_path
 def test_cluster_up_offers_the_profiles() -> None:
     import argparse
 
-    from neuron_dra.localcluster import cli_cluster
+    from neuron_dra.cli import cluster
 
     parser = argparse.ArgumentParser()
-    cli_cluster.configure(parser)
+    cluster.configure(parser)
     args = parser.parse_args(["up", "--dir", "/tmp/x", "--profile", "tuned"])
     assert args.profile == "tuned"
     assert parser.parse_args(["up", "--dir", "/tmp/x"]).profile == "default"

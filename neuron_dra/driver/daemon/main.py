@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuron_dra import __version__
 from neuron_dra.driver.daemon import logs
 from neuron_dra.driver.daemon.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
 from neuron_dra.driver.daemon.ratelimit import DAEMON_BURST, DAEMON_QPS
@@ -49,6 +48,7 @@ from neuron_dra.driver.model.k8s_names import (
     TAINT_EFFECTS,
     is_dns_subdomain,
 )
+from neuron_dra.driver.model.version import VERSION
 
 # Imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--socket-names", choices=SOCKET_NAME_MODES, default=env_default("SOCKET_NAMES", "auto"),
                    help="auto: per instance when there is a pod UID and the node's kubelet is 1.33+, else "
                         "plain; per-instance; plain [env SOCKET_NAMES] (default auto; docs/upgrades.md)")
-    p.add_argument("--version", action="version", version=f"neuron-dra-driver {__version__}")
+    p.add_argument("--version", action="version", version=f"neuron-dra-driver {VERSION}")
     return p
 
 

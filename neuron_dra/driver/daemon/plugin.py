@@ -186,10 +186,6 @@ class PluginServers:
         # The socket files this instance bound, with their inodes: removed on stop only while still its own.
         self._bound: dict[Path, tuple[int, int, int] | None] = {}
 
-    @property
-    def dra_server(self) -> grpcserver.Server:
-        return self._dra
-
     def listen(self) -> None:
         """Bind the DRA socket (not served yet: calls wait), then the registration socket, served at once."""
         for server, path in ((self._dra, self.paths.dra), (self._reg, self.paths.registration)):
@@ -213,9 +209,6 @@ class PluginServers:
         log.info("serving", extra={"dra_socket": str(self.paths.dra),
                                    "registration_socket": str(self.paths.registration),
                                    "services": list(self.registration.services)})
-
-    def start(self, state: DriverState, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
-        self.serve(state, extra_methods)
 
     def unregister(self) -> None:
         """Leave kubelet's calls to another instance: the registration socket goes (kubelet deregisters this

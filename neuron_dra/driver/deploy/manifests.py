@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from neuron_dra import __version__
 from neuron_dra.driver.deploy import monitoring
 from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, Catalog
 from neuron_dra.driver.model.catalog_file import CatalogFileError, parse_catalog_text
@@ -60,6 +59,7 @@ from neuron_dra.driver.model.k8s_names import (
 )
 from neuron_dra.driver.model.partitions import NEURON_CORE
 from neuron_dra.driver.model.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
+from neuron_dra.driver.model.version import VERSION
 
 Manifest = dict[str, Any]
 
@@ -74,7 +74,7 @@ CATALOG_KEY = "catalog.yaml"
 # cosign keyless signature), tagged with the package version: the default of renders outside Pulumi. The Pulumi
 # components build and push their own image unless given one (components/driver_image.py).
 IMAGE_REPOSITORY = "ghcr.io/neuron-dra/neuron-dra-driver"
-DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{__version__}"
+DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{VERSION}"
 DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
 DEFAULT_EXTENDED_RESOURCE = NEURON_DEVICE_RESOURCE  # the Neuron device plugin's resource names
 DEFAULT_CORE_EXTENDED_RESOURCE = NEURON_CORE_RESOURCE
@@ -426,7 +426,7 @@ def _labels(options: DriverDeployOptions, component: str) -> dict[str, str]:
         "app.kubernetes.io/name": "neuron-dra-driver",
         "app.kubernetes.io/component": component,
         "app.kubernetes.io/part-of": "neuron-dra",
-        "app.kubernetes.io/version": __version__,
+        "app.kubernetes.io/version": VERSION,
         **options.labels,
     }
 

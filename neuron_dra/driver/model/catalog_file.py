@@ -23,11 +23,9 @@ from neuron_dra.driver.model.catalog import (
     UltraServerShape,
 )
 from neuron_dra.driver.model.errortext import shown
-from neuron_dra.driver.model.k8s_names import CATALOG_ENV
 
 API_VERSION = "neuron-dra/v1"
 KIND = "NeuronCatalog"
-ENV_VAR = CATALOG_ENV  # the driver daemon's fallback for --catalog
 MAX_DEVICES = 127  # one ResourceSlice holds 128 devices; an UltraServer node adds its pseudo-device
 MAX_CORES = 64
 MAX_HBM_GIB = 4096
@@ -342,10 +340,3 @@ def parse_catalog_text(text: str, source: str, base: Catalog = BUILTIN) -> Catal
     except bounded_yaml.YamlError as e:
         raise CatalogFileError(source, "", _MISSING, str(e)) from None
     return parse_catalog(data, source, base)
-
-
-def catalog_from(path: Path | str | None, env: Mapping[str, str] | None = None) -> Catalog:
-    """The catalog of a --catalog option, else of env NEURON_DRA_CATALOG (when `env` is given), else the built-in
-    one."""
-    chosen = path or (env or {}).get(ENV_VAR)
-    return load_catalog(chosen) if chosen else BUILTIN

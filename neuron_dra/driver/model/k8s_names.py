@@ -136,7 +136,7 @@ def device_class_manifest(name: str, driver: str, *, expression: str | None = No
 # Defaults of the daemon's flags that its entry parses before importing anything heavy (driver/daemon/main.py).
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 DEFAULT_TAINT_EFFECT = "NoSchedule"
-CATALOG_ENV = "NEURON_DRA_CATALOG"  # the driver daemon's fallback for --catalog (catalog_file.py)
+CATALOG_ENV = "NEURON_DRA_CATALOG"  # the driver daemon's fallback for --catalog (daemon/main.py)
 CHECKPOINT_FILE = "checkpoint.json"
 # kubelet's device health stream: the packages served (most recent first) and what the registration advertises
 # (health_stream.py, docs/kubelet-dra-protocol.md §3).

@@ -20,7 +20,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from neuron_dra import __version__
 from neuron_dra.driver.model.devices import NeuronDevice, NeuronHost
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.partitions import (
@@ -33,6 +32,7 @@ from neuron_dra.driver.model.partitions import (
     counter_set,
     whole_device_consumption,
 )
+from neuron_dra.driver.model.version import VERSION
 
 AWS_DOMAIN = "resource.aws.com"
 K8S_DOMAIN = "resource.kubernetes.io"
@@ -77,7 +77,7 @@ class NodeFacts:
 @dataclass(frozen=True)
 class PublishOptions:
     driver_name: str = DEFAULT_DRIVER_NAME
-    dra_driver_version: str = __version__
+    dra_driver_version: str = VERSION
     cores: CoreLayout | None = None  # publish counters and NeuronCores (partitionable devices); None: devices only
 
 

@@ -1,4 +1,7 @@
-"""`neuron-dra emulate-fault DIR --device N [--clear]`: inject or clear a hardware fault on an emulated host tree."""
+"""`neuron-dra emulate-fault`: inject or clear a hardware fault on one device of an emulated host tree.
+
+Also the arguments and the action of `neuron-dra cluster fault` (the same, on a node of a running local cluster).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`neuron-dra slices`: the ResourceSlices the daemon would publish, as JSON."""
+"""`neuron-dra slices`: print the ResourceSlices the driver publishes for an (emulated) host, as JSON."""
 
 from __future__ import annotations
 

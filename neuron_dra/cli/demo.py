@@ -1,4 +1,7 @@
-"""`neuron-dra demo`: the main job on one machine (see localcluster/demo.py)."""
+"""`neuron-dra demo`: run the local cluster with emulated Trainium nodes, the driver and example workloads.
+
+The main job on one machine (localcluster/demo.py).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,13 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from neuron_dra.localcluster.build import DEFAULT_MINOR, supported_minors
-from neuron_dra.localcluster.cli_host import add_host_arguments, choose
+from kubernetes.client.exceptions import ApiException
+
+from neuron_dra.cli._host import add_host_arguments, choose
+from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
+from neuron_dra.localcluster.cluster import ClusterError
+from neuron_dra.localcluster.demo import DemoError, DemoOptions, run_demo
+from neuron_dra.localcluster.demo_report import ReportError
 
 HELP = ("Bring up the local cluster (real kube-apiserver, kube-scheduler and kube-controller-manager; two "
         "trn2.48xlarge, one trn1.32xlarge and one inf2.48xlarge emulated node, each running the driver), install "
@@ -47,13 +55,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubernetes.client.exceptions import ApiException
-
-    from neuron_dra.localcluster.build import BuildError
-    from neuron_dra.localcluster.cluster import ClusterError
-    from neuron_dra.localcluster.demo import DemoError, DemoOptions, run_demo
-    from neuron_dra.localcluster.demo_report import ReportError
-
     if args.timeout <= 0:
         print(f"neuron-dra demo: --timeout must be positive, got {args.timeout}", file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
 """The `--runtime` and `--no-install` options of `neuron-dra demo` and `cluster up`, and the one line that says which
-runtime was chosen and why (the decision itself: hostreqs.py)."""
+runtime was chosen and why (the decision itself: localcluster/hostreqs.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`neuron-dra plan`: run a Pulumi program offline under Pulumi mocks and print what it would create.
+"""Run a Pulumi program offline under Pulumi mocks and render what it would create (`neuron-dra plan`).
 
 Without `--program` the program is this package's default stack (`neuron_dra.components.stack`, what the
 repository's `__main__.py` runs); with `--program DIR` it is the user's own project: DIR's `Pulumi.yaml` (project
@@ -15,28 +15,25 @@ values), and stderr says so. AWS is not contacted: ids, ARNs, AZ offerings and t
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
+import runpy
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.model import bounded_yaml
-from neuron_dra.driver.model.errortext import shown
+import pulumi
+import yaml
+from pulumi.runtime.settings import get_root_resource
 
-HELP = (
-    "Run a Pulumi program offline under Pulumi mocks and print the resource tree with key inputs (-o table) or "
-    "every Kubernetes manifest it applies (-o yaml). Without --program: this package's default stack "
-    "(neuron_dra.components.stack, what its Pulumi.yaml + __main__.py run), with --config FILE as its stack "
-    "config (Pulumi.<stack>.yaml format; without it the defaults apply). With --program DIR: your own project, "
-    "DIR/Pulumi.yaml (name, main, config defaults) and DIR/Pulumi.<--stack>.yaml (or --config FILE), running "
-    "its main program (default __main__.py) with DIR as working directory and first on sys.path; its "
-    "pulumi.export values are printed. pulumi.StackReference outputs come from --stack-outputs FILE. AWS is not "
-    "contacted: ids, ARNs, AZ offerings and a built image's digest are placeholders (set "
-    "neuron-dra:driverImage to print a real image reference)."
-)
+from neuron_dra.components.claims import ClaimTemplateCheckError
+from neuron_dra.components.mocks import DEFAULT_REGION, MissingStackOutputs, PlanMocks, run_offline
+from neuron_dra.components.stack import build_stack, settings_from_pulumi_config
+from neuron_dra.driver.model import bounded_yaml
+from neuron_dra.driver.model.errors import NotAllowed
+from neuron_dra.driver.model.errortext import shown
 
 # The order objects are applied in; also the order of `-o yaml`.
 KIND_ORDER = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
@@ -46,22 +43,6 @@ KIND_ORDER = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"
 
 class PlanError(Exception):
     """A plan that cannot run; the message is for the user."""
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", type=Path,
-                        help="stack config file with a top-level `config:` mapping (Pulumi.<stack>.yaml format)")
-    parser.add_argument("-o", "--output", choices=("table", "yaml"), default="table",
-                        help="table: resource tree with key inputs; yaml: the Kubernetes manifests (default table)")
-    parser.add_argument("--stack", default="plan", metavar="NAME",
-                        help="stack name the program sees (default plan; the default stack's cluster name: "
-                             "neuron-dra-NAME; with --program, DIR/Pulumi.NAME.yaml is its config)")
-    parser.add_argument("--program", metavar="DIR", type=Path,
-                        help="your own Pulumi project directory (Pulumi.yaml and its main program) instead of the "
-                             "default stack")
-    parser.add_argument("--stack-outputs", metavar="FILE", type=Path,
-                        help="YAML mapping of stack names (org/project/stack) to the outputs a "
-                             "pulumi.StackReference to them reads")
 
 
 # Top-level keys of a Pulumi stack config file (Pulumi.<stack>.yaml).
@@ -102,9 +83,6 @@ def _flatten(path: Path, document: Mapping[str, Any], project: str) -> dict[str,
 
 def plan(config: Mapping[str, str], stack: str = "plan") -> Any:
     """Run the stack under mocks; returns the OfflineRun."""
-    from neuron_dra.components.mocks import DEFAULT_REGION, PlanMocks, run_offline
-    from neuron_dra.components.stack import build_stack, settings_from_pulumi_config
-
     mocks = PlanMocks(region=config.get("aws:region", DEFAULT_REGION))
 
     def program() -> Any:
@@ -170,21 +148,12 @@ def plan_program(project: Project, config: Mapping[str, str], stack: str,
                  stack_outputs: Mapping[str, Mapping[str, Any]] | None = None) -> Any:
     """Run the user's program under mocks: DIR as working directory and first on sys.path, `__name__` set to
     `__main__` as the Python language host does; returns the OfflineRun (its exports: the program's)."""
-    import os
-    import runpy
-
-    import pulumi
-
-    from neuron_dra.components.mocks import DEFAULT_REGION, PlanMocks, run_offline
-
     values = {**project.defaults, **config}
     mocks = PlanMocks(region=values.get("aws:region", DEFAULT_REGION), stack_outputs=stack_outputs)
 
     def program() -> Any:
         runpy.run_path(str(project.main), run_name="__main__")
-        from pulumi.runtime import settings
-
-        return settings.get_root_resource()
+        return get_root_resource()
 
     def exports(root: Any) -> Mapping[str, Any]:
         return dict(getattr(root, "outputs", {}) or {}) if isinstance(root, pulumi.Resource) else {}
@@ -340,8 +309,6 @@ HELM_HEADER = ("Helm releases this plan installs, not rendered above (their char
 
 
 def render_yaml(run: Any) -> str:
-    import yaml
-
     text = "".join(f"# Driver image: {line}\n" for line in driver_images(run))
     text += yaml.safe_dump_all(kubernetes_manifests(run), sort_keys=True, default_flow_style=False)
     releases = helm_releases(run)
@@ -361,44 +328,11 @@ def helm_notice(run: Any) -> str | None:
             f"manifests: {names}; listed in the comment block at the end of the YAML")
 
 
-def _user_error(exc: BaseException) -> BaseException | None:
+def user_error(exc: BaseException) -> BaseException | None:
     """Our own error behind Pulumi's wrapping (errors raised in `apply` come back as causes)."""
-    from neuron_dra.components.claims import ClaimTemplateCheckError
-    from neuron_dra.components.mocks import MissingStackOutputs
-    from neuron_dra.driver.model.errors import NotAllowed
-
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, NotAllowed | ClaimTemplateCheckError | MissingStackOutputs):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        outputs = load_stack_outputs(args.stack_outputs) if args.stack_outputs else None
-        if args.program is not None:
-            project = Project.load(args.program)
-            stack_file = args.config or project.directory / f"Pulumi.{args.stack}.yaml"
-            config = load_config_file(stack_file, project.name) if stack_file.is_file() or args.config else {}
-            result = plan_program(project, config, args.stack, outputs)
-        else:
-            if outputs is not None:
-                raise PlanError("--stack-outputs is for --program: the default stack reads no StackReference")
-            config = load_config_file(args.config) if args.config else {}
-            result = plan(config, stack=args.stack)
-    except PlanError as e:
-        print(f"neuron-dra plan: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:
-        ours = _user_error(e)
-        if ours is None:
-            raise
-        print(f"neuron-dra plan: {ours}", file=sys.stderr)
-        return 1
-    sys.stdout.write(render_yaml(result) if args.output == "yaml" else render_table(result))
-    notice = helm_notice(result) if args.output == "yaml" else None
-    if notice:
-        print(notice, file=sys.stderr)
-    return 0

@@ -1,0 +1,82 @@
+"""`neuron-dra plan`: run the Pulumi stack offline under mocks and print resources or manifests.
+
+The program, its mocks and the rendering are components/plan.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from neuron_dra.components.plan import (
+    PlanError,
+    Project,
+    helm_notice,
+    load_config_file,
+    load_stack_outputs,
+    plan,
+    plan_program,
+    render_table,
+    render_yaml,
+    user_error,
+)
+
+HELP = (
+    "Run a Pulumi program offline under Pulumi mocks and print the resource tree with key inputs (-o table) or "
+    "every Kubernetes manifest it applies (-o yaml). Without --program: this package's default stack "
+    "(neuron_dra.components.stack, what its Pulumi.yaml + __main__.py run), with --config FILE as its stack "
+    "config (Pulumi.<stack>.yaml format; without it the defaults apply). With --program DIR: your own project, "
+    "DIR/Pulumi.yaml (name, main, config defaults) and DIR/Pulumi.<--stack>.yaml (or --config FILE), running "
+    "its main program (default __main__.py) with DIR as working directory and first on sys.path; its "
+    "pulumi.export values are printed. pulumi.StackReference outputs come from --stack-outputs FILE. AWS is not "
+    "contacted: ids, ARNs, AZ offerings and a built image's digest are placeholders (set "
+    "neuron-dra:driverImage to print a real image reference)."
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", type=Path,
+                        help="stack config file with a top-level `config:` mapping (Pulumi.<stack>.yaml format)")
+    parser.add_argument("-o", "--output", choices=("table", "yaml"), default="table",
+                        help="table: resource tree with key inputs; yaml: the Kubernetes manifests (default table)")
+    parser.add_argument("--stack", default="plan", metavar="NAME",
+                        help="stack name the program sees (default plan; the default stack's cluster name: "
+                             "neuron-dra-NAME; with --program, DIR/Pulumi.NAME.yaml is its config)")
+    parser.add_argument("--program", metavar="DIR", type=Path,
+                        help="your own Pulumi project directory (Pulumi.yaml and its main program) instead of the "
+                             "default stack")
+    parser.add_argument("--stack-outputs", metavar="FILE", type=Path,
+                        help="YAML mapping of stack names (org/project/stack) to the outputs a "
+                             "pulumi.StackReference to them reads")
+
+
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        outputs = load_stack_outputs(args.stack_outputs) if args.stack_outputs else None
+        if args.program is not None:
+            project = Project.load(args.program)
+            stack_file = args.config or project.directory / f"Pulumi.{args.stack}.yaml"
+            config = load_config_file(stack_file, project.name) if stack_file.is_file() or args.config else {}
+            result = plan_program(project, config, args.stack, outputs)
+        else:
+            if outputs is not None:
+                raise PlanError("--stack-outputs is for --program: the default stack reads no StackReference")
+            config = load_config_file(args.config) if args.config else {}
+            result = plan(config, stack=args.stack)
+    except PlanError as e:
+        print(f"neuron-dra plan: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        ours = user_error(e)
+        if ours is None:
+            raise
+        print(f"neuron-dra plan: {ours}", file=sys.stderr)
+        return 1
+    sys.stdout.write(render_yaml(result) if args.output == "yaml" else render_table(result))
+    notice = helm_notice(result) if args.output == "yaml" else None
+    if notice:
+        print(notice, file=sys.stderr)
+    return 0

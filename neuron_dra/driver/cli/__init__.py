@@ -1,1 +1,0 @@
-"""The driver's commands over the device model: `neuron-dra slices`, `emulate`, `emulate-fault`."""
