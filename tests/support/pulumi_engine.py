@@ -77,6 +77,28 @@ class Engine:
         return result
 
 
+PLUGIN_VERSION_WARNING = "resource plugin kubernetes is expected to have version >="
+
+
+def plugin_version_warnings(warnings: Sequence[str]) -> list[str]:
+    """The engine's warnings that the Kubernetes plugin is older than the SDK asks for."""
+    return [w for w in warnings if w.startswith(PLUGIN_VERSION_WARNING)]
+
+
+def expected_plugin_version_warnings(provider_version: str) -> list[str]:
+    """What the engine warns with the provider built at `provider_version` and the installed pulumi_kubernetes SDK:
+    nothing when the provider is at least the SDK's version (the engine compares the plugin's reported version to
+    the version the SDK requests, pkg/resource/plugin/host.go), else the one warning naming both versions."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    sdk = version("pulumi_kubernetes")
+    if Version(provider_version) >= Version(sdk):
+        return []
+    return [f"{PLUGIN_VERSION_WARNING}{sdk}, but has {provider_version}"]
+
+
 def is_subset(planned: Any, live: Any, path: str = "") -> list[str]:
     """Where `live` (an object read back from the apiserver, with defaults filled in) differs from `planned`:
     every planned field must be there with the planned value; the apiserver may add fields."""
