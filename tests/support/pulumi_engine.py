@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -80,9 +81,14 @@ class Engine:
 PLUGIN_VERSION_WARNING = "resource plugin kubernetes is expected to have version >="
 
 
+_COLOR = re.compile(r"<\{%[^%]*%\}>")  # the engine's colour directives, e.g. <{%reset%}>
+
+
 def plugin_version_warnings(warnings: Sequence[str]) -> list[str]:
-    """The engine's warnings that the Kubernetes plugin is older than the SDK asks for."""
-    return [w for w in warnings if w.startswith(PLUGIN_VERSION_WARNING)]
+    """The engine's warnings that the Kubernetes plugin is older than the SDK asks for, each once, cut at the
+    advice after the versions ("...>=4.34.2, but has 4.25.0")."""
+    found = {_COLOR.sub("", w) for w in warnings}
+    return sorted({w[w.index(PLUGIN_VERSION_WARNING):].split(";")[0] for w in found if PLUGIN_VERSION_WARNING in w})
 
 
 def expected_plugin_version_warnings(provider_version: str) -> list[str]:
