@@ -168,9 +168,11 @@ def assert_driver_ready_and_publishing(api: Any, cluster: LocalCluster, options:
     from kubernetes import client
 
     node = cluster.nodes[0].name
-    ds = client.AppsV1Api(api).read_namespaced_daemon_set(options.daemonset_name, options.namespace)
-    assert ds.status.desired_number_scheduled == 1 and ds.status.number_ready == 1, ds.status
-    assert ds.status.updated_number_scheduled == 1 and ds.status.observed_generation == ds.metadata.generation
+    ds = raw(client.AppsV1Api(api).read_namespaced_daemon_set(options.daemonset_name, options.namespace,
+                                                               _preload_content=False))
+    status = ds["status"]
+    assert status["desiredNumberScheduled"] == status["numberReady"] == status["updatedNumberScheduled"] == 1, status
+    assert status["observedGeneration"] == ds["metadata"]["generation"], status
     log = cluster.node_paths(node).kubelet.log.read_text(errors="replace")
     assert "Registered DRA plugin" in log and f'driverName="{options.driver_name}"' in log
 
@@ -202,7 +204,7 @@ def assert_claim_pod_runs_with_its_device(api: Any, cluster: LocalCluster, templ
     core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
     ns = template["metadata"]["namespace"]
     pod = claim_pod(cluster_images(cluster)["workload"], cluster.nodes[0].name, template["metadata"]["name"])
-    core.create_namespaced_pod(ns, pod)
+    core.create_namespaced_pod(ns, pod)  # type: ignore[arg-type]
     try:
         def report() -> dict[str, str] | None:
             phase = raw(core.read_namespaced_pod("engine-claim", ns, _preload_content=False))["status"].get("phase")
