@@ -225,8 +225,8 @@ def assert_claim_pod_runs_with_its_device(api: Any, cluster: LocalCluster, templ
 
 @pytest.mark.cluster
 @pytest.mark.containerd
-def test_the_stack_program_on_real_containers_up_again_change_and_destroy(engine: Engine, ctrd: LocalCluster,
-                                                                          capi: Any, tmp_path: Path) -> None:
+def test_the_stack_program_on_real_containers_up_again_change_and_destroy(ctrd: LocalCluster, capi: Any,
+                                                                          engine: Engine, tmp_path: Path) -> None:
     """The default stack in existing-cluster mode on a containerd local cluster, with the cluster's own driver
     image: every resource ready, the driver registered and publishing, a claim pod of the stack's templates
     running; a no-op up, a previewed and applied change, destroy leaving nothing."""
