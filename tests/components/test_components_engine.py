@@ -296,7 +296,8 @@ def assert_no_driver_pods(api: Any, options: DriverDeployOptions) -> None:
 
     core = client.CoreV1Api(api)
     selector = ",".join(f"{k}={v}" for k, v in deploy.daemonset(options)["spec"]["selector"]["matchLabels"].items())
-    eventually(lambda: not core.list_pod_for_all_namespaces(label_selector=selector).items or None, 120,
+    # Only the stack's namespace: the local cluster's own driver pods carry the same labels.
+    eventually(lambda: not core.list_namespaced_pod(options.namespace, label_selector=selector).items or None, 120,
                what=f"the pods of {options.daemonset_name} gone")
 
 
