@@ -3,10 +3,13 @@ project's own Pulumi.yaml and programs through the Automation API with inline pr
 
 - The engine accepts Pulumi.yaml's declarations with only `aws:region` (or only `kubeconfig`) set; a
   declaration without a default makes it refuse the stack, which mocks cannot see.
-- The default stack program in existing-cluster mode against a local control plane: `up` (every object in the
-  apiserver as planned), a second `up` with no change, a setting change that `preview` shows as exactly the
-  expected diff and `up` applies, `destroy` leaving nothing.
-- The same for a separate project that pip-installs this package into a virtualenv and composes the components.
+- The default stack program in existing-cluster mode on a containerd local cluster with the cluster's own images:
+  `up` (every object in the apiserver as planned, the driver ready, registered and publishing, a pod of the
+  stack's claim templates running and printing its device; the engine's plugin-version warnings exactly what the
+  built provider and the SDK imply), a second `up` with no change, a setting change that `preview` shows as
+  exactly the expected diff and `up` applies (the DaemonSet rolls), `destroy` leaving nothing.
+- The same on a local control plane (no nodes) for a separate project that pip-installs this package into a
+  virtualenv and composes the components.
 
 Names differ from what `neuron-dra cluster up` installs: the provider would silently adopt same-named objects.
 Every step runs in its own process (tests/support/engine_driver.py); step timings are printed.
