@@ -615,6 +615,8 @@ class StackSettings:
     allow_slow_claim_scheduling: bool = _setting("allowSlowClaimScheduling", False)
     kubelet_plugins_dir: str = _setting("kubeletPluginsDir", DEFAULT_PLUGINS_DIR, option="plugins_dir")
     kubelet_registry_dir: str = _setting("kubeletRegistryDir", DEFAULT_REGISTRY_DIR, option="registry_dir")
+    # Where the nodes keep the sys, dev and opt/aws/neuron trees the driver reads ("/" on real nodes).
+    driver_host_paths_root: str = _setting("driverHostPathsRoot", "/", option="host_paths_root")
     efa_driver: str = _setting("efaDriver", "auto")
     claim_templates_module: str = _setting("claimTemplatesModule", DEFAULT_CLAIM_TEMPLATES_MODULE)
     cluster_instance_types: tuple[str, ...] = _setting("clusterInstanceTypes", ())
@@ -744,6 +746,7 @@ class StackSettings:
             options = DriverDeployOptions(
                 driver_name=self.driver_name, namespace=self.driver_namespace, metrics_port=self.driver_metrics_port,
                 plugins_dir=self.kubelet_plugins_dir, registry_dir=self.kubelet_registry_dir,
+                host_paths_root=self.driver_host_paths_root,
                 core_device_class_name=self.neuron_core_device_class,
                 extended_resource_name=self.extended_resource_name or None,
                 core_extended_resource_name=(DEFAULT_CORE_EXTENDED_RESOURCE if self.core_extended_resource_name == AUTO

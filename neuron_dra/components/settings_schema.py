@@ -171,6 +171,9 @@ _ROWS: tuple[Setting, ...] = (
        "filter limit (preview refuses it otherwise)."),
     _T("kubelet_plugins_dir", "string", "kubelet's plugins directory on the nodes."),
     _T("kubelet_registry_dir", "string", "kubelet's plugin registry directory on the nodes."),
+    _T("driver_host_paths_root", "string", "Directory on the nodes holding the sys, dev and opt/aws/neuron "
+       "trees the driver reads: / on real Neuron nodes; /run/neuron-dra-host on `neuron-dra cluster up`'s "
+       "nodes, whose emulated Neuron host tree is there."),
     _T("efa_driver", "string", "AWS's EFA DRA driver (DRANET, Helm chart aws-dranet; docs/efa-dra-driver.md): "
        "auto installs it on the node groups with EFA interfaces (none on an existing cluster), install also on an "
        "existing cluster's EFA instance types (clusterInstanceTypes), external when the cluster already runs "

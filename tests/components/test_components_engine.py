@@ -3,10 +3,13 @@ project's own Pulumi.yaml and programs through the Automation API with inline pr
 
 - The engine accepts Pulumi.yaml's declarations with only `aws:region` (or only `kubeconfig`) set; a
   declaration without a default makes it refuse the stack, which mocks cannot see.
-- The default stack program in existing-cluster mode against a local control plane: `up` (every object in the
-  apiserver as planned), a second `up` with no change, a setting change that `preview` shows as exactly the
-  expected diff and `up` applies, `destroy` leaving nothing.
-- The same for a separate project that pip-installs this package into a virtualenv and composes the components.
+- The default stack program in existing-cluster mode on a containerd local cluster with the cluster's own images:
+  `up` (every object in the apiserver as planned, the driver ready, registered and publishing, a pod of the
+  stack's claim templates running and printing its device; the engine's plugin-version warnings exactly what the
+  built provider and the SDK imply), a second `up` with no change, a setting change that `preview` shows as
+  exactly the expected diff and `up` applies (the DaemonSet rolls), `destroy` leaving nothing.
+- The same on a local control plane (no nodes) for a separate project that pip-installs this package into a
+  virtualenv and composes the components.
 
 Names differ from what `neuron-dra cluster up` installs: the provider would silently adopt same-named objects.
 Every step runs in its own process (tests/support/engine_driver.py); step timings are printed.
@@ -30,20 +33,33 @@ from neuron_dra.components.claims import module_templates
 from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import DriverDeployOptions
+from neuron_dra.driver.model.slices import device_name
+from neuron_dra.localcluster.build import pulumi_kubernetes_version
+from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.controlplane import ControlPlane
+from neuron_dra.localcluster.nodens import HOST_TREE
+from neuron_dra.localcluster.podlogs import api_container_log, workload_report
 from tests.components.test_components_import import (
     PACKAGE_PARTS,
     environment_without_this_checkout,
     with_packages_of_this_interpreter,
 )
-from tests.support.e2e import eventually
-from tests.support.pulumi_engine import DRIVER, Engine, is_subset, read_object
+from tests.support.e2e import NEURON_TOLERATION, allocated_devices, eventually, pod_claim, raw
+from tests.support.pulumi_engine import (
+    DRIVER,
+    Engine,
+    expected_plugin_version_warnings,
+    is_subset,
+    plugin_version_warnings,
+    read_object,
+)
 
 # gobuild: the first use builds the CLI and provider (minutes), cached after.
 pytestmark = [pytest.mark.pulumi_engine, pytest.mark.gobuild, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK_PROGRAM = "neuron_dra.components.stack:run_program"
+LOCAL_DRIVER = "local.neuron.aws.com"  # the containerd cluster's own driver: not the stack's neuron.aws.com
 
 
 @pytest.fixture(scope="module")
@@ -120,36 +136,132 @@ def kubernetes_events(result: dict[str, Any], op: str) -> list[dict[str, Any]]:
     return [e for e in result["events"] if e["op"] == op and e["type"].startswith("kubernetes:")]
 
 
+@pytest.fixture(scope="module")
+def ctrd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A containerd local cluster with one trn2.48xlarge node. Its own driver gets another name (and so other
+    objects), so that the stack installs the default driver `neuron.aws.com` itself, which the default claim
+    templates' DeviceClass names."""
+    from neuron_dra.localcluster.cluster import up
+
+    cluster = up(tmp_path_factory.mktemp("engine-ctrd"), ["trn2.48xlarge:1"], ttl=3600, timeout=1800,
+                 runtime="containerd", driver_name=LOCAL_DRIVER)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="module")
+def capi(ctrd: LocalCluster) -> Iterator[Any]:
+    from kubernetes import config
+
+    api = config.new_client_from_config(str(ctrd.kubeconfig))
+    yield api
+    api.close()
+
+
+def cluster_images(cluster: LocalCluster) -> dict[str, str]:
+    refs: dict[str, str] = json.loads((cluster.dir / "images.json").read_text())
+    return refs
+
+
+def assert_driver_ready_and_publishing(api: Any, cluster: LocalCluster, options: DriverDeployOptions) -> None:
+    """The stack's DaemonSet has its one pod ready, which kubelet registered and which publishes the node's
+    devices."""
+    from kubernetes import client
+
+    node = cluster.nodes[0].name
+    ds = raw(client.AppsV1Api(api).read_namespaced_daemon_set(options.daemonset_name, options.namespace,
+                                                               _preload_content=False))
+    status = ds["status"]
+    assert status["desiredNumberScheduled"] == status["numberReady"] == status["updatedNumberScheduled"] == 1, status
+    assert status["observedGeneration"] == ds["metadata"]["generation"], status
+    log = cluster.node_paths(node).kubelet.log.read_text(errors="replace")
+    assert "Registered DRA plugin" in log and f'driverName="{options.driver_name}"' in log
+
+    def devices() -> list[str] | None:
+        found = [d["name"] for s in raw(client.ResourceV1Api(api).list_resource_slice(_preload_content=False))[
+            "items"] if s["spec"]["driver"] == options.driver_name and s["spec"].get("nodeName") == node
+                 for d in s["spec"].get("devices", [])]
+        return found or None
+
+    published = eventually(devices, 60, what=f"ResourceSlices of {options.driver_name} on {node}")
+    assert {device_name(i) for i in range(16)} <= set(published), published
+
+
+def claim_pod(image: str, node: str, template: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "engine-claim"}, "spec": {
+        "tolerations": [NEURON_TOLERATION], "nodeSelector": {"kubernetes.io/hostname": node},
+        "terminationGracePeriodSeconds": 2,
+        "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": template}],
+        "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                        "resources": {"claims": [{"name": "neuron"}]}}]}}
+
+
+def assert_claim_pod_runs_with_its_device(api: Any, cluster: LocalCluster, template: dict[str, Any],
+                                          driver: str) -> None:
+    """A pod of `template` (one device) runs on the node and its log (read as `kubectl logs` does) names the
+    device the claim was allocated; the pod is then deleted and gone."""
+    from kubernetes import client
+
+    core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
+    ns = template["metadata"]["namespace"]
+    pod = claim_pod(cluster_images(cluster)["workload"], cluster.nodes[0].name, template["metadata"]["name"])
+    core.create_namespaced_pod(ns, pod)  # type: ignore[arg-type]
+    try:
+        def report() -> dict[str, str] | None:
+            phase = raw(core.read_namespaced_pod("engine-claim", ns, _preload_content=False))["status"].get("phase")
+            if phase != "Running":
+                return None
+            got = workload_report(api_container_log(core, ns, "engine-claim", "main"))
+            return got if got.get("ready") == "yes" else None
+
+        seen = eventually(report, 180, what=f"{ns}/engine-claim running and reporting its devices")
+        (device,) = allocated_devices(pod_claim(core, res, ns, "engine-claim"), driver)
+        assert seen["devices"] == f"neuron{int(device.rsplit('-', 1)[-1])}", (seen, device)
+    finally:
+        core.delete_namespaced_pod("engine-claim", ns, body=client.V1DeleteOptions(grace_period_seconds=0))
+        eventually(lambda: not [p for p in core.list_namespaced_pod(ns).items
+                                if p.metadata is not None and p.metadata.name == "engine-claim"],
+                   90, what=f"{ns}/engine-claim gone")
+
+
 @pytest.mark.cluster
-def test_the_stack_program_up_again_change_and_destroy(engine: Engine, plane: ControlPlane, api: Any,
-                                                        tmp_path: Path) -> None:
+@pytest.mark.containerd
+def test_the_stack_program_on_real_containers_up_again_change_and_destroy(ctrd: LocalCluster, capi: Any,
+                                                                          engine: Engine, tmp_path: Path) -> None:
+    """The default stack in existing-cluster mode on a containerd local cluster, with the cluster's own driver
+    image: every resource ready, the driver registered and publishing, a claim pod of the stack's templates
+    running; a no-op up, a previewed and applied change, destroy leaving nothing."""
     work = project_dir(tmp_path)
-    image = "registry.invalid/neuron-dra-driver:engine-test"
+    image = cluster_images(ctrd)["driver"]
     config = {
-        "neuron-dra:kubeconfig": str(plane.kubeconfig),
-        "neuron-dra:driverNamespace": "engine-stack-dra",
-        "neuron-dra:driverName": "engine-stack.neuron.aws.com",
-        "neuron-dra:neuronCoreDeviceClass": "engine-stack.neuroncore.aws.com",
+        "neuron-dra:kubeconfig": str(ctrd.kubeconfig),
         "neuron-dra:driverImage": image,
-        "neuron-dra:driverRolloutTimeoutSeconds": "120",
-        # The default templates include an EFA-aligned one: on an existing cluster the stack must be told who
-        # publishes EFA devices (the refusal is tested in test_components_efa_driver.py).
+        # The local nodes keep their emulated Neuron host tree there, not at /sys, /dev and /opt/aws/neuron.
+        "neuron-dra:driverHostPathsRoot": HOST_TREE,
+        # The local cluster publishes EFA devices and their DeviceClass itself (its emulated EFA driver).
         "neuron-dra:efaDriver": "external",
+        "neuron-dra:driverRolloutTimeoutSeconds": "300",
     }
     settings = decode_settings(config)
     options = replace(settings.driver_options(), image=image)
+    assert options.driver_name == "neuron.aws.com" != LOCAL_DRIVER
     templates = [dict(t.to_manifest()) for t in module_templates(settings.claim_templates_module)]
     planned = planned_driver(options) + templates
-    step: dict[str, Any] = {"work_dir": work, "stack": "existing", "program": STACK_PROGRAM}
+    step: dict[str, Any] = {"work_dir": work, "stack": "containerd", "program": STACK_PROGRAM}
+    expected_warnings = expected_plugin_version_warnings(pulumi_kubernetes_version())
 
     up = engine.step("up", config=config, **step)
     created = kubernetes_events(up, "create")
     assert sorted(e["type"].split(":")[-1] for e in created if e["type"] != "pulumi:providers:kubernetes") == \
         sorted(m["kind"] for m in planned)
-    assert up["outputs"]["driverNamespace"] == "engine-stack-dra"
-    assert up["outputs"]["claimTemplates"] == [f"{m['metadata']['namespace']}/{m['metadata']['name']}"
-                                               for m in templates]
-    assert_live_as_planned(api, planned)
+    assert plugin_version_warnings(up["warnings"]) == expected_warnings, up["warnings"]
+    assert up["outputs"]["driverImage"] == image
+    assert_live_as_planned(capi, planned)
+    assert_driver_ready_and_publishing(capi, ctrd, options)
+    one_device = next(t for t in templates if t["metadata"]["name"] == "one-neuron-device")
+    assert_claim_pod_runs_with_its_device(capi, ctrd, one_device, options.driver_name)
     total = sum(up["changes"].values())
 
     again = engine.step("up", config=config, **step)
@@ -168,15 +280,28 @@ def test_the_stack_program_up_again_change_and_destroy(engine: Engine, plane: Co
     # Only spec fields change (detailed diff paths such as spec.template.spec.containers[0].args[3]).
     assert all(e["detailed"] and all(k.startswith("spec") for k in e["detailed"]) for e in updates), updates
     daemonset = next(m for m in planned if m["kind"] == "DaemonSet")
-    live = read_object(api, daemonset)
+    live = read_object(capi, daemonset)
     assert live is not None and not is_subset(daemonset, live)  # preview changed nothing
+    # Applied, the DaemonSet rolls its pod on the node (surge: the new one beside the old one until Ready).
     applied = engine.step("up", config=changed, **step)
     assert applied["changes"] == {"same": total - len(expected), "update": len(expected), "create": len(new_kinds)}
-    assert_live_as_planned(api, planned_driver(metrics_options) + templates)
+    assert_live_as_planned(capi, planned_driver(metrics_options) + templates)
+    assert_driver_ready_and_publishing(capi, ctrd, metrics_options)
 
     destroyed = engine.step("destroy", config=changed, **step)
     assert destroyed["changes"] == {"delete": total + len(new_kinds)}  # the stack resource included
-    assert_all_gone(api, planned)
+    assert_all_gone(capi, planned_driver(metrics_options) + templates)
+    assert_no_driver_pods(capi, options)
+
+
+def assert_no_driver_pods(api: Any, options: DriverDeployOptions) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    selector = ",".join(f"{k}={v}" for k, v in deploy.daemonset(options)["spec"]["selector"]["matchLabels"].items())
+    # Only the stack's namespace: the local cluster's own driver pods carry the same labels.
+    eventually(lambda: not core.list_namespaced_pod(options.namespace, label_selector=selector).items or None, 120,
+               what=f"the pods of {options.daemonset_name} gone")
 
 
 TEAM_PROGRAM = '''

@@ -190,6 +190,7 @@ BAD_CONFIGS = [
      "neuron-dra:nodeGroups[0].version", "control plane's version 1.35"),
     ({"driverNamespace": "Neuron_DRA"}, "neuron-dra:driverNamespace", "DNS label"),
     ({"kubeletPluginsDir": "var/lib/kubelet/plugins"}, "neuron-dra:kubeletPluginsDir", "absolute"),
+    ({"driverHostPathsRoot": "run/neuron-dra-host/"}, "neuron-dra:driverHostPathsRoot", "absolute, normalised"),
     ({"driverImage": "my image"}, "neuron-dra:driverImage", "without spaces"),
     ({"driverMetricsPort": 51515}, "neuron-dra:driverMetricsPort", "other than healthcheck_port"),
     ({"driverMaxSurge": -1}, "neuron-dra:driverMaxSurge", "whole number of nodes from 0 to 10000"),
@@ -323,3 +324,18 @@ def test_the_driver_rollout_settings_reach_the_daemonset() -> None:
     default = next(m for m in plan.kubernetes_manifests(run_stack({})) if m["kind"] == "DaemonSet")
     assert default["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     kubeschema.validate(ds, "1.36", strict=True)
+
+
+def test_the_driver_host_paths_root_setting_moves_the_daemonsets_host_trees() -> None:
+    """driverHostPathsRoot: the DaemonSet mounts sys, dev and opt/aws/neuron from there (a local cluster's nodes
+    keep their emulated Neuron host tree at /run/neuron-dra-host); the default is the node's own root."""
+    def host_paths(values: dict[str, Any]) -> dict[str, str]:
+        manifests = cli_plan.kubernetes_manifests(run_stack(values))
+        ds = next(m for m in manifests if m["kind"] == "DaemonSet")
+        return {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"]
+                if "hostPath" in v and v["name"].startswith("host-")}
+
+    assert host_paths({}) == {"host-sys": "/sys", "host-dev": "/dev", "host-neuron-config": "/opt/aws/neuron"}
+    assert host_paths({"driverHostPathsRoot": "/run/neuron-dra-host"}) == {
+        "host-sys": "/run/neuron-dra-host/sys", "host-dev": "/run/neuron-dra-host/dev",
+        "host-neuron-config": "/run/neuron-dra-host/opt/aws/neuron"}

@@ -10,6 +10,8 @@ imports nothing but Pulumi and the program it is given. SPEC_JSON:
     pulumi_root   directory whose bin/ holds the `pulumi` CLI (and the provider plugins, found on PATH)
     config        the stack's whole config (`ns:key` -> string); keys not in it are removed
     step          up | preview | destroy | config-only
+The result: seconds, events (each resource step: op, type, urn, diffs), warnings (the engine's warning
+diagnostics, e.g. a plugin older than the SDK expects), and changes/outputs per step.
 The environment carries PULUMI_HOME, PULUMI_BACKEND_URL, PULUMI_CONFIG_PASSPHRASE and friends.
 """
 
@@ -55,8 +57,12 @@ def main(argv: list[str]) -> int:
         stack.set_all_config({k: auto.ConfigValue(v) for k, v in wanted.items()})
 
     events: list[dict[str, Any]] = []
+    warnings: list[str] = []
 
     def collect(event: auto.EngineEvent) -> None:
+        diagnostic = event.diagnostic_event
+        if diagnostic is not None and diagnostic.severity == "warning":
+            warnings.append(diagnostic.message.strip())
         pre = event.resource_pre_event
         if pre is not None and pre.metadata is not None:
             meta = pre.metadata
@@ -81,6 +87,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"unknown step {step!r}: up, preview, destroy or config-only")
     result["seconds"] = round(time.monotonic() - started, 2)
     result["events"] = events
+    result["warnings"] = warnings
     print(json.dumps(result, default=str))
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -75,6 +76,33 @@ class Engine:
         result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         self.timings.setdefault(step, []).append(result["seconds"])
         return result
+
+
+PLUGIN_VERSION_WARNING = "resource plugin kubernetes is expected to have version >="
+
+
+_COLOR = re.compile(r"<\{%[^%]*%\}>")  # the engine's colour directives, e.g. <{%reset%}>
+
+
+def plugin_version_warnings(warnings: Sequence[str]) -> list[str]:
+    """The engine's warnings that the Kubernetes plugin is older than the SDK asks for, each once, cut at the
+    advice after the versions ("...>=4.34.2, but has 4.25.0")."""
+    found = {_COLOR.sub("", w) for w in warnings}
+    return sorted({w[w.index(PLUGIN_VERSION_WARNING):].split(";")[0] for w in found if PLUGIN_VERSION_WARNING in w})
+
+
+def expected_plugin_version_warnings(provider_version: str) -> list[str]:
+    """What the engine warns with the provider built at `provider_version` and the installed pulumi_kubernetes SDK:
+    nothing when the provider is at least the SDK's version (the engine compares the plugin's reported version to
+    the version the SDK requests, pkg/resource/plugin/host.go), else the one warning naming both versions."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    sdk = version("pulumi_kubernetes")
+    if Version(provider_version) >= Version(sdk):
+        return []
+    return [f"{PLUGIN_VERSION_WARNING}{sdk}, but has {provider_version}"]
 
 
 def is_subset(planned: Any, live: Any, path: str = "") -> list[str]:
