@@ -330,7 +330,7 @@ def test_the_driver_host_paths_root_setting_moves_the_daemonsets_host_trees() ->
     """driverHostPathsRoot: the DaemonSet mounts sys, dev and opt/aws/neuron from there (a local cluster's nodes
     keep their emulated Neuron host tree at /run/neuron-dra-host); the default is the node's own root."""
     def host_paths(values: dict[str, Any]) -> dict[str, str]:
-        manifests = cli_plan.kubernetes_manifests(run_stack(values))
+        manifests = plan.kubernetes_manifests(run_stack(values))
         ds = next(m for m in manifests if m["kind"] == "DaemonSet")
         return {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"]
                 if "hostPath" in v and v["name"].startswith("host-")}
