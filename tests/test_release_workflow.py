@@ -57,7 +57,7 @@ def test_it_signs_keyless_by_digest_and_checks_the_tag_against_the_version() -> 
     assert sign["env"]["DIGEST"] == "${{ steps.build.outputs.digest }}"
     uses("sigstore/cosign-installer@")
     version = next(s for s in steps() if s.get("id") == "version")["run"]
-    assert 'pyproject.toml' in version and '"v${version}"' in version
+    assert 'neuron_dra/driver/model/version.py' in version and '"v${version}"' in version
 
 
 def actionlint_binary(cache: Path) -> Path:

@@ -42,7 +42,7 @@ PAUSE_VERSION = "3.10.2"  # TAG of build/pause/Makefile in the pinned Kubernetes
 BASE_SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
 # Paths the Dockerfile copies from the repository (its COPY lines): the driver image's content.
-DRIVER_SOURCES = ("neuron_dra/driver", "neuron_dra/__init__.py", "neuron_dra/py.typed", "pyproject.toml")
+DRIVER_SOURCES = ("neuron_dra/driver", "neuron_dra/__init__.py", "neuron_dra/py.typed")
 TOOL_TIMEOUT_S = 1800.0
 
 

@@ -1,6 +1,5 @@
-"""The package's version: pyproject.toml's, read from the installed metadata (the driver image writes that
-metadata too, see driver/Dockerfile), so no copy of the number is kept in the code."""
+"""The package's version, written here only: pyproject.toml reads it (`[tool.setuptools.dynamic]`), so the
+installed metadata (`importlib.metadata`) says the same, and the driver image, which runs from PYTHONPATH without
+metadata, needs nothing else."""
 
-from importlib.metadata import version
-
-VERSION = version("neuron-dra")
+VERSION = "0.1.0"
