@@ -39,6 +39,10 @@ FILES_PER_FORWARDED = 3  # the client's socket, ours to grpc, grpc's end of it
 class FrontLimits:
     max_connections: int = 4096
     max_forwarded: int = 1024
+    lifetime: float = 5.0  # seconds from accept; the DaemonSet's probe timeout
+    max_bytes: int = 16 * 1024  # from one client
+    max_buffered: int = 64 * 1024  # waiting to be sent to one client
+    backlog: int = 128  # the listen queue, and the most connections accepted per event loop turn
 
     @classmethod
     def for_open_files(cls, open_files: int, reserve: int = 512) -> FrontLimits:
@@ -48,10 +52,6 @@ class FrontLimits:
         forwarded = min(cls.max_forwarded, budget // (2 * FILES_PER_FORWARDED))
         return cls(max_connections=min(cls.max_connections, budget - forwarded * FILES_PER_FORWARDED),
                    max_forwarded=max(8, forwarded))
-    lifetime: float = 5.0  # seconds from accept; the DaemonSet's probe timeout
-    max_bytes: int = 16 * 1024  # from one client
-    max_buffered: int = 64 * 1024  # waiting to be sent to one client
-    backlog: int = 128  # the listen queue, and the most connections accepted per event loop turn
 
 
 class _Client(asyncio.Protocol):
