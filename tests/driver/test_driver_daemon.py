@@ -200,6 +200,8 @@ def test_metrics_and_health_ports(dirs: DaemonDirs, host_root: Path) -> None:
     dirs.put_claim(claim("c1", uid(1), devices(0)))
     d = DaemonProcess(dirs, host_root, extra_args=["--metrics-port", str(metrics_port), "--healthcheck-port",
                                                    str(health_port), "--bind-address", "127.0.0.1"]).wait_ready()
+    # "serving" is the kubelet sockets; the ports open right after it.
+    wait_until(lambda: any(r.get("msg") == "metrics listening" for r in d.log_records()), what="the metrics port")
     prepare(dirs, C1, ClaimRef("default", "nope", uid(2)))
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
