@@ -78,8 +78,8 @@ _ROWS: tuple[Setting, ...] = (
        "and the claim templates; no AWS resources are created."),
     _T("kubernetes_version", "string", "EKS Kubernetes version: a minor EKS offers, of 1.34 to 1.36 (DRA "
        "resource.k8s.io/v1 is served from 1.34; EKS does not offer 1.37 yet). A minor past EKS standard support "
-       "(1.34 since 2026-12-02) gets a preview warning: extended support costs extra per cluster-hour "
-       "(docs/kubernetes-versions.md).", new_cluster_only=True),
+       "gets a preview warning with its date: extended support costs extra per cluster-hour "
+       "(docs/kubernetes-versions.md §1 has the dates).", new_cluster_only=True),
     _T("cluster_name", "string", "EKS cluster name (default: neuron-dra-<stack>).", new_cluster_only=True),
     _T("vpc_id", "string", "Use this VPC instead of creating one (needs privateSubnetIds).",
        new_cluster_only=True),

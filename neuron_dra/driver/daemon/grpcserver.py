@@ -360,8 +360,8 @@ class Server:
             log.exception("gRPC handler failed", extra={"server": self.name, "error": str(e)})
             failure = (StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
         # Aborted outside the handler: inside it, the abort's exception would chain the caught one, whose traceback
-        # holds this frame (a cycle only the garbage collector frees, with the request: 50,000 refused claims
-        # kept ~10 MiB each until it ran).
+        # holds this frame (a cycle only the garbage collector frees, and with it the request: a large refused
+        # call stayed in memory until it ran).
         request = None
         await ctx.abort(*failure)
         raise AssertionError("unreachable")  # abort raises
