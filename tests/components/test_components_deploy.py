@@ -31,7 +31,7 @@ OPTION_SETS = {
 def by_kind(options: DriverDeployOptions) -> dict[str, dict[str, Any]]:
     items = deploy.manifests(options)
     kinds = [m["kind"] for m in items if m["kind"] != "DeviceClass"]
-    # The metrics port adds its Service (test_deploy_monitoring.py).
+    # The metrics port adds its Service (tests/driver/deploy/test_monitoring.py).
     assert len(set(kinds)) == len(kinds) == (9 if options.metrics_port else 8)
     classes = [m for m in items if m["kind"] == "DeviceClass"]
     assert len(classes) == 2  # whole devices, then NeuronCores
@@ -65,7 +65,7 @@ def test_rbac_is_exactly_what_the_daemon_calls() -> None:
         for rule in objs["ClusterRole"]["rules"]
         for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]
     }
-    # What publisher.py calls (test_driver_rbac.py records it against the API server): no get, no patch.
+    # What publisher.py calls (tests/driver/deploy/test_rbac.py records it against the API server): no get, no patch.
     slice_verbs = ("list", "watch", "create", "update", "delete")
     assert granted == {
         ("resource.k8s.io", "resourceclaims", "get"),

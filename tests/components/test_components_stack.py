@@ -262,7 +262,7 @@ def test_secret_marker_matches_pulumis_wire_format() -> None:
 
 
 def test_catalog_file_setting_adds_instance_types_for_node_groups_and_the_driver(tmp_path: Path) -> None:
-    from tests.driver.test_catalog_file import ACME
+    from tests.driver.model.test_catalog_file import ACME
 
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text(yaml.safe_dump(ACME), encoding="utf-8")

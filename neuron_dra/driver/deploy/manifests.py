@@ -97,7 +97,7 @@ NODE_POOL_LABEL = "neuron-dra/node-pool"  # ... and the Karpenter NodePool a nod
 LNC_LABEL = "neuron-dra/lnc"
 
 # The RBAC rules the daemon needs: exactly the API calls the code makes, each with its caller
-# (tests/driver/test_driver_rbac.py records the daemon's calls against the API server and compares).
+# (tests/driver/deploy/test_rbac.py records the daemon's calls against the API server and compares).
 RBAC_RULES: tuple[Manifest, ...] = (
     # prepare (kube.py KubeClaimLookup): GET the claim named in NodePrepareResources to read its allocation.
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},

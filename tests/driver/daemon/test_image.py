@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO / "neuron_dra" / "driver" / "Dockerfile"
 IMAGE_REQUIREMENTS = REPO / "neuron_dra" / "driver" / "image-requirements.txt"
 

@@ -17,7 +17,7 @@ from neuron_dra.driver.daemon.checkpoint import SECTOR, Checkpoint, CheckpointEr
 from tests.support import previous_checkpoint
 from tests.support.checkpoint_claims import ErrorCount, claim, uid
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_format1"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoint_format1"
 BOOT = "1b6e1bb1-0000-4000-8000-000000000001"
 
 

@@ -24,7 +24,7 @@ from neuron_dra.driver.daemon.state import DriverState
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.localcluster import pluginclient
-from tests.driver.test_surge_instances import Instance, _check_whole
+from tests.driver.kubeletplugin.test_instances import Instance, _check_whole
 from tests.support.checkpoint_claims import ErrorCount
 from tests.support.driver import DRIVER, NODE, DaemonDirs, FakeLookup, claim, devices, uid
 

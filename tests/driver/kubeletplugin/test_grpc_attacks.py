@@ -27,7 +27,7 @@ from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.attacks]
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROBE_TIMEOUT = 5.0  # the DaemonSet's livenessProbe timeoutSeconds
 T = TypeVar("T")
 PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"

@@ -21,7 +21,7 @@ from neuron_dra.driver.model.efa import efa_device_class_expression
 from neuron_dra.driver.model.errors import NotAllowed
 from neuron_dra.localcluster.efa_emulator import efa_device_class
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(("value", "label", "subdomain"), [
