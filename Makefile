@@ -26,7 +26,7 @@ help:
 	@echo "make test-fast  tests without Go, a control plane, the Pulumi engine or slow tests"
 	@echo "make test       every test: $(PYTHON) -m pytest -q (the README's command, what CI runs)"
 	@echo "make lint       ruff, mypy (package, tests, bench), import contracts"
-	@echo "make protos     regenerate driver/daemon/_generated from driver/daemon/proto"
+	@echo "make protos     regenerate driver/kubeletplugin/_generated from driver/kubeletplugin/proto"
 	@echo "make image      build the driver image: docker build as $(IMAGE), or without Docker buildah (an OCI archive)"
 	@echo "make demo       neuron-dra demo: local cluster, emulated nodes, driver, workloads"
 
@@ -66,7 +66,7 @@ lint:
 	lint-imports
 
 protos:
-	$(PYTHON) -m neuron_dra.driver.daemon.protogen
+	$(PYTHON) -m neuron_dra.driver.kubeletplugin.protogen
 
 image:
 	@if command -v docker >/dev/null 2>&1; then docker build -f neuron_dra/driver/Dockerfile -t $(IMAGE) .; \

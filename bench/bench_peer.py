@@ -50,7 +50,7 @@ from typing import Any
 import grpc
 import yaml
 
-from neuron_dra.driver.daemon._generated import dra_v1_pb2, pluginregistration_pb2
+from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, pluginregistration_pb2
 from neuron_dra.driver.model.emulate import EmulationOptions, emulate
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import build

@@ -45,7 +45,7 @@ from typing import Any
 
 import grpc
 
-from neuron_dra.driver.daemon._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
+from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, LIVENESS_SERVICE
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.daemon.sockets import SocketPaths
+from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef, PluginCallError

@@ -26,7 +26,6 @@ from neuron_dra.driver.deploy import (
 )
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec
 from neuron_dra.driver.model.errors import NotAllowed
-from neuron_dra.driver.model.errortext import did_you_mean
 from neuron_dra.driver.model.k8s_names import (
     DEFAULT_DRIVER_NAME,
     DEFAULT_PLUGINS_DIR,
@@ -36,6 +35,7 @@ from neuron_dra.driver.model.k8s_names import (
     is_label_key,
     is_label_value,
 )
+from neuron_dra.errortext import did_you_mean
 
 PROJECT = "neuron-dra"
 AUTO = "auto"  # settings whose default the stack decides (corePartitions, coreExtendedResourceName)

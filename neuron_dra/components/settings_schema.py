@@ -33,7 +33,7 @@ from neuron_dra.components.settings import (
 )
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
-from neuron_dra.driver.model.errortext import capped
+from neuron_dra.errortext import capped
 
 Kind = Literal["string", "integer", "boolean", "strings", "objects"]
 

@@ -32,7 +32,7 @@ from neuron_dra.localcluster.nodes import node_manifest
 from neuron_dra.localcluster.restarting import Restarting
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec
 
-log = logging.getLogger("neuron_dra.localcluster.containerd_node")
+log = logging.getLogger(__name__)
 SOCKET_TIMEOUT_S = 30.0
 
 

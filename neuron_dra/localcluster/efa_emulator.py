@@ -19,7 +19,7 @@ import grpc
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from neuron_dra.driver.daemon._generated import (
+from neuron_dra.driver.kubeletplugin._generated import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     pluginregistration_pb2,

@@ -26,7 +26,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from neuron_dra.driver.daemon.signals import set_on_signals
+from neuron_dra.driver.kubeletplugin.signals import set_on_signals
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.catalog_file import load_catalog
 from neuron_dra.driver.model.discovery import discover
@@ -42,7 +42,7 @@ from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
 from neuron_dra.localcluster.restarting import Restarting
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
-log = logging.getLogger("neuron_dra.localcluster.supervisor")
+log = logging.getLogger(__name__)
 DEFAULT_TTL_S = 2 * 3600
 STATUS_FILE = "status.json"
 PID_FILE = "supervisor.pid"

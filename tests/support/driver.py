@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.daemon.claims import ClaimLookupError
+from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
 
 DRIVER = "neuron.aws.com"
 NODE = "node-a"

@@ -29,12 +29,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.daemon.atomicfile import remove_temp_files, write_atomic
 from neuron_dra.driver.daemon.cdi import CdiError, check_claim_uid
+from neuron_dra.driver.kubeletplugin.atomicfile import remove_temp_files, write_atomic
 from neuron_dra.driver.model import k8s_names
-from neuron_dra.driver.model.errortext import shown
+from neuron_dra.errortext import shown
 
-log = logging.getLogger("neuron_dra.driver.daemon.checkpoint")
+log = logging.getLogger(__name__)
 
 # `format`: what this release writes. `version`: the oldest reader that can load the file and verify all of it.
 # Format 1's reader (the previous release) checks `version` and the checksum over preparedClaims but trusts the

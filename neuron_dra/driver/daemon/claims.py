@@ -6,25 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
+from neuron_dra.driver.kubeletplugin.claimref import ClaimFailed, ClaimRef
 from neuron_dra.driver.model.catalog import InstanceSpec
 from neuron_dra.driver.model.config import ConfigError, EffectiveConfig, OpaqueConfig, check_applies, decode
-from neuron_dra.driver.model.errortext import capped, shown
 from neuron_dra.driver.model.k8s_names import DNS_LABEL_RULE, is_dns_label
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    """What kubelet sends per claim: namespace, name and UID only."""
-
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        # Capped: kubelet's fields are checked after they are first logged, and may be of any size.
-        return f"{self.namespace[:63]}/{self.name[:253]} ({self.uid[:128]})"
+from neuron_dra.errortext import capped, shown
 
 
 class Reason(StrEnum):
@@ -47,23 +35,12 @@ class Reason(StrEnum):
     INTERNAL = "internal"
 
 
-class ClaimError(Exception):
+class ClaimError(ClaimFailed):
     """One claim cannot be prepared (or unprepared); reported in that claim's `error`, nothing changed."""
 
     def __init__(self, reason: Reason, message: str) -> None:
         self.reason = reason
-        self.message = message
         super().__init__(message)
-
-
-class ClaimLookupError(RuntimeError):
-    """The API server did not answer (unreachable, timeout, 5xx, forbidden): retryable."""
-
-
-class ClaimLookup(Protocol):
-    """The one API call prepare needs. Returns the ResourceClaim as JSON, or None when it does not exist."""
-
-    def get(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
 
 
 @dataclass(frozen=True)

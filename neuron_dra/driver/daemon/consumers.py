@@ -14,9 +14,10 @@ import threading
 from collections.abc import Callable, Mapping
 
 from neuron_dra.driver.daemon.checkpoint import MAX_CONSUMERS, ClaimState, PreparedClaim
-from neuron_dra.driver.daemon.claims import ClaimLookup, ClaimLookupError, consumer_pods
+from neuron_dra.driver.daemon.claims import consumer_pods
+from neuron_dra.driver.kubeletplugin.claimref import ClaimLookup, ClaimLookupError
 
-log = logging.getLogger("neuron_dra.driver.daemon.consumers")
+log = logging.getLogger(__name__)
 
 REFRESH_INTERVAL = 60.0  # seconds between rounds
 MAX_PER_ROUND = 32

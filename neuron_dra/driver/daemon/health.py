@@ -22,12 +22,12 @@ from typing import Any
 
 import grpc.aio
 
-from neuron_dra.driver.daemon import grpcserver, memory, tcpfront
-from neuron_dra.driver.daemon._generated import dra_v1_pb2, grpc_health_v1_pb2, pluginregistration_pb2
-from neuron_dra.driver.daemon.sockets import SocketPaths
+from neuron_dra.driver.kubeletplugin import grpcserver, memory, tcpfront
+from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, grpc_health_v1_pb2, pluginregistration_pb2
+from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
 from neuron_dra.driver.model.k8s_names import LIVENESS_SERVICE, READINESS_SERVICE
 
-log = logging.getLogger("neuron_dra.driver.daemon.health")
+log = logging.getLogger(__name__)
 
 SERVING = grpc_health_v1_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING

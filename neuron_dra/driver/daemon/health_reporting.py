@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from neuron_dra.driver.daemon.health_stream import published_health
-from neuron_dra.driver.daemon.kube import ApiClient, KubeApi
+from neuron_dra.driver.kubeletplugin.kube import ApiClient, KubeApi
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.health_source import DeviceHealth, Health, HealthMonitor
 from neuron_dra.driver.model.taints import unhealthy_taints
@@ -25,7 +25,7 @@ from neuron_dra.driver.model.taints import unhealthy_taints
 if TYPE_CHECKING:
     from neuron_dra.driver.daemon.metrics import Metrics
 
-log = logging.getLogger("neuron_dra.driver.daemon.health_reporting")
+log = logging.getLogger(__name__)
 EVENT_NAMESPACE = "default"
 REASONS = {Health.UNHEALTHY: ("DeviceUnhealthy", "Warning"), Health.HEALTHY: ("DeviceHealthy", "Normal"),
            Health.UNKNOWN: ("DeviceHealthUnknown", "Warning")}

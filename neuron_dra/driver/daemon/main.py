@@ -23,12 +23,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuron_dra.driver.daemon import logs
-from neuron_dra.driver.daemon.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
-from neuron_dra.driver.daemon.ratelimit import DAEMON_BURST, DAEMON_QPS
-from neuron_dra.driver.daemon.signals import set_on_signals
-from neuron_dra.driver.daemon.sockets import SocketError, SocketPaths
-from neuron_dra.driver.model.errortext import capped
+from neuron_dra.driver.kubeletplugin import logs
+from neuron_dra.driver.kubeletplugin.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
+from neuron_dra.driver.kubeletplugin.ratelimit import DAEMON_BURST, DAEMON_QPS
+from neuron_dra.driver.kubeletplugin.signals import set_on_signals
+from neuron_dra.driver.kubeletplugin.sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
     CHECKPOINT_FILE,
@@ -49,27 +48,28 @@ from neuron_dra.driver.model.k8s_names import (
     is_dns_subdomain,
 )
 from neuron_dra.driver.model.version import VERSION
+from neuron_dra.errortext import capped
 
 # Imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
 if TYPE_CHECKING:
     import tempfile
 
-    from neuron_dra.driver.daemon.claims import ClaimLookup
     from neuron_dra.driver.daemon.failpoints import CrashPoints
-    from neuron_dra.driver.daemon.grpcserver import EventLoopThread
     from neuron_dra.driver.daemon.health import HealthServer
     from neuron_dra.driver.daemon.health_reporting import HealthReporter
     from neuron_dra.driver.daemon.health_stream import HealthStreamService
-    from neuron_dra.driver.daemon.instance_lock import InstanceLock
-    from neuron_dra.driver.daemon.kube import ApiClient
     from neuron_dra.driver.daemon.metrics import Metrics, MetricsServer
-    from neuron_dra.driver.daemon.plugin import PluginServers
     from neuron_dra.driver.daemon.publisher import SlicePublisher
     from neuron_dra.driver.daemon.state import DriverState
+    from neuron_dra.driver.kubeletplugin.claimref import ClaimLookup
+    from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
+    from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock
+    from neuron_dra.driver.kubeletplugin.kube import ApiClient
+    from neuron_dra.driver.kubeletplugin.plugin import PluginServers
     from neuron_dra.driver.model.devices import NeuronHost
     from neuron_dra.driver.model.health_source import HealthMonitor
 
-log = logging.getLogger("neuron_dra.driver.daemon.main")
+log = logging.getLogger(__name__)
 
 RESOLVE_INTERVAL = 30.0  # seconds between checks of unfinished prepares the API server could not answer for
 TRIM_INTERVAL = 60.0  # seconds between returns of free heap memory to the system
@@ -296,7 +296,7 @@ def kubelet_version(api: ApiClient, node_name: str, seconds: float) -> str | Non
     """The node's kubelet version as the Node reports it (status.nodeInfo.kubeletVersion); None on any failure."""
     from urllib.parse import quote
 
-    from neuron_dra.driver.daemon.kube import ApiClientError, ApiException, KubeApi
+    from neuron_dra.driver.kubeletplugin.kube import ApiClientError, ApiException, KubeApi
 
     try:
         node = KubeApi(api).call("GET", f"/api/v1/nodes/{quote(node_name, safe='')}", seconds=seconds)
@@ -312,7 +312,7 @@ _SERVER_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
 
 def server_version(api: ApiClient, seconds: float) -> str | None:
     """The API server's version (GET /version, gitVersion: `v1.36.5`, `v1.37.1-eks-...`); None on any failure."""
-    from neuron_dra.driver.daemon.kube import ApiClientError, ApiException, KubeApi
+    from neuron_dra.driver.kubeletplugin.kube import ApiClientError, ApiException, KubeApi
 
     try:
         version = KubeApi(api).call("GET", "/version", seconds=seconds).get("gitVersion")
@@ -422,7 +422,7 @@ class Daemon:
         # The sockets first: kubelet can register the driver while the rest starts (plugin.py: DRA calls wait
         # until `serve` below).
         if self.loop is None:
-            from neuron_dra.driver.daemon.grpcserver import EventLoopThread
+            from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
 
             self.loop = EventLoopThread()
         if self.servers is None:
@@ -454,7 +454,7 @@ class Daemon:
         plugin_dir = o.plugins_dir / o.driver_name
         plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         self._wait_for_unshared_instance()
-        from neuron_dra.driver.daemon.instance_lock import InstanceLock
+        from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock
 
         try:
             self.instance_lock = InstanceLock(plugin_dir)  # shared with another instance during a surge rollout
@@ -523,7 +523,7 @@ class Daemon:
         o = self.options
         if not o.instance:
             return
-        from neuron_dra.driver.daemon.sockets import SocketPaths, is_listening
+        from neuron_dra.driver.kubeletplugin.sockets import SocketPaths, is_listening
 
         plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)
         if not is_listening(plain.registration):
@@ -549,7 +549,7 @@ class Daemon:
             return None
         from neuron_dra.driver.daemon.checkpoint import CheckpointError
         from neuron_dra.driver.daemon.claims import ClaimError
-        from neuron_dra.driver.daemon.sockets import SocketPaths, is_listening
+        from neuron_dra.driver.kubeletplugin.sockets import SocketPaths, is_listening
 
         plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)
         servers = self.servers
@@ -581,8 +581,8 @@ class Daemon:
 
     def run(self) -> None:
         """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""
-        from neuron_dra.driver.daemon import memory
         from neuron_dra.driver.daemon.claims import ClaimError
+        from neuron_dra.driver.kubeletplugin import memory
 
         assert self.state is not None
         pending = True
@@ -624,7 +624,7 @@ class Daemon:
 def listen(options: DaemonOptions, loop: EventLoopThread) -> PluginServers:
     """The kubelet-facing servers, in `loop`, with both sockets listening and the registration socket answered
     (plugin.py)."""
-    from neuron_dra.driver.daemon.plugin import PluginServers
+    from neuron_dra.driver.kubeletplugin.plugin import PluginServers
 
     servers = PluginServers(options.sockets, options.driver_name, extra_services=HEALTH_SERVICES, loop=loop)
     try:
@@ -639,7 +639,7 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
                crash: CrashPoints | None = None, servers: PluginServers | None = None,
                loop: EventLoopThread | None = None) -> int:
     """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
-    from neuron_dra.driver.daemon import memory
+    from neuron_dra.driver.kubeletplugin import memory
 
     memory.limit_arenas()  # before threads allocate (main applied it before the registration server's threads)
     daemon = Daemon(options, lookup, api, crash, servers=servers, loop=loop)
@@ -666,7 +666,7 @@ def start_early(options: DaemonOptions, loop: EventLoopThread) -> PluginServers 
     (the API client, discovery, the checkpoint), so kubelet finds and registers the driver at once; DRA calls wait
     until the state is loaded (plugin.py). None when listening fails (the daemon's start then fails with the
     reason)."""
-    from neuron_dra.driver.daemon import memory
+    from neuron_dra.driver.kubeletplugin import memory
 
     memory.limit_arenas()  # before the gRPC servers' threads
     try:
@@ -680,16 +680,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(options.log_level)
     # The socket names may depend on the kubelet's version, read from the Node: then the API client comes first.
     asks = options.socket_names == "auto" and bool(options.pod_uid)
-    from neuron_dra.driver.daemon import memory
-    from neuron_dra.driver.daemon.grpcserver import EventLoopThread
+    from neuron_dra.driver.kubeletplugin import memory
+    from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
 
     memory.limit_arenas()  # before the loop thread allocates
     loop = EventLoopThread()  # the daemon's from run_daemon on
     servers = None if asks else start_early(with_socket_names(options, None), loop)
     from neuron_dra.driver.daemon.failpoints import CrashPoints
-    from neuron_dra.driver.daemon.kube import ClientOptions, KubeClaimLookup, api_client
-    from neuron_dra.driver.daemon.kubeconfig import KubeConfigError
-    from neuron_dra.driver.daemon.ratelimit import Rate
+    from neuron_dra.driver.kubeletplugin.kube import ClientOptions, KubeClaimLookup, api_client
+    from neuron_dra.driver.kubeletplugin.kubeconfig import KubeConfigError
+    from neuron_dra.driver.kubeletplugin.ratelimit import Rate
 
     try:
         crash = CrashPoints.from_env(os.environ)

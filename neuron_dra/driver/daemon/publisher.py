@@ -1,177 +1,48 @@
-"""Publishing this node's ResourceSlices with the reference publisher's semantics.
-
-Slices are named by generateName and owned by the Node; any change bumps the pool generation; obsolete
-slices are deleted before the others are updated or created. A watch on this node's slices of this
-driver notices deletion (kubelet wipes a node's slices when it starts, and a driver's after it has been
-gone for 30 s) and republishes at once. API errors are retried with exponential backoff, and so is a watch that
-ends early without a change (client-go's reflector treats a watch that closes at once with no event as an error):
-only a watch that lasted or saw a change resets the backoff, never a successful LIST, so a server that ends
-every watch at once cannot drive the loop faster than the backoff. The publisher never raises out of its loop.
-
-Ownership: a slice is ours when its spec names this node, this driver and this node's pool (the pool is named
-after the node). Only those are updated or deleted. A slice of this node and driver in another pool (another
-installation, a leftover, or someone else's object) is left alone and logged once: pool names cannot change
-(the API server answers 422), so trying to take it over would stall publishing for good.
-"""
+"""This node's Neuron ResourceSlices: its devices, its NeuronCores where the API server keeps counters, and the
+devices' health taints, kept published by the kubelet-plugin layer's ResourceSlicePublisher."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import threading
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from neuron_dra.driver.daemon.kube import RESOURCE_SLICES, ApiClient, ApiException, KubeApi
+from neuron_dra.driver.kubeletplugin.kube import ApiClient
+from neuron_dra.driver.kubeletplugin.slicepublisher import Backoff, ResourceSlicePublisher, Slice
 from neuron_dra.driver.model.devices import NeuronHost
-from neuron_dra.driver.model.partitions import MEMORY_COUNTER
 from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, resource_slices, with_taints
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
     from neuron_dra.driver.daemon.metrics import Metrics
 
-log = logging.getLogger("neuron_dra.driver.daemon.publisher")
+log = logging.getLogger(__name__)
 
-Slice = dict[str, Any]
 TaintSource = Callable[[], Mapping[str, tuple[Mapping[str, str], ...]]]
-WATCH_SLACK = 30.0  # seconds beyond the watch's timeoutSeconds before the client cuts it off
 
 
-@dataclass(frozen=True)
-class Backoff:
-    initial: float = 0.5
-    maximum: float = 30.0
-
-    def next(self, current: float) -> float:
-        return min(self.maximum, max(self.initial, current * 2))
-
-
-@dataclass(frozen=True)
-class PublishResult:
-    generation: int
-    devices: int
-    created: int = 0
-    updated: int = 0
-    deleted: int = 0
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.created or self.updated or self.deleted)
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _content(spec: Mapping[str, Any]) -> str:
-    """What must match for a slice to be up to date (everything but the generation)."""
-    pool = spec.get("pool") or {}
-    devices = sorted(spec.get("devices") or (), key=lambda d: str(d.get("name")))
-    return _canonical({"driver": spec.get("driver"), "nodeName": spec.get("nodeName"), "pool": pool.get("name"),
-                       "count": pool.get("resourceSliceCount"), "devices": devices,
-                       "sharedCounters": spec.get("sharedCounters") or []})
-
-
-def _keep_taint_times(desired: list[Slice], existing: list[Slice]) -> None:
-    """A taint already published (same device, key, value, effect) keeps its timeAdded: a restarted daemon
-    neither rewrites its slices nor restarts the clock of NoExecute tolerationSeconds."""
-    published = {(d.get("name"), t.get("key"), t.get("value"), t.get("effect")): t.get("timeAdded")
-                 for s in existing for d in (s.get("spec") or {}).get("devices") or () for t in d.get("taints") or ()}
-    for s in desired:
-        for d in s["spec"].get("devices") or ():
-            for t in d.get("taints") or ():
-                when = published.get((d.get("name"), t.get("key"), t.get("value"), t.get("effect")))
-                if when:
-                    t["timeAdded"] = when
-
-
-class SlicePublisher:
+class SlicePublisher(ResourceSlicePublisher):
     def __init__(self, api: ApiClient, host: NeuronHost, node_name: str, options: PublishOptions,
                  metrics: Metrics | None = None, resync_seconds: float = 60.0, backoff: Backoff | None = None,
                  capacity_block_id: str | None = None, taints: TaintSource | None = None,
                  force_cores: bool = False) -> None:
-        self._api = KubeApi(api)
+        super().__init__(api, node_name, options.driver_name, metrics, resync_seconds, backoff)
         self.host = host
-        self.node_name = node_name
         self.options = options
-        self._metrics = metrics
-        self._resync = resync_seconds
-        self._backoff = backoff or Backoff()
         self._capacity_block_id = capacity_block_id
-        self._generation = 0
-        self.pool_name = node_name  # build_pool names the pool after the node
-        self._foreign_seen: set[str] = set()  # uids of foreign slices already logged
-        self._selector = f"spec.nodeName={node_name},spec.driver={options.driver_name}"
-        self._thread: threading.Thread | None = None
-        self.published = threading.Event()  # set after the first successful reconcile
-        # Device taints (health): device name -> taints. Dropped for good once the API server is seen to drop
-        # them (DRADeviceTaints off, Kubernetes < 1.36): slices then stay as they were and health goes to kubelet.
+        # Device taints (health): device name -> taints; once the API server drops them (taints_supported off)
+        # slices stay as they were and health goes to kubelet's health stream only.
         self._taints = taints
-        self.taints_supported = True
         # NeuronCores (options.cores): published only once the API server is seen to keep counters
         # (DRAPartitionableDevices, on by default from 1.36); None until probed. `force_cores` skips the probe.
         self.partitions_supported: bool | None = True if force_cores else None
         self.partitions_reason = "forced by --core-partitions=on" if force_cores else ""
-        self._lock = threading.Lock()  # reconcile runs from the loop and from health changes
-
-    # --- one pass --------------------------------------------------------------------------------------------
 
     def _node(self) -> tuple[NodeFacts, str]:
         node = self._api.call("GET", f"/api/v1/nodes/{quote(self.node_name, safe='')}")
         labels = node.get("metadata", {}).get("labels") or {}
         return NodeFacts.from_labels(self.node_name, labels, self._capacity_block_id), node["metadata"]["uid"]
-
-    def _ours(self, s: Mapping[str, Any]) -> bool:
-        spec = s.get("spec") or {}
-        return (spec.get("nodeName") == self.node_name and spec.get("driver") == self.options.driver_name
-                and (spec.get("pool") or {}).get("name") == self.pool_name)
-
-    def _note_foreign(self, s: Mapping[str, Any]) -> None:
-        meta = s.get("metadata") or {}
-        uid = str(meta.get("uid", ""))
-        if uid in self._foreign_seen:
-            return
-        self._foreign_seen.add(uid)
-        log.warning("ignoring a ResourceSlice of this node and driver in another pool: not ours, left alone",
-                    extra={"node": self.node_name, "slice": str(meta.get("name", ""))[:253],
-                           "pool": str(((s.get("spec") or {}).get("pool") or {}).get("name", ""))[:253],
-                           "our_pool": self.pool_name})
-
-    def list_slices(self) -> tuple[list[Slice], str]:
-        """This node's slices of this driver in our pool (sorted by name) and the list's resourceVersion."""
-        data = self._api.list(RESOURCE_SLICES, query={"fieldSelector": self._selector})
-        items = []
-        for s in data.get("items") or ():
-            if self._ours(s):
-                items.append(s)
-            else:
-                self._note_foreign(s)
-        items.sort(key=lambda s: s["metadata"]["name"])
-        return items, str(data.get("metadata", {}).get("resourceVersion", ""))
-
-    def probe_partitionable(self) -> tuple[bool, str]:
-        """Does the API server keep `sharedCounters`? A dry-run create of a counter-only slice of this node answers
-        without storing anything: a server without DRAPartitionableDevices drops the field (1.34/1.35 default),
-        an older one rejects it."""
-        probe = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                 "metadata": {"generateName": f"{self.node_name}-{self.options.driver_name}-probe-"},
-                 "spec": {"driver": self.options.driver_name, "nodeName": self.node_name,
-                          "pool": {"name": self.node_name, "generation": 0, "resourceSliceCount": 1},
-                          "sharedCounters": [{"name": "probe", "counters": {MEMORY_COUNTER: {"value": "1"}}}]}}
-        try:
-            stored = self._api.call("POST", RESOURCE_SLICES, query={"dryRun": "All"}, body=probe)
-        except ApiException as e:
-            if e.status in (400, 422):
-                return False, f"the API server rejected a ResourceSlice with sharedCounters ({e.status} {e.reason})"
-            raise
-        if (stored.get("spec") or {}).get("sharedCounters"):
-            return True, "the API server keeps ResourceSlice sharedCounters (DRAPartitionableDevices is on)"
-        return False, ("the API server dropped ResourceSlice sharedCounters: DRAPartitionableDevices is off "
-                       "(Kubernetes 1.34/1.35 by default)")
 
     def _publish_options(self) -> PublishOptions:
         if self.options.cores is None:
@@ -195,141 +66,3 @@ class SlicePublisher:
         if self._taints is not None and self.taints_supported:
             pool = with_taints(pool, self._taints())
         return resource_slices(pool, 0, node_uid)
-
-    def reconcile(self) -> tuple[PublishResult, str]:
-        """Make the API match the desired slices; returns what changed and a resourceVersion to watch from."""
-        with self._lock:
-            return self._reconcile()
-
-    def _reconcile(self) -> tuple[PublishResult, str]:
-        desired = self.desired()
-        if any(d["spec"]["pool"]["name"] != self.pool_name for d in desired):
-            raise RuntimeError(f"desired slices are not in pool {self.pool_name!r}")  # ownership would break
-        existing, rv = self.list_slices()
-        _keep_taint_times(desired, existing)
-        devices = sum(len(d["spec"].get("devices") or ()) for d in desired)
-        generations = {int(s["spec"]["pool"].get("generation", 0)) for s in existing}
-        owners_ok = all(s["metadata"].get("ownerReferences") == d["metadata"].get("ownerReferences")
-                        for s, d in zip(existing, desired, strict=False))
-        if (len(existing) == len(desired) and len(generations) == 1 and owners_ok
-                and sorted(_content(s["spec"]) for s in existing) == sorted(_content(d["spec"]) for d in desired)):
-            self._generation = max(self._generation, *generations)
-            self._set_gauge(devices)
-            return PublishResult(self._generation, devices), rv
-        # Any change, including republishing after a wipe, gets a generation above every one seen, so
-        # consumers (which use only a pool's highest generation) never mix old and new slices.
-        generation = max([self._generation, *generations]) + 1
-        obsolete, reused = existing[len(desired):], existing[:len(desired)]
-        for s in obsolete:  # obsolete first, so consumers never see more slices than the pool has
-            self._delete(s)
-        for s, d in zip(reused, desired, strict=False):
-            body = {**d, "metadata": {**d["metadata"], "name": s["metadata"]["name"],
-                                      "resourceVersion": s["metadata"]["resourceVersion"]}}
-            body["metadata"].pop("generateName", None)
-            body["spec"]["pool"]["generation"] = generation
-            self._write("update", "PUT", f"{RESOURCE_SLICES}/{body['metadata']['name']}", body)
-        for d in desired[len(reused):]:
-            d["spec"]["pool"]["generation"] = generation
-            self._write("create", "POST", RESOURCE_SLICES, d)
-        self._generation = generation
-        self._set_gauge(devices)
-        result = PublishResult(generation, devices, created=len(desired) - len(reused), updated=len(reused),
-                               deleted=len(obsolete))
-        log.info("published ResourceSlices", extra={"node": self.node_name, "generation": generation,
-                                                    "devices": devices, "slices_created": result.created,
-                                                    "updated": result.updated, "deleted": result.deleted})
-        return result, ""
-
-    def _delete(self, s: Slice) -> None:
-        if not self._ours(s):  # belt and braces: never another node's, driver's or pool's slice
-            raise RuntimeError(f"refusing to delete ResourceSlice {s['metadata']['name']}: not ours")
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": s["metadata"]["uid"]}}
-        try:
-            self._write("delete", "DELETE", f"{RESOURCE_SLICES}/{s['metadata']['name']}", body)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-
-    def _write(self, verb: str, method: str, path: str, body: Mapping[str, Any]) -> None:
-        stored = self._api.call(method, path, body=body)
-        if self._metrics:
-            self._metrics.slice_writes.labels(verb).inc()
-        sent = any(d.get("taints") for d in (body.get("spec") or {}).get("devices") or ())
-        kept = any(d.get("taints") for d in ((stored or {}).get("spec") or {}).get("devices") or ())
-        if sent and not kept and self.taints_supported:
-            self.taints_supported = False
-            log.warning("the API server dropped the device taints of our ResourceSlice (DRADeviceTaints is off: "
-                        "Kubernetes 1.34/1.35 without the gate); unhealthy devices are no longer tainted, only "
-                        "reported to kubelet's health stream", extra={"node": self.node_name})
-
-    def refresh(self) -> None:
-        """Publish now (health changed); errors are logged, the loop retries on its own schedule."""
-        try:
-            self.reconcile()
-        except Exception as e:
-            log.warning("publishing ResourceSlices after a health change failed; the publish loop retries",
-                        extra={"node": self.node_name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-
-    def _set_gauge(self, devices: int) -> None:
-        if self._metrics:
-            self._metrics.published_devices.set(devices)
-
-    # --- the loop --------------------------------------------------------------------------------------------
-
-    def _wait_for_change(self, rv: str, stop: threading.Event) -> bool:
-        """Block until a slice of ours changes (or the resync period ends); whether the watch made progress: it
-        saw a change, or lasted at least half the time asked for (a server ending watches at once makes none)."""
-        watch_seconds = max(1, int(self._resync))
-        query = {"fieldSelector": self._selector, "timeoutSeconds": watch_seconds,
-                 "allowWatchBookmarks": "true", "resourceVersion": rv or None}
-        started = time.monotonic()
-        events = self._api.watch(RESOURCE_SLICES, query, watch_seconds + WATCH_SLACK, self._resync + 10)
-        with contextlib.closing(events):
-            for event in events:
-                if event.get("type") == "ERROR":  # e.g. 410 Gone: list again
-                    raise ApiException(status=event.get("object", {}).get("code"), reason="watch error")
-                if event.get("type") != "BOOKMARK":
-                    return True
-                if stop.is_set():
-                    break
-        return stop.is_set() or time.monotonic() - started >= watch_seconds / 2
-
-    def run(self, stop: threading.Event) -> None:
-        delay = 0.0  # reset only by a watch that made progress, never by a successful LIST
-        writes_in_a_row = 0
-        while not stop.is_set():
-            try:
-                result, rv = self.reconcile()
-                self.published.set()
-                if result.changed:
-                    writes_in_a_row += 1
-                    if writes_in_a_row < 3:
-                        continue  # check our own writes took, then watch from a version that includes them
-                    # Changed again right after each of three writes: someone else keeps deleting or rewriting
-                    # them, or the API server rewrites what we send. Do not spin: wait for the next change.
-                    log.warning("slices differed again right after each of 3 writes; waiting for the next change",
-                                extra={"node": self.node_name})
-                    _, rv = self.list_slices()
-                writes_in_a_row = 0
-                started = time.monotonic()
-                if self._wait_for_change(rv, stop):
-                    delay = 0.0
-                    continue
-                delay = self._backoff.next(delay)
-                log.warning("the watch of this node's ResourceSlices ended early without a change; backing off "
-                            "before listing again", extra={"node": self.node_name, "retry_in_seconds": delay,
-                                                           "watch_seconds": round(time.monotonic() - started, 3)})
-            except Exception as e:  # API down, conflicts, 410 Gone: back off and start over
-                delay = self._backoff.next(delay)
-                if self._metrics:
-                    self._metrics.api_errors.labels("publish").inc()
-                status = getattr(e, "status", None)
-                log.warning("publishing ResourceSlices failed; retrying", extra={
-                    "node": self.node_name, "error": f"{type(e).__name__}: {str(e)[:300]}", "status": status,
-                    "retry_in_seconds": delay})
-            stop.wait(delay)
-
-    def start(self, stop: threading.Event) -> threading.Thread:
-        self._thread = threading.Thread(target=self.run, args=(stop,), name="slice-publisher", daemon=True)
-        self._thread.start()
-        return self._thread

@@ -47,9 +47,6 @@ from neuron_dra.driver.daemon.checkpoint import (
 from neuron_dra.driver.daemon.claims import (
     AllocatedDevice,
     ClaimError,
-    ClaimLookup,
-    ClaimLookupError,
-    ClaimRef,
     Reason,
     allocated_devices,
     allocation_of,
@@ -58,20 +55,21 @@ from neuron_dra.driver.daemon.claims import (
     results_of,
 )
 from neuron_dra.driver.daemon.failpoints import CrashPoints
-from neuron_dra.driver.daemon.instance_lock import InstanceLock, LockTimeout
+from neuron_dra.driver.kubeletplugin.claimref import CallScope, ClaimLookup, ClaimLookupError, ClaimRef
+from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock, LockTimeout
 from neuron_dra.driver.model.devices import NeuronHost, UltraServer
 from neuron_dra.driver.model.discovery import DiscoveryError, read_ultraserver
 from neuron_dra.driver.model.errors import NotAllowed
-from neuron_dra.driver.model.errortext import capped, shown
 from neuron_dra.driver.model.k8s_names import check_dns_label, check_dns_subdomain
 from neuron_dra.driver.model.neuron_env import EnvError, core_ranges, request_env
 from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device
 from neuron_dra.driver.model.slices import NODE_DEVICE_NAME, NodeFacts, PublishOptions, build_pool
+from neuron_dra.errortext import capped, shown
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
     from neuron_dra.driver.daemon.metrics import Metrics
 
-log = logging.getLogger("neuron_dra.driver.daemon.state")
+log = logging.getLogger(__name__)
 
 PrepareResult = tuple[PreparedDevice, ...] | ClaimError
 UNPREPARED_MEMORY = 10_000  # unprepare tickets remembered (only in-flight prepares older than them matter)
@@ -95,38 +93,6 @@ class ReconcileReport:
     kept: tuple[str, ...] = ()  # unfinished prepares whose claims still exist: left for kubelet's retry
     unresolved: tuple[str, ...] = ()  # unfinished prepares the API server could not tell about
     orphans_removed: tuple[str, ...] = ()  # CDI specs of this driver with no checkpoint entry
-
-
-class CallScope:
-    """kubelet's view of one call: its deadline (time.monotonic) and whether it was cancelled.
-
-    The gRPC handler makes one per call (deadline from context.time_remaining(), `abandon` from
-    context.add_callback, which runs when the call ends for any reason); work for the call checks `abandoned`
-    before starting and registers `on_abandon` to cancel what is queued."""
-
-    def __init__(self, deadline: float | None = None) -> None:
-        self.deadline = deadline
-        self._lock = threading.Lock()
-        self._abandoned = False
-        self._callbacks: list[Callable[[], object]] = []
-
-    @property
-    def abandoned(self) -> bool:
-        return self._abandoned or (self.deadline is not None and time.monotonic() >= self.deadline)
-
-    def abandon(self) -> None:
-        with self._lock:
-            self._abandoned = True
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            fn()
-
-    def on_abandon(self, fn: Callable[[], object]) -> None:
-        with self._lock:
-            if not self._abandoned:
-                self._callbacks.append(fn)
-                return
-        fn()
 
 
 class DriverState:

@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.daemon import logs
-from neuron_dra.driver.daemon.claims import ClaimLookupError
 from neuron_dra.driver.daemon.failpoints import CrashPoints
 from neuron_dra.driver.daemon.main import parse_options, run_daemon, with_socket_names
+from neuron_dra.driver.kubeletplugin import logs
+from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
 
 UNAVAILABLE = "unavailable"
 

@@ -249,7 +249,7 @@ class DriverDeployOptions:
     # The cluster's Kubernetes minor ("1.34"): what that minor does not serve is left out (`serves`,
     # KUBERNETES_FEATURES); None: everything, as on the newest minor.
     kubernetes_version: str | None = None
-    # The daemon's API client: client-side rate limit (the daemon's defaults, kubelet's: daemon/ratelimit.py) and
+    # The daemon's API client: client-side rate limit (the daemon's defaults, kubelet's: kubeletplugin/ratelimit.py) and
     # each request's deadline.
     kube_api_qps: float = 50.0
     kube_api_burst: int = 100

@@ -22,7 +22,7 @@ from neuron_dra.driver.model.catalog import (
     TopologyKind,
     UltraServerShape,
 )
-from neuron_dra.driver.model.errortext import shown
+from neuron_dra.errortext import shown
 
 API_VERSION = "neuron-dra/v1"
 KIND = "NeuronCatalog"

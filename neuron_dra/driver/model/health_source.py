@@ -26,7 +26,7 @@ from pathlib import Path
 
 from neuron_dra.driver.model.discovery import NEURON_DEVICE_DIR
 
-log = logging.getLogger("neuron_dra.driver.model.health_source")
+log = logging.getLogger(__name__)
 
 HARDWARE_STATS = "stats/hardware"
 # name -> what it means (in the message kubelet shows in the pod's status)

@@ -14,10 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from neuron_dra.driver.daemon.cdi import CdiStore
 from neuron_dra.driver.daemon.checkpoint import MAX_CONSUMERS, Checkpoint, ClaimState, PreparedClaim
-from neuron_dra.driver.daemon.claims import ClaimError, ClaimRef, consumer_pods
+from neuron_dra.driver.daemon.claims import ClaimError, consumer_pods
 from neuron_dra.driver.daemon.consumers import ConsumerRefresher
 from neuron_dra.driver.daemon.metrics import Metrics
 from neuron_dra.driver.daemon.state import DriverState
+from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.partitions import CoreLayout

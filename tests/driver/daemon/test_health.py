@@ -12,7 +12,8 @@ import grpc
 import pytest
 
 from neuron_dra.cli import main as cli_main
-from neuron_dra.driver.daemon._generated import (
+from neuron_dra.driver.daemon.health_stream import HEALTH_SERVICES, published_health
+from neuron_dra.driver.kubeletplugin._generated import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
     dra_health_v1alpha1_pb2,
@@ -20,7 +21,6 @@ from neuron_dra.driver.daemon._generated import (
     dra_health_v1beta1_pb2,
     dra_health_v1beta1_pb2_grpc,
 )
-from neuron_dra.driver.daemon.health_stream import HEALTH_SERVICES, published_health
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import FaultError, clear_faults, emulate, inject_fault
 from neuron_dra.driver.model.health_source import (
@@ -247,8 +247,8 @@ def test_daemon_streams_health_in_every_version_and_advertises_it(dirs: DaemonDi
 def test_stream_beats_between_changes_and_refuses_undecodable_requests(tmp_path: Path) -> None:
     """In-process: the full list again every heartbeat without any change (kubelet's timeout needs fresh
     timestamps), and the shared raw-bytes handler answers INVALID_ARGUMENT to garbage."""
-    from neuron_dra.driver.daemon import grpcserver
     from neuron_dra.driver.daemon.health_stream import HealthStreamService
+    from neuron_dra.driver.kubeletplugin import grpcserver
 
     host = emulate("inf2.48xlarge", tmp_path / "host")
     monitor = HealthMonitor(host, range(12))

@@ -27,8 +27,8 @@ def pins(path: Path) -> dict[str, str]:
 
 def test_image_pins_match_the_repository() -> None:
     image, repo = pins(IMAGE_REQUIREMENTS), pins(REPO / "requirements.txt")
-    # No kubernetes client: driver/daemon/kube.py talks to the API server on urllib3; the daemon's gRPC is grpcio
-    # (driver/daemon/grpcserver.py).
+    # No kubernetes client: driver/kubeletplugin/kube.py talks to the API server on urllib3; the daemon's gRPC is grpcio
+    # (driver/kubeletplugin/grpcserver.py).
     # pydantic and its own dependencies: the catalog file's models (loaded only when a catalog file is given).
     assert set(image) == {"protobuf", "grpcio", "pyyaml", "prometheus-client", "urllib3", "pydantic", "pydantic-core",
                           "annotated-types", "typing-inspection", "typing-extensions"}
@@ -66,7 +66,7 @@ START_EARLY = """
 import sys, tempfile
 from pathlib import Path
 from neuron_dra.driver.daemon import main
-from neuron_dra.driver.daemon.grpcserver import EventLoopThread
+from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
 d = Path(tempfile.mkdtemp())
 o = main.parse_options(["--node-name", "n", "--plugins-dir", str(d / "p"), "--registry-dir", str(d / "r")], {})
 servers = main.start_early(main.with_socket_names(o, None), EventLoopThread())
@@ -88,7 +88,7 @@ def test_registration_answers_before_the_claims_model_and_api_client_are_importe
 
 def test_daemon_serves_grpc_with_grpcio_not_its_own_http2() -> None:
     """The daemon's HTTP/2 is grpcio's: no HTTP/2 framing or HPACK library of its own is imported."""
-    code = ("import sys, neuron_dra.driver.daemon.main, neuron_dra.driver.daemon.plugin, "
+    code = ("import sys, neuron_dra.driver.daemon.main, neuron_dra.driver.kubeletplugin.plugin, "
             "neuron_dra.driver.daemon.health; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "grpc" in out and not {"h2", "hyperframe", "hpack"} & set(out)

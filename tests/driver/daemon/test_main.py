@@ -12,9 +12,9 @@ from typing import Any
 import grpc
 import pytest
 
-from neuron_dra.driver.daemon._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.daemon.checkpoint import Checkpoint
 from neuron_dra.driver.daemon.failpoints import STEPS
+from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef, PrepareResult
 from tests.support.driver import (

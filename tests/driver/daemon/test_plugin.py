@@ -15,14 +15,14 @@ from typing import Any
 import grpc
 import pytest
 
-from neuron_dra.driver.daemon import plugin
-from neuron_dra.driver.daemon._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.daemon.cdi import CDI_KIND, CdiStore
 from neuron_dra.driver.daemon.checkpoint import Checkpoint
-from neuron_dra.driver.daemon.claims import ClaimRef
 from neuron_dra.driver.daemon.health import HealthServer
-from neuron_dra.driver.daemon.plugin import PluginServers, SocketError, SocketPaths
 from neuron_dra.driver.daemon.state import DriverState
+from neuron_dra.driver.kubeletplugin import plugin
+from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
+from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
+from neuron_dra.driver.kubeletplugin.plugin import PluginServers, SocketError, SocketPaths
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.localcluster import pluginclient

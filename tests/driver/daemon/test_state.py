@@ -18,9 +18,10 @@ import pytest
 
 from neuron_dra.driver.daemon.cdi import CDI_KIND, CdiStore
 from neuron_dra.driver.daemon.checkpoint import Checkpoint, CheckpointError, ClaimState, PreparedClaim
-from neuron_dra.driver.daemon.claims import ClaimError, ClaimRef, Reason, allocated_devices
+from neuron_dra.driver.daemon.claims import ClaimError, Reason, allocated_devices
 from neuron_dra.driver.daemon.metrics import Metrics
 from neuron_dra.driver.daemon.state import DriverState
+from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import EmulationOptions, emulate
 from tests.support.driver import (

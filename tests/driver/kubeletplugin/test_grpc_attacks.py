@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from neuron_dra.driver.daemon._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.deploy.manifests import Resources
+from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
@@ -260,8 +260,8 @@ def test_50000_claims_in_one_call_are_refused_and_memory_returns(running: Runnin
     """Issue 32, finding 7: 50,000 claims in one prepare took RSS to 247 MiB, and it stayed at 236 MiB. Now a call
     over the claims-per-call limit is refused as a whole, naming the limit; a call at the limit is answered (each
     claim its own error: none exists), and RSS stays under 80 % of the DaemonSet's limit and comes back."""
-    from neuron_dra.driver.daemon._generated import dra_v1_pb2
-    from neuron_dra.driver.daemon.plugin import MAX_CLAIMS_PER_CALL
+    from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2
+    from neuron_dra.driver.kubeletplugin.plugin import MAX_CLAIMS_PER_CALL
 
     pid = running.daemon.proc.pid
     one = cycles(running.dirs)

@@ -1,4 +1,4 @@
-"""driver/daemon/grpcserver.py in-process against grpcio's client: statuses, the bound on running calls (held
+"""driver/kubeletplugin/grpcserver.py in-process against grpcio's client: statuses, the bound on running calls (held
 until the work ends, also for a cancelled call), deadlines and end callbacks, streams, socket files."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 import pytest
 
-from neuron_dra.driver.daemon import grpcserver
-from neuron_dra.driver.daemon._generated import grpc_health_v1_pb2 as hpb
+from neuron_dra.driver.kubeletplugin import grpcserver
+from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2 as hpb
 from tests.support.driver import short_dir
 
 CHECK = "/t.Health/Check"

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("neuron_dra.driver.daemon.sockets")
+log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
 MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL

@@ -20,28 +20,23 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from neuron_dra.driver.daemon import grpcserver, memory, sockets
-from neuron_dra.driver.daemon._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
+from neuron_dra.driver.kubeletplugin import grpcserver, memory, sockets
+from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
+from neuron_dra.driver.kubeletplugin.claimref import CallScope, ClaimFailed, ClaimRef
 
 # Re-exported: the socket parts of this module's interface live in sockets.py.
-from neuron_dra.driver.daemon.sockets import SOCKET_MODE as SOCKET_MODE
-from neuron_dra.driver.daemon.sockets import SocketError as SocketError
-from neuron_dra.driver.daemon.sockets import SocketPaths as SocketPaths
-from neuron_dra.driver.daemon.sockets import check_socket_path as check_socket_path
-from neuron_dra.driver.daemon.sockets import remove_stale_socket as remove_stale_socket
+from neuron_dra.driver.kubeletplugin.sockets import SOCKET_MODE as SOCKET_MODE
+from neuron_dra.driver.kubeletplugin.sockets import SocketError as SocketError
+from neuron_dra.driver.kubeletplugin.sockets import SocketPaths as SocketPaths
+from neuron_dra.driver.kubeletplugin.sockets import check_socket_path as check_socket_path
+from neuron_dra.driver.kubeletplugin.sockets import remove_stale_socket as remove_stale_socket
 
-# claims.py (and the device model it imports) only once a DRA call comes: not on the path to the registration
-# socket answering, which kubelet gives 1 s.
-if TYPE_CHECKING:
-    from neuron_dra.driver.daemon.claims import ClaimRef
-    from neuron_dra.driver.daemon.state import DriverState
-
-log = logging.getLogger("neuron_dra.driver.daemon.plugin")
+log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 # Most recent first: kubelet picks the newest it supports.
@@ -83,33 +78,50 @@ def _no_claims(request: Any) -> bool:
 
 
 def _claim_refs(claims: Any) -> list[ClaimRef]:
-    from neuron_dra.driver.daemon.claims import ClaimRef
-
     return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
+
+
+class PreparedDevice(Protocol):
+    """One device of a prepared claim, as kubelet is told it."""
+
+    @property
+    def request_names(self) -> Sequence[str]: ...
+    @property
+    def pool_name(self) -> str: ...
+    @property
+    def device_name(self) -> str: ...
+    @property
+    def cdi_device_ids(self) -> Sequence[str]: ...
+
+
+class Driver(Protocol):
+    """What the DRA service calls: every claim of a call gets a result, its devices or its failure."""
+
+    def prepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None
+                ) -> Mapping[str, Sequence[PreparedDevice] | ClaimFailed]: ...
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, ClaimFailed | None]: ...
 
 
 class DraService:
     """NodePrepareResources / NodeUnprepareResources for one API version (the messages module differs)."""
 
-    def __init__(self, state: DriverState, messages: ModuleType) -> None:
-        self._state = state
+    def __init__(self, driver: Driver, messages: ModuleType) -> None:
+        self._driver = driver
         self._pb = messages
 
     def NodePrepareResources(self, request: Any, context: grpcserver.CallContext) -> Any:
         # kubelet gives each call 45 s; when it gives up (deadline, cancel) the rest of the call's work is dropped.
-        from neuron_dra.driver.daemon.claims import ClaimError
-        from neuron_dra.driver.daemon.state import CallScope
-
         _check_claims("NodePrepareResources", request, context)
         remaining = context.time_remaining()
         call = CallScope(time.monotonic() + remaining if remaining is not None else None)
         if not context.add_callback(call.abandon):  # runs when the call ends, whatever the reason
             call.abandon()  # already over
-        results = self._state.prepare(_claim_refs(request.claims), call)
+        results = self._driver.prepare(_claim_refs(request.claims), call)
         response = self._pb.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = response.claims[uid]  # creates the entry: every claim gets one
-            if isinstance(result, ClaimError):
+            if isinstance(result, ClaimFailed):
                 entry.error = result.message
                 continue
             for d in result:
@@ -120,7 +132,7 @@ class DraService:
 
     def NodeUnprepareResources(self, request: Any, context: grpcserver.CallContext) -> Any:
         _check_claims("NodeUnprepareResources", request, context)
-        results = self._state.unprepare(_claim_refs(request.claims))
+        results = self._driver.unprepare(_claim_refs(request.claims))
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in results.items():
             entry = response.claims[uid]
@@ -164,11 +176,11 @@ def _listen(server: grpcserver.Server, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def dra_services(state: DriverState) -> dict[str, grpcserver.Method]:
+def dra_services(driver: Driver) -> dict[str, grpcserver.Method]:
     """The DRA service in both versions."""
     inline = {"NodePrepareResources": _no_claims, "NodeUnprepareResources": _no_claims}
-    methods = grpcserver.service_methods(DRA_V1, DraService(state, dra_v1_pb2), inline)
-    methods.update(grpcserver.service_methods(DRA_V1BETA1, DraService(state, dra_v1beta1_pb2), inline))
+    methods = grpcserver.service_methods(DRA_V1, DraService(driver, dra_v1_pb2), inline)
+    methods.update(grpcserver.service_methods(DRA_V1BETA1, DraService(driver, dra_v1beta1_pb2), inline))
     return methods
 
 
@@ -199,11 +211,11 @@ class PluginServers:
                                                          "instance": self.paths.instance or "(plain names)"})
         sockets.remove_leftovers(self.paths)  # after listening: kubelet finds this instance first
 
-    def serve(self, state: DriverState, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
+    def serve(self, driver: Driver, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
         """Serve the DRA service (and `extra_methods`, e.g. the health stream) on the DRA socket."""
         if not self._bound:
             self.listen()
-        self._dra.add_methods(dra_services(state))
+        self._dra.add_methods(dra_services(driver))
         self._dra.add_methods(extra_methods)
         self._dra.start()
         log.info("serving", extra={"dra_socket": str(self.paths.dra),

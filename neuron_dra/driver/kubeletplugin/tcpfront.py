@@ -25,7 +25,7 @@ import resource
 import time
 from dataclasses import dataclass
 
-log = logging.getLogger("neuron_dra.driver.daemon.tcpfront")
+log = logging.getLogger(__name__)
 
 # Bytes a client must have sent before it is forwarded: HTTP/2's client preface (RFC 9113 §3.4). Not more: a
 # client may wait for the server's SETTINGS before it sends its call, after only the preface and an empty

@@ -36,7 +36,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
-log = logging.getLogger("neuron_dra.driver.daemon.grpcserver")
+log = logging.getLogger(__name__)
 
 StatusCode = grpc.StatusCode
 SOCKET_UMASK = 0o177  # what grpc's bind creates: the socket file is never more than 0600, not even briefly

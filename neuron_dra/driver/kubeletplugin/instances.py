@@ -20,9 +20,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from neuron_dra.driver.model.errortext import shown
+from neuron_dra.errortext import shown
 
-log = logging.getLogger("neuron_dra.driver.daemon.instances")
+log = logging.getLogger(__name__)
 
 SOCKET_NAME_MODES = ("auto", "per-instance", "plain")
 MIN_KUBELET = (1, 33)  # kubernetes/kubernetes PR #129832: several instances of one DRA driver
