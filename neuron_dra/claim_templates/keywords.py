@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from neuron_dra.claim_templates.errors import TemplateError
-from neuron_dra.errortext import did_you_mean
+from neuron_dra.driver.errortext import did_you_mean
 
 T = TypeVar("T", bound=type)
 

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from neuron_dra.claim_templates.template import ClaimTemplate
+from neuron_dra.driver.errortext import shown
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
-from neuron_dra.errortext import shown
 
 
 class LoadError(ValueError):

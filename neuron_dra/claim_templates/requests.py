@@ -37,13 +37,13 @@ from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.keywords import keyword_hints
 from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
+from neuron_dra.driver.errortext import did_you_mean
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.partitions import CoreLayout
 from neuron_dra.driver.model.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
 from neuron_dra.driver.model.taints import UNHEALTHY_TAINT_NAME
-from neuron_dra.errortext import did_you_mean
 
 UNHEALTHY_TAINT_KEY = f"{DEFAULT_DRIVER_NAME}/{UNHEALTHY_TAINT_NAME}"
 

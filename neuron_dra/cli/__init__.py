@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from neuron_dra import __version__
-from neuron_dra.errortext import did_you_mean, shown
+from neuron_dra.driver.errortext import did_you_mean, shown
 
 
 class CommandModule(Protocol):

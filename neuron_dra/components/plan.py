@@ -31,9 +31,9 @@ from pulumi.runtime.settings import get_root_resource
 from neuron_dra.components.claims import ClaimTemplateCheckError
 from neuron_dra.components.mocks import DEFAULT_REGION, MissingStackOutputs, PlanMocks, run_offline
 from neuron_dra.components.stack import build_stack, settings_from_pulumi_config
+from neuron_dra.driver.errortext import shown
 from neuron_dra.driver.model import bounded_yaml
 from neuron_dra.driver.model.errors import NotAllowed
-from neuron_dra.errortext import shown
 
 # The order objects are applied in; also the order of `-o yaml`.
 KIND_ORDER = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",

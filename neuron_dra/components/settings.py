@@ -24,6 +24,7 @@ from neuron_dra.driver.deploy import (
     DeployOptionError,
     DriverDeployOptions,
 )
+from neuron_dra.driver.errortext import did_you_mean
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec
 from neuron_dra.driver.model.errors import NotAllowed
 from neuron_dra.driver.model.k8s_names import (
@@ -35,7 +36,6 @@ from neuron_dra.driver.model.k8s_names import (
     is_label_key,
     is_label_value,
 )
-from neuron_dra.errortext import did_you_mean
 
 PROJECT = "neuron-dra"
 AUTO = "auto"  # settings whose default the stack decides (corePartitions, coreExtendedResourceName)

@@ -31,9 +31,9 @@ from neuron_dra.components.settings import (
     StackSettings,
     setting_name,
 )
+from neuron_dra.driver.errortext import capped
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
-from neuron_dra.errortext import capped
 
 Kind = Literal["string", "integer", "boolean", "strings", "objects"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from neuron_dra.driver import deploy
-from neuron_dra.driver.daemon.main import parse_options
+from neuron_dra.driver.daemon.options import parse_options
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions, Resources
 from neuron_dra.driver.model.catalog import CATALOG
 from tests.support import kubeschema

@@ -18,7 +18,7 @@ _MOVED = {
     "from neuron_dra.driver import k8s_names": "from neuron_dra.driver.model import k8s_names",
     "from neuron_dra.driver.atomicfile import": "from neuron_dra.driver.kubeletplugin.atomicfile import",
     "from neuron_dra.driver.cdi import": "from neuron_dra.driver.daemon.cdi import",
-    "from neuron_dra.driver.errortext import": "from neuron_dra.errortext import",
+    "from neuron_dra.driver.errortext import": "from neuron_dra.driver.errortext import",
 }
 
 

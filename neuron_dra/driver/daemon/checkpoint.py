@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.driver.daemon.cdi import CdiError, check_claim_uid
+from neuron_dra.driver.errortext import shown
 from neuron_dra.driver.kubeletplugin.atomicfile import remove_temp_files, write_atomic
 from neuron_dra.driver.model import k8s_names
-from neuron_dra.errortext import shown
 
 log = logging.getLogger(__name__)
 

@@ -55,6 +55,7 @@ from neuron_dra.driver.daemon.claims import (
     results_of,
 )
 from neuron_dra.driver.daemon.failpoints import CrashPoints
+from neuron_dra.driver.errortext import capped, shown
 from neuron_dra.driver.kubeletplugin.claimref import CallScope, ClaimLookup, ClaimLookupError, ClaimRef
 from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock, LockTimeout
 from neuron_dra.driver.model.devices import NeuronHost, UltraServer
@@ -64,7 +65,6 @@ from neuron_dra.driver.model.k8s_names import check_dns_label, check_dns_subdoma
 from neuron_dra.driver.model.neuron_env import EnvError, core_ranges, request_env
 from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device
 from neuron_dra.driver.model.slices import NODE_DEVICE_NAME, NodeFacts, PublishOptions, build_pool
-from neuron_dra.errortext import capped, shown
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
     from neuron_dra.driver.daemon.metrics import Metrics

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.driver.daemon.failpoints import CrashPoints
-from neuron_dra.driver.daemon.main import parse_options, run_daemon, with_socket_names
+from neuron_dra.driver.daemon.main import run_daemon
+from neuron_dra.driver.daemon.options import parse_options, with_socket_names
 from neuron_dra.driver.kubeletplugin import logs
 from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
 

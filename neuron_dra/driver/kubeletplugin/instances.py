@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from neuron_dra.errortext import shown
+from neuron_dra.driver.errortext import shown
 
 log = logging.getLogger(__name__)
 

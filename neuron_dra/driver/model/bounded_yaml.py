@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from neuron_dra.errortext import capped, shown
+from neuron_dra.driver.errortext import capped, shown
 
 MAX_BYTES = 1 << 20  # a catalog file is a few KiB
 MAX_DEPTH = 64  # nested mappings and sequences

@@ -18,7 +18,7 @@ from enum import StrEnum
 from functools import cached_property
 from types import MappingProxyType
 
-from neuron_dra.errortext import did_you_mean
+from neuron_dra.driver.errortext import did_you_mean
 
 GIB = 1024**3
 

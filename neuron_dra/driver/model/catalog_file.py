@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from neuron_dra.driver.errortext import shown
 from neuron_dra.driver.model.catalog import (
     BUILTIN,
     GIB,
@@ -22,7 +23,6 @@ from neuron_dra.driver.model.catalog import (
     TopologyKind,
     UltraServerShape,
 )
-from neuron_dra.errortext import shown
 
 API_VERSION = "neuron-dra/v1"
 KIND = "NeuronCatalog"

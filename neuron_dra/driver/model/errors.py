@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from neuron_dra.errortext import shown
+from neuron_dra.driver.errortext import shown
 
 E = TypeVar("E", bound="NotAllowed")
 

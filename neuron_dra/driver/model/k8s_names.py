@@ -133,10 +133,10 @@ def device_class_manifest(name: str, driver: str, *, expression: str | None = No
         spec["extendedResourceName"] = extended_resource_name
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": metadata, "spec": spec}
 
-# Defaults of the daemon's flags that its entry parses before importing anything heavy (driver/daemon/main.py).
+# Defaults of the daemon's flags that its entry parses before importing anything heavy (driver/daemon/options.py).
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 DEFAULT_TAINT_EFFECT = "NoSchedule"
-CATALOG_ENV = "NEURON_DRA_CATALOG"  # the driver daemon's fallback for --catalog (daemon/main.py)
+CATALOG_ENV = "NEURON_DRA_CATALOG"  # the driver daemon's fallback for --catalog (daemon/options.py)
 CHECKPOINT_FILE = "checkpoint.json"
 # kubelet's device health stream: the packages served (most recent first) and what the registration advertises
 # (health_stream.py, docs/kubelet-dra-protocol.md §3).

@@ -220,7 +220,7 @@ def test_every_damaged_byte_of_the_last_records_is_resolved_against_the_api_serv
     shm = Path("/dev/shm")
     work = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else tmp_path)))
     errors = ErrorCount()
-    logging.getLogger(__name__).addHandler(errors)
+    logging.getLogger("neuron_dra.driver.daemon.checkpoint").addHandler(errors)
     counts = {"damaged": 0, "unchanged": 0, "resolved": 0}
     began = time.monotonic()
     victim = Node(work, node.lookup, journal_size=16384)
@@ -258,7 +258,7 @@ def test_every_damaged_byte_of_the_last_records_is_resolved_against_the_api_serv
                 assert set(after) == set(truth), where  # c0 (unprepared) is not back, none is lost
                 assert all(after[u].neuron_indexes == truth[u].neuron_indexes for u in truth), where
     finally:
-        logging.getLogger(__name__).removeHandler(errors)
+        logging.getLogger("neuron_dra.driver.daemon.checkpoint").removeHandler(errors)
         state.close()
         victim.close()
     with capsys.disabled():

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from neuron_dra.driver.daemon import driver as daemon_driver
 from neuron_dra.driver.daemon import main as daemon_main
+from neuron_dra.driver.daemon import options as daemon_options
 from neuron_dra.driver.daemon.cdi import CdiDevice, CdiError, check_claim_uid
 from neuron_dra.driver.daemon.claims import ClaimError, Reason, allocated_devices
 from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
@@ -126,12 +128,12 @@ def test_the_daemon_refuses_a_line_feed_in_a_uid_or_request_name_and_writes_no_c
 def test_an_unexpected_fault_at_start_up_still_ends_with_the_start_up_failed_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Whatever a check missed, start-up ends with exit 1 and the one line operators look for."""
-    def broken(self: daemon_main.Daemon) -> None:
+    def broken(self: daemon_driver.Daemon) -> None:
         raise UnicodeError("a fault no check names")
 
-    monkeypatch.setattr(daemon_main.Daemon, "start", broken)
-    monkeypatch.setattr(daemon_main.Daemon, "stop", lambda self: None)
-    options = daemon_main.parse_options(["--node-name", NODE, "--plugins-dir", str(tmp_path / "p"), "--registry-dir",
+    monkeypatch.setattr(daemon_driver.Daemon, "start", broken)
+    monkeypatch.setattr(daemon_driver.Daemon, "stop", lambda self: None)
+    options = daemon_options.parse_options(["--node-name", NODE, "--plugins-dir", str(tmp_path / "p"), "--registry-dir",
                                          str(tmp_path / "r"), "--cdi-root", str(tmp_path / "c"), "--host-root",
                                          str(tmp_path)], {})
     with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.main"):

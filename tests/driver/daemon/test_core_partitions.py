@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.daemon.main import DaemonOptions, decide_core_partitions, parse_options, with_core_partitions
+from neuron_dra.driver.daemon.options import DaemonOptions, decide_core_partitions, parse_options, with_core_partitions
 from neuron_dra.driver.model.k8s_names import COUNTERS_PER_NODE_MINOR
 
 

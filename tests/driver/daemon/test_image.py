@@ -79,9 +79,9 @@ servers.stop(0)
 def test_registration_answers_before_the_claims_model_and_api_client_are_imported() -> None:
     out = subprocess.run([sys.executable, "-c", START_EARLY], capture_output=True, text=True, check=True).stdout.split()
     ours = {m.removeprefix("neuron_dra.driver.") for m in out if m.startswith("neuron_dra.driver.")}
-    later = {"daemon.claims", "daemon.state", "daemon.kube", "daemon.checkpoint", "model.catalog", "model.config",
-             "model.discovery"}
-    assert "daemon.plugin" in ours and not later & ours, sorted(later & ours)
+    later = {"daemon.claims", "daemon.state", "kubeletplugin.kube", "daemon.checkpoint", "model.catalog",
+             "model.config", "model.discovery"}
+    assert "kubeletplugin.plugin" in ours and not later & ours, sorted(later & ours)
     # ctypes.util.find_library runs `ldconfig -p` in a child process (memory.py finds malloc's knobs without it)
     assert not {"ctypes.util", "urllib3", "yaml"} & set(out)
 

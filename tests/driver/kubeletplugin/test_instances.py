@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from neuron_dra.driver.daemon.checkpoint import Checkpoint, ClaimState
-from neuron_dra.driver.daemon.main import parse_options, with_socket_names
+from neuron_dra.driver.daemon.options import parse_options, with_socket_names
 from neuron_dra.driver.kubeletplugin import sockets
 from neuron_dra.driver.kubeletplugin.instances import InstanceError, check_pod_uid, decide, kubelet_minor
 from neuron_dra.driver.kubeletplugin.kube import ClientOptions

@@ -319,7 +319,7 @@ def test_requests_beyond_the_burst_wait_for_the_rate(server: FakeApiServer, monk
 
 
 def test_the_daemon_flags_of_the_api_client(capsys: pytest.CaptureFixture[str]) -> None:
-    from neuron_dra.driver.daemon.main import parse_options
+    from neuron_dra.driver.daemon.options import parse_options
 
     default = parse_options(["--node-name", "n"], {})
     assert (default.kube_api_qps, default.kube_api_burst, default.kube_api_timeout) == (50.0, 100, 10.0)  # kubelet's

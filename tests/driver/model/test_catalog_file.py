@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from neuron_dra.driver import deploy
-from neuron_dra.driver.daemon.main import parse_options
+from neuron_dra.driver.daemon.options import parse_options
 from neuron_dra.driver.model.catalog import BUILTIN, GIB, TopologyKind
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog, parse_catalog
 from neuron_dra.driver.model.discovery import discover

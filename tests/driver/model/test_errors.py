@@ -8,9 +8,9 @@ from neuron_dra.claim_templates import ClaimTemplate, Neuron, OpaqueConfig, Temp
 from neuron_dra.components.settings import SettingError
 from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions
+from neuron_dra.driver.errortext import MAX_SHOWN, shown
 from neuron_dra.driver.model.config import ConfigError, decode
 from neuron_dra.driver.model.errors import NotAllowed
-from neuron_dra.errortext import MAX_SHOWN, shown
 
 
 def test_each_part_refuses_with_a_not_allowed_naming_field_value_and_what_is_allowed() -> None:

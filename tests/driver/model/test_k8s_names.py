@@ -14,7 +14,7 @@ from neuron_dra.claim_templates import TemplateError
 from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.names import check_dns_label, check_labels
 from neuron_dra.driver import deploy
-from neuron_dra.driver.daemon.main import parse_options
+from neuron_dra.driver.daemon.options import parse_options
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions
 from neuron_dra.driver.model import k8s_names
 from neuron_dra.driver.model.efa import efa_device_class_expression

@@ -1,0 +1,325 @@
+"""The daemon's options: its flags, their fallbacks to the environment of AWS's Helm chart (NODE_NAME,
+KUBELET_PLUGINS_DIRECTORY_PATH, KUBELET_REGISTRAR_DIRECTORY_PATH, CDI_ROOT, HEALTHCHECK_PORT), and what start-up
+resolves against the API server (the socket names, `--core-partitions auto`)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neuron_dra.driver.kubeletplugin.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
+from neuron_dra.driver.kubeletplugin.ratelimit import DAEMON_BURST, DAEMON_QPS
+from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
+from neuron_dra.driver.model.k8s_names import (
+    CATALOG_ENV,
+    CHECKPOINT_FILE,
+    CORE_PARTITION_MODES,
+    COUNTERS_PER_NODE_MINOR,
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    DEFAULT_TAINT_EFFECT,
+    DNS_SUBDOMAIN_RULE,
+    DRIVER_NAME_MAX,
+    DRIVER_NAME_RULE,
+    PLUGINS_DIR_ENV,
+    REGISTRY_DIR_ENV,
+    TAINT_EFFECTS,
+    is_dns_subdomain,
+)
+from neuron_dra.driver.model.version import VERSION
+
+# Imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
+if TYPE_CHECKING:
+
+    from neuron_dra.driver.kubeletplugin.kube import ApiClient
+
+log = logging.getLogger(__name__)
+
+# On SIGTERM, seconds the DRA calls already running get to finish (the DaemonSet's grace period is 30 s).
+DRAIN_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER_NAME
+    plugins_dir: Path = Path(DEFAULT_PLUGINS_DIR)
+    registry_dir: Path = Path(DEFAULT_REGISTRY_DIR)
+    cdi_root: Path = Path(DEFAULT_CDI_ROOT)
+    healthcheck_port: int = 0  # 0: off
+    metrics_port: int = 0  # 0: off
+    # Health and metrics listen here only: kubelet probes and Prometheus scrape the pod IP (docs/hardening.md §1).
+    bind_address: str = "127.0.0.1"
+    kubeconfig: str | None = None  # None: in-cluster service account
+    host_root: Path | None = Path("/")
+    emulate: str | None = None  # instance type to emulate instead of reading host_root
+    catalog: Path | None = None  # catalog file with more instance types (docs/catalog-file.md); None: built-in
+    log_level: str = "info"
+    health_poll_interval: float = 1.0  # seconds between reads of the hardware error counters
+    unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT
+    # auto: NeuronCores with counters where the API server is Kubernetes 1.37+ and keeps counters; on; off.
+    # `with_core_partitions` resolves auto to auto (probe the counters) or off, with the reason.
+    core_partitions: str = "auto"
+    core_partitions_reason: str = ""
+    lnc: int | None = None  # the node's LNC; None: /opt/aws/neuron/logical_nc_config, else the family's default
+    # The API client (kube.py): client-side rate limit as kubelet's defaults (ratelimit.py), each request's deadline.
+    kube_api_qps: float = DAEMON_QPS
+    kube_api_burst: int = DAEMON_BURST
+    kube_api_timeout: float = 10.0
+    # Surge rollouts (docs/upgrades.md): the pod UID, how the socket names are chosen (instances.py), and the
+    # instance id chosen ("": the plain names; set by `with_socket_names`).
+    pod_uid: str = ""
+    socket_names: str = "auto"
+    instance: str = ""
+    drain_seconds: float = DRAIN_SECONDS
+
+    @property
+    def sockets(self) -> SocketPaths:
+        return SocketPaths.for_driver(self.plugins_dir, self.registry_dir, self.driver_name, self.instance)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.plugins_dir / self.driver_name / CHECKPOINT_FILE
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 = off, or 1-65535)") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0 = off, or 1-65535)")
+    return value
+
+
+def _driver_name(text: str) -> str:
+    if not is_dns_subdomain(text, DRIVER_NAME_MAX):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: {DRIVER_NAME_RULE}, e.g. "
+                                         f"{DEFAULT_DRIVER_NAME}")
+    return text
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0.05 to 60)") from None
+    if not 0.05 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"{value} seconds: allowed 0.05 to 60")
+    return value
+
+
+def _bounded(kind: type[float] | type[int], low: float, high: float, what: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} ({low:g} to {high:g})") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value}: allowed {low:g} to {high:g}")
+        return value
+
+    return parse
+
+
+def _node_name(text: str) -> str:
+    if not is_dns_subdomain(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node name; allowed: {DNS_SUBDOMAIN_RULE}")
+    return text
+
+
+def _address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address (the pod's IP, e.g. from the downward API "
+                                         "status.podIP, or 127.0.0.1)") from None
+
+
+
+
+def _lnc(text: str) -> int:
+    if text not in ("1", "2"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Logical NeuronCore config; allowed: 1 or 2")
+    return int(text)
+
+
+def _abs_dir(text: str) -> Path:
+    p = Path(text)
+    if not p.is_absolute():
+        raise argparse.ArgumentTypeError(f"{text!r} must be an absolute path (kubelet resolves it on the host)")
+    return p
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="neuron-dra-driver", description="The Neuron DRA kubelet plugin of one node.")
+
+    def env_default(name: str, fallback: str | None) -> str | None:
+        return env.get(name) or fallback
+
+    p.add_argument("--node-name", type=_node_name, default=env_default("NODE_NAME", None), metavar="NAME",
+                   help="this node (and pool) name [env NODE_NAME]")
+    p.add_argument("--driver-name", type=_driver_name, default=DEFAULT_DRIVER_NAME, metavar="NAME",
+                   help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
+    p.add_argument("--plugins-dir", type=_abs_dir, metavar="DIR",
+                   default=env_default(PLUGINS_DIR_ENV, DEFAULT_PLUGINS_DIR),
+                   help=f"kubelet plugins dir [env {PLUGINS_DIR_ENV}] (default {DEFAULT_PLUGINS_DIR})")
+    p.add_argument("--registry-dir", type=_abs_dir, metavar="DIR",
+                   default=env_default(REGISTRY_DIR_ENV, DEFAULT_REGISTRY_DIR),
+                   help=f"kubelet plugin registry dir [env {REGISTRY_DIR_ENV}] "
+                        f"(default {DEFAULT_REGISTRY_DIR})")
+    p.add_argument("--cdi-root", type=_abs_dir, metavar="DIR", default=env_default("CDI_ROOT", DEFAULT_CDI_ROOT),
+                   help=f"CDI spec dir [env CDI_ROOT] (default {DEFAULT_CDI_ROOT})")
+    p.add_argument("--healthcheck-port", type=_port, default=env_default("HEALTHCHECK_PORT", "0"), metavar="PORT",
+                   help="gRPC health port, service 'liveness'; 0 = off [env HEALTHCHECK_PORT] (default 0)")
+    p.add_argument("--metrics-port", type=_port, default=env_default("METRICS_PORT", "0"), metavar="PORT",
+                   help="Prometheus /metrics port; 0 = off [env METRICS_PORT] (default 0)")
+    p.add_argument("--bind-address", default=env_default("BIND_ADDRESS", env_default("POD_IP", "127.0.0.1")),
+                   type=_address, metavar="ADDR",
+                   help="the one address of the health and metrics ports, where kubelet's probe connects "
+                        "[env BIND_ADDRESS, else env POD_IP (the downward API's status.podIP; the node's IP "
+                        "with hostNetwork)] (default 127.0.0.1)")
+    p.add_argument("--kubeconfig", default=None, metavar="FILE", help="kubeconfig file (default: in-cluster)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--host-root", type=_abs_dir, metavar="DIR",
+                     help="root of the host's /sys and /dev as mounted in the container (default /)")
+    src.add_argument("--emulate", metavar="INSTANCE_TYPE",
+                     help="emulate this instance type (of the catalog) in a temporary host tree (for local clusters "
+                          "and tests)")
+    p.add_argument("--catalog", type=Path, default=env_default(CATALOG_ENV, None), metavar="FILE",
+                   help=f"catalog file with more instance types (docs/catalog-file.md) [env {CATALOG_ENV}]")
+    p.add_argument("--health-poll-interval", type=_interval, default=env_default("HEALTH_POLL_INTERVAL", "1"),
+                   metavar="SECONDS", help="seconds between reads of the devices' hardware error counters "
+                                           "[env HEALTH_POLL_INTERVAL] (default 1)")
+    p.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS,
+                   default=env_default("UNHEALTHY_TAINT_EFFECT", DEFAULT_TAINT_EFFECT),
+                   help="effect of the taint on unhealthy devices [env UNHEALTHY_TAINT_EFFECT] "
+                        f"(default {DEFAULT_TAINT_EFFECT})")
+    p.add_argument("--log-level", default=env_default("LOG_LEVEL", "info"),
+                   choices=["debug", "info", "warning", "error"], help="[env LOG_LEVEL] (default info)")
+    p.add_argument("--core-partitions", choices=CORE_PARTITION_MODES,
+                   default=env_default("CORE_PARTITIONS", "auto"),
+                   help="publish NeuronCores with counters beside whole devices: auto (where the API server is "
+                        f"Kubernetes 1.{COUNTERS_PER_NODE_MINOR}+, whose scheduler keeps each node's counters to "
+                        "that node, and keeps ResourceSlice sharedCounters; on 1.36 a claim pod's scheduler CPU "
+                        "grows with nodes squared), on, off [env CORE_PARTITIONS] (default auto)")
+    p.add_argument("--lnc", type=_lnc, default=env_default("NODE_LNC", None), metavar="1|2",
+                   help="the node's Logical NeuronCore config (env NODE_LNC; default: the host's "
+                        "/opt/aws/neuron/logical_nc_config, else 2 on Trainium2+)")
+    p.add_argument("--kube-api-qps", type=_bounded(float, 0.1, 1000, "a number of requests per second"),
+                   default=env_default("KUBE_API_QPS", f"{DAEMON_QPS:g}"), metavar="QPS",
+                   help=f"API requests per second, sustained (kubelet's default) [env KUBE_API_QPS] "
+                        f"(default {DAEMON_QPS:g})")
+    p.add_argument("--kube-api-burst", type=_bounded(int, 1, 1000, "a whole number of requests"),
+                   default=env_default("KUBE_API_BURST", str(DAEMON_BURST)), metavar="N",
+                   help=f"API requests allowed at once above the QPS (kubelet's default) [env KUBE_API_BURST] "
+                        f"(default {DAEMON_BURST})")
+    p.add_argument("--kube-api-timeout", type=_bounded(float, 0.5, 40, "a number of seconds"),
+                   default=env_default("KUBE_API_TIMEOUT", "10"), metavar="SECONDS",
+                   help="deadline of one API request, the whole answer included; kubelet gives a prepare 45 s "
+                        "[env KUBE_API_TIMEOUT] (default 10)")
+    p.add_argument("--pod-uid", default=env_default("POD_UID", ""), metavar="UID",
+                   help="this pod's UID (downward API metadata.uid) for socket names of its own [env POD_UID]")
+    p.add_argument("--socket-names", choices=SOCKET_NAME_MODES, default=env_default("SOCKET_NAMES", "auto"),
+                   help="auto: per instance when there is a pod UID and the node's kubelet is 1.33+, else "
+                        "plain; per-instance; plain [env SOCKET_NAMES] (default auto; docs/upgrades.md)")
+    p.add_argument("--version", action="version", version=f"neuron-dra-driver {VERSION}")
+    return p
+
+
+def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonOptions:
+    parser = build_parser(env)
+    a = parser.parse_args(argv)
+    if not a.node_name:
+        parser.error("--node-name (or env NODE_NAME) is required")
+    host_root = None if a.emulate else (a.host_root or Path("/"))
+    try:
+        pod_uid = check_pod_uid(a.pod_uid or "")
+    except InstanceError as e:
+        parser.error(str(e))
+    return DaemonOptions(
+        node_name=a.node_name, driver_name=a.driver_name, plugins_dir=Path(a.plugins_dir),
+        registry_dir=Path(a.registry_dir), cdi_root=Path(a.cdi_root), healthcheck_port=int(a.healthcheck_port),
+        metrics_port=int(a.metrics_port), bind_address=a.bind_address, kubeconfig=a.kubeconfig, host_root=host_root,
+        emulate=a.emulate, log_level=a.log_level, health_poll_interval=float(a.health_poll_interval),
+        unhealthy_taint_effect=a.unhealthy_taint_effect, core_partitions=a.core_partitions,
+        lnc=None if a.lnc is None else int(a.lnc), catalog=Path(a.catalog) if a.catalog else None,
+        kube_api_qps=float(a.kube_api_qps), kube_api_burst=int(a.kube_api_burst),
+        kube_api_timeout=float(a.kube_api_timeout), pod_uid=pod_uid, socket_names=a.socket_names,
+    )
+
+
+def kubelet_version(api: ApiClient, node_name: str, seconds: float) -> str | None:
+    """The node's kubelet version as the Node reports it (status.nodeInfo.kubeletVersion); None on any failure."""
+    from urllib.parse import quote
+
+    from neuron_dra.driver.kubeletplugin.kube import ApiClientError, ApiException, KubeApi
+
+    try:
+        node = KubeApi(api).call("GET", f"/api/v1/nodes/{quote(node_name, safe='')}", seconds=seconds)
+    except (ApiException, ApiClientError) as e:
+        log.warning("cannot read the node's kubelet version", extra={"node": node_name, "error": str(e)})
+        return None
+    version = (node.get("status") or {}).get("nodeInfo", {}).get("kubeletVersion")
+    return version if isinstance(version, str) else None
+
+
+_SERVER_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
+
+
+def server_version(api: ApiClient, seconds: float) -> str | None:
+    """The API server's version (GET /version, gitVersion: `v1.36.5`, `v1.37.1-eks-...`); None on any failure."""
+    from neuron_dra.driver.kubeletplugin.kube import ApiClientError, ApiException, KubeApi
+
+    try:
+        version = KubeApi(api).call("GET", "/version", seconds=seconds).get("gitVersion")
+    except (ApiException, ApiClientError) as e:
+        log.warning("cannot read the API server's version", extra={"error": str(e)})
+        return None
+    return version if isinstance(version, str) else None
+
+
+def decide_core_partitions(mode: str, version: Callable[[], str | None]) -> tuple[str, str]:
+    """`--core-partitions` resolved to on, off or auto (publish NeuronCores if the API server keeps counters:
+    the publisher's probe), with the reason; `version` (the API server's) is asked only for auto."""
+    if mode != "auto":
+        return mode, f"--core-partitions={mode}"
+    seen = version()
+    m = _SERVER_VERSION.match(seen or "")
+    if m is None:
+        return "off", (f"the API server's version is unknown ({seen!r}): whole devices only, which never slow the "
+                       "scheduler (--core-partitions on publishes NeuronCores)")
+    major, minor = int(m.group(1)), int(m.group(2))
+    if (major, minor) < (1, COUNTERS_PER_NODE_MINOR):
+        return "off", (f"the API server is {seen}: its scheduler reads every node's counter slices on each node "
+                       f"(kubernetes#138917, fixed in 1.{COUNTERS_PER_NODE_MINOR}), so NeuronCores with counters make "
+                       "every claim pod's scheduling cost grow with nodes squared (--core-partitions on publishes "
+                       "them anyway)")
+    return "auto", f"the API server is {seen}"
+
+
+def with_core_partitions(options: DaemonOptions, api: ApiClient | None) -> DaemonOptions:
+    """`options` with `--core-partitions auto` resolved against the API server's version (once, at start)."""
+    mode, reason = decide_core_partitions(
+        options.core_partitions,
+        lambda: None if api is None else server_version(api, options.kube_api_timeout))
+    return replace(options, core_partitions=mode, core_partitions_reason=reason)
+
+
+def with_socket_names(options: DaemonOptions, api: ApiClient | None) -> DaemonOptions:
+    """`options` with the instance id chosen (instances.py); asks the API server only when that decides."""
+    naming = decide(options.socket_names, options.pod_uid,
+                    lambda: None if api is None else kubelet_version(api, options.node_name,
+                                                                     options.kube_api_timeout))
+    log.info("socket names chosen", extra={"instance": naming.instance or "(plain names)", "reason": naming.reason})
+    return replace(options, instance=naming.instance)
+
+
