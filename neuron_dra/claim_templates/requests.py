@@ -309,9 +309,70 @@ class Rendered:
     configs: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _attributes(drivers: Drivers) -> str:
+    return f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
+
+
+def _exact(drivers: Drivers, class_name: str, count: Count, parts: Sequence[str], raw: Sequence[str],
+           tolerations: Sequence[Tolerance] = ()) -> dict[str, Any]:
+    """An ExactDeviceRequest / DeviceSubRequest body (every request kind's): `parts` and `raw` selectors as
+    merged_selectors joins them."""
+    body: dict[str, Any] = {"deviceClassName": class_name}
+    selectors = merged_selectors(parts, raw)
+    if selectors:
+        body["selectors"] = selectors
+    if count is ALL:
+        body["allocationMode"] = "All"
+    else:
+        body["allocationMode"] = "ExactCount"
+        body["count"] = count
+    if tolerations:
+        body["tolerations"] = [t.to_api(drivers) for t in tolerations]
+    return body
+
+
+class _Exact:
+    """What Neuron, UltraServerNode, NeuronCores and Efa share: one `exactly` request from `exact` and `extras`."""
+
+    name: str
+
+    def _normalize(self, *fields: str) -> None:
+        """Check the name; store the sequence fields (selectors, tolerations, ...) as tuples."""
+        kind = type(self).__name__
+        check_dns_label(f"{kind}.name", self.name)
+        for f in fields:
+            convert = _tolerations if f == "tolerations" else _as_tuple
+            object.__setattr__(self, f, convert(f"{kind}.{f}", getattr(self, f)))
+
+    def exact(self, drivers: Drivers) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Constraints and configs for this request, `ref` being its name in them (`req` or `req/sub`)."""
+        return [], []
+
+    def render(self, drivers: Drivers) -> Rendered:
+        constraints, configs = self.extras(drivers, self.name)
+        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints, configs)
+
+
+def _target_types(catalog: Catalog, instance_types: Sequence[str], families: Sequence[str]) -> tuple[str, ...]:
+    """The instance types a request may land on (its instance types and families; else all)."""
+    by_family = tuple(t for t, s in catalog.types.items() if s.family.name in families)
+    if instance_types and families:
+        return tuple(t for t in instance_types if t in by_family)
+    return tuple(instance_types) or by_family or tuple(catalog.types)
+
+
+def _instance_type_test(drivers: Drivers, types: Sequence[str]) -> str:
+    d = _attributes(drivers)
+    return f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1 else \
+        f"{d}.instanceType in {_cel_list(types)}"
+
+
 @keyword_hints
 @dataclass(frozen=True)
-class Neuron:
+class Neuron(_Exact):
     """Neuron devices: `count` of them (1..32) or ALL on the node."""
 
     count: Count = 1
@@ -332,11 +393,7 @@ class Neuron:
             raise TemplateError("Neuron.catalog", self.catalog,
                                 "a Catalog (driver.catalog.BUILTIN or a catalog file's)")
         _count("Neuron.count", self.count, allow_all=True)
-        object.__setattr__(self, "tolerations", _tolerations("Neuron.tolerations", self.tolerations))
-        check_dns_label("Neuron.name", self.name)
-        object.__setattr__(self, "instance_types", _as_tuple("Neuron.instance_types", self.instance_types))
-        object.__setattr__(self, "families", _as_tuple("Neuron.families", self.families))
-        object.__setattr__(self, "selectors", _as_tuple("Neuron.selectors", self.selectors))
+        self._normalize("tolerations", "instance_types", "families", "selectors")
         types = self.catalog.types
         targets = _checked_targets("Neuron", self.catalog, self.instance_types, self.families, self.target_types)
         most = max(types[t].device_count for t in targets)
@@ -355,12 +412,7 @@ class Neuron:
 
     @property
     def target_types(self) -> tuple[str, ...]:
-        """The instance types this request may land on (its instance types and families; else all)."""
-        types = self.catalog.types
-        by_family = tuple(t for t, s in types.items() if s.family.name in self.families)
-        if self.instance_types and self.families:
-            return tuple(t for t in self.instance_types if t in by_family)
-        return tuple(self.instance_types) or by_family or tuple(types)
+        return _target_types(self.catalog, self.instance_types, self.families)
 
     @property
     def group_size(self) -> int | None:
@@ -492,7 +544,7 @@ class Neuron:
 
     def selector_expressions(self, drivers: Drivers) -> list[str]:
         """The request's own tests, cheap and selective first (merged_selectors adds the raw selectors)."""
-        d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
+        d = _attributes(drivers)
         c = f"device.capacity[{_cel_string(drivers.neuron_driver)}]"
         # The class keeps NeuronCores out; the UltraServer pseudo-device only a selector does, or a group
         # constraint (the pseudo-device has no group id, and the allocator never chooses a device that lacks the
@@ -500,9 +552,7 @@ class Neuron:
         guard = self._pseudo_device_possible() and self.group_attribute(drivers) is None
         out = [f"{d}.resourceType == {_cel_string(NEURON_DEVICE)}"] if guard else []
         if self.instance_types or self.families:
-            types = self.target_types
-            out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
-                       else f"{d}.instanceType in {_cel_list(types)}")
+            out.append(_instance_type_test(drivers, self.target_types))
         if isinstance(self.topology, RingSegment):
             out.append(f"{d}.topologyKind == {_cel_string(TopologyKind.RING.value)}")
         if isinstance(self.kernel_driver, str):
@@ -516,32 +566,16 @@ class Neuron:
         return out
 
     def exact(self, drivers: Drivers) -> dict[str, Any]:
-        """The ExactDeviceRequest / DeviceSubRequest body."""
-        body: dict[str, Any] = {"deviceClassName": drivers.neuron_class}
-        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)
-        if selectors:
-            body["selectors"] = selectors
-        if self.count is ALL:
-            body["allocationMode"] = "All"
-        else:
-            body["allocationMode"] = "ExactCount"
-            body["count"] = self.count
-        if self.tolerations:
-            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
-        return body
+        return _exact(drivers, drivers.neuron_class, self.count, self.selector_expressions(drivers),
+                      self.selectors, self.tolerations)  # type: ignore[arg-type]
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Constraints and configs for this request, `ref` being its name in them (`req` or `req/sub`)."""
         constraints = []
         attribute = self.group_attribute(drivers)
         if attribute is not None:
             constraints.append({"requests": [ref], "matchAttribute": attribute})
         configs = [_opaque(drivers, [ref], neuron_config(self.lnc))] if self.lnc is not None else []
         return constraints, configs
-
-    def render(self, drivers: Drivers) -> Rendered:
-        constraints, configs = self.extras(drivers, self.name)
-        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints, configs)
 
     def max_devices(self) -> int:
         if isinstance(self.count, int):
@@ -560,7 +594,7 @@ def _at_least(attribute: str, parts: tuple[int, ...]) -> str:
 
 @keyword_hints
 @dataclass(frozen=True)
-class UltraServerNode:
+class UltraServerNode(_Exact):
     """The UltraServer pseudo-device of a trn2u node, with the UltraServer mode (1, 2 or 4 nodes)."""
 
     mode: int
@@ -570,8 +604,7 @@ class UltraServerNode:
     tolerations: Sequence[Tolerance] | Tolerance = ()
 
     def __post_init__(self) -> None:
-        check_dns_label("UltraServerNode.name", self.name)
-        object.__setattr__(self, "tolerations", _tolerations("UltraServerNode.tolerations", self.tolerations))
+        self._normalize("tolerations", "selectors")
         try:
             driver_config.decode(ultraserver_config(self.mode))
             if self.lnc is not None:
@@ -579,18 +612,11 @@ class UltraServerNode:
         except driver_config.ConfigError as e:
             field_name = "UltraServerNode.mode" if e.field == "ultraserverMode" else "UltraServerNode.lnc"
             raise e.restated(TemplateError, field_name) from None
-        object.__setattr__(self, "selectors", _as_tuple("UltraServerNode.selectors", self.selectors))
         _check_selectors("UltraServerNode.selectors", self.selectors)  # type: ignore[arg-type]
 
     def exact(self, drivers: Drivers) -> dict[str, Any]:
-        d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
-        selectors = merged_selectors([f"{d}.resourceType == {_cel_string(NEURON_NODE)}"],
-                                     self.selectors)
-        body = {"deviceClassName": drivers.neuron_class, "selectors": selectors,
-                "allocationMode": "ExactCount", "count": 1}
-        if self.tolerations:
-            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
-        return body
+        return _exact(drivers, drivers.neuron_class, 1, [f"{_attributes(drivers)}.resourceType == "
+                      f"{_cel_string(NEURON_NODE)}"], self.selectors, self.tolerations)  # type: ignore[arg-type]
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         configs = [_opaque(drivers, [ref], ultraserver_config(self.mode))]
@@ -598,17 +624,13 @@ class UltraServerNode:
             configs.append(_opaque(drivers, [ref], neuron_config(self.lnc)))
         return [], configs
 
-    def render(self, drivers: Drivers) -> Rendered:
-        constraints, configs = self.extras(drivers, self.name)
-        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints, configs)
-
     def max_devices(self) -> int:
         return 1
 
 
 @keyword_hints
 @dataclass(frozen=True)
-class Efa:
+class Efa(_Exact):
     """EFA devices; `aligned_to` names a Neuron request whose devices share their devicegroup."""
 
     count: int = 1
@@ -619,21 +641,15 @@ class Efa:
 
     def __post_init__(self) -> None:
         _count("Efa.count", self.count, allow_all=False)
-        check_dns_label("Efa.name", self.name)
+        self._normalize("selectors")
         if self.aligned_to is not None:
             check_dns_label("Efa.aligned_to", self.aligned_to)
         if self.group is not None and self.group not in (1, *DEVICEGROUP_SIZES):
             raise TemplateError("Efa.group", self.group, f"a devicegroup size: 1, {_sizes(DEVICEGROUP_SIZES)}")
-        object.__setattr__(self, "selectors", _as_tuple("Efa.selectors", self.selectors))
         _check_selectors("Efa.selectors", self.selectors)  # type: ignore[arg-type]
 
-    def render(self, drivers: Drivers) -> Rendered:
-        body: dict[str, Any] = {"deviceClassName": drivers.efa_class, "allocationMode": "ExactCount",
-                                "count": self.count}
-        selectors = merged_selectors([], self.selectors)
-        if selectors:
-            body["selectors"] = selectors
-        return Rendered({"name": self.name, "exactly": body})
+    def exact(self, drivers: Drivers) -> dict[str, Any]:
+        return _exact(drivers, drivers.efa_class, self.count, [], self.selectors)
 
     def max_devices(self) -> int:
         return self.count
@@ -693,7 +709,7 @@ def _renamed(option: Neuron | NeuronCores, name: str) -> Neuron | NeuronCores:
 
 @keyword_hints
 @dataclass(frozen=True)
-class NeuronCores:
+class NeuronCores(_Exact):
     """`count` NeuronCores (logical cores at the node's LNC; physical cores on Trainium1/Inferentia2) of one
     Neuron device, forming one aligned, contiguous range of NEURON_RT_VISIBLE_CORES ids: the count is a power of
     two up to a device's logical cores, and more than one core is held together by `coreGroup{count}_id`
@@ -712,11 +728,7 @@ class NeuronCores:
     def __post_init__(self) -> None:
         if not isinstance(self.catalog, Catalog):
             raise TemplateError("NeuronCores.catalog", self.catalog, "a Catalog")
-        check_dns_label("NeuronCores.name", self.name)
-        object.__setattr__(self, "instance_types", _as_tuple("NeuronCores.instance_types", self.instance_types))
-        object.__setattr__(self, "families", _as_tuple("NeuronCores.families", self.families))
-        object.__setattr__(self, "selectors", _as_tuple("NeuronCores.selectors", self.selectors))
-        object.__setattr__(self, "tolerations", _tolerations("NeuronCores.tolerations", self.tolerations))
+        self._normalize("instance_types", "families", "selectors", "tolerations")
         types = self.catalog.types
         targets = _checked_targets("NeuronCores", self.catalog, self.instance_types, self.families,
                                    self.target_types)
@@ -736,19 +748,13 @@ class NeuronCores:
 
     @property
     def target_types(self) -> tuple[str, ...]:
-        types = self.catalog.types
-        by_family = tuple(t for t, s in types.items() if s.family.name in self.families)
-        if self.instance_types and self.families:
-            return tuple(t for t in self.instance_types if t in by_family)
-        return tuple(self.instance_types) or by_family or tuple(types)
+        return _target_types(self.catalog, self.instance_types, self.families)
 
     def selector_expressions(self, drivers: Drivers) -> list[str]:
-        d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
+        d = _attributes(drivers)
         out = []  # the NeuronCore class selects resourceType neuron_core already
         if self.instance_types or self.families:
-            types = self.target_types
-            out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
-                       else f"{d}.instanceType in {_cel_list(types)}")
+            out.append(_instance_type_test(drivers, self.target_types))
         if self.node_lnc is not None:
             out.append(f"{d}.lnc == {self.node_lnc}")
         if self.count > 1:  # only nodes whose devices have groups of this size
@@ -756,25 +762,14 @@ class NeuronCores:
         return out
 
     def exact(self, drivers: Drivers) -> dict[str, Any]:
-        """The ExactDeviceRequest / DeviceSubRequest body."""
-        body: dict[str, Any] = {"deviceClassName": drivers.neuron_core_class, "allocationMode": "ExactCount",
-                                "count": self.count}
-        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)
-        if selectors:
-            body["selectors"] = selectors
-        if self.tolerations:
-            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
-        return body
+        return _exact(drivers, drivers.neuron_core_class, self.count, self.selector_expressions(drivers),
+                      self.selectors, self.tolerations)  # type: ignore[arg-type]
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The core group constraint, `ref` being the request's name in it (`req` or `req/sub`); no configs."""
         if self.count == 1:
             return [], []
         return [{"requests": [ref], "matchAttribute": f"{drivers.neuron_driver}/coreGroup{self.count}_id"}], []
-
-    def render(self, drivers: Drivers) -> Rendered:
-        constraints, _ = self.extras(drivers, self.name)
-        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints)
 
     def max_devices(self) -> int:
         return self.count
