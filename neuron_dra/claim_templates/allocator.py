@@ -1,46 +1,26 @@
-"""A simulation of kube-scheduler's structured DRA allocator (k8s.io/dynamic-resource-allocation/structured).
+"""A simulation of kube-scheduler's structured DRA allocator (k8s.io/dynamic-resource-allocation/structured,
+read from 1.34's "experimental" implementation, updated to 1.36), on the same API dicts as the real one:
+- pools: slices for the node (nodeName, allNodes or a matching nodeSelector), newest generation only; an
+  incomplete pool gives no devices and fails an `All` request; an invalid one (duplicate device names) also
+  makes a failed search an error;
+- depth-first search with backtracking over claims, requests (firstAvailable: subrequests in order), device
+  slots, pools, slices and devices in order; the first complete solution wins; at most 32 devices per claim;
+- a device is selectable when every class selector, then every request selector, is true; a CEL error
+  aborts the allocation; `All` takes every selectable device of the node at once, at least one;
+- matchAttribute: same type and value over the named requests (or all), checked as devices are added;
+- device taints (`device_taints=False` for 1.34/1.35): an untolerated NoSchedule/NoExecute taint skips
+  the device; tolerations match as resourceclaim.ToleratesTaint does.
 
-Same inputs as the real one (API dicts of ResourceSlices, DeviceClasses and ResourceClaims, the set of
-already allocated devices, the node) and the same semantics, read from the 1.34 allocator (with 1.34's
-default gates the scheduler runs its "experimental" implementation), updated to 1.36 (the default
-minor of the local cluster and of the differential test):
-- pools: slices for the node (nodeName, allNodes or a matching nodeSelector), newest generation only;
-  an incomplete pool (fewer slices than resourceSliceCount) gives no devices (1.34 still gave the
-  devices of the slices it had to ExactCount requests) and fails an `All` request; an invalid one
-  (duplicate device names) gives no devices, fails an `All` request and makes a failed search an error;
-- depth-first search with backtracking over claims, requests (firstAvailable: subrequests in order),
-  device slots, pools, slices and devices in order; the first complete solution wins;
-- a device is selectable when every class selector and then every request selector is true (results
-  cached per device and request); a CEL error aborts the whole allocation, as in Kubernetes;
-- `All`: every selectable device of the node (in use or not) at once, and at least one; a constraint
-  that one of them breaks is an error;
-- matchAttribute over the named requests (or all): same type and value; a device without the
-  attribute never joins; constraints checked as devices are added;
-- at most 32 devices per claim, with the allocator's special backtracking when a firstAvailable
-  alternative would exceed it.
+Differences that change no answer: the search skips a slot when fewer usable devices remain than the
+request needs, and remembers failed subtrees by the devices taken (Go re-visits one per ordering, which is
+exponential), in a memo of at most MEMO_LIMIT entries; there is no timeout; pools go in the order their first
+slice appears. prune=False turns both off and makes Go's allocateOne calls in Go's order, counted in
+`SimulationResult.searches` and bounded by a budget (SearchBudgetExceeded), which keeps the differential
+test's cases clear of Go's filter timeout. Partitionable devices (shared counters) follow `partitionable`; alpha
+features (per-device node selection, consumable capacity, binding conditions) are off, as on EKS.
 
-Deliberate differences, none of which changes an answer: this search skips a device slot when fewer
-free, selectable, constraint-compatible devices remain than the request still needs, and it remembers
-failed subtrees by the set of devices taken (the Go search re-visits one per ordering of the same
-devices, which is exponential: 8 aligned EFAs on a trn1.32xlarge take it past its 10 s timeout); there
-is no timeout; the memo keys a subtree by the devices the rest of the search can see only, and holds at most
-MEMO_LIMIT entries (then starts again), so its memory is bounded; pools are visited in
-the order their first slice appears (Go flattens a map, so its pool order is unspecified).
-With prune=False the cut and the memo are off and the search makes Go's allocateOne calls in Go's order;
-`SimulationResult.searches` counts them and a budget (SearchBudgetExceeded) bounds them, which is how the
-differential test's case generator keeps its cases clear of Go's filter timeout. Either way, what selection,
-taints and pools decide is worked out once per request (Simulator.loop) and per-device state is indexed by
-position, so the search itself only tracks what is taken and the constraints.
-Alpha features (partitionable devices, consumable capacity, binding conditions) are off, as on
-EKS: slices with per-device node selection are ignored, devices that consume counters or have binding
-conditions are never allocated. Device taints (beta and on in 1.36, GA in 1.37; `device_taints=False` for
-1.34/1.35, where the API server drops them anyway): a device with a NoSchedule or NoExecute taint that the
-request does not tolerate is skipped where the device would be allocated (so an `All` request over a tainted
-device fails); None and unknown effects are ignored; tolerations match as resourceclaim.ToleratesTaint does.
-
-Modes, like the Go comparison program (localcluster/go/allocsim): "fit-one" allocates all claims
-together once; "count" allocates copies of claims[0] one after another, each result added to the
-allocated set, up to 64.
+Modes, as in localcluster/go/allocsim: "fit-one" allocates all claims together once; "count" allocates
+copies of claims[0] one after another, each added to the allocated set.
 """
 
 from __future__ import annotations
@@ -456,8 +436,6 @@ class Simulator:
         return True
 
 
-
-
 class _Search:
     def __init__(self, sim: Simulator, claims: Sequence[Mapping[str, Any]], allocated: set[DeviceId]) -> None:
         self.sim = sim
@@ -487,7 +465,6 @@ class _Search:
         # per request: devices that are selectable, or whose selectors error (selection is static)
         self.candidates: dict[tuple[int, int, int], list[tuple[_Device, AllocationError | None]]] = {}
         self.calls = 0  # allocateOne calls
-        self.memo_resets = 0  # times the memo reached MEMO_LIMIT and was emptied
         self.memo_peak = 0
         self.budget = sys.maxsize if sim.budget is None else sim.budget
 
@@ -549,12 +526,9 @@ class _Search:
             self._relevance()
 
     def _relevance(self) -> None:
-        """What a failed subtree's outcome can depend on, for the memo's key: from request `ri` of claim `ci` on,
-        the search takes, skips or evaluates only the devices of the remaining requests' loops (the selectable
-        and the erroring ones), their `All` devices, and whatever shares a counter set with those (counters decide
-        whether a device can be taken). Whether any other device is held changes nothing below, so the key leaves
-        it out: subtrees that differ only in such devices are one failure, and the memo stays small (3 claims
-        whose last one needs EFAs the first two took: one entry instead of one per way of taking them)."""
+        """The devices a failed subtree's outcome can depend on, for the memo's key: from request `ri` of claim `ci`
+        on, those of the remaining requests' loops, their `All` devices, and whatever shares a counter set with
+        them. Other devices are left out of the key, so subtrees differing only in them are one failure."""
         sharing: dict[tuple[str, str, str], set[int]] = {}
         for d in self.sim.devices:
             for counter_set, _ in d.consumption:
@@ -667,7 +641,6 @@ class _Search:
         re-visits, so forgetting costs time, never an answer, and its memory stays bounded."""
         if len(self.failed) >= MEMO_LIMIT:
             self.failed.clear()
-            self.memo_resets += 1
         self.failed[key] = max_size
         self.memo_peak = max(self.memo_peak, len(self.failed))
 

@@ -49,6 +49,7 @@ from neuron_dra.claim_templates.cel_analysis import (
 )
 from neuron_dra.claim_templates.cel_cost import COST_LIMIT, CostTooDeep, estimate
 from neuron_dra.claim_templates.cel_types import INT64_MAX, INT64_MIN, CelValueError, Quantity, Semver
+from neuron_dra.driver.model.errortext import capped
 
 MAX_EXPRESSION_BYTES = 10 * 1024  # resource.k8s.io/v1 CELSelectorExpressionMaxLength
 # Wall-clock bound of one evaluation (the cost estimate bounds the work; this catches what it cannot see).
@@ -58,11 +59,6 @@ TOO_DEEP = ("nested too deeply for this checker's CEL implementation (Python rec
 
 # celpy logs every evaluation error at ERROR level; a selector that errors is a normal check outcome.
 logging.getLogger("celpy").setLevel(logging.CRITICAL)
-
-
-def _cut(expression: str, limit: int = 200) -> str:
-    """An expression as error messages show it: at most `limit` characters (selectors may be 10 KiB)."""
-    return expression if len(expression) <= limit else f"{expression[:limit]}... ({len(expression)} characters)"
 
 
 CARET_WINDOW = 60  # characters of the expression shown either side of a syntax error's caret
@@ -93,7 +89,7 @@ class CelCompileError(ValueError):
     def __init__(self, expression: str, message: str) -> None:
         self.expression = expression
         self.message = message
-        super().__init__(f"CEL compile error in `{_cut(expression)}`: {message}")
+        super().__init__(f"CEL compile error in `{capped(expression, 200)}`: {message}")  # selectors may be 10 KiB
 
 
 class CelEvaluationError(ValueError):
@@ -103,7 +99,7 @@ class CelEvaluationError(ValueError):
         self.expression = expression
         self.device = device
         self.message = message
-        super().__init__(f"CEL runtime error in `{_cut(expression)}` on device {device}: {message}")
+        super().__init__(f"CEL runtime error in `{capped(expression, 200)}` on device {device}: {message}")
 
 
 # --- the device input -------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import functools
 import re
 from collections import Counter
@@ -40,6 +39,7 @@ from neuron_dra.claim_templates.node_types import NodeType, NodeTypeInput
 from neuron_dra.claim_templates.template import ClaimTemplate
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
+from neuron_dra.driver.model.errortext import did_you_mean
 from neuron_dra.driver.model.partitions import NEURON_CORE, parse_core_device
 from neuron_dra.driver.model.slices import NEURON_DEVICE, NEURON_NODE, device_name
 from neuron_dra.driver.model.taints import unhealthy_taint_key
@@ -189,11 +189,6 @@ def _short(expression: str, limit: int = 90) -> str:
     return expression if len(expression) <= limit else expression[:limit - 3] + "..."
 
 
-def _closest(name: str, candidates: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.0)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 def _ref_hint(ref: DeviceRef, published: Mapping[tuple[RefKind, str], frozenset[str]]) -> str:
     """The did-you-mean for an unpublished name: the same name in another domain first (the driver publishes
     `numaNode` only as the standard `resource.kubernetes.io/numaNode`), else the domain's closest name."""
@@ -202,14 +197,14 @@ def _ref_hint(ref: DeviceRef, published: Mapping[tuple[RefKind, str], frozenset[
     if elsewhere:
         return (f"; did you mean device.{ref.kind.value}[{elsewhere[0]!r}].{ref.name} "
                 f"({elsewhere[0]}/{ref.name})?")
-    return _closest(ref.name, sorted(published.get((ref.kind, ref.domain), ())))
+    return did_you_mean(ref.name, sorted(published.get((ref.kind, ref.domain), ())), cutoff=0.0)
 
 
 def _qualified_hint(name: str, known: Sequence[str]) -> str:
     """As `_ref_hint` for a qualified attribute name (`domain/name`) of a constraint."""
     short = name.rpartition("/")[2]
     elsewhere = [k for k in known if k.rpartition("/")[2] == short]
-    return f"; did you mean {elsewhere[0]!r}?" if elsewhere else _closest(name, known)
+    return f"; did you mean {elsewhere[0]!r}?" if elsewhere else did_you_mean(name, known, cutoff=0.0)
 
 
 def _quantity_example(ref: DeviceRef, text: str) -> str:
@@ -290,12 +285,18 @@ class _Check:
         self.manifest = manifest
         self.spec: Mapping[str, Any] = (manifest.get("spec") or {}).get("spec") or {}
         self.requests = _units(self.spec)
+        self.units = [u for units in self.requests for u in units]
+        self.devices: Mapping[str, Any] = self.spec.get("devices") or {}
         self.issues: list[Issue] = []
         self.classes = {c["metadata"]["name"]: c for c in drivers.device_classes()}
         self.matched: Counter[str] = Counter()  # unit ref -> devices matched over every checked node
         self.most_matched: Counter[str] = Counter()  # unit ref -> the most devices matched on one node
         # (request, selector, message) -> instance type -> devices it fails on
         self.failures: dict[tuple[str, str, str], Counter[str]] = {}
+
+    def _named(self, names: Sequence[str]) -> list[_Unit]:
+        """The units a constraint or config names (by request or `request/sub`); all when it names none."""
+        return [u for u in self.units if not names or u.ref in names or u.base in names]
 
     def error(self, message: str) -> None:
         if Issue("error", message) not in self.issues:
@@ -374,8 +375,8 @@ class _Check:
 
     def _check_constraints(self) -> None:
         known = self.catalog.published_qualified()
-        refs = {u.ref for units in self.requests for u in units} | {u.base for units in self.requests for u in units}
-        for i, c in enumerate((self.spec.get("devices") or {}).get("constraints") or []):
+        refs = {u.ref for u in self.units} | {u.base for u in self.units}
+        for i, c in enumerate(self.devices.get("constraints") or []):
             name = c.get("matchAttribute")
             if name is None:
                 self.error(f"constraint #{i}: only matchAttribute constraints are supported")
@@ -389,7 +390,7 @@ class _Check:
 
     def _decode_configs(self) -> list[tuple[tuple[str, ...], driver_config.OpaqueConfig]]:
         decoded = []
-        for i, entry in enumerate((self.spec.get("devices") or {}).get("config") or []):
+        for i, entry in enumerate(self.devices.get("config") or []):
             opaque = entry.get("opaque") or {}
             if opaque.get("driver") != self.drivers.neuron_driver:
                 continue
@@ -486,7 +487,7 @@ class _Check:
     def _short_of_devices(self, selections: Mapping[str, _Selection]) -> bool:
         """Whether some request has, in every alternative, fewer matching devices than it needs, with no
         selector error on the node (an error aborts allocation there: the simulation reports it)."""
-        if any(selections[u.ref].errors for units in self.requests for u in units):
+        if any(selections[u.ref].errors for u in self.units):
             return False
         return any(all(len(selections[u.ref].matched) < (1 if u.all_mode else u.count) for u in units)
                    for units in self.requests)
@@ -519,9 +520,9 @@ class _Check:
 
     def _read_attributes(self) -> set[str]:
         """Every attribute the template's selectors and constraints read, as `domain/name`."""
-        names = {f"{r.domain}/{r.name}" for units in self.requests for u in units for s in u.selectors
+        names = {f"{r.domain}/{r.name}" for u in self.units for s in u.selectors
                  for r in s.refs if r.kind is RefKind.ATTRIBUTE}
-        names |= {c["matchAttribute"] for c in (self.spec.get("devices") or {}).get("constraints") or []
+        names |= {c["matchAttribute"] for c in self.devices.get("constraints") or []
                   if c.get("matchAttribute")}
         return names
 
@@ -562,9 +563,7 @@ class _Check:
     def _configs_not_applicable(self, configs: list[tuple[tuple[str, ...], driver_config.OpaqueConfig]],
                                 selections: Mapping[str, _Selection], spec: Any) -> str | None:
         for requests, cfg in configs:
-            units = [u for units in self.requests for u in units
-                     if not requests or u.ref in requests or u.base in requests]
-            if not any(selections[u.ref].matched for u in units):
+            if not any(selections[u.ref].matched for u in self._named(requests)):
                 continue  # the config's requests get no device here anyway
             try:
                 driver_config.check_applies(cfg, spec)
@@ -593,10 +592,9 @@ class _Check:
                                 + (f" ({rejected})" if rejected else ""))
             if problems:
                 return "; ".join(problems) if len(problems) == 1 else "no alternative fits: " + "; ".join(problems)
-        for i, c in enumerate((self.spec.get("devices") or {}).get("constraints") or []):
+        for i, c in enumerate(self.devices.get("constraints") or []):
             attribute = c.get("matchAttribute", "")
-            named = set(c.get("requests") or [])
-            units = [u for us in self.requests for u in us if not named or u.ref in named or u.base in named]
+            units = self._named(c.get("requests") or ())
             for u in units:
                 with_attr = [d for d in selections[u.ref].matched if _has_attribute(d, attribute)]
                 if selections[u.ref].matched and not with_attr:

@@ -15,7 +15,6 @@ from typing import Any
 
 from neuron_dra.claim_templates.names import check_dns_subdomain
 from neuron_dra.driver.deploy import (
-    DEFAULT_CORE_DEVICE_CLASS,
     DeviceClassNames,
     device_class_names,
     device_class_selector,
@@ -23,8 +22,6 @@ from neuron_dra.driver.deploy import (
 from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS, EFA_DRIVER, efa_device_class
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, device_class_manifest
 
-DEFAULT_NEURON_CLASS = DEFAULT_DRIVER_NAME  # AWS names the DeviceClass after the driver
-DEFAULT_NEURON_CORE_CLASS = DEFAULT_CORE_DEVICE_CLASS  # NeuronCores (docs/neuron-cores.md §4)
 DEFAULT_EFA_DRIVER = EFA_DRIVER
 DEFAULT_EFA_CLASS = EFA_DEVICE_CLASS
 

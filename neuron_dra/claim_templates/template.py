@@ -28,7 +28,6 @@ from neuron_dra.driver.model.slices import AWS_DOMAIN
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_REQUESTS = 32
-MAX_CONSTRAINTS = 32
 MAX_CONFIGS = 32
 MAX_OPAQUE_PARAMETERS_BYTES = 10 * 1024
 
