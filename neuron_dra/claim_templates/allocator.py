@@ -207,27 +207,25 @@ def _requirement(values: Mapping[str, str], req: Mapping[str, Any]) -> bool:
     return False
 
 
+def _for_node(spec: Mapping[str, Any], node_name: str, labels: Mapping[str, str], partitionable: bool) -> bool:
+    if spec.get("perDeviceNodeSelection") is not None:
+        return False  # per-device node selection is not modelled
+    if spec.get("sharedCounters"):
+        return partitionable  # counter sets are needed to use a pool, whatever node they name
+    if spec.get("nodeName"):
+        return bool(spec["nodeName"] == node_name)
+    if spec.get("allNodes"):
+        return True
+    return spec.get("nodeSelector") is not None and _node_matches(node_name, labels, spec["nodeSelector"])
+
+
 def gather_pools(slices: Iterable[Mapping[str, Any]], node_name: str, node_labels: Mapping[str, str],
                  partitionable: bool = True) -> list[_Pool]:
     labels = {"kubernetes.io/hostname": node_name, **node_labels}
     pools: dict[tuple[str, str], _Pool] = {}
     for s in slices:
         spec = s["spec"]
-        if spec.get("perDeviceNodeSelection") is not None:
-            continue  # per-device node selection is not modelled
-        if spec.get("sharedCounters"):
-            if not partitionable:
-                continue
-            # counter sets are needed to use a pool, whatever node they name
-        elif spec.get("nodeName"):
-            if spec["nodeName"] != node_name:
-                continue
-        elif spec.get("allNodes"):
-            pass
-        elif spec.get("nodeSelector") is not None:
-            if not _node_matches(node_name, labels, spec["nodeSelector"]):
-                continue
-        else:
+        if not _for_node(spec, node_name, labels, partitionable):
             continue
         key = (spec["driver"], spec["pool"]["name"])
         generation = int(spec["pool"].get("generation", 0))
@@ -240,25 +238,30 @@ def gather_pools(slices: Iterable[Mapping[str, Any]], node_name: str, node_label
             pool.slices, pool.generation = [], generation
         pool.slices.append(s)
     for pool in pools.values():
-        pool.incomplete = len(pool.slices) != int(pool.slices[0]["spec"]["pool"].get("resourceSliceCount", 1))
-        pool.slices.sort(key=lambda x: str((x.get("metadata") or {}).get("name", "")))  # 1.36 visits them by name
-        seen: set[str] = set()
-        for s in pool.slices:
-            for cs in s["spec"].get("sharedCounters") or []:
-                if cs["name"] in pool.counter_sets:
-                    pool.invalid = True  # duplicate counter set name
-                pool.counter_sets[cs["name"]] = {
-                    n: Quantity.parse(str(c["value"])).value for n, c in (cs.get("counters") or {}).items()}
-            for d in s["spec"].get("devices") or []:
-                if d["name"] in seen:
-                    pool.invalid = True
-                seen.add(d["name"])
-                pool.devices.append(_Device(DeviceId(pool.driver, pool.name, d["name"]), d, pool))
-        for device in pool.devices if partitionable else ():  # each consumption names a counter of the pool
-            for (set_name, counter) in _consumption(device.api):
-                if counter not in pool.counter_sets.get(set_name, {}):
-                    pool.invalid = True
+        _fill_pool(pool, partitionable)
     return list(pools.values())
+
+
+def _fill_pool(pool: _Pool, partitionable: bool) -> None:
+    """A pool's devices and counter sets from its slices, and whether it is incomplete or invalid."""
+    pool.incomplete = len(pool.slices) != int(pool.slices[0]["spec"]["pool"].get("resourceSliceCount", 1))
+    pool.slices.sort(key=lambda x: str((x.get("metadata") or {}).get("name", "")))  # 1.36 visits them by name
+    seen: set[str] = set()
+    for s in pool.slices:
+        for cs in s["spec"].get("sharedCounters") or []:
+            if cs["name"] in pool.counter_sets:
+                pool.invalid = True  # duplicate counter set name
+            pool.counter_sets[cs["name"]] = {
+                n: Quantity.parse(str(c["value"])).value for n, c in (cs.get("counters") or {}).items()}
+        for d in s["spec"].get("devices") or []:
+            if d["name"] in seen:
+                pool.invalid = True
+            seen.add(d["name"])
+            pool.devices.append(_Device(DeviceId(pool.driver, pool.name, d["name"]), d, pool))
+    for device in pool.devices if partitionable else ():  # each consumption names a counter of the pool
+        for (set_name, counter) in _consumption(device.api):
+            if counter not in pool.counter_sets.get(set_name, {}):
+                pool.invalid = True
 
 
 # --- requests ----------------------------------------------------------------------------------------
@@ -365,11 +368,7 @@ class Simulator:
         key = (spec_key, req.key, device.id)
         cached = self._selectable.get(key)
         if cached is None:
-            try:
-                cached = self._select(req, claim_label, device)
-            except AllocationError as e:
-                cached = e
-            self._selectable[key] = cached
+            cached = self._selectable[key] = self._try_select(req, claim_label, device)
         if isinstance(cached, AllocationError):
             raise cached
         return cached
@@ -385,11 +384,8 @@ class Simulator:
             for device in self.searched:
                 cached = self._selectable.get((spec_key, req.key, device.id))
                 if cached is None:
-                    try:
-                        cached = self._select(req, claim_label, device)
-                    except AllocationError as e:
-                        cached = e
-                    else:
+                    cached = self._try_select(req, claim_label, device)
+                    if not isinstance(cached, AllocationError):
                         self._selectable[(spec_key, req.key, device.id)] = cached
                 if isinstance(cached, AllocationError):
                     loop.append((device, True))
@@ -407,6 +403,12 @@ class Simulator:
     def tainted(self, req: _Request, device: _Device) -> bool:
         return self.device_taints and bool(device.api.get("taints")) and \
             taint_prevents_allocation(device.api, req.tolerations)
+
+    def _try_select(self, req: _Request, claim_label: str, device: _Device) -> bool | AllocationError:
+        try:
+            return self._select(req, claim_label, device)
+        except AllocationError as e:
+            return e
 
     def _select(self, req: _Request, claim_label: str, device: _Device) -> bool:
         if device.api.get("bindingConditions"):
@@ -655,18 +657,7 @@ class _Search:
                 return False
         options = requests[ri]
         if not in_subrequest and self.first_available[ci][ri]:
-            all_exceeded = True
-            for sub in range(len(options)):
-                try:
-                    done = self._allocate_one(ci, ri, sub, 0, True)
-                except _MaxSizeExceeded:
-                    continue
-                all_exceeded = False
-                if done:
-                    return True
-            if all_exceeded:
-                raise _MaxSizeExceeded
-            return False
+            return self._first_available(ci, ri, len(options))
         req = options[si]
         if req.mode == "All" and not req.all_devices:
             return False
@@ -681,6 +672,25 @@ class _Search:
             return self._descend(req, device, ci, ri, si, di, in_subrequest)
         if self.sim.prune and not self._enough_candidates(req, req.num - di):
             return False
+        return self._exact_count(req, ci, ri, si, di, in_subrequest)
+
+    def _first_available(self, ci: int, ri: int, subs: int) -> bool:
+        """Each subrequest in order; _MaxSizeExceeded when every one of them exceeds the claim's size."""
+        all_exceeded = True
+        for sub in range(subs):
+            try:
+                done = self._allocate_one(ci, ri, sub, 0, True)
+            except _MaxSizeExceeded:
+                continue
+            all_exceeded = False
+            if done:
+                return True
+        if all_exceeded:
+            raise _MaxSizeExceeded
+        return False
+
+    def _exact_count(self, req: _Request, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
+        """Device slot `di` of an ExactCount request: each device of its loop that can be taken, in order."""
         # The hot loop, _allocate_device inlined: selection and taints are settled by the loop list; the
         # constraints are checked before the counters (a refusal has no effect, so the order cannot matter).
         if req.loop is None:
