@@ -1,26 +1,18 @@
 """Typed device requests: what a workload needs, without CEL. Each renders to resource.k8s.io/v1 JSON.
 
-- `Neuron(count | ALL, ...)`: Neuron devices by instance types or families, topology, LNC, kernel
-  driver version, minimum HBM or cores, raw CEL as an escape hatch.
-- `Connected(size)`: the devices sit in one id-aligned connected group (torus: 4 = a row, 8 = two
-  adjacent rows, 16 = the torus; inf2 rings: any divisor of the ring length = a contiguous segment;
-  all-to-all hosts (Trainium3): any `size` devices, so no constraint; the whole node needs none either).
-  `RingSegment(size)`: the same, on ring hosts only (inf2).
-- `UltraServerNode(mode)`: the UltraServer pseudo-device of an UltraServer node with UltraServerConfig.
-- `Efa(count, aligned_to=...)`: EFA devices of AWS's EFA driver in the same devicegroup as the Neuron
-  devices of the named request.
-- `FirstAvailable(option, option, ...)`: the first alternative that fits (`firstAvailable`).
-- `NeuronCores(n, ...)`: n NeuronCores (logical cores at the node's LNC) of one Neuron device, an aligned,
-  contiguous group (n a power of two up to a device's cores), from the NeuronCore DeviceClass; Kubernetes 1.36+
-  (partitionable devices). docs/neuron-cores.md.
+- `Neuron(count | ALL, ...)`: Neuron devices by instance types or families, topology, LNC, kernel driver
+  version, minimum HBM or cores, raw CEL as an escape hatch.
+- `Connected(size)`: one id-aligned connected group (torus: 4 = a row, 8 = two rows, 16 = the torus; inf2
+  rings: a contiguous segment; all-to-all hosts and whole nodes need no constraint); `RingSegment(size)`: the
+  same on ring hosts only.
+- `UltraServerNode(mode)`: the UltraServer pseudo-device of a node, with UltraServerConfig.
+- `Efa(count, aligned_to=...)`: EFA devices in the same devicegroup as the named Neuron request's.
+- `FirstAvailable(option, ...)`: the first alternative that fits.
+- `NeuronCores(n, ...)`: an aligned group of n NeuronCores of one device (Kubernetes 1.36+, docs/neuron-cores.md).
 
-A request's tests render as one CEL expression (`merged_selectors`: one evaluation per device). A Neuron request
-that could otherwise take the UltraServer pseudo-device of an UltraServer node (`ALL`, a count of 16, no group
-constraint) tests `resourceType == 'neuron_device'`. Bad input raises TemplateError at construction, naming the
-field, the value and what is allowed.
-
-Instance types and families are those of `Neuron(catalog=...)`: the built-in catalog unless a catalog
-file's `Catalog` is passed (driver/model/catalog_file.py).
+A request's tests render as one CEL expression (`merged_selectors`). Bad input raises TemplateError at
+construction, naming the field, the value and what is allowed. Instance types and families come from
+`catalog=` (the built-in catalog, or a catalog file's).
 """
 
 from __future__ import annotations
@@ -37,6 +29,7 @@ from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.keywords import keyword_hints
 from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
+from neuron_dra.claim_templates.node_types import LNC_CHOICES
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
 from neuron_dra.driver.model.errortext import did_you_mean
@@ -80,6 +73,11 @@ class GroupAttribute(StrEnum):
     NEURON = "neuron"  # topology{N}_id of this driver: every topology kind
 
 
+def _whole(value: object, low: int = 1, high: int | None = None) -> bool:
+    """Whether `value` is an int (not a bool) from `low` to `high` (None: no upper bound)."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high)
+
+
 @dataclass(frozen=True)
 class AnyTopology:
     """No placement constraint."""
@@ -94,8 +92,7 @@ class Connected:
     attribute: GroupAttribute = GroupAttribute.AUTO
 
     def __post_init__(self) -> None:
-        if self.size is not None and (isinstance(self.size, bool) or not isinstance(self.size, int)
-                                      or self.size < 1):
+        if self.size is not None and not _whole(self.size):
             raise TemplateError("Connected.size", self.size, "a positive group size, or None for the request's count")
         if not isinstance(self.attribute, GroupAttribute):
             raise TemplateError("Connected.attribute", self.attribute, ", ".join(a.value for a in GroupAttribute))
@@ -109,8 +106,7 @@ class RingSegment:
     size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.size is not None and (isinstance(self.size, bool) or not isinstance(self.size, int)
-                                      or self.size < 1):
+        if self.size is not None and not _whole(self.size):
             raise TemplateError("RingSegment.size", self.size, "a positive segment length, or None for the count")
 
 
@@ -147,7 +143,7 @@ def _as_tuple(field_name: str, value: object) -> tuple[str, ...]:
 def _count(field_name: str, value: object, allow_all: bool) -> None:
     if allow_all and value is ALL:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+    if not _whole(value, 1, MAX_COUNT):
         allowed = f"an integer from 1 to {MAX_COUNT}" + (", or ALL" if allow_all else "")
         raise TemplateError(field_name, value, allowed)
 
@@ -173,6 +169,12 @@ def _cel_string(value: str) -> str:
 
 def _cel_list(values: Sequence[str]) -> str:
     return "[" + ", ".join(_cel_string(v) for v in values) + "]"
+
+
+def check_distinct(field_name: str, names: Sequence[str], allowed: str) -> None:
+    for n in names:
+        if names.count(n) > 1:
+            raise TemplateError(field_name, n, allowed)
 
 
 def _sizes(sizes: Sequence[int]) -> str:
@@ -205,8 +207,9 @@ def merged_selectors(parts: Sequence[str], raw: Sequence[str]) -> list[dict[str,
     return [_selector(expression)]
 
 
-def _opaque(drivers: Drivers, requests: Sequence[str], parameters: dict[str, Any]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"opaque": {"driver": drivers.neuron_driver, "parameters": parameters}}
+def opaque_config(driver: str, requests: Sequence[str], parameters: dict[str, Any]) -> dict[str, Any]:
+    """A `devices.config[]` entry for `requests` (all when empty)."""
+    entry: dict[str, Any] = {"opaque": {"driver": driver, "parameters": parameters}}
     if requests:
         entry["requests"] = list(requests)
     return entry
@@ -253,7 +256,7 @@ class Toleration:
         if self.effect not in TOLERATION_EFFECTS:
             raise TemplateError("Toleration.effect", self.effect, "'' (every effect), NoSchedule or NoExecute")
         if self.seconds is not None:
-            if isinstance(self.seconds, bool) or not isinstance(self.seconds, int) or self.seconds < 0:
+            if not _whole(self.seconds, 0):
                 raise TemplateError("Toleration.seconds", self.seconds, "a number of seconds >= 0, or None (forever)")
             if self.effect != "NoExecute":
                 raise TemplateError("Toleration.seconds", self.seconds, "only with effect='NoExecute' (it delays "
@@ -380,7 +383,7 @@ class Neuron(_Exact):
     instance_types: Sequence[str] | str = ()  # stored as a tuple
     families: Sequence[str] | str = ()
     topology: Topology = AnyTopology()
-    lnc: int | None = None  # Logical NeuronCores (Trainium2): 1 or 2
+    lnc: int | None = None  # Logical NeuronCores (Trainium2 and later): one of LNC_VALUES
     kernel_driver: KernelDriver | None = None  # exact version string, or AtLeast(...)
     min_memory: str | None = None  # HBM per device, a quantity such as "64Gi"
     min_cores: int | None = None  # physical NeuronCores per device
@@ -400,7 +403,7 @@ class Neuron(_Exact):
         if isinstance(self.count, int) and self.count > most:
             raise TemplateError("Neuron.count", self.count, f"1 to {most} on {', '.join(targets)}")
         self._check_topology(targets)
-        self._check_lnc(targets)
+        _check_lnc("Neuron.lnc", self.lnc, self.catalog, targets)
         self._check_kernel_driver()
         self._check_minimums(targets)
         compiled = _check_selectors("Neuron.selectors", self.selectors)  # type: ignore[arg-type]
@@ -508,13 +511,6 @@ class Neuron(_Exact):
             return f"{AWS_DOMAIN}/devicegroup{size}_id"
         return f"{drivers.neuron_driver}/topology{size}_id"
 
-    def _check_lnc(self, targets: Sequence[str]) -> None:
-        if self.lnc is None:
-            return
-        if isinstance(self.lnc, bool) or self.lnc not in driver_config.LNC_VALUES:
-            raise TemplateError("Neuron.lnc", self.lnc, " or ".join(map(str, driver_config.LNC_VALUES)))
-        _check_lnc_targets("Neuron.lnc", self.lnc, self.catalog, targets)
-
     def _check_kernel_driver(self) -> None:
         v = self.kernel_driver
         if v is None or isinstance(v, AtLeast):
@@ -537,8 +533,7 @@ class Neuron(_Exact):
                                     f"at most {best.hbm_bytes_per_device // 2**30}Gi ({best.instance_type})")
         if self.min_cores is not None:
             best = max(specs, key=lambda s: s.physical_cores_per_device)
-            if isinstance(self.min_cores, bool) or not isinstance(self.min_cores, int) or \
-                    not 1 <= self.min_cores <= best.physical_cores_per_device:
+            if not _whole(self.min_cores, 1, best.physical_cores_per_device):
                 raise TemplateError("Neuron.min_cores", self.min_cores,
                                     f"1 to {best.physical_cores_per_device} ({best.instance_type})")
 
@@ -574,7 +569,7 @@ class Neuron(_Exact):
         attribute = self.group_attribute(drivers)
         if attribute is not None:
             constraints.append({"requests": [ref], "matchAttribute": attribute})
-        configs = [_opaque(drivers, [ref], neuron_config(self.lnc))] if self.lnc is not None else []
+        configs = [opaque_config(drivers.neuron_driver, [ref], neuron_config(self.lnc))] if self.lnc is not None else []
         return constraints, configs
 
     def max_devices(self) -> int:
@@ -619,9 +614,9 @@ class UltraServerNode(_Exact):
                       f"{_cel_string(NEURON_NODE)}"], self.selectors, self.tolerations)  # type: ignore[arg-type]
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        configs = [_opaque(drivers, [ref], ultraserver_config(self.mode))]
+        configs = [opaque_config(drivers.neuron_driver, [ref], ultraserver_config(self.mode))]
         if self.lnc is not None:
-            configs.append(_opaque(drivers, [ref], neuron_config(self.lnc)))
+            configs.append(opaque_config(drivers.neuron_driver, [ref], neuron_config(self.lnc)))
         return [], configs
 
     def max_devices(self) -> int:
@@ -683,10 +678,7 @@ class FirstAvailable:
             if option.name == type(option).name:  # the default name: number the alternatives
                 option = _renamed(option, f"option{i}")
             named.append(option)
-        names = [o.name for o in named]
-        for n in names:
-            if names.count(n) > 1:
-                raise TemplateError("FirstAvailable.options", n, "distinct alternative names")
+        check_distinct("FirstAvailable.options", [o.name for o in named], "distinct alternative names")
         object.__setattr__(self, "options", tuple(named))
         object.__setattr__(self, "name", name)
 
@@ -732,18 +724,16 @@ class NeuronCores(_Exact):
         types = self.catalog.types
         targets = _checked_targets("NeuronCores", self.catalog, self.instance_types, self.families,
                                    self.target_types)
-        if self.node_lnc is not None:
-            if isinstance(self.node_lnc, bool) or self.node_lnc not in driver_config.LNC_VALUES:
-                raise TemplateError("NeuronCores.node_lnc", self.node_lnc, "1 or 2")
-            _check_lnc_targets("NeuronCores.node_lnc", self.node_lnc, self.catalog, targets)
+        _check_lnc("NeuronCores.node_lnc", self.node_lnc, self.catalog, targets)
         sizes = sorted({n for t in targets for n in self._sizes(types[t])})
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count not in sizes:
+        if not _whole(self.count) or self.count not in sizes:
             raise TemplateError("NeuronCores.count", self.count,
                                 f"the aligned core group sizes of {', '.join(targets)}: {_sizes(sizes)}")
         _check_selectors("NeuronCores.selectors", self.selectors)  # type: ignore[arg-type]
 
     def _sizes(self, spec: InstanceSpec) -> tuple[int, ...]:
-        lncs = [self.node_lnc] if self.node_lnc is not None else ([1, 2] if spec.lnc_supported else [1])
+        lncs = (self.node_lnc,) if self.node_lnc is not None else \
+            (driver_config.LNC_VALUES if spec.lnc_supported else (1,))
         return tuple(n for lnc in lncs for n in CoreLayout.for_spec(spec, lnc).claim_sizes())
 
     @property
@@ -778,9 +768,13 @@ class NeuronCores(_Exact):
 Request = Neuron | UltraServerNode | Efa | FirstAvailable | NeuronCores
 
 
-def _check_lnc_targets(field_name: str, lnc: int, catalog: Catalog, targets: Sequence[str]) -> None:
-    """LNC applies to Trainium2 and later: when no target has it, the fix is to drop the argument; when some do,
-    to keep the request to those."""
+def _check_lnc(field_name: str, lnc: int | None, catalog: Catalog, targets: Sequence[str]) -> None:
+    """An LNC (None: unset) is one of LNC_VALUES, and applies to Trainium2 and later: when no target has it, the
+    fix is to drop the argument; when some do, to keep the request to those."""
+    if lnc is None:
+        return
+    if isinstance(lnc, bool) or lnc not in driver_config.LNC_VALUES:
+        raise TemplateError(field_name, lnc, LNC_CHOICES)
     without = [t for t in targets if not catalog.types[t].lnc_supported]
     if not without:
         return
