@@ -1,19 +1,12 @@
 """The CEL environment of DRA device selectors, on a real CEL implementation (cel-python, `celpy`).
 
-What Kubernetes (k8s.io/dynamic-resource-allocation/cel) gives a selector, and what this module gives:
-- one variable `device` with `driver`, `attributes[domain][name]` (int, bool, string or version ->
-  Semver) and `capacity[domain][name]` (Quantity); an attribute without a domain belongs to the
-  driver's domain; an unknown domain reads as an empty map, an unknown name is an evaluation error;
-- `quantity()`, `isQuantity()`, `semver()`, `isSemver()` and their methods (`compareTo`,
-  `isGreaterThan`, `isLessThan`, `sign`, `isInteger`, `asInteger`, `asApproximateFloat`, `add`, `sub`,
-  `major`, `minor`, `patch`), `cel.bind`, the strings extension, the list library, regex `find`/`findAll`;
-- compile errors for undeclared functions, variables and device fields (cel-go type-checks them),
-  expressions over 10 KiB, results that are not bool.
-
-cel-python has no `cel.bind`; it is rewritten to the equivalent single-element comprehension
-`[init].map(var, body)[0]` before evaluation. Evaluations are memoised per selector and per the
-values of the attributes it reads (see cel_analysis), so checking many templates against every
-published device costs few real evaluations.
+As in Kubernetes (k8s.io/dynamic-resource-allocation/cel): one variable `device` with `driver`,
+`attributes[domain][name]` and `capacity[domain][name]` (an unprefixed name is in the driver's domain, an
+unknown domain an empty map, an unknown name an evaluation error); the quantity and semver functions and
+methods, `cel.bind`, the strings extension, the list library and regex `find`/`findAll` (FUNCTIONS, METHODS);
+compile errors for undeclared functions, variables and device fields, expressions over 10 KiB and non-bool
+results. cel-python has no `cel.bind`: it is rewritten to `[init].map(var, body)[0]`. Evaluations are memoised
+per selector and per the values of the attributes it reads (cel_analysis).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Checks before deploy: a template's manifest against what the driver publishes on each instance type.
 
-For a ResourceClaimTemplate (typed or a plain manifest dict) and a list of instance types:
-- every selector compiled with the real CEL environment; attributes, capacities and matchAttribute
-  names that no catalog node publishes are errors naming the closest published name;
-- every selector evaluated on every device each node publishes (class selectors first, as the
-  allocator does); a runtime error is an error, since Kubernetes aborts allocation on such a node;
-- opaque configs for the Neuron driver decoded by the driver's own prepare-time code, and checked
-  against each instance type they could land on;
-- a request that no device of any checked instance type matches is an error;
-- the allocator simulation answers, per instance type, how many such claims one empty node holds,
-  and why none when none.
+Every selector compiled with the real CEL environment (unpublished attributes, capacities and matchAttribute
+names are errors naming the closest published name) and evaluated on every device of each node (a runtime error
+is an error: Kubernetes aborts allocation there); Neuron opaque configs decoded by the driver's own code; a
+request no device matches is an error; the allocator simulation says how many claims one empty node holds, and
+why none when none.
 """
 
 from __future__ import annotations
@@ -172,6 +167,11 @@ class _Unit:
     @property
     def count(self) -> int:
         return int(self.body.get("count", 1))
+
+    @property
+    def needs(self) -> int:
+        """Devices it needs at least: its count, or one for `All`."""
+        return 1 if self.all_mode else self.count
 
 
 def _units(spec: Mapping[str, Any]) -> list[list[_Unit]]:
@@ -468,8 +468,7 @@ class _Check:
         if self._short_of_devices(selections):
             # Fewer matching devices than a request needs: no claim fits, whatever the search would try (it
             # could take the simulation's whole budget to find that out).
-            return Fit(nt, 0, self._why_not(node, selections) + self._lnc_hint(nt, node),
-                       targeted=not self._elsewhere(selections))
+            return self._no_fit(nt, node, selections)
         claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                  "metadata": {"name": self.name.split("/")[1], "namespace": self.name.split("/")[0]},
                  "spec": self.spec}
@@ -481,7 +480,10 @@ class _Check:
             return Fit(nt, result.count, None, result.allocation[0], degraded)
         if result.error:
             return Fit(nt, 0, f"the allocator fails: {result.error}")
-        return Fit(nt, 0, self._why_not(node, selections) + self._lnc_hint(nt, node),
+        return self._no_fit(nt, node, selections)
+
+    def _no_fit(self, nt: NodeType, node: NodeModel, selections: Mapping[str, _Selection]) -> Fit:
+        return Fit(nt, 0, self._why_not(selections) + self._lnc_hint(nt, node),
                    targeted=not self._elsewhere(selections))
 
     def _short_of_devices(self, selections: Mapping[str, _Selection]) -> bool:
@@ -489,7 +491,7 @@ class _Check:
         selector error on the node (an error aborts allocation there: the simulation reports it)."""
         if any(selections[u.ref].errors for u in self.units):
             return False
-        return any(all(len(selections[u.ref].matched) < (1 if u.all_mode else u.count) for u in units)
+        return any(all(len(selections[u.ref].matched) < u.needs for u in units)
                    for units in self.requests)
 
     def _elsewhere(self, selections: Mapping[str, _Selection]) -> bool:
@@ -571,13 +573,12 @@ class _Check:
                 return f"opaque config: {e}"
         return None
 
-    def _why_not(self, node: NodeModel, selections: Mapping[str, _Selection]) -> str:
+    def _why_not(self, selections: Mapping[str, _Selection]) -> str:
         for units in self.requests:
             problems: list[str] = []
             for u in units:
                 sel = selections[u.ref]
-                have = len(sel.matched)
-                need = 1 if u.all_mode else u.count
+                have, need = len(sel.matched), u.needs
                 if have >= need:
                     problems = []
                     break
@@ -596,15 +597,14 @@ class _Check:
             attribute = c.get("matchAttribute", "")
             units = self._named(c.get("requests") or ())
             for u in units:
-                with_attr = [d for d in selections[u.ref].matched if _has_attribute(d, attribute)]
-                if selections[u.ref].matched and not with_attr:
+                matched = selections[u.ref].matched
+                if matched and all(_attribute(d, attribute) is None for d in matched):
                     return (f"constraint #{i} matchAttribute {attribute}: no device that matches {u.label} "
                             "publishes it")
             for u in units:
                 if u.all_mode:
                     continue
-                values = Counter(_attribute(d, attribute) for d in selections[u.ref].matched
-                                 if _has_attribute(d, attribute))
+                values = Counter(v for d in selections[u.ref].matched if (v := _attribute(d, attribute)) is not None)
                 if values and max(values.values()) < u.count:
                     return (f"constraint #{i} matchAttribute {attribute}: {u.label} needs {u.count} devices with "
                             f"one value; at most {max(values.values())} of the matching devices share one")
@@ -633,10 +633,6 @@ def _attribute(device: CelDevice, qualified: str) -> Any:
     domain, _, name = qualified.partition("/")
     value = device.attributes.get(domain, {}).get(name)
     return None if value is None else tuple(sorted(value.items()))
-
-
-def _has_attribute(device: CelDevice, qualified: str) -> bool:
-    return _attribute(device, qualified) is not None
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,11 +1,9 @@
 """Which DRA drivers and DeviceClasses the templates and the checks refer to.
 
-Defaults are the bundled driver's (`neuron.aws.com`, the same names AWS's Neuron DRA driver uses, so the
-same templates serve clusters running AWS's driver) and AWS's EFA driver's (`dra.net`, DeviceClass
-`efa.networking.k8s.aws`, from driver/model/efa.py, the names EKS's chart installs); all are configurable. The
-Neuron DeviceClasses left empty follow the driver name by the rule the driver's deployment names them with
-(`neuron_dra.driver.deploy.device_class_names`). A ClaimTemplate given no Drivers follows the driver it is
-deployed with: the `ClaimTemplates` component renders it with that driver's names (`ClaimTemplate.for_drivers`).
+Defaults are the bundled driver's (`neuron.aws.com`, as AWS's Neuron DRA driver, so the same templates serve
+both) and AWS's EFA driver's (driver/model/efa.py); all configurable. Neuron DeviceClasses left empty follow the
+driver name (`driver.deploy.device_class_names`); a ClaimTemplate given no Drivers follows the driver it is
+deployed with (`ClaimTemplate.for_drivers`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The nodes the checks simulate: what each catalog instance type publishes, built by the driver's own code.
 
-A node of an instance type carries the Neuron pool the driver publishes for an emulated host of that
-type (driver.hosts.emulated_host + driver.slices.build_pool: the same model the daemon publishes) and,
-where Neuron devices have EFAs of their own, the EFA pool of AWS's EFA driver as modelled for the
-local cluster: one device per EFA wired to Neuron devices, named efa-N in BDF order, carrying the
-`resource.aws.com/devicegroup*_id` values of those Neuron devices and its `pciAddress`. Its NeuronCores are
-those of the node's LNC (the family's default unless asked for another, claim_templates/node_types.py).
+A node carries the Neuron pool the driver publishes for an emulated host of its type (hosts.emulated_host +
+slices.build_pool, as the daemon does) and, where Neuron devices have EFAs of their own, the EFA pool of AWS's
+EFA driver as the local cluster models it (efa.efa_driver_devices); its NeuronCores are those of its LNC.
 """
 
 from __future__ import annotations

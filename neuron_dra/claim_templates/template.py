@@ -20,7 +20,9 @@ from neuron_dra.claim_templates.requests import (
     NeuronCores,
     Request,
     UltraServerNode,
+    check_distinct,
     default_group,
+    opaque_config,
 )
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
@@ -76,10 +78,7 @@ class ClaimTemplate:
             if not isinstance(r, Neuron | UltraServerNode | Efa | FirstAvailable | NeuronCores):
                 raise TemplateError("ClaimTemplate.requests", r,
                                     "Neuron, NeuronCores, UltraServerNode, Efa or FirstAvailable")
-        names = [r.name for r in all_requests]
-        for n in names:
-            if names.count(n) > 1:
-                raise TemplateError("ClaimTemplate.requests", n, "distinct request names (name=...)")
+        check_distinct("ClaimTemplate.requests", [r.name for r in all_requests], "distinct request names (name=...)")
         if drivers is not None and not isinstance(drivers, Drivers):
             raise TemplateError("ClaimTemplate.drivers", drivers, "a Drivers(...) value, or None (the driver's)")
         object.__setattr__(self, "name", name)
@@ -214,11 +213,7 @@ class ClaimTemplate:
             configs += rendered.configs
         constraints += alignments
         for cfg in self.configs:
-            entry: dict[str, Any] = {"opaque": {"driver": cfg.driver or self.drivers.neuron_driver,
-                                                "parameters": dict(cfg.parameters)}}
-            if cfg.requests:
-                entry["requests"] = list(cfg.requests)
-            configs.append(entry)
+            configs.append(opaque_config(cfg.driver or self.drivers.neuron_driver, cfg.requests, dict(cfg.parameters)))
         devices: dict[str, Any] = {"requests": requests}
         if constraints:
             devices["constraints"] = constraints
@@ -241,7 +236,6 @@ class ClaimTemplate:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_manifest(), sort_keys=False)
-
 
 
 def _mapping(value: Mapping[str, str] | Sequence[tuple[str, str]] | None) -> Mapping[str, str] | None:
