@@ -428,13 +428,13 @@ class Simulator:
             try:
                 compiled = self.cel.compile(expr)
             except CelCompileError as e:
-                raise AllocationError(f"{owner}: selector #{i}: CEL compile error: {e.message}") from None
+                raise AllocationError(f"{owner}: selector #{i}: CEL compile error: {e.message}") from e
             try:
                 if not self.cel.evaluate(compiled, device.cel):
                     return False
             except CelEvaluationError as e:
                 raise AllocationError(f"{owner}: selector #{i} on device {device.id}: CEL runtime error: "
-                                      f"{e.message}") from None
+                                      f"{e.message}") from e
         return True
 
 

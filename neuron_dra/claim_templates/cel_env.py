@@ -496,9 +496,9 @@ class CelEnvironment:
         except (RecursionError, CostTooDeep):
             raise CelCompileError(expression, TOO_DEEP) from None
         except CELParseError as e:
-            raise CelCompileError(expression, syntax_error_text(expression, e.line, e.column)) from None
+            raise CelCompileError(expression, syntax_error_text(expression, e.line, e.column)) from e
         except lark.exceptions.LarkError as e:
-            raise CelCompileError(expression, f"syntax error: {' '.join(str(e).split())}") from None
+            raise CelCompileError(expression, f"syntax error: {' '.join(str(e).split())}") from e
         except AnalysisError as e:
             raise CelCompileError(expression, str(e)) from None
         compiled = CompiledSelector(expression, analysis, program, tuple(sorted(analysis.refs)))

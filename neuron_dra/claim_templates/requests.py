@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any, Final
 
 from neuron_dra.claim_templates.cel_env import CelCompileError, CelEnvironment
@@ -36,9 +36,7 @@ from neuron_dra.driver.model.errortext import did_you_mean
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.partitions import CoreLayout
 from neuron_dra.driver.model.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
-from neuron_dra.driver.model.taints import UNHEALTHY_TAINT_NAME
-
-UNHEALTHY_TAINT_KEY = f"{DEFAULT_DRIVER_NAME}/{UNHEALTHY_TAINT_NAME}"
+from neuron_dra.driver.model.taints import unhealthy_taint_key
 
 MAX_COUNT = 32  # a claim gets at most 32 devices
 MAX_SUBREQUESTS = 8
@@ -47,21 +45,18 @@ MAX_SELECTORS = 32
 GRID_ONLY_ATTRIBUTES = ("topology_x", "topology_y", "topology4_id", "topology8_id")
 
 
-class AllDevices:
-    """`allocationMode: All`: every matching device of the node."""
+class AllDevices(Enum):
+    """`allocationMode: All`: every matching device of the node (one value, ALL)."""
 
-    _instance: AllDevices | None = None
-
-    def __new__(cls) -> AllDevices:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    ALL = "ALL"
 
     def __repr__(self) -> str:
         return "ALL"
 
+    __str__ = __repr__
 
-ALL: Final = AllDevices()
+
+ALL: Final = AllDevices.ALL
 Count = int | AllDevices
 
 
@@ -158,7 +153,7 @@ def _check_selectors(field_name: str, selectors: tuple[str, ...]) -> list[tuple[
         try:
             compiled = env.compile(expr)
         except CelCompileError as e:
-            raise TemplateError(field_name, expr, f"a valid device selector ({e.message})") from None
+            raise TemplateError(field_name, expr, f"a valid device selector ({e.message})") from e
         out.append((expr, frozenset(r.name for r in compiled.refs)))
     return out
 
@@ -188,13 +183,10 @@ def _selector(expression: str) -> dict[str, Any]:
 def merged_selectors(parts: Sequence[str], raw: Sequence[str]) -> list[dict[str, Any]]:
     """The request's selectors as one CEL expression (none when there is nothing to test).
 
-    kube-scheduler's allocator converts a device and copies its attributes into fresh maps for every selector
-    it evaluates (docs/scale.md §2), so one `&&` of the parts costs one copy where separate selectors cost one
-    each; `&&` stops at the first false part, so the caller lists the cheap, selective parts first. `parts` are
-    this module's own tests (each a conjunction or a call, safe to join as they are); `raw` are users' selectors,
-    parenthesized when joined. The claim checks split the expression again to name the part that failed
-    (cel_analysis.conjuncts). Where users' selectors would take the one expression past Kubernetes' size or cost
-    limit per expression (each passed on its own), they stay separate selectors after the typed ones."""
+    kube-scheduler copies a device's attributes for every selector it evaluates (docs/scale.md §2), so one `&&`
+    costs one copy; `&&` stops at the first false part, so callers list cheap, selective parts first. `parts` are
+    this module's tests (safe to join as they are), `raw` users' selectors (parenthesized when joined); raw ones
+    that would take the expression past Kubernetes' size or cost limit stay separate selectors."""
     joined = [*parts, *(f"({r})" if len(parts) + len(raw) > 1 else r for r in raw)]
     if not joined:
         return []
@@ -285,11 +277,13 @@ class TolerateUnhealthy:
     seconds: int | None = None
 
     def __post_init__(self) -> None:
-        Toleration(key=UNHEALTHY_TAINT_KEY, effect=self.effect, seconds=self.seconds)  # same checks
+        self.toleration(DEFAULT_DRIVER_NAME)  # the same checks
+
+    def toleration(self, driver: str) -> Toleration:
+        return Toleration(key=unhealthy_taint_key(driver), effect=self.effect, seconds=self.seconds)
 
     def to_api(self, drivers: Drivers) -> dict[str, Any]:
-        key = f"{drivers.neuron_driver}/{UNHEALTHY_TAINT_NAME}"
-        return Toleration(key=key, effect=self.effect, seconds=self.seconds).to_api(drivers)
+        return self.toleration(drivers.neuron_driver).to_api(drivers)
 
 
 Tolerance = Toleration | TolerateUnhealthy
@@ -606,7 +600,7 @@ class UltraServerNode(_Exact):
                 driver_config.decode(neuron_config(self.lnc))
         except driver_config.ConfigError as e:
             field_name = "UltraServerNode.mode" if e.field == "ultraserverMode" else "UltraServerNode.lnc"
-            raise e.restated(TemplateError, field_name) from None
+            raise e.restated(TemplateError, field_name) from e
         _check_selectors("UltraServerNode.selectors", self.selectors)  # type: ignore[arg-type]
 
     def exact(self, drivers: Drivers) -> dict[str, Any]:
@@ -702,11 +696,9 @@ def _renamed(option: Neuron | NeuronCores, name: str) -> Neuron | NeuronCores:
 @keyword_hints
 @dataclass(frozen=True)
 class NeuronCores(_Exact):
-    """`count` NeuronCores (logical cores at the node's LNC; physical cores on Trainium1/Inferentia2) of one
-    Neuron device, forming one aligned, contiguous range of NEURON_RT_VISIBLE_CORES ids: the count is a power of
-    two up to a device's logical cores, and more than one core is held together by `coreGroup{count}_id`
-    (docs/neuron-cores.md §2-3). `node_lnc` keeps the request to nodes of that LNC (the count's meaning changes
-    with it on Trainium2+)."""
+    """`count` NeuronCores (logical cores at the node's LNC) of one Neuron device, one aligned, contiguous range
+    of NEURON_RT_VISIBLE_CORES ids (a power of two, held together by `coreGroup{count}_id`, docs/neuron-cores.md
+    §2-3). `node_lnc` keeps the request to nodes of that LNC (the count's meaning changes with it)."""
 
     count: int = 1
     name: str = "cores"

@@ -180,7 +180,7 @@ class ClaimTemplate:
                 try:
                     driver_config.decode(dict(cfg.parameters))
                 except driver_config.ConfigError as e:
-                    raise e.restated(TemplateError, f"OpaqueConfig.parameters.{e.field}") from None
+                    raise e.restated(TemplateError, f"OpaqueConfig.parameters.{e.field}") from e
             if len(yaml.safe_dump(dict(cfg.parameters)).encode()) > MAX_OPAQUE_PARAMETERS_BYTES:
                 raise TemplateError("OpaqueConfig.parameters", "...", f"at most {MAX_OPAQUE_PARAMETERS_BYTES} bytes")
 
