@@ -162,16 +162,17 @@ class _DomainMap(celtypes.MapType):
             return celtypes.MapType()
 
 
+_ATTRIBUTE_TYPES: Mapping[str, Callable[[Any], Any]] = {
+    "int": celtypes.IntType, "bool": celtypes.BoolType, "string": celtypes.StringType,
+    "version": lambda v: Semver.parse(str(v)),
+}
+
+
 def _attribute_value(value: Mapping[str, Any]) -> Any:
-    if "int" in value:
-        return celtypes.IntType(value["int"])
-    if "bool" in value:
-        return celtypes.BoolType(value["bool"])
-    if "string" in value:
-        return celtypes.StringType(value["string"])
-    if "version" in value:
-        return Semver.parse(str(value["version"]))
-    raise CelValueError(f"unsupported attribute value {dict(value)!r}")
+    kind = next((k for k in _ATTRIBUTE_TYPES if k in value), None)
+    if kind is None:
+        raise CelValueError(f"unsupported attribute value {dict(value)!r}")
+    return _ATTRIBUTE_TYPES[kind](value[kind])
 
 
 def _cel_device(device: CelDevice) -> celtypes.MapType:

@@ -111,13 +111,11 @@ class CheckReport:
         """The fit on a node type: `trn2.48xlarge:lnc=1` / NodeType(...) exactly, or a bare instance type (the
         first fit of that type)."""
         label = node.label if isinstance(node, NodeType) else node
-        for f in self.fits:
-            if f.label == label:
-                return f
-        for f in self.fits:
-            if f.instance_type == label:
-                return f
-        raise KeyError(f"{label} was not checked for {self.template}")
+        found = next((f for f in self.fits if f.label == label), None) or \
+            next((f for f in self.fits if f.instance_type == label), None)
+        if found is None:
+            raise KeyError(f"{label} was not checked for {self.template}")
+        return found
 
     def summary(self) -> str:
         lines = [str(i) for i in self.issues]

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum, StrEnum
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from neuron_dra.claim_templates.cel_env import CelCompileError, CelEnvironment
 from neuron_dra.claim_templates.cel_types import CelValueError, Quantity
@@ -332,6 +332,8 @@ class _Exact:
     """What Neuron, UltraServerNode, NeuronCores and Efa share: one `exactly` request from `exact` and `extras`."""
 
     name: str
+    selectors: Sequence[str] | str
+    device_class: ClassVar[str] = "neuron_class"  # the Drivers field that names the request's DeviceClass
 
     def _normalize(self, *fields: str) -> None:
         """Check the name; store the sequence fields (selectors, tolerations, ...) as tuples."""
@@ -341,8 +343,14 @@ class _Exact:
             convert = _tolerations if f == "tolerations" else _as_tuple
             object.__setattr__(self, f, convert(f"{kind}.{f}", getattr(self, f)))
 
+    def selector_expressions(self, drivers: Drivers) -> list[str]:
+        """The request's own tests, cheap and selective first (merged_selectors adds the raw selectors)."""
+        return []
+
     def exact(self, drivers: Drivers) -> dict[str, Any]:
-        raise NotImplementedError
+        """The ExactDeviceRequest / DeviceSubRequest body."""
+        return _exact(drivers, getattr(drivers, self.device_class), getattr(self, "count", 1),
+                      self.selector_expressions(drivers), self.selectors, getattr(self, "tolerations", ()))
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Constraints and configs for this request, `ref` being its name in them (`req` or `req/sub`)."""
@@ -532,7 +540,6 @@ class Neuron(_Exact):
                                     f"1 to {best.physical_cores_per_device} ({best.instance_type})")
 
     def selector_expressions(self, drivers: Drivers) -> list[str]:
-        """The request's own tests, cheap and selective first (merged_selectors adds the raw selectors)."""
         d = _attributes(drivers)
         c = f"device.capacity[{_cel_string(drivers.neuron_driver)}]"
         # The class keeps NeuronCores out; the UltraServer pseudo-device only a selector does, or a group
@@ -553,10 +560,6 @@ class Neuron(_Exact):
         if self.min_cores is not None:
             out.append(f"'cores' in {c} && {c}.cores.compareTo(quantity('{self.min_cores}')) >= 0")
         return out
-
-    def exact(self, drivers: Drivers) -> dict[str, Any]:
-        return _exact(drivers, drivers.neuron_class, self.count, self.selector_expressions(drivers),
-                      self.selectors, self.tolerations)  # type: ignore[arg-type]
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         constraints = []
@@ -603,9 +606,8 @@ class UltraServerNode(_Exact):
             raise e.restated(TemplateError, field_name) from e
         _check_selectors("UltraServerNode.selectors", self.selectors)  # type: ignore[arg-type]
 
-    def exact(self, drivers: Drivers) -> dict[str, Any]:
-        return _exact(drivers, drivers.neuron_class, 1, [f"{_attributes(drivers)}.resourceType == "
-                      f"{_cel_string(NEURON_NODE)}"], self.selectors, self.tolerations)  # type: ignore[arg-type]
+    def selector_expressions(self, drivers: Drivers) -> list[str]:
+        return [f"{_attributes(drivers)}.resourceType == {_cel_string(NEURON_NODE)}"]
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         configs = [opaque_config(drivers.neuron_driver, [ref], ultraserver_config(self.mode))]
@@ -622,6 +624,8 @@ class UltraServerNode(_Exact):
 class Efa(_Exact):
     """EFA devices; `aligned_to` names a Neuron request whose devices share their devicegroup."""
 
+    device_class = "efa_class"
+
     count: int = 1
     name: str = "efa"
     aligned_to: str | None = "neurons"
@@ -636,9 +640,6 @@ class Efa(_Exact):
         if self.group is not None and self.group not in (1, *DEVICEGROUP_SIZES):
             raise TemplateError("Efa.group", self.group, f"a devicegroup size: 1, {_sizes(DEVICEGROUP_SIZES)}")
         _check_selectors("Efa.selectors", self.selectors)  # type: ignore[arg-type]
-
-    def exact(self, drivers: Drivers) -> dict[str, Any]:
-        return _exact(drivers, drivers.efa_class, self.count, [], self.selectors)
 
     def max_devices(self) -> int:
         return self.count
@@ -700,6 +701,8 @@ class NeuronCores(_Exact):
     of NEURON_RT_VISIBLE_CORES ids (a power of two, held together by `coreGroup{count}_id`, docs/neuron-cores.md
     §2-3). `node_lnc` keeps the request to nodes of that LNC (the count's meaning changes with it)."""
 
+    device_class = "neuron_core_class"
+
     count: int = 1
     name: str = "cores"
     instance_types: Sequence[str] | str = ()
@@ -742,10 +745,6 @@ class NeuronCores(_Exact):
         if self.count > 1:  # only nodes whose devices have groups of this size
             out.append(f"'coreGroup{self.count}_id' in {d}")
         return out
-
-    def exact(self, drivers: Drivers) -> dict[str, Any]:
-        return _exact(drivers, drivers.neuron_core_class, self.count, self.selector_expressions(drivers),
-                      self.selectors, self.tolerations)  # type: ignore[arg-type]
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The core group constraint, `ref` being the request's name in it (`req` or `req/sub`); no configs."""
