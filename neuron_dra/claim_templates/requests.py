@@ -361,23 +361,56 @@ class _Exact:
         return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints, configs)
 
 
-def _target_types(catalog: Catalog, instance_types: Sequence[str], families: Sequence[str]) -> tuple[str, ...]:
-    """The instance types a request may land on (its instance types and families; else all)."""
-    by_family = tuple(t for t, s in catalog.types.items() if s.family.name in families)
-    if instance_types and families:
-        return tuple(t for t in instance_types if t in by_family)
-    return tuple(instance_types) or by_family or tuple(catalog.types)
+class _Targeted(_Exact):
+    """A request kept to instance types or families of a catalog (Neuron, NeuronCores)."""
 
+    instance_types: Sequence[str] | str
+    families: Sequence[str] | str
+    catalog: Catalog
 
-def _instance_type_test(drivers: Drivers, types: Sequence[str]) -> str:
-    d = _attributes(drivers)
-    return f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1 else \
-        f"{d}.instanceType in {_cel_list(types)}"
+    @property
+    def explicit_targets(self) -> bool:
+        return bool(self.instance_types or self.families)
+
+    @property
+    def target_types(self) -> tuple[str, ...]:
+        """The instance types this request may land on (its instance types and families; else all)."""
+        types = self.catalog.types
+        by_family = tuple(t for t, s in types.items() if s.family.name in self.families)
+        if self.instance_types and self.families:
+            return tuple(t for t in self.instance_types if t in by_family)
+        return tuple(self.instance_types) or by_family or tuple(types)
+
+    def _checked_targets(self) -> Sequence[str]:
+        """`target_types` after checking the catalog and the names they were built from."""
+        request, catalog = type(self).__name__, self.catalog
+        if not isinstance(catalog, Catalog):
+            raise TemplateError(f"{request}.catalog", catalog, "a Catalog (driver.catalog.BUILTIN or a catalog file's)")
+        for t in self.instance_types:
+            if t not in catalog.types:
+                raise TemplateError(f"{request}.instance_types", t, f"a catalog instance type (or a catalog file's, "
+                                    f"passed as {request}(catalog=...)){catalog.unknown_type_text(t)}")
+        for f in self.families:
+            if f not in catalog.family_map:
+                raise TemplateError(f"{request}.families", f, ", ".join(catalog.family_map)
+                                    + did_you_mean(f, catalog.family_map))
+        if not self.target_types:
+            raise TemplateError(f"{request}.families", self.families,
+                                f"families that contain one of the instance types {', '.join(self.instance_types)}")
+        return self.target_types
+
+    def _type_tests(self, drivers: Drivers) -> list[str]:
+        """The instanceType test when the request names instance types or families."""
+        if not self.explicit_targets:
+            return []
+        d, types = _attributes(drivers), self.target_types
+        return [f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
+                else f"{d}.instanceType in {_cel_list(types)}"]
 
 
 @keyword_hints
 @dataclass(frozen=True)
-class Neuron(_Exact):
+class Neuron(_Targeted):
     """Neuron devices: `count` of them (1..32) or ALL on the node."""
 
     count: Count = 1
@@ -394,13 +427,10 @@ class Neuron(_Exact):
     catalog: Catalog = field(default=BUILTIN, repr=False)  # where instance types and families come from
 
     def __post_init__(self) -> None:
-        if not isinstance(self.catalog, Catalog):
-            raise TemplateError("Neuron.catalog", self.catalog,
-                                "a Catalog (driver.catalog.BUILTIN or a catalog file's)")
         _count("Neuron.count", self.count, allow_all=True)
         self._normalize("tolerations", "instance_types", "families", "selectors")
+        targets = self._checked_targets()
         types = self.catalog.types
-        targets = _checked_targets("Neuron", self.catalog, self.instance_types, self.families, self.target_types)
         most = max(types[t].device_count for t in targets)
         if isinstance(self.count, int) and self.count > most:
             raise TemplateError("Neuron.count", self.count, f"1 to {most} on {', '.join(targets)}")
@@ -410,14 +440,6 @@ class Neuron(_Exact):
         self._check_minimums(targets)
         compiled = _check_selectors("Neuron.selectors", self.selectors)  # type: ignore[arg-type]
         self._check_grid_selectors(targets, compiled)
-
-    @property
-    def explicit_targets(self) -> bool:
-        return bool(self.instance_types or self.families)
-
-    @property
-    def target_types(self) -> tuple[str, ...]:
-        return _target_types(self.catalog, self.instance_types, self.families)
 
     @property
     def group_size(self) -> int | None:
@@ -547,8 +569,7 @@ class Neuron(_Exact):
         # matchAttribute). Where neither is needed, the test would only make the expression longer.
         guard = self._pseudo_device_possible() and self.group_attribute(drivers) is None
         out = [f"{d}.resourceType == {_cel_string(NEURON_DEVICE)}"] if guard else []
-        if self.instance_types or self.families:
-            out.append(_instance_type_test(drivers, self.target_types))
+        out += self._type_tests(drivers)
         if isinstance(self.topology, RingSegment):
             out.append(f"{d}.topologyKind == {_cel_string(TopologyKind.RING.value)}")
         if isinstance(self.kernel_driver, str):
@@ -696,7 +717,7 @@ def _renamed(option: Neuron | NeuronCores, name: str) -> Neuron | NeuronCores:
 
 @keyword_hints
 @dataclass(frozen=True)
-class NeuronCores(_Exact):
+class NeuronCores(_Targeted):
     """`count` NeuronCores (logical cores at the node's LNC) of one Neuron device, one aligned, contiguous range
     of NEURON_RT_VISIBLE_CORES ids (a power of two, held together by `coreGroup{count}_id`, docs/neuron-cores.md
     §2-3). `node_lnc` keeps the request to nodes of that LNC (the count's meaning changes with it)."""
@@ -713,12 +734,9 @@ class NeuronCores(_Exact):
     catalog: Catalog = field(default=BUILTIN, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.catalog, Catalog):
-            raise TemplateError("NeuronCores.catalog", self.catalog, "a Catalog")
         self._normalize("instance_types", "families", "selectors", "tolerations")
+        targets = self._checked_targets()
         types = self.catalog.types
-        targets = _checked_targets("NeuronCores", self.catalog, self.instance_types, self.families,
-                                   self.target_types)
         _check_lnc("NeuronCores.node_lnc", self.node_lnc, self.catalog, targets)
         sizes = sorted({n for t in targets for n in self._sizes(types[t])})
         if not _whole(self.count) or self.count not in sizes:
@@ -731,15 +749,9 @@ class NeuronCores(_Exact):
             (driver_config.LNC_VALUES if spec.lnc_supported else (1,))
         return tuple(n for lnc in lncs for n in CoreLayout.for_spec(spec, lnc).claim_sizes())
 
-    @property
-    def target_types(self) -> tuple[str, ...]:
-        return _target_types(self.catalog, self.instance_types, self.families)
-
     def selector_expressions(self, drivers: Drivers) -> list[str]:
         d = _attributes(drivers)
-        out = []  # the NeuronCore class selects resourceType neuron_core already
-        if self.instance_types or self.families:
-            out.append(_instance_type_test(drivers, self.target_types))
+        out = self._type_tests(drivers)  # the NeuronCore class selects resourceType neuron_core already
         if self.node_lnc is not None:
             out.append(f"{d}.lnc == {self.node_lnc}")
         if self.count > 1:  # only nodes whose devices have groups of this size
@@ -779,20 +791,3 @@ def _check_lnc(field_name: str, lnc: int | None, catalog: Catalog, targets: Sequ
     raise TemplateError(field_name, lnc, f"LNC only on Trainium2 and later; this request may also land on "
                         f"{', '.join(without)}: keep it to {lnc_types} (instance_types or families), or drop "
                         f"{argument}")
-
-
-def _checked_targets(request: str, catalog: Catalog, instance_types: Sequence[str], families: Sequence[str],
-                     targets: Sequence[str]) -> Sequence[str]:
-    """`targets` (the instance types a request can land on) after checking the names it was built from."""
-    for t in instance_types:
-        if t not in catalog.types:
-            raise TemplateError(f"{request}.instance_types", t, f"a catalog instance type (or a catalog file's, passed "
-                                f"as {request}(catalog=...)){catalog.unknown_type_text(t)}")
-    for f in families:
-        if f not in catalog.family_map:
-            raise TemplateError(f"{request}.families", f, ", ".join(catalog.family_map)
-                                + did_you_mean(f, catalog.family_map))
-    if not targets:
-        raise TemplateError(f"{request}.families", families,
-                            f"families that contain one of the instance types {', '.join(instance_types)}")
-    return targets
