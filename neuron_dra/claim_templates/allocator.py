@@ -890,9 +890,8 @@ def simulate(slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mappi
             result = allocate(claims)
         except AllocationError as e:
             return SimulationResult(False, 0, (), str(e), tuple(searches), tuple(peaks))
-        if result is None:
-            return SimulationResult(False, 0, (), searches=tuple(searches), memo_peaks=tuple(peaks))
-        return SimulationResult(True, 1, result, searches=tuple(searches), memo_peaks=tuple(peaks))
+        fits = result is not None
+        return SimulationResult(fits, int(fits), result or (), searches=tuple(searches), memo_peaks=tuple(peaks))
     if mode != "count":
         raise ValueError(f"mode {mode!r} is not allowed; allowed: fit-one, count")
     rounds: list[tuple[DeviceResult, ...]] = []

@@ -114,10 +114,9 @@ class NodeCatalog:
             names: dict[tuple[RefKind, str], set[str]] = {}
             for node in (n for t in self.hardware.names for n in self.every_lnc(t)):
                 for d in node.devices:
-                    for domain, attrs in d.attributes.items():
-                        names.setdefault((RefKind.ATTRIBUTE, domain), set()).update(attrs)
-                    for domain, caps in d.capacity.items():
-                        names.setdefault((RefKind.CAPACITY, domain), set()).update(caps)
+                    for kind, by_domain in ((RefKind.ATTRIBUTE, d.attributes), (RefKind.CAPACITY, d.capacity)):
+                        for domain, published in by_domain.items():
+                            names.setdefault((kind, domain), set()).update(published)
             self._published = {k: frozenset(v) for k, v in names.items()}
         return self._published
 
