@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
 from neuron_dra.claim_templates.cel_env import (
@@ -118,20 +119,14 @@ class _Device:
     api: Mapping[str, Any]
     pool: _Pool
     index: int = -1  # position among the Simulator's devices (the search's per-device state is indexed by it)
-    _cel: CelDevice | None = None
-    _consumption: Consumption | None = None
 
-    @property
+    @cached_property
     def cel(self) -> CelDevice:
-        if self._cel is None:
-            self._cel = CelDevice.from_api(self.id.driver, self.api, self.id.pool)
-        return self._cel
+        return CelDevice.from_api(self.id.driver, self.api, self.id.pool)
 
-    @property
+    @cached_property
     def consumption(self) -> Consumption:
-        if self._consumption is None:
-            self._consumption = _consumption(self.api)
-        return self._consumption
+        return _consumption(self.api)
 
     def attribute(self, qualified: str) -> tuple[Any, ...] | None:
         """lookupAttribute: the fully qualified name, or the bare name when the domain is the driver."""

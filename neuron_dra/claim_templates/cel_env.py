@@ -35,7 +35,6 @@ from neuron_dra.claim_templates.cel_analysis import (
     DeviceRef,
     RefKind,
     SelectorAnalysis,
-    Tree,
     analyze,
     conjuncts,
     without_binds,
@@ -493,7 +492,8 @@ class CelEnvironment:
                 raise CelCompileError(expression, f"estimated cost {cost:,} exceeds Kubernetes' per-expression cost "
                                                   f"limit of {COST_LIMIT:,} (the API server refuses it: too complex, "
                                                   "exceeds cost limit); nest fewer comprehensions or range over less")
-            program = self._env.program(self._env.compile(self._desugar(expression, tree)), functions=_LIBRARY)
+            # cel-python has no cel.bind: each becomes `([init].map(v, body)[0])` (cel_analysis.without_binds)
+            program = self._env.program(self._env.compile(without_binds(expression, tree)), functions=_LIBRARY)
         except (RecursionError, CostTooDeep):
             raise CelCompileError(expression, TOO_DEEP) from None
         except CELParseError as e:
@@ -514,10 +514,6 @@ class CelEnvironment:
             cached = (compiled,) if len(texts) == 1 else tuple(self.compile(t) for t in texts)
             self._parts[compiled.expression] = cached
         return cached
-
-    def _desugar(self, expression: str, tree: Tree) -> str:
-        """Each `cel.bind(v, init, body)` as `([init].map(v, body)[0])` (cel_analysis.without_binds)."""
-        return without_binds(expression, tree)
 
     def evaluate(self, selector: CompiledSelector | str, device: CelDevice) -> bool:
         """Whether the device matches; CelEvaluationError when the selector fails on it."""
