@@ -81,15 +81,13 @@ class ClaimTemplate:
         check_distinct("ClaimTemplate.requests", [r.name for r in all_requests], "distinct request names (name=...)")
         if drivers is not None and not isinstance(drivers, Drivers):
             raise TemplateError("ClaimTemplate.drivers", drivers, "a Drivers(...) value, or None (the driver's)")
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "requests", all_requests)
-        object.__setattr__(self, "namespace", namespace)
-        object.__setattr__(self, "labels", check_labels("ClaimTemplate.labels", _mapping(labels)))
-        object.__setattr__(self, "annotations", check_annotations("ClaimTemplate.annotations", _mapping(annotations)))
-        object.__setattr__(self, "claim_labels", check_labels("ClaimTemplate.claim_labels", _mapping(claim_labels)))
-        object.__setattr__(self, "configs", tuple(configs))
-        object.__setattr__(self, "drivers", drivers or DEFAULT_DRIVERS)
-        object.__setattr__(self, "follows_driver", drivers is None)
+        values = {"name": name, "requests": all_requests, "namespace": namespace,
+                  "labels": check_labels("ClaimTemplate.labels", _mapping(labels)),
+                  "annotations": check_annotations("ClaimTemplate.annotations", _mapping(annotations)),
+                  "claim_labels": check_labels("ClaimTemplate.claim_labels", _mapping(claim_labels)),
+                  "configs": tuple(configs), "drivers": drivers or DEFAULT_DRIVERS, "follows_driver": drivers is None}
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
         self._check_alignment()
         self._check_efa_counts()
         self._check_configs()
