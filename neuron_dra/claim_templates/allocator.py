@@ -185,21 +185,14 @@ def _node_matches(node_name: str, labels: Mapping[str, str], selector: Mapping[s
 def _requirement(values: Mapping[str, str], req: Mapping[str, Any]) -> bool:
     key, op, wanted = req["key"], req["operator"], list(req.get("values") or [])
     present = key in values
-    if op == "In":
-        return present and values[key] in wanted
-    if op == "NotIn":
-        return not present or values[key] not in wanted
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
     if op in ("Gt", "Lt") and present and len(wanted) == 1:
         try:
             have, limit = int(values[key]), int(wanted[0])
         except ValueError:
             return False
         return have > limit if op == "Gt" else have < limit
-    return False
+    return {"In": present and values.get(key) in wanted, "NotIn": not present or values.get(key) not in wanted,
+            "Exists": present, "DoesNotExist": not present}.get(op, False)
 
 
 def _for_node(spec: Mapping[str, Any], node_name: str, labels: Mapping[str, str], partitionable: bool) -> bool:
