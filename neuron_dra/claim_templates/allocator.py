@@ -1,46 +1,26 @@
-"""A simulation of kube-scheduler's structured DRA allocator (k8s.io/dynamic-resource-allocation/structured).
+"""A simulation of kube-scheduler's structured DRA allocator (k8s.io/dynamic-resource-allocation/structured,
+read from 1.34's "experimental" implementation, updated to 1.36), on the same API dicts as the real one:
+- pools: slices for the node (nodeName, allNodes or a matching nodeSelector), newest generation only; an
+  incomplete pool gives no devices and fails an `All` request; an invalid one (duplicate device names) also
+  makes a failed search an error;
+- depth-first search with backtracking over claims, requests (firstAvailable: subrequests in order), device
+  slots, pools, slices and devices in order; the first complete solution wins; at most 32 devices per claim;
+- a device is selectable when every class selector, then every request selector, is true; a CEL error
+  aborts the allocation; `All` takes every selectable device of the node at once, at least one;
+- matchAttribute: same type and value over the named requests (or all), checked as devices are added;
+- device taints (`device_taints=False` for 1.34/1.35): an untolerated NoSchedule/NoExecute taint skips
+  the device; tolerations match as resourceclaim.ToleratesTaint does.
 
-Same inputs as the real one (API dicts of ResourceSlices, DeviceClasses and ResourceClaims, the set of
-already allocated devices, the node) and the same semantics, read from the 1.34 allocator (with 1.34's
-default gates the scheduler runs its "experimental" implementation), updated to 1.36 (the default
-minor of the local cluster and of the differential test):
-- pools: slices for the node (nodeName, allNodes or a matching nodeSelector), newest generation only;
-  an incomplete pool (fewer slices than resourceSliceCount) gives no devices (1.34 still gave the
-  devices of the slices it had to ExactCount requests) and fails an `All` request; an invalid one
-  (duplicate device names) gives no devices, fails an `All` request and makes a failed search an error;
-- depth-first search with backtracking over claims, requests (firstAvailable: subrequests in order),
-  device slots, pools, slices and devices in order; the first complete solution wins;
-- a device is selectable when every class selector and then every request selector is true (results
-  cached per device and request); a CEL error aborts the whole allocation, as in Kubernetes;
-- `All`: every selectable device of the node (in use or not) at once, and at least one; a constraint
-  that one of them breaks is an error;
-- matchAttribute over the named requests (or all): same type and value; a device without the
-  attribute never joins; constraints checked as devices are added;
-- at most 32 devices per claim, with the allocator's special backtracking when a firstAvailable
-  alternative would exceed it.
+Differences that change no answer: the search skips a slot when fewer usable devices remain than the
+request needs, and remembers failed subtrees by the devices taken (Go re-visits one per ordering, which is
+exponential), in a memo of at most MEMO_LIMIT entries; there is no timeout; pools go in the order their first
+slice appears. prune=False turns both off and makes Go's allocateOne calls in Go's order, counted in
+`SimulationResult.searches` and bounded by a budget (SearchBudgetExceeded), which keeps the differential
+test's cases clear of Go's filter timeout. Partitionable devices (shared counters) follow `partitionable`; alpha
+features (per-device node selection, consumable capacity, binding conditions) are off, as on EKS.
 
-Deliberate differences, none of which changes an answer: this search skips a device slot when fewer
-free, selectable, constraint-compatible devices remain than the request still needs, and it remembers
-failed subtrees by the set of devices taken (the Go search re-visits one per ordering of the same
-devices, which is exponential: 8 aligned EFAs on a trn1.32xlarge take it past its 10 s timeout); there
-is no timeout; the memo keys a subtree by the devices the rest of the search can see only, and holds at most
-MEMO_LIMIT entries (then starts again), so its memory is bounded; pools are visited in
-the order their first slice appears (Go flattens a map, so its pool order is unspecified).
-With prune=False the cut and the memo are off and the search makes Go's allocateOne calls in Go's order;
-`SimulationResult.searches` counts them and a budget (SearchBudgetExceeded) bounds them, which is how the
-differential test's case generator keeps its cases clear of Go's filter timeout. Either way, what selection,
-taints and pools decide is worked out once per request (Simulator.loop) and per-device state is indexed by
-position, so the search itself only tracks what is taken and the constraints.
-Alpha features (partitionable devices, consumable capacity, binding conditions) are off, as on
-EKS: slices with per-device node selection are ignored, devices that consume counters or have binding
-conditions are never allocated. Device taints (beta and on in 1.36, GA in 1.37; `device_taints=False` for
-1.34/1.35, where the API server drops them anyway): a device with a NoSchedule or NoExecute taint that the
-request does not tolerate is skipped where the device would be allocated (so an `All` request over a tainted
-device fails); None and unknown effects are ignored; tolerations match as resourceclaim.ToleratesTaint does.
-
-Modes, like the Go comparison program (localcluster/go/allocsim): "fit-one" allocates all claims
-together once; "count" allocates copies of claims[0] one after another, each result added to the
-allocated set, up to 64.
+Modes, as in localcluster/go/allocsim: "fit-one" allocates all claims together once; "count" allocates
+copies of claims[0] one after another, each added to the allocated set.
 """
 
 from __future__ import annotations
@@ -51,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
 from neuron_dra.claim_templates.cel_env import (
@@ -138,20 +119,14 @@ class _Device:
     api: Mapping[str, Any]
     pool: _Pool
     index: int = -1  # position among the Simulator's devices (the search's per-device state is indexed by it)
-    _cel: CelDevice | None = None
-    _consumption: Consumption | None = None
 
-    @property
+    @cached_property
     def cel(self) -> CelDevice:
-        if self._cel is None:
-            self._cel = CelDevice.from_api(self.id.driver, self.api, self.id.pool)
-        return self._cel
+        return CelDevice.from_api(self.id.driver, self.api, self.id.pool)
 
-    @property
+    @cached_property
     def consumption(self) -> Consumption:
-        if self._consumption is None:
-            self._consumption = _consumption(self.api)
-        return self._consumption
+        return _consumption(self.api)
 
     def attribute(self, qualified: str) -> tuple[Any, ...] | None:
         """lookupAttribute: the fully qualified name, or the bare name when the domain is the driver."""
@@ -210,21 +185,26 @@ def _node_matches(node_name: str, labels: Mapping[str, str], selector: Mapping[s
 def _requirement(values: Mapping[str, str], req: Mapping[str, Any]) -> bool:
     key, op, wanted = req["key"], req["operator"], list(req.get("values") or [])
     present = key in values
-    if op == "In":
-        return present and values[key] in wanted
-    if op == "NotIn":
-        return not present or values[key] not in wanted
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
     if op in ("Gt", "Lt") and present and len(wanted) == 1:
         try:
             have, limit = int(values[key]), int(wanted[0])
         except ValueError:
             return False
         return have > limit if op == "Gt" else have < limit
-    return False
+    return {"In": present and values.get(key) in wanted, "NotIn": not present or values.get(key) not in wanted,
+            "Exists": present, "DoesNotExist": not present}.get(op, False)
+
+
+def _for_node(spec: Mapping[str, Any], node_name: str, labels: Mapping[str, str], partitionable: bool) -> bool:
+    if spec.get("perDeviceNodeSelection") is not None:
+        return False  # per-device node selection is not modelled
+    if spec.get("sharedCounters"):
+        return partitionable  # counter sets are needed to use a pool, whatever node they name
+    if spec.get("nodeName"):
+        return bool(spec["nodeName"] == node_name)
+    if spec.get("allNodes"):
+        return True
+    return spec.get("nodeSelector") is not None and _node_matches(node_name, labels, spec["nodeSelector"])
 
 
 def gather_pools(slices: Iterable[Mapping[str, Any]], node_name: str, node_labels: Mapping[str, str],
@@ -233,21 +213,7 @@ def gather_pools(slices: Iterable[Mapping[str, Any]], node_name: str, node_label
     pools: dict[tuple[str, str], _Pool] = {}
     for s in slices:
         spec = s["spec"]
-        if spec.get("perDeviceNodeSelection") is not None:
-            continue  # per-device node selection is not modelled
-        if spec.get("sharedCounters"):
-            if not partitionable:
-                continue
-            # counter sets are needed to use a pool, whatever node they name
-        elif spec.get("nodeName"):
-            if spec["nodeName"] != node_name:
-                continue
-        elif spec.get("allNodes"):
-            pass
-        elif spec.get("nodeSelector") is not None:
-            if not _node_matches(node_name, labels, spec["nodeSelector"]):
-                continue
-        else:
+        if not _for_node(spec, node_name, labels, partitionable):
             continue
         key = (spec["driver"], spec["pool"]["name"])
         generation = int(spec["pool"].get("generation", 0))
@@ -260,25 +226,30 @@ def gather_pools(slices: Iterable[Mapping[str, Any]], node_name: str, node_label
             pool.slices, pool.generation = [], generation
         pool.slices.append(s)
     for pool in pools.values():
-        pool.incomplete = len(pool.slices) != int(pool.slices[0]["spec"]["pool"].get("resourceSliceCount", 1))
-        pool.slices.sort(key=lambda x: str((x.get("metadata") or {}).get("name", "")))  # 1.36 visits them by name
-        seen: set[str] = set()
-        for s in pool.slices:
-            for cs in s["spec"].get("sharedCounters") or []:
-                if cs["name"] in pool.counter_sets:
-                    pool.invalid = True  # duplicate counter set name
-                pool.counter_sets[cs["name"]] = {
-                    n: Quantity.parse(str(c["value"])).value for n, c in (cs.get("counters") or {}).items()}
-            for d in s["spec"].get("devices") or []:
-                if d["name"] in seen:
-                    pool.invalid = True
-                seen.add(d["name"])
-                pool.devices.append(_Device(DeviceId(pool.driver, pool.name, d["name"]), d, pool))
-        for device in pool.devices if partitionable else ():  # each consumption names a counter of the pool
-            for (set_name, counter) in _consumption(device.api):
-                if counter not in pool.counter_sets.get(set_name, {}):
-                    pool.invalid = True
+        _fill_pool(pool, partitionable)
     return list(pools.values())
+
+
+def _fill_pool(pool: _Pool, partitionable: bool) -> None:
+    """A pool's devices and counter sets from its slices, and whether it is incomplete or invalid."""
+    pool.incomplete = len(pool.slices) != int(pool.slices[0]["spec"]["pool"].get("resourceSliceCount", 1))
+    pool.slices.sort(key=lambda x: str((x.get("metadata") or {}).get("name", "")))  # 1.36 visits them by name
+    seen: set[str] = set()
+    for s in pool.slices:
+        for cs in s["spec"].get("sharedCounters") or []:
+            if cs["name"] in pool.counter_sets:
+                pool.invalid = True  # duplicate counter set name
+            pool.counter_sets[cs["name"]] = {
+                n: Quantity.parse(str(c["value"])).value for n, c in (cs.get("counters") or {}).items()}
+        for d in s["spec"].get("devices") or []:
+            if d["name"] in seen:
+                pool.invalid = True
+            seen.add(d["name"])
+            pool.devices.append(_Device(DeviceId(pool.driver, pool.name, d["name"]), d, pool))
+    for device in pool.devices if partitionable else ():  # each consumption names a counter of the pool
+        for (set_name, counter) in _consumption(device.api):
+            if counter not in pool.counter_sets.get(set_name, {}):
+                pool.invalid = True
 
 
 # --- requests ----------------------------------------------------------------------------------------
@@ -385,11 +356,7 @@ class Simulator:
         key = (spec_key, req.key, device.id)
         cached = self._selectable.get(key)
         if cached is None:
-            try:
-                cached = self._select(req, claim_label, device)
-            except AllocationError as e:
-                cached = e
-            self._selectable[key] = cached
+            cached = self._selectable[key] = self._try_select(req, claim_label, device)
         if isinstance(cached, AllocationError):
             raise cached
         return cached
@@ -405,11 +372,8 @@ class Simulator:
             for device in self.searched:
                 cached = self._selectable.get((spec_key, req.key, device.id))
                 if cached is None:
-                    try:
-                        cached = self._select(req, claim_label, device)
-                    except AllocationError as e:
-                        cached = e
-                    else:
+                    cached = self._try_select(req, claim_label, device)
+                    if not isinstance(cached, AllocationError):
                         self._selectable[(spec_key, req.key, device.id)] = cached
                 if isinstance(cached, AllocationError):
                     loop.append((device, True))
@@ -427,6 +391,12 @@ class Simulator:
     def tainted(self, req: _Request, device: _Device) -> bool:
         return self.device_taints and bool(device.api.get("taints")) and \
             taint_prevents_allocation(device.api, req.tolerations)
+
+    def _try_select(self, req: _Request, claim_label: str, device: _Device) -> bool | AllocationError:
+        try:
+            return self._select(req, claim_label, device)
+        except AllocationError as e:
+            return e
 
     def _select(self, req: _Request, claim_label: str, device: _Device) -> bool:
         if device.api.get("bindingConditions"):
@@ -446,16 +416,14 @@ class Simulator:
             try:
                 compiled = self.cel.compile(expr)
             except CelCompileError as e:
-                raise AllocationError(f"{owner}: selector #{i}: CEL compile error: {e.message}") from None
+                raise AllocationError(f"{owner}: selector #{i}: CEL compile error: {e.message}") from e
             try:
                 if not self.cel.evaluate(compiled, device.cel):
                     return False
             except CelEvaluationError as e:
                 raise AllocationError(f"{owner}: selector #{i} on device {device.id}: CEL runtime error: "
-                                      f"{e.message}") from None
+                                      f"{e.message}") from e
         return True
-
-
 
 
 class _Search:
@@ -487,7 +455,6 @@ class _Search:
         # per request: devices that are selectable, or whose selectors error (selection is static)
         self.candidates: dict[tuple[int, int, int], list[tuple[_Device, AllocationError | None]]] = {}
         self.calls = 0  # allocateOne calls
-        self.memo_resets = 0  # times the memo reached MEMO_LIMIT and was emptied
         self.memo_peak = 0
         self.budget = sys.maxsize if sim.budget is None else sim.budget
 
@@ -549,12 +516,9 @@ class _Search:
             self._relevance()
 
     def _relevance(self) -> None:
-        """What a failed subtree's outcome can depend on, for the memo's key: from request `ri` of claim `ci` on,
-        the search takes, skips or evaluates only the devices of the remaining requests' loops (the selectable
-        and the erroring ones), their `All` devices, and whatever shares a counter set with those (counters decide
-        whether a device can be taken). Whether any other device is held changes nothing below, so the key leaves
-        it out: subtrees that differ only in such devices are one failure, and the memo stays small (3 claims
-        whose last one needs EFAs the first two took: one entry instead of one per way of taking them)."""
+        """The devices a failed subtree's outcome can depend on, for the memo's key: from request `ri` of claim `ci`
+        on, those of the remaining requests' loops, their `All` devices, and whatever shares a counter set with
+        them. Other devices are left out of the key, so subtrees differing only in them are one failure."""
         sharing: dict[tuple[str, str, str], set[int]] = {}
         for d in self.sim.devices:
             for counter_set, _ in d.consumption:
@@ -667,7 +631,6 @@ class _Search:
         re-visits, so forgetting costs time, never an answer, and its memory stays bounded."""
         if len(self.failed) >= MEMO_LIMIT:
             self.failed.clear()
-            self.memo_resets += 1
         self.failed[key] = max_size
         self.memo_peak = max(self.memo_peak, len(self.failed))
 
@@ -682,18 +645,7 @@ class _Search:
                 return False
         options = requests[ri]
         if not in_subrequest and self.first_available[ci][ri]:
-            all_exceeded = True
-            for sub in range(len(options)):
-                try:
-                    done = self._allocate_one(ci, ri, sub, 0, True)
-                except _MaxSizeExceeded:
-                    continue
-                all_exceeded = False
-                if done:
-                    return True
-            if all_exceeded:
-                raise _MaxSizeExceeded
-            return False
+            return self._first_available(ci, ri, len(options))
         req = options[si]
         if req.mode == "All" and not req.all_devices:
             return False
@@ -708,6 +660,25 @@ class _Search:
             return self._descend(req, device, ci, ri, si, di, in_subrequest)
         if self.sim.prune and not self._enough_candidates(req, req.num - di):
             return False
+        return self._exact_count(req, ci, ri, si, di, in_subrequest)
+
+    def _first_available(self, ci: int, ri: int, subs: int) -> bool:
+        """Each subrequest in order; _MaxSizeExceeded when every one of them exceeds the claim's size."""
+        all_exceeded = True
+        for sub in range(subs):
+            try:
+                done = self._allocate_one(ci, ri, sub, 0, True)
+            except _MaxSizeExceeded:
+                continue
+            all_exceeded = False
+            if done:
+                return True
+        if all_exceeded:
+            raise _MaxSizeExceeded
+        return False
+
+    def _exact_count(self, req: _Request, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
+        """Device slot `di` of an ExactCount request: each device of its loop that can be taken, in order."""
         # The hot loop, _allocate_device inlined: selection and taints are settled by the loop list; the
         # constraints are checked before the counters (a refusal has no effect, so the order cannot matter).
         if req.loop is None:
@@ -907,9 +878,8 @@ def simulate(slices: Sequence[Mapping[str, Any]], device_classes: Sequence[Mappi
             result = allocate(claims)
         except AllocationError as e:
             return SimulationResult(False, 0, (), str(e), tuple(searches), tuple(peaks))
-        if result is None:
-            return SimulationResult(False, 0, (), searches=tuple(searches), memo_peaks=tuple(peaks))
-        return SimulationResult(True, 1, result, searches=tuple(searches), memo_peaks=tuple(peaks))
+        fits = result is not None
+        return SimulationResult(fits, int(fits), result or (), searches=tuple(searches), memo_peaks=tuple(peaks))
     if mode != "count":
         raise ValueError(f"mode {mode!r} is not allowed; allowed: fit-one, count")
     rounds: list[tuple[DeviceResult, ...]] = []

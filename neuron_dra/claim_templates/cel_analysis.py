@@ -10,7 +10,7 @@ evaluation for every device that agrees on them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
@@ -279,15 +279,6 @@ def analyze(tree: Tree, functions: frozenset[str], methods: frozenset[str]) -> S
     return SelectorAnalysis(frozenset(a.out.refs), a.out.reads_driver, a.out.opaque, tuple(a.out.quantity_strings))
 
 
-def bind_calls(tree: Tree) -> Iterator[Tree]:
-    """`cel.bind(...)` call nodes, outermost first."""
-    for node in tree.iter_subtrees_topdown():  # type: ignore[no-untyped-call]
-        if node.data == "member_dot_arg" and str(node.children[1]) == "bind":
-            target = node.children[0]
-            if isinstance(target, lark.Tree) and ident_name(target) == "cel":
-                yield node
-
-
 def without_binds(expression: str, tree: Tree) -> str:
     """`expression` with each `cel.bind(v, init, body)` written as `([init].map(v, body)[0])` (cel-python has no
     cel.bind; a one-element map binds v to init, evaluated once).
@@ -296,8 +287,11 @@ def without_binds(expression: str, tree: Tree) -> str:
     the closing ")" -> ")[0])"). Nested binds sit inside an init or a body, so no two replacements overlap and all
     are applied in one splice: linear in the expression's length (re-parsing after each bind is quadratic)."""
     edits: list[tuple[int, int, str]] = []
-    for node in bind_calls(tree):
-        args = [c for c in node.children[2].children if isinstance(c, lark.Tree)]  # type: ignore[union-attr]
+    for node in tree.iter_subtrees_topdown():  # type: ignore[no-untyped-call]
+        if node.data != "member_dot_arg" or str(node.children[1]) != "bind" or \
+                not isinstance(node.children[0], lark.Tree) or ident_name(node.children[0]) != "cel":
+            continue  # not a cel.bind(...) call
+        args = [c for c in node.children[2].children if isinstance(c, lark.Tree)]
         if len(args) != 3:
             raise AnalysisError(f"cel.bind takes 3 arguments (a name, a value, an expression), got {len(args)}")
         v, init, _ = args

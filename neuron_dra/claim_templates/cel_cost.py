@@ -1,17 +1,13 @@
 """A conservative estimate of a selector's CEL cost, in the spirit of Kubernetes' cost estimator.
 
-The API server refuses a device selector whose *estimated* cost exceeds 1,000,000 ("too complex, exceeds cost
-limit"; docs/hardening.md §3). cel-python (the CEL implementation here) tracks no cost, so this module estimates it
-from the parse tree with cel-go's rules simplified upward: every operation, call, member access and literal costs
-1; a comprehension macro (`all`, `exists`, `exists_one`, `map`, `filter`) costs its range plus, for every element
-of the range's largest possible size, its body plus 1; string functions cost 1 + length / 10. As in cel-go's
-checker/cost.go (costBind, and functionCost for AddString/AddBytes/AddList), `cel.bind(v, init, body)` costs its
-init once plus its body, with `v` sized as the init, and `a + b` is as large as both operands together and costs
-that size / 10 more (a selector that doubles a string in 25 binds is 2 GiB, and refused). Sizes come from what
-the expression shows or from the DRA limits on what a device carries (attribute strings <= 64 characters, <= 32
-attributes and capacities per device); what cannot be sized counts as MAX_UNKNOWN_SIZE elements. The estimate is
-an upper bound of cel-go's for the expressions DRA selectors use, so nothing the API server refuses for cost passes
-here; an expression it would accept may exceptionally be refused here, and the message says why.
+The API server refuses a selector whose *estimated* cost exceeds 1,000,000 (docs/hardening.md §3); cel-python
+tracks no cost, so this estimates it from the parse tree with cel-go's rules simplified upward: every operation,
+call, member access and literal costs 1; a macro costs its range plus, per element of the range's largest size,
+its body plus 1; string functions cost 1 + length / 10; as in cel-go's checker/cost.go, `cel.bind` costs its init
+once plus its body, and `a + b` is as large as both operands and costs that size / 10 more. Sizes come from the
+expression or from the DRA limits on a device (strings <= 64 characters, <= 32 attributes and capacities); what
+cannot be sized counts as MAX_UNKNOWN_SIZE. An upper bound of cel-go's for DRA selectors: nothing the API server
+refuses for cost passes here.
 """
 
 from __future__ import annotations
@@ -20,14 +16,13 @@ from dataclasses import dataclass
 
 import lark
 
-from neuron_dra.claim_templates.cel_analysis import Tree, ident_name, unwrap
+from neuron_dra.claim_templates.cel_analysis import MACROS, Tree, ident_name, unwrap
 
 COST_LIMIT = 1_000_000  # apiserver: per-expression estimated cost limit of DRA selectors
 MAX_STRING = 64  # a device attribute's string value (resource.k8s.io/v1)
 MAX_MAP = 32  # attributes + capacities of one device
 MAX_UNKNOWN_SIZE = 1024  # a list or string nothing bounds (cel-go would take the maximum the type allows)
 STRING_TRAVERSAL = 10  # cel-go's StringTraversalCostFactor, 0.1: one cost unit per 10 characters
-MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 STRING_METHODS = frozenset({"split", "contains", "startsWith", "endsWith", "matches", "indexOf", "lastIndexOf",
                             "lowerAscii", "upperAscii", "replace", "substring", "trim", "find", "findAll", "join"})
 
@@ -47,8 +42,8 @@ def _children(tree: Tree) -> list[Tree]:
     return [c for c in tree.children if isinstance(c, lark.Tree)]
 
 
-def _tokens(tree: Tree) -> list[str]:
-    return [str(c) for c in tree.children if isinstance(c, lark.Token)]
+def _first_token(tree: Tree) -> str:
+    return next((str(c) for c in tree.children if isinstance(c, lark.Token)), "")
 
 
 class _Estimator:
@@ -62,10 +57,10 @@ class _Estimator:
         kind = node.data
         kids = _children(node)
         if kind == "literal":
-            text = _tokens(node)[0] if _tokens(node) else ""
+            text = _first_token(node)
             return Estimate(1, max(1, len(text) - 2))
         if kind == "ident":
-            name = _tokens(node)[0] if _tokens(node) else ""
+            name = _first_token(node)
             if name in self.scope:
                 return self.scope[name]
             return Estimate(1, MAX_MAP, MAX_MAP if name == "device" else MAX_UNKNOWN_SIZE)
@@ -115,7 +110,7 @@ class _Estimator:
                 self.scope[var] = saved
 
     def _method(self, node: Tree, kids: list[Tree], depth: int) -> Estimate:
-        name = _tokens(node)[0] if _tokens(node) else ""
+        name = _first_token(node)
         target = kids[0]
         args = [c for e in kids[1:] for c in _children(e)] if len(kids) > 1 else []
         base = self.visit(target, depth + 1)
@@ -126,7 +121,7 @@ class _Estimator:
             return Estimate(base.cost + init.cost + body.cost, body.size, body.element)
         if name in MACROS and args:
             var = unwrap(args[0])
-            var_name = _tokens(var)[0] if var.data == "ident" and _tokens(var) else ""
+            var_name = _first_token(var) if var.data == "ident" else ""
             bodies = self._scoped(var_name, Estimate(1, base.element, MAX_STRING), args[1:], depth)
             per_element = 1 + sum(b.cost for b in bodies)
             size = base.size if name in ("map", "filter") else 1

@@ -1,29 +1,23 @@
 """The CEL environment of DRA device selectors, on a real CEL implementation (cel-python, `celpy`).
 
-What Kubernetes (k8s.io/dynamic-resource-allocation/cel) gives a selector, and what this module gives:
-- one variable `device` with `driver`, `attributes[domain][name]` (int, bool, string or version ->
-  Semver) and `capacity[domain][name]` (Quantity); an attribute without a domain belongs to the
-  driver's domain; an unknown domain reads as an empty map, an unknown name is an evaluation error;
-- `quantity()`, `isQuantity()`, `semver()`, `isSemver()` and their methods (`compareTo`,
-  `isGreaterThan`, `isLessThan`, `sign`, `isInteger`, `asInteger`, `asApproximateFloat`, `add`, `sub`,
-  `major`, `minor`, `patch`), `cel.bind`, the strings extension, the list library, regex `find`/`findAll`;
-- compile errors for undeclared functions, variables and device fields (cel-go type-checks them),
-  expressions over 10 KiB, results that are not bool.
-
-cel-python has no `cel.bind`; it is rewritten to the equivalent single-element comprehension
-`[init].map(var, body)[0]` before evaluation. Evaluations are memoised per selector and per the
-values of the attributes it reads (see cel_analysis), so checking many templates against every
-published device costs few real evaluations.
+As in Kubernetes (k8s.io/dynamic-resource-allocation/cel): one variable `device` with `driver`,
+`attributes[domain][name]` and `capacity[domain][name]` (an unprefixed name is in the driver's domain, an
+unknown domain an empty map, an unknown name an evaluation error); the quantity and semver functions and
+methods, `cel.bind`, the strings extension, the list library and regex `find`/`findAll` (FUNCTIONS, METHODS);
+compile errors for undeclared functions, variables and device fields, expressions over 10 KiB and non-bool
+results. cel-python has no `cel.bind`: it is rewritten to `[init].map(var, body)[0]`. Evaluations are memoised
+per selector and per the values of the attributes it reads (cel_analysis).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import re
 import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
@@ -41,13 +35,13 @@ from neuron_dra.claim_templates.cel_analysis import (
     DeviceRef,
     RefKind,
     SelectorAnalysis,
-    Tree,
     analyze,
     conjuncts,
     without_binds,
 )
 from neuron_dra.claim_templates.cel_cost import COST_LIMIT, CostTooDeep, estimate
 from neuron_dra.claim_templates.cel_types import INT64_MAX, INT64_MIN, CelValueError, Quantity, Semver
+from neuron_dra.driver.errortext import capped
 
 MAX_EXPRESSION_BYTES = 10 * 1024  # resource.k8s.io/v1 CELSelectorExpressionMaxLength
 # Wall-clock bound of one evaluation (the cost estimate bounds the work; this catches what it cannot see).
@@ -57,11 +51,6 @@ TOO_DEEP = ("nested too deeply for this checker's CEL implementation (Python rec
 
 # celpy logs every evaluation error at ERROR level; a selector that errors is a normal check outcome.
 logging.getLogger("celpy").setLevel(logging.CRITICAL)
-
-
-def _cut(expression: str, limit: int = 200) -> str:
-    """An expression as error messages show it: at most `limit` characters (selectors may be 10 KiB)."""
-    return expression if len(expression) <= limit else f"{expression[:limit]}... ({len(expression)} characters)"
 
 
 CARET_WINDOW = 60  # characters of the expression shown either side of a syntax error's caret
@@ -92,7 +81,7 @@ class CelCompileError(ValueError):
     def __init__(self, expression: str, message: str) -> None:
         self.expression = expression
         self.message = message
-        super().__init__(f"CEL compile error in `{_cut(expression)}`: {message}")
+        super().__init__(f"CEL compile error in `{capped(expression, 200)}`: {message}")  # selectors may be 10 KiB
 
 
 class CelEvaluationError(ValueError):
@@ -102,7 +91,7 @@ class CelEvaluationError(ValueError):
         self.expression = expression
         self.device = device
         self.message = message
-        super().__init__(f"CEL runtime error in `{_cut(expression)}` on device {device}: {message}")
+        super().__init__(f"CEL runtime error in `{capped(expression, 200)}` on device {device}: {message}")
 
 
 # --- the device input -------------------------------------------------------------------------------
@@ -172,16 +161,17 @@ class _DomainMap(celtypes.MapType):
             return celtypes.MapType()
 
 
+_ATTRIBUTE_TYPES: Mapping[str, Callable[[Any], Any]] = {
+    "int": celtypes.IntType, "bool": celtypes.BoolType, "string": celtypes.StringType,
+    "version": lambda v: Semver.parse(str(v)),
+}
+
+
 def _attribute_value(value: Mapping[str, Any]) -> Any:
-    if "int" in value:
-        return celtypes.IntType(value["int"])
-    if "bool" in value:
-        return celtypes.BoolType(value["bool"])
-    if "string" in value:
-        return celtypes.StringType(value["string"])
-    if "version" in value:
-        return Semver.parse(str(value["version"]))
-    raise CelValueError(f"unsupported attribute value {dict(value)!r}")
+    kind = next((k for k in _ATTRIBUTE_TYPES if k in value), None)
+    if kind is None:
+        raise CelValueError(f"unsupported attribute value {dict(value)!r}")
+    return _ATTRIBUTE_TYPES[kind](value[kind])
 
 
 def _cel_device(device: CelDevice) -> celtypes.MapType:
@@ -198,7 +188,7 @@ def _cel_device(device: CelDevice) -> celtypes.MapType:
 _Fn = Callable[..., Any]
 
 
-def _cel_function(fn: _Fn) -> _Fn:
+def _cel_function(name: str, fn: _Fn) -> _Fn:
     """Turn Python errors of a library function into CEL error values, as cel-go reports them."""
 
     def wrapper(*args: Any) -> Any:
@@ -211,28 +201,29 @@ def _cel_function(fn: _Fn) -> _Fn:
             return CELEvalError(str(e), type(e), e.args)
         except TypeError as e:
             kinds = ", ".join(type(a).__name__ for a in args)
-            return CELEvalError(f"no such overload: {fn.__name__.strip('_')}({kinds})", TypeError, e.args)
+            return CELEvalError(f"no such overload: {name}({kinds})", TypeError, e.args)
 
-    wrapper.__name__ = fn.__name__
+    wrapper.__name__ = name
     return wrapper
 
 
-def _str(v: Any) -> str:
-    if not isinstance(v, str):
-        raise TypeError(f"{type(v).__name__} is not a string")
-    return str(v)
+def _typed(kind: type, label: str, convert: Callable[[Any], Any] = lambda v: v) -> Callable[[Any], Any]:
+    """A checker that converts a value of `kind` and raises TypeError (no such overload) for others."""
+
+    def check(v: Any) -> Any:
+        if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            raise TypeError(f"{type(v).__name__} is not {label}")
+        return convert(v)
+
+    return check
 
 
-def _int(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{type(v).__name__} is not an int")
-    return int(v)
-
-
-def _quantity(v: Any) -> Quantity:
-    if not isinstance(v, Quantity):
-        raise TypeError(f"{type(v).__name__} is not a Quantity")
-    return v
+_str = _typed(str, "a string", str)
+_int = _typed(int, "an int", int)
+_quantity = _typed(Quantity, "a Quantity")
+_semver = _typed(Semver, "a Semver")
+_list = _typed(list, "a list", list)
+_B, _I, _S = celtypes.BoolType, celtypes.IntType, celtypes.StringType
 
 
 def _order(a: Any, b: Any) -> int:
@@ -243,127 +234,40 @@ def _order(a: Any, b: Any) -> int:
     raise TypeError("compareTo needs two Quantities or two Semvers")
 
 
-def _fn_quantity(s: Any) -> Quantity:
-    return Quantity.parse(_str(s))
-
-
-def _fn_is_quantity(s: Any) -> celtypes.BoolType:
-    return celtypes.BoolType(Quantity.is_valid(_str(s)))
-
-
-def _fn_semver(s: Any, normalize: Any = False) -> Semver:
-    return Semver.parse(_str(s), bool(normalize))
-
-
-def _fn_is_semver(s: Any, normalize: Any = False) -> celtypes.BoolType:
-    return celtypes.BoolType(Semver.is_valid(_str(s), bool(normalize)))
-
-
-def _fn_compare_to(a: Any, b: Any) -> celtypes.IntType:
-    return celtypes.IntType(_order(a, b))
-
-
-def _fn_is_greater_than(a: Any, b: Any) -> celtypes.BoolType:
-    return celtypes.BoolType(_order(a, b) > 0)
-
-
-def _fn_is_less_than(a: Any, b: Any) -> celtypes.BoolType:
-    return celtypes.BoolType(_order(a, b) < 0)
-
-
-def _fn_sign(q: Any) -> celtypes.IntType:
-    return celtypes.IntType(_quantity(q).sign())
-
-
-def _fn_is_integer(q: Any) -> celtypes.BoolType:
-    return celtypes.BoolType(_quantity(q).is_integer())
-
-
-def _fn_as_integer(q: Any) -> celtypes.IntType:
-    return celtypes.IntType(_quantity(q).as_integer())
-
-
-def _fn_as_approximate_float(q: Any) -> celtypes.DoubleType:
-    return celtypes.DoubleType(float(_quantity(q).value))
-
-
 def _delta(v: Any) -> Fraction:
-    if isinstance(v, Quantity):
-        return v.value
-    return Fraction(_int(v))
+    return v.value if isinstance(v, Quantity) else Fraction(_int(v))
 
 
-def _fn_add(q: Any, v: Any) -> Quantity:
-    return _quantity(q).plus(_delta(v))
-
-
-def _fn_sub(q: Any, v: Any) -> Quantity:
-    return _quantity(q).plus(-_delta(v))
-
-
-def _semver(v: Any) -> Semver:
-    if not isinstance(v, Semver):
-        raise TypeError(f"{type(v).__name__} is not a Semver")
-    return v
-
-
-def _fn_major(v: Any) -> celtypes.IntType:
-    return celtypes.IntType(_semver(v).major)
-
-
-def _fn_minor(v: Any) -> celtypes.IntType:
-    return celtypes.IntType(_semver(v).minor)
-
-
-def _fn_patch(v: Any) -> celtypes.IntType:
-    return celtypes.IntType(_semver(v).patch)
+def _in_range(index: int, length: int) -> int:
+    if index < 0 or index > length:
+        raise IndexError(f"index out of range: {index}")
+    return index
 
 
 # strings extension (cel-go ext.Strings, version 2 as in the Kubernetes base environment)
 
-def _fn_char_at(s: Any, i: Any) -> celtypes.StringType:
-    text, idx = _str(s), _int(i)
-    if idx < 0 or idx > len(text):
-        raise IndexError(f"index out of range: {idx}")
-    return celtypes.StringType(text[idx:idx + 1])
+def _list_index(items: list[Any], sub: Any, positions: Iterable[int]) -> int:
+    return next((i for i in positions if type(items[i]) is type(sub) and items[i] == sub), -1)
 
 
 def _fn_index_of(target: Any, sub: Any, start: Any = 0) -> celtypes.IntType:
     if isinstance(target, list):
-        for i, v in enumerate(target):
-            if type(v) is type(sub) and v == sub:
-                return celtypes.IntType(i)
-        return celtypes.IntType(-1)
-    text, needle, offset = _str(target), _str(sub), _int(start)
-    if offset < 0 or offset > len(text):
-        raise IndexError(f"index out of range: {offset}")
-    return celtypes.IntType(text.find(needle, offset))
+        return _I(_list_index(target, sub, range(len(target))))
+    text = _str(target)
+    return _I(text.find(_str(sub), _in_range(_int(start), len(text))))
 
 
 def _fn_last_index_of(target: Any, sub: Any, *start: Any) -> celtypes.IntType:
     if isinstance(target, list):
-        for i in range(len(target) - 1, -1, -1):
-            if type(target[i]) is type(sub) and target[i] == sub:
-                return celtypes.IntType(i)
-        return celtypes.IntType(-1)
+        return _I(_list_index(target, sub, range(len(target) - 1, -1, -1)))
     text, needle = _str(target), _str(sub)
-    end = _int(start[0]) if start else len(text)
-    if end < 0 or end > len(text):
-        raise IndexError(f"index out of range: {end}")
-    return celtypes.IntType(text.rfind(needle, 0, end + len(needle)))
-
-
-def _fn_lower_ascii(s: Any) -> celtypes.StringType:
-    return celtypes.StringType("".join(c.lower() if c.isascii() else c for c in _str(s)))
-
-
-def _fn_upper_ascii(s: Any) -> celtypes.StringType:
-    return celtypes.StringType("".join(c.upper() if c.isascii() else c for c in _str(s)))
+    end = _in_range(_int(start[0]), len(text)) if start else len(text)
+    return _I(text.rfind(needle, 0, end + len(needle)))
 
 
 def _fn_replace(s: Any, old: Any, new: Any, n: Any = -1) -> celtypes.StringType:
     count = _int(n)
-    return celtypes.StringType(_str(s).replace(_str(old), _str(new), count if count >= 0 else -1))
+    return _S(_str(s).replace(_str(old), _str(new), count if count >= 0 else -1))
 
 
 def _fn_split(s: Any, sep: Any, n: Any = -1) -> celtypes.ListType:
@@ -376,7 +280,7 @@ def _fn_split(s: Any, sep: Any, n: Any = -1) -> celtypes.ListType:
             parts = [*parts[:limit - 1], "".join(parts[limit - 1:])]
     else:
         parts = text.split(separator, limit - 1 if limit > 0 else -1)
-    return celtypes.ListType([celtypes.StringType(p) for p in parts])
+    return celtypes.ListType([_S(p) for p in parts])
 
 
 def _fn_substring(s: Any, start: Any, *end: Any) -> celtypes.StringType:
@@ -384,48 +288,25 @@ def _fn_substring(s: Any, start: Any, *end: Any) -> celtypes.StringType:
     b = _int(end[0]) if end else len(text)
     if a < 0 or b > len(text) or a > b:
         raise IndexError(f"substring range [{a}, {b}) out of range for length {len(text)}")
-    return celtypes.StringType(text[a:b])
-
-
-def _fn_trim(s: Any) -> celtypes.StringType:
-    return celtypes.StringType(_str(s).strip())
-
-
-def _fn_join(items: Any, sep: Any = "") -> celtypes.StringType:
-    if not isinstance(items, list):
-        raise TypeError("join needs a list of strings")
-    return celtypes.StringType(_str(sep).join(_str(i) for i in items))
-
-
-def _fn_find(s: Any, pattern: Any) -> celtypes.StringType:
-    m = re2.search(_str(pattern), _str(s))
-    return celtypes.StringType(m.group(0) if m else "")
+    return _S(text[a:b])
 
 
 def _fn_find_all(s: Any, pattern: Any, *n: Any) -> celtypes.ListType:
     found = [m.group(0) for m in re2.finditer(_str(pattern), _str(s))]
     if n and _int(n[0]) >= 0:
         found = found[:_int(n[0])]
-    return celtypes.ListType([celtypes.StringType(f) for f in found])
+    return celtypes.ListType([_S(f) for f in found])
+
+
+def _ascii(s: Any, change: Callable[[str], str]) -> celtypes.StringType:
+    return _S("".join(change(c) if c.isascii() else c for c in _str(s)))
 
 
 # Kubernetes list library
 
-def _list(v: Any) -> list[Any]:
-    if not isinstance(v, list):
-        raise TypeError(f"{type(v).__name__} is not a list")
-    return list(v)
-
-
-def _fn_is_sorted(items: Any) -> celtypes.BoolType:
-    xs = _list(items)
-    return celtypes.BoolType(all(xs[i] <= xs[i + 1] for i in range(len(xs) - 1)))
-
-
 def _fn_sum(items: Any) -> Any:
-    xs = _list(items)
-    total: Any = celtypes.IntType(0)
-    for x in xs:
+    total: Any = _I(0)
+    for x in _list(items):
         total = total + x
     if isinstance(total, int) and not INT64_MIN <= total <= INT64_MAX:
         raise ValueError("integer overflow")
@@ -439,20 +320,56 @@ def _fn_max(items: Any) -> Any:
     return max(xs)
 
 
+def _fn_join(items: Any, sep: Any = "") -> celtypes.StringType:
+    if not isinstance(items, list):
+        raise TypeError("join needs a list of strings")
+    return _S(_str(sep).join(_str(i) for i in items))
+
+
+def _fn_find(s: Any, pattern: Any) -> celtypes.StringType:
+    m = re2.search(_str(pattern), _str(s))
+    return _S(m.group(0) if m else "")
+
+
 FUNCTIONS: Mapping[str, _Fn] = {
-    "quantity": _fn_quantity, "isQuantity": _fn_is_quantity, "semver": _fn_semver, "isSemver": _fn_is_semver,
+    "quantity": lambda s: Quantity.parse(_str(s)),
+    "isQuantity": lambda s: _B(Quantity.is_valid(_str(s))),
+    "semver": lambda s, normalize=False: Semver.parse(_str(s), bool(normalize)),
+    "isSemver": lambda s, normalize=False: _B(Semver.is_valid(_str(s), bool(normalize))),
 }
 METHODS: Mapping[str, _Fn] = {
-    "compareTo": _fn_compare_to, "isGreaterThan": _fn_is_greater_than, "isLessThan": _fn_is_less_than,
-    "sign": _fn_sign, "isInteger": _fn_is_integer, "asInteger": _fn_as_integer,
-    "asApproximateFloat": _fn_as_approximate_float, "add": _fn_add, "sub": _fn_sub,
-    "major": _fn_major, "minor": _fn_minor, "patch": _fn_patch,
-    "charAt": _fn_char_at, "indexOf": _fn_index_of, "lastIndexOf": _fn_last_index_of,
-    "lowerAscii": _fn_lower_ascii, "upperAscii": _fn_upper_ascii, "replace": _fn_replace, "split": _fn_split,
-    "substring": _fn_substring, "trim": _fn_trim, "join": _fn_join, "find": _fn_find, "findAll": _fn_find_all,
-    "isSorted": _fn_is_sorted, "sum": _fn_sum, "max": _fn_max,
+    # Quantity and Semver
+    "compareTo": lambda a, b: _I(_order(a, b)),
+    "isGreaterThan": lambda a, b: _B(_order(a, b) > 0),
+    "isLessThan": lambda a, b: _B(_order(a, b) < 0),
+    "sign": lambda q: _I(_quantity(q).sign()),
+    "isInteger": lambda q: _B(_quantity(q).is_integer()),
+    "asInteger": lambda q: _I(_quantity(q).as_integer()),
+    "asApproximateFloat": lambda q: celtypes.DoubleType(float(_quantity(q).value)),
+    "add": lambda q, v: _quantity(q).plus(_delta(v)),
+    "sub": lambda q, v: _quantity(q).plus(-_delta(v)),
+    "major": lambda v: _I(_semver(v).major),
+    "minor": lambda v: _I(_semver(v).minor),
+    "patch": lambda v: _I(_semver(v).patch),
+    # strings extension
+    "charAt": lambda s, i: _S(_str(s)[_in_range(_int(i), len(_str(s))):][:1]),
+    "indexOf": _fn_index_of,
+    "lastIndexOf": _fn_last_index_of,
+    "lowerAscii": lambda s: _ascii(s, str.lower),
+    "upperAscii": lambda s: _ascii(s, str.upper),
+    "replace": _fn_replace,
+    "split": _fn_split,
+    "substring": _fn_substring,
+    "trim": lambda s: _S(_str(s).strip()),
+    "join": _fn_join,
+    "find": _fn_find,
+    "findAll": _fn_find_all,
+    # list library
+    "isSorted": lambda items: _B(all(a <= b for a, b in itertools.pairwise(_list(items)))),
+    "sum": _fn_sum,
+    "max": _fn_max,
 }
-_LIBRARY = {name: _cel_function(fn) for name, fn in {**FUNCTIONS, **METHODS}.items()}
+_LIBRARY = {name: _cel_function(name, fn) for name, fn in {**FUNCTIONS, **METHODS}.items()}
 # celpy's own functions: the CEL standard library (`min` is built into celpy's evaluator).
 _STANDARD_FUNCTIONS = frozenset({"size", "int", "uint", "double", "string", "bool", "bytes", "type", "duration",
                                  "timestamp", "matches", "dyn", "has"})
@@ -575,13 +492,14 @@ class CelEnvironment:
                 raise CelCompileError(expression, f"estimated cost {cost:,} exceeds Kubernetes' per-expression cost "
                                                   f"limit of {COST_LIMIT:,} (the API server refuses it: too complex, "
                                                   "exceeds cost limit); nest fewer comprehensions or range over less")
-            program = self._env.program(self._env.compile(self._desugar(expression, tree)), functions=_LIBRARY)
+            # cel-python has no cel.bind: each becomes `([init].map(v, body)[0])` (cel_analysis.without_binds)
+            program = self._env.program(self._env.compile(without_binds(expression, tree)), functions=_LIBRARY)
         except (RecursionError, CostTooDeep):
             raise CelCompileError(expression, TOO_DEEP) from None
         except CELParseError as e:
-            raise CelCompileError(expression, syntax_error_text(expression, e.line, e.column)) from None
+            raise CelCompileError(expression, syntax_error_text(expression, e.line, e.column)) from e
         except lark.exceptions.LarkError as e:
-            raise CelCompileError(expression, f"syntax error: {' '.join(str(e).split())}") from None
+            raise CelCompileError(expression, f"syntax error: {' '.join(str(e).split())}") from e
         except AnalysisError as e:
             raise CelCompileError(expression, str(e)) from None
         compiled = CompiledSelector(expression, analysis, program, tuple(sorted(analysis.refs)))
@@ -596,10 +514,6 @@ class CelEnvironment:
             cached = (compiled,) if len(texts) == 1 else tuple(self.compile(t) for t in texts)
             self._parts[compiled.expression] = cached
         return cached
-
-    def _desugar(self, expression: str, tree: Tree) -> str:
-        """Each `cel.bind(v, init, body)` as `([init].map(v, body)[0])` (cel_analysis.without_binds)."""
-        return without_binds(expression, tree)
 
     def evaluate(self, selector: CompiledSelector | str, device: CelDevice) -> bool:
         """Whether the device matches; CelEvaluationError when the selector fails on it."""

@@ -1,22 +1,16 @@
 """Checks before deploy: a template's manifest against what the driver publishes on each instance type.
 
-For a ResourceClaimTemplate (typed or a plain manifest dict) and a list of instance types:
-- every selector compiled with the real CEL environment; attributes, capacities and matchAttribute
-  names that no catalog node publishes are errors naming the closest published name;
-- every selector evaluated on every device each node publishes (class selectors first, as the
-  allocator does); a runtime error is an error, since Kubernetes aborts allocation on such a node;
-- opaque configs for the Neuron driver decoded by the driver's own prepare-time code, and checked
-  against each instance type they could land on;
-- a request that no device of any checked instance type matches is an error;
-- the allocator simulation answers, per instance type, how many such claims one empty node holds,
-  and why none when none.
+Every selector compiled with the real CEL environment (unpublished attributes, capacities and matchAttribute
+names are errors naming the closest published name) and evaluated on every device of each node (a runtime error
+is an error: Kubernetes aborts allocation there); Neuron opaque configs decoded by the driver's own code; a
+request no device matches is an error; the allocator simulation says how many claims one empty node holds, and
+why none when none.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import functools
 import re
 from collections import Counter
@@ -38,6 +32,7 @@ from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
 from neuron_dra.claim_templates.node_types import NodeType, NodeTypeInput
 from neuron_dra.claim_templates.template import ClaimTemplate
+from neuron_dra.driver.errortext import did_you_mean
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.partitions import NEURON_CORE, parse_core_device
@@ -116,13 +111,11 @@ class CheckReport:
         """The fit on a node type: `trn2.48xlarge:lnc=1` / NodeType(...) exactly, or a bare instance type (the
         first fit of that type)."""
         label = node.label if isinstance(node, NodeType) else node
-        for f in self.fits:
-            if f.label == label:
-                return f
-        for f in self.fits:
-            if f.instance_type == label:
-                return f
-        raise KeyError(f"{label} was not checked for {self.template}")
+        found = next((f for f in self.fits if f.label == label), None) or \
+            next((f for f in self.fits if f.instance_type == label), None)
+        if found is None:
+            raise KeyError(f"{label} was not checked for {self.template}")
+        return found
 
     def summary(self) -> str:
         lines = [str(i) for i in self.issues]
@@ -173,6 +166,11 @@ class _Unit:
     def count(self) -> int:
         return int(self.body.get("count", 1))
 
+    @property
+    def needs(self) -> int:
+        """Devices it needs at least: its count, or one for `All`."""
+        return 1 if self.all_mode else self.count
+
 
 def _units(spec: Mapping[str, Any]) -> list[list[_Unit]]:
     """Per request, its unit(s): one, or one per firstAvailable alternative."""
@@ -189,11 +187,6 @@ def _short(expression: str, limit: int = 90) -> str:
     return expression if len(expression) <= limit else expression[:limit - 3] + "..."
 
 
-def _closest(name: str, candidates: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.0)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 def _ref_hint(ref: DeviceRef, published: Mapping[tuple[RefKind, str], frozenset[str]]) -> str:
     """The did-you-mean for an unpublished name: the same name in another domain first (the driver publishes
     `numaNode` only as the standard `resource.kubernetes.io/numaNode`), else the domain's closest name."""
@@ -202,14 +195,14 @@ def _ref_hint(ref: DeviceRef, published: Mapping[tuple[RefKind, str], frozenset[
     if elsewhere:
         return (f"; did you mean device.{ref.kind.value}[{elsewhere[0]!r}].{ref.name} "
                 f"({elsewhere[0]}/{ref.name})?")
-    return _closest(ref.name, sorted(published.get((ref.kind, ref.domain), ())))
+    return did_you_mean(ref.name, sorted(published.get((ref.kind, ref.domain), ())), cutoff=0.0)
 
 
 def _qualified_hint(name: str, known: Sequence[str]) -> str:
     """As `_ref_hint` for a qualified attribute name (`domain/name`) of a constraint."""
     short = name.rpartition("/")[2]
     elsewhere = [k for k in known if k.rpartition("/")[2] == short]
-    return f"; did you mean {elsewhere[0]!r}?" if elsewhere else _closest(name, known)
+    return f"; did you mean {elsewhere[0]!r}?" if elsewhere else did_you_mean(name, known, cutoff=0.0)
 
 
 def _quantity_example(ref: DeviceRef, text: str) -> str:
@@ -290,12 +283,18 @@ class _Check:
         self.manifest = manifest
         self.spec: Mapping[str, Any] = (manifest.get("spec") or {}).get("spec") or {}
         self.requests = _units(self.spec)
+        self.units = [u for units in self.requests for u in units]
+        self.devices: Mapping[str, Any] = self.spec.get("devices") or {}
         self.issues: list[Issue] = []
         self.classes = {c["metadata"]["name"]: c for c in drivers.device_classes()}
         self.matched: Counter[str] = Counter()  # unit ref -> devices matched over every checked node
         self.most_matched: Counter[str] = Counter()  # unit ref -> the most devices matched on one node
         # (request, selector, message) -> instance type -> devices it fails on
         self.failures: dict[tuple[str, str, str], Counter[str]] = {}
+
+    def _named(self, names: Sequence[str]) -> list[_Unit]:
+        """The units a constraint or config names (by request or `request/sub`); all when it names none."""
+        return [u for u in self.units if not names or u.ref in names or u.base in names]
 
     def error(self, message: str) -> None:
         if Issue("error", message) not in self.issues:
@@ -374,8 +373,8 @@ class _Check:
 
     def _check_constraints(self) -> None:
         known = self.catalog.published_qualified()
-        refs = {u.ref for units in self.requests for u in units} | {u.base for units in self.requests for u in units}
-        for i, c in enumerate((self.spec.get("devices") or {}).get("constraints") or []):
+        refs = {u.ref for u in self.units} | {u.base for u in self.units}
+        for i, c in enumerate(self.devices.get("constraints") or []):
             name = c.get("matchAttribute")
             if name is None:
                 self.error(f"constraint #{i}: only matchAttribute constraints are supported")
@@ -389,7 +388,7 @@ class _Check:
 
     def _decode_configs(self) -> list[tuple[tuple[str, ...], driver_config.OpaqueConfig]]:
         decoded = []
-        for i, entry in enumerate((self.spec.get("devices") or {}).get("config") or []):
+        for i, entry in enumerate(self.devices.get("config") or []):
             opaque = entry.get("opaque") or {}
             if opaque.get("driver") != self.drivers.neuron_driver:
                 continue
@@ -467,8 +466,7 @@ class _Check:
         if self._short_of_devices(selections):
             # Fewer matching devices than a request needs: no claim fits, whatever the search would try (it
             # could take the simulation's whole budget to find that out).
-            return Fit(nt, 0, self._why_not(node, selections) + self._lnc_hint(nt, node),
-                       targeted=not self._elsewhere(selections))
+            return self._no_fit(nt, node, selections)
         claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                  "metadata": {"name": self.name.split("/")[1], "namespace": self.name.split("/")[0]},
                  "spec": self.spec}
@@ -480,15 +478,18 @@ class _Check:
             return Fit(nt, result.count, None, result.allocation[0], degraded)
         if result.error:
             return Fit(nt, 0, f"the allocator fails: {result.error}")
-        return Fit(nt, 0, self._why_not(node, selections) + self._lnc_hint(nt, node),
+        return self._no_fit(nt, node, selections)
+
+    def _no_fit(self, nt: NodeType, node: NodeModel, selections: Mapping[str, _Selection]) -> Fit:
+        return Fit(nt, 0, self._why_not(selections) + self._lnc_hint(nt, node),
                    targeted=not self._elsewhere(selections))
 
     def _short_of_devices(self, selections: Mapping[str, _Selection]) -> bool:
         """Whether some request has, in every alternative, fewer matching devices than it needs, with no
         selector error on the node (an error aborts allocation there: the simulation reports it)."""
-        if any(selections[u.ref].errors for units in self.requests for u in units):
+        if any(selections[u.ref].errors for u in self.units):
             return False
-        return any(all(len(selections[u.ref].matched) < (1 if u.all_mode else u.count) for u in units)
+        return any(all(len(selections[u.ref].matched) < u.needs for u in units)
                    for units in self.requests)
 
     def _elsewhere(self, selections: Mapping[str, _Selection]) -> bool:
@@ -519,9 +520,9 @@ class _Check:
 
     def _read_attributes(self) -> set[str]:
         """Every attribute the template's selectors and constraints read, as `domain/name`."""
-        names = {f"{r.domain}/{r.name}" for units in self.requests for u in units for s in u.selectors
+        names = {f"{r.domain}/{r.name}" for u in self.units for s in u.selectors
                  for r in s.refs if r.kind is RefKind.ATTRIBUTE}
-        names |= {c["matchAttribute"] for c in (self.spec.get("devices") or {}).get("constraints") or []
+        names |= {c["matchAttribute"] for c in self.devices.get("constraints") or []
                   if c.get("matchAttribute")}
         return names
 
@@ -562,9 +563,7 @@ class _Check:
     def _configs_not_applicable(self, configs: list[tuple[tuple[str, ...], driver_config.OpaqueConfig]],
                                 selections: Mapping[str, _Selection], spec: Any) -> str | None:
         for requests, cfg in configs:
-            units = [u for units in self.requests for u in units
-                     if not requests or u.ref in requests or u.base in requests]
-            if not any(selections[u.ref].matched for u in units):
+            if not any(selections[u.ref].matched for u in self._named(requests)):
                 continue  # the config's requests get no device here anyway
             try:
                 driver_config.check_applies(cfg, spec)
@@ -572,13 +571,12 @@ class _Check:
                 return f"opaque config: {e}"
         return None
 
-    def _why_not(self, node: NodeModel, selections: Mapping[str, _Selection]) -> str:
+    def _why_not(self, selections: Mapping[str, _Selection]) -> str:
         for units in self.requests:
             problems: list[str] = []
             for u in units:
                 sel = selections[u.ref]
-                have = len(sel.matched)
-                need = 1 if u.all_mode else u.count
+                have, need = len(sel.matched), u.needs
                 if have >= need:
                     problems = []
                     break
@@ -593,20 +591,18 @@ class _Check:
                                 + (f" ({rejected})" if rejected else ""))
             if problems:
                 return "; ".join(problems) if len(problems) == 1 else "no alternative fits: " + "; ".join(problems)
-        for i, c in enumerate((self.spec.get("devices") or {}).get("constraints") or []):
+        for i, c in enumerate(self.devices.get("constraints") or []):
             attribute = c.get("matchAttribute", "")
-            named = set(c.get("requests") or [])
-            units = [u for us in self.requests for u in us if not named or u.ref in named or u.base in named]
+            units = self._named(c.get("requests") or ())
             for u in units:
-                with_attr = [d for d in selections[u.ref].matched if _has_attribute(d, attribute)]
-                if selections[u.ref].matched and not with_attr:
+                matched = selections[u.ref].matched
+                if matched and all(_attribute(d, attribute) is None for d in matched):
                     return (f"constraint #{i} matchAttribute {attribute}: no device that matches {u.label} "
                             "publishes it")
             for u in units:
                 if u.all_mode:
                     continue
-                values = Counter(_attribute(d, attribute) for d in selections[u.ref].matched
-                                 if _has_attribute(d, attribute))
+                values = Counter(v for d in selections[u.ref].matched if (v := _attribute(d, attribute)) is not None)
                 if values and max(values.values()) < u.count:
                     return (f"constraint #{i} matchAttribute {attribute}: {u.label} needs {u.count} devices with "
                             f"one value; at most {max(values.values())} of the matching devices share one")
@@ -635,10 +631,6 @@ def _attribute(device: CelDevice, qualified: str) -> Any:
     domain, _, name = qualified.partition("/")
     value = device.attributes.get(domain, {}).get(name)
     return None if value is None else tuple(sorted(value.items()))
-
-
-def _has_attribute(device: CelDevice, qualified: str) -> bool:
-    return _attribute(device, qualified) is not None
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,11 +1,9 @@
 """Which DRA drivers and DeviceClasses the templates and the checks refer to.
 
-Defaults are the bundled driver's (`neuron.aws.com`, the same names AWS's Neuron DRA driver uses, so the
-same templates serve clusters running AWS's driver) and AWS's EFA driver's (`dra.net`, DeviceClass
-`efa.networking.k8s.aws`, from driver/model/efa.py, the names EKS's chart installs); all are configurable. The
-Neuron DeviceClasses left empty follow the driver name by the rule the driver's deployment names them with
-(`neuron_dra.driver.deploy.device_class_names`). A ClaimTemplate given no Drivers follows the driver it is
-deployed with: the `ClaimTemplates` component renders it with that driver's names (`ClaimTemplate.for_drivers`).
+Defaults are the bundled driver's (`neuron.aws.com`, as AWS's Neuron DRA driver, so the same templates serve
+both) and AWS's EFA driver's (driver/model/efa.py); all configurable. Neuron DeviceClasses left empty follow the
+driver name (`driver.deploy.device_class_names`); a ClaimTemplate given no Drivers follows the driver it is
+deployed with (`ClaimTemplate.for_drivers`).
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from typing import Any
 
 from neuron_dra.claim_templates.names import check_dns_subdomain
 from neuron_dra.driver.deploy import (
-    DEFAULT_CORE_DEVICE_CLASS,
     DeviceClassNames,
     device_class_names,
     device_class_selector,
@@ -23,8 +20,6 @@ from neuron_dra.driver.deploy import (
 from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS, EFA_DRIVER, efa_device_class
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, device_class_manifest
 
-DEFAULT_NEURON_CLASS = DEFAULT_DRIVER_NAME  # AWS names the DeviceClass after the driver
-DEFAULT_NEURON_CORE_CLASS = DEFAULT_CORE_DEVICE_CLASS  # NeuronCores (docs/neuron-cores.md §4)
 DEFAULT_EFA_DRIVER = EFA_DRIVER
 DEFAULT_EFA_CLASS = EFA_DEVICE_CLASS
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import runpy
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
 from neuron_dra.claim_templates.template import ClaimTemplate
-from neuron_dra.driver.errortext import shown
+from neuron_dra.driver.errortext import capped, shown
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 
 
@@ -40,19 +41,12 @@ def load_templates(path: Path | str, catalog: Catalog = BUILTIN) -> list[ClaimTe
     except RecursionError:
         raise LoadError(f"{file}: RecursionError: nested too deeply while being loaded") from None
     except Exception as e:  # the file's own error (bad input to a class, syntax error) is the message
-        raise LoadError(f"{file}: {type(e).__name__}: {_capped(str(e))}") from e
+        raise LoadError(f"{file}: {type(e).__name__}: {capped(str(e), 2000)}") from e
     templates = templates_in(namespace)
     if not templates:
         raise LoadError(f"{file}: defines no ClaimTemplate at module level")
-    seen: dict[str, int] = {}
-    for t in templates:
-        seen[t.name] = seen.get(t.name, 0) + 1
-    duplicates = sorted(n for n, count in seen.items() if count > 1)
+    duplicates = sorted(n for n, count in Counter(t.name for t in templates).items() if count > 1)
     if duplicates:
         raise LoadError(f"{file}: template names must be unique (each becomes one ResourceClaimTemplate); "
                         f"defined more than once: {', '.join(shown(n) for n in duplicates)}")
     return templates
-
-
-def _capped(text: str, limit: int = 2000) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.driver.model import k8s_names
@@ -28,26 +28,24 @@ def check_label_key(field: str, key: object) -> str:
     return key
 
 
-def check_labels(field: str, labels: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
-    """Labels as a sorted tuple of pairs (frozen), every key and value checked."""
-    if labels is None:
+def _check_pairs(field: str, pairs: Mapping[str, str] | None, what: str, value_ok: Callable[[object], bool],
+                 value_rule: str) -> tuple[tuple[str, str], ...]:
+    """Labels or annotations as a sorted tuple of pairs (frozen), every key and value checked."""
+    if pairs is None:
         return ()
-    if not isinstance(labels, Mapping):
-        raise TemplateError(field, labels, "a mapping of label keys to values")
-    for k, v in labels.items():
+    if not isinstance(pairs, Mapping):
+        raise TemplateError(field, pairs, what)
+    for k, v in pairs.items():
         check_label_key(f"{field} key", k)
-        if not is_label_value(v):
-            raise TemplateError(f"{field}[{k!r}]", v, LABEL_VALUE_RULE)
-    return tuple(sorted(labels.items()))
+        if not value_ok(v):
+            raise TemplateError(f"{field}[{k!r}]", v, value_rule)
+    return tuple(sorted(pairs.items()))
+
+
+def check_labels(field: str, labels: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    return _check_pairs(field, labels, "a mapping of label keys to values", is_label_value, LABEL_VALUE_RULE)
 
 
 def check_annotations(field: str, annotations: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
-    if annotations is None:
-        return ()
-    if not isinstance(annotations, Mapping):
-        raise TemplateError(field, annotations, "a mapping of annotation keys to string values")
-    for k, v in annotations.items():
-        check_label_key(f"{field} key", k)
-        if not isinstance(v, str):
-            raise TemplateError(f"{field}[{k!r}]", v, "a string value")
-    return tuple(sorted(annotations.items()))
+    return _check_pairs(field, annotations, "a mapping of annotation keys to string values",
+                        lambda v: isinstance(v, str), "a string value")

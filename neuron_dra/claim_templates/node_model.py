@@ -1,11 +1,8 @@
 """The nodes the checks simulate: what each catalog instance type publishes, built by the driver's own code.
 
-A node of an instance type carries the Neuron pool the driver publishes for an emulated host of that
-type (driver.hosts.emulated_host + driver.slices.build_pool: the same model the daemon publishes) and,
-where Neuron devices have EFAs of their own, the EFA pool of AWS's EFA driver as modelled for the
-local cluster: one device per EFA wired to Neuron devices, named efa-N in BDF order, carrying the
-`resource.aws.com/devicegroup*_id` values of those Neuron devices and its `pciAddress`. Its NeuronCores are
-those of the node's LNC (the family's default unless asked for another, claim_templates/node_types.py).
+A node carries the Neuron pool the driver publishes for an emulated host of its type (hosts.emulated_host +
+slices.build_pool, as the daemon does) and, where Neuron devices have EFAs of their own, the EFA pool of AWS's
+EFA driver as the local cluster models it (efa.efa_driver_devices); its NeuronCores are those of its LNC.
 """
 
 from __future__ import annotations
@@ -117,10 +114,9 @@ class NodeCatalog:
             names: dict[tuple[RefKind, str], set[str]] = {}
             for node in (n for t in self.hardware.names for n in self.every_lnc(t)):
                 for d in node.devices:
-                    for domain, attrs in d.attributes.items():
-                        names.setdefault((RefKind.ATTRIBUTE, domain), set()).update(attrs)
-                    for domain, caps in d.capacity.items():
-                        names.setdefault((RefKind.CAPACITY, domain), set()).update(caps)
+                    for kind, by_domain in ((RefKind.ATTRIBUTE, d.attributes), (RefKind.CAPACITY, d.capacity)):
+                        for domain, published in by_domain.items():
+                            names.setdefault((kind, domain), set()).update(published)
             self._published = {k: frozenset(v) for k, v in names.items()}
         return self._published
 

@@ -1,10 +1,8 @@
 """What the checks model one node group's nodes as: an instance type at a node LNC.
 
-`NodeType("trn2.48xlarge", lnc=1)` (or the text `trn2.48xlarge:lnc=1`, what `claims check --instance-type` takes)
-is a node the driver publishes at LNC=1: eight NeuronCores per Trainium2 device and the core groups of that
-layout (driver/model/partitions.py, the daemon's own model). `lnc=None` is the family's default, what the
-driver reads when the node sets none. LNC exists on Trainium2 and later only; elsewhere the only answer is to
-leave it out.
+`NodeType("trn2.48xlarge", lnc=1)` (the text `trn2.48xlarge:lnc=1` of `claims check --instance-type`) is a node
+the driver publishes at LNC=1, with that layout's cores and core groups (driver/model/partitions.py); `lnc=None`
+is the family's default. LNC exists on Trainium2 and later only.
 """
 
 from __future__ import annotations
@@ -15,9 +13,11 @@ from dataclasses import dataclass
 from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec
 from neuron_dra.driver.model.config import LNC_VALUES
+from neuron_dra.driver.model.partitions import CoreLayout
 
 _TEXT = re.compile(r"^(?P<type>[^:]+)(?::lnc=(?P<lnc>[^:]*))?$")
-LNC_TEXT_RULE = "INSTANCE_TYPE or INSTANCE_TYPE:lnc=N (N: 1 or 2, Trainium2 and later)"
+LNC_CHOICES = " or ".join(map(str, LNC_VALUES))
+LNC_TEXT_RULE = f"INSTANCE_TYPE or INSTANCE_TYPE:lnc=N (N: {LNC_CHOICES}, Trainium2 and later)"
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,7 @@ class NodeType:
         if not isinstance(self.instance_type, str) or not self.instance_type:
             raise TemplateError("NodeType.instance_type", self.instance_type, "an instance type name")
         if self.lnc is not None and (isinstance(self.lnc, bool) or self.lnc not in LNC_VALUES):
-            raise TemplateError("NodeType.lnc", self.lnc, f"{' or '.join(map(str, LNC_VALUES))}, or None for the "
-                                "family's default")
+            raise TemplateError("NodeType.lnc", self.lnc, f"{LNC_CHOICES}, or None for the family's default")
 
     @classmethod
     def parse(cls, text: str) -> NodeType:
@@ -73,10 +72,7 @@ class NodeType:
 
     def effective_lnc(self, hardware: Catalog = BUILTIN) -> int:
         """The LNC the driver publishes this node at: the given one, else the family's default (1 without LNC)."""
-        spec = self.spec(hardware)
-        if not spec.lnc_supported:
-            return 1
-        return self.lnc if self.lnc is not None else spec.family.default_lnc
+        return CoreLayout.for_spec(self.spec(hardware), self.lnc).lnc
 
 
 NodeTypeInput = str | NodeType

@@ -1,26 +1,18 @@
 """Typed device requests: what a workload needs, without CEL. Each renders to resource.k8s.io/v1 JSON.
 
-- `Neuron(count | ALL, ...)`: Neuron devices by instance types or families, topology, LNC, kernel
-  driver version, minimum HBM or cores, raw CEL as an escape hatch.
-- `Connected(size)`: the devices sit in one id-aligned connected group (torus: 4 = a row, 8 = two
-  adjacent rows, 16 = the torus; inf2 rings: any divisor of the ring length = a contiguous segment;
-  all-to-all hosts (Trainium3): any `size` devices, so no constraint; the whole node needs none either).
-  `RingSegment(size)`: the same, on ring hosts only (inf2).
-- `UltraServerNode(mode)`: the UltraServer pseudo-device of an UltraServer node with UltraServerConfig.
-- `Efa(count, aligned_to=...)`: EFA devices of AWS's EFA driver in the same devicegroup as the Neuron
-  devices of the named request.
-- `FirstAvailable(option, option, ...)`: the first alternative that fits (`firstAvailable`).
-- `NeuronCores(n, ...)`: n NeuronCores (logical cores at the node's LNC) of one Neuron device, an aligned,
-  contiguous group (n a power of two up to a device's cores), from the NeuronCore DeviceClass; Kubernetes 1.36+
-  (partitionable devices). docs/neuron-cores.md.
+- `Neuron(count | ALL, ...)`: Neuron devices by instance types or families, topology, LNC, kernel driver
+  version, minimum HBM or cores, raw CEL as an escape hatch.
+- `Connected(size)`: one id-aligned connected group (torus: 4 = a row, 8 = two rows, 16 = the torus; inf2
+  rings: a contiguous segment; all-to-all hosts and whole nodes need no constraint); `RingSegment(size)`: the
+  same on ring hosts only.
+- `UltraServerNode(mode)`: the UltraServer pseudo-device of a node, with UltraServerConfig.
+- `Efa(count, aligned_to=...)`: EFA devices in the same devicegroup as the named Neuron request's.
+- `FirstAvailable(option, ...)`: the first alternative that fits.
+- `NeuronCores(n, ...)`: an aligned group of n NeuronCores of one device (Kubernetes 1.36+, docs/neuron-cores.md).
 
-A request's tests render as one CEL expression (`merged_selectors`: one evaluation per device). A Neuron request
-that could otherwise take the UltraServer pseudo-device of an UltraServer node (`ALL`, a count of 16, no group
-constraint) tests `resourceType == 'neuron_device'`. Bad input raises TemplateError at construction, naming the
-field, the value and what is allowed.
-
-Instance types and families are those of `Neuron(catalog=...)`: the built-in catalog unless a catalog
-file's `Catalog` is passed (driver/model/catalog_file.py).
+A request's tests render as one CEL expression (`merged_selectors`). Bad input raises TemplateError at
+construction, naming the field, the value and what is allowed. Instance types and families come from
+`catalog=` (the built-in catalog, or a catalog file's).
 """
 
 from __future__ import annotations
@@ -28,8 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import Any, Final
+from enum import Enum, StrEnum
+from typing import Any, ClassVar, Final
 
 from neuron_dra.claim_templates.cel_env import CelCompileError, CelEnvironment
 from neuron_dra.claim_templates.cel_types import CelValueError, Quantity
@@ -37,15 +29,14 @@ from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.keywords import keyword_hints
 from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
+from neuron_dra.claim_templates.node_types import LNC_CHOICES
 from neuron_dra.driver.errortext import did_you_mean
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec, TopologyKind
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.partitions import CoreLayout
 from neuron_dra.driver.model.slices import AWS_DOMAIN, DEVICEGROUP_SIZES, NEURON_DEVICE, NEURON_NODE
-from neuron_dra.driver.model.taints import UNHEALTHY_TAINT_NAME
-
-UNHEALTHY_TAINT_KEY = f"{DEFAULT_DRIVER_NAME}/{UNHEALTHY_TAINT_NAME}"
+from neuron_dra.driver.model.taints import unhealthy_taint_key
 
 MAX_COUNT = 32  # a claim gets at most 32 devices
 MAX_SUBREQUESTS = 8
@@ -54,21 +45,18 @@ MAX_SELECTORS = 32
 GRID_ONLY_ATTRIBUTES = ("topology_x", "topology_y", "topology4_id", "topology8_id")
 
 
-class AllDevices:
-    """`allocationMode: All`: every matching device of the node."""
+class AllDevices(Enum):
+    """`allocationMode: All`: every matching device of the node (one value, ALL)."""
 
-    _instance: AllDevices | None = None
-
-    def __new__(cls) -> AllDevices:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    ALL = "ALL"
 
     def __repr__(self) -> str:
         return "ALL"
 
+    __str__ = __repr__
 
-ALL: Final = AllDevices()
+
+ALL: Final = AllDevices.ALL
 Count = int | AllDevices
 
 
@@ -78,6 +66,11 @@ class GroupAttribute(StrEnum):
     AUTO = "auto"  # AWS's devicegroup ids where every target type publishes them, else topology ids
     AWS = "aws"  # resource.aws.com/devicegroup{N}_id: works with AWS's driver too (EFA types only)
     NEURON = "neuron"  # topology{N}_id of this driver: every topology kind
+
+
+def _whole(value: object, low: int = 1, high: int | None = None) -> bool:
+    """Whether `value` is an int (not a bool) from `low` to `high` (None: no upper bound)."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high)
 
 
 @dataclass(frozen=True)
@@ -94,8 +87,7 @@ class Connected:
     attribute: GroupAttribute = GroupAttribute.AUTO
 
     def __post_init__(self) -> None:
-        if self.size is not None and (isinstance(self.size, bool) or not isinstance(self.size, int)
-                                      or self.size < 1):
+        if self.size is not None and not _whole(self.size):
             raise TemplateError("Connected.size", self.size, "a positive group size, or None for the request's count")
         if not isinstance(self.attribute, GroupAttribute):
             raise TemplateError("Connected.attribute", self.attribute, ", ".join(a.value for a in GroupAttribute))
@@ -109,8 +101,7 @@ class RingSegment:
     size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.size is not None and (isinstance(self.size, bool) or not isinstance(self.size, int)
-                                      or self.size < 1):
+        if self.size is not None and not _whole(self.size):
             raise TemplateError("RingSegment.size", self.size, "a positive segment length, or None for the count")
 
 
@@ -147,7 +138,7 @@ def _as_tuple(field_name: str, value: object) -> tuple[str, ...]:
 def _count(field_name: str, value: object, allow_all: bool) -> None:
     if allow_all and value is ALL:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+    if not _whole(value, 1, MAX_COUNT):
         allowed = f"an integer from 1 to {MAX_COUNT}" + (", or ALL" if allow_all else "")
         raise TemplateError(field_name, value, allowed)
 
@@ -162,7 +153,7 @@ def _check_selectors(field_name: str, selectors: tuple[str, ...]) -> list[tuple[
         try:
             compiled = env.compile(expr)
         except CelCompileError as e:
-            raise TemplateError(field_name, expr, f"a valid device selector ({e.message})") from None
+            raise TemplateError(field_name, expr, f"a valid device selector ({e.message})") from e
         out.append((expr, frozenset(r.name for r in compiled.refs)))
     return out
 
@@ -173,6 +164,12 @@ def _cel_string(value: str) -> str:
 
 def _cel_list(values: Sequence[str]) -> str:
     return "[" + ", ".join(_cel_string(v) for v in values) + "]"
+
+
+def check_distinct(field_name: str, names: Sequence[str], allowed: str) -> None:
+    for n in names:
+        if names.count(n) > 1:
+            raise TemplateError(field_name, n, allowed)
 
 
 def _sizes(sizes: Sequence[int]) -> str:
@@ -186,13 +183,10 @@ def _selector(expression: str) -> dict[str, Any]:
 def merged_selectors(parts: Sequence[str], raw: Sequence[str]) -> list[dict[str, Any]]:
     """The request's selectors as one CEL expression (none when there is nothing to test).
 
-    kube-scheduler's allocator converts a device and copies its attributes into fresh maps for every selector
-    it evaluates (docs/scale.md §2), so one `&&` of the parts costs one copy where separate selectors cost one
-    each; `&&` stops at the first false part, so the caller lists the cheap, selective parts first. `parts` are
-    this module's own tests (each a conjunction or a call, safe to join as they are); `raw` are users' selectors,
-    parenthesized when joined. The claim checks split the expression again to name the part that failed
-    (cel_analysis.conjuncts). Where users' selectors would take the one expression past Kubernetes' size or cost
-    limit per expression (each passed on its own), they stay separate selectors after the typed ones."""
+    kube-scheduler copies a device's attributes for every selector it evaluates (docs/scale.md §2), so one `&&`
+    costs one copy; `&&` stops at the first false part, so callers list cheap, selective parts first. `parts` are
+    this module's tests (safe to join as they are), `raw` users' selectors (parenthesized when joined); raw ones
+    that would take the expression past Kubernetes' size or cost limit stay separate selectors."""
     joined = [*parts, *(f"({r})" if len(parts) + len(raw) > 1 else r for r in raw)]
     if not joined:
         return []
@@ -205,8 +199,9 @@ def merged_selectors(parts: Sequence[str], raw: Sequence[str]) -> list[dict[str,
     return [_selector(expression)]
 
 
-def _opaque(drivers: Drivers, requests: Sequence[str], parameters: dict[str, Any]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"opaque": {"driver": drivers.neuron_driver, "parameters": parameters}}
+def opaque_config(driver: str, requests: Sequence[str], parameters: dict[str, Any]) -> dict[str, Any]:
+    """A `devices.config[]` entry for `requests` (all when empty)."""
+    entry: dict[str, Any] = {"opaque": {"driver": driver, "parameters": parameters}}
     if requests:
         entry["requests"] = list(requests)
     return entry
@@ -253,7 +248,7 @@ class Toleration:
         if self.effect not in TOLERATION_EFFECTS:
             raise TemplateError("Toleration.effect", self.effect, "'' (every effect), NoSchedule or NoExecute")
         if self.seconds is not None:
-            if isinstance(self.seconds, bool) or not isinstance(self.seconds, int) or self.seconds < 0:
+            if not _whole(self.seconds, 0):
                 raise TemplateError("Toleration.seconds", self.seconds, "a number of seconds >= 0, or None (forever)")
             if self.effect != "NoExecute":
                 raise TemplateError("Toleration.seconds", self.seconds, "only with effect='NoExecute' (it delays "
@@ -282,11 +277,13 @@ class TolerateUnhealthy:
     seconds: int | None = None
 
     def __post_init__(self) -> None:
-        Toleration(key=UNHEALTHY_TAINT_KEY, effect=self.effect, seconds=self.seconds)  # same checks
+        self.toleration(DEFAULT_DRIVER_NAME)  # the same checks
+
+    def toleration(self, driver: str) -> Toleration:
+        return Toleration(key=unhealthy_taint_key(driver), effect=self.effect, seconds=self.seconds)
 
     def to_api(self, drivers: Drivers) -> dict[str, Any]:
-        key = f"{drivers.neuron_driver}/{UNHEALTHY_TAINT_NAME}"
-        return Toleration(key=key, effect=self.effect, seconds=self.seconds).to_api(drivers)
+        return self.toleration(drivers.neuron_driver).to_api(drivers)
 
 
 Tolerance = Toleration | TolerateUnhealthy
@@ -309,45 +306,67 @@ class Rendered:
     configs: list[dict[str, Any]] = field(default_factory=list)
 
 
-@keyword_hints
-@dataclass(frozen=True)
-class Neuron:
-    """Neuron devices: `count` of them (1..32) or ALL on the node."""
+def _attributes(drivers: Drivers) -> str:
+    return f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
 
-    count: Count = 1
-    name: str = "neurons"
-    instance_types: Sequence[str] | str = ()  # stored as a tuple
-    families: Sequence[str] | str = ()
-    topology: Topology = AnyTopology()
-    lnc: int | None = None  # Logical NeuronCores (Trainium2): 1 or 2
-    kernel_driver: KernelDriver | None = None  # exact version string, or AtLeast(...)
-    min_memory: str | None = None  # HBM per device, a quantity such as "64Gi"
-    min_cores: int | None = None  # physical NeuronCores per device
-    selectors: Sequence[str] | str = ()  # raw CEL, ANDed with the rest (after them: one expression)
-    tolerations: Sequence[Tolerance] | Tolerance = ()  # e.g. TolerateUnhealthy() for diagnostics pods
-    catalog: Catalog = field(default=BUILTIN, repr=False)  # where instance types and families come from
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.catalog, Catalog):
-            raise TemplateError("Neuron.catalog", self.catalog,
-                                "a Catalog (driver.catalog.BUILTIN or a catalog file's)")
-        _count("Neuron.count", self.count, allow_all=True)
-        object.__setattr__(self, "tolerations", _tolerations("Neuron.tolerations", self.tolerations))
-        check_dns_label("Neuron.name", self.name)
-        object.__setattr__(self, "instance_types", _as_tuple("Neuron.instance_types", self.instance_types))
-        object.__setattr__(self, "families", _as_tuple("Neuron.families", self.families))
-        object.__setattr__(self, "selectors", _as_tuple("Neuron.selectors", self.selectors))
-        types = self.catalog.types
-        targets = _checked_targets("Neuron", self.catalog, self.instance_types, self.families, self.target_types)
-        most = max(types[t].device_count for t in targets)
-        if isinstance(self.count, int) and self.count > most:
-            raise TemplateError("Neuron.count", self.count, f"1 to {most} on {', '.join(targets)}")
-        self._check_topology(targets)
-        self._check_lnc(targets)
-        self._check_kernel_driver()
-        self._check_minimums(targets)
-        compiled = _check_selectors("Neuron.selectors", self.selectors)  # type: ignore[arg-type]
-        self._check_grid_selectors(targets, compiled)
+def _exact(drivers: Drivers, class_name: str, count: Count, parts: Sequence[str], raw: Sequence[str],
+           tolerations: Sequence[Tolerance] = ()) -> dict[str, Any]:
+    """An ExactDeviceRequest / DeviceSubRequest body (every request kind's): `parts` and `raw` selectors as
+    merged_selectors joins them."""
+    body: dict[str, Any] = {"deviceClassName": class_name}
+    selectors = merged_selectors(parts, raw)
+    if selectors:
+        body["selectors"] = selectors
+    if count is ALL:
+        body["allocationMode"] = "All"
+    else:
+        body["allocationMode"] = "ExactCount"
+        body["count"] = count
+    if tolerations:
+        body["tolerations"] = [t.to_api(drivers) for t in tolerations]
+    return body
+
+
+class _Exact:
+    """What Neuron, UltraServerNode, NeuronCores and Efa share: one `exactly` request from `exact` and `extras`."""
+
+    name: str
+    selectors: Sequence[str] | str
+    device_class: ClassVar[str] = "neuron_class"  # the Drivers field that names the request's DeviceClass
+
+    def _normalize(self, *fields: str) -> None:
+        """Check the name; store the sequence fields (selectors, tolerations, ...) as tuples."""
+        kind = type(self).__name__
+        check_dns_label(f"{kind}.name", self.name)
+        for f in fields:
+            convert = _tolerations if f == "tolerations" else _as_tuple
+            object.__setattr__(self, f, convert(f"{kind}.{f}", getattr(self, f)))
+
+    def selector_expressions(self, drivers: Drivers) -> list[str]:
+        """The request's own tests, cheap and selective first (merged_selectors adds the raw selectors)."""
+        return []
+
+    def exact(self, drivers: Drivers) -> dict[str, Any]:
+        """The ExactDeviceRequest / DeviceSubRequest body."""
+        return _exact(drivers, getattr(drivers, self.device_class), getattr(self, "count", 1),
+                      self.selector_expressions(drivers), self.selectors, getattr(self, "tolerations", ()))
+
+    def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Constraints and configs for this request, `ref` being its name in them (`req` or `req/sub`)."""
+        return [], []
+
+    def render(self, drivers: Drivers) -> Rendered:
+        constraints, configs = self.extras(drivers, self.name)
+        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints, configs)
+
+
+class _Targeted(_Exact):
+    """A request kept to instance types or families of a catalog (Neuron, NeuronCores)."""
+
+    instance_types: Sequence[str] | str
+    families: Sequence[str] | str
+    catalog: Catalog
 
     @property
     def explicit_targets(self) -> bool:
@@ -361,6 +380,66 @@ class Neuron:
         if self.instance_types and self.families:
             return tuple(t for t in self.instance_types if t in by_family)
         return tuple(self.instance_types) or by_family or tuple(types)
+
+    def _checked_targets(self) -> Sequence[str]:
+        """`target_types` after checking the catalog and the names they were built from."""
+        request, catalog = type(self).__name__, self.catalog
+        if not isinstance(catalog, Catalog):
+            raise TemplateError(f"{request}.catalog", catalog, "a Catalog (driver.catalog.BUILTIN or a catalog file's)")
+        for t in self.instance_types:
+            if t not in catalog.types:
+                raise TemplateError(f"{request}.instance_types", t, f"a catalog instance type (or a catalog file's, "
+                                    f"passed as {request}(catalog=...)){catalog.unknown_type_text(t)}")
+        for f in self.families:
+            if f not in catalog.family_map:
+                raise TemplateError(f"{request}.families", f, ", ".join(catalog.family_map)
+                                    + did_you_mean(f, catalog.family_map))
+        if not self.target_types:
+            raise TemplateError(f"{request}.families", self.families,
+                                f"families that contain one of the instance types {', '.join(self.instance_types)}")
+        return self.target_types
+
+    def _type_tests(self, drivers: Drivers) -> list[str]:
+        """The instanceType test when the request names instance types or families."""
+        if not self.explicit_targets:
+            return []
+        d, types = _attributes(drivers), self.target_types
+        return [f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
+                else f"{d}.instanceType in {_cel_list(types)}"]
+
+
+@keyword_hints
+@dataclass(frozen=True)
+class Neuron(_Targeted):
+    """Neuron devices: `count` of them (1..32) or ALL on the node."""
+
+    count: Count = 1
+    name: str = "neurons"
+    instance_types: Sequence[str] | str = ()  # stored as a tuple
+    families: Sequence[str] | str = ()
+    topology: Topology = AnyTopology()
+    lnc: int | None = None  # Logical NeuronCores (Trainium2 and later): one of LNC_VALUES
+    kernel_driver: KernelDriver | None = None  # exact version string, or AtLeast(...)
+    min_memory: str | None = None  # HBM per device, a quantity such as "64Gi"
+    min_cores: int | None = None  # physical NeuronCores per device
+    selectors: Sequence[str] | str = ()  # raw CEL, ANDed with the rest (after them: one expression)
+    tolerations: Sequence[Tolerance] | Tolerance = ()  # e.g. TolerateUnhealthy() for diagnostics pods
+    catalog: Catalog = field(default=BUILTIN, repr=False)  # where instance types and families come from
+
+    def __post_init__(self) -> None:
+        _count("Neuron.count", self.count, allow_all=True)
+        self._normalize("tolerations", "instance_types", "families", "selectors")
+        targets = self._checked_targets()
+        types = self.catalog.types
+        most = max(types[t].device_count for t in targets)
+        if isinstance(self.count, int) and self.count > most:
+            raise TemplateError("Neuron.count", self.count, f"1 to {most} on {', '.join(targets)}")
+        self._check_topology(targets)
+        _check_lnc("Neuron.lnc", self.lnc, self.catalog, targets)
+        self._check_kernel_driver()
+        self._check_minimums(targets)
+        compiled = _check_selectors("Neuron.selectors", self.selectors)  # type: ignore[arg-type]
+        self._check_grid_selectors(targets, compiled)
 
     @property
     def group_size(self) -> int | None:
@@ -456,13 +535,6 @@ class Neuron:
             return f"{AWS_DOMAIN}/devicegroup{size}_id"
         return f"{drivers.neuron_driver}/topology{size}_id"
 
-    def _check_lnc(self, targets: Sequence[str]) -> None:
-        if self.lnc is None:
-            return
-        if isinstance(self.lnc, bool) or self.lnc not in driver_config.LNC_VALUES:
-            raise TemplateError("Neuron.lnc", self.lnc, " or ".join(map(str, driver_config.LNC_VALUES)))
-        _check_lnc_targets("Neuron.lnc", self.lnc, self.catalog, targets)
-
     def _check_kernel_driver(self) -> None:
         v = self.kernel_driver
         if v is None or isinstance(v, AtLeast):
@@ -485,24 +557,19 @@ class Neuron:
                                     f"at most {best.hbm_bytes_per_device // 2**30}Gi ({best.instance_type})")
         if self.min_cores is not None:
             best = max(specs, key=lambda s: s.physical_cores_per_device)
-            if isinstance(self.min_cores, bool) or not isinstance(self.min_cores, int) or \
-                    not 1 <= self.min_cores <= best.physical_cores_per_device:
+            if not _whole(self.min_cores, 1, best.physical_cores_per_device):
                 raise TemplateError("Neuron.min_cores", self.min_cores,
                                     f"1 to {best.physical_cores_per_device} ({best.instance_type})")
 
     def selector_expressions(self, drivers: Drivers) -> list[str]:
-        """The request's own tests, cheap and selective first (merged_selectors adds the raw selectors)."""
-        d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
+        d = _attributes(drivers)
         c = f"device.capacity[{_cel_string(drivers.neuron_driver)}]"
         # The class keeps NeuronCores out; the UltraServer pseudo-device only a selector does, or a group
         # constraint (the pseudo-device has no group id, and the allocator never chooses a device that lacks the
         # matchAttribute). Where neither is needed, the test would only make the expression longer.
         guard = self._pseudo_device_possible() and self.group_attribute(drivers) is None
         out = [f"{d}.resourceType == {_cel_string(NEURON_DEVICE)}"] if guard else []
-        if self.instance_types or self.families:
-            types = self.target_types
-            out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
-                       else f"{d}.instanceType in {_cel_list(types)}")
+        out += self._type_tests(drivers)
         if isinstance(self.topology, RingSegment):
             out.append(f"{d}.topologyKind == {_cel_string(TopologyKind.RING.value)}")
         if isinstance(self.kernel_driver, str):
@@ -515,33 +582,13 @@ class Neuron:
             out.append(f"'cores' in {c} && {c}.cores.compareTo(quantity('{self.min_cores}')) >= 0")
         return out
 
-    def exact(self, drivers: Drivers) -> dict[str, Any]:
-        """The ExactDeviceRequest / DeviceSubRequest body."""
-        body: dict[str, Any] = {"deviceClassName": drivers.neuron_class}
-        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)
-        if selectors:
-            body["selectors"] = selectors
-        if self.count is ALL:
-            body["allocationMode"] = "All"
-        else:
-            body["allocationMode"] = "ExactCount"
-            body["count"] = self.count
-        if self.tolerations:
-            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
-        return body
-
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Constraints and configs for this request, `ref` being its name in them (`req` or `req/sub`)."""
         constraints = []
         attribute = self.group_attribute(drivers)
         if attribute is not None:
             constraints.append({"requests": [ref], "matchAttribute": attribute})
-        configs = [_opaque(drivers, [ref], neuron_config(self.lnc))] if self.lnc is not None else []
+        configs = [opaque_config(drivers.neuron_driver, [ref], neuron_config(self.lnc))] if self.lnc is not None else []
         return constraints, configs
-
-    def render(self, drivers: Drivers) -> Rendered:
-        constraints, configs = self.extras(drivers, self.name)
-        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints, configs)
 
     def max_devices(self) -> int:
         if isinstance(self.count, int):
@@ -560,7 +607,7 @@ def _at_least(attribute: str, parts: tuple[int, ...]) -> str:
 
 @keyword_hints
 @dataclass(frozen=True)
-class UltraServerNode:
+class UltraServerNode(_Exact):
     """The UltraServer pseudo-device of a trn2u node, with the UltraServer mode (1, 2 or 4 nodes)."""
 
     mode: int
@@ -570,37 +617,24 @@ class UltraServerNode:
     tolerations: Sequence[Tolerance] | Tolerance = ()
 
     def __post_init__(self) -> None:
-        check_dns_label("UltraServerNode.name", self.name)
-        object.__setattr__(self, "tolerations", _tolerations("UltraServerNode.tolerations", self.tolerations))
+        self._normalize("tolerations", "selectors")
         try:
             driver_config.decode(ultraserver_config(self.mode))
             if self.lnc is not None:
                 driver_config.decode(neuron_config(self.lnc))
         except driver_config.ConfigError as e:
             field_name = "UltraServerNode.mode" if e.field == "ultraserverMode" else "UltraServerNode.lnc"
-            raise e.restated(TemplateError, field_name) from None
-        object.__setattr__(self, "selectors", _as_tuple("UltraServerNode.selectors", self.selectors))
+            raise e.restated(TemplateError, field_name) from e
         _check_selectors("UltraServerNode.selectors", self.selectors)  # type: ignore[arg-type]
 
-    def exact(self, drivers: Drivers) -> dict[str, Any]:
-        d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
-        selectors = merged_selectors([f"{d}.resourceType == {_cel_string(NEURON_NODE)}"],
-                                     self.selectors)
-        body = {"deviceClassName": drivers.neuron_class, "selectors": selectors,
-                "allocationMode": "ExactCount", "count": 1}
-        if self.tolerations:
-            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
-        return body
+    def selector_expressions(self, drivers: Drivers) -> list[str]:
+        return [f"{_attributes(drivers)}.resourceType == {_cel_string(NEURON_NODE)}"]
 
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        configs = [_opaque(drivers, [ref], ultraserver_config(self.mode))]
+        configs = [opaque_config(drivers.neuron_driver, [ref], ultraserver_config(self.mode))]
         if self.lnc is not None:
-            configs.append(_opaque(drivers, [ref], neuron_config(self.lnc)))
+            configs.append(opaque_config(drivers.neuron_driver, [ref], neuron_config(self.lnc)))
         return [], configs
-
-    def render(self, drivers: Drivers) -> Rendered:
-        constraints, configs = self.extras(drivers, self.name)
-        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints, configs)
 
     def max_devices(self) -> int:
         return 1
@@ -608,8 +642,10 @@ class UltraServerNode:
 
 @keyword_hints
 @dataclass(frozen=True)
-class Efa:
+class Efa(_Exact):
     """EFA devices; `aligned_to` names a Neuron request whose devices share their devicegroup."""
+
+    device_class = "efa_class"
 
     count: int = 1
     name: str = "efa"
@@ -619,21 +655,12 @@ class Efa:
 
     def __post_init__(self) -> None:
         _count("Efa.count", self.count, allow_all=False)
-        check_dns_label("Efa.name", self.name)
+        self._normalize("selectors")
         if self.aligned_to is not None:
             check_dns_label("Efa.aligned_to", self.aligned_to)
         if self.group is not None and self.group not in (1, *DEVICEGROUP_SIZES):
             raise TemplateError("Efa.group", self.group, f"a devicegroup size: 1, {_sizes(DEVICEGROUP_SIZES)}")
-        object.__setattr__(self, "selectors", _as_tuple("Efa.selectors", self.selectors))
         _check_selectors("Efa.selectors", self.selectors)  # type: ignore[arg-type]
-
-    def render(self, drivers: Drivers) -> Rendered:
-        body: dict[str, Any] = {"deviceClassName": drivers.efa_class, "allocationMode": "ExactCount",
-                                "count": self.count}
-        selectors = merged_selectors([], self.selectors)
-        if selectors:
-            body["selectors"] = selectors
-        return Rendered({"name": self.name, "exactly": body})
 
     def max_devices(self) -> int:
         return self.count
@@ -667,10 +694,7 @@ class FirstAvailable:
             if option.name == type(option).name:  # the default name: number the alternatives
                 option = _renamed(option, f"option{i}")
             named.append(option)
-        names = [o.name for o in named]
-        for n in names:
-            if names.count(n) > 1:
-                raise TemplateError("FirstAvailable.options", n, "distinct alternative names")
+        check_distinct("FirstAvailable.options", [o.name for o in named], "distinct alternative names")
         object.__setattr__(self, "options", tuple(named))
         object.__setattr__(self, "name", name)
 
@@ -693,12 +717,12 @@ def _renamed(option: Neuron | NeuronCores, name: str) -> Neuron | NeuronCores:
 
 @keyword_hints
 @dataclass(frozen=True)
-class NeuronCores:
-    """`count` NeuronCores (logical cores at the node's LNC; physical cores on Trainium1/Inferentia2) of one
-    Neuron device, forming one aligned, contiguous range of NEURON_RT_VISIBLE_CORES ids: the count is a power of
-    two up to a device's logical cores, and more than one core is held together by `coreGroup{count}_id`
-    (docs/neuron-cores.md §2-3). `node_lnc` keeps the request to nodes of that LNC (the count's meaning changes
-    with it on Trainium2+)."""
+class NeuronCores(_Targeted):
+    """`count` NeuronCores (logical cores at the node's LNC) of one Neuron device, one aligned, contiguous range
+    of NEURON_RT_VISIBLE_CORES ids (a power of two, held together by `coreGroup{count}_id`, docs/neuron-cores.md
+    §2-3). `node_lnc` keeps the request to nodes of that LNC (the count's meaning changes with it)."""
+
+    device_class = "neuron_core_class"
 
     count: int = 1
     name: str = "cores"
@@ -710,71 +734,35 @@ class NeuronCores:
     catalog: Catalog = field(default=BUILTIN, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.catalog, Catalog):
-            raise TemplateError("NeuronCores.catalog", self.catalog, "a Catalog")
-        check_dns_label("NeuronCores.name", self.name)
-        object.__setattr__(self, "instance_types", _as_tuple("NeuronCores.instance_types", self.instance_types))
-        object.__setattr__(self, "families", _as_tuple("NeuronCores.families", self.families))
-        object.__setattr__(self, "selectors", _as_tuple("NeuronCores.selectors", self.selectors))
-        object.__setattr__(self, "tolerations", _tolerations("NeuronCores.tolerations", self.tolerations))
+        self._normalize("instance_types", "families", "selectors", "tolerations")
+        targets = self._checked_targets()
         types = self.catalog.types
-        targets = _checked_targets("NeuronCores", self.catalog, self.instance_types, self.families,
-                                   self.target_types)
-        if self.node_lnc is not None:
-            if isinstance(self.node_lnc, bool) or self.node_lnc not in driver_config.LNC_VALUES:
-                raise TemplateError("NeuronCores.node_lnc", self.node_lnc, "1 or 2")
-            _check_lnc_targets("NeuronCores.node_lnc", self.node_lnc, self.catalog, targets)
+        _check_lnc("NeuronCores.node_lnc", self.node_lnc, self.catalog, targets)
         sizes = sorted({n for t in targets for n in self._sizes(types[t])})
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count not in sizes:
+        if not _whole(self.count) or self.count not in sizes:
             raise TemplateError("NeuronCores.count", self.count,
                                 f"the aligned core group sizes of {', '.join(targets)}: {_sizes(sizes)}")
         _check_selectors("NeuronCores.selectors", self.selectors)  # type: ignore[arg-type]
 
     def _sizes(self, spec: InstanceSpec) -> tuple[int, ...]:
-        lncs = [self.node_lnc] if self.node_lnc is not None else ([1, 2] if spec.lnc_supported else [1])
+        lncs = (self.node_lnc,) if self.node_lnc is not None else \
+            (driver_config.LNC_VALUES if spec.lnc_supported else (1,))
         return tuple(n for lnc in lncs for n in CoreLayout.for_spec(spec, lnc).claim_sizes())
 
-    @property
-    def target_types(self) -> tuple[str, ...]:
-        types = self.catalog.types
-        by_family = tuple(t for t, s in types.items() if s.family.name in self.families)
-        if self.instance_types and self.families:
-            return tuple(t for t in self.instance_types if t in by_family)
-        return tuple(self.instance_types) or by_family or tuple(types)
-
     def selector_expressions(self, drivers: Drivers) -> list[str]:
-        d = f"device.attributes[{_cel_string(drivers.neuron_driver)}]"
-        out = []  # the NeuronCore class selects resourceType neuron_core already
-        if self.instance_types or self.families:
-            types = self.target_types
-            out.append(f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
-                       else f"{d}.instanceType in {_cel_list(types)}")
+        d = _attributes(drivers)
+        out = self._type_tests(drivers)  # the NeuronCore class selects resourceType neuron_core already
         if self.node_lnc is not None:
             out.append(f"{d}.lnc == {self.node_lnc}")
         if self.count > 1:  # only nodes whose devices have groups of this size
             out.append(f"'coreGroup{self.count}_id' in {d}")
         return out
 
-    def exact(self, drivers: Drivers) -> dict[str, Any]:
-        """The ExactDeviceRequest / DeviceSubRequest body."""
-        body: dict[str, Any] = {"deviceClassName": drivers.neuron_core_class, "allocationMode": "ExactCount",
-                                "count": self.count}
-        selectors = merged_selectors(self.selector_expressions(drivers), self.selectors)
-        if selectors:
-            body["selectors"] = selectors
-        if self.tolerations:
-            body["tolerations"] = [t.to_api(drivers) for t in self.tolerations]  # type: ignore[union-attr]
-        return body
-
     def extras(self, drivers: Drivers, ref: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The core group constraint, `ref` being the request's name in it (`req` or `req/sub`); no configs."""
         if self.count == 1:
             return [], []
         return [{"requests": [ref], "matchAttribute": f"{drivers.neuron_driver}/coreGroup{self.count}_id"}], []
-
-    def render(self, drivers: Drivers) -> Rendered:
-        constraints, _ = self.extras(drivers, self.name)
-        return Rendered({"name": self.name, "exactly": self.exact(drivers)}, constraints)
 
     def max_devices(self) -> int:
         return self.count
@@ -783,9 +771,13 @@ class NeuronCores:
 Request = Neuron | UltraServerNode | Efa | FirstAvailable | NeuronCores
 
 
-def _check_lnc_targets(field_name: str, lnc: int, catalog: Catalog, targets: Sequence[str]) -> None:
-    """LNC applies to Trainium2 and later: when no target has it, the fix is to drop the argument; when some do,
-    to keep the request to those."""
+def _check_lnc(field_name: str, lnc: int | None, catalog: Catalog, targets: Sequence[str]) -> None:
+    """An LNC (None: unset) is one of LNC_VALUES, and applies to Trainium2 and later: when no target has it, the
+    fix is to drop the argument; when some do, to keep the request to those."""
+    if lnc is None:
+        return
+    if isinstance(lnc, bool) or lnc not in driver_config.LNC_VALUES:
+        raise TemplateError(field_name, lnc, LNC_CHOICES)
     without = [t for t in targets if not catalog.types[t].lnc_supported]
     if not without:
         return
@@ -799,20 +791,3 @@ def _check_lnc_targets(field_name: str, lnc: int, catalog: Catalog, targets: Seq
     raise TemplateError(field_name, lnc, f"LNC only on Trainium2 and later; this request may also land on "
                         f"{', '.join(without)}: keep it to {lnc_types} (instance_types or families), or drop "
                         f"{argument}")
-
-
-def _checked_targets(request: str, catalog: Catalog, instance_types: Sequence[str], families: Sequence[str],
-                     targets: Sequence[str]) -> Sequence[str]:
-    """`targets` (the instance types a request can land on) after checking the names it was built from."""
-    for t in instance_types:
-        if t not in catalog.types:
-            raise TemplateError(f"{request}.instance_types", t, f"a catalog instance type (or a catalog file's, passed "
-                                f"as {request}(catalog=...)){catalog.unknown_type_text(t)}")
-    for f in families:
-        if f not in catalog.family_map:
-            raise TemplateError(f"{request}.families", f, ", ".join(catalog.family_map)
-                                + did_you_mean(f, catalog.family_map))
-    if not targets:
-        raise TemplateError(f"{request}.families", families,
-                            f"families that contain one of the instance types {', '.join(instance_types)}")
-    return targets

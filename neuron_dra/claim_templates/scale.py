@@ -1,14 +1,10 @@
 """What a template's claims cost kube-scheduler at a cluster size: `neuron-dra claims check --nodes N`.
 
 kube-scheduler filters a pod on nodes until it has found `feasible_nodes_to_find(N)` that fit
-(pkg/scheduler/schedule_one.go numFeasibleNodesToFind: every node below 100, else an adaptive share of
-50 - N/125 percent, at least 5 %, at least 100 nodes). On each node its DRA plugin runs the structured
-allocator over the node's devices: the CEL selectors of the class and the request on each candidate
-device, then the search. The estimate counts that work on an empty node of the template's instance type
-(the claim checks' own node model, the slices the driver publishes) and prices it with per-pod, per-node and
-per-device-selector costs calibrated with bench/bench_scale.py (docs/scale.md §4). The DRA filter gives up
-on a node after 10 s (the DynamicResources plugin's filterTimeout); a per-node estimate that comes near it
-is a warning.
+(schedule_one.go numFeasibleNodesToFind); on each, the DRA plugin evaluates the class and request selectors on
+candidate devices, then searches. The estimate counts that work on an empty node of the template's instance type
+(the checks' node model) and prices it with costs calibrated with bench/bench_scale.py (docs/scale.md §4). A
+per-node estimate near the DRA filter's 10 s timeout is a warning.
 """
 
 from __future__ import annotations

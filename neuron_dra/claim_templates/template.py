@@ -20,7 +20,9 @@ from neuron_dra.claim_templates.requests import (
     NeuronCores,
     Request,
     UltraServerNode,
+    check_distinct,
     default_group,
+    opaque_config,
 )
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
@@ -28,7 +30,6 @@ from neuron_dra.driver.model.slices import AWS_DOMAIN
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_REQUESTS = 32
-MAX_CONSTRAINTS = 32
 MAX_CONFIGS = 32
 MAX_OPAQUE_PARAMETERS_BYTES = 10 * 1024
 
@@ -77,21 +78,16 @@ class ClaimTemplate:
             if not isinstance(r, Neuron | UltraServerNode | Efa | FirstAvailable | NeuronCores):
                 raise TemplateError("ClaimTemplate.requests", r,
                                     "Neuron, NeuronCores, UltraServerNode, Efa or FirstAvailable")
-        names = [r.name for r in all_requests]
-        for n in names:
-            if names.count(n) > 1:
-                raise TemplateError("ClaimTemplate.requests", n, "distinct request names (name=...)")
+        check_distinct("ClaimTemplate.requests", [r.name for r in all_requests], "distinct request names (name=...)")
         if drivers is not None and not isinstance(drivers, Drivers):
             raise TemplateError("ClaimTemplate.drivers", drivers, "a Drivers(...) value, or None (the driver's)")
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "requests", all_requests)
-        object.__setattr__(self, "namespace", namespace)
-        object.__setattr__(self, "labels", check_labels("ClaimTemplate.labels", _mapping(labels)))
-        object.__setattr__(self, "annotations", check_annotations("ClaimTemplate.annotations", _mapping(annotations)))
-        object.__setattr__(self, "claim_labels", check_labels("ClaimTemplate.claim_labels", _mapping(claim_labels)))
-        object.__setattr__(self, "configs", tuple(configs))
-        object.__setattr__(self, "drivers", drivers or DEFAULT_DRIVERS)
-        object.__setattr__(self, "follows_driver", drivers is None)
+        values = {"name": name, "requests": all_requests, "namespace": namespace,
+                  "labels": check_labels("ClaimTemplate.labels", _mapping(labels)),
+                  "annotations": check_annotations("ClaimTemplate.annotations", _mapping(annotations)),
+                  "claim_labels": check_labels("ClaimTemplate.claim_labels", _mapping(claim_labels)),
+                  "configs": tuple(configs), "drivers": drivers or DEFAULT_DRIVERS, "follows_driver": drivers is None}
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
         self._check_alignment()
         self._check_efa_counts()
         self._check_configs()
@@ -182,7 +178,7 @@ class ClaimTemplate:
                 try:
                     driver_config.decode(dict(cfg.parameters))
                 except driver_config.ConfigError as e:
-                    raise e.restated(TemplateError, f"OpaqueConfig.parameters.{e.field}") from None
+                    raise e.restated(TemplateError, f"OpaqueConfig.parameters.{e.field}") from e
             if len(yaml.safe_dump(dict(cfg.parameters)).encode()) > MAX_OPAQUE_PARAMETERS_BYTES:
                 raise TemplateError("OpaqueConfig.parameters", "...", f"at most {MAX_OPAQUE_PARAMETERS_BYTES} bytes")
 
@@ -215,11 +211,7 @@ class ClaimTemplate:
             configs += rendered.configs
         constraints += alignments
         for cfg in self.configs:
-            entry: dict[str, Any] = {"opaque": {"driver": cfg.driver or self.drivers.neuron_driver,
-                                                "parameters": dict(cfg.parameters)}}
-            if cfg.requests:
-                entry["requests"] = list(cfg.requests)
-            configs.append(entry)
+            configs.append(opaque_config(cfg.driver or self.drivers.neuron_driver, cfg.requests, dict(cfg.parameters)))
         devices: dict[str, Any] = {"requests": requests}
         if constraints:
             devices["constraints"] = constraints
@@ -242,7 +234,6 @@ class ClaimTemplate:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_manifest(), sort_keys=False)
-
 
 
 def _mapping(value: Mapping[str, str] | Sequence[tuple[str, str]] | None) -> Mapping[str, str] | None:
