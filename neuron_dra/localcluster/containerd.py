@@ -16,8 +16,6 @@ differ from a stock containerd, and why (docs/real-runtime.md):
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -29,6 +27,7 @@ import tomli_w
 
 from neuron_dra.driver.model.k8s_names import DEFAULT_CDI_ROOT
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.cachedir import Under
 from neuron_dra.localcluster.hostreqs import CNI_BIN_DIR, RUNC
 
 CDI_SPEC_DIRS = ("/etc/cdi", DEFAULT_CDI_ROOT)  # as seen in the node's mount namespace (its own /run)
@@ -45,25 +44,11 @@ class ContainerdPaths:
     socket: Path  # short: under the node's runtime directory (unix socket paths are limited to 107 bytes)
     pid_file: Path
 
-    @property
-    def root(self) -> Path:
-        return self.base / "root"
-
-    @property
-    def state(self) -> Path:
-        return self.base / "state"
-
-    @property
-    def config(self) -> Path:
-        return self.base / "config.toml"
-
-    @property
-    def cni_conf_dir(self) -> Path:
-        return self.base / "cni"
-
-    @property
-    def log(self) -> Path:
-        return self.base / "containerd.log"
+    root = Under("base", "root")
+    state = Under("base", "state")
+    config = Under("base", "config.toml")
+    cni_conf_dir = Under("base", "cni")
+    log = Under("base", "containerd.log")
 
 
 def config(paths: ContainerdPaths, pause_image: str) -> dict[str, Any]:
@@ -187,12 +172,7 @@ def kill_cgroup_processes(cgroup_root: str, mount: Path = CGROUP_MOUNT) -> int:
                 pids.update(int(x) for x in procs_file.read_text().split())
             except (OSError, ValueError):
                 continue
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    return len(pids)
+    return procs.kill(pids)
 
 
 def remove_cgroups(cgroup_root: str, mount: Path = CGROUP_MOUNT, timeout: float = 10.0) -> list[Path]:
@@ -219,24 +199,9 @@ def remove_cgroups(cgroup_root: str, mount: Path = CGROUP_MOUNT, timeout: float 
 def shim_pids(socket: Path) -> list[int]:
     """The runc shims serving the containerd at `socket` (they outlive containerd by design): matched by the
     `-address` they were started with, which is unique to the node."""
-    out = []
-    for proc_dir in Path("/proc").iterdir():
-        if not proc_dir.name.isdigit():
-            continue
-        try:
-            argv = (proc_dir / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and str(socket).encode() in argv:
-            out.append(int(proc_dir.name))
-    return sorted(out)
+    wanted = str(socket).encode()
+    return procs.matching(lambda _pid, argv: argv[0].endswith(b"containerd-shim-runc-v2") and wanted in argv)
 
 
 def kill_shims(socket: Path) -> int:
-    pids = shim_pids(socket)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    return len(pids)
+    return procs.kill(shim_pids(socket))

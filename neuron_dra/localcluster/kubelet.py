@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.cachedir import Under
 from neuron_dra.localcluster.pki import CertPair
 
 # What kubelet's container manager wants in these sysctls (pkg/kubelet/cm/container_manager_linux.go,
@@ -60,57 +61,19 @@ class KubeletPaths:
     base: Path  # DIR/nodes/NAME
     root: Path  # --root-dir: plugins/, plugins_registry/, pods/, checkpoints
 
-    @property
-    def config(self) -> Path:
-        return self.base / "kubelet-config.yaml"
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.base / "kubelet.kubeconfig"
-
-    @property
-    def cert_dir(self) -> Path:
-        return self.base / "kubelet-pki"
-
-    @property
-    def log(self) -> Path:
-        return self.base / "kubelet.log"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.base / "pids" / "kubelet.pid"
-
-    @property
-    def var_lib(self) -> Path:
-        return self.base / "var-lib"
-
-    @property
-    def var_log(self) -> Path:
-        return self.base / "var-log"
-
-    @property
-    def pod_logs(self) -> Path:
-        return self.base / "pod-logs"
-
-    @property
-    def volume_plugins(self) -> Path:
-        return self.base / "volume-plugins"
-
-    @property
-    def sysctls(self) -> Path:
-        return self.base / "sysctl"
-
-    @property
-    def registry_dir(self) -> Path:
-        return self.root / "plugins_registry"
-
-    @property
-    def plugins_dir(self) -> Path:
-        return self.root / "plugins"
-
-    @property
-    def cri_socket(self) -> Path:
-        return self.root / "cri.sock"
+    config = Under("base", "kubelet-config.yaml")
+    kubeconfig = Under("base", "kubelet.kubeconfig")
+    cert_dir = Under("base", "kubelet-pki")
+    log = Under("base", "kubelet.log")
+    pid_file = Under("base", "pids", "kubelet.pid")
+    var_lib = Under("base", "var-lib")
+    var_log = Under("base", "var-log")
+    pod_logs = Under("base", "pod-logs")
+    volume_plugins = Under("base", "volume-plugins")
+    sysctls = Under("base", "sysctl")
+    registry_dir = Under("root", "plugins_registry")
+    plugins_dir = Under("root", "plugins")
+    cri_socket = Under("root", "cri.sock")
 
 
 @dataclass(frozen=True)

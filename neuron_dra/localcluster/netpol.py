@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.cachedir import Under
 from neuron_dra.localcluster.restarting import Restarting
 
 USER = "neuron-dra:kube-router"  # the client certificate's user; RBAC below grants it what the controller reads
@@ -76,17 +77,9 @@ def require_tools() -> None:
 class EnforcerPaths:
     base: Path  # DIR/nodes/NAME/netpol
 
-    @property
-    def log(self) -> Path:
-        return self.base / "kube-router.log"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.base / "kube-router.pid"
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.base / "kube-router.kubeconfig"
+    log = Under("base", "kube-router.log")
+    pid_file = Under("base", "kube-router.pid")
+    kubeconfig = Under("base", "kube-router.kubeconfig")
 
 
 class NetworkPolicyEnforcer:

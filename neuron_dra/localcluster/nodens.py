@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_dra.localcluster import hostreqs, procs
+from neuron_dra.localcluster.cachedir import Under
 from neuron_dra.localcluster.kubelet import KubeletPaths, namespace_prologue
 
 HOST_TREE = "/run/neuron-dra-host"  # where the node's emulated sys/dev/opt tree appears inside its namespace
@@ -65,26 +66,12 @@ class NodeNamespacePaths:
     base: Path  # DIR/nodes/NAME
     runtime: Path  # the node's short runtime directory (kubelet root)
 
-    @property
-    def run_dir(self) -> Path:
-        return self.base / "run"
-
-    @property
-    def holder_pid(self) -> Path:
-        return self.base / "pids" / "netns-holder.pid"
-
-    @property
-    def holder_own_pid(self) -> Path:
-        """Written by the holder itself: the pid to enter (the pid file above records its `timeout` leader)."""
-        return self.base / "pids" / "netns-holder.self"
-
-    @property
-    def api_socket(self) -> Path:
-        return self.runtime / "api.sock"
-
-    @property
-    def log(self) -> Path:
-        return self.base / "netns.log"
+    run_dir = Under("base", "run")
+    holder_pid = Under("base", "pids", "netns-holder.pid")
+    # Written by the holder itself: the pid to enter (the pid file above records its `timeout` leader).
+    holder_own_pid = Under("base", "pids", "netns-holder.self")
+    api_socket = Under("runtime", "api.sock")
+    log = Under("base", "netns.log")
 
 
 def holder_script(paths: NodeNamespacePaths, kubelet_paths: KubeletPaths, host_tree: Path) -> str:

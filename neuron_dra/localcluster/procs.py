@@ -22,7 +22,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,13 +94,46 @@ def running(path: Path) -> ProcessRef | None:
     return ref if ref is not None and alive(ref) else None
 
 
-def children(pid: int) -> list[int]:
-    """Direct children of `pid` (from /proc/PID/task/*/children)."""
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError, ValueError):
-            out.extend(int(c) for c in (task / "children").read_text().split())
-    return sorted(set(out))
+def matching(match: Callable[[int, list[bytes]], bool]) -> list[int]:
+    """The pids of the live processes whose (pid, argv) `match` accepts (zombies have no command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv != [b""] and match(int(entry.name), argv):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def kill(pids: Iterable[int]) -> int:
+    """KILL each of `pids` (those already gone are skipped); how many there were."""
+    pids = list(pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def wait_for(check: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
+    """Call `check` every `interval` s until it returns true (True), or `timeout` s and one last call (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(interval)
+    return check()
+
+
+def log_tail(path: Path, chars: int = 2000) -> str:
+    """The end of a log file for an error message; "" when there is none."""
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
 
 
 def spawn(argv: Sequence[str], *, log: Path, pid_file: Path, lifetime_s: float, cwd: Path | None = None,

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.cachedir import Under
 
 SCRAPE_INTERVAL_S = 2  # a test sees a change within seconds; the drivers answer a scrape in milliseconds
 READY_TIMEOUT_S = 60.0
@@ -82,13 +83,8 @@ class LocalPrometheus:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def pid_file(self) -> Path:
-        return self.dir / "pids" / "prometheus.pid"
-
-    @property
-    def log(self) -> Path:
-        return self.dir / "prometheus.log"
+    pid_file = Under("dir", "pids", "prometheus.pid")
+    log = Under("dir", "prometheus.log")
 
     @property
     def extra_targets(self) -> Path:
