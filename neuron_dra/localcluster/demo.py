@@ -32,9 +32,17 @@ from kubernetes.client.exceptions import ApiException
 from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
 from neuron_dra.driver.model.catalog import get_instance_spec
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.localcluster import procs
-from neuron_dra.localcluster.build import DEFAULT_MINOR
-from neuron_dra.localcluster.cluster import LocalCluster
+from neuron_dra.localcluster import build, procs
+from neuron_dra.localcluster.build import (
+    DEFAULT_MINOR,
+    build_containerd,
+    build_fakecri,
+    cache_root,
+    check_minor,
+    ensure_binaries,
+    kube_version,
+)
+from neuron_dra.localcluster.cluster import LocalCluster, down, up
 from neuron_dra.localcluster.demo_health import HEALTH_INSTANCE_TYPE, HealthOutcome, HealthStage, plan_faults
 from neuron_dra.localcluster.demo_health import raw_json as _raw
 from neuron_dra.localcluster.demo_report import (
@@ -56,7 +64,10 @@ from neuron_dra.localcluster.demo_workloads import (
 )
 from neuron_dra.localcluster.efa_emulator import EFA_DRIVER
 from neuron_dra.localcluster.fakeruntime import created_containers
+from neuron_dra.localcluster.images import ensure_images
 from neuron_dra.localcluster.podlogs import api_container_log, container_log, workload_report
+from neuron_dra.localcluster.prometheus import attribution
+from neuron_dra.localcluster.supervisor import PID_FILE, wait_for_service_account
 from neuron_dra.localcluster.topology import DEMO_NODES
 from neuron_dra.localcluster.topology_view import legend_letters, render_legend, render_svg, render_text
 
@@ -126,12 +137,7 @@ def predictions(checker: Checker, instance_types: Sequence[str], minor: str = DE
 
 def wait_until(what: str, predicate: Callable[[], bool], timeout: float, explain: Callable[[], str] = lambda: "",
                interval: float = 0.3) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    if predicate():
+    if procs.wait_for(predicate, timeout, interval):
         return
     detail = explain()
     raise DemoError(f"timed out after {timeout:.0f} s waiting for {what}" + (f": {detail}" if detail else ""))
@@ -186,7 +192,10 @@ class DemoRun:
         except ApiException as e:
             if e.status != 409:
                 raise DemoError(f"creating namespace {self.namespace}: {e.reason}: {e.body}") from None
-        self._wait_for_default_service_account()
+        try:
+            wait_for_service_account(self.core.api_client, self.namespace, "default", 60.0)
+        except RuntimeError as e:
+            raise DemoError(str(e)) from e
         for t in templates:
             try:
                 self.resource.create_namespaced_resource_claim_template(self.namespace, t.to_manifest())  # type: ignore[arg-type]
@@ -194,19 +203,6 @@ class DemoRun:
                 raise DemoError(f"the apiserver rejected claim template {t.name}: {_message(e)}") from None
         self.say(f"installed {len(templates)} example claim templates in namespace {self.namespace} "
                  "(the apiserver compiled their CEL)")
-
-    def _wait_for_default_service_account(self, timeout: float = 60.0) -> None:
-        """Pods are refused until kube-controller-manager has made the namespace's `default` service account
-        (seconds on a busy machine)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            names = [sa.metadata.name for sa in self.core.list_namespaced_service_account(self.namespace).items
-                     if sa.metadata is not None]
-            if "default" in names:
-                return
-            time.sleep(0.2)
-        raise DemoError(f"namespace {self.namespace} has no default service account after {timeout:.0f} s "
-                        "(is kube-controller-manager running?)")
 
     # --- pods ------------------------------------------------------------------------------------------------
 
@@ -394,39 +390,22 @@ def show(result: DemoResult, cluster: LocalCluster, say: Narrator) -> str:
 
 def running_in(cluster_dir: Path) -> bool:
     """Whether a supervisor of a local cluster is alive for `cluster_dir` (the demo must not take it over)."""
-    from neuron_dra.localcluster.supervisor import PID_FILE
-
     return procs.running(cluster_dir / PID_FILE) is not None
 
 
 def supervisor_children(cluster_dir: Path) -> list[int]:
-    """Live supervisors of `cluster_dir` that this process started (zombies have no command line)."""
+    """Live supervisors of `cluster_dir` that this process started."""
     me, wanted = os.getpid(), str(cluster_dir).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == me and b"neuron_dra.localcluster.supervisor" in argv and wanted in argv:
-            found.append(int(entry.name))
-    return found
+
+    return procs.matching(lambda pid, argv: b"neuron_dra.localcluster.supervisor" in argv and wanted in argv
+                          and procs.parent(pid) == me)
 
 
 def stop_early_supervisors(cluster_dir: Path, wait_s: float = 10.0) -> None:
     """An interrupt right after `up` spawned the supervisor, before it wrote its pid file, leaves it unknown to
     `down`: wait for the pid file and stop it through `down`, else terminate it (it has no children yet)."""
-    from neuron_dra.localcluster.cluster import down
-    from neuron_dra.localcluster.supervisor import PID_FILE
-
     for pid in supervisor_children(cluster_dir):
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not (cluster_dir / PID_FILE).exists():
-            time.sleep(0.1)
-        if (cluster_dir / PID_FILE).exists():
+        if procs.wait_for((cluster_dir / PID_FILE).exists, wait_s, 0.1):
             down(cluster_dir)
         else:
             with contextlib.suppress(ProcessLookupError):
@@ -437,8 +416,6 @@ def stop_early_supervisors(cluster_dir: Path, wait_s: float = 10.0) -> None:
 
 def binaries_cached(minor: str = DEFAULT_MINOR) -> bool:
     """Whether every binary of a `minor` cluster is in the cache (else `ensure_binaries` builds them: minutes)."""
-    from neuron_dra.localcluster import build
-
     wanted = [build.kube_target(minor) / n for n in build.KUBE_BINARIES]
     wanted += [build.cache_root() / "etcd" / build.etcd_version() / n for n in build.ETCD_BINARIES]
     return all(os.access(p, os.X_OK) for p in wanted)
@@ -446,8 +423,6 @@ def binaries_cached(minor: str = DEFAULT_MINOR) -> bool:
 
 def show_attribution(url: str, say: Narrator) -> None:
     """Who holds which device, as the drivers' metrics tell Prometheus (docs/metrics.md)."""
-    from neuron_dra.localcluster.prometheus import attribution
-
     rows = attribution(url)
     say(f"Prometheus at {url} attributes {len(rows)} prepared devices (neuron_dra_claim_device_info):")
     say.block("\n".join(f"  {node:<18} {device:<24} {pod:<40} cores {cores}" for node, device, pod, cores in rows))
@@ -455,9 +430,6 @@ def show_attribution(url: str, say: Narrator) -> None:
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     """Run the demo; raises DemoError (or ClusterError, BuildError) on failure, after stopping the cluster."""
-    from neuron_dra.localcluster.build import build_fakecri, cache_root, check_minor, ensure_binaries, kube_version
-    from neuron_dra.localcluster.cluster import down, up
-
     minor = check_minor(options.kubernetes_version)
     say = Narrator(out)
     made_temp = options.dir is None
@@ -479,9 +451,6 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
             f"on 2 cores; cached in {cache_root()} afterwards)")
     ensure_binaries(minor, log=lambda m: say(f"  {m}"))
     if options.runtime == "containerd":
-        from neuron_dra.localcluster.build import build_containerd
-        from neuron_dra.localcluster.images import ensure_images
-
         say("containerd (Go module proxy) and the images (pause, workload, the driver from "
             "neuron_dra/driver/Dockerfile; buildah, no registry): built once, cached by content")
         build_containerd(log=lambda m: say(f"  {m}"))

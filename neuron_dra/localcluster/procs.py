@@ -59,6 +59,12 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if fields is not None else None  # field 22 overall; fields[0] is field 3
 
 
+def parent(pid: int) -> int | None:
+    """The parent pid of `pid`, or None when no such process exists."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields is not None else None
+
+
 def ref_of(pid: int) -> ProcessRef:
     started = start_time(pid)
     if started is None:
@@ -92,6 +98,15 @@ def running(path: Path) -> ProcessRef | None:
     """The process a pid file records if it is still alive, else None."""
     ref = read_pid_file(path)
     return ref if ref is not None and alive(ref) else None
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid` (from /proc/PID/task/*/children)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            out.extend(int(c) for c in (task / "children").read_text().split())
+    return sorted(set(out))
 
 
 def matching(match: Callable[[int, list[bytes]], bool]) -> list[int]:
