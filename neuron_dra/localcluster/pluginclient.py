@@ -7,13 +7,11 @@ benchmarks drive the daemon with it; the local cluster itself runs the real kube
   v1.DRAPlugin, v1beta1.DRAPlugin that the plugin offers), then NotifyRegistrationStatus (5 s): true, or
   false with the reason before raising RegistrationError.
 - `DraClient(endpoint, service)`: NodePrepareResources / NodeUnprepareResources in v1 or v1beta1.
-- `GrpcConnector`: registration plus one cached DRA client per plugin (a `PluginConnector`).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -59,16 +57,6 @@ class Registration:
     driver_name: str
     endpoint: str
     version: str  # the DRA service version kubelet chose, e.g. "v1.DRAPlugin"
-
-
-class PluginConnector(Protocol):
-    """Registration and the DRA service of one plugin, as kubelet uses them."""
-
-    def register(self, registration_socket: Path) -> Registration: ...
-
-    def prepare(self, reg: Registration, claims: Sequence[ClaimRef], timeout: float) -> Mapping[str, PrepareResult]: ...
-
-    def unprepare(self, reg: Registration, claims: Sequence[ClaimRef], timeout: float) -> Mapping[str, str]: ...
 
 
 class RegistrationError(RuntimeError):
@@ -203,34 +191,3 @@ class DraClient:
 
     def close(self) -> None:
         self._channel.close()
-
-
-class GrpcConnector:
-    """A PluginConnector: registration, then one cached DRA client per plugin."""
-
-    def __init__(self, kubelet_services: Sequence[str] = KUBELET_DRA_SERVICES) -> None:
-        self.kubelet_services = tuple(kubelet_services)
-        self._clients: dict[tuple[str, str], DraClient] = {}
-        self._lock = threading.Lock()
-
-    def register(self, registration_socket: Path) -> Registration:
-        return register(registration_socket, self.kubelet_services)
-
-    def _client(self, reg: Registration) -> DraClient:
-        key = (reg.endpoint, reg.version)
-        with self._lock:
-            if key not in self._clients:
-                self._clients[key] = DraClient(reg.endpoint, reg.version)
-            return self._clients[key]
-
-    def prepare(self, reg: Registration, claims: Sequence[ClaimLike], timeout: float) -> Mapping[str, PrepareResult]:
-        return self._client(reg).prepare(claims, timeout)
-
-    def unprepare(self, reg: Registration, claims: Sequence[ClaimLike], timeout: float) -> Mapping[str, str]:
-        return self._client(reg).unprepare(claims, timeout)
-
-    def close(self) -> None:
-        with self._lock:
-            for c in self._clients.values():
-                c.close()
-            self._clients.clear()
