@@ -67,6 +67,25 @@ def read_status(cluster_dir: Path) -> dict[str, Any]:
     return data
 
 
+def build_all(minor: str, runtime: str, *, prometheus: bool = False, network_policy: bool = False,
+              log: Callable[[str], None] = lambda _m: None) -> None:
+    """Every binary and image a cluster of `runtime` runs, built once from the Go module proxy (then cached)."""
+    ensure_binaries(minor, log=log)
+    if runtime == "containerd":
+        build_containerd(log=log)
+        ensure_images(log=log)
+    else:
+        build_fakecri(log=log)
+    if prometheus:
+        build_prometheus(log=log)
+    if network_policy:
+        try:
+            require_tools()
+        except NetworkPolicyError as e:
+            raise ClusterError(str(e)) from e
+        build_kube_router(log=log)
+
+
 def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S,
        driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = DEFAULT_MINOR, timeout: float = 300.0,
        log: Callable[[str], None] = lambda _m: None, catalog_file: Path | None = None,
@@ -105,20 +124,7 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     cluster_dir.mkdir(parents=True, exist_ok=True)
     (cluster_dir / STATUS_FILE).unlink(missing_ok=True)
     (cluster_dir / "images.json").unlink(missing_ok=True)
-    ensure_binaries(minor, log=log)  # builds once from the Go module proxy, then cached
-    if runtime == "containerd":
-        build_containerd(log=log)
-        ensure_images(log=log)
-    else:
-        build_fakecri(log=log)
-    if prometheus:
-        build_prometheus(log=log)
-    if network_policy:
-        try:
-            require_tools()
-        except NetworkPolicyError as e:
-            raise ClusterError(str(e)) from e
-        build_kube_router(log=log)
+    build_all(minor, runtime, prometheus=prometheus, network_policy=network_policy, log=log)
     argv = [sys.executable, "-m", "neuron_dra.localcluster.supervisor", "--dir", str(cluster_dir), "--ttl", str(ttl),
             "--driver-name", driver_name, "--kubernetes-version", minor, "--runtime", runtime, "--profile", profile]
     for arg in node_args:

@@ -35,14 +35,11 @@ from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import build, procs
 from neuron_dra.localcluster.build import (
     DEFAULT_MINOR,
-    build_containerd,
-    build_fakecri,
     cache_root,
     check_minor,
-    ensure_binaries,
     kube_version,
 )
-from neuron_dra.localcluster.cluster import LocalCluster, down, up
+from neuron_dra.localcluster.cluster import LocalCluster, build_all, down, up
 from neuron_dra.localcluster.demo_health import HEALTH_INSTANCE_TYPE, HealthOutcome, HealthStage, plan_faults
 from neuron_dra.localcluster.demo_health import raw_json as _raw
 from neuron_dra.localcluster.demo_report import (
@@ -64,7 +61,6 @@ from neuron_dra.localcluster.demo_workloads import (
 )
 from neuron_dra.localcluster.efa_emulator import EFA_DRIVER
 from neuron_dra.localcluster.fakeruntime import created_containers
-from neuron_dra.localcluster.images import ensure_images
 from neuron_dra.localcluster.podlogs import api_container_log, container_log, workload_report
 from neuron_dra.localcluster.prometheus import attribution
 from neuron_dra.localcluster.supervisor import PID_FILE, wait_for_service_account
@@ -449,14 +445,10 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         say(f"Kubernetes {kube_version(minor)} binaries (kube-apiserver, kube-controller-manager, kube-scheduler, "
             "kubelet, etcd) are not built yet: building them from the Go module proxy now, once (about 6-12 minutes "
             f"on 2 cores; cached in {cache_root()} afterwards)")
-    ensure_binaries(minor, log=lambda m: say(f"  {m}"))
     if options.runtime == "containerd":
         say("containerd (Go module proxy) and the images (pause, workload, the driver from "
             "neuron_dra/driver/Dockerfile; buildah, no registry): built once, cached by content")
-        build_containerd(log=lambda m: say(f"  {m}"))
-        ensure_images(log=lambda m: say(f"  {m}"))
-    else:
-        build_fakecri(log=lambda m: say(f"  {m}"))
+    build_all(minor, options.runtime, prometheus=options.prometheus, log=lambda m: say(f"  {m}"))
     ttl = options.ttl if options.ttl is not None else (2 * 3600.0 if options.keep else DEMO_TTL_S)
     say(f"starting the local cluster in {cluster_dir}: " + ", ".join(options.node_args))
     cluster: LocalCluster | None = None
@@ -471,25 +463,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
                     "the real kubelet against a fake container runtime, the driver daemon, an emulated EFA driver")
         say(f"Kubernetes {kube_version(minor)} control plane ready (etcd, kube-apiserver, "
             f"kube-controller-manager, kube-scheduler); per node: {per_node}")
-        api = config.new_client_from_config(str(cluster.kubeconfig))
-        try:
-            run = DemoRun(cluster, api, say, options)
-            run.wait_for_slices()
-            run.install_templates(demo_templates(DEMO_NAMESPACE))
-            say("creating the workloads stage by stage (each stage scheduled before the next):")
-            workloads = run.run_stages()
-            result.outcomes = run.outcomes(workloads, reports)
-            show(result, cluster, say)
-            if cluster.prometheus:
-                show_attribution(cluster.prometheus, say)
-            wrong = [o.pod for o in result.outcomes if not o.matches_prediction]
-            if wrong:
-                raise DemoError(f"the allocation of {', '.join(wrong)} differs from what the claim check predicted "
-                                "(see AS PREDICTED)")
-            if runs_health_stage(minor):
-                result.health = run.health_stage(result.outcomes)
-        finally:
-            api.close()
+        run_workloads(cluster, options, say, reports, result)
         ok = True
         return result
     finally:
@@ -499,22 +473,51 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
                       f"  kubectl get pods -n {DEMO_NAMESPACE} -o wide\n"
                       f"  neuron-dra cluster down --dir {cluster_dir}")
         else:
-            say("stopping the local cluster")
-            # Ctrl-C or SIGTERM now would leave processes behind: hold them until the cluster is down
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-            try:
-                down(cluster_dir)
-                stop_early_supervisors(cluster_dir)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
-            say("local cluster stopped")
-            if ok and made_temp:
-                # keep the picture, the report and the supervisor log; drop etcd's data, the node trees, the PKI
-                # and the admin kubeconfig of the stopped cluster
-                for heavy in ("controlplane", "nodes"):
-                    shutil.rmtree(cluster_dir / heavy, ignore_errors=True)
-                for name in ("kubeconfig", "status.json"):
-                    (cluster_dir / name).unlink(missing_ok=True)
-            elif not ok:
-                say(f"logs kept in {cluster_dir} (supervisor.log, controlplane/, nodes/*/driver.log)")
+            stop_demo_cluster(cluster_dir, say, ok=ok, made_temp=made_temp)
 
+
+def run_workloads(cluster: LocalCluster, options: DemoOptions, say: Narrator, reports: dict[str, CheckReport],
+                  result: DemoResult) -> None:
+    """On the ready cluster: slices, templates, the workloads stage by stage, the table checked against the
+    prediction, and on 1.36+ the device-health stage; fills `result`."""
+    api = config.new_client_from_config(str(cluster.kubeconfig))
+    try:
+        run = DemoRun(cluster, api, say, options)
+        run.wait_for_slices()
+        run.install_templates(demo_templates(DEMO_NAMESPACE))
+        say("creating the workloads stage by stage (each stage scheduled before the next):")
+        workloads = run.run_stages()
+        result.outcomes = run.outcomes(workloads, reports)
+        show(result, cluster, say)
+        if cluster.prometheus:
+            show_attribution(cluster.prometheus, say)
+        wrong = [o.pod for o in result.outcomes if not o.matches_prediction]
+        if wrong:
+            raise DemoError(f"the allocation of {', '.join(wrong)} differs from what the claim check predicted "
+                            "(see AS PREDICTED)")
+        if runs_health_stage(options.kubernetes_version):
+            result.health = run.health_stage(result.outcomes)
+    finally:
+        api.close()
+
+
+def stop_demo_cluster(cluster_dir: Path, say: Narrator, *, ok: bool, made_temp: bool) -> None:
+    """Stop the cluster with Ctrl-C and SIGTERM held; after a passed demo in a temporary directory keep only the
+    picture, the report and the supervisor log."""
+    say("stopping the local cluster")
+    # Ctrl-C or SIGTERM now would leave processes behind: hold them until the cluster is down
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        down(cluster_dir)
+        stop_early_supervisors(cluster_dir)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    say("local cluster stopped")
+    if ok and made_temp:
+        # etcd's data, the node trees, the PKI and the admin kubeconfig of the stopped cluster go
+        for heavy in ("controlplane", "nodes"):
+            shutil.rmtree(cluster_dir / heavy, ignore_errors=True)
+        for name in ("kubeconfig", "status.json"):
+            (cluster_dir / name).unlink(missing_ok=True)
+    elif not ok:
+        say(f"logs kept in {cluster_dir} (supervisor.log, controlplane/, nodes/*/driver.log)")

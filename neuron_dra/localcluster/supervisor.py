@@ -225,6 +225,40 @@ def expose_drivers(api: client.ApiClient, options: Any, agents: list[Any], ports
     return targets
 
 
+def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], admin: client.ApiClient,
+                cp: ControlPlane, binaries: Binaries, ports: kubelet.PortAllocator, deadline: float, *,
+                driver_name: str, catalog_file: Path | None, runtime: str, prometheus: bool,
+                network_policy: bool) -> list[ScrapeTarget]:
+    """Apply the driver's objects and start every node's agent, each appended to `agents` as it is made (the
+    caller stops them); the drivers' scrape targets when `prometheus`."""
+    if runtime == "containerd":
+        images = ensure_images()  # built by `cluster up` before it started us
+        runtime_binaries = build_containerd()
+        # The metrics port is on for a Prometheus, and with NetworkPolicy enforced: the policy's scrape rule
+        # then has a port to admit (docs/network-policy.md).
+        options = daemonset_options(driver_name, images.driver.reference, catalog_file,
+                                    METRICS_PORT if prometheus or network_policy else 0, binaries.minor)
+        enforcer = None
+        if network_policy:
+            enforcer = build_kube_router()  # built by `cluster up` before it started us
+            apply_all(admin, netpol.rbac_manifests())
+        apply_all(admin, [*deploy.manifests(options), efa_device_class()])
+        agents += [ContainerdNodeAgent(cluster_dir, node, i, admin, cp, binaries, runtime_binaries, images,
+                                       deadline, catalog_file, ports, enforcer)
+                   for i, node in enumerate(nodes, 1)]
+        start_all(agents)
+        wait_driver_ready(admin, options, [n.name for n in nodes], timeout=180.0)
+        write_references(images, cluster_dir / "images.json")
+        return expose_drivers(admin, options, agents, ports, deadline - time.time()) if prometheus else []
+    fakecri = build_fakecri()
+    objects, identity = driver_objects(driver_name, binaries.minor)
+    apply_all(admin, objects)
+    agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
+                         catalog_file, ports, ports.take() if prometheus else 0) for node in nodes]
+    start_all(agents)
+    return [ScrapeTarget(a.node.name, f"127.0.0.1:{a.metrics_port}") for a in agents if a.metrics_port]
+
+
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake",
         profile: str = DEFAULT_PROFILE, prometheus: bool = False, network_policy: bool = False) -> int:
@@ -232,9 +266,8 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
     set_on_signals(stop)
     procs.write_pid_file(cluster_dir / PID_FILE, procs.ref_of(os.getpid()))
     agents: list[Any] = []  # NodeAgent or ContainerdNodeAgent
-    cp = None
+    cp: ControlPlane | None = None
     scraper: LocalPrometheus | None = None
-    targets: list[ScrapeTarget] = []
     deadline = time.time() + ttl
     try:
         write_status(cluster_dir, state="starting")
@@ -245,35 +278,10 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60,
                                 kubelet_hosts=kubelet_hosts, profile=profile)
         admin = config.new_client_from_config(str(cp.kubeconfig))
-        objects, identity = driver_objects(driver_name, binaries.minor)
         ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice
-        if runtime == "containerd":
-            images = ensure_images()  # built by `cluster up` before it started us
-            runtime_binaries = build_containerd()
-            # The metrics port is on for a Prometheus, and with NetworkPolicy enforced: the policy's scrape rule
-            # then has a port to admit (docs/network-policy.md).
-            options = daemonset_options(driver_name, images.driver.reference, catalog_file,
-                                        METRICS_PORT if prometheus or network_policy else 0, binaries.minor)
-            enforcer = None
-            if network_policy:
-                enforcer = build_kube_router()  # built by `cluster up` before it started us
-                apply_all(admin, netpol.rbac_manifests())
-            apply_all(admin, [*deploy.manifests(options), efa_device_class()])
-            agents += [ContainerdNodeAgent(cluster_dir, node, i, admin, cp, binaries, runtime_binaries, images,
-                                           deadline, catalog_file, ports, enforcer)
-                       for i, node in enumerate(nodes, 1)]
-            start_all(agents)
-            wait_driver_ready(admin, options, [n.name for n in nodes], timeout=180.0)
-            write_references(images, cluster_dir / "images.json")
-            if prometheus:
-                targets = expose_drivers(admin, options, agents, ports, deadline - time.time())
-        else:
-            fakecri = build_fakecri()
-            apply_all(admin, objects)
-            agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
-                                 catalog_file, ports, ports.take() if prometheus else 0) for node in nodes]
-            start_all(agents)
-            targets = [ScrapeTarget(a.node.name, f"127.0.0.1:{a.metrics_port}") for a in agents if a.metrics_port]
+        targets = start_nodes(agents, cluster_dir, nodes, admin, cp, binaries, ports, deadline, driver_name=driver_name,
+                              catalog_file=catalog_file, runtime=runtime, prometheus=prometheus,
+                              network_policy=network_policy)
         if prometheus:
             scraper = LocalPrometheus(cluster_dir / "prometheus", build_prometheus(), ports.take())
             scraper.start(targets, deadline - time.time())
@@ -294,22 +302,29 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         write_status(cluster_dir, state="failed", error=f"{type(e).__name__}: {e}")
         return 1
     finally:
-        stoppers = [threading.Thread(target=agent.stop, name=f"stop-{agent.node.name}") for agent in agents]
-        for t in stoppers:  # nodes stop independently, as real nodes would
-            t.start()
-        for t in stoppers:
-            t.join(timeout=60)
-        if scraper is not None:
-            scraper.stop()
-        procs.stop_all(cluster_dir / "nodes")  # anything a node agent could not stop (it logged why)
-        if cp is not None:
-            cp.stop()
-        shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)
-        if (cluster_dir / STATUS_FILE).exists():
-            status = json.loads((cluster_dir / STATUS_FILE).read_text())
-            if status.get("state") != "failed":
-                write_status(cluster_dir, state="stopped")
-        (cluster_dir / PID_FILE).unlink(missing_ok=True)
+        stop_cluster(cluster_dir, agents, scraper, cp)
+
+
+def stop_cluster(cluster_dir: Path, agents: list[Any], scraper: LocalPrometheus | None,
+                 cp: ControlPlane | None) -> None:
+    """The nodes, Prometheus, whatever a node left running, the control plane; the status says stopped unless the
+    start failed."""
+    stoppers = [threading.Thread(target=agent.stop, name=f"stop-{agent.node.name}") for agent in agents]
+    for t in stoppers:  # nodes stop independently, as real nodes would
+        t.start()
+    for t in stoppers:
+        t.join(timeout=60)
+    if scraper is not None:
+        scraper.stop()
+    procs.stop_all(cluster_dir / "nodes")  # anything a node agent could not stop (it logged why)
+    if cp is not None:
+        cp.stop()
+    shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)
+    if (cluster_dir / STATUS_FILE).exists():
+        status = json.loads((cluster_dir / STATUS_FILE).read_text())
+        if status.get("state") != "failed":
+            write_status(cluster_dir, state="stopped")
+    (cluster_dir / PID_FILE).unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
