@@ -101,6 +101,14 @@ def find(name: str, path: str | None = None) -> str | None:
     return tool(name).locate(path)
 
 
+def require(name: str, error: type[Exception]) -> str:
+    """Where tool `name` is, else `error` with what `not_found` says."""
+    found = find(name)
+    if found is None:
+        raise error(not_found(name))
+    return found
+
+
 def missing(tools: Sequence[Tool] = REAL_CONTAINER_TOOLS, path: str | None = None) -> tuple[Tool, ...]:
     return tuple(t for t in tools if t.locate(path) is None)
 

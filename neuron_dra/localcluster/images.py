@@ -24,6 +24,7 @@ import json
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -74,10 +75,7 @@ def images_dir(cache: Path | None = None) -> Path:
 
 
 def require_tool(name: str) -> str:
-    found = hostreqs.find(name)
-    if found is None:
-        raise BuildError(hostreqs.not_found(name))
-    return found
+    return hostreqs.require(name, BuildError)
 
 
 def content_hash(paths: Iterable[Path], root: Path, extra: Sequence[str] = ()) -> str:
@@ -238,8 +236,6 @@ def write_references(images: ClusterImages, path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m neuron_dra.localcluster.images [driver|workload|pause|all]`: build and print the archives."""
-    import sys
-
     which = list(argv if argv is not None else sys.argv[1:]) or ["all"]
     builders = {"pause": build_pause, "workload": build_workload, "driver": build_driver}
     names = list(builders) if which == ["all"] else which

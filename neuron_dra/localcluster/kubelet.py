@@ -25,12 +25,14 @@ import shlex
 import socket
 import subprocess
 import threading
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
 from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.cachedir import Under
@@ -286,8 +288,6 @@ def start(binary: Path, spec: KubeletSpec, paths: KubeletPaths, lifetime_s: floa
 
 def healthy(healthz_port: int) -> bool:
     """kubelet's /healthz (on loopback, `healthzPort` of its configuration) answers ok."""
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{healthz_port}/healthz", timeout=2) as r:
             return bool(r.status == 200)
@@ -315,23 +315,22 @@ NODE_READY_TIMEOUT_S = 90.0
 def wait_node_ready(api: Any, node_name: str, kubelet_log: Path, timeout_s: float = NODE_READY_TIMEOUT_S) -> str:
     """Wait until the kubelet registered its Node and reports it Ready; the Node's uid. KubeletError with the
     end of the kubelet's log when that takes longer than `timeout_s`."""
-    import time
-
-    from kubernetes import client
-
     core = client.CoreV1Api(api)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    uid: list[str] = []
+
+    def ready() -> bool:
         try:
             node: Any = core.read_node(node_name)
         except client.exceptions.ApiException as e:
             if e.status != 404:
                 raise
-        else:
-            conditions = node.status.conditions or [] if node.status is not None else []
-            if any(c.type == "Ready" and c.status == "True" for c in conditions):
-                return str(node.metadata.uid)
-        time.sleep(0.2)
+            return False
+        conditions = node.status.conditions or [] if node.status is not None else []
+        uid[:] = [str(node.metadata.uid)]
+        return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+    if procs.wait_for(ready, timeout_s):
+        return uid[0]
     tail = "\n".join(kubelet_log.read_text(errors="replace").splitlines()[-30:]) if kubelet_log.exists() else ""
     raise KubeletError(f"the kubelet of {node_name} did not report the Node Ready within {timeout_s:.0f} s; "
                        f"{kubelet_log} ends:\n{tail}")

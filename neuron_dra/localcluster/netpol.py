@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,15 +114,10 @@ class NetworkPolicyEnforcer:
         return proc.stdout
 
     def wait_enforcing(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            rules = self.filter_rules()
-            if all(f"-j {chain}" in rules for chain in TOP_CHAINS):
-                return
-            time.sleep(0.5)
-        tail = self.paths.log.read_text(errors="replace")[-2000:] if self.paths.log.exists() else ""
-        raise NetworkPolicyError(f"kube-router on {self.node} did not hook {', '.join(TOP_CHAINS)} into the node's "
-                                 f"filter table within {timeout:.0f} s; {self.paths.log} ends:\n{tail}")
+        if not procs.wait_for(lambda: all(f"-j {chain}" in self.filter_rules() for chain in TOP_CHAINS), timeout, 0.5):
+            raise NetworkPolicyError(f"kube-router on {self.node} did not hook {', '.join(TOP_CHAINS)} into the "
+                                     f"node's filter table within {timeout:.0f} s; {self.paths.log} ends:\n"
+                                     f"{procs.log_tail(self.paths.log)}")
 
     def stop(self) -> None:
         if self.process is not None:

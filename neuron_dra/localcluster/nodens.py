@@ -27,7 +27,6 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,26 +133,26 @@ class NodeNamespace:
         argv = ["unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", script]
         holder = procs.spawn(argv, log=p.log, pid_file=p.holder_pid, lifetime_s=lifetime_s)
         self._procs.append((holder, p.holder_pid))
-        deadline = time.monotonic() + HOLDER_TIMEOUT_S
-        while not p.holder_own_pid.exists() or not p.holder_own_pid.read_text().strip():
-            if holder.poll() is not None or time.monotonic() > deadline:
+
+        def holding() -> bool:
+            if holder.poll() is not None:
                 raise NodeNamespaceError(f"the namespace holder of {p.base.name} did not start: "
-                                         f"{p.log.read_text(errors='replace')[-1500:]}")
-            time.sleep(0.05)
+                                         f"{procs.log_tail(p.log, 1500)}")
+            return p.holder_own_pid.exists() and bool(p.holder_own_pid.read_text().strip())
+
+        if not procs.wait_for(holding, HOLDER_TIMEOUT_S, 0.05):
+            raise NodeNamespaceError(f"the namespace holder of {p.base.name} did not start: "
+                                     f"{procs.log_tail(p.log, 1500)}")
         self.pid = int(p.holder_own_pid.read_text())
         _run([*self.enter_net, "sh", "-c", network_script(self.net)], f"network of {p.base.name}")
-        socat = _socat()
+        socat = hostreqs.require("socat", NodeNamespaceError)
         p.api_socket.unlink(missing_ok=True)
         self._spawn("api-forward-host", [socat, f"UNIX-LISTEN:{p.api_socket},fork",
                                          f"TCP:127.0.0.1:{self.api_port}"], lifetime_s)
         for name, listen in (("api-forward-service", f"TCP-LISTEN:443,bind={SERVICE_IP},fork,reuseaddr"),
                              ("api-forward-loopback", f"TCP-LISTEN:{self.api_port},bind=127.0.0.1,fork,reuseaddr")):
             self._spawn(name, [*self.enter_net, socat, listen, f"UNIX-CONNECT:{p.api_socket}"], lifetime_s)
-        deadline = time.monotonic() + HOLDER_TIMEOUT_S
-        while not p.api_socket.exists():
-            if time.monotonic() > deadline:
-                raise NodeNamespaceError(f"the API forwarder of {p.base.name} made no socket {p.api_socket}")
-            time.sleep(0.05)
+        _wait_for(p.api_socket.exists, f"the API forwarder of {p.base.name} made no socket {p.api_socket}")
 
     def forward(self, name: str, host_port: int, node_port: int, lifetime_s: float, *,
                 node_address: str = "127.0.0.1") -> Path:
@@ -165,7 +164,7 @@ class NodeNamespace:
         for what, port in (("host_port", host_port), ("node_port", node_port)):
             if not 1 <= port <= 65535:
                 raise NodeNamespaceError(f"forward {name}: {what} {port} is not a TCP port (1-65535)")
-        socat = _socat()
+        socat = hostreqs.require("socat", NodeNamespaceError)
         sock = self.paths.runtime / f"fwd-{name}.sock"
         sock.unlink(missing_ok=True)
         self._spawn(f"forward-{name}-node", [*self.enter_net, socat, f"UNIX-LISTEN:{sock},fork",
@@ -206,18 +205,8 @@ def host_listening(port: int) -> bool:
 
 
 def _wait_for(check: Callable[[], bool], error: str) -> None:
-    deadline = time.monotonic() + HOLDER_TIMEOUT_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise NodeNamespaceError(error)
-        time.sleep(0.05)
-
-
-def _socat() -> str:
-    found = hostreqs.find("socat")
-    if found is None:
-        raise NodeNamespaceError(hostreqs.not_found("socat"))
-    return found
+    if not procs.wait_for(check, HOLDER_TIMEOUT_S, 0.05):
+        raise NodeNamespaceError(error)
 
 
 def _run(argv: Sequence[str], what: str) -> None:

@@ -98,18 +98,20 @@ class LocalPrometheus:
                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d",
                 "--log.level=warn"]
         self._popen = procs.spawn(argv, log=self.log, pid_file=self.pid_file, lifetime_s=lifetime_s)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._popen.poll() is not None:
-                break
+        popen = self._popen
+
+        def ready() -> bool:
+            if popen.poll() is not None:
+                return True
             try:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
+                    return bool(r.status == 200)
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+                return False
+
+        if procs.wait_for(ready, READY_TIMEOUT_S) and popen.poll() is None:
+            return
+        tail = procs.log_tail(self.log)
         self.stop()
         raise PrometheusError(f"Prometheus on port {self.port} did not become ready; {self.log} ends:\n{tail}")
 
