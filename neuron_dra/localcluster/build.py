@@ -244,12 +244,13 @@ def _build_info(module_dir: Path, cmd: list[str], seconds: float) -> dict[str, o
     }
 
 
-def _pinned_build(module_dir: Path, kind: str, version: str, binaries: Mapping[str, str], version_var: str | None,
-                  cache: Path | None, log: Log | None) -> dict[str, Path]:
+def pinned_build(module_dir: Path, kind: str, version: str, binaries: Mapping[str, str], version_var: str | None,
+                 cache: Path | None, log: Log | None, tags: tuple[str, ...] = ()) -> dict[str, Path]:
     """`binaries` of the wrapper module in `module_dir`, cached under `<kind>/<version>/`, stripped, with `version`
     compiled into the Go variable `version_var` as the upstream release build does."""
     ldflags = ["-s", "-w", *([f"-X {version_var}={version}"] if version_var else [])]
-    return cached_go_build(module_dir, binaries, (cache or cache_root()) / kind / version, ldflags=ldflags, log=log)
+    return cached_go_build(module_dir, binaries, (cache or cache_root()) / kind / version, ldflags=ldflags, tags=tags,
+                           log=log)
 
 
 def _go(args: list[str], cwd: Path, what: str, env: dict[str, str] | None = None) -> str:
@@ -275,7 +276,7 @@ def build_kube(minor: str = DEFAULT_MINOR, *, cache: Path | None = None, log: Lo
 
 def build_etcd(*, cache: Path | None = None, log: Log | None = None) -> Path:
     """The etcd server at the pinned version (its version is compiled into the module itself)."""
-    return _pinned_build(ETCD_MODULE, "etcd", etcd_version(), ETCD_BINARIES, None, cache, log)["etcd"]
+    return pinned_build(ETCD_MODULE, "etcd", etcd_version(), ETCD_BINARIES, None, cache, log)["etcd"]
 
 
 def ensure_binaries(
@@ -342,7 +343,7 @@ def build_containerd(*, cache: Path | None = None, log: Log | None = None) -> di
     """containerd, ctr and the runc shim at the version `go/containerd/go.mod` pins (the real runtime of
     `--runtime containerd`), cached under `containerd/<version>/`. The version is compiled in as upstream's
     release build does (`github.com/containerd/containerd/v2/version.Version`)."""
-    return _pinned_build(CONTAINERD_MODULE, "containerd", containerd_version(), CONTAINERD_BINARIES,
+    return pinned_build(CONTAINERD_MODULE, "containerd", containerd_version(), CONTAINERD_BINARIES,
                          "github.com/containerd/containerd/v2/version.Version", cache, log)
 
 
@@ -357,7 +358,7 @@ def kube_router_version() -> str:
 def build_kube_router(*, cache: Path | None = None, log: Log | None = None) -> Path:
     """kube-router at the version `go/kube-router/go.mod` pins: the local cluster's NetworkPolicy enforcer
     (netpol.py), cached under `kube-router/<version>/`, its version compiled in as upstream's Makefile does."""
-    return _pinned_build(KUBE_ROUTER_MODULE, "kube-router", kube_router_version(),
+    return pinned_build(KUBE_ROUTER_MODULE, "kube-router", kube_router_version(),
                          {"kube-router": f"{KUBE_ROUTER}/cmd/kube-router"}, f"{KUBE_ROUTER}/pkg/version.Version",
                          cache, log)["kube-router"]
 
@@ -392,7 +393,7 @@ def pulumi_kubernetes_version() -> str:
 
 def build_pulumi_cli(*, cache: Path | None = None, log: Log | None = None) -> Path:
     """The Pulumi CLI at the version the wrapper module pins."""
-    return _pinned_build(PULUMI_MODULE, "pulumi", pulumi_version(), {"pulumi": PULUMI_CLI_PACKAGE},
+    return pinned_build(PULUMI_MODULE, "pulumi", pulumi_version(), {"pulumi": PULUMI_CLI_PACKAGE},
                          "github.com/pulumi/pulumi/sdk/v3/go/common/version.Version", cache, log)["pulumi"]
 
 

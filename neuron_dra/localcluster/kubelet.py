@@ -206,7 +206,15 @@ def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
         "rotateCertificates": False,
     }
     if spec.serving_cert is not None:
-        config.update(api_access_settings(spec.serving_cert, spec.client_ca))
+        # kubelet's API as on a real cluster (kubeadm's defaults): a client certificate from the control plane's CA
+        # or a bearer token the API server confirms (TokenReview) authenticates, nobody else; each request is
+        # authorized by a SubjectAccessReview (Webhook), so the API server's own client certificate needs RBAC on
+        # the `nodes/*` subresources. kubelet serves a certificate the API server verifies
+        # (`--kubelet-certificate-authority`). Reference: kubernetes.io/docs/reference/access-authn-authz/
+        # kubelet-authn-authz/.
+        config["authentication"]["webhook"]["enabled"] = True
+        config.update(authorization={"mode": "Webhook"}, tlsCertFile=str(spec.serving_cert.cert),
+                      tlsPrivateKeyFile=str(spec.serving_cert.key))
     if spec.cgroup_root is not None:
         # Real containers: kubelet's QoS tree under the node's own cgroup (created beforehand in every hierarchy,
         # containerd.create_cgroups), so every container's cgroup is below it; without cgroupsPerQOS containerd
@@ -217,22 +225,6 @@ def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
         # 1.35+ refuses to start on cgroup v1 unless told otherwise; these machines mount cgroup v1.
         config["failCgroupV1"] = False
     return config
-
-
-def api_access_settings(serving_cert: CertPair, client_ca: Path) -> dict[str, Any]:
-    """kubelet's API as on a real cluster (kubeadm's defaults): a client certificate from the control plane's
-    CA or a bearer token the API server confirms (TokenReview) authenticates, nobody else (anonymous off);
-    each request is authorized by a SubjectAccessReview (Webhook), so the API server's own client
-    certificate needs RBAC on the `nodes/*` subresources. kubelet serves a certificate the API server verifies
-    (`--kubelet-certificate-authority`). Reference: kubernetes.io/docs/reference/access-authn-authz/
-    kubelet-authn-authz/."""
-    return {
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                           "x509": {"clientCAFile": str(client_ca)}},
-        "authorization": {"mode": "Webhook"},
-        "tlsCertFile": str(serving_cert.cert),
-        "tlsPrivateKeyFile": str(serving_cert.key),
-    }
 
 
 def kubelet_argv(binary: Path, spec: KubeletSpec, paths: KubeletPaths, verbosity: int = 3) -> list[str]:
