@@ -40,7 +40,13 @@ from neuron_dra.localcluster.build import (
     kube_version,
 )
 from neuron_dra.localcluster.cluster import LocalCluster, build_all, down, up
-from neuron_dra.localcluster.demo_health import HEALTH_INSTANCE_TYPE, HealthOutcome, HealthStage, plan_faults
+from neuron_dra.localcluster.demo_health import (
+    HEALTH_INSTANCE_TYPE,
+    HealthOutcome,
+    HealthStage,
+    plan_faults,
+    pod_claims,
+)
 from neuron_dra.localcluster.demo_health import raw_json as _raw
 from neuron_dra.localcluster.demo_report import (
     PodOutcome,
@@ -272,9 +278,7 @@ class DemoRun:
 
     def _allocated_requests(self, pod: str) -> tuple[str, ...]:
         requests: list[str] = []
-        for status in self._pod(pod).get("status", {}).get("resourceClaimStatuses") or ():
-            claim = _raw(self.resource.read_namespaced_resource_claim(status["resourceClaimName"], self.namespace,
-                                                                      _preload_content=False))
+        for _, claim in pod_claims(self.resource, self.namespace, self._pod(pod)):
             for r in claim["status"]["allocation"]["devices"]["results"]:
                 if r["driver"] == self.cluster.driver_name and r["request"] not in requests:
                     requests.append(r["request"])
@@ -294,13 +298,10 @@ class DemoRun:
             if not containers:
                 raise DemoError(f"pod {pod_name} is Running but the fake runtime of {node} recorded no container of "
                                 f"it in {records}")
-        claims: dict[str, Any] = {}
-        for status in pod.get("status", {}).get("resourceClaimStatuses") or ():
-            claim = _raw(self.resource.read_namespaced_resource_claim(status["resourceClaimName"], self.namespace,
-                                                                      _preload_content=False))
-            claims[status["name"]] = {"name": claim["metadata"]["name"], "uid": claim["metadata"]["uid"], "devices": [
-                {"requestNames": [r["request"].split("/")[0]], "pool": r["pool"], "device": r["device"]}
-                for r in claim["status"]["allocation"]["devices"]["results"] if r["pool"] == node]}
+        claims = {name: {"name": claim["metadata"]["name"], "uid": claim["metadata"]["uid"], "devices": [
+            {"requestNames": [r["request"].split("/")[0]], "pool": r["pool"], "device": r["device"]}
+            for r in claim["status"]["allocation"]["devices"]["results"] if r["pool"] == node]}
+            for name, claim in pod_claims(self.resource, self.namespace, pod)}
         return {"namespace": self.namespace, "pod": pod_name, "uid": pod["metadata"]["uid"], "node": node,
                 "claims": claims, "containers": containers}
 
