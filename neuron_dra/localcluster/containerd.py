@@ -119,8 +119,8 @@ def ctr(ctr_binary: Path, paths: ContainerdPaths, args: Sequence[str], timeout: 
     argv = [str(ctr_binary), "--address", str(paths.socket), "-n", K8S_NAMESPACE, *args]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise ContainerdError(f"`ctr {' '.join(args)}` gave no answer in {timeout:.0f} s") from None
+    except subprocess.TimeoutExpired as e:
+        raise ContainerdError(f"`ctr {' '.join(args)}` gave no answer in {timeout:.0f} s") from e
     if proc.returncode != 0:
         raise ContainerdError(f"`ctr {' '.join(args)}` failed (exit {proc.returncode}): "
                               f"{(proc.stdout + proc.stderr).strip()[-1500:]}")

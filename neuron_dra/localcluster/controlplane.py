@@ -129,7 +129,7 @@ class ControlPlane:
         try:
             chosen = get_profile(profile)
         except ValueError as e:
-            raise ControlPlaneError(str(e)) from None
+            raise ControlPlaneError(str(e)) from e
         if max_lifetime_s < 1:
             raise ControlPlaneError(f"max_lifetime_s must be at least 1 s, got {max_lifetime_s}")
         if running(dir):

@@ -193,7 +193,7 @@ class DemoRun:
             self.core.create_namespace({"metadata": {"name": self.namespace}})  # type: ignore[arg-type]
         except ApiException as e:
             if e.status != 409:
-                raise DemoError(f"creating namespace {self.namespace}: {e.reason}: {e.body}") from None
+                raise DemoError(f"creating namespace {self.namespace}: {e.reason}: {e.body}") from e
         try:
             wait_for_service_account(self.core.api_client, self.namespace, "default", 60.0)
         except RuntimeError as e:
@@ -202,7 +202,7 @@ class DemoRun:
             try:
                 self.resource.create_namespaced_resource_claim_template(self.namespace, t.to_manifest())  # type: ignore[arg-type]
             except ApiException as e:
-                raise DemoError(f"the apiserver rejected claim template {t.name}: {_message(e)}") from None
+                raise DemoError(f"the apiserver rejected claim template {t.name}: {_message(e)}") from e
         self.say(f"installed {len(templates)} example claim templates in namespace {self.namespace} "
                  "(the apiserver compiled their CEL)")
 
@@ -243,7 +243,7 @@ class DemoRun:
                     manifest = pod_manifest(w, self.namespace, self.workload_image)
                     self.core.create_namespaced_pod(self.namespace, manifest)  # type: ignore[arg-type]
                 except ApiException as e:
-                    raise DemoError(f"creating pod {w.pod}: {_message(e)}") from None
+                    raise DemoError(f"creating pod {w.pod}: {_message(e)}") from e
             started += stage.workloads
             wait_until(f"stage {number} ({', '.join(names)}) to be scheduled",
                        lambda names=names: all(p["spec"].get("nodeName") for p in self._pods(names).values()),  # type: ignore[misc]

@@ -101,8 +101,8 @@ def _run(argv: Sequence[str], what: str, log: Log | None, cwd: Path | None = Non
     try:
         proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
                               check=False)
-    except subprocess.TimeoutExpired:
-        raise BuildError(f"{what}: no result after {TOOL_TIMEOUT_S:.0f} s") from None
+    except subprocess.TimeoutExpired as e:
+        raise BuildError(f"{what}: no result after {TOOL_TIMEOUT_S:.0f} s") from e
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
         raise BuildError(f"{what} failed (exit {proc.returncode}):\n{tail}")

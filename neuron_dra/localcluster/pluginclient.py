@@ -95,9 +95,9 @@ def dial(socket_path: Path | str, timeout: float = DIAL_TIMEOUT) -> grpc.Channel
     channel = grpc.insecure_channel(f"unix://{socket_path}")
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
-    except grpc.FutureTimeoutError:
+    except grpc.FutureTimeoutError as e:
         channel.close()
-        raise RegistrationError(f"cannot connect to {socket_path} within {timeout} s") from None
+        raise RegistrationError(f"cannot connect to {socket_path} within {timeout} s") from e
     return channel
 
 
@@ -177,7 +177,7 @@ class DraClient:
         try:
             response = self._stub.NodePrepareResources(request, timeout=timeout)
         except grpc.RpcError as e:
-            raise PluginCallError("NodePrepareResources", e.code(), e.details() or "") from None
+            raise PluginCallError("NodePrepareResources", e.code(), e.details() or "") from e
         return {uid: PrepareResult(tuple(_device(d) for d in r.devices), r.error) for uid, r in response.claims.items()}
 
     def unprepare(self, claims: Sequence[ClaimLike], timeout: float = CALL_TIMEOUT) -> dict[str, str]:
@@ -186,7 +186,7 @@ class DraClient:
         try:
             response = self._stub.NodeUnprepareResources(request, timeout=timeout)
         except grpc.RpcError as e:
-            raise PluginCallError("NodeUnprepareResources", e.code(), e.details() or "") from None
+            raise PluginCallError("NodeUnprepareResources", e.code(), e.details() or "") from e
         return {uid: r.error for uid, r in response.claims.items()}
 
     def close(self) -> None:

@@ -169,7 +169,7 @@ def spawn(argv: Sequence[str], *, log: Path, pid_file: Path, lifetime_s: float, 
             popen = subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=cwd, env=dict(env) if env is not None else None, start_new_session=True)
         except OSError as e:
-            raise ProcessError(f"cannot start {argv[0]}: {e}") from None
+            raise ProcessError(f"cannot start {argv[0]}: {e}") from e
     started = start_time(popen.pid)
     # A process that already exited and was reaped has no /proc entry; record it anyway (it is not alive).
     write_pid_file(pid_file, ProcessRef(popen.pid, started if started is not None else -1))

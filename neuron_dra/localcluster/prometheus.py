@@ -130,7 +130,7 @@ def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         with urllib.request.urlopen(request, timeout=10) as r:
             answer = json.loads(r.read(MAX_ANSWER))
     except urllib.error.HTTPError as e:
-        raise PrometheusError(f"query {expr!r}: HTTP {e.code}: {e.read(2000).decode(errors='replace')}") from None
+        raise PrometheusError(f"query {expr!r}: HTTP {e.code}: {e.read(2000).decode(errors='replace')}") from e
     if answer.get("status") != "success":
         raise PrometheusError(f"query {expr!r}: {answer.get('error', answer)}")
     result: list[dict[str, Any]] = answer["data"]["result"]
