@@ -1,16 +1,9 @@
 """One emulated node's containerd: its configuration (version 3), its CNI network, its images, its start.
 
-containerd runs inside the node's namespaces (nodens.py), beside its kubelet: kubelet's projected volumes and
-hostPath resolution live in that mount namespace, and hostNetwork pods join the node's network namespace.
-Every path of its own (root, state, socket, CNI config) is under the node's directory. The settings that
-differ from a stock containerd, and why (docs/real-runtime.md):
-
-- `restrict_oom_score_adj`: this machine has no CAP_SYS_RESOURCE; CRI's -998 for the sandbox makes runc fail.
-- `netns_mounts_under_state_dir`: pod network namespaces are bind-mounted under the node's state dir, not
-  the host's /var/run/netns.
-- SELinux and AppArmor off (the host has neither), cgroupfs (no systemd), runc from Debian (crun 1.8 rejects
-  containerd 2.4's OCI spec), tracing and NRI off, the pause image pinned (it is imported, never pulled).
-- CNI: bridge + host-local + loopback from Debian's containernetworking-plugins, no masquerade (no iptables).
+containerd runs inside the node's namespaces (nodens.py), beside its kubelet, with every path of its own under
+the node's directory. What differs from a stock containerd, and why (docs/real-runtime.md): a restricted
+oom_score_adj, pod netns mounts under the state dir, no SELinux/AppArmor, cgroupfs, Debian's runc, no tracing
+or NRI, a pinned pause image, and a bridge + host-local CNI network without masquerade.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Container images of the local cluster, built without a registry or a Docker daemon, cached by content.
 
-- pause: Kubernetes' own `build/pause/linux/pause.c` (from the pinned k8s.io/kubernetes module) compiled
-  statically, as the one file of an image; containerd's pinned sandbox image.
-- workload: Debian's static busybox plus `workload.sh` (workload/), which prints what the container sees
-  (its `/dev/neuron*` nodes, NEURON_* variables, EFA devices) and exits promptly on TERM.
-- base: a Debian rootfs made by `mmdebstrap` with Python, for the driver image's PYTHON_IMAGE build argument
-  when the Dockerfile's default base cannot be pulled (no registry here); it carries the host's CA bundle so
-  the Dockerfile's `pip install` works behind a TLS-intercepting proxy (docs/real-runtime.md).
-- driver: `neuron_dra/driver/Dockerfile`, unchanged, built from that base.
-
-Each image is built with buildah (`--isolation chroot`, vfs storage under the cache) and exported as an OCI
-archive `images/<name>-<content hash>.tar` (what `ctr images import` reads). buildah writes a few host paths
-whatever its flags say (`/etc/cni/net.d/cni.lock`, `/etc/containers/networks`, `/var/lib/containers/cache`,
-`/run/containers`), so it runs in a private mount namespace with overlays on /etc and /var/lib and a tmpfs on
-/run, all discarded when it exits.
+pause (Kubernetes' own pause.c, compiled statically), workload (static busybox and `workload/workload.sh`, which
+prints what the container sees), base (a Debian rootfs with Python from `mmdebstrap`, carrying the host's CA
+bundle) and driver (`neuron_dra/driver/Dockerfile`, unchanged, on that base). Each is built with buildah
+(`--isolation chroot`, vfs storage under the cache) in a private mount namespace, since buildah writes host
+paths whatever its flags say, and exported as an OCI archive `images/<name>-<content hash>.tar` for
+`ctr images import` (docs/real-runtime.md).
 """
 
 from __future__ import annotations

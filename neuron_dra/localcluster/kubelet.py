@@ -1,20 +1,11 @@
 """The real kubelet as an emulated node's agent: its configuration, its identity, and how it is run isolated.
 
-A stock kubelet writes outside its root directory (docs/real-kubelet.md): the device-plugin socket
-`/var/lib/kubelet/device-plugins/kubelet.sock`, symlinks in `/var/log/containers`, the volume plugin dir under
-`/usr/libexec/kubernetes`, and, with `protectKernelDefaults: false`, six sysctls machine-wide. Here each kubelet
-runs under `unshare --mount --propagation private`, and a short shell prologue inside that namespace
-
-- bind-mounts this node's `var-lib` and `var-log` directories over `/var/lib` and `/var/log`, so the
-  hard-coded paths land in the cluster directory (the host's `/var/lib` and `/var/log` are hidden from the
-  kubelet only; it needs nothing from them);
-- bind-mounts files holding exactly the values kubelet wants over those `/proc/sys` entries, so it reads
-  what it expects and writes nothing (a write would only reach the file);
-
-then execs kubelet with `--root-dir` (the node's short runtime directory: socket paths are limited to 107
-bytes), `--volume-plugin-dir`, `--node-ip` (a local non-loopback IPv4: kubelet refuses loopback and would
-otherwise resolve its name in DNS), and the Node's EKS labels. Every mount lives in the namespace and goes
-away with it. The DRA driver registers through this kubelet's own plugin watcher in `<root>/plugins_registry`.
+A stock kubelet writes outside its root directory (the device-plugin socket, /var/log/containers, the volume
+plugin dir, six sysctls). Each kubelet therefore runs under `unshare --mount --propagation private`, where a
+shell prologue bind-mounts the node's `var-lib` and `var-log` over /var/lib and /var/log and files with the
+values kubelet wants over those /proc/sys entries, then execs kubelet with a short `--root-dir` (socket paths
+are limited to 107 bytes), a non-loopback `--node-ip` and the Node's EKS labels. docs/real-kubelet.md has the
+list and the reasons.
 """
 
 from __future__ import annotations

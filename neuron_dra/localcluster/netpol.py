@@ -1,18 +1,10 @@
 """A NetworkPolicy enforcer for the containerd nodes: kube-router's network policy controller, one per node, run
 inside the node's mount and network namespaces (`cluster up --network-policy`).
 
-kube-router (github.com/cloudnativelabs/kube-router, built from the Go module proxy by build.build_kube_router)
-watches pods, namespaces and NetworkPolicies and writes iptables rules and ipsets for the pods of its node
-(`Status.HostIP` equal to the Node's InternalIP, the node IP of nodens.NodeNetwork). Only the firewall runs
-(`--run-router=false --run-service-proxy=false`); its health and metrics servers are off. iptables and ipset
-state belongs to a network namespace, so every rule lives in the node's namespace and goes with it when the node
-stops; `/run/xtables.lock` is the node's own `/run` (nodens.py). The host's netfilter state is never touched.
-
-Pods on one node share the CNI bridge `cni0`; bridged traffic passes the node namespace's iptables because
-`net.bridge.bridge-nf-call-iptables` is 1 in a new network namespace (kernel default with br_netfilter built in),
-and kube-router matches it with `-m physdev --physdev-is-bridged`. Its per-pod chain accepts traffic whose source
-is an address of the node (`-m addrtype --src-type LOCAL`): kubelet's probes, as NetworkPolicy requires
-(docs/network-policy.md).
+Only kube-router's firewall runs (no router, service proxy, health or metrics servers). Its iptables rules and
+ipsets belong to the node's network namespace and go with it; bridged pod traffic passes that namespace's
+iptables, and the per-pod chains accept traffic from the node's own addresses (kubelet's probes), as
+NetworkPolicy requires. The host's netfilter state is never touched (docs/network-policy.md).
 """
 
 from __future__ import annotations

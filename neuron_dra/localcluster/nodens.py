@@ -1,25 +1,11 @@
 """The namespaces of one emulated node with a real container runtime: one mount and one network namespace that
 its kubelet and containerd share, held open by a `sleep` process (the holder) and entered with `nsenter`.
 
-Inside the mount namespace (set up before the holder sleeps; every mount goes away with the namespace):
-- kubelet's shadowing of /var/lib, /var/log and its sysctls (kubelet.namespace_prologue);
-- the node's own `run` directory over /run: containerd writes `/run/containerd/{s,runc}` whatever its config
-  says, and `/var/run/cdi` (the DaemonSet's CDI dir) becomes the node's own;
-- kubelet's root directory over /var/lib/kubelet, so the DaemonSet's default plugin and registry paths are the
-  ones this kubelet watches;
-- the emulated host tree (`sys`, `dev`, `opt`) at HOST_TREE, the driver's `host_paths_root`.
-
-The network namespace has loopback, a veth pair carrying the node IP (this kernel has no `dummy` driver), and
-the `kubernetes` Service IP on loopback. The API server on the host's loopback is reached through socat:
-one on the host listens on a unix socket (file system paths cross network namespaces) and connects to the
-API server, two in the node forward `SERVICE_IP:443` (in-cluster config of the driver pod) and
-`127.0.0.1:<API port>` (the kubelet's kubeconfig) to that socket. Nothing is created in the host's network
-namespace, and no `ip netns` entry (which would leave /run/netns behind) is made.
-
-The other direction, host -> node (`NodeNamespace.forward`, any port): socat in the node listens on a unix
-socket and connects to an address inside the node, socat on the host listens on a host loopback port and
-connects to that socket. The API server reaches each kubelet this way (docs/real-runtime.md); a listening
-socket is process state, gone when the forwarder exits, so the host's network namespace is not changed.
+The mount namespace carries kubelet's shadowed /var/lib, /var/log and sysctls (kubelet.namespace_prologue), the
+node's own /run, kubelet's root over /var/lib/kubelet and the emulated host tree at HOST_TREE; the network
+namespace a veth with the node IP and the `kubernetes` Service IP. socat forwarders over unix sockets join the
+node and the host's loopback both ways (API server -> node, `NodeNamespace.forward` host -> node), so nothing
+is created in the host's network namespace. Details and reasons: docs/real-runtime.md.
 """
 
 from __future__ import annotations
