@@ -318,10 +318,8 @@ def binary_paths(minors: list[str], *, cache: Path | None, log: Log) -> dict[str
     for index, minor in enumerate(minors):
         binaries = ensure_binaries(minor, cache=cache, log=log)
         suffix = "" if index == 0 else f"@{minor}"
-        paths[f"kube-apiserver{suffix}"] = binaries.kube_apiserver
-        paths[f"kube-controller-manager{suffix}"] = binaries.kube_controller_manager
-        paths[f"kube-scheduler{suffix}"] = binaries.kube_scheduler
-        paths[f"kubelet{suffix}"] = binaries.kubelet
+        for name in KUBE_BINARIES:
+            paths[f"{name}{suffix}"] = getattr(binaries, name.replace("-", "_"))
         paths["etcd"] = binaries.etcd
     paths["fakecri"] = build_fakecri(cache=cache, log=log)  # the kubelets' container runtime (go/fakecri)
     return paths

@@ -57,12 +57,9 @@ class LocalCluster:
 
 
 def read_status(cluster_dir: Path) -> dict[str, Any]:
-    path = cluster_dir / STATUS_FILE
-    if not path.exists():
-        return {}
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        data: dict[str, Any] = json.loads((cluster_dir / STATUS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
         return {}
     return data
 

@@ -172,21 +172,21 @@ class DraClient:
     def _claims(self, claims: Sequence[ClaimLike]) -> list[Any]:
         return [self._pb.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
 
+    def _call(self, method: str, request: Any, timeout: float) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise PluginCallError(method, e.code(), e.details() or "") from e
+
     def prepare(self, claims: Sequence[ClaimLike], timeout: float = CALL_TIMEOUT) -> dict[str, PrepareResult]:
         request = self._pb.NodePrepareResourcesRequest(claims=self._claims(claims))
-        try:
-            response = self._stub.NodePrepareResources(request, timeout=timeout)
-        except grpc.RpcError as e:
-            raise PluginCallError("NodePrepareResources", e.code(), e.details() or "") from e
+        response = self._call("NodePrepareResources", request, timeout)
         return {uid: PrepareResult(tuple(_device(d) for d in r.devices), r.error) for uid, r in response.claims.items()}
 
     def unprepare(self, claims: Sequence[ClaimLike], timeout: float = CALL_TIMEOUT) -> dict[str, str]:
         """Claim UID -> error ("" on success)."""
         request = self._pb.NodeUnprepareResourcesRequest(claims=self._claims(claims))
-        try:
-            response = self._stub.NodeUnprepareResources(request, timeout=timeout)
-        except grpc.RpcError as e:
-            raise PluginCallError("NodeUnprepareResources", e.code(), e.details() or "") from e
+        response = self._call("NodeUnprepareResources", request, timeout)
         return {uid: r.error for uid, r in response.claims.items()}
 
     def close(self) -> None:

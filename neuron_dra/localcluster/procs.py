@@ -195,14 +195,7 @@ def stop(ref: ProcessRef, grace_s: float = 15.0, popen: subprocess.Popen[bytes] 
         if popen is not None:
             popen.poll()
         return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if popen is not None:
-            if popen.poll() is not None:
-                break
-        elif not alive(ref):
-            break
-        time.sleep(0.05)
+    wait_for(lambda: popen.poll() is not None if popen is not None else not alive(ref), grace_s, 0.05)
     # KILL whatever is left of the group (children that ignored TERM), even after the leader exited.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(ref.pid, signal.SIGKILL)
