@@ -151,7 +151,7 @@ def _build(args: argparse.Namespace) -> int:
         minors = _minors(args.kubernetes_version)
         paths = binary_paths(minors, cache=args.cache, log=log)
         if not args.no_pulumi:
-            paths.update(ensure_pulumi_binaries(cache=args.cache, log=log).as_dict())
+            paths.update(ensure_pulumi_binaries(cache=args.cache, log=log))
     except BuildError as e:
         print(f"neuron-dra cluster build: {e}", file=sys.stderr)
         return 1

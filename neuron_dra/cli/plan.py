@@ -51,8 +51,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "pulumi.StackReference to them reads")
 
 
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         outputs = load_stack_outputs(args.stack_outputs) if args.stack_outputs else None

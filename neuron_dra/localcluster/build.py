@@ -244,6 +244,24 @@ def _build_info(module_dir: Path, cmd: list[str], seconds: float) -> dict[str, o
     }
 
 
+def pinned_build(module_dir: Path, kind: str, version: str, binaries: Mapping[str, str], version_var: str | None,
+                 cache: Path | None, log: Log | None, tags: tuple[str, ...] = ()) -> dict[str, Path]:
+    """`binaries` of the wrapper module in `module_dir`, cached under `<kind>/<version>/`, stripped, with `version`
+    compiled into the Go variable `version_var` as the upstream release build does."""
+    ldflags = ["-s", "-w", *([f"-X {version_var}={version}"] if version_var else [])]
+    return cached_go_build(module_dir, binaries, (cache or cache_root()) / kind / version, ldflags=ldflags, tags=tags,
+                           log=log)
+
+
+def _go(args: list[str], cwd: Path, what: str, env: dict[str, str] | None = None) -> str:
+    """`go ARGS` in `cwd` with the build environment; its output, or a BuildError naming `what` with its tail."""
+    proc = subprocess.run([go_binary(), *args], cwd=cwd, env=env or go_env(), capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise BuildError(f"{what} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
+    return proc.stdout
+
+
 def kube_target(minor: str = DEFAULT_MINOR, *, cache: Path | None = None) -> Path:
     """The cache directory of `minor`'s binaries (complete when it exists)."""
     return (cache or cache_root()) / "k8s" / kube_version(minor)
@@ -258,8 +276,7 @@ def build_kube(minor: str = DEFAULT_MINOR, *, cache: Path | None = None, log: Lo
 
 def build_etcd(*, cache: Path | None = None, log: Log | None = None) -> Path:
     """The etcd server at the pinned version (its version is compiled into the module itself)."""
-    target = (cache or cache_root()) / "etcd" / etcd_version()
-    return cached_go_build(ETCD_MODULE, ETCD_BINARIES, target, ldflags=["-s", "-w"], log=log)["etcd"]
+    return pinned_build(ETCD_MODULE, "etcd", etcd_version(), ETCD_BINARIES, None, cache, log)["etcd"]
 
 
 def ensure_binaries(
@@ -301,10 +318,8 @@ def binary_paths(minors: list[str], *, cache: Path | None, log: Log) -> dict[str
     for index, minor in enumerate(minors):
         binaries = ensure_binaries(minor, cache=cache, log=log)
         suffix = "" if index == 0 else f"@{minor}"
-        paths[f"kube-apiserver{suffix}"] = binaries.kube_apiserver
-        paths[f"kube-controller-manager{suffix}"] = binaries.kube_controller_manager
-        paths[f"kube-scheduler{suffix}"] = binaries.kube_scheduler
-        paths[f"kubelet{suffix}"] = binaries.kubelet
+        for name in KUBE_BINARIES:
+            paths[f"{name}{suffix}"] = getattr(binaries, name.replace("-", "_"))
         paths["etcd"] = binaries.etcd
     paths["fakecri"] = build_fakecri(cache=cache, log=log)  # the kubelets' container runtime (go/fakecri)
     return paths
@@ -326,10 +341,8 @@ def build_containerd(*, cache: Path | None = None, log: Log | None = None) -> di
     """containerd, ctr and the runc shim at the version `go/containerd/go.mod` pins (the real runtime of
     `--runtime containerd`), cached under `containerd/<version>/`. The version is compiled in as upstream's
     release build does (`github.com/containerd/containerd/v2/version.Version`)."""
-    version = containerd_version()
-    target = (cache or cache_root()) / "containerd" / version
-    ldflags = ["-s", "-w", f"-X github.com/containerd/containerd/v2/version.Version={version}"]
-    return cached_go_build(CONTAINERD_MODULE, CONTAINERD_BINARIES, target, ldflags=ldflags, log=log)
+    return pinned_build(CONTAINERD_MODULE, "containerd", containerd_version(), CONTAINERD_BINARIES,
+                         "github.com/containerd/containerd/v2/version.Version", cache, log)
 
 
 KUBE_ROUTER_MODULE = GO_DIR / "kube-router"
@@ -343,11 +356,9 @@ def kube_router_version() -> str:
 def build_kube_router(*, cache: Path | None = None, log: Log | None = None) -> Path:
     """kube-router at the version `go/kube-router/go.mod` pins: the local cluster's NetworkPolicy enforcer
     (netpol.py), cached under `kube-router/<version>/`, its version compiled in as upstream's Makefile does."""
-    version = kube_router_version()
-    target = (cache or cache_root()) / "kube-router" / version
-    ldflags = ["-s", "-w", f"-X {KUBE_ROUTER}/pkg/version.Version={version}"]
-    return cached_go_build(KUBE_ROUTER_MODULE, {"kube-router": f"{KUBE_ROUTER}/cmd/kube-router"}, target,
-                           ldflags=ldflags, log=log)["kube-router"]
+    return pinned_build(KUBE_ROUTER_MODULE, "kube-router", kube_router_version(),
+                         {"kube-router": f"{KUBE_ROUTER}/cmd/kube-router"}, f"{KUBE_ROUTER}/pkg/version.Version",
+                         cache, log)["kube-router"]
 
 
 # --- Pulumi engine (CLI and Kubernetes provider) for the real-engine tests (docs/pulumi-engine.md) ----------------
@@ -360,19 +371,6 @@ PULUMI_KUBERNETES_PROVIDER_MODULE = "github.com/pulumi/pulumi-kubernetes/provide
 # The proxy serves provider/v4 only under a pseudo-version; the tag it was cut from is the version the
 # provider reports to the engine (and writes into its schema), as upstream's release build sets it.
 PULUMI_KUBERNETES_TAGS: Mapping[str, str] = {"v4.0.0-20260115033456-f47bc2d6f199": "4.25.0"}
-
-
-@dataclass(frozen=True)
-class PulumiBinaries:
-    """The Pulumi CLI and the Kubernetes resource provider plugin (found by the CLI on PATH)."""
-
-    pulumi: Path
-    pulumi_resource_kubernetes: Path
-    pulumi_version: str
-    kubernetes_provider_version: str
-
-    def as_dict(self) -> dict[str, Path]:
-        return {"pulumi": self.pulumi, "pulumi-resource-kubernetes": self.pulumi_resource_kubernetes}
 
 
 def pulumi_version() -> str:
@@ -393,25 +391,14 @@ def pulumi_kubernetes_version() -> str:
 
 def build_pulumi_cli(*, cache: Path | None = None, log: Log | None = None) -> Path:
     """The Pulumi CLI at the version the wrapper module pins."""
-    version = pulumi_version()
-    target = (cache or cache_root()) / "pulumi" / version
-    ldflags = ["-s", "-w", f"-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version={version}"]
-    return cached_go_build(PULUMI_MODULE, {"pulumi": PULUMI_CLI_PACKAGE}, target, ldflags=ldflags, log=log)["pulumi"]
+    return pinned_build(PULUMI_MODULE, "pulumi", pulumi_version(), {"pulumi": PULUMI_CLI_PACKAGE},
+                         "github.com/pulumi/pulumi/sdk/v3/go/common/version.Version", cache, log)["pulumi"]
 
 
 def _go_module_dir(module_dir: Path, module: str) -> Path:
     """The module cache directory of `module` as required by `module_dir`'s go.mod (downloaded if needed)."""
-    proc = subprocess.run(
-        [go_binary(), "mod", "download", "-json", module],
-        cwd=module_dir,
-        env=go_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise BuildError(f"`go mod download {module}` in {module_dir} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
-    return Path(json.loads(proc.stdout)["Dir"])
+    return Path(json.loads(_go(["mod", "download", "-json", module], module_dir,
+                               f"`go mod download {module}` in {module_dir}"))["Dir"])
 
 
 def build_pulumi_kubernetes(*, cache: Path | None = None, log: Log | None = None) -> Path:
@@ -432,25 +419,14 @@ def build_pulumi_kubernetes(*, cache: Path | None = None, log: Log | None = None
         shutil.copytree(PULUMI_KUBERNETES_MODULE, module)
         source = _go_module_dir(module, PULUMI_KUBERNETES_PROVIDER_MODULE) / "cmd" / "pulumi-resource-kubernetes"
         main_dir = module / "cmd" / "pulumi-resource-kubernetes"
-        gen = subprocess.run(
-            [go_binary(), "run", "./cmd/gen-embed", version, str(source), str(main_dir)],
-            cwd=module,
-            env=go_env(default_parallelism()),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if gen.returncode != 0:
-            raise BuildError(f"generating the provider's embedded schema failed:\n{(gen.stdout + gen.stderr)[-2000:]}")
+        _go(["run", "./cmd/gen-embed", version, str(source), str(main_dir)], module,
+            "generating the provider's embedded schema", go_env(default_parallelism()))
         ldflags = ["-s", "-w", f"-X {PULUMI_KUBERNETES_PROVIDER_MODULE}/pkg/version.Version={version}"]
         return cached_go_build(module, binaries, target, ldflags=ldflags, log=log)["pulumi-resource-kubernetes"]
 
 
-def ensure_pulumi_binaries(*, cache: Path | None = None, log: Log | None = None) -> PulumiBinaries:
-    """The Pulumi CLI and Kubernetes provider, built first if not cached."""
-    return PulumiBinaries(
-        pulumi=build_pulumi_cli(cache=cache, log=log),
-        pulumi_resource_kubernetes=build_pulumi_kubernetes(cache=cache, log=log),
-        pulumi_version=pulumi_version(),
-        kubernetes_provider_version=pulumi_kubernetes_version(),
-    )
+def ensure_pulumi_binaries(*, cache: Path | None = None, log: Log | None = None) -> dict[str, Path]:
+    """name -> path of the Pulumi CLI and the Kubernetes provider plugin (found by the CLI on PATH), built first if
+    not cached."""
+    return {"pulumi": build_pulumi_cli(cache=cache, log=log),
+            "pulumi-resource-kubernetes": build_pulumi_kubernetes(cache=cache, log=log)}

@@ -1,5 +1,5 @@
-"""Where the local cluster's builds and installs are kept, and the lock that makes one process build (or install) while
-the others wait for it."""
+"""Where the local cluster's builds and installs are kept, the lock that makes one process build (or install) while
+the others wait for it, and `Under`, the files of a state directory written as a table."""
 
 from __future__ import annotations
 
@@ -26,3 +26,15 @@ def locked(lock_path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class Under:
+    """A path below another path attribute of the same object: in a class with `base: Path`,
+    `log = Under("base", "kubelet.log")` reads as `obj.base / "kubelet.log"`."""
+
+    def __init__(self, parent: str, *parts: str) -> None:
+        self.parent = parent
+        self.parts = parts
+
+    def __get__(self, obj: object, owner: type | None = None) -> Path:
+        return Path(getattr(obj, self.parent)).joinpath(*self.parts)

@@ -8,16 +8,28 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_dra.driver.model.catalog import BUILTIN
+from neuron_dra.driver.model.catalog_file import load_catalog
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import procs
-from neuron_dra.localcluster.build import DEFAULT_MINOR
+from neuron_dra.localcluster.build import (
+    DEFAULT_MINOR,
+    build_containerd,
+    build_fakecri,
+    build_kube_router,
+    check_minor,
+    ensure_binaries,
+)
+from neuron_dra.localcluster.images import ensure_images
+from neuron_dra.localcluster.kubelet import KubeletError, require_root
+from neuron_dra.localcluster.netpol import NetworkPolicyError, require_tools
 from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
+from neuron_dra.localcluster.prometheus_build import build_prometheus
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, RUNTIMES, STATUS_FILE
 from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
@@ -45,14 +57,30 @@ class LocalCluster:
 
 
 def read_status(cluster_dir: Path) -> dict[str, Any]:
-    path = cluster_dir / STATUS_FILE
-    if not path.exists():
-        return {}
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        data: dict[str, Any] = json.loads((cluster_dir / STATUS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
         return {}
     return data
+
+
+def build_all(minor: str, runtime: str, *, prometheus: bool = False, network_policy: bool = False,
+              log: Callable[[str], None] = lambda _m: None) -> None:
+    """Every binary and image a cluster of `runtime` runs, built once from the Go module proxy (then cached)."""
+    ensure_binaries(minor, log=log)
+    if runtime == "containerd":
+        build_containerd(log=log)
+        ensure_images(log=log)
+    else:
+        build_fakecri(log=log)
+    if prometheus:
+        build_prometheus(log=log)
+    if network_policy:
+        try:
+            require_tools()
+        except NetworkPolicyError as e:
+            raise ClusterError(str(e)) from e
+        build_kube_router(log=log)
 
 
 def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_S,
@@ -68,11 +96,6 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     `prometheus`: a Prometheus scraping every node's driver (localcluster/prometheus.py; its URL is
     `LocalCluster.prometheus`). `network_policy`: NetworkPolicy enforced on every node by kube-router's policy
     controller inside the node's network namespace (containerd only; localcluster/netpol.py)."""
-    from neuron_dra.driver.model.catalog import BUILTIN
-    from neuron_dra.driver.model.catalog_file import load_catalog
-    from neuron_dra.localcluster.build import build_fakecri, check_minor, ensure_binaries
-    from neuron_dra.localcluster.kubelet import KubeletError, require_root
-
     catalog = load_catalog(catalog_file) if catalog_file else BUILTIN  # a bad file fails here, before any build
     nodes = parse_nodes(list(node_args), catalog)
     if not nodes:
@@ -88,7 +111,7 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     try:
         require_root(os.geteuid())
     except KubeletError as e:
-        raise ClusterError(str(e)) from None
+        raise ClusterError(str(e)) from e
     cluster_dir = cluster_dir.resolve()
     pid_file = cluster_dir / PID_FILE
     running = procs.running(pid_file)
@@ -98,28 +121,7 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     cluster_dir.mkdir(parents=True, exist_ok=True)
     (cluster_dir / STATUS_FILE).unlink(missing_ok=True)
     (cluster_dir / "images.json").unlink(missing_ok=True)
-    ensure_binaries(minor, log=log)  # builds once from the Go module proxy, then cached
-    if runtime == "containerd":
-        from neuron_dra.localcluster.build import build_containerd
-        from neuron_dra.localcluster.images import ensure_images
-
-        build_containerd(log=log)
-        ensure_images(log=log)
-    else:
-        build_fakecri(log=log)
-    if prometheus:
-        from neuron_dra.localcluster.prometheus_build import build_prometheus
-
-        build_prometheus(log=log)
-    if network_policy:
-        from neuron_dra.localcluster.build import build_kube_router
-        from neuron_dra.localcluster.netpol import NetworkPolicyError, require_tools
-
-        try:
-            require_tools()
-        except NetworkPolicyError as e:
-            raise ClusterError(str(e)) from None
-        build_kube_router(log=log)
+    build_all(minor, runtime, prometheus=prometheus, network_policy=network_policy, log=log)
     argv = [sys.executable, "-m", "neuron_dra.localcluster.supervisor", "--dir", str(cluster_dir), "--ttl", str(ttl),
             "--driver-name", driver_name, "--kubernetes-version", minor, "--runtime", runtime, "--profile", profile]
     for arg in node_args:
@@ -135,16 +137,18 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
                                 start_new_session=True)
     # We are its parent: reap it when it exits, or it lingers as a zombie for as long as this process runs.
     threading.Thread(target=proc.wait, name="reap-supervisor", daemon=True).start()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = read_status(cluster_dir)
-        if status.get("state") == "ready":
-            return LocalCluster(cluster_dir, Path(status["kubeconfig"]), tuple(nodes), driver_name,
-                                status.get("prometheus"))
-        if status.get("state") == "failed" or proc.poll() is not None:
-            tail = (cluster_dir / LOG_FILE).read_text(errors="replace")[-3000:]
-            raise ClusterError(f"local cluster failed to start: {status.get('error', 'supervisor exited')}\n{tail}")
-        time.sleep(0.3)
+    status: dict[str, Any] = {}
+
+    def ready() -> bool:
+        status.update(read_status(cluster_dir))
+        if status.get("state") == "failed" or (status.get("state") != "ready" and proc.poll() is not None):
+            raise ClusterError(f"local cluster failed to start: {status.get('error', 'supervisor exited')}\n"
+                               f"{procs.log_tail(cluster_dir / LOG_FILE, 3000)}")
+        return status.get("state") == "ready"
+
+    if procs.wait_for(ready, timeout, 0.3):
+        return LocalCluster(cluster_dir, Path(status["kubeconfig"]), tuple(nodes), driver_name,
+                            status.get("prometheus"))
     down(cluster_dir)
     raise ClusterError(f"local cluster not ready after {timeout:.0f} s; see {cluster_dir / LOG_FILE}")
 

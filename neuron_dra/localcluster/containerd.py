@@ -1,23 +1,14 @@
 """One emulated node's containerd: its configuration (version 3), its CNI network, its images, its start.
 
-containerd runs inside the node's namespaces (nodens.py), beside its kubelet: kubelet's projected volumes and
-hostPath resolution live in that mount namespace, and hostNetwork pods join the node's network namespace.
-Every path of its own (root, state, socket, CNI config) is under the node's directory. The settings that
-differ from a stock containerd, and why (docs/real-runtime.md):
-
-- `restrict_oom_score_adj`: this machine has no CAP_SYS_RESOURCE; CRI's -998 for the sandbox makes runc fail.
-- `netns_mounts_under_state_dir`: pod network namespaces are bind-mounted under the node's state dir, not
-  the host's /var/run/netns.
-- SELinux and AppArmor off (the host has neither), cgroupfs (no systemd), runc from Debian (crun 1.8 rejects
-  containerd 2.4's OCI spec), tracing and NRI off, the pause image pinned (it is imported, never pulled).
-- CNI: bridge + host-local + loopback from Debian's containernetworking-plugins, no masquerade (no iptables).
+containerd runs inside the node's namespaces (nodens.py), beside its kubelet, with every path of its own under
+the node's directory. What differs from a stock containerd, and why (docs/real-runtime.md): a restricted
+oom_score_adj, pod netns mounts under the state dir, no SELinux/AppArmor, cgroupfs, Debian's runc, no tracing
+or NRI, a pinned pause image, and a bridge + host-local CNI network without masquerade.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -29,6 +20,7 @@ import tomli_w
 
 from neuron_dra.driver.model.k8s_names import DEFAULT_CDI_ROOT
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.cachedir import Under
 from neuron_dra.localcluster.hostreqs import CNI_BIN_DIR, RUNC
 
 CDI_SPEC_DIRS = ("/etc/cdi", DEFAULT_CDI_ROOT)  # as seen in the node's mount namespace (its own /run)
@@ -45,25 +37,11 @@ class ContainerdPaths:
     socket: Path  # short: under the node's runtime directory (unix socket paths are limited to 107 bytes)
     pid_file: Path
 
-    @property
-    def root(self) -> Path:
-        return self.base / "root"
-
-    @property
-    def state(self) -> Path:
-        return self.base / "state"
-
-    @property
-    def config(self) -> Path:
-        return self.base / "config.toml"
-
-    @property
-    def cni_conf_dir(self) -> Path:
-        return self.base / "cni"
-
-    @property
-    def log(self) -> Path:
-        return self.base / "containerd.log"
+    root = Under("base", "root")
+    state = Under("base", "state")
+    config = Under("base", "config.toml")
+    cni_conf_dir = Under("base", "cni")
+    log = Under("base", "containerd.log")
 
 
 def config(paths: ContainerdPaths, pause_image: str) -> dict[str, Any]:
@@ -134,8 +112,8 @@ def ctr(ctr_binary: Path, paths: ContainerdPaths, args: Sequence[str], timeout: 
     argv = [str(ctr_binary), "--address", str(paths.socket), "-n", K8S_NAMESPACE, *args]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise ContainerdError(f"`ctr {' '.join(args)}` gave no answer in {timeout:.0f} s") from None
+    except subprocess.TimeoutExpired as e:
+        raise ContainerdError(f"`ctr {' '.join(args)}` gave no answer in {timeout:.0f} s") from e
     if proc.returncode != 0:
         raise ContainerdError(f"`ctr {' '.join(args)}` failed (exit {proc.returncode}): "
                               f"{(proc.stdout + proc.stderr).strip()[-1500:]}")
@@ -187,12 +165,7 @@ def kill_cgroup_processes(cgroup_root: str, mount: Path = CGROUP_MOUNT) -> int:
                 pids.update(int(x) for x in procs_file.read_text().split())
             except (OSError, ValueError):
                 continue
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    return len(pids)
+    return procs.kill(pids)
 
 
 def remove_cgroups(cgroup_root: str, mount: Path = CGROUP_MOUNT, timeout: float = 10.0) -> list[Path]:
@@ -219,24 +192,9 @@ def remove_cgroups(cgroup_root: str, mount: Path = CGROUP_MOUNT, timeout: float 
 def shim_pids(socket: Path) -> list[int]:
     """The runc shims serving the containerd at `socket` (they outlive containerd by design): matched by the
     `-address` they were started with, which is unique to the node."""
-    out = []
-    for proc_dir in Path("/proc").iterdir():
-        if not proc_dir.name.isdigit():
-            continue
-        try:
-            argv = (proc_dir / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and str(socket).encode() in argv:
-            out.append(int(proc_dir.name))
-    return sorted(out)
+    wanted = str(socket).encode()
+    return procs.matching(lambda _pid, argv: argv[0].endswith(b"containerd-shim-runc-v2") and wanted in argv)
 
 
 def kill_shims(socket: Path) -> int:
-    pids = shim_pids(socket)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    return len(pids)
+    return procs.kill(shim_pids(socket))

@@ -18,19 +18,15 @@ from typing import Any
 
 from kubernetes import client
 
-from neuron_dra.driver.model.catalog import BUILTIN
-from neuron_dra.driver.model.catalog_file import load_catalog
-from neuron_dra.driver.model.discovery import discover
-from neuron_dra.driver.model.emulate import EmulationOptions, emulate
-from neuron_dra.localcluster import containerd, kubelet, kubeletaccess, netpol
+from neuron_dra.driver.deploy import POD_SELECTOR
+from neuron_dra.localcluster import containerd, kubelet, kubeletaccess, netpol, procs
 from neuron_dra.localcluster.build import Binaries
 from neuron_dra.localcluster.controlplane import ControlPlane
-from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver
 from neuron_dra.localcluster.images import ClusterImages
+from neuron_dra.localcluster.nodeagent import NodeAgentBase, stop_part
 from neuron_dra.localcluster.nodens import NodeNamespace, NodeNamespacePaths, NodeNetwork
-from neuron_dra.localcluster.nodes import node_manifest
 from neuron_dra.localcluster.restarting import Restarting
-from neuron_dra.localcluster.topology import NodePaths, NodeSpec
+from neuron_dra.localcluster.topology import NodePaths, NodeSpec, runtime_dir
 
 log = logging.getLogger(__name__)
 SOCKET_TIMEOUT_S = 30.0
@@ -38,8 +34,6 @@ SOCKET_TIMEOUT_S = 30.0
 
 def cgroup_root(cluster_dir: Path, node: str) -> str:
     """The node's cgroup (cgroupfs name): unique per cluster directory and node."""
-    from neuron_dra.localcluster.topology import runtime_dir
-
     return f"/{runtime_dir(cluster_dir).name}/{node}"
 
 
@@ -48,51 +42,28 @@ def containerd_paths(paths: NodePaths) -> containerd.ContainerdPaths:
                                       pid_file=paths.pids / "containerd.pid")
 
 
-class ContainerdNodeAgent:
+class ContainerdNodeAgent(NodeAgentBase):
     def __init__(self, cluster_dir: Path, node: NodeSpec, index: int, api: client.ApiClient,
                  control_plane: ControlPlane, binaries: Binaries, runtime_binaries: dict[str, Path],
                  images: ClusterImages, deadline: float, catalog_file: Path | None = None,
                  ports: kubelet.PortAllocator | None = None, enforcer_binary: Path | None = None) -> None:
-        self.node = node
+        super().__init__(cluster_dir, node, api, control_plane, binaries, deadline, catalog_file, ports, log)
         self.cluster_dir = cluster_dir
         self.net = NodeNetwork(index)
-        self.ports = ports or kubelet.PortAllocator()
-        self.catalog = load_catalog(catalog_file) if catalog_file else BUILTIN
-        self.paths = NodePaths.of(cluster_dir, node.name)
-        self.api = api
-        self.control_plane = control_plane
-        self.binaries = binaries
         self.runtime_binaries = runtime_binaries
         self.images = images
-        self.deadline = deadline
         self.cgroup_root = cgroup_root(cluster_dir, node.name)
         self.ctrd_paths = containerd_paths(self.paths)
         self.namespace: NodeNamespace | None = None
-        self.runtime: Restarting | None = None
-        self.kubelet: Restarting | None = None
-        self.efa: EmulatedEfaDriver | None = None
         self.enforcer_binary = enforcer_binary  # kube-router: NetworkPolicy enforced on this node (netpol.py)
         self.enforcer: netpol.NetworkPolicyEnforcer | None = None
 
     def start(self) -> None:
         p = self.paths
-        for d in (p.plugins_dir, p.registry_dir, p.pids):
-            d.mkdir(parents=True, exist_ok=True)
-        if not p.host_root.exists():
-            emulate(self.node.instance_type, p.host_root, EmulationOptions(host_id=self.node.name), self.catalog)
-        (p.host_root / "opt" / "aws" / "neuron").mkdir(parents=True, exist_ok=True)
-        host = discover(p.host_root, catalog=self.catalog)
-        net_layers = (f"nn-{self.node.name[:4]}-l1", f"nn-{self.node.name[:4]}-l2", f"nn-{self.node.name}-l3")
-        labels, taints, provider_id = kubelet.labels_and_taints(
-            node_manifest(self.node.name, self.node.instance_type, network_nodes=net_layers, catalog=self.catalog))
         serving = kubeletaccess.serving_cert(self.control_plane.ca, p.kubelet.cert_dir, self.node.name,
                                              [self.net.node_ip])
-        spec = kubelet.KubeletSpec(self.node.name, labels, taints, provider_id, self.net.node_ip,
-                                   self.control_plane.ca_file, self.ports.take(), self.ports.take(),
-                                   int(self.binaries.minor.split(".")[1]), cgroup_root=self.cgroup_root,
-                                   serving_cert=serving)
-        kubelet.prepare(spec, p.kubelet,
-                        lambda user, groups, path: self.control_plane.client_kubeconfig(user, groups, path=path))
+        host, spec = self.prepare(self.net.node_ip, [p.host_root / "opt" / "aws" / "neuron"],
+                                  cgroup_root=self.cgroup_root, serving_cert=serving)
         lifetime = self.deadline - time.time()
         ns = NodeNamespace(NodeNamespacePaths(p.base, p.runtime), p.kubelet, p.host_root, self.net,
                            self.control_plane.ports.apiserver)
@@ -109,43 +80,30 @@ class ContainerdNodeAgent:
         self._wait_containerd()
         for image in self.images.all():
             containerd.import_image(self.runtime_binaries["ctr"], self.ctrd_paths, image.archive, image.reference)
-        self.kubelet = Restarting(f"kubelet-{self.node.name}",
-                                  lambda life: kubelet.start(self.binaries.kubelet, spec, p.kubelet, life,
-                                                             enter=ns.enter),
-                                  p.kubelet.pid_file, self.deadline)
-        self.kubelet.start()
-        node_uid = self._wait_node_ready()
+        node_uid = self.start_kubelet(spec, enter=ns.enter)
         if self.enforcer_binary is not None:  # it reads its Node's InternalIP at start
             paths = netpol.EnforcerPaths(p.base / "netpol")
             self.control_plane.client_kubeconfig(netpol.USER, path=paths.kubeconfig)
             self.enforcer = netpol.NetworkPolicyEnforcer(self.node.name, paths, self.enforcer_binary, ns.enter,
                                                          ns.enter_net, self.deadline)
             self.enforcer.start()
-        self.efa = EmulatedEfaDriver(self.api, self.node.name, host, p.plugins_dir, p.registry_dir, node_uid)
-        self.efa.start()
+        self.start_efa(host, node_uid)
 
     def _wait_containerd(self) -> None:
-        deadline = time.monotonic() + SOCKET_TIMEOUT_S
-        while time.monotonic() < deadline:
+        def answers() -> bool:
             try:
                 containerd.ctr(self.runtime_binaries["ctr"], self.ctrd_paths, ["version"], timeout=5)
-                return
             except containerd.ContainerdError:
-                time.sleep(0.2)
-        tail = self.ctrd_paths.log.read_text(errors="replace")[-2000:] if self.ctrd_paths.log.exists() else ""
-        raise containerd.ContainerdError(f"containerd of {self.node.name} did not answer within "
-                                         f"{SOCKET_TIMEOUT_S:.0f} s; {self.ctrd_paths.log} ends:\n{tail}")
+                return False
+            return True
 
-    def _wait_node_ready(self) -> str:
-        """The kubelet registered the Node and reports it Ready; returns the Node's uid."""
-        return kubelet.wait_node_ready(self.api, self.node.name, self.paths.kubelet.log)
+        if not procs.wait_for(answers, SOCKET_TIMEOUT_S):
+            raise containerd.ContainerdError(f"containerd of {self.node.name} did not answer within "
+                                             f"{SOCKET_TIMEOUT_S:.0f} s; {self.ctrd_paths.log} ends:\n"
+                                             f"{procs.log_tail(self.ctrd_paths.log)}")
 
     def stop(self) -> None:
-        def stop_part(part: Any) -> None:
-            if part is not None:
-                part.stop()
-
-        steps: tuple[tuple[str, Any], ...] = (
+        self.stop_steps((
             ("EFA driver", lambda: stop_part(self.efa)),
             ("NetworkPolicy enforcer", lambda: stop_part(self.enforcer)),
             ("kubelet", lambda: stop_part(self.kubelet)),
@@ -153,14 +111,7 @@ class ContainerdNodeAgent:
             ("containerd", lambda: stop_part(self.runtime)),
             ("shims", lambda: containerd.kill_shims(self.ctrd_paths.socket)),
             ("cgroups", self._remove_cgroups),
-            ("namespaces", lambda: stop_part(self.namespace)))
-        for name, step in steps:
-            began = time.monotonic()
-            try:
-                step()
-            except Exception:
-                log.exception("stopping the %s of %s", name, self.node.name)
-            log.info("stopped the %s of %s in %.1f s", name, self.node.name, time.monotonic() - began)
+            ("namespaces", lambda: stop_part(self.namespace))))
 
     def _remove_cgroups(self) -> None:
         left = containerd.remove_cgroups(self.cgroup_root)
@@ -175,31 +126,28 @@ class ContainerdNodeAgent:
                 continue
 
 
+def driver_pod_selector() -> str:
+    """The label selector of the driver DaemonSet's pods."""
+    return ",".join(f"{k}={v}" for k, v in sorted(POD_SELECTOR.items()))
+
+
 def wait_driver_ready(api: client.ApiClient, options: Any, nodes: list[str], timeout: float) -> None:
     """The DaemonSet's pod is Ready on every node and each node's driver has published its ResourceSlices
     (so the plugin watcher registered it and the driver reached the API server from inside its container)."""
     core = client.CoreV1Api(api)
     resource = client.ResourceV1Api(api)
-    deadline = time.monotonic() + timeout
-    selector = ",".join(f"{k}={v}" for k, v in sorted(
-        options_pod_selector().items()))
     waiting: list[str] = list(nodes)
-    while time.monotonic() < deadline:
-        pods: list[Any] = core.list_namespaced_pod(options.namespace, label_selector=selector).items
-        ready = {p.spec.node_name for p in pods
-                 if any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))}
+
+    def ready() -> bool:
+        pods: list[Any] = core.list_namespaced_pod(options.namespace, label_selector=driver_pod_selector()).items
+        running = {p.spec.node_name for p in pods
+                   if any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))}
         slices = resource.list_resource_slice(field_selector=f"spec.driver={options.driver_name}").items
         published = {s.spec.node_name for s in slices}
-        waiting = [n for n in nodes if n not in ready or n not in published]
-        if not waiting:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"the driver DaemonSet is not Ready with published slices on {', '.join(waiting)} after "
-                       f"{timeout:.0f} s (see `kubectl -n {options.namespace} describe pods` and the nodes' "
-                       "kubelet.log / containerd.log)")
+        waiting[:] = [n for n in nodes if n not in running or n not in published]
+        return not waiting
 
-
-def options_pod_selector() -> dict[str, str]:
-    from neuron_dra.driver.deploy import POD_SELECTOR
-
-    return dict(POD_SELECTOR)
+    if not procs.wait_for(ready, timeout, 0.5):
+        raise TimeoutError(f"the driver DaemonSet is not Ready with published slices on {', '.join(waiting)} after "
+                           f"{timeout:.0f} s (see `kubectl -n {options.namespace} describe pods` and the nodes' "
+                           "kubelet.log / containerd.log)")

@@ -17,6 +17,7 @@ Every process is started by procs.spawn (under coreutils `timeout`), so it dies 
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -35,6 +36,8 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.localcluster import kubeletaccess, pki, procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries, ensure_binaries
@@ -126,7 +129,7 @@ class ControlPlane:
         try:
             chosen = get_profile(profile)
         except ValueError as e:
-            raise ControlPlaneError(str(e)) from None
+            raise ControlPlaneError(str(e)) from e
         if max_lifetime_s < 1:
             raise ControlPlaneError(f"max_lifetime_s must be at least 1 s, got {max_lifetime_s}")
         if running(dir):
@@ -136,19 +139,16 @@ class ControlPlane:
         ports = _free_ports()
         files = _write_pki_and_kubeconfigs(dir, ports)
         deadline = time.time() + max_lifetime_s
-        launcher = _Launcher(dir, max_lifetime_s)
+        launcher = _Launcher(dir, max_lifetime_s, timeout_s, _https_context(files))
+        server = f"https://{LOOPBACK}:{ports.apiserver}"
         try:
-            launcher.launch("etcd", bins.etcd, _etcd_args(dir, ports))
-            _wait(launcher, "etcd", timeout_s, lambda: _etcd_healthy(ports.etcd_client))
+            launcher.launch("etcd", bins.etcd, _etcd_args(dir, ports), lambda: _etcd_healthy(ports.etcd_client))
             if log is not None:
                 log(f"etcd {bins.etcd_version} up on {LOOPBACK}:{ports.etcd_client}")
             kubelet_args = kubeletaccess.apiserver_args(files.kubelet_client, files.ca.cert)
             apiserver_args = _apiserver_args(dir, ports, [*kubelet_args, *chosen.apiserver_args, *extra_apiserver_args])
-            launcher.launch("kube-apiserver", bins.kube_apiserver, apiserver_args,
+            launcher.launch("kube-apiserver", bins.kube_apiserver, apiserver_args, f"{server}/readyz",
                             **_kubelet_hosts_launch(dir, kubelet_hosts))
-            server = f"https://{LOOPBACK}:{ports.apiserver}"
-            https = _https_context(files)
-            _wait(launcher, "kube-apiserver", timeout_s, lambda: _ok(https, f"{server}/readyz"))
             kcm_args = [*_controller_manager_args(dir, ports), *chosen.controller_manager_args,
                         *extra_controller_manager_args]
             launcher.launch("kube-controller-manager", bins.kube_controller_manager, kcm_args)
@@ -156,7 +156,7 @@ class ControlPlane:
             launcher.launch("kube-scheduler", bins.kube_scheduler, scheduler_args)
             for name, port in (("kube-controller-manager", ports.controller_manager),
                                ("kube-scheduler", ports.scheduler)):
-                _wait(launcher, name, timeout_s, functools.partial(_ok, https, f"https://{LOOPBACK}:{port}/healthz"))
+                launcher.wait(name, f"https://{LOOPBACK}:{port}/healthz")
             _bind_kubelet_client(dir / "kubeconfig")
         except BaseException:
             _stop_processes(launcher.processes)
@@ -185,8 +185,6 @@ class ControlPlane:
 
     def api_client(self) -> Any:
         """A `kubernetes.client.ApiClient` for the admin kubeconfig (the caller closes it)."""
-        from kubernetes import config
-
         return config.new_client_from_config(str(self.kubeconfig))
 
     @property
@@ -220,8 +218,6 @@ class ControlPlane:
         token is invalid once that object is gone; bound to a Pod with `spec.nodeName`, the API server
         also records the node in the token (`authentication.kubernetes.io/node-name` in user extra).
         """
-        from kubernetes import client
-
         api = self.api_client()
         try:
             core = client.CoreV1Api(api)
@@ -269,23 +265,36 @@ def stop(dir: Path, grace_s: float = 15.0) -> bool:
 
 
 class _Launcher:
-    def __init__(self, dir: Path, max_lifetime_s: float) -> None:
+    """Starts the control plane's processes and waits for each to be healthy (a URL that answers 200, or a check)."""
+
+    def __init__(self, dir: Path, max_lifetime_s: float, timeout_s: float, https: ssl.SSLContext) -> None:
         self.dir = dir
         self.max_lifetime_s = max_lifetime_s
+        self.timeout_s = timeout_s
+        self.https = https
         self.processes: list[Process] = []
 
-    def launch(self, name: str, binary: Path, args: list[str], prefix: Sequence[str] = (),
-               env: dict[str, str] | None = None) -> Process:
+    def launch(self, name: str, binary: Path, args: list[str], healthy: str | Callable[[], bool] | None = None,
+               prefix: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
         log = self.dir / "logs" / f"{name}.log"
         pid_file = self.dir / "pids" / f"{name}.pid"
         popen = procs.spawn([*prefix, str(binary), *args], log=log, pid_file=pid_file,
                             lifetime_s=self.max_lifetime_s, cwd=self.dir, env=env)
-        proc = Process(name, popen, log, pid_file)
-        self.processes.append(proc)
-        return proc
+        self.processes.append(Process(name, popen, log, pid_file))
+        if healthy is not None:
+            self.wait(name, healthy)
 
-    def get(self, name: str) -> Process:
-        return next(p for p in self.processes if p.name == name)
+    def wait(self, name: str, healthy: str | Callable[[], bool]) -> None:
+        proc = next(p for p in self.processes if p.name == name)
+        check = functools.partial(_ok, self.https, healthy) if isinstance(healthy, str) else healthy
+
+        def ready() -> bool:
+            if proc.popen.poll() is not None:
+                raise ControlPlaneError(f"{name} exited with {proc.popen.returncode} during start:\n{_tail(proc.log)}")
+            return check()
+
+        if not procs.wait_for(ready, self.timeout_s, 0.25):
+            raise ControlPlaneError(f"{name} not healthy after {self.timeout_s:.0f} s:\n{_tail(proc.log)}")
 
 
 def _stop_processes(processes: list[Process], grace_s: float = 15.0) -> None:
@@ -298,18 +307,6 @@ def _stop_processes(processes: list[Process], grace_s: float = 15.0) -> None:
         if ref is not None:
             procs.stop(ref, grace_s, popen=proc.popen)
         proc.pid_file.unlink(missing_ok=True)
-
-
-def _wait(launcher: _Launcher, name: str, timeout_s: float, check: Callable[[], bool]) -> None:
-    proc = launcher.get(name)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise ControlPlaneError(f"{name} exited with {proc.popen.returncode} during start:\n{_tail(proc.log)}")
-        if check():
-            return
-        time.sleep(0.25)
-    raise ControlPlaneError(f"{name} not healthy after {timeout_s:.0f} s:\n{_tail(proc.log)}")
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -356,8 +353,6 @@ def _free_ports() -> Ports:
 
 
 def _b64(path: Path) -> str:
-    import base64
-
     return base64.b64encode(path.read_bytes()).decode()
 
 
@@ -418,8 +413,6 @@ def _kubelet_hosts_launch(dir: Path, kubelet_hosts: Sequence[str]) -> dict[str, 
 
 def _bind_kubelet_client(kubeconfig: Path) -> None:
     """The RBAC the kubelets' Webhook authorization asks about for the API server's kubelet client user."""
-    from kubernetes import client, config
-
     api = config.new_client_from_config(str(kubeconfig))
     try:
         body: Any = kubeletaccess.cluster_role_binding()
@@ -429,13 +422,13 @@ def _bind_kubelet_client(kubeconfig: Path) -> None:
 
 
 def _etcd_args(dir: Path, ports: Ports) -> list[str]:
-    client = f"http://{LOOPBACK}:{ports.etcd_client}"
+    clients = f"http://{LOOPBACK}:{ports.etcd_client}"
     peer = f"http://{LOOPBACK}:{ports.etcd_peer}"
     return [
         "--name=local",
         f"--data-dir={dir / 'etcd-data'}",
-        f"--listen-client-urls={client}",
-        f"--advertise-client-urls={client}",
+        f"--listen-client-urls={clients}",
+        f"--advertise-client-urls={clients}",
         f"--listen-peer-urls={peer}",
         f"--initial-advertise-peer-urls={peer}",
         f"--initial-cluster=local={peer}",
@@ -564,8 +557,6 @@ def _etcd_healthy(port: int) -> bool:
 
 
 def _create_if_missing(create: Callable[[], object]) -> None:
-    from kubernetes.client.exceptions import ApiException
-
     try:
         create()
     except ApiException as e:

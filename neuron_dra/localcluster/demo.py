@@ -32,10 +32,21 @@ from kubernetes.client.exceptions import ApiException
 from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
 from neuron_dra.driver.model.catalog import get_instance_spec
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.localcluster import procs
-from neuron_dra.localcluster.build import DEFAULT_MINOR
-from neuron_dra.localcluster.cluster import LocalCluster
-from neuron_dra.localcluster.demo_health import HEALTH_INSTANCE_TYPE, HealthOutcome, HealthStage, plan_faults
+from neuron_dra.localcluster import build, procs
+from neuron_dra.localcluster.build import (
+    DEFAULT_MINOR,
+    cache_root,
+    check_minor,
+    kube_version,
+)
+from neuron_dra.localcluster.cluster import LocalCluster, build_all, down, up
+from neuron_dra.localcluster.demo_health import (
+    HEALTH_INSTANCE_TYPE,
+    HealthOutcome,
+    HealthStage,
+    plan_faults,
+    pod_claims,
+)
 from neuron_dra.localcluster.demo_health import raw_json as _raw
 from neuron_dra.localcluster.demo_report import (
     PodOutcome,
@@ -57,6 +68,8 @@ from neuron_dra.localcluster.demo_workloads import (
 from neuron_dra.localcluster.efa_emulator import EFA_DRIVER
 from neuron_dra.localcluster.fakeruntime import created_containers
 from neuron_dra.localcluster.podlogs import api_container_log, container_log, workload_report
+from neuron_dra.localcluster.prometheus import attribution
+from neuron_dra.localcluster.supervisor import PID_FILE, wait_for_service_account
 from neuron_dra.localcluster.topology import DEMO_NODES
 from neuron_dra.localcluster.topology_view import legend_letters, render_legend, render_svg, render_text
 
@@ -126,12 +139,7 @@ def predictions(checker: Checker, instance_types: Sequence[str], minor: str = DE
 
 def wait_until(what: str, predicate: Callable[[], bool], timeout: float, explain: Callable[[], str] = lambda: "",
                interval: float = 0.3) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    if predicate():
+    if procs.wait_for(predicate, timeout, interval):
         return
     detail = explain()
     raise DemoError(f"timed out after {timeout:.0f} s waiting for {what}" + (f": {detail}" if detail else ""))
@@ -185,28 +193,18 @@ class DemoRun:
             self.core.create_namespace({"metadata": {"name": self.namespace}})  # type: ignore[arg-type]
         except ApiException as e:
             if e.status != 409:
-                raise DemoError(f"creating namespace {self.namespace}: {e.reason}: {e.body}") from None
-        self._wait_for_default_service_account()
+                raise DemoError(f"creating namespace {self.namespace}: {e.reason}: {e.body}") from e
+        try:
+            wait_for_service_account(self.core.api_client, self.namespace, "default", 60.0)
+        except RuntimeError as e:
+            raise DemoError(str(e)) from e
         for t in templates:
             try:
                 self.resource.create_namespaced_resource_claim_template(self.namespace, t.to_manifest())  # type: ignore[arg-type]
             except ApiException as e:
-                raise DemoError(f"the apiserver rejected claim template {t.name}: {_message(e)}") from None
+                raise DemoError(f"the apiserver rejected claim template {t.name}: {_message(e)}") from e
         self.say(f"installed {len(templates)} example claim templates in namespace {self.namespace} "
                  "(the apiserver compiled their CEL)")
-
-    def _wait_for_default_service_account(self, timeout: float = 60.0) -> None:
-        """Pods are refused until kube-controller-manager has made the namespace's `default` service account
-        (seconds on a busy machine)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            names = [sa.metadata.name for sa in self.core.list_namespaced_service_account(self.namespace).items
-                     if sa.metadata is not None]
-            if "default" in names:
-                return
-            time.sleep(0.2)
-        raise DemoError(f"namespace {self.namespace} has no default service account after {timeout:.0f} s "
-                        "(is kube-controller-manager running?)")
 
     # --- pods ------------------------------------------------------------------------------------------------
 
@@ -245,7 +243,7 @@ class DemoRun:
                     manifest = pod_manifest(w, self.namespace, self.workload_image)
                     self.core.create_namespaced_pod(self.namespace, manifest)  # type: ignore[arg-type]
                 except ApiException as e:
-                    raise DemoError(f"creating pod {w.pod}: {_message(e)}") from None
+                    raise DemoError(f"creating pod {w.pod}: {_message(e)}") from e
             started += stage.workloads
             wait_until(f"stage {number} ({', '.join(names)}) to be scheduled",
                        lambda names=names: all(p["spec"].get("nodeName") for p in self._pods(names).values()),  # type: ignore[misc]
@@ -280,9 +278,7 @@ class DemoRun:
 
     def _allocated_requests(self, pod: str) -> tuple[str, ...]:
         requests: list[str] = []
-        for status in self._pod(pod).get("status", {}).get("resourceClaimStatuses") or ():
-            claim = _raw(self.resource.read_namespaced_resource_claim(status["resourceClaimName"], self.namespace,
-                                                                      _preload_content=False))
+        for _, claim in pod_claims(self.resource, self.namespace, self._pod(pod)):
             for r in claim["status"]["allocation"]["devices"]["results"]:
                 if r["driver"] == self.cluster.driver_name and r["request"] not in requests:
                     requests.append(r["request"])
@@ -302,13 +298,10 @@ class DemoRun:
             if not containers:
                 raise DemoError(f"pod {pod_name} is Running but the fake runtime of {node} recorded no container of "
                                 f"it in {records}")
-        claims: dict[str, Any] = {}
-        for status in pod.get("status", {}).get("resourceClaimStatuses") or ():
-            claim = _raw(self.resource.read_namespaced_resource_claim(status["resourceClaimName"], self.namespace,
-                                                                      _preload_content=False))
-            claims[status["name"]] = {"name": claim["metadata"]["name"], "uid": claim["metadata"]["uid"], "devices": [
-                {"requestNames": [r["request"].split("/")[0]], "pool": r["pool"], "device": r["device"]}
-                for r in claim["status"]["allocation"]["devices"]["results"] if r["pool"] == node]}
+        claims = {name: {"name": claim["metadata"]["name"], "uid": claim["metadata"]["uid"], "devices": [
+            {"requestNames": [r["request"].split("/")[0]], "pool": r["pool"], "device": r["device"]}
+            for r in claim["status"]["allocation"]["devices"]["results"] if r["pool"] == node]}
+            for name, claim in pod_claims(self.resource, self.namespace, pod)}
         return {"namespace": self.namespace, "pod": pod_name, "uid": pod["metadata"]["uid"], "node": node,
                 "claims": claims, "containers": containers}
 
@@ -394,39 +387,22 @@ def show(result: DemoResult, cluster: LocalCluster, say: Narrator) -> str:
 
 def running_in(cluster_dir: Path) -> bool:
     """Whether a supervisor of a local cluster is alive for `cluster_dir` (the demo must not take it over)."""
-    from neuron_dra.localcluster.supervisor import PID_FILE
-
     return procs.running(cluster_dir / PID_FILE) is not None
 
 
 def supervisor_children(cluster_dir: Path) -> list[int]:
-    """Live supervisors of `cluster_dir` that this process started (zombies have no command line)."""
+    """Live supervisors of `cluster_dir` that this process started."""
     me, wanted = os.getpid(), str(cluster_dir).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == me and b"neuron_dra.localcluster.supervisor" in argv and wanted in argv:
-            found.append(int(entry.name))
-    return found
+
+    return procs.matching(lambda pid, argv: b"neuron_dra.localcluster.supervisor" in argv and wanted in argv
+                          and procs.parent(pid) == me)
 
 
 def stop_early_supervisors(cluster_dir: Path, wait_s: float = 10.0) -> None:
     """An interrupt right after `up` spawned the supervisor, before it wrote its pid file, leaves it unknown to
     `down`: wait for the pid file and stop it through `down`, else terminate it (it has no children yet)."""
-    from neuron_dra.localcluster.cluster import down
-    from neuron_dra.localcluster.supervisor import PID_FILE
-
     for pid in supervisor_children(cluster_dir):
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not (cluster_dir / PID_FILE).exists():
-            time.sleep(0.1)
-        if (cluster_dir / PID_FILE).exists():
+        if procs.wait_for((cluster_dir / PID_FILE).exists, wait_s, 0.1):
             down(cluster_dir)
         else:
             with contextlib.suppress(ProcessLookupError):
@@ -437,8 +413,6 @@ def stop_early_supervisors(cluster_dir: Path, wait_s: float = 10.0) -> None:
 
 def binaries_cached(minor: str = DEFAULT_MINOR) -> bool:
     """Whether every binary of a `minor` cluster is in the cache (else `ensure_binaries` builds them: minutes)."""
-    from neuron_dra.localcluster import build
-
     wanted = [build.kube_target(minor) / n for n in build.KUBE_BINARIES]
     wanted += [build.cache_root() / "etcd" / build.etcd_version() / n for n in build.ETCD_BINARIES]
     return all(os.access(p, os.X_OK) for p in wanted)
@@ -446,8 +420,6 @@ def binaries_cached(minor: str = DEFAULT_MINOR) -> bool:
 
 def show_attribution(url: str, say: Narrator) -> None:
     """Who holds which device, as the drivers' metrics tell Prometheus (docs/metrics.md)."""
-    from neuron_dra.localcluster.prometheus import attribution
-
     rows = attribution(url)
     say(f"Prometheus at {url} attributes {len(rows)} prepared devices (neuron_dra_claim_device_info):")
     say.block("\n".join(f"  {node:<18} {device:<24} {pod:<40} cores {cores}" for node, device, pod, cores in rows))
@@ -455,9 +427,6 @@ def show_attribution(url: str, say: Narrator) -> None:
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     """Run the demo; raises DemoError (or ClusterError, BuildError) on failure, after stopping the cluster."""
-    from neuron_dra.localcluster.build import build_fakecri, cache_root, check_minor, ensure_binaries, kube_version
-    from neuron_dra.localcluster.cluster import down, up
-
     minor = check_minor(options.kubernetes_version)
     say = Narrator(out)
     made_temp = options.dir is None
@@ -477,17 +446,10 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         say(f"Kubernetes {kube_version(minor)} binaries (kube-apiserver, kube-controller-manager, kube-scheduler, "
             "kubelet, etcd) are not built yet: building them from the Go module proxy now, once (about 6-12 minutes "
             f"on 2 cores; cached in {cache_root()} afterwards)")
-    ensure_binaries(minor, log=lambda m: say(f"  {m}"))
     if options.runtime == "containerd":
-        from neuron_dra.localcluster.build import build_containerd
-        from neuron_dra.localcluster.images import ensure_images
-
         say("containerd (Go module proxy) and the images (pause, workload, the driver from "
             "neuron_dra/driver/Dockerfile; buildah, no registry): built once, cached by content")
-        build_containerd(log=lambda m: say(f"  {m}"))
-        ensure_images(log=lambda m: say(f"  {m}"))
-    else:
-        build_fakecri(log=lambda m: say(f"  {m}"))
+    build_all(minor, options.runtime, prometheus=options.prometheus, log=lambda m: say(f"  {m}"))
     ttl = options.ttl if options.ttl is not None else (2 * 3600.0 if options.keep else DEMO_TTL_S)
     say(f"starting the local cluster in {cluster_dir}: " + ", ".join(options.node_args))
     cluster: LocalCluster | None = None
@@ -502,25 +464,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
                     "the real kubelet against a fake container runtime, the driver daemon, an emulated EFA driver")
         say(f"Kubernetes {kube_version(minor)} control plane ready (etcd, kube-apiserver, "
             f"kube-controller-manager, kube-scheduler); per node: {per_node}")
-        api = config.new_client_from_config(str(cluster.kubeconfig))
-        try:
-            run = DemoRun(cluster, api, say, options)
-            run.wait_for_slices()
-            run.install_templates(demo_templates(DEMO_NAMESPACE))
-            say("creating the workloads stage by stage (each stage scheduled before the next):")
-            workloads = run.run_stages()
-            result.outcomes = run.outcomes(workloads, reports)
-            show(result, cluster, say)
-            if cluster.prometheus:
-                show_attribution(cluster.prometheus, say)
-            wrong = [o.pod for o in result.outcomes if not o.matches_prediction]
-            if wrong:
-                raise DemoError(f"the allocation of {', '.join(wrong)} differs from what the claim check predicted "
-                                "(see AS PREDICTED)")
-            if runs_health_stage(minor):
-                result.health = run.health_stage(result.outcomes)
-        finally:
-            api.close()
+        run_workloads(cluster, options, say, reports, result)
         ok = True
         return result
     finally:
@@ -530,22 +474,51 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
                       f"  kubectl get pods -n {DEMO_NAMESPACE} -o wide\n"
                       f"  neuron-dra cluster down --dir {cluster_dir}")
         else:
-            say("stopping the local cluster")
-            # Ctrl-C or SIGTERM now would leave processes behind: hold them until the cluster is down
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-            try:
-                down(cluster_dir)
-                stop_early_supervisors(cluster_dir)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
-            say("local cluster stopped")
-            if ok and made_temp:
-                # keep the picture, the report and the supervisor log; drop etcd's data, the node trees, the PKI
-                # and the admin kubeconfig of the stopped cluster
-                for heavy in ("controlplane", "nodes"):
-                    shutil.rmtree(cluster_dir / heavy, ignore_errors=True)
-                for name in ("kubeconfig", "status.json"):
-                    (cluster_dir / name).unlink(missing_ok=True)
-            elif not ok:
-                say(f"logs kept in {cluster_dir} (supervisor.log, controlplane/, nodes/*/driver.log)")
+            stop_demo_cluster(cluster_dir, say, ok=ok, made_temp=made_temp)
 
+
+def run_workloads(cluster: LocalCluster, options: DemoOptions, say: Narrator, reports: dict[str, CheckReport],
+                  result: DemoResult) -> None:
+    """On the ready cluster: slices, templates, the workloads stage by stage, the table checked against the
+    prediction, and on 1.36+ the device-health stage; fills `result`."""
+    api = config.new_client_from_config(str(cluster.kubeconfig))
+    try:
+        run = DemoRun(cluster, api, say, options)
+        run.wait_for_slices()
+        run.install_templates(demo_templates(DEMO_NAMESPACE))
+        say("creating the workloads stage by stage (each stage scheduled before the next):")
+        workloads = run.run_stages()
+        result.outcomes = run.outcomes(workloads, reports)
+        show(result, cluster, say)
+        if cluster.prometheus:
+            show_attribution(cluster.prometheus, say)
+        wrong = [o.pod for o in result.outcomes if not o.matches_prediction]
+        if wrong:
+            raise DemoError(f"the allocation of {', '.join(wrong)} differs from what the claim check predicted "
+                            "(see AS PREDICTED)")
+        if runs_health_stage(options.kubernetes_version):
+            result.health = run.health_stage(result.outcomes)
+    finally:
+        api.close()
+
+
+def stop_demo_cluster(cluster_dir: Path, say: Narrator, *, ok: bool, made_temp: bool) -> None:
+    """Stop the cluster with Ctrl-C and SIGTERM held; after a passed demo in a temporary directory keep only the
+    picture, the report and the supervisor log."""
+    say("stopping the local cluster")
+    # Ctrl-C or SIGTERM now would leave processes behind: hold them until the cluster is down
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        down(cluster_dir)
+        stop_early_supervisors(cluster_dir)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    say("local cluster stopped")
+    if ok and made_temp:
+        # etcd's data, the node trees, the PKI and the admin kubeconfig of the stopped cluster go
+        for heavy in ("controlplane", "nodes"):
+            shutil.rmtree(cluster_dir / heavy, ignore_errors=True)
+        for name in ("kubeconfig", "status.json"):
+            (cluster_dir / name).unlink(missing_ok=True)
+    elif not ok:
+        say(f"logs kept in {cluster_dir} (supervisor.log, controlplane/, nodes/*/driver.log)")

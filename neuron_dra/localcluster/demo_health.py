@@ -67,6 +67,13 @@ def raw_json(resp: Any) -> dict[str, Any]:
     return data
 
 
+def pod_claims(resource: client.ResourceV1Api, namespace: str, pod: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(the pod's name for the claim, the ResourceClaim) of each claim in a pod's status."""
+    return [(status["name"], raw_json(resource.read_namespaced_resource_claim(
+        status["resourceClaimName"], namespace, _preload_content=False)))
+        for status in pod.get("status", {}).get("resourceClaimStatuses") or ()]
+
+
 def device_name(index: int) -> str:
     return f"neuron-device-{index}"
 
@@ -112,9 +119,7 @@ class HealthStage:
         pod = self._pod(SPARE.pod)
         if pod.get("status", {}).get("phase") != "Running":
             return None
-        for status in pod["status"].get("resourceClaimStatuses") or ():
-            claim = raw_json(self.resource.read_namespaced_resource_claim(
-                status["resourceClaimName"], self.namespace, _preload_content=False))
+        for _, claim in pod_claims(self.resource, self.namespace, pod):
             for r in claim["status"]["allocation"]["devices"]["results"]:
                 if r["driver"] == self.cluster.driver_name:
                     return int(r["device"].rsplit("-", 1)[1])

@@ -69,9 +69,3 @@ def created_containers(path: Path, namespace: str, pod: str, uid: str | None = N
             continue
         out[str(entry["container"])] = entry
     return out
-
-
-def failed_creates(path: Path, namespace: str, pod: str) -> list[dict[str, Any]]:
-    """CreateContainer records of a pod that the runtime refused (e.g. an unresolvable CDI id)."""
-    return [e for e in records(path) if e.get("event") == "CreateContainer" and e.get("error")
-            and (e.get("pod") or {}).get("namespace") == namespace and (e.get("pod") or {}).get("name") == pod]

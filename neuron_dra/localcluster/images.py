@@ -1,19 +1,11 @@
 """Container images of the local cluster, built without a registry or a Docker daemon, cached by content.
 
-- pause: Kubernetes' own `build/pause/linux/pause.c` (from the pinned k8s.io/kubernetes module) compiled
-  statically, as the one file of an image; containerd's pinned sandbox image.
-- workload: Debian's static busybox plus `workload.sh` (workload/), which prints what the container sees
-  (its `/dev/neuron*` nodes, NEURON_* variables, EFA devices) and exits promptly on TERM.
-- base: a Debian rootfs made by `mmdebstrap` with Python, for the driver image's PYTHON_IMAGE build argument
-  when the Dockerfile's default base cannot be pulled (no registry here); it carries the host's CA bundle so
-  the Dockerfile's `pip install` works behind a TLS-intercepting proxy (docs/real-runtime.md).
-- driver: `neuron_dra/driver/Dockerfile`, unchanged, built from that base.
-
-Each image is built with buildah (`--isolation chroot`, vfs storage under the cache) and exported as an OCI
-archive `images/<name>-<content hash>.tar` (what `ctr images import` reads). buildah writes a few host paths
-whatever its flags say (`/etc/cni/net.d/cni.lock`, `/etc/containers/networks`, `/var/lib/containers/cache`,
-`/run/containers`), so it runs in a private mount namespace with overlays on /etc and /var/lib and a tmpfs on
-/run, all discarded when it exits.
+pause (Kubernetes' own pause.c, compiled statically), workload (static busybox and `workload/workload.sh`, which
+prints what the container sees), base (a Debian rootfs with Python from `mmdebstrap`, carrying the host's CA
+bundle) and driver (`neuron_dra/driver/Dockerfile`, unchanged, on that base). Each is built with buildah
+(`--isolation chroot`, vfs storage under the cache) in a private mount namespace, since buildah writes host
+paths whatever its flags say, and exported as an OCI archive `images/<name>-<content hash>.tar` for
+`ctr images import` (docs/real-runtime.md).
 """
 
 from __future__ import annotations
@@ -24,6 +16,7 @@ import json
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -74,10 +67,7 @@ def images_dir(cache: Path | None = None) -> Path:
 
 
 def require_tool(name: str) -> str:
-    found = hostreqs.find(name)
-    if found is None:
-        raise BuildError(hostreqs.not_found(name))
-    return found
+    return hostreqs.require(name, BuildError)
 
 
 def content_hash(paths: Iterable[Path], root: Path, extra: Sequence[str] = ()) -> str:
@@ -103,8 +93,8 @@ def _run(argv: Sequence[str], what: str, log: Log | None, cwd: Path | None = Non
     try:
         proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
                               check=False)
-    except subprocess.TimeoutExpired:
-        raise BuildError(f"{what}: no result after {TOOL_TIMEOUT_S:.0f} s") from None
+    except subprocess.TimeoutExpired as e:
+        raise BuildError(f"{what}: no result after {TOOL_TIMEOUT_S:.0f} s") from e
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
         raise BuildError(f"{what} failed (exit {proc.returncode}):\n{tail}")
@@ -238,8 +228,6 @@ def write_references(images: ClusterImages, path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m neuron_dra.localcluster.images [driver|workload|pause|all]`: build and print the archives."""
-    import sys
-
     which = list(argv if argv is not None else sys.argv[1:]) or ["all"]
     builders = {"pause": build_pause, "workload": build_workload, "driver": build_driver}
     names = list(builders) if which == ["all"] else which

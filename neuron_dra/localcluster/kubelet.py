@@ -1,20 +1,11 @@
 """The real kubelet as an emulated node's agent: its configuration, its identity, and how it is run isolated.
 
-A stock kubelet writes outside its root directory (docs/real-kubelet.md): the device-plugin socket
-`/var/lib/kubelet/device-plugins/kubelet.sock`, symlinks in `/var/log/containers`, the volume plugin dir under
-`/usr/libexec/kubernetes`, and, with `protectKernelDefaults: false`, six sysctls machine-wide. Here each kubelet
-runs under `unshare --mount --propagation private`, and a short shell prologue inside that namespace
-
-- bind-mounts this node's `var-lib` and `var-log` directories over `/var/lib` and `/var/log`, so the
-  hard-coded paths land in the cluster directory (the host's `/var/lib` and `/var/log` are hidden from the
-  kubelet only; it needs nothing from them);
-- bind-mounts files holding exactly the values kubelet wants over those `/proc/sys` entries, so it reads
-  what it expects and writes nothing (a write would only reach the file);
-
-then execs kubelet with `--root-dir` (the node's short runtime directory: socket paths are limited to 107
-bytes), `--volume-plugin-dir`, `--node-ip` (a local non-loopback IPv4: kubelet refuses loopback and would
-otherwise resolve its name in DNS), and the Node's EKS labels. Every mount lives in the namespace and goes
-away with it. The DRA driver registers through this kubelet's own plugin watcher in `<root>/plugins_registry`.
+A stock kubelet writes outside its root directory (the device-plugin socket, /var/log/containers, the volume
+plugin dir, six sysctls). Each kubelet therefore runs under `unshare --mount --propagation private`, where a
+shell prologue bind-mounts the node's `var-lib` and `var-log` over /var/lib and /var/log and files with the
+values kubelet wants over those /proc/sys entries, then execs kubelet with a short `--root-dir` (socket paths
+are limited to 107 bytes), a non-loopback `--node-ip` and the Node's EKS labels. docs/real-kubelet.md has the
+list and the reasons.
 """
 
 from __future__ import annotations
@@ -25,14 +16,17 @@ import shlex
 import socket
 import subprocess
 import threading
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.cachedir import Under
 from neuron_dra.localcluster.pki import CertPair
 
 # What kubelet's container manager wants in these sysctls (pkg/kubelet/cm/container_manager_linux.go,
@@ -60,57 +54,19 @@ class KubeletPaths:
     base: Path  # DIR/nodes/NAME
     root: Path  # --root-dir: plugins/, plugins_registry/, pods/, checkpoints
 
-    @property
-    def config(self) -> Path:
-        return self.base / "kubelet-config.yaml"
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.base / "kubelet.kubeconfig"
-
-    @property
-    def cert_dir(self) -> Path:
-        return self.base / "kubelet-pki"
-
-    @property
-    def log(self) -> Path:
-        return self.base / "kubelet.log"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.base / "pids" / "kubelet.pid"
-
-    @property
-    def var_lib(self) -> Path:
-        return self.base / "var-lib"
-
-    @property
-    def var_log(self) -> Path:
-        return self.base / "var-log"
-
-    @property
-    def pod_logs(self) -> Path:
-        return self.base / "pod-logs"
-
-    @property
-    def volume_plugins(self) -> Path:
-        return self.base / "volume-plugins"
-
-    @property
-    def sysctls(self) -> Path:
-        return self.base / "sysctl"
-
-    @property
-    def registry_dir(self) -> Path:
-        return self.root / "plugins_registry"
-
-    @property
-    def plugins_dir(self) -> Path:
-        return self.root / "plugins"
-
-    @property
-    def cri_socket(self) -> Path:
-        return self.root / "cri.sock"
+    config = Under("base", "kubelet-config.yaml")
+    kubeconfig = Under("base", "kubelet.kubeconfig")
+    cert_dir = Under("base", "kubelet-pki")
+    log = Under("base", "kubelet.log")
+    pid_file = Under("base", "pids", "kubelet.pid")
+    var_lib = Under("base", "var-lib")
+    var_log = Under("base", "var-log")
+    pod_logs = Under("base", "pod-logs")
+    volume_plugins = Under("base", "volume-plugins")
+    sysctls = Under("base", "sysctl")
+    registry_dir = Under("root", "plugins_registry")
+    plugins_dir = Under("root", "plugins")
+    cri_socket = Under("root", "cri.sock")
 
 
 @dataclass(frozen=True)
@@ -241,7 +197,15 @@ def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
         "rotateCertificates": False,
     }
     if spec.serving_cert is not None:
-        config.update(api_access_settings(spec.serving_cert, spec.client_ca))
+        # kubelet's API as on a real cluster (kubeadm's defaults): a client certificate from the control plane's CA
+        # or a bearer token the API server confirms (TokenReview) authenticates, nobody else; each request is
+        # authorized by a SubjectAccessReview (Webhook), so the API server's own client certificate needs RBAC on
+        # the `nodes/*` subresources. kubelet serves a certificate the API server verifies
+        # (`--kubelet-certificate-authority`). Reference: kubernetes.io/docs/reference/access-authn-authz/
+        # kubelet-authn-authz/.
+        config["authentication"]["webhook"]["enabled"] = True
+        config.update(authorization={"mode": "Webhook"}, tlsCertFile=str(spec.serving_cert.cert),
+                      tlsPrivateKeyFile=str(spec.serving_cert.key))
     if spec.cgroup_root is not None:
         # Real containers: kubelet's QoS tree under the node's own cgroup (created beforehand in every hierarchy,
         # containerd.create_cgroups), so every container's cgroup is below it; without cgroupsPerQOS containerd
@@ -252,22 +216,6 @@ def kubelet_config(spec: KubeletSpec, paths: KubeletPaths) -> dict[str, Any]:
         # 1.35+ refuses to start on cgroup v1 unless told otherwise; these machines mount cgroup v1.
         config["failCgroupV1"] = False
     return config
-
-
-def api_access_settings(serving_cert: CertPair, client_ca: Path) -> dict[str, Any]:
-    """kubelet's API as on a real cluster (kubeadm's defaults): a client certificate from the control plane's
-    CA or a bearer token the API server confirms (TokenReview) authenticates, nobody else (anonymous off);
-    each request is authorized by a SubjectAccessReview (Webhook), so the API server's own client
-    certificate needs RBAC on the `nodes/*` subresources. kubelet serves a certificate the API server verifies
-    (`--kubelet-certificate-authority`). Reference: kubernetes.io/docs/reference/access-authn-authz/
-    kubelet-authn-authz/."""
-    return {
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                           "x509": {"clientCAFile": str(client_ca)}},
-        "authorization": {"mode": "Webhook"},
-        "tlsCertFile": str(serving_cert.cert),
-        "tlsPrivateKeyFile": str(serving_cert.key),
-    }
 
 
 def kubelet_argv(binary: Path, spec: KubeletSpec, paths: KubeletPaths, verbosity: int = 3) -> list[str]:
@@ -323,8 +271,6 @@ def start(binary: Path, spec: KubeletSpec, paths: KubeletPaths, lifetime_s: floa
 
 def healthy(healthz_port: int) -> bool:
     """kubelet's /healthz (on loopback, `healthzPort` of its configuration) answers ok."""
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{healthz_port}/healthz", timeout=2) as r:
             return bool(r.status == 200)
@@ -352,23 +298,22 @@ NODE_READY_TIMEOUT_S = 90.0
 def wait_node_ready(api: Any, node_name: str, kubelet_log: Path, timeout_s: float = NODE_READY_TIMEOUT_S) -> str:
     """Wait until the kubelet registered its Node and reports it Ready; the Node's uid. KubeletError with the
     end of the kubelet's log when that takes longer than `timeout_s`."""
-    import time
-
-    from kubernetes import client
-
     core = client.CoreV1Api(api)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    uid: list[str] = []
+
+    def ready() -> bool:
         try:
             node: Any = core.read_node(node_name)
         except client.exceptions.ApiException as e:
             if e.status != 404:
                 raise
-        else:
-            conditions = node.status.conditions or [] if node.status is not None else []
-            if any(c.type == "Ready" and c.status == "True" for c in conditions):
-                return str(node.metadata.uid)
-        time.sleep(0.2)
+            return False
+        conditions = node.status.conditions or [] if node.status is not None else []
+        uid[:] = [str(node.metadata.uid)]
+        return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+    if procs.wait_for(ready, timeout_s):
+        return uid[0]
     tail = "\n".join(kubelet_log.read_text(errors="replace").splitlines()[-30:]) if kubelet_log.exists() else ""
     raise KubeletError(f"the kubelet of {node_name} did not report the Node Ready within {timeout_s:.0f} s; "
                        f"{kubelet_log} ends:\n{tail}")

@@ -1,27 +1,12 @@
 """How the API server reaches the kubelets' API (`kubectl logs/exec/port-forward`), authenticated as on a real
-cluster.
+cluster (docs/real-runtime.md, "How the API server reaches the kubelets").
 
-The API server dials a node's kubelet at one of the Node's `status.addresses`, the first of the types in
-`--kubelet-preferred-address-types`, and the port in `status.daemonEndpoints.kubeletEndpoint` (kube-apiserver
-`pkg/kubelet/client/kubelet_client.go`, `NodeConnectionInfoGetter`; `pkg/util/node/node.go`,
-`GetPreferredNodeAddress`). kubelet reports `Hostname` = its `--hostname-override` (the node name) and
-`InternalIP` = `--node-ip`. With the containerd runtime each kubelet listens on 127.0.0.1 inside its node's
-network namespace and its node IP is routed nowhere on the host (nodens.py), so here:
-
-- the API server prefers `Hostname` and runs in its own mount namespace with the cluster's own hosts file bound
-  over /etc/hosts, mapping every containerd node's name to 127.0.0.1 (kube-apiserver is built with CGO off, so
-  Go's resolver reads /etc/hosts itself, `files` first as /etc/nsswitch.conf says; the host's /etc/hosts is
-  untouched and the mount goes away with the process);
-- on the host, a forwarder listens on 127.0.0.1:<kubelet port> (ports are unique on the host,
-  kubelet.PortAllocator) and carries each connection over a unix socket to the kubelet inside the node
-  (nodens.NodeNamespace.forward);
-- the API server presents a client certificate (`--kubelet-client-certificate/-key`) for user
-  KUBELET_CLIENT_USER, bound to the bootstrap ClusterRole `system:kubelet-api-admin`, which the kubelets'
-  Webhook authorization checks; it verifies each kubelet's serving certificate, issued by the same CA for the
-  node name (`--kubelet-certificate-authority`).
-
-The fake runtime's kubelets keep their loopback-only AlwaysAllow settings: their names are not in the hosts
-file, so the API server does not reach them (their containers have no logs anyway).
+The API server prefers the Node's `Hostname` address and runs in a mount namespace with the cluster's own hosts
+file over /etc/hosts (every containerd node's name on 127.0.0.1); on the host a forwarder on 127.0.0.1:<kubelet
+port> carries each connection into the node (nodens.NodeNamespace.forward). It presents a client certificate
+for KUBELET_CLIENT_USER, bound to `system:kubelet-api-admin` for the kubelets' Webhook authorization, and
+verifies each kubelet's serving certificate from the same CA. The fake runtime's kubelets are not in the hosts
+file and keep their loopback-only AlwaysAllow settings.
 """
 
 from __future__ import annotations

@@ -1,31 +1,23 @@
 """A NetworkPolicy enforcer for the containerd nodes: kube-router's network policy controller, one per node, run
 inside the node's mount and network namespaces (`cluster up --network-policy`).
 
-kube-router (github.com/cloudnativelabs/kube-router, built from the Go module proxy by build.build_kube_router)
-watches pods, namespaces and NetworkPolicies and writes iptables rules and ipsets for the pods of its node
-(`Status.HostIP` equal to the Node's InternalIP, the node IP of nodens.NodeNetwork). Only the firewall runs
-(`--run-router=false --run-service-proxy=false`); its health and metrics servers are off. iptables and ipset
-state belongs to a network namespace, so every rule lives in the node's namespace and goes with it when the node
-stops; `/run/xtables.lock` is the node's own `/run` (nodens.py). The host's netfilter state is never touched.
-
-Pods on one node share the CNI bridge `cni0`; bridged traffic passes the node namespace's iptables because
-`net.bridge.bridge-nf-call-iptables` is 1 in a new network namespace (kernel default with br_netfilter built in),
-and kube-router matches it with `-m physdev --physdev-is-bridged`. Its per-pod chain accepts traffic whose source
-is an address of the node (`-m addrtype --src-type LOCAL`): kubelet's probes, as NetworkPolicy requires
-(docs/network-policy.md).
+Only kube-router's firewall runs (no router, service proxy, health or metrics servers). Its iptables rules and
+ipsets belong to the node's network namespace and go with it; bridged pod traffic passes that namespace's
+iptables, and the per-pod chains accept traffic from the node's own addresses (kubelet's probes), as
+NetworkPolicy requires. The host's netfilter state is never touched (docs/network-policy.md).
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.cachedir import Under
 from neuron_dra.localcluster.restarting import Restarting
 
 USER = "neuron-dra:kube-router"  # the client certificate's user; RBAC below grants it what the controller reads
@@ -76,17 +68,9 @@ def require_tools() -> None:
 class EnforcerPaths:
     base: Path  # DIR/nodes/NAME/netpol
 
-    @property
-    def log(self) -> Path:
-        return self.base / "kube-router.log"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.base / "kube-router.pid"
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.base / "kube-router.kubeconfig"
+    log = Under("base", "kube-router.log")
+    pid_file = Under("base", "kube-router.pid")
+    kubeconfig = Under("base", "kube-router.kubeconfig")
 
 
 class NetworkPolicyEnforcer:
@@ -122,15 +106,10 @@ class NetworkPolicyEnforcer:
         return proc.stdout
 
     def wait_enforcing(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            rules = self.filter_rules()
-            if all(f"-j {chain}" in rules for chain in TOP_CHAINS):
-                return
-            time.sleep(0.5)
-        tail = self.paths.log.read_text(errors="replace")[-2000:] if self.paths.log.exists() else ""
-        raise NetworkPolicyError(f"kube-router on {self.node} did not hook {', '.join(TOP_CHAINS)} into the node's "
-                                 f"filter table within {timeout:.0f} s; {self.paths.log} ends:\n{tail}")
+        if not procs.wait_for(lambda: all(f"-j {chain}" in self.filter_rules() for chain in TOP_CHAINS), timeout, 0.5):
+            raise NetworkPolicyError(f"kube-router on {self.node} did not hook {', '.join(TOP_CHAINS)} into the "
+                                     f"node's filter table within {timeout:.0f} s; {self.paths.log} ends:\n"
+                                     f"{procs.log_tail(self.paths.log)}")
 
     def stop(self) -> None:
         if self.process is not None:

@@ -1,25 +1,11 @@
 """The namespaces of one emulated node with a real container runtime: one mount and one network namespace that
 its kubelet and containerd share, held open by a `sleep` process (the holder) and entered with `nsenter`.
 
-Inside the mount namespace (set up before the holder sleeps; every mount goes away with the namespace):
-- kubelet's shadowing of /var/lib, /var/log and its sysctls (kubelet.namespace_prologue);
-- the node's own `run` directory over /run: containerd writes `/run/containerd/{s,runc}` whatever its config
-  says, and `/var/run/cdi` (the DaemonSet's CDI dir) becomes the node's own;
-- kubelet's root directory over /var/lib/kubelet, so the DaemonSet's default plugin and registry paths are the
-  ones this kubelet watches;
-- the emulated host tree (`sys`, `dev`, `opt`) at HOST_TREE, the driver's `host_paths_root`.
-
-The network namespace has loopback, a veth pair carrying the node IP (this kernel has no `dummy` driver), and
-the `kubernetes` Service IP on loopback. The API server on the host's loopback is reached through socat:
-one on the host listens on a unix socket (file system paths cross network namespaces) and connects to the
-API server, two in the node forward `SERVICE_IP:443` (in-cluster config of the driver pod) and
-`127.0.0.1:<API port>` (the kubelet's kubeconfig) to that socket. Nothing is created in the host's network
-namespace, and no `ip netns` entry (which would leave /run/netns behind) is made.
-
-The other direction, host -> node (`NodeNamespace.forward`, any port): socat in the node listens on a unix
-socket and connects to an address inside the node, socat on the host listens on a host loopback port and
-connects to that socket. The API server reaches each kubelet this way (docs/real-runtime.md); a listening
-socket is process state, gone when the forwarder exits, so the host's network namespace is not changed.
+The mount namespace carries kubelet's shadowed /var/lib, /var/log and sysctls (kubelet.namespace_prologue), the
+node's own /run, kubelet's root over /var/lib/kubelet and the emulated host tree at HOST_TREE; the network
+namespace a veth with the node IP and the `kubernetes` Service IP. socat forwarders over unix sockets join the
+node and the host's loopback both ways (API server -> node, `NodeNamespace.forward` host -> node), so nothing
+is created in the host's network namespace. Details and reasons: docs/real-runtime.md.
 """
 
 from __future__ import annotations
@@ -27,12 +13,12 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_dra.localcluster import hostreqs, procs
+from neuron_dra.localcluster.cachedir import Under
 from neuron_dra.localcluster.kubelet import KubeletPaths, namespace_prologue
 
 HOST_TREE = "/run/neuron-dra-host"  # where the node's emulated sys/dev/opt tree appears inside its namespace
@@ -65,26 +51,12 @@ class NodeNamespacePaths:
     base: Path  # DIR/nodes/NAME
     runtime: Path  # the node's short runtime directory (kubelet root)
 
-    @property
-    def run_dir(self) -> Path:
-        return self.base / "run"
-
-    @property
-    def holder_pid(self) -> Path:
-        return self.base / "pids" / "netns-holder.pid"
-
-    @property
-    def holder_own_pid(self) -> Path:
-        """Written by the holder itself: the pid to enter (the pid file above records its `timeout` leader)."""
-        return self.base / "pids" / "netns-holder.self"
-
-    @property
-    def api_socket(self) -> Path:
-        return self.runtime / "api.sock"
-
-    @property
-    def log(self) -> Path:
-        return self.base / "netns.log"
+    run_dir = Under("base", "run")
+    holder_pid = Under("base", "pids", "netns-holder.pid")
+    # Written by the holder itself: the pid to enter (the pid file above records its `timeout` leader).
+    holder_own_pid = Under("base", "pids", "netns-holder.self")
+    api_socket = Under("runtime", "api.sock")
+    log = Under("base", "netns.log")
 
 
 def holder_script(paths: NodeNamespacePaths, kubelet_paths: KubeletPaths, host_tree: Path) -> str:
@@ -147,26 +119,26 @@ class NodeNamespace:
         argv = ["unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", script]
         holder = procs.spawn(argv, log=p.log, pid_file=p.holder_pid, lifetime_s=lifetime_s)
         self._procs.append((holder, p.holder_pid))
-        deadline = time.monotonic() + HOLDER_TIMEOUT_S
-        while not p.holder_own_pid.exists() or not p.holder_own_pid.read_text().strip():
-            if holder.poll() is not None or time.monotonic() > deadline:
+
+        def holding() -> bool:
+            if holder.poll() is not None:
                 raise NodeNamespaceError(f"the namespace holder of {p.base.name} did not start: "
-                                         f"{p.log.read_text(errors='replace')[-1500:]}")
-            time.sleep(0.05)
+                                         f"{procs.log_tail(p.log, 1500)}")
+            return p.holder_own_pid.exists() and bool(p.holder_own_pid.read_text().strip())
+
+        if not procs.wait_for(holding, HOLDER_TIMEOUT_S, 0.05):
+            raise NodeNamespaceError(f"the namespace holder of {p.base.name} did not start: "
+                                     f"{procs.log_tail(p.log, 1500)}")
         self.pid = int(p.holder_own_pid.read_text())
         _run([*self.enter_net, "sh", "-c", network_script(self.net)], f"network of {p.base.name}")
-        socat = _socat()
+        socat = hostreqs.require("socat", NodeNamespaceError)
         p.api_socket.unlink(missing_ok=True)
         self._spawn("api-forward-host", [socat, f"UNIX-LISTEN:{p.api_socket},fork",
                                          f"TCP:127.0.0.1:{self.api_port}"], lifetime_s)
         for name, listen in (("api-forward-service", f"TCP-LISTEN:443,bind={SERVICE_IP},fork,reuseaddr"),
                              ("api-forward-loopback", f"TCP-LISTEN:{self.api_port},bind=127.0.0.1,fork,reuseaddr")):
             self._spawn(name, [*self.enter_net, socat, listen, f"UNIX-CONNECT:{p.api_socket}"], lifetime_s)
-        deadline = time.monotonic() + HOLDER_TIMEOUT_S
-        while not p.api_socket.exists():
-            if time.monotonic() > deadline:
-                raise NodeNamespaceError(f"the API forwarder of {p.base.name} made no socket {p.api_socket}")
-            time.sleep(0.05)
+        _wait_for(p.api_socket.exists, f"the API forwarder of {p.base.name} made no socket {p.api_socket}")
 
     def forward(self, name: str, host_port: int, node_port: int, lifetime_s: float, *,
                 node_address: str = "127.0.0.1") -> Path:
@@ -178,7 +150,7 @@ class NodeNamespace:
         for what, port in (("host_port", host_port), ("node_port", node_port)):
             if not 1 <= port <= 65535:
                 raise NodeNamespaceError(f"forward {name}: {what} {port} is not a TCP port (1-65535)")
-        socat = _socat()
+        socat = hostreqs.require("socat", NodeNamespaceError)
         sock = self.paths.runtime / f"fwd-{name}.sock"
         sock.unlink(missing_ok=True)
         self._spawn(f"forward-{name}-node", [*self.enter_net, socat, f"UNIX-LISTEN:{sock},fork",
@@ -219,18 +191,8 @@ def host_listening(port: int) -> bool:
 
 
 def _wait_for(check: Callable[[], bool], error: str) -> None:
-    deadline = time.monotonic() + HOLDER_TIMEOUT_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise NodeNamespaceError(error)
-        time.sleep(0.05)
-
-
-def _socat() -> str:
-    found = hostreqs.find("socat")
-    if found is None:
-        raise NodeNamespaceError(hostreqs.not_found("socat"))
-    return found
+    if not procs.wait_for(check, HOLDER_TIMEOUT_S, 0.05):
+        raise NodeNamespaceError(error)
 
 
 def _run(argv: Sequence[str], what: str) -> None:

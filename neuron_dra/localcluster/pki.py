@@ -53,36 +53,45 @@ def _load_key(path: Path) -> ec.EllipticCurvePrivateKey:
     return key
 
 
+def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey, *,
+             ca: bool) -> x509.CertificateBuilder:
+    """What every certificate here has: the validity window, basic constraints and key usage (a CA's signs
+    certificates and CRLs, the others' only digital signatures)."""
+    now = datetime.datetime.now(datetime.UTC)
+    usage = x509.KeyUsage(
+        digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+        key_agreement=False, key_cert_sign=ca, crl_sign=ca, encipher_only=False, decipher_only=False,
+    )
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(usage, critical=True)
+    )
+
+
+def _write(pair: CertPair, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> CertPair:
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(pair.key, _key_pem(key))
+    return pair
+
+
 def make_ca(directory: Path, common_name: str = "neuron-dra-local-ca") -> CertPair:
     """A self-signed CA in `directory/ca.{crt,key}`."""
     directory.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
+        _builder(name, name, key, ca=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    pair = CertPair(directory / "ca.crt", directory / "ca.key")
-    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(pair.key, _key_pem(key))
-    return pair
+    return _write(CertPair(directory / "ca.crt", directory / "ca.key"), cert, key)
 
 
 def issue(
@@ -109,24 +118,8 @@ def issue(
     usages = ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else []) + (
         [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
     )
-    now = datetime.datetime.now(datetime.UTC)
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name(attrs))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
+        _builder(x509.Name(attrs), ca_cert.subject, key, ca=False)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
@@ -137,10 +130,7 @@ def issue(
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
-    pair = CertPair(directory / f"{name}.crt", directory / f"{name}.key")
-    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(pair.key, _key_pem(key))
-    return pair
+    return _write(CertPair(directory / f"{name}.crt", directory / f"{name}.key"), cert, key)
 
 
 def make_signing_key(directory: Path, name: str = "sa") -> CertPair:

@@ -7,13 +7,11 @@ benchmarks drive the daemon with it; the local cluster itself runs the real kube
   v1.DRAPlugin, v1beta1.DRAPlugin that the plugin offers), then NotifyRegistrationStatus (5 s): true, or
   false with the reason before raising RegistrationError.
 - `DraClient(endpoint, service)`: NodePrepareResources / NodeUnprepareResources in v1 or v1beta1.
-- `GrpcConnector`: registration plus one cached DRA client per plugin (a `PluginConnector`).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -61,16 +59,6 @@ class Registration:
     version: str  # the DRA service version kubelet chose, e.g. "v1.DRAPlugin"
 
 
-class PluginConnector(Protocol):
-    """Registration and the DRA service of one plugin, as kubelet uses them."""
-
-    def register(self, registration_socket: Path) -> Registration: ...
-
-    def prepare(self, reg: Registration, claims: Sequence[ClaimRef], timeout: float) -> Mapping[str, PrepareResult]: ...
-
-    def unprepare(self, reg: Registration, claims: Sequence[ClaimRef], timeout: float) -> Mapping[str, str]: ...
-
-
 class RegistrationError(RuntimeError):
     pass
 
@@ -107,9 +95,9 @@ def dial(socket_path: Path | str, timeout: float = DIAL_TIMEOUT) -> grpc.Channel
     channel = grpc.insecure_channel(f"unix://{socket_path}")
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
-    except grpc.FutureTimeoutError:
+    except grpc.FutureTimeoutError as e:
         channel.close()
-        raise RegistrationError(f"cannot connect to {socket_path} within {timeout} s") from None
+        raise RegistrationError(f"cannot connect to {socket_path} within {timeout} s") from e
     return channel
 
 
@@ -184,53 +172,22 @@ class DraClient:
     def _claims(self, claims: Sequence[ClaimLike]) -> list[Any]:
         return [self._pb.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
 
+    def _call(self, method: str, request: Any, timeout: float) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise PluginCallError(method, e.code(), e.details() or "") from e
+
     def prepare(self, claims: Sequence[ClaimLike], timeout: float = CALL_TIMEOUT) -> dict[str, PrepareResult]:
         request = self._pb.NodePrepareResourcesRequest(claims=self._claims(claims))
-        try:
-            response = self._stub.NodePrepareResources(request, timeout=timeout)
-        except grpc.RpcError as e:
-            raise PluginCallError("NodePrepareResources", e.code(), e.details() or "") from None
+        response = self._call("NodePrepareResources", request, timeout)
         return {uid: PrepareResult(tuple(_device(d) for d in r.devices), r.error) for uid, r in response.claims.items()}
 
     def unprepare(self, claims: Sequence[ClaimLike], timeout: float = CALL_TIMEOUT) -> dict[str, str]:
         """Claim UID -> error ("" on success)."""
         request = self._pb.NodeUnprepareResourcesRequest(claims=self._claims(claims))
-        try:
-            response = self._stub.NodeUnprepareResources(request, timeout=timeout)
-        except grpc.RpcError as e:
-            raise PluginCallError("NodeUnprepareResources", e.code(), e.details() or "") from None
+        response = self._call("NodeUnprepareResources", request, timeout)
         return {uid: r.error for uid, r in response.claims.items()}
 
     def close(self) -> None:
         self._channel.close()
-
-
-class GrpcConnector:
-    """A PluginConnector: registration, then one cached DRA client per plugin."""
-
-    def __init__(self, kubelet_services: Sequence[str] = KUBELET_DRA_SERVICES) -> None:
-        self.kubelet_services = tuple(kubelet_services)
-        self._clients: dict[tuple[str, str], DraClient] = {}
-        self._lock = threading.Lock()
-
-    def register(self, registration_socket: Path) -> Registration:
-        return register(registration_socket, self.kubelet_services)
-
-    def _client(self, reg: Registration) -> DraClient:
-        key = (reg.endpoint, reg.version)
-        with self._lock:
-            if key not in self._clients:
-                self._clients[key] = DraClient(reg.endpoint, reg.version)
-            return self._clients[key]
-
-    def prepare(self, reg: Registration, claims: Sequence[ClaimLike], timeout: float) -> Mapping[str, PrepareResult]:
-        return self._client(reg).prepare(claims, timeout)
-
-    def unprepare(self, reg: Registration, claims: Sequence[ClaimLike], timeout: float) -> Mapping[str, str]:
-        return self._client(reg).unprepare(claims, timeout)
-
-    def close(self) -> None:
-        with self._lock:
-            for c in self._clients.values():
-                c.close()
-            self._clients.clear()

@@ -22,7 +22,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +57,12 @@ def start_time(pid: int) -> int | None:
     """The start time of `pid` in clock ticks since boot, or None when no such process exists."""
     fields = _stat_fields(pid)
     return int(fields[19]) if fields is not None else None  # field 22 overall; fields[0] is field 3
+
+
+def parent(pid: int) -> int | None:
+    """The parent pid of `pid`, or None when no such process exists."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields is not None else None
 
 
 def ref_of(pid: int) -> ProcessRef:
@@ -103,6 +109,48 @@ def children(pid: int) -> list[int]:
     return sorted(set(out))
 
 
+def matching(match: Callable[[int, list[bytes]], bool]) -> list[int]:
+    """The pids of the live processes whose (pid, argv) `match` accepts (zombies have no command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv != [b""] and match(int(entry.name), argv):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def kill(pids: Iterable[int]) -> int:
+    """KILL each of `pids` (those already gone are skipped); how many there were."""
+    pids = list(pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def wait_for(check: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
+    """Call `check` every `interval` s until it returns true (True), or `timeout` s and one last call (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(interval)
+    return check()
+
+
+def log_tail(path: Path, chars: int = 2000) -> str:
+    """The end of a log file for an error message; "" when there is none."""
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
 def spawn(argv: Sequence[str], *, log: Path, pid_file: Path, lifetime_s: float, cwd: Path | None = None,
           env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start `argv` under `timeout` in a new session, output appended to `log`, recorded in `pid_file`.
@@ -121,7 +169,7 @@ def spawn(argv: Sequence[str], *, log: Path, pid_file: Path, lifetime_s: float, 
             popen = subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=cwd, env=dict(env) if env is not None else None, start_new_session=True)
         except OSError as e:
-            raise ProcessError(f"cannot start {argv[0]}: {e}") from None
+            raise ProcessError(f"cannot start {argv[0]}: {e}") from e
     started = start_time(popen.pid)
     # A process that already exited and was reaped has no /proc entry; record it anyway (it is not alive).
     write_pid_file(pid_file, ProcessRef(popen.pid, started if started is not None else -1))
@@ -147,14 +195,7 @@ def stop(ref: ProcessRef, grace_s: float = 15.0, popen: subprocess.Popen[bytes] 
         if popen is not None:
             popen.poll()
         return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if popen is not None:
-            if popen.poll() is not None:
-                break
-        elif not alive(ref):
-            break
-        time.sleep(0.05)
+    wait_for(lambda: popen.poll() is not None if popen is not None else not alive(ref), grace_s, 0.05)
     # KILL whatever is left of the group (children that ignored TERM), even after the leader exited.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(ref.pid, signal.SIGKILL)

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.cachedir import Under
 
 SCRAPE_INTERVAL_S = 2  # a test sees a change within seconds; the drivers answer a scrape in milliseconds
 READY_TIMEOUT_S = 60.0
@@ -82,13 +83,8 @@ class LocalPrometheus:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def pid_file(self) -> Path:
-        return self.dir / "pids" / "prometheus.pid"
-
-    @property
-    def log(self) -> Path:
-        return self.dir / "prometheus.log"
+    pid_file = Under("dir", "pids", "prometheus.pid")
+    log = Under("dir", "prometheus.log")
 
     @property
     def extra_targets(self) -> Path:
@@ -102,18 +98,20 @@ class LocalPrometheus:
                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d",
                 "--log.level=warn"]
         self._popen = procs.spawn(argv, log=self.log, pid_file=self.pid_file, lifetime_s=lifetime_s)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._popen.poll() is not None:
-                break
+        popen = self._popen
+
+        def ready() -> bool:
+            if popen.poll() is not None:
+                return True
             try:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
+                    return bool(r.status == 200)
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+                return False
+
+        if procs.wait_for(ready, READY_TIMEOUT_S) and popen.poll() is None:
+            return
+        tail = procs.log_tail(self.log)
         self.stop()
         raise PrometheusError(f"Prometheus on port {self.port} did not become ready; {self.log} ends:\n{tail}")
 
@@ -132,7 +130,7 @@ def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         with urllib.request.urlopen(request, timeout=10) as r:
             answer = json.loads(r.read(MAX_ANSWER))
     except urllib.error.HTTPError as e:
-        raise PrometheusError(f"query {expr!r}: HTTP {e.code}: {e.read(2000).decode(errors='replace')}") from None
+        raise PrometheusError(f"query {expr!r}: HTTP {e.code}: {e.read(2000).decode(errors='replace')}") from e
     if answer.get("status") != "success":
         raise PrometheusError(f"query {expr!r}: {answer.get('error', answer)}")
     result: list[dict[str, Any]] = answer["data"]["result"]

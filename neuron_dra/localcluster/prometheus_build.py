@@ -26,8 +26,8 @@ from neuron_dra.localcluster.build import (
     Log,
     _go_module_dir,
     cache_root,
-    cached_go_build,
     go_env,
+    pinned_build,
     required_version,
 )
 from neuron_dra.localcluster.cachedir import locked
@@ -58,11 +58,8 @@ def prometheus_version() -> str:
 
 def build_prometheus(*, cache: Path | None = None, log: Log | None = None) -> Path:
     """The `prometheus` binary, cached under `prometheus/<release>/`."""
-    version = prometheus_version()
-    target = (cache or cache_root()) / "prometheus" / version
-    ldflags = ["-s", "-w", f"-X github.com/prometheus/common/version.Version={version}"]
-    return cached_go_build(PROMETHEUS_MODULE_DIR, {"prometheus": PROMETHEUS_PACKAGE}, target, ldflags=ldflags,
-                           tags=PROMETHEUS_TAGS, log=log)["prometheus"]
+    return pinned_build(PROMETHEUS_MODULE_DIR, "prometheus", prometheus_version(), {"prometheus": PROMETHEUS_PACKAGE},
+                        "github.com/prometheus/common/version.Version", cache, log, PROMETHEUS_TAGS)["prometheus"]
 
 
 def operator_version() -> str:
@@ -71,9 +68,8 @@ def operator_version() -> str:
 
 def build_controller_gen(*, cache: Path | None = None, log: Log | None = None) -> Path:
     version = required_version(OPERATOR_MODULE_DIR, CONTROLLER_TOOLS)
-    target = (cache or cache_root()) / "controller-gen" / version
-    return cached_go_build(OPERATOR_MODULE_DIR, {"controller-gen": f"{CONTROLLER_TOOLS}/cmd/controller-gen"},
-                           target, ldflags=["-s", "-w"], log=log)["controller-gen"]
+    binaries = {"controller-gen": f"{CONTROLLER_TOOLS}/cmd/controller-gen"}
+    return pinned_build(OPERATOR_MODULE_DIR, "controller-gen", version, binaries, None, cache, log)["controller-gen"]
 
 
 def podmonitor_crd(*, cache: Path | None = None, log: Log | None = None) -> dict[str, Any]:

@@ -26,21 +26,32 @@ from typing import Any
 
 from kubernetes import client, config
 
+from neuron_dra.driver import deploy
 from neuron_dra.driver.kubeletplugin.signals import set_on_signals
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.catalog_file import load_catalog
-from neuron_dra.driver.model.discovery import discover
-from neuron_dra.driver.model.emulate import EmulationOptions, emulate
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.localcluster import fakeruntime, kubelet, procs
+from neuron_dra.localcluster import fakeruntime, kubelet, netpol, procs
 from neuron_dra.localcluster.apply import apply_all
-from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries
+from neuron_dra.localcluster.build import (
+    DEFAULT_MINOR,
+    Binaries,
+    build_containerd,
+    build_fakecri,
+    build_kube_router,
+    ensure_binaries,
+)
+from neuron_dra.localcluster.containerd_node import ContainerdNodeAgent, driver_pod_selector, wait_driver_ready
 from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
-from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver, efa_device_class
-from neuron_dra.localcluster.nodes import node_manifest
+from neuron_dra.localcluster.efa_emulator import efa_device_class
+from neuron_dra.localcluster.images import ensure_images, write_references
+from neuron_dra.localcluster.nodeagent import NodeAgentBase, stop_part
+from neuron_dra.localcluster.nodens import HOST_TREE
 from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
+from neuron_dra.localcluster.prometheus import METRICS_PORT, LocalPrometheus, ScrapeTarget
+from neuron_dra.localcluster.prometheus_build import build_prometheus
 from neuron_dra.localcluster.restarting import Restarting
-from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
+from neuron_dra.localcluster.topology import NodeSpec, parse_nodes, runtime_dir
 
 log = logging.getLogger(__name__)
 DEFAULT_TTL_S = 2 * 3600
@@ -63,55 +74,28 @@ def write_status(cluster_dir: Path, **status: Any) -> None:
     tmp.replace(cluster_dir / STATUS_FILE)
 
 
-class NodeAgent:
+class NodeAgent(NodeAgentBase):
     """Everything that runs for one emulated node: fake runtime, kubelet, driver daemon, emulated EFA driver."""
 
     def __init__(self, cluster_dir: Path, node: NodeSpec, api: client.ApiClient, control_plane: ControlPlane,
                  identity: DriverIdentity, driver_name: str, binaries: Binaries, fakecri: Path,
                  deadline: float, catalog_file: Path | None = None,
                  ports: kubelet.PortAllocator | None = None, metrics_port: int = 0) -> None:
-        self.node = node
+        super().__init__(cluster_dir, node, api, control_plane, binaries, deadline, catalog_file, ports, log)
         self.metrics_port = metrics_port  # 0: none; else the driver's, on loopback (Prometheus scrapes it)
-        self.ports = ports or kubelet.PortAllocator()
-        self.catalog_file = catalog_file  # a catalog file's instance types (docs/catalog-file.md), for the driver too
-        self.catalog = load_catalog(catalog_file) if catalog_file else BUILTIN
-        self.paths = NodePaths.of(cluster_dir, node.name)
-        self.api = api
-        self.control_plane = control_plane
         self.identity = identity
         self.driver_name = driver_name
-        self.binaries = binaries
         self.fakecri = fakecri
-        self.deadline = deadline
-        self.runtime: Restarting | None = None
-        self.kubelet: Restarting | None = None
         self.driver: Restarting | None = None
-        self.efa: EmulatedEfaDriver | None = None
 
     def start(self) -> None:
         p = self.paths
-        for d in (p.plugins_dir, p.registry_dir, p.cdi_root, p.pids):
-            d.mkdir(parents=True, exist_ok=True)
-        if not p.host_root.exists():
-            emulate(self.node.instance_type, p.host_root, EmulationOptions(host_id=self.node.name), self.catalog)
-        host = discover(p.host_root, catalog=self.catalog)
-        net = (f"nn-{self.node.name[:4]}-l1", f"nn-{self.node.name[:4]}-l2", f"nn-{self.node.name}-l3")
-        labels, taints, provider_id = kubelet.labels_and_taints(
-            node_manifest(self.node.name, self.node.instance_type, network_nodes=net, catalog=self.catalog))
-        spec = kubelet.KubeletSpec(self.node.name, labels, taints, provider_id, kubelet.node_ip(),
-                                   self.control_plane.ca_file, self.ports.take(), self.ports.take(),
-                                   int(self.binaries.minor.split(".")[1]))
-        kubelet.prepare(spec, p.kubelet,
-                        lambda user, groups, path: self.control_plane.client_kubeconfig(user, groups, path=path))
+        host, spec = self.prepare(kubelet.node_ip(), [p.cdi_root])
         rt = p.fake_runtime
         self.runtime = Restarting(f"fakecri-{self.node.name}",
                                   lambda life: fakeruntime.start(self.fakecri, rt, life), rt.pid_file, self.deadline)
         self.runtime.start()
-        self.kubelet = Restarting(f"kubelet-{self.node.name}",
-                                  lambda life: kubelet.start(self.binaries.kubelet, spec, p.kubelet, life),
-                                  p.kubelet.pid_file, self.deadline)
-        self.kubelet.start()
-        node_uid = self._wait_node_ready()
+        node_uid = self.start_kubelet(spec)
         self._write_driver_kubeconfig()
         argv = [sys.executable, "-m", "neuron_dra.driver", "--node-name", self.node.name,
                 "--driver-name", self.driver_name, "--plugins-dir", str(p.plugins_dir),
@@ -128,12 +112,7 @@ class NodeAgent:
                                                           lifetime_s=life, env=env),
                                  p.driver_pid, self.deadline)
         self.driver.start()
-        self.efa = EmulatedEfaDriver(self.api, self.node.name, host, p.plugins_dir, p.registry_dir, node_uid)
-        self.efa.start()
-
-    def _wait_node_ready(self) -> str:
-        """The kubelet registered the Node and reports it Ready; returns the Node's uid."""
-        return kubelet.wait_node_ready(self.api, self.node.name, self.paths.kubelet.log)
+        self.start_efa(host, node_uid)
 
     def _write_driver_kubeconfig(self) -> None:
         """A token bound to a driver pod on this node: the API server adds the node name to the identity, which
@@ -166,16 +145,9 @@ class NodeAgent:
 
     def stop(self) -> None:
         # The driver first (it must not see a half-stopped node as a reason to act), the runtime last.
-        for name, part in (("driver", self.driver), ("EFA driver", self.efa), ("kubelet", self.kubelet),
-                           ("fake runtime", self.runtime)):
-            if part is None:
-                continue
-            began = time.monotonic()
-            try:
-                part.stop()
-            except Exception:
-                log.exception("stopping the %s of %s", name, self.node.name)
-            log.info("stopped the %s of %s in %.1f s", name, self.node.name, time.monotonic() - began)
+        self.stop_steps((("driver", lambda: stop_part(self.driver)), ("EFA driver", lambda: stop_part(self.efa)),
+                         ("kubelet", lambda: stop_part(self.kubelet)),
+                         ("fake runtime", lambda: stop_part(self.runtime))))
 
 
 def start_all(agents: list[Any]) -> None:
@@ -201,14 +173,10 @@ def start_all(agents: list[Any]) -> None:
 
 def wait_for_service_account(api: client.ApiClient, namespace: str, name: str, timeout: float) -> None:
     core = client.CoreV1Api(api)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(sa.metadata is not None and sa.metadata.name == name
-               for sa in core.list_namespaced_service_account(namespace).items):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"namespace {namespace} has no service account {name} after {timeout:.0f} s "
-                       "(is kube-controller-manager running?)")
+    if not procs.wait_for(lambda: any(sa.metadata is not None and sa.metadata.name == name
+                                      for sa in core.list_namespaced_service_account(namespace).items), timeout):
+        raise RuntimeError(f"namespace {namespace} has no service account {name} after {timeout:.0f} s "
+                           "(is kube-controller-manager running?)")
 
 
 # A local cluster has a handful of nodes: NeuronCores on every minor that serves them (1.36+), whatever the
@@ -218,8 +186,6 @@ LOCAL_CORE_PARTITIONS = "on"
 
 def local_core_partitions(minor: str | None) -> str:
     """The fake runtime's daemon's --core-partitions: the DaemonSet's rule (deploy.core_partitions_arg)."""
-    from neuron_dra.driver import deploy
-
     options = deploy.DriverDeployOptions(kubernetes_version=minor, core_partitions=LOCAL_CORE_PARTITIONS)
     return deploy.core_partitions_arg(options) or "auto"
 
@@ -228,8 +194,6 @@ def driver_objects(driver_name: str, kubernetes_version: str | None = None
                    ) -> tuple[list[dict[str, Any]], DriverIdentity]:
     """The same objects `neuron-dra plan -o yaml` prints for the driver, minus the DaemonSet (with the fake
     runtime the supervisor runs the daemon itself), plus the EFA DeviceClass of the emulated EFA driver."""
-    from neuron_dra.driver import deploy
-
     options = deploy.DriverDeployOptions(driver_name=driver_name, core_partitions=LOCAL_CORE_PARTITIONS,
                                          kubernetes_version=kubernetes_version)
     objects = [o for o in deploy.manifests(options) if o["kind"] != "DaemonSet"]
@@ -242,9 +206,6 @@ def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = 
     """The deploy options of a containerd cluster's driver: the defaults, except what a local node must differ
     in: the image (imported, not pulled), the emulated host tree's path on the node, a catalog file's text, and
     the metrics port when a Prometheus scrapes the drivers."""
-    from neuron_dra.driver import deploy
-    from neuron_dra.localcluster.nodens import HOST_TREE
-
     return deploy.DriverDeployOptions(driver_name=driver_name, image=image, host_paths_root=HOST_TREE,
                                       catalog_yaml=catalog_file.read_text() if catalog_file else None,
                                       metrics_port=metrics_port, core_partitions=LOCAL_CORE_PARTITIONS,
@@ -254,11 +215,7 @@ def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = 
 def expose_drivers(api: client.ApiClient, options: Any, agents: list[Any], ports: kubelet.PortAllocator,
                    lifetime_s: float) -> list[Any]:
     """Scrape targets on the host for the driver pods of a containerd cluster (localcluster/prometheus.py)."""
-    from neuron_dra.localcluster.containerd_node import options_pod_selector
-    from neuron_dra.localcluster.prometheus import ScrapeTarget
-
-    selector = ",".join(f"{k}={v}" for k, v in sorted(options_pod_selector().items()))
-    pods = client.CoreV1Api(api).list_namespaced_pod(options.namespace, label_selector=selector).items
+    pods = client.CoreV1Api(api).list_namespaced_pod(options.namespace, label_selector=driver_pod_selector()).items
     ip_of = {p.spec.node_name: p.status.pod_ip for p in pods if p.spec and p.status and p.status.pod_ip}
     targets = []
     for agent in agents:
@@ -268,19 +225,49 @@ def expose_drivers(api: client.ApiClient, options: Any, agents: list[Any], ports
     return targets
 
 
+def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], admin: client.ApiClient,
+                cp: ControlPlane, binaries: Binaries, ports: kubelet.PortAllocator, deadline: float, *,
+                driver_name: str, catalog_file: Path | None, runtime: str, prometheus: bool,
+                network_policy: bool) -> list[ScrapeTarget]:
+    """Apply the driver's objects and start every node's agent, each appended to `agents` as it is made (the
+    caller stops them); the drivers' scrape targets when `prometheus`."""
+    if runtime == "containerd":
+        images = ensure_images()  # built by `cluster up` before it started us
+        runtime_binaries = build_containerd()
+        # The metrics port is on for a Prometheus, and with NetworkPolicy enforced: the policy's scrape rule
+        # then has a port to admit (docs/network-policy.md).
+        options = daemonset_options(driver_name, images.driver.reference, catalog_file,
+                                    METRICS_PORT if prometheus or network_policy else 0, binaries.minor)
+        enforcer = None
+        if network_policy:
+            enforcer = build_kube_router()  # built by `cluster up` before it started us
+            apply_all(admin, netpol.rbac_manifests())
+        apply_all(admin, [*deploy.manifests(options), efa_device_class()])
+        agents += [ContainerdNodeAgent(cluster_dir, node, i, admin, cp, binaries, runtime_binaries, images,
+                                       deadline, catalog_file, ports, enforcer)
+                   for i, node in enumerate(nodes, 1)]
+        start_all(agents)
+        wait_driver_ready(admin, options, [n.name for n in nodes], timeout=180.0)
+        write_references(images, cluster_dir / "images.json")
+        return expose_drivers(admin, options, agents, ports, deadline - time.time()) if prometheus else []
+    fakecri = build_fakecri()
+    objects, identity = driver_objects(driver_name, binaries.minor)
+    apply_all(admin, objects)
+    agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
+                         catalog_file, ports, ports.take() if prometheus else 0) for node in nodes]
+    start_all(agents)
+    return [ScrapeTarget(a.node.name, f"127.0.0.1:{a.metrics_port}") for a in agents if a.metrics_port]
+
+
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake",
         profile: str = DEFAULT_PROFILE, prometheus: bool = False, network_policy: bool = False) -> int:
-    from neuron_dra.localcluster.build import build_containerd, build_fakecri, ensure_binaries
-    from neuron_dra.localcluster.prometheus import METRICS_PORT, LocalPrometheus, ScrapeTarget
-
     stop = threading.Event()
     set_on_signals(stop)
     procs.write_pid_file(cluster_dir / PID_FILE, procs.ref_of(os.getpid()))
     agents: list[Any] = []  # NodeAgent or ContainerdNodeAgent
-    cp = None
+    cp: ControlPlane | None = None
     scraper: LocalPrometheus | None = None
-    targets: list[ScrapeTarget] = []
     deadline = time.time() + ttl
     try:
         write_status(cluster_dir, state="starting")
@@ -291,45 +278,11 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         cp = ControlPlane.start(cluster_dir / "controlplane", binaries=binaries, max_lifetime_s=ttl + 60,
                                 kubelet_hosts=kubelet_hosts, profile=profile)
         admin = config.new_client_from_config(str(cp.kubeconfig))
-        objects, identity = driver_objects(driver_name, binaries.minor)
         ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice
-        if runtime == "containerd":
-            from neuron_dra.driver import deploy
-            from neuron_dra.localcluster.containerd_node import ContainerdNodeAgent, wait_driver_ready
-            from neuron_dra.localcluster.images import ensure_images, write_references
-
-            images = ensure_images()  # built by `cluster up` before it started us
-            runtime_binaries = build_containerd()
-            # The metrics port is on for a Prometheus, and with NetworkPolicy enforced: the policy's scrape rule
-            # then has a port to admit (docs/network-policy.md).
-            options = daemonset_options(driver_name, images.driver.reference, catalog_file,
-                                        METRICS_PORT if prometheus or network_policy else 0, binaries.minor)
-            enforcer = None
-            if network_policy:
-                from neuron_dra.localcluster import netpol
-                from neuron_dra.localcluster.build import build_kube_router
-
-                enforcer = build_kube_router()  # built by `cluster up` before it started us
-                apply_all(admin, netpol.rbac_manifests())
-            apply_all(admin, [*deploy.manifests(options), efa_device_class()])
-            agents += [ContainerdNodeAgent(cluster_dir, node, i, admin, cp, binaries, runtime_binaries, images,
-                                           deadline, catalog_file, ports, enforcer)
-                       for i, node in enumerate(nodes, 1)]
-            start_all(agents)
-            wait_driver_ready(admin, options, [n.name for n in nodes], timeout=180.0)
-            write_references(images, cluster_dir / "images.json")
-            if prometheus:
-                targets = expose_drivers(admin, options, agents, ports, deadline - time.time())
-        else:
-            fakecri = build_fakecri()
-            apply_all(admin, objects)
-            agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
-                                 catalog_file, ports, ports.take() if prometheus else 0) for node in nodes]
-            start_all(agents)
-            targets = [ScrapeTarget(a.node.name, f"127.0.0.1:{a.metrics_port}") for a in agents if a.metrics_port]
+        targets = start_nodes(agents, cluster_dir, nodes, admin, cp, binaries, ports, deadline, driver_name=driver_name,
+                              catalog_file=catalog_file, runtime=runtime, prometheus=prometheus,
+                              network_policy=network_policy)
         if prometheus:
-            from neuron_dra.localcluster.prometheus_build import build_prometheus
-
             scraper = LocalPrometheus(cluster_dir / "prometheus", build_prometheus(), ports.take())
             scraper.start(targets, deadline - time.time())
         # Pods are refused until kube-controller-manager has made a namespace's `default` service account:
@@ -349,22 +302,29 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         write_status(cluster_dir, state="failed", error=f"{type(e).__name__}: {e}")
         return 1
     finally:
-        stoppers = [threading.Thread(target=agent.stop, name=f"stop-{agent.node.name}") for agent in agents]
-        for t in stoppers:  # nodes stop independently, as real nodes would
-            t.start()
-        for t in stoppers:
-            t.join(timeout=60)
-        if scraper is not None:
-            scraper.stop()
-        procs.stop_all(cluster_dir / "nodes")  # anything a node agent could not stop (it logged why)
-        if cp is not None:
-            cp.stop()
-        shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)
-        if (cluster_dir / STATUS_FILE).exists():
-            status = json.loads((cluster_dir / STATUS_FILE).read_text())
-            if status.get("state") != "failed":
-                write_status(cluster_dir, state="stopped")
-        (cluster_dir / PID_FILE).unlink(missing_ok=True)
+        stop_cluster(cluster_dir, agents, scraper, cp)
+
+
+def stop_cluster(cluster_dir: Path, agents: list[Any], scraper: LocalPrometheus | None,
+                 cp: ControlPlane | None) -> None:
+    """The nodes, Prometheus, whatever a node left running, the control plane; the status says stopped unless the
+    start failed."""
+    stoppers = [threading.Thread(target=agent.stop, name=f"stop-{agent.node.name}") for agent in agents]
+    for t in stoppers:  # nodes stop independently, as real nodes would
+        t.start()
+    for t in stoppers:
+        t.join(timeout=60)
+    if scraper is not None:
+        scraper.stop()
+    procs.stop_all(cluster_dir / "nodes")  # anything a node agent could not stop (it logged why)
+    if cp is not None:
+        cp.stop()
+    shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)
+    if (cluster_dir / STATUS_FILE).exists():
+        status = json.loads((cluster_dir / STATUS_FILE).read_text())
+        if status.get("state") != "failed":
+            write_status(cluster_dir, state="stopped")
+    (cluster_dir / PID_FILE).unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
+from neuron_dra.localcluster.cachedir import Under
 from neuron_dra.localcluster.fakeruntime import RuntimePaths
 from neuron_dra.localcluster.kubelet import KubeletPaths
 
@@ -51,9 +52,7 @@ class NodePaths:
     def of(cls, cluster_dir: Path, node: str) -> NodePaths:
         return cls(cluster_dir / "nodes" / node, runtime_dir(cluster_dir) / node)
 
-    @property
-    def host_root(self) -> Path:
-        return self.base / "host"
+    host_root = Under("base", "host")
 
     @property
     def plugins_dir(self) -> Path:
@@ -63,9 +62,7 @@ class NodePaths:
     def registry_dir(self) -> Path:
         return self.kubelet.registry_dir
 
-    @property
-    def cdi_root(self) -> Path:
-        return self.base / "cdi"
+    cdi_root = Under("base", "cdi")
 
     @property
     def kubelet(self) -> KubeletPaths:
@@ -77,26 +74,12 @@ class NodePaths:
         return RuntimePaths(socket=self.kubelet.cri_socket, cdi_dir=self.cdi_root, records=self.cri_records,
                             log=self.base / "fakecri.log", pid_file=self.pids / "fakecri.pid")
 
-    @property
-    def cri_records(self) -> Path:
-        """One JSON line per CreateContainer / RemovePodSandbox of the node's fake runtime (fakeruntime.py)."""
-        return self.base / "cri-records.jsonl"
-
-    @property
-    def pids(self) -> Path:
-        return self.base / "pids"
-
-    @property
-    def driver_kubeconfig(self) -> Path:
-        return self.base / "driver.kubeconfig"
-
-    @property
-    def driver_log(self) -> Path:
-        return self.base / "driver.log"
-
-    @property
-    def driver_pid(self) -> Path:
-        return self.pids / "driver.pid"
+    # One JSON line per CreateContainer / RemovePodSandbox of the node's fake runtime (fakeruntime.py).
+    cri_records = Under("base", "cri-records.jsonl")
+    pids = Under("base", "pids")
+    driver_kubeconfig = Under("base", "driver.kubeconfig")
+    driver_log = Under("base", "driver.log")
+    driver_pid = Under("pids", "driver.pid")
 
 
 def runtime_dir(cluster_dir: Path) -> Path:

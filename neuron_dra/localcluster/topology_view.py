@@ -95,6 +95,40 @@ def _positions(spec: InstanceSpec, size: float) -> dict[int, tuple[float, float]
     return {0: (size / 2, size / 2)}
 
 
+def _svg_links(spec: InstanceSpec, pos: Mapping[int, tuple[float, float]], panel: int, ox: float) -> list[str]:
+    """The links of one node's panel: spokes to a switch for all-to-all, dashed stubs for torus wrap-arounds."""
+    out: list[str] = []
+    drawn: set[tuple[int, int]] = set()
+    if spec.topology is TopologyKind.ALL_TO_ALL:
+        # One spoke per device to the switch in the middle, instead of n*(n-1)/2 crossing lines.
+        cx, cy = ox + panel / 2, 30 + panel / 2
+        for x, y in pos.values():
+            out.append(f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" stroke="#999"/>')
+        out.append(f'<g><title>all-to-all switch</title><circle cx="{cx:.1f}" cy="{cy:.1f}" r="16" '
+                   f'fill="#dddddd" stroke="#333"/><text x="{cx:.1f}" y="{cy + 4:.1f}" '
+                   'text-anchor="middle">switch</text></g>')
+        drawn = {(min(i, j), max(i, j)) for i in range(spec.device_count) for j in expected_neighbours(spec, i)}
+    for i in range(spec.device_count):
+        for j in expected_neighbours(spec, i):
+            a, b = min(i, j), max(i, j)
+            if (a, b) in drawn:
+                continue
+            drawn.add((a, b))
+            (x1, y1), (x2, y2) = pos[a], pos[b]
+            if math.hypot(x2 - x1, y2 - y1) > panel / 3.5 and spec.topology is TopologyKind.TORUS_4X4:
+                # wrap-around link: a dashed stub leaving each end instead of a line across the grid
+                dx, dy = (x2 - x1), (y2 - y1)
+                norm = math.hypot(dx, dy)
+                ux, uy = -dx / norm * 30, -dy / norm * 30
+                out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x1 + ux:.1f}" y2="{y1 + uy:.1f}" '
+                           'stroke="#999" stroke-dasharray="3,2"/>')
+                out.append(f'<line x1="{x2:.1f}" y1="{y2:.1f}" x2="{x2 - ux:.1f}" y2="{y2 - uy:.1f}" '
+                           'stroke="#999" stroke-dasharray="3,2"/>')
+            else:
+                out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="#999"/>')
+    return out
+
+
 def render_svg(views: Sequence[NodeView], panel: int = 260) -> str:
     """All nodes side by side as one SVG document, devices coloured by owner, links drawn."""
     letters = legend_letters(views)
@@ -111,34 +145,7 @@ def render_svg(views: Sequence[NodeView], panel: int = 260) -> str:
         pos = {i: (x + ox, y + 30) for i, (x, y) in _positions(spec, panel).items()}
         out.append(f'<text x="{ox + 8}" y="16" font-weight="bold">{escape(view.node_name)}</text>')
         out.append(f'<text x="{ox + 8}" y="28">{escape(spec.instance_type)} · {spec.topology.value}</text>')
-        drawn: set[tuple[int, int]] = set()
-        if spec.topology is TopologyKind.ALL_TO_ALL:
-            # One spoke per device to the switch in the middle, instead of n*(n-1)/2 crossing lines.
-            cx, cy = ox + panel / 2, 30 + panel / 2
-            for x, y in pos.values():
-                out.append(f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" stroke="#999"/>')
-            out.append(f'<g><title>all-to-all switch</title><circle cx="{cx:.1f}" cy="{cy:.1f}" r="16" '
-                       f'fill="#dddddd" stroke="#333"/><text x="{cx:.1f}" y="{cy + 4:.1f}" '
-                       'text-anchor="middle">switch</text></g>')
-            drawn = {(min(i, j), max(i, j)) for i in range(spec.device_count) for j in expected_neighbours(spec, i)}
-        for i in range(spec.device_count):
-            for j in expected_neighbours(spec, i):
-                a, b = min(i, j), max(i, j)
-                if (a, b) in drawn:
-                    continue
-                drawn.add((a, b))
-                (x1, y1), (x2, y2) = pos[a], pos[b]
-                if math.hypot(x2 - x1, y2 - y1) > panel / 3.5 and spec.topology is TopologyKind.TORUS_4X4:
-                    # wrap-around link: a dashed stub leaving each end instead of a line across the grid
-                    dx, dy = (x2 - x1), (y2 - y1)
-                    norm = math.hypot(dx, dy)
-                    ux, uy = -dx / norm * 30, -dy / norm * 30
-                    out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x1 + ux:.1f}" y2="{y1 + uy:.1f}" '
-                               'stroke="#999" stroke-dasharray="3,2"/>')
-                    out.append(f'<line x1="{x2:.1f}" y1="{y2:.1f}" x2="{x2 - ux:.1f}" y2="{y2 - uy:.1f}" '
-                               'stroke="#999" stroke-dasharray="3,2"/>')
-                else:
-                    out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="#999"/>')
+        out += _svg_links(spec, pos, panel, ox)
         for i, (x, y) in pos.items():
             owner = view.owners.get(i)
             fill = colours[owner] if owner is not None else FREE

@@ -170,7 +170,8 @@ def test_runtime_records_of_a_pod(tmp_path: Path) -> None:
     assert fakeruntime.created_containers(path, "ns", "p", "u1")["main"]["env"] == {"X": "1"}
     assert fakeruntime.created_containers(path, "ns", "p")["main"]["env"] == {"X": "2"}  # the latest
     assert set(fakeruntime.created_containers(path, "ns", "p")) == {"main"}  # the refused one is no container
-    assert [e["container"] for e in fakeruntime.failed_creates(path, "ns", "p")] == ["side"]
+    refused = [e for e in fakeruntime.records(path) if e.get("event") == "CreateContainer" and e.get("error")]
+    assert [e["container"] for e in refused] == ["side"]
     assert fakeruntime.created_containers(tmp_path / "absent", "ns", "p") == {}
 
 

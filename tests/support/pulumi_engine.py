@@ -38,7 +38,7 @@ class Engine:
         (root / "bin").mkdir(parents=True, exist_ok=True)
         (root / "state").mkdir(exist_ok=True)
         (root / "home").mkdir(exist_ok=True)
-        for name, path in binaries.as_dict().items():
+        for name, path in binaries.items():
             link = root / "bin" / name
             if not link.exists():
                 link.symlink_to(path)

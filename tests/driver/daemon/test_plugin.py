@@ -27,7 +27,6 @@ from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef as ClientClaimRef
-from neuron_dra.localcluster.pluginclient import PluginConnector
 from tests.support.driver import DRIVER, NODE, FakeLookup, claim, devices, short_dir, uid
 
 
@@ -100,13 +99,16 @@ def test_a_kubelet_without_a_common_version_reports_the_failure(served: Served) 
     assert "v2.DRAPlugin" in served.servers.registration.last_error
 
 
-def test_the_grpc_connector_is_a_plugin_connector(served: Served) -> None:
-    connector: PluginConnector = pluginclient.GrpcConnector()
+def test_prepare_and_unprepare_at_the_registered_endpoint(served: Served) -> None:
     served.lookup.put(claim("c", uid(1), devices(0)))
-    reg = connector.register(served.paths.registration)
-    refs = [ClientClaimRef("default", "c", uid(1))]
-    assert connector.prepare(reg, refs, 45.0)[uid(1)].devices[0].device_name == "neuron-device-0"
-    assert connector.unprepare(reg, refs, 45.0) == {uid(1): ""}
+    reg = pluginclient.register(served.paths.registration)
+    client = pluginclient.DraClient(reg.endpoint, reg.version)
+    try:
+        refs = [ClientClaimRef("default", "c", uid(1))]
+        assert client.prepare(refs, 45.0)[uid(1)].devices[0].device_name == "neuron-device-0"
+        assert client.unprepare(refs, 45.0) == {uid(1): ""}
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("service", ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
