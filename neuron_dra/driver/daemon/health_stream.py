@@ -21,8 +21,9 @@ from typing import Any
 from neuron_dra.driver.daemon import grpcserver
 from neuron_dra.driver.daemon._generated import dra_health_v1_pb2, dra_health_v1alpha1_pb2
 from neuron_dra.driver.daemon._generated import dra_health_v1beta1_pb2 as pb
+from neuron_dra.driver.daemon.health_monitor import HealthMonitor
 from neuron_dra.driver.model.devices import NeuronHost
-from neuron_dra.driver.model.health_source import Health, HealthMonitor
+from neuron_dra.driver.model.health_source import Health
 from neuron_dra.driver.model.k8s_names import HEALTH_PACKAGES as HEALTH_PACKAGES  # re-exported
 from neuron_dra.driver.model.k8s_names import HEALTH_SERVICES as HEALTH_SERVICES
 from neuron_dra.driver.model.taints import NamedHealth as NamedHealth  # re-exported

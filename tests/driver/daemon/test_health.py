@@ -20,13 +20,13 @@ from neuron_dra.driver.daemon._generated import (
     dra_health_v1beta1_pb2,
     dra_health_v1beta1_pb2_grpc,
 )
+from neuron_dra.driver.daemon.health_monitor import HealthMonitor
 from neuron_dra.driver.daemon.health_stream import HEALTH_SERVICES, published_health
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import FaultError, clear_faults, emulate, inject_fault
 from neuron_dra.driver.model.health_source import (
     ERROR_COUNTERS,
     Health,
-    HealthMonitor,
     hardware_dir,
     read_device_health,
 )
