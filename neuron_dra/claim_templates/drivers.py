@@ -54,7 +54,7 @@ class Drivers:
 
     def device_classes(self) -> list[dict[str, Any]]:
         """The DeviceClasses the drivers install: the bundled driver's two (whole devices, NeuronCores; the
-        selectors of driver/deploy/manifests.py) and the EFA driver's (the chart's selector, driver/model/efa.py)."""
+        selectors of driver/deploy/__init__.py) and the EFA driver's (the chart's selector, driver/model/efa.py)."""
         return [device_class_manifest(self.neuron_class, self.neuron_driver,
                                       expression=device_class_selector(self.neuron_driver, cores=False)),
                 device_class_manifest(self.neuron_core_class, self.neuron_driver,

@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic.alias_generators import to_camel
 
 from neuron_dra.driver.model.catalog import TopologyKind
-from neuron_dra.driver.model.config import LNC_VALUES
+from neuron_dra.driver.model.config import LNC_ALLOWED, LNC_VALUES
 
 API_VERSION = "neuron-dra/v1"
 KIND = "NeuronCatalog"
@@ -136,7 +136,7 @@ ALLOWED = {
     "efaCount": _range(0, MAX_EFA),
     "supported": "true or false",
     "capacityBlocks": "true or false",
-    "default": _or(LNC_VALUES),
+    "default": LNC_ALLOWED,
     "topology": ", ".join(k.value for k in TopologyKind),
     "efaMap": "a list with one EFA PCI address (like 0000:c9:00.0) per Neuron device, or []",
     "efaMap[]": "a PCI address like 0000:c9:00.0",
