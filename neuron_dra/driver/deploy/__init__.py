@@ -381,7 +381,7 @@ class DriverDeployOptions:
             return parse_catalog_text(self.catalog_yaml, "catalog_yaml")
         except CatalogFileError as e:
             raise DeployOptionError("catalog_yaml", "...",
-                                    f"a valid catalog file (docs/catalog-file.md): {e}") from None
+                                    f"a valid catalog file (docs/catalog-file.md): {e}") from e
 
     @property
     def node_instance_types(self) -> tuple[str, ...]:

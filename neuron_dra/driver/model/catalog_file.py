@@ -256,9 +256,9 @@ def load_catalog(path: Path | str, base: Catalog = BUILTIN) -> Catalog:
     try:
         text = bounded_yaml.read(file)
     except OSError as e:
-        raise CatalogFileError(file, "", _MISSING, f"a readable catalog file ({e.strerror or e})") from None
+        raise CatalogFileError(file, "", _MISSING, f"a readable catalog file ({e.strerror or e})") from e
     except UnicodeDecodeError as e:
-        raise CatalogFileError(file, "", _MISSING, f"UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise CatalogFileError(file, "", _MISSING, f"UTF-8 text ({e.reason} at byte {e.start})") from e
     except bounded_yaml.YamlError as e:
         raise CatalogFileError(file, "", _MISSING, str(e)) from None
     return parse_catalog_text(text, file, base)

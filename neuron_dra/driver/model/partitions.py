@@ -112,7 +112,7 @@ def read_node_lnc(host_root: Path | None, spec: InstanceSpec, override: int | No
     except FileNotFoundError:
         return spec.family.default_lnc
     except OSError as e:
-        raise PartitionError(f"{path}: cannot read it: {e}") from None
+        raise PartitionError(f"{path}: cannot read it: {e}") from e
     value = None
     for line in text.splitlines():
         m = _LNC_LINE.match(line)
