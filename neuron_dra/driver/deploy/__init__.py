@@ -58,7 +58,18 @@ from neuron_dra.driver.model.k8s_names import (
     is_label_value,
     neuron_toleration,
 )
-from neuron_dra.driver.model.partitions import NEURON_CORE
+from neuron_dra.driver.model.k8s_names import (
+    DEFAULT_CORE_DEVICE_CLASS as DEFAULT_CORE_DEVICE_CLASS,
+)
+from neuron_dra.driver.model.k8s_names import (
+    DeviceClassNames as DeviceClassNames,
+)
+from neuron_dra.driver.model.k8s_names import (
+    device_class_names as device_class_names,
+)
+from neuron_dra.driver.model.k8s_names import (
+    device_class_selector as device_class_selector,
+)
 from neuron_dra.driver.model.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.model.version import VERSION
 
@@ -76,7 +87,6 @@ CATALOG_KEY = "catalog.yaml"
 # components build and push their own image unless given one (components/driver_image.py).
 IMAGE_REPOSITORY = "ghcr.io/neuron-dra/neuron-dra-driver"
 DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{VERSION}"
-DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
 DEFAULT_EXTENDED_RESOURCE = NEURON_DEVICE_RESOURCE  # the Neuron device plugin's resource names
 DEFAULT_CORE_EXTENDED_RESOURCE = NEURON_CORE_RESOURCE
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -159,26 +169,6 @@ def namespace_for(driver_name: str) -> str:
     if len(name) <= 63:
         return name
     return f"{name[:54].rstrip('-')}-{hashlib.sha256(driver_name.encode()).hexdigest()[:8]}"
-
-
-@dataclass(frozen=True)
-class DeviceClassNames:
-    """A driver name and the names of its two DeviceClasses (whole devices, NeuronCores)."""
-
-    driver_name: str
-    device_class: str
-    core_device_class: str
-
-
-def device_class_names(driver_name: str, device_class: str | None = None,
-                       core_device_class: str = "") -> DeviceClassNames:
-    """The one rule for the DeviceClass names of a driver: the whole-device class is `device_class`, else the
-    driver name (as AWS's chart names it); the NeuronCore class is `core_device_class`, else
-    DEFAULT_CORE_DEVICE_CLASS for the default driver name and `cores.<driver name>` for any other. What the
-    deployment creates, the claim templates name (claim_templates/drivers.py) and the components check."""
-    core = core_device_class or (DEFAULT_CORE_DEVICE_CLASS if driver_name == DEFAULT_DRIVER_NAME
-                                 else f"cores.{driver_name}")
-    return DeviceClassNames(driver_name, device_class or driver_name, core)
 
 
 class DeployOptionError(NotAllowed):
@@ -604,14 +594,6 @@ def network_policy(options: DriverDeployOptions) -> Manifest:
         "metadata": _meta(options, options.daemonset_name, "kubelet-plugin", namespaced=True),
         "spec": {"podSelector": {"matchLabels": dict(POD_SELECTOR)}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
-
-
-def device_class_selector(driver: str, cores: bool) -> str:
-    """Whole devices (and the UltraServer node device) or NeuronCores of the driver: the two never mix, so a claim
-    for N devices never gets cores, and an extended-resource count of N means N of one kind
-    (docs/neuron-cores.md §4). Every device of the driver publishes resourceType."""
-    op = "==" if cores else "!="
-    return f'device.driver == "{driver}" && device.attributes["{driver}"].resourceType {op} "{NEURON_CORE}"'
 
 
 def _extended(options: DriverDeployOptions, name: str | None) -> str | None:
