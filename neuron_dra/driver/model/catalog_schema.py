@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic.alias_generators import to_camel
 
 from neuron_dra.driver.model.catalog import TopologyKind
-from neuron_dra.driver.model.config import LNC_ALLOWED, LNC_VALUES
+from neuron_dra.driver.model.config import LNC_ALLOWED, LNC_VALUES, ULTRASERVER_MODES
 
 API_VERSION = "neuron-dra/v1"
 KIND = "NeuronCatalog"
@@ -113,10 +113,6 @@ def _range(low: int, high: int) -> str:
     return f"an integer from {low} to {high}"
 
 
-def _or(values: tuple[int, ...]) -> str:
-    return " or ".join(map(str, values))
-
-
 # What is allowed, by the key an error is about ("efaMap[]": an item of efaMap).
 ALLOWED = {
     "apiVersion": API_VERSION,
@@ -140,7 +136,8 @@ ALLOWED = {
     "topology": ", ".join(k.value for k in TopologyKind),
     "efaMap": "a list with one EFA PCI address (like 0000:c9:00.0) per Neuron device, or []",
     "efaMap[]": "a PCI address like 0000:c9:00.0",
-    "servers": f"{_or(ULTRASERVER_SERVERS)} (UltraServerConfig modes 1, 2, 4 address at most 4 servers)",
+    "servers": f"{' or '.join(map(str, ULTRASERVER_SERVERS))} (UltraServerConfig modes "
+               f"{', '.join(map(str, ULTRASERVER_MODES))} address at most {max(ULTRASERVER_SERVERS)} servers)",
     "generation": "a short label",
     "families[]": "a family name: lowercase letters, digits and '-', starting with a letter",
     "instanceTypes[]": "an EC2 instance type name like trn3.48xlarge",
