@@ -21,13 +21,14 @@ from pathlib import Path
 
 import grpc
 
+from neuron_dra.driver.daemon.health_monitor import HealthMonitor
 from neuron_dra.driver.daemon.health_stream import HealthStreamService
 from neuron_dra.driver.kubeletplugin import grpcserver
 from neuron_dra.driver.kubeletplugin._generated import dra_health_v1alpha1_pb2 as pb
 from neuron_dra.driver.kubeletplugin._generated import dra_health_v1alpha1_pb2_grpc as pb_grpc
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import clear_faults, emulate, inject_fault
-from neuron_dra.driver.model.health_source import ERROR_COUNTERS, HealthMonitor, hardware_dir
+from neuron_dra.driver.model.health_source import ERROR_COUNTERS, hardware_dir
 
 
 def _per_call(fn: object, n: int) -> float:

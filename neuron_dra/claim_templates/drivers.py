@@ -1,9 +1,11 @@
 """Which DRA drivers and DeviceClasses the templates and the checks refer to.
 
-Defaults are the bundled driver's (`neuron.aws.com`, as AWS's Neuron DRA driver, so the same templates serve
-both) and AWS's EFA driver's (driver/model/efa.py); all configurable. Neuron DeviceClasses left empty follow the
-driver name (`driver.deploy.device_class_names`); a ClaimTemplate given no Drivers follows the driver it is
-deployed with (`ClaimTemplate.for_drivers`).
+Defaults are the bundled driver's (`neuron.aws.com`, the same names AWS's Neuron DRA driver uses, so the
+same templates serve clusters running AWS's driver) and AWS's EFA driver's (`dra.net`, DeviceClass
+`efa.networking.k8s.aws`, from driver/model/efa.py, the names EKS's chart installs); all are configurable. The
+Neuron DeviceClasses left empty follow the driver name by the rule the driver's deployment names them with
+(`neuron_dra.driver.model.k8s_names.device_class_names`). A ClaimTemplate given no Drivers follows the driver it is
+deployed with: the `ClaimTemplates` component renders it with that driver's names (`ClaimTemplate.for_drivers`).
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_dra.claim_templates.names import check_dns_subdomain
-from neuron_dra.driver.deploy import (
+from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS, EFA_DRIVER, efa_device_class
+from neuron_dra.driver.model.k8s_names import (
+    DEFAULT_CORE_DEVICE_CLASS,
+    DEFAULT_DRIVER_NAME,
     DeviceClassNames,
+    device_class_manifest,
     device_class_names,
     device_class_selector,
 )
-from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS, EFA_DRIVER, efa_device_class
-from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, device_class_manifest
 
+DEFAULT_NEURON_CLASS = DEFAULT_DRIVER_NAME  # AWS names the DeviceClass after the driver
+DEFAULT_NEURON_CORE_CLASS = DEFAULT_CORE_DEVICE_CLASS  # NeuronCores (docs/neuron-cores.md §4)
 DEFAULT_EFA_DRIVER = EFA_DRIVER
 DEFAULT_EFA_CLASS = EFA_DEVICE_CLASS
 
@@ -49,7 +55,7 @@ class Drivers:
 
     def device_classes(self) -> list[dict[str, Any]]:
         """The DeviceClasses the drivers install: the bundled driver's two (whole devices, NeuronCores; the
-        selectors of driver/deploy/manifests.py) and the EFA driver's (the chart's selector, driver/model/efa.py)."""
+        selectors of driver/model/k8s_names.py) and the EFA driver's (the chart's selector, driver/model/efa.py)."""
         return [device_class_manifest(self.neuron_class, self.neuron_driver,
                                       expression=device_class_selector(self.neuron_driver, cores=False)),
                 device_class_manifest(self.neuron_core_class, self.neuron_driver,

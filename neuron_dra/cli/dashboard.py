@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
+from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions, dashboard_config_map
 from neuron_dra.driver.deploy.dashboard import dashboard_text
-from neuron_dra.driver.deploy.manifests import DeployOptionError, DriverDeployOptions, dashboard_config_map
 
 HELP = ("Print the Grafana dashboard of the driver's attribution metrics (docs/metrics.md) as JSON, or with "
         "--config-map as the ConfigMap a Grafana sidecar loads.")

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from neuron_dra.driver.daemon.failpoints import CrashPoints
     from neuron_dra.driver.daemon.health import HealthServer
+    from neuron_dra.driver.daemon.health_monitor import HealthMonitor
     from neuron_dra.driver.daemon.health_reporting import HealthReporter
     from neuron_dra.driver.daemon.health_stream import HealthStreamService
     from neuron_dra.driver.daemon.metrics import Metrics, MetricsServer
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from neuron_dra.driver.kubeletplugin.kube import ApiClient
     from neuron_dra.driver.kubeletplugin.plugin import PluginServers
     from neuron_dra.driver.model.devices import NeuronHost
-    from neuron_dra.driver.model.health_source import HealthMonitor
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +118,13 @@ class Daemon:
             self.servers = listen(o, self.loop)
         from neuron_dra.driver.daemon.cdi import CdiStore
         from neuron_dra.driver.daemon.checkpoint import Checkpoint, CheckpointError
+        from neuron_dra.driver.daemon.health_monitor import HealthMonitor
         from neuron_dra.driver.daemon.health_reporting import HealthReporter
         from neuron_dra.driver.daemon.health_stream import HealthStreamService
         from neuron_dra.driver.daemon.state import DriverState
         from neuron_dra.driver.model.catalog import UnknownInstanceTypeError
         from neuron_dra.driver.model.catalog_file import CatalogFileError
         from neuron_dra.driver.model.discovery import DiscoveryError
-        from neuron_dra.driver.model.health_source import HealthMonitor
         from neuron_dra.driver.model.partitions import CoreLayout, PartitionError, read_node_lnc
 
         try:

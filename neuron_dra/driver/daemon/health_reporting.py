@@ -1,6 +1,6 @@
 """What happens when a device's health changes: ResourceSlice taints, Kubernetes Events, Prometheus metrics.
 
-The HealthMonitor (health_source.py) hands changes to `HealthReporter.on_change` on a thread of its own. Events
+The HealthMonitor (health_monitor.py) hands changes to `HealthReporter.on_change` on a thread of its own. Events
 go on the Node (namespace `default`, as kubelet records node events): `DeviceUnhealthy` (Warning) and `DeviceHealthy`
 (Normal), with the counters in the message, so `kubectl describe node` and `kubectl get events` say what happened.
 Failures to record an event are logged and never block the taint or the health stream.
@@ -16,10 +16,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from neuron_dra.driver.daemon.health_monitor import HealthMonitor
 from neuron_dra.driver.daemon.health_stream import published_health
 from neuron_dra.driver.kubeletplugin.kube import ApiClient, KubeApi
 from neuron_dra.driver.model.devices import NeuronHost
-from neuron_dra.driver.model.health_source import DeviceHealth, Health, HealthMonitor
+from neuron_dra.driver.model.health_source import DeviceHealth, Health
 from neuron_dra.driver.model.taints import unhealthy_taints
 
 if TYPE_CHECKING:

@@ -299,10 +299,6 @@ def get_instance_spec(instance_type: str, catalog: Catalog = BUILTIN) -> Instanc
     return catalog.spec(instance_type)
 
 
-def instance_types_of_family(family: str, catalog: Catalog = BUILTIN) -> tuple[str, ...]:
-    return catalog.of_family(family)
-
-
 def torus_neighbours(device: int) -> tuple[int, ...]:
     """Neighbours of a device in the 4x4 torus, in the order sysfs `connected_devices` lists them.
 

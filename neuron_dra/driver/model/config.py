@@ -18,7 +18,8 @@ API_VERSION = "neuron.aws.com/v1"
 NEURON_CONFIG = "NeuronConfig"
 ULTRASERVER_CONFIG = "UltraServerConfig"
 KINDS = (NEURON_CONFIG, ULTRASERVER_CONFIG)
-LNC_VALUES = (1, 2)
+LNC_VALUES = (1, 2)  # Logical NeuronCore config: physical cores per logical core (docs/neuron-cores.md §2)
+LNC_ALLOWED = " or ".join(map(str, LNC_VALUES))  # how a refusal says it
 ULTRASERVER_MODES = (1, 2, 4)
 
 

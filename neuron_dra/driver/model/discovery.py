@@ -71,15 +71,15 @@ def _read(path: Path) -> str:
     except FileNotFoundError:
         raise DiscoveryError(path, "missing file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise DiscoveryError(path, f"unreadable: {e}") from None
+        raise DiscoveryError(path, f"unreadable: {e}") from e
 
 
 def _read_int(path: Path, minimum: int = 0) -> int:
     text = _read(path)
     try:
         value = int(text, 10)
-    except ValueError:
-        raise DiscoveryError(path, "expected a decimal integer", text) from None
+    except ValueError as e:
+        raise DiscoveryError(path, "expected a decimal integer", text) from e
     if value < minimum:
         raise DiscoveryError(path, f"expected an integer >= {minimum}", text)
     return value
@@ -90,8 +90,8 @@ def _parse_index_list(path: Path, text: str) -> tuple[int, ...]:
         return ()
     try:
         return tuple(int(p.strip(), 10) for p in text.split(","))
-    except ValueError:
-        raise DiscoveryError(path, "expected comma-separated device indexes like '12, 3, 4, 1'", text) from None
+    except ValueError as e:
+        raise DiscoveryError(path, "expected comma-separated device indexes like '12, 3, 4, 1'", text) from e
 
 
 def normalize_bdf(text: str) -> str:
@@ -110,7 +110,7 @@ def read_instance_type(root: Path, catalog: Catalog = BUILTIN) -> InstanceSpec:
     try:
         return catalog.spec(name)
     except UnknownInstanceTypeError as e:
-        raise DiscoveryError(path, str(e), name) from None
+        raise DiscoveryError(path, str(e), name) from e
 
 
 def read_kernel_driver_version(root: Path) -> str:
@@ -185,7 +185,7 @@ def parse_neuron_ls(text: str, source: str = "neuron-ls --json-output") -> dict[
     try:
         data: Any = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DiscoveryError(source, f"not JSON: {e}", text[:80]) from None
+        raise DiscoveryError(source, f"not JSON: {e}", text[:80]) from e
     if isinstance(data, Mapping):
         data = data.get("neuron_devices", data.get("devices"))
     if not isinstance(data, Sequence) or isinstance(data, str):
@@ -206,7 +206,7 @@ def parse_neuron_ls(text: str, source: str = "neuron-ls --json-output") -> dict[
         except KeyError as e:
             raise DiscoveryError(where, f"missing field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
-            raise DiscoveryError(where, f"bad value: {e}", repr(entry)[:120]) from None
+            raise DiscoveryError(where, f"bad value: {e}", repr(entry)[:120]) from e
         out[index] = NeuronLsDevice(index, bdf, numa, memory, connected, nc_count)
     return out
 
@@ -239,7 +239,7 @@ def run_neuron_ls(root: Path, timeout: float = 20.0) -> dict[int, NeuronLsDevice
     try:
         proc = _run_executable([exe, "--json-output"], timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise DiscoveryError(exe, f"could not run neuron-ls: {e}") from None
+        raise DiscoveryError(exe, f"could not run neuron-ls: {e}") from e
     if proc.returncode != 0:
         raise DiscoveryError(exe, f"neuron-ls exited {proc.returncode}: {proc.stderr.strip()[:200]}")
     return parse_neuron_ls(proc.stdout, f"{exe} --json-output")

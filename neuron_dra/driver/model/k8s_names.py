@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from neuron_dra.driver.model.errors import NotAllowed
@@ -83,6 +84,8 @@ def check_driver_name(field: str, value: object, error: type[NotAllowed] = NotAl
 
 # --- the driver's names and kubelet's directories (AWS's chart uses the same) ---
 DEFAULT_DRIVER_NAME = "neuron.aws.com"  # also the DeviceClass name
+DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
+NEURON_CORE = "neuron_core"  # resourceType of a core device (partitions.py publishes them)
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIR_ENV = "KUBELET_PLUGINS_DIRECTORY_PATH"
@@ -132,6 +135,35 @@ def device_class_manifest(name: str, driver: str, *, expression: str | None = No
     if extended_resource_name is not None:
         spec["extendedResourceName"] = extended_resource_name
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": metadata, "spec": spec}
+
+
+@dataclass(frozen=True)
+class DeviceClassNames:
+    """A driver name and the names of its two DeviceClasses (whole devices, NeuronCores)."""
+
+    driver_name: str
+    device_class: str
+    core_device_class: str
+
+
+def device_class_names(driver_name: str, device_class: str | None = None,
+                       core_device_class: str = "") -> DeviceClassNames:
+    """The one rule for the DeviceClass names of a driver: the whole-device class is `device_class`, else the
+    driver name (as AWS's chart names it); the NeuronCore class is `core_device_class`, else
+    DEFAULT_CORE_DEVICE_CLASS for the default driver name and `cores.<driver name>` for any other. What the
+    deployment creates, the claim templates name (claim_templates/drivers.py) and the components check."""
+    core = core_device_class or (DEFAULT_CORE_DEVICE_CLASS if driver_name == DEFAULT_DRIVER_NAME
+                                 else f"cores.{driver_name}")
+    return DeviceClassNames(driver_name, device_class or driver_name, core)
+
+
+def device_class_selector(driver: str, cores: bool) -> str:
+    """Whole devices (and the UltraServer node device) or NeuronCores of the driver: the two never mix, so a claim
+    for N devices never gets cores, and an extended-resource count of N means N of one kind
+    (docs/neuron-cores.md §4). Every device of the driver publishes resourceType."""
+    op = "==" if cores else "!="
+    return f'device.driver == "{driver}" && device.attributes["{driver}"].resourceType {op} "{NEURON_CORE}"'
+
 
 # Defaults of the daemon's flags that its entry parses before importing anything heavy (driver/daemon/options.py).
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.driver.model.catalog import InstanceSpec
+from neuron_dra.driver.model.config import LNC_ALLOWED, LNC_VALUES
+from neuron_dra.driver.model.k8s_names import NEURON_CORE as NEURON_CORE
 
-NEURON_CORE = "neuron_core"  # resourceType of a core device
 LNC_FILE = "opt/aws/neuron/logical_nc_config"  # below the host root; what EKS's launch template writes
 MEMORY_COUNTER = "memory"
 MAX_COUNTER_SETS_PER_SLICE = 8  # resource.k8s.io/v1 ResourceSliceMaxCounterSets
 MAX_COUNTERS_PER_SET = 32  # ResourceSliceMaxCountersPerCounterSet (also per consumption)
-MAX_DEVICES_PER_COUNTER_SLICE = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures
 
 _LNC_LINE = re.compile(r"^\s*NEURON_LOGICAL_NC_CONFIG\s*=\s*(\S*)\s*$")
 _CORE_DEVICE = re.compile(r"^neuron-device-(\d+)-core-(\d+)$")
@@ -49,7 +49,7 @@ class CoreLayout:
     def __post_init__(self) -> None:
         if self.lnc < 1 or self.physical_per_device % self.lnc:
             raise PartitionError(f"LNC {self.lnc} does not divide the {self.physical_per_device} physical cores of "
-                                 "a device; allowed: 1 or 2")
+                                 f"a device; allowed: {LNC_ALLOWED}")
         if self.physical_per_device + 1 > MAX_COUNTERS_PER_SET:
             raise PartitionError(f"{self.physical_per_device} cores per device need more than "
                                  f"{MAX_COUNTERS_PER_SET} counters")
@@ -101,8 +101,8 @@ def read_node_lnc(host_root: Path | None, spec: InstanceSpec, override: int | No
                                  "Logical NeuronCores; allowed: 1 or leave it out")
         return 1
     if override is not None:
-        if override not in (1, 2):
-            raise PartitionError(f"--lnc {override!r} is not allowed; allowed: 1 or 2")
+        if override not in LNC_VALUES:
+            raise PartitionError(f"--lnc {override!r} is not allowed; allowed: {LNC_ALLOWED}")
         return override
     if host_root is None:
         return spec.family.default_lnc
@@ -112,7 +112,7 @@ def read_node_lnc(host_root: Path | None, spec: InstanceSpec, override: int | No
     except FileNotFoundError:
         return spec.family.default_lnc
     except OSError as e:
-        raise PartitionError(f"{path}: cannot read it: {e}") from None
+        raise PartitionError(f"{path}: cannot read it: {e}") from e
     value = None
     for line in text.splitlines():
         m = _LNC_LINE.match(line)
@@ -120,8 +120,8 @@ def read_node_lnc(host_root: Path | None, spec: InstanceSpec, override: int | No
             value = m.group(1)  # the last assignment wins, as when the file is sourced
     if value is None:
         return spec.family.default_lnc
-    if value not in ("1", "2"):
-        raise PartitionError(f"{path}: NEURON_LOGICAL_NC_CONFIG={value!r} is not allowed; allowed: 1 or 2")
+    if value not in {str(v) for v in LNC_VALUES}:
+        raise PartitionError(f"{path}: NEURON_LOGICAL_NC_CONFIG={value!r} is not allowed; allowed: {LNC_ALLOWED}")
     return int(value)
 
 

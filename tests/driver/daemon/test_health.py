@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from neuron_dra.cli import main as cli_main
+from neuron_dra.driver.daemon.health_monitor import HealthMonitor
 from neuron_dra.driver.daemon.health_stream import HEALTH_SERVICES, published_health
 from neuron_dra.driver.kubeletplugin._generated import (
     dra_health_v1_pb2,
@@ -26,7 +27,6 @@ from neuron_dra.driver.model.emulate import FaultError, clear_faults, emulate, i
 from neuron_dra.driver.model.health_source import (
     ERROR_COUNTERS,
     Health,
-    HealthMonitor,
     hardware_dir,
     read_device_health,
 )

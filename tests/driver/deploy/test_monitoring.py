@@ -1,5 +1,5 @@
 """Discovery of the drivers' metrics in the deployment objects: the Service, the PodMonitor, the NetworkPolicy's
-scraper rule and the dashboard's ConfigMap (driver/deploy/monitoring.py, manifests.py)."""
+scraper rule and the dashboard's ConfigMap (driver/deploy/monitoring.py, __init__.py)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from neuron_dra.driver.deploy.manifests import Resources
+from neuron_dra.driver.deploy import Resources
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
@@ -202,7 +202,7 @@ def memory_limit_mib() -> int:
 # What an attack may do to the daemon's RSS. grpc core's buffers for a header block in flight come and go with
 # it: spikes that are gone at the next sample, larger the more the daemon is starved of CPU (the attacker gets
 # ahead). They must not accumulate (what remains once the flood stops), and the peak must stay under 80 % of
-# the DaemonSet's memory limit (neuron_dra/driver/deploy/manifests.py; issue 32), far from the kernel's kill.
+# the DaemonSet's memory limit (neuron_dra/driver/deploy/__init__.py; issue 32), far from the kernel's kill.
 MEMORY_LIMIT_MIB = memory_limit_mib()
 RSS_LIMIT_MIB = MEMORY_LIMIT_MIB * 8 // 10
 FLOOD_RSS_LEFT_MIB = 32

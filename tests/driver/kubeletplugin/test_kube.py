@@ -323,7 +323,7 @@ def test_the_daemon_flags_of_the_api_client(capsys: pytest.CaptureFixture[str]) 
 
     default = parse_options(["--node-name", "n"], {})
     assert (default.kube_api_qps, default.kube_api_burst, default.kube_api_timeout) == (50.0, 100, 10.0)  # kubelet's
-    from neuron_dra.driver.deploy.manifests import DriverDeployOptions
+    from neuron_dra.driver.deploy import DriverDeployOptions
 
     deploy = DriverDeployOptions()  # the DaemonSet passes no flag for them: the defaults must agree
     assert (deploy.kube_api_qps, deploy.kube_api_burst, deploy.kube_api_timeout) == (

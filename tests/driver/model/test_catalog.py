@@ -11,7 +11,6 @@ from neuron_dra.driver.model.catalog import (
     UnknownInstanceTypeError,
     expected_neighbours,
     get_instance_spec,
-    instance_types_of_family,
     ring_neighbours,
     torus_neighbours,
 )
@@ -119,6 +118,6 @@ def test_group_sizes_per_topology() -> None:
 
 
 def test_families() -> None:
-    assert instance_types_of_family("trn2") == ("trn2.3xlarge", "trn2.48xlarge")
+    assert BUILTIN.of_family("trn2") == ("trn2.3xlarge", "trn2.48xlarge")
     with pytest.raises(ValueError, match="known families: trn1, trn1n, trn2, trn2u, inf2"):
-        instance_types_of_family("p5")
+        BUILTIN.of_family("p5")
