@@ -14,14 +14,14 @@ UNIT := $(FAST) and not process
 PYTEST_UNIT_SERIAL := PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -p no:cacheprovider -m "$(UNIT)"
 PYTEST_UNIT := $(PYTEST_UNIT_SERIAL) -n auto --dist loadfile
 
-.PHONY: help install test test-fast test-unit test-driver test-claims test-components test-localcluster test-attacks \
+.PHONY: help install test test-fast test-unit test-driver test-claims test-components test-localcluster test-bench test-attacks \
 	lint protos \
 	image demo
 
 help:
 	@echo "make install    pip install -r requirements.txt (everything, this repository editable)"
 	@echo "make test-unit  the inner loop: fast tests that start no process (tests/), under a minute"
-	@echo "make test-driver / test-claims / test-components / test-localcluster   the same, for one part"
+	@echo "make test-driver / test-claims / test-components / test-localcluster / test-bench   the same, for one part"
 	@echo "make test-attacks  the attack suites on the daemon (bounded, loopback only)"
 	@echo "make test-fast  tests without Go, a control plane, the Pulumi engine or slow tests"
 	@echo "make test       every test: $(PYTHON) -m pytest -q (the README's command, what CI runs)"
@@ -48,6 +48,10 @@ test-components:
 # Serial: a few seconds of tests, less than starting the workers costs.
 test-localcluster:
 	$(PYTEST_UNIT_SERIAL) tests/localcluster
+
+# The benchmarks' own tests (their harnesses and tables, on quick runs).
+test-bench:
+	$(PYTEST_UNIT_SERIAL) tests/bench
 
 # The attack suites (rounds 1-3): bounded, loopback only; part of `make test` too.
 test-attacks:
