@@ -13,10 +13,10 @@ import ast
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Protocol, cast
 
-from neuron_dra import __version__
 from neuron_dra.driver.errortext import did_you_mean, shown
 
 
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = commands()
     selected = next((a for a in args_list if not a.startswith("-")), None)
     parser = argparse.ArgumentParser(prog="neuron-dra", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--version", action="version", version=f"neuron-dra {__version__}")
+    parser.add_argument("--version", action="version", version=f"neuron-dra {metadata.version('neuron-dra')}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if selected is not None and selected not in names:
         parser.error(f"unknown command {shown(selected)}{did_you_mean(selected, names)} (commands: "
