@@ -9,6 +9,7 @@ from pathlib import Path
 
 from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, UnknownInstanceTypeError
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
+from neuron_dra.driver.model.config import LNC_VALUES
 from neuron_dra.driver.model.discovery import DiscoveryError
 from neuron_dra.driver.model.hosts import load_host
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
@@ -28,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", action="store_true",
                         help="as on Kubernetes 1.36+: NeuronCores and counter sets beside whole devices "
                              "(docs/neuron-cores.md)")
-    parser.add_argument("--lnc", type=int, choices=(1, 2), help="the node's LNC with --cores (default: the host's "
+    parser.add_argument("--lnc", type=int, choices=LNC_VALUES, help="the node's LNC with --cores (default: the host's "
                         "/opt/aws/neuron/logical_nc_config, else the family's default)")
     parser.add_argument("--catalog", metavar="FILE", help="catalog file with more instance types "
                         "(docs/catalog-file.md)")
