@@ -16,7 +16,7 @@ from neuron_dra.components.mocks import SECRET_SIG, SIG_KEY, OfflineRun, PlanMoc
 from neuron_dra.components.settings import SettingError, StackSettings
 from neuron_dra.components.settings_schema import (
     NODE_GROUP_KEYS,
-    SETTINGS,
+    SETTINGS_BY_KEY,
     decode_settings,
     pulumi_project_config,
 )
@@ -244,8 +244,8 @@ def test_pulumi_yaml_declares_the_schema() -> None:
 
 def test_pulumi_example_yaml_shows_every_setting_and_plans() -> None:
     text = (ROOT / "Pulumi.example.yaml").read_text()
-    for setting in SETTINGS:
-        assert f"neuron-dra:{setting.key}:" in text, setting.key
+    for key in SETTINGS_BY_KEY:
+        assert f"neuron-dra:{key}:" in text, key
     for key in NODE_GROUP_KEYS:
         assert f"{key}:" in text, key
     config = plan.load_config_file(ROOT / "Pulumi.example.yaml")
