@@ -212,3 +212,13 @@ def pulumi_project_config() -> dict[str, dict[str, Any]]:
         entry["default"] = _engine_default(key, s)
         out[key] = entry
     return out
+
+
+def settings_table() -> str:
+    """docs/components.md's table of the default stack's settings, from the same fields (a test compares them)."""
+    rows = ["| setting | type | default | what it does |", "|---|---|---|---|"]
+    for key, entry in pulumi_project_config().items():
+        kind = {"array": "list of strings", None: "list of objects"}.get(entry.get("type"), entry.get("type"))
+        description = entry["description"].replace("|", "\\|")
+        rows.append(f"| `{key}` | {kind} | `{json.dumps(entry['default'])}` | {description} |")
+    return "\n".join(rows) + "\n"
