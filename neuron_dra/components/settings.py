@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import date
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     AfterValidator,
@@ -177,6 +177,98 @@ def parse_addon_version(setting: str, value: str) -> tuple[int, int, int]:
     if not m:
         raise SettingError(setting, value, "an EKS add-on version such as v1.20.4-eksbuild.1")
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def _rule(test: Callable[[Any], object], allowed: str) -> AfterValidator:
+    """A field's check beyond its type: `test`, else an error naming `allowed` (see `setting_error`)."""
+
+    def check(value: Any) -> Any:
+        if not test(value):
+            raise PydanticCustomError("not_allowed", "{allowed}", {"allowed": allowed})
+        return value
+
+    return AfterValidator(check)
+
+
+def _setting(default: Any, description: str, *, new_cluster_only: bool = False, option: str | None = None) -> Any:
+    """A StackSettings field: its default, its description (Pulumi.yaml's), whether only a new cluster uses it
+    (refused when `kubeconfig` selects an existing cluster) and the DriverDeployOptions field it feeds."""
+    extra: dict[str, Any] = {"new_cluster_only": new_cluster_only, **({"option": option} if option else {})}
+    return Field(default, description=description, json_schema_extra=extra)
+
+
+def _alias(name: str) -> str:
+    """A field's config key: camelCase (`root_volume_size_gib` -> `rootVolumeSizeGiB`)."""
+    return to_camel(name).replace("Gib", "GiB")
+
+
+def unknown_key(setting: str, value: object, keys: Sequence[str], noun: str) -> SettingError:
+    """A key no setting has: the closest known one, then all of them (`noun`: "the settings", ...)."""
+    key = setting.rpartition(".")[2].rpartition(":")[2]
+    match = difflib.get_close_matches(key, keys, n=1)
+    closest = f"did you mean {match[0]!r}? " if match else ""
+    return SettingError(setting, value, f"{closest}{noun}: {', '.join(keys)}")
+
+
+# What a value of the wrong type is refused with, by pydantic's error type.
+_TYPE_ERRORS = {"string_type": "a string", "int_type": "a whole number", "int_parsing": "a whole number",
+                "int_from_float": "a whole number", "bool_type": "true or false", "bool_parsing": "true or false",
+                "tuple_type": "a list of strings", "list_type": "a list", "dict_type": "an object"}
+
+
+def setting_error(error: ValidationError, at: Callable[[str], str], noun: str, keys: Sequence[str]) -> NotAllowed:
+    """pydantic's first error as today's SettingError: the setting (`at(key)`), the value and what is allowed (a
+    check's own NotAllowed as it is; a `_rule`'s text; the type; did-you-mean for an unknown key)."""
+    first = error.errors()[0]
+    ctx = first.get("ctx", {})
+    cause = ctx.get("error")
+    if isinstance(cause, NotAllowed):
+        return cause
+    setting = at(str(first["loc"][0]) if first["loc"] else "")
+    if first["type"] == "extra_forbidden":
+        return unknown_key(setting, first["input"], keys, noun)
+    return SettingError(setting, first["input"], ctx.get("allowed") or _TYPE_ERRORS.get(first["type"], first["msg"]))
+
+
+class _Settings(BaseModel):
+    """Settings as a pydantic model: frozen, no unknown keys, config keys as aliases (`_alias`); a refusal is a
+    SettingError naming the setting as `_at_key` does."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_alias, populate_by_name=True,
+                              arbitrary_types_allowed=True)
+    _noun: ClassVar[str] = "the settings"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            keys = [f.alias or n for n, f in type(self).model_fields.items() if not f.exclude]
+            error = setting_error(e, lambda key: self._at_key(data, key), self._noun, keys)
+            raise error from error.__cause__ or e
+
+    @classmethod
+    def _at_key(cls, data: Mapping[str, Any], key: str) -> str:
+        return setting_name(key)
+
+
+class _Entry(_Settings):
+    """A node group or pool: `where` is the config setting it came from (`neuron-dra:nodePools[0]`), for error
+    messages; "" when built in code: errors then name the Python field (`NodePoolSettings('p').max_nodes`)."""
+
+    where: str = Field(default="", exclude=True)
+    # The instance types it may use: the built-in catalog, or one extended by the stack's catalogFile.
+    hardware: Catalog = Field(default=BUILTIN, exclude=True, repr=False)
+
+    @classmethod
+    def _at_key(cls, data: Mapping[str, Any], key: str) -> str:
+        if data.get("where"):
+            return f"{data['where']}.{key}"
+        fields = {f.alias: n for n, f in cls.model_fields.items()}
+        return f"{cls.__name__}({data.get('name')!r}).{fields.get(key, key)}"
+
+    def _at(self, key: str) -> str:
+        """The name of config key `key` of this entry in an error message."""
+        return self._at_key({"where": self.where, "name": getattr(self, "name", None)}, key)
 
 
 def _key(config_key: str) -> dict[str, str]:
@@ -374,10 +466,14 @@ DEFAULT_DYNAMIC_POOL_NODES = 4
 # Label domains Karpenter reserves for itself (its NodePool CRD refuses them in template labels).
 KARPENTER_LABEL_DOMAINS = ("karpenter.sh", "karpenter.k8s.aws")
 _AMI_VERSION = re.compile(r"^(latest|v\d{8})$")
+DnsLabel = Annotated[str, _rule(_NAME.match, "a DNS label of at most 40 characters")]
+Az = Annotated[str, _rule(_AZ.match, "an AZ name such as us-east-2b")]
+Reservation = Annotated[str, _rule(_RESERVATION.match, _ID_RULES["reservation"][1])]
+PoolNodes = Annotated[StrictInt, _rule(lambda n: 0 <= n <= MAX_POOL_NODES,
+                                       f"a whole number from 0 to {MAX_POOL_NODES}")]
 
 
-@dataclass(frozen=True)
-class NodePoolSettings:
+class NodePoolSettings(_Entry):
     """One Karpenter NodePool (with its EC2NodeClass) of Neuron instances.
 
     Static (`replicas` set): Karpenter keeps that many nodes of one instance type, e.g. a Capacity Block or an
@@ -386,27 +482,30 @@ class NodePoolSettings:
     of `instance_families`, with `capacity_types` on-demand and/or spot.
     """
 
-    name: str = field(metadata=_key("name"))
-    instance_types: tuple[str, ...] = field(default=(), metadata=_key("instanceTypes"))
-    instance_families: tuple[str, ...] = field(default=(), metadata=_key("instanceFamilies"))
-    # None: reserved with a reservation id, else on-demand
-    capacity_types: tuple[str, ...] | None = field(default=None, metadata=_key("capacityTypes"))
-    replicas: int | None = field(default=None, metadata=_key("replicas"))  # None: a dynamic pool
-    capacity_reservation_id: str | None = field(default=None, metadata=_key("capacityReservationId"))
-    # None: the replicas of a static pool, DEFAULT_DYNAMIC_POOL_NODES for a dynamic one
-    max_nodes: int | None = field(default=None, metadata=_key("maxNodes"))
-    availability_zone: str | None = field(default=None, metadata=_key("availabilityZone"))
-    labels: Mapping[str, str] = field(default_factory=dict, metadata=_key("labels"))
-    root_volume_size_gib: int = field(default=DEFAULT_ROOT_VOLUME_GIB, metadata=_key("rootVolumeSizeGiB"))
-    root_volume_kms_key_id: str | None = field(default=None, metadata=_key("rootVolumeKmsKeyId"))
-    lnc: int | None = field(default=None, metadata=_key("lnc"))  # None: the AMI's default (2 on Trainium2)
-    ami_version: str = field(default="latest", metadata=_key("amiVersion"))  # al2023@<this>
-    where: str = field(default="", compare=False)
-    hardware: Catalog = field(default=BUILTIN, compare=False, repr=False)
+    _noun: ClassVar[str] = "the node pool keys"
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise SettingError(self._at("name"), self.name, "a DNS label of at most 40 characters")
+    name: DnsLabel
+    instance_types: tuple[str, ...] = ()
+    instance_families: tuple[str, ...] = ()
+    # None: reserved with a reservation id, else on-demand
+    capacity_types: tuple[Annotated[str, _rule(POOL_CAPACITY_TYPES.__contains__, ", ".join(POOL_CAPACITY_TYPES))],
+                          ...] | None = None
+    replicas: PoolNodes | None = None  # None: a dynamic pool
+    capacity_reservation_id: Reservation | None = None
+    # None: the replicas of a static pool, DEFAULT_DYNAMIC_POOL_NODES for a dynamic one
+    max_nodes: PoolNodes | None = None
+    availability_zone: Az | None = None
+    labels: Mapping[str, str] = Field(default_factory=dict)
+    root_volume_size_gib: Annotated[StrictInt, _rule(lambda size: size >= 50, "a whole number of at least 50 (the "
+                                                     "Neuron AMI, container images and Neuron compiler caches)")] = \
+        DEFAULT_ROOT_VOLUME_GIB
+    root_volume_kms_key_id: str | None = None
+    lnc: StrictInt | None = None  # None: the AMI's default (2 on Trainium2)
+    ami_version: Annotated[str, _rule(_AMI_VERSION.match, "latest or an EKS AMI release such as v20261120 (Karpenter "
+                                      "alias al2023@<version>)")] = "latest"  # al2023@<this>
+
+    @model_validator(mode="after")
+    def _check(self) -> NodePoolSettings:
         for t in self.instance_types:
             if t not in self.hardware:
                 raise SettingError(self._at("instanceTypes"), t,
@@ -419,19 +518,6 @@ class NodePoolSettings:
         if not self.types:
             raise SettingError(self._at("instanceTypes"), [], "at least one instance type (instanceTypes or "
                                "instanceFamilies)")
-        for key, v in (("replicas", self.replicas), ("maxNodes", self.max_nodes)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_POOL_NODES):
-                raise SettingError(self._at(key), v, f"a whole number from 0 to {MAX_POOL_NODES}")
-        size = self.root_volume_size_gib
-        if isinstance(size, bool) or not isinstance(size, int) or size < 50:
-            raise SettingError(self._at("rootVolumeSizeGiB"), size,
-                               "a whole number of at least 50 (the Neuron AMI, container images and Neuron compiler "
-                               "caches)")
-        if self.availability_zone is not None and not _AZ.match(self.availability_zone):
-            raise SettingError(self._at("availabilityZone"), self.availability_zone, "an AZ name such as us-east-2b")
-        if not isinstance(self.ami_version, str) or not _AMI_VERSION.match(self.ami_version):
-            raise SettingError(self._at("amiVersion"), self.ami_version,
-                               "latest or an EKS AMI release such as v20261120 (Karpenter alias al2023@<version>)")
         for label, text in self.labels.items():
             if not is_label_key(label):
                 raise SettingError(self._at("labels"), label, LABEL_KEY_RULE)
@@ -442,11 +528,12 @@ class NodePoolSettings:
                 raise SettingError(f"{self._at('labels')}[{label}]", text, LABEL_VALUE_RULE)
         self._check_lnc()
         self._check_capacity()
+        return self
 
     def _check_lnc(self) -> None:
         if self.lnc is None:
             return
-        if self.lnc not in LNC_VALUES or isinstance(self.lnc, bool):
+        if self.lnc not in LNC_VALUES:
             raise SettingError(self._at("lnc"), self.lnc, " or ".join(map(str, LNC_VALUES)))
         without = [t for t in self.types if not self.hardware.spec(t).family.lnc_supported]
         if without:
@@ -454,17 +541,9 @@ class NodePoolSettings:
                                f"unset: {', '.join(without)} have no Logical NeuronCore setting (Trainium2 and later)")
 
     def _check_capacity(self) -> None:
-        kinds = self.capacity_types
-        if kinds is not None:
-            if not kinds:
-                raise SettingError(self._at("capacityTypes"), [], " and/or ".join(POOL_CAPACITY_TYPES))
-            for k in kinds:
-                if k not in POOL_CAPACITY_TYPES:
-                    raise SettingError(self._at("capacityTypes"), k, ", ".join(POOL_CAPACITY_TYPES))
+        if self.capacity_types == ():
+            raise SettingError(self._at("capacityTypes"), [], " and/or ".join(POOL_CAPACITY_TYPES))
         reservation = self.capacity_reservation_id
-        if reservation is not None and (not isinstance(reservation, str) or not _RESERVATION.match(reservation)):
-            raise SettingError(self._at("capacityReservationId"), reservation,
-                               "a Capacity Block reservation id such as cr-0123456789abcdef0")
         ultra = [t for t in self.types if self.hardware.spec(t).ultraserver is not None]
         if self.static:
             self._check_static(ultra)
@@ -513,11 +592,6 @@ class NodePoolSettings:
             raise SettingError(self._at("availabilityZone"), None,
                                "the reservation's AZ: its instances launch only there (a new VPC gets a subnet in it)")
 
-    def _at(self, key: str) -> str:
-        if self.where:
-            return f"{self.where}.{key}"
-        return f"{type(self).__name__}({self.name!r}).{NODE_POOL_FIELD_OF_KEY.get(key, key)}"
-
     @property
     def static(self) -> bool:
         return self.replicas is not None
@@ -556,31 +630,8 @@ class NodePoolSettings:
 
 
 NODE_POOL_FIELD_OF_KEY: Mapping[str, str] = {
-    f.metadata["key"]: f.name for f in fields(NodePoolSettings) if "key" in f.metadata
+    f.alias or n: n for n, f in NodePoolSettings.model_fields.items() if not f.exclude
 }
-
-
-def _rule(test: Callable[[Any], object], allowed: str) -> AfterValidator:
-    """A field's check beyond its type: `test`, else an error naming `allowed` (see `setting_error`)."""
-
-    def check(value: Any) -> Any:
-        if not test(value):
-            raise PydanticCustomError("not_allowed", "{allowed}", {"allowed": allowed})
-        return value
-
-    return AfterValidator(check)
-
-
-def _setting(default: Any, description: str, *, new_cluster_only: bool = False, option: str | None = None) -> Any:
-    """A StackSettings field: its default, its description (Pulumi.yaml's), whether only a new cluster uses it
-    (refused when `kubeconfig` selects an existing cluster) and the DriverDeployOptions field it feeds."""
-    extra: dict[str, Any] = {"new_cluster_only": new_cluster_only, **({"option": option} if option else {})}
-    return Field(default, description=description, json_schema_extra=extra)
-
-
-def _alias(name: str) -> str:
-    """A field's config key: camelCase (`root_volume_size_gib` -> `rootVolumeSizeGiB`)."""
-    return to_camel(name).replace("Gib", "GiB")
 
 
 Subnets = tuple[Annotated[str, _rule(_SUBNET.match, "subnet ids such as subnet-0123456789abcdef0")], ...]
@@ -591,15 +642,12 @@ PodMonitorMode = Annotated[str, _rule(POD_MONITOR_MODES.__contains__, ", ".join(
 EfaDriverMode = Annotated[str, _rule(EFA_DRIVER_MODES.__contains__, " or ".join(EFA_DRIVER_MODES))]
 
 
-class StackSettings(BaseModel):
+class StackSettings(_Settings):
     """The whole stack: either a new EKS cluster (`kubeconfig` unset) or an existing cluster.
 
     A pydantic model: the field types and `_rule`s check each value, `_check` what depends on several; the
     config key of a field is its alias (`_alias`), its description is Pulumi.yaml's.
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_alias, populate_by_name=True,
-                              arbitrary_types_allowed=True)
 
     kubeconfig: str | None = _setting(None, "Existing-cluster mode: a kubeconfig (contents or path). When set, the "
                                       "stack installs only the driver and the claim templates; no AWS resources "
@@ -757,14 +805,7 @@ class StackSettings(BaseModel):
         "them, claim templates are checked against them, and the driver pods get the file (a ConfigMap), so a new "
         "instance type needs no new release.")
     # The catalog of instance types: BUILTIN, extended by catalog_file (the decoder loads the file once).
-    hardware: Catalog = Field(BUILTIN, exclude=True, repr=False)
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as e:
-            error = setting_error(e, PROJECT + ":", "the settings", tuple(STACK_KEY_OF_FIELD))
-            raise error from error.__cause__ or e
+    hardware: Catalog = Field(default=BUILTIN, exclude=True, repr=False)
 
     @model_validator(mode="after")
     def _check(self) -> StackSettings:
@@ -947,31 +988,3 @@ def key_of(field_name: str) -> str:
 
 def key_of_option(option: str) -> str:
     return STACK_KEY_OF_OPTION.get(option, option)
-
-
-def unknown_key(setting: str, value: object, keys: Sequence[str], noun: str) -> SettingError:
-    """A key no setting has: the closest known one, then all of them (`noun`: "the settings", ...)."""
-    key = setting.rpartition(".")[2].rpartition(":")[2]
-    match = difflib.get_close_matches(key, keys, n=1)
-    closest = f"did you mean {match[0]!r}? " if match else ""
-    return SettingError(setting, value, f"{closest}{noun}: {', '.join(keys)}")
-
-
-# What a value of the wrong type is refused with, by pydantic's error type.
-_TYPE_ERRORS = {"string_type": "a string", "int_type": "a whole number", "int_parsing": "a whole number",
-                "int_from_float": "a whole number", "bool_type": "true or false", "bool_parsing": "true or false",
-                "tuple_type": "a list of strings", "list_type": "a list", "dict_type": "an object"}
-
-
-def setting_error(error: ValidationError, prefix: str, noun: str, keys: Sequence[str]) -> NotAllowed:
-    """pydantic's first error as today's SettingError: the setting (`prefix` + the key), the value and what is
-    allowed (a check's own NotAllowed as it is; a `_rule`'s text; the type; did-you-mean for an unknown key)."""
-    first = error.errors()[0]
-    ctx = first.get("ctx", {})
-    cause = ctx.get("error")
-    if isinstance(cause, NotAllowed):
-        return cause
-    setting = prefix + str(first["loc"][0]) if first["loc"] else prefix.rstrip(".:")
-    if first["type"] == "extra_forbidden":
-        return unknown_key(setting, first["input"], keys, noun)
-    return SettingError(setting, first["input"], ctx.get("allowed") or _TYPE_ERRORS.get(first["type"], first["msg"]))

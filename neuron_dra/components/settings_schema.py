@@ -68,8 +68,6 @@ SETTINGS_BY_KEY: Mapping[str, FieldInfo] = {
 _KIND: Mapping[str, Kind] = {key: _kind(STACK_FIELD_OF_KEY[key], f) for key, f in SETTINGS_BY_KEY.items()}
 NODE_GROUP_KEYS: tuple[str, ...] = tuple(NODE_GROUP_FIELD_OF_KEY)
 # Node group keys whose values are strings (the rest: integers, a boolean, a list and an object).
-_NODE_POOL_STRINGS = ("name", "capacityReservationId", "availabilityZone", "rootVolumeKmsKeyId", "amiVersion")
-_NODE_POOL_LISTS = ("instanceTypes", "instanceFamilies", "capacityTypes")
 NODE_POOL_KEYS: tuple[str, ...] = tuple(NODE_POOL_FIELD_OF_KEY)
 _NODE_GROUP_STRINGS = ("name", "instanceType", "capacityType", "capacityReservationId", "availabilityZone",
                        "rootVolumeKmsKeyId", "efaInterfaceType", "version")
@@ -113,24 +111,12 @@ def _decode_node_group(index: int, raw: Mapping[str, Any], hardware: Catalog = B
 
 def _decode_node_pool(index: int, raw: Mapping[str, Any], hardware: Catalog = BUILTIN) -> NodePoolSettings:
     where = f"{setting_name('nodePools')}[{index}]"
-    kwargs: dict[str, Any] = {"where": where, "hardware": hardware}
     for key, value in raw.items():
         if key not in NODE_POOL_FIELD_OF_KEY:
             raise unknown_key(f"{where}.{key}", value, NODE_POOL_KEYS, "the node pool keys")
-        if key in _NODE_POOL_LISTS:
-            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-                raise SettingError(f"{where}.{key}", value, "a list of strings")
-            value = tuple(value)
-        elif key == "labels":
-            if not isinstance(value, dict):
-                raise SettingError(f"{where}.labels", value, "an object of label key -> value")
-            value = dict(value)
-        elif key in _NODE_POOL_STRINGS and not isinstance(value, str):
-            raise SettingError(f"{where}.{key}", value, "a string")
-        kwargs[NODE_POOL_FIELD_OF_KEY[key]] = value
-    if "name" not in kwargs:
+    if "name" not in raw:
         raise SettingError(f"{where}.name", None, "a DNS label naming the node pool")
-    return NodePoolSettings(**kwargs)
+    return NodePoolSettings(**raw, where=where, hardware=hardware)
 
 
 def _decode(key: str, raw: object, hardware: Catalog = BUILTIN) -> object:
@@ -176,7 +162,7 @@ def decode_settings(raw: Mapping[str, object]) -> StackSettings:
             raise unknown_key(setting_name(key), value, list(SETTINGS_BY_KEY), "the settings")
         values[key] = value
     hardware = _hardware(_decode("catalogFile", values["catalogFile"]) if "catalogFile" in values else None)
-    decoded = {key: _decode(key, value, hardware) for key, value in values.items()}
+    decoded: dict[str, Any] = {key: _decode(key, value, hardware) for key, value in values.items()}
     if decoded.get("kubeconfig") is not None:
         for key, value in decoded.items():
             # The engine passes Pulumi.yaml's defaults as values: only a value other than the default is refused.
