@@ -17,11 +17,11 @@ The manifests are plain dicts (`node_pool_manifest`, `node_class_manifest`); the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+from pydantic import Field, SkipValidation, model_validator
 
 from neuron_dra.components.efa import karpenter_interfaces
 from neuron_dra.components.nodegroup import ROOT_DEVICE
@@ -128,24 +128,24 @@ def node_class_manifest(pool: NodePoolSettings, *, role: str, subnet_ids: Sequen
     return {"apiVersion": NODE_CLASS_API, "kind": "EC2NodeClass", "metadata": {"name": pool.name}, "spec": spec}
 
 
-@dataclass(frozen=True, kw_only=True)
 class TrainiumNodePoolArgs(NodePoolSettings):
     """Inputs of `TrainiumNodePool`: the pool's own plain fields (as in `NodePoolSettings`, validated the same
     way) and where its nodes go: `karpenter` (TrainiumKarpenter: the node role it gives them, and its chart,
     which installs the CRDs, to wait for) and `cluster` (TrainiumCluster: its private subnets, security group and
     provider), or else node_role_name, subnet_ids and security_group_ids and the provider as `opts.provider`."""
 
-    node_role_name: pulumi.Input[str] | None = None
-    subnet_ids: pulumi.Input[Sequence[str]] | None = None
-    security_group_ids: pulumi.Input[Sequence[str]] | None = None
+    # pulumi.Input[str] | None and pulumi.Input[Sequence[str]] | None: typed Any, pydantic cannot resolve Input
+    node_role_name: Any = None
+    subnet_ids: Any = None
+    security_group_ids: Any = None
     imds_hop_limit: int = 1  # 2 lets every pod reach IMDS and so the node role
-    tags: Mapping[str, str] = field(default_factory=dict)
-    depends_on: Sequence[pulumi.Resource] = ()  # e.g. Karpenter's chart, which installs the CRDs
+    tags: Mapping[str, str] = Field(default_factory=dict)
+    depends_on: SkipValidation[Sequence[pulumi.Resource]] = ()  # e.g. Karpenter's chart, which installs the CRDs
     cluster: Any = None  # TrainiumCluster (typed Any: NodePoolSettings' module stays free of Pulumi)
     karpenter: Any = None  # TrainiumKarpenter
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    @model_validator(mode="after")
+    def _place(self) -> TrainiumNodePoolArgs:
         derived: dict[str, Any] = {}
         if self.karpenter is not None:
             derived["node_role_name"] = self.karpenter.node_role.name
@@ -166,11 +166,12 @@ class TrainiumNodePoolArgs(NodePoolSettings):
         hop = self.imds_hop_limit
         if isinstance(hop, bool) or not isinstance(hop, int) or not 1 <= hop <= 64:
             raise SettingError(f"{type(self).__name__}.imds_hop_limit", hop, "1 to 64")
+        return self
 
     @classmethod
     def from_settings(cls, pool: NodePoolSettings, **placement: Any) -> TrainiumNodePoolArgs:
         """A pool of the stack's settings, placed by `placement` (node_role_name, subnet_ids, ...)."""
-        plain = {f.name: getattr(pool, f.name) for f in fields(NodePoolSettings)}
+        plain = {name: getattr(pool, name) for name in NodePoolSettings.model_fields}
         return cls(**plain, **placement)
 
 

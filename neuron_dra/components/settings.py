@@ -9,12 +9,27 @@ built in code), the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from neuron_dra.components.eks_versions import EksVersion, eks_version, offered, support_warning, today_utc
 from neuron_dra.driver.deploy import (
@@ -26,6 +41,7 @@ from neuron_dra.driver.deploy import (
 )
 from neuron_dra.driver.errortext import did_you_mean
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec
+from neuron_dra.driver.model.config import LNC_VALUES
 from neuron_dra.driver.model.errors import NotAllowed
 from neuron_dra.driver.model.k8s_names import (
     DEFAULT_DRIVER_NAME,
@@ -49,11 +65,18 @@ DEFAULT_VPC_CIDR = "10.0.0.0/16"
 # own default is 10 minutes); 0 skips the wait (annotation pulumi.com/skipAwait).
 DEFAULT_ROLLOUT_TIMEOUT_SECONDS = 600
 MAX_ROLLOUT_TIMEOUT_SECONDS = 3600
+# EFA-only interfaces (no IP addresses) need this VPC CNI version or newer.
+MIN_VPC_CNI_FOR_EFA_ONLY = (1, 18, 4)
 # Who holds the VPC CNI's EC2 permissions (AmazonEKS_CNI_Policy): its own role through EKS Pod Identity (the
 # aws-node service account), or the node role (any pod that reaches IMDS could then use them).
 VPC_CNI_IDENTITIES = ("podIdentity", "nodeRole")
-# EFA-only interfaces (no IP addresses) need this VPC CNI version or newer.
-MIN_VPC_CNI_FOR_EFA_ONLY = (1, 18, 4)
+# efaDriver: auto installs AWS's EFA DRA driver on the EFA node groups of a new cluster (none on an existing one);
+# install also installs it on an existing cluster's EFA instance types; external: the cluster already runs one.
+EFA_DRIVER_MODES = ("auto", "install", "external")
+# podMonitor: auto renders the PodMonitor when the existing cluster serves its CRD (components/monitoring.py asks
+# it while the program runs); a cluster this stack creates has no prometheus-operator, so there auto is false.
+POD_MONITOR_MODES = ("auto", "true", "false")
+NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
 # NetworkPolicy enforcement by the VPC CNI's network policy agent needs this version or newer (EKS user guide,
 # "Restrict Pod network traffic with Kubernetes network policies"; docs/eks-trainium.md §6).
 MIN_VPC_CNI_FOR_NETWORK_POLICY = (1, 14, 0)
@@ -62,15 +85,7 @@ MIN_VPC_CNI_FOR_NETWORK_POLICY = (1, 14, 0)
 DEFAULT_CLAIM_TEMPLATES_MODULE = "neuron_dra.claim_templates.stack_examples"
 DEFAULT_ROOT_VOLUME_GIB = 500  # AWS's own trn2 sample
 EFA_INTERFACE_TYPES = ("efa-only", "efa")
-# efaDriver: auto installs AWS's EFA DRA driver on the EFA node groups of a new cluster (none on an existing one);
-# install also installs it on an existing cluster's EFA instance types; external: the cluster already runs one.
-EFA_DRIVER_MODES = ("auto", "install", "external")
-# podMonitor: auto renders the PodMonitor when the existing cluster serves its CRD (components/monitoring.py asks
-# it while the program runs); a cluster this stack creates has no prometheus-operator, so there auto is false.
-POD_MONITOR_MODES = ("auto", "true", "false")
 CAPACITY_TYPES = ("ON_DEMAND", "CAPACITY_BLOCK")
-LNC_VALUES = (1, 2)  # Logical NeuronCore config: physical cores per logical core (docs/neuron-cores.md §2)
-NAT_GATEWAY_STRATEGIES = ("Single", "OnePerAz")
 
 class SettingError(NotAllowed):
     """A setting that cannot work; `field` (also `setting`) is the setting's name as the user wrote it."""
@@ -162,6 +177,98 @@ def parse_addon_version(setting: str, value: str) -> tuple[int, int, int]:
     if not m:
         raise SettingError(setting, value, "an EKS add-on version such as v1.20.4-eksbuild.1")
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def _rule(test: Callable[[Any], object], allowed: str) -> AfterValidator:
+    """A field's check beyond its type: `test`, else an error naming `allowed` (see `setting_error`)."""
+
+    def check(value: Any) -> Any:
+        if not test(value):
+            raise PydanticCustomError("not_allowed", "{allowed}", {"allowed": allowed})
+        return value
+
+    return AfterValidator(check)
+
+
+def _setting(default: Any, description: str, *, new_cluster_only: bool = False, option: str | None = None) -> Any:
+    """A StackSettings field: its default, its description (Pulumi.yaml's), whether only a new cluster uses it
+    (refused when `kubeconfig` selects an existing cluster) and the DriverDeployOptions field it feeds."""
+    extra: dict[str, Any] = {"new_cluster_only": new_cluster_only, **({"option": option} if option else {})}
+    return Field(default, description=description, json_schema_extra=extra)
+
+
+def _alias(name: str) -> str:
+    """A field's config key: camelCase (`root_volume_size_gib` -> `rootVolumeSizeGiB`)."""
+    return to_camel(name).replace("Gib", "GiB")
+
+
+def unknown_key(setting: str, value: object, keys: Sequence[str], noun: str) -> SettingError:
+    """A key no setting has: the closest known one, then all of them (`noun`: "the settings", ...)."""
+    key = setting.rpartition(".")[2].rpartition(":")[2]
+    match = difflib.get_close_matches(key, keys, n=1)
+    closest = f"did you mean {match[0]!r}? " if match else ""
+    return SettingError(setting, value, f"{closest}{noun}: {', '.join(keys)}")
+
+
+# What a value of the wrong type is refused with, by pydantic's error type.
+_TYPE_ERRORS = {"string_type": "a string", "int_type": "a whole number", "int_parsing": "a whole number",
+                "int_from_float": "a whole number", "bool_type": "true or false", "bool_parsing": "true or false",
+                "tuple_type": "a list of strings", "list_type": "a list", "dict_type": "an object"}
+
+
+def setting_error(error: ValidationError, at: Callable[[str], str], noun: str, keys: Sequence[str]) -> NotAllowed:
+    """pydantic's first error as today's SettingError: the setting (`at(key)`), the value and what is allowed (a
+    check's own NotAllowed as it is; a `_rule`'s text; the type; did-you-mean for an unknown key)."""
+    first = error.errors()[0]
+    ctx = first.get("ctx", {})
+    cause = ctx.get("error")
+    if isinstance(cause, NotAllowed):
+        return cause
+    setting = at(str(first["loc"][0]) if first["loc"] else "")
+    if first["type"] == "extra_forbidden":
+        return unknown_key(setting, first["input"], keys, noun)
+    return SettingError(setting, first["input"], ctx.get("allowed") or _TYPE_ERRORS.get(first["type"], first["msg"]))
+
+
+class _Settings(BaseModel):
+    """Settings as a pydantic model: frozen, no unknown keys, config keys as aliases (`_alias`); a refusal is a
+    SettingError naming the setting as `_at_key` does."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_alias, populate_by_name=True,
+                              arbitrary_types_allowed=True)
+    _noun: ClassVar[str] = "the settings"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            keys = [f.alias or n for n, f in type(self).model_fields.items() if not f.exclude]
+            error = setting_error(e, lambda key: self._at_key(data, key), self._noun, keys)
+            raise error from error.__cause__ or e
+
+    @classmethod
+    def _at_key(cls, data: Mapping[str, Any], key: str) -> str:
+        return setting_name(key)
+
+
+class _Entry(_Settings):
+    """A node group or pool: `where` is the config setting it came from (`neuron-dra:nodePools[0]`), for error
+    messages; "" when built in code: errors then name the Python field (`NodePoolSettings('p').max_nodes`)."""
+
+    where: str = Field(default="", exclude=True)
+    # The instance types it may use: the built-in catalog, or one extended by the stack's catalogFile.
+    hardware: Catalog = Field(default=BUILTIN, exclude=True, repr=False)
+
+    @classmethod
+    def _at_key(cls, data: Mapping[str, Any], key: str) -> str:
+        if data.get("where"):
+            return f"{data['where']}.{key}"
+        fields = {f.alias: n for n, f in cls.model_fields.items()}
+        return f"{cls.__name__}({data.get('name')!r}).{fields.get(key, key)}"
+
+    def _at(self, key: str) -> str:
+        """The name of config key `key` of this entry in an error message."""
+        return self._at_key({"where": self.where, "name": getattr(self, "name", None)}, key)
 
 
 def _key(config_key: str) -> dict[str, str]:
@@ -356,14 +463,17 @@ NODE_GROUP_FIELD_OF_KEY: Mapping[str, str] = {
 POOL_CAPACITY_TYPES = ("on-demand", "spot", "reserved")
 MAX_POOL_NODES = 1000  # limits.nodes of one pool: a bound on what a typo in the settings can launch
 DEFAULT_DYNAMIC_POOL_NODES = 4
-LNC_VALUES = (1, 2)
 # Label domains Karpenter reserves for itself (its NodePool CRD refuses them in template labels).
 KARPENTER_LABEL_DOMAINS = ("karpenter.sh", "karpenter.k8s.aws")
 _AMI_VERSION = re.compile(r"^(latest|v\d{8})$")
+DnsLabel = Annotated[str, _rule(_NAME.match, "a DNS label of at most 40 characters")]
+Az = Annotated[str, _rule(_AZ.match, "an AZ name such as us-east-2b")]
+Reservation = Annotated[str, _rule(_RESERVATION.match, _ID_RULES["reservation"][1])]
+PoolNodes = Annotated[StrictInt, _rule(lambda n: 0 <= n <= MAX_POOL_NODES,
+                                       f"a whole number from 0 to {MAX_POOL_NODES}")]
 
 
-@dataclass(frozen=True)
-class NodePoolSettings:
+class NodePoolSettings(_Entry):
     """One Karpenter NodePool (with its EC2NodeClass) of Neuron instances.
 
     Static (`replicas` set): Karpenter keeps that many nodes of one instance type, e.g. a Capacity Block or an
@@ -372,27 +482,30 @@ class NodePoolSettings:
     of `instance_families`, with `capacity_types` on-demand and/or spot.
     """
 
-    name: str = field(metadata=_key("name"))
-    instance_types: tuple[str, ...] = field(default=(), metadata=_key("instanceTypes"))
-    instance_families: tuple[str, ...] = field(default=(), metadata=_key("instanceFamilies"))
-    # None: reserved with a reservation id, else on-demand
-    capacity_types: tuple[str, ...] | None = field(default=None, metadata=_key("capacityTypes"))
-    replicas: int | None = field(default=None, metadata=_key("replicas"))  # None: a dynamic pool
-    capacity_reservation_id: str | None = field(default=None, metadata=_key("capacityReservationId"))
-    # None: the replicas of a static pool, DEFAULT_DYNAMIC_POOL_NODES for a dynamic one
-    max_nodes: int | None = field(default=None, metadata=_key("maxNodes"))
-    availability_zone: str | None = field(default=None, metadata=_key("availabilityZone"))
-    labels: Mapping[str, str] = field(default_factory=dict, metadata=_key("labels"))
-    root_volume_size_gib: int = field(default=DEFAULT_ROOT_VOLUME_GIB, metadata=_key("rootVolumeSizeGiB"))
-    root_volume_kms_key_id: str | None = field(default=None, metadata=_key("rootVolumeKmsKeyId"))
-    lnc: int | None = field(default=None, metadata=_key("lnc"))  # None: the AMI's default (2 on Trainium2)
-    ami_version: str = field(default="latest", metadata=_key("amiVersion"))  # al2023@<this>
-    where: str = field(default="", compare=False)
-    hardware: Catalog = field(default=BUILTIN, compare=False, repr=False)
+    _noun: ClassVar[str] = "the node pool keys"
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise SettingError(self._at("name"), self.name, "a DNS label of at most 40 characters")
+    name: DnsLabel
+    instance_types: tuple[str, ...] = ()
+    instance_families: tuple[str, ...] = ()
+    # None: reserved with a reservation id, else on-demand
+    capacity_types: tuple[Annotated[str, _rule(POOL_CAPACITY_TYPES.__contains__, ", ".join(POOL_CAPACITY_TYPES))],
+                          ...] | None = None
+    replicas: PoolNodes | None = None  # None: a dynamic pool
+    capacity_reservation_id: Reservation | None = None
+    # None: the replicas of a static pool, DEFAULT_DYNAMIC_POOL_NODES for a dynamic one
+    max_nodes: PoolNodes | None = None
+    availability_zone: Az | None = None
+    labels: Mapping[str, str] = Field(default_factory=dict)
+    root_volume_size_gib: Annotated[StrictInt, _rule(lambda size: size >= 50, "a whole number of at least 50 (the "
+                                                     "Neuron AMI, container images and Neuron compiler caches)")] = \
+        DEFAULT_ROOT_VOLUME_GIB
+    root_volume_kms_key_id: str | None = None
+    lnc: StrictInt | None = None  # None: the AMI's default (2 on Trainium2)
+    ami_version: Annotated[str, _rule(_AMI_VERSION.match, "latest or an EKS AMI release such as v20261120 (Karpenter "
+                                      "alias al2023@<version>)")] = "latest"  # al2023@<this>
+
+    @model_validator(mode="after")
+    def _check(self) -> NodePoolSettings:
         for t in self.instance_types:
             if t not in self.hardware:
                 raise SettingError(self._at("instanceTypes"), t,
@@ -405,19 +518,6 @@ class NodePoolSettings:
         if not self.types:
             raise SettingError(self._at("instanceTypes"), [], "at least one instance type (instanceTypes or "
                                "instanceFamilies)")
-        for key, v in (("replicas", self.replicas), ("maxNodes", self.max_nodes)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_POOL_NODES):
-                raise SettingError(self._at(key), v, f"a whole number from 0 to {MAX_POOL_NODES}")
-        size = self.root_volume_size_gib
-        if isinstance(size, bool) or not isinstance(size, int) or size < 50:
-            raise SettingError(self._at("rootVolumeSizeGiB"), size,
-                               "a whole number of at least 50 (the Neuron AMI, container images and Neuron compiler "
-                               "caches)")
-        if self.availability_zone is not None and not _AZ.match(self.availability_zone):
-            raise SettingError(self._at("availabilityZone"), self.availability_zone, "an AZ name such as us-east-2b")
-        if not isinstance(self.ami_version, str) or not _AMI_VERSION.match(self.ami_version):
-            raise SettingError(self._at("amiVersion"), self.ami_version,
-                               "latest or an EKS AMI release such as v20261120 (Karpenter alias al2023@<version>)")
         for label, text in self.labels.items():
             if not is_label_key(label):
                 raise SettingError(self._at("labels"), label, LABEL_KEY_RULE)
@@ -428,29 +528,22 @@ class NodePoolSettings:
                 raise SettingError(f"{self._at('labels')}[{label}]", text, LABEL_VALUE_RULE)
         self._check_lnc()
         self._check_capacity()
+        return self
 
     def _check_lnc(self) -> None:
         if self.lnc is None:
             return
-        if self.lnc not in LNC_VALUES or isinstance(self.lnc, bool):
-            raise SettingError(self._at("lnc"), self.lnc, "1 or 2")
+        if self.lnc not in LNC_VALUES:
+            raise SettingError(self._at("lnc"), self.lnc, " or ".join(map(str, LNC_VALUES)))
         without = [t for t in self.types if not self.hardware.spec(t).family.lnc_supported]
         if without:
             raise SettingError(self._at("lnc"), self.lnc,
                                f"unset: {', '.join(without)} have no Logical NeuronCore setting (Trainium2 and later)")
 
     def _check_capacity(self) -> None:
-        kinds = self.capacity_types
-        if kinds is not None:
-            if not kinds:
-                raise SettingError(self._at("capacityTypes"), [], " and/or ".join(POOL_CAPACITY_TYPES))
-            for k in kinds:
-                if k not in POOL_CAPACITY_TYPES:
-                    raise SettingError(self._at("capacityTypes"), k, ", ".join(POOL_CAPACITY_TYPES))
+        if self.capacity_types == ():
+            raise SettingError(self._at("capacityTypes"), [], " and/or ".join(POOL_CAPACITY_TYPES))
         reservation = self.capacity_reservation_id
-        if reservation is not None and (not isinstance(reservation, str) or not _RESERVATION.match(reservation)):
-            raise SettingError(self._at("capacityReservationId"), reservation,
-                               "a Capacity Block reservation id such as cr-0123456789abcdef0")
         ultra = [t for t in self.types if self.hardware.spec(t).ultraserver is not None]
         if self.static:
             self._check_static(ultra)
@@ -499,11 +592,6 @@ class NodePoolSettings:
             raise SettingError(self._at("availabilityZone"), None,
                                "the reservation's AZ: its instances launch only there (a new VPC gets a subnet in it)")
 
-    def _at(self, key: str) -> str:
-        if self.where:
-            return f"{self.where}.{key}"
-        return f"{type(self).__name__}({self.name!r}).{NODE_POOL_FIELD_OF_KEY.get(key, key)}"
-
     @property
     def static(self) -> bool:
         return self.replicas is not None
@@ -542,119 +630,194 @@ class NodePoolSettings:
 
 
 NODE_POOL_FIELD_OF_KEY: Mapping[str, str] = {
-    f.metadata["key"]: f.name for f in fields(NodePoolSettings) if "key" in f.metadata
+    f.alias or n: n for n, f in NodePoolSettings.model_fields.items() if not f.exclude
 }
 
 
-def _setting(config_key: str, default: Any, option: str | None = None) -> Any:
-    """A StackSettings field: its default, its config key (`neuron-dra:<key>`) and the DriverDeployOptions field
-    it feeds, as field metadata (settings_schema's table joins its descriptions to these fields)."""
-    metadata = {"key": config_key, **({"option": option} if option else {})}
-    return field(default=default, metadata=metadata)
+Subnets = tuple[Annotated[str, _rule(_SUBNET.match, "subnet ids such as subnet-0123456789abcdef0")], ...]
+AddonVersion = Annotated[str, _rule(_ADDON_VERSION.match, "an EKS add-on version such as v1.20.4-eksbuild.1")]
+NatGateways = Annotated[str, _rule(NAT_GATEWAY_STRATEGIES.__contains__, " or ".join(NAT_GATEWAY_STRATEGIES))]
+VpcCniIdentity = Annotated[str, _rule(VPC_CNI_IDENTITIES.__contains__, " or ".join(VPC_CNI_IDENTITIES))]
+PodMonitorMode = Annotated[str, _rule(POD_MONITOR_MODES.__contains__, ", ".join(POD_MONITOR_MODES))]
+EfaDriverMode = Annotated[str, _rule(EFA_DRIVER_MODES.__contains__, " or ".join(EFA_DRIVER_MODES))]
 
 
-@dataclass(frozen=True)
-class StackSettings:
-    """The whole stack: either a new EKS cluster (`kubeconfig` unset) or an existing cluster."""
+class StackSettings(_Settings):
+    """The whole stack: either a new EKS cluster (`kubeconfig` unset) or an existing cluster.
 
-    kubeconfig: str | None = _setting("kubeconfig", None)
-    kubernetes_version: str = _setting("kubernetesVersion", DEFAULT_KUBERNETES_VERSION)
-    cluster_name: str | None = _setting("clusterName", None)
-    vpc_id: str | None = _setting("vpcId", None)
-    private_subnet_ids: tuple[str, ...] = _setting("privateSubnetIds", ())
-    public_subnet_ids: tuple[str, ...] = _setting("publicSubnetIds", ())
-    vpc_cidr: str = _setting("vpcCidr", DEFAULT_VPC_CIDR)
-    availability_zones: tuple[str, ...] = _setting("availabilityZones", ())
-    nat_gateways: str = _setting("natGateways", "Single")
-    admin_principal_arns: tuple[str, ...] = _setting("adminPrincipalArns", ())
-    endpoint_public_access: bool = _setting("endpointPublicAccess", True)
-    public_access_cidrs: tuple[str, ...] = _setting("publicAccessCidrs", ())
-    vpc_cni_version: str | None = _setting("vpcCniVersion", None)
-    vpc_cni_identity: str = _setting("vpcCniIdentity", "podIdentity")
-    vpc_cni_network_policy: bool = _setting("vpcCniNetworkPolicy", True)
-    imds_hop_limit: int = _setting("imdsHopLimit", 1)
-    coredns_version: str | None = _setting("corednsVersion", None)
-    kube_proxy_version: str | None = _setting("kubeProxyVersion", None)
-    pod_identity_agent_version: str | None = _setting("podIdentityAgentVersion", None)
-    node_groups: tuple[NodeGroupSettings, ...] = _setting("nodeGroups", ())
-    # Karpenter NodePools (components/karpenter.py installs Karpenter when there is one)
-    node_pools: tuple[NodePoolSettings, ...] = _setting("nodePools", ())
-    driver_image: str | None = _setting("driverImage", None, option="image")
-    # Without driverImage the stack builds the driver image into an ECR repository it owns; destroy deletes the
-    # repository with its images only when this is true.
-    driver_repository_force_delete: bool = _setting("driverRepositoryForceDelete", False)
-    driver_name: str = _setting("driverName", DEFAULT_DRIVER_NAME, option="driver_name")
-    # "": derived from driverName (DriverDeployOptions), so another driverName never shares these objects.
-    driver_namespace: str = _setting("driverNamespace", "", option="namespace")
-    driver_metrics_port: int = _setting("driverMetricsPort", 0, option="metrics_port")
-    # Who may scrape it (the driver's NetworkPolicy) and how Prometheus and Grafana find it (docs/metrics.md).
-    metrics_scrape_namespaces: tuple[str, ...] = _setting("metricsScrapeNamespaces", ("monitoring",),
-                                                          option="metrics_scrape_namespaces")
-    metrics_scrape_pod_labels: tuple[str, ...] = _setting("metricsScrapePodLabels", (),
-                                                          option="metrics_scrape_pod_labels")
-    pod_monitor: str = _setting("podMonitor", "auto", option="pod_monitor")
-    pod_monitor_labels: tuple[str, ...] = _setting("podMonitorLabels", (), option="pod_monitor_labels")
-    grafana_dashboard: bool = _setting("grafanaDashboard", True, option="grafana_dashboard")
-    grafana_dashboard_label: str = _setting("grafanaDashboardLabel", DEFAULT_DASHBOARD_LABEL,
-                                            option="grafana_dashboard_label")
-    grafana_dashboard_namespace: str = _setting("grafanaDashboardNamespace", "",
-                                                option="grafana_dashboard_namespace")
-    driver_rollout_timeout_seconds: int = _setting("driverRolloutTimeoutSeconds", DEFAULT_ROLLOUT_TIMEOUT_SECONDS)
-    driver_max_surge: int = _setting("driverMaxSurge", 1, option="max_surge")
-    driver_max_unavailable: int = _setting("driverMaxUnavailable", 0, option="max_unavailable")
-    neuron_core_device_class: str = _setting("neuronCoreDeviceClass", "",
-                                             option="core_device_class_name")
-    extended_resource_name: str = _setting("extendedResourceName", DEFAULT_EXTENDED_RESOURCE,
-                                           option="extended_resource_name")
-    # auto: DEFAULT_CORE_EXTENDED_RESOURCE where the driver publishes NeuronCores; a name also asks for them
-    core_extended_resource_name: str = _setting("coreExtendedResourceName", AUTO,
-                                                option="core_extended_resource_name")
-    # NeuronCores with counters (the daemon's --core-partitions): auto, on, off (core_scale.py decides auto)
-    core_partitions: str = _setting("corePartitions", AUTO, option="core_partitions")
-    # Deploy NeuronCores on Kubernetes 1.36 even where the predicted scheduler time per claim pod passes 10 s.
-    allow_slow_claim_scheduling: bool = _setting("allowSlowClaimScheduling", False)
-    kubelet_plugins_dir: str = _setting("kubeletPluginsDir", DEFAULT_PLUGINS_DIR, option="plugins_dir")
-    kubelet_registry_dir: str = _setting("kubeletRegistryDir", DEFAULT_REGISTRY_DIR, option="registry_dir")
-    # Where the nodes keep the sys, dev and opt/aws/neuron trees the driver reads ("/" on real nodes).
-    driver_host_paths_root: str = _setting("driverHostPathsRoot", "/", option="host_paths_root")
-    efa_driver: str = _setting("efaDriver", "auto")
-    claim_templates_module: str = _setting("claimTemplatesModule", DEFAULT_CLAIM_TEMPLATES_MODULE)
-    cluster_instance_types: tuple[str, ...] = _setting("clusterInstanceTypes", ())
-    catalog_file: str | None = _setting("catalogFile", None)
+    A pydantic model: the field types and `_rule`s check each value, `_check` what depends on several; the
+    config key of a field is its alias (`_alias`), its description is Pulumi.yaml's.
+    """
+
+    kubeconfig: str | None = _setting(None, "Existing-cluster mode: a kubeconfig (contents or path). When set, the "
+                                      "stack installs only the driver and the claim templates; no AWS resources "
+                                      "are created.")
+    kubernetes_version: str = _setting(
+        DEFAULT_KUBERNETES_VERSION, "EKS Kubernetes version: a minor EKS offers, of 1.34 to 1.36 (DRA "
+        "resource.k8s.io/v1 is served from 1.34; EKS does not offer 1.37 yet). A minor past EKS standard support "
+        "gets a preview warning with its date: extended support costs extra per cluster-hour "
+        "(docs/kubernetes-versions.md §1 has the dates).", new_cluster_only=True)
+    cluster_name: Annotated[str, _rule(_CLUSTER_NAME.match, _ID_RULES["cluster"][1])] | None = _setting(
+        None, "EKS cluster name (default: neuron-dra-<stack>).", new_cluster_only=True)
+    vpc_id: Annotated[str, _rule(_VPC.match, _ID_RULES["vpc"][1])] | None = _setting(
+        None, "Use this VPC instead of creating one (needs privateSubnetIds).", new_cluster_only=True)
+    private_subnet_ids: Subnets = _setting((), "Private subnets of vpcId for the control plane and the nodes.",
+                                           new_cluster_only=True)
+    public_subnet_ids: Subnets = _setting((), "Public subnets of vpcId (for load balancers).", new_cluster_only=True)
+    vpc_cidr: Annotated[str, _rule(_CIDR.match, "an IPv4 CIDR block such as 10.0.0.0/16")] = _setting(
+        DEFAULT_VPC_CIDR, "CIDR block of the new VPC.", new_cluster_only=True)
+    availability_zones: tuple[Annotated[str, _rule(_AZ.match, "AZ names such as us-east-2b")], ...] = _setting(
+        (), "AZs of the new VPC (default: the AZs offering the node groups' instance types, plus one more for the "
+        "control plane).", new_cluster_only=True)
+    nat_gateways: NatGateways = _setting("Single", "NAT gateways of the new VPC: Single or OnePerAz.",
+                                         new_cluster_only=True)
+    admin_principal_arns: tuple[Annotated[str, _rule(_ARN.match, _ID_RULES["arn"][1])], ...] = _setting(
+        (), "IAM principals given cluster-admin access entries.", new_cluster_only=True)
+    endpoint_public_access: StrictBool = _setting(
+        True, "Whether the Kubernetes API endpoint is reachable from the internet (pulumi needs to reach it to "
+        "install the driver).", new_cluster_only=True)
+    public_access_cidrs: tuple[Annotated[str, _rule(_CIDR.match, _ID_RULES["cidr"][1])], ...] = _setting(
+        (), "CIDRs allowed to reach the public API endpoint (default: any).", new_cluster_only=True)
+    vpc_cni_version: AddonVersion | None = _setting(
+        None, "vpc-cni add-on version (default: EKS's default; at least v1.18.4 when EFA-only interfaces are "
+        "used).", new_cluster_only=True)
+    vpc_cni_identity: VpcCniIdentity = _setting(
+        "podIdentity", "Who holds the VPC CNI's EC2 permissions (AmazonEKS_CNI_Policy): podIdentity (its own IAM "
+        "role for the aws-node service account, through EKS Pod Identity) or nodeRole (the node role, as EKS's "
+        "defaults do; any pod that reaches IMDS can then use them).", new_cluster_only=True)
+    vpc_cni_network_policy: StrictBool = _setting(
+        True, "Whether the VPC CNI enforces Kubernetes NetworkPolicies (its network policy agent, add-on setting "
+        "enableNetworkPolicy; vpc-cni v1.14+). Without an enforcing CNI the driver's NetworkPolicy protects "
+        "nothing.", new_cluster_only=True)
+    imds_hop_limit: Annotated[StrictInt, _rule(lambda hop: 1 <= hop <= 64, "1 (only the node's own processes and "
+                                               "host-network pods reach IMDS) to 64")] = _setting(
+        1, "IMDSv2 response hop limit of the nodes: 1 keeps pods (other than host-network pods) from the node "
+        "role's credentials; 2 lets every pod reach IMDS.", new_cluster_only=True)
+    coredns_version: AddonVersion | None = _setting(None, "coredns add-on version (default: EKS's default).",
+                                                    new_cluster_only=True)
+    kube_proxy_version: AddonVersion | None = _setting(None, "kube-proxy add-on version (default: EKS's default).",
+                                                       new_cluster_only=True)
+    pod_identity_agent_version: AddonVersion | None = _setting(
+        None, "eks-pod-identity-agent add-on version (default: EKS's default).", new_cluster_only=True)
+    node_groups: tuple[InstanceOf[NodeGroupSettings], ...] = _setting(
+        (), "Trainium/Inferentia managed node groups: " + ", ".join(NODE_GROUP_FIELD_OF_KEY) + ". capacityType is "
+        "ON_DEMAND or CAPACITY_BLOCK, efaInterfaceType efa-only or efa, lnc 1 or 2 (Trainium2/Trainium3 only: the "
+        "nodes' Logical NeuronCore config, default 2; also the node label neuron-dra/lnc).", new_cluster_only=True)
+    node_pools: tuple[InstanceOf[NodePoolSettings], ...] = _setting(
+        (), "Karpenter NodePools of Neuron instances, instead of or next to nodeGroups (docs/karpenter.md); "
+        "Karpenter is installed when there is one: " + ", ".join(NODE_POOL_FIELD_OF_KEY) + ". With replicas a "
+        "static pool (one instance type; a Capacity Block or UltraServer with capacityReservationId), without a "
+        "dynamic pool up to maxNodes; capacityTypes: " + ", ".join(POOL_CAPACITY_TYPES) + ".",
+        new_cluster_only=True)
+    driver_image: str | None = _setting(
+        None, "Driver image to deploy, repo@sha256:<digest> (pinned) or repo:tag (follows the tag), e.g. the one "
+        "the release workflow publishes (default: build neuron_dra/driver/Dockerfile of the installed package and "
+        "push it to an ECR repository of the stack, pinned by digest; needs Docker with BuildKit where pulumi up "
+        "runs).", option="image")
+    driver_repository_force_delete: StrictBool = _setting(
+        False, "Let pulumi destroy delete the driver's ECR repository with its images (without driverImage; "
+        "default false: ECR refuses while it holds images).")
+    driver_name: str = _setting(
+        DEFAULT_DRIVER_NAME, "DRA driver name. Its DeviceClasses are named after it (neuron.aws.com: neuron.aws.com "
+        "and neuroncore.aws.com; another name N: N and cores.N) and the claim templates name them.",
+        option="driver_name")
+    driver_namespace: str = _setting(
+        "", "Namespace of the driver (default: neuron-dra-driver for the default driverName, else "
+        "neuron-dra-<driverName with dots as dashes>; it also names the ClusterRole).", option="namespace")
+    driver_metrics_port: StrictInt = _setting(0, "Prometheus metrics port of the driver (0: off).",
+                                              option="metrics_port")
+    metrics_scrape_namespaces: tuple[str, ...] = _setting(
+        ("monitoring",), "Namespaces whose pods the driver's NetworkPolicy lets scrape the metrics port.",
+        option="metrics_scrape_namespaces")
+    metrics_scrape_pod_labels: tuple[str, ...] = _setting(
+        (), "KEY=VALUE labels: of the scrape namespaces' pods only those with all of them may scrape (default: "
+        "every pod there), e.g. app.kubernetes.io/name=prometheus.", option="metrics_scrape_pod_labels")
+    pod_monitor: PodMonitorMode = _setting(
+        "auto", "A prometheus-operator PodMonitor for the driver pods (with driverMetricsPort): true, false, or "
+        "auto: on an existing cluster when it serves the PodMonitor CRD (asked while the program runs), off on a "
+        "new cluster (nothing here installs prometheus-operator). docs/metrics.md.", option="pod_monitor")
+    pod_monitor_labels: tuple[str, ...] = _setting(
+        (), "KEY=VALUE labels of the PodMonitor (what the Prometheus's podMonitorSelector selects, e.g. "
+        "release=kube-prometheus-stack).", option="pod_monitor_labels")
+    grafana_dashboard: StrictBool = _setting(
+        True, "Install the driver's Grafana dashboard (`neuron-dra dashboard`) as a ConfigMap for the Grafana "
+        "sidecar (with driverMetricsPort).", option="grafana_dashboard")
+    grafana_dashboard_label: str = _setting(
+        DEFAULT_DASHBOARD_LABEL, "KEY=VALUE label the Grafana sidecar selects dashboards by (kube-prometheus-stack's "
+        "default grafana_dashboard=1).", option="grafana_dashboard_label")
+    grafana_dashboard_namespace: str = _setting(
+        "", "Namespace of the dashboard ConfigMap (default: the driver's; the sidecar must search it).",
+        option="grafana_dashboard_namespace")
+    driver_rollout_timeout_seconds: Annotated[StrictInt, _rule(
+        lambda t: 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS,
+        f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds")] = _setting(
+        DEFAULT_ROLLOUT_TIMEOUT_SECONDS, "How long `pulumi up` waits for the driver's DaemonSet to roll out (every "
+        "scheduled pod updated and ready) before it fails; 0: do not wait (the DaemonSet is created and the update "
+        "goes on).")
+    driver_max_surge: StrictInt = _setting(
+        1, "Nodes at a time whose driver pod gets its replacement started beside it during a rollout (both serve "
+        "until the old one stops; docs/upgrades.md).", option="max_surge")
+    driver_max_unavailable: StrictInt = _setting(
+        0, "Nodes at a time whose driver pod is stopped before its replacement starts during a rollout (0 with "
+        "driverMaxSurge 1: no node is ever without the driver).", option="max_unavailable")
+    neuron_core_device_class: str = _setting(
+        "", "DeviceClass of NeuronCores (Kubernetes 1.36+; docs/neuron-cores.md; default: neuroncore.aws.com for "
+        "the default driverName, else cores.<driverName>).", option="core_device_class_name")
+    extended_resource_name: str = _setting(
+        DEFAULT_EXTENDED_RESOURCE, "Extended resource the whole-device DeviceClass serves to pods written for the "
+        "Neuron device plugin ('' for none; left out before Kubernetes 1.36).", option="extended_resource_name")
+    core_extended_resource_name: str = _setting(
+        AUTO, "Extended resource the NeuronCore DeviceClass serves (logical cores at the node's LNC): auto "
+        "(aws.amazon.com/neuroncore where the driver publishes NeuronCores), a name (on Kubernetes 1.36 it also "
+        "turns NeuronCores on), or '' for none; left out before Kubernetes 1.36.",
+        option="core_extended_resource_name")
+    core_partitions: str = _setting(
+        AUTO, "NeuronCores with shared counters beside whole devices (the daemon's --core-partitions): auto (on "
+        "Kubernetes 1.37+; on 1.36 only when a claim template requests NeuronCores or coreExtendedResourceName "
+        "names a resource, since the 1.36 scheduler's cost per claim pod grows with nodes squared: docs/scale.md), "
+        "on, or off.", option="core_partitions")
+    allow_slow_claim_scheduling: StrictBool = _setting(
+        False, "Deploy NeuronCores on Kubernetes 1.36 even where the predicted scheduler time per claim pod at the "
+        "node groups' and pools' maximum size passes the scheduler's 10 s DRA filter limit (preview refuses it "
+        "otherwise).")
+    kubelet_plugins_dir: str = _setting(DEFAULT_PLUGINS_DIR, "kubelet's plugins directory on the nodes.",
+                                        option="plugins_dir")
+    kubelet_registry_dir: str = _setting(DEFAULT_REGISTRY_DIR, "kubelet's plugin registry directory on the nodes.",
+                                         option="registry_dir")
+    driver_host_paths_root: str = _setting(
+        "/", "Directory on the nodes holding the sys, dev and opt/aws/neuron trees the driver reads: / on real "
+        "Neuron nodes; /run/neuron-dra-host on `neuron-dra cluster up`'s nodes, whose emulated Neuron host tree is "
+        "there.", option="host_paths_root")
+    efa_driver: EfaDriverMode = _setting(
+        "auto", "AWS's EFA DRA driver (DRANET, Helm chart aws-dranet; docs/efa-dra-driver.md): auto installs it on "
+        "the node groups with EFA interfaces (none on an existing cluster), install also on an existing cluster's "
+        "EFA instance types (clusterInstanceTypes), external when the cluster already runs one. Claim templates "
+        "that request EFA devices need one of them.")
+    claim_templates_module: Annotated[str, _rule(lambda m: not m or _MODULE.match(m),
+                                                 "a dotted Python module name, or '' for none")] = _setting(
+        DEFAULT_CLAIM_TEMPLATES_MODULE, "Python module whose module-level claim templates are deployed and checked "
+        "against the node groups ('' for none).")
+    cluster_instance_types: tuple[str, ...] = _setting(
+        (), "Existing-cluster mode: the Neuron instance types of its nodes; claim templates are checked against them "
+        "(default: every catalog type).")
+    catalog_file: str | None = _setting(
+        None, "A catalog file (YAML, docs/catalog-file.md) that adds or overrides instance types: node groups may use "
+        "them, claim templates are checked against them, and the driver pods get the file (a ConfigMap), so a new "
+        "instance type needs no new release.")
     # The catalog of instance types: BUILTIN, extended by catalog_file (the decoder loads the file once).
-    hardware: Catalog = field(default=BUILTIN, compare=False, repr=False)
+    hardware: Catalog = Field(default=BUILTIN, exclude=True, repr=False)
 
-
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> StackSettings:
         n = setting_name
         for t in self.cluster_instance_types:
             if t not in self.hardware:
                 raise SettingError(n("clusterInstanceTypes"), t, ", ".join(self.hardware.names))
-        if self.claim_templates_module and not _MODULE.match(self.claim_templates_module):
-            raise SettingError(n("claimTemplatesModule"), self.claim_templates_module,
-                               "a dotted Python module name, or '' for none")
         self.driver_options()  # the driver settings, checked where they are used
-        force = self.driver_repository_force_delete
-        if force is not False and force is not True:
-            raise SettingError(n(key_of("driver_repository_force_delete")), force, "true or false")
-        if self.pod_monitor not in POD_MONITOR_MODES:
-            raise SettingError(n(key_of("pod_monitor")), self.pod_monitor, ", ".join(POD_MONITOR_MODES))
-        if not isinstance(self.allow_slow_claim_scheduling, bool):
-            raise SettingError(n(key_of("allow_slow_claim_scheduling")), self.allow_slow_claim_scheduling,
-                               "true or false")
-        if self.efa_driver not in EFA_DRIVER_MODES:
-            raise SettingError(n(key_of("efa_driver")), self.efa_driver, " or ".join(EFA_DRIVER_MODES))
-        timeout = self.driver_rollout_timeout_seconds
-        if isinstance(timeout, bool) or not isinstance(timeout, int) or not 0 <= timeout <= MAX_ROLLOUT_TIMEOUT_SECONDS:
-            raise SettingError(n(key_of("driver_rollout_timeout_seconds")), timeout,
-                               f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds")
         if self.existing_cluster:
-            return
+            return self
         parse_kubernetes_version(n("kubernetesVersion"), self.kubernetes_version)
         check_eks_version(n("kubernetesVersion"), self.kubernetes_version)
-        if self.cluster_name is not None and not _CLUSTER_NAME.match(self.cluster_name):
-            raise SettingError(n("clusterName"), self.cluster_name,
-                               "1-100 letters, digits, '-' and '_', starting with a letter or digit")
         if not self.node_groups and not self.node_pools:
             raise SettingError(n("nodeGroups"), [], "at least one node group or Karpenter node pool (nodePools)")
         pools: set[str] = set()
@@ -675,24 +838,6 @@ class StackSettings:
                 raise SettingError(g._at("desiredSize"), g.desired_size,
                                    "0 while a Capacity Block node group is upgraded (EKS requires it)")
         self._check_network()
-        if self.nat_gateways not in NAT_GATEWAY_STRATEGIES:
-            raise SettingError(n("natGateways"), self.nat_gateways, " or ".join(NAT_GATEWAY_STRATEGIES))
-        for arn in self.admin_principal_arns:
-            if not _ARN.match(arn):
-                raise SettingError(n("adminPrincipalArns"), arn, "IAM role or user ARNs")
-        for cidr in self.public_access_cidrs:
-            if not _CIDR.match(cidr):
-                raise SettingError(n("publicAccessCidrs"), cidr, "IPv4 CIDR blocks such as 203.0.113.0/24")
-        for key in ("coredns_version", "kube_proxy_version", "pod_identity_agent_version"):
-            value = getattr(self, key)
-            if value is not None:
-                parse_addon_version(n(key_of(key)), value)
-        if self.vpc_cni_identity not in VPC_CNI_IDENTITIES:
-            raise SettingError(n(key_of("vpc_cni_identity")), self.vpc_cni_identity, " or ".join(VPC_CNI_IDENTITIES))
-        hop = self.imds_hop_limit
-        if isinstance(hop, bool) or not isinstance(hop, int) or not 1 <= hop <= 64:
-            raise SettingError(n(key_of("imds_hop_limit")), hop,
-                               "1 (only the node's own processes and host-network pods reach IMDS) to 64")
         if self.vpc_cni_version is not None:
             cni = parse_addon_version(n("vpcCniVersion"), self.vpc_cni_version)
             if self.vpc_cni_network_policy and cni < MIN_VPC_CNI_FOR_NETWORK_POLICY:
@@ -705,6 +850,7 @@ class StackSettings:
                 raise SettingError(n("vpcCniVersion"), self.vpc_cni_version,
                                    f"v1.18.4 or newer: node groups {', '.join(efa_only)} use EFA-only interfaces "
                                    "(or set their efaInterfaceType to efa)")
+        return self
 
     def _check_network(self) -> None:
         n = setting_name
@@ -716,23 +862,14 @@ class StackSettings:
                 if g.subnet_ids:
                     raise SettingError(g._at("subnetIds"), list(g.subnet_ids),
                                        "unset unless vpcId is set (use availabilityZone with a new VPC)")
-            if not _CIDR.match(self.vpc_cidr):
-                raise SettingError(n("vpcCidr"), self.vpc_cidr, "an IPv4 CIDR block such as 10.0.0.0/16")
-            for az in self.availability_zones:
-                if not _AZ.match(az):
-                    raise SettingError(n("availabilityZones"), az, "AZ names such as us-east-2b")
             return
-        if not _VPC.match(self.vpc_id):
-            raise SettingError(n("vpcId"), self.vpc_id, "a VPC id such as vpc-0123456789abcdef0")
         if len(self.private_subnet_ids) < 2:
             raise SettingError(n("privateSubnetIds"), list(self.private_subnet_ids),
                                "at least two subnets of vpcId in different AZs (EKS requires two AZs)")
-        for s in (*self.private_subnet_ids, *self.public_subnet_ids):
-            if not _SUBNET.match(s):
-                raise SettingError(n("privateSubnetIds"), s, "subnet ids such as subnet-0123456789abcdef0")
         if self.availability_zones:
             raise SettingError(n("availabilityZones"), list(self.availability_zones),
                                "unset with vpcId (the given subnets decide the AZs)")
+
 
     @property
     def existing_cluster(self) -> bool:
@@ -833,12 +970,15 @@ def _key_values(setting: str, items: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-# Field -> config key and driver option -> config key of the stack's settings, from the fields' metadata.
+
+# Field -> config key and driver option -> config key of the stack's settings, from the fields' aliases.
 STACK_KEY_OF_FIELD: Mapping[str, str] = {
-    f.name: f.metadata["key"] for f in fields(StackSettings) if "key" in f.metadata
+    name: _alias(name) for name, f in StackSettings.model_fields.items() if not f.exclude
 }
+STACK_FIELD_OF_KEY: Mapping[str, str] = {key: name for name, key in STACK_KEY_OF_FIELD.items()}
 STACK_KEY_OF_OPTION: Mapping[str, str] = {
-    f.metadata["option"]: f.metadata["key"] for f in fields(StackSettings) if "option" in f.metadata
+    str(f.json_schema_extra["option"]): _alias(name) for name, f in StackSettings.model_fields.items()
+    if isinstance(f.json_schema_extra, dict) and "option" in f.json_schema_extra
 }
 
 
@@ -848,4 +988,3 @@ def key_of(field_name: str) -> str:
 
 def key_of_option(option: str) -> str:
     return STACK_KEY_OF_OPTION.get(option, option)
-

@@ -63,9 +63,9 @@ def test_the_example_checks_templates_against_the_pools_at_their_lnc(example: Of
 
 
 def test_pool_check_targets_name_a_non_default_lnc() -> None:
-    pool = NodePoolSettings("p", instance_types=("trn2.48xlarge", "trn2.3xlarge"), lnc=1)
+    pool = NodePoolSettings(name="p", instance_types=("trn2.48xlarge", "trn2.3xlarge"), lnc=1)
     assert pool.check_targets == ("trn2.48xlarge:lnc=1", "trn2.3xlarge:lnc=1")
-    assert NodePoolSettings("p", instance_types=("trn2.48xlarge",), lnc=2).check_targets == ("trn2.48xlarge",)
+    assert NodePoolSettings(name="p", instance_types=("trn2.48xlarge",), lnc=2).check_targets == ("trn2.48xlarge",)
     settings = decode_settings({"neuron-dra:nodePools": json.dumps([{"name": "b", "instanceTypes": ["trn2.48xlarge"],
                                                                      "maxNodes": 2, "lnc": 1}])})
     assert settings.check_targets == ("trn2.48xlarge:lnc=1",)
