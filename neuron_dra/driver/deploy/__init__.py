@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, ValidationInfo
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from neuron_dra.driver.deploy import monitoring
 from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, Catalog
@@ -129,20 +132,101 @@ RBAC_RULES: tuple[Manifest, ...] = (
 _EXTENDED_RESOURCE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
                                 r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
-_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 _MINOR = re.compile(r"^1\.(\d{2})$")
 MIN_MINOR = 34  # resource.k8s.io/v1
 MAX_ROLLOUT_PODS = 10_000  # maxSurge / maxUnavailable count nodes (each with at most two driver pods at once)
 _PORT = "0 (off) or a TCP port 1-65535"
 _ROLLOUT = f"a whole number of nodes from 0 to {MAX_ROLLOUT_PODS}"
-# The numeric options: option, accepted types (never a bool), range, what is allowed.
-_NUMBERS: tuple[tuple[str, tuple[type[int] | type[float], ...], float, float, str], ...] = (
-    ("healthcheck_port", (int,), 0, 65535, _PORT), ("metrics_port", (int,), 0, 65535, _PORT),
-    ("kube_api_qps", (int, float), 0.1, 1000, "a number from 0.1 to 1000"),
-    ("kube_api_burst", (int,), 1, 1000, "a whole number from 1 to 1000"),
-    ("kube_api_timeout", (int, float), 0.5, 40, "a number from 0.5 to 40"),
-    ("max_surge", (int,), 0, MAX_ROLLOUT_PODS, _ROLLOUT), ("max_unavailable", (int,), 0, MAX_ROLLOUT_PODS, _ROLLOUT),
-)
+_EXTENDED = "an extended resource name such as aws.amazon.com/neuron (domain/name, not in kubernetes.io), or None to " \
+            "leave it out"
+_PATH = "an absolute, normalised path other than /"
+_FLAG = "true or false"
+# What a field allows, for pydantic's own refusals (type, range, choice, the checks of `_must`).
+_ALLOWED = {
+    "image": "a container image reference without spaces",
+    "image_pull_policy": "Always, IfNotPresent, Never",
+    "extended_resource_name": _EXTENDED, "core_extended_resource_name": _EXTENDED,
+    "plugins_dir": _PATH, "registry_dir": _PATH, "cdi_root": _PATH, "host_root": _PATH,
+    "host_paths_root": "/ or an absolute, normalised directory path",
+    "healthcheck_port": _PORT, "metrics_port": _PORT,
+    "metrics_service": _FLAG, "pod_monitor": _FLAG, "grafana_dashboard": _FLAG,
+    "grafana_dashboard_label": f"KEY=VALUE with {LABEL_KEY_RULE} and {LABEL_VALUE_RULE}",
+    "kubernetes_version": f"a Kubernetes minor such as 1.36, at least 1.{MIN_MINOR} (resource.k8s.io/v1), or None "
+                          "for the newest",
+    "kube_api_qps": "a number from 0.1 to 1000", "kube_api_burst": "a whole number from 1 to 1000",
+    "kube_api_timeout": "a number from 0.5 to 40", "max_surge": _ROLLOUT, "max_unavailable": _ROLLOUT,
+    "core_partitions": ", ".join(CORE_PARTITION_MODES), "unhealthy_taint_effect": ", ".join(TAINT_EFFECTS),
+}
+
+
+def _must(test: Callable[[Any], bool]) -> AfterValidator:
+    """A check pydantic has no constraint for; the refusal's wording is the field's in _ALLOWED."""
+
+    def check(value: Any) -> Any:
+        if not test(value):
+            raise ValueError("not allowed")
+        return value
+
+    return AfterValidator(check)
+
+
+def _checked(check: Callable[[str, object, type[DeployOptionError]], object]) -> BeforeValidator:
+    """A k8s_names check (its own wording), under the field's name; None passes (the field's default)."""
+    return BeforeValidator(lambda v, info: v if v is None else check(info.field_name, v, DeployOptionError))
+
+
+def _labels_checked(labels: object, info: ValidationInfo) -> object:
+    option = str(info.field_name)
+    if not isinstance(labels, Mapping):
+        raise DeployOptionError(option, labels, "a mapping of label keys to values")
+    for k, v in labels.items():
+        if not is_label_key(k):
+            raise DeployOptionError(option, f"{k}={v}", f"KEY=VALUE labels, KEY {LABEL_KEY_RULE}")
+        if not is_label_value(v):
+            raise DeployOptionError(option, f"{k}={v}", f"KEY=VALUE labels, VALUE {LABEL_VALUE_RULE}")
+    return labels
+
+
+def _is_path(value: str) -> bool:
+    return value.startswith("/") and value.rstrip("/") != "" and "//" not in value and "/../" not in f"{value}/"
+
+
+def _is_node_root(value: str) -> bool:
+    return value == "/" or (_is_path(value) and not value.endswith("/"))
+
+
+def _is_minor(value: str) -> bool:
+    m = _MINOR.match(value)
+    return m is not None and int(m.group(1)) >= MIN_MINOR
+
+
+def _is_dashboard_label(value: str) -> bool:
+    key, eq, label = value.partition("=")
+    return bool(eq) and is_label_key(key) and is_label_value(label)
+
+
+_Str = Annotated[str, Field(strict=True)]
+_Path = Annotated[str, Field(strict=True), _must(_is_path)]
+_Port = Annotated[int, Field(strict=True, ge=0, le=65535)]
+_Rollout = Annotated[int, Field(strict=True, ge=0, le=MAX_ROLLOUT_PODS)]
+_Flag = Annotated[bool, Field(strict=True)]
+_Subdomain = Annotated[str, _checked(check_dns_subdomain)]
+_Extended = Annotated[str | None, Field(strict=True),
+                      _must(lambda v: v is None or (bool(_EXTENDED_RESOURCE.match(v))
+                                                    and not v.startswith(("kubernetes.io/", "requests."))))]
+_Labels = Annotated[Mapping[str, str], BeforeValidator(_labels_checked)]
+
+
+def _restated(error: ValidationError) -> DeployOptionError:
+    """pydantic's first refusal as a DeployOptionError: the check's own, else the field's wording in _ALLOWED."""
+    e = error.errors()[0]
+    cause = e.get("ctx", {}).get("error")
+    if isinstance(cause, DeployOptionError):
+        return cause
+    option = str(e["loc"][0])
+    return DeployOptionError(option, e["input"], _ALLOWED.get(option, e["msg"]))
+
+
 # The first Kubernetes minor (1.N) that serves, on by default, what parts of the driver's objects use
 # (docs/kubernetes-versions.md §2). The one place the version rule lives: the Pulumi components and the default
 # stack render through it.
@@ -200,140 +284,96 @@ class Resources:
         return out
 
 
-@dataclass(frozen=True)
-class DriverDeployOptions:
-    """Everything that varies between installations of the driver."""
+@pydantic_dataclass(frozen=True)
+class _DeployOptions:
+    """Everything that varies between installations of the driver (`DriverDeployOptions`: refusals as
+    DeployOptionError)."""
 
-    image: str = DEFAULT_IMAGE
-    image_pull_policy: str = "IfNotPresent"
-    driver_name: str = DEFAULT_DRIVER_NAME
-    device_class_name: str | None = None  # None: the driver name, as AWS's chart does
+    image: Annotated[str, Field(strict=True, min_length=1, pattern=r"^\S+$")] = DEFAULT_IMAGE
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    driver_name: Annotated[str, _checked(check_driver_name)] = DEFAULT_DRIVER_NAME
+    device_class_name: _Subdomain | None = None  # None: the driver name, as AWS's chart does
     # NeuronCores (docs/neuron-cores.md §4): their DeviceClass, and the extended resources that the two classes
     # serve to pods written for the Neuron device plugin (None: no extendedResourceName; Kubernetes < 1.36).
     core_device_class_name: str = ""  # "": derived from driver_name (device_class_names)
-    extended_resource_name: str | None = DEFAULT_EXTENDED_RESOURCE
-    core_extended_resource_name: str | None = DEFAULT_CORE_EXTENDED_RESOURCE
+    extended_resource_name: _Extended = DEFAULT_EXTENDED_RESOURCE
+    core_extended_resource_name: _Extended = DEFAULT_CORE_EXTENDED_RESOURCE
     namespace: str = ""  # "": derived from driver_name (namespace_for); it names the ClusterRole/Binding too
-    service_account: str = DEFAULT_SERVICE_ACCOUNT
-    daemonset_name: str = DEFAULT_DAEMONSET
-    plugins_dir: str = DEFAULT_PLUGINS_DIR
-    registry_dir: str = DEFAULT_REGISTRY_DIR
-    cdi_root: str = DEFAULT_CDI_ROOT
-    host_root: str = DEFAULT_HOST_ROOT  # inside the container; /sys and /dev are mounted below it
+    service_account: _Subdomain = DEFAULT_SERVICE_ACCOUNT
+    daemonset_name: _Subdomain = DEFAULT_DAEMONSET
+    plugins_dir: _Path = DEFAULT_PLUGINS_DIR
+    registry_dir: _Path = DEFAULT_REGISTRY_DIR
+    cdi_root: _Path = DEFAULT_CDI_ROOT
+    host_root: _Path = DEFAULT_HOST_ROOT  # inside the container; /sys and /dev are mounted below it
     # On the node: the directory holding the sys, dev and opt/aws/neuron trees the driver reads ("/" on a real
     # node; a local cluster's emulated host tree).
-    host_paths_root: str = "/"
-    healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT  # 0: no health server, no liveness probe
-    metrics_port: int = 0  # 0: no metrics endpoint
+    host_paths_root: Annotated[str, Field(strict=True), _must(_is_node_root)] = "/"
+    healthcheck_port: _Port = DEFAULT_HEALTHCHECK_PORT  # 0: no health server, no liveness probe
+    metrics_port: _Port = 0  # 0: no metrics endpoint
     # Namespaces whose pods may scrape the metrics port (the NetworkPolicy admits nothing else; kubelet's probe
     # comes from the pod's own node, which a NetworkPolicy cannot block: docs/network-policy.md).
-    metrics_scrape_namespaces: tuple[str, ...] = ("monitoring",)
+    metrics_scrape_namespaces: tuple[Annotated[str, _checked(check_dns_label)], ...] = ("monitoring",)
     # ... and of those namespaces' pods only these (empty: every pod there), e.g. {"app.kubernetes.io/name":
     # "prometheus"}.
-    metrics_scrape_pod_labels: Mapping[str, str] = field(default_factory=dict)
+    metrics_scrape_pod_labels: _Labels = field(default_factory=dict)
     # Discovery of the metrics port (docs/metrics.md): a headless Service over the driver pods, and a
     # prometheus-operator PodMonitor (the cluster must have its CRD) with the labels its Prometheus selects.
-    metrics_service: bool = True
-    pod_monitor: bool = False
-    pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    metrics_service: _Flag = True
+    pod_monitor: _Flag = False
+    pod_monitor_labels: _Labels = field(default_factory=dict)
     # The Grafana dashboard (deploy/dashboard.py) as a ConfigMap with the label the Grafana sidecar watches
     # (KEY=VALUE; kube-prometheus-stack's default), in this namespace ("": the driver's).
-    grafana_dashboard: bool = False
-    grafana_dashboard_label: str = DEFAULT_DASHBOARD_LABEL
-    grafana_dashboard_namespace: str = ""
+    grafana_dashboard: _Flag = False
+    grafana_dashboard_label: Annotated[str, Field(strict=True), _must(_is_dashboard_label)] = DEFAULT_DASHBOARD_LABEL
+    grafana_dashboard_namespace: Annotated[str, BeforeValidator(lambda v, info: v and check_dns_label(
+        info.field_name, v, DeployOptionError))] = ""
     instance_types: tuple[str, ...] = tuple(CATALOG)  # node affinity: nodes of these types only
     resources: Resources = field(default_factory=Resources)
     priority_class_name: str = "system-node-critical"
     labels: Mapping[str, str] = field(default_factory=dict)  # added to every object
-    unhealthy_taint_effect: str = DEFAULT_TAINT_EFFECT  # taint on devices with hardware errors (taints.py)
+    # The taint on devices with hardware errors (taints.py).
+    unhealthy_taint_effect: Annotated[str, _must(TAINT_EFFECTS.__contains__)] = DEFAULT_TAINT_EFFECT
     catalog_yaml: str | None = None  # a catalog file's text: more instance types without a new image
     # The cluster's Kubernetes minor ("1.34"): what that minor does not serve is left out (`serves`,
     # KUBERNETES_FEATURES); None: everything, as on the newest minor.
-    kubernetes_version: str | None = None
-    # The daemon's API client: client-side rate limit (the daemon's defaults, kubelet's: kubeletplugin/ratelimit.py) and
-    # each request's deadline.
-    kube_api_qps: float = 50.0
-    kube_api_burst: int = 100
-    kube_api_timeout: float = 10.0
+    kubernetes_version: Annotated[str | None, Field(strict=True), _must(lambda v: v is None or _is_minor(v))] = None
+    # The daemon's API client: client-side rate limit (the daemon's defaults, kubelet's: kubeletplugin/ratelimit.py)
+    # and each request's deadline.
+    kube_api_qps: Annotated[float, Field(strict=True, ge=0.1, le=1000)] = 50.0
+    kube_api_burst: Annotated[int, Field(strict=True, ge=1, le=1000)] = 100
+    kube_api_timeout: Annotated[float, Field(strict=True, ge=0.5, le=40)] = 10.0
     # The DaemonSet's rolling update (docs/upgrades.md), in nodes at a time: with max_surge a new pod starts
     # beside the old one on a node and both serve until the old one stops (kubelet 1.33+ registers both), so no
     # node is without the driver; max_unavailable stops the old pod first (a gap until the new one registers).
-    max_surge: int = 1
-    max_unavailable: int = 0
+    max_surge: _Rollout = 1
+    max_unavailable: _Rollout = 0
     # NeuronCores with counters beside whole devices (the daemon's --core-partitions): on, off, or auto (where
     # the cluster's minor has the scheduler's counter fix, 1.37+; `publishes_cores`). Without them there is no
     # NeuronCore DeviceClass: a pod asking for one could never be scheduled.
-    core_partitions: str = "auto"
+    core_partitions: Annotated[str, _must(CORE_PARTITION_MODES.__contains__)] = "auto"
 
     def __post_init__(self) -> None:
+        """What depends on more than one field, once pydantic has checked each."""
         # Names left empty derive from the driver name, so two installations with different driver names never
         # share a cluster-scoped object (namespace, ClusterRole/Binding, admission policy/binding, DeviceClasses).
-        check_driver_name("driver_name", self.driver_name, DeployOptionError)
         if self.namespace == "":
             object.__setattr__(self, "namespace", namespace_for(self.driver_name))
         if self.core_device_class_name == "":
             object.__setattr__(self, "core_device_class_name", self.class_names.core_device_class)
         check_dns_label("namespace", self.namespace, DeployOptionError)
-        for opt in ("service_account", "daemonset_name", "device_class_name", "core_device_class_name"):
-            if getattr(self, opt) is not None:  # device_class_name None: the driver name
-                check_dns_subdomain(opt, getattr(self, opt), DeployOptionError)
+        check_dns_subdomain("core_device_class_name", self.core_device_class_name, DeployOptionError)
         if self.core_device_class_name == self.device_class:
             raise DeployOptionError("core_device_class_name", self.core_device_class_name,
                                     f"a name other than the device class {self.device_class}")
-        for opt in ("extended_resource_name", "core_extended_resource_name"):
-            value = getattr(self, opt)
-            if value is not None and (not isinstance(value, str) or not _EXTENDED_RESOURCE.match(value)
-                                      or value.startswith(("kubernetes.io/", "requests."))):
-                raise DeployOptionError(opt, value, "an extended resource name such as aws.amazon.com/neuron "
-                                        "(domain/name, not in kubernetes.io), or None to leave it out")
         if self.extended_resource_name is not None and \
                 self.extended_resource_name == self.core_extended_resource_name:
             raise DeployOptionError("core_extended_resource_name", self.core_extended_resource_name,
                                     "a name other than extended_resource_name")
-        if not self.image or any(c.isspace() for c in self.image):
-            raise DeployOptionError("image", self.image, "a container image reference without spaces")
-        if self.image_pull_policy not in _PULL_POLICIES:
-            raise DeployOptionError("image_pull_policy", self.image_pull_policy, ", ".join(_PULL_POLICIES))
-        if self.host_paths_root != "/":
-            value = self.host_paths_root
-            if not value.startswith("/") or value.endswith("/") or "//" in value or "/../" in f"{value}/":
-                raise DeployOptionError("host_paths_root", value, "/ or an absolute, normalised directory path")
-        for opt in ("plugins_dir", "registry_dir", "cdi_root", "host_root"):
-            value = getattr(self, opt)
-            if not value.startswith("/") or value.rstrip("/") == "" or "//" in value or "/../" in f"{value}/":
-                raise DeployOptionError(opt, value, "an absolute, normalised path other than /")
-        for opt, kinds, low, high, allowed in _NUMBERS:
-            value = getattr(self, opt)
-            if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
-                raise DeployOptionError(opt, value, allowed)
-        for ns in self.metrics_scrape_namespaces:
-            check_dns_label("metrics_scrape_namespaces", ns, DeployOptionError)
-        for opt in ("metrics_scrape_pod_labels", "pod_monitor_labels"):
-            _check_labels(opt, getattr(self, opt))
-        for opt in ("metrics_service", "pod_monitor", "grafana_dashboard"):
-            if not isinstance(getattr(self, opt), bool):
-                raise DeployOptionError(opt, getattr(self, opt), "true or false")
         if self.pod_monitor and not self.metrics_port:
             raise DeployOptionError("pod_monitor", self.pod_monitor, "false while metrics_port is 0 (no metrics "
                                     "endpoint to scrape)")
-        key, _, value = str(self.grafana_dashboard_label).partition("=")
-        if not _ or not is_label_key(key) or not is_label_value(value):
-            raise DeployOptionError("grafana_dashboard_label", self.grafana_dashboard_label,
-                                    f"KEY=VALUE with {LABEL_KEY_RULE} and {LABEL_VALUE_RULE}")
-        if self.grafana_dashboard_namespace:
-            check_dns_label("grafana_dashboard_namespace", self.grafana_dashboard_namespace, DeployOptionError)
         if self.healthcheck_port and self.healthcheck_port == self.metrics_port:
             raise DeployOptionError("metrics_port", self.metrics_port, "a port other than healthcheck_port")
-        if self.kubernetes_version is not None:
-            m = _MINOR.match(self.kubernetes_version) if isinstance(self.kubernetes_version, str) else None
-            if not m or int(m.group(1)) < MIN_MINOR:
-                raise DeployOptionError("kubernetes_version", self.kubernetes_version,
-                                        f"a Kubernetes minor such as 1.36, at least 1.{MIN_MINOR} "
-                                        "(resource.k8s.io/v1), or None for the newest")
-        if self.core_partitions not in CORE_PARTITION_MODES:
-            raise DeployOptionError("core_partitions", self.core_partitions, ", ".join(CORE_PARTITION_MODES))
-        if self.unhealthy_taint_effect not in TAINT_EFFECTS:
-            raise DeployOptionError("unhealthy_taint_effect", self.unhealthy_taint_effect, ", ".join(TAINT_EFFECTS))
         if self.max_surge == 0 and self.max_unavailable == 0:
             raise DeployOptionError("max_unavailable", self.max_unavailable,
                                     "at least 1 when max_surge is 0 (the rollout could never start)")
@@ -407,6 +447,18 @@ class DriverDeployOptions:
     @property
     def admission_policy_name(self) -> str:
         return f"{self.namespace}.{self.driver_name}-resourceslices"
+
+
+class DriverDeployOptions(_DeployOptions):
+    """Everything that varies between installations of the driver; a refusal is a DeployOptionError naming the
+    field, the value and what is allowed (pydantic checks each field, `__post_init__` their combinations)."""
+
+    if not TYPE_CHECKING:  # mypy checks callers against the dataclass's own __init__
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            try:
+                super().__init__(*args, **kwargs)
+            except ValidationError as e:
+                raise _restated(e) from e
 
 
 def _labels(options: DriverDeployOptions, component: str) -> dict[str, str]:
@@ -541,16 +593,6 @@ def admission_policy_binding(options: DriverDeployOptions) -> Manifest:
         "metadata": _meta(options, options.admission_policy_name, "admission"),
         "spec": {"policyName": options.admission_policy_name, "validationActions": ["Deny"]},
     }
-
-
-def _check_labels(option: str, labels: object) -> None:
-    if not isinstance(labels, Mapping):
-        raise DeployOptionError(option, labels, "a mapping of label keys to values")
-    for k, v in labels.items():
-        if not is_label_key(k):
-            raise DeployOptionError(option, f"{k}={v}", f"KEY=VALUE labels, KEY {LABEL_KEY_RULE}")
-        if not is_label_value(v):
-            raise DeployOptionError(option, f"{k}={v}", f"KEY=VALUE labels, VALUE {LABEL_VALUE_RULE}")
 
 
 def metrics_service(options: DriverDeployOptions) -> Manifest:
