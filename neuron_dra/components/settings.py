@@ -361,9 +361,7 @@ class NodeGroupSettings:
                 "and one cluster placement group")
 
     def check_reservation_id(self, reservation_id: str) -> None:
-        if not isinstance(reservation_id, str) or not _RESERVATION.match(reservation_id):
-            raise SettingError(self._at("capacityReservationId"), reservation_id,
-                               "a Capacity Block reservation id such as cr-0123456789abcdef0")
+        check_id(self._at("capacityReservationId"), "reservation", reservation_id)
 
     def _check_lnc(self) -> None:
         if self.lnc is None:
