@@ -100,7 +100,7 @@ def _read_yaml(path: Path, what: str) -> Any:
     except OSError as e:
         raise PlanError(f"cannot read {what} {path}: {e.strerror}") from e
     except bounded_yaml.YamlError as e:
-        raise PlanError(f"{what} {path}: {e}") from None
+        raise PlanError(f"{what} {path}: {e}") from e
 
 
 @dataclass(frozen=True)

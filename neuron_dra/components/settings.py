@@ -1,9 +1,12 @@
 """The default stack's validated settings: frozen values with their checks. Pure Python (no Pulumi import).
 
-`StackSettings` and `NodeGroupSettings` are the values; `neuron_dra.components.settings_schema` holds the one
-table of settings (config keys, descriptions, engine defaults) and decodes raw Pulumi config into these values.
-Every error names the setting (`neuron-dra:nodeGroups[0].instanceType`, or the Python field when a value is
-built in code), the value and what is allowed.
+`StackSettings` and `NodePoolSettings` are frozen pydantic models: their fields are the table of settings
+(config key = alias, default, description), checked by the field types and `_rule`s, then by a model validator
+for what depends on several. `NodeGroupSettings` is still a frozen dataclass checked in `__post_init__`
+(`TrainiumNodeGroupArgs` extends it with Pulumi Inputs). `neuron_dra.components.settings_schema` decodes raw
+Pulumi config into these values. Every error is a SettingError naming the setting
+(`neuron-dra:nodeGroups[0].instanceType`, or the Python field when a value is built in code), the value and
+what is allowed (`setting_error` restates pydantic's errors so).
 """
 
 from __future__ import annotations
@@ -361,9 +364,7 @@ class NodeGroupSettings:
                 "and one cluster placement group")
 
     def check_reservation_id(self, reservation_id: str) -> None:
-        if not isinstance(reservation_id, str) or not _RESERVATION.match(reservation_id):
-            raise SettingError(self._at("capacityReservationId"), reservation_id,
-                               "a Capacity Block reservation id such as cr-0123456789abcdef0")
+        check_id(self._at("capacityReservationId"), "reservation", reservation_id)
 
     def _check_lnc(self) -> None:
         if self.lnc is None:
