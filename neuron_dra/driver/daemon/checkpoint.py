@@ -244,7 +244,7 @@ def decode_snapshot(path: Path, raw: bytes) -> Snapshot:
             check_claim_uid(uid)
             claims[uid] = PreparedClaim.from_json(uid, entry)
         except CdiError as e:
-            raise CheckpointError(path, f"bad claim entry: {e}") from None
+            raise CheckpointError(path, f"bad claim entry: {e}") from e
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
             raise CheckpointError(path, f"malformed entry of claim {shown(uid)}: {shown(e)}") from None
     return Snapshot(claims, journal, boot_id, fmt)

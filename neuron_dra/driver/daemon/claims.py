@@ -154,7 +154,7 @@ def _configs(allocation: Mapping[str, Any], ref: ClaimRef, driver: str, spec: In
             config = decode(opaque.get("parameters"))
             check_applies(config, spec)
         except ConfigError as e:
-            raise ClaimError(Reason.BAD_CONFIG, f"{where}: {e}") from None
+            raise ClaimError(Reason.BAD_CONFIG, f"{where}: {e}") from e
         out.append((tuple(requests), config))
     return out
 

@@ -59,7 +59,7 @@ class HealthService:
         try:
             mode = os.stat(socket).st_mode
         except OSError as e:
-            raise grpcserver.RpcError(grpcserver.StatusCode.UNAVAILABLE, f"{socket}: {e.strerror}") from None
+            raise grpcserver.RpcError(grpcserver.StatusCode.UNAVAILABLE, f"{socket}: {e.strerror}") from e
         if not stat.S_ISSOCK(mode):
             raise grpcserver.RpcError(grpcserver.StatusCode.UNAVAILABLE, f"{socket} is not a socket")
         channel = self._channels.get(socket)
@@ -134,7 +134,7 @@ class HealthServer:
         except OSError as e:
             self._server.stop(0)
             host = f"[{address}]" if ":" in address else address
-            raise OSError(f"cannot listen for health checks on {host}:{port}: {e}") from None
+            raise OSError(f"cannot listen for health checks on {host}:{port}: {e}") from e
 
     def start(self) -> None:
         self._server.start()

@@ -90,14 +90,24 @@ class DaemonOptions:
         return self.plugins_dir / self.driver_name / CHECKPOINT_FILE
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 = off, or 1-65535)") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port number (0 = off, or 1-65535)")
-    return value
+def _bounded(kind: type[float] | type[int], low: float, high: float, what: str, allowed: str = "",
+             out_of_range: str = "{value}: allowed {allowed}") -> Callable[[str], float]:
+    """A flag's parser: `kind` from `low` to `high`; errors name the value, `what` it must be and what is allowed."""
+    allowed = allowed or f"{low:g} to {high:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} ({allowed})") from e
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(out_of_range.format(value=value, allowed=allowed))
+        return value
+
+    return parse
+
+
+_port = _bounded(int, 0, 65535, "a port number", "0 = off, or 1-65535", "{value} is not a port number ({allowed})")
 
 
 def _driver_name(text: str) -> str:
@@ -105,29 +115,6 @@ def _driver_name(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: {DRIVER_NAME_RULE}, e.g. "
                                          f"{DEFAULT_DRIVER_NAME}")
     return text
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0.05 to 60)") from None
-    if not 0.05 <= value <= 60:
-        raise argparse.ArgumentTypeError(f"{value} seconds: allowed 0.05 to 60")
-    return value
-
-
-def _bounded(kind: type[float] | type[int], low: float, high: float, what: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what} ({low:g} to {high:g})") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value}: allowed {low:g} to {high:g}")
-        return value
-
-    return parse
 
 
 def _node_name(text: str) -> str:
@@ -139,11 +126,9 @@ def _node_name(text: str) -> str:
 def _address(text: str) -> str:
     try:
         return str(ipaddress.ip_address(text))
-    except ValueError:
+    except ValueError as e:
         raise argparse.ArgumentTypeError(f"{text!r} is not an IP address (the pod's IP, e.g. from the downward API "
-                                         "status.podIP, or 127.0.0.1)") from None
-
-
+                                         "status.podIP, or 127.0.0.1)") from e
 
 
 def _lnc(text: str) -> int:
@@ -196,9 +181,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                           "and tests)")
     p.add_argument("--catalog", type=Path, default=env_default(CATALOG_ENV, None), metavar="FILE",
                    help=f"catalog file with more instance types (docs/catalog-file.md) [env {CATALOG_ENV}]")
-    p.add_argument("--health-poll-interval", type=_interval, default=env_default("HEALTH_POLL_INTERVAL", "1"),
-                   metavar="SECONDS", help="seconds between reads of the devices' hardware error counters "
-                                           "[env HEALTH_POLL_INTERVAL] (default 1)")
+    p.add_argument("--health-poll-interval", type=_bounded(float, 0.05, 60, "a number of seconds",
+                                                                   out_of_range="{value} seconds: allowed {allowed}"),
+                   default=env_default("HEALTH_POLL_INTERVAL", "1"), metavar="SECONDS",
+                   help="seconds between reads of the devices' hardware error counters [env HEALTH_POLL_INTERVAL] "
+                        "(default 1)")
     p.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS,
                    default=env_default("UNHEALTHY_TAINT_EFFECT", DEFAULT_TAINT_EFFECT),
                    help="effect of the taint on unhealthy devices [env UNHEALTHY_TAINT_EFFECT] "
@@ -245,31 +232,30 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
         pod_uid = check_pod_uid(a.pod_uid or "")
     except InstanceError as e:
         parser.error(str(e))
-    return DaemonOptions(
-        node_name=a.node_name, driver_name=a.driver_name, plugins_dir=Path(a.plugins_dir),
-        registry_dir=Path(a.registry_dir), cdi_root=Path(a.cdi_root), healthcheck_port=int(a.healthcheck_port),
-        metrics_port=int(a.metrics_port), bind_address=a.bind_address, kubeconfig=a.kubeconfig, host_root=host_root,
-        emulate=a.emulate, log_level=a.log_level, health_poll_interval=float(a.health_poll_interval),
-        unhealthy_taint_effect=a.unhealthy_taint_effect, core_partitions=a.core_partitions,
-        lnc=None if a.lnc is None else int(a.lnc), catalog=Path(a.catalog) if a.catalog else None,
-        kube_api_qps=float(a.kube_api_qps), kube_api_burst=int(a.kube_api_burst),
-        kube_api_timeout=float(a.kube_api_timeout), pod_uid=pod_uid, socket_names=a.socket_names,
-    )
+    return DaemonOptions(**vars(a) | {"host_root": host_root, "pod_uid": pod_uid})
+
+
+def _get_string(api: ApiClient, path: str, keys: tuple[str, ...], seconds: float, what: str,
+                **extra: str) -> str | None:
+    """The string at `keys` in the answer to GET `path`; None on any failure (logged: cannot read `what`)."""
+    from neuron_dra.driver.kubeletplugin.kube import ApiClientError, ApiException, KubeApi
+
+    try:
+        value: object = KubeApi(api).call("GET", path, seconds=seconds)
+    except (ApiException, ApiClientError) as e:
+        log.warning(f"cannot read {what}", extra={**extra, "error": str(e)})
+        return None
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def kubelet_version(api: ApiClient, node_name: str, seconds: float) -> str | None:
     """The node's kubelet version as the Node reports it (status.nodeInfo.kubeletVersion); None on any failure."""
     from urllib.parse import quote
 
-    from neuron_dra.driver.kubeletplugin.kube import ApiClientError, ApiException, KubeApi
-
-    try:
-        node = KubeApi(api).call("GET", f"/api/v1/nodes/{quote(node_name, safe='')}", seconds=seconds)
-    except (ApiException, ApiClientError) as e:
-        log.warning("cannot read the node's kubelet version", extra={"node": node_name, "error": str(e)})
-        return None
-    version = (node.get("status") or {}).get("nodeInfo", {}).get("kubeletVersion")
-    return version if isinstance(version, str) else None
+    return _get_string(api, f"/api/v1/nodes/{quote(node_name, safe='')}", ("status", "nodeInfo", "kubeletVersion"),
+                       seconds, "the node's kubelet version", node=node_name)
 
 
 _SERVER_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
@@ -277,14 +263,7 @@ _SERVER_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
 
 def server_version(api: ApiClient, seconds: float) -> str | None:
     """The API server's version (GET /version, gitVersion: `v1.36.5`, `v1.37.1-eks-...`); None on any failure."""
-    from neuron_dra.driver.kubeletplugin.kube import ApiClientError, ApiException, KubeApi
-
-    try:
-        version = KubeApi(api).call("GET", "/version", seconds=seconds).get("gitVersion")
-    except (ApiException, ApiClientError) as e:
-        log.warning("cannot read the API server's version", extra={"error": str(e)})
-        return None
-    return version if isinstance(version, str) else None
+    return _get_string(api, "/version", ("gitVersion",), seconds, "the API server's version")
 
 
 def decide_core_partitions(mode: str, version: Callable[[], str | None]) -> tuple[str, str]:

@@ -178,7 +178,7 @@ class DriverState:
             with self._instance_lock.hold(deadline):
                 yield
         except LockTimeout as e:  # only taking the lock raises it
-            raise ClaimError(Reason.LOCK_TIMEOUT, f"{e}; kubelet retries") from None
+            raise ClaimError(Reason.LOCK_TIMEOUT, f"{e}; kubelet retries") from e
 
     def _refresh_locked(self) -> None:
         claims = self._checkpoint.refresh()
@@ -193,10 +193,10 @@ class DriverState:
                 self._refresh_locked()
             except CheckpointError as e:
                 raise ClaimError(Reason.INTERNAL, f"reading what the other instance of the driver recorded: "
-                                                  f"{e}") from None
+                                                  f"{e}") from e
             except OSError as e:
                 raise ClaimError(Reason.INTERNAL, f"reading the checkpoint {self._checkpoint.path} failed: "
-                                                  f"{e}") from None
+                                                  f"{e}") from e
             yield
 
     # --- prepare ---------------------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ class DriverState:
         try:
             check_claim_uid(ref.uid)
         except CdiError as e:
-            raise ClaimError(Reason.INVALID_REQUEST, str(e)) from None
+            raise ClaimError(Reason.INVALID_REQUEST, str(e)) from e
         if need_name and (not ref.namespace or not ref.name):
             raise ClaimError(Reason.INVALID_REQUEST,
                              f"claim {ref.uid}: namespace and name are required (got {shown(ref.namespace)}, "
@@ -267,7 +267,7 @@ class DriverState:
                 check_dns_label("namespace", ref.namespace)
                 check_dns_subdomain("name", ref.name)
             except NotAllowed as e:
-                raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref.uid}: {e}") from None
+                raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref.uid}: {e}") from e
 
     def _prepare_one(self, ref: ClaimRef, ticket: int, deadline: float | None = None) -> tuple[PreparedDevice, ...]:
         self._check_ref(ref, need_name=True)
@@ -332,7 +332,7 @@ class DriverState:
         except ClaimLookupError as e:
             if self._metrics:
                 self._metrics.api_errors.labels("get_resourceclaim").inc()
-            raise ClaimError(Reason.API_ERROR, f"claim {ref}: reading it from the API server failed: {e}") from None
+            raise ClaimError(Reason.API_ERROR, f"claim {ref}: reading it from the API server failed: {e}") from e
 
     def plan(self, ref: ClaimRef, allocated: Sequence[AllocatedDevice]) -> Plan:
         """Answer, held devices and CDI spec for `allocated` (pure, apart from reading the UltraServer files)."""
@@ -343,7 +343,7 @@ class DriverState:
             try:
                 ultraserver = read_ultraserver(self.host_root)
             except DiscoveryError as e:
-                raise ClaimError(Reason.INTERNAL, f"claim {ref}: reading the UltraServer class files: {e}") from None
+                raise ClaimError(Reason.INTERNAL, f"claim {ref}: reading the UltraServer class files: {e}") from e
         by_request: dict[str, list[AllocatedDevice]] = {}
         exclusive: set[int] = set()
         held_cores: set[int] = set()
@@ -373,7 +373,7 @@ class DriverState:
                 env = request_env(self.host, whole, config, ultraserver, with_us, node_lnc=self.cores.lnc,
                                   core_ids=logical)
             except EnvError as e:
-                raise ClaimError(Reason.BAD_CONFIG, f"claim {ref}, request {request!r}: {e}") from None
+                raise ClaimError(Reason.BAD_CONFIG, f"claim {ref}, request {request!r}: {e}") from e
             env_name = f"{ref.uid}-request-{request}"
             env_devices.append(CdiDevice(env_name, env=env))
             named: set[str] = set()
@@ -387,7 +387,7 @@ class DriverState:
         try:
             spec = build_spec([*node_devices.values(), *env_devices])
         except CdiError as e:
-            raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref}: {e}") from None
+            raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref}: {e}") from e
         return Plan(tuple(answer), tuple(sorted(exclusive)), spec_text(spec), tuple(sorted(held_cores)))
 
     def _node_device_name(self, claim_uid: str, device: str) -> str:
@@ -461,14 +461,14 @@ class DriverState:
         try:
             self._checkpoint.save(claims, durable=durable, before_rename=before_rename)
         except OSError as e:
-            raise ClaimError(Reason.INTERNAL, f"writing the checkpoint {self._checkpoint.path} failed: {e}") from None
+            raise ClaimError(Reason.INTERNAL, f"writing the checkpoint {self._checkpoint.path} failed: {e}") from e
         self._claims = claims
 
     def _write_cdi(self, uid: str, text: str) -> None:
         try:
             self._cdi.write(uid, text)
         except OSError as e:
-            raise ClaimError(Reason.INTERNAL, f"writing the CDI spec {self._cdi.path_for(uid)} failed: {e}") from None
+            raise ClaimError(Reason.INTERNAL, f"writing the CDI spec {self._cdi.path_for(uid)} failed: {e}") from e
 
     # --- unprepare -------------------------------------------------------------------------------------------
 
@@ -499,7 +499,7 @@ class DriverState:
         try:
             self._cdi.remove(ref.uid)  # also removes an orphaned spec of an unknown claim
         except OSError as e:
-            raise ClaimError(Reason.INTERNAL, f"removing the CDI spec of claim {ref} failed: {e}") from None
+            raise ClaimError(Reason.INTERNAL, f"removing the CDI spec of claim {ref} failed: {e}") from e
         self._crash.hit("unprepare-after-cdi")
         if entry is not None:
             self._save_locked({u: c for u, c in self._claims.items() if u != ref.uid})

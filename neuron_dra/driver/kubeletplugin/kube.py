@@ -114,7 +114,7 @@ class ApiClient:
             if config.cert_file:
                 ctx.load_cert_chain(config.cert_file, config.key_file)
         except (OSError, ssl.SSLError) as e:
-            raise KubeConfigError(f"TLS settings for {config.server}: {e}") from None
+            raise KubeConfigError(f"TLS settings for {config.server}: {e}") from e
         ctx.sslsocket_class = DeadlineSSLSocket
         retries = urllib3.Retry(total=2, connect=1, read=1, status=0, other=0, redirect=False,
                                 allowed_methods=IDEMPOTENT, respect_retry_after_header=False, raise_on_status=False)
@@ -145,7 +145,7 @@ class ApiClient:
         try:
             auth = self._authorization()
         except OSError as e:
-            raise ApiClientError(f"reading the token file {self.config.token_file}: {e}") from None
+            raise ApiClientError(f"reading the token file {self.config.token_file}: {e}") from e
         key = (auth, with_body)
         headers = self._headers_by_auth.get(key)
         if headers is None:
@@ -173,7 +173,7 @@ class ApiClient:
         try:
             self._bucket.acquire(deadline.at)
         except RateLimited as e:
-            raise ApiClientError(f"{method} {path}: {e}") from None
+            raise ApiClientError(f"{method} {path}: {e}") from e
         left = max(0.001, deadline.left())
         timeout = urllib3.Timeout(connect=min(CONNECT_TIMEOUT, left), read=min(deadline.per_operation, left))
         try:
@@ -184,7 +184,7 @@ class ApiClient:
         except DeadlineExceeded:
             raise self._deadline_error(method, path, deadline) from None
         except (Urllib3Error, OSError, ValueError) as e:
-            raise ApiClientError(f"{method} {path}: {_cause(e)}") from None
+            raise ApiClientError(f"{method} {path}: {_cause(e)}") from e
         if 200 <= resp.status <= 299:
             return resp
         if resp.status < 200:  # http.client skips only 100 Continue: another 1xx would desync the connection
@@ -238,7 +238,7 @@ class ApiClient:
         except DeadlineExceeded:
             raise self._deadline_error(method, path, deadline) from None
         except (Urllib3Error, OSError, ValueError) as e:
-            raise ApiClientError(f"{method} {path}: reading the answer: {_cause(e)}") from None
+            raise ApiClientError(f"{method} {path}: reading the answer: {_cause(e)}") from e
         finally:
             if done:
                 resp.release_conn()
@@ -285,7 +285,7 @@ class Watch:
         except DeadlineExceeded:
             raise self._late from None
         except (Urllib3Error, OSError, ValueError) as e:
-            raise ApiClientError(f"GET {self._path} (watch): {_cause(e)}") from None
+            raise ApiClientError(f"GET {self._path} (watch): {_cause(e)}") from e
 
     def lines(self) -> Iterator[bytes]:
         """Each line without its LF, until the server ends the answer."""
@@ -352,7 +352,7 @@ def _json_object(data: bytes, method: str, path: str) -> dict[str, Any]:
     try:
         doc = json.loads(data)
     except ValueError as e:
-        raise ApiClientError(f"{method} {path}: the answer is not JSON: {e}") from None
+        raise ApiClientError(f"{method} {path}: the answer is not JSON: {e}") from e
     if not isinstance(doc, dict):
         raise ApiClientError(f"{method} {path}: expected a JSON object from the API server, got "
                              f"{type(doc).__name__}")
@@ -397,7 +397,7 @@ class KubeApi:
                     try:
                         event = json.loads(line)
                     except ValueError as e:
-                        raise ApiClientError(f"GET {path} (watch): an event that is not JSON: {e}") from None
+                        raise ApiClientError(f"GET {path} (watch): an event that is not JSON: {e}") from e
                     if not isinstance(event, dict):
                         raise ApiClientError(f"GET {path} (watch): an event that is not a JSON object")
                     yield event
@@ -425,6 +425,6 @@ class KubeClaimLookup:
         except ApiException as e:
             if e.status == 404:
                 return None
-            raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e.status} {e.reason}") from None
+            raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e.status} {e.reason}") from e
         except ApiClientError as e:
-            raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e}") from None
+            raise ClaimLookupError(f"GET resourceclaims {namespace}/{name}: {e}") from e

@@ -53,7 +53,7 @@ def _parse_kubeconfig(text: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ValueError(f"not YAML: {e}") from None
+        raise ValueError(f"not YAML: {e}") from e
 
 
 def load_kubeconfig(path: str) -> ClusterConfig:
@@ -69,7 +69,7 @@ def load_kubeconfig(path: str) -> ClusterConfig:
         cluster = by_name["clusters"][context["cluster"]]
         user = by_name["users"].get(context.get("user"), {}) or {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise KubeConfigError(f"cannot load kubeconfig {path}: {e!r}") from None
+        raise KubeConfigError(f"cannot load kubeconfig {path}: {e!r}") from e
     if "exec" in user or "auth-provider" in user:
         raise KubeConfigError(f"kubeconfig {path}: user credentials by exec or auth-provider plugins are not "
                               "supported; use a client certificate or a token")

@@ -204,7 +204,7 @@ class PluginServers:
             try:
                 _listen(server, path)
             except OSError as e:
-                raise SocketError(str(e)) from None
+                raise SocketError(str(e)) from e
             self._bound[path] = sockets.bound_identity(path)
         self._reg.start()
         log.info("registration socket listening", extra={"registration_socket": str(self.paths.registration),

@@ -135,7 +135,7 @@ def prepare_socket_path(path: Path) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SocketError(f"cannot create {path.parent} for the socket {path.name}: {e}") from None
+        raise SocketError(f"cannot create {path.parent} for the socket {path.name}: {e}") from e
     if path.is_dir():
         raise SocketError(f"{path} is a directory; cannot listen there")
     remove_stale_socket(tmp)
