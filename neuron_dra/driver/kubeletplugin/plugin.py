@@ -28,13 +28,7 @@ from typing import Any, Protocol
 from neuron_dra.driver.kubeletplugin import grpcserver, memory, sockets
 from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 from neuron_dra.driver.kubeletplugin.claimref import CallScope, ClaimFailed, ClaimRef
-
-# Re-exported: the socket parts of this module's interface live in sockets.py.
-from neuron_dra.driver.kubeletplugin.sockets import SOCKET_MODE as SOCKET_MODE
-from neuron_dra.driver.kubeletplugin.sockets import SocketError as SocketError
-from neuron_dra.driver.kubeletplugin.sockets import SocketPaths as SocketPaths
-from neuron_dra.driver.kubeletplugin.sockets import check_socket_path as check_socket_path
-from neuron_dra.driver.kubeletplugin.sockets import remove_stale_socket as remove_stale_socket
+from neuron_dra.driver.kubeletplugin.sockets import SocketError, SocketPaths
 
 log = logging.getLogger(__name__)
 

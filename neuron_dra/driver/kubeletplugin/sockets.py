@@ -28,10 +28,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOCKET_MODE = 0o600
 MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
-
-
 LEFTOVER_AGE = 30.0  # seconds: another instance's socket that refuses connections for this long is left over
 # How another instance's names look when its leftovers may be removed: 16 hex digits of a pod UID (the apiserver
 # makes them RFC 4122 UUIDs), never what could be another driver's plain name (`<driver>-efa-reg.sock`).
@@ -46,26 +43,6 @@ def short_instance_id(pod_uid: str) -> str:
     return pod_uid.replace("-", "")[:16]
 
 
-def dra_socket_path(plugins_dir: str, driver_name: str, instance: str = "") -> str:
-    return os.path.join(plugins_dir, driver_name, f"dra-{instance}.sock" if instance else "dra.sock")
-
-
-def registration_socket_path(registry_dir: str, driver_name: str, instance: str = "") -> str:
-    return os.path.join(registry_dir, f"{driver_name}-{instance}-reg.sock" if instance else f"{driver_name}-reg.sock")
-
-
-def remove_stale(path: str) -> bool:
-    """Remove what a previous run left at `path` (True if something was there); IsADirectoryError for a directory."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return False
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(path)
-    os.unlink(path)
-    return True
-
-
 class SocketError(RuntimeError):
     pass
 
@@ -78,11 +55,9 @@ class SocketPaths:
 
     @classmethod
     def for_driver(cls, plugins_dir: Path, registry_dir: Path, driver_name: str, instance: str = "") -> SocketPaths:
-        def paths(name: str) -> SocketPaths:
-            return cls(Path(dra_socket_path(str(plugins_dir), driver_name, name)),
-                       Path(registration_socket_path(str(registry_dir), driver_name, name)), name)
-
-        return paths(short_instance_id(instance))
+        name = short_instance_id(instance)
+        return cls(plugins_dir / driver_name / (f"dra-{name}.sock" if name else "dra.sock"),
+                   registry_dir / (f"{driver_name}-{name}-reg.sock" if name else f"{driver_name}-reg.sock"), name)
 
     def siblings(self) -> list[Path]:
         """The sockets other instances of this driver listen on (or left behind), found by name."""
@@ -110,12 +85,14 @@ def check_socket_path(path: Path) -> None:
 
 
 def remove_stale_socket(path: Path) -> None:
+    """Remove what a previous run of this process id left at `path`; SocketError for a directory."""
     try:
-        removed = remove_stale(str(path))
-    except IsADirectoryError:
-        raise SocketError(f"{path} is a directory; cannot listen there") from None
-    if removed:
-        log.info("removed stale socket", extra={"path": str(path)})
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            raise SocketError(f"{path} is a directory; cannot listen there")
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    log.info("removed stale socket", extra={"path": str(path)})
 
 
 def binding_path(path: Path) -> Path:
