@@ -1,16 +1,13 @@
 """Which pod holds which Neuron devices and cores on this node, as Prometheus series (docs/metrics.md).
 
-A collector, not gauges kept in step: every scrape reads the prepared claims as they are (DriverState's view of
-the checkpoint), so the series follow prepare, unprepare and a restart (the checkpoint is read at start) with
-no hook to forget. Label values come from the checkpoint: the claim's namespace and name, the pods it was
-reserved for (when it was prepared, as the checkpoint records, or as consumers.py last re-read them; at most
-checkpoint.MAX_CONSUMERS), the request and device names of kubelet's
-answer, and NeuronCore ids (NEURON_RT_VISIBLE_CORES numbering at the node's LNC, as neuron-monitor numbers them).
+A collector, not gauges kept in step: every scrape reads the prepared claims as they are, so the series follow
+prepare, unprepare and a restart with no hook to forget. Labels come from the checkpoint: the claim, the pods it
+was reserved for (at most checkpoint.MAX_CONSUMERS, as consumers.py last re-read them), kubelet's request and
+device names, and NeuronCore ids (NEURON_RT_VISIBLE_CORES numbering at the node's LNC, as neuron-monitor's).
 
-Cardinality on one node: the info series are one per (claim, device, pod) and one per (claim, NeuronCore, pod);
-devices and cores are held exclusively (an admin-access claim adds its own), so a node carries at most its cores
-x MAX_CONSUMERS core series. MAX_SERIES caps both families together whatever the checkpoint holds; what a cap
-leaves out is counted, never silently lost.
+Cardinality: one info series per (claim, device, pod) and per (claim, NeuronCore, pod); devices and cores are held
+exclusively, so a node carries at most its cores x MAX_CONSUMERS core series. MAX_SERIES caps both families
+together; what a cap leaves out is counted, never silently lost.
 """
 
 from __future__ import annotations

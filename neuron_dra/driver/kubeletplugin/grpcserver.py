@@ -1,17 +1,12 @@
 """The daemon's gRPC servers on grpcio's asyncio server (docs/grpc-server.md), with raw-bytes handlers.
 
-- Every method is registered without a deserializer: the handler parses the bytes itself and answers
-  INVALID_ARGUMENT naming the message type when they do not decode (grpcio's own deserializer path leaks memory
-  per rejected request; docs/hardening.md §1).
-- A call's handler runs only once its request message has arrived (the asyncio server awaits it in the event
-  loop), so calls whose bodies never come, or whose answers cannot be sent (flow-control window 0), hold no
-  thread. Blocking handlers run in the server's thread pool, at most `max_concurrent` at once (beyond that
-  RESOURCE_EXHAUSTED at once, kubelet retries); cheap ones (`inline`) and coroutines run in the event loop.
-- The daemon's servers share one event loop thread (an `EventLoopThread` it owns and hands to each); each has its
-  own pool and limits, so one server's blocking calls never wait behind another's, and the loop runs only grpc's
-  dispatch and the cheap inline handlers. grpc.aio's poller wakes every bound loop for every completion and the
-  loop that reads it forwards the others' to their threads, so each extra loop thread costs CPU and a thread
-  hand-off per call (docs/grpc-server.md).
+- Methods have no deserializer: the handler parses the bytes and answers INVALID_ARGUMENT naming the message
+  type when they do not decode (grpcio's deserializer path leaks memory per rejected request; hardening.md §1).
+- A handler runs only once its request has arrived (awaited in the event loop), so calls whose bodies never
+  come or whose answers cannot be sent hold no thread. Blocking handlers run in the server's pool, at most
+  `max_concurrent` at once (beyond: RESOURCE_EXHAUSTED, kubelet retries); `inline` ones and coroutines in the loop.
+- The daemon's servers share one event loop thread (`EventLoopThread`), each with its own pool and limits: grpc.aio's
+  poller wakes every bound loop for every completion, so each extra loop costs CPU and a hand-off per call.
 - HTTP/2 and connection limits are grpc's channel options (`Limits`).
 """
 

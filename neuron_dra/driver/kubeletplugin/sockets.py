@@ -1,15 +1,10 @@
 """The kubelet-facing unix sockets: paths, checks, stale files (standard library only).
 
-plugin.py binds and serves them (grpcserver.Server.add_unix: mode 0600 from creation, never world-writable, not
-even briefly). Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket
-appears. Each socket is bound under a hidden name and renamed into place (`binding_path`), replacing a stale file.
-
-Two instances of the driver run side by side during a surge rollout (docs/upgrades.md): each then listens on
-names of its own, `dra-<instance>.sock` and `<driver>-<instance>-reg.sock` as the Go helper's `RollingUpdate`
-names them (k8s.io/dynamic-resource-allocation/kubeletplugin, draplugin.go), `<instance>` being the first 16
-digits of the pod UID (`short_instance_id`).
-An instance removes only what it bound itself (the same inode), and another instance's socket only when nothing
-listens on it any more.
+plugin.py binds them (grpcserver.Server.add_unix: mode 0600 from creation), each under a hidden name renamed
+into place (`binding_path`). During a surge rollout (docs/upgrades.md) each instance listens on names of its
+own, `dra-<instance>.sock` and `<driver>-<instance>-reg.sock` as the Go helper's `RollingUpdate` names them,
+`<instance>` being 16 digits of the pod UID (`short_instance_id`). An instance removes only what it bound itself
+(the same inode), and another instance's socket only when nothing listens on it any more.
 """
 
 from __future__ import annotations
