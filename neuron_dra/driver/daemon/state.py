@@ -1,15 +1,13 @@
 """Prepare and unprepare: the claims this node holds, kept in the checkpoint and the CDI directory.
 
-Concurrency: the claim GET and the planning run outside any lock, so a slow API call delays only
-its own claim; the commit (device check, checkpoint, CDI spec) runs under one short lock, which also
-serializes all calls for the same claim. Every call takes a ticket on arrival; an unprepare records
-its ticket, and a prepare that arrived before a completed unprepare of the same claim fails instead
-of re-preparing a claim kubelet has already released (the "late prepare retry" failure mode).
+Concurrency: the claim GET and the planning run outside any lock, so a slow API call delays only its own claim;
+the commit (device check, checkpoint, CDI spec) runs under one short lock, which also serializes the calls for a
+claim. Every call takes a ticket on arrival; an unprepare records its ticket, and a prepare that arrived before
+a completed unprepare of the claim fails rather than re-prepare a claim kubelet released (the late prepare retry).
 
-Two instances side by side (a surge rollout, docs/upgrades.md): kubelet may send any call to either, so every
-step that reads or changes the recorded claims also holds the instances' lock (instance_lock.py, taken inside
-the thread lock) and starts from the checkpoint as it is on disk (`Checkpoint.refresh`, read only when the other
-instance changed it); each change is persisted before the call answers, as with one instance.
+Two instances side by side (a surge rollout, docs/upgrades.md): kubelet may call either, so every step on the
+recorded claims also holds the instances' lock (instance_lock.py, inside the thread lock) and starts from the
+checkpoint on disk (`Checkpoint.refresh`, read only when the other instance changed it).
 """
 
 from __future__ import annotations
