@@ -300,19 +300,23 @@ class DriverState:
             # Outside the lock: is each holder still a live claim that owns these devices?
             live = [c for c in conflicts if self._is_live(c)]
             if live:
-                physical = self.cores.physical_per_device
-                busy = sorted(set(plan.cores) & {i for c in live for i in self._held_cores(c)})
-                per_device: dict[int, list[int]] = {}
-                for i in busy:
-                    per_device.setdefault(i // physical, []).append(i % physical)
-                where = "; ".join(f"{d}: {core_ranges(c)}" for d, c in per_device.items())
-                holders = ", ".join(f"{c.namespace}/{c.name} ({c.uid})" for c in live)
-                raise ClaimError(Reason.DEVICE_BUSY,
-                                 f"claim {ref}: Neuron device(s) {', '.join(map(str, per_device))} (physical cores "
-                                 f"{where}) are prepared for another live claim: {holders}")
+                raise self._busy(ref, plan, live)
             with self._shared(deadline):
                 self._release_stale_locked(conflicts)
         raise ClaimError(Reason.DEVICE_BUSY, f"claim {ref}: devices kept being taken by other claims; retry")
+
+    def _busy(self, ref: ClaimRef, plan: Plan, live: Sequence[PreparedClaim]) -> ClaimError:
+        """DEVICE_BUSY naming the devices and physical cores `live` claims hold of `plan`, and those claims."""
+        physical = self.cores.physical_per_device
+        busy = sorted(set(plan.cores) & {i for c in live for i in self._held_cores(c)})
+        per_device: dict[int, list[int]] = {}
+        for i in busy:
+            per_device.setdefault(i // physical, []).append(i % physical)
+        where = "; ".join(f"{d}: {core_ranges(c)}" for d, c in per_device.items())
+        holders = ", ".join(f"{c.namespace}/{c.name} ({c.uid})" for c in live)
+        devices = ", ".join(map(str, per_device))
+        return ClaimError(Reason.DEVICE_BUSY, f"claim {ref}: Neuron device(s) {devices} (physical cores {where}) are "
+                                              f"prepared for another live claim: {holders}")
 
     def _ask(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The lookup's answer. Any failure of it is a ClaimLookupError (retryable, per claim), also one the
@@ -334,14 +338,7 @@ class DriverState:
 
     def plan(self, ref: ClaimRef, allocated: Sequence[AllocatedDevice]) -> Plan:
         """Answer, held devices and CDI spec for `allocated` (pure, apart from reading the UltraServer files)."""
-        needs_ultraserver = any(a.device == NODE_DEVICE_NAME or a.config.ultraserver_mode is not None
-                                for a in allocated)
-        ultraserver: UltraServer | None = None
-        if needs_ultraserver:
-            try:
-                ultraserver = read_ultraserver(self.host_root)
-            except DiscoveryError as e:
-                raise ClaimError(Reason.INTERNAL, f"claim {ref}: reading the UltraServer class files: {e}") from e
+        ultraserver = self._ultraserver(ref, allocated)
         by_request: dict[str, list[AllocatedDevice]] = {}
         exclusive: set[int] = set()
         held_cores: set[int] = set()
@@ -387,6 +384,15 @@ class DriverState:
         except CdiError as e:
             raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref}: {e}") from e
         return Plan(tuple(answer), tuple(sorted(exclusive)), spec_text(spec), tuple(sorted(held_cores)))
+
+    def _ultraserver(self, ref: ClaimRef, allocated: Sequence[AllocatedDevice]) -> UltraServer | None:
+        """The UltraServer class files, read only when a device of `allocated` needs them."""
+        if not any(a.device == NODE_DEVICE_NAME or a.config.ultraserver_mode is not None for a in allocated):
+            return None
+        try:
+            return read_ultraserver(self.host_root)
+        except DiscoveryError as e:
+            raise ClaimError(Reason.INTERNAL, f"claim {ref}: reading the UltraServer class files: {e}") from e
 
     def _node_device_name(self, claim_uid: str, device: str) -> str:
         """The CDI device with the device nodes: the cores of one Neuron device share their device's, so a
