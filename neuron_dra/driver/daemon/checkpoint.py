@@ -190,10 +190,6 @@ class Snapshot:
     format: int
 
 
-def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
-    return decode_snapshot(path, raw).claims
-
-
 def decode_snapshot(path: Path, raw: bytes) -> Snapshot:
     """The snapshot of format 1 (the previous release), 2 or 3; CheckpointError for anything else, including any
     field that is not exactly what one of them writes (a damaged key must not pass for an absent one)."""
