@@ -1,16 +1,13 @@
 """Which pod holds which Neuron devices and cores on this node, as Prometheus series (docs/metrics.md).
 
-A collector, not gauges kept in step: every scrape reads the prepared claims as they are (DriverState's view of
-the checkpoint), so the series follow prepare, unprepare and a restart (the checkpoint is read at start) with
-no hook to forget. Label values come from the checkpoint: the claim's namespace and name, the pods it was
-reserved for (when it was prepared, as the checkpoint records, or as consumers.py last re-read them; at most
-checkpoint.MAX_CONSUMERS), the request and device names of kubelet's
-answer, and NeuronCore ids (NEURON_RT_VISIBLE_CORES numbering at the node's LNC, as neuron-monitor numbers them).
+A collector, not gauges kept in step: every scrape reads the prepared claims as they are, so the series follow
+prepare, unprepare and a restart with no hook to forget. Labels come from the checkpoint: the claim, the pods it
+was reserved for (at most checkpoint.MAX_CONSUMERS, as consumers.py last re-read them), kubelet's request and
+device names, and NeuronCore ids (NEURON_RT_VISIBLE_CORES numbering at the node's LNC, as neuron-monitor's).
 
-Cardinality on one node: the info series are one per (claim, device, pod) and one per (claim, NeuronCore, pod);
-devices and cores are held exclusively (an admin-access claim adds its own), so a node carries at most its cores
-x MAX_CONSUMERS core series. MAX_SERIES caps both families together whatever the checkpoint holds; what a cap
-leaves out is counted, never silently lost.
+Cardinality: one info series per (claim, device, pod) and per (claim, NeuronCore, pod); devices and cores are held
+exclusively, so a node carries at most its cores x MAX_CONSUMERS core series. MAX_SERIES caps both families
+together; what a cap leaves out is counted, never silently lost.
 """
 
 from __future__ import annotations
@@ -131,21 +128,14 @@ class AttributionCollector(Collector):
             held_cores |= devices.held_logical(c)
         total_cores = len(devices.indexes) * devices.layout.logical_per_device
         held_cores_n = min(len(held_cores), total_cores)
-        dev = GaugeMetricFamily("neuron_dra_node_devices", "Neuron devices of this node: allocated (any core "
-                                "prepared for a claim) or free", labels=["node", "state"])
-        dev.add_metric([self._node, "allocated"], len(held_devices))
-        dev.add_metric([self._node, "free"], len(devices.indexes) - len(held_devices))
-        yield dev
-        cores = GaugeMetricFamily("neuron_dra_node_neuroncores", "NeuronCores of this node at its LNC: allocated "
-                                  "(prepared for a claim) or free", labels=["node", "state"])
-        cores.add_metric([self._node, "allocated"], held_cores_n)
-        cores.add_metric([self._node, "free"], total_cores - held_cores_n)
-        yield cores
-        states = GaugeMetricFamily("neuron_dra_claims", "Claims in this node's checkpoint: prepared, or pending "
-                                   "(a prepare started and not completed)", labels=["node", "state"])
-        states.add_metric([self._node, "prepared"], len(completed))
-        states.add_metric([self._node, "pending"], len(every) - len(completed))
-        yield states
+        yield _states("neuron_dra_node_devices", "Neuron devices of this node: allocated (any core prepared for a "
+                      "claim) or free", self._node, allocated=len(held_devices),
+                      free=len(devices.indexes) - len(held_devices))
+        yield _states("neuron_dra_node_neuroncores", "NeuronCores of this node at its LNC: allocated (prepared for a "
+                      "claim) or free", self._node, allocated=held_cores_n, free=total_cores - held_cores_n)
+        yield _states("neuron_dra_claims", "Claims in this node's checkpoint: prepared, or pending (a prepare "
+                      "started and not completed)", self._node, prepared=len(completed),
+                      pending=len(every) - len(completed))
 
     def _taint_series(self) -> Iterator[GaugeMetricFamily]:
         taints = self._taints() if self._taints is not None else {}
@@ -186,4 +176,12 @@ def request_lnc(claim: PreparedClaim) -> dict[str, int]:
 def _gauge(name: str, documentation: str, node: str, value: float) -> GaugeMetricFamily:
     g = GaugeMetricFamily(name, documentation, labels=["node"])
     g.add_metric([node], value)
+    return g
+
+
+def _states(name: str, documentation: str, node: str, **values: float) -> GaugeMetricFamily:
+    """One family with a series per state (label `state`), in the order given."""
+    g = GaugeMetricFamily(name, documentation, labels=["node", "state"])
+    for state, value in values.items():
+        g.add_metric([node, state], value)
     return g

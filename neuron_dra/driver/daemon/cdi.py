@@ -1,10 +1,8 @@
 """CDI (Container Device Interface) spec files: one per prepared claim, written atomically.
 
-Kind `aws.amazon.com/neuron`: the vendor/class users already know from the Neuron device plugin's
-resource name (`aws.amazon.com/neuron`); AWS's own DRA driver does not document its CDI kind, so
-this is our choice. Device names embed the claim UID, because runtimes cache specs and a name must
-never be reused for different contents. Each spec declares the lowest `cdiVersion` that covers the
-fields it uses (runtimes reject specs whose version is too low for their content).
+Kind `aws.amazon.com/neuron`, the vendor/class of the Neuron device plugin's resource name (AWS's DRA driver does
+not document its own). Device names embed the claim UID: runtimes cache specs, so a name is never reused for other
+contents. Each spec declares the lowest `cdiVersion` covering its fields (runtimes reject a version too low).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """The crash-safe record of prepared claims: `<plugins dir>/<driver>/checkpoint.json` and its journal.
 
-Unprepare must work after a restart from these files alone (the claim object may be gone), so they hold
-everything: the answer given to kubelet, the devices the claim holds, and the CDI spec text (rewritten at start
-and on every repeated prepare, since the CDI directory is tmpfs). The snapshot is versioned and checksummed and
-replaced atomically; changes between snapshots are records in a journal written in place (see `Checkpoint`):
-one fdatasync makes a change durable. A prepare is recorded twice: as PrepareStarted before its CDI spec is
-written and as PrepareCompleted, synced, before kubelet gets the answer, so a crash in between leaves an entry
-the next start can clean up. The PrepareStarted record is not synced: it survives a crash of the daemon (it is
-in the page cache), and what a power loss could cost is a spec in /var/run/cdi, which is tmpfs and gone as well
-(specs elsewhere are found by the orphan scan at start). Removals are synced. What each system call guarantees:
-docs/durability.md; the format, its versions and what loads: docs/checkpoint-format.md.
+Unprepare must work after a restart from these files alone (the claim may be gone), so they hold the answer given
+to kubelet, the devices held and the CDI spec text (rewritten at start: the CDI directory is tmpfs). The snapshot
+is versioned, checksummed and replaced atomically; changes between snapshots are journal records written in place
+(`Checkpoint`), one fdatasync each. A prepare is recorded as PrepareStarted before its CDI spec is written and as
+PrepareCompleted, synced, before kubelet gets the answer, so a crash in between leaves an entry the next start
+cleans up. PrepareStarted is not synced: a daemon crash keeps it (page cache), and a power loss costs at most a
+spec in tmpfs /var/run/cdi, gone too (specs elsewhere: the orphan scan at start). Removals are synced.
+Guarantees per system call: docs/durability.md; the format and its versions: docs/checkpoint-format.md.
 """
 
 from __future__ import annotations
@@ -190,10 +188,6 @@ class Snapshot:
     journal: str | None  # the generation of the journal records that apply, or None
     boot_id: str  # the node's boot id when it was written ("" in format 1)
     format: int
-
-
-def decode(path: Path, raw: bytes) -> dict[str, PreparedClaim]:
-    return decode_snapshot(path, raw).claims
 
 
 def decode_snapshot(path: Path, raw: bytes) -> Snapshot:

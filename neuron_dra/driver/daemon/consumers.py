@@ -1,10 +1,9 @@
 """The pods of prepared claims, re-read now and then: kubelet prepares a claim once, for its first pod, so a pod
 that joins a shared claim later reaches the driver only through the claim's `status.reservedFor`.
 
-One GET per prepared claim per round, at most MAX_PER_ROUND claims a round (round robin over the rest), through
-the daemon's rate-limited client, so the attribution metrics (attribution.py) never cost prepare more than a
-few requests a minute. What it learns lives in memory: the checkpoint keeps the pods seen at prepare, and a
-restart re-reads the rest on its first round.
+At most MAX_PER_ROUND GETs a round (round robin) through the rate-limited client, so the attribution metrics never
+cost prepare more than a few requests a minute. Kept in memory: the checkpoint has the pods seen at prepare, and
+a restart re-reads the rest on its first round.
 """
 
 from __future__ import annotations

@@ -9,13 +9,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# Imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
 from neuron_dra.driver.daemon.options import DaemonOptions
 from neuron_dra.driver.kubeletplugin.sockets import SocketError, SocketPaths
-from neuron_dra.driver.model.k8s_names import (
-    HEALTH_SERVICES,
-)
+from neuron_dra.driver.model.k8s_names import HEALTH_SERVICES
 
+# The rest is imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
 if TYPE_CHECKING:
     import tempfile
 
@@ -33,6 +31,7 @@ if TYPE_CHECKING:
     from neuron_dra.driver.kubeletplugin.kube import ApiClient
     from neuron_dra.driver.kubeletplugin.plugin import PluginServers
     from neuron_dra.driver.model.devices import NeuronHost
+    from neuron_dra.driver.model.partitions import CoreLayout
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +42,6 @@ SIGNAL_POLL = 0.5  # the main thread's longest wait: how late a stop signal's ha
 # period (30 s) and some.
 UNSHARED_WAIT = 45.0
 UNSHARED_POLL = 0.5  # seconds between looks for such an instance appearing while this one serves
-
-
 
 
 class StartupError(RuntimeError):
@@ -106,6 +103,54 @@ class Daemon:
             root = o.host_root
         return discover(root, catalog=catalog), root
 
+    def _discover(self) -> tuple[NeuronHost, Path, CoreLayout]:
+        """The host, its root and its NeuronCore layout; StartupError naming what failed."""
+        from neuron_dra.driver.model.catalog import UnknownInstanceTypeError
+        from neuron_dra.driver.model.catalog_file import CatalogFileError
+        from neuron_dra.driver.model.discovery import DiscoveryError
+        from neuron_dra.driver.model.partitions import CoreLayout, PartitionError, read_node_lnc
+
+        try:
+            host, root = self._load_host()
+        except CatalogFileError as e:
+            raise StartupError(f"catalog file: {e}") from e
+        except (DiscoveryError, UnknownInstanceTypeError) as e:
+            raise StartupError(f"host discovery failed: {e}") from e
+        log.info("discovered host", extra={"instance_type": host.instance_type, "devices": len(host.devices),
+                                           "host_root": str(root),
+                                           "kernel_driver_version": host.kernel_driver_version})
+        try:
+            return host, root, CoreLayout.for_spec(host.spec, read_node_lnc(root, host.spec, self.options.lnc))
+        except PartitionError as e:
+            raise StartupError(f"node LNC: {e}") from e
+
+    def _load_state(self, host: NeuronHost, root: Path, layout: CoreLayout) -> DriverState:
+        """The claims state from the checkpoint, under the lock the driver's instances share."""
+        from neuron_dra.driver.daemon.cdi import CdiStore
+        from neuron_dra.driver.daemon.checkpoint import Checkpoint, CheckpointError
+        from neuron_dra.driver.daemon.state import DriverState
+        from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock
+
+        o = self.options
+        plugin_dir = o.plugins_dir / o.driver_name
+        plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self._wait_for_unshared_instance()
+        try:
+            self.instance_lock = InstanceLock(plugin_dir)  # shared with another instance during a surge rollout
+        except OSError as e:
+            raise StartupError(f"the lock the driver's instances share: {e}") from e
+        # Prepare knows the cores whatever gets published: a core device only reaches a claim once published.
+        state = DriverState(host=host, host_root=root, driver_name=o.driver_name, pool_name=o.node_name,
+                            cdi=CdiStore(o.cdi_root, o.driver_name), checkpoint=Checkpoint(o.checkpoint_path),
+                            lookup=self.lookup, crash=self.crash, metrics=self.metrics, cores=layout,
+                            instance_lock=self.instance_lock)
+        try:
+            state.load()
+            state.reconcile_local()
+        except (CheckpointError, OSError) as e:
+            raise StartupError(str(e)) from e
+        return state
+
     def start(self) -> None:
         o = self.options
         # The sockets first: kubelet can register the driver while the rest starts (plugin.py: DRA calls wait
@@ -116,61 +161,24 @@ class Daemon:
             self.loop = EventLoopThread()
         if self.servers is None:
             self.servers = listen(o, self.loop)
-        from neuron_dra.driver.daemon.cdi import CdiStore
-        from neuron_dra.driver.daemon.checkpoint import Checkpoint, CheckpointError
         from neuron_dra.driver.daemon.health_monitor import HealthMonitor
         from neuron_dra.driver.daemon.health_reporting import HealthReporter
         from neuron_dra.driver.daemon.health_stream import HealthStreamService
-        from neuron_dra.driver.daemon.state import DriverState
-        from neuron_dra.driver.model.catalog import UnknownInstanceTypeError
-        from neuron_dra.driver.model.catalog_file import CatalogFileError
-        from neuron_dra.driver.model.discovery import DiscoveryError
-        from neuron_dra.driver.model.partitions import CoreLayout, PartitionError, read_node_lnc
 
-        try:
-            self.host, self.host_root = self._load_host()
-        except CatalogFileError as e:
-            raise StartupError(f"catalog file: {e}") from None
-        except (DiscoveryError, UnknownInstanceTypeError) as e:
-            raise StartupError(f"host discovery failed: {e}") from None
-        log.info("discovered host", extra={"instance_type": self.host.instance_type,
-                                           "devices": len(self.host.devices), "host_root": str(self.host_root),
-                                           "kernel_driver_version": self.host.kernel_driver_version})
-        try:
-            layout = CoreLayout.for_spec(self.host.spec, read_node_lnc(self.host_root, self.host.spec, o.lnc))
-        except PartitionError as e:
-            raise StartupError(f"node LNC: {e}") from None
-        plugin_dir = o.plugins_dir / o.driver_name
-        plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-        self._wait_for_unshared_instance()
-        from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock
-
-        try:
-            self.instance_lock = InstanceLock(plugin_dir)  # shared with another instance during a surge rollout
-        except OSError as e:
-            raise StartupError(f"the lock the driver's instances share: {e}") from None
-        # Prepare knows the cores whatever gets published: a core device only reaches a claim once published.
-        self.state = DriverState(host=self.host, host_root=self.host_root, driver_name=o.driver_name,
-                                 pool_name=o.node_name, cdi=CdiStore(o.cdi_root, o.driver_name),
-                                 checkpoint=Checkpoint(o.checkpoint_path), lookup=self.lookup, crash=self.crash,
-                                 metrics=self.metrics, cores=layout, instance_lock=self.instance_lock)
-        try:
-            self.state.load()
-            self.state.reconcile_local()
-        except (CheckpointError, OSError) as e:
-            raise StartupError(str(e)) from None
-        self.health_monitor = HealthMonitor(self.host_root, [d.index for d in self.host.devices],
-                                            o.health_poll_interval)
-        self.health_stream = HealthStreamService(self.health_monitor, self.host, o.node_name, self.stop_event,
+        host, root, layout = self._discover()
+        self.host, self.host_root = host, root
+        self.state = self._load_state(host, root, layout)
+        self.health_monitor = HealthMonitor(root, [d.index for d in host.devices], o.health_poll_interval)
+        self.health_stream = HealthStreamService(self.health_monitor, host, o.node_name, self.stop_event,
                                                  cores_per_device=layout.logical_per_device)
-        self.health_reporter = HealthReporter(self.health_monitor, self.host, o.node_name, o.driver_name,
+        self.health_reporter = HealthReporter(self.health_monitor, host, o.node_name, o.driver_name,
                                               o.unhealthy_taint_effect, self.api, self.metrics)
         if self.metrics is not None:  # who holds which devices: read from the state at every scrape
             from neuron_dra.driver.daemon.consumers import ConsumerRefresher
 
             pods = ConsumerRefresher(self.state.prepared, self.lookup)  # pods joining shared claims later
             pods.start(self.stop_event)
-            self.metrics.attribute(self.state.prepared, o.node_name, [d.index for d in self.host.devices], layout,
+            self.metrics.attribute(self.state.prepared, o.node_name, [d.index for d in host.devices], layout,
                                    self.health_reporter.taints, pods.current)
         report = self.health_reporter.in_background(self.stop_event)
         report(self.health_monitor.current())  # devices already unhealthy at start (events, metrics)
@@ -186,23 +194,28 @@ class Daemon:
             self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)
             log.info("metrics listening", extra={"port": self.metrics_server.port})
         if self.api is not None:
-            from neuron_dra.driver.daemon.publisher import SlicePublisher
-            from neuron_dra.driver.model.slices import PublishOptions
-
-            cores = None if o.core_partitions == "off" else layout
-            if cores is None:
-                log.info("publishing whole Neuron devices only, no NeuronCores", extra={
-                    "node": o.node_name, "reason": o.core_partitions_reason or "--core-partitions=off"})
-            self.publisher = SlicePublisher(self.api, self.host, o.node_name,
-                                            PublishOptions(driver_name=o.driver_name, cores=cores), self.metrics,
-                                            taints=self.health_reporter.taints,
-                                            force_cores=o.core_partitions == "on")
-            self.health_reporter.republish = self.publisher.refresh
-            self.publisher.start(self.stop_event)
+            self._publish(self.api, host, layout)
         else:
             log.warning("no API client: not publishing ResourceSlices")
         self.health_monitor.start(self.stop_event)
         self.watch_for_unshared_instance()
+
+    def _publish(self, api: ApiClient, host: NeuronHost, layout: CoreLayout) -> None:
+        """Publish the node's ResourceSlices (NeuronCores too unless --core-partitions off), republished on taints."""
+        from neuron_dra.driver.daemon.publisher import SlicePublisher
+        from neuron_dra.driver.model.slices import PublishOptions
+
+        o = self.options
+        assert self.health_reporter is not None
+        cores = None if o.core_partitions == "off" else layout
+        if cores is None:
+            log.info("publishing whole Neuron devices only, no NeuronCores", extra={
+                "node": o.node_name, "reason": o.core_partitions_reason or "--core-partitions=off"})
+        self.publisher = SlicePublisher(api, host, o.node_name, PublishOptions(driver_name=o.driver_name, cores=cores),
+                                        self.metrics, taints=self.health_reporter.taints,
+                                        force_cores=o.core_partitions == "on")
+        self.health_reporter.republish = self.publisher.refresh
+        self.publisher.start(self.stop_event)
 
     def _wait_for_unshared_instance(self) -> None:
         """With names of its own, wait until nothing listens on the plain names: an instance there (the previous
@@ -242,7 +255,6 @@ class Daemon:
 
         plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)
         servers = self.servers
-
         state = self.state
 
         def watch() -> None:
@@ -320,7 +332,7 @@ def listen(options: DaemonOptions, loop: EventLoopThread) -> PluginServers:
         servers.listen()
     except (SocketError, OSError) as e:
         servers.stop(0)
-        raise StartupError(str(e)) from None
+        raise StartupError(str(e)) from e
     return servers
 
 

@@ -32,13 +32,10 @@ log = logging.getLogger(__name__)
 SERVING = grpc_health_v1_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
 HEALTH = grpc_health_v1_pb2.DESCRIPTOR.services_by_name["Health"]
-# The probe is one small call every few seconds, answered in the event loop (no thread pool). The port listens
-# on the pod IP through a front (tcpfront.py: every connection accepted, the oldest closed for a new one beyond
-# its limit, each ended after 5 s or 16 KiB), which forwards to this grpc server on an abstract unix socket of
-# its own; grpc's limits stay as a second line: connections that never finish their preface are cut after 5 s,
-# connections without calls after 10 s, every connection after 10 s plus 5 s for its calls; header lists,
-# messages and streams per connection are small; its connection limit is twice the front's forwarded ones (a
-# closed connection leaves grpc's count a moment later).
+# The probe is one small call every few seconds, answered in the event loop. The port is a front (tcpfront.py)
+# forwarding to this grpc server on an abstract unix socket; grpc's limits are a second line: no preface in 5 s,
+# no calls in 10 s, any connection after 10 s (+5 s for its calls), small messages and headers, and twice the
+# front's forwarded connections (a closed one leaves grpc's count a moment later).
 LIMITS = grpcserver.Limits(max_concurrent=1, max_message=4096, max_streams=8,
                            max_connections=tcpfront.FrontLimits.max_forwarded * 2, max_metadata=8 * 1024,
                            handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000, age_grace_ms=5_000)

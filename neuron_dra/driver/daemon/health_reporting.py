@@ -93,27 +93,31 @@ class HealthReporter:
         self._seen_first = self._seen_first or bool(current)
 
     def _node_ref(self) -> dict[str, Any]:
+        """The event's involvedObject: the Node, with its uid once a GET of it has answered."""
+        ref = {"apiVersion": "v1", "kind": "Node", "name": self.node_name}
         if self._node_uid is None and self._api is not None:
-            node = self._api.call("GET", f"/api/v1/nodes/{quote(self.node_name, safe='')}")
-            self._node_uid = node["metadata"]["uid"]
-        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self._node_uid or ""}
+            try:
+                self._node_uid = self._api.call("GET", f"/api/v1/nodes/{quote(self.node_name, safe='')}")[
+                    "metadata"]["uid"]
+            except Exception:  # the event is still worth recording: without the uid
+                return ref
+        return {**ref, "uid": self._node_uid or ""}
 
     def _event(self, index: int, h: DeviceHealth) -> None:
+        if self._api is None:
+            return
         reason, kind = REASONS[h.health]
         device = f"neuron-device-{index}"
         if h.health is Health.UNHEALTHY:
-            effect = self.taint_effect
-            message = f"{device} is unhealthy: {h.message}; tainted {self.driver_name}/unhealthy:{effect}"
+            message = f"{device} is unhealthy: {h.message}; tainted {self.driver_name}/unhealthy:{self.taint_effect}"
         elif h.health is Health.HEALTHY:
             message = f"{device} is healthy again (hardware error counters are 0); taint removed"
         else:
             message = f"{device} health is unknown: {h.message}"
-        if self._api is None:
-            return
         now = _now()
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": f"{self.node_name}.{device}.", "namespace": EVENT_NAMESPACE},
-                "involvedObject": self._node_ref_safe(), "reason": reason, "message": message[:1024], "type": kind,
+                "involvedObject": self._node_ref(), "reason": reason, "message": message[:1024], "type": kind,
                 "source": {"component": self.driver_name, "host": self.node_name},
                 "reportingComponent": self.driver_name, "reportingInstance": self.node_name,
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
@@ -122,9 +126,3 @@ class HealthReporter:
         except Exception as e:
             log.warning("recording a device health event failed", extra={"device": device, "reason": reason,
                                                                           "error": f"{type(e).__name__}: {e}"[:300]})
-
-    def _node_ref_safe(self) -> dict[str, Any]:
-        try:
-            return self._node_ref()
-        except Exception:
-            return {"apiVersion": "v1", "kind": "Node", "name": self.node_name}

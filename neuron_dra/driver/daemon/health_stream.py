@@ -1,13 +1,10 @@
 """kubelet's device health stream: the DRAResourceHealth service, in every version a kubelet may dial.
 
-kubelets 1.34-1.36 dial `v1alpha1.DRAResourceHealth` whenever their ResourceHealthStatus gate is on (beta, on in
-1.36), whatever the registration lists; 1.37 picks `v1` or `v1alpha1` from the registration's supported
-versions; upstream's Go helper serves `v1beta1` (docs/kubelet-dra-protocol.md §3). The messages are identical on
-the wire in all three, so one servicer answers all of them with the v1beta1 messages, through the daemon's
-raw-bytes handlers (grpcserver.py).
-
-The stream sends the full device list at once, again on every change, and at least every `heartbeat` seconds
-with fresh timestamps: kubelet turns a device Unknown when no update came within its health check timeout.
+kubelets 1.34-1.36 dial `v1alpha1` when their ResourceHealthStatus gate is on, 1.37 picks `v1` or `v1alpha1`
+from the registration, upstream's Go helper serves `v1beta1` (docs/kubelet-dra-protocol.md §3). The messages are
+identical on the wire, so one servicer answers all three with the v1beta1 messages (grpcserver.py's raw bytes).
+The stream sends the full device list at once, on every change, and at least every `heartbeat` seconds:
+kubelet turns a device Unknown when no update came within its health check timeout.
 """
 
 from __future__ import annotations

@@ -44,12 +44,10 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
     set_on_signals(daemon.stop_event)
     try:
         daemon.start()
-    except StartupError as e:
-        log.error("start-up failed", extra={"error": str(e)})
-        daemon.stop()
-        return 1
-    except Exception as e:  # a fault no check above names: still the one line operators look for, and exit 1
-        log.exception("start-up failed", extra={"error": f"unexpected {capped(repr(e))}"})
+    except Exception as e:  # a fault no StartupError names (with its traceback): still the one line, and exit 1
+        named = isinstance(e, StartupError)
+        log.error("start-up failed", exc_info=not named,
+                  extra={"error": str(e) if named else f"unexpected {capped(repr(e))}"})
         daemon.stop()
         return 1
     try:

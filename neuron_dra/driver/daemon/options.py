@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from neuron_dra.driver.kubeletplugin.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
 from neuron_dra.driver.kubeletplugin.ratelimit import DAEMON_BURST, DAEMON_QPS
@@ -150,23 +150,22 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     def env_default(name: str, fallback: str | None) -> str | None:
         return env.get(name) or fallback
 
-    p.add_argument("--node-name", type=_node_name, default=env_default("NODE_NAME", None), metavar="NAME",
-                   help="this node (and pool) name [env NODE_NAME]")
+    def flag(name: str, variable: str, default: str | None, text: str, **kw: Any) -> None:
+        """A flag whose default is env `variable`, else `default`; its help names both."""
+        shown = f" (default {default})" if default else ""
+        p.add_argument(name, default=env_default(variable, default), help=f"{text} [env {variable}]{shown}".lstrip(),
+                       **kw)
+
+    flag("--node-name", "NODE_NAME", None, "this node (and pool) name", type=_node_name, metavar="NAME")
     p.add_argument("--driver-name", type=_driver_name, default=DEFAULT_DRIVER_NAME, metavar="NAME",
                    help=f"DRA driver name (default {DEFAULT_DRIVER_NAME})")
-    p.add_argument("--plugins-dir", type=_abs_dir, metavar="DIR",
-                   default=env_default(PLUGINS_DIR_ENV, DEFAULT_PLUGINS_DIR),
-                   help=f"kubelet plugins dir [env {PLUGINS_DIR_ENV}] (default {DEFAULT_PLUGINS_DIR})")
-    p.add_argument("--registry-dir", type=_abs_dir, metavar="DIR",
-                   default=env_default(REGISTRY_DIR_ENV, DEFAULT_REGISTRY_DIR),
-                   help=f"kubelet plugin registry dir [env {REGISTRY_DIR_ENV}] "
-                        f"(default {DEFAULT_REGISTRY_DIR})")
-    p.add_argument("--cdi-root", type=_abs_dir, metavar="DIR", default=env_default("CDI_ROOT", DEFAULT_CDI_ROOT),
-                   help=f"CDI spec dir [env CDI_ROOT] (default {DEFAULT_CDI_ROOT})")
-    p.add_argument("--healthcheck-port", type=_port, default=env_default("HEALTHCHECK_PORT", "0"), metavar="PORT",
-                   help="gRPC health port, service 'liveness'; 0 = off [env HEALTHCHECK_PORT] (default 0)")
-    p.add_argument("--metrics-port", type=_port, default=env_default("METRICS_PORT", "0"), metavar="PORT",
-                   help="Prometheus /metrics port; 0 = off [env METRICS_PORT] (default 0)")
+    flag("--plugins-dir", PLUGINS_DIR_ENV, DEFAULT_PLUGINS_DIR, "kubelet plugins dir", type=_abs_dir, metavar="DIR")
+    flag("--registry-dir", REGISTRY_DIR_ENV, DEFAULT_REGISTRY_DIR, "kubelet plugin registry dir", type=_abs_dir,
+         metavar="DIR")
+    flag("--cdi-root", "CDI_ROOT", DEFAULT_CDI_ROOT, "CDI spec dir", type=_abs_dir, metavar="DIR")
+    flag("--healthcheck-port", "HEALTHCHECK_PORT", "0", "gRPC health port, service 'liveness'; 0 = off", type=_port,
+         metavar="PORT")
+    flag("--metrics-port", "METRICS_PORT", "0", "Prometheus /metrics port; 0 = off", type=_port, metavar="PORT")
     p.add_argument("--bind-address", default=env_default("BIND_ADDRESS", env_default("POD_IP", "127.0.0.1")),
                    type=_address, metavar="ADDR",
                    help="the one address of the health and metrics ports, where kubelet's probe connects "
@@ -179,45 +178,34 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     src.add_argument("--emulate", metavar="INSTANCE_TYPE",
                      help="emulate this instance type (of the catalog) in a temporary host tree (for local clusters "
                           "and tests)")
-    p.add_argument("--catalog", type=Path, default=env_default(CATALOG_ENV, None), metavar="FILE",
-                   help=f"catalog file with more instance types (docs/catalog-file.md) [env {CATALOG_ENV}]")
-    p.add_argument("--health-poll-interval", type=_bounded(float, 0.05, 60, "a number of seconds",
-                                                                   out_of_range="{value} seconds: allowed {allowed}"),
-                   default=env_default("HEALTH_POLL_INTERVAL", "1"), metavar="SECONDS",
-                   help="seconds between reads of the devices' hardware error counters [env HEALTH_POLL_INTERVAL] "
-                        "(default 1)")
-    p.add_argument("--unhealthy-taint-effect", choices=TAINT_EFFECTS,
-                   default=env_default("UNHEALTHY_TAINT_EFFECT", DEFAULT_TAINT_EFFECT),
-                   help="effect of the taint on unhealthy devices [env UNHEALTHY_TAINT_EFFECT] "
-                        f"(default {DEFAULT_TAINT_EFFECT})")
-    p.add_argument("--log-level", default=env_default("LOG_LEVEL", "info"),
-                   choices=["debug", "info", "warning", "error"], help="[env LOG_LEVEL] (default info)")
-    p.add_argument("--core-partitions", choices=CORE_PARTITION_MODES,
-                   default=env_default("CORE_PARTITIONS", "auto"),
-                   help="publish NeuronCores with counters beside whole devices: auto (where the API server is "
-                        f"Kubernetes 1.{COUNTERS_PER_NODE_MINOR}+, whose scheduler keeps each node's counters to "
-                        "that node, and keeps ResourceSlice sharedCounters; on 1.36 a claim pod's scheduler CPU "
-                        "grows with nodes squared), on, off [env CORE_PARTITIONS] (default auto)")
+    flag("--catalog", CATALOG_ENV, None, "catalog file with more instance types (docs/catalog-file.md)", type=Path,
+         metavar="FILE")
+    flag("--health-poll-interval", "HEALTH_POLL_INTERVAL", "1",
+         "seconds between reads of the devices' hardware error counters", metavar="SECONDS",
+         type=_bounded(float, 0.05, 60, "a number of seconds", out_of_range="{value} seconds: allowed {allowed}"))
+    flag("--unhealthy-taint-effect", "UNHEALTHY_TAINT_EFFECT", DEFAULT_TAINT_EFFECT,
+         "effect of the taint on unhealthy devices", choices=TAINT_EFFECTS)
+    flag("--log-level", "LOG_LEVEL", "info", "", choices=["debug", "info", "warning", "error"])
+    flag("--core-partitions", "CORE_PARTITIONS", "auto",
+         "publish NeuronCores with counters beside whole devices: auto (where the API server is Kubernetes "
+         f"1.{COUNTERS_PER_NODE_MINOR}+, whose scheduler keeps each node's counters to that node, and keeps "
+         "ResourceSlice sharedCounters; on 1.36 a claim pod's scheduler CPU grows with nodes squared), on, off",
+         choices=CORE_PARTITION_MODES)
     p.add_argument("--lnc", type=_lnc, default=env_default("NODE_LNC", None), metavar="1|2",
                    help="the node's Logical NeuronCore config (env NODE_LNC; default: the host's "
                         "/opt/aws/neuron/logical_nc_config, else 2 on Trainium2+)")
-    p.add_argument("--kube-api-qps", type=_bounded(float, 0.1, 1000, "a number of requests per second"),
-                   default=env_default("KUBE_API_QPS", f"{DAEMON_QPS:g}"), metavar="QPS",
-                   help=f"API requests per second, sustained (kubelet's default) [env KUBE_API_QPS] "
-                        f"(default {DAEMON_QPS:g})")
-    p.add_argument("--kube-api-burst", type=_bounded(int, 1, 1000, "a whole number of requests"),
-                   default=env_default("KUBE_API_BURST", str(DAEMON_BURST)), metavar="N",
-                   help=f"API requests allowed at once above the QPS (kubelet's default) [env KUBE_API_BURST] "
-                        f"(default {DAEMON_BURST})")
-    p.add_argument("--kube-api-timeout", type=_bounded(float, 0.5, 40, "a number of seconds"),
-                   default=env_default("KUBE_API_TIMEOUT", "10"), metavar="SECONDS",
-                   help="deadline of one API request, the whole answer included; kubelet gives a prepare 45 s "
-                        "[env KUBE_API_TIMEOUT] (default 10)")
-    p.add_argument("--pod-uid", default=env_default("POD_UID", ""), metavar="UID",
-                   help="this pod's UID (downward API metadata.uid) for socket names of its own [env POD_UID]")
-    p.add_argument("--socket-names", choices=SOCKET_NAME_MODES, default=env_default("SOCKET_NAMES", "auto"),
-                   help="auto: per instance when there is a pod UID and the node's kubelet is 1.33+, else "
-                        "plain; per-instance; plain [env SOCKET_NAMES] (default auto; docs/upgrades.md)")
+    flag("--kube-api-qps", "KUBE_API_QPS", f"{DAEMON_QPS:g}", "API requests per second, sustained (kubelet's default)",
+         type=_bounded(float, 0.1, 1000, "a number of requests per second"), metavar="QPS")
+    flag("--kube-api-burst", "KUBE_API_BURST", str(DAEMON_BURST),
+         "API requests allowed at once above the QPS (kubelet's default)",
+         type=_bounded(int, 1, 1000, "a whole number of requests"), metavar="N")
+    flag("--kube-api-timeout", "KUBE_API_TIMEOUT", "10",
+         "deadline of one API request, the whole answer included; kubelet gives a prepare 45 s",
+         type=_bounded(float, 0.5, 40, "a number of seconds"), metavar="SECONDS")
+    flag("--pod-uid", "POD_UID", "", "this pod's UID (downward API metadata.uid) for socket names of its own",
+         metavar="UID")
+    flag("--socket-names", "SOCKET_NAMES", "auto", "auto: per instance when there is a pod UID and the node's "
+         "kubelet is 1.33+, else plain; per-instance; plain (docs/upgrades.md)", choices=SOCKET_NAME_MODES)
     p.add_argument("--version", action="version", version=f"neuron-dra-driver {VERSION}")
     return p
 

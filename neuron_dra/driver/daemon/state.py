@@ -1,15 +1,13 @@
 """Prepare and unprepare: the claims this node holds, kept in the checkpoint and the CDI directory.
 
-Concurrency: the claim GET and the planning run outside any lock, so a slow API call delays only
-its own claim; the commit (device check, checkpoint, CDI spec) runs under one short lock, which also
-serializes all calls for the same claim. Every call takes a ticket on arrival; an unprepare records
-its ticket, and a prepare that arrived before a completed unprepare of the same claim fails instead
-of re-preparing a claim kubelet has already released (the "late prepare retry" failure mode).
+Concurrency: the claim GET and the planning run outside any lock, so a slow API call delays only its own claim;
+the commit (device check, checkpoint, CDI spec) runs under one short lock, which also serializes the calls for a
+claim. Every call takes a ticket on arrival; an unprepare records its ticket, and a prepare that arrived before
+a completed unprepare of the claim fails rather than re-prepare a claim kubelet released (the late prepare retry).
 
-Two instances side by side (a surge rollout, docs/upgrades.md): kubelet may send any call to either, so every
-step that reads or changes the recorded claims also holds the instances' lock (instance_lock.py, taken inside
-the thread lock) and starts from the checkpoint as it is on disk (`Checkpoint.refresh`, read only when the other
-instance changed it); each change is persisted before the call answers, as with one instance.
+Two instances side by side (a surge rollout, docs/upgrades.md): kubelet may call either, so every step on the
+recorded claims also holds the instances' lock (instance_lock.py, inside the thread lock) and starts from the
+checkpoint on disk (`Checkpoint.refresh`, read only when the other instance changed it).
 """
 
 from __future__ import annotations
@@ -302,19 +300,23 @@ class DriverState:
             # Outside the lock: is each holder still a live claim that owns these devices?
             live = [c for c in conflicts if self._is_live(c)]
             if live:
-                physical = self.cores.physical_per_device
-                busy = sorted(set(plan.cores) & {i for c in live for i in self._held_cores(c)})
-                per_device: dict[int, list[int]] = {}
-                for i in busy:
-                    per_device.setdefault(i // physical, []).append(i % physical)
-                where = "; ".join(f"{d}: {core_ranges(c)}" for d, c in per_device.items())
-                holders = ", ".join(f"{c.namespace}/{c.name} ({c.uid})" for c in live)
-                raise ClaimError(Reason.DEVICE_BUSY,
-                                 f"claim {ref}: Neuron device(s) {', '.join(map(str, per_device))} (physical cores "
-                                 f"{where}) are prepared for another live claim: {holders}")
+                raise self._busy(ref, plan, live)
             with self._shared(deadline):
                 self._release_stale_locked(conflicts)
         raise ClaimError(Reason.DEVICE_BUSY, f"claim {ref}: devices kept being taken by other claims; retry")
+
+    def _busy(self, ref: ClaimRef, plan: Plan, live: Sequence[PreparedClaim]) -> ClaimError:
+        """DEVICE_BUSY naming the devices and physical cores `live` claims hold of `plan`, and those claims."""
+        physical = self.cores.physical_per_device
+        busy = sorted(set(plan.cores) & {i for c in live for i in self._held_cores(c)})
+        per_device: dict[int, list[int]] = {}
+        for i in busy:
+            per_device.setdefault(i // physical, []).append(i % physical)
+        where = "; ".join(f"{d}: {core_ranges(c)}" for d, c in per_device.items())
+        holders = ", ".join(f"{c.namespace}/{c.name} ({c.uid})" for c in live)
+        devices = ", ".join(map(str, per_device))
+        return ClaimError(Reason.DEVICE_BUSY, f"claim {ref}: Neuron device(s) {devices} (physical cores {where}) are "
+                                              f"prepared for another live claim: {holders}")
 
     def _ask(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The lookup's answer. Any failure of it is a ClaimLookupError (retryable, per claim), also one the
@@ -336,14 +338,7 @@ class DriverState:
 
     def plan(self, ref: ClaimRef, allocated: Sequence[AllocatedDevice]) -> Plan:
         """Answer, held devices and CDI spec for `allocated` (pure, apart from reading the UltraServer files)."""
-        needs_ultraserver = any(a.device == NODE_DEVICE_NAME or a.config.ultraserver_mode is not None
-                                for a in allocated)
-        ultraserver: UltraServer | None = None
-        if needs_ultraserver:
-            try:
-                ultraserver = read_ultraserver(self.host_root)
-            except DiscoveryError as e:
-                raise ClaimError(Reason.INTERNAL, f"claim {ref}: reading the UltraServer class files: {e}") from e
+        ultraserver = self._ultraserver(ref, allocated)
         by_request: dict[str, list[AllocatedDevice]] = {}
         exclusive: set[int] = set()
         held_cores: set[int] = set()
@@ -389,6 +384,15 @@ class DriverState:
         except CdiError as e:
             raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref}: {e}") from e
         return Plan(tuple(answer), tuple(sorted(exclusive)), spec_text(spec), tuple(sorted(held_cores)))
+
+    def _ultraserver(self, ref: ClaimRef, allocated: Sequence[AllocatedDevice]) -> UltraServer | None:
+        """The UltraServer class files, read only when a device of `allocated` needs them."""
+        if not any(a.device == NODE_DEVICE_NAME or a.config.ultraserver_mode is not None for a in allocated):
+            return None
+        try:
+            return read_ultraserver(self.host_root)
+        except DiscoveryError as e:
+            raise ClaimError(Reason.INTERNAL, f"claim {ref}: reading the UltraServer class files: {e}") from e
 
     def _node_device_name(self, claim_uid: str, device: str) -> str:
         """The CDI device with the device nodes: the cores of one Neuron device share their device's, so a

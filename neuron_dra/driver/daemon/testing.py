@@ -1,11 +1,9 @@
 """Test and benchmark support: the daemon with claims read from a directory instead of the API server.
 
-Never used by `neuron-dra-driver`. Tests and benchmarks that need a separate daemon process (kill -9,
-RSS) before a real API server is available run `python -m neuron_dra.driver.daemon.testing --claims-dir DIR
-<daemon flags>`; ResourceSlices are not published in this mode. Claims are JSON files
-`DIR/<namespace>_<name>.json`, read on every lookup so a test can change them while the daemon runs;
-`DIR/<namespace>_<name>.delay` holds seconds to wait before answering (a slow API server), and a file
-`DIR/unavailable` makes every lookup fail as an unreachable API server does.
+Never used by `neuron-dra-driver`: `python -m neuron_dra.driver.daemon.testing --claims-dir DIR <daemon flags>`
+runs a daemon process (kill -9, RSS) without an API server, publishing no ResourceSlices. Claims are JSON files
+`DIR/<namespace>_<name>.json`, read on every lookup; `DIR/<namespace>_<name>.delay` holds seconds to wait before
+answering, and a file `DIR/unavailable` makes every lookup fail as an unreachable API server does.
 """
 
 from __future__ import annotations

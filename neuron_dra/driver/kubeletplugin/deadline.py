@@ -1,12 +1,10 @@
 """An overall deadline for an API request, enforced on every socket operation of its TLS connection.
 
-urllib3's timeouts (and http.client's) bound each read, not the request: an answer that trickles in one byte
-every few seconds, or a server sending `100 Continue` after `100 Continue` (http.client skips any number of
-them), never trips a per-read timeout (urllib3's documentation of `Timeout` says so). Here the TLS socket class
-of the client's SSLContext (`SSLContext.sslsocket_class`) gives each handshake, send and receive only the time
-left until the deadline of the request running in this thread (a context variable set by the API client around
-the request and each read of its body); once it has passed, the operation raises DeadlineExceeded, which is not
-an OSError, so urllib3 neither retries it nor keeps the connection.
+urllib3's and http.client's timeouts bound each read, not the request: an answer trickling in a byte every few
+seconds, or endless `100 Continue`s, never trips them. Here the SSLContext's socket class
+(`SSLContext.sslsocket_class`) gives each handshake, send and receive only the time left until the deadline of
+this thread's request (a context variable the API client sets around it); past it the operation raises
+DeadlineExceeded, not an OSError, so urllib3 neither retries it nor keeps the connection.
 """
 
 from __future__ import annotations

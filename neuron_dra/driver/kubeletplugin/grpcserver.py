@@ -1,17 +1,12 @@
 """The daemon's gRPC servers on grpcio's asyncio server (docs/grpc-server.md), with raw-bytes handlers.
 
-- Every method is registered without a deserializer: the handler parses the bytes itself and answers
-  INVALID_ARGUMENT naming the message type when they do not decode (grpcio's own deserializer path leaks memory
-  per rejected request; docs/hardening.md §1).
-- A call's handler runs only once its request message has arrived (the asyncio server awaits it in the event
-  loop), so calls whose bodies never come, or whose answers cannot be sent (flow-control window 0), hold no
-  thread. Blocking handlers run in the server's thread pool, at most `max_concurrent` at once (beyond that
-  RESOURCE_EXHAUSTED at once, kubelet retries); cheap ones (`inline`) and coroutines run in the event loop.
-- The daemon's servers share one event loop thread (an `EventLoopThread` it owns and hands to each); each has its
-  own pool and limits, so one server's blocking calls never wait behind another's, and the loop runs only grpc's
-  dispatch and the cheap inline handlers. grpc.aio's poller wakes every bound loop for every completion and the
-  loop that reads it forwards the others' to their threads, so each extra loop thread costs CPU and a thread
-  hand-off per call (docs/grpc-server.md).
+- Methods have no deserializer: the handler parses the bytes and answers INVALID_ARGUMENT naming the message
+  type when they do not decode (grpcio's deserializer path leaks memory per rejected request; hardening.md §1).
+- A handler runs only once its request has arrived (awaited in the event loop), so calls whose bodies never
+  come or whose answers cannot be sent hold no thread. Blocking handlers run in the server's pool, at most
+  `max_concurrent` at once (beyond: RESOURCE_EXHAUSTED, kubelet retries); `inline` ones and coroutines in the loop.
+- The daemon's servers share one event loop thread (`EventLoopThread`), each with its own pool and limits: grpc.aio's
+  poller wakes every bound loop for every completion, so each extra loop costs CPU and a hand-off per call.
 - HTTP/2 and connection limits are grpc's channel options (`Limits`).
 """
 
@@ -247,7 +242,6 @@ class Server:
         self._loop = loop.loop
         self._handlers = _Handlers(self)
         self._server: grpc.aio.Server = self.run(self._make())
-        self._started = False
         self._stopped = False
 
     async def _make(self) -> grpc.aio.Server:
@@ -269,38 +263,32 @@ class Server:
     def add_service(self, service: ServiceDescriptor, servicer: object) -> None:
         self.add_methods(service_methods(service, servicer))
 
+    def _listen(self, target: str, where: str) -> int:
+        try:  # grpc raises RuntimeError for an address it cannot bind (never returns port 0)
+            return int(self._server.add_insecure_port(target))
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {where}: {e}") from e
+
     def add_unix(self, path: Path) -> None:
         """Listen at `path` (bound now; calls wait until `start`), the socket file mode 0600 from its creation."""
         old = os.umask(SOCKET_UMASK)  # process-wide: files other threads create meanwhile get less access, not more
         try:
-            self._server.add_insecure_port(f"unix:{path}")
-        except RuntimeError as e:
-            raise OSError(f"cannot listen on {path}: {e}") from None
+            self._listen(f"unix:{path}", str(path))
         finally:
             os.umask(old)
         os.chmod(path, 0o600)
 
     def add_abstract(self, name: str) -> None:
         """Listen on the abstract unix socket `name` (Linux: no file; reachable from this network namespace)."""
-        try:
-            self._server.add_insecure_port(f"unix-abstract:{name}")
-        except RuntimeError as e:
-            raise OSError(f"cannot listen on the abstract socket {name}: {e}") from None
+        self._listen(f"unix-abstract:{name}", f"the abstract socket {name}")
 
     def add_tcp(self, address: str, port: int) -> int:
         """Listen on address:port (0: any free port); returns the port."""
         host = f"[{address}]" if ":" in address else address
-        try:
-            bound = int(self._server.add_insecure_port(f"{host}:{port}"))
-        except RuntimeError as e:
-            raise OSError(f"cannot listen on {host}:{port}: {e}") from None
-        if bound == 0:
-            raise OSError(f"cannot listen on {host}:{port}")
-        return bound
+        return self._listen(f"{host}:{port}", f"{host}:{port}")
 
     def start(self) -> None:
         self.run(self._server.start())
-        self._started = True
 
     def stop(self, grace: float = 5.0) -> None:
         """Refuse new calls, give running ones `grace` seconds, then cancel them; ends the loop thread only when it
@@ -422,5 +410,5 @@ async def call_on(chan: grpc.aio.Channel, path: str, request: bytes, timeout: fl
         answer: bytes = await chan.unary_unary(path)(request, timeout=timeout)
         return answer
     except grpc.aio.AioRpcError as e:
-        raise RpcError(e.code(), e.details() or "") from None
+        raise RpcError(e.code(), e.details() or "") from e
 

@@ -1,16 +1,11 @@
 """Which socket names this instance of the driver listens on: its own (from the pod UID) or the plain ones.
 
-kubelet 1.33+ tracks every registered endpoint of a DRA driver, calls the most recently registered one that is
-connected and falls back to another when it goes away (pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go, `add`
-refuses only a second registration of the same endpoint, `get` picks the newest connected one; the rules are in
-pkg/kubelet/pluginmanager/pluginwatcher/README.md, "Seamless Upgrade"). Older kubelets keep one endpoint per
-driver name, so per-instance names there would leave a stopped instance registered. Hence (docs/upgrades.md):
-
-- `plain`: always `dra.sock` / `<driver>-reg.sock`.
-- `per-instance`: always the pod UID's names (the operator vouches for the kubelet).
-- `auto` (the default): the pod UID's names when POD_UID is set and the node's kubelet (the Node's
-  status.nodeInfo.kubeletVersion) is 1.33 or newer; the plain names when there is no pod UID, the kubelet is
-  older, or its version cannot be read (no API server yet: the plain names work with every kubelet).
+kubelet 1.33+ tracks every registered endpoint of a driver and calls the newest connected one, falling back when
+it goes away (pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go; pluginwatcher/README.md, "Seamless Upgrade").
+Older kubelets keep one endpoint per driver name, where per-instance names would leave a stopped instance
+registered. Hence (docs/upgrades.md): `plain` always `dra.sock` / `<driver>-reg.sock`; `per-instance` always the
+pod UID's names (the operator vouches for the kubelet); `auto` (default) the pod UID's names when POD_UID is set
+and the Node's status.nodeInfo.kubeletVersion is 1.33+, else (no UID, older or unreadable) the plain names.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The daemon's API client: JSON over HTTPS to the API server on urllib3, and the claim lookup of prepare.
 
-What client-go gives a Go driver and the daemon needs, on urllib3's connection pool (docs/hardening.md §4):
-- TLS with the cluster's CA (kubeconfig or service account: kubeconfig.py), a client certificate or a bearer
-  token; a token file is re-read every TOKEN_RELOAD_SECONDS, as client-go does, since kubelet rotates it.
-- Pooled keep-alive connections (a connection the server closed while idle is replaced before the request is
-  sent); a request sent again only when that cannot do it twice: after a failed connect, or for idempotent
-  methods once the request went out (never a POST: slices and events are created by generateName).
-- An overall deadline on each request, rate limit wait, connect, TLS, send and every read of the answer
-  included (deadline.py), so an answer that trickles in or never ends fails in time.
-- A cap on each answer's size, read incrementally and refused once over (the cap named in the error), so a huge
-  answer never sits in memory; a watch's events are capped one by one.
-- Client-side QPS and burst (ratelimit.py: kubelet's defaults in the daemon), configurable (--kube-api-qps/-burst).
-No redirects are followed, Retry-After is not obeyed (a server could make the daemon sleep for an hour) and no
-content coding is accepted (none is asked for: a compressed answer could hide its size).
+What client-go gives a Go driver, on urllib3's pool (docs/hardening.md §4): TLS from the kubeconfig or service
+account (kubeconfig.py) with a token file re-read every TOKEN_RELOAD_SECONDS (kubelet rotates it); keep-alive
+connections, a request sent again only when that cannot do it twice (never a POST: generateName creates); one
+deadline over each whole request (deadline.py), so an answer that trickles in fails in time; a cap on each
+answer's size, read incrementally (a watch's: per event); client-side QPS and burst (ratelimit.py). No redirects,
+no Retry-After (a server could make the daemon sleep for an hour), no content coding (it could hide a size).
 """
 
 from __future__ import annotations

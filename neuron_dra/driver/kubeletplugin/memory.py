@@ -1,10 +1,8 @@
 """Keeping the daemon's resident memory small and flat, well inside the DaemonSet's request.
 
-glibc gives each thread that allocates its own malloc arena and keeps freed memory in them; gRPC's worker
-threads would each grow one. One arena is plenty for a daemon that serves one kubelet (Python allocates under
-its GIL anyway; bench/bench_prepare.py prints the RSS this gives), and trimming after start-up and
-now and then hands back what imports and request bursts left behind. Both are no-ops where the
-C library is not glibc (e.g. musl).
+glibc gives each allocating thread its own malloc arena and keeps freed memory there (gRPC's workers would each
+grow one); one arena is plenty here (Python allocates under its GIL; bench/bench_prepare.py prints the RSS), and
+trimming after start-up and now and then hands back what imports and bursts left. No-ops off glibc (musl).
 """
 
 from __future__ import annotations

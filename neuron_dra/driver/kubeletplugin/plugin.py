@@ -1,17 +1,12 @@
 """The kubelet-facing gRPC servers on unix sockets: the DRA service (v1 and v1beta1) and plugin registration.
 
-Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket appears, because kubelet
-dials the endpoint as soon as it sees the registration socket; on shutdown the registration socket goes
-first, so kubelet deregisters before the DRA service stops. Stale socket files are replaced (a rename over them)
-when listening; both sockets are mode 0600 (kubelet runs as root).
+Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket appears (kubelet
+dials the endpoint once it sees it); on shutdown the registration socket goes first, so kubelet deregisters
+before the DRA service stops. Both are mode 0600, bound under a hidden name and renamed over a stale file;
+during a surge rollout each instance has sockets of its own (sockets.py, docs/upgrades.md).
 
-Two instances can serve side by side during a surge rollout, each on sockets of its own (sockets.py,
-docs/upgrades.md).
-
-Start-up is in two steps so kubelet sees the driver early (kubelet gives GetInfo 1 s): `listen` binds the DRA
-socket (calls wait until it is served) and then the registration socket, answered at once (it needs only the
-driver name and the endpoint); `serve` starts the DRA service once the state is loaded (checkpoint, CDI specs).
-Served by grpcio's asyncio server (grpcserver.py), each server with its own thread pool, in one event loop.
+Start-up is in two steps so kubelet sees the driver early (it gives GetInfo 1 s): `listen` binds both sockets
+and answers registration at once; `serve` starts the DRA service once the state is loaded (calls wait till then).
 """
 
 from __future__ import annotations
@@ -28,13 +23,7 @@ from typing import Any, Protocol
 from neuron_dra.driver.kubeletplugin import grpcserver, memory, sockets
 from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 from neuron_dra.driver.kubeletplugin.claimref import CallScope, ClaimFailed, ClaimRef
-
-# Re-exported: the socket parts of this module's interface live in sockets.py.
-from neuron_dra.driver.kubeletplugin.sockets import SOCKET_MODE as SOCKET_MODE
-from neuron_dra.driver.kubeletplugin.sockets import SocketError as SocketError
-from neuron_dra.driver.kubeletplugin.sockets import SocketPaths as SocketPaths
-from neuron_dra.driver.kubeletplugin.sockets import check_socket_path as check_socket_path
-from neuron_dra.driver.kubeletplugin.sockets import remove_stale_socket as remove_stale_socket
+from neuron_dra.driver.kubeletplugin.sockets import SocketError, SocketPaths
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,7 @@
 """Compile the kubelet protocols (kubeletplugin/proto/*.proto) into kubeletplugin/_generated/ with grpcio-tools.
 
-`python -m neuron_dra.driver.kubeletplugin.protogen` regenerates the committed code; a test regenerates into a
-temporary directory and fails when the committed code differs. grpcio-tools writes `import x_pb2`
-in the *_grpc.py modules (a top-level import); that one line is rewritten to a relative import so
-the generated modules live inside the package.
+`python -m neuron_dra.driver.kubeletplugin.protogen` regenerates the committed code (a test checks it is current);
+the top-level `import x_pb2` grpcio-tools writes in *_grpc.py is rewritten to a relative import.
 """
 
 from __future__ import annotations

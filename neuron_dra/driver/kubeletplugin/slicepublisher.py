@@ -1,18 +1,15 @@
 """Publishing a node's ResourceSlices with the reference publisher's semantics (k8s.io/dynamic-resource-allocation
 resourceslice controller); what the slices hold is the driver's (`desired`).
 
-Slices are named by generateName and owned by the Node; any change bumps the pool generation; obsolete
-slices are deleted before the others are updated or created. A watch on this node's slices of this
-driver notices deletion (kubelet wipes a node's slices when it starts, and a driver's after it has been
-gone for 30 s) and republishes at once. API errors are retried with exponential backoff, and so is a watch that
-ends early without a change (client-go's reflector treats a watch that closes at once with no event as an error):
-only a watch that lasted or saw a change resets the backoff, never a successful LIST, so a server that ends
-every watch at once cannot drive the loop faster than the backoff. The publisher never raises out of its loop.
+Slices are named by generateName and owned by the Node; any change bumps the pool generation; obsolete slices
+are deleted before the others are updated or created. A watch on this node's slices notices deletion (kubelet
+wipes them when it starts) and republishes at once. API errors and a watch that ends early without a change
+(as client-go's reflector treats it) are retried with exponential backoff; only a watch that lasted or saw a
+change resets it, so a server that ends every watch at once cannot drive the loop faster. The loop never raises.
 
-Ownership: a slice is ours when its spec names this node, this driver and this node's pool (the pool is named
-after the node). Only those are updated or deleted. A slice of this node and driver in another pool (another
-installation, a leftover, or someone else's object) is left alone and logged once: pool names cannot change
-(the API server answers 422), so trying to take it over would stall publishing for good.
+Ownership: a slice is ours when its spec names this node, this driver and this node's pool (named after the
+node); only those are updated or deleted. One of this node and driver in another pool is left alone and logged
+once: pool names cannot change (422), so taking it over would stall publishing for good.
 """
 
 from __future__ import annotations

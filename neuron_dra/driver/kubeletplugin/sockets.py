@@ -1,15 +1,10 @@
 """The kubelet-facing unix sockets: paths, checks, stale files (standard library only).
 
-plugin.py binds and serves them (grpcserver.Server.add_unix: mode 0600 from creation, never world-writable, not
-even briefly). Order (docs/kubelet-dra-protocol.md §1): the DRA socket listens before the registration socket
-appears. Each socket is bound under a hidden name and renamed into place (`binding_path`), replacing a stale file.
-
-Two instances of the driver run side by side during a surge rollout (docs/upgrades.md): each then listens on
-names of its own, `dra-<instance>.sock` and `<driver>-<instance>-reg.sock` as the Go helper's `RollingUpdate`
-names them (k8s.io/dynamic-resource-allocation/kubeletplugin, draplugin.go), `<instance>` being the first 16
-digits of the pod UID (`short_instance_id`).
-An instance removes only what it bound itself (the same inode), and another instance's socket only when nothing
-listens on it any more.
+plugin.py binds them (grpcserver.Server.add_unix: mode 0600 from creation), each under a hidden name renamed
+into place (`binding_path`). During a surge rollout (docs/upgrades.md) each instance listens on names of its
+own, `dra-<instance>.sock` and `<driver>-<instance>-reg.sock` as the Go helper's `RollingUpdate` names them,
+`<instance>` being 16 digits of the pod UID (`short_instance_id`). An instance removes only what it bound itself
+(the same inode), and another instance's socket only when nothing listens on it any more.
 """
 
 from __future__ import annotations
@@ -28,10 +23,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOCKET_MODE = 0o600
 MAX_UNIX_SOCKET_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
-
-
 LEFTOVER_AGE = 30.0  # seconds: another instance's socket that refuses connections for this long is left over
 # How another instance's names look when its leftovers may be removed: 16 hex digits of a pod UID (the apiserver
 # makes them RFC 4122 UUIDs), never what could be another driver's plain name (`<driver>-efa-reg.sock`).
@@ -46,26 +38,6 @@ def short_instance_id(pod_uid: str) -> str:
     return pod_uid.replace("-", "")[:16]
 
 
-def dra_socket_path(plugins_dir: str, driver_name: str, instance: str = "") -> str:
-    return os.path.join(plugins_dir, driver_name, f"dra-{instance}.sock" if instance else "dra.sock")
-
-
-def registration_socket_path(registry_dir: str, driver_name: str, instance: str = "") -> str:
-    return os.path.join(registry_dir, f"{driver_name}-{instance}-reg.sock" if instance else f"{driver_name}-reg.sock")
-
-
-def remove_stale(path: str) -> bool:
-    """Remove what a previous run left at `path` (True if something was there); IsADirectoryError for a directory."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return False
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(path)
-    os.unlink(path)
-    return True
-
-
 class SocketError(RuntimeError):
     pass
 
@@ -78,11 +50,9 @@ class SocketPaths:
 
     @classmethod
     def for_driver(cls, plugins_dir: Path, registry_dir: Path, driver_name: str, instance: str = "") -> SocketPaths:
-        def paths(name: str) -> SocketPaths:
-            return cls(Path(dra_socket_path(str(plugins_dir), driver_name, name)),
-                       Path(registration_socket_path(str(registry_dir), driver_name, name)), name)
-
-        return paths(short_instance_id(instance))
+        name = short_instance_id(instance)
+        return cls(plugins_dir / driver_name / (f"dra-{name}.sock" if name else "dra.sock"),
+                   registry_dir / (f"{driver_name}-{name}-reg.sock" if name else f"{driver_name}-reg.sock"), name)
 
     def siblings(self) -> list[Path]:
         """The sockets other instances of this driver listen on (or left behind), found by name."""
@@ -110,12 +80,14 @@ def check_socket_path(path: Path) -> None:
 
 
 def remove_stale_socket(path: Path) -> None:
+    """Remove what a previous run of this process id left at `path`; SocketError for a directory."""
     try:
-        removed = remove_stale(str(path))
-    except IsADirectoryError:
-        raise SocketError(f"{path} is a directory; cannot listen there") from None
-    if removed:
-        log.info("removed stale socket", extra={"path": str(path)})
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            raise SocketError(f"{path} is a directory; cannot listen there")
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    log.info("removed stale socket", extra={"path": str(path)})
 
 
 def binding_path(path: Path) -> Path:

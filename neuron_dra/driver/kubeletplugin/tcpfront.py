@@ -1,20 +1,13 @@
 """The health port's TCP listener: a front that no number of connections can fill (docs/grpc-server.md).
 
-grpc core refuses every connection beyond its `grpc.max_allowed_incoming_connections` and frees a slot only when a
-connection ends (handshake, idle or age limit), so connections from the pod network that open and wait held the
-health port's every slot and kubelet's liveness probe, which opens a fresh connection per probe, was refused.
-Here every connection is accepted (asyncio, in the daemon's event loop) and forwarded byte for byte to the health
-server's grpc server on an abstract unix socket of its own; grpc still speaks HTTP/2, nothing is parsed here.
-
-- At most `max_connections` at once; a new one beyond that closes the least recently active connection that has
-  not been forwarded yet, or else the least recently active of all. A probe sends its whole
-  call at once and gets its answer within milliseconds, so it is among the most recently active throughout: a
-  flood closes the flood's own connections first, whatever its size.
-- A connection gets its unix connection to grpc once it has sent `FORWARD_BYTES`; at most `max_forwarded` have one
-  (the least recently active is closed for a newer one), below grpc's own limit, so grpc never refuses the front.
-- Every connection ends `lifetime` seconds after it was accepted (kubelet's probe has 5 s), after `max_bytes` from
-  the client (a probe sends well under 1 KiB: header floods and rapid resets end there), or when more than
-  `max_buffered` bytes wait to be sent to a client that does not read.
+grpc core frees a connection slot only when a connection ends, so idle connections from the pod network held
+every slot and kubelet's liveness probe (a fresh connection per probe) was refused. Here every connection is
+accepted (asyncio, in the daemon's event loop) and forwarded byte for byte to the health grpc server on an
+abstract unix socket; nothing is parsed. Beyond `max_connections` the least recently active connection not yet
+forwarded (else of all) is closed: a probe sends its call at once and is answered in milliseconds, so a flood
+closes its own connections first. A connection is forwarded after `FORWARD_BYTES`, at most `max_forwarded` at
+once (below grpc's limit), and ends `lifetime` seconds after its accept, after `max_bytes` from the client, or
+when more than `max_buffered` bytes wait for a client that does not read.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from neuron_dra.driver.daemon.checkpoint import (
     ClaimState,
     PreparedClaim,
     PreparedDevice,
-    decode,
+    decode_snapshot,
     encode,
 )
 from neuron_dra.driver.kubeletplugin import protogen
@@ -181,7 +181,7 @@ def test_checkpoint_journal_one_record_per_save_and_replay(tmp_path: Path) -> No
     assert b'"delete","u1"' in records[3]
     assert Checkpoint(cp.path).read() == {"u2": entry("u2")}  # what a crash leaves: snapshot + journal
     cp.close()  # folds the journal into the snapshot
-    assert decode(cp.path, cp.path.read_bytes()) == {"u2": entry("u2")}
+    assert decode_snapshot(cp.path, cp.path.read_bytes()).claims == {"u2": entry("u2")}
     assert cp.journal_path.read_bytes().rstrip(b"\0") == b""
 
 

@@ -19,10 +19,11 @@ from neuron_dra.driver.daemon.cdi import CDI_KIND, CdiStore
 from neuron_dra.driver.daemon.checkpoint import Checkpoint
 from neuron_dra.driver.daemon.health import HealthServer
 from neuron_dra.driver.daemon.state import DriverState
-from neuron_dra.driver.kubeletplugin import plugin
+from neuron_dra.driver.kubeletplugin import plugin, sockets
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
-from neuron_dra.driver.kubeletplugin.plugin import PluginServers, SocketError, SocketPaths
+from neuron_dra.driver.kubeletplugin.plugin import PluginServers
+from neuron_dra.driver.kubeletplugin.sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.localcluster import pluginclient
@@ -197,9 +198,9 @@ def test_dra_socket_listens_before_the_registration_socket_appears(monkeypatch: 
 
 def test_socket_paths_too_long_for_unix_sockets_are_refused() -> None:
     with pytest.raises(SocketError, match="at most 107"):
-        plugin.check_socket_path(Path("/" + "x" * 120) / "dra.sock")
+        sockets.check_socket_path(Path("/" + "x" * 120) / "dra.sock")
     with pytest.raises(SocketError, match="absolute"):
-        plugin.check_socket_path(Path("relative/dra.sock"))
+        sockets.check_socket_path(Path("relative/dra.sock"))
 
 
 def test_health_liveness_calls_the_daemons_own_sockets(served: Served) -> None:
