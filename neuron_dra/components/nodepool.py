@@ -17,7 +17,7 @@ The manifests are plain dicts (`node_pool_manifest`, `node_class_manifest`); the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -134,10 +134,14 @@ class TrainiumNodePoolArgs(NodePoolSettings):
     which installs the CRDs, to wait for) and `cluster` (TrainiumCluster: its private subnets, security group and
     provider), or else node_role_name, subnet_ids and security_group_ids and the provider as `opts.provider`."""
 
-    # pulumi.Input[str] | None and pulumi.Input[Sequence[str]] | None: typed Any, pydantic cannot resolve Input
-    node_role_name: Any = None
-    subnet_ids: Any = None
-    security_group_ids: Any = None
+    if TYPE_CHECKING:  # what callers are checked against; pydantic cannot resolve pulumi.Input, so Any at runtime
+        node_role_name: pulumi.Input[str] | None = None
+        subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]] | None = None
+        security_group_ids: pulumi.Input[Sequence[pulumi.Input[str]]] | None = None
+    else:
+        node_role_name: Any = None
+        subnet_ids: Any = None
+        security_group_ids: Any = None
     imds_hop_limit: int = 1  # 2 lets every pod reach IMDS and so the node role
     tags: Mapping[str, str] = Field(default_factory=dict)
     depends_on: SkipValidation[Sequence[pulumi.Resource]] = ()  # e.g. Karpenter's chart, which installs the CRDs
