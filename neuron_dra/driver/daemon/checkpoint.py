@@ -43,7 +43,6 @@ CHECKPOINT_FORMAT = 3
 CHECKPOINT_VERSION = 2  # a snapshot with a journal
 JOURNAL_LESS_VERSION = 1  # a snapshot alone: what the previous release can read
 READ_VERSIONS = (JOURNAL_LESS_VERSION, CHECKPOINT_VERSION)
-CHECKPOINT_FILE = k8s_names.CHECKPOINT_FILE
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 _FORMAT_1_KEYS = frozenset({"checksum", "journal", "preparedClaims", "version"})
 _FORMAT_2_KEYS = _FORMAT_1_KEYS | {"bootId", "format", "integrity"}

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from neuron_dra.driver.daemon.health_monitor import HealthMonitor
-from neuron_dra.driver.daemon.health_stream import published_health
 from neuron_dra.driver.kubeletplugin.kube import ApiClient, KubeApi
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.health_source import DeviceHealth, Health
-from neuron_dra.driver.model.taints import unhealthy_taints
+from neuron_dra.driver.model.taints import published_health, unhealthy_taints
 
 if TYPE_CHECKING:
     from neuron_dra.driver.daemon.metrics import Metrics

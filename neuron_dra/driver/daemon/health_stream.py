@@ -21,14 +21,10 @@ from neuron_dra.driver.kubeletplugin._generated import dra_health_v1_pb2, dra_he
 from neuron_dra.driver.kubeletplugin._generated import dra_health_v1beta1_pb2 as pb
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.health_source import Health
-from neuron_dra.driver.model.k8s_names import HEALTH_PACKAGES as HEALTH_PACKAGES  # re-exported
-from neuron_dra.driver.model.k8s_names import HEALTH_SERVICES as HEALTH_SERVICES
-from neuron_dra.driver.model.taints import NamedHealth as NamedHealth  # re-exported
-from neuron_dra.driver.model.taints import published_health as published_health
+from neuron_dra.driver.model.taints import published_health
 
-log = logging.getLogger("neuron_dra.driver.daemon.health_stream")
+log = logging.getLogger(__name__)
 
-# Most recent first; what the registration advertises (kubelet ignores names it does not know).
 DEFAULT_TIMEOUT_S = 30  # what we tell kubelet; kubelet's own default is the same
 DEFAULT_HEARTBEAT_S = 10.0  # a third of the timeout: two lost beats still leave the device known
 _WIRE = {Health.HEALTHY: pb.HEALTHY, Health.UNHEALTHY: pb.UNHEALTHY, Health.UNKNOWN: pb.UNKNOWN}

@@ -13,7 +13,6 @@ import pytest
 
 from neuron_dra.cli import main as cli_main
 from neuron_dra.driver.daemon.health_monitor import HealthMonitor
-from neuron_dra.driver.daemon.health_stream import HEALTH_SERVICES, published_health
 from neuron_dra.driver.kubeletplugin._generated import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
@@ -30,8 +29,9 @@ from neuron_dra.driver.model.health_source import (
     hardware_dir,
     read_device_health,
 )
+from neuron_dra.driver.model.k8s_names import HEALTH_SERVICES
 from neuron_dra.driver.model.slices import NodeFacts, build_pool, resource_slices, with_taints
-from neuron_dra.driver.model.taints import unhealthy_taint_key, unhealthy_taints
+from neuron_dra.driver.model.taints import published_health, unhealthy_taint_key, unhealthy_taints
 from neuron_dra.localcluster import pluginclient
 from tests.support.driver import DRIVER, NODE, DaemonDirs, DaemonProcess, short_dir
 
