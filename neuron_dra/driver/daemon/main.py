@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
                crash: CrashPoints | None = None, servers: PluginServers | None = None,
                loop: EventLoopThread | None = None) -> int:
