@@ -14,6 +14,7 @@ from neuron_dra.driver.kubeletplugin.sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.k8s_names import HEALTH_SERVICES
 
 # The rest is imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
+# Imported in the functions that use them, after the sockets are bound (start-up time: see main.py).
 if TYPE_CHECKING:
     import tempfile
 

@@ -16,15 +16,14 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-# Imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
 from neuron_dra.driver.daemon.driver import Daemon, StartupError, listen
 from neuron_dra.driver.daemon.options import DaemonOptions, parse_options, with_core_partitions, with_socket_names
 from neuron_dra.driver.errortext import capped
 from neuron_dra.driver.kubeletplugin import logs
 from neuron_dra.driver.kubeletplugin.signals import set_on_signals
 
+# Imported in the functions that use them, after the sockets are bound (start-up time: comments in `main`).
 if TYPE_CHECKING:
-
     from neuron_dra.driver.daemon.failpoints import CrashPoints
     from neuron_dra.driver.kubeletplugin.claimref import ClaimLookup
     from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread

@@ -36,9 +36,8 @@ from neuron_dra.driver.model.k8s_names import (
 )
 from neuron_dra.driver.model.version import VERSION
 
-# Imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
+# Imported in the functions that use them, after the sockets are bound (start-up time: see main.py).
 if TYPE_CHECKING:
-
     from neuron_dra.driver.kubeletplugin.kube import ApiClient
 
 log = logging.getLogger(__name__)
