@@ -42,9 +42,9 @@ REGISTRATION_LIMITS = grpcserver.Limits(max_concurrent=1, max_message=64 * 1024,
 
 
 # Claims in one prepare or unprepare call (kubelet sends a pod's claims of this driver in one call; docs/hardening.md
-# §1): each claim prepared here holds at least one device of this node, a trn2.48xlarge publishes 144 (16 devices,
-# 128 cores), and at the default API rate (5/s, bursts of 10) a call of more than ~235 claims cannot finish within
-# kubelet's 45 s anyway. Beyond it the call is refused as a whole, before any claim is looked up.
+# §1): each claim prepared here holds at least one device of this node (a node publishes a few hundred at most), and
+# at the default API rate (5/s, bursts of 10) a call of more than ~235 claims cannot finish within kubelet's 45 s
+# anyway. Beyond it the call is refused as a whole, before any claim is looked up.
 MAX_CLAIMS_PER_CALL = 1024
 # A call with more claims than this hands the heap's free memory back when it ends (memory.trim).
 TRIM_AFTER_CLAIMS = 64
