@@ -35,7 +35,8 @@ from neuron_dra.claim_templates.template import ClaimTemplate
 from neuron_dra.driver.errortext import did_you_mean
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
-from neuron_dra.driver.model.partitions import NEURON_CORE, parse_core_device
+from neuron_dra.driver.model.k8s_names import NEURON_CORE
+from neuron_dra.driver.model.partitions import parse_core_device
 from neuron_dra.driver.model.slices import NEURON_DEVICE, NEURON_NODE, device_name
 from neuron_dra.driver.model.taints import unhealthy_taint_key
 

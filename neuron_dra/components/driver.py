@@ -35,7 +35,8 @@ from neuron_dra.components.settings import (
     parse_kubernetes_version,
 )
 from neuron_dra.driver import deploy
-from neuron_dra.driver.deploy import DeviceClassNames, DriverDeployOptions, Manifest
+from neuron_dra.driver.deploy import DriverDeployOptions, Manifest
+from neuron_dra.driver.model.k8s_names import DeviceClassNames
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,7 +109,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
     `opts.provider`.
 
     Outputs: namespace, driver_name, device_class_name, core_device_class_name (None where the minor has no
-    NeuronCore class), class_names (the driver name and both class names, `deploy.device_class_names`), image,
+    NeuronCore class), class_names (the driver name and both class names, `k8s_names.device_class_names`), image,
     manifests (the rendered dicts), objects (`Kind/name` -> resource), repository (the ECR repository of a built
     image, else None).
     """

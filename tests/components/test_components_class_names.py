@@ -1,5 +1,5 @@
 """Names that carry through: the driver name and its DeviceClass names come from one rule
-(`deploy.device_class_names`); templates deployed with a driver take that driver's names, and a template naming a
+(`k8s_names.device_class_names`); templates deployed with a driver take that driver's names, and a template naming a
 DeviceClass no component creates fails the program naming the class and the classes that exist."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from neuron_dra.components.efa_driver import EfaDraDriver, EfaDraDriverArgs
 from neuron_dra.components.mocks import OfflineRun, run_offline
 from neuron_dra.components.plan import kubernetes_manifests, plan
 from neuron_dra.components.settings import SettingError
-from neuron_dra.driver.deploy import DriverDeployOptions, device_class_names
+from neuron_dra.driver.deploy import DriverDeployOptions
+from neuron_dra.driver.model.k8s_names import device_class_names
 
 CUSTOM = "neuron.example.com"
 IMAGE = "registry.example.com/neuron-dra-driver@sha256:" + "0" * 64

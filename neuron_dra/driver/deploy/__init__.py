@@ -53,25 +53,16 @@ from neuron_dra.driver.model.k8s_names import (
     NEURON_DEVICE_RESOURCE,
     READINESS_SERVICE,
     TAINT_EFFECTS,
+    DeviceClassNames,
     check_dns_label,
     check_dns_subdomain,
     check_driver_name,
     device_class_manifest,
+    device_class_names,
+    device_class_selector,
     is_label_key,
     is_label_value,
     neuron_toleration,
-)
-from neuron_dra.driver.model.k8s_names import (
-    DEFAULT_CORE_DEVICE_CLASS as DEFAULT_CORE_DEVICE_CLASS,
-)
-from neuron_dra.driver.model.k8s_names import (
-    DeviceClassNames as DeviceClassNames,
-)
-from neuron_dra.driver.model.k8s_names import (
-    device_class_names as device_class_names,
-)
-from neuron_dra.driver.model.k8s_names import (
-    device_class_selector as device_class_selector,
 )
 from neuron_dra.driver.model.slices import CAPACITY_BLOCK_LABEL as CAPACITY_BLOCK_LABEL  # re-exported for components
 from neuron_dra.driver.model.version import VERSION

@@ -23,7 +23,7 @@ from typing import Any
 
 from neuron_dra.driver.model.catalog import InstanceSpec
 from neuron_dra.driver.model.config import LNC_ALLOWED, LNC_VALUES
-from neuron_dra.driver.model.k8s_names import NEURON_CORE as NEURON_CORE
+from neuron_dra.driver.model.k8s_names import NEURON_CORE
 
 LNC_FILE = "opt/aws/neuron/logical_nc_config"  # below the host root; what EKS's launch template writes
 MEMORY_COUNTER = "memory"

@@ -9,13 +9,13 @@ import pytest
 
 from neuron_dra.claim_templates import Drivers
 from neuron_dra.driver.deploy import (
-    DEFAULT_CORE_DEVICE_CLASS,
     DEFAULT_NAMESPACE,
     DriverDeployOptions,
     manifests,
     namespace_for,
     object_key,
 )
+from neuron_dra.driver.model.k8s_names import DEFAULT_CORE_DEVICE_CLASS
 
 OTHER = "neuron.example.com"
 

@@ -74,7 +74,7 @@ def test_the_device_class_manifest_is_built_once() -> None:
     options = DriverDeployOptions(driver_name="neuron.example.com", device_class_name="neurons")
     by_deploy = deploy.device_class(options)
     assert by_deploy == k8s_names.device_class_manifest(
-        "neurons", "neuron.example.com", expression=deploy.device_class_selector("neuron.example.com", False),
+        "neurons", "neuron.example.com", expression=k8s_names.device_class_selector("neuron.example.com", False),
         extended_resource_name=options.extended_resource_name, labels=by_deploy["metadata"]["labels"])
     assert by_deploy["spec"]["extendedResourceName"] == k8s_names.NEURON_DEVICE_RESOURCE
     drivers = Drivers(neuron_driver="neuron.example.com", neuron_class="neurons")
