@@ -17,16 +17,30 @@ T = TypeVar("T", bound=type)
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
+_GIVEN = "_given_arguments"
+
+
+def given(obj: object) -> frozenset[str]:
+    """The arguments (by name) the caller passed to a `keyword_hints` class's constructor, defaults left out."""
+    return getattr(obj, _GIVEN, frozenset())
+
+
 class UnknownKeywordError(TemplateError, TypeError):
     """A keyword argument the class does not take (a TypeError too, as Python's own would be)."""
 
 
 def keyword_hints(cls: T) -> T:
     """Wrap `cls.__init__` (put it above `@dataclass`) so that an unknown keyword raises UnknownKeywordError
-    with the class's keywords and the closest one."""
+    with the class's keywords and the closest one, and the arguments the caller gave are known (`given`)."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]
-    keywords = tuple(name for name, p in inspect.signature(init).parameters.items()
-                     if p.kind in _NAMED and name != "self")
+    parameters = inspect.signature(init).parameters.items()
+    keywords = tuple(name for name, p in parameters if p.kind in _NAMED and name != "self")
+    positional = tuple(name for name, p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+                       and name != "self")
+    # Positional arguments past the named ones go to a *args parameter, if any.
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for _, p in parameters):
+        positional = positional[:next(i for i, (_, p) in enumerate(parameters)
+                                      if p.kind is inspect.Parameter.VAR_POSITIONAL) - 1]
 
     @functools.wraps(init)
     def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -35,6 +49,8 @@ def keyword_hints(cls: T) -> T:
                 raise UnknownKeywordError(f"{cls.__name__}() keyword", name,
                                           f"{', '.join(keywords)}{did_you_mean(name, keywords)}")
         init(self, *args, **kwargs)
+        # Not a dataclass field: equality, hashing and rendering ignore it.
+        object.__setattr__(self, _GIVEN, frozenset((*positional[:len(args)], *kwargs)))
 
     cls.__init__ = checked_init  # type: ignore[misc]
     return cls

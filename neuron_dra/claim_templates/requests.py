@@ -27,7 +27,7 @@ from neuron_dra.claim_templates.cel_env import CelCompileError, CelEnvironment
 from neuron_dra.claim_templates.cel_types import CelValueError, Quantity
 from neuron_dra.claim_templates.drivers import Drivers
 from neuron_dra.claim_templates.errors import TemplateError
-from neuron_dra.claim_templates.keywords import keyword_hints
+from neuron_dra.claim_templates.keywords import given, keyword_hints
 from neuron_dra.claim_templates.names import check_dns_label, check_label_key, check_labels
 from neuron_dra.claim_templates.node_types import LNC_CHOICES
 from neuron_dra.driver.errortext import did_you_mean
@@ -551,6 +551,11 @@ class Neuron(_Targeted):
                 wanted = None
             if wanted is None or wanted.sign() <= 0:
                 raise TemplateError("Neuron.min_memory", self.min_memory, "a positive quantity such as '64Gi'")
+            if isinstance(self.min_memory, str) and re.fullmatch(r"\+?[0-9]+(\.[0-9]*)?", self.min_memory.strip()):
+                # A bare number is bytes to Kubernetes: '64' would ask for 64 bytes of HBM, never what is meant.
+                raise TemplateError("Neuron.min_memory", self.min_memory,
+                                    f"a quantity with a unit such as '{self.min_memory.strip()}Gi' (a bare number "
+                                    "is bytes)")
             best = max(specs, key=lambda s: s.hbm_bytes_per_device)
             if wanted.value > best.hbm_bytes_per_device:
                 raise TemplateError("Neuron.min_memory", self.min_memory,
@@ -691,7 +696,7 @@ class FirstAvailable:
         for i, option in enumerate(options, start=1):
             if not isinstance(option, Neuron | NeuronCores):
                 raise TemplateError("FirstAvailable.options", option, "Neuron(...) or NeuronCores(...) alternatives")
-            if option.name == type(option).name:  # the default name: number the alternatives
+            if "name" not in given(option):  # named by default: number the alternatives
                 option = _renamed(option, f"option{i}")
             named.append(option)
         check_distinct("FirstAvailable.options", [o.name for o in named], "distinct alternative names")

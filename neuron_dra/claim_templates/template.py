@@ -91,9 +91,19 @@ class ClaimTemplate:
         self._check_alignment()
         self._check_efa_counts()
         self._check_configs()
-        total = sum(r.max_devices() for r in all_requests)
-        if total > MAX_COUNT:
-            raise TemplateError("ClaimTemplate.requests", f"{total} devices", f"at most {MAX_COUNT} devices per claim")
+        self._check_total(all_requests)
+
+    def _check_total(self, requests: Sequence[Request]) -> None:
+        """The API allocates at most MAX_COUNT devices to one claim (its results list): name the template, what
+        each request adds and the fix."""
+        total = sum(r.max_devices() for r in requests)
+        if total <= MAX_COUNT:
+            return
+        parts = ", ".join(f"{r.name} {r.max_devices()}" for r in requests)
+        raise TemplateError(f"ClaimTemplate {self.name!r} requests", f"{total} devices ({parts})",
+                            f"at most {MAX_COUNT} devices per claim (the API's limit on a claim's results); split "
+                            "the requests over two templates and give the pod both claims, e.g. the EFAs in one "
+                            "and the Neuron devices in the other")
 
     def for_drivers(self, drivers: Drivers) -> ClaimTemplate:
         """This template as deployed with `drivers` (the names of the driver a ClaimTemplates component is

@@ -93,14 +93,18 @@ def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str], hardware:
 
 
 def _render(templates: Sequence[ClaimTemplate], types: Sequence[str], run_checks: bool, hardware: Catalog) -> int:
+    """Every template that passes its checks, as YAML; each one that fails is named on stderr (exit 1), so one
+    bad template costs only itself."""
+    passed = list(templates)
     if run_checks:
-        failed = [r for r in _reports(templates, types, hardware) if not r.ok]
-        for r in failed:
-            print(f"neuron-dra claims: {r.template}: {r.summary()}", file=sys.stderr)
-        if failed:
-            return 1
-    sys.stdout.write(to_yaml_documents(templates))
-    return 0
+        reports = _reports(templates, types, hardware)
+        passed = [t for t, r in zip(templates, reports, strict=True) if r.ok]
+        for r in reports:
+            if not r.ok:
+                print(f"neuron-dra claims: {r.template}: {r.summary()} (not rendered)", file=sys.stderr)
+    if passed:
+        sys.stdout.write(to_yaml_documents(passed))
+    return 0 if len(passed) == len(templates) else 1
 
 
 def _check(templates: Sequence[ClaimTemplate], types: Sequence[str], as_json: bool, hardware: Catalog,

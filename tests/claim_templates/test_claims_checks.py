@@ -178,3 +178,13 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     typo = write(tmp_path, f"a = ClaimTemplate('a', Neuron(1, selectors=\"{D}.familly == 'trn2'\"))\n")
     assert main(["claims", "render", str(typo)]) == 1
     assert "did you mean 'family'?" in capsys.readouterr().err
+
+
+def test_cli_render_prints_the_templates_that_pass_when_one_fails(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    f = write(tmp_path, "good = ClaimTemplate('good', Neuron(1))\n"
+                        f"bad = ClaimTemplate('bad', Neuron(1, selectors=\"{D}.familly == 'trn2'\"))\n")
+    assert main(["claims", "render", str(f)]) == 1
+    out = capsys.readouterr()
+    assert [d["metadata"]["name"] for d in yaml.safe_load_all(out.out)] == ["good"]
+    assert "default/bad:" in out.err and "(not rendered)" in out.err and "default/good" not in out.err

@@ -19,6 +19,7 @@ from neuron_dra.claim_templates import (
     FirstAvailable,
     GroupAttribute,
     Neuron,
+    NeuronCores,
     OpaqueConfig,
     RingSegment,
     TemplateError,
@@ -171,7 +172,11 @@ BAD: list[tuple[Callable[[], Any], str]] = [
     (lambda: FirstAvailable(Neuron(1, name="a"), Neuron(2, name="a")), "distinct alternative names"),
     (lambda: ClaimTemplate("t"), "1 to 32 requests"),
     (lambda: ClaimTemplate("t", *[Neuron(1, name=f"r{i}") for i in range(33)]), "1 to 32 requests"),
-    (lambda: ClaimTemplate("t", Neuron(16), Neuron(16, name="more"), Efa(1)), "at most 32 devices per claim"),
+    (lambda: ClaimTemplate("t", Neuron(16), Neuron(16, name="more"), Efa(1)),
+     "ClaimTemplate 't' requests: '33 devices (neurons 16, more 16, efa 1)' is not allowed; allowed: at most 32 "
+     "devices per claim (the API's limit on a claim's results); split the requests over two templates"),
+    (lambda: Neuron(1, min_memory="64"), "Neuron.min_memory: '64' is not allowed; allowed: a quantity with a unit "
+     "such as '64Gi' (a bare number is bytes)"),
     (lambda: ClaimTemplate("t", Neuron(1), Neuron(2)), "distinct request names"),
     (lambda: ClaimTemplate("Bad", Neuron(1)), "ClaimTemplate.name: 'Bad'"),
     (lambda: ClaimTemplate("t", Neuron(1), namespace="a.b"), "ClaimTemplate.namespace"),
@@ -204,3 +209,9 @@ def test_a_template_moved_to_another_namespace_still_follows_its_driver() -> Non
     assert own.namespace == "ml" and not own.follows_driver
     with pytest.raises(TemplateError):
         ClaimTemplate("t", Neuron(1)).in_namespace("Not_A_Label")
+
+
+def test_first_available_keeps_an_alternative_name_given_even_when_it_is_the_default() -> None:
+    named = FirstAvailable(NeuronCores(4, name="cores"), Neuron(1), Neuron(2, name="neurons"))
+    assert [o.name for o in named.options] == ["cores", "option2", "neurons"]
+    assert [o.name for o in FirstAvailable(NeuronCores(4), Neuron(1)).options] == ["option1", "option2"]
