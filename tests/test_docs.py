@@ -178,3 +178,10 @@ def test_the_path_check_catches_stale_paths_and_only_those() -> None:
         "8: neuron_dra.components.mocks.no_such_name (module)",
         "10: neuron_dra/driver/README.md/",
     ]
+
+
+def test_the_docs_index_lists_every_page_once() -> None:
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| \[([\w-]+\.md)\]\(\1\) \|", index, flags=re.M)
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert sorted(listed) == pages, set(listed) ^ set(pages)
