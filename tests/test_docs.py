@@ -79,6 +79,8 @@ def test_every_docs_page_names_its_sources() -> None:
 #    defines or imports, after a module or package.
 # A path ends before `::` (a pytest node id) and drops one trailing `.` or `,` (end of a sentence); `<placeholder>`
 # and `*` are globs that must match at least one file (`docs/<page>.md`); a trailing `/` asks for a folder.
+# Not ours, so written so that no rule takes them: an upstream path with its repository before it
+# (`github.com/containerd/containerd/v2/docs/cri/config.md`), a path at an old commit as `COMMIT:path`.
 
 PATH_CHARS = r"[\w.*<>/-]"
 DOCUMENTED = ("README.md", "docs/**/*.md", "neuron_dra/**/*.md")
