@@ -64,7 +64,7 @@ class LsOutput:
     fields: tuple[tuple[str, str], ...] = ()  # top-level scalars, nested objects flattened one level (`a.b`)
 
 
-class _Refused(Exception):
+class _Refused(NeuronLsError):
     """One attempt failed; `older` says whether the older flag is worth a try (not after a hang or a flood)."""
 
     def __init__(self, said: str, older: bool = True) -> None:
@@ -144,7 +144,7 @@ def _fields(data: Mapping[str, Any], skip: str) -> tuple[tuple[str, str], ...]:
 
 def parse(text: str, flags: str) -> LsOutput:
     """Either format: a list of devices (`--json-output`) or an object holding `neuron_devices` (or `devices`)
-    beside top-level fields (`--output-format json`). _Refused names what is wrong."""
+    beside top-level fields (`--output-format json`). NeuronLsError names what is wrong."""
     try:
         data: Any = json.loads(text)
     except json.JSONDecodeError as e:
