@@ -62,9 +62,10 @@ def neuron_bdf(spec: InstanceSpec, index: int) -> str:
     """PCI address of a Neuron device (trn2: AWS's neuron-ls example; the rest invented)."""
     if _aws_trn2(spec):
         return f"0000:{TRN2_PCI[index]}:00.0"
-    if spec.has_device_efa:  # on its EFA's bus, one PCI device number per Neuron device (EFAs sit at 0x17..0x1a)
+    if spec.has_device_efa:  # on its EFA's bus, one PCI device number per Neuron device, never an EFA's address
         bus = spec.device_efa_bdfs[index].split(":")[1]
-        return f"0000:{bus}:{index % 32:02x}.{index // 32}"
+        candidates = (f"0000:{bus}:{index % 32:02x}.{(index // 32 + f) % 8}" for f in range(8))
+        return next(c for c in candidates if c not in spec.device_efa_bdfs)
     return f"0000:{0x10 + index:02x}:1e.0"
 
 
