@@ -149,6 +149,8 @@ def parse(text: str, flags: str) -> LsOutput:
         data: Any = json.loads(text)
     except json.JSONDecodeError as e:
         raise _Refused(f"not JSON ({e.msg} at line {e.lineno} column {e.colno}): {_shown(text)}") from e
+    except RecursionError as e:  # nested deeper than the decoder goes
+        raise _Refused(f"JSON nested too deeply: {_shown(text[:100])}") from e
     fields: tuple[tuple[str, str], ...] = ()
     if isinstance(data, Mapping):
         keys = [k for k in ("neuron_devices", "devices") if k in data]

@@ -437,6 +437,7 @@ def test_parse_either_shape_and_refusals() -> None:
     for text, said in [
         ('{"neuron_devices": "none"}', "neuron_devices is '\"none\"'; expected a list of devices"),
         ('{"instance_type": "x"}', "an object without a device list ('neuron_devices'): keys ['instance_type']"),
+        ("[" * 200_000, "JSON nested too deeply"),
         ('[{"neuron_device": 0, "memory_size": 1}]', "devices[0] has no 'bdf'"),
         ('[{"neuron_device": 0, "bdf": "cc:00", "memory_size": 1}]', "devices[0].bdf is 'cc:00'; expected a PCI"),
         ('[{"neuron_device": 0, "bdf": "cc:00.0", "memory_size": 1, "numa_node": "one"}]',
