@@ -19,8 +19,8 @@ class NeuronDevice:
     minor: int
     memory_bytes: int  # HBM
     efa_bdf: str | None = None  # PCI address of the EFA wired to this device
-    pci_bdf: str | None = None  # PCI address of the Neuron device itself (neuron-ls)
-    numa_node: int | None = None  # (neuron-ls)
+    pci_bdf: str | None = None  # PCI address of the Neuron device itself (sysfs PCI link, else neuron-ls)
+    numa_node: int | None = None  # of that PCI device (same sources)
 
     @property
     def dev_path(self) -> str:
@@ -39,6 +39,29 @@ class UltraServer:
 
 
 @dataclass(frozen=True)
+class NeuronLsReport:
+    """What the host's neuron-ls said beyond sysfs, when discovery used it (docs/neuron-ls.md).
+
+    `fields` are its top-level fields as printed (Neuron 2.34+ `--output-format json`: instance and UltraServer
+    details; AWS has not published their names, so they are kept as given, nested objects flattened one level).
+    """
+
+    flags: str  # `--output-format json` (Neuron 2.34+) or `--json-output` (older tools)
+    fields: tuple[tuple[str, str], ...] = ()
+
+    def field(self, name: str) -> str | None:
+        """A top-level field by name, or by its last part (`instance_type` finds `instance_info.instance_type`)."""
+        for key, value in self.fields:
+            if key == name or key.endswith("." + name):
+                return value
+        return None
+
+    @property
+    def ultraserver_fields(self) -> tuple[tuple[str, str], ...]:
+        return tuple((k, v) for k, v in self.fields if "ultraserver" in k.lower())
+
+
+@dataclass(frozen=True)
 class NeuronHost:
     """A Neuron host: its catalog entry and what discovery read from it."""
 
@@ -47,6 +70,7 @@ class NeuronHost:
     devices: tuple[NeuronDevice, ...]
     efa_bdfs: tuple[str, ...] = ()  # every EFA interface on the host, sorted
     ultraserver: UltraServer | None = None
+    neuron_ls: NeuronLsReport | None = None  # None: neuron-ls missing, failed or disagreed with sysfs
 
     @property
     def instance_type(self) -> str:

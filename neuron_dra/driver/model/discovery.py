@@ -1,23 +1,19 @@
 """Discovery: read a Neuron host from its sysfs (and neuron-ls when present) under a host root.
 
-Every value is checked against the hardware catalog. A host that contradicts the catalog is an
-error naming the file and the value; nothing is guessed over.
+Every value is checked against the hardware catalog. A host whose sysfs contradicts the catalog is an error naming
+the file and the value; nothing is guessed over. neuron-ls only adds to sysfs: when it is missing, fails, hangs or
+prints what we do not expect, discovery logs one warning and publishes the devices from sysfs (docs/neuron-ls.md).
 """
 
 from __future__ import annotations
 
-import errno
-import json
+import logging
 import os
 import re
-import shutil
-import subprocess
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
 
+from neuron_dra.driver.model import neuron_ls
 from neuron_dra.driver.model.catalog import (
     BUILTIN,
     Catalog,
@@ -25,19 +21,18 @@ from neuron_dra.driver.model.catalog import (
     UnknownInstanceTypeError,
     accepted_neighbours,
 )
-from neuron_dra.driver.model.devices import NeuronDevice, NeuronHost, UltraServer
+from neuron_dra.driver.model.devices import NeuronDevice, NeuronHost, NeuronLsReport, UltraServer
+from neuron_dra.driver.model.neuron_ls import normalize_bdf
+
+log = logging.getLogger(__name__)
 
 NEURON_DEVICE_DIR = "sys/devices/virtual/neuron_device"
 NEURON_CLASS_DIR = "sys/class/neuron_device"
 PRODUCT_NAME = "sys/devices/virtual/dmi/id/product_name"
 KERNEL_DRIVER_VERSION = "sys/module/neuron/version"
 EFA_DRIVER_DIR = "sys/bus/pci/drivers/efa"
-NEURON_LS = "opt/aws/neuron/bin/neuron-ls"
-ETXTBSY_ATTEMPTS = 6  # 0.04 + 0.08 + ... + 0.64 s of waiting at most
 ULTRASERVER_FILES = ("server_id_2", "server_id_4", "node_id_2", "node_id_4", "ultraserver_mode")
 
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_SHORT_BDF = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _VERSION4 = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 _DEVICE_DIR = re.compile(r"^neuron(\d+)$")
 
@@ -51,18 +46,6 @@ class DiscoveryError(RuntimeError):
         self.value = value
         shown = "" if value is None else f" (read {value!r})"
         super().__init__(f"{self.path}: {problem}{shown}")
-
-
-@dataclass(frozen=True)
-class NeuronLsDevice:
-    """What `neuron-ls --json-output` adds for one device."""
-
-    index: int
-    bdf: str
-    numa_node: int | None
-    memory_bytes: int
-    connected_to: tuple[int, ...]
-    nc_count: int
 
 
 def _read(path: Path) -> str:
@@ -92,16 +75,6 @@ def _parse_index_list(path: Path, text: str) -> tuple[int, ...]:
         return tuple(int(p.strip(), 10) for p in text.split(","))
     except ValueError as e:
         raise DiscoveryError(path, "expected comma-separated device indexes like '12, 3, 4, 1'", text) from e
-
-
-def normalize_bdf(text: str) -> str:
-    """`cc:00.0` or `0000:cc:00.0` -> `0000:cc:00.0` (lower case); ValueError otherwise."""
-    t = text.strip().lower()
-    if _SHORT_BDF.match(t):
-        t = "0000:" + t
-    if not _BDF.match(t):
-        raise ValueError(f"not a PCI address: {text!r}")
-    return t
 
 
 def read_instance_type(root: Path, catalog: Catalog = BUILTIN) -> InstanceSpec:
@@ -180,69 +153,80 @@ def read_ultraserver(root: Path) -> UltraServer | None:
     )
 
 
-def parse_neuron_ls(text: str, source: str = "neuron-ls --json-output") -> dict[int, NeuronLsDevice]:
-    """Parse `neuron-ls --json-output` (a list of devices, or an object holding one)."""
+def read_pci_link(root: Path, index: int) -> tuple[str | None, int | None]:
+    """PCI address and NUMA node of device `index` through its sysfs `device` link (docs/neuron-ls.md §3).
+
+    (None, None) when the class device has no such link: the kernel driver's public source creates its class
+    devices without a parent, so only neuron-ls knows the address there. The NUMA node is None where the kernel
+    reports -1.
+    """
+    link = root / NEURON_CLASS_DIR / f"neuron{index}" / "device"
+    if not link.is_symlink():
+        return None, None
+    target = os.readlink(link)
     try:
-        data: Any = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DiscoveryError(source, f"not JSON: {e}", text[:80]) from e
-    if isinstance(data, Mapping):
-        data = data.get("neuron_devices", data.get("devices"))
-    if not isinstance(data, Sequence) or isinstance(data, str):
-        raise DiscoveryError(source, "expected a JSON list of devices", text[:80])
-    out: dict[int, NeuronLsDevice] = {}
-    for i, entry in enumerate(data):
-        where = f"{source}[{i}]"
-        if not isinstance(entry, Mapping):
-            raise DiscoveryError(where, "expected an object per device", repr(entry)[:80])
-        try:
-            index = int(entry["neuron_device"])
-            bdf = normalize_bdf(str(entry["bdf"]))
-            numa_raw = entry.get("numa_node")
-            numa = None if numa_raw in (None, "", "-1", -1) else int(numa_raw)
-            memory = int(entry["memory_size"])
-            connected = tuple(int(x) for x in entry.get("connected_to") or ())
-            nc_count = int(entry["nc_count"])
-        except KeyError as e:
-            raise DiscoveryError(where, f"missing field {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise DiscoveryError(where, f"bad value: {e}", repr(entry)[:120]) from e
-        out[index] = NeuronLsDevice(index, bdf, numa, memory, connected, nc_count)
-    return out
+        bdf = normalize_bdf(PurePosixPath(target).name)
+    except ValueError:
+        raise DiscoveryError(link, "expected a link to a PCI device like ../../../0000:cc:00.0", target) from None
+    path = link / "numa_node"
+    if not path.exists():
+        return bdf, None
+    text = _read(path)
+    if text == "-1":
+        return bdf, None
+    if not text.isdigit():
+        raise DiscoveryError(path, "expected a NUMA node number or -1", text)
+    return bdf, int(text)
 
 
-def _run_executable(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """subprocess.run, retried a few times on ETXTBSY: a process forked elsewhere while the file was open for
-    writing holds that descriptor until its own exec (an emulated host written and run by one process, or a
-    package update); it passes within moments."""
-    attempt = 0
-    while True:
-        try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        except OSError as e:
-            attempt += 1
-            if e.errno != errno.ETXTBSY or attempt >= ETXTBSY_ATTEMPTS:
-                raise
-            time.sleep(0.02 * 2 ** attempt)
+def _neuron_ls_disagreement(out: neuron_ls.LsOutput, spec: InstanceSpec, devices: list[NeuronDevice]) -> str | None:
+    """What in neuron-ls's answer contradicts sysfs or the catalog, or None."""
+    listed = sorted(out.devices)
+    if listed != [d.index for d in devices]:
+        return f"lists devices {listed}, sysfs has neuron0..neuron{len(devices) - 1}"
+    shown_type = NeuronLsReport(out.flags, out.fields).field("instance_type")
+    if shown_type is not None and shown_type != spec.instance_type:
+        return f"says instance type {shown_type!r}, the host's product_name says {spec.instance_type!r}"
+    for dev in devices:
+        ls = out.devices[dev.index]
+        if set(ls.connected_to) != set(dev.connected):
+            return (f"device {dev.index} connected_to {list(ls.connected_to)} disagrees with sysfs "
+                    f"connected_devices {', '.join(map(str, dev.connected))!r}")
+        if ls.memory_bytes != spec.hbm_bytes_per_device:
+            return (f"device {dev.index} memory_size {ls.memory_bytes}; {spec.instance_type} devices have "
+                    f"{spec.hbm_bytes_per_device}")
+        if dev.pci_bdf is not None and ls.bdf != dev.pci_bdf:
+            return f"device {dev.index} bdf {ls.bdf!r} disagrees with its sysfs PCI link {dev.pci_bdf!r}"
+        if dev.pci_bdf is not None and None not in (ls.numa_node, dev.numa_node) and ls.numa_node != dev.numa_node:
+            return f"device {dev.index} numa_node {ls.numa_node} disagrees with sysfs {dev.numa_node}"
+    return None
 
 
-def run_neuron_ls(root: Path, timeout: float = 20.0) -> dict[int, NeuronLsDevice] | None:
-    """Run neuron-ls from the host root (or PATH when the root is /); None when not installed."""
-    candidate = root / NEURON_LS
-    exe: str | None = str(candidate) if candidate.exists() else None
-    if exe is None and root == Path("/"):
-        exe = shutil.which("neuron-ls")
+def _with_neuron_ls(root: Path, spec: InstanceSpec, devices: list[NeuronDevice], timeout: float
+                    ) -> tuple[list[NeuronDevice], NeuronLsReport | None]:
+    """The devices completed by neuron-ls (PCI address and NUMA node where sysfs has no PCI link), or as they are
+    with one warning saying why neuron-ls was not used."""
+    exe = neuron_ls.find(root)
+    problem: str
     if exe is None:
-        return None
-    if not os.access(exe, os.X_OK):
-        raise DiscoveryError(exe, "neuron-ls is present but not executable")
-    try:
-        proc = _run_executable([exe, "--json-output"], timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise DiscoveryError(exe, f"could not run neuron-ls: {e}") from e
-    if proc.returncode != 0:
-        raise DiscoveryError(exe, f"neuron-ls exited {proc.returncode}: {proc.stderr.strip()[:200]}")
-    return parse_neuron_ls(proc.stdout, f"{exe} --json-output")
+        problem = f"neuron-ls: not installed (no {root / neuron_ls.NEURON_LS})"
+    else:
+        try:
+            out = neuron_ls.run(exe, timeout)
+        except neuron_ls.NeuronLsError as e:
+            problem = str(e)
+        else:
+            disagreement = _neuron_ls_disagreement(out, spec, devices)
+            if disagreement is None:
+                completed = [d if d.pci_bdf is not None else
+                             replace(d, pci_bdf=out.devices[d.index].bdf, numa_node=out.devices[d.index].numa_node)
+                             for d in devices]
+                return completed, NeuronLsReport(out.flags, out.fields)
+            problem = f"{exe} {out.flags}: {disagreement}"
+    missing = "" if all(d.pci_bdf is not None for d in devices) else (
+        " (without PCI addresses and NUMA nodes where sysfs has no PCI link)")
+    log.warning("%s; publishing the %d Neuron devices from sysfs%s", problem, len(devices), missing)
+    return devices, None
 
 
 def _check_arch(spec: InstanceSpec, dev_dir: Path) -> None:
@@ -258,8 +242,9 @@ def _check_arch(spec: InstanceSpec, dev_dir: Path) -> None:
             raise DiscoveryError(arch / name, f"{spec.instance_type} hosts have {want!r}", got)
 
 
-def discover(host_root: Path | str = "/", *, use_neuron_ls: bool = True, catalog: Catalog = BUILTIN) -> NeuronHost:
-    """Read the Neuron host under `host_root` and check it against `catalog`."""
+def discover(host_root: Path | str = "/", *, use_neuron_ls: bool = True, catalog: Catalog = BUILTIN,
+             neuron_ls_timeout: float = neuron_ls.TIMEOUT_S) -> NeuronHost:
+    """Read the Neuron host under `host_root` and check it against `catalog`: sysfs first, then neuron-ls."""
     root = Path(host_root)
     spec = read_instance_type(root, catalog)
     version = read_kernel_driver_version(root)
@@ -271,7 +256,6 @@ def discover(host_root: Path | str = "/", *, use_neuron_ls: bool = True, catalog
             f"{spec.instance_type} has {spec.device_count} Neuron devices neuron0..neuron{spec.device_count - 1}",
             ", ".join(f"neuron{i}" for i in indexes) or "none",
         )
-    neuron_ls = run_neuron_ls(root) if use_neuron_ls else None
     efa_bdfs = read_efa_bdfs(root)
     if spec.has_device_efa and set(efa_bdfs) != set(spec.device_efa_bdfs):
         raise DiscoveryError(
@@ -303,14 +287,7 @@ def discover(host_root: Path | str = "/", *, use_neuron_ls: bool = True, catalog
         major, minor = _read_dev_numbers(dev_dir / "dev")
         if not (root / "dev" / f"neuron{index}").exists():
             raise DiscoveryError(root / "dev" / f"neuron{index}", "missing device node")
-        ls = neuron_ls.get(index) if neuron_ls is not None else None
-        if neuron_ls is not None and ls is None:
-            raise DiscoveryError("neuron-ls --json-output", f"lists no device {index}")
-        if ls is not None and set(ls.connected_to) != set(connected):
-            raise DiscoveryError(
-                "neuron-ls --json-output", f"device {index} connected_to disagrees with sysfs {text!r}",
-                str(list(ls.connected_to)),
-            )
+        pci_bdf, numa_node = read_pci_link(root, index)
         devices.append(
             NeuronDevice(
                 index=index,
@@ -319,10 +296,10 @@ def discover(host_root: Path | str = "/", *, use_neuron_ls: bool = True, catalog
                 serial_number=_read(dev_dir / "info" / "serial_number"),
                 major=major,
                 minor=minor,
-                memory_bytes=ls.memory_bytes if ls else spec.hbm_bytes_per_device,
+                memory_bytes=spec.hbm_bytes_per_device,
                 efa_bdf=spec.device_efa_bdfs[index] if spec.has_device_efa else None,
-                pci_bdf=ls.bdf if ls else None,
-                numa_node=ls.numa_node if ls else None,
+                pci_bdf=pci_bdf,
+                numa_node=numa_node,
             )
         )
     ultraserver = read_ultraserver(root)
@@ -330,4 +307,7 @@ def discover(host_root: Path | str = "/", *, use_neuron_ls: bool = True, catalog
         raise DiscoveryError(root / NEURON_CLASS_DIR, f"UltraServer class files on a {spec.instance_type} host")
     if ultraserver is None and spec.ultraserver:
         raise DiscoveryError(root / NEURON_CLASS_DIR / "server_id_4", f"missing on a {spec.instance_type} host")
-    return NeuronHost(spec, version, tuple(devices), efa_bdfs, ultraserver)
+    report = None
+    if use_neuron_ls:
+        devices, report = _with_neuron_ls(root, spec, devices, neuron_ls_timeout)
+    return NeuronHost(spec, version, tuple(devices), efa_bdfs, ultraserver, report)
