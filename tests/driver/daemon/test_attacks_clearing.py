@@ -14,6 +14,7 @@ import pytest
 
 from neuron_dra.driver.daemon import checkpoint as current
 from neuron_dra.driver.daemon.checkpoint import SECTOR, Checkpoint, ClaimState, PreparedClaim
+from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
 from tests.support.checkpoint_claims import claim, uid
 
 pytestmark = pytest.mark.attacks
@@ -123,3 +124,66 @@ def test_single_byte_damage_to_the_current_generation_is_still_reported(
                     assert loaded[u].with_state(ClaimState.PREPARE_COMPLETED) == c, (position, change)
                 else:
                     assert u == min(claims), (position, change)  # removed by a valid record
+
+
+def test_claims_demoted_by_real_damage_are_restored_when_the_api_server_confirms_them(tmp_path: Path) -> None:
+    """Real damage (a flipped byte in the last record) demotes every claim to an unfinished prepare; start-up's
+    resolution restores those the API server confirms (the claim exists, is allocated exactly these devices of this
+    node and is reserved for a pod) as prepared, so the gauge and the per-pod attribution are what they were; a
+    claim not reserved for a pod stays unfinished; one allocated other devices, or gone, is dropped."""
+    from neuron_dra.driver.daemon.metrics import Metrics
+    from tests.driver.daemon.test_attacks_files import Node
+    from tests.support.driver import FakeLookup, devices
+    from tests.support.driver import claim as api_claim
+    from tests.support.driver import uid as api_uid
+
+    def reserved(name: str, n: int, index: int, pod: str | None) -> dict[str, object]:
+        c = api_claim(name, api_uid(n), devices(index))
+        if pod is not None:
+            c["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": api_uid(100 + n)}]
+        return c
+
+    lookup = FakeLookup(*(reserved(f"c{n}", n, n, f"pod-{n}") for n in range(4)), reserved("c4", 4, 4, None),
+                        reserved("c5", 5, 5, "pod-5"), reserved("c6", 6, 6, "pod-6"))
+    node = Node(tmp_path, lookup)
+    try:
+        state = node.instance()
+        state.load()
+        state.reconcile_local()  # creates the CDI directory, as start-up does
+        for n in range(7):
+            prepared = state.prepare([ClaimRef("default", f"c{n}", api_uid(n))])
+            assert isinstance(prepared[api_uid(n)], tuple), prepared
+        state.close()
+        checkpoint = Checkpoint(node.plugin / "checkpoint.json")
+        checkpoint.load()
+        checkpoint.save(dict(checkpoint.read()))  # one journal record holding the claims (none changed: empty ops)
+        checkpoint.save({u: c for u, c in checkpoint.read().items() if u != api_uid(6)})  # c6 unprepared
+        checkpoint.close(compact=False)
+        raw = bytearray(checkpoint.journal_path.read_bytes())
+        raw[len(raw.rstrip(b"\0")) - 20] ^= 0x01  # the unprepare record of c6, damaged
+        checkpoint.journal_path.write_bytes(bytes(raw))
+        lookup.put(reserved("c5", 5, 7, "pod-5"))  # reallocated meanwhile: other devices, same uid
+        lookup.delete("c6")
+        metrics = Metrics()
+        again = node.instance()
+        again._metrics = metrics  # the gauge a restarted daemon exports
+        again.load()
+        assert {c.state for c in again.prepared().values()} == {ClaimState.PREPARE_STARTED}  # all demoted
+        report = again.reconcile()
+        assert set(report.restored) == {api_uid(n) for n in range(4)}
+        assert set(report.dropped) == {api_uid(5), api_uid(6)} and report.kept == (api_uid(4),)
+        after = again.prepared()
+        assert {u for u, c in after.items() if c.state is ClaimState.PREPARE_COMPLETED} == \
+            {api_uid(n) for n in range(4)}
+        assert after[api_uid(4)].state is ClaimState.PREPARE_STARTED
+        assert all(after[api_uid(n)].consumers == (f"pod-{n}",) for n in range(4))
+        assert metrics.prepared_claims._value.get() == 4  # type: ignore[attr-defined]
+        # A restart after it reads them as prepared from the files alone.
+        again.close()
+        third = node.instance()
+        third.load()
+        assert {u for u, c in third.prepared().items() if c.state is ClaimState.PREPARE_COMPLETED} == \
+            {api_uid(n) for n in range(4)}
+        third.close()
+    finally:
+        node.close()
