@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,16 +17,33 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "neuron-dra"
 
 
+class LockError(OSError):
+    """A lock file that cannot be used safely; names it and why."""
+
+
 @contextlib.contextmanager
 def locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `lock_path` (created with its directory); others block until it is released."""
+    """Hold an exclusive flock on `lock_path` (created with its directory); others block until it is released.
+    The file is opened without following a link (root must not create or open what a planted link names) and must
+    be a regular file owned by this user or root, with one name."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise LockError(e.errno, f"lock file {lock_path} cannot be opened ({e.strerror}; a symbolic link there is "
+                                 "refused: remove it)") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_nlink != 1:
+            raise LockError(f"lock file {lock_path} is not a regular file of this user or root with one name "
+                            f"(mode {st.st_mode:o}, uid {st.st_uid}, {st.st_nlink} links): remove it")
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 class Under:

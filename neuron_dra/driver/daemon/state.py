@@ -13,6 +13,7 @@ checkpoint on disk (`Checkpoint.refresh`, read only when the other instance chan
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import threading
@@ -91,6 +92,7 @@ class ReconcileReport:
     kept: tuple[str, ...] = ()  # unfinished prepares whose claims still exist: left for kubelet's retry
     unresolved: tuple[str, ...] = ()  # unfinished prepares the API server could not tell about
     orphans_removed: tuple[str, ...] = ()  # CDI specs of this driver with no checkpoint entry
+    restored: tuple[str, ...] = ()  # unfinished prepares the API server confirmed: prepared again (`_confirmed`)
 
 
 class DriverState:
@@ -547,18 +549,23 @@ class DriverState:
         return report
 
     def resolve_unfinished(self) -> ReconcileReport:
-        """Prepares that never completed (the daemon died in between): drop those whose claims are gone
-        (deleted, replaced, or no longer allocated these devices); keep the others for kubelet's retry or
-        unprepare. Asks the API server, so it runs after serving has started; entries it cannot check yet
-        are reported as unresolved."""
+        """Prepares that never completed (the daemon died in between, or damaged checkpoint bytes left them in
+        doubt): drop those whose claims are gone (deleted, replaced, or no longer allocated these devices); restore
+        as prepared those the API server confirms (`_confirmed`), so the prepared-claims gauge and the per-pod
+        attribution count them; keep the others for kubelet's retry or unprepare. Asks the API server, so it runs
+        after serving has started; entries it cannot check yet are reported as unresolved."""
         with self._shared():
             unfinished = [c for c in self._claims.values() if c.state is ClaimState.PREPARE_STARTED]
-        dropped, kept, unresolved = [], [], []
+        dropped: list[str] = []
+        kept: list[str] = []
+        unresolved: list[str] = []
+        restored: list[str] = []
         for c in unfinished:
             # Whatever the answer, one entry's check never stops the others or the daemon (a raise here at
             # start-up would exit, and kubelet's restart would raise again): what cannot be checked stays.
             try:
-                owned = self._owns(self._ask(c.namespace, c.name), c)
+                claim = self._ask(c.namespace, c.name)
+                owned = self._owns(claim, c)
             except ClaimLookupError as e:
                 log.warning("cannot check an unfinished prepare yet", extra={"claim": c.uid, "error": str(e)})
                 unresolved.append(c.uid)
@@ -569,7 +576,7 @@ class DriverState:
                 unresolved.append(c.uid)
                 continue
             if owned:
-                kept.append(c.uid)
+                (restored if claim is not None and self._restore(c, claim) else kept).append(c.uid)
                 continue
             with self._shared():
                 if self._claims.get(c.uid) == c:  # not completed or replaced meanwhile
@@ -577,14 +584,50 @@ class DriverState:
                     self._save_locked({u: x for u, x in self._claims.items() if u != c.uid})
                     dropped.append(c.uid)
         if unfinished:
-            log.info("checked unfinished prepares", extra={"dropped": dropped, "kept": kept, "unresolved": unresolved})
-        return ReconcileReport(dropped=tuple(dropped), kept=tuple(kept), unresolved=tuple(unresolved))
+            self._update_gauge()
+            log.info("checked unfinished prepares", extra={"dropped": dropped, "kept": kept, "unresolved": unresolved,
+                                                           "restored": restored})
+        return ReconcileReport(dropped=tuple(dropped), kept=tuple(kept), unresolved=tuple(unresolved),
+                               restored=tuple(restored))
+
+    def _confirmed(self, claim: Mapping[str, Any], entry: PreparedClaim) -> PreparedClaim | None:
+        """`entry` as prepared, when the API server confirms it: the claim is allocated exactly these devices of this
+        node (the answer and CDI spec a prepare of it would give are the recorded ones) and is reserved for a pod;
+        else None (any problem with the claim: not confirmed)."""
+        ref = ClaimRef(entry.namespace, entry.name, entry.uid)
+        try:
+            plan = self.plan(ref, allocated_devices(claim, ref, self.driver_name, self.pool_name, self.host.spec))
+        except ClaimError:
+            return None
+        pods, omitted = consumer_pods(claim, MAX_CONSUMERS)
+        if not pods or plan.devices != entry.devices or plan.cdi_spec != entry.cdi_spec:
+            return None
+        return dataclasses.replace(entry, state=ClaimState.PREPARE_COMPLETED, consumers=pods,
+                                   consumers_omitted=omitted)
+
+    def _restore(self, entry: PreparedClaim, claim: Mapping[str, Any]) -> bool:
+        """Record a confirmed unfinished prepare as prepared (its CDI spec written first, as a prepare does)."""
+        confirmed = self._confirmed(claim, entry)
+        if confirmed is None:
+            return False
+        try:
+            with self._shared():
+                if self._claims.get(entry.uid) != entry:  # completed, unprepared or replaced meanwhile
+                    return False
+                self._write_cdi(entry.uid, confirmed.cdi_spec)
+                self._save_locked({**self._claims, entry.uid: confirmed})
+        except ClaimError as e:
+            log.warning("cannot restore a confirmed unfinished prepare; keeping it unfinished",
+                        extra={"claim": entry.uid, "reason": e.reason.value, "error": e.message})
+            return False
+        return True
 
     def reconcile(self) -> ReconcileReport:
         """Both steps (local first); never drops a completed claim."""
         local = self.reconcile_local()
         remote = self.resolve_unfinished()
-        return ReconcileReport(local.rewritten, remote.dropped, remote.kept, remote.unresolved, local.orphans_removed)
+        return ReconcileReport(local.rewritten, remote.dropped, remote.kept, remote.unresolved, local.orphans_removed,
+                               remote.restored)
 
     def _update_gauge(self) -> None:
         # No lock: self._claims is replaced, never mutated in place, so this reads one consistent dict
