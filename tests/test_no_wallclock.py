@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import ast
 import operator
-from collections.abc import Iterable, Iterator
+import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,9 +55,7 @@ def _targets(node: ast.expr) -> Iterator[str]:
     if isinstance(node, (ast.Tuple, ast.List)):
         for element in node.elts:
             yield from _targets(element)
-    elif isinstance(node, ast.Starred):
-        yield from _targets(node.value)
-    elif isinstance(node, ast.Subscript):  # timings[i] = ...: the container holds clock readings
+    elif isinstance(node, (ast.Starred, ast.Subscript)):  # *rest; timings[i] = ...: the container holds readings
         yield from _targets(node.value)
     elif (key := _key(node)) is not None:
         yield key
@@ -286,41 +285,128 @@ def test_no_test_asserts_an_elapsed_time_under_2_s() -> None:
         "\n".join(map(str, bad)))
 
 
+# Each a module of its own; the bad ones hold exactly one elapsed-time assert under 2 s.
 BAD_EXAMPLES = {
-    "direct": "import time\nstart = time.monotonic()\nwork()\nassert time.monotonic() - start < 1\n",
-    "named": "import time\nt0 = time.perf_counter()\nwork()\nelapsed = time.perf_counter() - t0\nassert elapsed < 0.25\n",
-    "reversed": "import time\nt0 = time.time()\nassert 1.5 > time.time() - t0\n",
-    "chained": "import time\nstart = time.monotonic()\nassert 0.9 < time.monotonic() - start < 1.9\n",
-    "max of a list": ("import time\ntimings = []\nfor _ in range(3):\n    s = time.monotonic()\n"
-                      "    timings.append(time.monotonic() - s)\nassert max(timings) < 0.25, 'GetInfo'\n"),
-    "through a helper": ("import time\ndef timed(f):\n    s = time.perf_counter()\n    f()\n"
-                         "    return time.perf_counter() - s\nassert timed(print) <= 1\n"),
-    "attribute": "import time\nclass T:\n    def t(self):\n        self.t0 = time.monotonic()\n"
-                 "        assert time.monotonic() - self.t0 < 1e-1\n",
-    "nanoseconds": "import time\ns = time.monotonic_ns()\nassert time.monotonic_ns() - s < 400_000_000\n",
-    "in a boolean": "import time\ns = time.monotonic()\nassert ok and time.monotonic() - s < 1\n",
+    "direct": """
+        start = time.monotonic()
+        work()
+        assert time.monotonic() - start < 1
+    """,
+    "named": """
+        t0 = time.perf_counter()
+        work()
+        elapsed = time.perf_counter() - t0
+        assert elapsed < 0.25
+    """,
+    "reversed": """
+        t0 = time.time()
+        assert 1.5 > time.time() - t0
+    """,
+    "chained": """
+        start = time.monotonic()
+        assert 0.9 < time.monotonic() - start < 1.9
+    """,
+    "max of a list": """
+        timings = []
+        for _ in range(3):
+            s = time.monotonic()
+            timings.append(time.monotonic() - s)
+        assert max(timings) < 0.25, "GetInfo"
+    """,
+    "through a helper": """
+        def timed(f):
+            s = time.perf_counter()
+            f()
+            return time.perf_counter() - s
+        def test():
+            assert timed(print) <= 1
+    """,
+    "an attribute": """
+        class T:
+            def test(self):
+                self.t0 = time.monotonic()
+                assert time.monotonic() - self.t0 < 1e-1
+    """,
+    "nanoseconds": """
+        s = time.monotonic_ns()
+        assert time.monotonic_ns() - s < 400_000_000
+    """,
+    "in a boolean": """
+        from time import perf_counter
+        s = perf_counter()
+        assert ok and perf_counter() - s < 1 + 0.5
+    """,
+    "in a nested function": """
+        def test():
+            start = time.monotonic()
+            def check():
+                assert time.monotonic() - start < 1
+    """,
 }
 
 GOOD_EXAMPLES = {
-    "a two-second bound": "import time\ns = time.monotonic()\nassert time.monotonic() - s < 2\n",
-    "a lower bound": "import time\ns = time.monotonic()\nassert time.monotonic() - s > 0.9\n",
-    "a deadline": "import time\ndeadline = time.monotonic() + 1\nassert time.monotonic() < deadline, 'late'\n",
-    "a fake clock's reading": "clock = Fake()\ns = clock.monotonic()\nclock.advance(0.5)\nassert clock.monotonic() - s < 1\n",
-    "no clock": "n = len([1])\nassert n < 1.5\n",
+    "a bound of 2 s": """
+        s = time.monotonic()
+        assert time.monotonic() - s < 2
+    """,
+    "a lower bound": """
+        s = time.monotonic()
+        assert time.monotonic() - s > 0.9
+    """,
+    "a deadline": """
+        deadline = time.monotonic() + 1
+        assert time.monotonic() < deadline, "late"
+    """,
+    "a fake clock's reading": """
+        s = clock.monotonic()
+        clock.advance(0.5)
+        assert clock.monotonic() - s < 1
+    """,
+    "no clock": """
+        n = len([1])
+        assert n < 1.5
+    """,
+    "another function's start": """
+        def first():
+            start = time.monotonic()
+        def second(start):
+            assert start < 1
+    """,
 }
 
 
+def _module(example: str) -> str:
+    return "import time\n" + textwrap.dedent(example).lstrip("\n")
+
+
 def test_the_scan_catches_each_fabricated_elapsed_time_assert() -> None:
-    for name, source in BAD_EXAMPLES.items():
-        assert len(findings(source)) == 1, name
+    for name, example in BAD_EXAMPLES.items():
+        assert len(findings(_module(example))) == 1, name
 
 
 def test_the_scan_leaves_bounds_of_2_s_lower_bounds_deadlines_and_fake_clocks_alone() -> None:
-    for name, source in GOOD_EXAMPLES.items():
-        assert findings(source) == [], name
+    for name, example in GOOD_EXAMPLES.items():
+        assert findings(_module(example)) == [], name
 
 
-def test_a_finding_names_the_file_and_line(tmp_path: Path) -> None:
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_bad.py").write_text(BAD_EXAMPLES["named"])
-    assert [str(f) for f in scan(tmp_path / "tests")] == ["tests/test_bad.py:5: elapsed < 0.25"]
+def test_a_finding_names_the_file_and_line_and_helpers_are_followed_across_modules(tmp_path: Path) -> None:
+    tests = tmp_path / "tests"
+    (tests / "support").mkdir(parents=True)
+    (tests / "test_bad.py").write_text(_module(BAD_EXAMPLES["named"]))
+    (tests / "support" / "timing.py").write_text(_module("""
+        def timed(f):
+            start = time.perf_counter()
+            f()
+            return time.perf_counter() - start
+    """))
+    (tests / "test_helper.py").write_text(textwrap.dedent("""
+        from tests.support import timing
+        from tests.support.timing import timed as took
+        def test():
+            assert took(print) < 1
+            assert timing.timed(print) < 0.5
+            assert took(print) < 2
+    """))
+    assert [str(f) for f in scan(tests)] == [
+        "tests/test_bad.py:5: elapsed < 0.25", "tests/test_helper.py:5: took(print) < 1",
+        "tests/test_helper.py:6: timing.timed(print) < 0.5"]
