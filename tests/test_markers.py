@@ -114,14 +114,13 @@ class _Recorder:
     unmarked: list[str] | None = None
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.unmarked = session.config.stash.get(UNMARKED, [])
+        self.unmarked = session.config.stash[UNMARKED]  # the conftest's hook ran: it always sets both keys
 
 
 def test_every_test_carries_the_markers_its_code_calls_for(request: pytest.FixtureRequest) -> None:
     """Over every test file: those this run collected were checked as they were; the others are collected here (in
     this process, no test runs) and checked the same way."""
-    unmarked = list(request.config.stash.get(UNMARKED, []))
-    collected = request.config.stash.get(COLLECTED, set())
+    unmarked, collected = [*request.config.stash[UNMARKED]], request.config.stash[COLLECTED]
     rest = sorted(p for p in TESTS.rglob("test_*.py") if p not in collected)
     if rest:
         recorder = _Recorder()
