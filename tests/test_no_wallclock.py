@@ -7,11 +7,15 @@ on what it defines as an elapsed-time assertion under 2 s:
 - a *clock call* is a call of `time.monotonic`, `time.perf_counter`, `time.time` (their `_ns` forms too; imported
   bare too but `time()`), an event loop's `time()`, or of a function of tests/ that returns a clock-derived value;
 - a *clock-derived* expression contains a clock call or a name (or attribute) assigned from a clock-derived
-  expression, in the same file (assignments, augmented assignments, `for` targets, `with ... as`, a container
-  filled with one: `timings.append(...)`, `timings[i] = ...`);
-- an `assert` whose test compares a clock-derived expression against a numeric literal, so that the literal bounds it
-  from above (`x < c`, `x <= c`, `c > x`, `c >= x`, either side of a chained comparison, `max(...)` of them too) with
-  c under 2 s (2e9 for the `_ns` clocks, 2000 when the name says milliseconds), is a finding.
+  expression in the same scope or one enclosing it (assignments, augmented assignments, `for` targets,
+  `with ... as`, a container filled with one: `timings.append(...)`, `timings[i] = ...`);
+- a *measured* expression is clock-derived or names a duration measured elsewhere (a program's `r["nanos"]`, a
+  helper's `took`: a name, attribute or string key such as elapsed, took, duration, latency, nanos, seconds, or one
+  ending `_ms`, `_ns`, `_seconds`, ...);
+- an `assert` whose test compares a measured expression against a numeric literal (or arithmetic on literals) so
+  that the literal bounds it from above (`x < c`, `x <= c`, `c > x`, `c >= x`, either link of a chained comparison,
+  `max(...)` of them too) with c under 2 s (2e9 when the expression's names say nanoseconds, 2000 milliseconds)
+  is a finding.
 
 A lower bound (`x > 0.9`) is not: a loaded machine makes a run slower, never faster. Comparisons against a name
 (`time.monotonic() < deadline`) are loops' deadlines, not assertions of a duration.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import re
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -92,6 +97,26 @@ class _Refs:
 
     def derived(self, tainted: set[str], functions: frozenset[str]) -> bool:
         return self.clock or not self.names.isdisjoint(tainted) or not self.calls.isdisjoint(functions)
+
+
+# A duration measured elsewhere (a program's JSON, a helper's result) by its name: `r["nanos"]`, `took`, `x.elapsed_ms`.
+DURATION = re.compile(r"^(elapsed|took|duration|latency|nanos|millis|seconds|ms|ns)$|_(elapsed|took|duration|latency"
+                      r"|nanos|millis|seconds|ms|ns)$")
+
+
+def _names_a_duration(node: ast.expr) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            name = sub.id
+        elif isinstance(sub, ast.Attribute):
+            name = sub.attr
+        elif isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Constant):
+            name = str(sub.slice.value)
+        else:
+            continue
+        if DURATION.search(name):
+            return True
+    return False
 
 
 DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
@@ -210,7 +235,8 @@ class _Module:
             for node in scope.asserts:
                 for compare in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
                     for bounded, bound in _upper_bounds(compare):
-                        if _Refs.of(bounded).derived(set(tainted), functions) and bound < _limit(bounded):
+                        measured = _Refs.of(bounded).derived(set(tainted), functions) or _names_a_duration(bounded)
+                        if measured and bound < _limit(bounded):
                             found.append(Finding(self.path, node.lineno, ast.unparse(compare)))
         return sorted(found, key=lambda f: f.line)
 
@@ -336,6 +362,14 @@ BAD_EXAMPLES = {
         s = perf_counter()
         assert ok and perf_counter() - s < 1 + 0.5
     """,
+    "a program's figure": """
+        result = json.loads(run())
+        assert result["error"] == "" and result["nanos"] < 0.4e9
+    """,
+    "a helper's result by its name": """
+        took = stopwatch(work)
+        assert took <= 1.5
+    """,
     "in a nested function": """
         def test():
             start = time.monotonic()
@@ -361,6 +395,12 @@ GOOD_EXAMPLES = {
         s = clock.monotonic()
         clock.advance(0.5)
         assert clock.monotonic() - s < 1
+    """,
+    "a program's figure over 2 s": """
+        assert 0.4e9 < json.loads(run())["nanos"] < 5e9
+    """,
+    "a timeout setting": """
+        assert options.timeout < 1
     """,
     "no clock": """
         n = len([1])
