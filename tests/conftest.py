@@ -22,14 +22,18 @@ from neuron_dra.driver.model.emulate import EmulationOptions, emulate
 if TYPE_CHECKING:
     from neuron_dra.localcluster.hostreqs import Choice
 
-# Fixtures that start a control plane: a test using one (directly or through another fixture) is a `cluster` test
-# even if its module forgot the marker, so `make test-fast` never waits for a control plane.
+# Markers are explicit: a module's `pytestmark` or a test's decorator says what the test needs, and `-m` selects by
+# them (make test-unit leaves out `cluster` and `process`). The collection checks them: a test that uses a fixture of
+# CLUSTER_FIXTURES without `cluster`, or starts the daemon or a program without `process`, is recorded in the config's
+# stash (UNMARKED) and tests/test_markers.py fails naming it. The markers are never added here: what `-m` selects is
+# what the source says.
+
+# Fixtures that start a control plane: a test using one (directly or through another fixture) is a `cluster` test.
 CLUSTER_FIXTURES = frozenset({"plane", "api", "local_cluster", "kube", "ns"})
 
-
-# A test that starts the daemon (through the `dirs` fixture) or runs a program is a `process` test: `make test-unit`
-# leaves those out, `make test-fast` runs them. A program is run where the test's code, a fixture of tests/ it uses or
-# a helper of tests/ they call refers to one of PROCESS_NAMES (read from the compiled code: no source parsing).
+# A test that starts the daemon (through the `dirs` fixture) or runs a program is a `process` test. A program is run
+# where the test's code, a fixture of tests/ it uses or a helper of tests/ they call refers to one of PROCESS_NAMES
+# (read from the compiled code: no source parsing).
 PROCESS_FIXTURES = frozenset({"dirs"})
 PROCESS_NAMES = frozenset({"subprocess", "Popen", "DaemonProcess", "executable"})  # executable: sys.executable
 
@@ -73,25 +77,43 @@ def _fixture_functions(item: pytest.Item) -> list[Callable[..., object]]:
     return [d.func for fixture_defs in defs for d in fixture_defs if _ours(d.func)]
 
 
+def required_markers(item: pytest.Item) -> dict[str, str]:
+    """The markers a test's code paths call for, each with the reason (what it uses or what starts a program)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    required = {}
+    if cluster := sorted(CLUSTER_FIXTURES & fixtures):
+        required["cluster"] = f"it uses the fixture {cluster[0]!r}, which starts a control plane"
+    function = getattr(item, "function", None)
+    functions = ([function] if function is not None else []) + _fixture_functions(item)
+    if process := sorted(PROCESS_FIXTURES & fixtures):
+        required["process"] = f"it uses the fixture {process[0]!r}, which starts the daemon"
+    elif starter := next((f for f in functions if _starts_processes(f)), None):
+        required["process"] = f"{starter.__qualname__} runs a program (or calls a helper of tests/ that does)"
+    return required
+
+
+# For tests/test_markers.py: each test collected whose markers lack one its code paths call for, and the test files
+# collected (the check covers these; it collects the others itself).
+UNMARKED = pytest.StashKey[list[str]]()
+COLLECTED = pytest.StashKey[set[Path]]()
+
 # Tests that build Go or start a control plane need Go; those marked `containerd` also the Debian packages of real
 # containers. They get the host fixtures below first of all (before any module fixture that would start a cluster).
 HOST_MARKERS = frozenset({"cluster", "gobuild"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is checked
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = config.stash.setdefault(UNMARKED, [])
+    collected = config.stash.setdefault(COLLECTED, set())
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if CLUSTER_FIXTURES & fixtures:
-            item.add_marker(pytest.mark.cluster)
-        function = getattr(item, "function", None)
-        functions = ([function] if function is not None else []) + _fixture_functions(item)
-        if PROCESS_FIXTURES & fixtures or any(_starts_processes(f) for f in functions):
-            item.add_marker(pytest.mark.process)
+        markers = {m.name for m in item.iter_markers()}
+        collected.add(item.path)
+        unmarked += [f"{item.nodeid}: not marked `{m}` but {why}" for m, why in required_markers(item).items()
+                     if m not in markers]
         names = getattr(item, "fixturenames", None)
         if names is None:
             continue
-        markers = {m.name for m in item.iter_markers()}
         # fixtures are set up in this list's order: first, so no cluster starts for a test that is then skipped
         if "containerd" in markers:
             names.insert(0, "real_containers")

@@ -7,6 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 # Built from parts so this file does not match itself.
 OUTSIDE_FACTS = re.compile(r"\.\./" + "shared" + r"|" + "shared" + r"/facts")
@@ -30,6 +32,7 @@ def _read(path: Path) -> str | None:
         return None  # binary
 
 
+@pytest.mark.process
 def test_no_file_refers_to_facts_outside_the_repository() -> None:
     offenders = []
     for path in _tracked_text_files():
@@ -41,6 +44,7 @@ def test_no_file_refers_to_facts_outside_the_repository() -> None:
     assert offenders == [], f"cite docs/<page>.md instead: {offenders}"
 
 
+@pytest.mark.process
 def test_every_cited_docs_page_exists() -> None:
     pages = {p.name for p in (ROOT / "docs").glob("*.md")}
     missing = set()

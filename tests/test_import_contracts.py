@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parent.parent
 TREE = ("neuron_dra", "pyproject.toml")
 LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"

@@ -8,6 +8,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("driver", "claim_templates", "components", "localcluster")
 

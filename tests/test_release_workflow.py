@@ -87,12 +87,14 @@ def lint(binary: Path, path: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.gobuild
+@pytest.mark.process
 def test_actionlint_accepts_the_workflow(actionlint: Path) -> None:
     result = lint(actionlint, WORKFLOW)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.gobuild
+@pytest.mark.process
 def test_actionlint_catches_a_broken_copy(actionlint: Path, tmp_path: Path) -> None:
     broken = tmp_path / ".github" / "workflows" / "release-image.yml"
     broken.parent.mkdir(parents=True)

@@ -29,6 +29,7 @@ def bench() -> ModuleType:
     return module
 
 
+@pytest.mark.process
 def test_each_variant_is_evaluated_and_ours_allocates_more_than_aws_for_each_part(tmp_path: Path) -> None:
     out = tmp_path / "dm.json"
     result = subprocess.run([sys.executable, str(BENCH), "--rounds", "2", "--iterations", "300", "--json", str(out)],
@@ -59,6 +60,7 @@ def test_the_variants_come_from_the_published_model() -> None:
     assert exprs[0].startswith('device.driver == "neuron.aws.com"') and len(exprs) == 3
 
 
+@pytest.mark.process
 def test_bad_input_is_refused_by_the_harness() -> None:
     harness = bench().harness()
     bad = [({"expressions": ["true"], "devices": [], "rounds": 1, "iterations": 1}, "at least one"),

@@ -40,6 +40,7 @@ print(own, during, b.autogroup_nice(os.getpid()), said, sep="|")
 
 @pytest.mark.skipif(not Path("/proc/self/autogroup").exists() or os.geteuid() != 0,
                     reason="needs autogroup scheduling and root (raising a priority)")
+@pytest.mark.process
 def test_a_raised_niceness_reaches_the_autogroup_and_is_given_back() -> None:
     out = subprocess.run(["setsid", "nice", "-n", "-5", sys.executable, "-c", PRIORITY], capture_output=True,
                          text=True, check=True, timeout=120).stdout.strip().split("|")

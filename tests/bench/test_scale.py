@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.process]
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_scale.py"
 

@@ -82,6 +82,7 @@ def test_100_nested_parentheses_give_a_clear_error_not_a_recursion_traceback() -
         assert "nested too deeply" in str(e) or "longer than" in str(e)
 
 
+@pytest.mark.process
 def test_claims_check_with_the_costly_selector_says_which_limit(tmp_path: Path) -> None:
     f = tmp_path / "costly.py"
     f.write_text("from neuron_dra.claim_templates import ClaimTemplate, Neuron\n"
@@ -94,6 +95,7 @@ def test_claims_check_with_the_costly_selector_says_which_limit(tmp_path: Path) 
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.process
 def test_claims_check_with_100_parentheses_does_not_crash(tmp_path: Path) -> None:
     expr = "(" * 100 + 'device.attributes["neuron.aws.com"].resourceType == "neuron_device"' + ")" * 100
     f = tmp_path / "parens.py"
@@ -105,6 +107,7 @@ def test_claims_check_with_100_parentheses_does_not_crash(tmp_path: Path) -> Non
     assert out.returncode == 0 or "nested too deeply" in out.stdout + out.stderr
 
 
+@pytest.mark.process
 def test_two_templates_with_one_name_are_refused(tmp_path: Path) -> None:
     f = tmp_path / "dupes.py"
     f.write_text("from neuron_dra.claim_templates import ClaimTemplate, Neuron\n"
@@ -113,6 +116,7 @@ def test_two_templates_with_one_name_are_refused(tmp_path: Path) -> None:
     assert out.returncode == 2 and "defined more than once: 'same'" in out.stderr, out
 
 
+@pytest.mark.process
 def test_a_templates_file_calling_sys_exit_is_refused(tmp_path: Path) -> None:
     f = tmp_path / "exits.py"
     f.write_text("import sys\nfrom neuron_dra.claim_templates import ClaimTemplate, Neuron\n"

@@ -101,6 +101,7 @@ def _claims(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.process
 def test_check_nodes_prints_the_estimates() -> None:
     result = _claims("--instance-type", "trn2.48xlarge", "--nodes", "1000")
     assert "control-plane CPU per claim pod at 1000 nodes" in result.stdout
@@ -109,6 +110,7 @@ def test_check_nodes_prints_the_estimates() -> None:
     assert "x 420 nodes filtered" in result.stdout
 
 
+@pytest.mark.process
 def test_check_nodes_json_carries_the_estimates() -> None:
     result = _claims("--instance-type", "trn2.48xlarge", "--nodes", "500", "--json", "--core-partitions", "off")
     reports = {r["template"]: r for r in json.loads(result.stdout)}
@@ -129,6 +131,7 @@ def test_counters_on_1_36_cost_every_other_node() -> None:
     assert estimate(one_neuron_device, 500, catalog=with_cores).per_node_ms == without.per_node_ms
 
 
+@pytest.mark.process
 def test_check_nodes_refuses_a_bad_count() -> None:
     result = _claims("--nodes", "0")
     assert result.returncode == 2

@@ -145,6 +145,7 @@ def test_an_instance_type_of_our_own_making_renders_and_checks() -> None:
     assert not unknown.ok and any("catalog file" in i.message for i in unknown.errors)
 
 
+@pytest.mark.process
 def test_claims_check_cli_with_a_catalog_file(tmp_path: Path) -> None:
     catalog = tmp_path / "acme.yaml"
     catalog.write_text(yaml.safe_dump({"apiVersion": "neuron-dra/v1", "kind": "NeuronCatalog", "instanceTypes": {

@@ -34,15 +34,18 @@ def test_every_command_module_is_a_command_with_a_summary() -> None:
         assert summary(source) and not summary(source).startswith("`"), name
 
 
+@pytest.mark.process
 def test_help_lists_the_commands_without_importing_them() -> None:
     assert imported_after(["--help"]) == ["neuron_dra.cli"]
 
 
+@pytest.mark.process
 def test_slices_imports_its_module_only_and_no_pulumi() -> None:
     assert imported_after(["slices", "--instance-type", "trn2.48xlarge", "--node-name", "n"]) == [
         "neuron_dra.cli", "neuron_dra.cli.slices"]
 
 
+@pytest.mark.process
 def test_plan_imports_pulumi() -> None:
     """The counterpart of the two above: the command that needs Pulumi gets it."""
     assert "pulumi" in imported_after(["plan", "--help"])

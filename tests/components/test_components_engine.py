@@ -335,6 +335,7 @@ def program() -> None:
 '''
 
 @pytest.mark.cluster
+@pytest.mark.process
 def test_a_separate_project_with_the_pip_installed_package(engine: Engine, plane: ControlPlane, api: Any,
                                                            tmp_path: Path) -> None:
     source = tmp_path / "checkout"

@@ -16,7 +16,7 @@ from neuron_dra.components import driver_image
 from neuron_dra.localcluster import images
 from tests.components.test_components_import import PACKAGE_PARTS, ROOT
 
-pytestmark = [pytest.mark.containerd, pytest.mark.slow]
+pytestmark = [pytest.mark.containerd, pytest.mark.slow, pytest.mark.process]
 
 
 def test_the_image_builds_from_site_packages(tmp_path: Path) -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_PARTS = ("neuron_dra", "pyproject.toml", "README.md", "LICENSE")
 

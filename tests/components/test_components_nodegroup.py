@@ -285,6 +285,7 @@ def _placement(**extra: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("lnc", [1, 2])
+@pytest.mark.process
 def test_lnc_is_written_where_the_ami_and_the_driver_read_it(lnc: int, tmp_path: Path) -> None:
     """The user data's script, run against a scratch root, leaves the file that the driver's own reader
     (partitions.read_node_lnc, as on the node) reads as `lnc`; the node label says the same."""

@@ -19,6 +19,8 @@ from tests.components.test_components_import import (
     with_packages_of_this_interpreter,
 )
 
+pytestmark = pytest.mark.process
+
 
 @pytest.mark.slow  # builds a wheel into a new virtualenv
 def test_plan_runs_from_a_pip_installed_copy_and_builds_the_image_from_it(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from tests.e2e.test_e2e_containerd import DRIVER_NS, DRIVER_SELECTOR, images, re
 from tests.support import hoststate
 from tests.support.e2e import NEURON_TOLERATION, eventually, raw
 
-pytestmark = [pytest.mark.cluster, pytest.mark.containerd, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.containerd, pytest.mark.slow, pytest.mark.process]
 
 NODE = "trn1-32xlarge-1"
 SCRAPE_NS = "monitoring"  # DriverDeployOptions.metrics_scrape_namespaces' default

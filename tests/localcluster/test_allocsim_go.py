@@ -61,8 +61,9 @@ def results() -> dict[str, dict[str, Any]]:
         case("seventeen", [claim(17)]),
         # One claim of 17 fails at once (1.36's allocator counts the candidates first), but two claims of
         # 8 and 9 out of 16 devices make the depth-first search try every split before giving up: the
-        # scheduler's filter timeout ends it. A short bound keeps the test fast.
-        case("seventeen-unconstrained", [claim(17, match_group=False)], timeoutSeconds=0.5),
+        # scheduler's filter timeout ends it. A short bound keeps the test fast; the one claim of 17 gets 2 s, so
+        # that "at once" (answered before its timeout) holds on a loaded machine too.
+        case("seventeen-unconstrained", [claim(17, match_group=False)], timeoutSeconds=2.0),
         case("eight-plus-nine", [claim(8, match_group=False), claim(9, match_group=False)], timeoutSeconds=0.5),
         case("count-rings", [claim(4)], mode="count"),
         case("count-rings-one-taken", [claim(4)], mode="count", allocated=("neuron-5",)),
@@ -96,7 +97,7 @@ def test_claim_of_seventeen_is_unsatisfiable_not_an_error(results: dict[str, dic
 
 def test_exponential_search_ends_in_the_filter_timeout(results: dict[str, dict[str, Any]]) -> None:
     quick = results["seventeen-unconstrained"]
-    assert quick["error"] == "" and not quick["satisfiable"] and quick["nanos"] < 0.4e9
+    assert quick["error"] == "" and not quick["satisfiable"]  # answered, not ended by its timeout
     r = results["eight-plus-nine"]
     assert r["error"].startswith("timeout:") and not r["satisfiable"] and r["count"] == 0
     assert 0.4e9 < r["nanos"] < 5e9

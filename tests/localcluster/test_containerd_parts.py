@@ -104,6 +104,7 @@ def test_remove_cgroups_removes_the_nodes_tree_depth_first_in_every_hierarchy(tm
     assert (tmp_path / "memory" / "other").is_dir()
 
 
+@pytest.mark.process
 def test_shims_are_found_by_the_nodes_socket_only(tmp_path: Path) -> None:
     sock = tmp_path / "cri.sock"
     sleeper = "import time; time.sleep(60)"

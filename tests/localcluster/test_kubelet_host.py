@@ -24,7 +24,7 @@ from neuron_dra.localcluster.kubelet import KUBELET_SYSCTLS
 from neuron_dra.localcluster.topology import runtime_dir
 from tests.support.e2e import NEURON_TOLERATION, cdi_specs_naming, eventually, pod_claim, pod_phase, raw
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.process]
 HOST_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/usr/libexec/kubernetes",
               "/etc/kubernetes", "/var/lib/kubelet/device-plugins")
 

@@ -20,6 +20,7 @@ from neuron_dra.localcluster.nodes import node_manifest
 
 # --- procs ---------------------------------------------------------------------------------------------------
 
+@pytest.mark.process
 def test_spawn_records_the_group_and_stop_ends_it(tmp_path: Path) -> None:
     pid_file = tmp_path / "pids" / "sleeper.pid"
     # a child that starts a grandchild: stopping the group must end both
@@ -39,6 +40,7 @@ def test_spawn_records_the_group_and_stop_ends_it(tmp_path: Path) -> None:
     assert procs.running(pid_file) is None
 
 
+@pytest.mark.process
 def test_a_stale_pid_file_never_signals_another_process(tmp_path: Path) -> None:
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
@@ -55,6 +57,7 @@ def test_a_stale_pid_file_never_signals_another_process(tmp_path: Path) -> None:
         other.wait()
 
 
+@pytest.mark.process
 def test_a_zombie_counts_as_gone_and_stop_all_ends_every_recorded_group(tmp_path: Path) -> None:
     child = subprocess.Popen(["true"], start_new_session=True)
     ref = procs.ref_of(child.pid)
@@ -176,6 +179,7 @@ def test_runtime_records_of_a_pod(tmp_path: Path) -> None:
 
 
 @pytest.mark.gobuild
+@pytest.mark.process
 def test_fake_runtime_resolves_cdi_ids_like_a_runtime() -> None:
     """The Go test of the fake runtime: ids resolve to exactly one device of one spec (spec edits first), repeated
     ids resolve each time, unknown, ambiguous or malformed ids fail CreateContainer."""

@@ -47,6 +47,7 @@ def test_hosts_file_is_bounded() -> None:
 
 
 @needs_root
+@pytest.mark.process
 def test_the_prefix_shows_the_hosts_file_as_etc_hosts_to_its_program_only(tmp_path: Path) -> None:
     hosts = tmp_path / "hosts"
     hosts.write_text(kubeletaccess.hosts_text(["trn2-48xlarge-1"]))
@@ -131,6 +132,7 @@ def test_forward_refuses_bad_names_and_ports(tmp_path: Path, name: str, host_por
 
 @needs_root
 @pytest.mark.slow
+@pytest.mark.process
 def test_forward_reaches_a_server_inside_the_node_from_the_hosts_loopback(tmp_path: Path) -> None:
     if shutil.which("socat") is None:
         pytest.skip("socat is not installed (apt-get install -y socat)")

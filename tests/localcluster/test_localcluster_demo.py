@@ -166,6 +166,7 @@ def test_every_workload_fits_a_demo_node_and_the_stages_fill_the_trn2_nodes() ->
     assert CORE_STAGE in demo_stages("1.36") and CORE_STAGE not in demo_stages("1.35")
 
 
+@pytest.mark.process
 def test_cli_rejects_bad_options(tmp_path: Path) -> None:
     proc = subprocess.run([*DEMO_FAKE, "--timeout", "0", "--dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
@@ -195,6 +196,7 @@ def test_binaries_cached_means_every_binary_is_executable(tmp_path: Path, monkey
     assert not binaries_cached(minor)
 
 
+@pytest.mark.process
 def test_a_supervisor_interrupted_before_its_pid_file_is_stopped(tmp_path: Path) -> None:
     from neuron_dra.localcluster.demo import stop_early_supervisors, supervisor_children
 
@@ -268,6 +270,7 @@ def _efas_of_group(neuron_range: str, tmp_path: Path) -> str:
 
 
 @pytest.mark.cluster
+@pytest.mark.process
 def test_demo_end_to_end(tmp_path: Path) -> None:
     cluster_dir = tmp_path / "demo"
     started = time.monotonic()
@@ -322,6 +325,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.cluster
+@pytest.mark.process
 def test_demo_stops_the_cluster_on_sigterm(tmp_path: Path) -> None:
     cluster_dir = tmp_path / "demo"
     proc = subprocess.Popen([*DEMO_FAKE, "--dir", str(cluster_dir)],
@@ -345,6 +349,7 @@ def test_demo_stops_the_cluster_on_sigterm(tmp_path: Path) -> None:
 
 
 @pytest.mark.cluster
+@pytest.mark.process
 def test_demo_keep_leaves_a_working_cluster_and_prints_how_to_stop_it(tmp_path: Path) -> None:
     from kubernetes import client, config
 

@@ -54,6 +54,7 @@ def prom(tmp_path: Path) -> Iterator[tuple[prometheus.LocalPrometheus, int]]:
 
 
 @pytest.mark.gobuild
+@pytest.mark.process
 def test_the_built_binary_reports_its_release() -> None:
     out = subprocess.run([str(prometheus_build.build_prometheus()), "--version"], capture_output=True, text=True,
                          timeout=30, check=True)

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class FrontLimits:
 class _Client(asyncio.Protocol):
     def __init__(self, front: Front) -> None:
         self.front = front
-        self.opened = time.monotonic()
+        self.opened = front.clock()
         self.transport: asyncio.Transport | None = None
         self.backend: asyncio.Transport | None = None
         self.pending = bytearray()
@@ -129,9 +130,11 @@ class Front:
     """Accepts TCP connections on (address, port) and forwards them to the unix socket `backend` (a path, or an
     abstract name starting with a NUL byte); runs in the event loop it is started in."""
 
-    def __init__(self, backend: str, limits: FrontLimits | None = None) -> None:
+    def __init__(self, backend: str, limits: FrontLimits | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.backend = backend
         self.limits = limits or FrontLimits()
+        self.clock = clock  # what lifetimes are measured on (a test's fake clock)
         # In the order of their last activity (accept, data either way): the first is the least recent.
         self._waiting: dict[_Client, None] = {}  # not forwarded yet
         self._forwarded: dict[_Client, None] = {}
@@ -205,7 +208,7 @@ class Front:
         self._forwarded.pop(client, None)
 
     def _sweep(self) -> None:
-        cutoff = time.monotonic() - self.limits.lifetime
+        cutoff = self.clock() - self.limits.lifetime
         for client in [c for group in (self._waiting, self._forwarded) for c in group if c.opened < cutoff]:
             self.expired += 1
             client.close()

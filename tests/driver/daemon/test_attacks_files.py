@@ -98,6 +98,7 @@ def test_two_instances_on_an_empty_node_never_grant_one_device_to_two_claims(
     node.close()
 
 
+@pytest.mark.process
 def test_two_daemons_on_an_empty_node_never_grant_one_device_to_two_claims(dirs: DaemonDirs,
                                                                           host_root: Path) -> None:
     """The same with two daemon processes, as the surge rollout's two pods, on a node that never had the driver."""
@@ -119,6 +120,7 @@ def test_two_daemons_on_an_empty_node_never_grant_one_device_to_two_claims(dirs:
         b.process.kill()
 
 
+@pytest.mark.process
 def test_kill_9_cycles_each_from_an_empty_node_never_grant_one_device_twice(host_root: Path) -> None:
     """Round 3 saw its double grants before the first kill of its kill -9 loop, i.e. from an empty node: here
     every cycle starts from one. Two instances, random prepares of claims that share devices sent to either,

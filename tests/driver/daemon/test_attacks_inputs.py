@@ -29,6 +29,7 @@ TYPE = "instanceTypes:\n  trn2.mine:\n    basedOn: trn2.48xlarge\n"
 
 
 @pytest.mark.parametrize(("character", "name"), [("\0", "NUL"), ("\x1b", "ESC"), ("\x07", "BEL"), ("\x7f", "DEL")])
+@pytest.mark.process
 def test_a_catalog_with_a_control_character_ends_start_up_with_its_line(tmp_path: Path, character: str,
                                                                         name: str) -> None:
     """Round 3: a NUL in the catalog ended start-up with a traceback and no "start-up failed" line."""
@@ -103,6 +104,7 @@ def test_a_request_name_ending_in_a_line_feed_is_a_malformed_claim_naming_the_fi
         assert allocated_devices(doc, ref, DRIVER, NODE, BUILTIN.spec("trn2.48xlarge"))[0].request == good
 
 
+@pytest.mark.process
 def test_the_daemon_refuses_a_line_feed_in_a_uid_or_request_name_and_writes_no_cdi_id_with_it(
         dirs: DaemonDirs, host_root: Path) -> None:
     """Round 3: a claim UID or request name ending in a line feed was accepted and the LF reached the CDI id."""

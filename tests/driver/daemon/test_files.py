@@ -277,6 +277,7 @@ def test_core_ranges() -> None:
     assert core_ranges([3, 0, 1, 2, 8, 9, 11]) == "0-3,8-9,11"
 
 
+@pytest.mark.process
 def test_memory_controls_apply_on_this_glibc() -> None:
     # In a child process: limiting arenas changes the allocator of the process that calls it.
     code = "from neuron_dra.driver.kubeletplugin import memory; import sys; sys.exit(0 if memory.limit_arenas() else 1)"

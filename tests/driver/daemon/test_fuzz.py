@@ -88,6 +88,7 @@ def payload(path: str, rng: random.Random) -> bytes:
 
 @pytest.mark.slow
 @pytest.mark.attacks
+@pytest.mark.process
 def test_fuzz_every_grpc_method(dirs: DaemonDirs, host_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     dirs.put_claim(claim("c1", uid(1), devices(0)))
@@ -208,6 +209,7 @@ def test_fuzz_config_decoders(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_kill_9_loop(dirs: DaemonDirs, host_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rng = random.Random(SEED)
     refs = [ClaimRef("default", f"k{i}", uid(300 + i)) for i in range(6)]

@@ -209,6 +209,7 @@ class Stream:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_daemon_streams_health_in_every_version_and_advertises_it(dirs: DaemonDirs) -> None:
     host = emulate("trn2.48xlarge", dirs.base / "host")
     d = DaemonProcess(dirs, host, extra_args=["--health-poll-interval", "0.1"]).wait_ready()

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO / "neuron_dra" / "driver" / "Dockerfile"
 IMAGE_REQUIREMENTS = REPO / "neuron_dra" / "driver" / "image-requirements.txt"
@@ -47,6 +49,7 @@ def test_dockerfile_copies_existing_paths_and_runs_the_driver() -> None:
     assert "testing.py" in text  # test support stays out of the image
 
 
+@pytest.mark.process
 def test_daemon_imports_only_what_the_image_has() -> None:
     code = "import sys, neuron_dra.driver.daemon.main; print('\\n'.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
@@ -76,6 +79,7 @@ servers.stop(0)
 """
 
 
+@pytest.mark.process
 def test_registration_answers_before_the_claims_model_and_api_client_are_imported() -> None:
     out = subprocess.run([sys.executable, "-c", START_EARLY], capture_output=True, text=True, check=True).stdout.split()
     ours = {m.removeprefix("neuron_dra.driver.") for m in out if m.startswith("neuron_dra.driver.")}
@@ -86,6 +90,7 @@ def test_registration_answers_before_the_claims_model_and_api_client_are_importe
     assert not {"ctypes.util", "urllib3", "yaml"} & set(out)
 
 
+@pytest.mark.process
 def test_daemon_serves_grpc_with_grpcio_not_its_own_http2() -> None:
     """The daemon's HTTP/2 is grpcio's: no HTTP/2 framing or HPACK library of its own is imported."""
     code = ("import sys, neuron_dra.driver.daemon.main, neuron_dra.driver.kubeletplugin.plugin, "

@@ -28,6 +28,8 @@ from tests.support.driver import (
     wait_until,
 )
 
+pytestmark = pytest.mark.process
+
 C1 = ClaimRef("default", "c1", uid(1))
 
 

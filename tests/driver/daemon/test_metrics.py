@@ -112,6 +112,7 @@ print(opened, closed)
 
 @pytest.mark.attacks
 @pytest.mark.parametrize("count", [4, 200])
+@pytest.mark.process
 def test_slowloris_connections_do_not_keep_scrapes_out(count: int) -> None:
     """Issue 32, finding 6: the timeout applied per socket operation, so 4 connections sending a byte every 4 s
     held all 4 workers (6.1 % of scrapes answered; 2,000 connections: 23.8 %). Now every scrape is answered

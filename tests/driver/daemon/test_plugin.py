@@ -73,14 +73,9 @@ def served() -> Iterator[Served]:
 def test_registration_as_kubelet_does_it(served: Served) -> None:
     channel = pluginclient.dial(served.paths.registration)
     try:
-        timings = []
-        for _ in range(20):
-            start = time.perf_counter()
-            info = pluginclient.get_info(channel)  # kubelet's 1 s timeout
-            timings.append(time.perf_counter() - start)
+        info = pluginclient.get_info(channel)  # kubelet's 1 s timeout; the latency is bench/bench_prepare.py's
     finally:
         channel.close()
-    assert max(timings) < 0.25, f"GetInfo took up to {max(timings):.3f} s; kubelet allows 1 s"
     assert info == pluginclient.PluginInfo("DRAPlugin", DRIVER, str(served.paths.dra),
                                            ("v1.DRAPlugin", "v1beta1.DRAPlugin"))
     reg = pluginclient.register(served.paths.registration)

@@ -29,6 +29,8 @@ from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, DaemonDirs, opaque, short_dir, wait_until
 from tests.support.e2e import raw
 
+pytestmark = pytest.mark.cluster
+
 OTHER_NODE = "node-b"
 
 
@@ -223,6 +225,7 @@ def test_claim_lookup_reports_api_errors_as_lookup_errors(plane: ControlPlane) -
         nobody.close()
 
 
+@pytest.mark.process
 def test_daemon_prepares_with_the_real_claim_get(api: Any, plane: ControlPlane, host_root: Path) -> None:
     ensure_node(api, NODE, LAYERS)
     for name in ("e2e-1", "e2e-16", "e2e-unallocated", "e2e-other-node"):

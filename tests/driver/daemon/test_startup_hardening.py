@@ -13,7 +13,7 @@ from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, uid, wait_until
 
-pytestmark = pytest.mark.attacks
+pytestmark = [pytest.mark.attacks, pytest.mark.process]
 
 
 def prepared_once(dirs: DaemonDirs, host_root: Path, *refs: ClaimRef) -> None:

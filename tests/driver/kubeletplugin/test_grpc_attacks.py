@@ -26,7 +26,7 @@ from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.attacks]
+pytestmark = [pytest.mark.slow, pytest.mark.attacks, pytest.mark.process]
 REPO = Path(__file__).resolve().parents[3]
 PROBE_TIMEOUT = 5.0  # the DaemonSet's livenessProbe timeoutSeconds
 T = TypeVar("T")

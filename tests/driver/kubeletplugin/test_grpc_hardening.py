@@ -24,7 +24,7 @@ from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
 
-pytestmark = pytest.mark.attacks
+pytestmark = [pytest.mark.attacks, pytest.mark.process]
 
 GARBAGE = (b"\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x12\x05abc", b"\x80" * 12)
 

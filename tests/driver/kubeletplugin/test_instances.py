@@ -186,6 +186,7 @@ class Instance:
         return pluginclient.DraClient(self.paths.dra)
 
 
+@pytest.mark.process
 def test_two_instances_serve_one_state_and_neither_removes_the_others_sockets(dirs: DaemonDirs,
                                                                               host_root: Path) -> None:
     for i in range(3):
@@ -223,6 +224,7 @@ def test_two_instances_serve_one_state_and_neither_removes_the_others_sockets(di
         new.process.kill()
 
 
+@pytest.mark.process
 def test_with_the_plain_names_the_stopping_instance_leaves_the_newer_ones_sockets(dirs: DaemonDirs,
                                                                                  host_root: Path) -> None:
     # kubelet < 1.33: one endpoint per driver; the new instance takes the names over.
@@ -239,6 +241,7 @@ def test_with_the_plain_names_the_stopping_instance_leaves_the_newer_ones_socket
         new.kill()
 
 
+@pytest.mark.process
 def test_an_instance_on_the_plain_names_is_waited_for_before_the_claims_are_loaded(dirs: DaemonDirs,
                                                                                   host_root: Path) -> None:
     """The first surge rollout from the previous release: that instance takes no lock and never refreshes, so
@@ -270,6 +273,7 @@ def test_an_instance_on_the_plain_names_is_waited_for_before_the_claims_are_load
         new.kill()
 
 
+@pytest.mark.process
 def test_an_instance_on_the_plain_names_appearing_takes_the_calls_over(dirs: DaemonDirs, host_root: Path) -> None:
     """A rollback to the previous release: its pod starts on the plain names and shares nothing, so this
     instance unregisters (kubelet then calls only that one) and keeps its DRA socket for calls already sent."""
@@ -290,6 +294,7 @@ def test_an_instance_on_the_plain_names_appearing_takes_the_calls_over(dirs: Dae
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_kill_9_loop_with_two_instances(dirs: DaemonDirs, host_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Random prepares and unprepares sent to either of two live instances; one of them killed (kill -9) at a
     random moment and replaced by a new pod. Every answer for a prepared claim stays the same, no device is

@@ -294,22 +294,28 @@ def test_a_watch_answered_with_an_error_raises(server: FakeApiServer) -> None:
 # --- client-side rate limit -----------------------------------------------------------------------------------
 
 def test_requests_beyond_the_burst_wait_for_the_rate(server: FakeApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    waits: list[float] = []  # what each request waited for its token (a wall-clock bound fails on a loaded machine)
+    waits: list[float] = []  # what each request waited for its token
     acquire = TokenBucket.acquire
+    now = [time.monotonic()]  # the buckets' clock: it moves only when a bucket sleeps, never with the load
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
 
     def recorded(bucket: TokenBucket, deadline: float) -> float:
         waits.append(acquire(bucket, deadline))
         return waits[-1]
 
     monkeypatch.setattr(TokenBucket, "acquire", recorded)
+    monkeypatch.setattr(kube, "TokenBucket", lambda rate: TokenBucket(rate, clock=lambda: now[0], sleep=sleep))
     client = api(server, ClientOptions(rate=Rate(qps=10, burst=3)))
-    start = time.monotonic()
+    start = now[0]
     for i in range(3):
         client.call("GET", f"/burst-{i}")
     assert waits == [0.0, 0.0, 0.0]
     for i in range(3):
         client.call("GET", f"/paced-{i}")
-    assert time.monotonic() - start >= 0.28  # three more at 10 per second
+    assert waits[3:] == pytest.approx([0.1, 0.1, 0.1]) and now[0] - start == pytest.approx(0.3)  # 10 per second
+    assert [s.target for s in server.seen][-3:] == ["/paced-0", "/paced-1", "/paced-2"]
     slow = api(server, ClientOptions(rate=Rate(qps=0.2, burst=1), deadline=1.0))
     slow.call("GET", "/one")
     with pytest.raises(ApiClientError, match=r"client-side rate limit \(0.2 requests per second, burst 1\) would "

@@ -91,6 +91,7 @@ def test_an_answer_that_never_completes_fails_the_claim_get_by_the_deadline(
 
 
 @pytest.mark.attacks
+@pytest.mark.process
 def test_the_daemon_fails_a_prepare_against_a_dripping_api_server_in_time_and_the_next_prepare_works(
         server: FakeApiServer, dirs: DaemonDirs, host_root: Path) -> None:
     good = claim("good", uid(2), devices(3))
@@ -134,6 +135,7 @@ def test_the_daemon_fails_a_prepare_against_a_dripping_api_server_in_time_and_th
 
 
 @pytest.mark.attacks
+@pytest.mark.process
 def test_a_dripping_list_does_not_hold_the_publisher_lock(server: FakeApiServer, host_root: Path) -> None:
     def script(seen: Seen, reply: Reply) -> bool:
         if seen.target.startswith(RESOURCE_SLICES):
@@ -163,6 +165,7 @@ def test_a_dripping_list_does_not_hold_the_publisher_lock(server: FakeApiServer,
     assert "no complete answer within the request deadline of 1.5 s" in str(failed[0])
 
 
+@pytest.mark.process
 def test_a_12_mib_claim_is_refused_naming_the_cap_and_memory_stays_bounded(server: FakeApiServer,
                                                                           tmp_path: Path) -> None:
     # Three times the cap: four unbounded reads at once would hold 48 MiB, past the bound below; a size of its own
@@ -226,6 +229,7 @@ print(json.dumps({{"before": before, "after": peak(), "errors": errors}}))
 
 
 @pytest.mark.attacks
+@pytest.mark.process
 def test_a_watch_that_ends_at_once_makes_the_publisher_back_off_and_log_it(server: FakeApiServer, host_root: Path,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
     """A small in-memory API for slices; every watch ends at once, without an event. Without backoff the publisher

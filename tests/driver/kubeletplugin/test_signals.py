@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 # A child that takes the event's own lock in the main thread, raises SIGTERM (the handler runs right there, inside
 # the lock), releases it, then waits for the event. With a handler calling event.set() directly it never ends.
 CHILD = textwrap.dedent("""

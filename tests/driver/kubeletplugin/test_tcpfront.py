@@ -8,6 +8,7 @@ import asyncio
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -17,7 +18,7 @@ from neuron_dra.driver.kubeletplugin.tcpfront import FORWARD_BYTES, Front, Front
 T = TypeVar("T")
 
 
-def run(limits: FrontLimits, body: Callable[[Front, int], T]) -> T:
+def run(limits: FrontLimits, body: Callable[[Front, int], T], clock: Callable[[], float] = time.monotonic) -> T:
     """`body(front, port)` in a thread while the front runs in an event loop, forwarding to an echo server."""
     name = f"\0neuron-dra-test-{os.getpid()}-{secrets.token_hex(4)}"
 
@@ -28,7 +29,7 @@ def run(limits: FrontLimits, body: Callable[[Front, int], T]) -> T:
 
     async def main() -> T:
         backend = await asyncio.start_unix_server(echo, name)
-        front = Front(name, limits)
+        front = Front(name, limits, clock=clock)
         port = await front.listen("127.0.0.1", 0)
         await front.start()
         try:
@@ -89,17 +90,46 @@ def test_a_new_connection_beyond_the_limit_closes_the_least_recently_active_wait
     run(FrontLimits(max_connections=4), body)
 
 
+class FakeClock:
+    """The front's clock, set by the test; counts its reads, so the test can wait for the sweep to have read it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.reads = 0
+        self._changed = threading.Condition()
+
+    def __call__(self) -> float:
+        with self._changed:
+            self.reads += 1
+            self._changed.notify_all()
+            return self.now
+
+    def set(self, now: float) -> None:
+        with self._changed:
+            self.now = now
+
+    def read_again(self, times: int) -> bool:
+        with self._changed:
+            target = self.reads + times
+            return self._changed.wait_for(lambda: self.reads >= target, timeout=30)
+
+
 def test_connections_end_at_their_lifetime_and_their_byte_limit() -> None:
+    clock = FakeClock()
+
     def body(front: Front, port: int) -> None:
-        quiet = connect(port)
-        start = time.monotonic()
+        quiet = connect(port)  # accepted at 0.0 on the fake clock
         chatty = connect(port)
         chatty.sendall(b"c" * 2048)  # over the 1 KiB limit
         assert closed(chatty) and front.cut == 1
-        assert closed(quiet)
-        assert 0.9 < time.monotonic() - start < 3.0 and front.expired == 1
+        clock.set(0.9)
+        # only the sweep reads the clock now: at the second read, a whole sweep has run at 0.9
+        assert clock.read_again(2)
+        assert front.expired == 0 and front.connections == 1  # the quiet one is kept before its lifetime ends
+        clock.set(1.1)
+        assert closed(quiet) and front.expired == 1
 
-    run(FrontLimits(lifetime=1.0, max_bytes=1024), body)
+    run(FrontLimits(lifetime=1.0, max_bytes=1024), body, clock)
 
 
 def test_limits_shrink_with_the_open_files_limit() -> None:

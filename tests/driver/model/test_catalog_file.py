@@ -84,6 +84,7 @@ def test_an_own_type_is_emulated_discovered_and_published(tmp_path: Path) -> Non
     assert us[-1].name == "neuron-node" and us[-1].attributes["deviceCount"] == {"int": 8}
 
 
+@pytest.mark.process
 def test_the_clis_take_the_file(tmp_path: Path) -> None:
     path = write(tmp_path, ACME)
     run = [sys.executable, "-m", "neuron_dra"]
@@ -168,6 +169,7 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
         load_catalog(broken)
 
 
+@pytest.mark.process
 def test_the_daemon_serves_an_own_type_from_the_env_catalog_and_refuses_without_it(tmp_path: Path) -> None:
     path = write(tmp_path, ACME)
     with short_dir() as base:
@@ -276,6 +278,7 @@ def test_a_yaml_float_tag_is_not_an_integer(tmp_path: Path) -> None:
         load_catalog(path)
 
 
+@pytest.mark.process
 def test_the_daemon_refuses_a_hostile_catalog_with_a_reason_and_leaves_no_socket(tmp_path: Path) -> None:
     path = tmp_path / "deep.yaml"
     path.write_text("[" * 10_000 + "]" * 10_000, encoding="utf-8")

@@ -219,6 +219,7 @@ def _ref(name: str, n: int) -> ClaimRef:
     return ClaimRef("default", name, uid(n))
 
 
+@pytest.mark.process
 def test_cli_slices_with_cores() -> None:
     run = [sys.executable, "-m", "neuron_dra", "slices", "--node-name", "n1", "--instance-type"]
     out = subprocess.run([*run, "trn2.48xlarge", "--cores"], capture_output=True, text=True, check=True)

@@ -190,6 +190,7 @@ def test_driver_name_is_configurable() -> None:
     assert obj["metadata"]["generateName"] == "n-neuron.example.com-"
 
 
+@pytest.mark.process
 def test_cli_slices_emulated_equals_host_root(host_tree: HostTree) -> None:
     run = [sys.executable, "-m", "neuron_dra", "slices", "--node-name", "n1"]
     emulated = subprocess.run([*run, "--instance-type", "trn1n.32xlarge"], capture_output=True, text=True, check=True)
@@ -199,6 +200,7 @@ def test_cli_slices_emulated_equals_host_root(host_tree: HostTree) -> None:
     assert json.loads(emulated.stdout)[0]["spec"]["devices"][15]["name"] == "neuron-device-15"
 
 
+@pytest.mark.process
 def test_cli_errors_are_clear(host_tree: HostTree) -> None:
     bad = subprocess.run([sys.executable, "-m", "neuron_dra", "slices", "--node-name", "n", "--instance-type", "p5"],
                          capture_output=True, text=True)
@@ -210,6 +212,7 @@ def test_cli_errors_are_clear(host_tree: HostTree) -> None:
     assert bad.returncode == 2 and "neuron1/core_count" in bad.stderr and "'x'" in bad.stderr
 
 
+@pytest.mark.process
 def test_cli_emulate_writes_a_discoverable_tree(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "neuron_dra", "emulate", "trn2u.48xlarge", str(tmp_path / "h"),
                           "--ultraserver-node", "2"], capture_output=True, text=True, check=True)

@@ -36,6 +36,7 @@ def attr(dev: PoolDevice, name: str) -> Any:
     return value
 
 
+@pytest.mark.process
 def test_the_judged_command_prints_16_devices_of_144gi_and_8_cores_without_grid_attributes() -> None:
     out = subprocess.run([sys.executable, "-m", "neuron_dra", "slices", "--instance-type", "trn3.48xlarge",
                           "--node-name", "n1"], capture_output=True, text=True, check=True)
