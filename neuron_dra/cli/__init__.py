@@ -19,6 +19,12 @@ from typing import Protocol, cast
 
 from neuron_dra.driver.errortext import did_you_mean, shown
 
+# A third-party module a command may need -> the extra of pyproject.toml that installs it.
+EXTRAS = {"celpy": "claims", "kubernetes": "local", "cryptography": "local", "tomli_w": "local",
+          **dict.fromkeys(("pulumi", "pulumi_aws", "pulumi_eks", "pulumi_kubernetes", "pulumi_awsx",
+                           "pulumi_docker_build"), "pulumi"),
+          "grafana_foundation_sdk": "dashboard"}
+
 
 class CommandModule(Protocol):
     HELP: str
@@ -53,7 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     module: CommandModule | None = None
     for name, source in names.items():
         if name == selected:
-            module = cast(CommandModule, importlib.import_module(f"{__name__}.{source.stem}"))
+            try:
+                module = cast(CommandModule, importlib.import_module(f"{__name__}.{source.stem}"))
+            except ModuleNotFoundError as e:
+                extra = EXTRAS.get((e.name or "").partition(".")[0])
+                if extra is None:
+                    raise
+                print(f"neuron-dra {name}: needs the '{extra}' extra ({e.name} is not installed): pip install "
+                      f"'neuron-dra[{extra}]'", file=sys.stderr)
+                return 2
             module.configure(sub.add_parser(name, help=summary(source), description=module.HELP))
         else:  # the summaries show only in the top-level help
             sub.add_parser(name, help=None if selected in names else summary(source))

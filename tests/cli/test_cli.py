@@ -65,3 +65,14 @@ def test_an_unknown_command_is_named_with_the_nearest_and_the_choices(capsys: py
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "unknown command 'slice'; did you mean 'slices'? (commands: claims, cluster," in err, err
+
+
+def test_a_command_whose_extra_is_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    for name in list(sys.modules):
+        if name.startswith(("neuron_dra.cli.claims", "neuron_dra.claim_templates")):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "celpy", None)  # as if cel-python were not installed: import raises
+    assert main(["claims", "render", "x.py"]) == 2
+    assert "neuron-dra claims: needs the 'claims' extra (celpy is not installed): pip install 'neuron-dra[claims]'" \
+        in capsys.readouterr().err
