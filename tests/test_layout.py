@@ -35,7 +35,7 @@ def test_only_the_neuron_dra_namespace_is_importable(tmp_path: Path) -> None:
         "import importlib.util as u\n"
         f"for name in {tuple(PARTS)!r}:\n"
         "    assert u.find_spec(name) is None, name\n"
-        "import neuron_dra.driver.model.catalog, neuron_dra.claim_templates, neuron_dra.localcluster.topology\n"
+        "import neuron_dra.driver.model.catalog, neuron_dra.claim_templates, neuron_dra.localcluster.nodes.topology\n"
         "print('ok')\n"
     )
     result = _python(probe, tmp_path)

@@ -18,7 +18,7 @@ from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.components import plan
-from neuron_dra.localcluster import karpenter
+from tests.support import karpenter
 
 pytestmark = pytest.mark.cluster
 

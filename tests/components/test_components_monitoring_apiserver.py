@@ -13,8 +13,8 @@ from kubernetes import client, dynamic
 from neuron_dra.components.monitoring import serves_pod_monitors
 from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.components.stack import driver_options
-from neuron_dra.localcluster import prometheus_build
-from neuron_dra.localcluster.controlplane import ControlPlane
+from neuron_dra.localcluster.controlplane import prometheus_build
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
 
 pytestmark = [pytest.mark.cluster, pytest.mark.gobuild]
 

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import DriverDeployOptions
-from neuron_dra.localcluster import prometheus_build
+from neuron_dra.localcluster.controlplane import prometheus_build
 
 pytestmark = [pytest.mark.cluster, pytest.mark.gobuild]
 OPTIONS = DriverDeployOptions(metrics_port=9400, pod_monitor=True, pod_monitor_labels={"release": "kps"})

@@ -27,7 +27,7 @@ from neuron_dra.claim_templates.examples import (
     trn2_row_lnc1,
 )
 from neuron_dra.driver.model.k8s_names import neuron_toleration
-from neuron_dra.localcluster.topology import DEMO_NODES
+from neuron_dra.localcluster.nodes.topology import DEMO_NODES
 
 DEMO_NAMESPACE = "neuron-demo"
 DEMO_LABEL = "neuron-dra.aws.com/demo"

@@ -14,8 +14,8 @@ from typing import Any
 from neuron_dra.claim_templates import CheckReport
 from neuron_dra.driver.model.neuron_env import core_ranges
 from neuron_dra.driver.model.partitions import parse_core_device
-from neuron_dra.localcluster.topology import NodeSpec
-from neuron_dra.localcluster.topology_view import NodeView
+from neuron_dra.localcluster.demo.topology_view import NodeView
+from neuron_dra.localcluster.nodes.topology import NodeSpec
 
 NEURON_DEVICE_PREFIX = "neuron-device-"
 EFA_DEVICE_PREFIX = "efa-"
