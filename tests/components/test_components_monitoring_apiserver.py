@@ -1,6 +1,6 @@
 """`podMonitor: auto` against a real kube-apiserver: off while the cluster lacks prometheus-operator's PodMonitor
-CRD, on once it serves it (the CRD generated from the pinned types, localcluster/prometheus_build.py), off with a
-warning when the cluster cannot be asked."""
+CRD, on once it serves it (the CRD generated from the pinned types, localcluster/controlplane/prometheus_build.py),
+off with a warning when the cluster cannot be asked."""
 
 from __future__ import annotations
 
