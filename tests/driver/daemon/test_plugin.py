@@ -1,4 +1,4 @@
-"""The kubelet-facing gRPC servers over real unix sockets, driven by localcluster/pluginclient.py (the gRPC
+"""The kubelet-facing gRPC servers over real unix sockets, driven by tests/support/pluginclient.py (the gRPC
 half of the kubelet stand-in: kubelet's timeouts and version choice). Claims come from an in-memory lookup
 here; test_driver_apiserver.py runs the same path against the real API server."""
 
