@@ -1,6 +1,6 @@
 """The outcome of `neuron-dra demo`: pod -> node -> devices -> core ranges, next to what the claim check predicted.
 
-Built from a record of each running pod (demo.DemoRun.record: the devices of each claim on the pod's node, and
+Built from a record of each running pod (run.DemoRun.record: the devices of each claim on the pod's node, and
 the containers' environment as the node's fake runtime recorded it at CreateContainer) and the check reports of
 the templates. Pure functions, so the table and the topology views can be tested without a cluster.
 """

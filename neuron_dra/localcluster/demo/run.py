@@ -4,9 +4,9 @@ example workloads, and where the real scheduler put them.
 Steps: check the workloads' templates against the demo's instance types (the prediction); build the Kubernetes
 binaries if they are not cached; bring up the local cluster (the supervisor applies the driver's objects); wait
 for every node's ResourceSlices; install every example template in the demo namespace (the apiserver compiles
-their CEL); create the workloads stage by stage (see demo_workloads); wait until they run; show the table, each
+their CEL); create the workloads stage by stage (see workloads.py); wait until they run; show the table, each
 node's topology and an SVG; on 1.36+ fault two devices and show the taints, the pod's health and a new claim
-avoiding them, then clear the fault (demo_health); tear down unless asked to keep the cluster. Every wait is
+avoiding them, then clear the fault (health.py); tear down unless asked to keep the cluster. Every wait is
 bounded, and the cluster is stopped on any failure or interrupt.
 """
 
@@ -265,7 +265,7 @@ class DemoRun:
 
     def health_stage(self, outcomes: Sequence[PodOutcome]) -> HealthOutcome:
         """Fault two inf2 devices (one in use, one free), watch the taints, the pod's status and a new claim, then
-        clear them (demo_health.py)."""
+        clear them (health.py)."""
         inf2 = [n.name for n in self.cluster.nodes if n.instance_type == HEALTH_INSTANCE_TYPE]
         count = get_instance_spec(HEALTH_INSTANCE_TYPE).device_count
         plan = next((p for p in (plan_faults(outcomes, n, count) for n in inf2) if p is not None), None)

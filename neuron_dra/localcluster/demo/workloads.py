@@ -58,7 +58,7 @@ CORE_STAGE = Stage((
     Workload("core-b", inf2_one_core, "the other NeuronCore of the same inf2 device"),
 ))
 
-# The device-health stage (demo_health.py): a one-device pod created while two inf2 devices are faulted.
+# The device-health stage (health.py): a one-device pod created while two inf2 devices are faulted.
 inf2_one_device = ClaimTemplate("inf2-one-device", Neuron(1, instance_types="inf2.48xlarge"))
 SPARE = Workload("spare", inf2_one_device, "one inf2 device while two are faulted")
 
