@@ -74,7 +74,7 @@ protos:
 
 image:
 	@if command -v docker >/dev/null 2>&1; then docker build -f neuron_dra/driver/Dockerfile -t $(IMAGE) .; \
-	else $(PYTHON) -m neuron_dra.localcluster.images driver; fi
+	else $(PYTHON) -m neuron_dra.localcluster.nodes.images driver; fi
 
 demo:
 	$(PYTHON) -m neuron_dra demo

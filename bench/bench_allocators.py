@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the case generat
 from neuron_dra.claim_templates.allocator import Simulator, simulate
 from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.node_model import NodeCatalog
-from neuron_dra.localcluster import allocsim
+from tests.support import allocsim
 from tests.support.allocator_cases import Case, CaseGenerator
 from tests.support.allocator_compare import Answer, compare, go_answers, python_answers, runs
 

@@ -36,7 +36,7 @@ from neuron_dra.driver.kubeletplugin.kube import ApiClient, ClientOptions, KubeA
 from neuron_dra.driver.kubeletplugin.kubeconfig import ClusterConfig, load_kubeconfig
 from neuron_dra.driver.kubeletplugin.ratelimit import Rate
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.localcluster.controlplane import ControlPlane
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 NAME = "bench-claim"

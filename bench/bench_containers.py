@@ -26,10 +26,11 @@ from typing import Any
 from kubernetes import client, config
 
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, neuron_toleration
-from neuron_dra.localcluster import containerd, procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import down, up
-from neuron_dra.localcluster.containerd_node import cgroup_root, containerd_paths
+from neuron_dra.localcluster.nodes import containerd
+from neuron_dra.localcluster.nodes.containerd_node import cgroup_root, containerd_paths
+from neuron_dra.localcluster.processes import procs
 
 NODE = "trn1-32xlarge-1"
 NS = "default"

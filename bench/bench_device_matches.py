@@ -39,8 +39,7 @@ from neuron_dra.claim_templates.examples import neuron_1x4_connected, one_neuron
 from neuron_dra.driver.model.efa import EFA_DRIVER
 from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.driver.model.slices import K8S_DOMAIN
-from neuron_dra.localcluster.allocsim import source_hash
-from neuron_dra.localcluster.build import BuildError, cache_root, cached_go_build
+from neuron_dra.localcluster.build import BuildError, cache_root, cached_go_build, source_hash
 
 MODULE = Path(__file__).resolve().parent / "go" / "devicematches"
 BINARY = "devicematches"

@@ -30,9 +30,10 @@ import yaml
 from kubernetes import client, config
 
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, neuron_toleration
-from neuron_dra.localcluster import kubelet, procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import down, up
+from neuron_dra.localcluster.nodes import kubelet
+from neuron_dra.localcluster.processes import procs
 
 NODE = "trn1-32xlarge-1"
 NS = "default"

@@ -1,6 +1,6 @@
 """Benchmark: the daemon next to kubernetes-sigs/dra-example-driver's kubelet plugin (Go), the reference.
 
-Both drivers run against one local control plane (localcluster/controlplane.py, the default Kubernetes minor
+Both drivers run against one local control plane (localcluster/controlplane/plane.py, the default Kubernetes minor
 unless --kubernetes-version), for one Node, and are driven by one client speaking kubelet's protocols over
 their unix sockets (registration, then DRA v1; the client below, so the figures do not depend on the local
 cluster's kubelet stand-in). Calls are interleaved: every cycle prepares and unprepares a 1-device and an
@@ -54,7 +54,7 @@ from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, pluginregistr
 from neuron_dra.driver.model.emulate import EmulationOptions, emulate
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import build
-from neuron_dra.localcluster.controlplane import ControlPlane
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
 
 REPO = Path(__file__).resolve().parent.parent
 NODE = "bench-node"
@@ -366,7 +366,7 @@ def share_priority(pids: Sequence[int]) -> str:
     With autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled; sched(7), "The autogroup feature") the
     CPU is shared between sessions first and `nice` orders only the processes of one session: `nice -n -15`
     alone gives the bench nothing against other work on the machine. The drivers run in the bench's session;
-    the control plane's processes in sessions of their own (localcluster/procs.py). The caller restores its
+    the control plane's processes in sessions of their own (localcluster/processes/procs.py). The caller restores its
     own session's (`run`): the shell that started the bench keeps running in it."""
     niceness = os.nice(0)
     if niceness >= 0:

@@ -1,6 +1,6 @@
 """Benchmark: NodePrepareResources latency over the DRA socket, and the daemon's memory over many cycles.
 
-The client speaks kubelet's protocol on the daemon's real unix socket (localcluster/pluginclient.py).
+The client speaks kubelet's protocol on the daemon's real unix socket (tests/support/pluginclient.py).
 
 Latency: the daemon runs on an emulated trn2.48xlarge with claims read from local JSON files instead of
 GET from the API server (`python -m neuron_dra.driver.daemon.testing`; the target excludes the claim GET).
@@ -15,7 +15,7 @@ floor the checkpoint's fsync puts under a prepare); GetInfo on the registration 
 Memory: the daemon's RSS after start and every tenth of 10,000 prepare/unprepare cycles of a 16-device claim
 (target: at most 64 MiB and flat), with the gRPC health port on and its liveness check (which calls the
 daemon's own sockets) probed every second. With --apiserver, a second daemon, the real one
-(`python -m neuron_dra.driver`), runs against a local control plane (localcluster/controlplane.py): every
+(`python -m neuron_dra.driver`), runs against a local control plane (localcluster/controlplane/plane.py): every
 prepare GETs its claim over TLS, slices are published, and every tenth of the cycles the node's slices are
 wiped as kubelet does at its start, so the daemon republishes them.
 
@@ -46,10 +46,12 @@ from typing import Any
 
 import grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pluginclient lives with the tests (tests.support)
+
 from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, LIVENESS_SERVICE
-from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.pluginclient import ClaimRef
+from tests.support import pluginclient
+from tests.support.pluginclient import ClaimRef
 
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "bench-node"
@@ -315,7 +317,7 @@ def memory(daemon: Daemon, ref: ClaimRef, cycles: int, label: str, wipe: Callabl
 def with_apiserver(base: Path, python: str, env: Mapping[str, str], cycles: int) -> None:
     from kubernetes import client
 
-    from neuron_dra.localcluster.controlplane import ControlPlane
+    from neuron_dra.localcluster.controlplane.plane import ControlPlane
 
     plane = ControlPlane.start(base / "controlplane", max_lifetime_s=3600)
     api = plane.api_client()

@@ -1,7 +1,7 @@
 """Benchmark: what claim pods cost the real kube-scheduler at 100 to 1,000+ trn2.48xlarge nodes.
 
 Per cell (node count x variant) a fresh control plane of the default Kubernetes version
-(localcluster/controlplane.py: etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the profile of
+(localcluster/controlplane/plane.py: etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the profile of
 --profile, `tuned` by default) gets N Node objects and their ResourceSlices through the API (no kubelets). A variant
 (VARIANTS) names the slice model (scale_cluster.SLICE_MODELS: "ours", driver/model/slices.py as the daemon
 publishes it with --core-partitions off; "ours-cores", with NeuronCores and counters; "aws", the same devices with
@@ -70,8 +70,8 @@ from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.claim_templates.scale import ScaleEstimate, estimate_spec
 from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.localcluster.controlplane import ControlPlane
-from neuron_dra.localcluster.profiles import PROFILES
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
+from neuron_dra.localcluster.controlplane.profiles import PROFILES
 
 NAMESPACE = "bench"
 # Pod shape -> its claim template (None: a pod without a claim). 8 connected + 8 EFAs is AWS's aligned-EFA sample

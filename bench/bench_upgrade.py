@@ -30,10 +30,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pluginclient lives with the tests (tests.support)
+
 from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.pluginclient import ClaimRef, PluginCallError
+from tests.support import pluginclient
+from tests.support.pluginclient import ClaimRef, PluginCallError
 
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "bench-node"

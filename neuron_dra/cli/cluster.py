@@ -27,9 +27,9 @@ from neuron_dra.localcluster.build import (
 from neuron_dra.localcluster.cluster import ClusterError
 from neuron_dra.localcluster.cluster import down as stop_cluster
 from neuron_dra.localcluster.cluster import up as start_cluster
-from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
+from neuron_dra.localcluster.controlplane.profiles import DEFAULT_PROFILE, PROFILES
+from neuron_dra.localcluster.nodes.topology import DEMO_NODES, NodePaths
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S
-from neuron_dra.localcluster.topology import DEMO_NODES, NodePaths
 
 BUILD_HELP = (
     "Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and the fake CRI runtime from "

@@ -1,6 +1,6 @@
 """`neuron-dra demo`: run the local cluster with emulated Trainium nodes, the driver and example workloads.
 
-The main job on one machine (localcluster/demo.py).
+The main job on one machine (localcluster/demo/run.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from kubernetes.client.exceptions import ApiException
 from neuron_dra.cli._host import add_host_arguments, choose
 from neuron_dra.localcluster.build import DEFAULT_MINOR, BuildError, supported_minors
 from neuron_dra.localcluster.cluster import ClusterError
-from neuron_dra.localcluster.demo import DemoError, DemoOptions, run_demo
-from neuron_dra.localcluster.demo_report import ReportError
+from neuron_dra.localcluster.demo.report import ReportError
+from neuron_dra.localcluster.demo.run import DemoError, DemoOptions, run_demo
 
 HELP = ("Bring up the local cluster (real kube-apiserver, kube-scheduler and kube-controller-manager; two "
         "trn2.48xlarge, one trn1.32xlarge and one inf2.48xlarge emulated node, each running the driver), install "

@@ -300,13 +300,19 @@ def ensure_binaries(
 FAKECRI_MODULE = GO_DIR / "fakecri"
 
 
+def source_hash(module_dir: Path) -> str:
+    """A short hash of everything that decides a Go module's binary: its *.go, go.mod and go.sum (the cache key of
+    a program of our own, so that an edit rebuilds it)."""
+    digest = hashlib.sha256()
+    for path in sorted([*module_dir.glob("*.go"), module_dir / "go.mod", module_dir / "go.sum"]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def build_fakecri(*, cache: Path | None = None, log: Log | None = None) -> Path:
     """The fake CRI runtime the local cluster's kubelets use (`go/fakecri`), cached under
-    `fakecri/<hash of main.go, go.mod, go.sum>/` so that an edit rebuilds it."""
-    digest = hashlib.sha256()
-    for path in sorted([*FAKECRI_MODULE.glob("*.go"), FAKECRI_MODULE / "go.mod", FAKECRI_MODULE / "go.sum"]):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    target = (cache or cache_root()) / "fakecri" / digest.hexdigest()[:16]
+    `fakecri/<source_hash>/` so that an edit rebuilds it."""
+    target = (cache or cache_root()) / "fakecri" / source_hash(FAKECRI_MODULE)
     return cached_go_build(FAKECRI_MODULE, {"fakecri": "neuron-dra/localcluster/go/fakecri"}, target,
                            ldflags=["-s", "-w"], log=log)["fakecri"]
 

@@ -16,7 +16,6 @@ from typing import Any
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.catalog_file import load_catalog
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import (
     DEFAULT_MINOR,
     build_containerd,
@@ -25,13 +24,14 @@ from neuron_dra.localcluster.build import (
     check_minor,
     ensure_binaries,
 )
-from neuron_dra.localcluster.images import ensure_images
-from neuron_dra.localcluster.kubelet import KubeletError, require_root
-from neuron_dra.localcluster.netpol import NetworkPolicyError, require_tools
-from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
-from neuron_dra.localcluster.prometheus_build import build_prometheus
+from neuron_dra.localcluster.controlplane.profiles import DEFAULT_PROFILE, PROFILES
+from neuron_dra.localcluster.controlplane.prometheus_build import build_prometheus
+from neuron_dra.localcluster.nodes.images import ensure_images
+from neuron_dra.localcluster.nodes.kubelet import KubeletError, require_root
+from neuron_dra.localcluster.nodes.netpol import NetworkPolicyError, require_tools
+from neuron_dra.localcluster.nodes.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
+from neuron_dra.localcluster.processes import procs
 from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, RUNTIMES, STATUS_FILE
-from neuron_dra.localcluster.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 
 # Real containers by default; `fake` for fast tests of the driver (docs/real-runtime.md).
 DEFAULT_RUNTIME = "containerd"
@@ -92,10 +92,10 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     return when every node's kubelet reports Ready and its driver runs. `catalog_file` adds instance types
     (docs/catalog-file.md) for the nodes, their emulated hosts and their drivers. `runtime` is `containerd`
     (real containers; the driver runs as the DaemonSet from its image) or `fake` (the fake CRI runtime; the
-    driver runs as a host process). `profile` names the control plane's rate limits (localcluster/profiles.py).
-    `prometheus`: a Prometheus scraping every node's driver (localcluster/prometheus.py; its URL is
+    driver runs as a host process). `profile` names the control plane's rate limits (controlplane/profiles.py).
+    `prometheus`: a Prometheus scraping every node's driver (controlplane/prometheus.py; its URL is
     `LocalCluster.prometheus`). `network_policy`: NetworkPolicy enforced on every node by kube-router's policy
-    controller inside the node's network namespace (containerd only; localcluster/netpol.py)."""
+    controller inside the node's network namespace (containerd only; localcluster/nodes/netpol.py)."""
     catalog = load_catalog(catalog_file) if catalog_file else BUILTIN  # a bad file fails here, before any build
     nodes = parse_nodes(list(node_args), catalog)
     if not nodes:

@@ -31,8 +31,6 @@ from neuron_dra.driver.kubeletplugin.signals import set_on_signals
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.catalog_file import load_catalog
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.localcluster import fakeruntime, kubelet, netpol, procs
-from neuron_dra.localcluster.apply import apply_all
 from neuron_dra.localcluster.build import (
     DEFAULT_MINOR,
     Binaries,
@@ -41,17 +39,20 @@ from neuron_dra.localcluster.build import (
     build_kube_router,
     ensure_binaries,
 )
-from neuron_dra.localcluster.containerd_node import ContainerdNodeAgent, driver_pod_selector, wait_driver_ready
-from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
-from neuron_dra.localcluster.efa_emulator import efa_device_class
-from neuron_dra.localcluster.images import ensure_images, write_references
-from neuron_dra.localcluster.nodeagent import NodeAgentBase, stop_part
-from neuron_dra.localcluster.nodens import HOST_TREE
-from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, PROFILES
-from neuron_dra.localcluster.prometheus import METRICS_PORT, LocalPrometheus, ScrapeTarget
-from neuron_dra.localcluster.prometheus_build import build_prometheus
-from neuron_dra.localcluster.restarting import Restarting
-from neuron_dra.localcluster.topology import NodeSpec, parse_nodes, runtime_dir
+from neuron_dra.localcluster.controlplane.apply import apply_all
+from neuron_dra.localcluster.controlplane.plane import BoundObject, ControlPlane
+from neuron_dra.localcluster.controlplane.profiles import DEFAULT_PROFILE, PROFILES
+from neuron_dra.localcluster.controlplane.prometheus import METRICS_PORT, LocalPrometheus, ScrapeTarget
+from neuron_dra.localcluster.controlplane.prometheus_build import build_prometheus
+from neuron_dra.localcluster.nodes import fakeruntime, kubelet, netpol
+from neuron_dra.localcluster.nodes.containerd_node import ContainerdNodeAgent, driver_pod_selector, wait_driver_ready
+from neuron_dra.localcluster.nodes.efa_emulator import efa_device_class
+from neuron_dra.localcluster.nodes.images import ensure_images, write_references
+from neuron_dra.localcluster.nodes.nodeagent import NodeAgentBase, stop_part
+from neuron_dra.localcluster.nodes.nodens import HOST_TREE
+from neuron_dra.localcluster.nodes.topology import NodeSpec, parse_nodes, runtime_dir
+from neuron_dra.localcluster.processes import procs
+from neuron_dra.localcluster.processes.restarting import Restarting
 
 log = logging.getLogger(__name__)
 DEFAULT_TTL_S = 2 * 3600
@@ -214,7 +215,7 @@ def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = 
 
 def expose_drivers(api: client.ApiClient, options: Any, agents: list[Any], ports: kubelet.PortAllocator,
                    lifetime_s: float) -> list[Any]:
-    """Scrape targets on the host for the driver pods of a containerd cluster (localcluster/prometheus.py)."""
+    """Scrape targets on the host for the driver pods of a containerd cluster (controlplane/prometheus.py)."""
     pods = client.CoreV1Api(api).list_namespaced_pod(options.namespace, label_selector=driver_pod_selector()).items
     ip_of = {p.spec.node_name: p.status.pod_ip for p in pods if p.spec and p.status and p.status.pod_ip}
     targets = []

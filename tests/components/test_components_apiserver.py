@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.components import plan
 from neuron_dra.driver import deploy
-from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
+from neuron_dra.localcluster.controlplane.plane import BoundObject, ControlPlane
 
 # Every test here runs a control plane.
 pytestmark = pytest.mark.cluster

@@ -36,9 +36,9 @@ from neuron_dra.driver.deploy import DriverDeployOptions
 from neuron_dra.driver.model.slices import device_name
 from neuron_dra.localcluster.build import pulumi_kubernetes_version
 from neuron_dra.localcluster.cluster import LocalCluster
-from neuron_dra.localcluster.controlplane import ControlPlane
-from neuron_dra.localcluster.nodens import HOST_TREE
-from neuron_dra.localcluster.podlogs import api_container_log, workload_report
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
+from neuron_dra.localcluster.nodes.nodens import HOST_TREE
+from neuron_dra.localcluster.processes.podlogs import api_container_log, workload_report
 from tests.components.test_components_import import (
     PACKAGE_PARTS,
     environment_without_this_checkout,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from neuron_dra.components import driver_image
-from neuron_dra.localcluster import images
+from neuron_dra.localcluster.nodes import images
 from tests.components.test_components_import import PACKAGE_PARTS, ROOT
 
 pytestmark = [pytest.mark.containerd, pytest.mark.slow, pytest.mark.process]

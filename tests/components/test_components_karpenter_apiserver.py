@@ -1,6 +1,6 @@
 """The Karpenter objects `neuron-dra plan -o yaml` prints, against a real kube-apiserver serving Karpenter's own CRDs.
 
-The CRDs come from the pinned Karpenter release (localcluster/karpenter.py); the NodePools and EC2NodeClasses of
+The CRDs come from the pinned Karpenter release (tests/support/karpenter.py); the NodePools and EC2NodeClasses of
 Pulumi.karpenter-example.yaml (a static trn2.48xlarge Capacity Block pool, a dynamic trn1 pool) are created with
 strict field validation, so their schemas and CEL rules judge every field as they would on EKS; objects with a
 wrong field are refused there, each for its own reason.
@@ -18,7 +18,7 @@ from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.components import plan
-from neuron_dra.localcluster import karpenter
+from tests.support import karpenter
 
 pytestmark = pytest.mark.cluster
 

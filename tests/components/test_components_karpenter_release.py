@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from neuron_dra.components import karpenter as component
-from neuron_dra.localcluster import karpenter
 from neuron_dra.localcluster.build import BuildError
+from tests.support import karpenter
 
 pytestmark = pytest.mark.gobuild
 

@@ -1,6 +1,6 @@
 """`podMonitor: auto` against a real kube-apiserver: off while the cluster lacks prometheus-operator's PodMonitor
-CRD, on once it serves it (the CRD generated from the pinned types, localcluster/prometheus_build.py), off with a
-warning when the cluster cannot be asked."""
+CRD, on once it serves it (the CRD generated from the pinned types, localcluster/controlplane/prometheus_build.py),
+off with a warning when the cluster cannot be asked."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from kubernetes import client, dynamic
 from neuron_dra.components.monitoring import serves_pod_monitors
 from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.components.stack import driver_options
-from neuron_dra.localcluster import prometheus_build
-from neuron_dra.localcluster.controlplane import ControlPlane
+from neuron_dra.localcluster.controlplane import prometheus_build
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
 
 pytestmark = [pytest.mark.cluster, pytest.mark.gobuild]
 

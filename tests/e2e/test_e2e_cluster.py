@@ -21,8 +21,8 @@ from kubernetes.client.exceptions import ApiException
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device, read_node_lnc
 from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, resource_slices
-from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.cluster import LocalCluster
+from neuron_dra.localcluster.processes import procs
 from tests.support.e2e import (
     allocated_devices,
     cdi_specs_naming,

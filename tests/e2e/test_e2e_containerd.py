@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from neuron_dra.localcluster import pki, procs
 from neuron_dra.localcluster.cluster import LocalCluster
-from neuron_dra.localcluster.demo import DemoOptions, DemoRun, Narrator
-from neuron_dra.localcluster.nodens import host_listening
-from neuron_dra.localcluster.podlogs import api_container_log, container_log, workload_report
+from neuron_dra.localcluster.controlplane import pki
+from neuron_dra.localcluster.demo.run import DemoOptions, DemoRun, Narrator
+from neuron_dra.localcluster.nodes.nodens import host_listening
+from neuron_dra.localcluster.processes import procs
+from neuron_dra.localcluster.processes.podlogs import api_container_log, container_log, workload_report
 from tests.support import hoststate
 from tests.support.e2e import (
     NEURON_TOLERATION,

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR, kube_version
 from neuron_dra.localcluster.cluster import LocalCluster
+from neuron_dra.localcluster.processes import procs
 from tests.support.e2e import (
     NEURON_TOLERATION,
     cdi_specs_naming,

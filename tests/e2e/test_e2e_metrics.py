@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from neuron_dra.driver.deploy.dashboard import NEURON_MONITOR_METRIC, PANELS, dashboard_json, panel_exprs
 from neuron_dra.localcluster.cluster import LocalCluster
-from neuron_dra.localcluster.podlogs import container_log, workload_report
-from neuron_dra.localcluster.prometheus import add_targets, query, targets_up
+from neuron_dra.localcluster.controlplane.prometheus import add_targets, query, targets_up
+from neuron_dra.localcluster.processes.podlogs import container_log, workload_report
 from tests.support.e2e import NEURON_TOLERATION, claim_template, eventually, raw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd, pytest.mark.gobuild, pytest.mark.slow]

@@ -1,6 +1,6 @@
 """The driver's NetworkPolicy enforced on a real pod network: `cluster up --runtime containerd --network-policy`
 (containerd + runc pods on the node's CNI bridge; kube-router's policy controller in the node's network namespace,
-localcluster/netpol.py). kubelet's gRPC probes reach the driver pod from its node and pass; another pod's
+localcluster/nodes/netpol.py). kubelet's gRPC probes reach the driver pod from its node and pass; another pod's
 connections to the health and metrics ports are rejected by the policy; a pod in the scrape namespace reaches the
 metrics port and only that (docs/network-policy.md). The last test stops the cluster and checks that the host's
 mounts, interfaces, files and netfilter state (iptables, nftables, ipsets) are as before."""
@@ -18,8 +18,8 @@ from kubernetes import client, config
 from kubernetes.stream import stream
 
 from neuron_dra.driver import deploy
-from neuron_dra.localcluster.apply import apply_all
 from neuron_dra.localcluster.cluster import LocalCluster
+from neuron_dra.localcluster.controlplane.apply import apply_all
 from tests.e2e.test_e2e_containerd import DRIVER_NS, DRIVER_SELECTOR, images, ready
 from tests.support import hoststate
 from tests.support.e2e import NEURON_TOLERATION, eventually, raw

@@ -17,7 +17,7 @@ from neuron_dra.claim_templates import ClaimTemplate, Connected, Neuron
 from neuron_dra.claim_templates.checks import Checker
 from neuron_dra.driver.model.catalog_file import load_catalog
 from neuron_dra.localcluster.cluster import LocalCluster, up
-from neuron_dra.localcluster.topology import NodePaths
+from neuron_dra.localcluster.nodes.topology import NodePaths
 from tests.support.e2e import (
     allocated_devices,
     created_container,

@@ -1,6 +1,6 @@
 """The Go side of the differential allocator test: kube-scheduler's structured allocator via allocsim.
 
-Builds `localcluster/go/allocsim` on first use (cached outside the tree), then runs hand-written
+Builds `tests/support/go/allocsim` on first use (cached outside the tree), then runs hand-written
 cases whose answers are known, to show the runner and the Go program agree with the scheduler's
 semantics: matchAttribute groups, unsatisfiable counts, repeated allocation and pre-allocated devices.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.localcluster.allocsim import run_cases
+from tests.support.allocsim import run_cases
 
 # Builds and runs allocsim (kube-scheduler's allocator) from the Go module proxy.
 pytestmark = pytest.mark.gobuild

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from neuron_dra.driver import deploy
-from neuron_dra.localcluster import containerd, images
-from neuron_dra.localcluster.kubelet import KubeletPaths, KubeletSpec, kubelet_config
-from neuron_dra.localcluster.nodens import (
+from neuron_dra.localcluster.nodes import containerd, images
+from neuron_dra.localcluster.nodes.kubelet import KubeletPaths, KubeletSpec, kubelet_config
+from neuron_dra.localcluster.nodes.nodens import (
     HOST_TREE,
     SERVICE_IP,
     NodeNamespacePaths,
@@ -188,7 +188,7 @@ def test_cluster_up_refuses_an_unknown_runtime(tmp_path: Path) -> None:
 
 
 def test_container_logs_are_read_from_the_cri_format_and_the_report_parsed(tmp_path: Path) -> None:
-    from neuron_dra.localcluster.podlogs import container_log, parse_cri_log, workload_report
+    from neuron_dra.localcluster.processes.podlogs import container_log, parse_cri_log, workload_report
 
     d = tmp_path / "demo_p1_uid-1" / "main"
     d.mkdir(parents=True)
@@ -205,7 +205,7 @@ def test_container_logs_are_read_from_the_cri_format_and_the_report_parsed(tmp_p
 
 
 def test_demo_pods_run_the_workload_images_own_command_with_a_real_runtime() -> None:
-    from neuron_dra.localcluster.demo_workloads import IMAGE, pod_manifest, workloads
+    from neuron_dra.localcluster.demo.workloads import IMAGE, pod_manifest, workloads
 
     w = workloads()[0]
     fake = pod_manifest(w)["spec"]["containers"][0]

@@ -24,7 +24,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.localcluster.build import kube_version
-from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane, running, stop
+from neuron_dra.localcluster.controlplane.plane import BoundObject, ControlPlane, running, stop
 from tests.support.e2e import eventually, raw
 
 # Every test here runs a control plane.

@@ -1,4 +1,5 @@
-"""Control-plane profiles (localcluster/profiles.py): what each component gets, and a tuned plane that runs.
+"""Control-plane profiles (localcluster/controlplane/profiles.py): what each component gets, and a tuned plane
+that runs.
 
 The unit tests check the flags and the KubeSchedulerConfiguration a profile produces; the cluster test starts a
 tuned control plane and reads the scheduler's effective configuration back from its /configz endpoint, so a
@@ -15,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from neuron_dra.localcluster import controlplane
-from neuron_dra.localcluster.controlplane import ControlPlane, ControlPlaneError, Ports
-from neuron_dra.localcluster.profiles import PROFILES, get_profile, scheduler_config
+from neuron_dra.localcluster.controlplane import plane
+from neuron_dra.localcluster.controlplane.plane import ControlPlane, ControlPlaneError, Ports
+from neuron_dra.localcluster.controlplane.profiles import PROFILES, get_profile, scheduler_config
 
 PORTS = Ports(etcd_client=1, etcd_peer=2, apiserver=3, controller_manager=4, scheduler=5)
 
@@ -33,7 +34,7 @@ def test_control_plane_refuses_an_unknown_profile(tmp_path: Path) -> None:
 
 
 def test_default_profile_runs_the_scheduler_on_its_flags(tmp_path: Path) -> None:
-    args = controlplane._scheduler_args(tmp_path, PORTS, PROFILES["default"])
+    args = plane._scheduler_args(tmp_path, PORTS, PROFILES["default"])
     assert not any(a.startswith("--config=") for a in args)
     assert f"--kubeconfig={tmp_path / 'kubeconfigs' / 'kube-scheduler.kubeconfig'}" in args
     assert PROFILES["default"].apiserver_args == PROFILES["default"].controller_manager_args == ()
@@ -41,7 +42,7 @@ def test_default_profile_runs_the_scheduler_on_its_flags(tmp_path: Path) -> None
 
 def test_tuned_scheduler_gets_a_config_file_instead_of_its_deprecated_flags(tmp_path: Path) -> None:
     (tmp_path / "kubeconfigs").mkdir()
-    args = controlplane._scheduler_args(tmp_path, PORTS, PROFILES["tuned"])
+    args = plane._scheduler_args(tmp_path, PORTS, PROFILES["tuned"])
     config_args = [a for a in args if a.startswith("--config=")]
     assert len(config_args) == 1
     assert not [a for a in args if a.startswith(("--kubeconfig=", "--leader-elect=", "--profiling="))]

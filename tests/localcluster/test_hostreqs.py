@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.localcluster import hostreqs, netpol
+from neuron_dra.localcluster import hostreqs
 from neuron_dra.localcluster.hostreqs import Host, HostRequirementsError, Tool
+from neuron_dra.localcluster.nodes import netpol
 
 REPO = Path(__file__).resolve().parents[2]
 

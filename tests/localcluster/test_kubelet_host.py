@@ -20,8 +20,8 @@ import pytest
 from kubernetes import client, config
 
 from neuron_dra.localcluster.build import DEFAULT_MINOR, kube_version
-from neuron_dra.localcluster.kubelet import KUBELET_SYSCTLS
-from neuron_dra.localcluster.topology import runtime_dir
+from neuron_dra.localcluster.nodes.kubelet import KUBELET_SYSCTLS
+from neuron_dra.localcluster.nodes.topology import runtime_dir
 from tests.support.e2e import NEURON_TOLERATION, cdi_specs_naming, eventually, pod_claim, pod_phase, raw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.process]
@@ -121,7 +121,7 @@ def test_cluster_life_on_real_kubelets_leaves_the_host_untouched(cluster_dir: Pa
 def test_down_after_the_supervisor_was_killed_stops_every_node_process(cluster_dir: Path) -> None:
     """`cluster down` finds the kubelets, fake runtimes, drivers and control plane through their pid files (procs)
     when the supervisor that started them is gone (kill -9): nothing of the cluster keeps running."""
-    from neuron_dra.localcluster import procs
+    from neuron_dra.localcluster.processes import procs
     from neuron_dra.localcluster.supervisor import PID_FILE
 
     up = _cli("cluster", "up", "--runtime", "fake", "--dir", str(cluster_dir), "--node", "inf2.48xlarge:1",

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from neuron_dra.localcluster import fakeruntime, kubelet, procs
 from neuron_dra.localcluster.build import FAKECRI_MODULE, go_binary, go_env
-from neuron_dra.localcluster.nodes import node_manifest
+from neuron_dra.localcluster.nodes import fakeruntime, kubelet
+from neuron_dra.localcluster.nodes.labels import node_manifest
+from neuron_dra.localcluster.processes import procs
 
 # --- procs ---------------------------------------------------------------------------------------------------
 

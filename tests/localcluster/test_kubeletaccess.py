@@ -1,5 +1,6 @@
-"""The pieces by which the API server reaches kubelets (localcluster/kubeletaccess.py, nodens.NodeNamespace.forward):
-the hosts file, the mount namespace it is bound in, certificates, RBAC, kubelet settings, the host->node forwarder."""
+"""The pieces by which the API server reaches kubelets (localcluster/controlplane/kubeletaccess.py,
+nodes/nodens.NodeNamespace.forward): the hosts file, the mount namespace it is bound in, certificates, RBAC,
+kubelet settings, the host->node forwarder."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from neuron_dra.localcluster import kubelet, kubeletaccess, pki
-from neuron_dra.localcluster.nodens import (
+from neuron_dra.localcluster.controlplane import kubeletaccess, pki
+from neuron_dra.localcluster.nodes import kubelet
+from neuron_dra.localcluster.nodes.nodens import (
     NodeNamespace,
     NodeNamespaceError,
     NodeNamespacePaths,

@@ -22,8 +22,8 @@ from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.neuron_env import core_ranges
 from neuron_dra.driver.model.slices import NodeFacts, build_pool, resource_slices
-from neuron_dra.localcluster.demo_health import FaultPlan, plan_faults
-from neuron_dra.localcluster.demo_report import (
+from neuron_dra.localcluster.demo.health import FaultPlan, plan_faults
+from neuron_dra.localcluster.demo.report import (
     PodOutcome,
     Prediction,
     ReportError,
@@ -33,7 +33,7 @@ from neuron_dra.localcluster.demo_report import (
     outcome_from_record,
     prediction,
 )
-from neuron_dra.localcluster.demo_workloads import (
+from neuron_dra.localcluster.demo.workloads import (
     CORE_STAGE,
     DEMO_NAMESPACE,
     DEMO_STAGES,
@@ -45,8 +45,8 @@ from neuron_dra.localcluster.demo_workloads import (
     runs_health_stage,
     workloads,
 )
-from neuron_dra.localcluster.efa_emulator import efa_devices
-from neuron_dra.localcluster.topology import NodeSpec, runtime_dir
+from neuron_dra.localcluster.nodes.efa_emulator import efa_devices
+from neuron_dra.localcluster.nodes.topology import NodeSpec, runtime_dir
 from tests.support import kubeschema
 
 # These tests exercise the demo itself (table, teardown, signals) on the fast fake runtime; real containers:
@@ -176,7 +176,7 @@ def test_cli_rejects_bad_options(tmp_path: Path) -> None:
 
 def test_binaries_cached_means_every_binary_is_executable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from neuron_dra.localcluster import build
-    from neuron_dra.localcluster.demo import binaries_cached
+    from neuron_dra.localcluster.demo.run import binaries_cached
 
     monkeypatch.setenv("NEURON_DRA_CACHE", str(tmp_path))
     minor = build.DEFAULT_MINOR
@@ -198,7 +198,7 @@ def test_binaries_cached_means_every_binary_is_executable(tmp_path: Path, monkey
 
 @pytest.mark.process
 def test_a_supervisor_interrupted_before_its_pid_file_is_stopped(tmp_path: Path) -> None:
-    from neuron_dra.localcluster.demo import stop_early_supervisors, supervisor_children
+    from neuron_dra.localcluster.demo.run import stop_early_supervisors, supervisor_children
 
     # a child whose command line looks like a supervisor of tmp_path that never writes its pid file
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
@@ -384,7 +384,7 @@ def test_a_failing_demo_explains_why_and_stops_the_cluster(tmp_path: Path) -> No
     """With one trn2 node the whole-node pod takes it, so the 8-connected pod cannot be scheduled."""
     import io
 
-    from neuron_dra.localcluster.demo import DemoError, DemoOptions, run_demo
+    from neuron_dra.localcluster.demo.run import DemoError, DemoOptions, run_demo
 
     cluster_dir = tmp_path / "demo"
     out = io.StringIO()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from neuron_dra.localcluster.topology_view import NodeView, legend_letters, render_legend, render_svg, render_text
+from neuron_dra.localcluster.demo.topology_view import NodeView, legend_letters, render_legend, render_svg, render_text
 
 
 def test_torus_text_marks_allocated_devices() -> None:

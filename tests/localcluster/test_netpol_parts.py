@@ -18,7 +18,7 @@ def test_network_policy_needs_the_containerd_runtime(tmp_path: Path) -> None:
 
 
 def test_missing_ipset_is_named_with_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    from neuron_dra.localcluster import netpol
+    from neuron_dra.localcluster.nodes import netpol
 
     real = shutil.which
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "ipset" else real(tool))

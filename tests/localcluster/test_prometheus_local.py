@@ -1,5 +1,5 @@
-"""The local cluster's Prometheus (localcluster/prometheus.py, prometheus_build.py) without a cluster: the binary
-built from the Go module proxy, its configuration, targets labelled with their node (honouring a `node` the
+"""The local cluster's Prometheus (localcluster/controlplane/prometheus.py, prometheus_build.py) without a cluster:
+the binary built from the Go module proxy, its configuration, targets labelled with their node (honouring a `node` the
 series carry), and the file-SD hook for neuron-monitor exporters."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from neuron_dra.localcluster import prometheus, prometheus_build
-from neuron_dra.localcluster.kubelet import PortAllocator
+from neuron_dra.localcluster.controlplane import prometheus, prometheus_build
+from neuron_dra.localcluster.nodes.kubelet import PortAllocator
 from tests.support.e2e import eventually
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from neuron_dra.driver.model.catalog import UnknownInstanceTypeError
 from neuron_dra.driver.model.catalog_file import parse_catalog
-from neuron_dra.localcluster.nodes import node_manifest
-from neuron_dra.localcluster.topology import parse_nodes
-from neuron_dra.localcluster.topology_view import NodeView, render_svg, render_text
+from neuron_dra.localcluster.demo.topology_view import NodeView, render_svg, render_text
+from neuron_dra.localcluster.nodes.labels import node_manifest
+from neuron_dra.localcluster.nodes.topology import parse_nodes
 
 SVG = "{http://www.w3.org/2000/svg}"
 ACME = parse_catalog({"apiVersion": "neuron-dra/v1", "kind": "NeuronCatalog", "instanceTypes": {

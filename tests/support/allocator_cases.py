@@ -102,7 +102,7 @@ class Case:
         return self.slices if self.slices is not None else node.slices
 
     def go_input(self, node: NodeModel, mode: Mode) -> dict[str, Any]:
-        """The case as `localcluster/allocsim.py` runs it."""
+        """The case as `tests/support/allocsim.py` runs it."""
         return {"id": f"{self.id}/{mode}", "slices": list(self.node_slices(node)),
                 "deviceClasses": list(node.device_classes),
                 "claims": [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **c} for c in self.claims],

@@ -1,7 +1,7 @@
 """Run generated allocator cases through both allocators and compare the answers.
 
 The Python side is `neuron_dra.claim_templates.allocator.simulate` in this process; the Go side is
-kube-scheduler's allocator through `neuron_dra.localcluster.allocsim.run_cases` (one process per batch).
+kube-scheduler's allocator through `tests.support.allocsim.run_cases` (one process per batch).
 An answer is (satisfiable, count, error or not); a Go answer whose error is the filter timeout is its own
 verdict, neither agreement nor disagreement.
 """
@@ -18,8 +18,8 @@ from typing import Any
 from neuron_dra.claim_templates.allocator import Mode, Simulator, simulate
 from neuron_dra.claim_templates.cel_env import CelEnvironment
 from neuron_dra.claim_templates.node_model import NodeCatalog
-from neuron_dra.localcluster.allocsim import run_cases
 from tests.support.allocator_cases import MODES, Case, node_labels
+from tests.support.allocsim import run_cases
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ def allocated_devices(claim: dict[str, Any], driver: str) -> list[str]:
 def created_container(records: Path, ns: str, pod: str, container: str = "main") -> dict[str, Any]:
     """What the node's fake runtime recorded when kubelet created the container (CDI ids, resolved env and
     device nodes); fails the test when there is no such record."""
-    from neuron_dra.localcluster.fakeruntime import created_containers
+    from neuron_dra.localcluster.nodes.fakeruntime import created_containers
 
     found = created_containers(records, ns, pod)
     assert container in found, f"no CreateContainer of {ns}/{pod}/{container} in {records}"

@@ -16,7 +16,7 @@ from typing import Any
 
 from neuron_dra.driver.kubeletplugin.kube import ApiClient, ClientOptions
 from neuron_dra.driver.kubeletplugin.kubeconfig import ClusterConfig
-from neuron_dra.localcluster.pki import issue, make_ca
+from neuron_dra.localcluster.controlplane.pki import issue, make_ca
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,13 @@ import pytest
 if TYPE_CHECKING:
     from kubernetes import client
 
-    from neuron_dra.localcluster.controlplane import ControlPlane
+    from neuron_dra.localcluster.controlplane.plane import ControlPlane
 
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A control plane per test module (etcd, kube-apiserver, controller-manager, scheduler); all stopped after."""
-    from neuron_dra.localcluster.controlplane import ControlPlane, running
+    from neuron_dra.localcluster.controlplane.plane import ControlPlane, running
 
     cp = ControlPlane.start(tmp_path_factory.mktemp("controlplane"), max_lifetime_s=1800)
     try:

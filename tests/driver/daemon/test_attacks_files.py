@@ -24,8 +24,8 @@ from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
 from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
-from neuron_dra.localcluster import pluginclient
 from tests.driver.kubeletplugin.test_instances import Instance, _check_whole
+from tests.support import pluginclient
 from tests.support.checkpoint_claims import ErrorCount
 from tests.support.driver import DRIVER, NODE, DaemonDirs, FakeLookup, claim, devices, uid
 

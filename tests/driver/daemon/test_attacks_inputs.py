@@ -20,7 +20,7 @@ from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.k8s_names import is_dns_label, is_dns_subdomain, is_label_value
-from neuron_dra.localcluster import pluginclient
+from tests.support import pluginclient
 from tests.support.driver import DRIVER, NODE, DaemonDirs, DaemonProcess, claim, devices, result, short_dir, uid
 
 pytestmark = pytest.mark.attacks

@@ -45,7 +45,7 @@ def test_on_and_off_are_kept_without_asking() -> None:
 
 @pytest.fixture(scope="module")
 def api_136(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from neuron_dra.localcluster.controlplane import ControlPlane
+    from neuron_dra.localcluster.controlplane.plane import ControlPlane
 
     plane = ControlPlane.start(Path(tmp_path_factory.mktemp("plane")), kubernetes_version="1.36",
                                max_lifetime_s=600)

@@ -32,9 +32,9 @@ from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, grpc_health_v
 from neuron_dra.driver.kubeletplugin.plugin import DRA_V1, DRA_V1BETA1, REGISTRATION
 from neuron_dra.driver.model import config as opaque_config
 from neuron_dra.driver.model.errors import NotAllowed
-from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.pluginclient import ClaimRef
+from tests.support import pluginclient
 from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, free_port, uid
+from tests.support.pluginclient import ClaimRef
 
 SEED = 20261130
 MEANT = {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "NOT_FOUND", "UNIMPLEMENTED"}

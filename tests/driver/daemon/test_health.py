@@ -32,7 +32,7 @@ from neuron_dra.driver.model.health_source import (
 from neuron_dra.driver.model.k8s_names import HEALTH_SERVICES
 from neuron_dra.driver.model.slices import NodeFacts, build_pool, resource_slices, with_taints
 from neuron_dra.driver.model.taints import published_health, unhealthy_taint_key, unhealthy_taints
-from neuron_dra.localcluster import pluginclient
+from tests.support import pluginclient
 from tests.support.driver import DRIVER, NODE, DaemonDirs, DaemonProcess, short_dir
 
 VERSIONS: dict[str, tuple[ModuleType, ModuleType]] = {

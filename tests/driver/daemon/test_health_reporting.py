@@ -19,7 +19,7 @@ from neuron_dra.driver.daemon.publisher import SlicePublisher
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import clear_faults, emulate, inject_fault
 from neuron_dra.driver.model.slices import PublishOptions
-from neuron_dra.localcluster.controlplane import ControlPlane
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
 from tests.support.driver import DRIVER, NODE
 from tests.support.e2e import raw
 

@@ -15,8 +15,7 @@ import pytest
 from neuron_dra.driver.daemon.checkpoint import Checkpoint
 from neuron_dra.driver.daemon.failpoints import STEPS
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
-from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.pluginclient import ClaimRef, PrepareResult
+from tests.support import pluginclient
 from tests.support.driver import (
     DRIVER,
     DaemonDirs,
@@ -27,6 +26,7 @@ from tests.support.driver import (
     uid,
     wait_until,
 )
+from tests.support.pluginclient import ClaimRef, PrepareResult
 
 pytestmark = pytest.mark.process
 

@@ -18,7 +18,7 @@ from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.partitions import CoreLayout
 from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool
-from neuron_dra.localcluster.controlplane import ControlPlane
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
 from tests.support.driver import DRIVER, NODE
 from tests.support.e2e import raw
 

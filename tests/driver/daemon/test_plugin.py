@@ -1,4 +1,4 @@
-"""The kubelet-facing gRPC servers over real unix sockets, driven by localcluster/pluginclient.py (the gRPC
+"""The kubelet-facing gRPC servers over real unix sockets, driven by tests/support/pluginclient.py (the gRPC
 half of the kubelet stand-in: kubelet's timeouts and version choice). Claims come from an in-memory lookup
 here; test_driver_apiserver.py runs the same path against the real API server."""
 
@@ -26,9 +26,9 @@ from neuron_dra.driver.kubeletplugin.plugin import PluginServers
 from neuron_dra.driver.kubeletplugin.sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
-from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.pluginclient import ClaimRef as ClientClaimRef
+from tests.support import pluginclient
 from tests.support.driver import DRIVER, NODE, FakeLookup, claim, devices, short_dir, uid
+from tests.support.pluginclient import ClaimRef as ClientClaimRef
 
 
 @dataclass

@@ -23,11 +23,11 @@ from neuron_dra.driver.kubeletplugin.kube import KubeClaimLookup, api_client
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.slices import NETWORK_NODE_LABELS, NodeFacts, PublishOptions, build_pool
-from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.controlplane import ControlPlane
-from neuron_dra.localcluster.pluginclient import ClaimRef
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
+from tests.support import pluginclient
 from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, DaemonDirs, opaque, short_dir, wait_until
 from tests.support.e2e import raw
+from tests.support.pluginclient import ClaimRef
 
 pytestmark = pytest.mark.cluster
 

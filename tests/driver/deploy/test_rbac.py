@@ -29,7 +29,7 @@ from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.health_source import DeviceHealth, Health
 from neuron_dra.driver.model.slices import PublishOptions
-from neuron_dra.localcluster.controlplane import BoundObject, ControlPlane
+from neuron_dra.localcluster.controlplane.plane import BoundObject, ControlPlane
 from tests.support.driver import DRIVER, wait_until
 
 pytestmark = pytest.mark.cluster

@@ -22,9 +22,9 @@ import pytest
 
 from neuron_dra.driver.deploy import Resources
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
-from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.pluginclient import ClaimRef
+from tests.support import pluginclient
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
+from tests.support.pluginclient import ClaimRef
 
 pytestmark = [pytest.mark.slow, pytest.mark.attacks, pytest.mark.process]
 REPO = Path(__file__).resolve().parents[3]

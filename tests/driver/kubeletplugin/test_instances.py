@@ -23,12 +23,12 @@ from neuron_dra.driver.kubeletplugin.instances import InstanceError, check_pod_u
 from neuron_dra.driver.kubeletplugin.kube import ClientOptions
 from neuron_dra.driver.kubeletplugin.ratelimit import Rate
 from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
-from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.pluginclient import ClaimRef
+from tests.support import pluginclient
 from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid, wait_until
 from tests.support.fake_apiserver import FakeApiServer, serve
 from tests.support.fake_apiserver import answer as fake_answer
 from tests.support.fake_apiserver import answer_json as fake_answer_json
+from tests.support.pluginclient import ClaimRef
 
 SEED = int(os.environ.get("NEURON_DRA_FUZZ_SEED", "22"))
 

@@ -28,10 +28,10 @@ from neuron_dra.driver.kubeletplugin.slicepublisher import Backoff
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.slices import PublishOptions
-from neuron_dra.localcluster import pluginclient
-from neuron_dra.localcluster.pluginclient import ClaimRef
+from tests.support import pluginclient
 from tests.support.driver import DRIVER, NODE, DaemonDirs, claim, devices, uid, wait_until
 from tests.support.fake_apiserver import FakeApiServer, Reply, Script, Seen, answer_json, chunked, ok, ok_json, serve
+from tests.support.pluginclient import ClaimRef
 
 pytestmark = pytest.mark.attacks
 

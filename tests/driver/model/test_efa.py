@@ -10,7 +10,7 @@ from neuron_dra.claim_templates.node_model import NodeModel, build_node
 from neuron_dra.driver.model import efa
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.hosts import emulated_host
-from neuron_dra.localcluster import efa_emulator
+from neuron_dra.localcluster.nodes import efa_emulator
 
 
 def _trn2_node(drivers: Drivers = DEFAULT_DRIVERS) -> NodeModel:

@@ -19,7 +19,7 @@ from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions
 from neuron_dra.driver.model import k8s_names
 from neuron_dra.driver.model.efa import efa_device_class_expression
 from neuron_dra.driver.model.errors import NotAllowed
-from neuron_dra.localcluster.efa_emulator import efa_device_class
+from neuron_dra.localcluster.nodes.efa_emulator import efa_device_class
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -17,9 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_dra.localcluster import hostreqs, procs
+from neuron_dra.localcluster import hostreqs
 from neuron_dra.localcluster.cachedir import Under
-from neuron_dra.localcluster.kubelet import KubeletPaths, namespace_prologue
+from neuron_dra.localcluster.nodes.kubelet import KubeletPaths, namespace_prologue
+from neuron_dra.localcluster.processes import procs
 
 HOST_TREE = "/run/neuron-dra-host"  # where the node's emulated sys/dev/opt tree appears inside its namespace
 SERVICE_IP = "10.96.0.1"  # controlplane.SERVICE_IP: in the API server's certificate

@@ -19,9 +19,9 @@ from typing import Any
 import tomli_w
 
 from neuron_dra.driver.model.k8s_names import DEFAULT_CDI_ROOT
-from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.cachedir import Under
 from neuron_dra.localcluster.hostreqs import CNI_BIN_DIR, RUNC
+from neuron_dra.localcluster.processes import procs
 
 CDI_SPEC_DIRS = ("/etc/cdi", DEFAULT_CDI_ROOT)  # as seen in the node's mount namespace (its own /run)
 K8S_NAMESPACE = "k8s.io"  # containerd namespace of CRI's images and containers

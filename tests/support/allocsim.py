@@ -1,4 +1,4 @@
-"""Run kube-scheduler's structured DRA allocator (Go, `localcluster/go/allocsim`) on test cases.
+"""Run kube-scheduler's structured DRA allocator (Go, `tests/support/go/allocsim`) on test cases.
 
 The binary is built on first use and cached outside the tree under
 `${NEURON_DRA_CACHE:-~/.cache/neuron-dra}/allocsim/<hash>/`, keyed by a hash of the module's Go
@@ -15,15 +15,14 @@ and its result:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.localcluster.build import GO_DIR, BuildError, cache_root, cached_go_build
+from neuron_dra.localcluster.build import BuildError, cache_root, cached_go_build, source_hash
 
-MODULE = GO_DIR / "allocsim"
+MODULE = Path(__file__).resolve().parent / "go" / "allocsim"
 BINARY = "allocsim"
 
 
@@ -31,19 +30,10 @@ class AllocsimError(RuntimeError):
     """The Go allocator could not be run or gave output that is not a result per case."""
 
 
-def source_hash(module_dir: Path = MODULE) -> str:
-    """A short hash of everything that decides the binary: *.go, go.mod and go.sum."""
-    digest = hashlib.sha256()
-    files = sorted([*module_dir.glob("*.go"), module_dir / "go.mod", module_dir / "go.sum"])
-    for path in files:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
 def binary(*, cache: Path | None = None) -> Path:
     """The allocsim binary, built first when not cached."""
-    target = (cache or cache_root()) / "allocsim" / source_hash()
-    built = cached_go_build(MODULE, {BINARY: "neuron-dra/localcluster/go/allocsim"}, target, ldflags=["-s", "-w"])
+    target = (cache or cache_root()) / "allocsim" / source_hash(MODULE)
+    built = cached_go_build(MODULE, {BINARY: "neuron-dra/tests/support/go/allocsim"}, target, ldflags=["-s", "-w"])
     return built[BINARY]
 
 

@@ -4,9 +4,9 @@ example workloads, and where the real scheduler put them.
 Steps: check the workloads' templates against the demo's instance types (the prediction); build the Kubernetes
 binaries if they are not cached; bring up the local cluster (the supervisor applies the driver's objects); wait
 for every node's ResourceSlices; install every example template in the demo namespace (the apiserver compiles
-their CEL); create the workloads stage by stage (see demo_workloads); wait until they run; show the table, each
+their CEL); create the workloads stage by stage (see workloads.py); wait until they run; show the table, each
 node's topology and an SVG; on 1.36+ fault two devices and show the taints, the pod's health and a new claim
-avoiding them, then clear the fault (demo_health); tear down unless asked to keep the cluster. Every wait is
+avoiding them, then clear the fault (health.py); tear down unless asked to keep the cluster. Every wait is
 bounded, and the cluster is stopped on any failure or interrupt.
 """
 
@@ -32,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
 from neuron_dra.driver.model.catalog import get_instance_spec
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
-from neuron_dra.localcluster import build, procs
+from neuron_dra.localcluster import build
 from neuron_dra.localcluster.build import (
     DEFAULT_MINOR,
     cache_root,
@@ -40,15 +40,16 @@ from neuron_dra.localcluster.build import (
     kube_version,
 )
 from neuron_dra.localcluster.cluster import LocalCluster, build_all, down, up
-from neuron_dra.localcluster.demo_health import (
+from neuron_dra.localcluster.controlplane.prometheus import attribution
+from neuron_dra.localcluster.demo.health import (
     HEALTH_INSTANCE_TYPE,
     HealthOutcome,
     HealthStage,
     plan_faults,
     pod_claims,
 )
-from neuron_dra.localcluster.demo_health import raw_json as _raw
-from neuron_dra.localcluster.demo_report import (
+from neuron_dra.localcluster.demo.health import raw_json as _raw
+from neuron_dra.localcluster.demo.report import (
     PodOutcome,
     format_table,
     node_usage,
@@ -56,7 +57,8 @@ from neuron_dra.localcluster.demo_report import (
     outcome_from_record,
     prediction,
 )
-from neuron_dra.localcluster.demo_workloads import (
+from neuron_dra.localcluster.demo.topology_view import legend_letters, render_legend, render_svg, render_text
+from neuron_dra.localcluster.demo.workloads import (
     DEMO_NAMESPACE,
     Workload,
     demo_instance_types,
@@ -65,13 +67,12 @@ from neuron_dra.localcluster.demo_workloads import (
     pod_manifest,
     runs_health_stage,
 )
-from neuron_dra.localcluster.efa_emulator import EFA_DRIVER
-from neuron_dra.localcluster.fakeruntime import created_containers
-from neuron_dra.localcluster.podlogs import api_container_log, container_log, workload_report
-from neuron_dra.localcluster.prometheus import attribution
+from neuron_dra.localcluster.nodes.efa_emulator import EFA_DRIVER
+from neuron_dra.localcluster.nodes.fakeruntime import created_containers
+from neuron_dra.localcluster.nodes.topology import DEMO_NODES
+from neuron_dra.localcluster.processes import procs
+from neuron_dra.localcluster.processes.podlogs import api_container_log, container_log, workload_report
 from neuron_dra.localcluster.supervisor import PID_FILE, wait_for_service_account
-from neuron_dra.localcluster.topology import DEMO_NODES
-from neuron_dra.localcluster.topology_view import legend_letters, render_legend, render_svg, render_text
 
 SVG_NAME = "topology.svg"
 REPORT_NAME = "report.txt"
@@ -264,7 +265,7 @@ class DemoRun:
 
     def health_stage(self, outcomes: Sequence[PodOutcome]) -> HealthOutcome:
         """Fault two inf2 devices (one in use, one free), watch the taints, the pod's status and a new claim, then
-        clear them (demo_health.py)."""
+        clear them (health.py)."""
         inf2 = [n.name for n in self.cluster.nodes if n.instance_type == HEALTH_INSTANCE_TYPE]
         count = get_instance_spec(HEALTH_INSTANCE_TYPE).device_count
         plan = next((p for p in (plan_faults(outcomes, n, count) for n in inf2) if p is not None), None)
@@ -306,7 +307,7 @@ class DemoRun:
                 "claims": claims, "containers": containers}
 
     def _reported(self, pod_name: str, node: str, uid: str) -> dict[str, Any]:
-        """What the workload container printed about itself, read as `kubectl logs` does (localcluster/podlogs.py):
+        """What the workload container printed about itself, read as `kubectl logs` does (processes/podlogs.py):
         its `/dev/neuron*` nodes and NEURON_* variables, as containerd applied the CDI specs."""
         report: dict[str, str] = {}
         failures: list[str] = []

@@ -1,6 +1,6 @@
 """Karpenter's own CustomResourceDefinitions, from its released Go modules, for the local control plane.
 
-`localcluster/go/karpenter/go.mod` pins `github.com/aws/karpenter-provider-aws` and the `sigs.k8s.io/karpenter`
+`tests/support/go/karpenter/go.mod` pins `github.com/aws/karpenter-provider-aws` and the `sigs.k8s.io/karpenter`
 core it requires; `go mod download` fetches their zips into the Go module cache. Those releases declare a newer
 `go` line than the toolchain here, so `go mod download` reports an error instead of extracting them; the zips
 are complete all the same, and are only read: this module checks each zip against the wrapper's go.sum (the
@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from neuron_dra.localcluster.build import GO_DIR, BuildError, go_binary, go_env, required_version
+from neuron_dra.localcluster.build import BuildError, go_binary, go_env, required_version
 
-KARPENTER_MODULE = GO_DIR / "karpenter"
+KARPENTER_MODULE = Path(__file__).resolve().parent / "go" / "karpenter"
 AWS_PROVIDER = "github.com/aws/karpenter-provider-aws"
 CORE = "sigs.k8s.io/karpenter"
 CRD_DIR = "pkg/apis/crds"

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.processes import procs
 
 log = logging.getLogger("neuron_dra.localcluster.supervisor")
 

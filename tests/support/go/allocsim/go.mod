@@ -1,6 +1,6 @@
 // The scheduler's structured DRA allocator as a command, for differential tests against the
-// project's Python allocation simulation (see localcluster/allocsim.py).
-module neuron-dra/localcluster/go/allocsim
+// project's Python allocation simulation (see tests/support/allocsim.py).
+module neuron-dra/tests/support/go/allocsim
 
 go 1.26.0
 

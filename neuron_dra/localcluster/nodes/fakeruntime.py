@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.localcluster import procs
+from neuron_dra.localcluster.processes import procs
 
 
 @dataclass(frozen=True)

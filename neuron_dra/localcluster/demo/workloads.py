@@ -27,7 +27,7 @@ from neuron_dra.claim_templates.examples import (
     trn2_row_lnc1,
 )
 from neuron_dra.driver.model.k8s_names import neuron_toleration
-from neuron_dra.localcluster.topology import DEMO_NODES
+from neuron_dra.localcluster.nodes.topology import DEMO_NODES
 
 DEMO_NAMESPACE = "neuron-demo"
 DEMO_LABEL = "neuron-dra.aws.com/demo"
@@ -58,7 +58,7 @@ CORE_STAGE = Stage((
     Workload("core-b", inf2_one_core, "the other NeuronCore of the same inf2 device"),
 ))
 
-# The device-health stage (demo_health.py): a one-device pod created while two inf2 devices are faulted.
+# The device-health stage (health.py): a one-device pod created while two inf2 devices are faulted.
 inf2_one_device = ClaimTemplate("inf2-one-device", Neuron(1, instance_types="inf2.48xlarge"))
 SPARE = Workload("spare", inf2_one_device, "one inf2 device while two are faulted")
 

@@ -1,6 +1,6 @@
 """The outcome of `neuron-dra demo`: pod -> node -> devices -> core ranges, next to what the claim check predicted.
 
-Built from a record of each running pod (demo.DemoRun.record: the devices of each claim on the pod's node, and
+Built from a record of each running pod (run.DemoRun.record: the devices of each claim on the pod's node, and
 the containers' environment as the node's fake runtime recorded it at CreateContainer) and the check reports of
 the templates. Pure functions, so the table and the topology views can be tested without a cluster.
 """
@@ -14,8 +14,8 @@ from typing import Any
 from neuron_dra.claim_templates import CheckReport
 from neuron_dra.driver.model.neuron_env import core_ranges
 from neuron_dra.driver.model.partitions import parse_core_device
-from neuron_dra.localcluster.topology import NodeSpec
-from neuron_dra.localcluster.topology_view import NodeView
+from neuron_dra.localcluster.demo.topology_view import NodeView
+from neuron_dra.localcluster.nodes.topology import NodeSpec
 
 NEURON_DEVICE_PREFIX = "neuron-device-"
 EFA_DEVICE_PREFIX = "efa-"

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.localcluster import pki
+from neuron_dra.localcluster.controlplane import pki
 
 KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"  # kubeadm's name for the same certificate
 KUBELET_API_ROLE = "system:kubelet-api-admin"  # RBAC bootstrap policy: nodes/proxy, nodes/log, nodes/stats, ...

@@ -19,8 +19,8 @@ from kubernetes import client
 from neuron_dra.driver.model.emulate import clear_faults, inject_fault
 from neuron_dra.driver.model.taints import unhealthy_taint_key
 from neuron_dra.localcluster.cluster import LocalCluster
-from neuron_dra.localcluster.demo_report import PodOutcome
-from neuron_dra.localcluster.demo_workloads import SPARE, pod_manifest
+from neuron_dra.localcluster.demo.report import PodOutcome
+from neuron_dra.localcluster.demo.workloads import SPARE, pod_manifest
 
 HEALTH_INSTANCE_TYPE = "inf2.48xlarge"
 COUNTER = "mem_ecc_uncorrected"  # an HBM uncorrectable error: Unhealthy at the first event

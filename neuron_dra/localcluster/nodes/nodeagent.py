@@ -18,13 +18,13 @@ from neuron_dra.driver.model.catalog_file import load_catalog
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import EmulationOptions, emulate
-from neuron_dra.localcluster import kubelet
 from neuron_dra.localcluster.build import Binaries
-from neuron_dra.localcluster.controlplane import ControlPlane
-from neuron_dra.localcluster.efa_emulator import EmulatedEfaDriver
-from neuron_dra.localcluster.nodes import node_manifest
-from neuron_dra.localcluster.restarting import Restarting
-from neuron_dra.localcluster.topology import NodePaths, NodeSpec
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
+from neuron_dra.localcluster.nodes import kubelet
+from neuron_dra.localcluster.nodes.efa_emulator import EmulatedEfaDriver
+from neuron_dra.localcluster.nodes.labels import node_manifest
+from neuron_dra.localcluster.nodes.topology import NodePaths, NodeSpec
+from neuron_dra.localcluster.processes.restarting import Restarting
 
 
 class NodeAgentBase:

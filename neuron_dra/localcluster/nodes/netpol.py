@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.cachedir import Under
-from neuron_dra.localcluster.restarting import Restarting
+from neuron_dra.localcluster.processes import procs
+from neuron_dra.localcluster.processes.restarting import Restarting
 
 USER = "neuron-dra:kube-router"  # the client certificate's user; RBAC below grants it what the controller reads
-SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/12"  # controlplane.py's service range (SERVICE_IP 10.96.0.1)
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/12"  # controlplane/plane.py's service range (SERVICE_IP 10.96.0.1)
 ENFORCING_TIMEOUT_S = 60.0
 # The chains kube-router's controller hooks into INPUT, FORWARD and OUTPUT once it has synced.
 TOP_CHAINS = ("KUBE-ROUTER-INPUT", "KUBE-ROUTER-FORWARD", "KUBE-ROUTER-OUTPUT")

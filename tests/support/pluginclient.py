@@ -1,6 +1,6 @@
 """kubelet's side of plugin registration and of the DRA service as a small gRPC client, over a plugin's real
 unix sockets, with kubelet's timeouts and version choice (docs/kubelet-dra-protocol.md). The driver's tests and
-benchmarks drive the daemon with it; the local cluster itself runs the real kubelet (kubelet.py).
+benchmarks drive the daemon with it; the local cluster itself runs the real kubelet (localcluster/nodes/kubelet.py).
 
 - `register(socket)`: dial (10 s), GetInfo (1 s timeout, as kubelet), validate (type DRAPlugin, a name, an
   absolute endpoint, a DRA service this kubelet speaks: the first of kubelet's own preference list

@@ -19,14 +19,16 @@ from typing import Any
 from kubernetes import client
 
 from neuron_dra.driver.deploy import POD_SELECTOR
-from neuron_dra.localcluster import containerd, kubelet, kubeletaccess, netpol, procs
 from neuron_dra.localcluster.build import Binaries
-from neuron_dra.localcluster.controlplane import ControlPlane
-from neuron_dra.localcluster.images import ClusterImages
-from neuron_dra.localcluster.nodeagent import NodeAgentBase, stop_part
-from neuron_dra.localcluster.nodens import NodeNamespace, NodeNamespacePaths, NodeNetwork
-from neuron_dra.localcluster.restarting import Restarting
-from neuron_dra.localcluster.topology import NodePaths, NodeSpec, runtime_dir
+from neuron_dra.localcluster.controlplane import kubeletaccess
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
+from neuron_dra.localcluster.nodes import containerd, kubelet, netpol
+from neuron_dra.localcluster.nodes.images import ClusterImages
+from neuron_dra.localcluster.nodes.nodeagent import NodeAgentBase, stop_part
+from neuron_dra.localcluster.nodes.nodens import NodeNamespace, NodeNamespacePaths, NodeNetwork
+from neuron_dra.localcluster.nodes.topology import NodePaths, NodeSpec, runtime_dir
+from neuron_dra.localcluster.processes import procs
+from neuron_dra.localcluster.processes.restarting import Restarting
 
 log = logging.getLogger(__name__)
 SOCKET_TIMEOUT_S = 30.0

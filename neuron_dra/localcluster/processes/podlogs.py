@@ -4,7 +4,7 @@
 server serves by asking the pod's kubelet (kubeletaccess.py). The files themselves, for diagnostics when that
 path fails: kubelet writes each container's output to `<podLogsDir>/<namespace>_<pod>_<uid>/<container>/<restart>.log`
 in the CRI log format, one `<RFC 3339 time> <stdout|stderr> <F|P> <text>` line per chunk (P: the line goes on in
-the next chunk). The workload image (localcluster/workload/workload.sh) prints `workload: key=value` lines.
+the next chunk). The workload image (localcluster/nodes/workload/workload.sh) prints `workload: key=value` lines.
 """
 
 from __future__ import annotations

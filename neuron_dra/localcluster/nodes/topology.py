@@ -9,8 +9,8 @@ from pathlib import Path
 
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.localcluster.cachedir import Under
-from neuron_dra.localcluster.fakeruntime import RuntimePaths
-from neuron_dra.localcluster.kubelet import KubeletPaths
+from neuron_dra.localcluster.nodes.fakeruntime import RuntimePaths
+from neuron_dra.localcluster.nodes.kubelet import KubeletPaths
 
 DEMO_NODES = ("trn2.48xlarge:2", "trn1.32xlarge:1", "inf2.48xlarge:1")
 

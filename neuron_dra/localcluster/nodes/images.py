@@ -28,7 +28,7 @@ from neuron_dra.localcluster import hostreqs
 from neuron_dra.localcluster.build import KUBE_MODULES, BuildError, Log, _go_module_dir, cache_root
 from neuron_dra.localcluster.cachedir import locked
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workload"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 PAUSE_VERSION = "3.10.2"  # TAG of build/pause/Makefile in the pinned Kubernetes module
@@ -227,7 +227,7 @@ def write_references(images: ClusterImages, path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m neuron_dra.localcluster.images [driver|workload|pause|all]`: build and print the archives."""
+    """`python -m neuron_dra.localcluster.nodes.images [driver|workload|pause|all]`: build and print the archives."""
     which = list(argv if argv is not None else sys.argv[1:]) or ["all"]
     builders = {"pause": build_pause, "workload": build_workload, "driver": build_driver}
     names = list(builders) if which == ["all"] else which

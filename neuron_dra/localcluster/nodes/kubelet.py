@@ -25,9 +25,9 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.cachedir import Under
-from neuron_dra.localcluster.pki import CertPair
+from neuron_dra.localcluster.controlplane.pki import CertPair
+from neuron_dra.localcluster.processes import procs
 
 # What kubelet's container manager wants in these sysctls (pkg/kubelet/cm/container_manager_linux.go,
 # setupKernelTunables; values from k8s.io/component-helpers/node/util/sysctl); docs/real-kubelet.md.

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from neuron_dra.localcluster import procs
 from neuron_dra.localcluster.cachedir import Under
+from neuron_dra.localcluster.processes import procs
 
 SCRAPE_INTERVAL_S = 2  # a test sees a change within seconds; the drivers answer a scrape in milliseconds
 READY_TIMEOUT_S = 60.0

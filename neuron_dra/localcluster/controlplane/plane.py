@@ -39,9 +39,15 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from neuron_dra.localcluster import kubeletaccess, pki, procs
 from neuron_dra.localcluster.build import DEFAULT_MINOR, Binaries, ensure_binaries
-from neuron_dra.localcluster.profiles import DEFAULT_PROFILE, ControlPlaneProfile, get_profile, scheduler_config
+from neuron_dra.localcluster.controlplane import kubeletaccess, pki
+from neuron_dra.localcluster.controlplane.profiles import (
+    DEFAULT_PROFILE,
+    ControlPlaneProfile,
+    get_profile,
+    scheduler_config,
+)
+from neuron_dra.localcluster.processes import procs
 
 DEFAULT_MAX_LIFETIME_S = 2 * 3600.0
 LOOPBACK = "127.0.0.1"
@@ -121,7 +127,7 @@ class ControlPlane:
         Builds the binaries first when they are not cached (minutes, once). Returns when the API
         server is ready and the controller-manager and scheduler report healthy; on failure stops
         whatever it started and raises ControlPlaneError with the failing component's log tail. `profile`
-        names the components' rate limits (localcluster/profiles.py: `default` or `tuned`); `scheduler_profiling`
+        names the components' rate limits (profiles.py: `default` or `tuned`); `scheduler_profiling`
         serves the scheduler's /debug/pprof. `kubelet_hosts`: the node names the API server resolves to
         127.0.0.1, where forwarders to their kubelets listen (kubeletaccess.py).
         """
