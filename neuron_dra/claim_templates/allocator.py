@@ -19,7 +19,7 @@ slice appears. prune=False turns both off and makes Go's allocateOne calls in Go
 test's cases clear of Go's filter timeout. Partitionable devices (shared counters) follow `partitionable`; alpha
 features (per-device node selection, consumable capacity, binding conditions) are off, as on EKS.
 
-Modes, as in localcluster/go/allocsim: "fit-one" allocates all claims together once; "count" allocates
+Modes, as in tests/support/go/allocsim: "fit-one" allocates all claims together once; "count" allocates
 copies of claims[0] one after another, each added to the allocated set.
 """
 

@@ -33,7 +33,7 @@ from neuron_dra.components.cluster import POD_IDENTITY_TRUST, TrainiumCluster
 from neuron_dra.components.nodegroup import CNI_POLICY, NODE_POLICIES, ROOT_DEVICE
 from neuron_dra.components.settings import SettingError
 
-# The chart and controller release (the same version as localcluster/go/karpenter's pin; a test compares them).
+# The chart and controller release (the same version as tests/support/go/karpenter's pin; a test compares them).
 KARPENTER_VERSION = "1.15.0"
 CHART = "oci://public.ecr.aws/karpenter/karpenter"
 NAMESPACE = "kube-system"  # where Karpenter's getting-started guide installs it

@@ -1,7 +1,7 @@
 """AWS's EFA DRA driver (DRANET) as EKS installs it: its driver name, DeviceClass and the attributes of its devices.
 
 The one home of these facts for the claim checks (claim_templates/drivers.py), the components that install the
-driver (components/efa_driver.py) and the local cluster's EFA emulator (localcluster/efa_emulator.py), so the
+driver (components/efa_driver.py) and the local cluster's EFA emulator (localcluster/nodes/efa_emulator.py), so the
 DeviceClass a template names selects, in every one of them, the devices real DRANET publishes
 (docs/efa-dra-driver.md §2-3).
 """

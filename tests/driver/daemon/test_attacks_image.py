@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.localcluster import images
 from neuron_dra.localcluster.build import BuildError
+from neuron_dra.localcluster.nodes import images
 
 REPO = Path(__file__).resolve().parents[3]
 # components/driver_image.py's DOCKERFILE and DOCKERIGNORE (not imported: components pulls in Pulumi)
