@@ -32,9 +32,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from neuron_dra.driver.kubeletplugin.kube import ApiClient, ClientOptions, KubeApi, KubeClaimLookup
-from neuron_dra.driver.kubeletplugin.kubeconfig import ClusterConfig, load_kubeconfig
-from neuron_dra.driver.kubeletplugin.ratelimit import Rate
+from neuron_dra.driver.kubeletplugin._kube import ApiClient, ClientOptions, KubeApi, KubeClaimLookup
+from neuron_dra.driver.kubeletplugin._kubeconfig import ClusterConfig, load_kubeconfig
+from neuron_dra.driver.kubeletplugin._ratelimit import Rate
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster.controlplane import ControlPlane
 
@@ -150,7 +150,7 @@ def main() -> None:
         for name, samples in times.items():
             p50, p90, p99 = percentiles(samples)
             print(f"{name:17} {p50:8.3f} {p90:8.3f} {p99:8.3f} {p50 / p50_ref:16.2f} {cpu[name]:11.0f}")
-        for module in ("neuron_dra.driver.kubeletplugin.kube", "http.client", "kubernetes.client"):
+        for module in ("neuron_dra.driver.kubeletplugin._kube", "http.client", "kubernetes.client"):
             print(f"import {module}: +{import_cost(module):.1f} MiB RSS")
     finally:
         plane.stop()

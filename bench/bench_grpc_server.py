@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from neuron_dra.driver.kubeletplugin import grpcserver
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2
 
 REPO = Path(__file__).resolve().parent.parent

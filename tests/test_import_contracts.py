@@ -55,7 +55,7 @@ VIOLATIONS = [
                  id="driver-imports-pulumi"),
     pytest.param("neuron_dra/localcluster/topology.py", "import pulumi_kubernetes", "Pulumi only in components/",
                  id="localcluster-imports-pulumi_kubernetes", marks=SLOW),
-    pytest.param("neuron_dra/claim_templates/checks.py", "import neuron_dra.driver.daemon.state",
+    pytest.param("neuron_dra/claim_templates/checks.py", "import neuron_dra.driver.daemon.claims.state",
                  "The daemon is the driver's own",
                  id="claim_templates-imports-the-daemon"),
     pytest.param("neuron_dra/localcluster/topology.py", "import neuron_dra.cli.slices",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
+from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
 
 DRIVER = "neuron.aws.com"
 NODE = "node-a"
@@ -176,7 +176,7 @@ class DaemonDirs:
 
 
 class DaemonProcess:
-    """`python -m neuron_dra.driver.daemon.testing` (the real daemon, claims from files) as a child process."""
+    """`python -m tests.support.claims_dir_daemon` (the real daemon, claims from files) as a child process."""
 
     def __init__(self, dirs: DaemonDirs, host_root: Path, *, extra_args: Sequence[str] = (),
                  crash_at: str | None = None, env: Mapping[str, str] | None = None) -> None:
@@ -189,7 +189,7 @@ class DaemonProcess:
         self.log_path = dirs.base / f"daemon-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "neuron_dra.driver.daemon.testing", "--claims-dir", str(dirs.claims),
+            [sys.executable, "-m", "tests.support.claims_dir_daemon", "--claims-dir", str(dirs.claims),
              "--node-name", NODE, "--plugins-dir", str(dirs.plugins), "--registry-dir", str(dirs.registry),
              "--cdi-root", str(dirs.cdi), "--host-root", str(host_root), *extra_args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env)

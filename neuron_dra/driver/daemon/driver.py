@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_dra.driver.daemon.options import DaemonOptions
-from neuron_dra.driver.kubeletplugin.sockets import SocketError, SocketPaths
+from neuron_dra.driver.kubeletplugin._sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.k8s_names import HEALTH_SERVICES
 
 # The rest is imported in the functions that use them, after the sockets are bound (start-up time: docs in `main`).
@@ -19,18 +19,18 @@ if TYPE_CHECKING:
     import tempfile
 
     from neuron_dra.driver.daemon.failpoints import CrashPoints
-    from neuron_dra.driver.daemon.health import HealthServer
-    from neuron_dra.driver.daemon.health_monitor import HealthMonitor
-    from neuron_dra.driver.daemon.health_reporting import HealthReporter
-    from neuron_dra.driver.daemon.health_stream import HealthStreamService
-    from neuron_dra.driver.daemon.metrics import Metrics, MetricsServer
+    from neuron_dra.driver.daemon.liveness import HealthServer
+    from neuron_dra.driver.daemon.health.monitor import HealthMonitor
+    from neuron_dra.driver.daemon.health.reporting import HealthReporter
+    from neuron_dra.driver.daemon.health.stream import HealthStreamService
+    from neuron_dra.driver.daemon.observability.metrics import Metrics, MetricsServer
     from neuron_dra.driver.daemon.publisher import SlicePublisher
-    from neuron_dra.driver.daemon.state import DriverState
-    from neuron_dra.driver.kubeletplugin.claimref import ClaimLookup
-    from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
-    from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock
-    from neuron_dra.driver.kubeletplugin.kube import ApiClient
-    from neuron_dra.driver.kubeletplugin.plugin import PluginServers
+    from neuron_dra.driver.daemon.claims.state import DriverState
+    from neuron_dra.driver.kubeletplugin._claimref import ClaimLookup
+    from neuron_dra.driver.kubeletplugin._grpcserver import EventLoopThread
+    from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock
+    from neuron_dra.driver.kubeletplugin._kube import ApiClient
+    from neuron_dra.driver.kubeletplugin._plugin import PluginServers
     from neuron_dra.driver.model.devices import NeuronHost
     from neuron_dra.driver.model.partitions import CoreLayout
 
@@ -66,7 +66,7 @@ class Daemon:
         # prometheus_client only when metrics are served (the DaemonSet's default is off): 0.6 MiB less.
         self.metrics = metrics
         if self.metrics is None and options.metrics_port:
-            from neuron_dra.driver.daemon.metrics import Metrics
+            from neuron_dra.driver.daemon.observability.metrics import Metrics
 
             self.metrics = Metrics()
         self.stop_event = threading.Event()
@@ -127,10 +127,10 @@ class Daemon:
 
     def _load_state(self, host: NeuronHost, root: Path, layout: CoreLayout) -> DriverState:
         """The claims state from the checkpoint, under the lock the driver's instances share."""
-        from neuron_dra.driver.daemon.cdi import CdiStore
-        from neuron_dra.driver.daemon.checkpoint import Checkpoint, CheckpointError
-        from neuron_dra.driver.daemon.state import DriverState
-        from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock
+        from neuron_dra.driver.daemon.claims.cdi import CdiStore
+        from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, CheckpointError
+        from neuron_dra.driver.daemon.claims.state import DriverState
+        from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock
 
         o = self.options
         plugin_dir = o.plugins_dir / o.driver_name
@@ -157,14 +157,14 @@ class Daemon:
         # The sockets first: kubelet can register the driver while the rest starts (plugin.py: DRA calls wait
         # until `serve` below).
         if self.loop is None:
-            from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
+            from neuron_dra.driver.kubeletplugin._grpcserver import EventLoopThread
 
             self.loop = EventLoopThread()
         if self.servers is None:
             self.servers = listen(o, self.loop)
-        from neuron_dra.driver.daemon.health_monitor import HealthMonitor
-        from neuron_dra.driver.daemon.health_reporting import HealthReporter
-        from neuron_dra.driver.daemon.health_stream import HealthStreamService
+        from neuron_dra.driver.daemon.health.monitor import HealthMonitor
+        from neuron_dra.driver.daemon.health.reporting import HealthReporter
+        from neuron_dra.driver.daemon.health.stream import HealthStreamService
 
         host, root, layout = self._discover()
         self.host, self.host_root = host, root
@@ -175,7 +175,7 @@ class Daemon:
         self.health_reporter = HealthReporter(self.health_monitor, host, o.node_name, o.driver_name,
                                               o.unhealthy_taint_effect, self.api, self.metrics)
         if self.metrics is not None:  # who holds which devices: read from the state at every scrape
-            from neuron_dra.driver.daemon.consumers import ConsumerRefresher
+            from neuron_dra.driver.daemon.observability.consumers import ConsumerRefresher
 
             pods = ConsumerRefresher(self.state.prepared, self.lookup)  # pods joining shared claims later
             pods.start(self.stop_event)
@@ -186,7 +186,7 @@ class Daemon:
         self.health_monitor.add_listener(report)
         self.servers.serve(self.state, self.health_stream.methods())
         if o.healthcheck_port:
-            from neuron_dra.driver.daemon.health import HealthServer
+            from neuron_dra.driver.daemon.liveness import HealthServer
 
             self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port,
                                        registered=self.servers.registration.registered, loop=self.loop)
@@ -226,7 +226,7 @@ class Daemon:
         o = self.options
         if not o.instance:
             return
-        from neuron_dra.driver.kubeletplugin.sockets import is_listening
+        from neuron_dra.driver.kubeletplugin._sockets import is_listening
 
         plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)
         if not is_listening(plain.registration):
@@ -250,9 +250,9 @@ class Daemon:
         o = self.options
         if not o.instance or self.servers is None:
             return None
-        from neuron_dra.driver.daemon.checkpoint import CheckpointError
-        from neuron_dra.driver.daemon.claims import ClaimError
-        from neuron_dra.driver.kubeletplugin.sockets import is_listening
+        from neuron_dra.driver.daemon.claims.checkpoint import CheckpointError
+        from neuron_dra.driver.daemon.claims.allocation import ClaimError
+        from neuron_dra.driver.kubeletplugin._sockets import is_listening
 
         plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)
         servers = self.servers
@@ -283,8 +283,8 @@ class Daemon:
 
     def run(self) -> None:
         """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""
-        from neuron_dra.driver.daemon.claims import ClaimError
-        from neuron_dra.driver.kubeletplugin import memory
+        from neuron_dra.driver.daemon.claims.allocation import ClaimError
+        from neuron_dra.driver.kubeletplugin import _memory as memory
 
         assert self.state is not None
         pending = True
@@ -326,7 +326,7 @@ class Daemon:
 def listen(options: DaemonOptions, loop: EventLoopThread) -> PluginServers:
     """The kubelet-facing servers, in `loop`, with both sockets listening and the registration socket answered
     (plugin.py)."""
-    from neuron_dra.driver.kubeletplugin.plugin import PluginServers
+    from neuron_dra.driver.kubeletplugin._plugin import PluginServers
 
     servers = PluginServers(options.sockets, options.driver_name, extra_services=HEALTH_SERVICES, loop=loop)
     try:

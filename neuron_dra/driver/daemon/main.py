@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING
 from neuron_dra.driver.daemon.driver import Daemon, StartupError, listen
 from neuron_dra.driver.daemon.options import DaemonOptions, parse_options, with_core_partitions, with_socket_names
 from neuron_dra.driver.errortext import capped
-from neuron_dra.driver.kubeletplugin import logs
-from neuron_dra.driver.kubeletplugin.signals import set_on_signals
+from neuron_dra.driver.kubeletplugin import _logs as logs
+from neuron_dra.driver.kubeletplugin._signals import set_on_signals
 
 # Imported in the functions that use them, after the sockets are bound (start-up time: comments in `main`).
 if TYPE_CHECKING:
     from neuron_dra.driver.daemon.failpoints import CrashPoints
-    from neuron_dra.driver.kubeletplugin.claimref import ClaimLookup
-    from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
-    from neuron_dra.driver.kubeletplugin.kube import ApiClient
-    from neuron_dra.driver.kubeletplugin.plugin import PluginServers
+    from neuron_dra.driver.kubeletplugin._claimref import ClaimLookup
+    from neuron_dra.driver.kubeletplugin._grpcserver import EventLoopThread
+    from neuron_dra.driver.kubeletplugin._kube import ApiClient
+    from neuron_dra.driver.kubeletplugin._plugin import PluginServers
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
                crash: CrashPoints | None = None, servers: PluginServers | None = None,
                loop: EventLoopThread | None = None) -> int:
     """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
-    from neuron_dra.driver.kubeletplugin import memory
+    from neuron_dra.driver.kubeletplugin import _memory as memory
 
     memory.limit_arenas()  # before threads allocate (main applied it before the registration server's threads)
     daemon = Daemon(options, lookup, api, crash, servers=servers, loop=loop)
@@ -62,7 +62,7 @@ def start_early(options: DaemonOptions, loop: EventLoopThread) -> PluginServers 
     (the API client, discovery, the checkpoint), so kubelet finds and registers the driver at once; DRA calls wait
     until the state is loaded (plugin.py). None when listening fails (the daemon's start then fails with the
     reason)."""
-    from neuron_dra.driver.kubeletplugin import memory
+    from neuron_dra.driver.kubeletplugin import _memory as memory
 
     memory.limit_arenas()  # before the gRPC servers' threads
     try:
@@ -76,16 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(options.log_level)
     # The socket names may depend on the kubelet's version, read from the Node: then the API client comes first.
     asks = options.socket_names == "auto" and bool(options.pod_uid)
-    from neuron_dra.driver.kubeletplugin import memory
-    from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
+    from neuron_dra.driver.kubeletplugin import _memory as memory
+    from neuron_dra.driver.kubeletplugin._grpcserver import EventLoopThread
 
     memory.limit_arenas()  # before the loop thread allocates
     loop = EventLoopThread()  # the daemon's from run_daemon on
     servers = None if asks else start_early(with_socket_names(options, None), loop)
     from neuron_dra.driver.daemon.failpoints import CrashPoints
-    from neuron_dra.driver.kubeletplugin.kube import ClientOptions, KubeClaimLookup, api_client
-    from neuron_dra.driver.kubeletplugin.kubeconfig import KubeConfigError
-    from neuron_dra.driver.kubeletplugin.ratelimit import Rate
+    from neuron_dra.driver.kubeletplugin._kube import ClientOptions, KubeClaimLookup, api_client
+    from neuron_dra.driver.kubeletplugin._kubeconfig import KubeConfigError
+    from neuron_dra.driver.kubeletplugin._ratelimit import Rate
 
     try:
         crash = CrashPoints.from_env(os.environ)

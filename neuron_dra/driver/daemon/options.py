@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_dra.driver.kubeletplugin.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
-from neuron_dra.driver.kubeletplugin.ratelimit import DAEMON_BURST, DAEMON_QPS
-from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
+from neuron_dra.driver.kubeletplugin._instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
+from neuron_dra.driver.kubeletplugin._ratelimit import DAEMON_BURST, DAEMON_QPS
+from neuron_dra.driver.kubeletplugin._sockets import SocketPaths
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
     CHECKPOINT_FILE,
@@ -38,7 +38,7 @@ from neuron_dra.driver.model.version import VERSION
 
 # Imported in the functions that use them, after the sockets are bound (start-up time: see main.py).
 if TYPE_CHECKING:
-    from neuron_dra.driver.kubeletplugin.kube import ApiClient
+    from neuron_dra.driver.kubeletplugin._kube import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
 def _get_string(api: ApiClient, path: str, keys: tuple[str, ...], seconds: float, what: str,
                 **extra: str) -> str | None:
     """The string at `keys` in the answer to GET `path`; None on any failure (logged: cannot read `what`)."""
-    from neuron_dra.driver.kubeletplugin.kube import ApiClientError, ApiException, KubeApi
+    from neuron_dra.driver.kubeletplugin._kube import ApiClientError, ApiException, KubeApi
 
     try:
         value: object = KubeApi(api).call("GET", path, seconds=seconds)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.daemon.cdi import (
+from neuron_dra.driver.daemon.claims.cdi import (
     CDI_KIND,
     CdiDevice,
     CdiError,
@@ -20,7 +20,7 @@ from neuron_dra.driver.daemon.cdi import (
     minimum_version,
     spec_text,
 )
-from neuron_dra.driver.daemon.checkpoint import (
+from neuron_dra.driver.daemon.claims.checkpoint import (
     CHECKPOINT_VERSION,
     JOURNAL_SIZE,
     SECTOR,
@@ -32,14 +32,14 @@ from neuron_dra.driver.daemon.checkpoint import (
     decode_snapshot,
     encode,
 )
-from neuron_dra.driver.kubeletplugin import protogen
+from neuron_dra.driver.kubeletplugin import _protogen as protogen
 from neuron_dra.driver.kubeletplugin._generated import (
     dra_v1_pb2,
     dra_v1beta1_pb2,
     grpc_health_v1_pb2,
     pluginregistration_pb2,
 )
-from neuron_dra.driver.kubeletplugin.atomicfile import write_atomic
+from neuron_dra.driver.kubeletplugin._atomicfile import write_atomic
 from neuron_dra.driver.model.neuron_env import core_ranges
 
 # --- generated code --------------------------------------------------------------------------------------------
@@ -49,9 +49,9 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
     written = protogen.generate(tmp_path)
     committed = {p.name: p.read_bytes() for p in protogen.GENERATED_DIR.iterdir() if p.is_file()}
     fresh = {p.name: p.read_bytes() for p in written}
-    assert sorted(fresh) == sorted(committed), "files differ: run python -m neuron_dra.driver.kubeletplugin.protogen"
+    assert sorted(fresh) == sorted(committed), "files differ: run python -m neuron_dra.driver.kubeletplugin._protogen"
     stale = [name for name in fresh if fresh[name] != committed[name]]
-    assert stale == [], f"stale generated code {stale}: run python -m neuron_dra.driver.kubeletplugin.protogen"
+    assert stale == [], f"stale generated code {stale}: run python -m neuron_dra.driver.kubeletplugin._protogen"
 
 
 def fields(message: object) -> dict[str, int]:
@@ -279,5 +279,5 @@ def test_core_ranges() -> None:
 
 def test_memory_controls_apply_on_this_glibc() -> None:
     # In a child process: limiting arenas changes the allocator of the process that calls it.
-    code = "from neuron_dra.driver.kubeletplugin import memory; import sys; sys.exit(0 if memory.limit_arenas() else 1)"
+    code = "from neuron_dra.driver.kubeletplugin import _memory as memory; import sys; sys.exit(0 if memory.limit_arenas() else 1)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

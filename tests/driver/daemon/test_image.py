@@ -52,7 +52,7 @@ def test_daemon_imports_only_what_the_image_has() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     ours = {m for m in out if m.startswith("neuron_dra")}
     assert all(m == "neuron_dra" or m.startswith("neuron_dra.driver") for m in ours), sorted(ours)
-    assert "neuron_dra.driver.daemon.testing" not in ours
+    assert "tests.support.claims_dir_daemon" not in ours
     # (grpc imports grpc_tools by itself when installed; not in the image)
     assert not [m for m in out if m.split(".")[0] in ("pulumi", "pulumi_aws", "pulumi_kubernetes", "cel", "celpy")]
     # Neither the kubernetes client (17-19 MiB) nor yaml (only for a kubeconfig or catalog file) at start-up; urllib3
@@ -66,7 +66,7 @@ START_EARLY = """
 import sys, tempfile
 from pathlib import Path
 from neuron_dra.driver.daemon import main
-from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
+from neuron_dra.driver.kubeletplugin._grpcserver import EventLoopThread
 d = Path(tempfile.mkdtemp())
 o = main.parse_options(["--node-name", "n", "--plugins-dir", str(d / "p"), "--registry-dir", str(d / "r")], {})
 servers = main.start_early(main.with_socket_names(o, None), EventLoopThread())
@@ -88,8 +88,8 @@ def test_registration_answers_before_the_claims_model_and_api_client_are_importe
 
 def test_daemon_serves_grpc_with_grpcio_not_its_own_http2() -> None:
     """The daemon's HTTP/2 is grpcio's: no HTTP/2 framing or HPACK library of its own is imported."""
-    code = ("import sys, neuron_dra.driver.daemon.main, neuron_dra.driver.kubeletplugin.plugin, "
-            "neuron_dra.driver.daemon.health; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    code = ("import sys, neuron_dra.driver.daemon.main, neuron_dra.driver.kubeletplugin._plugin, "
+            "neuron_dra.driver.daemon.liveness; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "grpc" in out and not {"h2", "hyperframe", "hpack"} & set(out)
     requirements = (REPO / "neuron_dra" / "driver" / "image-requirements.txt").read_text()

@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from neuron_dra.driver.daemon.health import HEALTH
-from neuron_dra.driver.kubeletplugin import grpcserver
+from neuron_dra.driver.daemon.liveness import HEALTH
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
-from neuron_dra.driver.kubeletplugin.plugin import DRA_LIMITS, DRA_V1, DRA_V1BETA1, REGISTRATION
+from neuron_dra.driver.kubeletplugin._plugin import DRA_LIMITS, DRA_V1, DRA_V1BETA1, REGISTRATION
 from neuron_dra.localcluster import pluginclient
 from neuron_dra.localcluster.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from neuron_dra.driver.kubeletplugin import grpcserver
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2 as hpb
 from tests.support.driver import short_dir
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from neuron_dra.driver.kubeletplugin.kube import ApiClient, ApiClientError, ApiException, KubeApi, api_client
-from neuron_dra.driver.kubeletplugin.kubeconfig import ClusterConfig, KubeConfigError, incluster_config, load_kubeconfig
+from neuron_dra.driver.kubeletplugin._kube import ApiClient, ApiClientError, ApiException, KubeApi, api_client
+from neuron_dra.driver.kubeletplugin._kubeconfig import ClusterConfig, KubeConfigError, incluster_config, load_kubeconfig
 
 
 def test_incluster_config_needs_the_service_environment(tmp_path: Path) -> None:

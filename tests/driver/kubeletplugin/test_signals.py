@@ -12,7 +12,7 @@ import textwrap
 # the lock), releases it, then waits for the event. With a handler calling event.set() directly it never ends.
 CHILD = textwrap.dedent("""
     import signal, sys, threading
-    from neuron_dra.driver.kubeletplugin.signals import set_on_signals
+    from neuron_dra.driver.kubeletplugin._signals import set_on_signals
 
     stop = threading.Event()
     set_on_signals(stop)

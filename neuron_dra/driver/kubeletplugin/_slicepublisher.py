@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from neuron_dra.driver.kubeletplugin.kube import RESOURCE_SLICES, ApiClient, ApiException, KubeApi
+from neuron_dra.driver.kubeletplugin._kube import RESOURCE_SLICES, ApiClient, ApiException, KubeApi
 
 log = logging.getLogger(__name__)
 

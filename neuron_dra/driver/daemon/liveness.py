@@ -22,9 +22,11 @@ from typing import Any
 
 import grpc.aio
 
-from neuron_dra.driver.kubeletplugin import grpcserver, memory, tcpfront
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
+from neuron_dra.driver.kubeletplugin import _memory as memory
+from neuron_dra.driver.kubeletplugin import _tcpfront as tcpfront
 from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, grpc_health_v1_pb2, pluginregistration_pb2
-from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
+from neuron_dra.driver.kubeletplugin._sockets import SocketPaths
 from neuron_dra.driver.model.k8s_names import LIVENESS_SERVICE, READINESS_SERVICE
 
 log = logging.getLogger(__name__)

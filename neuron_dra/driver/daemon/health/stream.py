@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from neuron_dra.driver.daemon.health_monitor import HealthMonitor
-from neuron_dra.driver.kubeletplugin import grpcserver
+from neuron_dra.driver.daemon.health.monitor import HealthMonitor
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._generated import dra_health_v1_pb2, dra_health_v1alpha1_pb2
 from neuron_dra.driver.kubeletplugin._generated import dra_health_v1beta1_pb2 as pb
 from neuron_dra.driver.model.devices import NeuronHost

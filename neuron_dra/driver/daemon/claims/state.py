@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_dra.driver.daemon.cdi import (
+from neuron_dra.driver.daemon.claims.cdi import (
     CdiDevice,
     CdiError,
     CdiStore,
@@ -34,7 +34,7 @@ from neuron_dra.driver.daemon.cdi import (
     qualified_id,
     spec_text,
 )
-from neuron_dra.driver.daemon.checkpoint import (
+from neuron_dra.driver.daemon.claims.checkpoint import (
     MAX_CONSUMERS,
     Checkpoint,
     CheckpointError,
@@ -42,7 +42,7 @@ from neuron_dra.driver.daemon.checkpoint import (
     PreparedClaim,
     PreparedDevice,
 )
-from neuron_dra.driver.daemon.claims import (
+from neuron_dra.driver.daemon.claims.allocation import (
     AllocatedDevice,
     ClaimError,
     Reason,
@@ -54,8 +54,8 @@ from neuron_dra.driver.daemon.claims import (
 )
 from neuron_dra.driver.daemon.failpoints import CrashPoints
 from neuron_dra.driver.errortext import capped, shown
-from neuron_dra.driver.kubeletplugin.claimref import CallScope, ClaimLookup, ClaimLookupError, ClaimRef
-from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock, LockTimeout
+from neuron_dra.driver.kubeletplugin._claimref import CallScope, ClaimLookup, ClaimLookupError, ClaimRef
+from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock, LockTimeout
 from neuron_dra.driver.model.devices import NeuronHost, UltraServer
 from neuron_dra.driver.model.discovery import DiscoveryError, read_ultraserver
 from neuron_dra.driver.model.errors import NotAllowed
@@ -65,7 +65,7 @@ from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device
 from neuron_dra.driver.model.slices import NODE_DEVICE_NAME, NodeFacts, PublishOptions, build_pool
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
-    from neuron_dra.driver.daemon.metrics import Metrics
+    from neuron_dra.driver.daemon.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
