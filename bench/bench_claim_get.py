@@ -1,6 +1,6 @@
 """Benchmark: the claim GET every NodePrepareResources makes, against a real kube-apiserver (local control plane).
 
-Target: `KubeClaimLookup.get` (driver/kubeletplugin/kube.py on urllib3's connection pool, with its deadline, size
+Target: `KubeClaimLookup.get` (driver/kubeletplugin/_kube.py on urllib3's connection pool, with its deadline, size
 cap and rate limit in the path; the limit set high here so that it never waits). Baselines, measured in the same run,
 call for call in rotating order on their own kept connections to the same API server:
 - `http.client`: the standard library's client on a kept `HTTPSConnection`, the same headers, `json.loads` of

@@ -18,14 +18,14 @@ from neuron_dra.driver.model.k8s_names import HEALTH_SERVICES
 if TYPE_CHECKING:
     import tempfile
 
+    from neuron_dra.driver.daemon.claims.state import DriverState
     from neuron_dra.driver.daemon.failpoints import CrashPoints
-    from neuron_dra.driver.daemon.liveness import HealthServer
     from neuron_dra.driver.daemon.health.monitor import HealthMonitor
     from neuron_dra.driver.daemon.health.reporting import HealthReporter
     from neuron_dra.driver.daemon.health.stream import HealthStreamService
+    from neuron_dra.driver.daemon.liveness import HealthServer
     from neuron_dra.driver.daemon.observability.metrics import Metrics, MetricsServer
     from neuron_dra.driver.daemon.publisher import SlicePublisher
-    from neuron_dra.driver.daemon.claims.state import DriverState
     from neuron_dra.driver.kubeletplugin._claimref import ClaimLookup
     from neuron_dra.driver.kubeletplugin._grpcserver import EventLoopThread
     from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock
@@ -250,8 +250,8 @@ class Daemon:
         o = self.options
         if not o.instance or self.servers is None:
             return None
-        from neuron_dra.driver.daemon.claims.checkpoint import CheckpointError
         from neuron_dra.driver.daemon.claims.allocation import ClaimError
+        from neuron_dra.driver.daemon.claims.checkpoint import CheckpointError
         from neuron_dra.driver.kubeletplugin._sockets import is_listening
 
         plain = SocketPaths.for_driver(o.plugins_dir, o.registry_dir, o.driver_name)

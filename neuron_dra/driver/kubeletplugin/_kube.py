@@ -29,7 +29,12 @@ from urllib3.response import BaseHTTPResponse
 
 from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
 from neuron_dra.driver.kubeletplugin._deadline import Deadline, DeadlineExceeded, DeadlineSSLSocket, applied
-from neuron_dra.driver.kubeletplugin._kubeconfig import ClusterConfig, KubeConfigError, incluster_config, load_kubeconfig
+from neuron_dra.driver.kubeletplugin._kubeconfig import (
+    ClusterConfig,
+    KubeConfigError,
+    incluster_config,
+    load_kubeconfig,
+)
 from neuron_dra.driver.kubeletplugin._ratelimit import Rate, RateLimited, TokenBucket
 
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
 from neuron_dra.driver.daemon.claims.cdi import CdiStore
 from neuron_dra.driver.daemon.claims.checkpoint import JOURNAL_SIZE, Checkpoint, ClaimState, PreparedClaim
-from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
 from neuron_dra.driver.daemon.claims.state import DriverState
 from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
 from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock

@@ -33,13 +33,13 @@ from neuron_dra.driver.daemon.claims.checkpoint import (
     encode,
 )
 from neuron_dra.driver.kubeletplugin import _protogen as protogen
+from neuron_dra.driver.kubeletplugin._atomicfile import write_atomic
 from neuron_dra.driver.kubeletplugin._generated import (
     dra_v1_pb2,
     dra_v1beta1_pb2,
     grpc_health_v1_pb2,
     pluginregistration_pb2,
 )
-from neuron_dra.driver.kubeletplugin._atomicfile import write_atomic
 from neuron_dra.driver.model.neuron_env import core_ranges
 
 # --- generated code --------------------------------------------------------------------------------------------
@@ -279,5 +279,6 @@ def test_core_ranges() -> None:
 
 def test_memory_controls_apply_on_this_glibc() -> None:
     # In a child process: limiting arenas changes the allocator of the process that calls it.
-    code = "from neuron_dra.driver.kubeletplugin import _memory as memory; import sys; sys.exit(0 if memory.limit_arenas() else 1)"
+    code = ("from neuron_dra.driver.kubeletplugin import _memory as memory; import sys; "
+            "sys.exit(0 if memory.limit_arenas() else 1)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -27,8 +27,8 @@ def pins(path: Path) -> dict[str, str]:
 
 def test_image_pins_match_the_repository() -> None:
     image, repo = pins(IMAGE_REQUIREMENTS), pins(REPO / "requirements.txt")
-    # No kubernetes client: driver/kubeletplugin/kube.py talks to the API server on urllib3; the daemon's gRPC is grpcio
-    # (driver/kubeletplugin/grpcserver.py).
+    # No kubernetes client: driver/kubeletplugin/_kube.py talks to the API server on urllib3;
+    # the daemon's gRPC is grpcio (driver/kubeletplugin/_grpcserver.py).
     # pydantic and its own dependencies: the catalog file's models (loaded only when a catalog file is given).
     assert set(image) == {"protobuf", "grpcio", "pyyaml", "prometheus-client", "urllib3", "pydantic", "pydantic-core",
                           "annotated-types", "typing-inspection", "typing-extensions"}

@@ -17,12 +17,12 @@ import pytest
 
 from neuron_dra.driver.daemon.claims.cdi import CDI_KIND, CdiStore
 from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint
-from neuron_dra.driver.daemon.liveness import HealthServer
 from neuron_dra.driver.daemon.claims.state import DriverState
+from neuron_dra.driver.daemon.liveness import HealthServer
 from neuron_dra.driver.kubeletplugin import _plugin as plugin
 from neuron_dra.driver.kubeletplugin import _sockets as sockets
-from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
+from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.kubeletplugin._plugin import PluginServers
 from neuron_dra.driver.kubeletplugin._sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.discovery import discover

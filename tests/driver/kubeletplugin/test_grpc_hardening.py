@@ -1,7 +1,7 @@
 """Issue 14 item 1: the daemon's gRPC servers against undecodable requests and floods.
 
 grpcio's Python server leaks ~19 KB per request its deserializer rejects; the daemon parses inside raw-bytes
-handlers (kubeletplugin/grpcserver.py) on every port, so garbage leaves its RSS flat. Concurrent calls are bounded.
+handlers (kubeletplugin/_grpcserver.py) on every port, so garbage leaves its RSS flat. Concurrent calls are bounded.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""driver/kubeletplugin/grpcserver.py in-process against grpcio's client: statuses, the bound on running calls (held
+"""driver/kubeletplugin/_grpcserver.py in-process against grpcio's client: statuses, the bound on running calls (held
 until the work ends, also for a cancelled call), deadlines and end callbacks, streams, socket files."""
 
 from __future__ import annotations

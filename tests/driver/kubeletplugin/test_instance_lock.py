@@ -101,8 +101,8 @@ def test_a_refresh_reads_more_than_its_first_piece_when_the_other_wrote_much(tmp
 
 
 def test_a_call_that_cannot_get_the_lock_before_its_deadline_fails_alone_naming_it(tmp_path: Path) -> None:
-    from neuron_dra.driver.daemon.claims.cdi import CdiStore
     from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
+    from neuron_dra.driver.daemon.claims.cdi import CdiStore
     from neuron_dra.driver.daemon.claims.state import DriverState
     from neuron_dra.driver.kubeletplugin._claimref import CallScope, ClaimRef
     from neuron_dra.driver.model.discovery import discover

@@ -1,4 +1,5 @@
-"""kubeletplugin/signals.py: SIGTERM sets the stop event even when it lands while the main thread holds the event's lock
+"""kubeletplugin/_signals.py: SIGTERM sets the stop event even when it lands while the main thread holds
+the event's lock
 (the daemon hung on stop until SIGKILL when a handler called Event.set() there)."""
 
 from __future__ import annotations

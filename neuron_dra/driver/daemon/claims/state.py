@@ -24,6 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neuron_dra.driver.daemon.claims.allocation import (
+    AllocatedDevice,
+    ClaimError,
+    Reason,
+    allocated_devices,
+    allocation_of,
+    claim_uid,
+    consumer_pods,
+    results_of,
+)
 from neuron_dra.driver.daemon.claims.cdi import (
     CdiDevice,
     CdiError,
@@ -41,16 +51,6 @@ from neuron_dra.driver.daemon.claims.checkpoint import (
     ClaimState,
     PreparedClaim,
     PreparedDevice,
-)
-from neuron_dra.driver.daemon.claims.allocation import (
-    AllocatedDevice,
-    ClaimError,
-    Reason,
-    allocated_devices,
-    allocation_of,
-    claim_uid,
-    consumer_pods,
-    results_of,
 )
 from neuron_dra.driver.daemon.failpoints import CrashPoints
 from neuron_dra.driver.errortext import capped, shown
