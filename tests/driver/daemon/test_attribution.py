@@ -1,6 +1,5 @@
 """Attribution series (driver/daemon/observability/attribution.py): which pod holds which devices and cores,
-read from the
-prepared claims at every scrape, through prepare, unprepare and a restart from the checkpoint."""
+read from the prepared claims at every scrape, through prepare, unprepare and a restart from the checkpoint."""
 
 from __future__ import annotations
 
