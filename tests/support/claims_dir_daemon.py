@@ -1,9 +1,10 @@
 """Test and benchmark support: the daemon with claims read from a directory instead of the API server.
 
-Never used by `neuron-dra-driver`: `python -m tests.support.claims_dir_daemon --claims-dir DIR <daemon flags>`
-runs a daemon process (kill -9, RSS) without an API server, publishing no ResourceSlices. Claims are JSON files
-`DIR/<namespace>_<name>.json`, read on every lookup; `DIR/<namespace>_<name>.delay` holds seconds to wait before
-answering, and a file `DIR/unavailable` makes every lookup fail as an unreachable API server does.
+Not in the package (the wheel and image ship no test support): `python -m tests.support.claims_dir_daemon --claims-
+dir DIR <daemon flags>` runs a daemon process (kill -9, RSS) without an API server, publishing no ResourceSlices.
+Claims are JSON files `DIR/<namespace>_<name>.json`, read on every lookup; `DIR/<namespace>_<name>.delay` holds
+seconds to wait before answering, and a file `DIR/unavailable` makes every lookup fail as an unreachable API server
+does.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 
 from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
 
+REPO = Path(__file__).resolve().parents[2]
 DRIVER = "neuron.aws.com"
 NODE = "node-a"
 NEURON_CONFIG = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig"}
@@ -183,6 +184,8 @@ class DaemonProcess:
         dirs.claims.mkdir(parents=True, exist_ok=True)
         self.dirs = dirs
         env = {**os.environ, **(env or {})}
+        # The daemon module is test support (tests/support/claims_dir_daemon.py): the repository on the path.
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         env.pop("NEURON_DRA_CRASH_AT", None)
         if crash_at:
             env["NEURON_DRA_CRASH_AT"] = crash_at

@@ -9,8 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from neuron_dra.driver.kubeletplugin._kube import ApiClient
-from neuron_dra.driver.kubeletplugin._slicepublisher import Backoff, ResourceSlicePublisher, Slice
+from neuron_dra.driver.kubeletplugin import ApiClient, Backoff, ResourceSlicePublisher, Slice
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, resource_slices, with_taints
 

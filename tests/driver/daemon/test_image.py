@@ -66,23 +66,23 @@ START_EARLY = """
 import sys, tempfile
 from pathlib import Path
 from neuron_dra.driver.daemon import main
-from neuron_dra.driver.kubeletplugin._grpcserver import EventLoopThread
+from neuron_dra.driver.kubeletplugin import EventLoopThread
 d = Path(tempfile.mkdtemp())
 o = main.parse_options(["--node-name", "n", "--plugins-dir", str(d / "p"), "--registry-dir", str(d / "r")], {})
-servers = main.start_early(main.with_socket_names(o, None), EventLoopThread())
-assert servers is not None and servers.paths.registration.exists()
+helper = main.start_early(main.with_socket_names(o, None), EventLoopThread())
+assert helper is not None and helper.paths.registration.exists()
 print("\\n".join(sorted(sys.modules)))
-servers.stop(0)
+helper.close()
 """
 
 
 def test_registration_answers_before_the_claims_model_and_api_client_are_imported() -> None:
     out = subprocess.run([sys.executable, "-c", START_EARLY], capture_output=True, text=True, check=True).stdout.split()
     ours = {m.removeprefix("neuron_dra.driver.") for m in out if m.startswith("neuron_dra.driver.")}
-    later = {"daemon.claims", "daemon.state", "kubeletplugin.kube", "daemon.checkpoint", "model.catalog",
-             "model.config", "model.discovery"}
-    assert "kubeletplugin.plugin" in ours and not later & ours, sorted(later & ours)
-    # ctypes.util.find_library runs `ldconfig -p` in a child process (memory.py finds malloc's knobs without it)
+    later = {"daemon.driver", "daemon.claims", "daemon.health", "kubeletplugin._kube", "kubeletplugin._slicepublisher",
+             "model.catalog", "model.config", "model.discovery"}
+    assert "kubeletplugin._plugin" in ours and not later & ours, sorted(later & ours)
+    # ctypes.util.find_library runs `ldconfig -p` in a child process (_memory.py finds malloc's knobs without it)
     assert not {"ctypes.util", "urllib3", "yaml"} & set(out)
 
 

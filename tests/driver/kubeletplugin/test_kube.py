@@ -1,5 +1,5 @@
-"""The daemon's API client (driver/kubeletplugin/_kube.py on urllib3) against a scripted loopback TLS server:
-the request on the wire, pooled connections, which requests are sent again, answers over the size caps, malformed and cut
+"""The daemon's API client (driver/kubeletplugin/_kube.py on urllib3) against a scripted loopback TLS server: the
+request on the wire, pooled connections, which requests are sent again, answers over the size caps, malformed and cut
 answers, non-2xx answers, token rotation, watches, the client-side rate limit. (Attacks by a hostile server:
 test_driver_kube_attacks.py; the real kube-apiserver: test_driver_apiserver.py.)"""
 

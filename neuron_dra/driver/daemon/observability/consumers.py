@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from neuron_dra.driver.daemon.claims.allocation import consumer_pods
 from neuron_dra.driver.daemon.claims.checkpoint import MAX_CONSUMERS, ClaimState, PreparedClaim
-from neuron_dra.driver.kubeletplugin._claimref import ClaimLookup, ClaimLookupError
+from neuron_dra.driver.kubeletplugin import ClaimLookup, ClaimLookupError
 
 log = logging.getLogger(__name__)
 
