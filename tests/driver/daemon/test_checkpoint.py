@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.daemon import checkpoint as current
+from neuron_dra.driver.daemon.claims import checkpoint as current
 from neuron_dra.driver.daemon.claims.checkpoint import SECTOR, Checkpoint, CheckpointError, ClaimState, PreparedClaim
 from tests.support import previous_checkpoint
 from tests.support.checkpoint_claims import ErrorCount, claim, uid

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.daemon import checkpoint as current
+from neuron_dra.driver.daemon.claims import checkpoint as current
 from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, ClaimState, PreparedClaim
 from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock, LockTimeout
 from tests.support.checkpoint_claims import claim, uid

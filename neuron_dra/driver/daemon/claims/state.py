@@ -304,12 +304,15 @@ class DriverState:
 
     def _prepare_one(self, ref: ClaimRef, ticket: int, deadline: float | None = None) -> tuple[PreparedDevice, ...]:
         self._check_ref(ref, need_name=True)
-        with self._shared(deadline):
-            entry = self._claims.get(ref.uid)
-            if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
-                # Repeated prepare (kubelet restart, node reboot): same answer, spec rewritten (tmpfs).
-                self._write_cdi(entry.uid, entry.cdi_spec)
-                return entry.devices
+        # Repeated prepare (kubelet restart, node reboot): same answer, spec rewritten (tmpfs), no API call. The
+        # records are replaced, never changed in place, so a look without the lock tells whether to take it: a
+        # new claim goes straight to its GET and takes the lock once, to commit.
+        if ref.uid in self._claims:
+            with self._shared(deadline):
+                entry = self._claims.get(ref.uid)
+                if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
+                    self._write_cdi(entry.uid, entry.cdi_spec)
+                    return entry.devices
         claim = self._get_claim(ref)
         if claim is None:
             raise ClaimError(Reason.NOT_FOUND, f"claim {ref} does not exist")
