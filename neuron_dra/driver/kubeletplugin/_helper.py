@@ -6,17 +6,23 @@ lock the instances share, and keeps the driver's ResourceSlices published (`publ
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock
 from neuron_dra.driver.kubeletplugin._plugin import DRA_LIMITS, Driver, PluginServers
 from neuron_dra.driver.kubeletplugin._sockets import SocketError, SocketPaths, is_listening
+
+if TYPE_CHECKING:  # the API client (urllib3) and the publisher are imported once a driver publishes
+    from neuron_dra.driver.kubeletplugin._kube import ApiClient
+    from neuron_dra.driver.kubeletplugin._slicepublisher import PublisherMetrics, ResourceSlicePublisher, Slice
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,8 @@ class Helper:
         self.instance_lock: InstanceLock | None = None
         self._watch: threading.Thread | None = None
         self._stopped = False
+        self._publisher: ResourceSlicePublisher | None = None
+        self._resources: list[Slice] = []
 
     @property
     def registered(self) -> threading.Event:
@@ -131,6 +139,22 @@ class Helper:
         self._watch = threading.Thread(target=watch, name="unshared-instance-watch", daemon=True)
         self._watch.start()
         return self._watch
+
+    def publish(self, resources: Sequence[Slice], api: ApiClient, node_name: str, stop: threading.Event,
+                metrics: PublisherMetrics | None = None) -> ResourceSlicePublisher:
+        """Keep `resources` (this node's ResourceSlices, generation 0: the publisher numbers them) published as the
+        Go helper's `PublishResources` does (_slicepublisher.py); a later call hands over new ones and publishes
+        them at once. The first call starts the publishing thread, which ends with `stop`."""
+        self._resources = copy.deepcopy(list(resources))
+        if self._publisher is None:
+            from neuron_dra.driver.kubeletplugin._slicepublisher import SlicesPublisher
+
+            self._publisher = SlicesPublisher(lambda: copy.deepcopy(self._resources), api, node_name,
+                                              self.options.driver_name, metrics)
+            self._publisher.start(stop)
+        else:
+            self._publisher.refresh()
+        return self._publisher
 
     def unregister(self) -> None:
         """Leave kubelet's calls to another instance; calls already sent here are still answered."""

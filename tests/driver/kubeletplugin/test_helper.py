@@ -8,9 +8,11 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from kubernetes import client
 
 from neuron_dra.driver import kubeletplugin
 from neuron_dra.driver.kubeletplugin import CallScope, ClaimFailed, ClaimRef
@@ -92,9 +94,10 @@ def test_registration_and_prepare_with_a_toy_driver(base: Path) -> None:
             assert driver.prepared == {"u-a": "dev-a"}
             done = dra.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims[:1]), timeout=5)
             assert done.claims["u-a"].error == "" and driver.prepared == {}
-            # An empty call (a liveness check's) is answered by the layer without the driver.
-            dra.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=5)
-            assert [c[0] for c in driver.calls] == ["prepare", "unprepare"]
+            # An empty call (a liveness check's) is answered in the event loop, not behind the DRA calls.
+            empty = dra.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=5)
+            assert not empty.claims and driver.calls == [("prepare", ("u-a", "u-bad")), ("unprepare", ("u-a",)),
+                                                         ("prepare", ())]
     finally:
         helper.close()
     assert not helper.paths.registration.exists() and not helper.paths.dra.exists()
@@ -173,4 +176,32 @@ def test_plain_names_neither_wait_nor_watch(base: Path) -> None:
         assert helper.watch_for_unshared_instance(threading.Event()) is None
         assert helper.lock_instances(threading.Event()).path.parent == base / "plugins" / TOY
     finally:
+        helper.close()
+
+
+def toy_slice(node: str, *devices: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"generateName": f"{node}-toy-"},
+            "spec": {"driver": TOY, "nodeName": node, "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+                     "devices": [{"name": d} for d in devices]}}
+
+
+@pytest.mark.cluster
+def test_publish_hands_slices_over_as_data(base: Path, api: Any) -> None:
+    """`publish(resources)` against the real API server: published, then replaced by the next call's slices."""
+    node = "toy-node"
+    helper = kubeletplugin.start(ToyDriver(), options(base))
+    stop = threading.Event()
+
+    def published() -> list[list[str]]:
+        listed = client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node},spec.driver={TOY}")
+        return [sorted(d.name for d in s.spec.devices) for s in listed.items]
+
+    try:
+        publisher = helper.publish([toy_slice(node, "a", "b")], api, node, stop)
+        assert publisher.published.wait(60)
+        wait_until(lambda: published() == [["a", "b"]], 30, "the toy's slice")
+        helper.publish([toy_slice(node, "c")], api, node, stop)
+        wait_until(lambda: published() == [["c"]], 30, "the toy's new slice")
+    finally:
+        stop.set()
         helper.close()
