@@ -53,7 +53,9 @@ def main() -> None:
             took["unprepare"] += time.perf_counter() - t
         state.close()
         print({k: f"{v / rounds * 1e6:.0f} us/call (profiled)" for k, v in took.items()})
-        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        stats = pstats.Stats(profile)
+        stats.sort_stats("tottime").print_stats(12)
+        stats.sort_stats("cumulative").print_stats(r"neuron_dra", 20)
 
 
 if __name__ == "__main__":
