@@ -26,7 +26,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_contracts_hold() -> None:
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 kept, 0 broken" in result.stdout
+    assert "6 kept, 0 broken" in result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,8 @@ VIOLATIONS = [
     # (planted where claim_templates and components do not import, so that only the layer rule breaks)
     pytest.param("neuron_dra/driver/kubeletplugin/_kube.py", "import neuron_dra.driver.deploy", "Inside driver/",
                  id="daemon-imports-deploy"),
+    pytest.param("neuron_dra/driver/daemon/failpoints.py", "import neuron_dra.driver.kubeletplugin._sockets",
+                 "The daemon uses the kubelet-plugin layer through its face", id="daemon-imports-a-private-module"),
     pytest.param("neuron_dra/claim_templates/template.py", "import neuron_dra.claim_templates.checks",
                  "No import cycles",
                  id="template-imports-checks"),
@@ -79,6 +81,6 @@ def test_a_forbidden_import_breaks_its_contract(tree: Path, module: str, stateme
     finally:
         path.write_text(original)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert re.search(r"Contracts: [0-4] kept, [1-5] broken", result.stdout), result.stdout
+    assert re.search(r"Contracts: [0-5] kept, [1-6] broken", result.stdout), result.stdout
     broken = result.stdout.split("Broken contracts", 1)[1]  # one import can break several (through what imports it)
     assert contract in " ".join(broken.split()), broken
