@@ -1,6 +1,6 @@
 """Benchmark: the claim GET every NodePrepareResources makes, against a real kube-apiserver (local control plane).
 
-Target: `KubeClaimLookup.get` (driver/kubeletplugin/kube.py on urllib3's connection pool, with its deadline, size
+Target: `KubeClaimLookup.get` (driver/kubeletplugin/_kube.py on urllib3's connection pool, with its deadline, size
 cap and rate limit in the path; the limit set high here so that it never waits). Baselines, measured in the same run,
 call for call in rotating order on their own kept connections to the same API server:
 - `http.client`: the standard library's client on a kept `HTTPSConnection`, the same headers, `json.loads` of
@@ -32,9 +32,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from neuron_dra.driver.kubeletplugin.kube import ApiClient, ClientOptions, KubeApi, KubeClaimLookup
-from neuron_dra.driver.kubeletplugin.kubeconfig import ClusterConfig, load_kubeconfig
-from neuron_dra.driver.kubeletplugin.ratelimit import Rate
+from neuron_dra.driver.kubeletplugin._kube import ApiClient, ClientOptions, KubeApi, KubeClaimLookup
+from neuron_dra.driver.kubeletplugin._kubeconfig import ClusterConfig, load_kubeconfig
+from neuron_dra.driver.kubeletplugin._ratelimit import Rate
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster.controlplane.plane import ControlPlane
 
@@ -150,7 +150,7 @@ def main() -> None:
         for name, samples in times.items():
             p50, p90, p99 = percentiles(samples)
             print(f"{name:17} {p50:8.3f} {p90:8.3f} {p99:8.3f} {p50 / p50_ref:16.2f} {cpu[name]:11.0f}")
-        for module in ("neuron_dra.driver.kubeletplugin.kube", "http.client", "kubernetes.client"):
+        for module in ("neuron_dra.driver.kubeletplugin._kube", "http.client", "kubernetes.client"):
             print(f"import {module}: +{import_cost(module):.1f} MiB RSS")
     finally:
         plane.stop()

@@ -1,5 +1,5 @@
 """Benchmark: grpcio's sync server (grpc.server on a ThreadPoolExecutor) against its asyncio server as the daemon
-runs it (driver/kubeletplugin/grpcserver.py), with the same raw-bytes handler, over a unix socket.
+runs it (driver/kubeletplugin/_grpcserver.py), with the same raw-bytes handler, over a unix socket.
 
 - Round trip of a unary call whose handler blocks (as a prepare does: it runs in a pool thread) and of one
   answered in the event loop (as the liveness check's empty prepare), from a client in another process:
@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from neuron_dra.driver.kubeletplugin import grpcserver
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2
 
 REPO = Path(__file__).resolve().parent.parent

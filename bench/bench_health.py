@@ -21,9 +21,9 @@ from pathlib import Path
 
 import grpc
 
-from neuron_dra.driver.daemon.health_monitor import HealthMonitor
-from neuron_dra.driver.daemon.health_stream import HealthStreamService
-from neuron_dra.driver.kubeletplugin import grpcserver
+from neuron_dra.driver.daemon.health.monitor import HealthMonitor
+from neuron_dra.driver.daemon.health.stream import HealthStreamService
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._generated import dra_health_v1alpha1_pb2 as pb
 from neuron_dra.driver.kubeletplugin._generated import dra_health_v1alpha1_pb2_grpc as pb_grpc
 from neuron_dra.driver.model.discovery import discover

@@ -3,7 +3,7 @@
 The client speaks kubelet's protocol on the daemon's real unix socket (tests/support/pluginclient.py).
 
 Latency: the daemon runs on an emulated trn2.48xlarge with claims read from local JSON files instead of
-GET from the API server (`python -m neuron_dra.driver.daemon.testing`; the target excludes the claim GET).
+GET from the API server (`python -m tests.support.claims_dir_daemon`; the target excludes the claim GET).
 Baseline, measured in the same run, call for call alternating with the driver's calls: a bare gRPC round
 trip on the same kind of socket, to a Python gRPC server process that echoes the bytes of a
 NodePrepareResources request. Claim sizes alternate too. Figures: prepare p50/p99 for 1-, 4- and 16-device
@@ -232,7 +232,7 @@ def latency(base: Path, python: str, env: Mapping[str, str], samples: int) -> Da
         (claims_dir / f"bench_claim-{n}.json").write_text(json.dumps(claim))
         refs[n] = ClaimRef("bench", f"claim-{n}", uid_of(n))
     echo = EchoServer(base)
-    daemon = Daemon(base, python, env, ["neuron_dra.driver.daemon.testing", "--claims-dir", str(claims_dir)])
+    daemon = Daemon(base, python, env, ["tests.support.claims_dir_daemon", "--claims-dir", str(claims_dir)])
     try:
         # Baseline and driver calls alternate, so both see the same machine (load, CPU frequency, caches).
         bare: list[float] = []

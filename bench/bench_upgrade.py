@@ -1,7 +1,7 @@
 """Benchmark: hand-over between two instances of the driver on one node (a surge rollout), and prepare latency
 while both run against one instance alone (docs/upgrades.md).
 
-Daemons: `python -m neuron_dra.driver.daemon.testing` (the real daemon, claims read from local JSON files) on an
+Daemons: `python -m tests.support.claims_dir_daemon` (the real daemon, claims read from local JSON files) on an
 emulated trn2.48xlarge, each with names of its own (`--socket-names per-instance`, a new pod UID each), sharing
 the plugin directory, its lock and its checkpoint, as two pods of the DaemonSet on one node.
 
@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pluginclient lives with the tests (tests.support)
 
-from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
+from neuron_dra.driver.kubeletplugin._sockets import SocketPaths
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from tests.support import pluginclient
 from tests.support.pluginclient import ClaimRef, PluginCallError
@@ -56,7 +56,7 @@ class Instance:
         self._log = (base / f"daemon-{self.pod_uid[:8]}.log").open("wb")
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "neuron_dra.driver.daemon.testing", "--claims-dir", str(base / "claims"),
+            [sys.executable, "-m", "tests.support.claims_dir_daemon", "--claims-dir", str(base / "claims"),
              "--node-name", NODE, "--emulate", "trn2.48xlarge", "--plugins-dir", str(base / "plugins"),
              "--registry-dir", str(base / "registry"), "--cdi-root", str(base / "cdi"), "--log-level", "warning",
              "--socket-names", "per-instance", "--pod-uid", self.pod_uid],

@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes import client, config
 
 from neuron_dra.driver import deploy
-from neuron_dra.driver.kubeletplugin.signals import set_on_signals
+from neuron_dra.driver.kubeletplugin._signals import set_on_signals
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.catalog_file import load_catalog
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME

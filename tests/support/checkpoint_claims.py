@@ -7,7 +7,7 @@ import logging
 import types
 from typing import Any
 
-from neuron_dra.driver.daemon.cdi import CDI_KIND, CdiDevice, build_spec, spec_text
+from neuron_dra.driver.daemon.claims.cdi import CDI_KIND, CdiDevice, build_spec, spec_text
 
 
 def claim(module: types.ModuleType, uid: str, index: int, state: str = "PrepareCompleted") -> Any:

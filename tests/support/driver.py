@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
+from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
 
+REPO = Path(__file__).resolve().parents[2]
 DRIVER = "neuron.aws.com"
 NODE = "node-a"
 NEURON_CONFIG = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig"}
@@ -176,20 +177,22 @@ class DaemonDirs:
 
 
 class DaemonProcess:
-    """`python -m neuron_dra.driver.daemon.testing` (the real daemon, claims from files) as a child process."""
+    """`python -m tests.support.claims_dir_daemon` (the real daemon, claims from files) as a child process."""
 
     def __init__(self, dirs: DaemonDirs, host_root: Path, *, extra_args: Sequence[str] = (),
                  crash_at: str | None = None, env: Mapping[str, str] | None = None) -> None:
         dirs.claims.mkdir(parents=True, exist_ok=True)
         self.dirs = dirs
         env = {**os.environ, **(env or {})}
+        # The daemon module is test support (tests/support/claims_dir_daemon.py): the repository on the path.
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         env.pop("NEURON_DRA_CRASH_AT", None)
         if crash_at:
             env["NEURON_DRA_CRASH_AT"] = crash_at
         self.log_path = dirs.base / f"daemon-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "neuron_dra.driver.daemon.testing", "--claims-dir", str(dirs.claims),
+            [sys.executable, "-m", "tests.support.claims_dir_daemon", "--claims-dir", str(dirs.claims),
              "--node-name", NODE, "--plugins-dir", str(dirs.plugins), "--registry-dir", str(dirs.registry),
              "--cdi-root", str(dirs.cdi), "--host-root", str(host_root), *extra_args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_dra.driver.kubeletplugin.kube import ApiClient, ClientOptions
-from neuron_dra.driver.kubeletplugin.kubeconfig import ClusterConfig
+from neuron_dra.driver.kubeletplugin._kube import ApiClient, ClientOptions
+from neuron_dra.driver.kubeletplugin._kubeconfig import ClusterConfig
 from neuron_dra.localcluster.controlplane.pki import issue, make_ca
 
 

@@ -19,7 +19,10 @@ from typing import Any, Protocol
 
 import grpc
 
-from neuron_dra.driver.daemon.checkpoint import PreparedDevice as PreparedDevice  # the daemon's types, re-exported
+from neuron_dra.driver.daemon.claims.checkpoint import (
+    PreparedDevice as PreparedDevice,  # the daemon's types, re-exported
+)
+from neuron_dra.driver.kubeletplugin._claimref import ClaimRef as ClaimRef
 from neuron_dra.driver.kubeletplugin._generated import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -28,7 +31,6 @@ from neuron_dra.driver.kubeletplugin._generated import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from neuron_dra.driver.kubeletplugin.claimref import ClaimRef as ClaimRef
 
 DIAL_TIMEOUT = 10.0  # kubelet's plugin watcher
 GET_INFO_TIMEOUT = 1.0  # kubelet gives GetInfo one second

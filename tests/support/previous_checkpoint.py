@@ -16,8 +16,8 @@ PINNED_COMMIT = "4b1e32e"
 SOURCE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_format1" / f"checkpoint_{PINNED_COMMIT}.py.txt"
 _MOVED = {
     "from neuron_dra.driver import k8s_names": "from neuron_dra.driver.model import k8s_names",
-    "from neuron_dra.driver.atomicfile import": "from neuron_dra.driver.kubeletplugin.atomicfile import",
-    "from neuron_dra.driver.cdi import": "from neuron_dra.driver.daemon.cdi import",
+    "from neuron_dra.driver.atomicfile import": "from neuron_dra.driver.kubeletplugin._atomicfile import",
+    "from neuron_dra.driver.cdi import": "from neuron_dra.driver.daemon.claims.cdi import",
     "from neuron_dra.driver.errortext import": "from neuron_dra.driver.errortext import",
 }
 

@@ -16,32 +16,34 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from neuron_dra.driver.daemon.driver import Daemon, StartupError, listen
+from neuron_dra.driver import kubeletplugin
 from neuron_dra.driver.daemon.options import DaemonOptions, parse_options, with_core_partitions, with_socket_names
 from neuron_dra.driver.errortext import capped
-from neuron_dra.driver.kubeletplugin import logs
-from neuron_dra.driver.kubeletplugin.signals import set_on_signals
 
-# Imported in the functions that use them, after the sockets are bound (start-up time: comments in `main`).
+# The one lazy-import boundary of the daemon: the rest of it (daemon/driver.py and what it imports: the claims
+# model, discovery, the checkpoint, device health) and the API client are imported below once the sockets listen,
+# so kubelet, which gives GetInfo 1 s, registers the driver at once (tests/driver/daemon/test_image.py).
 if TYPE_CHECKING:
     from neuron_dra.driver.daemon.failpoints import CrashPoints
-    from neuron_dra.driver.kubeletplugin.claimref import ClaimLookup
-    from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
-    from neuron_dra.driver.kubeletplugin.kube import ApiClient
-    from neuron_dra.driver.kubeletplugin.plugin import PluginServers
+    from neuron_dra.driver.kubeletplugin import ApiClient, ClaimLookup, EventLoopThread, Helper
 
 log = logging.getLogger(__name__)
 
 
 def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | None,
-               crash: CrashPoints | None = None, servers: PluginServers | None = None,
+               crash: CrashPoints | None = None, helper: Helper | None = None,
                loop: EventLoopThread | None = None) -> int:
     """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
-    from neuron_dra.driver.kubeletplugin import memory
+    kubeletplugin.limit_arenas()  # before threads allocate (main applied it before the registration server's)
+    from neuron_dra.driver.daemon.driver import Daemon, StartupError
 
-    memory.limit_arenas()  # before threads allocate (main applied it before the registration server's threads)
-    daemon = Daemon(options, lookup, api, crash, servers=servers, loop=loop)
-    set_on_signals(daemon.stop_event)
+    metrics = None
+    if options.metrics_port:  # prometheus_client only when metrics are served (the default is off): 0.6 MiB less
+        from neuron_dra.driver.daemon.observability.metrics import Metrics
+
+        metrics = Metrics()
+    daemon = Daemon(options, lookup, api, crash, metrics, helper=helper, loop=loop)
+    kubeletplugin.set_on_signals(daemon.stop_event)
     try:
         daemon.start()
     except Exception as e:  # a fault no StartupError names (with its traceback): still the one line, and exit 1
@@ -57,50 +59,42 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
     return 0
 
 
-def start_early(options: DaemonOptions, loop: EventLoopThread) -> PluginServers | None:
+def start_early(options: DaemonOptions, loop: EventLoopThread) -> Helper | None:
     """Both sockets listening and the registration socket answered before the daemon imports the rest of itself
     (the API client, discovery, the checkpoint), so kubelet finds and registers the driver at once; DRA calls wait
-    until the state is loaded (plugin.py). None when listening fails (the daemon's start then fails with the
-    reason)."""
-    from neuron_dra.driver.kubeletplugin import memory
-
-    memory.limit_arenas()  # before the gRPC servers' threads
+    until the state is loaded (kubeletplugin.start). None when listening fails (the daemon's start then fails with
+    the reason)."""
+    kubeletplugin.limit_arenas()  # before the gRPC servers' threads
     try:
-        return listen(options, loop)
-    except StartupError:
+        return kubeletplugin.start(None, options.plugin, loop)
+    except (kubeletplugin.SocketError, OSError):
         return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv, os.environ)
-    logs.configure(options.log_level)
+    kubeletplugin.configure_logs(options.log_level)
     # The socket names may depend on the kubelet's version, read from the Node: then the API client comes first.
     asks = options.socket_names == "auto" and bool(options.pod_uid)
-    from neuron_dra.driver.kubeletplugin import memory
-    from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
-
-    memory.limit_arenas()  # before the loop thread allocates
-    loop = EventLoopThread()  # the daemon's from run_daemon on
-    servers = None if asks else start_early(with_socket_names(options, None), loop)
+    kubeletplugin.limit_arenas()  # before the loop thread allocates
+    loop = kubeletplugin.EventLoopThread()  # the daemon's from run_daemon on
+    helper = None if asks else start_early(with_socket_names(options, None), loop)
     from neuron_dra.driver.daemon.failpoints import CrashPoints
-    from neuron_dra.driver.kubeletplugin.kube import ClientOptions, KubeClaimLookup, api_client
-    from neuron_dra.driver.kubeletplugin.kubeconfig import KubeConfigError
-    from neuron_dra.driver.kubeletplugin.ratelimit import Rate
 
     try:
         crash = CrashPoints.from_env(os.environ)
-        api = api_client(options.kubeconfig, ClientOptions(Rate(options.kube_api_qps, options.kube_api_burst),
-                                                           options.kube_api_timeout))
-    except (ValueError, KubeConfigError) as e:
+        api = kubeletplugin.api_client(options.kubeconfig, kubeletplugin.ClientOptions(
+            kubeletplugin.Rate(options.kube_api_qps, options.kube_api_burst), options.kube_api_timeout))
+    except (ValueError, kubeletplugin.KubeConfigError) as e:
         log.error("start-up failed", extra={"error": str(e)})
-        if servers is not None:
-            servers.stop(0)
+        if helper is not None:
+            helper.close()
         loop.close()
         return 2
     options = with_core_partitions(with_socket_names(options, api if asks else None), api)
     if asks:
-        servers = start_early(options, loop)
-    return run_daemon(options, KubeClaimLookup(api), api, crash, servers, loop)
+        helper = start_early(options, loop)
+    return run_daemon(options, kubeletplugin.KubeClaimLookup(api), api, crash, helper, loop)
 
 
 if __name__ == "__main__":

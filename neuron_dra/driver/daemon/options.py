@@ -12,10 +12,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
-from neuron_dra.driver.kubeletplugin.instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
-from neuron_dra.driver.kubeletplugin.ratelimit import DAEMON_BURST, DAEMON_QPS
-from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
+from neuron_dra.driver import kubeletplugin
+from neuron_dra.driver.kubeletplugin import (
+    DAEMON_BURST,
+    DAEMON_QPS,
+    SOCKET_NAME_MODES,
+    InstanceError,
+    SocketPaths,
+    check_pod_uid,
+    decide,
+)
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
     CHECKPOINT_FILE,
@@ -29,6 +37,7 @@ from neuron_dra.driver.model.k8s_names import (
     DNS_SUBDOMAIN_RULE,
     DRIVER_NAME_MAX,
     DRIVER_NAME_RULE,
+    HEALTH_SERVICES,
     PLUGINS_DIR_ENV,
     REGISTRY_DIR_ENV,
     TAINT_EFFECTS,
@@ -36,9 +45,9 @@ from neuron_dra.driver.model.k8s_names import (
 )
 from neuron_dra.driver.model.version import VERSION
 
-# Imported in the functions that use them, after the sockets are bound (start-up time: see main.py).
+# The API client is the layer's, imported once used (after the sockets are bound; main.py).
 if TYPE_CHECKING:
-    from neuron_dra.driver.kubeletplugin.kube import ApiClient
+    from neuron_dra.driver.kubeletplugin import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +92,12 @@ class DaemonOptions:
     @property
     def sockets(self) -> SocketPaths:
         return SocketPaths.for_driver(self.plugins_dir, self.registry_dir, self.driver_name, self.instance)
+
+    @property
+    def plugin(self) -> kubeletplugin.Options:
+        """What the kubelet plugin helper listens as (the health stream served beside the DRA service)."""
+        return kubeletplugin.Options(self.driver_name, self.plugins_dir, self.registry_dir, self.instance,
+                                     extra_services=HEALTH_SERVICES)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -225,11 +240,10 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
 def _get_string(api: ApiClient, path: str, keys: tuple[str, ...], seconds: float, what: str,
                 **extra: str) -> str | None:
     """The string at `keys` in the answer to GET `path`; None on any failure (logged: cannot read `what`)."""
-    from neuron_dra.driver.kubeletplugin.kube import ApiClientError, ApiException, KubeApi
 
     try:
-        value: object = KubeApi(api).call("GET", path, seconds=seconds)
-    except (ApiException, ApiClientError) as e:
+        value: object = kubeletplugin.KubeApi(api).call("GET", path, seconds=seconds)
+    except (kubeletplugin.ApiException, kubeletplugin.ApiClientError) as e:
         log.warning(f"cannot read {what}", extra={**extra, "error": str(e)})
         return None
     for key in keys:
@@ -239,8 +253,6 @@ def _get_string(api: ApiClient, path: str, keys: tuple[str, ...], seconds: float
 
 def kubelet_version(api: ApiClient, node_name: str, seconds: float) -> str | None:
     """The node's kubelet version as the Node reports it (status.nodeInfo.kubeletVersion); None on any failure."""
-    from urllib.parse import quote
-
     return _get_string(api, f"/api/v1/nodes/{quote(node_name, safe='')}", ("status", "nodeInfo", "kubeletVersion"),
                        seconds, "the node's kubelet version", node=node_name)
 

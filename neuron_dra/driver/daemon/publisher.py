@@ -9,13 +9,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from neuron_dra.driver.kubeletplugin.kube import ApiClient
-from neuron_dra.driver.kubeletplugin.slicepublisher import Backoff, ResourceSlicePublisher, Slice
+from neuron_dra.driver.kubeletplugin import ApiClient, Backoff, ResourceSlicePublisher, Slice
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, resource_slices, with_taints
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
-    from neuron_dra.driver.daemon.metrics import Metrics
+    from neuron_dra.driver.daemon.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -328,7 +328,7 @@ class _DeployOptions:
     # The cluster's Kubernetes minor ("1.34"): what that minor does not serve is left out (`serves`,
     # KUBERNETES_FEATURES); None: everything, as on the newest minor.
     kubernetes_version: Annotated[str | None, Field(strict=True), _must(lambda v: v is None or _is_minor(v))] = None
-    # The daemon's API client: client-side rate limit (the daemon's defaults, kubelet's: kubeletplugin/ratelimit.py)
+    # The daemon's API client: client-side rate limit (the daemon's defaults, kubelet's: kubeletplugin/_ratelimit.py)
     # and each request's deadline.
     kube_api_qps: Annotated[float, Field(strict=True, ge=0.1, le=1000)] = 50.0
     kube_api_burst: Annotated[int, Field(strict=True, ge=1, le=1000)] = 100

@@ -9,7 +9,7 @@ driver reload, a reboot or an instance replacement. The counters are single file
 older documentation shows counter directories with `total`/`present`, so both shapes are read. A device whose
 counters cannot be read at all is Unknown (the kubelet shows Unknown; no taint: we do not know it is broken).
 
-The polling thread that calls `read_device_health` is `HealthMonitor` (driver/daemon/health_monitor.py).
+The polling thread that calls `read_device_health` is `HealthMonitor` (driver/daemon/health/monitor.py).
 """
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.daemon.cdi import CdiStore
-from neuron_dra.driver.daemon.checkpoint import JOURNAL_SIZE, Checkpoint, ClaimState, PreparedClaim
-from neuron_dra.driver.daemon.claims import ClaimError, Reason
-from neuron_dra.driver.daemon.state import DriverState
-from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
-from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock
+from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
+from neuron_dra.driver.daemon.claims.cdi import CdiStore
+from neuron_dra.driver.daemon.claims.checkpoint import JOURNAL_SIZE, Checkpoint, ClaimState, PreparedClaim
+from neuron_dra.driver.daemon.claims.state import DriverState
+from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
+from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from tests.driver.kubeletplugin.test_instances import Instance, _check_whole
@@ -222,7 +222,7 @@ def test_every_damaged_byte_of_the_last_records_is_resolved_against_the_api_serv
     shm = Path("/dev/shm")
     work = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else tmp_path)))
     errors = ErrorCount()
-    logging.getLogger("neuron_dra.driver.daemon.checkpoint").addHandler(errors)
+    logging.getLogger("neuron_dra.driver.daemon.claims.checkpoint").addHandler(errors)
     counts = {"damaged": 0, "unchanged": 0, "resolved": 0}
     began = time.monotonic()
     victim = Node(work, node.lookup, journal_size=16384)
@@ -260,7 +260,7 @@ def test_every_damaged_byte_of_the_last_records_is_resolved_against_the_api_serv
                 assert set(after) == set(truth), where  # c0 (unprepared) is not back, none is lost
                 assert all(after[u].neuron_indexes == truth[u].neuron_indexes for u in truth), where
     finally:
-        logging.getLogger("neuron_dra.driver.daemon.checkpoint").removeHandler(errors)
+        logging.getLogger("neuron_dra.driver.daemon.claims.checkpoint").removeHandler(errors)
         state.close()
         victim.close()
     with capsys.disabled():

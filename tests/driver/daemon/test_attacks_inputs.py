@@ -13,9 +13,9 @@ import pytest
 from neuron_dra.driver.daemon import driver as daemon_driver
 from neuron_dra.driver.daemon import main as daemon_main
 from neuron_dra.driver.daemon import options as daemon_options
-from neuron_dra.driver.daemon.cdi import CdiDevice, CdiError, check_claim_uid
-from neuron_dra.driver.daemon.claims import ClaimError, Reason, allocated_devices
-from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
+from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason, allocated_devices
+from neuron_dra.driver.daemon.claims.cdi import CdiDevice, CdiError, check_claim_uid
+from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
 from neuron_dra.driver.model.emulate import emulate

@@ -1,5 +1,5 @@
-"""Attribution series (driver/daemon/attribution.py): which pod holds which devices and cores, read from the
-prepared claims at every scrape, through prepare, unprepare and a restart from the checkpoint."""
+"""Attribution series (driver/daemon/observability/attribution.py): which pod holds which devices and cores,
+read from the prepared claims at every scrape, through prepare, unprepare and a restart from the checkpoint."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from neuron_dra.driver.daemon.cdi import CdiStore
-from neuron_dra.driver.daemon.checkpoint import MAX_CONSUMERS, Checkpoint, ClaimState, PreparedClaim
-from neuron_dra.driver.daemon.claims import ClaimError, consumer_pods
-from neuron_dra.driver.daemon.consumers import ConsumerRefresher
-from neuron_dra.driver.daemon.metrics import Metrics
-from neuron_dra.driver.daemon.state import DriverState
-from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
+from neuron_dra.driver.daemon.claims.allocation import ClaimError, consumer_pods
+from neuron_dra.driver.daemon.claims.cdi import CdiStore
+from neuron_dra.driver.daemon.claims.checkpoint import MAX_CONSUMERS, Checkpoint, ClaimState, PreparedClaim
+from neuron_dra.driver.daemon.claims.state import DriverState
+from neuron_dra.driver.daemon.observability.consumers import ConsumerRefresher
+from neuron_dra.driver.daemon.observability.metrics import Metrics
+from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.partitions import CoreLayout
@@ -200,7 +200,7 @@ def test_checkpoint_keeps_consumers_and_refuses_bad_ones(tmp_path: Path) -> None
 
 
 def test_logical_cores_of_every_device_kind() -> None:
-    from neuron_dra.driver.daemon.attribution import NodeDevices
+    from neuron_dra.driver.daemon.observability.attribution import NodeDevices
     from neuron_dra.driver.model.catalog import CATALOG
 
     layout = CoreLayout.for_spec(CATALOG["trn2.48xlarge"], 1)

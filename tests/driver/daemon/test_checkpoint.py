@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.daemon import checkpoint as current
-from neuron_dra.driver.daemon.checkpoint import SECTOR, Checkpoint, CheckpointError, ClaimState, PreparedClaim
+from neuron_dra.driver.daemon.claims import checkpoint as current
+from neuron_dra.driver.daemon.claims.checkpoint import SECTOR, Checkpoint, CheckpointError, ClaimState, PreparedClaim
 from tests.support import previous_checkpoint
 from tests.support.checkpoint_claims import ErrorCount, claim, uid
 
@@ -194,7 +194,7 @@ def test_a_damaged_last_record_is_not_replayed_and_its_claims_are_left_to_the_ap
     raw[end - 40] ^= 0x01
     cp.journal_path.write_bytes(bytes(raw))
     before = {uid(i): claim(current, uid(i), i) for i in range(2)}
-    with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.checkpoint"):
+    with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.claims.checkpoint"):
         assert Checkpoint(cp.path, boot_id=BOOT).load() == _unfinished(before)
     (logged,) = _damage_logged(caplog)
     assert logged.unfinished == sorted(before) and uid(2) in logged.named_in_damage  # type: ignore[attr-defined]
@@ -219,7 +219,7 @@ def test_a_line_feed_early_in_the_last_record_is_damage_not_unused_space(
         (work / "checkpoint.json.journal").write_bytes(bytes(raw))
         raw[start + position] = saved
         caplog.clear()
-        with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.checkpoint"):
+        with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.claims.checkpoint"):
             assert Checkpoint(work / "checkpoint.json", boot_id=BOOT).read() == _unfinished(claims), position
         assert _damage_logged(caplog), position
 
@@ -239,7 +239,7 @@ def test_a_torn_last_record_is_not_replayed(tmp_path: Path, caplog: pytest.LogCa
     assert start < sector < end
     raw[sector:min(sector + SECTOR, end)] = bytes(min(SECTOR, end - sector))
     cp.journal_path.write_bytes(bytes(raw))
-    with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.checkpoint"):
+    with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.claims.checkpoint"):
         assert Checkpoint(cp.path, boot_id=BOOT).load() == _unfinished(claims)
     assert _damage_logged(caplog)
     assert cp.journal_path.read_bytes().strip(b"\0") == b""
@@ -250,7 +250,7 @@ def test_a_stray_byte_in_the_unused_journal_is_reported(tmp_path: Path, caplog: 
     raw = bytearray(cp.journal_path.read_bytes())
     raw[len(raw.rstrip(b"\0")) + 3 * SECTOR] = 0x41
     cp.journal_path.write_bytes(bytes(raw))
-    with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.checkpoint"):
+    with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.claims.checkpoint"):
         loaded = Checkpoint(cp.path, boot_id=BOOT).load()
     assert loaded == _unfinished({uid(i): claim(current, uid(i), i) for i in range(3)}) and _damage_logged(caplog)
 
@@ -258,7 +258,7 @@ def test_a_stray_byte_in_the_unused_journal_is_reported(tmp_path: Path, caplog: 
 def test_a_new_boot_keeps_the_claims_and_records_the_boot(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cp = _journal_with_records(tmp_path)
     claims = cp.read()
-    with caplog.at_level(logging.INFO, logger="neuron_dra.driver.daemon.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="neuron_dra.driver.daemon.claims.checkpoint"):
         assert Checkpoint(cp.path, boot_id="second-boot").load() == claims
     assert any("booted since the checkpoint" in r.getMessage() for r in caplog.records)
     assert json.loads(cp.path.read_text())["bootId"] == "second-boot"
@@ -299,7 +299,7 @@ def test_single_byte_mutations_never_change_the_loaded_claims_silently(tmp_path:
     counts = {"mutations": 0, "errors": 0, "unchanged": 0, "left to the API server": 0}
     target = Checkpoint(work / "checkpoint.json", boot_id=BOOT)
     errors = ErrorCount()
-    logging.getLogger("neuron_dra.driver.daemon.checkpoint").addHandler(errors)
+    logging.getLogger("neuron_dra.driver.daemon.claims.checkpoint").addHandler(errors)
     try:
         for name, original, other, limit in (("checkpoint.json", snapshot, journal, len(snapshot)),
                                              ("checkpoint.json.journal", journal, snapshot,
@@ -328,6 +328,6 @@ def test_single_byte_mutations_never_change_the_loaded_claims_silently(tmp_path:
                     assert c == expected.get(u) or c == every[u].with_state(ClaimState.PREPARE_STARTED), where
                 counts["left to the API server"] += 1
     finally:
-        logging.getLogger("neuron_dra.driver.daemon.checkpoint").removeHandler(errors)
+        logging.getLogger("neuron_dra.driver.daemon.claims.checkpoint").removeHandler(errors)
     print(f"single-byte mutations: {counts}")
     assert counts["errors"] > 0 and counts["left to the API server"] > 0

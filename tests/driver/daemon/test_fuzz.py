@@ -26,10 +26,10 @@ from typing import Any
 import grpc
 import pytest
 
-from neuron_dra.driver.daemon.checkpoint import Checkpoint, ClaimState
-from neuron_dra.driver.daemon.health import HEALTH
+from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, ClaimState
+from neuron_dra.driver.daemon.liveness import HEALTH
 from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
-from neuron_dra.driver.kubeletplugin.plugin import DRA_V1, DRA_V1BETA1, REGISTRATION
+from neuron_dra.driver.kubeletplugin._plugin import DRA_V1, DRA_V1BETA1, REGISTRATION
 from neuron_dra.driver.model import config as opaque_config
 from neuron_dra.driver.model.errors import NotAllowed
 from tests.support import pluginclient

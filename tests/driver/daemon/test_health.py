@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from neuron_dra.cli import main as cli_main
-from neuron_dra.driver.daemon.health_monitor import HealthMonitor
+from neuron_dra.driver.daemon.health.monitor import HealthMonitor
 from neuron_dra.driver.kubeletplugin._generated import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
@@ -248,8 +248,8 @@ def test_daemon_streams_health_in_every_version_and_advertises_it(dirs: DaemonDi
 def test_stream_beats_between_changes_and_refuses_undecodable_requests(tmp_path: Path) -> None:
     """In-process: the full list again every heartbeat without any change (kubelet's timeout needs fresh
     timestamps), and the shared raw-bytes handler answers INVALID_ARGUMENT to garbage."""
-    from neuron_dra.driver.daemon.health_stream import HealthStreamService
-    from neuron_dra.driver.kubeletplugin import grpcserver
+    from neuron_dra.driver.daemon.health.stream import HealthStreamService
+    from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 
     host = emulate("inf2.48xlarge", tmp_path / "host")
     monitor = HealthMonitor(host, range(12))

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from neuron_dra.driver.daemon.health_monitor import HealthMonitor
-from neuron_dra.driver.daemon.health_reporting import HealthReporter
-from neuron_dra.driver.daemon.metrics import Metrics
+from neuron_dra.driver.daemon.health.monitor import HealthMonitor
+from neuron_dra.driver.daemon.health.reporting import HealthReporter
+from neuron_dra.driver.daemon.observability.metrics import Metrics
 from neuron_dra.driver.daemon.publisher import SlicePublisher
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import clear_faults, emulate, inject_fault

@@ -29,8 +29,8 @@ def pins(path: Path) -> dict[str, str]:
 
 def test_image_pins_match_the_repository() -> None:
     image, repo = pins(IMAGE_REQUIREMENTS), pins(REPO / "requirements.txt")
-    # No kubernetes client: driver/kubeletplugin/kube.py talks to the API server on urllib3; the daemon's gRPC is grpcio
-    # (driver/kubeletplugin/grpcserver.py).
+    # No kubernetes client: driver/kubeletplugin/_kube.py talks to the API server on urllib3;
+    # the daemon's gRPC is grpcio (driver/kubeletplugin/_grpcserver.py).
     # pydantic and its own dependencies: the catalog file's models (loaded only when a catalog file is given).
     assert set(image) == {"protobuf", "grpcio", "pyyaml", "prometheus-client", "urllib3", "pydantic", "pydantic-core",
                           "annotated-types", "typing-inspection", "typing-extensions"}
@@ -46,7 +46,6 @@ def test_dockerfile_copies_existing_paths_and_runs_the_driver() -> None:
     assert 'ENTRYPOINT ["neuron-dra-driver"]' in text  # the DaemonSet's command
     assert "from neuron_dra.driver.daemon.main import main" in text
     assert "PYTHONDONTWRITEBYTECODE=1" in text  # read-only root filesystem
-    assert "testing.py" in text  # test support stays out of the image
 
 
 @pytest.mark.process
@@ -55,7 +54,7 @@ def test_daemon_imports_only_what_the_image_has() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     ours = {m for m in out if m.startswith("neuron_dra")}
     assert all(m == "neuron_dra" or m.startswith("neuron_dra.driver") for m in ours), sorted(ours)
-    assert "neuron_dra.driver.daemon.testing" not in ours
+    assert "tests.support.claims_dir_daemon" not in ours
     # (grpc imports grpc_tools by itself when installed; not in the image)
     assert not [m for m in out if m.split(".")[0] in ("pulumi", "pulumi_aws", "pulumi_kubernetes", "cel", "celpy")]
     # Neither the kubernetes client (17-19 MiB) nor yaml (only for a kubeconfig or catalog file) at start-up; urllib3
@@ -69,13 +68,13 @@ START_EARLY = """
 import sys, tempfile
 from pathlib import Path
 from neuron_dra.driver.daemon import main
-from neuron_dra.driver.kubeletplugin.grpcserver import EventLoopThread
+from neuron_dra.driver.kubeletplugin import EventLoopThread
 d = Path(tempfile.mkdtemp())
 o = main.parse_options(["--node-name", "n", "--plugins-dir", str(d / "p"), "--registry-dir", str(d / "r")], {})
-servers = main.start_early(main.with_socket_names(o, None), EventLoopThread())
-assert servers is not None and servers.paths.registration.exists()
+helper = main.start_early(main.with_socket_names(o, None), EventLoopThread())
+assert helper is not None and helper.paths.registration.exists()
 print("\\n".join(sorted(sys.modules)))
-servers.stop(0)
+helper.close()
 """
 
 
@@ -83,18 +82,18 @@ servers.stop(0)
 def test_registration_answers_before_the_claims_model_and_api_client_are_imported() -> None:
     out = subprocess.run([sys.executable, "-c", START_EARLY], capture_output=True, text=True, check=True).stdout.split()
     ours = {m.removeprefix("neuron_dra.driver.") for m in out if m.startswith("neuron_dra.driver.")}
-    later = {"daemon.claims", "daemon.state", "kubeletplugin.kube", "daemon.checkpoint", "model.catalog",
-             "model.config", "model.discovery"}
-    assert "kubeletplugin.plugin" in ours and not later & ours, sorted(later & ours)
-    # ctypes.util.find_library runs `ldconfig -p` in a child process (memory.py finds malloc's knobs without it)
+    later = {"daemon.driver", "daemon.claims", "daemon.health", "kubeletplugin._kube", "kubeletplugin._slicepublisher",
+             "model.catalog", "model.config", "model.discovery"}
+    assert "kubeletplugin._plugin" in ours and not later & ours, sorted(later & ours)
+    # ctypes.util.find_library runs `ldconfig -p` in a child process (_memory.py finds malloc's knobs without it)
     assert not {"ctypes.util", "urllib3", "yaml"} & set(out)
 
 
 @pytest.mark.process
 def test_daemon_serves_grpc_with_grpcio_not_its_own_http2() -> None:
     """The daemon's HTTP/2 is grpcio's: no HTTP/2 framing or HPACK library of its own is imported."""
-    code = ("import sys, neuron_dra.driver.daemon.main, neuron_dra.driver.kubeletplugin.plugin, "
-            "neuron_dra.driver.daemon.health; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    code = ("import sys, neuron_dra.driver.daemon.main, neuron_dra.driver.kubeletplugin._plugin, "
+            "neuron_dra.driver.daemon.liveness; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "grpc" in out and not {"h2", "hyperframe", "hpack"} & set(out)
     requirements = (REPO / "neuron_dra" / "driver" / "image-requirements.txt").read_text()

@@ -1,4 +1,4 @@
-"""The daemon as its own process (`python -m neuron_dra.driver.daemon.testing`: the real daemon with claims read
+"""The daemon as its own process (`python -m tests.support.claims_dir_daemon`: the real daemon with claims read
 from files instead of the API server), driven over its sockets: clean shutdown, restarts, kill -9 at each
 step of prepare and unprepare, an unavailable API server, flags, metrics and health ports."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from neuron_dra.driver.daemon.checkpoint import Checkpoint
+from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint
 from neuron_dra.driver.daemon.failpoints import STEPS
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from tests.support import pluginclient

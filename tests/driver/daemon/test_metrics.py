@@ -13,7 +13,13 @@ import urllib.request
 
 import pytest
 
-from neuron_dra.driver.daemon.metrics import MAX_HEAD_BYTES, REQUEST_SECONDS, BoundedWSGIServer, Metrics, MetricsServer
+from neuron_dra.driver.daemon.observability.metrics import (
+    MAX_HEAD_BYTES,
+    REQUEST_SECONDS,
+    BoundedWSGIServer,
+    Metrics,
+    MetricsServer,
+)
 
 pytestmark = pytest.mark.attacks
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from neuron_dra.driver.daemon.metrics import Metrics
+from neuron_dra.driver.daemon.observability.metrics import Metrics
 from neuron_dra.driver.daemon.publisher import SlicePublisher
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate

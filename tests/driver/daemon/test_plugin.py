@@ -15,15 +15,16 @@ from typing import Any
 import grpc
 import pytest
 
-from neuron_dra.driver.daemon.cdi import CDI_KIND, CdiStore
-from neuron_dra.driver.daemon.checkpoint import Checkpoint
-from neuron_dra.driver.daemon.health import HealthServer
-from neuron_dra.driver.daemon.state import DriverState
-from neuron_dra.driver.kubeletplugin import plugin, sockets
+from neuron_dra.driver.daemon.claims.cdi import CDI_KIND, CdiStore
+from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint
+from neuron_dra.driver.daemon.claims.state import DriverState
+from neuron_dra.driver.daemon.liveness import HealthServer
+from neuron_dra.driver.kubeletplugin import _plugin as plugin
+from neuron_dra.driver.kubeletplugin import _sockets as sockets
+from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
-from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
-from neuron_dra.driver.kubeletplugin.plugin import PluginServers
-from neuron_dra.driver.kubeletplugin.sockets import SocketError, SocketPaths
+from neuron_dra.driver.kubeletplugin._plugin import PluginServers
+from neuron_dra.driver.kubeletplugin._sockets import SocketError, SocketPaths
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from tests.support import pluginclient

@@ -16,10 +16,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from neuron_dra.driver.daemon.metrics import Metrics
+from neuron_dra.driver.daemon.observability.metrics import Metrics
 from neuron_dra.driver.daemon.publisher import SlicePublisher
-from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
-from neuron_dra.driver.kubeletplugin.kube import KubeClaimLookup, api_client
+from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
+from neuron_dra.driver.kubeletplugin._kube import KubeClaimLookup, api_client
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.slices import NETWORK_NODE_LABELS, NodeFacts, PublishOptions, build_pool

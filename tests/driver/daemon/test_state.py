@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.daemon.cdi import CDI_KIND, CdiStore
-from neuron_dra.driver.daemon.checkpoint import Checkpoint, CheckpointError, ClaimState, PreparedClaim
-from neuron_dra.driver.daemon.claims import ClaimError, Reason, allocated_devices
-from neuron_dra.driver.daemon.metrics import Metrics
-from neuron_dra.driver.daemon.state import DriverState
-from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
+from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason, allocated_devices
+from neuron_dra.driver.daemon.claims.cdi import CDI_KIND, CdiStore
+from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, CheckpointError, ClaimState, PreparedClaim
+from neuron_dra.driver.daemon.claims.state import DriverState
+from neuron_dra.driver.daemon.observability.metrics import Metrics
+from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import EmulationOptions, emulate
 from tests.support.driver import (

@@ -20,11 +20,11 @@ from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver import deploy
-from neuron_dra.driver.daemon.health_monitor import HealthMonitor
-from neuron_dra.driver.daemon.health_reporting import HealthReporter
+from neuron_dra.driver.daemon.health.monitor import HealthMonitor
+from neuron_dra.driver.daemon.health.reporting import HealthReporter
 from neuron_dra.driver.daemon.publisher import SlicePublisher
-from neuron_dra.driver.kubeletplugin.kube import ApiException as DriverApiException
-from neuron_dra.driver.kubeletplugin.kube import KubeApi, KubeClaimLookup
+from neuron_dra.driver.kubeletplugin._kube import ApiException as DriverApiException
+from neuron_dra.driver.kubeletplugin._kube import KubeApi, KubeClaimLookup
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.health_source import DeviceHealth, Health

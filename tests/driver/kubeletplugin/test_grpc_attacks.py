@@ -261,7 +261,7 @@ def test_50000_claims_in_one_call_are_refused_and_memory_returns(running: Runnin
     over the claims-per-call limit is refused as a whole, naming the limit; a call at the limit is answered (each
     claim its own error: none exists), and RSS stays under 80 % of the DaemonSet's limit and comes back."""
     from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2
-    from neuron_dra.driver.kubeletplugin.plugin import MAX_CLAIMS_PER_CALL
+    from neuron_dra.driver.kubeletplugin._plugin import MAX_CLAIMS_PER_CALL
 
     pid = running.daemon.proc.pid
     one = cycles(running.dirs)

@@ -1,7 +1,7 @@
 """Issue 14 item 1: the daemon's gRPC servers against undecodable requests and floods.
 
 grpcio's Python server leaks ~19 KB per request its deserializer rejects; the daemon parses inside raw-bytes
-handlers (kubeletplugin/grpcserver.py) on every port, so garbage leaves its RSS flat. Concurrent calls are bounded.
+handlers (kubeletplugin/_grpcserver.py) on every port, so garbage leaves its RSS flat. Concurrent calls are bounded.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from neuron_dra.driver.daemon.health import HEALTH
-from neuron_dra.driver.kubeletplugin import grpcserver
+from neuron_dra.driver.daemon.liveness import HEALTH
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
-from neuron_dra.driver.kubeletplugin.plugin import DRA_LIMITS, DRA_V1, DRA_V1BETA1, REGISTRATION
+from neuron_dra.driver.kubeletplugin._plugin import DRA_LIMITS, DRA_V1, DRA_V1BETA1, REGISTRATION
 from tests.support import pluginclient
+from tests.support.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
 from tests.support.pluginclient import ClaimRef
 

@@ -1,4 +1,4 @@
-"""driver/kubeletplugin/grpcserver.py in-process against grpcio's client: statuses, the bound on running calls (held
+"""driver/kubeletplugin/_grpcserver.py in-process against grpcio's client: statuses, the bound on running calls (held
 until the work ends, also for a cancelled call), deadlines and end callbacks, streams, socket files."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from neuron_dra.driver.kubeletplugin import grpcserver
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2 as hpb
 from tests.support.driver import short_dir
 

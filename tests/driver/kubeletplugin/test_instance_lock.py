@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.daemon import checkpoint as current
-from neuron_dra.driver.daemon.checkpoint import Checkpoint, ClaimState, PreparedClaim
-from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock, LockTimeout
+from neuron_dra.driver.daemon.claims import checkpoint as current
+from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, ClaimState, PreparedClaim
+from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock, LockTimeout
 from tests.support.checkpoint_claims import claim, uid
 
 BOOT = "boot-1"
@@ -101,10 +101,10 @@ def test_a_refresh_reads_more_than_its_first_piece_when_the_other_wrote_much(tmp
 
 
 def test_a_call_that_cannot_get_the_lock_before_its_deadline_fails_alone_naming_it(tmp_path: Path) -> None:
-    from neuron_dra.driver.daemon.cdi import CdiStore
-    from neuron_dra.driver.daemon.claims import ClaimError, Reason
-    from neuron_dra.driver.daemon.state import DriverState
-    from neuron_dra.driver.kubeletplugin.claimref import CallScope, ClaimRef
+    from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
+    from neuron_dra.driver.daemon.claims.cdi import CdiStore
+    from neuron_dra.driver.daemon.claims.state import DriverState
+    from neuron_dra.driver.kubeletplugin._claimref import CallScope, ClaimRef
     from neuron_dra.driver.model.discovery import discover
     from neuron_dra.driver.model.emulate import emulate
     from tests.support.driver import DRIVER, NODE, FakeLookup, devices

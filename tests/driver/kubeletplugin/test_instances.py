@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.daemon.checkpoint import Checkpoint, ClaimState
+from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, ClaimState
 from neuron_dra.driver.daemon.options import parse_options, with_socket_names
-from neuron_dra.driver.kubeletplugin import sockets
-from neuron_dra.driver.kubeletplugin.instances import InstanceError, check_pod_uid, decide, kubelet_minor
-from neuron_dra.driver.kubeletplugin.kube import ClientOptions
-from neuron_dra.driver.kubeletplugin.ratelimit import Rate
-from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
+from neuron_dra.driver.kubeletplugin import _sockets as sockets
+from neuron_dra.driver.kubeletplugin._instances import InstanceError, check_pod_uid, decide, kubelet_minor
+from neuron_dra.driver.kubeletplugin._kube import ClientOptions
+from neuron_dra.driver.kubeletplugin._ratelimit import Rate
+from neuron_dra.driver.kubeletplugin._sockets import SocketPaths
 from tests.support import pluginclient
+from tests.support.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid, wait_until
 from tests.support.fake_apiserver import FakeApiServer, serve
 from tests.support.fake_apiserver import answer as fake_answer

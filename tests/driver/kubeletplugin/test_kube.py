@@ -1,5 +1,5 @@
-"""The daemon's API client (driver/kubeletplugin/kube.py on urllib3) against a scripted loopback TLS server: the request
-on the wire, pooled connections, which requests are sent again, answers over the size caps, malformed and cut
+"""The daemon's API client (driver/kubeletplugin/_kube.py on urllib3) against a scripted loopback TLS server: the
+request on the wire, pooled connections, which requests are sent again, answers over the size caps, malformed and cut
 answers, non-2xx answers, token rotation, watches, the client-side rate limit. (Attacks by a hostile server:
 test_driver_kube_attacks.py; the real kube-apiserver: test_driver_apiserver.py.)"""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.kubeletplugin import kube
-from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
-from neuron_dra.driver.kubeletplugin.kube import (
+from neuron_dra.driver.kubeletplugin import _kube as kube
+from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
+from neuron_dra.driver.kubeletplugin._kube import (
     AnswerTooLarge,
     ApiClientError,
     ApiException,
@@ -24,7 +24,7 @@ from neuron_dra.driver.kubeletplugin.kube import (
     KubeClaimLookup,
     Limits,
 )
-from neuron_dra.driver.kubeletplugin.ratelimit import Rate, TokenBucket
+from neuron_dra.driver.kubeletplugin._ratelimit import Rate, TokenBucket
 from tests.support.fake_apiserver import FakeApiServer, Reply, Seen, answer, chunked, ok, ok_json, serve
 
 FAST = ClientOptions(rate=Rate(1000, 1000))

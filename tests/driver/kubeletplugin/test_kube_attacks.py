@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.daemon.metrics import Metrics
+from neuron_dra.driver.daemon.observability.metrics import Metrics
 from neuron_dra.driver.daemon.publisher import SlicePublisher
-from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
-from neuron_dra.driver.kubeletplugin.kube import RESOURCE_SLICES, ApiClient, ClientOptions, KubeClaimLookup
-from neuron_dra.driver.kubeletplugin.kubeconfig import ClusterConfig
-from neuron_dra.driver.kubeletplugin.ratelimit import Rate
-from neuron_dra.driver.kubeletplugin.slicepublisher import Backoff
+from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
+from neuron_dra.driver.kubeletplugin._kube import RESOURCE_SLICES, ApiClient, ClientOptions, KubeClaimLookup
+from neuron_dra.driver.kubeletplugin._kubeconfig import ClusterConfig
+from neuron_dra.driver.kubeletplugin._ratelimit import Rate
+from neuron_dra.driver.kubeletplugin._slicepublisher import Backoff
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.slices import PublishOptions
@@ -189,9 +189,9 @@ def test_a_12_mib_claim_is_refused_naming_the_cap_and_memory_stays_bounded(serve
     # A process of its own, so that its peak RSS says what the client held.
     program = f"""
 import json, sys, threading
-from neuron_dra.driver.kubeletplugin.kube import KubeClaimLookup, api_client, ClientOptions
-from neuron_dra.driver.kubeletplugin.ratelimit import Rate
-from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
+from neuron_dra.driver.kubeletplugin._kube import KubeClaimLookup, api_client, ClientOptions
+from neuron_dra.driver.kubeletplugin._ratelimit import Rate
+from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
 
 def peak():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024

@@ -1,4 +1,4 @@
-"""driver/kubeletplugin/kubeconfig.py and kube.py without an API server: connection settings from the environment and
+"""driver/kubeletplugin/_kubeconfig.py and kube.py without an API server: connection settings from the environment and
 kubeconfig files, and the errors that name what is wrong. (Calls against a real kube-apiserver:
 test_driver_apiserver.py, rbac.)"""
 
@@ -15,8 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from neuron_dra.driver.kubeletplugin.kube import ApiClient, ApiClientError, ApiException, KubeApi, api_client
-from neuron_dra.driver.kubeletplugin.kubeconfig import ClusterConfig, KubeConfigError, incluster_config, load_kubeconfig
+from neuron_dra.driver.kubeletplugin._kube import ApiClient, ApiClientError, ApiException, KubeApi, api_client
+from neuron_dra.driver.kubeletplugin._kubeconfig import (
+    ClusterConfig,
+    KubeConfigError,
+    incluster_config,
+    load_kubeconfig,
+)
 
 
 def test_incluster_config_needs_the_service_environment(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""kubeletplugin/signals.py: SIGTERM sets the stop event even when it lands while the main thread holds the event's lock
+"""kubeletplugin/_signals.py: SIGTERM sets the stop event even when it lands while the main thread holds
+the event's lock
 (the daemon hung on stop until SIGKILL when a handler called Event.set() there)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.process
 # the lock), releases it, then waits for the event. With a handler calling event.set() directly it never ends.
 CHILD = textwrap.dedent("""
     import signal, sys, threading
-    from neuron_dra.driver.kubeletplugin.signals import set_on_signals
+    from neuron_dra.driver.kubeletplugin._signals import set_on_signals
 
     stop = threading.Event()
     set_on_signals(stop)

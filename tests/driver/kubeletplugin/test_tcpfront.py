@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from neuron_dra.driver.kubeletplugin.tcpfront import FORWARD_BYTES, Front, FrontLimits
+from neuron_dra.driver.kubeletplugin._tcpfront import FORWARD_BYTES, Front, FrontLimits
 
 T = TypeVar("T")
 

@@ -101,7 +101,7 @@ ONE_HOME: set[object] = {k8s_names.DEFAULT_DRIVER_NAME, k8s_names.DEFAULT_PLUGIN
                          k8s_names.DEFAULT_CDI_ROOT, k8s_names.LIVENESS_SERVICE, k8s_names.DEFAULT_HEALTHCHECK_PORT,
                          k8s_names.NEURON_TAINT_KEY}
 # The CDI kind is another name that happens to be spelled like the taint key.
-ALLOWED = {("neuron_dra/driver/daemon/cdi.py", k8s_names.NEURON_TAINT_KEY)}
+ALLOWED = {("neuron_dra/driver/daemon/claims/cdi.py", k8s_names.NEURON_TAINT_KEY)}
 
 
 def _literals(path: Path) -> set[object]:

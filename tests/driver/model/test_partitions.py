@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.daemon.cdi import CdiStore
-from neuron_dra.driver.daemon.checkpoint import Checkpoint
-from neuron_dra.driver.daemon.claims import ClaimError, Reason
-from neuron_dra.driver.daemon.state import DriverState
-from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
+from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
+from neuron_dra.driver.daemon.claims.cdi import CdiStore
+from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint
+from neuron_dra.driver.daemon.claims.state import DriverState
+from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
 from neuron_dra.driver.model.catalog import CATALOG, get_instance_spec
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.discovery import discover

@@ -16,14 +16,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from neuron_dra.driver.daemon.health_monitor import HealthMonitor
-from neuron_dra.driver.kubeletplugin.kube import ApiClient, KubeApi
+from neuron_dra.driver.daemon.health.monitor import HealthMonitor
+from neuron_dra.driver.kubeletplugin import ApiClient, KubeApi
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.health_source import DeviceHealth, Health
 from neuron_dra.driver.model.taints import published_health, unhealthy_taints
 
 if TYPE_CHECKING:
-    from neuron_dra.driver.daemon.metrics import Metrics
+    from neuron_dra.driver.daemon.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 EVENT_NAMESPACE = "default"

@@ -15,10 +15,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from neuron_dra.driver.daemon.health_monitor import HealthMonitor
-from neuron_dra.driver.kubeletplugin import grpcserver
-from neuron_dra.driver.kubeletplugin._generated import dra_health_v1_pb2, dra_health_v1alpha1_pb2
-from neuron_dra.driver.kubeletplugin._generated import dra_health_v1beta1_pb2 as pb
+from neuron_dra.driver.daemon.health.monitor import HealthMonitor
+from neuron_dra.driver.kubeletplugin import (
+    CallContext,
+    Method,
+    dra_health_v1_pb2,
+    dra_health_v1alpha1_pb2,
+    service_methods,
+)
+from neuron_dra.driver.kubeletplugin import dra_health_v1beta1_pb2 as pb
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.health_source import Health
 from neuron_dra.driver.model.taints import published_health
@@ -55,7 +60,7 @@ class HealthStreamService:
                 last_updated_time=now, health_check_timeout_seconds=self.timeout_s, message=h.message))
         return resp
 
-    def NodeWatchResources(self, request: Any, context: grpcserver.CallContext
+    def NodeWatchResources(self, request: Any, context: CallContext
                            ) -> Iterator[pb.NodeWatchResourcesResponse]:
         """The stream kubelet holds open (the request message is empty in every version)."""
         with self._lock:
@@ -79,9 +84,9 @@ class HealthStreamService:
                 self.active_streams -= 1
             log.info("device health stream closed", extra={"pool": self.pool_name})
 
-    def methods(self) -> dict[str, grpcserver.Method]:
+    def methods(self) -> dict[str, Method]:
         """NodeWatchResources in every package of HEALTH_PACKAGES, for the DRA socket's server."""
-        out: dict[str, grpcserver.Method] = {}
+        out: dict[str, Method] = {}
         for module in (dra_health_v1_pb2, pb, dra_health_v1alpha1_pb2):
-            out.update(grpcserver.service_methods(module.DESCRIPTOR.services_by_name["DRAResourceHealth"], self))
+            out.update(service_methods(module.DESCRIPTOR.services_by_name["DRAResourceHealth"], self))
         return out

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from neuron_dra.driver.daemon.checkpoint import ClaimState, PreparedClaim
+from neuron_dra.driver.daemon.claims.checkpoint import ClaimState, PreparedClaim
 from neuron_dra.driver.model.neuron_env import core_ranges
 from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device
 from neuron_dra.driver.model.slices import NODE_DEVICE_NAME, device_name

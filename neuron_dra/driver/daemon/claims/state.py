@@ -23,27 +23,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from neuron_dra.driver.daemon.cdi import (
-    CdiDevice,
-    CdiError,
-    CdiStore,
-    DeviceNode,
-    build_spec,
-    check_claim_uid,
-    qualified_id,
-    spec_text,
-)
-from neuron_dra.driver.daemon.checkpoint import (
-    MAX_CONSUMERS,
-    Checkpoint,
-    CheckpointError,
-    ClaimState,
-    PreparedClaim,
-    PreparedDevice,
-)
-from neuron_dra.driver.daemon.claims import (
+from neuron_dra.driver.daemon.claims.allocation import (
     AllocatedDevice,
     ClaimError,
     Reason,
@@ -53,10 +35,34 @@ from neuron_dra.driver.daemon.claims import (
     consumer_pods,
     results_of,
 )
+from neuron_dra.driver.daemon.claims.cdi import (
+    CdiDevice,
+    CdiError,
+    CdiStore,
+    DeviceNode,
+    build_spec,
+    check_claim_uid,
+    qualified_id,
+    spec_text,
+)
+from neuron_dra.driver.daemon.claims.checkpoint import (
+    MAX_CONSUMERS,
+    Checkpoint,
+    CheckpointError,
+    ClaimState,
+    PreparedClaim,
+    PreparedDevice,
+)
 from neuron_dra.driver.daemon.failpoints import CrashPoints
 from neuron_dra.driver.errortext import capped, shown
-from neuron_dra.driver.kubeletplugin.claimref import CallScope, ClaimLookup, ClaimLookupError, ClaimRef
-from neuron_dra.driver.kubeletplugin.instance_lock import InstanceLock, LockTimeout
+from neuron_dra.driver.kubeletplugin import (
+    CallScope,
+    ClaimLookup,
+    ClaimLookupError,
+    ClaimRef,
+    InstanceLock,
+    LockTimeout,
+)
 from neuron_dra.driver.model.devices import NeuronHost, UltraServer
 from neuron_dra.driver.model.discovery import DiscoveryError, read_ultraserver
 from neuron_dra.driver.model.errors import NotAllowed
@@ -65,10 +71,39 @@ from neuron_dra.driver.model.neuron_env import EnvError, core_ranges, request_en
 from neuron_dra.driver.model.partitions import CoreLayout, parse_core_device
 from neuron_dra.driver.model.slices import NODE_DEVICE_NAME, NodeFacts, PublishOptions, build_pool
 
-if TYPE_CHECKING:  # prometheus_client is imported only when metrics are served
-    from neuron_dra.driver.daemon.metrics import Metrics
-
 log = logging.getLogger(__name__)
+
+
+class _Counter(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class _Labelled(Protocol):
+    def labels(self, *values: str) -> _Counter: ...
+
+
+class _Histogram(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+class _Gauge(Protocol):
+    def set(self, value: float) -> None: ...
+
+
+class ClaimMetrics(Protocol):
+    """What prepare and unprepare count (observability/metrics.py's Metrics; a protocol, so that the claims
+    import nothing of observability/, which reads the claims)."""
+
+    @property
+    def errors(self) -> _Labelled: ...
+    @property
+    def api_errors(self) -> _Labelled: ...
+    @property
+    def prepare_seconds(self) -> _Histogram: ...
+    @property
+    def unprepare_seconds(self) -> _Histogram: ...
+    @property
+    def prepared_claims(self) -> _Gauge: ...
 
 PrepareResult = tuple[PreparedDevice, ...] | ClaimError
 UNPREPARED_MEMORY = 10_000  # unprepare tickets remembered (only in-flight prepares older than them matter)
@@ -98,7 +133,7 @@ class ReconcileReport:
 class DriverState:
     def __init__(self, *, host: NeuronHost, host_root: Path, driver_name: str, pool_name: str, cdi: CdiStore,
                  checkpoint: Checkpoint, lookup: ClaimLookup, crash: CrashPoints | None = None,
-                 metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
+                 metrics: ClaimMetrics | None = None, clock: Callable[[], float] = time.time,
                  lookup_workers: int = 8, cores: CoreLayout | None = None,
                  instance_lock: InstanceLock | None = None) -> None:
         self.host = host
@@ -271,12 +306,15 @@ class DriverState:
 
     def _prepare_one(self, ref: ClaimRef, ticket: int, deadline: float | None = None) -> tuple[PreparedDevice, ...]:
         self._check_ref(ref, need_name=True)
-        with self._shared(deadline):
-            entry = self._claims.get(ref.uid)
-            if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
-                # Repeated prepare (kubelet restart, node reboot): same answer, spec rewritten (tmpfs).
-                self._write_cdi(entry.uid, entry.cdi_spec)
-                return entry.devices
+        # Repeated prepare (kubelet restart, node reboot): same answer, spec rewritten (tmpfs), no API call. The
+        # records are replaced, never changed in place, so a look without the lock tells whether to take it: a
+        # new claim goes straight to its GET and takes the lock once, to commit.
+        if ref.uid in self._claims:
+            with self._shared(deadline):
+                entry = self._claims.get(ref.uid)
+                if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
+                    self._write_cdi(entry.uid, entry.cdi_spec)
+                    return entry.devices
         claim = self._get_claim(ref)
         if claim is None:
             raise ClaimError(Reason.NOT_FOUND, f"claim {ref} does not exist")

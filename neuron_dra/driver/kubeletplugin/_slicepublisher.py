@@ -19,11 +19,11 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from neuron_dra.driver.kubeletplugin.kube import RESOURCE_SLICES, ApiClient, ApiException, KubeApi
+from neuron_dra.driver.kubeletplugin._kube import RESOURCE_SLICES, ApiClient, ApiException, KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -316,3 +316,15 @@ class ResourceSlicePublisher:
         self._thread = threading.Thread(target=self.run, args=(stop,), name="slice-publisher", daemon=True)
         self._thread.start()
         return self._thread
+
+
+class SlicesPublisher(ResourceSlicePublisher):
+    """Keeps what `source()` returns published (the slices a driver handed to `Helper.publish`)."""
+
+    def __init__(self, source: Callable[[], list[Slice]], api: ApiClient, node_name: str, driver_name: str,
+                 metrics: PublisherMetrics | None = None) -> None:
+        super().__init__(api, node_name, driver_name, metrics)
+        self._source = source
+
+    def desired(self) -> list[Slice]:
+        return self._source()

@@ -16,7 +16,13 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-from neuron_dra.driver.daemon.attribution import AttributionCollector, Claims, Consumers, NodeDevices, Taints
+from neuron_dra.driver.daemon.observability.attribution import (
+    AttributionCollector,
+    Claims,
+    Consumers,
+    NodeDevices,
+    Taints,
+)
 from neuron_dra.driver.model.partitions import CoreLayout
 
 # Prepare is expected in the low milliseconds; the claim GET can take longer.

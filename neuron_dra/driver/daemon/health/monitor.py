@@ -14,7 +14,7 @@ from pathlib import Path
 
 from neuron_dra.driver.model.health_source import DeviceHealth, Health, read_device_health
 
-log = logging.getLogger("neuron_dra.driver.daemon.health_monitor")
+log = logging.getLogger("neuron_dra.driver.daemon.health.monitor")
 
 Listener = Callable[[Mapping[int, DeviceHealth]], None]
 

@@ -12,9 +12,9 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 
-from neuron_dra.driver.daemon.checkpoint import MAX_CONSUMERS, ClaimState, PreparedClaim
-from neuron_dra.driver.daemon.claims import consumer_pods
-from neuron_dra.driver.kubeletplugin.claimref import ClaimLookup, ClaimLookupError
+from neuron_dra.driver.daemon.claims.allocation import consumer_pods
+from neuron_dra.driver.daemon.claims.checkpoint import MAX_CONSUMERS, ClaimState, PreparedClaim
+from neuron_dra.driver.kubeletplugin import ClaimLookup, ClaimLookupError
 
 log = logging.getLogger(__name__)
 

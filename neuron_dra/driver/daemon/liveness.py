@@ -22,9 +22,26 @@ from typing import Any
 
 import grpc.aio
 
-from neuron_dra.driver.kubeletplugin import grpcserver, memory, tcpfront
-from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, grpc_health_v1_pb2, pluginregistration_pb2
-from neuron_dra.driver.kubeletplugin.sockets import SocketPaths
+from neuron_dra.driver.kubeletplugin import (
+    CallContext,
+    EventLoopThread,
+    Front,
+    FrontLimits,
+    Limits,
+    RpcError,
+    Server,
+    SocketPaths,
+    StatusCode,
+    call_on,
+    dra_v1_pb2,
+    grpc_health_v1_pb2,
+    open_files_limit,
+    pluginregistration_pb2,
+    trim_memory,
+)
+from neuron_dra.driver.kubeletplugin import (
+    channel as open_channel,
+)
 from neuron_dra.driver.model.k8s_names import LIVENESS_SERVICE, READINESS_SERVICE
 
 log = logging.getLogger(__name__)
@@ -36,9 +53,9 @@ HEALTH = grpc_health_v1_pb2.DESCRIPTOR.services_by_name["Health"]
 # forwarding to this grpc server on an abstract unix socket; grpc's limits are a second line: no preface in 5 s,
 # no calls in 10 s, any connection after 10 s (+5 s for its calls), small messages and headers, and twice the
 # front's forwarded connections (a closed one leaves grpc's count a moment later).
-LIMITS = grpcserver.Limits(max_concurrent=1, max_message=4096, max_streams=8,
-                           max_connections=tcpfront.FrontLimits.max_forwarded * 2, max_metadata=8 * 1024,
-                           handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000, age_grace_ms=5_000)
+LIMITS = Limits(max_concurrent=1, max_message=4096, max_streams=8,
+                max_connections=FrontLimits.max_forwarded * 2, max_metadata=8 * 1024,
+                handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000, age_grace_ms=5_000)
 
 
 class HealthService:
@@ -56,15 +73,15 @@ class HealthService:
         try:
             mode = os.stat(socket).st_mode
         except OSError as e:
-            raise grpcserver.RpcError(grpcserver.StatusCode.UNAVAILABLE, f"{socket}: {e.strerror}") from e
+            raise RpcError(StatusCode.UNAVAILABLE, f"{socket}: {e.strerror}") from e
         if not stat.S_ISSOCK(mode):
-            raise grpcserver.RpcError(grpcserver.StatusCode.UNAVAILABLE, f"{socket} is not a socket")
+            raise RpcError(StatusCode.UNAVAILABLE, f"{socket} is not a socket")
         channel = self._channels.get(socket)
         if channel is None:
-            channel = self._channels[socket] = grpcserver.channel(f"unix:{socket}")
+            channel = self._channels[socket] = open_channel(f"unix:{socket}")
         try:
-            return await grpcserver.call_on(channel, method, request, self._timeout)
-        except grpcserver.RpcError:
+            return await call_on(channel, method, request, self._timeout)
+        except RpcError:
             await self._drop(socket)
             raise
 
@@ -88,13 +105,13 @@ class HealthService:
                 return False, f"registration answers endpoint {info.endpoint!r}, expected {self._paths.dra}"
             await self._call(self._paths.dra, f"/{dra_v1_pb2.DESCRIPTOR.package}.DRAPlugin/NodePrepareResources",
                              dra_v1_pb2.NodePrepareResourcesRequest().SerializeToString())
-        except grpcserver.RpcError as e:
+        except RpcError as e:
             return False, f"{e.code.name}: {e.details}"
         finally:
-            memory.trim(collect=False)
+            trim_memory(collect=False)
         return True, ""
 
-    async def Check(self, request: Any, context: grpcserver.CallContext) -> Any:
+    async def Check(self, request: Any, context: CallContext) -> Any:
         if request.service == "":
             return grpc_health_v1_pb2.HealthCheckResponse(status=SERVING)
         if request.service == LIVENESS_SERVICE:
@@ -105,12 +122,12 @@ class HealthService:
         if request.service == READINESS_SERVICE:
             ready = self._registered is None or self._registered.is_set()
             return grpc_health_v1_pb2.HealthCheckResponse(status=SERVING if ready else NOT_SERVING)
-        context.abort(grpcserver.StatusCode.NOT_FOUND,
+        context.abort(StatusCode.NOT_FOUND,
                       f"unknown health service {request.service!r}; known: '', {LIVENESS_SERVICE!r} and "
                       f"{READINESS_SERVICE!r}")
 
-    def Watch(self, request: Any, context: grpcserver.CallContext) -> Iterator[Any]:
-        context.abort(grpcserver.StatusCode.UNIMPLEMENTED, "Watch is not implemented; use Check")
+    def Watch(self, request: Any, context: CallContext) -> Iterator[Any]:
+        context.abort(StatusCode.UNIMPLEMENTED, "Watch is not implemented; use Check")
         yield  # a generator: Watch is server-streaming
 
 
@@ -119,12 +136,12 @@ class HealthServer:
     (tcpfront.py), in the event loop given (the daemon's) or else its own."""
 
     def __init__(self, paths: SocketPaths, address: str, port: int,
-                 registered: threading.Event | None = None, loop: grpcserver.EventLoopThread | None = None) -> None:
+                 registered: threading.Event | None = None, loop: EventLoopThread | None = None) -> None:
         self.service = HealthService(paths, registered=registered)
-        self._server = grpcserver.Server("health", LIMITS, loop)
+        self._server = Server("health", LIMITS, loop)
         self._server.add_service(HEALTH, self.service)
         name = f"neuron-dra-health-{os.getpid()}-{secrets.token_hex(8)}"  # several daemons share a test host
-        self.front = tcpfront.Front("\0" + name, tcpfront.FrontLimits.for_open_files(tcpfront.open_files_limit()))
+        self.front = Front("\0" + name, FrontLimits.for_open_files(open_files_limit()))
         try:
             self._server.add_abstract(name)
             self.port: int = self._server.run(self.front.listen(address, port))

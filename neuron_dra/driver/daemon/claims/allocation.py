@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from neuron_dra.driver.errortext import capped, shown
-from neuron_dra.driver.kubeletplugin.claimref import ClaimFailed, ClaimRef
+from neuron_dra.driver.kubeletplugin import ClaimFailed, ClaimRef
 from neuron_dra.driver.model.catalog import InstanceSpec
 from neuron_dra.driver.model.config import ConfigError, EffectiveConfig, OpaqueConfig, check_applies, decode
 from neuron_dra.driver.model.k8s_names import DNS_LABEL_RULE, is_dns_label

@@ -27,10 +27,15 @@ import urllib3
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.response import BaseHTTPResponse
 
-from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
-from neuron_dra.driver.kubeletplugin.deadline import Deadline, DeadlineExceeded, DeadlineSSLSocket, applied
-from neuron_dra.driver.kubeletplugin.kubeconfig import ClusterConfig, KubeConfigError, incluster_config, load_kubeconfig
-from neuron_dra.driver.kubeletplugin.ratelimit import Rate, RateLimited, TokenBucket
+from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
+from neuron_dra.driver.kubeletplugin._deadline import Deadline, DeadlineExceeded, DeadlineSSLSocket, applied
+from neuron_dra.driver.kubeletplugin._kubeconfig import (
+    ClusterConfig,
+    KubeConfigError,
+    incluster_config,
+    load_kubeconfig,
+)
+from neuron_dra.driver.kubeletplugin._ratelimit import Rate, RateLimited, TokenBucket
 
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 DEFAULT_DEADLINE = 10.0  # seconds for one request; kubelet gives a whole prepare 45 s

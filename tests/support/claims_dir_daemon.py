@@ -1,9 +1,10 @@
 """Test and benchmark support: the daemon with claims read from a directory instead of the API server.
 
-Never used by `neuron-dra-driver`: `python -m neuron_dra.driver.daemon.testing --claims-dir DIR <daemon flags>`
-runs a daemon process (kill -9, RSS) without an API server, publishing no ResourceSlices. Claims are JSON files
-`DIR/<namespace>_<name>.json`, read on every lookup; `DIR/<namespace>_<name>.delay` holds seconds to wait before
-answering, and a file `DIR/unavailable` makes every lookup fail as an unreachable API server does.
+Not in the package (the wheel and image ship no test support): `python -m tests.support.claims_dir_daemon --claims-
+dir DIR <daemon flags>` runs a daemon process (kill -9, RSS) without an API server, publishing no ResourceSlices.
+Claims are JSON files `DIR/<namespace>_<name>.json`, read on every lookup; `DIR/<namespace>_<name>.delay` holds
+seconds to wait before answering, and a file `DIR/unavailable` makes every lookup fail as an unreachable API server
+does.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any
 from neuron_dra.driver.daemon.failpoints import CrashPoints
 from neuron_dra.driver.daemon.main import run_daemon
 from neuron_dra.driver.daemon.options import parse_options, with_socket_names
-from neuron_dra.driver.kubeletplugin import logs
-from neuron_dra.driver.kubeletplugin.claimref import ClaimLookupError
+from neuron_dra.driver.kubeletplugin import _logs as logs
+from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
 
 UNAVAILABLE = "unavailable"
 
@@ -58,7 +59,7 @@ class DirectoryClaimLookup:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or args[0] != "--claims-dir":
-        print("usage: python -m neuron_dra.driver.daemon.testing --claims-dir DIR [neuron-dra-driver flags]",
+        print("usage: python -m tests.support.claims_dir_daemon --claims-dir DIR [neuron-dra-driver flags]",
               file=sys.stderr)
         return 2
     claims_dir = Path(args[1])

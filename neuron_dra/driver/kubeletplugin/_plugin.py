@@ -20,10 +20,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from neuron_dra.driver.kubeletplugin import grpcserver, memory, sockets
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
+from neuron_dra.driver.kubeletplugin import _memory as memory
+from neuron_dra.driver.kubeletplugin import _sockets as sockets
+from neuron_dra.driver.kubeletplugin._claimref import CallScope, ClaimFailed, ClaimRef
 from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
-from neuron_dra.driver.kubeletplugin.claimref import CallScope, ClaimFailed, ClaimRef
-from neuron_dra.driver.kubeletplugin.sockets import SocketError, SocketPaths
+from neuron_dra.driver.kubeletplugin._sockets import SocketError, SocketPaths
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,191 @@
+"""`start(driver, options) -> Helper`: the kubelet-plugin helper a DRA driver runs on, as the Go helper's
+`kubeletplugin.Start` (k8s.io/dynamic-resource-allocation/kubeletplugin). It listens early (registration is
+answered before the driver's state is loaded; DRA calls wait until `serve`), names the sockets (per instance
+during a rolling update, docs/upgrades.md), waits for and watches an instance on the plain names, holds the
+lock the instances share, and keeps the driver's ResourceSlices published (`publish`)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
+from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock
+from neuron_dra.driver.kubeletplugin._plugin import DRA_LIMITS, Driver, PluginServers
+from neuron_dra.driver.kubeletplugin._sockets import SocketError, SocketPaths, is_listening
+
+if TYPE_CHECKING:  # the API client (urllib3) and the publisher are imported once a driver publishes
+    from neuron_dra.driver.kubeletplugin._kube import ApiClient
+    from neuron_dra.driver.kubeletplugin._slicepublisher import PublisherMetrics, ResourceSlicePublisher, Slice
+
+log = logging.getLogger(__name__)
+
+# Seconds a new instance waits for one on the plain socket names (not sharing the driver's state) to stop: its
+# pod's grace period (30 s) and some.
+UNSHARED_WAIT = 45.0
+UNSHARED_POLL = 0.5  # seconds between looks for such an instance appearing while this one serves
+
+
+@dataclass(frozen=True)
+class Options:
+    """Where and as whom the helper listens."""
+
+    driver_name: str
+    plugins_dir: Path  # kubelet's plugins directory: the DRA socket and the lock go under <plugins_dir>/<driver>
+    registry_dir: Path  # kubelet's plugin registry: the registration socket
+    instance: str = ""  # the pod UID for names of this instance's own (rolling update); "": the plain names
+    extra_services: tuple[str, ...] = ()  # served on the DRA socket too, advertised after the DRA versions
+    limits: grpcserver.Limits = DRA_LIMITS
+
+    @property
+    def sockets(self) -> SocketPaths:
+        return SocketPaths.for_driver(self.plugins_dir, self.registry_dir, self.driver_name, self.instance)
+
+    @property
+    def plain_sockets(self) -> SocketPaths:
+        return SocketPaths.for_driver(self.plugins_dir, self.registry_dir, self.driver_name)
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.plugins_dir / self.driver_name
+
+
+class Helper:
+    """A started plugin: both sockets listening, registration answered. See `start`."""
+
+    def __init__(self, options: Options, loop: grpcserver.EventLoopThread | None = None) -> None:
+        self.options = options
+        self.servers = PluginServers(options.sockets, options.driver_name, extra_services=options.extra_services,
+                                     limits=options.limits, loop=loop)
+        self.instance_lock: InstanceLock | None = None
+        self._watch: threading.Thread | None = None
+        self._stopped = False
+        self._publisher: ResourceSlicePublisher | None = None
+        self._resources: list[Slice] = []
+
+    @property
+    def registered(self) -> threading.Event:
+        """Set while kubelet has this instance registered."""
+        return self.servers.registration.registered
+
+    @property
+    def paths(self) -> SocketPaths:
+        return self.servers.paths
+
+    def serve(self, driver: Driver, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
+        """Answer DRA calls with `driver` (calls that came in meanwhile waited for this)."""
+        self.servers.serve(driver, extra_methods)
+
+    def lock_instances(self, stop: threading.Event) -> InstanceLock:
+        """The lock the driver's instances share (a rolling update runs two; the driver holds it, with its own
+        thread lock, around each change of the claims it records), taken once no instance that does not share it
+        listens on the plain names (`wait_for_unshared_instance`). OSError when its file cannot be opened."""
+        if self.instance_lock is None:
+            self.options.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+            self.wait_for_unshared_instance(stop)
+            self.instance_lock = InstanceLock(self.options.plugin_dir)
+        return self.instance_lock
+
+    def wait_for_unshared_instance(self, stop: threading.Event, timeout: float = UNSHARED_WAIT) -> None:
+        """With names of its own, wait until nothing listens on the plain names: an instance there (the previous
+        release, or one on plain names) neither takes the instances' lock nor refreshes its state, so both must
+        not change the driver's records. kubelet calls this instance meanwhile (the newest registered); those
+        calls wait until `serve`, and the DaemonSet stops the other pod once this one is Ready (registered)."""
+        if not self.options.instance:
+            return
+        plain = self.options.plain_sockets
+        if not is_listening(plain.registration):
+            return
+        log.warning("an instance of the driver on the plain socket names is running (the previous release?); "
+                    "waiting until it stops before loading the claims", extra={"socket": str(plain.registration)})
+        began = time.monotonic()
+        while is_listening(plain.registration) and time.monotonic() - began < timeout:
+            if stop.wait(0.2):
+                return
+        log.info("the instance on the plain socket names is gone" if not is_listening(plain.registration) else
+                 "the instance on the plain socket names still runs; going on", extra={
+                     "waited_seconds": round(time.monotonic() - began, 3)})
+
+    def watch_for_unshared_instance(self, stop: threading.Event, on_appear: Callable[[], None] = lambda: None,
+                                    poll: float = UNSHARED_POLL) -> threading.Thread | None:
+        """With names of its own: once an instance appears on the plain names (a rollback to the previous
+        release, which takes no lock and keeps its state in memory), call `on_appear` (the driver writes its
+        records as that release reads them), and once it still listens a poll later (it loaded them), unregister,
+        so that kubelet sends every new call to that one and the two never both change the records. This
+        instance stops when its pod does."""
+        if not self.options.instance:
+            return None
+        plain = self.options.plain_sockets
+
+        def watch() -> None:
+            seen = 0
+            while not stop.wait(poll):
+                seen = seen + 1 if is_listening(plain.registration) else 0
+                if seen == 1:
+                    on_appear()
+                if seen == 2:  # it loaded the claims and still listens: it serves from here on
+                    log.warning("an instance of the driver on the plain socket names started (a rollback to the "
+                                "previous release?); unregistering so that kubelet calls only that one",
+                                extra={"socket": str(plain.registration)})
+                    self.unregister()
+                    return
+
+        self._watch = threading.Thread(target=watch, name="unshared-instance-watch", daemon=True)
+        self._watch.start()
+        return self._watch
+
+    def publish(self, resources: Sequence[Slice], api: ApiClient, node_name: str, stop: threading.Event,
+                metrics: PublisherMetrics | None = None) -> ResourceSlicePublisher:
+        """Keep `resources` (this node's ResourceSlices, generation 0: the publisher numbers them) published as the
+        Go helper's `PublishResources` does (_slicepublisher.py); a later call hands over new ones and publishes
+        them at once. The first call starts the publishing thread, which ends with `stop`."""
+        self._resources = copy.deepcopy(list(resources))
+        if self._publisher is None:
+            from neuron_dra.driver.kubeletplugin._slicepublisher import SlicesPublisher
+
+            self._publisher = SlicesPublisher(lambda: copy.deepcopy(self._resources), api, node_name,
+                                              self.options.driver_name, metrics)
+            self._publisher.start(stop)
+        else:
+            self._publisher.refresh()
+        return self._publisher
+
+    def unregister(self) -> None:
+        """Leave kubelet's calls to another instance; calls already sent here are still answered."""
+        self.servers.unregister()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Unregister, then give the DRA calls running `grace` seconds (the sockets go, see _plugin.py)."""
+        if not self._stopped:
+            self._stopped = True
+            self.servers.stop(grace)
+
+    def close(self) -> None:
+        """After `stop` and the driver's last write under it: the instances' lock goes."""
+        self.stop(0)
+        if self.instance_lock is not None:
+            self.instance_lock.close()
+            self.instance_lock = None
+
+
+def start(driver: Driver | None, options: Options, loop: grpcserver.EventLoopThread | None = None,
+          extra_methods: Mapping[str, grpcserver.Method] = {}) -> Helper:
+    """Listen on both sockets and answer registration; serve `driver` at once, or, when it is None (its state
+    still loading), once `Helper.serve` is called: kubelet's DRA calls wait until then. `loop`: the event loop
+    the servers run in (the driver's, shared with its other servers); SocketError when a socket cannot be bound."""
+    helper = Helper(options, loop)
+    try:
+        helper.servers.listen()
+    except (SocketError, OSError) as e:
+        helper.stop(0)
+        raise SocketError(str(e)) from e
+    if driver is not None:
+        helper.serve(driver, extra_methods)
+    return helper
+

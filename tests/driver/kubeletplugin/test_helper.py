@@ -1,0 +1,207 @@
+"""The kubelet-plugin helper on its own (`kubeletplugin.start`), driven by a toy driver of a few dozen lines and
+grpcio's client over real unix sockets: registration, prepare and unprepare, the rolling update's two instances.
+Nothing Neuron: the layer is generic."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from kubernetes import client
+
+from neuron_dra.driver import kubeletplugin
+from neuron_dra.driver.kubeletplugin import CallScope, ClaimFailed, ClaimRef
+from neuron_dra.driver.kubeletplugin._generated import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+from tests.support.driver import short_dir, wait_until
+
+TOY = "toy.example.com"
+
+
+@dataclass(frozen=True)
+class ToyDevice:
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclass
+class ToyDriver:
+    """Hands out one device per claim, named after the claim; a claim named `bad` fails."""
+
+    prepared: dict[str, str] = field(default_factory=dict)
+    calls: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+
+    def prepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None
+                ) -> Mapping[str, Sequence[ToyDevice] | ClaimFailed]:
+        self.calls.append(("prepare", tuple(r.uid for r in refs)))
+        out: dict[str, Sequence[ToyDevice] | ClaimFailed] = {}
+        for r in refs:
+            if r.name == "bad":
+                out[r.uid] = ClaimFailed(f"claim {r}: the toy refuses it")
+                continue
+            self.prepared[r.uid] = f"dev-{r.name}"
+            out[r.uid] = [ToyDevice(("req",), "pool", f"dev-{r.name}", (f"{TOY}/toy={r.uid}",))]
+        return out
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, ClaimFailed | None]:
+        self.calls.append(("unprepare", tuple(r.uid for r in refs)))
+        for r in refs:
+            self.prepared.pop(r.uid, None)  # unknown claims succeed, as kubelet expects
+        return {r.uid: None for r in refs}
+
+
+def options(base: Path, instance: str = "") -> kubeletplugin.Options:
+    return kubeletplugin.Options(TOY, base / "plugins", base / "registry", instance)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    with short_dir() as d:
+        yield d
+
+
+def test_registration_and_prepare_with_a_toy_driver(base: Path) -> None:
+    driver = ToyDriver()
+    helper = kubeletplugin.start(driver, options(base))
+    try:
+        with grpc.insecure_channel(f"unix:{helper.paths.registration}") as ch:
+            reg = pluginregistration_pb2_grpc.RegistrationStub(ch)
+            info = reg.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=5)
+            assert (info.type, info.name, info.endpoint) == ("DRAPlugin", TOY, str(helper.paths.dra))
+            assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            assert not helper.registered.is_set()
+            reg.NotifyRegistrationStatus(pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5)
+            assert helper.registered.is_set()
+        with grpc.insecure_channel(f"unix:{helper.paths.dra}") as ch:
+            dra = dra_v1_pb2_grpc.DRAPluginStub(ch)
+            claims = [dra_v1_pb2.Claim(namespace="ns", name="a", uid="u-a"),
+                      dra_v1_pb2.Claim(namespace="ns", name="bad", uid="u-bad")]
+            got = dra.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=claims), timeout=5)
+            assert [(d.device_name, list(d.cdi_device_ids)) for d in got.claims["u-a"].devices] == [
+                ("dev-a", [f"{TOY}/toy=u-a"])]
+            assert "the toy refuses it" in got.claims["u-bad"].error
+            assert driver.prepared == {"u-a": "dev-a"}
+            done = dra.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims[:1]), timeout=5)
+            assert done.claims["u-a"].error == "" and driver.prepared == {}
+            # An empty call (a liveness check's) is answered in the event loop, not behind the DRA calls.
+            empty = dra.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=5)
+            assert not empty.claims and driver.calls == [("prepare", ("u-a", "u-bad")), ("unprepare", ("u-a",)),
+                                                         ("prepare", ())]
+    finally:
+        helper.close()
+    assert not helper.paths.registration.exists() and not helper.paths.dra.exists()
+
+
+def test_calls_wait_for_serve_when_started_without_a_driver(base: Path) -> None:
+    """Registration answers before the driver's state is loaded; a DRA call sent meanwhile waits for `serve`."""
+    helper = kubeletplugin.start(None, options(base))
+    driver = ToyDriver()
+    try:
+        with grpc.insecure_channel(f"unix:{helper.paths.registration}") as ch:
+            info = pluginregistration_pb2_grpc.RegistrationStub(ch).GetInfo(pluginregistration_pb2.InfoRequest(),
+                                                                             timeout=5)
+            assert info.name == TOY
+        answers: list[object] = []
+
+        def call() -> None:
+            with grpc.insecure_channel(f"unix:{helper.paths.dra}") as ch:
+                req = dra_v1_pb2.NodePrepareResourcesRequest(claims=[dra_v1_pb2.Claim(namespace="ns", name="a",
+                                                                                      uid="u-a")])
+                answers.append(dra_v1_pb2_grpc.DRAPluginStub(ch).NodePrepareResources(req, timeout=30))
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        assert driver.calls == []
+        helper.serve(driver)
+        caller.join(30)
+        assert len(answers) == 1 and driver.calls == [("prepare", ("u-a",))]
+    finally:
+        helper.close()
+
+
+def test_rolling_update_the_new_instance_waits_for_the_plain_one_then_takes_the_lock(base: Path) -> None:
+    old = kubeletplugin.start(ToyDriver(), options(base))  # the previous release: plain names, no lock
+    new = kubeletplugin.start(None, options(base, instance="0f8fad5b-d9cb-469f-a165-70867728950e"))
+    stop = threading.Event()
+    try:
+        assert new.paths.registration != old.paths.registration and new.paths.registration.exists()
+        locked: list[kubeletplugin.InstanceLock] = []
+        waiter = threading.Thread(target=lambda: locked.append(new.lock_instances(stop)))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and not locked  # the plain instance still listens
+        old.close()
+        waiter.join(30)
+        assert locked and locked[0].path == base / "plugins" / TOY / "serialize.lock"
+    finally:
+        stop.set()
+        old.close()
+        new.close()
+
+
+def test_rolling_update_a_plain_instance_appearing_makes_this_one_unregister(base: Path) -> None:
+    new = kubeletplugin.start(ToyDriver(), options(base, instance="0f8fad5b-d9cb-469f-a165-70867728950e"))
+    stop = threading.Event()
+    appeared = threading.Event()
+    old = None
+    try:
+        watch = new.watch_for_unshared_instance(stop, appeared.set, poll=0.05)
+        assert watch is not None
+        old = kubeletplugin.start(ToyDriver(), options(base))  # a rollback: the previous release starts
+        assert appeared.wait(30)
+        wait_until(lambda: not new.paths.registration.exists(), 30, "the new instance to unregister")
+        assert new.paths.dra.exists()  # calls already sent to it are still answered
+        watch.join(30)
+    finally:
+        stop.set()
+        new.close()
+        if old is not None:
+            old.close()
+
+
+def test_plain_names_neither_wait_nor_watch(base: Path) -> None:
+    helper = kubeletplugin.start(ToyDriver(), options(base))
+    try:
+        assert helper.watch_for_unshared_instance(threading.Event()) is None
+        assert helper.lock_instances(threading.Event()).path.parent == base / "plugins" / TOY
+    finally:
+        helper.close()
+
+
+def toy_slice(node: str, *devices: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"generateName": f"{node}-toy-"},
+            "spec": {"driver": TOY, "nodeName": node, "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+                     "devices": [{"name": d} for d in devices]}}
+
+
+@pytest.mark.cluster
+def test_publish_hands_slices_over_as_data(base: Path, api: Any) -> None:
+    """`publish(resources)` against the real API server: published, then replaced by the next call's slices."""
+    node = "toy-node"
+    helper = kubeletplugin.start(ToyDriver(), options(base))
+    stop = threading.Event()
+
+    def published() -> list[list[str]]:
+        listed = client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node},spec.driver={TOY}")
+        return [sorted(d.name for d in s.spec.devices) for s in listed.items]
+
+    try:
+        publisher = helper.publish([toy_slice(node, "a", "b")], api, node, stop)
+        assert publisher.published.wait(60)
+        wait_until(lambda: published() == [["a", "b"]], 30, "the toy's slice")
+        helper.publish([toy_slice(node, "c")], api, node, stop)
+        wait_until(lambda: published() == [["c"]], 30, "the toy's new slice")
+    finally:
+        stop.set()
+        helper.close()
