@@ -62,7 +62,7 @@ ECHO_SERVER = textwrap.dedent("""
     import signal, sys, threading
     from concurrent.futures import ThreadPoolExecutor
     import grpc
-    from neuron_dra.driver.kubeletplugin.signals import set_on_signals
+    from neuron_dra.driver.kubeletplugin._signals import set_on_signals
     def echo(request, context):
         return request
     handler = grpc.method_handlers_generic_handler("bench.Echo", {

@@ -11,10 +11,10 @@ import random
 from pathlib import Path
 
 import pytest
+from neuron_dra.driver.daemon.claims.checkpoint import SECTOR, Checkpoint, ClaimState, PreparedClaim
+from neuron_dra.driver.kubeletplugin import ClaimRef
 
 from neuron_dra.driver.daemon import checkpoint as current
-from neuron_dra.driver.daemon.checkpoint import SECTOR, Checkpoint, ClaimState, PreparedClaim
-from neuron_dra.driver.kubeletplugin.claimref import ClaimRef
 from tests.support.checkpoint_claims import claim, uid
 
 pytestmark = pytest.mark.attacks
@@ -57,7 +57,7 @@ def _read_with(cp: Checkpoint, journal: bytes, caplog: pytest.LogCaptureFixture)
     with cp.journal_path.open("r+b") as f:  # in place: truncating would flush the file at close (ext4)
         f.write(journal)
     caplog.clear()
-    with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.checkpoint"):
+    with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.claims.checkpoint"):
         return Checkpoint(cp.path, JOURNAL, boot_id=BOOT).read()
 
 
@@ -138,7 +138,8 @@ def test_claims_demoted_by_real_damage_are_restored_when_the_api_server_confirms
     resolution restores those the API server confirms (the claim exists, is allocated exactly these devices of this
     node and is reserved for a pod) as prepared, so the gauge and the per-pod attribution are what they were; a
     claim not reserved for a pod stays unfinished; one allocated other devices, or gone, is dropped."""
-    from neuron_dra.driver.daemon.metrics import Metrics
+    from neuron_dra.driver.daemon.observability.metrics import Metrics
+
     from tests.driver.daemon.test_attacks_files import Node
     from tests.support.driver import FakeLookup, devices
     from tests.support.driver import claim as api_claim

@@ -10,7 +10,6 @@ import pytest
 
 from neuron_dra.driver.daemon.claims.checkpoint import JOURNAL_SUFFIX, _canonical, _checksum, _line, encode
 from tests.support import pluginclient
-from tests.support.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, uid, wait_until
 from tests.support.pluginclient import ClaimRef
 

@@ -21,7 +21,6 @@ from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.kubeletplugin._plugin import DRA_LIMITS, DRA_V1, DRA_V1BETA1, REGISTRATION
 from tests.support import pluginclient
-from tests.support.pluginclient import ClaimRef
 from tests.support.driver import DaemonDirs, DaemonProcess, claim, devices, free_port, uid, wait_until
 from tests.support.pluginclient import ClaimRef
 

@@ -24,7 +24,6 @@ from neuron_dra.driver.kubeletplugin._kube import ClientOptions
 from neuron_dra.driver.kubeletplugin._ratelimit import Rate
 from neuron_dra.driver.kubeletplugin._sockets import SocketPaths
 from tests.support import pluginclient
-from tests.support.pluginclient import ClaimRef
 from tests.support.driver import DRIVER, DaemonDirs, DaemonProcess, claim, devices, short_dir, uid, wait_until
 from tests.support.fake_apiserver import FakeApiServer, serve
 from tests.support.fake_apiserver import answer as fake_answer
