@@ -5,7 +5,7 @@ privilege RBAC and the group DeviceClass.
 RBAC cannot restrict ResourceSlice writes by content, so a ValidatingAdmissionPolicy does: the controller's
 service account may create, update and delete only slices of its driver with no `nodeName` in a group pool
 (`ultraserver-<size>/<id>`), checked on the old object too for UPDATE and DELETE, so it can never touch a node's
-slice. Leases: only in its namespace, updates only of its own Lease. Claims: read only (to find the claims that
+slice. Leases: only in its namespace, updates only of its own Lease. Claims: list only (to find the claims that
 hold a group); Events: create (what it tells holders).
 """
 
@@ -83,10 +83,12 @@ def service_account(o: UltraServerControllerOptions) -> Manifest:
 
 CLUSTER_RULES: tuple[Manifest, ...] = (
     # Writes are narrowed to group slices by the admission policy below.
+    # Exactly what the controller calls (driver/groups): lists and watches, never a GET of one slice or Node;
+    # claims are listed only when a group is about to go (no watch: a pass per claim change would be waste).
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-     "verbs": ["get", "list", "watch", "create", "update", "delete"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list", "watch"]},
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+     "verbs": ["list", "watch", "create", "update", "delete"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
 

@@ -126,6 +126,7 @@ class GroupController:
         self._events_sent: set[tuple[str, str, str]] = set()
         self.dirty = threading.Event()
         self._lock = threading.Lock()
+        self._node_ready: dict[str, bool] = {}  # what the Node watch saw last (_matters)
 
     # --- one pass ----------------------------------------------------------------------------------------------
 
@@ -310,7 +311,7 @@ class GroupController:
                     for event in events:
                         if event.get("type") == "ERROR":
                             break
-                        if event.get("type") != "BOOKMARK":
+                        if event.get("type") != "BOOKMARK" and self._matters(path, event):
                             self.dirty.set()
                         if stop.is_set():
                             return
@@ -321,6 +322,22 @@ class GroupController:
                 log.warning("watch failed; retrying", extra={"path": path, "error": f"{type(e).__name__}: "
                                                              f"{str(e)[:300]}", "retry_in_seconds": delay})
             stop.wait(delay)
+
+    def _matters(self, path: str, event: Mapping[str, Any]) -> bool:
+        """Every slice event; of Nodes only those that change a node's readiness or existence (status updates of
+        a thousand nodes would otherwise start a pass every few seconds)."""
+        if path != NODES:
+            return True
+        obj = event.get("object") or {}
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if event.get("type") == "DELETED":
+            return self._node_ready.pop(name, None) is not None
+        ready = bool(ready_node_names([obj]))
+        if len(self._node_ready) >= MAX_ITEMS and name not in self._node_ready:
+            return True
+        changed = self._node_ready.get(name) != ready
+        self._node_ready[name] = ready
+        return changed
 
     def _next(self, delay: float) -> float:
         return min(self.options.backoff_max, max(self.options.backoff_initial, delay * 2))
