@@ -66,16 +66,24 @@ def controller_api(plane: ControlPlane, admin: KubeApi, tmp_path_factory: pytest
 
 
 def heartbeat(admin: KubeApi, name: str) -> None:
-    """The Node, Ready now (created if missing): no kubelet runs here, so the test reports for it."""
-    try:
-        node = admin.call("GET", f"/api/v1/nodes/{name}")
-    except ApiException as e:
-        assert e.status == 404
-        node = admin.call("POST", "/api/v1/nodes", body={"metadata": {"name": name}})
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    node["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                      "lastHeartbeatTime": now, "lastTransitionTime": now}]}
-    admin.call("PUT", f"/api/v1/nodes/{name}/status", body=node)
+    """The Node, Ready now (created if missing): no kubelet runs here, so the test reports for it. The node
+    lifecycle controller writes the Node too (its taints): a conflict reads it again."""
+    for _ in range(20):
+        try:
+            node = admin.call("GET", f"/api/v1/nodes/{name}")
+        except ApiException as e:
+            assert e.status == 404
+            node = admin.call("POST", "/api/v1/nodes", body={"metadata": {"name": name}})
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        node["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                          "lastHeartbeatTime": now, "lastTransitionTime": now}]}
+        try:
+            admin.call("PUT", f"/api/v1/nodes/{name}/status", body=node)
+            return
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    raise AssertionError(f"Node {name}: status conflicted 20 times in a row")
 
 
 def publish_node(admin: KubeApi, name: str, host_id: str, position: int, mode: int) -> None:
