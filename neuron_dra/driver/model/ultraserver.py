@@ -8,11 +8,11 @@ never from node names. A node belongs to the set its `ultraserverMode` says (4: 
 set is its node id. A 4-node set also publishes its two 2-node halves (the hardware runs mode-2 jobs inside it).
 
 Each group is one pool of one slice with no `nodeName`: a `nodeSelector` naming exactly its members by
-`matchFields metadata.name` (no node label needed), one device with resourceType `ultraserver`. A member that is
-missing (its slice or Node gone, or NotReady) or has an unhealthy device taints the group device where the API
-server keeps device taints (1.36+); elsewhere the device is withdrawn (the slice stays, empty). The previous
-members come back from the group slice's annotation, so a vanished node stays a (missing) member across controller
-restarts. Pure functions: the controller (driver/groups) does the I/O.
+`matchFields metadata.name` (one term per member; no node label needed), one device with resourceType
+`ultraserver`. A member that is missing (its slice or Node gone, or NotReady) or has an unhealthy device taints
+the group device where the API server keeps device taints (1.36+); elsewhere the device is withdrawn (the slice
+stays, empty). The previous members come back from the group slice's annotation, so a vanished node stays a
+(missing) member across controller restarts. Pure functions: the controller (driver/groups) does the I/O.
 """
 
 from __future__ import annotations
@@ -390,8 +390,16 @@ def group_device(group: Group, driver: str, taints_served: bool, effect: str = "
 
 
 def node_selector(node_names: Sequence[str]) -> dict[str, Any]:
-    return {"nodeSelectorTerms": [{"matchFields": [
-        {"key": "metadata.name", "operator": "In", "values": sorted(node_names)}]}]}
+    """One term per member (terms are ORed): the API server allows a single value in a `metadata.name`
+    matchFields requirement (docs/ultraserver.md §2)."""
+    return {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]}
+                                  for name in sorted(node_names)]}
+
+
+def selected_nodes(selector: Mapping[str, Any]) -> list[str]:
+    """The node names a group slice's nodeSelector names (the inverse of node_selector)."""
+    return sorted(v for term in selector.get("nodeSelectorTerms") or () for f in term.get("matchFields") or ()
+                  if f.get("key") == "metadata.name" and f.get("operator") == "In" for v in f.get("values") or ())
 
 
 def group_slice(group: Group, driver: str, taints_served: bool = True, effect: str = "NoSchedule"

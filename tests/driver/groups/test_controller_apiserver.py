@@ -104,8 +104,7 @@ def groups(admin: KubeApi) -> dict[str, dict[str, Any]]:
 
 
 def members(s: dict[str, Any]) -> list[str]:
-    values: list[str] = s["spec"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"]
-    return values
+    return us.selected_nodes(s["spec"]["nodeSelector"])
 
 
 def beat_all(admin: KubeApi) -> None:

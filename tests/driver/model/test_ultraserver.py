@@ -81,14 +81,15 @@ def test_group_slices_select_exactly_the_members_in_pools_no_node_can_own() -> N
         assert spec["pool"]["resourceSliceCount"] == 1
         (device,) = spec["devices"]
         assert "taints" not in device
-        (term,) = spec["nodeSelector"]["nodeSelectorTerms"]
-        assert term == {"matchFields": [{"key": "metadata.name", "operator": "In",
-                                         "values": sorted(term["matchFields"][0]["values"])}]}
+        # One term per member: the API server takes one value per metadata.name requirement.
+        for term in spec["nodeSelector"]["nodeSelectorTerms"]:
+            (requirement,) = term["matchFields"]
+            assert requirement["key"] == "metadata.name" and requirement["operator"] == "In"
+            assert len(requirement["values"]) == 1
         assert us.is_group_slice(s, DRIVER)
     four = next(s for s in slices if s["spec"]["devices"][0]["attributes"]["nodeCount"] == {"int": 4})
     attrs = four["spec"]["devices"][0]["attributes"]
-    assert four["spec"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [
-        "alpha", "mid", "us-b-0", "zeta"]
+    assert us.selected_nodes(four["spec"]["nodeSelector"]) == ["alpha", "mid", "us-b-0", "zeta"]
     assert attrs["resourceType"] == {"string": "ultraserver"} and attrs["instanceType"] == {"string": "trn2u.48xlarge"}
     assert attrs["capacityBlockId"] == attrs["ultraserverId"] == {"string": "cr-0a"}
     assert attrs["ultraserverMode"] == {"int": 4}
