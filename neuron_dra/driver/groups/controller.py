@@ -101,6 +101,17 @@ def ready_node_names(nodes: list[dict[str, Any]]) -> set[str]:
     return out
 
 
+def hostnames(nodes: list[dict[str, Any]]) -> dict[str, str]:
+    """Node name -> its kubernetes.io/hostname label, where it has one."""
+    out = {}
+    for n in nodes:
+        meta = n.get("metadata") or {}
+        label = (meta.get("labels") or {}).get(us.HOSTNAME_LABEL)
+        if isinstance(meta.get("name"), str) and isinstance(label, str) and label:
+            out[meta["name"]] = label
+    return out
+
+
 def holders(claims: list[dict[str, Any]], driver: str) -> dict[str, list[dict[str, str]]]:
     """Group pool name -> the claims whose allocation holds a device of it."""
     out: dict[str, list[dict[str, str]]] = {}
@@ -145,11 +156,12 @@ class GroupController:
                 self._delete(s)
         return ours
 
-    def desired(self, all_slices: list[dict[str, Any]], ready: set[str] | None,
+    def desired(self, all_slices: list[dict[str, Any]], nodes: list[dict[str, Any]],
                 existing: Mapping[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[us.Problem, ...]]:
         driver = self.options.driver_name
         facts, problems = us.member_facts(all_slices, driver)
-        membership = us.group_ultraservers(facts, us.previous_groups(existing.values()), ready, self.options.catalog)
+        membership = us.group_ultraservers(facts, us.previous_groups(existing.values()), ready_node_names(nodes),
+                                           self.options.catalog, hostnames(nodes))
         slices = us.desired_slices(membership, driver, self.taints_served, self.options.taint_effect)
         return slices, (*problems, *membership.problems)
 
@@ -162,7 +174,7 @@ class GroupController:
         all_slices, _ = list_all(self._api, RESOURCE_SLICES, {"fieldSelector": f"spec.driver={driver}"})
         nodes, _ = list_all(self._api, NODES)
         existing = self._group_slices(all_slices)
-        desired, problems = self.desired(all_slices, ready_node_names(nodes), existing)
+        desired, problems = self.desired(all_slices, nodes, existing)
         result = PassResult(problems=problems)
         for p in problems:
             log.warning("UltraServer membership problem", extra={"problem": str(p)[:500]})

@@ -8,7 +8,7 @@ never from node names. A node belongs to the set its `ultraserverMode` says (4: 
 set is its node id. A 4-node set also publishes its two 2-node halves (the hardware runs mode-2 jobs inside it).
 
 Each group is one pool of one slice with no `nodeName`: a `nodeSelector` naming exactly its members by
-`matchFields metadata.name` (one term per member; no node label needed), one device with resourceType
+their `kubernetes.io/hostname` label (one term: a field selector names one node only), one device with resourceType
 `ultraserver`. A member that is missing (its slice or Node gone, or NotReady) or has an unhealthy device taints
 the group device where the API server keeps device taints (1.36+); elsewhere the device is withdrawn (the slice
 stays, empty). The previous members come back from the group slice's annotation, so a vanished node stays a
@@ -42,6 +42,7 @@ MAX_ID = 200  # characters of a sanitised server id in a pool name (pool names: 
 _NOT_NAME = re.compile(r"[^a-z0-9.-]+")
 _EDGE = re.compile(r"^[^a-z0-9]+|[^a-z0-9]+$")
 TAINTING_EFFECTS = ("NoSchedule", "NoExecute")
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # kubelet sets it on its Node (the node name unless overridden)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class Slot:
     present: bool
     unhealthy: bool = False
     server_id_2: str = ""  # which half of a 4-node set
+    hostname: str = ""  # the Node's kubernetes.io/hostname label ("": its name), what the selector names
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,10 @@ class Group:
     @property
     def node_names(self) -> tuple[str, ...]:
         return tuple(sorted(s.node_name for s in self.slots))
+
+    @property
+    def hostnames(self) -> tuple[str, ...]:
+        return tuple(sorted(s.hostname or s.node_name for s in self.slots))
 
     @property
     def missing(self) -> int:
@@ -242,7 +248,8 @@ def previous_groups(group_slices: Iterable[Mapping[str, Any]]) -> dict[str, Prev
             continue
         try:
             doc = json.loads(text)
-            slots = tuple(Slot(int(m["nodeId"]), str(m["node"]), False, False, str(m.get("serverId2", "")))
+            slots = tuple(Slot(int(m["nodeId"]), str(m["node"]), False, False, str(m.get("serverId2", "")),
+                               str(m.get("hostname", "")))
                           for m in doc)
         except (ValueError, TypeError, KeyError):
             continue
@@ -252,8 +259,8 @@ def previous_groups(group_slices: Iterable[Mapping[str, Any]]) -> dict[str, Prev
 
 
 def members_annotation(group: Group) -> str:
-    return json.dumps([{"nodeId": s.node_id, "node": s.node_name, "serverId2": s.server_id_2}
-                       for s in group.slots], separators=(",", ":"))
+    return json.dumps([{"nodeId": s.node_id, "node": s.node_name, "serverId2": s.server_id_2,
+                        "hostname": s.hostname or s.node_name} for s in group.slots], separators=(",", ":"))
 
 
 # --- grouping --------------------------------------------------------------------------------------------------
@@ -278,9 +285,12 @@ def _set_key(f: MemberFacts, size: int) -> tuple[str, int]:
 
 
 def group_ultraservers(facts: Mapping[str, MemberFacts], previous: Mapping[str, PreviousGroup] | None = None,
-                       ready_nodes: Iterable[str] | None = None, catalog: Catalog = BUILTIN) -> Membership:
+                       ready_nodes: Iterable[str] | None = None, catalog: Catalog = BUILTIN,
+                       hostnames: Mapping[str, str] | None = None) -> Membership:
     """The UltraServer sets (and halves of 4-node sets) from the members' facts. `previous` keeps a member that
-    vanished as a missing slot; `ready_nodes` (None: all) are the Nodes that exist and are Ready."""
+    vanished as a missing slot; `ready_nodes` (None: all) are the Nodes that exist and are Ready; `hostnames` maps
+    node names to their `kubernetes.io/hostname` label (missing: the name)."""
+    names = hostnames or {}
     ready = None if ready_nodes is None else frozenset(ready_nodes)
     problems: list[Problem] = []
     buckets: dict[tuple[str, int, str], list[tuple[int, MemberFacts]]] = {}
@@ -308,14 +318,16 @@ def group_ultraservers(facts: Mapping[str, MemberFacts], previous: Mapping[str, 
             by_slot[slot] = f
         if clash:
             continue
-        slots = {slot: Slot(slot, f.node_name, ready is None or f.node_name in ready, f.unhealthy, f.server_id_2)
+        slots = {slot: Slot(slot, f.node_name, ready is None or f.node_name in ready, f.unhealthy, f.server_id_2,
+                            names.get(f.node_name, f.node_name))
                  for slot, f in by_slot.items()}
         pool = Group(key, size, instance_type, "", None, ()).pool_name
         old = previous.get(pool) if previous else None
         for s in old.slots if old else ():
             # A node that was a member and is gone (not re-homed elsewhere) stays as a missing slot.
             if s.node_id not in slots and s.node_id < size and s.node_name not in seen_nodes:
-                slots[s.node_id] = Slot(s.node_id, s.node_name, False, False, s.server_id_2)
+                slots[s.node_id] = Slot(s.node_id, s.node_name, False, False, s.server_id_2,
+                                        names.get(s.node_name, s.hostname))
         firsts = [f for _, f in sorted(members, key=lambda m: m[0])]
         ids = {f.ultraserver_id for f in firsts}
         blocks = {f.capacity_block_id for f in firsts if f.capacity_block_id}
@@ -334,7 +346,7 @@ def _halves(whole: Group) -> list[Group]:
     """The two 2-node halves of a 4-node set: slots 0-1 and 2-3 (node_id_4 // 2), named by their server_id_2."""
     out = []
     for half in (0, 1):
-        slots = tuple(Slot(s.node_id % 2, s.node_name, s.present, s.unhealthy, s.server_id_2)
+        slots = tuple(Slot(s.node_id % 2, s.node_name, s.present, s.unhealthy, s.server_id_2, s.hostname)
                       for s in whole.slots if s.node_id // 2 == half)
         ids = {s.server_id_2 for s in slots if s.server_id_2}
         server_id = min(ids) if ids else f"{whole.server_id}.half{half}"
@@ -389,17 +401,18 @@ def group_device(group: Group, driver: str, taints_served: bool, effect: str = "
     return device
 
 
-def node_selector(node_names: Sequence[str]) -> dict[str, Any]:
-    """One term per member (terms are ORed): the API server allows a single value in a `metadata.name`
-    matchFields requirement (docs/ultraserver.md §2)."""
-    return {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]}
-                                  for name in sorted(node_names)]}
+def node_selector(hostnames: Sequence[str]) -> dict[str, Any]:
+    """One term naming the members by their `kubernetes.io/hostname` label. A ResourceSlice's selector takes exactly
+    one term, and a `metadata.name` matchFields requirement exactly one value, so a field selector can name one
+    node only (docs/ultraserver.md §2)."""
+    return {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": HOSTNAME_LABEL, "operator": "In", "values": sorted(hostnames)}]}]}
 
 
 def selected_nodes(selector: Mapping[str, Any]) -> list[str]:
-    """The node names a group slice's nodeSelector names (the inverse of node_selector)."""
-    return sorted(v for term in selector.get("nodeSelectorTerms") or () for f in term.get("matchFields") or ()
-                  if f.get("key") == "metadata.name" and f.get("operator") == "In" for v in f.get("values") or ())
+    """The hostnames a group slice's nodeSelector names (the inverse of node_selector)."""
+    return sorted(v for term in selector.get("nodeSelectorTerms") or () for e in term.get("matchExpressions") or ()
+                  if e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In" for v in e.get("values") or ())
 
 
 def group_slice(group: Group, driver: str, taints_served: bool = True, effect: str = "NoSchedule"
@@ -415,7 +428,7 @@ def group_slice(group: Group, driver: str, taints_served: bool = True, effect: s
                      "annotations": {MEMBERS_ANNOTATION: members_annotation(group)}},
         "spec": {"driver": driver,
                  "pool": {"name": group.pool_name, "generation": 0, "resourceSliceCount": 1},
-                 "nodeSelector": node_selector(group.node_names),
+                 "nodeSelector": node_selector(group.hostnames),
                  "devices": [device] if device is not None else []},
     }
 

@@ -73,7 +73,8 @@ def heartbeat(admin: KubeApi, name: str) -> None:
             node = admin.call("GET", f"/api/v1/nodes/{name}")
         except ApiException as e:
             assert e.status == 404
-            node = admin.call("POST", "/api/v1/nodes", body={"metadata": {"name": name}})
+            node = admin.call("POST", "/api/v1/nodes", body={"metadata": {
+                "name": name, "labels": {"kubernetes.io/hostname": f"host-{name}"}}})
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         node["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                           "lastHeartbeatTime": now, "lastTransitionTime": now}]}
@@ -104,7 +105,8 @@ def groups(admin: KubeApi) -> dict[str, dict[str, Any]]:
 
 
 def members(s: dict[str, Any]) -> list[str]:
-    return us.selected_nodes(s["spec"]["nodeSelector"])
+    """The member names a group slice selects (the Nodes here carry hostname labels `host-<name>`)."""
+    return [h.removeprefix("host-") for h in us.selected_nodes(s["spec"]["nodeSelector"])]
 
 
 def beat_all(admin: KubeApi) -> None:

@@ -81,11 +81,10 @@ def test_group_slices_select_exactly_the_members_in_pools_no_node_can_own() -> N
         assert spec["pool"]["resourceSliceCount"] == 1
         (device,) = spec["devices"]
         assert "taints" not in device
-        # One term per member: the API server takes one value per metadata.name requirement.
-        for term in spec["nodeSelector"]["nodeSelectorTerms"]:
-            (requirement,) = term["matchFields"]
-            assert requirement["key"] == "metadata.name" and requirement["operator"] == "In"
-            assert len(requirement["values"]) == 1
+        # One term (a slice's selector takes exactly one), naming the members by their hostname label.
+        (term,) = spec["nodeSelector"]["nodeSelectorTerms"]
+        assert term == {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                              "values": us.selected_nodes(spec["nodeSelector"])}]}
         assert us.is_group_slice(s, DRIVER)
     four = next(s for s in slices if s["spec"]["devices"][0]["attributes"]["nodeCount"] == {"int": 4})
     attrs = four["spec"]["devices"][0]["attributes"]
@@ -118,6 +117,24 @@ def test_a_member_that_vanishes_stays_named_and_taints_its_group_until_it_return
     # Back: the taint clears.
     back = by_pool(membership(cluster(), previous=us.desired_slices(membership(without_zeta, first), DRIVER)))
     assert back[four.pool_name].ready and us.group_taints(back[four.pool_name], DRIVER) == []
+
+
+def test_the_selector_names_the_members_hostname_labels_and_remembers_them() -> None:
+    facts, _ = us.member_facts(cluster(), DRIVER)
+    labels = {name: f"ip-{i}.ec2.internal" for i, name in enumerate(sorted(facts))}
+    m = us.group_ultraservers(facts, hostnames=labels)
+    first = us.desired_slices(m, DRIVER)
+    four = next(s for s in first if s["spec"]["devices"][0]["attributes"]["nodeCount"] == {"int": 4})
+    assert us.selected_nodes(four["spec"]["nodeSelector"]) == sorted(
+        labels[n] for n in ("alpha", "mid", "us-b-0", "zeta"))
+    # zeta's Node and slices are gone: its hostname comes back from the annotation.
+    without = [s for s in cluster() if s["spec"]["nodeName"] != "zeta"]
+    facts, _ = us.member_facts(without, DRIVER)
+    again = us.desired_slices(us.group_ultraservers(facts, us.previous_groups(first),
+                                                    hostnames={k: v for k, v in labels.items() if k != "zeta"}),
+                              DRIVER)
+    four_again = next(s for s in again if s["spec"]["pool"] == four["spec"]["pool"])
+    assert us.selected_nodes(four_again["spec"]["nodeSelector"]) == us.selected_nodes(four["spec"]["nodeSelector"])
 
 
 def test_a_member_with_an_unhealthy_device_taints_its_group_and_its_half_only() -> None:
