@@ -127,7 +127,8 @@ def test_device_classes_split_the_driver_into_devices_and_cores_with_the_device_
     assert dc["metadata"]["name"] == "neuron.example.com" and core["metadata"]["name"] == "cores.neuron.example.com"
     assert dc["spec"] == {"extendedResourceName": "aws.amazon.com/neuron", "selectors": [{"cel": {"expression": (
         'device.driver == "neuron.example.com" && '
-        'device.attributes["neuron.example.com"].resourceType != "neuron_core"')}}]}
+        'device.attributes["neuron.example.com"].resourceType != "neuron_core" && '
+        'device.attributes["neuron.example.com"].resourceType != "ultraserver"')}}]}
     assert core["spec"] == {"extendedResourceName": "aws.amazon.com/neuroncore", "selectors": [{"cel": {
         "expression": ('device.driver == "neuron.example.com" && '
                        'device.attributes["neuron.example.com"].resourceType == "neuron_core"')}}]}

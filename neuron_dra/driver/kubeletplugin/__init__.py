@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         pluginregistration_pb2,
     )
     from neuron_dra.driver.kubeletplugin._kube import (
+        RESOURCE_SLICES,
         ApiClient,
         ApiClientError,
         ApiException,
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
 # Imported on first use: name -> the private module that has it (a module of _generated: the module itself).
 _LATER = {
     **dict.fromkeys(("ApiClient", "ApiClientError", "ApiException", "ClientOptions", "KubeApi", "KubeClaimLookup",
-                     "api_client"), "_kube"),
+                     "RESOURCE_SLICES", "api_client"), "_kube"),
     "KubeConfigError": "_kubeconfig",
     **dict.fromkeys(("Backoff", "ResourceSlicePublisher", "Slice"), "_slicepublisher"),
     **dict.fromkeys(("Front", "FrontLimits", "open_files_limit"), "_tcpfront"),
@@ -86,7 +87,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "DAEMON_BURST", "DAEMON_QPS", "MAX_CLAIMS_PER_CALL", "SOCKET_NAME_MODES", "UNSHARED_POLL", "UNSHARED_WAIT",
+    "DAEMON_BURST", "DAEMON_QPS", "MAX_CLAIMS_PER_CALL", "RESOURCE_SLICES", "SOCKET_NAME_MODES", "UNSHARED_POLL",
+    "UNSHARED_WAIT",
     "ApiClient", "ApiClientError", "ApiException", "Backoff", "CallContext", "CallScope", "ClaimFailed",
     "ClaimLookup", "ClaimLookupError", "ClaimRef", "ClientOptions", "Driver", "EventLoopThread", "Front",
     "FrontLimits", "Helper", "InstanceError", "InstanceLock", "KubeApi", "KubeClaimLookup", "KubeConfigError",

@@ -86,6 +86,9 @@ def check_driver_name(field: str, value: object, error: type[NotAllowed] = NotAl
 DEFAULT_DRIVER_NAME = "neuron.aws.com"  # also the DeviceClass name
 DEFAULT_CORE_DEVICE_CLASS = "neuroncore.aws.com"
 NEURON_CORE = "neuron_core"  # resourceType of a core device (partitions.py publishes them)
+# resourceType of an UltraServer group device: one per UltraServer (and 2-node half), published by the cluster-level
+# controller in a slice whose nodeSelector names the members (model/ultraserver.py, docs/ultraserver.md).
+ULTRASERVER_GROUP = "ultraserver"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIR_ENV = "KUBELET_PLUGINS_DIRECTORY_PATH"
@@ -145,6 +148,16 @@ class DeviceClassNames:
     device_class: str
     core_device_class: str
 
+    @property
+    def ultraserver_class(self) -> str:
+        """The DeviceClass of the UltraServer group devices: `ultraserver.<driver name>` (docs/ultraserver.md)."""
+        return ultraserver_class_name(self.driver_name)
+
+
+def ultraserver_class_name(driver_name: str) -> str:
+    """The group DeviceClass name by the driver's naming rule (`ultraserver.neuron.aws.com` for the default)."""
+    return f"{ULTRASERVER_GROUP}.{driver_name}"
+
 
 def device_class_names(driver_name: str, device_class: str | None = None,
                        core_device_class: str = "") -> DeviceClassNames:
@@ -160,9 +173,18 @@ def device_class_names(driver_name: str, device_class: str | None = None,
 def device_class_selector(driver: str, cores: bool) -> str:
     """Whole devices (and the UltraServer node device) or NeuronCores of the driver: the two never mix, so a claim
     for N devices never gets cores, and an extended-resource count of N means N of one kind
-    (docs/neuron-cores.md §4). Every device of the driver publishes resourceType."""
-    op = "==" if cores else "!="
-    return f'device.driver == "{driver}" && device.attributes["{driver}"].resourceType {op} "{NEURON_CORE}"'
+    (docs/neuron-cores.md §4). Every device of the driver publishes resourceType. The UltraServer group devices
+    are neither: a node's `allocationMode: All` would otherwise take the group too (docs/ultraserver.md §2)."""
+    attribute = f'device.attributes["{driver}"].resourceType'
+    if cores:
+        return f'device.driver == "{driver}" && {attribute} == "{NEURON_CORE}"'
+    return (f'device.driver == "{driver}" && {attribute} != "{NEURON_CORE}" && '
+            f'{attribute} != "{ULTRASERVER_GROUP}"')
+
+
+def ultraserver_class_selector(driver: str) -> str:
+    """The group devices of the driver only (resourceType `ultraserver`)."""
+    return f'device.driver == "{driver}" && device.attributes["{driver}"].resourceType == "{ULTRASERVER_GROUP}"'
 
 
 # Defaults of the daemon's flags that its entry parses before importing anything heavy (driver/daemon/options.py).

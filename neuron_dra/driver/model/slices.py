@@ -208,6 +208,8 @@ def ultraserver_node_attributes(host: NeuronHost, facts: NodeFacts, options: Pub
     attrs["ultraserverServerId4"] = _str(us.server_id_4)
     attrs["ultraserverNodeId2"] = _int(us.node_id_2)
     attrs["ultraserverNodeId4"] = _int(us.node_id_4)
+    if us.mode is not None:  # the size of the node's UltraServer set (1, 2 or 4): model/ultraserver.py groups by it
+        attrs["ultraserverMode"] = _int(us.mode)
     attrs["deviceCount"] = _int(len(host.devices))
     return attrs
 

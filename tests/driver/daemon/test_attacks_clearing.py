@@ -11,10 +11,10 @@ import random
 from pathlib import Path
 
 import pytest
-from neuron_dra.driver.daemon.claims.checkpoint import SECTOR, Checkpoint, ClaimState, PreparedClaim
-from neuron_dra.driver.kubeletplugin import ClaimRef
 
 from neuron_dra.driver.daemon import checkpoint as current
+from neuron_dra.driver.daemon.claims.checkpoint import SECTOR, Checkpoint, ClaimState, PreparedClaim
+from neuron_dra.driver.kubeletplugin import ClaimRef
 from tests.support.checkpoint_claims import claim, uid
 
 pytestmark = pytest.mark.attacks
@@ -139,7 +139,6 @@ def test_claims_demoted_by_real_damage_are_restored_when_the_api_server_confirms
     node and is reserved for a pod) as prepared, so the gauge and the per-pod attribution are what they were; a
     claim not reserved for a pod stays unfinished; one allocated other devices, or gone, is dropped."""
     from neuron_dra.driver.daemon.observability.metrics import Metrics
-
     from tests.driver.daemon.test_attacks_files import Node
     from tests.support.driver import FakeLookup, devices
     from tests.support.driver import claim as api_claim

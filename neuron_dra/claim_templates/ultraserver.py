@@ -1,0 +1,141 @@
+"""`UltraServerJob`: "N pods, one per node of one UltraServer, each with all of its node's devices (and its EFAs)"
+in one call (docs/ultraserver.md §4).
+
+It renders two objects: the shared ResourceClaim of the group DeviceClass (one group device whose `nodeCount` is
+N: the scheduler copies the device's node selector into the allocation, so every pod naming the claim lands on a
+member), and the per-pod ResourceClaimTemplate taking all of a node's Neuron devices (and, where each device has
+its own EFA, all of those, aligned), so at most one job pod fits a node. `pod_claims()` gives the pod spec's
+`resourceClaims` naming both. A job larger than every UltraServer of the target types is refused here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS, Drivers
+from neuron_dra.claim_templates.errors import TemplateError
+from neuron_dra.claim_templates.keywords import keyword_hints
+from neuron_dra.claim_templates.names import check_dns_label, check_dns_subdomain
+from neuron_dra.claim_templates.requests import ALL, Efa, Neuron
+from neuron_dra.claim_templates.template import API_VERSION, ClaimTemplate
+from neuron_dra.driver.model.catalog import BUILTIN, Catalog
+from neuron_dra.driver.model.k8s_names import ultraserver_class_name
+
+GROUP_REQUEST = "ultraserver"
+GROUP_CLAIM_REF = "ultraserver"  # the pod's resourceClaims entry of the shared claim
+NODE_CLAIM_REF = "node"  # ... and of its node's devices
+MAX_SHARED_PODS = 256  # status.reservedFor of one claim (docs/ultraserver.md §5)
+
+
+def _cel_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@keyword_hints
+@dataclass(frozen=True)
+class UltraServerJob:
+    """`UltraServerJob("train", nodes=4)`: a 4-pod job on the 4 nodes of one trn2u UltraServer."""
+
+    name: str
+    nodes: int
+    instance_types: Sequence[str] | str = ()  # UltraServer types; empty: every UltraServer type of the catalog
+    namespace: str = "default"
+    efa: bool | None = None  # all the node's EFAs beside its Neuron devices; None: where every target has them
+    lnc: int | None = None
+    drivers: Drivers = DEFAULT_DRIVERS
+    group_class: str = ""  # "": ultraserver.<driver name> (k8s_names.ultraserver_class_name)
+    catalog: Catalog = field(default=BUILTIN, repr=False)
+
+    def __post_init__(self) -> None:
+        check_dns_subdomain("UltraServerJob.name", self.name)
+        check_dns_subdomain("UltraServerJob.name", self.template_name)
+        check_dns_label("UltraServerJob.namespace", self.namespace)
+        if isinstance(self.instance_types, str):
+            object.__setattr__(self, "instance_types", (self.instance_types,))
+        object.__setattr__(self, "instance_types", tuple(self.instance_types))
+        if not isinstance(self.drivers, Drivers):
+            raise TemplateError("UltraServerJob.drivers", self.drivers, "a Drivers(...) value")
+        if not isinstance(self.catalog, Catalog):
+            raise TemplateError("UltraServerJob.catalog", self.catalog, "a Catalog")
+        object.__setattr__(self, "group_class", self.group_class or ultraserver_class_name(self.drivers.neuron_driver))
+        check_dns_subdomain("UltraServerJob.group_class", self.group_class)
+        types = self.catalog.types
+        ultra = sorted(t for t, s in types.items() if s.ultraserver is not None)
+        for t in self.instance_types:
+            if t not in ultra:
+                raise TemplateError("UltraServerJob.instance_types", t,
+                                    f"an UltraServer instance type of the catalog: {', '.join(ultra) or 'none'}")
+        targets = self.target_types
+        if not targets:
+            raise TemplateError("UltraServerJob.instance_types", self.instance_types,
+                                "UltraServer instance types (the catalog has none)")
+        sizes = {t: types[t].ultraserver.servers for t in targets}  # type: ignore[union-attr]
+        most = max(sizes.values())
+        modes = sorted({m for t in targets for m in types[t].ultraserver.modes})  # type: ignore[union-attr]
+        have = ", ".join(f"{t}: {n} nodes" for t, n in sizes.items())
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or not 1 <= self.nodes <= most:
+            raise TemplateError("UltraServerJob.nodes", self.nodes,
+                                f"1 to {most}: no UltraServer of the target types is larger ({have})")
+        if self.nodes not in modes:
+            raise TemplateError("UltraServerJob.nodes", self.nodes,
+                                f"an UltraServer set size: {', '.join(map(str, modes))} ({have})")
+        efa_counts = {t: len(set(types[t].device_efa_bdfs)) for t in targets}
+        if self.efa is None:
+            object.__setattr__(self, "efa", all(efa_counts.values()))
+        if self.efa and not all(efa_counts.values()):
+            raise TemplateError("UltraServerJob.efa", self.efa, "False: "
+                                + ", ".join(t for t, n in efa_counts.items() if not n)
+                                + " publish no per-device EFA (docs/trainium3.md §4)")
+        if self.efa and len(set(efa_counts.values())) > 1:
+            raise TemplateError("UltraServerJob.instance_types", targets,
+                                "types with the same number of EFA devices, or efa=False")
+        self.node_template()  # checks lnc and the device counts through the typed requests
+
+    @property
+    def target_types(self) -> tuple[str, ...]:
+        types = self.catalog.types
+        return tuple(self.instance_types) or tuple(sorted(t for t, s in types.items() if s.ultraserver is not None))
+
+    @property
+    def claim_name(self) -> str:
+        return self.name
+
+    @property
+    def template_name(self) -> str:
+        return f"{self.name}-node"
+
+    def group_selector(self) -> str:
+        d = f'device.attributes["{self.drivers.neuron_driver}"]'
+        types = self.target_types
+        type_test = (f"{d}.instanceType == {_cel_string(types[0])}" if len(types) == 1
+                     else f"{d}.instanceType in [{', '.join(map(_cel_string, types))}]")
+        return f"{d}.nodeCount == {self.nodes} && {type_test}"
+
+    def group_claim(self) -> dict[str, Any]:
+        """The shared ResourceClaim: one group device of `nodes` nodes of the target types."""
+        request = {"name": GROUP_REQUEST, "exactly": {
+            "deviceClassName": self.group_class, "allocationMode": "ExactCount", "count": 1,
+            "selectors": [{"cel": {"expression": self.group_selector()}}]}}
+        return {"apiVersion": API_VERSION, "kind": "ResourceClaim",
+                "metadata": {"name": self.claim_name, "namespace": self.namespace},
+                "spec": {"devices": {"requests": [request]}}}
+
+    def node_template(self) -> ClaimTemplate:
+        """Each pod's own claim: all of its node's Neuron devices (and EFAs, aligned on the 16-device group)."""
+        requests: list[Neuron | Efa] = [Neuron(ALL, instance_types=self.target_types, lnc=self.lnc,
+                                               catalog=self.catalog)]
+        if self.efa:
+            count = len(set(self.catalog.types[self.target_types[0]].device_efa_bdfs))
+            requests.append(Efa(count, aligned_to="neurons", group=16))
+        return ClaimTemplate(self.template_name, *requests, namespace=self.namespace, drivers=self.drivers)
+
+    def manifests(self) -> list[dict[str, Any]]:
+        """The shared claim, then the per-pod template (create both before the pods)."""
+        return [self.group_claim(), self.node_template().to_manifest()]
+
+    def pod_claims(self) -> list[dict[str, str]]:
+        """The pod spec's `resourceClaims`; containers list both names under `resources.claims`."""
+        return [{"name": GROUP_CLAIM_REF, "resourceClaimName": self.claim_name},
+                {"name": NODE_CLAIM_REF, "resourceClaimTemplateName": self.template_name}]

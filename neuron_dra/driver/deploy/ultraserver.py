@@ -1,0 +1,200 @@
+"""The UltraServer group controller's objects, as data (docs/ultraserver.md §3): a one-replica Deployment from the
+driver's image (`python -m neuron_dra.driver.groups`, leader election on a Lease), its ServiceAccount, least
+privilege RBAC and the group DeviceClass.
+
+RBAC cannot restrict ResourceSlice writes by content, so a ValidatingAdmissionPolicy does: the controller's
+service account may create, update and delete only slices of its driver with no `nodeName` in a group pool
+(`ultraserver-<size>/<id>`), checked on the old object too for UPDATE and DELETE, so it can never touch a node's
+slice. Leases: only in its namespace, updates only of its own Lease. Claims: list only (to find the claims that
+hold a group); Events: create (what it tells holders).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_dra.driver.model.k8s_names import (
+    DEFAULT_DRIVER_NAME,
+    TAINT_EFFECTS,
+    check_dns_label,
+    check_driver_name,
+    device_class_manifest,
+    ultraserver_class_name,
+    ultraserver_class_selector,
+)
+from neuron_dra.driver.model.ultraserver import POOL_PREFIX
+from neuron_dra.driver.model.version import VERSION
+
+Manifest = dict[str, Any]
+DEFAULT_NAME = "neuron-dra-ultraserver"
+DEFAULT_NAMESPACE = "neuron-dra-driver"
+DEFAULT_IMAGE = f"ghcr.io/neuron-dra/neuron-dra-driver:{VERSION}"
+COMPONENT = "ultraserver-controller"
+POD_LABELS = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": COMPONENT}
+
+
+@dataclass(frozen=True)
+class UltraServerControllerOptions:
+    """What the controller's objects need; the lead builds it from DriverDeployOptions (driver name, namespace,
+    image) when wiring."""
+
+    driver_name: str = DEFAULT_DRIVER_NAME
+    namespace: str = DEFAULT_NAMESPACE
+    image: str = DEFAULT_IMAGE
+    name: str = DEFAULT_NAME  # Deployment, ServiceAccount, Lease; cluster-scoped objects get `<name>-<driver>`
+    taint_effect: str = "NoSchedule"
+    resync_seconds: int = 60
+
+    def __post_init__(self) -> None:
+        check_driver_name("UltraServerControllerOptions.driver_name", self.driver_name)
+        check_dns_label("UltraServerControllerOptions.namespace", self.namespace)
+        check_dns_label("UltraServerControllerOptions.name", self.name)
+        if not self.image or any(c.isspace() for c in self.image):
+            raise ValueError(f"UltraServerControllerOptions.image: {self.image!r} is not allowed; allowed: an image "
+                             "reference without spaces")
+        if self.taint_effect not in TAINT_EFFECTS:
+            raise ValueError(f"UltraServerControllerOptions.taint_effect: {self.taint_effect!r} is not allowed; "
+                             f"allowed: {', '.join(TAINT_EFFECTS)}")
+        if not 1 <= self.resync_seconds <= 3600:
+            raise ValueError(f"UltraServerControllerOptions.resync_seconds: {self.resync_seconds!r} is not allowed; "
+                             "allowed: 1 to 3600")
+
+    @property
+    def cluster_name(self) -> str:
+        """Cluster-scoped objects: one per driver, so two installations never share one."""
+        return f"{self.name}-{self.driver_name}"
+
+    @property
+    def service_account_user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.name}"
+
+
+def _meta(o: UltraServerControllerOptions, name: str, namespaced: bool) -> Manifest:
+    meta: Manifest = {"name": name, "labels": dict(POD_LABELS)}
+    if namespaced:
+        meta["namespace"] = o.namespace
+    return meta
+
+
+def service_account(o: UltraServerControllerOptions) -> Manifest:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(o, o.name, True)}
+
+
+CLUSTER_RULES: tuple[Manifest, ...] = (
+    # Writes are narrowed to group slices by the admission policy below.
+    # Exactly what the controller calls (driver/groups): lists and watches, never a GET of one slice or Node;
+    # claims are listed only when a group is about to go (no watch: a pass per claim change would be waste).
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+     "verbs": ["list", "watch", "create", "update", "delete"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+)
+
+
+def cluster_role(o: UltraServerControllerOptions) -> Manifest:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": _meta(o, o.cluster_name, False), "rules": [dict(r) for r in CLUSTER_RULES]}
+
+
+def cluster_role_binding(o: UltraServerControllerOptions) -> Manifest:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": _meta(o, o.cluster_name, False),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": o.cluster_name},
+            "subjects": [{"kind": "ServiceAccount", "name": o.name, "namespace": o.namespace}]}
+
+
+def lease_role(o: UltraServerControllerOptions) -> Manifest:
+    """Leases in its namespace: create (a name cannot restrict create), read and update its own only."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(o, o.name, True),
+            "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                      {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [o.name],
+                       "verbs": ["get", "update"]}]}
+
+
+def lease_role_binding(o: UltraServerControllerOptions) -> Manifest:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(o, o.name, True),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": o.name},
+            "subjects": [{"kind": "ServiceAccount", "name": o.name, "namespace": o.namespace}]}
+
+
+def _is_group_slice(var: str, driver: str) -> str:
+    return (f'({var}.spec.driver == "{driver}" && !has({var}.spec.nodeName) && '
+            f'{var}.spec.pool.name.startsWith("{POOL_PREFIX}") && {var}.spec.pool.name.contains("/"))')
+
+
+def admission_policy(o: UltraServerControllerOptions) -> Manifest:
+    """The controller's service account writes group slices of its driver only (old and new object)."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": _meta(o, o.cluster_name, False),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE", "DELETE"],
+                "resources": ["resourceslices"]}]},
+            "matchConditions": [{"name": "controller-service-account",
+                                 "expression": f'request.userInfo.username == "{o.service_account_user}"'}],
+            "validations": [{
+                "expression": (f"(object == null || {_is_group_slice('object', o.driver_name)}) && "
+                               f"(oldObject == null || {_is_group_slice('oldObject', o.driver_name)})"),
+                "reason": "Forbidden",
+                "message": (f"{o.service_account_user} may only write {o.driver_name} ResourceSlices without a "
+                            f"nodeName in a {POOL_PREFIX}<size>/<id> pool"),
+            }],
+        },
+    }
+
+
+def admission_policy_binding(o: UltraServerControllerOptions) -> Manifest:
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": _meta(o, o.cluster_name, False),
+            "spec": {"policyName": o.cluster_name, "validationActions": ["Deny"]}}
+
+
+def group_device_class(o: UltraServerControllerOptions) -> Manifest:
+    return device_class_manifest(ultraserver_class_name(o.driver_name), o.driver_name,
+                                 expression=ultraserver_class_selector(o.driver_name), labels=POD_LABELS)
+
+
+def controller_args(o: UltraServerControllerOptions) -> list[str]:
+    return ["python", "-m", "neuron_dra.driver.groups", f"--driver-name={o.driver_name}",
+            f"--namespace={o.namespace}", f"--lease-name={o.name}", f"--taint-effect={o.taint_effect}",
+            f"--resync-seconds={o.resync_seconds}"]
+
+
+def deployment(o: UltraServerControllerOptions) -> Manifest:
+    """One replica; a second one during a rollout only waits for the Lease."""
+    def field_ref(path: str) -> Manifest:
+        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+    container = {
+        "name": "controller", "image": o.image, "command": controller_args(o),
+        "env": [{"name": "POD_NAME", **field_ref("metadata.name")},
+                {"name": "POD_NAMESPACE", **field_ref("metadata.namespace")}],
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "readOnlyRootFilesystem": True, "runAsNonRoot": True, "runAsUser": 65532,
+                            "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(o, o.name, True),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": dict(POD_LABELS)},
+            "template": {
+                "metadata": {"labels": dict(POD_LABELS)},
+                "spec": {"serviceAccountName": o.name, "containers": [container],
+                         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+                         "terminationGracePeriodSeconds": 30},
+            },
+        },
+    }
+
+
+def manifests(o: UltraServerControllerOptions | None = None) -> list[Manifest]:
+    """Every object, cluster-scoped ones and RBAC first, then the Deployment. The namespace is the driver's."""
+    o = o or UltraServerControllerOptions()
+    return [service_account(o), cluster_role(o), cluster_role_binding(o), lease_role(o), lease_role_binding(o),
+            admission_policy(o), admission_policy_binding(o), group_device_class(o), deployment(o)]

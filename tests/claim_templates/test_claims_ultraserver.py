@@ -1,0 +1,110 @@
+"""UltraServerJob: the shared group claim and the per-pod template, judged by the schema and by real CEL against the
+group devices the controller's model renders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from neuron_dra.claim_templates import Drivers, TemplateError
+from neuron_dra.claim_templates.cel_env import CelDevice, CelEnvironment
+from neuron_dra.claim_templates.ultraserver import UltraServerJob
+from neuron_dra.driver.model import k8s_names
+from neuron_dra.driver.model import ultraserver as us
+from neuron_dra.driver.model.emulate import EmulationOptions
+from neuron_dra.driver.model.hosts import emulated_host
+from neuron_dra.driver.model.slices import NodeFacts, build_pool, resource_slices
+from tests.support import kubeschema
+
+DRIVER = "neuron.aws.com"
+
+
+def group_devices() -> dict[tuple[int, bool], dict[str, Any]]:
+    """(nodes, is a half) -> the group device, for a 4-node and a 2-node trn2u UltraServer."""
+    slices = []
+    for name, host_id, pos, mode in (("a", "u4", 0, 4), ("b", "u4", 1, 4), ("c", "u4", 2, 4), ("d", "u4", 3, 4),
+                                     ("e", "u2", 0, 2), ("f", "u2", 1, 2)):
+        host = emulated_host("trn2u.48xlarge", EmulationOptions(host_id=host_id, ultraserver_node=pos,
+                                                                ultraserver_mode=mode))
+        slices += resource_slices(build_pool(host, NodeFacts(name)), generation=1)
+    facts, problems = us.member_facts(slices, DRIVER)
+    assert not problems
+    out = {}
+    for s in us.desired_slices(us.group_ultraservers(facts), DRIVER):
+        (device,) = s["spec"]["devices"]
+        key = (device["attributes"]["nodeCount"]["int"], device["name"] == us.HALF_DEVICE)
+        out[key] = device
+    return out
+
+
+def matches(expression: str, device: dict[str, Any]) -> bool:
+    return CelEnvironment().evaluate(expression, CelDevice.from_api(DRIVER, device))
+
+
+def test_the_group_claim_selects_exactly_the_group_of_its_size() -> None:
+    devices = group_devices()
+    assert set(devices) == {(4, False), (2, True), (2, False)}
+    four = UltraServerJob("train", nodes=4, instance_types="trn2u.48xlarge")
+    assert [matches(four.group_selector(), d) for d in (devices[4, False], devices[2, True], devices[2, False])] == [
+        True, False, False]
+    two = UltraServerJob("small", nodes=2)
+    assert matches(two.group_selector(), devices[2, False]) and not matches(two.group_selector(), devices[4, False])
+
+
+def test_only_the_group_class_selects_group_devices() -> None:
+    devices = group_devices()
+    node_device = resource_slices(build_pool(emulated_host("trn2u.48xlarge"), NodeFacts("n")))[0]["spec"]["devices"][0]
+    group_class = k8s_names.ultraserver_class_selector(DRIVER)
+    whole_class = k8s_names.device_class_selector(DRIVER, cores=False)
+    for d in devices.values():
+        assert matches(group_class, d) and not matches(whole_class, d)
+    assert matches(whole_class, node_device) and not matches(group_class, node_device)
+
+
+def test_the_manifests_are_valid_and_the_pods_name_both_claims() -> None:
+    job = UltraServerJob("train", nodes=4, instance_types=["trn2u.48xlarge"], namespace="ml", lnc=1)
+    claim, template = job.manifests()
+    for m in (claim, template):
+        kubeschema.validate(m, "1.34", strict=True)
+        assert m["metadata"]["namespace"] == "ml"
+    (request,) = claim["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "ultraserver.neuron.aws.com"
+    assert request["exactly"]["count"] == 1
+    devices = template["spec"]["spec"]["devices"]
+    neurons, efa = devices["requests"]
+    assert neurons["exactly"]["allocationMode"] == "All"
+    assert efa["exactly"]["count"] == 16  # trn2u: one EFA per device, all of them
+    assert {"requests": ["neurons", "efa"], "matchAttribute": "resource.aws.com/devicegroup16_id"} in \
+        devices["constraints"]
+    assert any(c["opaque"]["parameters"] == {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig",
+                                             "logicalNeuronCore": 1} for c in devices["config"])
+    assert job.pod_claims() == [{"name": "ultraserver", "resourceClaimName": "train"},
+                                {"name": "node", "resourceClaimTemplateName": "train-node"}]
+
+
+def test_the_group_class_follows_the_driver_name() -> None:
+    job = UltraServerJob("train", nodes=2, drivers=Drivers(neuron_driver="neuron.example.com"))
+    assert job.group_claim()["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == \
+        "ultraserver.neuron.example.com"
+    assert 'device.attributes["neuron.example.com"].nodeCount == 2' in job.group_selector()
+
+
+@pytest.mark.parametrize(("kwargs", "field", "allowed"), [
+    ({"nodes": 8}, "UltraServerJob.nodes", "1 to 4: no UltraServer of the target types is larger"),
+    ({"nodes": 3}, "UltraServerJob.nodes", "an UltraServer set size: 1, 2, 4"),
+    ({"nodes": True}, "UltraServerJob.nodes", "1 to 4"),
+    ({"nodes": 2, "instance_types": "trn2.48xlarge"}, "UltraServerJob.instance_types", "an UltraServer instance type"),
+    ({"nodes": 4, "instance_types": "trn3p.48xlarge", "efa": True}, "UltraServerJob.efa", "publish no per-device EFA"),
+    ({"nodes": 4, "lnc": 3}, "Neuron.lnc", ""),
+    ({"nodes": 4, "namespace": "Not_A_Namespace"}, "UltraServerJob.namespace", ""),
+])
+def test_bad_jobs_are_refused_naming_the_field(kwargs: dict[str, Any], field: str, allowed: str) -> None:
+    with pytest.raises(TemplateError) as e:
+        UltraServerJob("train", **kwargs)
+    assert e.value.field == field and allowed in e.value.allowed
+
+
+def test_a_misspelt_keyword_names_the_right_one() -> None:
+    with pytest.raises(TypeError, match="nodes"):
+        UltraServerJob("train", node=4)  # type: ignore[call-arg]

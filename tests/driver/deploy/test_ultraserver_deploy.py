@@ -1,0 +1,56 @@
+"""The UltraServer group controller's objects: schema-valid, least privilege, named after the driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from neuron_dra.driver.deploy import ultraserver as deploy_us
+from neuron_dra.driver.deploy.ultraserver import UltraServerControllerOptions
+from tests.support import kubeschema
+
+
+def test_every_object_is_schema_valid_and_names_the_driver() -> None:
+    options = UltraServerControllerOptions(driver_name="neuron.example.com", namespace="ops", image="r/i:1")
+    objs = deploy_us.manifests(options)
+    for obj in objs:
+        kubeschema.validate(obj, "1.34", strict=True)
+    kinds = [o["kind"] for o in objs]
+    assert kinds[-1] == "Deployment" and "DeviceClass" in kinds
+    by_kind = {o["kind"]: o for o in objs}
+    assert by_kind["DeviceClass"]["metadata"]["name"] == "ultraserver.neuron.example.com"
+    assert by_kind["ClusterRole"]["metadata"]["name"] == "neuron-dra-ultraserver-neuron.example.com"
+    spec = by_kind["Deployment"]["spec"]
+    assert spec["replicas"] == 1 and spec["template"]["spec"]["serviceAccountName"] == "neuron-dra-ultraserver"
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["command"][:3] == ["python", "-m", "neuron_dra.driver.groups"]
+    assert "--driver-name=neuron.example.com" in container["command"] and "--namespace=ops" in container["command"]
+
+
+def test_rbac_grants_no_more_than_the_controller_calls() -> None:
+    rules = deploy_us.cluster_role(UltraServerControllerOptions())["rules"]
+    granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert ("resource.k8s.io", "resourceslices", "update") in granted
+    assert not any(v in ("patch", "deletecollection", "*") for _, _, v in granted)
+    assert not any(r == "resourceclaims" and v != "list" for _, r, v in granted)
+    assert not any(r in ("leases", "secrets", "pods") for _, r, _ in granted)  # leases: its namespace only
+    role = deploy_us.lease_role(UltraServerControllerOptions())
+    assert role["kind"] == "Role" and role["rules"][1]["resourceNames"] == ["neuron-dra-ultraserver"]
+
+
+def test_the_admission_policy_keeps_the_controller_off_node_slices() -> None:
+    policy = deploy_us.admission_policy(UltraServerControllerOptions())
+    (validation,) = policy["spec"]["validations"]
+    assert "!has(object.spec.nodeName)" in validation["expression"]
+    assert "!has(oldObject.spec.nodeName)" in validation["expression"]
+    assert policy["spec"]["matchConditions"][0]["expression"].endswith(
+        '"system:serviceaccount:neuron-dra-driver:neuron-dra-ultraserver"')
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"driver_name": "Not A Driver"}, "driver_name"), ({"namespace": "a_b"}, "namespace"),
+    ({"image": "has space"}, "image"), ({"taint_effect": "Sometimes"}, "taint_effect"),
+    ({"resync_seconds": 0}, "resync_seconds"),
+])
+def test_bad_options_are_refused_naming_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=f"UltraServerControllerOptions.{field}"):
+        UltraServerControllerOptions(**kwargs)  # type: ignore[arg-type]
