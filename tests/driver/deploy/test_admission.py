@@ -12,6 +12,8 @@ from typing import Any
 import celpy
 import pytest
 from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 from neuron_dra.claim_templates.cel_analysis import without_binds
 from neuron_dra.claim_templates.cel_env import METHODS
@@ -43,7 +45,7 @@ def _program(expression: str) -> celpy.Runner:
 def _run(expression: str, activation: Mapping[str, Any]) -> Any:
     """One expression on cel-python; an evaluation error raises."""
     value = _program(expression).evaluate(dict(activation))
-    if isinstance(value, celpy.CELEvalError):
+    if isinstance(value, CELEvalError):
         raise value
     return value
 
@@ -55,8 +57,8 @@ def admit(obj: Mapping[str, Any], *, operation: str = "CREATE", old: Mapping[str
     spec = (pol or policy())["spec"]
     resource = resource or ("resourceclaimtemplates" if obj["kind"] == "ResourceClaimTemplate" else "resourceclaims")
     activation: dict[str, Any] = {
-        "object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
-        "request": celpy.json_to_cel({"operation": operation, "resource": {
+        "object": json_to_cel(dict(obj)), "oldObject": json_to_cel(None if old is None else dict(old)),
+        "request": json_to_cel({"operation": operation, "resource": {
             "group": "resource.k8s.io", "version": "v1", "resource": resource}}),
     }
     bound: dict[str, Any] = {}
