@@ -1,5 +1,5 @@
 """The claim admission policy: a ValidatingAdmissionPolicy that refuses, at `kubectl apply`, a ResourceClaim or
-ResourceClaimTemplate whose opaque config for this driver the driver would refuse at prepare (docs/admission.md).
+ResourceClaimTemplate whose opaque config for this driver the driver would refuse at prepare (docs/hardening.md §6).
 
 The CEL is generated from the driver's own table of config kinds (`model.config.CONFIG_KINDS`: apiVersion, the
 kinds, each kind's fields, their allowed values, which are required), checks in `decode`'s order and says what
