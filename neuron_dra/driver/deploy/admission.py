@@ -43,6 +43,12 @@ def _lit(value: object) -> str:
     return json.dumps(value)
 
 
+def _bind(name: str, value: str, body: str) -> str:
+    """`body` with `name` bound to `value`, evaluated once. The admission policy environment has no `cel.bind`
+    (kube-apiserver 1.36: "undeclared reference to 'cel'"), so a one-element list is mapped instead."""
+    return f"[{value}].map({name}, {body})[0]"
+
+
 def tables() -> list[Manifest]:
     """CONFIG_KINDS as CEL values, one variable each (the policy reads the table, it does not restate it):
     `fields` kind -> its fields besides apiVersion and kind, in check order; `required` kind -> the fields that
@@ -77,19 +83,23 @@ def refused_field(p: str) -> str:
         f'!("apiVersion" in {p}) || type({p}.apiVersion) != string || '
         f'{p}.apiVersion != {_lit(config.API_VERSION)} ? "apiVersion" : '
         f'!("kind" in {p}) || type({p}.kind) != string || !({p}.kind in {_lit(kinds)}) ? "kind" : '
-        f'cel.bind(u, {p}.filter(x, x != "apiVersion" && x != "kind" && !(x in variables.fields[{p}.kind])), '
-        f'size(u) > 0 ? "?" + {first} : '
-        f'cel.bind(b, variables.fields[{p}.kind].filter(f, {bad}), size(b) > 0 ? b[0] : ""))'
+        + _bind("u", f'{p}.filter(x, x != "apiVersion" && x != "kind" && !(x in variables.fields[{p}.kind]))',
+                f'size(u) > 0 ? "?" + {first} : '
+                + _bind("b", f"variables.fields[{p}.kind].filter(f, {bad})", 'size(b) > 0 ? b[0] : ""'))
     )
 
 
 def _shown(v: str) -> str:
-    """errortext.shown in CEL: exact for strings without quotes or escapes, whole numbers, booleans and null
-    (Python's repr: 'text', 2, True, None); lists and objects only as [...] and {...}; doubles as CEL prints them."""
+    """errortext.shown in CEL: exact for strings without quotes or escapes, whole numbers, booleans, null and
+    doubles below 1e16 (Python's repr: 'text', 2, True, None, 2.0, 2.5); lists and objects only as [...] and {...};
+    larger doubles as CEL prints them."""
     return (
         f"(type({v}) == string ? (size({v}) <= {MAX_SHOWN} ? \"'\" + {v} + \"'\" : "
         f"\"'\" + {v}.substring(0, {MAX_SHOWN}) + \"'... (\" + string(size({v})) + \" characters)\") : "
-        f"type({v}) == int || type({v}) == double ? string({v}) : "
+        f"type({v}) == int ? string({v}) : "
+        # Python's repr keeps ".0" on whole doubles below 1e16 (2.0); CEL's string() drops it (2).
+        f"type({v}) == double ? ({v} > -1e16 && {v} < 1e16 && {v} == double(int({v})) ? string(int({v})) + \".0\" : "
+        f"string({v})) : "
         f"type({v}) == bool ? ({v} ? \"True\" : \"False\") : "
         f"type({v}) == null_type ? \"None\" : type({v}) == list ? \"[...]\" : \"{{...}}\")"
     )
@@ -106,17 +116,17 @@ def refusal(p: str, r: str) -> str:
                f'{r} == "apiVersion" ? {_lit(config.API_VERSION)} : {r} == "kind" ? {_lit(config.KINDS_TEXT)} : '
                f'{r}.startsWith("?") ? variables.fieldsText[{p}.kind] : variables.allowed[{p}.kind][{r}]')
     value = f'({r} == "parameters" ? {p} : f in {p} ? {p}[f] : null)'
-    return (f'cel.bind(f, {r}.startsWith("?") ? {r}.substring(1) : {r}, cel.bind(v, {value}, '
-            f'{cut} + ": " + {_shown("v")} + " is not allowed; allowed: " + ({allowed})))')
+    return _bind("f", f'{r}.startsWith("?") ? {r}.substring(1) : {r}', _bind(
+        "v", value, f'{cut} + ": " + {_shown("v")} + " is not allowed; allowed: " + ({allowed})'))
 
 
 def _spec_of(obj: str) -> str:
     """A claim's spec, or a template's `spec.spec` (the claim spec it stamps out)."""
-    return f'(request.resource.resource == "resourceclaimtemplates" ? {obj}.spec.spec : {obj}.spec)'
+    return f'(request.resource.resource == "resourceclaimtemplates" ? dyn({obj}).spec.spec : dyn({obj}).spec)'
 
 
 def _configs_of(spec: str) -> str:
-    return f"cel.bind(s, {spec}, has(s.devices) && has(s.devices.config) ? s.devices.config : [])"
+    return _bind("s", spec, "has(s.devices) && has(s.devices.config) ? s.devices.config : []")
 
 
 def variables(driver_name: str) -> list[Manifest]:
@@ -137,8 +147,9 @@ def variables(driver_name: str) -> list[Manifest]:
                                         f"{c}.opaque.driver == {_lit(driver_name)})")},
         # One message per refused config: `<path>[i]: <decode's refusal>`.
         {"name": "errors", "expression": (
-            f"variables.ours.map(i, cel.bind(p, {c}.opaque.parameters, cel.bind(r, {refused_field('p')}, "
-            f'r == "" ? "" : variables.path + "[" + string(i) + "]: " + {refusal("p", "r")}))).filter(e, e != "")')},
+            "variables.ours.map(i, " + _bind("p", f"dyn({c}.opaque.parameters)", _bind(
+                "r", refused_field("p"), f'r == "" ? "" : variables.path + "[" + string(i) + "]: " + '
+                                         f'{refusal("p", "r")}')) + ').filter(e, e != "")')},
     ]
 
 

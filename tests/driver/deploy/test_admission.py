@@ -15,7 +15,6 @@ from celpy import celtypes
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
-from neuron_dra.claim_templates.cel_analysis import without_binds
 from neuron_dra.claim_templates.cel_env import METHODS
 from neuron_dra.driver.deploy import admission
 from neuron_dra.driver.model import config
@@ -38,8 +37,7 @@ def policy(driver: str = DRIVER) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=256)
 def _program(expression: str) -> celpy.Runner:
-    """cel-python's program (cel.bind rewritten: cel-python has none)."""
-    return _ENV.program(_ENV.compile(without_binds(expression, _ENV.compile(expression))), functions=_FUNCTIONS)
+    return _ENV.program(_ENV.compile(expression), functions=_FUNCTIONS)
 
 
 def _run(expression: str, activation: Mapping[str, Any]) -> Any:
@@ -106,7 +104,8 @@ SAMPLES: list[object] = [
     {**NEURON, "a": True, "b": 1},  # two unknown: the first in name order (decode: in the document's, a then b)
     # values out of range or of the wrong type
     {**NEURON, "logicalNeuronCore": 3}, {**NEURON, "logicalNeuronCore": 0}, {**NEURON, "logicalNeuronCore": "2"},
-    {**NEURON, "logicalNeuronCore": True}, {**ULTRA, "ultraserverMode": 3}, {**ULTRA, "ultraserverMode": None},
+    {**NEURON, "logicalNeuronCore": True}, {**NEURON, "logicalNeuronCore": 2.0}, {**NEURON, "logicalNeuronCore": 1.5},
+    {**NEURON, "logicalNeuronCore": -3e15}, {**ULTRA, "ultraserverMode": 3}, {**ULTRA, "ultraserverMode": None},
     ULTRA, {**ULTRA, "ultraserverMode": -1}, {**ULTRA, "ultraserverMode": False},
     # apiVersion and kind
     {"kind": config.NEURON_CONFIG}, {**NEURON, "apiVersion": "neuron.aws.com/v2"}, {**NEURON, "apiVersion": 1},
