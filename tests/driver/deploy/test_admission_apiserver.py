@@ -112,7 +112,7 @@ def test_a_claim_stored_before_the_policy_still_takes_metadata_updates(server: R
     stored = server.claims.get(name=STORED_BEFORE, namespace=NS).to_dict()
     stored["metadata"]["labels"] = {"touched": "yes"}
     server.claims.replace(body=stored, namespace=NS)
-    assert server.claims.get(name=STORED_BEFORE, namespace=NS).metadata.labels == {"touched": "yes"}
+    assert server.claims.get(name=STORED_BEFORE, namespace=NS).to_dict()["metadata"]["labels"] == {"touched": "yes"}
     stored = server.claims.get(name=STORED_BEFORE, namespace=NS).to_dict()
     stored["spec"]["devices"]["config"][0]["opaque"]["parameters"] = {**NEURON, "logicalNeuronCore": 3}
     with pytest.raises(ApiException) as refused:
