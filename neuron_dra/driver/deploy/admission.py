@@ -7,6 +7,10 @@ kinds, each kind's fields, their allowed values, which are required), checks in 
 webhook server: CEL runs inside the API server. Configs for other drivers are not looked at. Only what holds on
 every host is checked here; whether a valid config fits the node it lands on (`check_applies`) is still prepare's.
 
+Written for what kube-apiserver accepts and runs (docs/hardening.md §6): no `cel.bind` in its admission
+environment, `dyn()` reads (the type checker knows `parameters` only as an object without fields), work bounded
+by the API server's own limits (32 configs, 10 KiB parameters) since it estimates no cost at create.
+
 Plain dicts, no Pulumi: the deploy manifests (and so the stack, the chart and the local cluster) include them.
 """
 
