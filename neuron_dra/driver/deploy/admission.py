@@ -25,9 +25,9 @@ from neuron_dra.driver.model import config
 
 Manifest = dict[str, Any]
 
-# resource.k8s.io/v1 validation runs before validating admission and caps a claim's configs at 32
-# (DeviceConfigMaxSize, docs/dra-api.md §3) and parameters at 10 KiB; the policy walks config indices from a
-# literal list of that length, so its cost is bounded whatever the type checker knows of `object`.
+# resource.k8s.io/v1 validation runs before validating admission and caps a claim's configs at 32 and parameters
+# at 10 KiB (docs/hardening.md §6); the policy walks config indices from a literal list of that length, so its
+# cost is bounded whatever the type checker knows of `object`.
 MAX_CONFIGS = 32
 # With more unknown fields than this, the refusal names one of them without sorting (the sort is quadratic); with
 # this many or fewer, the first in name order, so the message is the same on every try.

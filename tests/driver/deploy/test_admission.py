@@ -185,8 +185,8 @@ def test_update_is_checked_when_the_configs_change_and_not_otherwise() -> None:
 
 
 def test_the_policy_follows_the_drivers_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A kind or field added to CONFIG_KINDS is accepted and checked by decode and the policy alike: the policy
-    is generated from the table, not a copy of it."""
+    """A field added to CONFIG_KINDS (here a required second field of NeuronConfig, allowing only 7) is checked by
+    decode and the policy alike: the policy is generated from the table, not a copy of it."""
     extra = config.ConfigKind("NeuronConfig", config.NeuronConfig, (
         *config.CONFIG_KINDS[0].fields,
         config.ConfigField("ultraserverMode", "logical_neuron_core", (7,), required=True)))
