@@ -7,7 +7,7 @@ instead of leaving a pod in ContainerCreating.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,6 @@ from neuron_dra.driver.model.errors import NotAllowed
 API_VERSION = "neuron.aws.com/v1"
 NEURON_CONFIG = "NeuronConfig"
 ULTRASERVER_CONFIG = "UltraServerConfig"
-KINDS = (NEURON_CONFIG, ULTRASERVER_CONFIG)
 LNC_VALUES = (1, 2)  # Logical NeuronCore config: physical cores per logical core (docs/neuron-cores.md §2)
 LNC_ALLOWED = " or ".join(map(str, LNC_VALUES))  # how a refusal says it
 ULTRASERVER_MODES = (1, 2, 4)
@@ -43,37 +42,80 @@ class UltraServerConfig:
 OpaqueConfig = NeuronConfig | UltraServerConfig
 
 
-def _strict_int(field: str, value: object, allowed: Sequence[int]) -> int:
+@dataclass(frozen=True)
+class ConfigField:
+    """One field of a config kind besides apiVersion and kind: its JSON name, the model's attribute, the whole
+    numbers allowed, and whether it must be given (an optional field may be absent or null: the host's default)."""
+
+    name: str
+    attribute: str
+    allowed: tuple[int, ...]
+    required: bool
+
+    @property
+    def allowed_text(self) -> str:
+        return " or ".join(map(str, self.allowed))
+
+
+@dataclass(frozen=True)
+class ConfigKind:
+    kind: str
+    model: type[NeuronConfig] | type[UltraServerConfig]
+    fields: tuple[ConfigField, ...]
+
+    @property
+    def known_fields(self) -> tuple[str, ...]:
+        return ("apiVersion", "kind", *(f.name for f in self.fields))
+
+    @property
+    def fields_text(self) -> str:
+        """What an unknown field's refusal allows."""
+        return f"the fields of {self.kind}: {', '.join(self.known_fields)}"
+
+
+# The kinds this driver accepts, in the order a refusal lists them: the one table `decode` reads and the
+# claim admission policy (deploy/admission.py) is generated from.
+CONFIG_KINDS: tuple[ConfigKind, ...] = (
+    ConfigKind(NEURON_CONFIG, NeuronConfig, (ConfigField("logicalNeuronCore", "logical_neuron_core", LNC_VALUES,
+                                                         required=False),)),
+    ConfigKind(ULTRASERVER_CONFIG, UltraServerConfig, (ConfigField("ultraserverMode", "ultraserver_mode",
+                                                                   ULTRASERVER_MODES, required=True),)),
+)
+KINDS = tuple(k.kind for k in CONFIG_KINDS)
+KINDS_TEXT = " or ".join(KINDS)  # what a refused kind allows
+PARAMETERS_TEXT = f"an object with apiVersion {API_VERSION} and kind"  # what parameters that are no object allow
+
+
+def _strict_int(field: ConfigField, value: object) -> int:
     # bool is an int in Python; JSON true must not pass as 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
-        raise ConfigError(field, value, " or ".join(map(str, allowed)))
+    if isinstance(value, bool) or not isinstance(value, int) or value not in field.allowed:
+        raise ConfigError(field.name, value, field.allowed_text)
     return value
 
 
-def _check_fields(kind: str, params: Mapping[str, Any], known: Sequence[str]) -> None:
-    for key in params:
-        if key not in ("apiVersion", "kind", *known):
-            raise ConfigError(key, params[key], f"the fields of {kind}: apiVersion, kind, {', '.join(known)}")
-
-
 def decode(parameters: object) -> OpaqueConfig:
-    """Decode one opaque config's parameters; unknown kinds, fields and values are errors."""
+    """Decode one opaque config's parameters; unknown kinds, fields and values are errors. Checked in this order:
+    parameters, apiVersion, kind, unknown fields, then each field of the kind in CONFIG_KINDS order."""
     if not isinstance(parameters, Mapping):
-        raise ConfigError("parameters", parameters, f"an object with apiVersion {API_VERSION} and kind")
+        raise ConfigError("parameters", parameters, PARAMETERS_TEXT)
     api_version = parameters.get("apiVersion")
     if api_version != API_VERSION:
         raise ConfigError("apiVersion", api_version, API_VERSION)
     kind = parameters.get("kind")
-    if kind == NEURON_CONFIG:
-        _check_fields(kind, parameters, ("logicalNeuronCore",))
-        lnc = parameters.get("logicalNeuronCore")
-        return NeuronConfig(None if lnc is None else _strict_int("logicalNeuronCore", lnc, LNC_VALUES))
-    if kind == ULTRASERVER_CONFIG:
-        _check_fields(kind, parameters, ("ultraserverMode",))
-        if "ultraserverMode" not in parameters:
-            raise ConfigError("ultraserverMode", None, " or ".join(map(str, ULTRASERVER_MODES)))
-        return UltraServerConfig(_strict_int("ultraserverMode", parameters["ultraserverMode"], ULTRASERVER_MODES))
-    raise ConfigError("kind", kind, " or ".join(KINDS))
+    spec = next((k for k in CONFIG_KINDS if k.kind == kind), None)
+    if spec is None:
+        raise ConfigError("kind", kind, KINDS_TEXT)
+    for key in parameters:
+        if key not in spec.known_fields:
+            raise ConfigError(key, parameters[key], spec.fields_text)
+    values: dict[str, Any] = {}
+    for f in spec.fields:
+        value = parameters.get(f.name)  # absent and null alike
+        if value is None and not f.required:
+            values[f.attribute] = None
+        else:
+            values[f.attribute] = _strict_int(f, value)
+    return spec.model(**values)
 
 
 def check_applies(config: OpaqueConfig, spec: InstanceSpec) -> None:
