@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.daemon import checkpoint as current
+from neuron_dra.driver.daemon.claims import checkpoint as current
 from neuron_dra.driver.daemon.claims.checkpoint import SECTOR, Checkpoint, ClaimState, PreparedClaim
 from neuron_dra.driver.kubeletplugin import ClaimRef
 from tests.support.checkpoint_claims import claim, uid
@@ -184,7 +184,7 @@ def test_claims_demoted_by_real_damage_are_restored_when_the_api_server_confirms
             {api_uid(n) for n in range(4)}
         assert after[api_uid(4)].state is ClaimState.PREPARE_STARTED
         assert all(after[api_uid(n)].consumers == (f"pod-{n}",) for n in range(4))
-        assert metrics.prepared_claims._value.get() == 4  # type: ignore[attr-defined]
+        assert metrics.prepared_claims._value.get() == 4
         # A restart after it reads them as prepared from the files alone.
         again.close()
         third = node.instance()

@@ -22,7 +22,7 @@ from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.emulate import EmulationOptions
 from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.driver.model.slices import NodeFacts, build_pool, resource_slices
-from neuron_dra.localcluster.controlplane import ControlPlane
+from neuron_dra.localcluster.controlplane.plane import ControlPlane
 
 pytestmark = pytest.mark.cluster
 

@@ -194,7 +194,7 @@ def test_publish_hands_slices_over_as_data(base: Path, api: Any) -> None:
 
     def published() -> list[list[str]]:
         listed = client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node},spec.driver={TOY}")
-        return [sorted(d.name for d in s.spec.devices) for s in listed.items]
+        return [sorted(d.name for d in s.spec.devices or ()) for s in listed.items]
 
     try:
         publisher = helper.publish([toy_slice(node, "a", "b")], api, node, stop)
