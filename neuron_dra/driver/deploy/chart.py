@@ -33,6 +33,7 @@ from pydantic import TypeAdapter
 
 from neuron_dra.driver.deploy import (
     DEFAULT_NAMESPACE,
+    MIN_MINOR,
     DriverDeployOptions,
     Manifest,
     manifests,
@@ -42,6 +43,11 @@ from neuron_dra.driver.model.k8s_names import DEFAULT_CORE_DEVICE_CLASS, DEFAULT
 from neuron_dra.driver.model.version import VERSION
 
 CHART_NAME = "neuron-dra-driver"
+# The options a chart is generated for rather than templated: what the cluster's Kubernetes minor serves changes
+# objects and the daemon's flags in ways a template would have to re-implement (KUBERNETES_FEATURES,
+# publishes_cores), so a chart is for a minor and up, as a stack is (Chart.yaml's kubeVersion says which). The
+# default is the default stack's minor (components/settings.py DEFAULT_KUBERNETES_VERSION; a test checks).
+DEFAULT_GENERATION: Mapping[str, Any] = {"kubernetes_version": "1.36", "core_partitions": "auto"}
 Path_ = tuple[Any, ...]
 
 # The options the chart templates (DriverDeployOptions field -> value name).
@@ -127,7 +133,7 @@ def _value_expr(field: str) -> str:
     return f".Values.{TEMPLATED[field]}"
 
 
-def _sentinel_options(**off: Any) -> DriverDeployOptions:
+def _sentinel_options(fixed: Mapping[str, Any], **off: Any) -> DriverDeployOptions:
     """The default options with a sentinel in every templated option, then `off`'s values (no validation: the
     sentinels are not valid values; manifests() only prints them)."""
     options = DriverDeployOptions()
@@ -136,6 +142,7 @@ def _sentinel_options(**off: Any) -> DriverDeployOptions:
     values.update(metrics_service=True, pod_monitor=True, labels={_LABELS_SENTINEL: _LABELS_SENTINEL},
                   pod_monitor_labels={_POD_MONITOR_LABELS_SENTINEL: _POD_MONITOR_LABELS_SENTINEL},
                   instance_types=(_INSTANCE_TYPES_SENTINEL,))
+    values.update(fixed)
     values.update(off)
     for name, value in values.items():
         object.__setattr__(options, name, value)
@@ -176,14 +183,14 @@ def _holds_sentinel(node: Any) -> bool:
     return bool(_SENTINEL.search(text)) or any(str(v) in text for v in _INT_SENTINELS.values())
 
 
-def _conditions() -> tuple[list[Manifest], dict[Path_, str]]:
+def _conditions(fixed: Mapping[str, Any]) -> tuple[list[Manifest], dict[Path_, str]]:
     """The "everything on" render and the Helm condition of each of its parts that some option turns off: the
     AND, over the smallest sets of toggles that remove the part, of the OR of their conditions."""
-    base = manifests(_sentinel_options())
+    base = manifests(_sentinel_options(fixed))
     removed_by: dict[Path_, list[tuple[int, ...]]] = {}
     for size in (1, 2):
         for combo in itertools.combinations(range(len(_TOGGLES)), size):
-            variant = manifests(_sentinel_options(**{_TOGGLES[i][0]: _TOGGLES[i][1] for i in combo}))
+            variant = manifests(_sentinel_options(fixed, **{_TOGGLES[i][0]: _TOGGLES[i][1] for i in combo}))
             by_id = {_object_id(m): m for m in variant}
             gone: set[Path_] = set()
             for index, obj in enumerate(base):
@@ -286,9 +293,9 @@ def _emit(node: Any, path: Path_, conditions: Mapping[Path_, str], indent: int) 
             yield "{{- end }}"
 
 
-def templates() -> dict[str, str]:
-    """templates/*.yaml: file name -> text, one object a file in manifests() order."""
-    base, conditions = _conditions()
+def templates(fixed: Mapping[str, Any] = DEFAULT_GENERATION) -> dict[str, str]:
+    """templates/*.yaml: file name -> text, one object a file in manifests() order (for the `fixed` options)."""
+    base, conditions = _conditions(fixed)
     files: dict[str, str] = {"_helpers.tpl": HELPERS}
     for index, obj in enumerate(base):
         cond = conditions.get((index,))
@@ -356,7 +363,8 @@ def values_schema() -> dict[str, Any]:
     }
 
 
-def chart_yaml() -> dict[str, Any]:
+def chart_yaml(fixed: Mapping[str, Any] = DEFAULT_GENERATION) -> dict[str, Any]:
+    minor = fixed.get("kubernetes_version")
     return {
         "apiVersion": "v2",
         "name": CHART_NAME,
@@ -364,29 +372,32 @@ def chart_yaml() -> dict[str, Any]:
         "type": "application",
         "version": VERSION,
         "appVersion": VERSION,
-        "kubeVersion": ">=1.34.0-0",
+        "kubeVersion": f">={minor or '1.' + str(MIN_MINOR)}.0-0",
+        "annotations": {f"neuron-dra/{k}": str(v) for k, v in fixed.items()},
     }
 
 
-def write_chart(directory: Path) -> Path:
-    """The chart in `directory/neuron-dra-driver/` (replacing its templates); its path."""
+def write_chart(directory: Path, fixed: Mapping[str, Any] = DEFAULT_GENERATION) -> Path:
+    """The chart in `directory/neuron-dra-driver/` (replacing its templates) for the `fixed` options; its path."""
+    DriverDeployOptions(**fixed)  # refused here, naming the option, if not valid
     root = directory / CHART_NAME
     (root / "templates").mkdir(parents=True, exist_ok=True)
     for old in (root / "templates").iterdir():
         old.unlink()
-    (root / "Chart.yaml").write_text(yaml.safe_dump(chart_yaml(), sort_keys=False))
+    (root / "Chart.yaml").write_text(yaml.safe_dump(chart_yaml(fixed), sort_keys=False))
     header = "# Defaults of neuron_dra.driver.deploy.DriverDeployOptions (generated by driver/deploy/chart.py).\n"
     (root / "values.yaml").write_text(header + yaml.safe_dump(default_values(), sort_keys=False))
     (root / "values.schema.json").write_text(json.dumps(values_schema(), indent=2) + "\n")
-    for name, text in templates().items():
+    for name, text in templates(fixed).items():
         (root / "templates" / name).write_text(text)
     return root
 
 
-def options_from_values(values: Mapping[str, Any]) -> DriverDeployOptions:
+def options_from_values(values: Mapping[str, Any],
+                        fixed: Mapping[str, Any] = DEFAULT_GENERATION) -> DriverDeployOptions:
     """The DriverDeployOptions that chart values stand for (the tests compare both renders)."""
     fields = {v: f for f, v in TEMPLATED.items()}
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(fixed)
     for name, value in values.items():
         field = fields[name]
         if field == "device_class_name" and value == "":

@@ -1,0 +1,173 @@
+"""The Helm chart generated from deploy.manifests() (driver/deploy/chart.py, docs/helm.md).
+
+The schema tests run without Helm; those marked gobuild build the real Helm (helm.sh/helm/v4, from the Go module
+proxy) and check that `helm template` gives manifests()' objects for the same option values, that the schema
+refuses bad values naming the field, and that `helm lint` and `helm package` pass.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from neuron_dra.driver.deploy import DriverDeployOptions, Manifest, manifests, object_key
+from neuron_dra.driver.deploy.chart import (
+    DEFAULT_GENERATION,
+    default_values,
+    options_from_values,
+    values_schema,
+    write_chart,
+)
+
+
+def _schema_errors(values: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(values_schema())
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(values)]
+
+
+def test_values_are_the_options_defaults() -> None:
+    assert options_from_values(default_values()) == DriverDeployOptions(**DEFAULT_GENERATION)
+    assert _schema_errors(default_values()) == []
+
+
+def test_chart_minor_is_the_default_stacks() -> None:
+    from neuron_dra.components.settings import DEFAULT_KUBERNETES_VERSION
+
+    assert DEFAULT_GENERATION["kubernetes_version"] == DEFAULT_KUBERNETES_VERSION
+
+
+@pytest.mark.parametrize(("values", "named"), [
+    ({"metricsPort": "x"}, "metricsPort"),
+    ({"metricsPort": 70000}, "metricsPort"),
+    ({"imagePullPolicy": "Sometimes"}, "imagePullPolicy"),
+    ({"pluginsDir": "/var/lib/kubelet/plugins/"}, "pluginsDir"),
+    ({"instanceTypes": ["m5.large"]}, "instanceTypes"),
+    ({"metricPort": 9400}, "metricPort"),
+    ({"podMonitor": True, "metricsPort": 0}, "metricsPort"),
+])
+def test_schema_refuses_a_bad_value_naming_it(values: dict[str, Any], named: str) -> None:
+    errors = _schema_errors({**default_values(), **values})
+    assert errors and any(named in e for e in errors), errors
+
+
+def _without_labels(node: Any) -> Any:
+    """`node` without any `labels` mapping (the stack adds its own to every object)."""
+    if isinstance(node, dict):
+        return {k: _without_labels(v) for k, v in node.items() if k != "labels"}
+    if isinstance(node, list):
+        return [_without_labels(x) for x in node]
+    return node
+
+
+def _by_key(objects: list[Manifest]) -> dict[str, Manifest]:
+    return {object_key(o): o for o in objects}
+
+
+# Option values the chart must render exactly as manifests() does (each changes names, shapes or both).
+VALUE_SETS: list[dict[str, Any]] = [
+    {},
+    {"metricsPort": 9400},
+    {"metricsPort": 9400, "healthcheckPort": 0, "podMonitor": True, "podMonitorLabels": {"release": "prom"},
+     "metricsService": False},
+    {"healthcheckPort": 0},
+    {"driverName": "neuron.example.com", "image": "registry.example/neuron-dra:1", "imagePullPolicy": "Always"},
+    {"driverName": "a-very-long-driver-name-that-makes-the-namespace-too-long.example.com"},
+    {"driverName": "x.example.com", "namespace": "ns1", "deviceClassName": "devs", "coreDeviceClassName": "cores",
+     "serviceAccount": "sa", "daemonsetName": "ds"},
+    {"extendedResourceName": None, "coreExtendedResourceName": None},
+    {"labels": {"team": "ml", "app.kubernetes.io/part-of": "platform"}, "instanceTypes": ["trn2.48xlarge"]},
+    {"hostPathsRoot": "/emulated/node-1", "pluginsDir": "/k/plugins", "registryDir": "/k/reg", "cdiRoot": "/cdi",
+     "hostRoot": "/h"},
+    {"maxSurge": 0, "maxUnavailable": 2, "priorityClassName": "high", "unhealthyTaintEffect": "NoExecute"},
+]
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    from neuron_dra.localcluster.helm import build_helm
+
+    return build_helm()
+
+
+@pytest.fixture(scope="module")
+def chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_chart(tmp_path_factory.mktemp("chart"))
+
+
+def _run(helm: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *map(str, args)], capture_output=True, text=True, check=False)
+
+
+def _template(helm: Path, chart: Path, values: dict[str, Any], tmp_path: Path) -> list[Manifest]:
+    values_file = tmp_path / "values.json"
+    values_file.write_text(json.dumps(values))
+    proc = _run(helm, "template", "neuron-dra", chart, "--values", values_file)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@pytest.mark.gobuild
+def test_helm_lint_passes(helm: Path, chart: Path) -> None:
+    proc = _run(helm, "lint", "--strict", chart)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.gobuild
+@pytest.mark.parametrize("values", VALUE_SETS, ids=lambda v: ",".join(v) or "defaults")
+def test_helm_template_is_manifests(helm: Path, chart: Path, values: dict[str, Any], tmp_path: Path) -> None:
+    rendered = _by_key(_template(helm, chart, values, tmp_path))
+    expected = _by_key(manifests(options_from_values({**default_values(), **values})))
+    assert list(rendered) == list(expected)
+    for key, obj in expected.items():
+        assert rendered[key] == obj, key
+
+
+@pytest.mark.gobuild
+def test_helm_template_defaults_are_the_default_stacks_driver(helm: Path, chart: Path, tmp_path: Path) -> None:
+    """`neuron-dra plan -o yaml` (the default stack under Pulumi mocks) prints the driver's objects beside the
+    claim templates; with the image the stack builds, the chart's defaults give the same objects, labels aside."""
+    import sys
+
+    plan = subprocess.run([sys.executable, "-c", "import sys; from neuron_dra.cli import main; "
+                           "sys.exit(main(['plan', '-o', 'yaml']))"], capture_output=True, text=True, check=False)
+    assert plan.returncode == 0, plan.stderr
+    stack = _by_key([d for d in yaml.safe_load_all(plan.stdout)
+                     if d and d["kind"] != "ResourceClaimTemplate"])
+    image = stack[next(k for k in stack if k.startswith("DaemonSet/"))]["spec"]["template"]["spec"][
+        "containers"][0]["image"]
+    rendered = _by_key(_template(helm, chart, {"image": image}, tmp_path))
+    assert list(rendered) == list(stack)
+    for key, obj in stack.items():
+        assert _without_labels(rendered[key]) == _without_labels(obj), key
+
+
+@pytest.mark.gobuild
+@pytest.mark.parametrize(("values", "named"), [
+    ({"metricsPort": "x"}, "metricsPort"),
+    ({"metricPort": 9400}, "metricPort"),
+    ({"instanceTypes": ["m5.large"]}, "instanceTypes"),
+])
+def test_helm_refuses_a_bad_value_naming_it(helm: Path, chart: Path, values: dict[str, Any], named: str,
+                                            tmp_path: Path) -> None:
+    values_file = tmp_path / "values.json"
+    values_file.write_text(json.dumps(values))
+    proc = _run(helm, "template", "neuron-dra", chart, "--values", values_file)
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert named in proc.stderr, proc.stderr
+
+
+@pytest.mark.gobuild
+def test_helm_package_makes_the_archive(helm: Path, chart: Path, tmp_path: Path) -> None:
+    proc = _run(helm, "package", chart, "--destination", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    archive = tmp_path / f"neuron-dra-driver-{yaml.safe_load((chart / 'Chart.yaml').read_text())['version']}.tgz"
+    assert archive.is_file()
+    listing = subprocess.run(["tar", "tzf", str(archive)], capture_output=True, text=True, check=True).stdout
+    assert "neuron-dra-driver/values.schema.json" in listing.split()
