@@ -39,7 +39,14 @@ from neuron_dra.driver.deploy import (
     manifests,
 )
 from neuron_dra.driver.model.catalog import BUILTIN
-from neuron_dra.driver.model.k8s_names import DEFAULT_CORE_DEVICE_CLASS, DEFAULT_DRIVER_NAME
+from neuron_dra.driver.model.k8s_names import _DNS_LABEL, _DNS_SUBDOMAIN  # the checks' own patterns
+from neuron_dra.driver.model.k8s_names import (
+    DEFAULT_CORE_DEVICE_CLASS,
+    DEFAULT_DRIVER_NAME,
+    DNS_LABEL_MAX,
+    DNS_SUBDOMAIN_MAX,
+    DRIVER_NAME_MAX,
+)
 from neuron_dra.driver.model.version import VERSION
 
 CHART_NAME = "neuron-dra-driver"
@@ -335,8 +342,16 @@ def values_schema() -> dict[str, Any]:
         prop = copy.deepcopy(model["properties"][field])
         prop.pop("title", None)
         prop.pop("default", None)
-        if field in ("device_class_name", "core_device_class_name", "namespace"):
-            prop = {"type": "string", "description": "empty: derived from driverName"}
+        # The k8s_names checks the options run (BeforeValidators: not in pydantic's schema); "" derives the name.
+        if field in ("device_class_name", "core_device_class_name"):
+            prop = {"type": "string", "maxLength": DNS_SUBDOMAIN_MAX,
+                    "pattern": f"^$|{_DNS_SUBDOMAIN.pattern}", "description": "empty: derived from driverName"}
+        if field == "namespace":
+            prop = {"type": "string", "maxLength": DNS_LABEL_MAX, "pattern": f"^$|{_DNS_LABEL.pattern}",
+                    "description": "empty: derived from driverName"}
+        if field in ("driver_name", "service_account", "daemonset_name"):
+            prop.update(pattern=_DNS_SUBDOMAIN.pattern,
+                        maxLength=DRIVER_NAME_MAX if field == "driver_name" else DNS_SUBDOMAIN_MAX)
         if field in _PATHS:
             prop["pattern"] = _PATH_PATTERN
         if field == "host_paths_root":
