@@ -173,3 +173,53 @@ def test_helm_package_makes_the_archive(helm: Path, chart: Path, tmp_path: Path)
     assert archive.is_file()
     listing = subprocess.run(["tar", "tzf", str(archive)], capture_output=True, text=True, check=True).stdout
     assert "neuron-dra-driver/values.schema.json" in listing.split()
+
+
+def _live(api_client: Any, obj: Manifest) -> Manifest | None:
+    """The object as the API server has it, or None."""
+    from kubernetes import dynamic
+    from kubernetes.dynamic.exceptions import NotFoundError
+
+    resource = dynamic.DynamicClient(api_client).resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    meta = obj["metadata"]
+    try:
+        got: Manifest = resource.get(name=meta["name"], namespace=meta.get("namespace")).to_dict()
+    except NotFoundError:
+        return None
+    return got
+
+
+@pytest.mark.gobuild
+def test_helm_install_upgrade_uninstall_on_a_control_plane(helm: Path, chart: Path, plane: Any, api: Any,
+                                                           tmp_path: Path) -> None:
+    """The real Helm installs the chart on a real API server (every object created as rendered, the admission
+    policy and DeviceClass included), upgrades it to a metrics port (the Service appears, the DaemonSet's flags
+    change), and uninstalls it leaving none of its objects."""
+    kube = ("--kubeconfig", plane.kubeconfig, "--namespace", "default")
+    values_file = tmp_path / "values.json"
+    values_file.write_text(json.dumps({}))
+    proc = _run(helm, "install", "neuron-dra", chart, *kube, "--values", values_file)
+    assert proc.returncode == 0, proc.stderr
+    installed = manifests(options_from_values(default_values()))
+    for obj in installed:
+        live = _live(api, obj)
+        assert live is not None, object_key(obj)
+        assert live["metadata"]["labels"] == obj["metadata"]["labels"], object_key(obj)
+    daemonset = _live(api, installed[-1])
+    assert daemonset is not None
+    assert daemonset["spec"]["template"]["spec"]["containers"][0]["args"] == \
+        installed[-1]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    values_file.write_text(json.dumps({"metricsPort": 9400}))
+    proc = _run(helm, "upgrade", "neuron-dra", chart, *kube, "--values", values_file)
+    assert proc.returncode == 0, proc.stderr
+    upgraded = manifests(options_from_values({**default_values(), "metricsPort": 9400}))
+    service = next(o for o in upgraded if o["kind"] == "Service")
+    assert _live(api, service) is not None
+    daemonset = _live(api, upgraded[-1])
+    assert daemonset is not None
+    assert "--metrics-port" in daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    proc = _run(helm, "uninstall", "neuron-dra", *kube, "--wait")
+    assert proc.returncode == 0, proc.stderr
+    assert [object_key(o) for o in upgraded if _live(api, o) is not None] == []
