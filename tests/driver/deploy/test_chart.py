@@ -204,7 +204,9 @@ def test_helm_install_upgrade_uninstall_on_a_control_plane(helm: Path, chart: Pa
     for obj in installed:
         live = _live(api, obj)
         assert live is not None, object_key(obj)
-        assert live["metadata"]["labels"] == obj["metadata"]["labels"], object_key(obj)
+        # Helm's install adds app.kubernetes.io/managed-by (the API server kubernetes.io/metadata.name).
+        assert live["metadata"]["labels"].items() >= obj["metadata"]["labels"].items(), object_key(obj)
+        assert live["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     daemonset = _live(api, installed[-1])
     assert daemonset is not None
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["args"] == \
