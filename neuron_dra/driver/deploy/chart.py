@@ -39,8 +39,9 @@ from neuron_dra.driver.deploy import (
     manifests,
 )
 from neuron_dra.driver.model.catalog import BUILTIN
-from neuron_dra.driver.model.k8s_names import _DNS_LABEL, _DNS_SUBDOMAIN  # the checks' own patterns
-from neuron_dra.driver.model.k8s_names import (
+from neuron_dra.driver.model.k8s_names import (  # the checks' own patterns
+    _DNS_LABEL,
+    _DNS_SUBDOMAIN,
     DEFAULT_CORE_DEVICE_CLASS,
     DEFAULT_DRIVER_NAME,
     DNS_LABEL_MAX,
@@ -55,7 +56,7 @@ CHART_NAME = "neuron-dra-driver"
 # publishes_cores), so a chart is for a minor and up, as a stack is (Chart.yaml's kubeVersion says which). The
 # default is the default stack's minor (components/settings.py DEFAULT_KUBERNETES_VERSION; a test checks).
 DEFAULT_GENERATION: Mapping[str, Any] = {"kubernetes_version": "1.36", "core_partitions": "auto"}
-Path_ = tuple[Any, ...]
+NodePath = tuple[Any, ...]
 
 # The options the chart templates (DriverDeployOptions field -> value name).
 TEMPLATED: Mapping[str, str] = {
@@ -160,7 +161,7 @@ def _object_id(manifest: Manifest) -> tuple[str, str]:
     return manifest["kind"], manifest["metadata"]["name"]
 
 
-def _absent(on: Any, off: Any, path: Path_, out: set[Path_]) -> None:
+def _absent(on: Any, off: Any, path: NodePath, out: set[NodePath]) -> None:
     """Paths (in `on`) of the parts `off` lacks; a part present in both must have the same shape."""
     if isinstance(on, dict) and isinstance(off, dict):
         if set(off) - set(on):
@@ -190,16 +191,16 @@ def _holds_sentinel(node: Any) -> bool:
     return bool(_SENTINEL.search(text)) or any(str(v) in text for v in _INT_SENTINELS.values())
 
 
-def _conditions(fixed: Mapping[str, Any]) -> tuple[list[Manifest], dict[Path_, str]]:
+def _conditions(fixed: Mapping[str, Any]) -> tuple[list[Manifest], dict[NodePath, str]]:
     """The "everything on" render and the Helm condition of each of its parts that some option turns off: the
     AND, over the smallest sets of toggles that remove the part, of the OR of their conditions."""
     base = manifests(_sentinel_options(fixed))
-    removed_by: dict[Path_, list[tuple[int, ...]]] = {}
+    removed_by: dict[NodePath, list[tuple[int, ...]]] = {}
     for size in (1, 2):
         for combo in itertools.combinations(range(len(_TOGGLES)), size):
             variant = manifests(_sentinel_options(fixed, **{_TOGGLES[i][0]: _TOGGLES[i][1] for i in combo}))
             by_id = {_object_id(m): m for m in variant}
-            gone: set[Path_] = set()
+            gone: set[NodePath] = set()
             for index, obj in enumerate(base):
                 other = by_id.get(_object_id(obj))
                 if other is None:
@@ -210,7 +211,7 @@ def _conditions(fixed: Mapping[str, Any]) -> tuple[list[Manifest], dict[Path_, s
                 sets = removed_by.setdefault(path, [])
                 if not any(set(s) <= set(combo) for s in sets):
                     sets.append(combo)
-    conditions: dict[Path_, str] = {}
+    conditions: dict[NodePath, str] = {}
     for path, sets in removed_by.items():
         terms = []
         for s in sets:
@@ -271,7 +272,7 @@ def _inline(node: Any) -> str | None:
     return json.dumps(node)
 
 
-def _emit(node: Any, path: Path_, conditions: Mapping[Path_, str], indent: int) -> Iterator[str]:
+def _emit(node: Any, path: NodePath, conditions: Mapping[NodePath, str], indent: int) -> Iterator[str]:
     """YAML lines of a mapping or list whose parts may be conditional (each `{{- if }}` on its own line)."""
     pad = " " * indent
     items = list(node.items()) if isinstance(node, dict) else list(enumerate(node))

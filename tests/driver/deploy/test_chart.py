@@ -131,6 +131,26 @@ def test_helm_template_is_manifests(helm: Path, chart: Path, values: dict[str, A
 
 
 @pytest.mark.gobuild
+@pytest.mark.parametrize("fixed", [{"kubernetes_version": "1.37", "core_partitions": "auto"},
+                                   {"kubernetes_version": "1.34", "core_partitions": "auto"},
+                                   {"kubernetes_version": "1.36", "core_partitions": "on"}],
+                         ids=lambda f: f"{f['kubernetes_version']}-{f['core_partitions']}")
+@pytest.mark.parametrize("values", [{}, {"coreExtendedResourceName": None, "metricsPort": 9400},
+                                    {"driverName": "x.example.com", "coreDeviceClassName": "cores"}],
+                         ids=lambda v: ",".join(v) or "defaults")
+def test_a_chart_for_another_minor_is_manifests(helm: Path, fixed: dict[str, Any], values: dict[str, Any],
+                                                tmp_path: Path) -> None:
+    chart = write_chart(tmp_path / "chart", fixed)
+    assert yaml.safe_load((chart / "Chart.yaml").read_text())["kubeVersion"] == \
+        f">={fixed['kubernetes_version']}.0-0"
+    rendered = _by_key(_template(helm, chart, values, tmp_path))
+    expected = _by_key(manifests(options_from_values({**default_values(), **values}, fixed)))
+    assert rendered.keys() == expected.keys()
+    for key, obj in expected.items():
+        assert rendered[key] == obj, key
+
+
+@pytest.mark.gobuild
 def test_helm_template_defaults_are_the_default_stacks_driver(helm: Path, chart: Path, tmp_path: Path) -> None:
     """`neuron-dra plan -o yaml` (the default stack under Pulumi mocks) prints the driver's objects beside the
     claim templates; with the image the stack builds, the chart's defaults give the same objects, labels aside."""
@@ -225,3 +245,17 @@ def test_helm_install_upgrade_uninstall_on_a_control_plane(helm: Path, chart: Pa
     proc = _run(helm, "uninstall", "neuron-dra", *kube, "--wait")
     assert proc.returncode == 0, proc.stderr
     assert [object_key(o) for o in upgraded if _live(api, o) is not None] == []
+
+
+def test_release_workflow_pushes_the_chart_with_the_pinned_helm() -> None:
+    from neuron_dra.localcluster.helm import helm_version
+
+    workflow = Path(__file__).resolve().parents[3] / ".github" / "workflows" / "release-image.yml"
+    job = yaml.safe_load(workflow.read_text())["jobs"]["chart"]
+    assert job["needs"] == "image"
+    steps = job["steps"]
+    setup = next(s for s in steps if str(s.get("uses", "")).startswith("azure/setup-helm@"))
+    assert setup["with"]["version"] == helm_version()
+    script = "\n".join(str(s.get("run", "")) for s in steps)
+    assert "neuron-dra chart dist" in script
+    assert "helm push dist/neuron-dra-driver-*.tgz oci://ghcr.io/neuron-dra/charts" in script
