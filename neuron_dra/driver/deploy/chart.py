@@ -32,10 +32,12 @@ import yaml
 from pydantic import TypeAdapter
 
 from neuron_dra.driver.deploy import (
+    _QUANTITY,  # the quantity check of resources (DriverDeployOptions.__post_init__)
     DEFAULT_NAMESPACE,
     MIN_MINOR,
     DriverDeployOptions,
     Manifest,
+    Resources,
     manifests,
 )
 from neuron_dra.driver.model.catalog import BUILTIN
@@ -65,11 +67,19 @@ TEMPLATED: Mapping[str, str] = {
         "extended_resource_name", "core_extended_resource_name", "namespace", "service_account", "daemonset_name",
         "plugins_dir", "registry_dir", "cdi_root", "host_root", "host_paths_root", "healthcheck_port",
         "metrics_port", "metrics_service", "pod_monitor", "instance_types", "priority_class_name", "labels",
-        "pod_monitor_labels", "unhealthy_taint_effect", "max_surge", "max_unavailable",
+        "pod_monitor_labels", "unhealthy_taint_effect", "max_surge", "max_unavailable", "resources", "kube_api_qps",
+        "kube_api_burst", "kube_api_timeout",
     )
 }
+# The fields of `resources` (a mapping value: resources.cpuRequest, ...).
+_RESOURCES = ("cpu_request", "memory_request", "memory_limit", "cpu_limit")
 # Integer options: each renders as a distinctive number (no default or fixed value in the objects equals one).
-_INT_SENTINELS = {"healthcheck_port": 61001, "metrics_port": 61002, "max_surge": 61003, "max_unavailable": 61004}
+_INT_SENTINELS = {"healthcheck_port": 61001, "metrics_port": 61002, "max_surge": 61003, "max_unavailable": 61004,
+                  "kube_api_qps": 61005, "kube_api_burst": 61006, "kube_api_timeout": 61007}
+# How an option prints where the objects hold it as text (default: toString). The daemon's API-client flags are
+# printed with Python's `:g` (deploy.driver_args), which is C's %g with 6 significant digits, as is Go's %.6g.
+_TEXT_FORMS = {f: f'printf "%.6g" (float64 .Values.{_camel})' for f, _camel in (
+    ("kube_api_qps", "kubeApiQps"), ("kube_api_burst", "kubeApiBurst"), ("kube_api_timeout", "kubeApiTimeout"))}
 # String options with a derived default ("" or None: from the driver name) are rendered through a named template.
 _DERIVED = {"namespace": "neuron-dra.namespace", "device_class_name": "neuron-dra.deviceClass",
             "core_device_class_name": "neuron-dra.coreDeviceClass"}
@@ -81,6 +91,7 @@ _STRINGS = ("image", "image_pull_policy", "driver_name", "device_class_name", "c
 # is used as is), except host_paths_root, whose "/" is the empty prefix of the node's paths.
 _EXPRESSIONS = {"host_paths_root": '(trimSuffix "/" .Values.hostPathsRoot)'}
 # Toggles: option, its "off" value, and the Helm condition under which the "on" render's parts exist.
+_DEFAULTS = DriverDeployOptions()
 _TOGGLES: tuple[tuple[str, Any, str], ...] = (
     ("metrics_port", 0, ".Values.metricsPort"),
     ("healthcheck_port", 0, ".Values.healthcheckPort"),
@@ -88,11 +99,16 @@ _TOGGLES: tuple[tuple[str, Any, str], ...] = (
     ("pod_monitor", False, ".Values.podMonitor"),
     ("extended_resource_name", None, ".Values.extendedResourceName"),
     ("core_extended_resource_name", None, ".Values.coreExtendedResourceName"),
+    ("resources.memory_limit", None, ".Values.resources.memoryLimit"),
+    ("resources.cpu_limit", None, ".Values.resources.cpuLimit"),
+    # The API-client flags are passed only when changed (no rollout otherwise: deploy.driver_args).
+    *((f, getattr(_DEFAULTS, f), f"ne (float64 .Values.{TEMPLATED[f]}) {float(getattr(_DEFAULTS, f))!r}")
+      for f in ("kube_api_qps", "kube_api_burst", "kube_api_timeout")),
 )
 _LABELS_SENTINEL = "@@labels@@"
 _POD_MONITOR_LABELS_SENTINEL = "@@pod_monitor_labels@@"
 _INSTANCE_TYPES_SENTINEL = "@@instance_types@@"
-_SENTINEL = re.compile(r"@@([a-z_]+)@@")
+_SENTINEL = re.compile(r"@@([a-z_.]+)@@")
 # The chart refuses what it cannot template as the options do: a path with a trailing "/" (the objects use it
 # both with and without).
 _PATH_PATTERN = r"^(/[^/]+)+$"
@@ -133,7 +149,13 @@ class Expr:
     text: str
 
 
+def _camel(name: str) -> str:
+    return re.sub(r"_(.)", lambda m: m.group(1).upper(), name)
+
+
 def _value_expr(field: str) -> str:
+    if "." in field:  # resources.cpu_request
+        return ".Values." + ".".join(_camel(part) for part in field.split("."))
     if field in _DERIVED:
         return f'(include "{_DERIVED[field]}" .)'
     if field in _EXPRESSIONS:
@@ -150,8 +172,11 @@ def _sentinel_options(fixed: Mapping[str, Any], **off: Any) -> DriverDeployOptio
     values.update(metrics_service=True, pod_monitor=True, labels={_LABELS_SENTINEL: _LABELS_SENTINEL},
                   pod_monitor_labels={_POD_MONITOR_LABELS_SENTINEL: _POD_MONITOR_LABELS_SENTINEL},
                   instance_types=(_INSTANCE_TYPES_SENTINEL,))
+    values.update({f"resources.{f}": f"@@resources.{f}@@" for f in _RESOURCES})
     values.update(fixed)
     values.update(off)
+    resources = {k.partition(".")[2]: values.pop(k) for k in list(values) if k.startswith("resources.")}
+    values["resources"] = Resources(**resources)
     for name, value in values.items():
         object.__setattr__(options, name, value)
     return options
@@ -233,7 +258,7 @@ def _string_expr(text: str) -> Expr | str:
     if not parts:
         if text in {str(v) for v in _INT_SENTINELS.values()}:
             field = next(f for f, v in _INT_SENTINELS.items() if str(v) == text)
-            return Expr(f"toString {_value_expr(field)}")
+            return Expr(_TEXT_FORMS.get(field, f"toString {_value_expr(field)}"))
         return text
     if pos < len(text):
         parts.append(json.dumps(text[pos:]))
@@ -330,6 +355,8 @@ def default_values() -> dict[str, Any]:
             value = list(value)
         elif isinstance(value, Mapping):
             value = dict(value)
+        elif isinstance(value, Resources):
+            value = {_camel(f): getattr(value, f) for f in _RESOURCES}
         out[name] = value
     return out
 
@@ -360,6 +387,10 @@ def values_schema() -> dict[str, Any]:
         if field == "instance_types":
             prop["items"] = {"type": "string", "enum": list(BUILTIN.names)}
             prop["minItems"] = 1
+        if field == "resources":
+            fields = model["$defs"]["Resources"]["properties"]
+            prop = {"type": "object", "additionalProperties": False, "properties": {
+                _camel(f): _quantity(fields[f]) for f in _RESOURCES}}
         if field in ("labels", "pod_monitor_labels"):
             prop = {"type": "object", "additionalProperties": {"type": "string"}}
         properties[name] = prop
@@ -377,6 +408,15 @@ def values_schema() -> dict[str, Any]:
              "then": {"properties": {"maxUnavailable": {"minimum": 1}}}},
         ],
     }
+
+
+def _quantity(prop: Mapping[str, Any]) -> dict[str, Any]:
+    """A Resources field's schema (a string, or a string or null) with the quantity pattern the options check."""
+    out = {k: v for k, v in prop.items() if k not in ("title", "default")}
+    for branch in out.get("anyOf", [out]):
+        if branch.get("type") == "string":
+            branch["pattern"] = _QUANTITY.pattern
+    return out
 
 
 def chart_yaml(fixed: Mapping[str, Any] = DEFAULT_GENERATION) -> dict[str, Any]:
@@ -420,5 +460,7 @@ def options_from_values(values: Mapping[str, Any],
             value = None
         if field == "instance_types":
             value = tuple(value)
+        if field == "resources":
+            value = Resources(**{f: value[_camel(f)] for f in _RESOURCES if _camel(f) in value})
         kwargs[field] = value
     return DriverDeployOptions(**kwargs)

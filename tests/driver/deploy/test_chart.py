@@ -50,6 +50,9 @@ def test_chart_minor_is_the_default_stacks() -> None:
     ({"instanceTypes": ["m5.large"]}, "instanceTypes"),
     ({"metricPort": 9400}, "metricPort"),
     ({"driverName": "Neuron.example.com"}, "driverName"),
+    ({"resources": {"cpuRequest": "lots"}}, "cpuRequest"),
+    ({"resources": {"cpuRequests": "1"}}, "cpuRequests"),
+    ({"kubeApiQps": 0}, "kubeApiQps"),
     ({"namespace": "a.b"}, "namespace"),
     ({"podMonitor": True, "metricsPort": 0}, "metricsPort"),
 ])
@@ -87,6 +90,10 @@ VALUE_SETS: list[dict[str, Any]] = [
     {"hostPathsRoot": "/emulated/node-1", "pluginsDir": "/k/plugins", "registryDir": "/k/reg", "cdiRoot": "/cdi",
      "hostRoot": "/h"},
     {"maxSurge": 0, "maxUnavailable": 2, "priorityClassName": "high", "unhealthyTaintEffect": "NoExecute"},
+    {"resources": {"cpuRequest": "100m", "memoryRequest": "64Mi", "memoryLimit": None, "cpuLimit": "1"}},
+    {"resources": {"cpuRequest": "1", "memoryRequest": "1Gi", "memoryLimit": None, "cpuLimit": None}},
+    {"kubeApiQps": 12.5, "kubeApiBurst": 200, "kubeApiTimeout": 33.3333333},
+    {"kubeApiQps": 50, "kubeApiBurst": 1000, "kubeApiTimeout": 0.5},
 ]
 
 
