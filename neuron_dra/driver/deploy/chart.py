@@ -268,15 +268,25 @@ def _string_expr(text: str) -> Expr | str:
 def _templated(node: Any) -> Any:
     """`node` with every sentinel replaced by an Expr."""
     if isinstance(node, dict):
-        label_sets = [(s, f) for s, f in ((_LABELS_SENTINEL, "labels"),
-                                          (_POD_MONITOR_LABELS_SENTINEL, "pod_monitor_labels")) if s in node]
-        if label_sets:
-            own = {k: v for k, v in node.items() if k not in {s for s, _ in label_sets}}
-            if any(not isinstance(v, str) or _SENTINEL.search(k + v) for k, v in own.items()):
-                raise ChartError(f"labels {own} hold more than constant labels")
-            literal = " ".join(f"{json.dumps(k)} {json.dumps(v)}" for k, v in own.items())
-            sources = " ".join(_value_expr(f) for _, f in label_sets)
-            return Expr(f"mergeOverwrite (dict {literal}) {sources}")
+        sources = {_LABELS_SENTINEL: "labels", _POD_MONITOR_LABELS_SENTINEL: "pod_monitor_labels"}
+        if sources.keys() & node.keys():
+            # The keys in order: literal runs and the label values between them; a later one wins, as in the
+            # dict manifests() built (e.g. the Namespace's Pod Security labels over `labels`).
+            args: list[str] = []
+            run: list[str] = []
+            for k, v in node.items():
+                if k in sources:
+                    if run or not args:  # the first argument is a fresh mapping (mergeOverwrite changes it)
+                        args.append(f"(dict {' '.join(run)})".replace(" )", ")"))
+                    args.append(_value_expr(sources[k]))
+                    run = []
+                elif not isinstance(v, str) or _SENTINEL.search(k + v):
+                    raise ChartError(f"labels {node} hold more than constant labels")
+                else:
+                    run += [json.dumps(k), json.dumps(v)]
+            if run:
+                args.append(f"(dict {' '.join(run)})")
+            return Expr(f"mergeOverwrite {' '.join(args)}")
         return {k: _templated(v) for k, v in node.items()}
     if isinstance(node, list):
         if node == [_INSTANCE_TYPES_SENTINEL]:

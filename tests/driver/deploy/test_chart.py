@@ -87,6 +87,8 @@ VALUE_SETS: list[dict[str, Any]] = [
      "serviceAccount": "sa", "daemonsetName": "ds"},
     {"extendedResourceName": None, "coreExtendedResourceName": None},
     {"labels": {"team": "ml", "app.kubernetes.io/part-of": "platform"}, "instanceTypes": ["trn2.48xlarge"]},
+    {"labels": {"pod-security.kubernetes.io/enforce": "baseline", "team": ""}, "metricsPort": 9400,
+     "podMonitor": True, "podMonitorLabels": {"team": "ml"}},
     {"hostPathsRoot": "/emulated/node-1", "pluginsDir": "/k/plugins", "registryDir": "/k/reg", "cdiRoot": "/cdi",
      "hostRoot": "/h"},
     {"maxSurge": 0, "maxUnavailable": 2, "priorityClassName": "high", "unhealthyTaintEffect": "NoExecute"},
