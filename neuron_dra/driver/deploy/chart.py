@@ -2,13 +2,17 @@
 
 How the templates are derived, with no second rendering of any object:
 - Scalars: `manifests()` renders once with a sentinel for each templated option (`@@name@@` for strings, a
-  distinctive port-like number for integers); every string holding sentinels becomes a Helm expression that
-  prints the same text with the values in their place, every integer equal to one becomes `.Values.x`.
+  distinctive number for numbers); every string holding sentinels becomes a Helm expression that prints the same
+  text with the values in their place, every integer equal to one becomes `.Values.x`.
   Mappings holding the labels sentinel become `mergeOverwrite` of their own keys and the labels values; the
   instance-type list becomes `.Values.instanceTypes`.
-- Shapes: each option that turns parts on or off (a port of 0, a flag, an extended resource of null) is rendered
-  off too, alone and in pairs; what the off renders lack is wrapped in `{{- if }}` on the options whose being off
-  removed it (an object, a mapping key or a list item).
+- Shapes: each option that turns parts on or off (a port of 0, a flag, an extended resource or a limit of null,
+  an API-client setting at its default) is rendered off too, alone and in pairs; what the off renders lack is
+  wrapped in `{{- if }}` on the options whose being off removed it (an object, a mapping key or a list item). A
+  part that appears only when an option is off, or a constant that changes, is a ChartError: the generator says
+  it cannot template it rather than guess.
+- Names derived from the driver name when left empty (namespace_for, device_class_names) are the one rule stated
+  twice: in Python and in templates/_helpers.tpl (HELPERS); the tests compare both for long and short names.
 - Options the chart does not template (TEMPLATED lists those it does) keep their defaults: they are not values,
   and the schema refuses them as unknown keys.
 
@@ -30,6 +34,7 @@ from typing import Any
 
 import yaml
 from pydantic import TypeAdapter
+from pydantic.alias_generators import to_camel
 
 from neuron_dra.driver.deploy import (
     _QUANTITY,  # the quantity check of resources (DriverDeployOptions.__post_init__)
@@ -60,9 +65,10 @@ CHART_NAME = "neuron-dra-driver"
 DEFAULT_GENERATION: Mapping[str, Any] = {"kubernetes_version": "1.36", "core_partitions": "auto"}
 NodePath = tuple[Any, ...]
 
-# The options the chart templates (DriverDeployOptions field -> value name).
+# The options the chart templates: DriverDeployOptions field -> value name (camelCase, as the stack's config names
+# the options it feeds: components/settings.py _alias).
 TEMPLATED: Mapping[str, str] = {
-    name: re.sub(r"_(.)", lambda m: m.group(1).upper(), name) for name in (
+    name: to_camel(name) for name in (
         "image", "image_pull_policy", "driver_name", "device_class_name", "core_device_class_name",
         "extended_resource_name", "core_extended_resource_name", "namespace", "service_account", "daemonset_name",
         "plugins_dir", "registry_dir", "cdi_root", "host_root", "host_paths_root", "healthcheck_port",
@@ -78,8 +84,8 @@ _INT_SENTINELS = {"healthcheck_port": 61001, "metrics_port": 61002, "max_surge":
                   "kube_api_qps": 61005, "kube_api_burst": 61006, "kube_api_timeout": 61007}
 # How an option prints where the objects hold it as text (default: toString). The daemon's API-client flags are
 # printed with Python's `:g` (deploy.driver_args), which is C's %g with 6 significant digits, as is Go's %.6g.
-_TEXT_FORMS = {f: f'printf "%.6g" (float64 .Values.{_camel})' for f, _camel in (
-    ("kube_api_qps", "kubeApiQps"), ("kube_api_burst", "kubeApiBurst"), ("kube_api_timeout", "kubeApiTimeout"))}
+_API_CLIENT = ("kube_api_qps", "kube_api_burst", "kube_api_timeout")
+_TEXT_FORMS = {f: f'printf "%.6g" (float64 .Values.{TEMPLATED[f]})' for f in _API_CLIENT}
 # String options with a derived default ("" or None: from the driver name) are rendered through a named template.
 _DERIVED = {"namespace": "neuron-dra.namespace", "device_class_name": "neuron-dra.deviceClass",
             "core_device_class_name": "neuron-dra.coreDeviceClass"}
@@ -103,7 +109,7 @@ _TOGGLES: tuple[tuple[str, Any, str], ...] = (
     ("resources.cpu_limit", None, ".Values.resources.cpuLimit"),
     # The API-client flags are passed only when changed (no rollout otherwise: deploy.driver_args).
     *((f, getattr(_DEFAULTS, f), f"ne (float64 .Values.{TEMPLATED[f]}) {float(getattr(_DEFAULTS, f))!r}")
-      for f in ("kube_api_qps", "kube_api_burst", "kube_api_timeout")),
+      for f in _API_CLIENT),
 )
 _LABELS_SENTINEL = "@@labels@@"
 _POD_MONITOR_LABELS_SENTINEL = "@@pod_monitor_labels@@"
@@ -149,13 +155,9 @@ class Expr:
     text: str
 
 
-def _camel(name: str) -> str:
-    return re.sub(r"_(.)", lambda m: m.group(1).upper(), name)
-
-
 def _value_expr(field: str) -> str:
     if "." in field:  # resources.cpu_request
-        return ".Values." + ".".join(_camel(part) for part in field.split("."))
+        return ".Values." + ".".join(to_camel(part) for part in field.split("."))
     if field in _DERIVED:
         return f'(include "{_DERIVED[field]}" .)'
     if field in _EXPRESSIONS:
@@ -366,7 +368,7 @@ def default_values() -> dict[str, Any]:
         elif isinstance(value, Mapping):
             value = dict(value)
         elif isinstance(value, Resources):
-            value = {_camel(f): getattr(value, f) for f in _RESOURCES}
+            value = {to_camel(f): getattr(value, f) for f in _RESOURCES}
         out[name] = value
     return out
 
@@ -400,7 +402,7 @@ def values_schema() -> dict[str, Any]:
         if field == "resources":
             fields = model["$defs"]["Resources"]["properties"]
             prop = {"type": "object", "additionalProperties": False, "properties": {
-                _camel(f): _quantity(fields[f]) for f in _RESOURCES}}
+                to_camel(f): _quantity(fields[f]) for f in _RESOURCES}}
         if field in ("labels", "pod_monitor_labels"):
             prop = {"type": "object", "additionalProperties": {"type": "string"}}
         properties[name] = prop
@@ -471,6 +473,6 @@ def options_from_values(values: Mapping[str, Any],
         if field == "instance_types":
             value = tuple(value)
         if field == "resources":
-            value = Resources(**{f: value[_camel(f)] for f in _RESOURCES if _camel(f) in value})
+            value = Resources(**{f: value[to_camel(f)] for f in _RESOURCES if to_camel(f) in value})
         kwargs[field] = value
     return DriverDeployOptions(**kwargs)
