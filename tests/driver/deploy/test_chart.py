@@ -268,3 +268,17 @@ def test_release_workflow_pushes_the_chart_with_the_pinned_helm() -> None:
     script = "\n".join(str(s.get("run", "")) for s in steps)
     assert "neuron-dra chart dist" in script
     assert "helm push dist/neuron-dra-driver-*.tgz oci://ghcr.io/neuron-dra/charts" in script
+
+
+def test_chart_command_writes_the_chart_and_names_a_bad_option(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from neuron_dra.cli import main
+
+    assert main(["chart", str(tmp_path), "--kubernetes-version", "1.37"]) == 0
+    root = tmp_path / "neuron-dra-driver"
+    assert {p.name for p in root.iterdir()} == {"Chart.yaml", "values.yaml", "values.schema.json", "templates"}
+    assert yaml.safe_load((root / "Chart.yaml").read_text())["kubeVersion"] == ">=1.37.0-0"
+    assert yaml.safe_load((root / "values.yaml").read_text()) == default_values()
+    capsys.readouterr()
+    assert main(["chart", str(tmp_path), "--core-partitions", "sometimes"]) == 1
+    assert "core_partitions" in capsys.readouterr().err
