@@ -70,7 +70,7 @@ lint:
 	lint-imports
 
 protos:
-	$(PYTHON) -m neuron_dra.driver.kubeletplugin.protogen
+	$(PYTHON) -m neuron_dra.driver.kubeletplugin._protogen
 
 image:
 	@if command -v docker >/dev/null 2>&1; then docker build -f neuron_dra/driver/Dockerfile -t $(IMAGE) .; \

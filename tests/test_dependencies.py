@@ -31,7 +31,7 @@ PARTS: dict[str, tuple[str, ...]] = {
     "": ("core",),
     "driver": ("core",),  # the image
     "driver/deploy/dashboard.py": ("core", "dashboard"),  # imports the SDK only when a dashboard is built
-    "driver/kubeletplugin/protogen.py": ("core", "dev"),  # `make protos`
+    "driver/kubeletplugin/_protogen.py": ("core", "dev"),  # `make protos`
     "claim_templates": ("core", "claims"),
     "localcluster": ("core", "local"),
     "components": ("core", "pulumi"),

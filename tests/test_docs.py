@@ -163,13 +163,13 @@ def test_every_repository_path_the_readme_and_docs_name_exists() -> None:
 def test_the_path_check_catches_stale_paths_and_only_those() -> None:
     page = ROOT / "docs" / "example.md"  # a page that is not there: only its folder matters, for its links
     text = "\n".join([
-        "The state is in `neuron_dra/driver/daemon/state.py` and neuron_dra/driver/daemon/gone.py.",  # 1: stale
+        "The state is in `neuron_dra/driver/daemon/claims/state.py` and neuron_dra/driver/daemon/gone.py.",  # 1: stale
         "Cited as docs/<page>.md, e.g. docs/cdi.md §2; tests/ and `bench/bench_peer.py` too.",
         "Run `tests/driver/nothing_here.py::test_x`.",  # 3: stale, node id dropped
         "See [upgrades](upgrades.md), [the driver](../neuron_dra/driver/README.md#running-it), [x](#top).",
         "See [gone](../docs/gone" ".md) and [web](https://kubernetes.io/docs/concepts/x).",  # 5: stale link
         "The layer `driver/kubeletplugin/` and `localcluster/nowhere.py`.",  # 6: stale part path
-        "python -m neuron_dra.driver.kubeletplugin.protogen; neuron_dra.components.mocks.run_offline.",
+        "python -m neuron_dra.driver.kubeletplugin._protogen; neuron_dra.components.mocks.run_offline.",
         "neuron_dra.driver.daemon.gone and neuron_dra.components.mocks.no_such_name.",  # 8: stale modules
         "Upstream: `github.com/containerd/containerd/v2/docs/cri/config.md`, ~/.cache/neuron-dra/go/, "
         "`4b1e32e:driver/checkpoint.py`.",

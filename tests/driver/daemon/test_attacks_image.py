@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[3]
 # components/driver_image.py's DOCKERFILE and DOCKERIGNORE (not imported: components pulls in Pulumi)
 DOCKERFILE = Path("neuron_dra") / "driver" / "Dockerfile"
 DOCKERIGNORE = DOCKERFILE.with_name("Dockerfile.dockerignore")
-PLANTED = (".env", "kubeconfig", ".aws/credentials", "core", "daemon/core.1234", "daemon/state.py~",
+PLANTED = (".env", "kubeconfig", ".aws/credentials", "core", "daemon/core.1234", "daemon/claims/state.py~",
            "daemon/.state.py.swp", "model/#discovery.py#", "deploy/id_rsa")
 
 pytestmark = pytest.mark.containerd
@@ -56,7 +56,7 @@ def test_files_planted_in_the_driver_tree_fail_the_build_naming_each(tmp_path: P
         bud(context, "localhost/neuron-dra-driver:planted")
     message = str(failed.value)
     assert "holds files that are not the driver's sources" in message
-    for name in (".env", "./kubeconfig", "./.aws", "./core", "daemon/core.1234", "daemon/state.py~",
+    for name in (".env", "./kubeconfig", "./.aws", "./core", "daemon/core.1234", "daemon/claims/state.py~",
                  "daemon/.state.py.swp", "model/#discovery.py#", "deploy/id_rsa", "daemon/linked.py"):
         assert name in message, name
 
