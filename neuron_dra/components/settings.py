@@ -11,7 +11,6 @@ what is allowed (`setting_error` restates pydantic's errors so).
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -908,7 +907,7 @@ class StackSettings(_Settings):
                                    "true or false")
             if self.catalog_file is not None:
                 # The file's text goes into a ConfigMap the driver pods mount (DriverDeployOptions.catalog_yaml).
-                options = dataclasses.replace(options, catalog_yaml=Path(self.catalog_file).expanduser().read_text())
+                options = options.replace(catalog_yaml=Path(self.catalog_file).expanduser().read_text())
             if self.driver_image is not None:
                 DriverDeployOptions(image=self.driver_image)
         except DeployOptionError as e:
