@@ -26,6 +26,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    TypeAdapter,
     ValidationError,
     model_validator,
 )
@@ -136,6 +137,20 @@ def check_ids(setting: str, kind: str, values: object) -> None:
         raise SettingError(setting, values, f"a list of {_ID_RULES[kind][1]}")
     for value in values:
         check_id(setting, kind, value)
+
+
+_ADAPTERS: dict[int, tuple[object, TypeAdapter[Any]]] = {}
+
+
+def check_as(setting: str, kind: Any, value: object) -> None:
+    """`value` checked by the annotated type `kind` (a StackSettings field's: ClusterName, VpcCniIdentity, ...)
+    outside a model (the components' Args, whose fields may be Outputs), refused under `setting`."""
+    if id(kind) not in _ADAPTERS:
+        _ADAPTERS[id(kind)] = (kind, TypeAdapter(kind))
+    try:
+        _ADAPTERS[id(kind)][1].validate_python(value)
+    except ValidationError as e:
+        raise restate(e, SettingError, name=lambda _key: setting) from e
 
 
 def setting_name(key: str) -> str:
@@ -594,6 +609,8 @@ NODE_POOL_FIELD_OF_KEY: Mapping[str, str] = {
 
 
 AddonVersion = Annotated[str, rule(_ADDON_VERSION.match, "an EKS add-on version such as v1.20.4-eksbuild.1")]
+ClusterName = Annotated[str, rule(_CLUSTER_NAME.match, _ID_RULES["cluster"][1])]
+VpcId = Annotated[str, rule(_VPC.match, _ID_RULES["vpc"][1])]
 NatGateways = Annotated[str, rule(NAT_GATEWAY_STRATEGIES.__contains__, " or ".join(NAT_GATEWAY_STRATEGIES))]
 VpcCniIdentity = Annotated[str, rule(VPC_CNI_IDENTITIES.__contains__, " or ".join(VPC_CNI_IDENTITIES))]
 PodMonitorMode = Annotated[str, rule(POD_MONITOR_MODES.__contains__, ", ".join(POD_MONITOR_MODES))]
@@ -615,9 +632,9 @@ class StackSettings(_Settings):
         "resource.k8s.io/v1 is served from 1.34; EKS does not offer 1.37 yet). A minor past EKS standard support "
         "gets a preview warning with its date: extended support costs extra per cluster-hour "
         "(docs/kubernetes-versions.md §1 has the dates).", new_cluster_only=True)
-    cluster_name: Annotated[str, rule(_CLUSTER_NAME.match, _ID_RULES["cluster"][1])] | None = _setting(
+    cluster_name: ClusterName | None = _setting(
         None, "EKS cluster name (default: neuron-dra-<stack>).", new_cluster_only=True)
-    vpc_id: Annotated[str, rule(_VPC.match, _ID_RULES["vpc"][1])] | None = _setting(
+    vpc_id: VpcId | None = _setting(
         None, "Use this VPC instead of creating one (needs privateSubnetIds).", new_cluster_only=True)
     private_subnet_ids: Subnets = _setting((), "Private subnets of vpcId for the control plane and the nodes.",
                                            new_cluster_only=True)
