@@ -1,12 +1,14 @@
 """The default stack's validated settings: frozen values with their checks. Pure Python (no Pulumi import).
 
-`StackSettings` and `NodePoolSettings` are frozen pydantic models: their fields are the table of settings
-(config key = alias, default, description), checked by the field types and `rule`s, then by a model validator
-for what depends on several. `NodeGroupSettings` is still a frozen dataclass checked in `__post_init__`
-(`TrainiumNodeGroupArgs` extends it with Pulumi Inputs). `neuron_dra.components.settings_schema` decodes raw
-Pulumi config into these values. Every error is a SettingError naming the setting
-(`neuron-dra:nodeGroups[0].instanceType`, or the Python field when a value is built in code), the value and
-what is allowed (`setting_error` restates pydantic's errors so).
+`StackSettings`, `NodeGroupSettings` and `NodePoolSettings` are frozen pydantic models: their fields are the table
+of settings (config key = alias, default, description), checked by the field types and `rule`s (annotated types
+such as DnsLabel, Az, Lnc, RootVolumeGiB, shared by groups, pools and the components' Args), then by a model
+validator for what depends on several (one method per fact where groups and pools share it: labels, LNC,
+instance type). `TrainiumNodeGroupArgs` and `TrainiumNodePoolArgs` extend them with Pulumi Inputs.
+`neuron_dra.components.settings_schema` decodes raw Pulumi config into these values. Every error is a
+SettingError naming the setting (`neuron-dra:nodeGroups[0].instanceType`, or the Python field when a value is
+built in code), the value and what is allowed (`errortext.restate`, the restater of every model, words pydantic's
+errors so).
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ past any recursion limit, or small on disk and huge in memory (YAML aliases refe
 whole it floods logs and terminals, and building `repr()` of it first can take gigabytes. `shown` builds the repr
 with `reprlib` limits (depth, items per container, characters per string, digits per integer), so its cost is
 bounded whatever the value, then keeps the start and says how long the rest was.
+
+Also the one wording of pydantic's refusals for every model of the project (`rule`, `checked`, `restate`): the
+stack's settings, node groups and pools, and the driver's deployment options.
 """
 
 from __future__ import annotations

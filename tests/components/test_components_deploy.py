@@ -1,4 +1,4 @@
-"""driver/deploy/__init__.py: the driver's Kubernetes objects (pure dicts), checked against the real schemas and the
+"""driver/deploy/manifests.py: the driver's Kubernetes objects (pure dicts), checked against the real schemas and the
 real daemon's command line."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""NeuronDraDriver under Pulumi mocks: it applies exactly driver/deploy/__init__.py's dicts, in a safe order."""
+"""NeuronDraDriver under Pulumi mocks: it applies exactly driver/deploy/manifests.py's dicts, in a safe order."""
 
 from __future__ import annotations
 
