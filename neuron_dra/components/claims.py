@@ -191,8 +191,7 @@ def _check_classes_exist(template: ClaimTemplateLike, manifest: Mapping[str, Any
                            f"a DeviceClass this stack creates ({', '.join(created)}){why}")
 
 
-def _check_manifest_names(template: ClaimTemplateLike) -> None:
-    manifest = template.to_manifest()
+def _check_manifest_names(template: ClaimTemplateLike, manifest: Mapping[str, Any]) -> None:
     meta = manifest.get("metadata", {})
     if (manifest.get("apiVersion"), manifest.get("kind")) != ("resource.k8s.io/v1", "ResourceClaimTemplate"):
         raise SettingError(f"claim template {template_key(template)}", manifest.get("kind"),
@@ -217,11 +216,12 @@ def _check_efa_fit(check: TemplateCheck, template: ClaimTemplateLike, targets: S
             f"node groups and Karpenter pools with EFA interfaces), and there it does not fit: {reason}")) from e
 
 
-def _check_cores(args: ClaimTemplatesArgs, templates: Sequence[ClaimTemplateLike], options: DriverDeployOptions,
-                 targets: Sequence[str]) -> None:
+def _check_cores(args: ClaimTemplatesArgs, templates: Sequence[ClaimTemplateLike],
+                 manifests: Sequence[Mapping[str, Any]], options: DriverDeployOptions, targets: Sequence[str]) -> None:
     """Templates requesting NeuronCores need a driver that publishes them; where it does on Kubernetes 1.36, the
     scheduler's cost at the node groups' and pools' maximum size is warned about, or refused (core_scale.py)."""
-    asking = [template_key(t) for t in templates if class_requests(t.to_manifest(), options.core_device_class_name)]
+    asking = [template_key(t) for t, m in zip(templates, manifests, strict=True)
+              if class_requests(m, options.core_device_class_name)]
     if asking and not options.publishes_cores:
         where = (f"on Kubernetes {options.kubernetes_version} only with DriverDeployOptions(core_partitions='on')"
                  if options.serves("core_device_class") else "from Kubernetes 1.36 (partitionable devices)")
@@ -281,10 +281,12 @@ class ClaimTemplates(pulumi.ComponentResource):
         efa_class = drivers.efa_class if drivers is not None else EFA_DEVICE_CLASS
         created = [*driver.device_class_names, *([efa_class] if args.efa_driver is not None else [])] \
             if driver is not None else None
-        for template in templates:
-            _check_manifest_names(template)
+        # Each template rendered once: its checks and its object read the same dict.
+        manifests = [template.to_manifest() for template in templates]
+        for template, manifest in zip(templates, manifests, strict=True):
+            _check_manifest_names(template, manifest)
             if created is not None:
-                _check_classes_exist(template, template.to_manifest(), created, driver, efa_class)
+                _check_classes_exist(template, manifest, created, driver, efa_class)
             try:
                 check(template, list(targets))
             except Exception as e:  # a custom check's error type is not ours to know; its message is the point
@@ -292,8 +294,8 @@ class ClaimTemplates(pulumi.ComponentResource):
                 raise ClaimTemplateCheckError(template_key(template), targets, reason) from e
         efa_targets = args.efa_check_targets
         installed = args.efa_driver.device_class_name if isinstance(args.efa_driver, EfaDraDriver) else None
-        for template in templates:  # after the fit checks: their message says more when both fail
-            requests = class_requests(template.to_manifest(), efa_class)
+        for template, manifest in zip(templates, manifests, strict=True):  # after the fit checks (they say more)
+            requests = class_requests(manifest, efa_class)
             if requests and args.efa_driver is None:
                 raise missing_efa_driver(template_key(template), requests, efa_class)
             if requests and set(efa_targets) != set(targets):
@@ -303,11 +305,11 @@ class ClaimTemplates(pulumi.ComponentResource):
                                    f"DeviceClass {installed}, the one the EfaDraDriver installs (or install it "
                                    f"with device_class_name={efa_class!r})")
         if driver is not None and getattr(driver, "options", None) is not None:
-            _check_cores(args, templates, driver.options, targets)
+            _check_cores(args, templates, manifests, driver.options, targets)
         self.names = keys
         self.checked_against = targets
         self.templates = templates
-        self.manifests = [dict(t.to_manifest()) for t in templates]
+        self.manifests = [dict(m) for m in manifests]
         self.objects = {}
         depends += [args.efa_driver.release] if isinstance(args.efa_driver, EfaDraDriver) else []
         for key, manifest in zip(keys, self.manifests, strict=True):

@@ -33,11 +33,13 @@ from neuron_dra.components.settings import (
     DEFAULT_VPC_CIDR,
     MIN_VPC_CNI_FOR_EFA_ONLY,
     MIN_VPC_CNI_FOR_NETWORK_POLICY,
-    NAT_GATEWAY_STRATEGIES,
-    VPC_CNI_IDENTITIES,
+    ClusterName,
+    NatGateways,
     SettingError,
+    VpcCniIdentity,
+    VpcId,
+    check_as,
     check_eks_version,
-    check_id,
     check_ids,
     kubernetes_version_warnings,
     parse_addon_version,
@@ -116,9 +118,9 @@ class TrainiumClusterArgs:
         parse_kubernetes_version(f"{at}kubernetes_version", self.kubernetes_version)
         check_eks_version(f"{at}kubernetes_version", self.kubernetes_version)  # EKS offers only some minors
         if self.cluster_name is not None:
-            self._check("cluster_name", lambda v: check_id(f"{at}cluster_name", "cluster", v))
+            self._check("cluster_name", lambda v: check_as(f"{at}cluster_name", ClusterName, v))
         if self.vpc_id is not None:
-            self._check("vpc_id", lambda v: check_id(f"{at}vpc_id", "vpc", v))
+            self._check("vpc_id", lambda v: check_as(f"{at}vpc_id", VpcId, v))
             self._check("private_subnet_ids", _private_subnets)
             self._check("public_subnet_ids", lambda v: check_ids(f"{at}public_subnet_ids", "subnet", list(v)))
         else:
@@ -128,10 +130,8 @@ class TrainiumClusterArgs:
                     raise SettingError(f"{at}{key}", _shown(value), "unset unless vpc_id is set")
         self._check("admin_principal_arns", lambda v: check_ids(f"{at}admin_principal_arns", "arn", list(v)))
         self._check("public_access_cidrs", lambda v: check_ids(f"{at}public_access_cidrs", "cidr", list(v)))
-        if self.vpc_cni_identity not in VPC_CNI_IDENTITIES:
-            raise SettingError(f"{at}vpc_cni_identity", self.vpc_cni_identity, " or ".join(VPC_CNI_IDENTITIES))
-        if self.nat_gateways not in NAT_GATEWAY_STRATEGIES:
-            raise SettingError(f"{at}nat_gateways", self.nat_gateways, " or ".join(NAT_GATEWAY_STRATEGIES))
+        check_as(f"{at}vpc_cni_identity", VpcCniIdentity, self.vpc_cni_identity)  # StackSettings' types
+        check_as(f"{at}nat_gateways", NatGateways, self.nat_gateways)
         for key in ("coredns_version", "kube_proxy_version", "pod_identity_agent_version"):
             if getattr(self, key) is not None:
                 self._check(key, functools.partial(parse_addon_version, f"{at}{key}"))

@@ -12,7 +12,7 @@ claim_templates/scale.py) is a preview warning, and past the scheduler's 10 s DR
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from neuron_dra.claim_templates import ClaimTemplate, NeuronCores
 from neuron_dra.claim_templates.node_model import NodeCatalog
@@ -51,7 +51,7 @@ def choose(settings: StackSettings, options: DriverDeployOptions, templates: Seq
     if options.core_partitions != "auto" or not options.serves("core_device_class") or \
             options.serves("core_partitions_by_default"):
         return CoreChoice(options, tuple(asked) if options.publishes_cores else ())
-    return CoreChoice(replace(options, core_partitions="on" if asked else "off"), tuple(asked))
+    return CoreChoice(options.replace(core_partitions="on" if asked else "off"), tuple(asked))
 
 
 def predict(templates: Sequence[ClaimTemplateLike], nodes: int, targets: Sequence[str], hardware: Catalog

@@ -17,7 +17,8 @@ DaemonSet, whether or not its pods run (docs/pulumi-engine.md §3).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ class NeuronDraDriverArgs:
         """`options` for the cluster's Kubernetes version."""
         version = (self.cluster.kubernetes_version if self.cluster is not None
                    else self.kubernetes_version or self.options.kubernetes_version)
-        return replace(self.options, kubernetes_version=version)
+        return self.options.replace(kubernetes_version=version)
 
     def build_context(self) -> Path:
         """The directory the image is built from (without `image`), checked to hold what the build reads."""
@@ -151,7 +152,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
             self.repository, self.image = built.repository, built.ref
         else:
             self.image = pulumi.Output.from_input(args.image).apply(_warn_if_floating)
-        # The dicts as `deploy` renders them; only the DaemonSet's spec waits for the image reference.
+        # The dicts as `deploy` renders them, once; only the DaemonSet's container image waits for the reference.
         self.manifests = deploy.manifests(options)
         self.objects = {}
         # Every object of a kind: on 1.36+ there are two DeviceClasses, and the DaemonSet waits for both.
@@ -162,9 +163,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
             overrides: dict[str, Any] | None = None
             child = pulumi.ResourceOptions(parent=self, depends_on=depends)
             if kind == "DaemonSet":
-                overrides = {
-                    "spec": self.image.apply(lambda ref: deploy.daemonset(replace(options, image=ref))["spec"]),
-                }
+                overrides = {"spec": self.image.apply(functools.partial(_with_image, manifest["spec"]))}
                 overrides["metadata"], child = _await(manifest, child, args.rollout_timeout_seconds)
             obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)
             self.objects[deploy.object_key(manifest)] = obj
@@ -187,6 +186,13 @@ def _warn_if_floating(image: str) -> str:
     if not driver_image.is_pinned(image):
         pulumi.log.warn(driver_image.floating_warning(image))
     return image
+
+
+def _with_image(spec: Manifest, image: str) -> Manifest:
+    """The DaemonSet's spec as rendered, its containers running `image` (the rendering's only Output)."""
+    pod = spec["template"]["spec"]
+    containers = [{**c, "image": image} for c in pod["containers"]]
+    return {**spec, "template": {**spec["template"], "spec": {**pod, "containers": containers}}}
 
 
 SKIP_AWAIT = "pulumi.com/skipAwait"

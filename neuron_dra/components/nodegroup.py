@@ -20,13 +20,13 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 import pulumi_aws as aws
+from pydantic import Field, SkipValidation, model_validator
 
 from neuron_dra.components.cluster import TrainiumCluster
 from neuron_dra.components.efa import efa_interfaces
@@ -47,7 +47,6 @@ CNI_POLICY = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
 NEURON_TAINT = {"key": NEURON_TAINT_KEY, "value": NEURON_TAINT_VALUE, "effect": "NO_SCHEDULE"}  # EKS API spelling
 
 
-@dataclass(frozen=True, kw_only=True)
 class TrainiumNodeGroupArgs(NodeGroupSettings):
     """Inputs of `TrainiumNodeGroup`: the node group's own fields and where it goes. Fields marked Input also
     take a `pulumi.Output`: known values are checked here, the others once they resolve (same message).
@@ -88,24 +87,32 @@ class TrainiumNodeGroupArgs(NodeGroupSettings):
     tags: dict[str, str] -- AWS tags.
     """
 
-    subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]] = field(  # type: ignore[assignment]
-        default=(), metadata={"key": "subnetIds"})
-    capacity_reservation_id: pulumi.Input[str] | None = field(  # type: ignore[assignment]
-        default=None, metadata={"key": "capacityReservationId"})
-    cluster: TrainiumCluster | None = None
-    cluster_name: pulumi.Input[str] | None = None
-    vpc_id: pulumi.Input[str] | None = None
-    cluster_security_group_id: pulumi.Input[str] | None = None
+    if TYPE_CHECKING:  # what callers are checked against; pydantic cannot resolve pulumi.Input, so Any at runtime
+        subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]] = ()  # type: ignore[assignment]
+        capacity_reservation_id: pulumi.Input[str] | None = None  # type: ignore[assignment]
+        cluster_name: pulumi.Input[str] | None = None
+        vpc_id: pulumi.Input[str] | None = None
+        cluster_security_group_id: pulumi.Input[str] | None = None
+        candidate_subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]] | None = None
+        security_group_ids: pulumi.Input[Sequence[pulumi.Input[str]]] = ()
+        cluster: TrainiumCluster | None = None
+    else:
+        subnet_ids: Any = ()
+        capacity_reservation_id: Any = None
+        cluster_name: Any = None
+        vpc_id: Any = None
+        cluster_security_group_id: Any = None
+        candidate_subnet_ids: Any = None
+        security_group_ids: Any = ()
+        cluster: Any = None
     kubernetes_version: str | None = None
-    candidate_subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]] | None = None
     availability_zones: Sequence[str] = ()
-    security_group_ids: pulumi.Input[Sequence[pulumi.Input[str]]] = ()
-    imds_hop_limit: int = 1  # 2 lets every pod reach IMDS and so the node role
+    imds_hop_limit: SkipValidation[int] = 1  # 2 lets every pod reach IMDS and so the node role
     cni_policy_on_node_role: bool | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)
+    tags: Mapping[str, str] = Field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    @model_validator(mode="after")
+    def _place(self) -> TrainiumNodeGroupArgs:
         at = f"{type(self).__name__}({self.name!r})."
         if not is_known(self.subnet_ids):
             object.__setattr__(self, "subnet_ids", checked(self.subnet_ids, self._check_subnets))
@@ -144,20 +151,16 @@ class TrainiumNodeGroupArgs(NodeGroupSettings):
             raise SettingError(f"{type(self).__name__}.imds_hop_limit", hop, "1 to 64")
         object.__setattr__(self, "security_group_ids", checked(
             self.security_group_ids, lambda v: check_ids(f"{at}security_group_ids", "security_group", list(v))))
+        return self
 
     def _known(self, value: object) -> bool:
         return is_known(value)
-
-    def _check_subnets(self, subnet_ids: Sequence[str]) -> None:
-        if isinstance(subnet_ids, str) or not isinstance(subnet_ids, list | tuple):
-            raise SettingError(self._at("subnetIds"), subnet_ids, "a list of subnet ids")
-        self.check_subnet_ids(subnet_ids)
 
     @classmethod
     def from_settings(cls, group: NodeGroupSettings, **placement: Any) -> TrainiumNodeGroupArgs:
         """A node group of the default stack's settings, placed by `placement` (cluster=..., or cluster_name,
         vpc_id, ...)."""
-        plain = {f.name: getattr(group, f.name) for f in fields(NodeGroupSettings)}
+        plain = {name: getattr(group, name) for name in NodeGroupSettings.model_fields}
         return cls(**plain, **placement)
 
 

@@ -1,38 +1,39 @@
 """The default stack's validated settings: frozen values with their checks. Pure Python (no Pulumi import).
 
-`StackSettings` and `NodePoolSettings` are frozen pydantic models: their fields are the table of settings
-(config key = alias, default, description), checked by the field types and `_rule`s, then by a model validator
-for what depends on several. `NodeGroupSettings` is still a frozen dataclass checked in `__post_init__`
-(`TrainiumNodeGroupArgs` extends it with Pulumi Inputs). `neuron_dra.components.settings_schema` decodes raw
-Pulumi config into these values. Every error is a SettingError naming the setting
-(`neuron-dra:nodeGroups[0].instanceType`, or the Python field when a value is built in code), the value and
-what is allowed (`setting_error` restates pydantic's errors so).
+`StackSettings`, `NodeGroupSettings` and `NodePoolSettings` are frozen pydantic models: their fields are the table
+of settings (config key = alias, default, description), checked by the field types and `rule`s (annotated types
+such as DnsLabel, Az, Lnc, RootVolumeGiB, shared by groups, pools and the components' Args), then by a model
+validator for what depends on several (one method per fact where groups and pools share it: labels, LNC,
+instance type). `TrainiumNodeGroupArgs` and `TrainiumNodePoolArgs` extend them with Pulumi Inputs.
+`neuron_dra.components.settings_schema` decodes raw Pulumi config into these values. Every error is a
+SettingError naming the setting (`neuron-dra:nodeGroups[0].instanceType`, or the Python field when a value is
+built in code), the value and what is allowed (`errortext.restate`, the restater of every model, words pydantic's
+errors so).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     InstanceOf,
     StrictBool,
     StrictInt,
+    StrictStr,
+    TypeAdapter,
     ValidationError,
     model_validator,
 )
+from pydantic._internal._model_construction import ModelMetaclass  # BaseModel's metaclass (no public name)
 from pydantic.alias_generators import to_camel
-from pydantic_core import PydanticCustomError
 
 from neuron_dra.components.eks_versions import EksVersion, eks_version, offered, support_warning, today_utc
 from neuron_dra.driver.deploy import (
@@ -41,8 +42,9 @@ from neuron_dra.driver.deploy import (
     DEFAULT_EXTENDED_RESOURCE,
     DeployOptionError,
     DriverDeployOptions,
+    DriverName,
 )
-from neuron_dra.driver.errortext import did_you_mean
+from neuron_dra.driver.errortext import checked, did_you_mean, restate, rule
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, InstanceSpec
 from neuron_dra.driver.model.config import LNC_VALUES
 from neuron_dra.driver.model.errors import NotAllowed
@@ -139,6 +141,20 @@ def check_ids(setting: str, kind: str, values: object) -> None:
         check_id(setting, kind, value)
 
 
+_ADAPTERS: dict[int, tuple[object, TypeAdapter[Any]]] = {}
+
+
+def check_as(setting: str, kind: Any, value: object) -> None:
+    """`value` checked by the annotated type `kind` (a StackSettings field's: ClusterName, VpcCniIdentity, ...)
+    outside a model (the components' Args, whose fields may be Outputs), refused under `setting`."""
+    if id(kind) not in _ADAPTERS:
+        _ADAPTERS[id(kind)] = (kind, TypeAdapter(kind))
+    try:
+        _ADAPTERS[id(kind)][1].validate_python(value)
+    except ValidationError as e:
+        raise restate(e, SettingError, name=lambda _key: setting) from e
+
+
 def setting_name(key: str) -> str:
     return f"{PROJECT}:{key}"
 
@@ -182,15 +198,6 @@ def parse_addon_version(setting: str, value: str) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
-def _rule(test: Callable[[Any], object], allowed: str) -> AfterValidator:
-    """A field's check beyond its type: `test`, else an error naming `allowed` (see `setting_error`)."""
-
-    def check(value: Any) -> Any:
-        if not test(value):
-            raise PydanticCustomError("not_allowed", "{allowed}", {"allowed": allowed})
-        return value
-
-    return AfterValidator(check)
 
 
 def _setting(default: Any, description: str, *, new_cluster_only: bool = False, option: str | None = None) -> Any:
@@ -213,40 +220,32 @@ def unknown_key(setting: str, value: object, keys: Sequence[str], noun: str) -> 
     return SettingError(setting, value, f"{closest}{noun}: {', '.join(keys)}")
 
 
-# What a value of the wrong type is refused with, by pydantic's error type.
-_TYPE_ERRORS = {"string_type": "a string", "int_type": "a whole number", "int_parsing": "a whole number",
-                "int_from_float": "a whole number", "bool_type": "true or false", "bool_parsing": "true or false",
-                "tuple_type": "a list of strings", "list_type": "a list", "dict_type": "an object"}
+class _OwnDir(ModelMetaclass):
+    """`dir()` of a settings class without pydantic's inherited model API (model_dump, model_copy, ...), so
+    `help()` shows the settings' own fields and properties in a few pages instead of BaseModel's reference
+    (tests/components/test_components_nodegroup.py bounds it). Access is unchanged; pydantic documents the API."""
+
+    def __dir__(cls) -> list[str]:
+        own = {name for klass in cls.__mro__ if klass not in BaseModel.__mro__ for name in vars(klass)}
+        return [name for name in super().__dir__() if name in own or name not in dir(BaseModel)]
 
 
-def setting_error(error: ValidationError, at: Callable[[str], str], noun: str, keys: Sequence[str]) -> NotAllowed:
-    """pydantic's first error as today's SettingError: the setting (`at(key)`), the value and what is allowed (a
-    check's own NotAllowed as it is; a `_rule`'s text; the type; did-you-mean for an unknown key)."""
-    first = error.errors()[0]
-    ctx = first.get("ctx", {})
-    cause = ctx.get("error")
-    if isinstance(cause, NotAllowed):
-        return cause
-    setting = at(str(first["loc"][0]) if first["loc"] else "")
-    if first["type"] == "extra_forbidden":
-        return unknown_key(setting, first["input"], keys, noun)
-    return SettingError(setting, first["input"], ctx.get("allowed") or _TYPE_ERRORS.get(first["type"], first["msg"]))
-
-
-class _Settings(BaseModel):
+class _Settings(BaseModel, metaclass=_OwnDir):
     """Settings as a pydantic model: frozen, no unknown keys, config keys as aliases (`_alias`); a refusal is a
     SettingError naming the setting as `_at_key` does."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_alias, populate_by_name=True,
                               arbitrary_types_allowed=True)
     _noun: ClassVar[str] = "the settings"
+    _allowed: ClassVar[Mapping[str, str]] = {}  # what a config key allows, where its type's own words say less
 
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
         except ValidationError as e:
             keys = [f.alias or n for n, f in type(self).model_fields.items() if not f.exclude]
-            error = setting_error(e, lambda key: self._at_key(data, key), self._noun, keys)
+            error = restate(e, SettingError, name=lambda key: self._at_key(data, key), allowed=self._allowed,
+                            unknown=lambda setting, value: unknown_key(setting, value, keys, self._noun))
             raise error from error.__cause__ or e
 
     @classmethod
@@ -273,90 +272,111 @@ class _Entry(_Settings):
         """The name of config key `key` of this entry in an error message."""
         return self._at_key({"where": self.where, "name": getattr(self, "name", None)}, key)
 
+    def _check_labels(self, reserved: tuple[str, ...] = ()) -> None:
+        """Node labels: keys and values as Kubernetes allows, no key in a `reserved` domain (Karpenter's own)."""
+        labels = getattr(self, "labels", {})
+        for label, text in labels.items():
+            if not is_label_key(label):
+                raise SettingError(self._at("labels"), label, LABEL_KEY_RULE)
+            if reserved and label.split("/", 1)[0].endswith(reserved) and "/" in label:
+                raise SettingError(self._at("labels"), label,
+                                   f"a key outside {' and '.join(reserved)} (Karpenter's own)")
+            if not is_label_value(text):
+                raise SettingError(f"{self._at('labels')}[{label}]", text, LABEL_VALUE_RULE)
 
-def _key(config_key: str) -> dict[str, str]:
-    """Field metadata: the field's key in a `nodeGroups` config entry (the node group table is these fields)."""
-    return {"key": config_key}
+    def _check_lnc(self, types: Sequence[str]) -> None:
+        """An LNC (1 or 2, the field's type) only where every instance type has one (Trainium2 and Trainium3)."""
+        lnc = getattr(self, "lnc", None)
+        without = [t for t in types if not self.hardware.spec(t).family.lnc_supported]
+        if lnc is not None and without:
+            devices = sorted({self.hardware.spec(t).family.device_name for t in without})
+            raise SettingError(self._at("lnc"), lnc,
+                               f"unset: {', '.join(without)} ({', '.join(devices)}) "
+                               f"{'has' if len(without) == 1 else 'have'} no Logical NeuronCore config (LNC exists on "
+                               "Trainium2 and Trainium3 only); drop lnc")
 
-
-@dataclass(frozen=True)
-class NodeGroupSettings:
-    """One managed node group of Neuron instances."""
-
-    name: str = field(metadata=_key("name"))
-    instance_type: str = field(default="trn2.48xlarge", metadata=_key("instanceType"))
-    desired_size: int = field(default=1, metadata=_key("desiredSize"))
-    min_size: int = field(default=0, metadata=_key("minSize"))
-    # None: desired_size (at least 1, as EKS requires)
-    max_size: int | None = field(default=None, metadata=_key("maxSize"))
-    # None: CAPACITY_BLOCK with a reservation id, else ON_DEMAND
-    capacity_type: str | None = field(default=None, metadata=_key("capacityType"))
-    capacity_reservation_id: str | None = field(default=None, metadata=_key("capacityReservationId"))
-    availability_zone: str | None = field(default=None, metadata=_key("availabilityZone"))
-    subnet_ids: tuple[str, ...] = field(default=(), metadata=_key("subnetIds"))
-    labels: Mapping[str, str] = field(default_factory=dict, metadata=_key("labels"))
-    root_volume_size_gib: int = field(default=DEFAULT_ROOT_VOLUME_GIB, metadata=_key("rootVolumeSizeGiB"))
-    root_volume_kms_key_id: str | None = field(default=None, metadata=_key("rootVolumeKmsKeyId"))
-    # For network cards 1..n-1 (card 0 is always `efa`).
-    efa_interface_type: str = field(default="efa-only", metadata=_key("efaInterfaceType"))
-    # None: for EFA groups not on a Capacity Block
-    placement_group: bool | None = field(default=None, metadata=_key("placementGroup"))
-    version: str | None = field(default=None, metadata=_key("version"))  # None: the cluster's version
-    # Logical NeuronCore config of the nodes (Trainium2/3: 1 or 2); None: the family's default (2).
-    lnc: int | None = field(default=None, metadata=_key("lnc"))
-    # The config setting this came from (`neuron-dra:nodeGroups[0]`), for error messages; "" when built in
-    # code: errors then name the Python field (`TrainiumNodeGroupArgs.instance_type`).
-    where: str = field(default="", compare=False)
-    # The instance types it may use: the built-in catalog, or one extended by the stack's catalogFile.
-    hardware: Catalog = field(default=BUILTIN, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise SettingError(self._at("name"), self.name, "a DNS label of at most 40 characters")
-        if self.instance_type not in self.hardware:
-            raise SettingError(self._at("instanceType"), self.instance_type,
+    def _check_instance_type(self, key: str, instance_type: str) -> None:
+        if instance_type not in self.hardware:
+            raise SettingError(self._at(key), instance_type,
                                f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)"
-                               f"{did_you_mean(str(self.instance_type), self.hardware.names)}")
-        for key, v in (("desiredSize", self.desired_size), ("minSize", self.min_size),
-                       ("maxSize", self.max_size), ("rootVolumeSizeGiB", self.root_volume_size_gib)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise SettingError(self._at(key), v, "a whole number >= 0")
-        if self.max_size is not None and self.max_size < 1:
-            raise SettingError(self._at("maxSize"), self.max_size, "at least 1")
+                               f"{did_you_mean(str(instance_type), self.hardware.names)}")
+
+
+def _lnc(field: str, value: object) -> object:
+    """A Logical NeuronCore config: 1 or 2 (a bool is not a number here)."""
+    if isinstance(value, bool) or value not in LNC_VALUES:
+        raise SettingError(field, value, f"{' or '.join(map(str, LNC_VALUES))} (unset: the family's default, 2)")
+    return value
+
+
+DnsLabel = Annotated[str, rule(_NAME.match, "a DNS label of at most 40 characters")]
+Az = Annotated[str, rule(_AZ.match, "an AZ name such as us-east-2b")]
+Reservation = Annotated[str, rule(_RESERVATION.match, _ID_RULES["reservation"][1])]
+SubnetId = Annotated[str, rule(_SUBNET.match, "subnet ids such as subnet-0123456789abcdef0")]
+Subnets = tuple[SubnetId, ...]
+Lnc = Annotated[int, checked(_lnc)]
+RootVolumeGiB = Annotated[StrictInt, rule(lambda size: size >= 50, "a whole number of at least 50 (the Neuron AMI, "
+                                          "container images and Neuron compiler caches)")]
+Count = Annotated[StrictInt, rule(lambda n: n >= 0, "a whole number >= 0")]
+
+
+class NodeGroupSettings(_Entry):
+    """One managed node group of Neuron instances (a nodeGroups entry; `TrainiumNodeGroupArgs` adds where it
+    goes)."""
+
+    _noun: ClassVar[str] = "the node group keys"
+    _allowed: ClassVar[Mapping[str, str]] = {"subnetIds": "a list of subnet ids",
+                                             "labels": "an object of label key -> value"}
+
+    name: DnsLabel
+    instance_type: StrictStr = "trn2.48xlarge"
+    desired_size: Count = 1
+    min_size: Count = 0
+    max_size: Annotated[Count, rule(lambda n: n >= 1, "at least 1")] | None = None  # None: desired_size (>= 1)
+    # None: CAPACITY_BLOCK with a reservation id, else ON_DEMAND
+    capacity_type: Annotated[StrictStr, rule(CAPACITY_TYPES.__contains__, " or ".join(CAPACITY_TYPES))] | None = None
+    capacity_reservation_id: Reservation | None = None
+    availability_zone: Az | None = None
+    subnet_ids: tuple[StrictStr, ...] = ()  # ids checked by `_check_subnets` (also once an Output resolves)
+    labels: Mapping[StrictStr, StrictStr] = Field(default_factory=dict)
+    root_volume_size_gib: RootVolumeGiB = DEFAULT_ROOT_VOLUME_GIB
+    root_volume_kms_key_id: StrictStr | None = None
+    # For network cards 1..n-1 (card 0 is always `efa`).
+    efa_interface_type: Annotated[StrictStr, rule(EFA_INTERFACE_TYPES.__contains__,
+                                                  " or ".join(EFA_INTERFACE_TYPES))] = "efa-only"
+    placement_group: StrictBool | None = None  # None: for EFA groups not on a Capacity Block
+    version: StrictStr | None = None  # None: the cluster's version
+    # Logical NeuronCore config of the nodes (Trainium2/3: 1 or 2); None: the family's default (2).
+    lnc: Lnc | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> NodeGroupSettings:
+        self._check_instance_type("instanceType", self.instance_type)
         if not self.min_size <= self.desired_size <= self.maximum:
             raise SettingError(self._at("desiredSize"), self.desired_size,
                                f"between minSize ({self.min_size}) and maxSize ({self.maximum})")
-        if self.root_volume_size_gib < 50:
-            raise SettingError(self._at("rootVolumeSizeGiB"), self.root_volume_size_gib,
-                               "at least 50 (the Neuron AMI, container images and Neuron compiler caches)")
-        if self.efa_interface_type not in EFA_INTERFACE_TYPES:
-            raise SettingError(self._at("efaInterfaceType"), self.efa_interface_type, " or ".join(EFA_INTERFACE_TYPES))
-        if self.availability_zone is not None and not _AZ.match(self.availability_zone):
-            raise SettingError(self._at("availabilityZone"), self.availability_zone, "an AZ name such as us-east-2b")
         if self._known(self.subnet_ids):
-            self.check_subnet_ids(self.subnet_ids)
+            self._check_subnets(self.subnet_ids)
         if self.subnet_ids and self.availability_zone:
             raise SettingError(self._at("availabilityZone"), self.availability_zone,
                                "unset when subnetIds is given (the subnets decide the AZ)")
-        for label, text in self.labels.items():
-            if not is_label_key(label):
-                raise SettingError(self._at("labels"), label, LABEL_KEY_RULE)
-            if not is_label_value(text):
-                raise SettingError(f"{self._at('labels')}[{label}]", text, LABEL_VALUE_RULE)
+        self._check_labels()
         if self.version is not None:
             parse_kubernetes_version(self._at("version"), self.version)
             check_eks_version(self._at("version"), self.version)
-        self._check_lnc()
+        self._check_lnc([self.instance_type])
         self._check_capacity_block()
+        return self
 
     def _known(self, value: object) -> bool:
         """Whether `value` is known now (Args that take Pulumi Outputs check the others once they resolve)."""
         return True
 
-    def check_subnet_ids(self, subnet_ids: Sequence[str]) -> None:
-        for s in subnet_ids:
-            if not isinstance(s, str) or not _SUBNET.match(s):
-                raise SettingError(self._at("subnetIds"), s, "subnet ids such as subnet-0123456789abcdef0")
+    def _check_subnets(self, subnet_ids: Sequence[str]) -> None:
+        """The subnets (known now, or an Output's value once it resolves): ids, and one for an EFA group."""
+        if isinstance(subnet_ids, str) or not isinstance(subnet_ids, list | tuple):
+            raise SettingError(self._at("subnetIds"), subnet_ids, "a list of subnet ids")
+        check_ids(self._at("subnetIds"), "subnet", list(subnet_ids))
         if self.is_efa and len(subnet_ids) > 1:
             raise SettingError(
                 self._at("subnetIds"), list(subnet_ids),
@@ -365,18 +385,6 @@ class NodeGroupSettings:
 
     def check_reservation_id(self, reservation_id: str) -> None:
         check_id(self._at("capacityReservationId"), "reservation", reservation_id)
-
-    def _check_lnc(self) -> None:
-        if self.lnc is None:
-            return
-        spec = self.spec
-        if not spec.lnc_supported:
-            raise SettingError(self._at("lnc"), self.lnc,
-                               f"unset: {self.instance_type} ({spec.family.device_name}) has no Logical NeuronCore "
-                               "config (LNC exists on Trainium2 and Trainium3 only); drop lnc")
-        if isinstance(self.lnc, bool) or self.lnc not in LNC_VALUES:
-            raise SettingError(self._at("lnc"), self.lnc,
-                               f"{' or '.join(map(str, LNC_VALUES))} (unset: {spec.family.default_lnc}, the default)")
 
     @property
     def node_lnc(self) -> int | None:
@@ -394,8 +402,6 @@ class NodeGroupSettings:
         return f"{self.instance_type}:lnc={self.lnc}"
 
     def _check_capacity_block(self) -> None:
-        if self.capacity_type is not None and self.capacity_type not in CAPACITY_TYPES:
-            raise SettingError(self._at("capacityType"), self.capacity_type, " or ".join(CAPACITY_TYPES))
         if self.capacity_type == "CAPACITY_BLOCK" and self.capacity_reservation_id is None:
             raise SettingError(self._at("capacityReservationId"), None,
                                "the Capacity Block's reservation id (cr-...) with capacityType CAPACITY_BLOCK")
@@ -420,12 +426,6 @@ class NodeGroupSettings:
             raise SettingError(self._at("placementGroup"), True,
                                "false on a Capacity Block (its capacity is already placed; a placement group "
                                "can keep instances from launching into the reservation)")
-
-    def _at(self, key: str) -> str:
-        """The name of config key `key` of this node group in an error message."""
-        if self.where:
-            return f"{self.where}.{key}"
-        return f"{type(self).__name__}({self.name!r}).{NODE_GROUP_FIELD_OF_KEY.get(key, key)}"
 
     @property
     def spec(self) -> InstanceSpec:
@@ -454,9 +454,9 @@ class NodeGroupSettings:
         return self.is_efa and not self.capacity_block
 
 
-# Config key -> field of a node group, from the fields' metadata (one source for decoding and errors).
+# Config key -> field of a node group, from the fields' aliases (one source for decoding and errors).
 NODE_GROUP_FIELD_OF_KEY: Mapping[str, str] = {
-    f.metadata["key"]: f.name for f in fields(NodeGroupSettings) if "key" in f.metadata
+    f.alias or n: n for n, f in NodeGroupSettings.model_fields.items() if not f.exclude
 }
 
 
@@ -467,10 +467,7 @@ DEFAULT_DYNAMIC_POOL_NODES = 4
 # Label domains Karpenter reserves for itself (its NodePool CRD refuses them in template labels).
 KARPENTER_LABEL_DOMAINS = ("karpenter.sh", "karpenter.k8s.aws")
 _AMI_VERSION = re.compile(r"^(latest|v\d{8})$")
-DnsLabel = Annotated[str, _rule(_NAME.match, "a DNS label of at most 40 characters")]
-Az = Annotated[str, _rule(_AZ.match, "an AZ name such as us-east-2b")]
-Reservation = Annotated[str, _rule(_RESERVATION.match, _ID_RULES["reservation"][1])]
-PoolNodes = Annotated[StrictInt, _rule(lambda n: 0 <= n <= MAX_POOL_NODES,
+PoolNodes = Annotated[StrictInt, rule(lambda n: 0 <= n <= MAX_POOL_NODES,
                                        f"a whole number from 0 to {MAX_POOL_NODES}")]
 
 
@@ -489,7 +486,7 @@ class NodePoolSettings(_Entry):
     instance_types: tuple[str, ...] = ()
     instance_families: tuple[str, ...] = ()
     # None: reserved with a reservation id, else on-demand
-    capacity_types: tuple[Annotated[str, _rule(POOL_CAPACITY_TYPES.__contains__, ", ".join(POOL_CAPACITY_TYPES))],
+    capacity_types: tuple[Annotated[str, rule(POOL_CAPACITY_TYPES.__contains__, ", ".join(POOL_CAPACITY_TYPES))],
                           ...] | None = None
     replicas: PoolNodes | None = None  # None: a dynamic pool
     capacity_reservation_id: Reservation | None = None
@@ -497,21 +494,16 @@ class NodePoolSettings(_Entry):
     max_nodes: PoolNodes | None = None
     availability_zone: Az | None = None
     labels: Mapping[str, str] = Field(default_factory=dict)
-    root_volume_size_gib: Annotated[StrictInt, _rule(lambda size: size >= 50, "a whole number of at least 50 (the "
-                                                     "Neuron AMI, container images and Neuron compiler caches)")] = \
-        DEFAULT_ROOT_VOLUME_GIB
+    root_volume_size_gib: RootVolumeGiB = DEFAULT_ROOT_VOLUME_GIB
     root_volume_kms_key_id: str | None = None
-    lnc: StrictInt | None = None  # None: the AMI's default (2 on Trainium2)
-    ami_version: Annotated[str, _rule(_AMI_VERSION.match, "latest or an EKS AMI release such as v20261120 (Karpenter "
+    lnc: Lnc | None = None  # None: the AMI's default (2 on Trainium2)
+    ami_version: Annotated[str, rule(_AMI_VERSION.match, "latest or an EKS AMI release such as v20261120 (Karpenter "
                                       "alias al2023@<version>)")] = "latest"  # al2023@<this>
 
     @model_validator(mode="after")
     def _check(self) -> NodePoolSettings:
         for t in self.instance_types:
-            if t not in self.hardware:
-                raise SettingError(self._at("instanceTypes"), t,
-                                   f"{', '.join(self.hardware.names)} (or one added by a catalog file: catalogFile)"
-                                   f"{did_you_mean(str(t), self.hardware.names)}")
+            self._check_instance_type("instanceTypes", t)
         families = sorted({spec.family.name for spec in self.hardware.types.values()})
         for f in self.instance_families:
             if f not in families:
@@ -519,27 +511,10 @@ class NodePoolSettings(_Entry):
         if not self.types:
             raise SettingError(self._at("instanceTypes"), [], "at least one instance type (instanceTypes or "
                                "instanceFamilies)")
-        for label, text in self.labels.items():
-            if not is_label_key(label):
-                raise SettingError(self._at("labels"), label, LABEL_KEY_RULE)
-            if label.split("/", 1)[0].endswith(KARPENTER_LABEL_DOMAINS) and "/" in label:
-                raise SettingError(self._at("labels"), label,
-                                   f"a key outside {' and '.join(KARPENTER_LABEL_DOMAINS)} (Karpenter's own)")
-            if not is_label_value(text):
-                raise SettingError(f"{self._at('labels')}[{label}]", text, LABEL_VALUE_RULE)
-        self._check_lnc()
+        self._check_labels(KARPENTER_LABEL_DOMAINS)
+        self._check_lnc(self.types)
         self._check_capacity()
         return self
-
-    def _check_lnc(self) -> None:
-        if self.lnc is None:
-            return
-        if self.lnc not in LNC_VALUES:
-            raise SettingError(self._at("lnc"), self.lnc, " or ".join(map(str, LNC_VALUES)))
-        without = [t for t in self.types if not self.hardware.spec(t).family.lnc_supported]
-        if without:
-            raise SettingError(self._at("lnc"), self.lnc,
-                               f"unset: {', '.join(without)} have no Logical NeuronCore setting (Trainium2 and later)")
 
     def _check_capacity(self) -> None:
         if self.capacity_types == ():
@@ -635,18 +610,19 @@ NODE_POOL_FIELD_OF_KEY: Mapping[str, str] = {
 }
 
 
-Subnets = tuple[Annotated[str, _rule(_SUBNET.match, "subnet ids such as subnet-0123456789abcdef0")], ...]
-AddonVersion = Annotated[str, _rule(_ADDON_VERSION.match, "an EKS add-on version such as v1.20.4-eksbuild.1")]
-NatGateways = Annotated[str, _rule(NAT_GATEWAY_STRATEGIES.__contains__, " or ".join(NAT_GATEWAY_STRATEGIES))]
-VpcCniIdentity = Annotated[str, _rule(VPC_CNI_IDENTITIES.__contains__, " or ".join(VPC_CNI_IDENTITIES))]
-PodMonitorMode = Annotated[str, _rule(POD_MONITOR_MODES.__contains__, ", ".join(POD_MONITOR_MODES))]
-EfaDriverMode = Annotated[str, _rule(EFA_DRIVER_MODES.__contains__, " or ".join(EFA_DRIVER_MODES))]
+AddonVersion = Annotated[str, rule(_ADDON_VERSION.match, "an EKS add-on version such as v1.20.4-eksbuild.1")]
+ClusterName = Annotated[str, rule(_CLUSTER_NAME.match, _ID_RULES["cluster"][1])]
+VpcId = Annotated[str, rule(_VPC.match, _ID_RULES["vpc"][1])]
+NatGateways = Annotated[str, rule(NAT_GATEWAY_STRATEGIES.__contains__, " or ".join(NAT_GATEWAY_STRATEGIES))]
+VpcCniIdentity = Annotated[str, rule(VPC_CNI_IDENTITIES.__contains__, " or ".join(VPC_CNI_IDENTITIES))]
+PodMonitorMode = Annotated[str, rule(POD_MONITOR_MODES.__contains__, ", ".join(POD_MONITOR_MODES))]
+EfaDriverMode = Annotated[str, rule(EFA_DRIVER_MODES.__contains__, " or ".join(EFA_DRIVER_MODES))]
 
 
 class StackSettings(_Settings):
     """The whole stack: either a new EKS cluster (`kubeconfig` unset) or an existing cluster.
 
-    A pydantic model: the field types and `_rule`s check each value, `_check` what depends on several; the
+    A pydantic model: the field types and `rule`s check each value, `_check` what depends on several; the
     config key of a field is its alias (`_alias`), its description is Pulumi.yaml's.
     """
 
@@ -658,26 +634,26 @@ class StackSettings(_Settings):
         "resource.k8s.io/v1 is served from 1.34; EKS does not offer 1.37 yet). A minor past EKS standard support "
         "gets a preview warning with its date: extended support costs extra per cluster-hour "
         "(docs/kubernetes-versions.md §1 has the dates).", new_cluster_only=True)
-    cluster_name: Annotated[str, _rule(_CLUSTER_NAME.match, _ID_RULES["cluster"][1])] | None = _setting(
+    cluster_name: ClusterName | None = _setting(
         None, "EKS cluster name (default: neuron-dra-<stack>).", new_cluster_only=True)
-    vpc_id: Annotated[str, _rule(_VPC.match, _ID_RULES["vpc"][1])] | None = _setting(
+    vpc_id: VpcId | None = _setting(
         None, "Use this VPC instead of creating one (needs privateSubnetIds).", new_cluster_only=True)
     private_subnet_ids: Subnets = _setting((), "Private subnets of vpcId for the control plane and the nodes.",
                                            new_cluster_only=True)
     public_subnet_ids: Subnets = _setting((), "Public subnets of vpcId (for load balancers).", new_cluster_only=True)
-    vpc_cidr: Annotated[str, _rule(_CIDR.match, "an IPv4 CIDR block such as 10.0.0.0/16")] = _setting(
+    vpc_cidr: Annotated[str, rule(_CIDR.match, "an IPv4 CIDR block such as 10.0.0.0/16")] = _setting(
         DEFAULT_VPC_CIDR, "CIDR block of the new VPC.", new_cluster_only=True)
-    availability_zones: tuple[Annotated[str, _rule(_AZ.match, "AZ names such as us-east-2b")], ...] = _setting(
+    availability_zones: tuple[Annotated[str, rule(_AZ.match, "AZ names such as us-east-2b")], ...] = _setting(
         (), "AZs of the new VPC (default: the AZs offering the node groups' instance types, plus one more for the "
         "control plane).", new_cluster_only=True)
     nat_gateways: NatGateways = _setting("Single", "NAT gateways of the new VPC: Single or OnePerAz.",
                                          new_cluster_only=True)
-    admin_principal_arns: tuple[Annotated[str, _rule(_ARN.match, _ID_RULES["arn"][1])], ...] = _setting(
+    admin_principal_arns: tuple[Annotated[str, rule(_ARN.match, _ID_RULES["arn"][1])], ...] = _setting(
         (), "IAM principals given cluster-admin access entries.", new_cluster_only=True)
     endpoint_public_access: StrictBool = _setting(
         True, "Whether the Kubernetes API endpoint is reachable from the internet (pulumi needs to reach it to "
         "install the driver).", new_cluster_only=True)
-    public_access_cidrs: tuple[Annotated[str, _rule(_CIDR.match, _ID_RULES["cidr"][1])], ...] = _setting(
+    public_access_cidrs: tuple[Annotated[str, rule(_CIDR.match, _ID_RULES["cidr"][1])], ...] = _setting(
         (), "CIDRs allowed to reach the public API endpoint (default: any).", new_cluster_only=True)
     vpc_cni_version: AddonVersion | None = _setting(
         None, "vpc-cni add-on version (default: EKS's default; at least v1.18.4 when EFA-only interfaces are "
@@ -690,7 +666,7 @@ class StackSettings(_Settings):
         True, "Whether the VPC CNI enforces Kubernetes NetworkPolicies (its network policy agent, add-on setting "
         "enableNetworkPolicy; vpc-cni v1.14+). Without an enforcing CNI the driver's NetworkPolicy protects "
         "nothing.", new_cluster_only=True)
-    imds_hop_limit: Annotated[StrictInt, _rule(lambda hop: 1 <= hop <= 64, "1 (only the node's own processes and "
+    imds_hop_limit: Annotated[StrictInt, rule(lambda hop: 1 <= hop <= 64, "1 (only the node's own processes and "
                                                "host-network pods reach IMDS) to 64")] = _setting(
         1, "IMDSv2 response hop limit of the nodes: 1 keeps pods (other than host-network pods) from the node "
         "role's credentials; 2 lets every pod reach IMDS.", new_cluster_only=True)
@@ -718,7 +694,7 @@ class StackSettings(_Settings):
     driver_repository_force_delete: StrictBool = _setting(
         False, "Let pulumi destroy delete the driver's ECR repository with its images (without driverImage; "
         "default false: ECR refuses while it holds images).")
-    driver_name: str = _setting(
+    driver_name: DriverName = _setting(
         DEFAULT_DRIVER_NAME, "DRA driver name. Its DeviceClasses are named after it (neuron.aws.com: neuron.aws.com "
         "and neuroncore.aws.com; another name N: N and cores.N) and the claim templates name them.",
         option="driver_name")
@@ -749,7 +725,7 @@ class StackSettings(_Settings):
     grafana_dashboard_namespace: str = _setting(
         "", "Namespace of the dashboard ConfigMap (default: the driver's; the sidecar must search it).",
         option="grafana_dashboard_namespace")
-    driver_rollout_timeout_seconds: Annotated[StrictInt, _rule(
+    driver_rollout_timeout_seconds: Annotated[StrictInt, rule(
         lambda t: 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS,
         f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds")] = _setting(
         DEFAULT_ROLLOUT_TIMEOUT_SECONDS, "How long `pulumi up` waits for the driver's DaemonSet to roll out (every "
@@ -794,7 +770,7 @@ class StackSettings(_Settings):
         "the node groups with EFA interfaces (none on an existing cluster), install also on an existing cluster's "
         "EFA instance types (clusterInstanceTypes), external when the cluster already runs one. Claim templates "
         "that request EFA devices need one of them.")
-    claim_templates_module: Annotated[str, _rule(lambda m: not m or _MODULE.match(m),
+    claim_templates_module: Annotated[str, rule(lambda m: not m or _MODULE.match(m),
                                                  "a dotted Python module name, or '' for none")] = _setting(
         DEFAULT_CLAIM_TEMPLATES_MODULE, "Python module whose module-level claim templates are deployed and checked "
         "against the node groups ('' for none).")
@@ -908,7 +884,7 @@ class StackSettings(_Settings):
                                    "true or false")
             if self.catalog_file is not None:
                 # The file's text goes into a ConfigMap the driver pods mount (DriverDeployOptions.catalog_yaml).
-                options = dataclasses.replace(options, catalog_yaml=Path(self.catalog_file).expanduser().read_text())
+                options = options.replace(catalog_yaml=Path(self.catalog_file).expanduser().read_text())
             if self.driver_image is not None:
                 DriverDeployOptions(image=self.driver_image)
         except DeployOptionError as e:

@@ -13,9 +13,9 @@ values"), so every optional setting is declared with a neutral default ("" or []
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic.fields import FieldInfo
 
@@ -67,10 +67,8 @@ SETTINGS_BY_KEY: Mapping[str, FieldInfo] = {
 }
 _KIND: Mapping[str, Kind] = {key: _kind(STACK_FIELD_OF_KEY[key], f) for key, f in SETTINGS_BY_KEY.items()}
 NODE_GROUP_KEYS: tuple[str, ...] = tuple(NODE_GROUP_FIELD_OF_KEY)
-# Node group keys whose values are strings (the rest: integers, a boolean, a list and an object).
 NODE_POOL_KEYS: tuple[str, ...] = tuple(NODE_POOL_FIELD_OF_KEY)
-_NODE_GROUP_STRINGS = ("name", "instanceType", "capacityType", "capacityReservationId", "availabilityZone",
-                       "rootVolumeKmsKeyId", "efaInterfaceType", "version")
+_E = TypeVar("_E", NodeGroupSettings, NodePoolSettings)
 
 
 def _decode_scalar(key: str, raw: object) -> object:
@@ -84,39 +82,24 @@ def _decode_scalar(key: str, raw: object) -> object:
     return raw
 
 
+def _decode_entry(index: int, raw: Mapping[str, Any], hardware: Catalog, model: type[_E], key: str,
+                  keys: Sequence[str], noun: str) -> _E:
+    """A nodeGroups or nodePools entry: its keys known, a name given; the model checks the values."""
+    where = f"{setting_name(key)}[{index}]"
+    for k, value in raw.items():
+        if k not in keys:
+            raise unknown_key(f"{where}.{k}", value, keys, f"the {noun} keys")
+    if "name" not in raw:
+        raise SettingError(f"{where}.name", None, f"a DNS label naming the {noun}")
+    return model(**raw, where=where, hardware=hardware)
+
+
 def _decode_node_group(index: int, raw: Mapping[str, Any], hardware: Catalog = BUILTIN) -> NodeGroupSettings:
-    where = f"{setting_name('nodeGroups')}[{index}]"
-    kwargs: dict[str, Any] = {"where": where, "hardware": hardware}
-    for key, value in raw.items():
-        if key not in NODE_GROUP_FIELD_OF_KEY:
-            raise unknown_key(f"{where}.{key}", value, NODE_GROUP_KEYS, "the node group keys")
-        if key == "subnetIds":
-            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-                raise SettingError(f"{where}.subnetIds", value, "a list of subnet ids")
-            value = tuple(value)
-        elif key == "labels":
-            if not isinstance(value, dict):
-                raise SettingError(f"{where}.labels", value, "an object of label key -> value")
-            value = dict(value)
-        elif key in _NODE_GROUP_STRINGS:
-            if not isinstance(value, str):
-                raise SettingError(f"{where}.{key}", value, "a string")
-        elif key == "placementGroup" and not isinstance(value, bool):
-            raise SettingError(f"{where}.{key}", value, "true or false")
-        kwargs[NODE_GROUP_FIELD_OF_KEY[key]] = value
-    if "name" not in kwargs:
-        raise SettingError(f"{where}.name", None, "a DNS label naming the node group")
-    return NodeGroupSettings(**kwargs)
+    return _decode_entry(index, raw, hardware, NodeGroupSettings, "nodeGroups", NODE_GROUP_KEYS, "node group")
 
 
 def _decode_node_pool(index: int, raw: Mapping[str, Any], hardware: Catalog = BUILTIN) -> NodePoolSettings:
-    where = f"{setting_name('nodePools')}[{index}]"
-    for key, value in raw.items():
-        if key not in NODE_POOL_FIELD_OF_KEY:
-            raise unknown_key(f"{where}.{key}", value, NODE_POOL_KEYS, "the node pool keys")
-    if "name" not in raw:
-        raise SettingError(f"{where}.name", None, "a DNS label naming the node pool")
-    return NodePoolSettings(**raw, where=where, hardware=hardware)
+    return _decode_entry(index, raw, hardware, NodePoolSettings, "nodePools", NODE_POOL_KEYS, "node pool")
 
 
 def _decode(key: str, raw: object, hardware: Catalog = BUILTIN) -> object:

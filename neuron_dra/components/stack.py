@@ -16,7 +16,6 @@ only. A new VPC spans those AZs (at least two, as EKS requires).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -150,7 +149,7 @@ def driver_options(settings: StackSettings) -> DriverDeployOptions:
     if (settings.pod_monitor == "auto" and settings.existing_cluster and options.metrics_port
             and settings.kubeconfig is not None
             and serves_pod_monitors(kubeconfig_input(settings.kubeconfig), pulumi.log.warn)):
-        options = dataclasses.replace(options, pod_monitor=True)
+        options = options.replace(pod_monitor=True)
     return options
 
 

@@ -5,13 +5,16 @@ past any recursion limit, or small on disk and huge in memory (YAML aliases refe
 whole it floods logs and terminals, and building `repr()` of it first can take gigabytes. `shown` builds the repr
 with `reprlib` limits (depth, items per container, characters per string, digits per integer), so its cost is
 bounded whatever the value, then keeps the start and says how long the rest was.
+
+Also the one wording of pydantic's refusals for every model of the project (`rule`, `checked`, `restate`): the
+stack's settings, node groups and pools, and the driver's deployment options.
 """
 
 from __future__ import annotations
 
 import difflib
 import reprlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 MAX_SHOWN = 200  # characters of a value's repr in an error message
@@ -72,3 +75,56 @@ def did_you_mean(name: str, candidates: Iterable[str], cutoff: float = 0.6) -> s
     else ''. One wording for every unknown name: instance types, families, attributes."""
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=cutoff)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# --- pydantic's refusals in these words (every model of the project: settings, node groups and pools, the driver's
+# deployment options). pydantic is imported inside the functions: the daemon imports this module and, without a
+# catalog file, never loads pydantic (driver/model/catalog_schema.py).
+
+# What a value of the wrong type is refused with, by pydantic's error type.
+TYPE_ERRORS: dict[str, str] = {
+    "string_type": "a string", "int_type": "a whole number", "int_parsing": "a whole number",
+    "int_from_float": "a whole number", "bool_type": "true or false", "bool_parsing": "true or false",
+    "tuple_type": "a list of strings", "list_type": "a list", "dict_type": "an object"}
+
+
+def rule(test: Callable[[Any], object], allowed: str) -> Any:
+    """A field's check beyond its type (an `AfterValidator`): `test`, else a refusal naming `allowed` that
+    `restate` words under the field's name."""
+    from pydantic import AfterValidator
+    from pydantic_core import PydanticCustomError
+
+    def check(value: Any) -> Any:
+        if not test(value):
+            raise PydanticCustomError("not_allowed", "{allowed}", {"allowed": allowed})
+        return value
+
+    return AfterValidator(check)
+
+
+def checked(check: Callable[[str, object], object]) -> Any:
+    """A field's check written as `check(field, value)` raising NotAllowed (k8s_names' checks), before pydantic's
+    type check (a `BeforeValidator`); `restate` names the field."""
+    from pydantic import BeforeValidator
+
+    return BeforeValidator(lambda value: value if value is None else check("", value))
+
+
+def restate(error: Any, make: Callable[[str, object, str], Exception], *, name: Callable[[str], str] = str,
+            allowed: Mapping[str, str] | None = None,
+            unknown: Callable[[str, object], Exception] | None = None) -> Exception:
+    """pydantic's first refusal (a `ValidationError`) as the model's NotAllowed (`make(field, value, allowed)`):
+    the field as `name(key)` says, the value, and what is allowed: a refusal a check raised under its own name as
+    it is; one raised with no name (`checked`, `rule`) or by pydantic's types under the field's name, with the
+    rule's text, else `allowed[key]`, else the type's; an unknown key as `unknown` words it."""
+    first = error.errors()[0]
+    ctx = first.get("ctx") or {}
+    cause = ctx.get("error")
+    key = str(first["loc"][0]) if first["loc"] else ""
+    # A NotAllowed (driver/model/errors.py, known by its parts: this module is below every other).
+    if cause is not None and all(hasattr(cause, a) for a in ("field", "value", "allowed")):
+        return cause if cause.field else make(name(key), cause.value, cause.allowed)
+    if first["type"] == "extra_forbidden" and unknown is not None:
+        return unknown(name(key), first["input"])
+    what = ctx.get("allowed") or (allowed or {}).get(key) or TYPE_ERRORS.get(first["type"], first["msg"])
+    return make(name(key), first["input"], what)

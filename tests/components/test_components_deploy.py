@@ -1,4 +1,4 @@
-"""driver/deploy/__init__.py: the driver's Kubernetes objects (pure dicts), checked against the real schemas and the
+"""driver/deploy/manifests.py: the driver's Kubernetes objects (pure dicts), checked against the real schemas and the
 real daemon's command line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from neuron_dra.driver import deploy
 from neuron_dra.driver.daemon.options import parse_options
-from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions, Resources
+from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions, Resources, admission
 from neuron_dra.driver.model.catalog import CATALOG
 from tests.support import kubeschema
 
@@ -29,7 +29,9 @@ OPTION_SETS = {
 
 
 def by_kind(options: DriverDeployOptions) -> dict[str, dict[str, Any]]:
-    items = deploy.manifests(options)
+    """One object per kind: the claim-config policy and binding left out (tests/driver/deploy/test_admission.py)."""
+    claim_policy = admission.policy_name(options.namespace, options.driver_name)
+    items = [m for m in deploy.manifests(options) if m["metadata"]["name"] != claim_policy]
     kinds = [m["kind"] for m in items if m["kind"] != "DeviceClass"]
     # The metrics port adds its Service (tests/driver/deploy/test_monitoring.py).
     assert len(set(kinds)) == len(kinds) == (9 if options.metrics_port else 8)
@@ -45,7 +47,8 @@ def test_every_manifest_passes_strict_schema_validation(name: str) -> None:
         kubeschema.validate(manifest, "1.34", strict=True)
     assert [m["kind"] for m in items] == [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "DeviceClass", "DeviceClass",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding",
+        "NetworkPolicy", "DeviceClass", "DeviceClass",
         *(["Service"] if OPTION_SETS[name].metrics_port else []), "DaemonSet",
     ]
 

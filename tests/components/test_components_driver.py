@@ -1,9 +1,8 @@
-"""NeuronDraDriver under Pulumi mocks: it applies exactly driver/deploy/__init__.py's dicts, in a safe order."""
+"""NeuronDraDriver under Pulumi mocks: it applies exactly driver/deploy/manifests.py's dicts, in a safe order."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +42,8 @@ def k8s_objects(run: OfflineRun[Any]) -> dict[str, Any]:
 def test_applies_exactly_the_deploy_manifests() -> None:
     run = run_driver(NeuronDraDriverArgs(options=OPTIONS, image=IMAGE))
     objects = k8s_objects(run)
-    expected = {deploy.object_key(m): m for m in deploy.manifests(replace(OPTIONS, image=IMAGE))}
-    assert set(objects) == set(expected) and len(expected) == 11  # with the metrics port: its Service
+    expected = {deploy.object_key(m): m for m in deploy.manifests(OPTIONS.replace(image=IMAGE))}
+    assert set(objects) == set(expected) and len(expected) == 13  # with the metrics port: its Service
     for key, manifest in expected.items():
         sent = objects[key].plain_inputs
         assert sent == manifest, key
@@ -109,7 +108,7 @@ def test_without_an_image_it_builds_and_pushes_to_an_ecr_repository_it_owns(tmp_
     ds = k8s_objects(run)["DaemonSet/accel/neuron-dra-driver-kubelet-plugin"].plain_inputs
     ref = ds["spec"]["template"]["spec"]["containers"][0]["image"]
     assert ref == run.exports["image"] and ref.startswith(tag + "@sha256:") and driver_image.is_pinned(ref)
-    assert ds["spec"] == deploy.daemonset(replace(OPTIONS, image=ref))["spec"]
+    assert ds["spec"] == deploy.daemonset(OPTIONS.replace(image=ref))["spec"]
     assert [i.token for i in run.invokes] == ["aws:ecr/getAuthorizationToken:getAuthorizationToken"]
     forced = run_driver(NeuronDraDriverArgs(options=OPTIONS, source_dir=context, force_delete_repository=True))
     assert forced.one("aws:ecr/repository:Repository").plain_inputs["forceDelete"] is True
@@ -253,7 +252,7 @@ def test_keyword_arguments_and_args_are_exclusive() -> None:
 
 
 def test_the_pod_monitor_and_the_dashboard_are_applied_as_rendered() -> None:
-    options = replace(OPTIONS, pod_monitor=True, grafana_dashboard=True, image=IMAGE)
+    options = OPTIONS.replace(pod_monitor=True, grafana_dashboard=True, image=IMAGE)
     objects = k8s_objects(run_driver(NeuronDraDriverArgs(options=options, image=IMAGE)))
     expected = {deploy.object_key(m): m for m in deploy.manifests(options)}
     assert set(objects) == set(expected)

@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import textwrap
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +244,7 @@ def test_the_stack_program_on_real_containers_up_again_change_and_destroy(ctrd: 
         "neuron-dra:driverRolloutTimeoutSeconds": "300",
     }
     settings = decode_settings(config)
-    options = replace(settings.driver_options(), image=image)
+    options = settings.driver_options().replace(image=image)
     assert options.driver_name == "neuron.aws.com" != LOCAL_DRIVER
     templates = [dict(t.to_manifest()) for t in module_templates(settings.claim_templates_module)]
     planned = planned_driver(options) + templates
@@ -271,7 +270,7 @@ def test_the_stack_program_on_real_containers_up_again_change_and_destroy(ctrd: 
     preview = engine.step("preview", config=changed, **step)
     # Exactly what deploy renders differently: the DaemonSet (its args and port) and the NetworkPolicy (the port);
     # new: the metrics Service and the dashboard ConfigMap (grafanaDashboard is on with a metrics port).
-    metrics_options = replace(decode_settings(changed).driver_options(), image=image)
+    metrics_options = decode_settings(changed).driver_options().replace(image=image)
     expected, new_kinds = changed_kinds(options, metrics_options)
     assert expected == ["DaemonSet", "NetworkPolicy"] and new_kinds == ["ConfigMap", "Service"]
     assert preview["changes"] == {"same": total - len(expected), "update": len(expected), "create": len(new_kinds)}
@@ -381,7 +380,7 @@ def test_a_separate_project_with_the_pip_installed_package(engine: Engine, plane
 
     changed = {**config, "team-infra:metricsPort": "9400"}
     preview = engine.step("preview", config=changed, **step)
-    expected, new_kinds = changed_kinds(options, replace(options, metrics_port=9400))
+    expected, new_kinds = changed_kinds(options, options.replace(metrics_port=9400))
     assert new_kinds == ["Service"]  # the metrics port's
     assert preview["changes"] == {"same": total - len(expected), "update": len(expected), "create": len(new_kinds)}
     updates = [e for e in preview["events"] if e["op"] == "update"]
@@ -391,7 +390,7 @@ def test_a_separate_project_with_the_pip_installed_package(engine: Engine, plane
     assert engine.step("up", config=changed, **step)["changes"] == {"same": total - len(expected),
                                                                    "update": len(expected),
                                                                    "create": len(new_kinds)}
-    assert_live_as_planned(api, planned_driver(replace(options, metrics_port=9400)))
+    assert_live_as_planned(api, planned_driver(options.replace(metrics_port=9400)))
 
     assert engine.step("destroy", config=changed, **step)["changes"] == {"delete": total + len(new_kinds)}
     assert_all_gone(api, [*planned, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-ml"}}])

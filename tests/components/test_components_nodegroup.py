@@ -7,7 +7,6 @@ Output; each test also checks how many resources it looked at.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import email
 import pydoc
 import subprocess
@@ -376,6 +375,6 @@ def test_placement_is_required_without_a_cluster() -> None:
 def test_pydoc_of_the_args_shows_field_docs_and_no_catalog() -> None:
     text = pydoc.render_doc(TrainiumNodeGroupArgs, renderer=pydoc.TextDoc())
     assert "InstanceSpec(" not in text and "Catalog(" in text and len(text) < 12_000
-    for f in dataclasses.fields(TrainiumNodeGroupArgs):
-        if f.name not in ("where", "hardware"):
-            assert f.name in (TrainiumNodeGroupArgs.__doc__ or ""), f.name
+    for name in TrainiumNodeGroupArgs.model_fields:
+        if name not in ("where", "hardware"):
+            assert name in (TrainiumNodeGroupArgs.__doc__ or ""), name

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ def test_yaml_output_is_exactly_the_driver_objects_and_the_templates(capsys: pyt
         kubeschema.validate(doc, "1.36", strict=True)
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
-    driver = deploy.manifests(replace(driver_options(decode_settings({})), image=image))
+    driver = deploy.manifests(driver_options(decode_settings({})).replace(image=image))
     templates = [t.to_manifest() for t in templates_in(vars(examples))]
     assert docs == driver + sorted(templates, key=lambda m: m["metadata"]["name"])
     # Apply order: namespace and RBAC before the DaemonSet.

@@ -24,6 +24,7 @@ from neuron_dra.driver.kubeletplugin import (
     check_pod_uid,
     decide,
 )
+from neuron_dra.driver.model.errors import NotAllowed
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
     CHECKPOINT_FILE,
@@ -35,12 +36,11 @@ from neuron_dra.driver.model.k8s_names import (
     DEFAULT_REGISTRY_DIR,
     DEFAULT_TAINT_EFFECT,
     DNS_SUBDOMAIN_RULE,
-    DRIVER_NAME_MAX,
-    DRIVER_NAME_RULE,
     HEALTH_SERVICES,
     PLUGINS_DIR_ENV,
     REGISTRY_DIR_ENV,
     TAINT_EFFECTS,
+    check_driver_name,
     is_dns_subdomain,
 )
 from neuron_dra.driver.model.version import VERSION
@@ -125,10 +125,11 @@ _port = _bounded(int, 0, 65535, "a port number", "0 = off, or 1-65535", "{value}
 
 
 def _driver_name(text: str) -> str:
-    if not is_dns_subdomain(text, DRIVER_NAME_MAX):
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: {DRIVER_NAME_RULE}, e.g. "
-                                         f"{DEFAULT_DRIVER_NAME}")
-    return text
+    try:  # the one driver-name check (deploy.DriverName runs it for the pydantic models)
+        return check_driver_name("--driver-name", text)
+    except NotAllowed as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: {e.allowed}, e.g. "
+                                         f"{DEFAULT_DRIVER_NAME}") from e
 
 
 def _node_name(text: str) -> str:

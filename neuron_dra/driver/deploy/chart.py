@@ -37,7 +37,6 @@ from pydantic import TypeAdapter
 from pydantic.alias_generators import to_camel
 
 from neuron_dra.driver.deploy import (
-    _QUANTITY,  # the quantity check of resources (DriverDeployOptions.__post_init__)
     DEFAULT_NAMESPACE,
     MIN_MINOR,
     DriverDeployOptions,
@@ -45,6 +44,7 @@ from neuron_dra.driver.deploy import (
     Resources,
     manifests,
 )
+from neuron_dra.driver.deploy.options import _QUANTITY  # the options' own quantity check of resources
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.k8s_names import (  # the checks' own patterns
     _DNS_LABEL,

@@ -1,6 +1,6 @@
 """What a Prometheus needs to find the drivers' metrics, and the dashboard's ConfigMap (docs/metrics.md).
 
-Plain objects from plain arguments (deploy/__init__.py fills them in from DriverDeployOptions): a headless Service
+Plain objects from plain arguments (deploy/manifests.py fills them in from DriverDeployOptions): a headless Service
 over the driver pods' metrics port, a prometheus-operator PodMonitor (monitoring.coreos.com/v1), and a
 ConfigMap holding the Grafana dashboard for the Grafana sidecar.
 """

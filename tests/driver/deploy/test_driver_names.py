@@ -11,6 +11,7 @@ from neuron_dra.claim_templates import Drivers
 from neuron_dra.driver.deploy import (
     DEFAULT_NAMESPACE,
     DriverDeployOptions,
+    admission,
     manifests,
     namespace_for,
     object_key,
@@ -33,7 +34,8 @@ def test_another_driver_name_renames_every_cluster_scoped_object() -> None:
     a, b = cluster_scoped(default), cluster_scoped(other)
     kinds = sorted(m["kind"] for m in b.values())
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "DeviceClass", "DeviceClass", "Namespace",
-                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                     "ValidatingAdmissionPolicyBinding"]
     assert not set(a) & set(b)
     assert not all_keys(default) & all_keys(other)  # namespaced objects live in another namespace
     assert {m["metadata"]["name"] for m in b.values() if m["kind"] == "DeviceClass"} == {OTHER, f"cores.{OTHER}"}
@@ -42,8 +44,8 @@ def test_another_driver_name_renames_every_cluster_scoped_object() -> None:
     binding = next(m for m in b.values() if m["kind"] == "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == other.cluster_role_name
     assert binding["subjects"][0]["namespace"] == other.namespace
-    policy_binding = next(m for m in b.values() if m["kind"] == "ValidatingAdmissionPolicyBinding")
-    assert policy_binding["spec"]["policyName"] == other.admission_policy_name
+    policy_bindings = {m["spec"]["policyName"] for m in b.values() if m["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert policy_bindings == {other.admission_policy_name, admission.policy_name(other.namespace, OTHER)}
 
 
 def test_the_default_driver_keeps_its_names_and_own_settings_win() -> None:
