@@ -154,12 +154,14 @@ def _documented_pages() -> list[Path]:
     return sorted({page for pattern in DOCUMENTED for page in ROOT.glob(pattern)})
 
 
+@pytest.mark.process
 def test_every_repository_path_the_readme_and_docs_name_exists() -> None:
     stale = [f"{page.relative_to(ROOT)}:{ref}" for page in _documented_pages()
              for ref in stale_references(page.read_text(encoding="utf-8"), page)]
     assert stale == [], "\n".join(stale)
 
 
+@pytest.mark.process
 def test_the_path_check_catches_stale_paths_and_only_those() -> None:
     page = ROOT / "docs" / "example.md"  # a page that is not there: only its folder matters, for its links
     text = "\n".join([

@@ -13,7 +13,7 @@ from neuron_dra import __version__
 from neuron_dra.cli import commands, main, summary
 
 ROOT = Path(__file__).resolve().parents[2]
-README_COMMANDS = {"claims", "cluster", "dashboard", "demo", "emulate", "emulate-fault", "plan", "slices"}
+README_COMMANDS = {"chart", "claims", "cluster", "dashboard", "demo", "emulate", "emulate-fault", "plan", "slices"}
 
 
 def imported_after(argv: list[str]) -> list[str]:
@@ -64,7 +64,7 @@ def test_an_unknown_command_is_named_with_the_nearest_and_the_choices(capsys: py
         main(["slice"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "unknown command 'slice'; did you mean 'slices'? (commands: claims, cluster," in err, err
+    assert "unknown command 'slice'; did you mean 'slices'? (commands: chart, claims, cluster," in err, err
 
 
 def test_a_command_whose_extra_is_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch,

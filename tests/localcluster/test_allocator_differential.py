@@ -67,6 +67,7 @@ def differential(catalog: NodeCatalog) -> Differential:
 
 @pytest.mark.gobuild
 @pytest.mark.slow
+@pytest.mark.process
 def test_cases_cover_claims_hosts_and_allocations(differential: Differential) -> None:
     cases = differential.generated.cases
     assert len(cases) >= 2000
@@ -93,6 +94,7 @@ def test_cases_cover_claims_hosts_and_allocations(differential: Differential) ->
 
 @pytest.mark.gobuild
 @pytest.mark.slow
+@pytest.mark.process
 def test_python_simulation_agrees_with_kube_scheduler(differential: Differential) -> None:
     disagreements = [v for v in differential.verdicts if v.kind == "disagree"]
     assert not disagreements, (
@@ -103,6 +105,7 @@ def test_python_simulation_agrees_with_kube_scheduler(differential: Differential
 
 @pytest.mark.gobuild
 @pytest.mark.slow
+@pytest.mark.process
 def test_generated_searches_stay_under_the_filter_timeout(differential: Differential) -> None:
     """The generator leaves out cases whose Go search would be large; a timeout here means its estimate
     missed one (a timeout is not an answer, so such runs count neither as agreement nor as disagreement)."""
@@ -121,6 +124,7 @@ def test_generation_is_deterministic(catalog: NodeCatalog, count: int) -> None:
 
 
 @pytest.mark.gobuild
+@pytest.mark.process
 def test_incomplete_pool_is_treated_as_kubernetes_does(catalog: NodeCatalog) -> None:
     """Incomplete pools follow the allocator of the default minor: Kubernetes 1.34 refused them only for
     `All` requests and allocated ExactCount requests from the slices it had; 1.36 allocates nothing from

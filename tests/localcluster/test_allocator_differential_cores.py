@@ -23,6 +23,7 @@ CASES = 240
 pytestmark = [pytest.mark.gobuild, pytest.mark.slow]
 
 
+@pytest.mark.process
 def test_python_and_go_agree_on_cores_and_counters() -> None:
     catalog = NodeCatalog()
     cases = CoreCaseGenerator(SEED, catalog).generate(CASES)

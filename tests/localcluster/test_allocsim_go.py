@@ -81,6 +81,7 @@ def devices(result: dict[str, Any], index: int = 0) -> list[str]:
     return [d["device"] for d in result["allocation"][index]]
 
 
+@pytest.mark.process
 def test_claim_of_four_with_match_attribute_gets_one_ring(results: dict[str, dict[str, Any]]) -> None:
     r = results["four-in-one-ring"]
     assert r["error"] == "" and r["satisfiable"] and r["count"] == 1
@@ -90,11 +91,13 @@ def test_claim_of_four_with_match_attribute_gets_one_ring(results: dict[str, dic
     assert r["nanos"] > 0
 
 
+@pytest.mark.process
 def test_claim_of_seventeen_is_unsatisfiable_not_an_error(results: dict[str, dict[str, Any]]) -> None:
     r = results["seventeen"]
     assert r["error"] == "" and not r["satisfiable"] and r["allocation"] == []
 
 
+@pytest.mark.process
 def test_exponential_search_ends_in_the_filter_timeout(results: dict[str, dict[str, Any]]) -> None:
     quick = results["seventeen-unconstrained"]
     assert quick["error"] == "" and not quick["satisfiable"]  # answered, not ended by its timeout
@@ -103,6 +106,7 @@ def test_exponential_search_ends_in_the_filter_timeout(results: dict[str, dict[s
     assert 0.4e9 < r["nanos"] < 5e9
 
 
+@pytest.mark.process
 def test_count_mode_allocates_one_after_another(results: dict[str, dict[str, Any]]) -> None:
     r = results["count-rings"]
     assert r["error"] == "" and r["count"] == 4 and r["satisfiable"]
@@ -112,6 +116,7 @@ def test_count_mode_allocates_one_after_another(results: dict[str, dict[str, Any
     assert results["count-singles"]["count"] == 16
 
 
+@pytest.mark.process
 def test_claims_are_allocated_together_and_selectors_apply(results: dict[str, dict[str, Any]]) -> None:
     r = results["two-claims-together"]
     assert r["satisfiable"] and len(r["allocation"]) == 2
@@ -119,5 +124,6 @@ def test_claims_are_allocated_together_and_selectors_apply(results: dict[str, di
     assert sorted(devices(results["cel-selector"])) == ["neuron-14", "neuron-15"]
 
 
+@pytest.mark.process
 def test_bad_input_is_reported_per_case(results: dict[str, dict[str, Any]]) -> None:
     assert "unknown mode" in results["unknown-mode"]["error"]

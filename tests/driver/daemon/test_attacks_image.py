@@ -45,6 +45,7 @@ def bud(context: Path, reference: str) -> None:
 
 
 @pytest.mark.attacks
+@pytest.mark.process
 def test_files_planted_in_the_driver_tree_fail_the_build_naming_each(tmp_path: Path) -> None:
     context = tracked_context(tmp_path / "ctx")
     tree = context / "neuron_dra" / "driver"
@@ -62,6 +63,7 @@ def test_files_planted_in_the_driver_tree_fail_the_build_naming_each(tmp_path: P
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_the_built_image_holds_exactly_the_driver_sources_and_protos(tmp_path: Path) -> None:
     context = tracked_context(tmp_path / "ctx")
     (context / "neuron_dra" / "driver" / "daemon" / "__pycache__").mkdir(exist_ok=True)

@@ -124,6 +124,7 @@ def _template(helm: Path, chart: Path, values: dict[str, Any], tmp_path: Path) -
 
 
 @pytest.mark.gobuild
+@pytest.mark.process
 def test_helm_lint_passes(helm: Path, chart: Path) -> None:
     proc = _run(helm, "lint", "--strict", chart)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -131,6 +132,7 @@ def test_helm_lint_passes(helm: Path, chart: Path) -> None:
 
 @pytest.mark.gobuild
 @pytest.mark.parametrize("values", VALUE_SETS, ids=lambda v: ",".join(v) or "defaults")
+@pytest.mark.process
 def test_helm_template_is_manifests(helm: Path, chart: Path, values: dict[str, Any], tmp_path: Path) -> None:
     rendered = _by_key(_template(helm, chart, values, tmp_path))
     expected = _by_key(manifests(options_from_values({**default_values(), **values})))
@@ -147,6 +149,7 @@ def test_helm_template_is_manifests(helm: Path, chart: Path, values: dict[str, A
 @pytest.mark.parametrize("values", [{}, {"coreExtendedResourceName": None, "metricsPort": 9400},
                                     {"driverName": "x.example.com", "coreDeviceClassName": "cores"}],
                          ids=lambda v: ",".join(v) or "defaults")
+@pytest.mark.process
 def test_a_chart_for_another_minor_is_manifests(helm: Path, fixed: dict[str, Any], values: dict[str, Any],
                                                 tmp_path: Path) -> None:
     chart = write_chart(tmp_path / "chart", fixed)
@@ -160,6 +163,7 @@ def test_a_chart_for_another_minor_is_manifests(helm: Path, fixed: dict[str, Any
 
 
 @pytest.mark.gobuild
+@pytest.mark.process
 def test_helm_template_defaults_are_the_default_stacks_driver(helm: Path, chart: Path, tmp_path: Path) -> None:
     """`neuron-dra plan -o yaml` (the default stack under Pulumi mocks) prints the driver's objects beside the
     claim templates; with the image the stack builds, the chart's defaults give the same objects, labels aside."""
@@ -184,6 +188,7 @@ def test_helm_template_defaults_are_the_default_stacks_driver(helm: Path, chart:
     ({"metricPort": 9400}, "metricPort"),
     ({"instanceTypes": ["m5.large"]}, "instanceTypes"),
 ])
+@pytest.mark.process
 def test_helm_refuses_a_bad_value_naming_it(helm: Path, chart: Path, values: dict[str, Any], named: str,
                                             tmp_path: Path) -> None:
     values_file = tmp_path / "values.json"
@@ -195,6 +200,7 @@ def test_helm_refuses_a_bad_value_naming_it(helm: Path, chart: Path, values: dic
 
 
 @pytest.mark.gobuild
+@pytest.mark.process
 def test_helm_package_makes_the_archive(helm: Path, chart: Path, tmp_path: Path) -> None:
     proc = _run(helm, "package", chart, "--destination", tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -219,6 +225,8 @@ def _live(api_client: Any, obj: Manifest) -> Manifest | None:
 
 
 @pytest.mark.gobuild
+@pytest.mark.cluster
+@pytest.mark.process
 def test_helm_install_upgrade_uninstall_on_a_control_plane(helm: Path, chart: Path, plane: Any, api: Any,
                                                            tmp_path: Path) -> None:
     """The real Helm installs the chart on a real API server (every object created as rendered, the admission

@@ -86,6 +86,7 @@ def test_atomic_write_leaves_old_content_when_interrupted(tmp_path: Path) -> Non
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
 
 
+@pytest.mark.process
 def test_memory_controls_apply_on_this_glibc() -> None:
     # In a child process: limiting arenas changes the allocator of the process that calls it.
     code = ("from neuron_dra.driver.kubeletplugin import _memory as memory; import sys; "
