@@ -7,6 +7,7 @@ UltraServer; a member's device fault taints its groups (docs/ultraserver.md)."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.emulate import clear_faults, inject_fault
 from neuron_dra.localcluster.cluster import LocalCluster, up
 from neuron_dra.localcluster.nodes.topology import ultraservers
+from neuron_dra.localcluster.processes import procs
 from tests.support.e2e import NEURON_TOLERATION, created_container, eventually, raw, unschedulable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -157,8 +159,22 @@ def test_jobs_land_one_pod_per_node_of_one_ultraserver(cluster: LocalCluster, ap
     _check_env(cluster, ns, placed_second, 4)
 
 
-def test_a_members_device_fault_taints_its_groups(cluster: LocalCluster, api: client.ApiClient) -> None:
-    eventually(lambda: _groups_ready(api), 120, what="the group slices")
+def _controller_leads(cluster: LocalCluster) -> int:
+    log = cluster.dir / "ultraserver" / "controller.log"
+    return log.read_text().count("became the leader") if log.exists() else 0
+
+
+def test_a_members_device_fault_taints_its_groups_after_a_controller_crash(cluster: LocalCluster,
+                                                                          api: client.ApiClient) -> None:
+    """The controller is killed (-9, its Lease not released) and restarted by the supervisor; the new one takes
+    over without rewriting the slices that did not change, and taints the groups of a member whose device
+    faults."""
+    before = eventually(lambda: _groups_ready(api), 120, what="the group slices")
+    versions = {pool: s["metadata"]["resourceVersion"] for pool, s in before.items()}
+    leads = eventually(lambda: _controller_leads(cluster), 60, what="the controller leading")
+    ref = procs.read_pid_file(cluster.dir / "ultraserver" / "pids" / "controller.pid")
+    assert ref is not None and procs.signal_group(ref, signal.SIGKILL)
+    eventually(lambda: _controller_leads(cluster) > leads, 120, what="the restarted controller leading")
     node = FOUR[2]
     root = cluster.node_paths(node).host_root
     inject_fault(root, 5)
@@ -173,5 +189,23 @@ def test_a_members_device_fault_taints_its_groups(cluster: LocalCluster, api: cl
     server_id_2 = _class_file(cluster, node, "server_id_2")
     assert pools == sorted([f"ultraserver-4/{_class_file(cluster, node, 'server_id_4')}",
                             f"ultraserver-2/{us.sanitised_id(server_id_2)}"])  # the whole and the member's half
+    after = _group_slices(api)
+    assert {p: after[p]["metadata"]["resourceVersion"] for p in versions if p not in pools} == {
+        p: v for p, v in versions.items() if p not in pools}  # the others were not rewritten by either controller
     clear_faults(root, 5)
     eventually(lambda: _groups_ready(api), 120, what="the taints cleared once the device is healthy again")
+
+
+def test_a_member_that_leaves_taints_its_group(cluster: LocalCluster, api: client.ApiClient) -> None:
+    """The Node of a member of the 2-node UltraServer is deleted: its group is tainted member-missing (the
+    controller remembers the member from the slice's annotation)."""
+    eventually(lambda: _groups_ready(api), 120, what="the group slices")
+    client.CoreV1Api(api).delete_node(TWO[1])
+
+    def missing() -> str | None:
+        (pair,) = [s for s in _group_slices(api).values() if us.selected_nodes(s["spec"]["nodeSelector"]) == TWO]
+        taints = [t for d in pair["spec"].get("devices") or () for t in d.get("taints") or ()
+                  if t["key"] == f"{DRIVER}/{us.MISSING_TAINT}"]
+        return taints[0]["value"] if taints else None
+
+    assert eventually(missing, 90, what="the 2-node group tainted member-missing") == "1-of-2"
