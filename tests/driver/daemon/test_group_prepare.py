@@ -155,3 +155,17 @@ def test_emulated_hosts_with_one_seed_form_one_ultraserver(tmp_path: Path) -> No
     assert len({h.server_id_2 for h in hosts if h}) == 2
     alone = read_ultraserver(emulate("trn2u.48xlarge", tmp_path / "x", EmulationOptions(host_id="n0")))
     assert alone is not None and hosts[0] is not None and alone.server_id_4 != hosts[0].server_id_4
+
+
+def test_a_claim_with_a_group_device_and_node_devices_gets_both(tmp_path: Path) -> None:
+    lookup = FakeLookup()
+    state, root = _state(tmp_path, lookup, EmulationOptions(host_id="h", ultraserver_id="us-e", ultraserver_node=0))
+    c = _group_claim("job", 6, _pool(root, 4), [NODE])
+    c["status"]["allocation"]["devices"]["results"] += devices(0, 1)
+    lookup.put(c)
+    answer = state.prepare([ClaimRef("default", "job", uid(6))])[uid(6)]
+    assert not isinstance(answer, ClaimError), answer.message
+    assert [(d.pool_name, d.device_name) for d in answer] == [
+        (NODE, "neuron-device-0"), (NODE, "neuron-device-1"), (_pool(root, 4), us.WHOLE_DEVICE)]
+    assert _env(tmp_path, uid(6))["NEURON_RT_ULTRASERVER_MODE"] == "4"
+    assert state.prepared()[uid(6)].neuron_indexes == (0, 1)
