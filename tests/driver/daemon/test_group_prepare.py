@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
+from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason, allocated_devices
 from neuron_dra.driver.daemon.claims.cdi import CDI_KIND, CdiStore
-from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint
+from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, ClaimState, PreparedClaim
 from neuron_dra.driver.daemon.claims.state import DriverState
 from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
 from neuron_dra.driver.model import ultraserver as us
@@ -169,3 +169,26 @@ def test_a_claim_with_a_group_device_and_node_devices_gets_both(tmp_path: Path) 
         (NODE, "neuron-device-0"), (NODE, "neuron-device-1"), (_pool(root, 4), us.WHOLE_DEVICE)]
     assert _env(tmp_path, uid(6))["NEURON_RT_ULTRASERVER_MODE"] == "4"
     assert state.prepared()[uid(6)].neuron_indexes == (0, 1)
+
+
+def test_an_unfinished_group_prepare_is_restored_when_its_claim_still_holds_the_group(tmp_path: Path) -> None:
+    """A crash between the PrepareStarted record and the answer: at the next start the API server confirms the
+    claim still holds the group (its pool is not the node's), so the entry is restored, not dropped."""
+    lookup = FakeLookup()
+    options = EmulationOptions(host_id="h", ultraserver_id="us-f", ultraserver_node=1)
+    state, root = _state(tmp_path, lookup, options)
+    c = _group_claim("job", 7, _pool(root, 4), [NODE])
+    c["status"]["reservedFor"] = [{"resource": "pods", "name": "job-0", "uid": "p0"}]
+    lookup.put(c)
+    ref = ClaimRef("default", "job", uid(7))
+    plan = state.plan(ref, allocated_devices(c, ref, DRIVER, NODE, state.host.spec))
+    started = PreparedClaim(uid(7), "default", "job", ClaimState.PREPARE_STARTED, plan.devices, plan.exclusive,
+                            plan.cdi_spec, 0.0, plan.cores)
+    Checkpoint(tmp_path / "plugin" / "checkpoint.json").save({uid(7): started})
+    restarted, _ = _state(tmp_path, lookup, options)
+    report = restarted.resolve_unfinished()
+    assert report.restored == (uid(7),) and report.dropped == ()
+    assert restarted.prepared()[uid(7)].state is ClaimState.PREPARE_COMPLETED
+    lookup.put(_group_claim("job", 7, "ultraserver-4/someone-else", [NODE]))  # the claim now holds another group
+    Checkpoint(tmp_path / "plugin" / "checkpoint.json").save({uid(7): started})
+    assert _state(tmp_path, lookup, options)[0].resolve_unfinished().dropped == (uid(7),)

@@ -470,10 +470,9 @@ class DriverState:
         if claim is None or claim_uid(claim, ref) != entry.uid:
             return False
         allocation = allocation_of(claim, ref)
-        held = {d.device_name for d in entry.devices}
+        held = {(d.pool_name, d.device_name) for d in entry.devices}  # this node's pool, or an UltraServer group's
         return allocation is not None and any(
-            r.driver == self.driver_name and r.pool == self.pool_name and r.device in held
-            for r in results_of(allocation, ref))
+            r.driver == self.driver_name and (r.pool, r.device) in held for r in results_of(allocation, ref))
 
     def _release_stale_locked(self, stale: Sequence[PreparedClaim]) -> None:
         current = dict(self._claims)
