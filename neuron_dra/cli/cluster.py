@@ -50,7 +50,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up = sub.add_parser("up", help="start the cluster in DIR and return when it is ready")
     up.add_argument("--dir", type=Path, required=True, help="state directory (kubeconfig, logs, node trees)")
     up.add_argument("--node", action="append", default=None, metavar="TYPE[:COUNT]",
-                    help="emulated nodes, repeatable (default: trn2.48xlarge:2, trn1.32xlarge, inf2.48xlarge)")
+                    help="emulated nodes, repeatable (default: trn2.48xlarge:2, trn1.32xlarge, inf2.48xlarge); a "
+                         "flag of an UltraServer type is one UltraServer of COUNT (1, 2 or 4) nodes, and the "
+                         "cluster runs the UltraServer group controller (docs/ultraserver.md)")
     up.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="stop by itself after this many seconds")
     up.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     up.add_argument("--kubernetes-version", default=DEFAULT_MINOR, metavar="MINOR",
@@ -103,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if cluster.prometheus:
         print(f"  Prometheus: {cluster.prometheus} (the drivers' metrics: docs/metrics.md)")
     for node in cluster.nodes:
-        print(f"  node {node.name} ({node.instance_type})")
+        where = (f", UltraServer {node.ultraserver} node {node.ultraserver_node} of {node.ultraserver_size}"
+                 if node.ultraserver else "")
+        print(f"  node {node.name} ({node.instance_type}{where})")
     return 0
 
 

@@ -163,8 +163,8 @@ def down(cluster_dir: Path, timeout: float = 60.0) -> bool:
     ref = procs.running(pid_file)
     if ref is not None:
         procs.stop(ref, grace_s=timeout)
-    leftovers = (procs.stop_all(cluster_dir / "nodes") + procs.stop_all(cluster_dir / "controlplane")
-                 + procs.stop_all(cluster_dir / "prometheus"))
+    leftovers = (procs.stop_all(cluster_dir / "ultraserver") + procs.stop_all(cluster_dir / "nodes")
+                 + procs.stop_all(cluster_dir / "controlplane") + procs.stop_all(cluster_dir / "prometheus"))
     if ref is not None or leftovers:
         shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)
     pid_file.unlink(missing_ok=True)

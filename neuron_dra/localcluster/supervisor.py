@@ -40,6 +40,7 @@ from neuron_dra.localcluster.build import (
     ensure_binaries,
 )
 from neuron_dra.localcluster.controlplane.apply import apply_all
+from neuron_dra.localcluster.controlplane.groups import LocalGroupController
 from neuron_dra.localcluster.controlplane.plane import BoundObject, ControlPlane
 from neuron_dra.localcluster.controlplane.profiles import DEFAULT_PROFILE, PROFILES
 from neuron_dra.localcluster.controlplane.prometheus import METRICS_PORT, LocalPrometheus, ScrapeTarget
@@ -226,12 +227,27 @@ def expose_drivers(api: client.ApiClient, options: Any, agents: list[Any], ports
     return targets
 
 
+def start_group_controller(controllers: list[LocalGroupController], cluster_dir: Path, nodes: list[NodeSpec],
+                           admin: client.ApiClient, cp: ControlPlane, driver_name: str, namespace: str,
+                           deadline: float) -> None:
+    """With a node of an UltraServer type, the UltraServer group controller and its objects (the group
+    DeviceClass among them), appended to `controllers` once made (the caller stops it)."""
+    if not any(n.ultraserver for n in nodes):
+        return
+    controller = LocalGroupController(cluster_dir, admin, cp, driver_name, namespace, deadline,
+                                      DEFAULT_TTL_S + 3600)
+    controllers.append(controller)
+    controller.start()
+
+
 def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], admin: client.ApiClient,
                 cp: ControlPlane, binaries: Binaries, ports: kubelet.PortAllocator, deadline: float, *,
                 driver_name: str, catalog_file: Path | None, runtime: str, prometheus: bool,
-                network_policy: bool) -> list[ScrapeTarget]:
+                network_policy: bool, controllers: list[LocalGroupController] | None = None) -> list[ScrapeTarget]:
     """Apply the driver's objects and start every node's agent, each appended to `agents` as it is made (the
-    caller stops them); the drivers' scrape targets when `prometheus`."""
+    caller stops them), and the UltraServer group controller (into `controllers`) where nodes form UltraServers;
+    the drivers' scrape targets when `prometheus`."""
+    controllers = [] if controllers is None else controllers
     if runtime == "containerd":
         images = ensure_images()  # built by `cluster up` before it started us
         runtime_binaries = build_containerd()
@@ -244,6 +260,7 @@ def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], adm
             enforcer = build_kube_router()  # built by `cluster up` before it started us
             apply_all(admin, netpol.rbac_manifests())
         apply_all(admin, [*deploy.manifests(options), efa_device_class()])
+        start_group_controller(controllers, cluster_dir, nodes, admin, cp, driver_name, options.namespace, deadline)
         agents += [ContainerdNodeAgent(cluster_dir, node, i, admin, cp, binaries, runtime_binaries, images,
                                        deadline, catalog_file, ports, enforcer)
                    for i, node in enumerate(nodes, 1)]
@@ -254,6 +271,7 @@ def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], adm
     fakecri = build_fakecri()
     objects, identity = driver_objects(driver_name, binaries.minor)
     apply_all(admin, objects)
+    start_group_controller(controllers, cluster_dir, nodes, admin, cp, driver_name, identity.namespace, deadline)
     agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
                          catalog_file, ports, ports.take() if prometheus else 0) for node in nodes]
     start_all(agents)
@@ -267,6 +285,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
     set_on_signals(stop)
     procs.write_pid_file(cluster_dir / PID_FILE, procs.ref_of(os.getpid()))
     agents: list[Any] = []  # NodeAgent or ContainerdNodeAgent
+    controllers: list[LocalGroupController] = []
     cp: ControlPlane | None = None
     scraper: LocalPrometheus | None = None
     deadline = time.time() + ttl
@@ -282,7 +301,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice
         targets = start_nodes(agents, cluster_dir, nodes, admin, cp, binaries, ports, deadline, driver_name=driver_name,
                               catalog_file=catalog_file, runtime=runtime, prometheus=prometheus,
-                              network_policy=network_policy)
+                              network_policy=network_policy, controllers=controllers)
         if prometheus:
             scraper = LocalPrometheus(cluster_dir / "prometheus", build_prometheus(), ports.take())
             scraper.start(targets, deadline - time.time())
@@ -291,7 +310,9 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         wait_for_service_account(admin, "default", "default", timeout=120.0)
         (cluster_dir / "kubeconfig").write_text(Path(cp.kubeconfig).read_text())
         write_status(cluster_dir, state="ready", kubeconfig=str(cluster_dir / "kubeconfig"),
-                     nodes=[{"name": n.name, "instanceType": n.instance_type} for n in nodes],
+                     nodes=[{"name": n.name, "instanceType": n.instance_type,
+                             **({"ultraserver": n.ultraserver, "ultraserverNode": n.ultraserver_node}
+                                if n.ultraserver else {})} for n in nodes],
                      driverName=driver_name, deadline=deadline, kubernetesVersion=binaries.kube_version,
                      runtime=runtime, networkPolicy=network_policy,
                      **({"prometheus": scraper.url} if scraper is not None else {}))
@@ -303,13 +324,18 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         write_status(cluster_dir, state="failed", error=f"{type(e).__name__}: {e}")
         return 1
     finally:
-        stop_cluster(cluster_dir, agents, scraper, cp)
+        stop_cluster(cluster_dir, agents, scraper, cp, controllers)
 
 
 def stop_cluster(cluster_dir: Path, agents: list[Any], scraper: LocalPrometheus | None,
-                 cp: ControlPlane | None) -> None:
-    """The nodes, Prometheus, whatever a node left running, the control plane; the status says stopped unless the
-    start failed."""
+                 cp: ControlPlane | None, controllers: list[LocalGroupController] | None = None) -> None:
+    """The group controller (nodes going away must not look like members leaving), the nodes, Prometheus,
+    whatever a node left running, the control plane; the status says stopped unless the start failed."""
+    for controller in controllers or ():
+        try:
+            controller.stop()
+        except Exception:
+            log.exception("stopping the UltraServer group controller")
     stoppers = [threading.Thread(target=agent.stop, name=f"stop-{agent.node.name}") for agent in agents]
     for t in stoppers:  # nodes stop independently, as real nodes would
         t.start()
@@ -318,6 +344,7 @@ def stop_cluster(cluster_dir: Path, agents: list[Any], scraper: LocalPrometheus 
     if scraper is not None:
         scraper.stop()
     procs.stop_all(cluster_dir / "nodes")  # anything a node agent could not stop (it logged why)
+    procs.stop_all(cluster_dir / "ultraserver")
     if cp is not None:
         cp.stop()
     shutil.rmtree(runtime_dir(cluster_dir), ignore_errors=True)

@@ -47,6 +47,9 @@ class EmulationOptions:
     host_id: str = "emulated"  # seeds serial numbers and UltraServer ids so hosts differ
     ultraserver_node: int = 0  # this host's position (0..3) in its UltraServer (UltraServer types only)
     ultraserver_mode: int | None = 4
+    # Seeds the UltraServer's ids: hosts with the same seed are one UltraServer (share server_id_4, and server_id_2
+    # per pair of positions); "": host_id, so each host is an UltraServer of its own.
+    ultraserver_id: str = ""
 
 
 def _write(path: Path, text: str) -> None:
@@ -112,7 +115,7 @@ def instance_id(opts: EmulationOptions) -> str:
 
 
 def _ultraserver_ids(opts: EmulationOptions) -> tuple[str, str]:
-    group4 = hashlib.sha256(f"{opts.host_id}/us4".encode()).hexdigest()[:12]
+    group4 = hashlib.sha256(f"{opts.ultraserver_id or opts.host_id}/us4".encode()).hexdigest()[:12]
     return group4, f"{group4}-{opts.ultraserver_node // 2}"
 
 

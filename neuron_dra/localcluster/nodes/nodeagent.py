@@ -53,7 +53,7 @@ class NodeAgentBase:
         for d in (p.plugins_dir, p.registry_dir, p.pids):
             d.mkdir(parents=True, exist_ok=True)
         if not p.host_root.exists():
-            emulate(self.node.instance_type, p.host_root, EmulationOptions(host_id=self.node.name), self.catalog)
+            emulate(self.node.instance_type, p.host_root, emulation_options(self.node), self.catalog)
         for d in extra_dirs:
             d.mkdir(parents=True, exist_ok=True)
         host = discover(p.host_root, catalog=self.catalog)
@@ -90,6 +90,15 @@ class NodeAgentBase:
             except Exception:
                 self.log.exception("stopping the %s of %s", name, self.node.name)
             self.log.info("stopped the %s of %s in %.1f s", name, self.node.name, time.monotonic() - began)
+
+
+def emulation_options(node: NodeSpec) -> EmulationOptions:
+    """The node's emulated host: its own serials; on an UltraServer type, its UltraServer's ids and mode, in its
+    position (topology.parse_nodes)."""
+    if not node.ultraserver:
+        return EmulationOptions(host_id=node.name)
+    return EmulationOptions(host_id=node.name, ultraserver_id=node.ultraserver, ultraserver_node=node.ultraserver_node,
+                            ultraserver_mode=node.ultraserver_size)
 
 
 def stop_part(part: Any) -> None:

@@ -1,5 +1,6 @@
 """ResourceClaims as prepare sees them: the narrow lookup interface, the per-claim errors, and the
-allocation results and opaque configs that belong to this driver on this node."""
+allocation results and opaque configs that belong to this driver on this node (its own pool's devices, and the
+UltraServer group device of a shared job claim when this node is one of the group's members)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from neuron_dra.driver.daemon.claims.cdi import CdiDevice, qualified_id
+from neuron_dra.driver.daemon.claims.checkpoint import PreparedDevice
 from neuron_dra.driver.errortext import capped, shown
 from neuron_dra.driver.kubeletplugin import ClaimFailed, ClaimRef
+from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.catalog import InstanceSpec
 from neuron_dra.driver.model.config import ConfigError, EffectiveConfig, OpaqueConfig, check_applies, decode
+from neuron_dra.driver.model.devices import UltraServer
 from neuron_dra.driver.model.k8s_names import DNS_LABEL_RULE, is_dns_label
+from neuron_dra.driver.model.neuron_env import EnvError, ultraserver_env
 
 
 class Reason(StrEnum):
@@ -44,6 +50,16 @@ class ClaimError(ClaimFailed):
 
 
 @dataclass(frozen=True)
+class GroupAllocation:
+    """An UltraServer group device (docs/ultraserver.md §6): pool `ultraserver-<size>/<id>`, device `ultraserver`
+    or `ultraserver-half`, allocated to a claim that every pod of a job shares."""
+
+    pool: str
+    size: int  # the group's nodes: the UltraServer mode its pods run in
+    server_id: str  # the pool's id segment: the sanitised server id of the set (model/ultraserver.py)
+
+
+@dataclass(frozen=True)
 class AllocatedDevice:
     """One allocation result of this driver on this node, with the config that applies to it."""
 
@@ -51,6 +67,7 @@ class AllocatedDevice:
     device: str
     admin_access: bool
     config: EffectiveConfig
+    group: GroupAllocation | None = None  # set: an UltraServer group device this node is a member of
 
     @property
     def base_request(self) -> str:
@@ -172,12 +189,13 @@ def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool
         raise ClaimError(Reason.NOT_ALLOCATED, f"claim {ref} is not allocated (status.allocation is not set)")
     results = results_of(allocation, ref)
     ours = [r for r in results if r.driver == driver]
+    groups = member_groups(allocation, ours, ref, pool)
     if not ours:
         found = ", ".join(f"{r.driver}/{r.pool}/{r.device}" for r in results[:8]) or "none"
         more = f" and {len(results) - 8} more" if len(results) > 8 else ""
         raise ClaimError(Reason.NOT_FOR_THIS_NODE,
                          f"claim {ref} has no devices of driver {driver} (allocated: {capped(found)}{more})")
-    elsewhere = sorted({r.pool for r in ours if r.pool != pool})
+    elsewhere = sorted({r.pool for r in ours if r.pool != pool and r.pool not in groups})
     if elsewhere:
         raise ClaimError(Reason.NOT_FOR_THIS_NODE,
                          f"claim {ref} is allocated to pool {capped(', '.join(elsewhere))}, not to this node's pool "
@@ -194,8 +212,87 @@ def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool
         for requests, config in configs:
             if _applies(requests, r.request):
                 effective = effective.merged(config)
-        out.append(AllocatedDevice(r.request, r.device, r.admin_access, effective))
+        out.append(AllocatedDevice(r.request, r.device, r.admin_access, effective, groups.get(r.pool)))
     return tuple(out)
+
+
+# --- UltraServer group devices (docs/ultraserver.md §6) --------------------------------------------------------
+
+
+def group_of(r: Result) -> GroupAllocation | None:
+    """The group a result names (pool `ultraserver-<1|2|4>/<id>`, device `ultraserver` or, size 2,
+    `ultraserver-half`); None for any other result. Node pools are node names, which never contain '/'."""
+    prefix, slash, server_id = r.pool.partition("/")
+    size_text = prefix.removeprefix(us.POOL_PREFIX)
+    if not slash or prefix == size_text or not server_id or size_text not in {str(m) for m in us.MODES}:
+        return None
+    size = int(size_text)
+    if r.device != us.WHOLE_DEVICE and not (r.device == us.HALF_DEVICE and size == 2):
+        return None
+    return GroupAllocation(r.pool, size, server_id)
+
+
+def member_groups(allocation: Mapping[str, Any], ours: Sequence[Result], ref: ClaimRef, node: str
+                  ) -> dict[str, GroupAllocation]:
+    """The group pools among `ours`, checked to include this node: the allocation's node selector (copied by the
+    scheduler from the group slice) must name `node` by its `kubernetes.io/hostname` label, which kubelet sets to
+    the node name (the driver's pool name) unless overridden. NOT_FOR_THIS_NODE otherwise."""
+    groups = {g.pool: g for g in (group_of(r) for r in ours) if g is not None}
+    if not groups:
+        return groups
+    selector = _member(ref, allocation, "status.allocation", "nodeSelector", Mapping, {})
+    try:
+        members = us.selected_nodes(selector)
+    except (AttributeError, TypeError) as e:  # a term or requirement that is not an object
+        raise _malformed(ref, "status.allocation.nodeSelector", selector, "a node selector") from e
+    if node not in members:
+        shown_members = ", ".join(members[:8]) or "none"
+        raise ClaimError(Reason.NOT_FOR_THIS_NODE,
+                         f"claim {ref}: node {node} is not a member of UltraServer group "
+                         f"{capped(', '.join(sorted(groups)))} (its node selector names {capped(shown_members)} by "
+                         f"{us.HOSTNAME_LABEL})")
+    return groups
+
+
+def _member_server_id(group: GroupAllocation, host: UltraServer) -> str:
+    """This host's id for a set of the group's size, as model/ultraserver.py keys (and names) the set."""
+    if group.size == 4:
+        return host.server_id_4
+    if group.size == 2:
+        return host.server_id_2
+    return f"{host.server_id_4}.{host.node_id_4}"
+
+
+def prepare_groups(ref: ClaimRef, allocated: Sequence[AllocatedDevice], host: UltraServer | None,
+                   instance_type: str) -> list[tuple[CdiDevice, PreparedDevice]]:
+    """For each group device of the claim: the CDI device that gives the pod's containers the UltraServer
+    environment of this node in that group (mode = the group's size, this host's server and node ids), and the
+    answer for kubelet. The host's class files must put it in the group's set (NOT_FOR_THIS_NODE otherwise); a
+    config's ultraserverMode other than the group's size is BAD_CONFIG."""
+    out = []
+    for a in allocated:
+        group = a.group
+        if group is None:
+            continue
+        where = f"claim {ref}, request {a.request!r}, UltraServer group {group.pool}"
+        if host is None:
+            raise ClaimError(Reason.NOT_FOR_THIS_NODE, f"{where}: this {instance_type} host has no UltraServer "
+                                                       "class files (server_id_4, node_id_4, ...): not a member")
+        own = _member_server_id(group, host)
+        if us.sanitised_id(own) != group.server_id:
+            raise ClaimError(Reason.NOT_FOR_THIS_NODE,
+                             f"{where}: this host's {group.size}-node set is {shown(own, 80)} (its class files), "
+                             f"not the group's {shown(group.server_id, 80)}: not a member")
+        if a.config.ultraserver_mode not in (None, group.size):
+            raise ClaimError(Reason.BAD_CONFIG, f"{where}: ultraserverMode {a.config.ultraserver_mode} is not "
+                                                f"allowed; allowed: {group.size} (the group's nodes) or unset")
+        try:
+            env = ultraserver_env(host, group.size, instance_type)
+        except EnvError as e:
+            raise ClaimError(Reason.BAD_CONFIG, f"{where}: {e}") from e
+        device = CdiDevice(f"{ref.uid}-ultraserver-{a.request.replace('/', '.')}", env=env)
+        out.append((device, PreparedDevice((a.request,), group.pool, a.device, (qualified_id(device.name),))))
+    return out
 
 
 def consumer_pods(claim: Mapping[str, Any], limit: int) -> tuple[tuple[str, ...], int]:

@@ -33,6 +33,7 @@ from neuron_dra.driver.daemon.claims.allocation import (
     allocation_of,
     claim_uid,
     consumer_pods,
+    prepare_groups,
     results_of,
 )
 from neuron_dra.driver.daemon.claims.cdi import (
@@ -383,7 +384,10 @@ class DriverState:
         exclusive: set[int] = set()
         held_cores: set[int] = set()
         node_devices: dict[str, CdiDevice] = {}
+        groups = prepare_groups(ref, allocated, ultraserver, self.host.instance_type)  # UltraServer group devices
         for a in allocated:
+            if a.group is not None:
+                continue
             indexes = self._device_indexes.get(a.device)
             if indexes is None:
                 known = ", ".join(sorted(self._device_indexes, key=_device_sort_key))
@@ -419,6 +423,8 @@ class DriverState:
                 ids = (qualified_id(env_name),) if node in named else (qualified_id(node), qualified_id(env_name))
                 named.add(node)
                 answer.append(PreparedDevice((request,), self.pool_name, a.device, ids))
+        env_devices += [device for device, _ in groups]
+        answer += [prepared for _, prepared in groups]
         try:
             spec = build_spec([*node_devices.values(), *env_devices])
         except CdiError as e:
@@ -427,7 +433,8 @@ class DriverState:
 
     def _ultraserver(self, ref: ClaimRef, allocated: Sequence[AllocatedDevice]) -> UltraServer | None:
         """The UltraServer class files, read only when a device of `allocated` needs them."""
-        if not any(a.device == NODE_DEVICE_NAME or a.config.ultraserver_mode is not None for a in allocated):
+        if not any(a.device == NODE_DEVICE_NAME or a.config.ultraserver_mode is not None or a.group is not None
+                   for a in allocated):
             return None
         try:
             return read_ultraserver(self.host_root)
@@ -463,10 +470,9 @@ class DriverState:
         if claim is None or claim_uid(claim, ref) != entry.uid:
             return False
         allocation = allocation_of(claim, ref)
-        held = {d.device_name for d in entry.devices}
+        held = {(d.pool_name, d.device_name) for d in entry.devices}  # this node's pool, or an UltraServer group's
         return allocation is not None and any(
-            r.driver == self.driver_name and r.pool == self.pool_name and r.device in held
-            for r in results_of(allocation, ref))
+            r.driver == self.driver_name and (r.pool, r.device) in held for r in results_of(allocation, ref))
 
     def _release_stale_locked(self, stale: Sequence[PreparedClaim]) -> None:
         current = dict(self._claims)
