@@ -22,12 +22,15 @@ from neuron_dra.driver.daemon.liveness import HealthServer
 from neuron_dra.driver.daemon.observability.consumers import ConsumerRefresher
 from neuron_dra.driver.daemon.options import DaemonOptions
 from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.errortext import capped
 from neuron_dra.driver.kubeletplugin import (
     ApiClient,
     ClaimLookup,
     EventLoopThread,
     Helper,
     SocketError,
+    SocketPaths,
+    is_listening,
     start,
     trim_memory,
 )
@@ -80,6 +83,7 @@ class Daemon:
         self.health_stream: HealthStreamService | None = None
         self.health_reporter: HealthReporter | None = None
         self._emulated: tempfile.TemporaryDirectory[str] | None = None
+        self.stop_was_withdrawn = False
 
     def _load_host(self) -> tuple[NeuronHost, Path]:
         o = self.options
@@ -217,6 +221,7 @@ class Daemon:
 
     def stop(self) -> None:
         self.stop_event.set()
+        self._withdraw()
         if self.helper is not None:
             self.helper.stop(self.options.drain_seconds)
         if self.health is not None:
@@ -232,6 +237,35 @@ class Daemon:
         if self._emulated is not None:
             self._emulated.cleanup()
         log.info("stopped")
+
+    def _withdraw(self) -> None:
+        """A stop that is no hand-over takes the node's devices out of scheduling first (docs/upgrades.md, "A
+        clean stop"): unless another instance of the driver listens on this node (a surge rollout: its slices
+        stay, as kubelet's hand-over expects), delete our slices within options.withdraw_seconds. Never raises."""
+        if self.publisher is None or self.stop_was_withdrawn:
+            return
+        self.stop_was_withdrawn = True
+        others = other_instances(self.options.sockets, self.options.plugin.plain_sockets)
+        if others:
+            log.info("another instance of the driver serves this node: its slices stay for it",
+                     extra={"node": self.options.node_name, "socket": str(others[0])})
+            return
+        try:
+            deleted = self.publisher.withdraw(self.options.withdraw_seconds)
+        except Exception as e:  # the API server did not do it in time: kubelet's wipe follows (about 30 s)
+            log.warning("could not withdraw this node's ResourceSlices as the driver stops; kubelet removes them "
+                        "about 30 s after the driver is gone", extra={"node": self.options.node_name,
+                                                                      "error": capped(f"{type(e).__name__}: {e}")})
+            return
+        log.info("withdrew this node's devices from scheduling as the driver stops",
+                 extra={"node": self.options.node_name, "slices_deleted": deleted})
+
+
+def other_instances(own: SocketPaths, plain: SocketPaths) -> list[Path]:
+    """The sockets on which another instance of this driver listens on this node (by name: the per-instance ones
+    and, for an instance of its own names, the plain ones), found at the moment of the call."""
+    candidates = [*own.siblings(), *([] if plain == own else [plain.registration, plain.dra])]
+    return [p for p in candidates if p not in (own.registration, own.dra) and is_listening(p)]
 
 
 def listen(options: DaemonOptions, loop: EventLoopThread) -> Helper:

@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 
 # On SIGTERM, seconds the DRA calls already running get to finish (the DaemonSet's grace period is 30 s).
 DRAIN_SECONDS = 20.0
+# On SIGTERM that is no hand-over, seconds to delete the node's slices in, before the drain (docs/upgrades.md):
+# with DRAIN_SECONDS within the grace period.
+WITHDRAW_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class DaemonOptions:
     socket_names: str = "auto"
     instance: str = ""
     drain_seconds: float = DRAIN_SECONDS
+    withdraw_seconds: float = WITHDRAW_SECONDS
 
     @property
     def sockets(self) -> SocketPaths:
