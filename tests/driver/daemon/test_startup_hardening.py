@@ -230,7 +230,8 @@ def test_no_start_up_answer_of_the_api_server_ends_the_daemon(dirs: DaemonDirs, 
     """Each of these was a traceback and exit 1 at every restart (round 4). Now what cannot be read is unknown:
     the plain socket names, whole devices only, said in one warning; the daemon serves."""
     api_server.script = script
-    d = EntryProcess(dirs, host_root, api_server).wait_ready()
+    d = EntryProcess(dirs, host_root, api_server)
+    d.wait_ready()
     try:
         warnings = [r for r in d.log_records() if r["msg"].startswith("cannot read from the API server at start-up")]
         assert len(warnings) == (1 if unreadable else 0), warnings

@@ -24,6 +24,7 @@ from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.slices import PublishOptions
 from neuron_dra.localcluster.controlplane.plane import ControlPlane
 from tests.driver.daemon.test_publisher import ensure_node, foreign_slice, slices, wipe
+from tests.localcluster.test_controlplane import mark_ready
 from tests.support.driver import DRIVER, NODE, REPO, DaemonDirs, wait_until
 from tests.support.fake_apiserver import FakeApiServer, Reply, Seen, ok_json, serve
 
@@ -31,7 +32,7 @@ NODE_OBJECT = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "u
 
 
 def all_slices(api: Any) -> list[dict[str, Any]]:
-    items = client.ResourceV1Api(api).list_resource_slice(_preload_content=False)
+    items: Any = client.ResourceV1Api(api).list_resource_slice(_preload_content=False)
     return sorted(json.loads(items.data)["items"], key=lambda s: s["metadata"]["name"])
 
 
@@ -133,8 +134,59 @@ def test_a_surge_hand_over_keeps_the_slices_and_the_last_instance_withdraws_them
         new = None
         assert slices(api) == [], "withdrawn before the process exited"
         assert b"withdrew this node's devices from scheduling" in log.read_bytes()
+
+        # A claim pod created while no driver runs is not bound to the node; once a driver is back it is.
+        pod = claim_pod(api)
+        wait_until(lambda: unschedulable(api, pod), 60, "the scheduler to find no device for the pod")
+        assert node_of(api, pod) is None
+        new = start_daemon(plane, dirs, host_root, new_uid, log)
+        assert wait_until(lambda: node_of(api, pod), 60, "the pod bound once a driver is back") == NODE
+        stop(new, log)
+        new = None
     finally:
         for p in (old, new):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait(10)
+
+
+NS = "withdraw-test"
+CLASS = "withdraw-test.neuron.aws.com"
+
+
+def claim_pod(api: Any) -> str:
+    """A pod of one Neuron device on NODE (the Node made schedulable, a DeviceClass of the driver, a template)."""
+    core: Any = client.CoreV1Api(api)
+    res: Any = client.ResourceV1Api(api)
+    core.patch_node(NODE, {"metadata": {"labels": {"kubernetes.io/hostname": NODE}}})
+    mark_ready(core, NODE)
+    res.create_device_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": CLASS},
+                             "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
+    core.create_namespace({"metadata": {"name": NS}})
+    wait_until(lambda: any(sa.metadata and sa.metadata.name == "default"
+                           for sa in core.list_namespaced_service_account(NS).items), 60, "the default account")
+    res.create_namespaced_resource_claim_template(NS, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "one"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "n", "exactly": {"deviceClassName": CLASS}}]}}}})
+    core.create_namespaced_pod(NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {
+        "nodeSelector": {"kubernetes.io/hostname": NODE}, "tolerations": [{"operator": "Exists"}],
+        "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": "one"}],
+        "containers": [{"name": "c", "image": "example.invalid/none", "resources": {"claims": [{"name": "neuron"}]}}]}})
+    return "p"
+
+
+def _pod(api: Any, name: str) -> dict[str, Any]:
+    resp: Any = client.CoreV1Api(api).read_namespaced_pod(name, NS, _preload_content=False)
+    doc: dict[str, Any] = json.loads(resp.data)
+    return doc
+
+
+def unschedulable(api: Any, name: str) -> bool:
+    """The scheduler found no devices for the pod's claim on any node (the node itself fits: it binds later)."""
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               and "claim" in c.get("message", "") for c in _pod(api, name).get("status", {}).get("conditions") or ())
+
+
+def node_of(api: Any, name: str) -> str | None:
+    node: str | None = _pod(api, name)["spec"].get("nodeName")
+    return node
