@@ -4,6 +4,7 @@ checkpoint and CDI specs, the DRA service, health, metrics, slice publishing) an
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -84,6 +85,7 @@ class Daemon:
         self.health_reporter: HealthReporter | None = None
         self._emulated: tempfile.TemporaryDirectory[str] | None = None
         self.stop_was_withdrawn = False
+        self._own_registration: tuple[int, int, int] | None = None
 
     def _load_host(self) -> tuple[NeuronHost, Path]:
         o = self.options
@@ -143,6 +145,7 @@ class Daemon:
         if self.helper is None:
             self.helper = listen(o, self.loop)
         helper = self.helper
+        self._own_registration = file_identity(helper.paths.registration)  # to tell a takeover at stop
         host, root, layout = self._discover()
         self.host, self.host_root = host, root
         self.state = state = self._load_state(helper, host, root, layout)
@@ -245,7 +248,12 @@ class Daemon:
         if self.publisher is None or self.stop_was_withdrawn:
             return
         self.stop_was_withdrawn = True
-        others = other_instances(self.options.sockets, self.options.plugin.plain_sockets)
+        own = self.options.sockets
+        others = other_instances(own, self.options.plugin.plain_sockets)
+        now = file_identity(own.registration)
+        if None not in (now, self._own_registration) and now != self._own_registration \
+                and is_listening(own.registration):
+            others.append(own.registration)  # plain names (kubelet < 1.33): a newer instance took them over
         if others:
             log.info("another instance of the driver serves this node: its slices stay for it",
                      extra={"node": self.options.node_name, "socket": str(others[0])})
@@ -266,6 +274,15 @@ def other_instances(own: SocketPaths, plain: SocketPaths) -> list[Path]:
     and, for an instance of its own names, the plain ones), found at the moment of the call."""
     candidates = [*own.siblings(), *([] if plain == own else [plain.registration, plain.dra])]
     return [p for p in candidates if p not in (own.registration, own.dra) and is_listening(p)]
+
+
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """(device, inode, change time) of the file at `path`: another one when another instance bound it since."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 def listen(options: DaemonOptions, loop: EventLoopThread) -> Helper:
