@@ -4,8 +4,10 @@ Flags fall back to the environment variables of AWS's Helm chart (NODE_NAME, KUB
 KUBELET_REGISTRAR_DIRECTORY_PATH, CDI_ROOT, HEALTHCHECK_PORT), so the daemon is a drop-in for its DaemonSet.
 Start-up: discover the host, load the checkpoint, rewrite CDI specs and clean up after a crash, serve the
 DRA socket and then the registration socket, then health, metrics and slice publishing. SIGTERM/SIGINT
-stop it cleanly (registration socket first). An unreachable API server never stops it: publishing retries
-with backoff and prepares fail per claim until the server answers.
+stop it cleanly: the node's slices withdrawn unless another instance takes over (docs/upgrades.md, "A clean
+stop"), then the registration socket. Nothing the API server answers at start stops it (what cannot be read is
+unknown, with one warning), and an unreachable API server never does: publishing retries with backoff and
+prepares fail per claim until the server answers.
 """
 
 from __future__ import annotations
