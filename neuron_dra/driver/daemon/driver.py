@@ -4,6 +4,7 @@ checkpoint and CDI specs, the DRA service, health, metrics, slice publishing) an
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -22,12 +23,15 @@ from neuron_dra.driver.daemon.liveness import HealthServer
 from neuron_dra.driver.daemon.observability.consumers import ConsumerRefresher
 from neuron_dra.driver.daemon.options import DaemonOptions
 from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.errortext import capped
 from neuron_dra.driver.kubeletplugin import (
     ApiClient,
     ClaimLookup,
     EventLoopThread,
     Helper,
     SocketError,
+    SocketPaths,
+    is_listening,
     start,
     trim_memory,
 )
@@ -80,6 +84,8 @@ class Daemon:
         self.health_stream: HealthStreamService | None = None
         self.health_reporter: HealthReporter | None = None
         self._emulated: tempfile.TemporaryDirectory[str] | None = None
+        self.stop_was_withdrawn = False
+        self._own_registration: tuple[int, int, int] | None = None
 
     def _load_host(self) -> tuple[NeuronHost, Path]:
         o = self.options
@@ -139,6 +145,7 @@ class Daemon:
         if self.helper is None:
             self.helper = listen(o, self.loop)
         helper = self.helper
+        self._own_registration = file_identity(helper.paths.registration)  # to tell a takeover at stop
         host, root, layout = self._discover()
         self.host, self.host_root = host, root
         self.state = state = self._load_state(helper, host, root, layout)
@@ -217,6 +224,7 @@ class Daemon:
 
     def stop(self) -> None:
         self.stop_event.set()
+        self._withdraw()
         if self.helper is not None:
             self.helper.stop(self.options.drain_seconds)
         if self.health is not None:
@@ -232,6 +240,49 @@ class Daemon:
         if self._emulated is not None:
             self._emulated.cleanup()
         log.info("stopped")
+
+    def _withdraw(self) -> None:
+        """A stop that is no hand-over takes the node's devices out of scheduling first (docs/upgrades.md, "A
+        clean stop"): unless another instance of the driver listens on this node (a surge rollout: its slices
+        stay, as kubelet's hand-over expects), delete our slices within options.withdraw_seconds. Never raises."""
+        if self.publisher is None or self.stop_was_withdrawn:
+            return
+        self.stop_was_withdrawn = True
+        own = self.options.sockets
+        others = other_instances(own, self.options.plugin.plain_sockets)
+        now = file_identity(own.registration)
+        if None not in (now, self._own_registration) and now != self._own_registration \
+                and is_listening(own.registration):
+            others.append(own.registration)  # plain names (kubelet < 1.33): a newer instance took them over
+        if others:
+            log.info("another instance of the driver serves this node: its slices stay for it",
+                     extra={"node": self.options.node_name, "socket": str(others[0])})
+            return
+        try:
+            deleted = self.publisher.withdraw(self.options.withdraw_seconds)
+        except Exception as e:  # the API server did not do it in time: kubelet's wipe follows (about 30 s)
+            log.warning("could not withdraw this node's ResourceSlices as the driver stops; kubelet removes them "
+                        "about 30 s after the driver is gone", extra={"node": self.options.node_name,
+                                                                      "error": capped(f"{type(e).__name__}: {e}")})
+            return
+        log.info("withdrew this node's devices from scheduling as the driver stops",
+                 extra={"node": self.options.node_name, "slices_deleted": deleted})
+
+
+def other_instances(own: SocketPaths, plain: SocketPaths) -> list[Path]:
+    """The sockets on which another instance of this driver listens on this node (by name: the per-instance ones
+    and, for an instance of its own names, the plain ones), found at the moment of the call."""
+    candidates = [*own.siblings(), *([] if plain == own else [plain.registration, plain.dra])]
+    return [p for p in candidates if p not in (own.registration, own.dra) and is_listening(p)]
+
+
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """(device, inode, change time) of the file at `path`: another one when another instance bound it since."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 def listen(options: DaemonOptions, loop: EventLoopThread) -> Helper:

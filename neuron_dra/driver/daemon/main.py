@@ -4,8 +4,10 @@ Flags fall back to the environment variables of AWS's Helm chart (NODE_NAME, KUB
 KUBELET_REGISTRAR_DIRECTORY_PATH, CDI_ROOT, HEALTHCHECK_PORT), so the daemon is a drop-in for its DaemonSet.
 Start-up: discover the host, load the checkpoint, rewrite CDI specs and clean up after a crash, serve the
 DRA socket and then the registration socket, then health, metrics and slice publishing. SIGTERM/SIGINT
-stop it cleanly (registration socket first). An unreachable API server never stops it: publishing retries
-with backoff and prepares fail per claim until the server answers.
+stop it cleanly: the node's slices withdrawn unless another instance takes over (docs/upgrades.md, "A clean
+stop"), then the registration socket. Nothing the API server answers at start stops it (what cannot be read is
+unknown, with one warning), and an unreachable API server never does: publishing retries with backoff and
+prepares fail per claim until the server answers.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from neuron_dra.driver import kubeletplugin
-from neuron_dra.driver.daemon.options import DaemonOptions, parse_options, with_core_partitions, with_socket_names
+from neuron_dra.driver.daemon.options import DaemonOptions, parse_options, with_api_facts, with_socket_names
 from neuron_dra.driver.errortext import capped
 
 # The one lazy-import boundary of the daemon: the rest of it (daemon/driver.py and what it imports: the claims
@@ -74,27 +76,45 @@ def start_early(options: DaemonOptions, loop: EventLoopThread) -> Helper | None:
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv, os.environ)
     kubeletplugin.configure_logs(options.log_level)
-    # The socket names may depend on the kubelet's version, read from the Node: then the API client comes first.
+    # The socket names may depend on the kubelet's version, read from the Node: then the API client comes first,
+    # and that read is short (options.STARTUP_READ_SECONDS) so the sockets still listen in time.
     asks = options.socket_names == "auto" and bool(options.pod_uid)
     kubeletplugin.limit_arenas()  # before the loop thread allocates
     loop = kubeletplugin.EventLoopThread()  # the daemon's from run_daemon on
-    helper = None if asks else start_early(with_socket_names(options, None), loop)
-    from neuron_dra.driver.daemon.failpoints import CrashPoints
-
+    helper: Helper | None = None
     try:
-        crash = CrashPoints.from_env(os.environ)
-        api = kubeletplugin.api_client(options.kubeconfig, kubeletplugin.ClientOptions(
-            kubeletplugin.Rate(options.kube_api_qps, options.kube_api_burst), options.kube_api_timeout))
-    except (ValueError, kubeletplugin.KubeConfigError) as e:
+        if not asks:
+            options = with_socket_names(options, None)
+            helper = start_early(options, loop)
+        from neuron_dra.driver.daemon.failpoints import CrashPoints
+
+        try:
+            crash = CrashPoints.from_env(os.environ)
+            api = kubeletplugin.api_client(options.kubeconfig, kubeletplugin.ClientOptions(
+                kubeletplugin.Rate(options.kube_api_qps, options.kube_api_burst), options.kube_api_timeout))
+        except (ValueError, kubeletplugin.KubeConfigError) as e:
+            log.error("start-up failed", extra={"error": str(e)})
+            _close(helper, loop)
+            return 2
+        # Never raises for what the API server answers: what cannot be read is unknown, with one warning.
+        options = with_api_facts(options, api, names=asks)
+        if asks:
+            helper = start_early(options, loop)
+    except kubeletplugin.InstanceError as e:  # --socket-names per-instance without a pod UID
         log.error("start-up failed", extra={"error": str(e)})
-        if helper is not None:
-            helper.close()
-        loop.close()
+        _close(helper, loop)
         return 2
-    options = with_core_partitions(with_socket_names(options, api if asks else None), api)
-    if asks:
-        helper = start_early(options, loop)
+    except Exception as e:  # a fault nothing above names: still the one line (with its traceback), and exit 1
+        log.error("start-up failed", exc_info=True, extra={"error": f"unexpected {capped(repr(e))}"})
+        _close(helper, loop)
+        return 1
     return run_daemon(options, kubeletplugin.KubeClaimLookup(api), api, crash, helper, loop)
+
+
+def _close(helper: Helper | None, loop: EventLoopThread) -> None:
+    if helper is not None:
+        helper.close()
+    loop.close()
 
 
 if __name__ == "__main__":

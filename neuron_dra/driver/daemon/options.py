@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
-import re
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from neuron_dra.driver import kubeletplugin
+from neuron_dra.driver.errortext import capped, shown
 from neuron_dra.driver.kubeletplugin import (
     DAEMON_BURST,
     DAEMON_QPS,
@@ -23,6 +25,7 @@ from neuron_dra.driver.kubeletplugin import (
     SocketPaths,
     check_pod_uid,
     decide,
+    kubelet_minor,
 )
 from neuron_dra.driver.model.errors import NotAllowed
 from neuron_dra.driver.model.k8s_names import (
@@ -53,6 +56,9 @@ log = logging.getLogger(__name__)
 
 # On SIGTERM, seconds the DRA calls already running get to finish (the DaemonSet's grace period is 30 s).
 DRAIN_SECONDS = 20.0
+# On SIGTERM that is no hand-over, seconds to delete the node's slices in, before the drain (docs/upgrades.md):
+# with DRAIN_SECONDS within the grace period.
+WITHDRAW_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class DaemonOptions:
     socket_names: str = "auto"
     instance: str = ""
     drain_seconds: float = DRAIN_SECONDS
+    withdraw_seconds: float = WITHDRAW_SECONDS
 
     @property
     def sockets(self) -> SocketPaths:
@@ -238,32 +245,52 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonO
     return DaemonOptions(**vars(a) | {"host_root": host_root, "pod_uid": pod_uid})
 
 
-def _get_string(api: ApiClient, path: str, keys: tuple[str, ...], seconds: float, what: str,
-                **extra: str) -> str | None:
-    """The string at `keys` in the answer to GET `path`; None on any failure (logged: cannot read `what`)."""
+# Each read of the API server at start-up (the kubelet's version for the socket names, the API server's for
+# `--core-partitions auto`) gets at most this long, whatever --kube-api-timeout says: the registration socket
+# waits for the first and kubelet's probe for both, so a slow or dripping API server must not keep them closed
+# (issue 42: 20-80 s). Both run at once; a healthy API server answers in milliseconds.
+STARTUP_READ_SECONDS = 3.0
+MAX_VERSION_CHARS = 256  # a version string is short: a longer "version" is not one
 
+
+@dataclass(frozen=True)
+class Read:
+    """One string read from the API server: its value, or None and why not."""
+
+    value: str | None
+    error: str = ""
+
+
+def read_string(api: ApiClient, path: str, keys: tuple[str, ...], seconds: float) -> Read:
+    """The short string at `keys` in the answer to GET `path`. Never raises: whatever the answer is (an error,
+    garbage, nested past the recursion limit, huge, dripping past the deadline), a failure is a Read with the
+    reason, so nothing the API server says can end start-up (issue 42 item 2)."""
+    where = ".".join(keys)
     try:
         value: object = kubeletplugin.KubeApi(api).call("GET", path, seconds=seconds)
     except (kubeletplugin.ApiException, kubeletplugin.ApiClientError) as e:
-        log.warning(f"cannot read {what}", extra={**extra, "error": str(e)})
-        return None
+        return Read(None, capped(str(e)))
+    except Exception as e:  # anything else the answer provoked: the same, never a traceback
+        return Read(None, f"GET {path}: {capped(f'{type(e).__name__}: {e}')}")
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
-    return value if isinstance(value, str) else None
+    if not isinstance(value, str):
+        return Read(None, f"GET {path}: {where} is {shown(value)}, not a string")
+    if len(value) > MAX_VERSION_CHARS:
+        return Read(None, f"GET {path}: {where} {shown(value)} is not a version (over {MAX_VERSION_CHARS} "
+                          "characters)")
+    return Read(value)
 
 
-def kubelet_version(api: ApiClient, node_name: str, seconds: float) -> str | None:
-    """The node's kubelet version as the Node reports it (status.nodeInfo.kubeletVersion); None on any failure."""
-    return _get_string(api, f"/api/v1/nodes/{quote(node_name, safe='')}", ("status", "nodeInfo", "kubeletVersion"),
-                       seconds, "the node's kubelet version", node=node_name)
+def kubelet_version(api: ApiClient, node_name: str, seconds: float) -> Read:
+    """The node's kubelet version as the Node reports it (status.nodeInfo.kubeletVersion)."""
+    return read_string(api, f"/api/v1/nodes/{quote(node_name, safe='')}", ("status", "nodeInfo", "kubeletVersion"),
+                       seconds)
 
 
-_SERVER_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
-
-
-def server_version(api: ApiClient, seconds: float) -> str | None:
-    """The API server's version (GET /version, gitVersion: `v1.36.5`, `v1.37.1-eks-...`); None on any failure."""
-    return _get_string(api, "/version", ("gitVersion",), seconds, "the API server's version")
+def server_version(api: ApiClient, seconds: float) -> Read:
+    """The API server's version (GET /version, gitVersion: `v1.36.5`, `v1.37.1-eks-...`)."""
+    return read_string(api, "/version", ("gitVersion",), seconds)
 
 
 def decide_core_partitions(mode: str, version: Callable[[], str | None]) -> tuple[str, str]:
@@ -272,12 +299,11 @@ def decide_core_partitions(mode: str, version: Callable[[], str | None]) -> tupl
     if mode != "auto":
         return mode, f"--core-partitions={mode}"
     seen = version()
-    m = _SERVER_VERSION.match(seen or "")
-    if m is None:
-        return "off", (f"the API server's version is unknown ({seen!r}): whole devices only, which never slow the "
-                       "scheduler (--core-partitions on publishes NeuronCores)")
-    major, minor = int(m.group(1)), int(m.group(2))
-    if (major, minor) < (1, COUNTERS_PER_NODE_MINOR):
+    parsed = None if seen is None else kubelet_minor(seen)  # digits bounded: int() refuses over 4,300
+    if seen is None or parsed is None:
+        return "off", (f"the API server's version is unknown ({shown(seen)}): whole devices only, which never slow "
+                       "the scheduler (--core-partitions on publishes NeuronCores)")
+    if parsed < (1, COUNTERS_PER_NODE_MINOR):
         return "off", (f"the API server is {seen}: its scheduler reads every node's counter slices on each node "
                        f"(kubernetes#138917, fixed in 1.{COUNTERS_PER_NODE_MINOR}), so NeuronCores with counters make "
                        "every claim pod's scheduling cost grow with nodes squared (--core-partitions on publishes "
@@ -285,20 +311,60 @@ def decide_core_partitions(mode: str, version: Callable[[], str | None]) -> tupl
     return "auto", f"the API server is {seen}"
 
 
+def with_api_facts(options: DaemonOptions, api: ApiClient | None, names: bool = True,
+                   partitions: bool = True) -> DaemonOptions:
+    """`options` with what start-up resolves against the API server: the socket names (`names`: the instance id,
+    instances.py) and `--core-partitions auto` (`partitions`). Only the reads that decide are made, both at once,
+    each within STARTUP_READ_SECONDS (and --kube-api-timeout); whatever could not be read is unknown (the plain
+    socket names, no NeuronCore counters), said in one warning. Never raises for anything the API server
+    answers."""
+    seconds = min(STARTUP_READ_SECONDS, options.kube_api_timeout)
+    reads: dict[str, Callable[[], Read]] = {}
+    if api is not None and names and options.socket_names == "auto" and options.pod_uid:
+        reads["kubelet_version"] = lambda: kubelet_version(api, options.node_name, seconds)
+    if api is not None and partitions and options.core_partitions == "auto":
+        reads["server_version"] = lambda: server_version(api, seconds)
+    got = _read_at_once(reads, seconds + 2.0)
+    failed = {f"{what}_error": r.error for what, r in got.items() if r.value is None}
+    if failed:
+        log.warning("cannot read from the API server at start-up; going on without it (the plain socket names, "
+                    "whole devices only)", extra={"node": options.node_name, **failed})
+    if names:
+        known = got.get("kubelet_version")
+        naming = decide(options.socket_names, options.pod_uid, lambda: None if known is None else known.value)
+        log.info("socket names chosen", extra={"instance": naming.instance or "(plain names)",
+                                               "reason": naming.reason})
+        options = replace(options, instance=naming.instance)
+    if partitions:
+        seen = got.get("server_version")
+        mode, reason = decide_core_partitions(options.core_partitions, lambda: None if seen is None else seen.value)
+        options = replace(options, core_partitions=mode, core_partitions_reason=reason)
+    return options
+
+
+def _read_at_once(reads: Mapping[str, Callable[[], Read]], seconds: float) -> dict[str, Read]:
+    """Each read in a thread of its own, all waited for at most `seconds` together (a read's own deadline ends it
+    sooner; one that has not ended, e.g. in a name lookup no deadline covers, counts as failed and is left)."""
+    got: dict[str, Read] = {}
+    threads = []
+    for what, read in reads.items():
+        def run(what: str = what, read: Callable[[], Read] = read) -> None:
+            got[what] = read()
+
+        thread = threading.Thread(target=run, name=f"startup-read-{what}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    until = time.monotonic() + seconds
+    for thread in threads:
+        thread.join(max(0.0, until - time.monotonic()))
+    return {what: got.get(what) or Read(None, f"no answer within {seconds:g} s") for what in reads}
+
+
 def with_core_partitions(options: DaemonOptions, api: ApiClient | None) -> DaemonOptions:
     """`options` with `--core-partitions auto` resolved against the API server's version (once, at start)."""
-    mode, reason = decide_core_partitions(
-        options.core_partitions,
-        lambda: None if api is None else server_version(api, options.kube_api_timeout))
-    return replace(options, core_partitions=mode, core_partitions_reason=reason)
+    return with_api_facts(options, api, names=False)
 
 
 def with_socket_names(options: DaemonOptions, api: ApiClient | None) -> DaemonOptions:
     """`options` with the instance id chosen (instances.py); asks the API server only when that decides."""
-    naming = decide(options.socket_names, options.pod_uid,
-                    lambda: None if api is None else kubelet_version(api, options.node_name,
-                                                                     options.kube_api_timeout))
-    log.info("socket names chosen", extra={"instance": naming.instance or "(plain names)", "reason": naming.reason})
-    return replace(options, instance=naming.instance)
-
-
+    return with_api_facts(options, api, partitions=False)

@@ -30,7 +30,13 @@ from neuron_dra.driver.kubeletplugin._grpcserver import (
 )
 from neuron_dra.driver.kubeletplugin._helper import UNSHARED_POLL, UNSHARED_WAIT, Helper, Options, start
 from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock, LockTimeout
-from neuron_dra.driver.kubeletplugin._instances import SOCKET_NAME_MODES, InstanceError, check_pod_uid, decide
+from neuron_dra.driver.kubeletplugin._instances import (
+    SOCKET_NAME_MODES,
+    InstanceError,
+    check_pod_uid,
+    decide,
+    kubelet_minor,
+)
 from neuron_dra.driver.kubeletplugin._logs import configure as configure_logs
 from neuron_dra.driver.kubeletplugin._memory import limit_arenas
 from neuron_dra.driver.kubeletplugin._memory import trim as trim_memory
@@ -95,7 +101,8 @@ __all__ = [
     "Limits", "LockTimeout", "Method", "Options", "PreparedDevice", "Rate", "ResourceSlicePublisher", "RpcError",
     "Server", "Slice", "SocketError", "SocketPaths", "StatusCode", "api_client", "call_on", "channel",
     "check_pod_uid", "configure_logs", "decide", "dra_health_v1_pb2", "dra_health_v1alpha1_pb2",
-    "dra_health_v1beta1_pb2", "dra_v1_pb2", "grpc_health_v1_pb2", "is_listening", "limit_arenas",
+    "dra_health_v1beta1_pb2", "dra_v1_pb2", "grpc_health_v1_pb2", "is_listening", "kubelet_minor",
+    "limit_arenas",
     "open_files_limit", "pluginregistration_pb2", "remove_temp_files", "service_methods", "set_on_signals",
     "start", "trim_memory", "write_atomic",
 ]

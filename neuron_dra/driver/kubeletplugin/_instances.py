@@ -40,7 +40,8 @@ def check_pod_uid(value: str) -> str:
 
 
 def kubelet_minor(version: str) -> tuple[int, int] | None:
-    """(major, minor) of a kubeletVersion such as v1.36.5 or v1.33.0-eks-1234; None when it is not one."""
+    """(major, minor) of a Kubernetes version (a kubeletVersion, the API server's gitVersion) such as v1.36.5 or
+    v1.33.0-eks-1234; None when it is not one (at most 4 digits each: int() refuses over 4,300)."""
     m = _VERSION.fullmatch(version)
     return (int(m.group(1)), int(m.group(2))) if m else None
 

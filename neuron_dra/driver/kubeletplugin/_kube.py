@@ -350,7 +350,9 @@ def _json_object(data: bytes, method: str, path: str) -> dict[str, Any]:
     try:
         doc = json.loads(data)
     except ValueError as e:
-        raise ApiClientError(f"{method} {path}: the answer is not JSON: {e}") from e
+        raise ApiClientError(f"{method} {path}: the answer is not JSON: {str(e)[:300]}") from e
+    except RecursionError as e:  # nested past the recursion limit: no object of the API is (issue 42 item 2)
+        raise ApiClientError(f"{method} {path}: the answer is nested too deeply to be an API object") from e
     if not isinstance(doc, dict):
         raise ApiClientError(f"{method} {path}: expected a JSON object from the API server, got "
                              f"{type(doc).__name__}")
@@ -395,7 +397,10 @@ class KubeApi:
                     try:
                         event = json.loads(line)
                     except ValueError as e:
-                        raise ApiClientError(f"GET {path} (watch): an event that is not JSON: {e}") from e
+                        raise ApiClientError(f"GET {path} (watch): an event that is not JSON: {str(e)[:300]}") from e
+                    except RecursionError as e:
+                        raise ApiClientError(f"GET {path} (watch): an event nested too deeply to be an API "
+                                             "object") from e
                     if not isinstance(event, dict):
                         raise ApiClientError(f"GET {path} (watch): an event that is not a JSON object")
                     yield event

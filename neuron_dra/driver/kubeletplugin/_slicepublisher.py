@@ -123,6 +123,7 @@ class ResourceSlicePublisher:
         # Kubernetes < 1.36); `desired` then leaves them out.
         self.taints_supported = True
         self._lock = threading.Lock()  # reconcile runs from the loop and from the driver's changes
+        self._withdrawn = False  # set by `withdraw`: nothing is published again
 
     def desired(self) -> list[Slice]:
         """The slices the pool should have (generation 0: the publisher sets it)."""
@@ -181,7 +182,43 @@ class ResourceSlicePublisher:
     def reconcile(self) -> tuple[PublishResult, str]:
         """Make the API match the desired slices; returns what changed and a resourceVersion to watch from."""
         with self._lock:
+            if self._withdrawn:  # the driver is stopping: its devices stay withdrawn
+                return PublishResult(self._generation, 0), ""
             return self._reconcile()
+
+    def withdraw(self, seconds: float) -> int:
+        """Take this node's devices of this driver out of scheduling as the driver stops (not a hand-over to
+        another instance, docs/upgrades.md): delete our slices, within `seconds` for the whole, and publish nothing
+        from then on. kubelet would wipe them only about 30 s after the driver went away, and a pod scheduled onto
+        them meanwhile can stay stuck (kubernetes#141912). Returns how many were deleted; raises ApiException or
+        ApiClientError when the API server cannot do it in time (the slices then stay for kubelet's wipe)."""
+        until = time.monotonic() + seconds
+        self._withdrawn = True  # first: a reconcile running now (holding the lock) is the last one
+        # A reconcile under way finishes its writes first (each within its request deadline); if it takes longer
+        # than ours, delete anyway: it publishes nothing after.
+        locked = self._lock.acquire(timeout=max(0.0, until - time.monotonic()) / 2)
+        try:
+            data = self._api.list(RESOURCE_SLICES, query={"fieldSelector": self._selector},
+                                  seconds=_left(until))
+            deleted = 0
+            for item in data.get("items") or ():
+                if not self._ours(item):  # another pool of this node and driver: not ours to withdraw
+                    continue
+                body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": item["metadata"]["uid"]}}
+                try:
+                    self._api.call("DELETE", f"{RESOURCE_SLICES}/{item['metadata']['name']}", body=body,
+                                   seconds=_left(until))
+                except ApiException as e:
+                    if e.status not in (404, 409):  # gone already (kubelet's wipe), or replaced meanwhile
+                        raise
+                deleted += 1
+                if self._metrics:
+                    self._metrics.slice_writes.labels("delete").inc()
+            self._set_gauge(0)
+            return deleted
+        finally:
+            if locked:
+                self._lock.release()
 
     def _reconcile(self) -> tuple[PublishResult, str]:
         desired = self.desired()
@@ -316,6 +353,11 @@ class ResourceSlicePublisher:
         self._thread = threading.Thread(target=self.run, args=(stop,), name="slice-publisher", daemon=True)
         self._thread.start()
         return self._thread
+
+
+def _left(until: float) -> float:
+    """Seconds to `until` as a request deadline (the client allows 0.1 s at least)."""
+    return max(0.1, until - time.monotonic())
 
 
 class SlicesPublisher(ResourceSlicePublisher):
