@@ -41,7 +41,7 @@ def series(host: Path) -> dict[str, list[tuple[dict[str, str], float]]]:
     return scrape(generate_latest(emu.registry_for(host, "trn2.48xlarge", "i-0abc")).decode())
 
 
-def cli(*args: str) -> int:
+def cli(*args: str | Path) -> int:
     return main(["emulate-utilisation", *map(str, args)])
 
 
