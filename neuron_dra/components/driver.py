@@ -162,7 +162,8 @@ class NeuronDraDriver(pulumi.ComponentResource):
             depends = [*waits, *(obj for k in _DEPENDS_ON.get(kind, ()) for obj in by_kind.get(k, ()))]
             overrides: dict[str, Any] | None = None
             child = pulumi.ResourceOptions(parent=self, depends_on=depends)
-            if kind == "DaemonSet":
+            if kind == "DaemonSet" and manifest["metadata"]["name"] == options.daemonset_name:
+                # The driver's own DaemonSet (the exporter's runs AWS's image as rendered).
                 overrides = {"spec": self.image.apply(functools.partial(_with_image, manifest["spec"]))}
                 overrides["metadata"], child = _await(manifest, child, args.rollout_timeout_seconds)
             obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)

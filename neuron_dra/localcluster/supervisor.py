@@ -45,13 +45,13 @@ from neuron_dra.localcluster.controlplane.plane import BoundObject, ControlPlane
 from neuron_dra.localcluster.controlplane.profiles import DEFAULT_PROFILE, PROFILES
 from neuron_dra.localcluster.controlplane.prometheus import METRICS_PORT, LocalPrometheus, ScrapeTarget
 from neuron_dra.localcluster.controlplane.prometheus_build import build_prometheus
-from neuron_dra.localcluster.nodes import fakeruntime, kubelet, netpol
+from neuron_dra.localcluster.nodes import fakeruntime, kubelet, netpol, neuron_monitor_emulator
 from neuron_dra.localcluster.nodes.containerd_node import ContainerdNodeAgent, driver_pod_selector, wait_driver_ready
 from neuron_dra.localcluster.nodes.efa_emulator import efa_device_class
 from neuron_dra.localcluster.nodes.images import ensure_images, write_references
 from neuron_dra.localcluster.nodes.nodeagent import NodeAgentBase, stop_part
 from neuron_dra.localcluster.nodes.nodens import HOST_TREE
-from neuron_dra.localcluster.nodes.topology import NodeSpec, parse_nodes, runtime_dir
+from neuron_dra.localcluster.nodes.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 from neuron_dra.localcluster.processes import procs
 from neuron_dra.localcluster.processes.restarting import Restarting
 
@@ -196,8 +196,9 @@ def driver_objects(driver_name: str, kubernetes_version: str | None = None
                    ) -> tuple[list[dict[str, Any]], DriverIdentity]:
     """The same objects `neuron-dra plan -o yaml` prints for the driver, minus the DaemonSet (with the fake
     runtime the supervisor runs the daemon itself), plus the EFA DeviceClass of the emulated EFA driver."""
+    # neuron_monitor: AWS's image cannot run on an emulated node; the nodes' stand-in exporter replaces it.
     options = deploy.DriverDeployOptions(driver_name=driver_name, core_partitions=LOCAL_CORE_PARTITIONS,
-                                         kubernetes_version=kubernetes_version)
+                                         kubernetes_version=kubernetes_version, neuron_monitor=False)
     objects = [o for o in deploy.manifests(options) if o["kind"] != "DaemonSet"]
     identity = DriverIdentity(options.namespace, options.service_account, "neuron-dra-driver-kubelet-plugin")
     return [*objects, efa_device_class()], identity
@@ -211,7 +212,7 @@ def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = 
     return deploy.DriverDeployOptions(driver_name=driver_name, image=image, host_paths_root=HOST_TREE,
                                       catalog_yaml=catalog_file.read_text() if catalog_file else None,
                                       metrics_port=metrics_port, core_partitions=LOCAL_CORE_PARTITIONS,
-                                      kubernetes_version=kubernetes_version)
+                                      kubernetes_version=kubernetes_version, neuron_monitor=False)
 
 
 def expose_drivers(api: client.ApiClient, options: Any, agents: list[Any], ports: kubelet.PortAllocator,
@@ -303,8 +304,15 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
                               catalog_file=catalog_file, runtime=runtime, prometheus=prometheus,
                               network_policy=network_policy, controllers=controllers)
         if prometheus:
+            # A neuron-monitor stand-in per node (nodes/neuron_monitor_emulator.py): the utilisation panels' source.
+            exporters = []
+            for node in nodes:
+                port = ports.take()
+                neuron_monitor_emulator.start(NodePaths.of(cluster_dir, node.name), node, port,
+                                              deadline - time.time())
+                exporters.append(ScrapeTarget(node.name, f"127.0.0.1:{port}"))
             scraper = LocalPrometheus(cluster_dir / "prometheus", build_prometheus(), ports.take())
-            scraper.start(targets, deadline - time.time())
+            scraper.start(targets, deadline - time.time(), exporters)
         # Pods are refused until kube-controller-manager has made a namespace's `default` service account:
         # ready means a user's first `kubectl apply` of a pod into `default` works.
         wait_for_service_account(admin, "default", "default", timeout=120.0)

@@ -13,7 +13,8 @@ from neuron_dra import __version__
 from neuron_dra.cli import commands, main, summary
 
 ROOT = Path(__file__).resolve().parents[2]
-README_COMMANDS = {"chart", "claims", "cluster", "dashboard", "demo", "emulate", "emulate-fault", "plan", "slices"}
+README_COMMANDS = {"chart", "claims", "cluster", "dashboard", "demo", "emulate", "emulate-fault", "emulate-utilisation",
+                   "plan", "slices"}
 
 
 def imported_after(argv: list[str]) -> list[str]:

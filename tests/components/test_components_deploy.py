@@ -31,7 +31,9 @@ OPTION_SETS = {
 def by_kind(options: DriverDeployOptions) -> dict[str, dict[str, Any]]:
     """One object per kind: the claim-config policy and binding left out (tests/driver/deploy/test_admission.py)."""
     claim_policy = admission.policy_name(options.namespace, options.driver_name)
-    items = [m for m in deploy.manifests(options) if m["metadata"]["name"] != claim_policy]
+    # The neuron-monitor exporter's objects left out too (tests/driver/deploy/test_exporter.py).
+    items = [m for m in deploy.manifests(options.replace(neuron_monitor=False))
+             if m["metadata"]["name"] != claim_policy]
     kinds = [m["kind"] for m in items if m["kind"] != "DeviceClass"]
     # The metrics port adds its Service (tests/driver/deploy/test_monitoring.py).
     assert len(set(kinds)) == len(kinds) == (9 if options.metrics_port else 8)
@@ -49,7 +51,8 @@ def test_every_manifest_passes_strict_schema_validation(name: str) -> None:
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding",
         "NetworkPolicy", "DeviceClass", "DeviceClass",
-        *(["Service"] if OPTION_SETS[name].metrics_port else []), "DaemonSet",
+        *(["Service"] if OPTION_SETS[name].metrics_port else []),
+        *(["ServiceAccount", "NetworkPolicy", "DaemonSet"] if OPTION_SETS[name].neuron_monitor else []), "DaemonSet",
     ]
 
 

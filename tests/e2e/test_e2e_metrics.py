@@ -4,8 +4,8 @@ pods in real containers, and the emitted dashboard's every query answered by tha
 
 "Which pod holds neuron-device-3 on node X, with which cores" is asked of Prometheus and compared with what the API
 server says (the claim's allocation and reservedFor) and with the NeuronCores the container was given
-(NEURON_RT_VISIBLE_CORES in its report). The utilisation panel joins a stand-in for neuron-monitor's exporter (its
-metric and label names, served by prometheus_client on the host, scraped as the node's neuron-monitor) with the
+(NEURON_RT_VISIBLE_CORES in its report). The utilisation panels join the node's stand-in for neuron-monitor's
+exporter (localcluster/nodes/neuron_monitor_emulator.py, set with `neuron-dra emulate-utilisation`) with the
 driver's per-core series.
 """
 
@@ -17,11 +17,18 @@ from typing import Any
 
 import pytest
 from kubernetes import client, config
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from neuron_dra.driver.deploy.dashboard import NEURON_MONITOR_METRIC, PANELS, dashboard_json, panel_exprs
+from neuron_dra.cli import main as cli_main
+from neuron_dra.cli.emulate_utilisation import parse_cores
+from neuron_dra.driver.deploy.dashboard import (
+    PANELS,
+    UTILISATION_PER_CLAIM,
+    UTILISATION_PER_POD,
+    dashboard_json,
+    panel_exprs,
+)
 from neuron_dra.localcluster.cluster import LocalCluster
-from neuron_dra.localcluster.controlplane.prometheus import add_targets, query, targets_up
+from neuron_dra.localcluster.controlplane.prometheus import query, targets_up
 from neuron_dra.localcluster.processes.podlogs import container_log, workload_report
 from tests.support.e2e import NEURON_TOLERATION, claim_template, eventually, raw
 
@@ -136,36 +143,29 @@ def test_every_query_of_the_dashboard_returns_data(cluster: LocalCluster,
                                                   workloads: dict[str, dict[str, str]]) -> None:
     assert cluster.prometheus
     url = cluster.prometheus
-    # The stand-in for neuron-monitor's exporter on NODE1: its gauge and labels (neuron-monitor-prometheus.py),
-    # each NeuronCore's utilisation its id / 100.
-    registry = CollectorRegistry()
-    gauge = Gauge(NEURON_MONITOR_METRIC, "NeuronCore utilization ratio",
-                  ["neuroncore", "instance_id", "instance_type", "runtime_tag"], registry=registry)
-    for c in range(64):
-        gauge.labels(str(c), "i-0123456789abcdef0", "trn2.48xlarge", "1").set(c / 100)
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
-    try:
-        add_targets(cluster.dir / "prometheus", NODE1, [f"127.0.0.1:{server.server_port}"])
-        exprs = panel_exprs(dashboard_json())
-        assert len(exprs) == sum(len(p.queries) for p in PANELS)
-        answers: dict[str, list[dict[str, Any]]] = {}
-        for title, expr in exprs:
-            concrete = expr.replace("$__rate_interval", RATE_INTERVAL)
+    # The node's neuron-monitor stand-in (localcluster/nodes/neuron_monitor_emulator.py), driven like the fault
+    # emulation: a runtime on the holder's cores (the ids the container sees), each core's utilisation its id / 100.
+    seen = workloads["holder"]["NEURON_RT_VISIBLE_CORES"]
+    cores = parse_cores(seen)
+    for c in cores:
+        assert cli_main(["emulate-utilisation", str(cluster.dir), "--node", NODE1, "--runtime-tag", str(c),
+                         "--cores", str(c), "--ratio", str(c / 100), "--device-memory", "64"]) == 0
+    exprs = panel_exprs(dashboard_json())
+    assert len(exprs) == sum(len(p.queries) for p in PANELS)
+    answers: dict[str, list[dict[str, Any]]] = {}
+    for title, expr in exprs:
+        concrete = expr.replace("$__rate_interval", RATE_INTERVAL)
 
-            def data(concrete: str = concrete) -> list[dict[str, Any]] | None:
-                return query(url, concrete) or None
+        def data(concrete: str = concrete) -> list[dict[str, Any]] | None:
+            return query(url, concrete) or None
 
-            answers[expr] = eventually(data, 90, what=f"data for panel {title!r}: {concrete}")
-        # The join: the holder's utilisation is the mean of its cores' (neuron-monitor's ids are the cores it sees).
-        (util,) = [p for p in PANELS if p.needs_neuron_monitor]
-        per_pod = {(s["metric"]["namespace"], s["metric"]["pod"]): float(s["value"][1])
-                   for s in answers[util.exprs[0]]}
-        first, _, last = workloads["holder"]["NEURON_RT_VISIBLE_CORES"].partition("-")
-        cores = range(int(first), int(last or first) + 1)
-        assert per_pod == {(NS, "holder"): pytest.approx(sum(cores) / len(cores) / 100)}
-    finally:
-        server.shutdown()
-        thread.join(5)
+        answers[expr] = eventually(data, 90, what=f"data for panel {title!r}: {concrete}")
+    # The join: the holder's utilisation is the mean of its cores' (neuron-monitor's ids are the cores it sees).
+    per_pod = {(s["metric"]["namespace"], s["metric"]["pod"]): float(s["value"][1])
+               for s in answers[UTILISATION_PER_POD]}
+    assert per_pod == {(NS, "holder"): pytest.approx(sum(cores) / len(cores) / 100)}
+    per_claim = {s["metric"]["claim"]: float(s["value"][1]) for s in answers[UTILISATION_PER_CLAIM]}
+    assert per_claim == {"device-3": pytest.approx(sum(cores) / len(cores) / 100)}
 
 
 def test_the_series_go_with_the_pod(cluster: LocalCluster, kapi: client.ApiClient,

@@ -29,6 +29,11 @@ def test_config_labels_every_target_with_its_node_and_watches_the_extra_targets(
     assert drivers["static_configs"] == [{"targets": ["127.0.0.1:1"], "labels": {"node": "n1"}},
                                          {"targets": ["x:2"], "labels": {"node": "n2"}}]
     assert monitor["file_sd_configs"][0]["files"] == [str(tmp_path / "extra.json")]
+    assert monitor["static_configs"] == []
+    # The nodes' neuron-monitor exporters (the local cluster's stand-ins) under job neuron-monitor, by node.
+    conf = prometheus.config([], tmp_path / "extra.json", exporters=[prometheus.ScrapeTarget("n1", "127.0.0.1:7")])
+    assert conf["scrape_configs"][1]["job_name"] == "neuron-monitor"
+    assert conf["scrape_configs"][1]["static_configs"] == [{"targets": ["127.0.0.1:7"], "labels": {"node": "n1"}}]
 
 
 def serve(*series: tuple[str, dict[str, str]]) -> tuple[int, object]:

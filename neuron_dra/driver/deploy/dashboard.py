@@ -1,10 +1,11 @@
 """The driver's Grafana dashboard, built with the Grafana Foundation SDK (docs/metrics.md): who holds which
-Neuron devices and cores, capacity, claims, prepare latency, health and taints, and NeuronCore utilisation per
-pod where neuron-monitor is scraped with a `node` label.
+Neuron devices and cores, capacity, claims, prepare latency, health and taints, and NeuronCore utilisation and
+device memory per pod and per claim.
 
-`PANELS` is the one list of panels; `dashboard_json()` renders it. The queries use only the driver's series
-(and neuron-monitor's `neuroncore_utilization_ratio` in the last panel) with the `node` label the scrape
-configuration gives every target (deploy's PodMonitor, the local cluster's Prometheus).
+`PANELS` is the one list of panels; `dashboard_json()` renders it. Every query reads series that something the
+stack deploys emits: the driver's (its metrics port) or neuron-monitor's exporter (deploy/exporter.py,
+docs/utilisation.md), each with the `node` label the scrape configuration gives every target (deploy's
+PodMonitors, the local cluster's Prometheus). `PanelSpec.reads` names them; tests check both sides.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from neuron_dra.driver.deploy import exporter
+
 DASHBOARD_UID = "neuron-dra-attribution"
 DATASOURCE_VARIABLE = "datasource"
-NEURON_MONITOR_METRIC = "neuroncore_utilization_ratio"  # neuron-monitor-prometheus.py's per-core gauge
+NEURON_MONITOR_METRIC = exporter.UTILISATION  # neuron-monitor-prometheus.py's per-core gauge
 
 PanelKind = Literal["timeseries", "table", "stat"]
 
@@ -32,8 +35,13 @@ class PanelSpec:
     kind: PanelKind
     queries: tuple[Query, ...]
     description: str
+    reads: tuple[str, ...]  # the metric names its queries read (driver's, or exporter.METRICS)
     unit: str = ""
-    needs_neuron_monitor: bool = False  # returns data only where neuron-monitor's series are scraped too
+
+    @property
+    def needs_neuron_monitor(self) -> bool:
+        """Returns data only where neuron-monitor's exporter (deploy/exporter.py) is scraped too."""
+        return any(name in exporter.METRICS for name in self.reads)
 
     @property
     def exprs(self) -> tuple[str, ...]:
@@ -43,43 +51,64 @@ class PanelSpec:
 # The join of neuron-monitor's per-core utilisation with the driver's per-core attribution: neuron-monitor may
 # report a core once per runtime process, so its side is summed per (node, neuroncore) first; the driver's side
 # has one series per pod of the claim, and keeps its labels (group_left).
-UTILISATION_PER_POD = (
-    "avg by (namespace, pod) (neuron_dra_claim_neuroncore_info * on (node, neuroncore) group_left () "
-    f"sum by (node, neuroncore) ({NEURON_MONITOR_METRIC}))")
+_PER_CORE = "neuron_dra_claim_neuroncore_info * on (node, neuroncore) group_left () sum by (node, neuroncore) ({})"
+UTILISATION_PER_POD = f"avg by (namespace, pod) ({_PER_CORE.format(NEURON_MONITOR_METRIC)})"
+# Per claim: a claim shared by several pods has one core series per pod; `max by` keeps one per core first.
+UTILISATION_PER_CLAIM = (
+    "avg by (namespace, claim) (max by (namespace, claim, node, neuroncore) (neuron_dra_claim_neuroncore_info) "
+    f"* on (node, neuroncore) group_left () sum by (node, neuroncore) ({NEURON_MONITOR_METRIC}))")
+# Device memory the runtimes hold on a pod's cores: every neuroncore_memory_usage_* kind, summed.
+CORE_MEMORY_SELECTOR = '{__name__=~"neuroncore_memory_usage_.+"}'
+MEMORY_PER_POD = f"sum by (namespace, pod) ({_PER_CORE.format(CORE_MEMORY_SELECTOR)})"
 
 PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("Devices per namespace and node", "timeseries", (Query(
         "count by (namespace, node) (group by (namespace, node, claim, device) (neuron_dra_claim_device_info))",
         "{{namespace}} on {{node}}"),),
-        "Devices (whole Neuron devices and NeuronCore devices) prepared for claims, per namespace and node."),
+        "Devices (whole Neuron devices and NeuronCore devices) prepared for claims, per namespace and node.",
+        ("neuron_dra_claim_device_info",)),
     PanelSpec("Neuron devices allocated and free", "timeseries", (Query(
         "sum by (node, state) (neuron_dra_node_devices)", "{{node}} {{state}}"),),
-        "Whole Neuron devices per node: allocated (any of its cores prepared for a claim) or free."),
+        "Whole Neuron devices per node: allocated (any of its cores prepared for a claim) or free.",
+        ("neuron_dra_node_devices",)),
     PanelSpec("NeuronCores allocated and free", "timeseries", (Query(
         "sum by (node, state) (neuron_dra_node_neuroncores)", "{{node}} {{state}}"),),
-        "NeuronCores (at the node's LNC) per node: allocated or free."),
+        "NeuronCores (at the node's LNC) per node: allocated or free.", ("neuron_dra_node_neuroncores",)),
     PanelSpec("Claims prepared and pending", "timeseries", (Query(
         "sum by (state) (neuron_dra_claims)", "{{state}}"),),
-        "Claims in the drivers' checkpoints: prepared, or pending (a prepare started and not completed)."),
+        "Claims in the drivers' checkpoints: prepared, or pending (a prepare started and not completed).",
+        ("neuron_dra_claims",)),
     PanelSpec("Pods per device with their NeuronCores", "table", (Query(
         "max by (node, device, neuroncores, namespace, pod, claim, request) (neuron_dra_claim_device_info)"),),
-        "Which pod holds which device on which node, with the NeuronCore ids (NEURON_RT_VISIBLE_CORES) it sees."),
+        "Which pod holds which device on which node, with the NeuronCore ids (NEURON_RT_VISIBLE_CORES) it sees.",
+        ("neuron_dra_claim_device_info",)),
     PanelSpec("Prepare and unprepare latency (p99)", "timeseries", (
         Query("histogram_quantile(0.99, sum by (le, node) (rate(neuron_dra_prepare_seconds_bucket"
               "[$__rate_interval])))", "prepare {{node}}"),
         Query("histogram_quantile(0.99, sum by (le, node) (rate(neuron_dra_unprepare_seconds_bucket"
               "[$__rate_interval])))", "unprepare {{node}}")),
         "99th percentile of NodePrepareResources / NodeUnprepareResources per claim (the claim GET included).",
-        unit="s"),
+        ("neuron_dra_prepare_seconds_bucket", "neuron_dra_unprepare_seconds_bucket"), unit="s"),
     PanelSpec("Device health", "table", (Query("min by (node, device) (neuron_dra_device_health)"),),
-        "Per Neuron device index: 1 healthy, 0 unhealthy (hardware error counters), -1 unknown."),
+        "Per Neuron device index: 1 healthy, 0 unhealthy (hardware error counters), -1 unknown.",
+        ("neuron_dra_device_health",)),
     PanelSpec("Tainted devices", "table", (Query("max by (node, device) (neuron_dra_device_tainted)"),),
-        "1 where the device carries the driver's unhealthy taint in its ResourceSlice."),
+        "1 where the device carries the driver's unhealthy taint in its ResourceSlice.",
+        ("neuron_dra_device_tainted",)),
     PanelSpec("NeuronCore utilisation per pod (neuron-monitor)", "timeseries", (Query(
         UTILISATION_PER_POD, "{{namespace}}/{{pod}}"),),
-        "neuron-monitor's neuroncore_utilization_ratio averaged over each pod's NeuronCores; needs "
-        "neuron-monitor scraped with a node label (docs/metrics.md).", unit="percentunit",
-        needs_neuron_monitor=True),
+        "neuron-monitor's neuroncore_utilization_ratio averaged over each pod's NeuronCores (the exporter the "
+        "stack deploys beside the driver: docs/utilisation.md).",
+        ("neuron_dra_claim_neuroncore_info", NEURON_MONITOR_METRIC), unit="percentunit"),
+    PanelSpec("NeuronCore utilisation per claim (neuron-monitor)", "timeseries", (Query(
+        UTILISATION_PER_CLAIM, "{{namespace}}/{{claim}}"),),
+        "neuron-monitor's neuroncore_utilization_ratio averaged over each claim's NeuronCores, however many pods "
+        "share the claim.", ("neuron_dra_claim_neuroncore_info", NEURON_MONITOR_METRIC), unit="percentunit"),
+    PanelSpec("Neuron device memory per pod (neuron-monitor)", "timeseries", (Query(
+        MEMORY_PER_POD, "{{namespace}}/{{pod}}"),),
+        "Device memory the Neuron runtimes hold on each pod's NeuronCores (neuron-monitor's "
+        "neuroncore_memory_usage_*: constants, model code, scratchpad, runtime, tensors), summed.",
+        ("neuron_dra_claim_neuroncore_info", *exporter.CORE_MEMORY), unit="bytes"),
 )
 
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_dra.driver.deploy import admission, monitoring
+from neuron_dra.driver.deploy import admission, exporter, monitoring
 from neuron_dra.driver.deploy.options import DriverDeployOptions, Manifest
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
@@ -483,6 +483,7 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         *([metrics_service(options)] if options.metrics_port and options.metrics_service else []),
         *([pod_monitor(options)] if options.pod_monitor else []),
         *([dashboard_config_map(options)] if options.grafana_dashboard else []),
+        *(exporter.manifests(exporter.spec_for(options)) if options.neuron_monitor else []),
         daemonset(options),
     ]
 

@@ -79,7 +79,7 @@ _ALLOWED = {
     "plugins_dir": _PATH, "registry_dir": _PATH, "cdi_root": _PATH, "host_root": _PATH,
     "host_paths_root": "/ or an absolute, normalised directory path",
     "healthcheck_port": _PORT, "metrics_port": _PORT,
-    "metrics_service": _FLAG, "pod_monitor": _FLAG, "grafana_dashboard": _FLAG,
+    "metrics_service": _FLAG, "pod_monitor": _FLAG, "grafana_dashboard": _FLAG, "neuron_monitor": _FLAG,
     "grafana_dashboard_label": f"KEY=VALUE with {LABEL_KEY_RULE} and {LABEL_VALUE_RULE}",
     "kubernetes_version": f"a Kubernetes minor such as 1.36, at least 1.{MIN_MINOR} (resource.k8s.io/v1), or None "
                           "for the newest",
@@ -245,6 +245,11 @@ class DriverDeployOptions(BaseModel):
     # The Grafana dashboard (deploy/dashboard.py) as a ConfigMap with the label the Grafana sidecar watches
     # (KEY=VALUE; kube-prometheus-stack's default), in this namespace ("": the driver's).
     grafana_dashboard: _Flag = False
+    # AWS's neuron-monitor with its Prometheus exporter on every driver node (deploy/exporter.py): NeuronCore
+    # utilisation and memory, joined with the driver's attribution per pod and claim (docs/utilisation.md). Off
+    # by default: AWS's page says neuron-monitor does not support DRA nodes (untried on one here), its image is
+    # privileged and pinned by tag only, so a cluster opts in once it has checked both.
+    neuron_monitor: _Flag = False
     grafana_dashboard_label: Annotated[str, Field(strict=True), _must(_is_dashboard_label)] = DEFAULT_DASHBOARD_LABEL
     grafana_dashboard_namespace: Annotated[str, checked(lambda f, v: v and check_dns_label(f, v))] = ""
     instance_types: tuple[str, ...] = tuple(CATALOG)  # node affinity: nodes of these types only

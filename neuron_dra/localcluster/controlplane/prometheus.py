@@ -43,16 +43,19 @@ class ScrapeTarget:
     address: str  # host:port, reachable from the host
 
 
-def config(targets: Sequence[ScrapeTarget], extra_targets: Path, interval_s: int = SCRAPE_INTERVAL_S
-           ) -> dict[str, Any]:
-    """The drivers as static targets; `extra_targets`, a file-SD file ([{"targets": [...], "labels": {"node":
-    ...}}]), for exporters such as neuron-monitor's beside them (watched: written later, picked up)."""
+def config(targets: Sequence[ScrapeTarget], extra_targets: Path, interval_s: int = SCRAPE_INTERVAL_S,
+           exporters: Sequence[ScrapeTarget] = ()) -> dict[str, Any]:
+    """The drivers as static targets; the nodes' neuron-monitor exporters (`exporters`: the local cluster's
+    stand-ins, nodes/neuron_monitor_emulator.py) as static targets of job `neuron-monitor`, and `extra_targets`, a
+    file-SD file ([{"targets": [...], "labels": {"node": ...}}]), for more of them (watched: written later, picked
+    up)."""
     return {
         "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
         "scrape_configs": [
             {"job_name": "neuron-dra-driver", "honor_labels": True,
              "static_configs": [{"targets": [t.address], "labels": {"node": t.node}} for t in targets]},
             {"job_name": "neuron-monitor",
+             "static_configs": [{"targets": [t.address], "labels": {"node": t.node}} for t in exporters],
              "file_sd_configs": [{"files": [str(extra_targets)], "refresh_interval": f"{interval_s}s"}]},
         ],
     }
@@ -90,10 +93,11 @@ class LocalPrometheus:
     def extra_targets(self) -> Path:
         return extra_targets_file(self.dir)
 
-    def start(self, targets: Sequence[ScrapeTarget], lifetime_s: float) -> None:
+    def start(self, targets: Sequence[ScrapeTarget], lifetime_s: float,
+              exporters: Sequence[ScrapeTarget] = ()) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         conf = self.dir / "prometheus.yml"
-        conf.write_text(yaml.safe_dump(config(targets, self.extra_targets), sort_keys=False))
+        conf.write_text(yaml.safe_dump(config(targets, self.extra_targets, exporters=exporters), sort_keys=False))
         argv = [str(self.binary), f"--config.file={conf}", f"--storage.tsdb.path={self.dir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d",
                 "--log.level=warn"]
@@ -137,9 +141,9 @@ def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
     return result
 
 
-def targets_up(url: str) -> Mapping[str, bool]:
-    """node -> whether its last scrape succeeded."""
-    return {r["metric"].get("node", ""): r["value"][1] == "1" for r in query(url, "up")}
+def targets_up(url: str, job: str = "neuron-dra-driver") -> Mapping[str, bool]:
+    """node -> whether its last scrape of `job` succeeded."""
+    return {r["metric"].get("node", ""): r["value"][1] == "1" for r in query(url, f'up{{job="{job}"}}')}
 
 
 def attribution(url: str, settle_s: float = 3 * SCRAPE_INTERVAL_S) -> list[tuple[str, str, str, str]]:
