@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.daemon import checkpoint as current
+from neuron_dra.driver.daemon.claims import checkpoint as current
 from neuron_dra.driver.daemon.claims.checkpoint import SECTOR, Checkpoint, ClaimState, PreparedClaim
 from neuron_dra.driver.kubeletplugin import ClaimRef
 from tests.support.checkpoint_claims import claim, uid

@@ -577,10 +577,13 @@ class Checkpoint:
         return dict(claims)
 
     def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True,
-             before_rename: Callable[[], None] | None = None, unprepared: tuple[str, int] | None = None) -> None:
+             before_rename: Callable[[], None] | None = None, unprepared: tuple[str, int] | None = None,
+             twice: bool = False) -> None:
         """Record `claims` as the new state; `durable` makes it survive a power loss, not only a crash of the
         daemon. `before_rename` is a crash-injection hook, called before anything changes on disk. `unprepared`:
-        (claim uid, arrival) of the unprepare this save belongs to, noted in the same record (`note_unprepared`)."""
+        (claim uid, arrival) of the unprepare this save belongs to, noted in the same record (`note_unprepared`).
+        `twice`: the record is written twice in the one write (a prepare's: one damaged byte leaves a valid
+        copy, docs/checkpoint-format.md "Damage")."""
         if before_rename is not None:
             before_rename()
         if unprepared is not None:
@@ -605,6 +608,8 @@ class Checkpoint:
         if unprepared is not None:
             payload["unprepared"] = [list(unprepared)]
         line = _line(payload)
+        if twice:
+            line += line
         if self._offset + len(line) > self._limit:
             self._compact(claims)
             return

@@ -487,15 +487,16 @@ class DriverState:
         self._save_locked(current)
 
     def _commit_locked(self, ref: ClaimRef, plan: Plan, consumers: tuple[tuple[str, ...], int] = ((), 0)) -> None:
-        """The CDI spec, then one synced record of the claim as PrepareCompleted. A crash in between leaves a spec
-        no entry knows, removed at the next start (`reconcile_local`): the started state is derived from the CDI
-        directory rather than recorded (docs/durability.md)."""
+        """The CDI spec, then one synced write of the claim as PrepareCompleted (its record twice: one damaged
+        byte leaves a copy). A crash in between leaves a spec no entry knows, removed at the next start
+        (`reconcile_local`): the started state is derived from the CDI directory rather than recorded
+        (docs/durability.md)."""
         completed = PreparedClaim(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_COMPLETED, plan.devices,
                                   plan.exclusive, plan.cdi_spec, self._clock(), plan.cores, *consumers)
         self._write_cdi(ref.uid, plan.cdi_spec)
         self._crash.hit("prepare-after-cdi")
         try:
-            self._save_locked({**self._claims, ref.uid: completed})
+            self._save_locked({**self._claims, ref.uid: completed}, twice=True)
         except ClaimError:
             with contextlib.suppress(OSError):
                 self._cdi.remove(ref.uid)
@@ -503,9 +504,10 @@ class DriverState:
         self._crash.hit("prepare-after-completed")
         self._update_gauge()
 
-    def _save_locked(self, claims: dict[str, PreparedClaim], *, unprepared: tuple[str, int] | None = None) -> None:
+    def _save_locked(self, claims: dict[str, PreparedClaim], *, unprepared: tuple[str, int] | None = None,
+                     twice: bool = False) -> None:
         try:
-            self._checkpoint.save(claims, unprepared=unprepared)
+            self._checkpoint.save(claims, unprepared=unprepared, twice=twice)
         except OSError as e:
             raise ClaimError(Reason.INTERNAL, f"writing the checkpoint {self._checkpoint.path} failed: {e}") from e
         self._claims = claims
