@@ -141,3 +141,22 @@ def test_an_unprepare_that_arrived_before_the_prepare_does_not_stop_it(node: Nod
     release.set()
     assert not isinstance(answer(), ClaimError)
     assert uid(4) in node.a.prepared()  # recorded where both read it
+
+
+def test_unprepares_noted_before_a_reboot_do_not_refuse_prepares_after_it(tmp_path: Path) -> None:
+    """Arrivals are time.monotonic_ns, which starts again at a boot: an unprepare noted in the previous boot (a
+    large arrival) must not refuse a prepare of this boot (a small one); kubelet prepares its pods' claims again."""
+    path = tmp_path / "checkpoint.json"
+    before = Checkpoint(path, JOURNAL, boot_id="boot-1")
+    before.load()
+    before.note_unprepared(uid(5), 10**18)  # far beyond any arrival of the next boot
+    assert before.unprepared_since(uid(5), 1)
+    before.close(compact=False)  # killed: the journal keeps the note
+    same_boot = Checkpoint(path, JOURNAL, boot_id="boot-1")
+    same_boot.load()
+    assert same_boot.unprepared_since(uid(5), 1)  # a restart within the boot keeps it
+    same_boot.close(compact=False)
+    after = Checkpoint(path, JOURNAL, boot_id="boot-2")
+    after.load()
+    assert not after.unprepared_since(uid(5), 1)
+    after.close()

@@ -493,9 +493,11 @@ class Checkpoint:
         except FileNotFoundError:
             return claims, None
         journal = read_journal(self.journal_path, journal_raw, generation)
+        this_boot = snapshot.boot_id == self.boot_id  # arrivals are monotonic_ns: of this boot only
         for record in journal.records:
             _apply(claims, record.get("ops") or [], self.journal_path)
-            self._note(record)
+            if this_boot:
+                self._note(record)
         if journal.damage is not None:
             claims = resolve_damage(claims, journal.damage, self.journal_path)
         return claims, journal
@@ -511,6 +513,8 @@ class Checkpoint:
         claims, journal = self._read()
         self._saved = dict(claims)
         loaded = self._loaded
+        if loaded is not None and loaded.boot_id != self.boot_id:
+            self._unprepared.clear()  # arrivals of another boot's clock: never compared with this one's
         if loaded is not None and loaded.boot_id != self.boot_id and claims:
             # kubelet prepares its pods' claims again after a reboot: the entries stay, their CDI specs (tmpfs) are
             # written again at start, and unprepare still finds what each claim held.
