@@ -118,6 +118,7 @@ def test_a_malformed_claim_of_an_unfinished_prepare_does_not_stop_start_up(dirs:
     keeps running (a raise here was an exit 1 on every restart: a crash loop), logs which claim could not be
     checked and why, and kubelet's retry of that claim gets a clear per-claim error."""
     c1 = ClaimRef("default", "c1", uid(1))
+    dirs.put_claim(claim("c1", uid(1), devices(4)))
     dirs.checkpoint.parent.mkdir(parents=True, exist_ok=True)
     recorded = Checkpoint(dirs.checkpoint)
     recorded.load()
