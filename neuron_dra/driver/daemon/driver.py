@@ -22,7 +22,7 @@ from neuron_dra.driver.daemon.health.stream import HealthStreamService
 from neuron_dra.driver.daemon.liveness import HealthServer
 from neuron_dra.driver.daemon.observability.consumers import ConsumerRefresher
 from neuron_dra.driver.daemon.options import DaemonOptions
-from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.daemon.publisher import NeuronSlices
 from neuron_dra.driver.errortext import capped
 from neuron_dra.driver.kubeletplugin import (
     ApiClient,
@@ -79,7 +79,7 @@ class Daemon:
         self.loop = loop  # every gRPC server of the daemon runs in it: one loop thread (_grpcserver.py)
         self.health: HealthServer | None = None
         self.metrics_server: MetricsServer | None = None
-        self.publisher: SlicePublisher | None = None
+        self.slices: NeuronSlices | None = None  # what is published (handed to the helper as data)
         self.health_monitor: HealthMonitor | None = None
         self.health_stream: HealthStreamService | None = None
         self.health_reporter: HealthReporter | None = None
@@ -196,11 +196,11 @@ class Daemon:
         if cores is None:
             log.info("publishing whole Neuron devices only, no NeuronCores", extra={
                 "node": o.node_name, "reason": o.core_partitions_reason or "--core-partitions=off"})
-        self.publisher = SlicePublisher(api, host, o.node_name, PublishOptions(driver_name=o.driver_name, cores=cores),
-                                        self.metrics, taints=self.health_reporter.taints,
-                                        force_cores=o.core_partitions == "on")
-        self.health_reporter.republish = self.publisher.refresh
-        self.publisher.start(self.stop_event)
+        assert self.helper is not None
+        self.slices = NeuronSlices(api, host, o.node_name, PublishOptions(driver_name=o.driver_name, cores=cores),
+                                   taints=self.health_reporter.taints, force_cores=o.core_partitions == "on")
+        publisher = self.helper.publish(self.slices, api, o.node_name, self.stop_event, self.metrics)
+        self.health_reporter.republish = publisher.refresh
 
     def run(self) -> None:
         """Until stop_event: re-check unfinished prepares that could not be resolved yet, trim the heap."""
@@ -245,7 +245,7 @@ class Daemon:
         """A stop that is no hand-over takes the node's devices out of scheduling first (docs/upgrades.md, "A
         clean stop"): unless another instance of the driver listens on this node (a surge rollout: its slices
         stay, as kubelet's hand-over expects), delete our slices within options.withdraw_seconds. Never raises."""
-        if self.publisher is None or self.stop_was_withdrawn:
+        if self.helper is None or self.slices is None or self.stop_was_withdrawn:
             return
         self.stop_was_withdrawn = True
         own = self.options.sockets
@@ -259,7 +259,7 @@ class Daemon:
                      extra={"node": self.options.node_name, "socket": str(others[0])})
             return
         try:
-            deleted = self.publisher.withdraw(self.options.withdraw_seconds)
+            deleted = self.helper.withdraw(self.options.withdraw_seconds)
         except Exception as e:  # the API server did not do it in time: kubelet's wipe follows (about 30 s)
             log.warning("could not withdraw this node's ResourceSlices as the driver stops; kubelet removes them "
                         "about 30 s after the driver is gone", extra={"node": self.options.node_name,

@@ -9,9 +9,7 @@ from collections.abc import Iterable, Mapping
 
 ENV_VAR = "NEURON_DRA_CRASH_AT"
 STEPS = (
-    "prepare-checkpoint-before-rename",  # inside the PrepareStarted checkpoint write, before its rename
-    "prepare-after-started",  # PrepareStarted recorded, no CDI spec yet
-    "prepare-after-cdi",  # CDI spec written, still PrepareStarted
+    "prepare-after-cdi",  # CDI spec written, nothing recorded yet (one record per prepare: docs/durability.md)
     "prepare-after-completed",  # PrepareCompleted recorded, kubelet not answered yet
     "unprepare-after-cdi",  # CDI spec removed, checkpoint entry still there
     "unprepare-after-checkpoint",  # entry removed, kubelet not answered yet

@@ -65,7 +65,12 @@ if TYPE_CHECKING:
         api_client,
     )
     from neuron_dra.driver.kubeletplugin._kubeconfig import KubeConfigError
-    from neuron_dra.driver.kubeletplugin._slicepublisher import Backoff, ResourceSlicePublisher, Slice
+    from neuron_dra.driver.kubeletplugin._slicepublisher import (
+        Backoff,
+        PublishFeedback,
+        ResourceSlicePublisher,
+        Slice,
+    )
     from neuron_dra.driver.kubeletplugin._tcpfront import Front, FrontLimits, open_files_limit
 
 # Imported on first use: name -> the private module that has it (a module of _generated: the module itself).
@@ -73,7 +78,7 @@ _LATER = {
     **dict.fromkeys(("ApiClient", "ApiClientError", "ApiException", "ClientOptions", "KubeApi", "KubeClaimLookup",
                      "RESOURCE_SLICES", "api_client"), "_kube"),
     "KubeConfigError": "_kubeconfig",
-    **dict.fromkeys(("Backoff", "ResourceSlicePublisher", "Slice"), "_slicepublisher"),
+    **dict.fromkeys(("Backoff", "PublishFeedback", "ResourceSlicePublisher", "Slice"), "_slicepublisher"),
     **dict.fromkeys(("Front", "FrontLimits", "open_files_limit"), "_tcpfront"),
     **dict.fromkeys(("dra_health_v1_pb2", "dra_health_v1alpha1_pb2", "dra_health_v1beta1_pb2", "dra_v1_pb2",
                      "grpc_health_v1_pb2", "pluginregistration_pb2"), "_generated"),
@@ -98,9 +103,9 @@ __all__ = [
     "ApiClient", "ApiClientError", "ApiException", "Backoff", "CallContext", "CallScope", "ClaimFailed",
     "ClaimLookup", "ClaimLookupError", "ClaimRef", "ClientOptions", "Driver", "EventLoopThread", "Front",
     "FrontLimits", "Helper", "InstanceError", "InstanceLock", "KubeApi", "KubeClaimLookup", "KubeConfigError",
-    "Limits", "LockTimeout", "Method", "Options", "PreparedDevice", "Rate", "ResourceSlicePublisher", "RpcError",
-    "Server", "Slice", "SocketError", "SocketPaths", "StatusCode", "api_client", "call_on", "channel",
-    "check_pod_uid", "configure_logs", "decide", "dra_health_v1_pb2", "dra_health_v1alpha1_pb2",
+    "Limits", "LockTimeout", "Method", "Options", "PreparedDevice", "PublishFeedback", "Rate",
+    "ResourceSlicePublisher", "RpcError", "Server", "Slice", "SocketError", "SocketPaths", "StatusCode", "api_client",
+    "call_on", "channel", "check_pod_uid", "configure_logs", "decide", "dra_health_v1_pb2", "dra_health_v1alpha1_pb2",
     "dra_health_v1beta1_pb2", "dra_v1_pb2", "grpc_health_v1_pb2", "is_listening", "kubelet_minor",
     "limit_arenas",
     "open_files_limit", "pluginregistration_pb2", "remove_temp_files", "service_methods", "set_on_signals",

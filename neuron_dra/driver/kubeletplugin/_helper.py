@@ -22,7 +22,13 @@ from neuron_dra.driver.kubeletplugin._sockets import SocketError, SocketPaths, i
 
 if TYPE_CHECKING:  # the API client (urllib3) and the publisher are imported once a driver publishes
     from neuron_dra.driver.kubeletplugin._kube import ApiClient
-    from neuron_dra.driver.kubeletplugin._slicepublisher import PublisherMetrics, ResourceSlicePublisher, Slice
+    from neuron_dra.driver.kubeletplugin._slicepublisher import (
+        Backoff,
+        PublisherMetrics,
+        Resources,
+        ResourceSlicePublisher,
+        Slice,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +73,6 @@ class Helper:
         self._watch: threading.Thread | None = None
         self._stopped = False
         self._publisher: ResourceSlicePublisher | None = None
-        self._resources: list[Slice] = []
 
     @property
     def registered(self) -> threading.Event:
@@ -140,21 +145,34 @@ class Helper:
         self._watch.start()
         return self._watch
 
-    def publish(self, resources: Sequence[Slice], api: ApiClient, node_name: str, stop: threading.Event,
-                metrics: PublisherMetrics | None = None) -> ResourceSlicePublisher:
+    def publish(self, resources: Sequence[Slice] | Resources, api: ApiClient, node_name: str, stop: threading.Event,
+                metrics: PublisherMetrics | None = None, resync_seconds: float = 60.0,
+                backoff: Backoff | None = None) -> ResourceSlicePublisher:
         """Keep `resources` (this node's ResourceSlices, generation 0: the publisher numbers them) published as the
-        Go helper's `PublishResources` does (_slicepublisher.py); a later call hands over new ones and publishes
-        them at once. The first call starts the publishing thread, which ends with `stop`."""
-        self._resources = copy.deepcopy(list(resources))
+        Go helper's `PublishResources` does (_slicepublisher.py): the slices as data, or a function of the
+        publisher's feedback (`PublishFeedback`: taints kept, partitionable devices) that returns them at every
+        pass. A later call hands over new ones and publishes them at once. The first call starts the publishing
+        thread, which ends with `stop`."""
+        if callable(resources):
+            source: Resources = resources
+        else:
+            slices = copy.deepcopy(list(resources))
+            source = lambda _: copy.deepcopy(slices)  # noqa: E731 - the publisher changes what it is handed
         if self._publisher is None:
-            from neuron_dra.driver.kubeletplugin._slicepublisher import SlicesPublisher
+            from neuron_dra.driver.kubeletplugin._slicepublisher import ResourceSlicePublisher
 
-            self._publisher = SlicesPublisher(lambda: copy.deepcopy(self._resources), api, node_name,
-                                              self.options.driver_name, metrics)
+            self._publisher = ResourceSlicePublisher(api, node_name, self.options.driver_name, source, metrics,
+                                                     resync_seconds, backoff)
             self._publisher.start(stop)
         else:
+            self._publisher.resources = source
             self._publisher.refresh()
         return self._publisher
+
+    def withdraw(self, seconds: float = 5.0) -> int:
+        """Delete this node's slices within `seconds` (a stop no other instance follows) and publish nothing
+        again; returns how many, 0 when nothing was published. API errors propagate."""
+        return 0 if self._publisher is None else self._publisher.withdraw(seconds)
 
     def unregister(self) -> None:
         """Leave kubelet's calls to another instance; calls already sent here are still answered."""

@@ -7,6 +7,10 @@ wipes them when it starts) and republishes at once. API errors and a watch that 
 (as client-go's reflector treats it) are retried with exponential backoff; only a watch that lasted or saw a
 change resets it, so a server that ends every watch at once cannot drive the loop faster. The loop never raises.
 
+The slices come in as data: `resources(feedback)` returns them (generation 0), called at every pass; the
+publisher is the `feedback` (`PublishFeedback`): whether the API server keeps device taints, and a probe of
+whether it keeps shared counters (partitionable devices), so a driver can leave out what would be dropped.
+
 Ownership: a slice is ours when its spec names this node, this driver and this node's pool (named after the
 node); only those are updated or deleted. One of this node and driver in another pool is left alone and logged
 once: pool names cannot change (422), so taking it over would stall publishing for good.
@@ -52,6 +56,18 @@ class PublisherMetrics(Protocol):
     def api_errors(self) -> _LabelledCounter: ...
     @property
     def published_devices(self) -> _Gauge: ...
+
+
+class PublishFeedback(Protocol):
+    """What the publisher tells the driver's `resources` about the API server."""
+
+    @property
+    def taints_supported(self) -> bool: ...
+
+    def probe_partitionable(self) -> tuple[bool, str]: ...
+
+
+Resources = Callable[[PublishFeedback], list[Slice]]
 
 
 @dataclass(frozen=True)
@@ -103,10 +119,12 @@ def _keep_taint_times(desired: list[Slice], existing: list[Slice]) -> None:
 
 
 class ResourceSlicePublisher:
-    """Keeps the API's slices of `node_name`'s pool equal to `desired()`, which a driver overrides."""
+    """Keeps the API's slices of `node_name`'s pool equal to what `resources` returns (`desired`)."""
 
-    def __init__(self, api: ApiClient, node_name: str, driver_name: str, metrics: PublisherMetrics | None = None,
-                 resync_seconds: float = 60.0, backoff: Backoff | None = None) -> None:
+    def __init__(self, api: ApiClient, node_name: str, driver_name: str, resources: Resources,
+                 metrics: PublisherMetrics | None = None, resync_seconds: float = 60.0,
+                 backoff: Backoff | None = None) -> None:
+        self.resources = resources
         self._api = KubeApi(api)
         self.node_name = node_name
         self.driver_name = driver_name
@@ -127,7 +145,7 @@ class ResourceSlicePublisher:
 
     def desired(self) -> list[Slice]:
         """The slices the pool should have (generation 0: the publisher sets it)."""
-        raise NotImplementedError
+        return self.resources(self)
 
     # --- one pass --------------------------------------------------------------------------------------------
 
@@ -358,15 +376,3 @@ class ResourceSlicePublisher:
 def _left(until: float) -> float:
     """Seconds to `until` as a request deadline (the client allows 0.1 s at least)."""
     return max(0.1, until - time.monotonic())
-
-
-class SlicesPublisher(ResourceSlicePublisher):
-    """Keeps what `source()` returns published (the slices a driver handed to `Helper.publish`)."""
-
-    def __init__(self, source: Callable[[], list[Slice]], api: ApiClient, node_name: str, driver_name: str,
-                 metrics: PublisherMetrics | None = None) -> None:
-        super().__init__(api, node_name, driver_name, metrics)
-        self._source = source
-
-    def desired(self) -> list[Slice]:
-        return self._source()

@@ -15,7 +15,7 @@ from kubernetes import client, config
 from neuron_dra.driver.daemon.health.monitor import HealthMonitor
 from neuron_dra.driver.daemon.health.reporting import HealthReporter
 from neuron_dra.driver.daemon.observability.metrics import Metrics
-from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.daemon.publisher import slice_publisher
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import clear_faults, emulate, inject_fault
 from neuron_dra.driver.model.slices import PublishOptions
@@ -57,7 +57,7 @@ class Node:
         self.monitor = HealthMonitor(host, range(16))
         neuron_host = discover(host)
         self.reporter = HealthReporter(self.monitor, neuron_host, name, DRIVER, effect, api, self.metrics)
-        self.publisher = SlicePublisher(api, neuron_host, name, PublishOptions(driver_name=DRIVER), self.metrics,
+        self.publisher = slice_publisher(api, neuron_host, name, PublishOptions(driver_name=DRIVER), self.metrics,
                                         taints=self.reporter.taints)
         self.reporter.republish = self.publisher.refresh
         self.monitor.add_listener(self.reporter.on_change)

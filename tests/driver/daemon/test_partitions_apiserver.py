@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from neuron_dra.driver.daemon.observability.metrics import Metrics
-from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.daemon.publisher import NeuronSlices, slice_publisher
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.partitions import CoreLayout
@@ -53,14 +53,16 @@ def test_cores_are_published_where_the_api_server_keeps_counters(versioned_api: 
                                        "metadata": {"name": NODE}})
     host = discover(emulate("trn2.48xlarge", tmp_path / "host"))
     layout = CoreLayout.for_spec(host.spec)
-    pub = SlicePublisher(api, host, NODE, PublishOptions(driver_name=DRIVER, cores=layout), Metrics())
+    pub = slice_publisher(api, host, NODE, PublishOptions(driver_name=DRIVER, cores=layout), Metrics())
+    slices = pub.resources
+    assert isinstance(slices, NeuronSlices)
     with caplog.at_level(logging.INFO, logger="neuron_dra.driver.daemon.publisher"):
         result, _ = pub.reconcile()
     stored = _slices(api)
     devices = [d for s in stored for d in s["spec"].get("devices") or ()]
     counters = [c for s in stored for c in s["spec"].get("sharedCounters") or ()]
     if minor >= "1.36":
-        assert pub.partitions_supported and "keeps ResourceSlice sharedCounters" in pub.partitions_reason
+        assert slices.partitions_supported and "keeps ResourceSlice sharedCounters" in slices.partitions_reason
         expected = build_pool(host, NodeFacts(NODE), PublishOptions(driver_name=DRIVER, cores=layout))
         assert result.created == len(stored) == 4 and len(devices) == 80 and len(counters) == 16
         assert sorted(devices, key=lambda d: d["name"]) == sorted((d.to_api() for d in expected.devices),
@@ -68,7 +70,7 @@ def test_cores_are_published_where_the_api_server_keeps_counters(versioned_api: 
         assert sorted(counters, key=lambda c: c["name"]) == sorted(expected.counter_sets, key=lambda c: c["name"])
         assert {s["spec"]["pool"]["resourceSliceCount"] for s in stored} == {4}
     else:
-        assert pub.partitions_supported is False and "DRAPartitionableDevices is off" in pub.partitions_reason
+        assert slices.partitions_supported is False and "DRAPartitionableDevices is off" in slices.partitions_reason
         assert len(stored) == 1 and len(devices) == 16 and not counters
         assert all("consumesCounters" not in d for d in devices)
         assert any("whole Neuron devices only" in r.getMessage() for r in caplog.records)

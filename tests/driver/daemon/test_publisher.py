@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.driver.daemon.observability.metrics import Metrics
-from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.daemon.publisher import slice_publisher
 from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
 from neuron_dra.driver.kubeletplugin._kube import KubeClaimLookup, api_client
 from neuron_dra.driver.model.discovery import discover
@@ -75,7 +75,7 @@ def host_root(tmp_path: Path) -> Path:
 def test_publish_semantics(api: Any, host_root: Path) -> None:
     node = ensure_node(api, NODE, LAYERS)
     wipe(api)
-    pub = SlicePublisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), Metrics())
+    pub = slice_publisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), Metrics())
     result, _ = pub.reconcile()
     assert (result.created, result.updated, result.deleted, result.generation) == (1, 0, 0, 1)
     [s] = slices(api)
@@ -115,7 +115,7 @@ def test_watch_republishes_after_kubelet_wipes_the_slices(api: Any, host_root: P
     ensure_node(api, NODE, LAYERS)
     wipe(api)
     metrics = Metrics()
-    pub = SlicePublisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), metrics,
+    pub = slice_publisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), metrics,
                          resync_seconds=30)
     stop = threading.Event()
     thread = pub.start(stop)
@@ -148,7 +148,7 @@ def test_a_slice_of_another_pool_never_stalls_publishing(api: Any, host_root: Pa
     ensure_node(api, NODE, LAYERS)
     wipe(api)
     res = client.ResourceV1Api(api)
-    pub = SlicePublisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), Metrics(),
+    pub = slice_publisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), Metrics(),
                          resync_seconds=30)
     first, _ = pub.reconcile()
     assert first.created == 1

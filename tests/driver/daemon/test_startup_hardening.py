@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.daemon.claims.checkpoint import JOURNAL_SUFFIX, _canonical, _checksum, _line, encode
+from neuron_dra.driver.daemon.claims.checkpoint import (
+    JOURNAL_SUFFIX,
+    Checkpoint,
+    ClaimState,
+    PreparedClaim,
+    _canonical,
+    _checksum,
+    _line,
+    encode,
+)
 from neuron_dra.driver.kubeletplugin import is_listening
 from tests.support import pluginclient
 from tests.support.driver import (
@@ -126,19 +135,17 @@ def test_a_crafted_journal_record_with_a_bad_uid_stops_start_up_with_the_reason(
 @pytest.mark.parametrize("case", ["allocation a list", "nested 100,000 deep", "results a string"])
 def test_a_malformed_claim_of_an_unfinished_prepare_does_not_stop_start_up(dirs: DaemonDirs, host_root: Path,
                                                                             case: str) -> None:
-    """Killed between the two checkpoint writes of a prepare; by the restart the claim's answer is malformed.
-    The daemon serves and keeps running (a raise here was an exit 1 on every restart: a crash loop), logs which
-    claim could not be checked and why, and kubelet's retry of that claim gets a clear per-claim error."""
+    """An unfinished prepare in the checkpoint (an earlier release killed between its two records, or a claim
+    that damaged journal bytes demoted); by the restart the claim's answer is malformed. The daemon serves and
+    keeps running (a raise here was an exit 1 on every restart: a crash loop), logs which claim could not be
+    checked and why, and kubelet's retry of that claim gets a clear per-claim error."""
     c1 = ClaimRef("default", "c1", uid(1))
     dirs.put_claim(claim("c1", uid(1), devices(4)))
-    crashed = DaemonProcess(dirs, host_root, crash_at="prepare-after-started").wait_ready()
-    client = pluginclient.DraClient(dirs.dra_socket)
-    try:
-        with pytest.raises(pluginclient.PluginCallError):
-            client.prepare([c1], timeout=20)
-    finally:
-        client.close()
-    crashed.wait_exit()
+    dirs.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    recorded = Checkpoint(dirs.checkpoint)
+    recorded.load()
+    recorded.save({uid(1): PreparedClaim(uid(1), "default", "c1", ClaimState.PREPARE_STARTED, (), (4,), "{}", 0.0)})
+    recorded.close(compact=False)
     path = dirs.claims / "default_c1.json"
     if case == "nested 100,000 deep":
         path.write_text('{"metadata": {"uid": "' + uid(1) + '"}, "status": ' + "[" * 100_000 + "]" * 100_000 + "}")

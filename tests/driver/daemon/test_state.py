@@ -7,6 +7,7 @@ kill -9 in test_driver_daemon.py, and against the real API server in test_driver
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from neuron_dra.driver.daemon.claims import checkpoint as checkpoint_module
 from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason, allocated_devices
 from neuron_dra.driver.daemon.claims.cdi import CDI_KIND, CdiStore
 from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, CheckpointError, ClaimState, PreparedClaim
@@ -560,3 +562,27 @@ def test_corrupt_checkpoint_refuses_to_load(env_for: Callable[..., Env]) -> None
     e.checkpoint.write_text(json.dumps(doc))
     with pytest.raises(CheckpointError, match="integrity digest mismatch"):
         e.make()
+
+
+def test_a_call_writes_one_record_and_syncs_at_most_once(env_for: Callable[..., Env],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/durability.md: no more durable I/O per call than the Go example driver (one fsync). A prepare is one
+    write of its record (twice in it) and one fdatasync; an unprepare one record and one fdatasync; an unprepare of
+    an unknown claim one record (it notes the unprepare for the other instance) and no sync."""
+    e = env_for()
+    e.lookup.put(claim("c", uid(90), devices(0, 1)))
+    calls: list[str] = []
+    monkeypatch.setattr(checkpoint_module.os, "pwrite", lambda fd, data, offset, real=os.pwrite: (
+        calls.append("pwrite"), real(fd, data, offset))[1])
+    monkeypatch.setattr(checkpoint_module.os, "fdatasync", lambda fd, real=os.fdatasync: (
+        calls.append("fdatasync"), real(fd))[1])
+    ok(e.state.prepare([ref("c", 90)]), uid(90))
+    assert calls == ["pwrite", "fdatasync"]
+    calls.clear()
+    ok(e.state.prepare([ref("c", 90)]), uid(90))  # repeated: answered from the records
+    assert calls == []
+    assert e.state.unprepare([ref("c", 90)]) == {uid(90): None}
+    assert calls == ["pwrite", "fdatasync"]
+    calls.clear()
+    assert e.state.unprepare([ref("c", 90)]) == {uid(90): None}
+    assert calls == ["pwrite"]

@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from neuron_dra.driver import deploy
 from neuron_dra.driver.daemon.health.monitor import HealthMonitor
 from neuron_dra.driver.daemon.health.reporting import HealthReporter
-from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.daemon.publisher import slice_publisher
 from neuron_dra.driver.kubeletplugin._kube import ApiException as DriverApiException
 from neuron_dra.driver.kubeletplugin._kube import KubeApi, KubeClaimLookup
 from neuron_dra.driver.model.discovery import discover
@@ -139,7 +139,7 @@ def test_rbac_grants_exactly_the_calls_the_daemon_makes(driver_api: Any, api: An
 
     # Publishing: create, then an extra slice of ours appears (deleted), then our slice is edited (updated),
     # with the watch running in the loop.
-    pub = SlicePublisher(driver_api, host, NODE, PublishOptions(driver_name=DRIVER), resync_seconds=5)
+    pub = slice_publisher(driver_api, host, NODE, PublishOptions(driver_name=DRIVER), resync_seconds=5)
     stop = threading.Event()
     thread = pub.start(stop)
     try:

@@ -187,7 +187,8 @@ def toy_slice(node: str, *devices: str) -> dict[str, Any]:
 
 @pytest.mark.cluster
 def test_publish_hands_slices_over_as_data(base: Path, api: Any) -> None:
-    """`publish(resources)` against the real API server: published, then replaced by the next call's slices."""
+    """`publish(resources)` against the real API server: published, then replaced by the next call's slices, then
+    slices from a function of the publisher's feedback; `withdraw` deletes them once publishing stopped."""
     node = "toy-node"
     helper = kubeletplugin.start(ToyDriver(), options(base))
     stop = threading.Event()
@@ -202,6 +203,18 @@ def test_publish_hands_slices_over_as_data(base: Path, api: Any) -> None:
         wait_until(lambda: published() == [["a", "b"]], 30, "the toy's slice")
         helper.publish([toy_slice(node, "c")], api, node, stop)
         wait_until(lambda: published() == [["c"]], 30, "the toy's new slice")
+        seen: list[bool] = []
+
+        def from_feedback(feedback: kubeletplugin.PublishFeedback) -> list[dict[str, Any]]:
+            seen.append(feedback.taints_supported)  # no taints sent yet: still assumed kept
+            return [toy_slice(node, "d", "e")]
+
+        helper.publish(from_feedback, api, node, stop)
+        wait_until(lambda: published() == [["d", "e"]], 30, "the slice built from the feedback")
+        assert seen and all(seen)
+        stop.set()
+        assert helper.withdraw() == 1
+        assert published() == []
     finally:
         stop.set()
         helper.close()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from neuron_dra.driver.daemon.observability.metrics import Metrics
-from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.daemon.publisher import slice_publisher
 from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
 from neuron_dra.driver.kubeletplugin._kube import RESOURCE_SLICES, ApiClient, ClientOptions, KubeClaimLookup
 from neuron_dra.driver.kubeletplugin._kubeconfig import ClusterConfig
@@ -144,7 +144,7 @@ def test_a_dripping_list_does_not_hold_the_publisher_lock(server: FakeApiServer,
         return True
 
     server.script = script
-    publisher = SlicePublisher(server.client(options=ClientOptions(rate=FAST, deadline=1.5)), discover(host_root),
+    publisher = slice_publisher(server.client(options=ClientOptions(rate=FAST, deadline=1.5)), discover(host_root),
                                NODE, PublishOptions(driver_name=DRIVER))
     failed: list[BaseException] = []
 
@@ -258,7 +258,7 @@ def test_a_watch_that_ends_at_once_makes_the_publisher_back_off_and_log_it(serve
 
     server.script = script
     caplog.set_level(logging.WARNING, logger="neuron_dra.driver.daemon.publisher")
-    publisher = SlicePublisher(server.client(options=ClientOptions(rate=FAST)), discover(host_root), NODE,
+    publisher = slice_publisher(server.client(options=ClientOptions(rate=FAST)), discover(host_root), NODE,
                                PublishOptions(driver_name=DRIVER), backoff=Backoff(0.2, 30))
     stop = threading.Event()
     thread = publisher.start(stop)
@@ -280,7 +280,7 @@ def test_unreachable_api_server_is_retried_with_backoff(tmp_path: Path) -> None:
     api = ApiClient(ClusterConfig(server="https://127.0.0.1:9", insecure=True))  # nothing listens there
     metrics = Metrics()
     host = discover(emulate("trn2.48xlarge", tmp_path / "host"))
-    pub = SlicePublisher(api, host, NODE, PublishOptions(driver_name=DRIVER), metrics, backoff=Backoff(0.05, 0.2))
+    pub = slice_publisher(api, host, NODE, PublishOptions(driver_name=DRIVER), metrics, backoff=Backoff(0.05, 0.2))
     stop = threading.Event()
     thread = pub.start(stop)
     wait_until(lambda: metrics.api_errors.labels("publish")._value.get() >= 3, 20, "three failed attempts")

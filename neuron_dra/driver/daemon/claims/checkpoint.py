@@ -3,10 +3,12 @@
 Unprepare must work after a restart from these files alone (the claim may be gone), so they hold the answer given
 to kubelet, the devices held and the CDI spec text (rewritten at start: the CDI directory is tmpfs). The snapshot
 is versioned, checksummed and replaced atomically; changes between snapshots are journal records written in place
-(`Checkpoint`), one fdatasync each. A prepare is recorded as PrepareStarted before its CDI spec is written and as
-PrepareCompleted, synced, before kubelet gets the answer, so a crash in between leaves an entry the next start
-cleans up. PrepareStarted is not synced: a daemon crash keeps it (page cache), and a power loss costs at most a
-spec in tmpfs /var/run/cdi, gone too (specs elsewhere: the orphan scan at start). Removals are synced.
+(`Checkpoint`), one fdatasync each. A prepare writes its CDI spec, then one record, PrepareCompleted, synced,
+before kubelet gets the answer: a crash in between leaves a spec that no entry knows, which the next start removes
+(the orphan scan), as the Go example driver's (docs/durability.md). PrepareStarted entries still load (written by
+earlier releases, or claims that damaged journal bytes may have changed) and are resolved against the API server.
+Removals are synced. Unprepares are noted in the records too (`unprepared`), so that the other instance of a
+rolling update refuses a prepare that began before one of them (docs/upgrades.md).
 Guarantees per system call: docs/durability.md; the format and its versions: docs/checkpoint-format.md.
 """
 
@@ -21,6 +23,8 @@ import logging
 import os
 import re
 import secrets
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -264,6 +268,11 @@ def current_boot_id(path: Path = BOOT_ID_FILE) -> str:
 
 
 JOURNAL_SUFFIX = ".journal"
+# Unprepares noted (claim uid -> when the unprepare call arrived, time.monotonic_ns, which both instances on one node
+# share): the newest UNPREPARED_MEMORY are remembered; a compaction carries those of the last UNPREPARED_CARRY ns.
+UNPREPARED_MEMORY = 10_000
+UNPREPARED_CARRY = 300 * 10**9  # kubelet gives a call 45 s: no prepare still in flight began earlier than this
+UNPREPARED_CARRIED = 4096  # at most this many (the newest): ~250 KB of the journal
 JOURNAL_SIZE = 4 * 1024 * 1024  # zero-filled once; hundreds of prepare/unprepare cycles of 8-device claims
 
 
@@ -460,6 +469,8 @@ class Checkpoint:
         self._snapshot_only = False  # after `hand_over`: every save is a journal-less snapshot
         self._written: tuple[int, int, int] | None = None  # the snapshot file this instance wrote last then
         self._closed = False  # by `close`: the clean stop's snapshot stays as it is
+        # Unprepares noted by either instance (claim uid -> arrival, time.monotonic_ns): `unprepared_since`.
+        self._unprepared: OrderedDict[str, int] = OrderedDict()
 
     def read(self) -> dict[str, PreparedClaim]:
         """The recorded claims (snapshot plus journal) without changing any file; absent files are empty. Claims
@@ -482,8 +493,11 @@ class Checkpoint:
         except FileNotFoundError:
             return claims, None
         journal = read_journal(self.journal_path, journal_raw, generation)
+        this_boot = snapshot.boot_id == self.boot_id  # arrivals are monotonic_ns: of this boot only
         for record in journal.records:
             _apply(claims, record.get("ops") or [], self.journal_path)
+            if this_boot:
+                self._note(record)
         if journal.damage is not None:
             claims = resolve_damage(claims, journal.damage, self.journal_path)
         return claims, journal
@@ -499,6 +513,8 @@ class Checkpoint:
         claims, journal = self._read()
         self._saved = dict(claims)
         loaded = self._loaded
+        if loaded is not None and loaded.boot_id != self.boot_id:
+            self._unprepared.clear()  # arrivals of another boot's clock: never compared with this one's
         if loaded is not None and loaded.boot_id != self.boot_id and claims:
             # kubelet prepares its pods' claims again after a reboot: the entries stay, their CDI specs (tmpfs) are
             # written again at start, and unprepare still finds what each claim held.
@@ -559,16 +575,23 @@ class Checkpoint:
         claims = dict(self._saved)
         for record in journal.records:
             _apply(claims, record.get("ops") or [], self.journal_path)
+            self._note(record)
         self._offset = journal.end
         self._saved = claims
         return dict(claims)
 
     def save(self, claims: Mapping[str, PreparedClaim], *, durable: bool = True,
-             before_rename: Callable[[], None] | None = None) -> None:
+             before_rename: Callable[[], None] | None = None, unprepared: tuple[str, int] | None = None,
+             twice: bool = False) -> None:
         """Record `claims` as the new state; `durable` makes it survive a power loss, not only a crash of the
-        daemon. `before_rename` is a crash-injection hook, called before anything changes on disk."""
+        daemon. `before_rename` is a crash-injection hook, called before anything changes on disk. `unprepared`:
+        (claim uid, arrival) of the unprepare this save belongs to, noted in the same record (`note_unprepared`).
+        `twice`: the record is written twice in the one write (a prepare's: one damaged byte leaves a valid
+        copy, docs/checkpoint-format.md "Damage")."""
         if before_rename is not None:
             before_rename()
+        if unprepared is not None:
+            self._remember(*unprepared)
         if self._snapshot_only:
             self._write_journal_less(claims)
             return
@@ -585,10 +608,20 @@ class Checkpoint:
             # damaged ones apply on their own (`resolve_damage`).
             ops.append(["put", uid, claim.to_json()])
         ops.extend(["delete", uid] for uid in saved if uid not in claims)
-        line = _line({"generation": self._generation, "ops": ops, "synced": durable})
+        payload: dict[str, Any] = {"generation": self._generation, "ops": ops, "synced": durable}
+        if unprepared is not None:
+            payload["unprepared"] = [list(unprepared)]
+        line = _line(payload)
+        if twice:
+            line += line
         if self._offset + len(line) > self._limit:
             self._compact(claims)
             return
+        self._append(line, durable)
+        self._saved = dict(claims)
+
+    def _append(self, line: bytes, durable: bool) -> None:
+        assert self._fd is not None
         try:
             os.pwrite(self._fd, line, self._offset)
             if durable:
@@ -598,7 +631,42 @@ class Checkpoint:
                 os.pwrite(self._fd, bytes(len(line)), self._offset)
             raise
         self._offset += len(line)
-        self._saved = dict(claims)
+
+    # --- unprepares, shared by the instances of a rolling update ----------------------------------------------
+
+    def note_unprepared(self, uid: str, arrived: int) -> None:
+        """An unprepare of a claim with no entry (nothing to remove): noted in memory and, while the journal is
+        open, in a record of its own, not synced (the other instance reads it from the page cache; a power loss
+        ends both instances and every prepare in flight). The caller holds the instances' lock and refreshed."""
+        self._remember(uid, arrived)
+        if self._fd is None or self._snapshot_only:
+            return
+        line = _line({"generation": self._generation, "ops": [], "synced": False, "unprepared": [[uid, arrived]]})
+        if self._offset + len(line) > self._limit:
+            self._compact(self._saved)  # carries the unprepares noted
+            return
+        self._append(line, False)
+
+    def unprepared_since(self, uid: str, arrived: int) -> bool:
+        """Whether an unprepare of `uid` that arrived after `arrived` (time.monotonic_ns) was noted by either
+        instance (as of the last refresh)."""
+        return self._unprepared.get(uid, 0) > arrived
+
+    def _remember(self, uid: str, arrived: int) -> None:
+        if arrived > self._unprepared.get(uid, 0):
+            self._unprepared[uid] = arrived
+            self._unprepared.move_to_end(uid)
+            while len(self._unprepared) > UNPREPARED_MEMORY:
+                self._unprepared.popitem(last=False)
+
+    def _note(self, record: Mapping[str, Any]) -> None:
+        """The unprepares a record notes. Read leniently: they only ever refuse a prepare, so an entry of
+        another shape is skipped, never an error."""
+        noted = record.get("unprepared")
+        for entry in noted if isinstance(noted, list) else ():
+            if (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                    and type(entry[1]) is int):
+                self._remember(entry[0], entry[1])
 
     def hand_over(self) -> None:
         """For the previous release starting beside this one (a rollback, docs/upgrades.md): from now on every
@@ -654,6 +722,19 @@ class Checkpoint:
             os.fdatasync(self._fd)
         self._offset = 0
         self._saved = dict(claims)
+        self._carry_unprepared()
+
+    def _carry_unprepared(self) -> None:
+        """After a compaction: the recent unprepares as the new journal's first record (not synced), so that the
+        other instance, which reloads at the new generation, still refuses prepares that began before them."""
+        assert self._fd is not None
+        horizon = time.monotonic_ns() - UNPREPARED_CARRY
+        recent = [[u, t] for u, t in self._unprepared.items() if t > horizon][-UNPREPARED_CARRIED:]
+        if not recent:
+            return
+        line = _line({"generation": self._generation, "ops": [], "synced": False, "unprepared": recent})
+        if len(line) <= self._limit // 2:  # never more than half the journal (a burst: the newest)
+            self._append(line, False)
 
     def close(self, *, compact: bool = True) -> None:
         """Fold the journal into a snapshot without one (checkpoint.json alone is then complete, and the

@@ -1,24 +1,25 @@
 """Prepare and unprepare: the claims this node holds, kept in the checkpoint and the CDI directory.
 
 Concurrency: the claim GET and the planning run outside any lock, so a slow API call delays only its own claim;
-the commit (device check, checkpoint, CDI spec) runs under one short lock, which also serializes the calls for a
-claim. Every call takes a ticket on arrival; an unprepare records its ticket, and a prepare that arrived before
-a completed unprepare of the claim fails rather than re-prepare a claim kubelet released (the late prepare retry).
+the commit (device check, CDI spec, one checkpoint record) runs under one short lock, which also serializes the
+calls for a claim. Every call takes a ticket on arrival (time.monotonic_ns, one clock for every process of the
+node); an unprepare notes its ticket in the checkpoint's records, and a prepare that arrived before a completed
+unprepare of the claim fails rather than re-prepare a claim kubelet released (the late prepare retry), whichever
+instance answered the unprepare.
 
 Two instances side by side (a surge rollout, docs/upgrades.md): kubelet may call either, so every step on the
 recorded claims also holds the instances' lock (instance_lock.py, inside the thread lock) and starts from the
-checkpoint on disk (`Checkpoint.refresh`, read only when the other instance changed it).
+checkpoint on disk (`Checkpoint.refresh`, read only when the other instance changed it), unprepares noted by the
+other instance included.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -107,7 +108,6 @@ class ClaimMetrics(Protocol):
     def prepared_claims(self) -> _Gauge: ...
 
 PrepareResult = tuple[PreparedDevice, ...] | ClaimError
-UNPREPARED_MEMORY = 10_000  # unprepare tickets remembered (only in-flight prepares older than them matter)
 COMMIT_ATTEMPTS = 3
 
 
@@ -175,8 +175,8 @@ class DriverState:
         self._lock = threading.Lock()
         self._instance_lock = instance_lock  # None: this process is the only instance (tests, benchmarks)
         self._claims: dict[str, PreparedClaim] = {}
-        self._tickets = itertools.count(1)
-        self._unprepared: OrderedDict[str, int] = OrderedDict()
+        self._ticket_lock = threading.Lock()
+        self._last_ticket = 0
         self._executor = ThreadPoolExecutor(max_workers=lookup_workers, thread_name_prefix="claim-lookup")
 
     # --- lifecycle -------------------------------------------------------------------------------------------
@@ -235,6 +235,13 @@ class DriverState:
                                                   f"{e}") from e
             yield
 
+    def _ticket(self) -> int:
+        """A call's arrival: time.monotonic_ns (comparable with the other instance's: one clock per node),
+        strictly increasing within this process."""
+        with self._ticket_lock:
+            self._last_ticket = max(self._last_ticket + 1, time.monotonic_ns())
+            return self._last_ticket
+
     # --- prepare ---------------------------------------------------------------------------------------------
 
     def prepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None) -> dict[str, PrepareResult]:
@@ -244,7 +251,7 @@ class DriverState:
         started are not looked up at all (their queued work is cancelled), so an abandoned call cannot keep
         the shared lookup pool busy for the calls that follow."""
         call = call or CallScope()
-        ticket = next(self._tickets)
+        ticket = self._ticket()
         unique = list({r.uid: r for r in refs}.values())
         if len(unique) <= 1:
             return {r.uid: self._prepare_measured(r, ticket, call) for r in unique}
@@ -323,7 +330,7 @@ class DriverState:
         plan = self.plan(ref, allocated)
         for _ in range(COMMIT_ATTEMPTS):
             with self._shared(deadline):
-                if self._unprepared.get(ref.uid, 0) > ticket:
+                if self._checkpoint.unprepared_since(ref.uid, ticket):
                     raise ClaimError(Reason.UNPREPARED_MEANWHILE,
                                      f"claim {ref} was unprepared while this prepare was in flight; not preparing it")
                 entry = self._claims.get(ref.uid)
@@ -486,30 +493,27 @@ class DriverState:
         self._save_locked(current)
 
     def _commit_locked(self, ref: ClaimRef, plan: Plan, consumers: tuple[tuple[str, ...], int] = ((), 0)) -> None:
-        started = PreparedClaim(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, plan.devices,
-                                plan.exclusive, plan.cdi_spec, self._clock(), plan.cores, *consumers)
-        before = self._claims
-        self._save_locked({**before, ref.uid: started}, durable=False,
-                          before_rename=lambda: self._crash.hit("prepare-checkpoint-before-rename"))
-        self._crash.hit("prepare-after-started")
-        try:
-            self._write_cdi(ref.uid, plan.cdi_spec)
-        except ClaimError:
-            self._save_locked(before)
-            raise
+        """The CDI spec, then one synced write of the claim as PrepareCompleted (its record twice: one damaged
+        byte leaves a copy). A crash in between leaves a spec no entry knows, removed at the next start
+        (`reconcile_local`): the started state is derived from the CDI directory rather than recorded
+        (docs/durability.md)."""
+        completed = PreparedClaim(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_COMPLETED, plan.devices,
+                                  plan.exclusive, plan.cdi_spec, self._clock(), plan.cores, *consumers)
+        self._write_cdi(ref.uid, plan.cdi_spec)
         self._crash.hit("prepare-after-cdi")
         try:
-            self._save_locked({**before, ref.uid: started.with_state(ClaimState.PREPARE_COMPLETED)})
+            self._save_locked({**self._claims, ref.uid: completed}, twice=True)
         except ClaimError:
-            self._cdi.remove(ref.uid)
+            with contextlib.suppress(OSError):
+                self._cdi.remove(ref.uid)
             raise
         self._crash.hit("prepare-after-completed")
         self._update_gauge()
 
-    def _save_locked(self, claims: dict[str, PreparedClaim], *, durable: bool = True,
-                     before_rename: Callable[[], None] | None = None) -> None:
+    def _save_locked(self, claims: dict[str, PreparedClaim], *, unprepared: tuple[str, int] | None = None,
+                     twice: bool = False) -> None:
         try:
-            self._checkpoint.save(claims, durable=durable, before_rename=before_rename)
+            self._checkpoint.save(claims, unprepared=unprepared, twice=twice)
         except OSError as e:
             raise ClaimError(Reason.INTERNAL, f"writing the checkpoint {self._checkpoint.path} failed: {e}") from e
         self._claims = claims
@@ -524,7 +528,7 @@ class DriverState:
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
         """Unprepare each claim from local state alone; unknown claims succeed."""
-        ticket = next(self._tickets)
+        ticket = self._ticket()
         return {r.uid: self._unprepare_measured(r, ticket) for r in {r.uid: r for r in refs}.values()}
 
     def _unprepare_measured(self, ref: ClaimRef, ticket: int) -> ClaimError | None:
@@ -551,13 +555,16 @@ class DriverState:
         except OSError as e:
             raise ClaimError(Reason.INTERNAL, f"removing the CDI spec of claim {ref} failed: {e}") from e
         self._crash.hit("unprepare-after-cdi")
+        # Noted in the shared records, so that a prepare of the claim in flight on either instance does not commit.
         if entry is not None:
-            self._save_locked({u: c for u, c in self._claims.items() if u != ref.uid})
+            self._save_locked({u: c for u, c in self._claims.items() if u != ref.uid}, unprepared=(ref.uid, ticket))
+        else:
+            try:
+                self._checkpoint.note_unprepared(ref.uid, ticket)
+            except OSError as e:
+                raise ClaimError(Reason.INTERNAL, f"writing the checkpoint {self._checkpoint.path} failed: "
+                                                  f"{e}") from e
         self._crash.hit("unprepare-after-checkpoint")
-        self._unprepared[ref.uid] = ticket
-        self._unprepared.move_to_end(ref.uid)
-        while len(self._unprepared) > UNPREPARED_MEMORY:
-            self._unprepared.popitem(last=False)
         self._update_gauge()
 
     # --- reconcile -------------------------------------------------------------------------------------------
