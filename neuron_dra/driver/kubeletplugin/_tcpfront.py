@@ -51,6 +51,10 @@ class FrontLimits:
     max_calls: int = 16  # over a connection's life (kubelet's probe makes one)
     max_calls_in_flight: int = 1024  # across peers (the health server's bound on checks at once is twice this)
     max_calls_in_flight_per_peer: int = 256
+    # Calls let through at once: a call beyond is held (its connection not read) until one ends; a peer's first
+    # call in flight always goes. So a flood is answered a few calls at a time and others' calls wait behind few.
+    call_gate: int = 128
+    call_gate_per_peer: int = 16
     lifetime: float = 5.0  # seconds from accept; the DaemonSet's probe timeout
     max_bytes: int = 16 * 1024  # from one client
     max_buffered: int = 16 * 1024  # waiting to be sent to one client (a probe's answer is a few hundred bytes)
@@ -78,8 +82,9 @@ class _Frames:
         self.skip = skip  # bytes to pass over before the next frame header (the preface, a payload)
         self.head = bytearray()
 
-    def feed(self, data: bytes) -> Iterable[tuple[int, int, int]]:
-        """(type, flags, stream id) of each frame whose header completes in `data`."""
+    def feed(self, data: bytes) -> Iterable[tuple[int, int, int, int]]:
+        """(type, flags, stream id, where the frame starts in `data`: negative when in an earlier chunk) of each
+        frame whose header completes in `data`."""
         i, n = 0, len(data)
         while i < n:
             if self.skip:
@@ -87,13 +92,14 @@ class _Frames:
                 self.skip -= step
                 i += step
                 continue
+            start = i - len(self.head)
             take = min(FRAME_HEADER - len(self.head), n - i)
             self.head += data[i:i + take]
             i += take
             if len(self.head) == FRAME_HEADER:
                 head = self.head
                 self.skip = int.from_bytes(head[0:3], "big")
-                yield head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+                yield head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF, start
                 head.clear()
 
 
@@ -117,6 +123,7 @@ class _Client(asyncio.Protocol):
         self.peer_name = ""
         self.peer: _Peer | None = None
         self.pending = bytearray()
+        self.held = bytearray()  # from a call held back on (not read meanwhile)
         self.received = 0
         self.state = "new"  # new (preface not complete), queued (for a forwarding slot), forwarded
         self.closed = False
@@ -141,25 +148,44 @@ class _Client(asyncio.Protocol):
         self.front._touch(self)
         if self.received > self.front.limits.max_bytes:
             self.front._close(self, "bytes")
+        elif self.held:
+            self.held += data
         elif self.backend is not None:
-            if self._calls_in(data):
-                self.backend.write(data)
+            self._pass(data)
         else:
             self.pending += data
             if self.state == "new" and self.received >= FORWARD_BYTES:
                 self.front._forward(self)
 
-    def _calls_in(self, data: bytes) -> bool:
-        """Count the calls `data` opens or resets, as it goes to the server; False when the connection was closed
-        for them."""
-        for kind, _, stream in self.from_client.feed(data):
+    def _pass(self, data: bytes) -> None:
+        """Send `data` to the server, counting the calls it opens or resets, up to a call that must wait."""
+        assert self.backend is not None and self.transport is not None
+        allowed = len(data)
+        for kind, _, stream, start in self.from_client.feed(data):
             if kind == HEADERS and stream > self.last_stream:
+                verdict = self.front._call(self, stream, can_hold=start >= 0)
+                if verdict == "closed":
+                    return
+                if verdict == "hold":
+                    allowed = start
+                    self.held += data[start:]
+                    self.from_client = _Frames()  # at the held frame's start again
+                    self.transport.pause_reading()
+                    self.front._hold(self)
+                    break
                 self.last_stream = stream
-                if not self.front._call(self, stream):
-                    return False
             elif kind == RST_STREAM:
                 self.front._ended(self, stream, answered=False)
-        return True
+        if allowed:
+            self.backend.write(data[:allowed] if allowed < len(data) else data)
+
+    def resume(self) -> None:
+        """The held call may go now."""
+        data = bytes(self.held)
+        self.held.clear()
+        self._pass(data)
+        if not self.held and not self.closed and self.transport is not None:
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         self.close()
@@ -171,7 +197,7 @@ class _Client(asyncio.Protocol):
     def to_client(self, data: bytes) -> None:
         if self.closed or self.transport is None:
             return
-        for kind, flags, stream in self.from_server.feed(data):
+        for kind, flags, stream, _ in self.from_server.feed(data):
             if (kind in (HEADERS, DATA) and flags & END_STREAM) or kind == RST_STREAM:
                 self.front._ended(self, stream, answered=kind != RST_STREAM)
         self.front._touch(self)
@@ -186,8 +212,7 @@ class _Client(asyncio.Protocol):
         self.backend = backend
         data = bytes(self.pending)
         self.pending.clear()
-        if self._calls_in(data):
-            backend.write(data)
+        self._pass(data)
 
     def close(self) -> None:
         if self.closed:
@@ -227,6 +252,8 @@ class Front:
         self._queued: dict[_Client, None] = {}  # preface complete, no forwarding slot yet (in arrival order)
         self._peers: dict[str, _Peer] = {}
         self._in_flight = 0
+        self._held: dict[_Client, None] = {}  # connections with a call held back, in the order they were held
+        self._releasing = False
         self._evicting = False  # a connection is being closed to make room: no queued one takes its slot
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -254,7 +281,7 @@ class Front:
         """What the metrics export: connections closed by reason, connections open by state, calls in flight."""
         return {"closed": dict(self.closed),
                 "open": {"waiting": len(self._waiting), "queued": len(self._queued),
-                         "forwarded": len(self._forwarded)},
+                         "forwarded": len(self._forwarded), "held": len(self._held)},
                 "calls": {"in_flight": self._in_flight}}
 
     async def listen(self, address: str, port: int) -> int:
@@ -410,6 +437,8 @@ class Front:
     def _forget(self, client: _Client) -> None:
         self._waiting.pop(client, None)
         self._queued.pop(client, None)
+        self._held.pop(client, None)
+        client.held.clear()
         peer = client.peer
         if peer is None:
             return
@@ -418,6 +447,7 @@ class Front:
             peer.in_flight -= len(client.streams)
             self._in_flight -= len(client.streams)
             client.streams.clear()
+            self._release()
         if self._forwarded.pop(client, False) is None:
             peer.forwarded -= 1
             peer.clients.pop(client, None)
@@ -432,15 +462,19 @@ class Front:
 
     # --- calls -----------------------------------------------------------------------------------------------
 
-    def _call(self, client: _Client, stream: int) -> bool:
-        """The client opened `stream`: counted in flight, or the connection is closed when it is over
-        `max_calls`; when calls in flight are over a quota the heaviest connection is closed (of this peer for
-        the peer's quota, of the peer with the most for the front's): True when `client` is still open."""
+    def _call(self, client: _Client, stream: int, can_hold: bool) -> str:
+        """The client opens `stream`: "go" (counted in flight), "hold" (not yet: its peer has `call_gate_per_peer`
+        in flight, or the front `call_gate` and the peer one at least), or "closed" (over `max_calls`; or when calls
+        in flight are over a quota the heaviest connection is closed, of this peer for the peer's quota, of the
+        peer with the most for the front's, which may be `client`)."""
         if client.calls >= self.limits.max_calls:
             self._close(client, "calls")
-            return False
+            return "closed"
         peer = client.peer
         assert peer is not None
+        if can_hold and (peer.in_flight >= self.limits.call_gate_per_peer
+                         or (peer.in_flight and self._in_flight >= self.limits.call_gate)):
+            return "hold"
         client.calls += 1
         client.streams.add(stream)
         peer.in_flight += 1
@@ -450,7 +484,26 @@ class Front:
         elif self._in_flight > self.limits.max_calls_in_flight:
             heaviest = max(self._peers.values(), key=lambda p: p.in_flight)
             self._close(self._heaviest_of(heaviest), "calls_in_flight")
-        return not client.closed
+        return "closed" if client.closed else "go"
+
+    def _hold(self, client: _Client) -> None:
+        self._held[client] = None
+
+    def _release(self) -> None:
+        """Let held calls go, in the order they were held, while their peers and the front are below the gates."""
+        if self._releasing:
+            return
+        self._releasing = True
+        try:
+            for client in list(self._held):
+                if self._in_flight >= self.limits.call_gate:
+                    break
+                peer = client.peer
+                if client in self._held and peer is not None and peer.in_flight < self.limits.call_gate_per_peer:
+                    del self._held[client]
+                    client.resume()
+        finally:
+            self._releasing = False
 
     @staticmethod
     def _heaviest_of(peer: _Peer) -> _Client:
@@ -464,6 +517,7 @@ class Front:
             assert client.peer is not None
             client.peer.in_flight -= 1
             self._in_flight -= 1
+            self._release()
 
     def _sweep(self) -> None:
         cutoff = self.clock() - self.limits.lifetime
