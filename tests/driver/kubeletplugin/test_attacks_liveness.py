@@ -18,19 +18,20 @@ from typing import Any
 
 import pytest
 
-from tests.driver.kubeletplugin.test_grpc_attacks import (  # noqa: F401  (running: a fixture)
+from tests.driver.kubeletplugin import test_grpc_attacks
+from tests.driver.kubeletplugin.test_grpc_attacks import (
     MEMORY_LIMIT_MIB,
     REPO,
     RSS_LIMIT_MIB,
     Running,
     probe,
     rss_mib,
-    running,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.attacks, pytest.mark.process]
 ATTACKER = "127.0.0.2"  # another peer than the probe's 127.0.0.1 (all of 127/8 is loopback on Linux)
 MIN_SERVING = 0.9
+running = test_grpc_attacks.running  # the daemon with its health port (a fixture)
 
 
 def flood(kind: str, running: Running, seconds: float, connections: int) -> subprocess.Popen[str]:
@@ -75,7 +76,7 @@ def test_2000_connections_sending_calls_never_read_leave_the_probe_answering(run
 
 
 def test_1000_connections_of_8_liveness_checks_leave_the_probe_answering(running: Running) -> None:
-    """1,000 connections × 8 Check("liveness") calls, read: 50 % of probes (every check made its own self-check on
+    """1,000 connections x 8 Check("liveness") calls, read: 50 % of probes (every check made its own self-check on
     one shared channel; the registration socket's 8-stream limit refused some, and the refusal closed the channel
     under every other check). Checks now share one self-check."""
     proc = flood("liveness-read", running, 12, 1000)
