@@ -48,7 +48,7 @@ class FrontLimits:
     max_forwarded: int = 1024
     max_connections_per_peer: int = 1024
     max_forwarded_per_peer: int = 128
-    max_calls: int = 16  # over a connection's life (kubelet's probe makes one)
+    max_calls: int = 1000  # over a connection's life (kubelet's probe makes one; max_bytes ends most sooner)
     max_calls_in_flight: int = 1024  # across peers (the health server's bound on checks at once is twice this)
     max_calls_in_flight_per_peer: int = 256
     # Calls let through at once: a call beyond is held (its connection not read) until one ends; a peer's first
