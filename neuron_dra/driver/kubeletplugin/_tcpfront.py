@@ -490,12 +490,14 @@ class Front:
         self._held[client] = None
 
     def _release(self) -> None:
-        """Let held calls go, in the order they were held, while their peers and the front are below the gates."""
+        """Let held calls go while their peers and the front are below the gates: first of connections without a
+        call in flight (a probe's only call before another connection's next), each in the order they were held."""
         if self._releasing:
             return
         self._releasing = True
         try:
-            for client in list(self._held):
+            held = list(self._held)
+            for client in [c for c in held if not c.streams] + [c for c in held if c.streams]:
                 if self._in_flight >= self.limits.call_gate:
                     break
                 peer = client.peer
