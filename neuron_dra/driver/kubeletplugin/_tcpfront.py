@@ -47,7 +47,7 @@ class FrontLimits:
     max_connections: int = 4096
     max_forwarded: int = 1024
     max_connections_per_peer: int = 1024
-    max_forwarded_per_peer: int = 128
+    max_forwarded_per_peer: int = 512
     max_calls: int = 1000  # over a connection's life (kubelet's probe makes one; max_bytes ends most sooner)
     max_calls_in_flight: int = 1024  # across peers (the health server's bound on checks at once is twice this)
     max_calls_in_flight_per_peer: int = 256
@@ -70,7 +70,7 @@ class FrontLimits:
         connections = min(cls.max_connections, budget - forwarded * FILES_PER_FORWARDED)
         return cls(max_connections=connections, max_forwarded=forwarded,
                    max_connections_per_peer=min(cls.max_connections_per_peer, connections // 2),
-                   max_forwarded_per_peer=min(cls.max_forwarded_per_peer, max(2, forwarded // 4)))
+                   max_forwarded_per_peer=min(cls.max_forwarded_per_peer, max(2, forwarded // 2)))
 
 
 class _Frames:
@@ -378,13 +378,17 @@ class Front:
         client.transport.pause_reading()
 
     def _idle_of(self, peer: _Peer) -> _Client | None:
-        """The least recently active forwarded connection of `peer` without a call in flight that has had an
-        answer, or has sent no call within `settle` seconds of being forwarded."""
+        """The least recently active forwarded connection of `peer` without a call in flight: one that has had an
+        answer or has sent no call within `settle` seconds of being forwarded, else any (a newer connection is the
+        more recently active: a probe awaiting the server's SETTINGS is the last to go)."""
         settled = self.clock() - self.limits.settle
+        fallback = None
         for c in peer.clients:
-            if not c.streams and (c.answered or c.forwarded_at < settled):
-                return c
-        return None
+            if not c.streams:
+                if c.answered or c.forwarded_at < settled:
+                    return c
+                fallback = fallback or c
+        return fallback
 
     def _start_forwarding(self, client: _Client) -> None:
         peer = client.peer
