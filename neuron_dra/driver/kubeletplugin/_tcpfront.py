@@ -46,7 +46,7 @@ REASONS = ("evicted", "expired", "bytes", "calls", "calls_in_flight", "unread", 
 class FrontLimits:
     max_connections: int = 4096
     max_forwarded: int = 1024
-    max_connections_per_peer: int = 1024
+    max_connections_per_peer: int = 2048
     max_forwarded_per_peer: int = 512
     max_calls: int = 1000  # over a connection's life (kubelet's probe makes one; max_bytes ends most sooner)
     max_calls_in_flight: int = 1024  # across peers (the health server's bound on checks at once is twice this)
@@ -58,7 +58,7 @@ class FrontLimits:
     lifetime: float = 5.0  # seconds from accept; the DaemonSet's probe timeout
     max_bytes: int = 16 * 1024  # from one client
     max_buffered: int = 16 * 1024  # waiting to be sent to one client (a probe's answer is a few hundred bytes)
-    backlog: int = 1024  # the listen queue, and the most connections accepted per event loop turn
+    backlog: int = 128  # the listen queue, and the most connections accepted per event loop turn
     settle: float = 1.0  # a forwarded connection without a call yet is kept this long (it awaits SETTINGS)
 
     @classmethod
