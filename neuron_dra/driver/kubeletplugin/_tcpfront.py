@@ -82,7 +82,7 @@ class _Frames:
         self.skip = skip  # bytes to pass over before the next frame header (the preface, a payload)
         self.head = bytearray()
 
-    def feed(self, data: bytes) -> Iterable[tuple[int, int, int, int]]:
+    def feed(self, data: bytes | memoryview) -> Iterable[tuple[int, int, int, int]]:
         """(type, flags, stream id, where the frame starts in `data`: negative when in an earlier chunk) of each
         frame whose header completes in `data`."""
         i, n = 0, len(data)
@@ -123,7 +123,7 @@ class _Client(asyncio.Protocol):
         self.peer_name = ""
         self.peer: _Peer | None = None
         self.pending = bytearray()
-        self.held = bytearray()  # from a call held back on (not read meanwhile)
+        self.held: memoryview | None = None  # from a call held back on (not copied: not read meanwhile)
         self.received = 0
         self.state = "new"  # new (preface not complete), queued (for a forwarding slot), forwarded
         self.closed = False
@@ -148,8 +148,8 @@ class _Client(asyncio.Protocol):
         self.front._touch(self)
         if self.received > self.front.limits.max_bytes:
             self.front._close(self, "bytes")
-        elif self.held:
-            self.held += data
+        elif self.held is not None:  # reading is paused: only what was read already
+            self.held = memoryview(bytes(self.held) + data)
         elif self.backend is not None:
             self._pass(data)
         else:
@@ -157,7 +157,7 @@ class _Client(asyncio.Protocol):
             if self.state == "new" and self.received >= FORWARD_BYTES:
                 self.front._forward(self)
 
-    def _pass(self, data: bytes) -> None:
+    def _pass(self, data: bytes | memoryview) -> None:
         """Send `data` to the server, counting the calls it opens or resets, up to a call that must wait."""
         assert self.backend is not None and self.transport is not None
         allowed = len(data)
@@ -168,7 +168,7 @@ class _Client(asyncio.Protocol):
                     return
                 if verdict == "hold":
                     allowed = start
-                    self.held += data[start:]
+                    self.held = memoryview(data)[start:]
                     self.from_client = _Frames()  # at the held frame's start again
                     self.transport.pause_reading()
                     self.front._hold(self)
@@ -181,10 +181,11 @@ class _Client(asyncio.Protocol):
 
     def resume(self) -> None:
         """The held call may go now."""
-        data = bytes(self.held)
-        self.held.clear()
-        self._pass(data)
-        if not self.held and not self.closed and self.transport is not None:
+        data = self.held
+        self.held = None
+        if data is not None:
+            self._pass(data)
+        if self.held is None and not self.closed and self.transport is not None:
             self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
@@ -442,7 +443,7 @@ class Front:
         self._waiting.pop(client, None)
         self._queued.pop(client, None)
         self._held.pop(client, None)
-        client.held.clear()
+        client.held = None
         peer = client.peer
         if peer is None:
             return
