@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -100,36 +100,46 @@ class SettingError(NotAllowed):
         return self.field
 
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
-_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
-_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
-_SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
-_SECURITY_GROUP = re.compile(r"^sg-[0-9a-f]{8,17}$")
-_VPC = re.compile(r"^vpc-[0-9a-f]{8,17}$")
-_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
-_CIDR = re.compile(r"^(\d{1,3}\.){3}\d{1,3}/\d{1,2}$")
-_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/\S+$")
-_ADDON_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(-eksbuild\.\d+)?$")
-_K8S_VERSION = re.compile(r"^(\d+)\.(\d+)$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?\Z")
+_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}\Z")
+_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}\Z")
+_SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}\Z")
+_SECURITY_GROUP = re.compile(r"^sg-[0-9a-f]{8,17}\Z")
+_VPC = re.compile(r"^vpc-[0-9a-f]{8,17}\Z")
+_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9][a-z]\Z")
+_CIDR_FORM = re.compile(r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}\Z")
+_ARN = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/[A-Za-z0-9+=,.@_/-]+\Z")
+_ADDON_VERSION = re.compile(r"^v?([0-9]+)\.([0-9]+)\.([0-9]+)(-eksbuild\.[0-9]+)?\Z")
+_K8S_VERSION = re.compile(r"^([0-9]+)\.([0-9]+)\Z")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+# Every pattern ends with \Z (`$` also matches before a trailing line feed) and has ASCII digit classes (`\d` takes
+# any Unicode digit, e.g. Arabic-Indic or full-width ones): a value AWS would refuse is refused here.
+
+
+def _is_cidr(value: str) -> bool:
+    """An IPv4 CIDR block as AWS takes it: four octets of 0-255 and a prefix of 0-32, ASCII digits only."""
+    if not _CIDR_FORM.match(value):
+        return False
+    address, prefix = value.split("/")
+    return all(int(octet) <= 255 for octet in address.split(".")) and int(prefix) <= 32
 
 
 # What each kind of id looks like, for `check_id` (the default stack's settings and the components' Args).
-_ID_RULES: Mapping[str, tuple[re.Pattern[str], str]] = {
-    "cluster": (_CLUSTER_NAME, "1-100 letters, digits, '-' and '_', starting with a letter or digit"),
-    "subnet": (_SUBNET, "subnet ids such as subnet-0123456789abcdef0"),
-    "vpc": (_VPC, "a VPC id such as vpc-0123456789abcdef0"),
-    "arn": (_ARN, "IAM role or user ARNs"),
-    "cidr": (_CIDR, "IPv4 CIDR blocks such as 203.0.113.0/24"),
-    "reservation": (_RESERVATION, "a Capacity Block reservation id such as cr-0123456789abcdef0"),
-    "security_group": (_SECURITY_GROUP, "security group ids such as sg-0123456789abcdef0"),
+_ID_RULES: Mapping[str, tuple[Callable[[str], object], str]] = {
+    "cluster": (_CLUSTER_NAME.match, "1-100 letters, digits, '-' and '_', starting with a letter or digit"),
+    "subnet": (_SUBNET.match, "subnet ids such as subnet-0123456789abcdef0"),
+    "vpc": (_VPC.match, "a VPC id such as vpc-0123456789abcdef0"),
+    "arn": (_ARN.match, "IAM role or user ARNs"),
+    "cidr": (_is_cidr, "IPv4 CIDR blocks such as 203.0.113.0/24"),
+    "reservation": (_RESERVATION.match, "a Capacity Block reservation id such as cr-0123456789abcdef0"),
+    "security_group": (_SECURITY_GROUP.match, "security group ids such as sg-0123456789abcdef0"),
 }
 
 
 def check_id(setting: str, kind: str, value: object) -> None:
     """Raise SettingError unless `value` is an id of `kind` (cluster, subnet, vpc, arn, cidr, reservation)."""
-    pattern, allowed = _ID_RULES[kind]
-    if not isinstance(value, str) or not pattern.match(value):
+    matches, allowed = _ID_RULES[kind]
+    if not isinstance(value, str) or not matches(value):
         raise SettingError(setting, value, allowed)
 
 
@@ -466,7 +476,7 @@ MAX_POOL_NODES = 1000  # limits.nodes of one pool: a bound on what a typo in the
 DEFAULT_DYNAMIC_POOL_NODES = 4
 # Label domains Karpenter reserves for itself (its NodePool CRD refuses them in template labels).
 KARPENTER_LABEL_DOMAINS = ("karpenter.sh", "karpenter.k8s.aws")
-_AMI_VERSION = re.compile(r"^(latest|v\d{8})$")
+_AMI_VERSION = re.compile(r"^(latest|v[0-9]{8})\Z")
 PoolNodes = Annotated[StrictInt, rule(lambda n: 0 <= n <= MAX_POOL_NODES,
                                        f"a whole number from 0 to {MAX_POOL_NODES}")]
 
@@ -641,7 +651,7 @@ class StackSettings(_Settings):
     private_subnet_ids: Subnets = _setting((), "Private subnets of vpcId for the control plane and the nodes.",
                                            new_cluster_only=True)
     public_subnet_ids: Subnets = _setting((), "Public subnets of vpcId (for load balancers).", new_cluster_only=True)
-    vpc_cidr: Annotated[str, rule(_CIDR.match, "an IPv4 CIDR block such as 10.0.0.0/16")] = _setting(
+    vpc_cidr: Annotated[str, rule(_is_cidr, "an IPv4 CIDR block such as 10.0.0.0/16")] = _setting(
         DEFAULT_VPC_CIDR, "CIDR block of the new VPC.", new_cluster_only=True)
     availability_zones: tuple[Annotated[str, rule(_AZ.match, "AZ names such as us-east-2b")], ...] = _setting(
         (), "AZs of the new VPC (default: the AZs offering the node groups' instance types, plus one more for the "
@@ -653,7 +663,7 @@ class StackSettings(_Settings):
     endpoint_public_access: StrictBool = _setting(
         True, "Whether the Kubernetes API endpoint is reachable from the internet (pulumi needs to reach it to "
         "install the driver).", new_cluster_only=True)
-    public_access_cidrs: tuple[Annotated[str, rule(_CIDR.match, _ID_RULES["cidr"][1])], ...] = _setting(
+    public_access_cidrs: tuple[Annotated[str, rule(_is_cidr, _ID_RULES["cidr"][1])], ...] = _setting(
         (), "CIDRs allowed to reach the public API endpoint (default: any).", new_cluster_only=True)
     vpc_cni_version: AddonVersion | None = _setting(
         None, "vpc-cni add-on version (default: EKS's default; at least v1.18.4 when EFA-only interfaces are "
