@@ -2,16 +2,19 @@
 
 pulumi_eks.Cluster with a pinned Kubernetes version (a minor EKS offers: components/eks_versions.py), API
 authentication with access entries, an OIDC provider, no default node group and no pulumi-eks security groups (so
-`cluster_security_group_id` is the EKS-created cluster security group that managed nodes use), the vpc-cni,
-kube-proxy and eks-pod-identity-agent add-ons, and a Kubernetes provider from its kubeconfig. The VPC CNI (service
+`cluster_security_group_id` is the EKS-created cluster security group that managed nodes use), the vpc-cni, kube-
+proxy and eks-pod-identity-agent add-ons, and a Kubernetes provider from its kubeconfig. The VPC CNI (service
 account kube-system/aws-node) gets its own IAM role with AmazonEKS_CNI_Policy through an EKS Pod Identity
 association (`vpc_cni_identity="podIdentity"`, the default; docs/eks-trainium.md §5), so the node role does not need
 that policy; node groups wait for `node_group_dependencies` (pods get their credentials only if the association
-exists when they are created). CoreDNS is created after the first node group with nodes that names this cluster
-(`TrainiumNodeGroup(cluster=...)`): an add-on without nodes stays DEGRADED and its creation times out (pulumi-eks
-creates it before any node group). Its pods tolerate the Neuron taint, so a cluster whose only nodes are Neuron
-nodes still resolves names. The vpc-cni add-on enforces NetworkPolicies (`network_policy`, default on;
-docs/eks-trainium.md §6), so the driver's NetworkPolicy is in force. """
+exists when they are created). CoreDNS is created after the first nodes of the cluster's components: the first node
+group with nodes (`TrainiumNodeGroup(cluster=...)`), or Karpenter's controller nodes
+(`TrainiumKarpenter(cluster=...)`) when no group has nodes; a Karpenter pool of a cluster without CoreDNS is
+refused. An add-on without nodes stays DEGRADED and its creation times out (pulumi-eks creates it before any node
+group). Its pods tolerate the Neuron taint, so a cluster whose only nodes are Neuron nodes still resolves names. The
+vpc-cni add-on enforces NetworkPolicies (`network_policy`, default on; docs/eks-trainium.md §6), so the driver's
+NetworkPolicy is in force.
+"""
 
 from __future__ import annotations
 

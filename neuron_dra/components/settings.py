@@ -92,6 +92,14 @@ DEFAULT_ROOT_VOLUME_GIB = 500  # AWS's own trn2 sample
 EFA_INTERFACE_TYPES = ("efa-only", "efa")
 CAPACITY_TYPES = ("ON_DEMAND", "CAPACITY_BLOCK")
 
+# What existing-cluster mode needs instead of a stack-owned ECR repository (it creates no AWS resource).
+EXISTING_CLUSTER_IMAGE = (
+    "an image to deploy when neuron-dra:kubeconfig selects an existing cluster, best by digest "
+    "(registry.example.com/neuron-dra-driver@sha256:<digest>); or set neuron-dra:driverImageRegistry to a registry "
+    "repository of yours that pulumi up builds the image into (this mode creates no AWS resource, so no ECR "
+    "repository of its own)")
+
+
 class SettingError(NotAllowed):
     """A setting that cannot work; `field` (also `setting`) is the setting's name as the user wrote it."""
 
@@ -111,6 +119,8 @@ _CIDR_FORM = re.compile(r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}\Z")
 _ARN = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/[A-Za-z0-9+=,.@_/-]+\Z")
 _ADDON_VERSION = re.compile(r"^v?([0-9]+)\.([0-9]+)\.([0-9]+)(-eksbuild\.[0-9]+)?\Z")
 _K8S_VERSION = re.compile(r"^([0-9]+)\.([0-9]+)\Z")
+# A registry repository a built image is pushed to: a reference's [registry/]path, lower-case, no tag or digest.
+_REPOSITORY = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+\Z")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # Every pattern ends with \Z (`$` also matches before a trailing line feed) and has ASCII digit classes (`\d` takes
 # any Unicode digit, e.g. Arabic-Indic or full-width ones): a value AWS would refuse is refused here.
@@ -627,6 +637,9 @@ NatGateways = Annotated[str, rule(NAT_GATEWAY_STRATEGIES.__contains__, " or ".jo
 VpcCniIdentity = Annotated[str, rule(VPC_CNI_IDENTITIES.__contains__, " or ".join(VPC_CNI_IDENTITIES))]
 PodMonitorMode = Annotated[str, rule(POD_MONITOR_MODES.__contains__, ", ".join(POD_MONITOR_MODES))]
 EfaDriverMode = Annotated[str, rule(EFA_DRIVER_MODES.__contains__, " or ".join(EFA_DRIVER_MODES))]
+ImageRegistry = Annotated[str, rule(_REPOSITORY.match, "a registry repository such as "
+                                    "123456789012.dkr.ecr.us-east-2.amazonaws.com/neuron-dra-driver (lower-case, no "
+                                    "tag or digest: each build is tagged <version>-<content hash>)")]
 
 
 class StackSettings(_Settings):
@@ -697,10 +710,16 @@ class StackSettings(_Settings):
         "dynamic pool up to maxNodes; capacityTypes: " + ", ".join(POOL_CAPACITY_TYPES) + ".",
         new_cluster_only=True)
     driver_image: str | None = _setting(
-        None, "Driver image to deploy, repo@sha256:<digest> (pinned) or repo:tag (follows the tag), e.g. the one "
-        "the release workflow publishes (default: build neuron_dra/driver/Dockerfile of the installed package and "
-        "push it to an ECR repository of the stack, pinned by digest; needs Docker with BuildKit where pulumi up "
-        "runs).", option="image")
+        None, "Driver image to deploy, repo@sha256:<digest> (pinned) or repo:tag (follows the tag). Default: `pulumi "
+        "up` builds neuron_dra/driver/Dockerfile of the installed package (Docker with BuildKit where it runs; "
+        "preview needs none) and pushes it to driverImageRegistry, else (new cluster only) to an ECR repository of "
+        "the stack, pinned by digest. An existing cluster (kubeconfig) needs this or driverImageRegistry.",
+        option="image")
+    driver_image_registry: ImageRegistry | None = _setting(
+        None, "Without driverImage: a registry repository of yours to push the built driver image to, e.g. "
+        "123456789012.dkr.ecr.us-east-2.amazonaws.com/neuron-dra-driver, tagged <version>-<content hash>, with the "
+        "Docker credentials of the machine running pulumi up (docker login or a credential helper); the stack then "
+        "creates no ECR repository.")
     driver_repository_force_delete: StrictBool = _setting(
         False, "Let pulumi destroy delete the driver's ECR repository with its images (without driverImage; "
         "default false: ECR refuses while it holds images).")
@@ -801,7 +820,12 @@ class StackSettings(_Settings):
             if t not in self.hardware:
                 raise SettingError(n("clusterInstanceTypes"), t, ", ".join(self.hardware.names))
         self.driver_options()  # the driver settings, checked where they are used
+        if self.driver_image is not None and self.driver_image_registry is not None:
+            raise SettingError(n("driverImageRegistry"), self.driver_image_registry,
+                               "unset when driverImage is given (the registry is where a built image goes)")
         if self.existing_cluster:
+            if self.driver_image is None and self.driver_image_registry is None:
+                raise SettingError(n("driverImage"), None, EXISTING_CLUSTER_IMAGE)
             return self
         parse_kubernetes_version(n("kubernetesVersion"), self.kubernetes_version)
         check_eks_version(n("kubernetesVersion"), self.kubernetes_version)
