@@ -2,8 +2,8 @@
 
 pulumi_eks.Cluster with a pinned Kubernetes version (a minor EKS offers: components/eks_versions.py), API
 authentication with access entries, an OIDC provider, no default node group and no pulumi-eks security groups (so
-`cluster_security_group_id` is the EKS-created cluster security group that managed nodes use), the vpc-cni, kube-
-proxy and eks-pod-identity-agent add-ons, and a Kubernetes provider from its kubeconfig. The VPC CNI (service
+`cluster_security_group_id` is the EKS-created cluster security group that managed nodes use), the vpc-cni,
+kube-proxy and eks-pod-identity-agent add-ons, and a Kubernetes provider from its kubeconfig. The VPC CNI (service
 account kube-system/aws-node) gets its own IAM role with AmazonEKS_CNI_Policy through an EKS Pod Identity
 association (`vpc_cni_identity="podIdentity"`, the default; docs/eks-trainium.md §5), so the node role does not need
 that policy; node groups wait for `node_group_dependencies` (pods get their credentials only if the association

@@ -276,7 +276,8 @@ def run_offline(
     mocks: PlanMocks | None = None,
     exports: Callable[[T], Mapping[str, Any]] | None = None,
 ) -> OfflineRun[T]:
-    """Run `program` under mocks with `config` (full keys like `neuron-dra:nodeGroups`, string values).
+    """Run `program` under mocks with `config` (full keys like `neuron-dra:nodeGroups`, string values). The run's
+    exports are the program's `pulumi.export()` values, updated by `exports(result)` when given.
 
     Exceptions raised by the program (or by an `apply` it registered) propagate, as they fail `pulumi up`.
     """
@@ -291,7 +292,9 @@ def run_offline(
     def run() -> pulumi.Output[Any]:
         result = program()
         holder["result"] = result
-        wanted = exports(result) if exports else {}
+        # The program's own `pulumi.export()` values (the root stack's outputs), then what `exports` picks.
+        root = pulumi_settings.get_root_resource()
+        wanted = {**(getattr(root, "outputs", None) or {}), **(exports(result) if exports else {})}
         return pulumi.Output.from_input(dict(wanted)).apply(lambda v: holder.__setitem__("exports", v))
 
     run()

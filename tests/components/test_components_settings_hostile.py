@@ -14,13 +14,14 @@ from neuron_dra.components.cluster import TrainiumClusterArgs
 from neuron_dra.components.settings import NodeGroupSettings, SettingError, check_id
 from neuron_dra.components.settings_schema import decode_settings
 
-ARABIC_INDIC = "١٠"  # "10" in Arabic-Indic digits
-FULL_WIDTH_2 = "２"  # U+FF12
+ARABIC_INDIC = "\u0661\u0660"  # "10" in Arabic-Indic digits
+FULL_WIDTH_2 = "\uff12"  # full-width 2
 CIDR = "an IPv4 CIDR block such as 10.0.0.0/16"
 AZS = "AZ names such as us-east-2b"
 ARNS = "IAM role or user ARNs"
 CLUSTER = "1-100 letters, digits, '-' and '_', starting with a letter or digit"
 ROLE = "arn:aws:iam::123456789012:role/admin"
+WIDE_ROLE = ROLE.replace("123", "\uff11\uff12\uff13")  # full-width digits in the account
 
 # (config key, raw config value, the value the message shows, what the message allows)
 HOSTILE: list[tuple[str, str, str, str]] = [
@@ -32,7 +33,7 @@ HOSTILE: list[tuple[str, str, str, str]] = [
     ("availabilityZones", json.dumps(["us-east-2a\n"]), "'us-east-2a\\n'", AZS),
     ("availabilityZones", json.dumps([f"us-east-{FULL_WIDTH_2}a"]), f"'us-east-{FULL_WIDTH_2}a'", AZS),
     ("adminPrincipalArns", json.dumps([ROLE + "\n"]), repr(ROLE + "\n"), ARNS),
-    ("adminPrincipalArns", json.dumps([ROLE.replace("123", "１２３")]), repr(ROLE.replace("123", "１２３")), ARNS),
+    ("adminPrincipalArns", json.dumps([WIDE_ROLE]), repr(WIDE_ROLE), ARNS),
     ("adminPrincipalArns", json.dumps([ROLE + "\u3000x"]), repr(ROLE + "\u3000x"), ARNS),
     ("clusterName", "training\n", "'training\\n'", CLUSTER),
     ("clusterName", "train\ning", "'train\\ning'", CLUSTER),
@@ -65,9 +66,9 @@ def test_valid_cidrs_still_pass(good: str) -> None:
 
 def test_the_components_args_refuse_the_same_values() -> None:
     """The components' Args share the settings' checks (one validation per fact)."""
-    with pytest.raises(SettingError, match="TrainiumClusterArgs.cluster_name: 'training\\\\n' is not allowed"):
+    with pytest.raises(SettingError, match=r"TrainiumClusterArgs.cluster_name: 'training\\n' is not allowed"):
         TrainiumClusterArgs(cluster_name="training\n")
-    with pytest.raises(SettingError, match="TrainiumClusterArgs.admin_principal_arns"):
+    with pytest.raises(SettingError, match=r"TrainiumClusterArgs\.admin_principal_arns"):
         TrainiumClusterArgs(admin_principal_arns=[ROLE + "\n"])
     with pytest.raises(SettingError, match=r"NodeGroupSettings\('g'\).availability_zone"):
         NodeGroupSettings(name="g", availability_zone="us-east-2a\n")
