@@ -30,7 +30,7 @@ import pulumi_awsx as awsx
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
-from neuron_dra.components.inputs import checked, is_known
+from neuron_dra.components.inputs import checked, is_known, keyword_hints
 from neuron_dra.components.settings import (
     DEFAULT_KUBERNETES_VERSION,
     DEFAULT_VPC_CIDR,
@@ -46,7 +46,6 @@ from neuron_dra.components.settings import (
     check_ids,
     kubernetes_version_warnings,
     parse_addon_version,
-    parse_kubernetes_version,
 )
 from neuron_dra.driver.model.k8s_names import neuron_toleration
 
@@ -67,6 +66,7 @@ COREDNS_TOLERATIONS = (
 )
 
 
+@keyword_hints
 @dataclass(frozen=True, kw_only=True)
 class TrainiumClusterArgs:
     """Inputs of `TrainiumCluster`. Fields marked Input also take a `pulumi.Output` (another resource's or a
@@ -118,7 +118,6 @@ class TrainiumClusterArgs:
 
     def __post_init__(self) -> None:
         at = "TrainiumClusterArgs."
-        parse_kubernetes_version(f"{at}kubernetes_version", self.kubernetes_version)
         check_eks_version(f"{at}kubernetes_version", self.kubernetes_version)  # EKS offers only some minors
         if self.cluster_name is not None:
             self._check("cluster_name", lambda v: check_as(f"{at}cluster_name", ClusterName, v))
@@ -306,6 +305,7 @@ class TrainiumCluster(pulumi.ComponentResource):
         self._resource_name = resource_name
         self.coredns: aws.eks.Addon | None = None
         self.node_groups: list[pulumi.ComponentResource] = []
+        self.node_pools: list[pulumi.ComponentResource] = []  # TrainiumNodePool(cluster=this), in order
         self.register_outputs({
             "clusterName": self.cluster_name,
             "kubernetesVersion": self.kubernetes_version,

@@ -27,7 +27,7 @@ import pulumi_aws as aws
 
 from neuron_dra.components import driver_image
 from neuron_dra.components.cluster import TrainiumCluster
-from neuron_dra.components.inputs import checked
+from neuron_dra.components.inputs import checked, keyword_hints
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import (
     DEFAULT_ROLLOUT_TIMEOUT_SECONDS,
@@ -40,6 +40,7 @@ from neuron_dra.driver.deploy import DriverDeployOptions, Manifest
 from neuron_dra.driver.model.k8s_names import DeviceClassNames
 
 
+@keyword_hints
 @dataclass(frozen=True, kw_only=True)
 class NeuronDraDriverArgs:
     """Inputs of `NeuronDraDriver`.

@@ -32,6 +32,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from neuron_dra.components.cluster import POD_IDENTITY_TRUST, TrainiumCluster
+from neuron_dra.components.inputs import keyword_hints
 from neuron_dra.components.nodegroup import CNI_POLICY, NODE_POLICIES, ROOT_DEVICE
 from neuron_dra.components.settings import SettingError
 
@@ -53,6 +54,7 @@ INTERRUPTION_EVENTS = (
 QUEUE_RETENTION_SECONDS = 300
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class TrainiumKarpenterArgs:
     """Inputs of `TrainiumKarpenter`.

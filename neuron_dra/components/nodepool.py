@@ -208,6 +208,8 @@ class TrainiumNodePool(pulumi.ComponentResource):
             opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
         super().__init__("neuron-dra:index:TrainiumNodePool", resource_name, None, opts)
         self.name = args.name
+        if args.cluster is not None:
+            args.cluster.node_pools.append(self)  # EfaDraDriver(cluster=...) checks pool names against these
         self.instance_types = args.types
         self.check_targets = args.check_targets  # what ClaimTemplates(node_pools=[...]) checks against
         self.efa_count = args.efa_count

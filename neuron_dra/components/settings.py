@@ -191,14 +191,19 @@ def parse_kubernetes_version(setting: str, value: str) -> tuple[int, int]:
 
 
 def check_eks_version(setting: str, value: str, today: date | None = None) -> EksVersion:
-    """`value` (a valid minor) as EKS offers it on `today` (default: today, UTC); else SettingError naming the
-    minors EKS offers."""
+    """`value` as EKS offers it on `today` (default: today, UTC); else SettingError stating the minors EKS offers
+    ("1.34 to 1.36"), not the wider range the driver supports (a local cluster may run those)."""
     today = today or today_utc()
+    minors = offered(today)
+    allowed = f"{minors[0]} to {minors[-1]}" if minors else "none (the table lists no minor EKS offers today)"
+    if not isinstance(value, str) or not _K8S_VERSION.match(value):
+        raise SettingError(setting, value, f"{allowed}, a Kubernetes minor version EKS offers, such as "
+                           f"{DEFAULT_KUBERNETES_VERSION}")
     version = eks_version(value)
     if version is None or today > version.end_of_extended_support:
         why = (f"EKS does not offer {value}" if version is None else
                f"EKS ended extended support of {value} on {version.end_of_extended_support.isoformat()}")
-        raise SettingError(setting, value, f"a minor EKS offers: {', '.join(offered(today))} ({why}; "
+        raise SettingError(setting, value, f"{allowed}, the minors EKS offers ({why}; "
                            "docs/kubernetes-versions.md §1; a local cluster may run 1.34-1.37)")
     return version
 
@@ -382,7 +387,6 @@ class NodeGroupSettings(_Entry):
                                "unset when subnetIds is given (the subnets decide the AZ)")
         self._check_labels()
         if self.version is not None:
-            parse_kubernetes_version(self._at("version"), self.version)
             check_eks_version(self._at("version"), self.version)
         self._check_lnc([self.instance_type])
         self._check_capacity_block()
@@ -819,6 +823,8 @@ class StackSettings(_Settings):
         for t in self.cluster_instance_types:
             if t not in self.hardware:
                 raise SettingError(n("clusterInstanceTypes"), t, ", ".join(self.hardware.names))
+        if not self.existing_cluster:  # before the driver's own range (1.34-1.37): EKS's, in its words
+            check_eks_version(n("kubernetesVersion"), self.kubernetes_version)
         self.driver_options()  # the driver settings, checked where they are used
         if self.driver_image is not None and self.driver_image_registry is not None:
             raise SettingError(n("driverImageRegistry"), self.driver_image_registry,
@@ -827,8 +833,6 @@ class StackSettings(_Settings):
             if self.driver_image is None and self.driver_image_registry is None:
                 raise SettingError(n("driverImage"), None, EXISTING_CLUSTER_IMAGE)
             return self
-        parse_kubernetes_version(n("kubernetesVersion"), self.kubernetes_version)
-        check_eks_version(n("kubernetesVersion"), self.kubernetes_version)
         if not self.node_groups and not self.node_pools:
             raise SettingError(n("nodeGroups"), [], "at least one node group or Karpenter node pool (nodePools)")
         pools: set[str] = set()
