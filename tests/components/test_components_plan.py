@@ -11,6 +11,7 @@ import yaml
 import neuron_dra.claim_templates.stack_examples as examples
 from neuron_dra.claim_templates.loader import templates_in
 from neuron_dra.cli import main
+from neuron_dra.components import driver_image
 from neuron_dra.components.plan import load_config_file, plan
 from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.components.stack import driver_options
@@ -208,8 +209,8 @@ def test_yaml_names_every_helm_release_it_cannot_render(capsys: pytest.CaptureFi
         assert name in captured.err
     assert "comment block" in captured.err and "not rendered as manifests" in captured.err
     (image,) = [x for x in captured.out.splitlines() if x.startswith("# Driver image: ")]
-    # Which image the DaemonSet runs, in the YAML too: built by default, given in the Karpenter example.
-    assert ("built here from" if config is None else "runs the given image") in image
+    # Which image the DaemonSet runs, in the YAML too: the given one (-o yaml refuses a built one).
+    assert "runs the given image" in image
 
 
 def test_table_output_says_nothing_about_helm_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
@@ -217,7 +218,8 @@ def test_table_output_says_nothing_about_helm_on_stderr(capsys: pytest.CaptureFi
     captured = capsys.readouterr()
     assert "Helm release" not in captured.err and "aws-dranet" in captured.out
     (line,) = [x for x in captured.out.splitlines() if x.startswith("Driver image: ")]
-    assert f"built here from {ROOT} ({ROOT}/neuron_dra/driver/Dockerfile)" in line and "pinned by digest" in line
+    staged = f".neuron-dra/driver-image/{driver_image.context_tag(ROOT)}"  # no path of this machine
+    assert f"built here from {staged} ({staged}/neuron_dra/driver/Dockerfile)" in line and "pinned by digest" in line
 
 
 @pytest.mark.parametrize(("image", "says"), [
