@@ -40,7 +40,7 @@ HOSTILE: list[tuple[str, str, str, str]] = [
     ("clusterName", f"training-{FULL_WIDTH_2}", f"'training-{FULL_WIDTH_2}'", CLUSTER),
     ("nodeGroups", json.dumps([{"name": "trn2", "availabilityZone": "us-east-2a\n"}]), "'us-east-2a\\n'",
      "an AZ name such as us-east-2b"),
-    ("kubernetesVersion", "1.36\n", "'1.36\\n'", "a Kubernetes minor version such as 1.36"),
+    ("kubernetesVersion", "1.36\n", "'1.36\\n'", "1.34 to 1.36, a Kubernetes minor version EKS offers"),
     ("vpcCniVersion", "v1.20.4-eksbuild.1\n", "'v1.20.4-eksbuild.1\\n'", "an EKS add-on version"),
 ]
 
