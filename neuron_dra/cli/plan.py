@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from neuron_dra.components.plan import (
     PlanError,
     Project,
     helm_notice,
+    kubernetes_manifests,
     load_config_file,
     load_stack_outputs,
     plan,
@@ -30,8 +32,8 @@ HELP = (
     "DIR/Pulumi.yaml (name, main, config defaults) and DIR/Pulumi.<--stack>.yaml (or --config FILE), running "
     "its main program (default __main__.py) with DIR as working directory and first on sys.path; its "
     "pulumi.export values are printed. pulumi.StackReference outputs come from --stack-outputs FILE. AWS is not "
-    "contacted: ids, ARNs, AZ offerings and a built image's digest are placeholders (set "
-    "neuron-dra:driverImage to print a real image reference)."
+    "contacted: ids, ARNs, AZ offerings and a built image's digest are placeholders (-o yaml refuses a built "
+    "image: set neuron-dra:driverImage to the image to deploy)."
 )
 
 
@@ -49,6 +51,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack-outputs", metavar="FILE", type=Path,
                         help="YAML mapping of stack names (org/project/stack) to the outputs a "
                              "pulumi.StackReference to them reads")
+
+
+def built_images(result: Any) -> list[str]:
+    """The manifests' container images that the plan builds (docker-build Images, whose digest offline is a
+    placeholder), as `namespace/name` of the object that runs each."""
+    tags = [tag for image in result.of_type("docker-build:index:Image") for tag in image.plain_inputs.get("tags") or ()]
+    out = []
+    for manifest in kubernetes_manifests(result):
+        pod = manifest.get("spec", {}).get("template", {}).get("spec", {})
+        for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+            if any(str(container.get("image", "")).startswith(f"{tag}@") for tag in tags):
+                meta = manifest.get("metadata", {})
+                out.append(f"the image of {manifest.get('kind')} {meta.get('namespace')}/{meta.get('name')}")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +89,13 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"neuron-dra plan: {ours}", file=sys.stderr)
         return 1
+    if args.output == "yaml":
+        built = built_images(result)
+        if built:
+            print(f"neuron-dra plan: -o yaml prints only images that exist, and {', '.join(built)} would be built "
+                  "by pulumi up (its digest is known only then); set neuron-dra:driverImage to the image to deploy, "
+                  "best by digest (repo@sha256:<digest>)", file=sys.stderr)
+            return 2
     sys.stdout.write(render_yaml(result) if args.output == "yaml" else render_table(result))
     notice = helm_notice(result) if args.output == "yaml" else None
     if notice:

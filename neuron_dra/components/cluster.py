@@ -7,11 +7,14 @@ kube-proxy and eks-pod-identity-agent add-ons, and a Kubernetes provider from it
 account kube-system/aws-node) gets its own IAM role with AmazonEKS_CNI_Policy through an EKS Pod Identity
 association (`vpc_cni_identity="podIdentity"`, the default; docs/eks-trainium.md §5), so the node role does not need
 that policy; node groups wait for `node_group_dependencies` (pods get their credentials only if the association
-exists when they are created). CoreDNS is created after the first node group with nodes that names this cluster
-(`TrainiumNodeGroup(cluster=...)`): an add-on without nodes stays DEGRADED and its creation times out (pulumi-eks
-creates it before any node group). Its pods tolerate the Neuron taint, so a cluster whose only nodes are Neuron
-nodes still resolves names. The vpc-cni add-on enforces NetworkPolicies (`network_policy`, default on;
-docs/eks-trainium.md §6), so the driver's NetworkPolicy is in force. """
+exists when they are created). CoreDNS is created after the first nodes of the cluster's components: the first node
+group with nodes (`TrainiumNodeGroup(cluster=...)`), or Karpenter's controller nodes
+(`TrainiumKarpenter(cluster=...)`) when no group has nodes; a Karpenter pool of a cluster without CoreDNS is
+refused. An add-on without nodes stays DEGRADED and its creation times out (pulumi-eks creates it before any node
+group). Its pods tolerate the Neuron taint, so a cluster whose only nodes are Neuron nodes still resolves names. The
+vpc-cni add-on enforces NetworkPolicies (`network_policy`, default on; docs/eks-trainium.md §6), so the driver's
+NetworkPolicy is in force.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import pulumi_awsx as awsx
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
-from neuron_dra.components.inputs import checked, is_known
+from neuron_dra.components.inputs import checked, is_known, keyword_hints
 from neuron_dra.components.settings import (
     DEFAULT_KUBERNETES_VERSION,
     DEFAULT_VPC_CIDR,
@@ -43,7 +46,6 @@ from neuron_dra.components.settings import (
     check_ids,
     kubernetes_version_warnings,
     parse_addon_version,
-    parse_kubernetes_version,
 )
 from neuron_dra.driver.model.k8s_names import neuron_toleration
 
@@ -64,6 +66,7 @@ COREDNS_TOLERATIONS = (
 )
 
 
+@keyword_hints
 @dataclass(frozen=True, kw_only=True)
 class TrainiumClusterArgs:
     """Inputs of `TrainiumCluster`. Fields marked Input also take a `pulumi.Output` (another resource's or a
@@ -115,7 +118,6 @@ class TrainiumClusterArgs:
 
     def __post_init__(self) -> None:
         at = "TrainiumClusterArgs."
-        parse_kubernetes_version(f"{at}kubernetes_version", self.kubernetes_version)
         check_eks_version(f"{at}kubernetes_version", self.kubernetes_version)  # EKS offers only some minors
         if self.cluster_name is not None:
             self._check("cluster_name", lambda v: check_as(f"{at}cluster_name", ClusterName, v))
@@ -303,6 +305,7 @@ class TrainiumCluster(pulumi.ComponentResource):
         self._resource_name = resource_name
         self.coredns: aws.eks.Addon | None = None
         self.node_groups: list[pulumi.ComponentResource] = []
+        self.node_pools: list[pulumi.ComponentResource] = []  # TrainiumNodePool(cluster=this), in order
         self.register_outputs({
             "clusterName": self.cluster_name,
             "kubernetesVersion": self.kubernetes_version,

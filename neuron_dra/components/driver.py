@@ -27,7 +27,7 @@ import pulumi_aws as aws
 
 from neuron_dra.components import driver_image
 from neuron_dra.components.cluster import TrainiumCluster
-from neuron_dra.components.inputs import checked
+from neuron_dra.components.inputs import checked, keyword_hints
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import (
     DEFAULT_ROLLOUT_TIMEOUT_SECONDS,
@@ -40,6 +40,7 @@ from neuron_dra.driver.deploy import DriverDeployOptions, Manifest
 from neuron_dra.driver.model.k8s_names import DeviceClassNames
 
 
+@keyword_hints
 @dataclass(frozen=True, kw_only=True)
 class NeuronDraDriverArgs:
     """Inputs of `NeuronDraDriver`.
@@ -47,8 +48,11 @@ class NeuronDraDriverArgs:
     options: DriverDeployOptions -- namespace, driver name, DeviceClass names, extended resources, metrics,
         kubelet paths, ... (neuron_dra.driver.deploy; default: DriverDeployOptions()).
     image: Input[str] | None -- the driver image to run, `repo@sha256:<digest>` (pinned) or `repo:tag` (follows
-        the tag; preview warns); None: build neuron_dra/driver/Dockerfile of source_dir and push it to an ECR
-        repository of this component (Docker with BuildKit where `pulumi up` runs).
+        the tag; preview warns); None: build neuron_dra/driver/Dockerfile of source_dir and push it to
+        image_registry, else to an ECR repository of this component (Docker with BuildKit where `pulumi up` runs).
+    image_registry: Input[str] | None -- without image: a registry repository of yours to push the built image to
+        (`<repository>:<version>-<content hash>`, with the Docker credentials of the machine running `pulumi up`);
+        no ECR repository is created.
     force_delete_repository: bool -- let `pulumi destroy` delete the ECR repository with its images (default
         False: ECR refuses to delete a repository that holds images).
     cluster: TrainiumCluster | None -- the cluster to install into: its Kubernetes version decides what is
@@ -66,6 +70,7 @@ class NeuronDraDriverArgs:
 
     options: DriverDeployOptions = field(default_factory=DriverDeployOptions)
     image: pulumi.Input[str] | None = None
+    image_registry: pulumi.Input[str] | None = None
     force_delete_repository: bool = False
     cluster: TrainiumCluster | None = None
     kubernetes_version: str | None = None
@@ -88,6 +93,11 @@ class NeuronDraDriverArgs:
                                    f"unset with cluster (the cluster runs {self.cluster.kubernetes_version})")
         if self.image is not None:
             object.__setattr__(self, "image", checked(self.image, driver_image.check_image))
+        if self.image_registry is not None:
+            if self.image is not None:
+                raise SettingError(driver_image.REGISTRY_SETTING, self.image_registry,
+                                   "unset when image is given (the registry is where a built image goes)")
+            object.__setattr__(self, "image_registry", checked(self.image_registry, driver_image.check_registry))
 
     @property
     def deploy_options(self) -> DriverDeployOptions:
@@ -145,7 +155,11 @@ class NeuronDraDriver(pulumi.ComponentResource):
         self.class_names = options.class_names  # what templates deployed with this driver name
         self.kubernetes_version = options.kubernetes_version
         self.repository = None
-        if args.image is None:
+        if args.image is None and args.image_registry is not None:
+            built = driver_image.build_into(resource_name_, args.build_context(), args.image_registry,
+                                            platform=args.platform, opts=pulumi.ResourceOptions(parent=self))
+            self.image = built.ref
+        elif args.image is None:
             built = driver_image.build_and_push(resource_name_, args.build_context(), platform=args.platform,
                                                 force_delete=args.force_delete_repository,
                                                 opts=pulumi.ResourceOptions(parent=self))

@@ -25,8 +25,10 @@ from typing import Any, Literal
 import pulumi
 import pulumi_kubernetes as k8s
 
+from neuron_dra.components.inputs import keyword_hints
 from neuron_dra.components.settings import SettingError
 from neuron_dra.driver.deploy import NODE_GROUP_LABEL, NODE_POOL_LABEL
+from neuron_dra.driver.errortext import did_you_mean
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.efa import EFA_DEVICE_CLASS, EFA_DRIVER
 from neuron_dra.driver.model.k8s_names import (
@@ -55,6 +57,7 @@ _EXACT_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class EfaDraDriverArgs:
     """Inputs of `EfaDraDriver`. Where DRANET runs: `node_groups` (names of `TrainiumNodeGroup`s with EFA
@@ -91,6 +94,8 @@ class EfaDraDriverArgs:
             for name in getattr(self, key):
                 if not is_label_value(name):
                     raise SettingError(f"EfaDraDriverArgs.{key}", name, LABEL_VALUE_RULE)
+        if self.cluster is not None:
+            self._check_names_in(self.cluster)
         no_efa = [t for t in self.instance_types if t in self.hardware and self.hardware.spec(t).efa_count == 0]
         if no_efa:
             with_efa = [t for t in self.hardware.names if self.hardware.spec(t).efa_count > 0]
@@ -115,6 +120,20 @@ class EfaDraDriverArgs:
         if owned:
             raise SettingError("EfaDraDriverArgs.extra_values", owned[0],
                                f"chart values other than {', '.join(_OWN_VALUES)} (set those with their own fields)")
+
+    def _check_names_in(self, cluster: Any) -> None:
+        """With `cluster`: each named node group and pool is one of the cluster's (made with cluster=...), so the
+        driver's node selector matches nodes that exist."""
+        for key, made in (("node_groups", getattr(cluster, "node_groups", [])),
+                          ("node_pools", getattr(cluster, "node_pools", []))):
+            known = [str(getattr(c, "name", "")) for c in made]
+            for name in getattr(self, key):
+                if name not in known:
+                    kind = key[:-1].replace("_", " ")
+                    raise SettingError(f"EfaDraDriverArgs.{key}", name,
+                                       f"the name of a {kind} of this cluster ({', '.join(known) or 'none yet'}: "
+                                       f"create the {kind} with cluster=... before the EfaDraDriver)"
+                                       f"{did_you_mean(name, known)}")
 
     def values(self) -> dict[str, Any]:
         """The chart values the release is installed with."""

@@ -8,7 +8,9 @@ What it creates (docs/karpenter.md §2; the IAM follows Karpenter's getting-star
 - the controller's role, bound to the chart's service account through EKS Pod Identity, with a policy scoped to
   this cluster's tagged resources, the queue and the node role;
 - a small managed node group of ordinary instances for the controller (and CoreDNS): Karpenter must not run on
-  the nodes it manages, and a cluster of Capacity Block pools has no node before Karpenter launches one;
+  the nodes it manages, and a cluster of Capacity Block pools has no node before Karpenter launches one; with
+  `cluster=` it installs the cluster's CoreDNS add-on after these nodes unless a node group with nodes did already
+  (`TrainiumCluster.install_coredns`), so a cluster composed of Karpenter pools alone resolves names;
 - the Karpenter Helm chart, pinned, from its OCI registry, with `featureGates.staticCapacity` on (static
   NodePools, `replicas`, are alpha and off by default) and `reservedCapacity` on (capacity-type `reserved`).
 
@@ -30,6 +32,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from neuron_dra.components.cluster import POD_IDENTITY_TRUST, TrainiumCluster
+from neuron_dra.components.inputs import keyword_hints
 from neuron_dra.components.nodegroup import CNI_POLICY, NODE_POLICIES, ROOT_DEVICE
 from neuron_dra.components.settings import SettingError
 
@@ -51,6 +54,7 @@ INTERRUPTION_EVENTS = (
 QUEUE_RETENTION_SECONDS = 300
 
 
+@keyword_hints
 @dataclass(frozen=True)
 class TrainiumKarpenterArgs:
     """Inputs of `TrainiumKarpenter`.
@@ -267,6 +271,10 @@ class TrainiumKarpenter(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, controller_policy_]))
 
         self.system_node_group = self._system_nodes(resource_name, args, tags)
+        if args.cluster is not None and args.cluster.coredns is None:
+            # These are the cluster's first nodes when no node group has any (a Karpenter-only cluster): CoreDNS
+            # runs here, as EKS needs it wherever pods run.
+            args.cluster.install_coredns(after=[self.system_node_group])
         values = pulumi.Output.all(args.cluster_name, self.queue.name).apply(
             lambda v: chart_values(cluster_name=v[0], queue_name=v[1], static_capacity=args.static_capacity))
         self.release = k8s.helm.v3.Release(

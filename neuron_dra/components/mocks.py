@@ -11,6 +11,8 @@ root stack or config. Numbers come back from the engine as floats: `plain()` tur
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -276,7 +278,8 @@ def run_offline(
     mocks: PlanMocks | None = None,
     exports: Callable[[T], Mapping[str, Any]] | None = None,
 ) -> OfflineRun[T]:
-    """Run `program` under mocks with `config` (full keys like `neuron-dra:nodeGroups`, string values).
+    """Run `program` under mocks with `config` (full keys like `neuron-dra:nodeGroups`, string values). The run's
+    exports are the program's `pulumi.export()` values, updated by `exports(result)` when given.
 
     Exceptions raised by the program (or by an `apply` it registered) propagate, as they fail `pulumi up`.
     """
@@ -291,8 +294,28 @@ def run_offline(
     def run() -> pulumi.Output[Any]:
         result = program()
         holder["result"] = result
-        wanted = exports(result) if exports else {}
+        # The program's own `pulumi.export()` values (the root stack's outputs), then what `exports` picks.
+        root = pulumi_settings.get_root_resource()
+        wanted = {**(getattr(root, "outputs", None) or {}), **(exports(result) if exports else {})}
         return pulumi.Output.from_input(dict(wanted)).apply(lambda v: holder.__setitem__("exports", v))
 
-    run()
+    try:
+        run()
+    except BaseException:
+        _retrieve_consequences()
+        raise
     return OfflineRun(holder["result"], list(monitor.recorded), list(mocks.invokes), plain(holder.get("exports", {})))
+
+
+def _retrieve_consequences() -> None:
+    """After a failed run: mark the exceptions of the run's other failed futures as retrieved.
+
+    One bad value fails every Output and resource registration that depends on it; Pulumi's runtime raises the first
+    and keeps the rest unawaited (in `SETTINGS.outputs` and the resources' own futures), and the next run's
+    `set_mocks` drops them, so asyncio reports each as "Future exception was never retrieved" when it is collected
+    (thousands of tracebacks per failed run, 200,000+ lines over the tests). The run's error was raised to the
+    caller; the others are its consequences, read here so that nothing is reported twice."""
+    loop = asyncio.get_event_loop_policy().get_event_loop()
+    for obj in gc.get_objects():
+        if isinstance(obj, asyncio.Future) and obj.done() and not obj.cancelled() and obj.get_loop() is loop:
+            obj.exception()

@@ -198,9 +198,18 @@ class TrainiumNodePool(pulumi.ComponentResource):
             raise TypeError("TrainiumNodePool: give either args or keyword arguments, not both")
         args = args if args is not None else TrainiumNodePoolArgs(**{"name": resource_name, **kwargs})
         if args.cluster is not None:
+            if args.cluster.coredns is None:
+                raise SettingError(
+                    f"{type(args).__name__}.cluster", resource_name,
+                    "a cluster with CoreDNS before its first Karpenter pool (its nodes' pods need DNS): give "
+                    "karpenter=TrainiumKarpenter(cluster=...) (its controller nodes run CoreDNS), or create a "
+                    "TrainiumNodeGroup with nodes (desired_size > 0) first, or call "
+                    "cluster.install_coredns(after=[...]) for nodes made otherwise")
             opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
         super().__init__("neuron-dra:index:TrainiumNodePool", resource_name, None, opts)
         self.name = args.name
+        if args.cluster is not None:
+            args.cluster.node_pools.append(self)  # EfaDraDriver(cluster=...) checks pool names against these
         self.instance_types = args.types
         self.check_targets = args.check_targets  # what ClaimTemplates(node_pools=[...]) checks against
         self.efa_count = args.efa_count

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -92,6 +92,14 @@ DEFAULT_ROOT_VOLUME_GIB = 500  # AWS's own trn2 sample
 EFA_INTERFACE_TYPES = ("efa-only", "efa")
 CAPACITY_TYPES = ("ON_DEMAND", "CAPACITY_BLOCK")
 
+# What existing-cluster mode needs instead of a stack-owned ECR repository (it creates no AWS resource).
+EXISTING_CLUSTER_IMAGE = (
+    "an image to deploy when neuron-dra:kubeconfig selects an existing cluster, best by digest "
+    "(registry.example.com/neuron-dra-driver@sha256:<digest>); or set neuron-dra:driverImageRegistry to a registry "
+    "repository of yours that pulumi up builds the image into (this mode creates no AWS resource, so no ECR "
+    "repository of its own)")
+
+
 class SettingError(NotAllowed):
     """A setting that cannot work; `field` (also `setting`) is the setting's name as the user wrote it."""
 
@@ -100,36 +108,48 @@ class SettingError(NotAllowed):
         return self.field
 
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
-_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
-_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
-_SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
-_SECURITY_GROUP = re.compile(r"^sg-[0-9a-f]{8,17}$")
-_VPC = re.compile(r"^vpc-[0-9a-f]{8,17}$")
-_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
-_CIDR = re.compile(r"^(\d{1,3}\.){3}\d{1,3}/\d{1,2}$")
-_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/\S+$")
-_ADDON_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(-eksbuild\.\d+)?$")
-_K8S_VERSION = re.compile(r"^(\d+)\.(\d+)$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?\Z")
+_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}\Z")
+_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}\Z")
+_SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}\Z")
+_SECURITY_GROUP = re.compile(r"^sg-[0-9a-f]{8,17}\Z")
+_VPC = re.compile(r"^vpc-[0-9a-f]{8,17}\Z")
+_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9][a-z]\Z")
+_CIDR_FORM = re.compile(r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}\Z")
+_ARN = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/[A-Za-z0-9+=,.@_/-]+\Z")
+_ADDON_VERSION = re.compile(r"^v?([0-9]+)\.([0-9]+)\.([0-9]+)(-eksbuild\.[0-9]+)?\Z")
+_K8S_VERSION = re.compile(r"^([0-9]+)\.([0-9]+)\Z")
+# A registry repository a built image is pushed to: a reference's [registry/]path, lower-case, no tag or digest.
+_REPOSITORY = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+\Z")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+# Every pattern ends with \Z (`$` also matches before a trailing line feed) and has ASCII digit classes (`\d` takes
+# any Unicode digit, e.g. Arabic-Indic or full-width ones): a value AWS would refuse is refused here.
+
+
+def _is_cidr(value: str) -> bool:
+    """An IPv4 CIDR block as AWS takes it: four octets of 0-255 and a prefix of 0-32, ASCII digits only."""
+    if not _CIDR_FORM.match(value):
+        return False
+    address, prefix = value.split("/")
+    return all(int(octet) <= 255 for octet in address.split(".")) and int(prefix) <= 32
 
 
 # What each kind of id looks like, for `check_id` (the default stack's settings and the components' Args).
-_ID_RULES: Mapping[str, tuple[re.Pattern[str], str]] = {
-    "cluster": (_CLUSTER_NAME, "1-100 letters, digits, '-' and '_', starting with a letter or digit"),
-    "subnet": (_SUBNET, "subnet ids such as subnet-0123456789abcdef0"),
-    "vpc": (_VPC, "a VPC id such as vpc-0123456789abcdef0"),
-    "arn": (_ARN, "IAM role or user ARNs"),
-    "cidr": (_CIDR, "IPv4 CIDR blocks such as 203.0.113.0/24"),
-    "reservation": (_RESERVATION, "a Capacity Block reservation id such as cr-0123456789abcdef0"),
-    "security_group": (_SECURITY_GROUP, "security group ids such as sg-0123456789abcdef0"),
+_ID_RULES: Mapping[str, tuple[Callable[[str], object], str]] = {
+    "cluster": (_CLUSTER_NAME.match, "1-100 letters, digits, '-' and '_', starting with a letter or digit"),
+    "subnet": (_SUBNET.match, "subnet ids such as subnet-0123456789abcdef0"),
+    "vpc": (_VPC.match, "a VPC id such as vpc-0123456789abcdef0"),
+    "arn": (_ARN.match, "IAM role or user ARNs"),
+    "cidr": (_is_cidr, "IPv4 CIDR blocks such as 203.0.113.0/24"),
+    "reservation": (_RESERVATION.match, "a Capacity Block reservation id such as cr-0123456789abcdef0"),
+    "security_group": (_SECURITY_GROUP.match, "security group ids such as sg-0123456789abcdef0"),
 }
 
 
 def check_id(setting: str, kind: str, value: object) -> None:
     """Raise SettingError unless `value` is an id of `kind` (cluster, subnet, vpc, arn, cidr, reservation)."""
-    pattern, allowed = _ID_RULES[kind]
-    if not isinstance(value, str) or not pattern.match(value):
+    matches, allowed = _ID_RULES[kind]
+    if not isinstance(value, str) or not matches(value):
         raise SettingError(setting, value, allowed)
 
 
@@ -171,14 +191,19 @@ def parse_kubernetes_version(setting: str, value: str) -> tuple[int, int]:
 
 
 def check_eks_version(setting: str, value: str, today: date | None = None) -> EksVersion:
-    """`value` (a valid minor) as EKS offers it on `today` (default: today, UTC); else SettingError naming the
-    minors EKS offers."""
+    """`value` as EKS offers it on `today` (default: today, UTC); else SettingError stating the minors EKS offers
+    ("1.34 to 1.36"), not the wider range the driver supports (a local cluster may run those)."""
     today = today or today_utc()
+    minors = offered(today)
+    allowed = f"{minors[0]} to {minors[-1]}" if minors else "none (the table lists no minor EKS offers today)"
+    if not isinstance(value, str) or not _K8S_VERSION.match(value):
+        raise SettingError(setting, value, f"{allowed}, a Kubernetes minor version EKS offers, such as "
+                           f"{DEFAULT_KUBERNETES_VERSION}")
     version = eks_version(value)
     if version is None or today > version.end_of_extended_support:
         why = (f"EKS does not offer {value}" if version is None else
                f"EKS ended extended support of {value} on {version.end_of_extended_support.isoformat()}")
-        raise SettingError(setting, value, f"a minor EKS offers: {', '.join(offered(today))} ({why}; "
+        raise SettingError(setting, value, f"{allowed}, the minors EKS offers ({why}; "
                            "docs/kubernetes-versions.md §1; a local cluster may run 1.34-1.37)")
     return version
 
@@ -362,7 +387,6 @@ class NodeGroupSettings(_Entry):
                                "unset when subnetIds is given (the subnets decide the AZ)")
         self._check_labels()
         if self.version is not None:
-            parse_kubernetes_version(self._at("version"), self.version)
             check_eks_version(self._at("version"), self.version)
         self._check_lnc([self.instance_type])
         self._check_capacity_block()
@@ -466,7 +490,7 @@ MAX_POOL_NODES = 1000  # limits.nodes of one pool: a bound on what a typo in the
 DEFAULT_DYNAMIC_POOL_NODES = 4
 # Label domains Karpenter reserves for itself (its NodePool CRD refuses them in template labels).
 KARPENTER_LABEL_DOMAINS = ("karpenter.sh", "karpenter.k8s.aws")
-_AMI_VERSION = re.compile(r"^(latest|v\d{8})$")
+_AMI_VERSION = re.compile(r"^(latest|v[0-9]{8})\Z")
 PoolNodes = Annotated[StrictInt, rule(lambda n: 0 <= n <= MAX_POOL_NODES,
                                        f"a whole number from 0 to {MAX_POOL_NODES}")]
 
@@ -617,6 +641,9 @@ NatGateways = Annotated[str, rule(NAT_GATEWAY_STRATEGIES.__contains__, " or ".jo
 VpcCniIdentity = Annotated[str, rule(VPC_CNI_IDENTITIES.__contains__, " or ".join(VPC_CNI_IDENTITIES))]
 PodMonitorMode = Annotated[str, rule(POD_MONITOR_MODES.__contains__, ", ".join(POD_MONITOR_MODES))]
 EfaDriverMode = Annotated[str, rule(EFA_DRIVER_MODES.__contains__, " or ".join(EFA_DRIVER_MODES))]
+ImageRegistry = Annotated[str, rule(_REPOSITORY.match, "a registry repository such as "
+                                    "123456789012.dkr.ecr.us-east-2.amazonaws.com/neuron-dra-driver (lower-case, no "
+                                    "tag or digest: each build is tagged <version>-<content hash>)")]
 
 
 class StackSettings(_Settings):
@@ -641,7 +668,7 @@ class StackSettings(_Settings):
     private_subnet_ids: Subnets = _setting((), "Private subnets of vpcId for the control plane and the nodes.",
                                            new_cluster_only=True)
     public_subnet_ids: Subnets = _setting((), "Public subnets of vpcId (for load balancers).", new_cluster_only=True)
-    vpc_cidr: Annotated[str, rule(_CIDR.match, "an IPv4 CIDR block such as 10.0.0.0/16")] = _setting(
+    vpc_cidr: Annotated[str, rule(_is_cidr, "an IPv4 CIDR block such as 10.0.0.0/16")] = _setting(
         DEFAULT_VPC_CIDR, "CIDR block of the new VPC.", new_cluster_only=True)
     availability_zones: tuple[Annotated[str, rule(_AZ.match, "AZ names such as us-east-2b")], ...] = _setting(
         (), "AZs of the new VPC (default: the AZs offering the node groups' instance types, plus one more for the "
@@ -653,7 +680,7 @@ class StackSettings(_Settings):
     endpoint_public_access: StrictBool = _setting(
         True, "Whether the Kubernetes API endpoint is reachable from the internet (pulumi needs to reach it to "
         "install the driver).", new_cluster_only=True)
-    public_access_cidrs: tuple[Annotated[str, rule(_CIDR.match, _ID_RULES["cidr"][1])], ...] = _setting(
+    public_access_cidrs: tuple[Annotated[str, rule(_is_cidr, _ID_RULES["cidr"][1])], ...] = _setting(
         (), "CIDRs allowed to reach the public API endpoint (default: any).", new_cluster_only=True)
     vpc_cni_version: AddonVersion | None = _setting(
         None, "vpc-cni add-on version (default: EKS's default; at least v1.18.4 when EFA-only interfaces are "
@@ -687,10 +714,16 @@ class StackSettings(_Settings):
         "dynamic pool up to maxNodes; capacityTypes: " + ", ".join(POOL_CAPACITY_TYPES) + ".",
         new_cluster_only=True)
     driver_image: str | None = _setting(
-        None, "Driver image to deploy, repo@sha256:<digest> (pinned) or repo:tag (follows the tag), e.g. the one "
-        "the release workflow publishes (default: build neuron_dra/driver/Dockerfile of the installed package and "
-        "push it to an ECR repository of the stack, pinned by digest; needs Docker with BuildKit where pulumi up "
-        "runs).", option="image")
+        None, "Driver image to deploy, repo@sha256:<digest> (pinned) or repo:tag (follows the tag). Default: `pulumi "
+        "up` builds neuron_dra/driver/Dockerfile of the installed package (Docker with BuildKit where it runs; "
+        "preview needs none) and pushes it to driverImageRegistry, else (new cluster only) to an ECR repository of "
+        "the stack, pinned by digest. An existing cluster (kubeconfig) needs this or driverImageRegistry.",
+        option="image")
+    driver_image_registry: ImageRegistry | None = _setting(
+        None, "Without driverImage: a registry repository of yours to push the built driver image to, e.g. "
+        "123456789012.dkr.ecr.us-east-2.amazonaws.com/neuron-dra-driver, tagged <version>-<content hash>, with the "
+        "Docker credentials of the machine running pulumi up (docker login or a credential helper); the stack then "
+        "creates no ECR repository.")
     driver_repository_force_delete: StrictBool = _setting(
         False, "Let pulumi destroy delete the driver's ECR repository with its images (without driverImage; "
         "default false: ECR refuses while it holds images).")
@@ -790,11 +823,16 @@ class StackSettings(_Settings):
         for t in self.cluster_instance_types:
             if t not in self.hardware:
                 raise SettingError(n("clusterInstanceTypes"), t, ", ".join(self.hardware.names))
+        if not self.existing_cluster:  # before the driver's own range (1.34-1.37): EKS's, in its words
+            check_eks_version(n("kubernetesVersion"), self.kubernetes_version)
         self.driver_options()  # the driver settings, checked where they are used
+        if self.driver_image is not None and self.driver_image_registry is not None:
+            raise SettingError(n("driverImageRegistry"), self.driver_image_registry,
+                               "unset when driverImage is given (the registry is where a built image goes)")
         if self.existing_cluster:
+            if self.driver_image is None and self.driver_image_registry is None:
+                raise SettingError(n("driverImage"), None, EXISTING_CLUSTER_IMAGE)
             return self
-        parse_kubernetes_version(n("kubernetesVersion"), self.kubernetes_version)
-        check_eks_version(n("kubernetesVersion"), self.kubernetes_version)
         if not self.node_groups and not self.node_pools:
             raise SettingError(n("nodeGroups"), [], "at least one node group or Karpenter node pool (nodePools)")
         pools: set[str] = set()

@@ -197,10 +197,8 @@ def build_stack(
         groups = [TrainiumNodeGroup(f"ng-{group.name}", TrainiumNodeGroupArgs.from_settings(
             group, cluster=cluster, availability_zones=zones.group_zones[group.name],
             imds_hop_limit=settings.imds_hop_limit)) for group in settings.node_groups]
-        if settings.node_pools:
+        if settings.node_pools:  # no group has nodes: TrainiumKarpenter installs CoreDNS on its own nodes
             karpenter, pools = _karpenter(cluster, settings)
-            if cluster.coredns is None:  # no group has nodes: CoreDNS runs on Karpenter's own nodes
-                cluster.install_coredns(after=[karpenter.system_node_group])
         if cluster.coredns is None:
             pulumi.log.warn("no node group has nodes yet (every desiredSize is 0): the CoreDNS add-on is created "
                             "by the first `pulumi up` after a node group has nodes")
@@ -209,7 +207,8 @@ def build_stack(
     cores = core_scale.choose(settings, driver_options(settings), templates)
     core_scale.check(settings, cores, templates, pulumi.log.warn)
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
-        options=cores.options, image=settings.driver_image, source_dir=source_dir, cluster=cluster,
+        options=cores.options, image=settings.driver_image, image_registry=settings.driver_image_registry,
+        source_dir=source_dir, cluster=cluster,
         force_delete_repository=settings.driver_repository_force_delete,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))

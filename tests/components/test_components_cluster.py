@@ -111,9 +111,9 @@ def test_the_versions_eks_offers_are_accepted(version: str) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "setting", "fragment"), [
-    ({"kubernetes_version": "1.33"}, "kubernetes_version", "1.34 to 1.37"),
-    ({"kubernetes_version": "1.9"}, "kubernetes_version", "1.34 to 1.37"),
-    ({"kubernetes_version": "1.38"}, "kubernetes_version", "1.34 to 1.37"),
+    ({"kubernetes_version": "1.33"}, "kubernetes_version", "1.34 to 1.36"),
+    ({"kubernetes_version": "1.9"}, "kubernetes_version", "1.34 to 1.36"),
+    ({"kubernetes_version": "1.38"}, "kubernetes_version", "1.34 to 1.36"),
     ({"kubernetes_version": "latest"}, "kubernetes_version", "such as 1.36"),
     ({"vpc_cni_identity": "irsa"}, "vpc_cni_identity", "podIdentity or nodeRole"),
     ({"vpc_cni_version": "v1.18.3-eksbuild.1", "efa_only_interfaces": True}, "vpc_cni_version", "v1.18.4"),

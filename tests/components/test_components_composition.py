@@ -4,6 +4,7 @@ groups, the driver's objects for the cluster's Kubernetes version, the LNC on th
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,51 @@ def test_a_stack_reference_without_mocked_outputs_says_what_to_give() -> None:
     code = python_block(ROOT / "docs" / "components.md", "## A complete stack")
     with pytest.raises(LookupError, match="stack_outputs"):
         run_offline(lambda: exec(compile(code, "components.md", "exec"), {"__name__": "__main__"}))
+
+
+KARPENTER_ONLY = '''
+import pulumi
+
+from neuron_dra.components import NeuronDraDriver, TrainiumCluster, TrainiumKarpenter, TrainiumNodePool
+
+cluster = TrainiumCluster("training", kubernetes_version="1.36")
+karpenter = TrainiumKarpenter("karpenter", cluster=cluster)
+pool = TrainiumNodePool("trn2", cluster=cluster, karpenter=karpenter, instance_types=["trn2.48xlarge"], max_nodes=2)
+driver = NeuronDraDriver("neuron-dra", cluster=cluster,
+                         image="registry.example.com/neuron-dra-driver@sha256:" + "0" * 64)
+pulumi.export("pools", [pool.name])
+pulumi.export("clusterName", cluster.cluster_name)
+'''
+
+
+def test_a_karpenter_only_cluster_written_elsewhere_gets_coredns(tmp_path: Path) -> None:
+    """Issue 39 finding 6: a user's own program with only Karpenter pools (no node group) gets CoreDNS, after the
+    first nodes it has (Karpenter's controller nodes); its `pulumi.export` values are the run's exports."""
+    (tmp_path / "Pulumi.yaml").write_text("name: team-trn\nruntime: python\n")
+    (tmp_path / "__main__.py").write_text(KARPENTER_ONLY)
+    run = plan.plan_program(plan.Project.load(tmp_path), {}, "dev")
+    (coredns,) = [a for a in run.of_type("aws:eks/addon:Addon") if a.plain_inputs["addonName"] == "coredns"]
+    (system,) = run.of_type("aws:eks/nodeGroup:NodeGroup")  # Karpenter's controller nodes: no node group
+    assert system.plain_inputs["nodeGroupName"] == "karpenter-system" and system.urn in coredns.dependencies
+    tolerations = json.loads(coredns.plain_inputs["configurationValues"])["tolerations"]
+    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    assert run.exports == {"pools": ["trn2"], "clusterName": "training"}
+
+
+def test_a_pool_on_a_cluster_without_coredns_is_refused_saying_how() -> None:
+    """Karpenter installed some other way (its node role given): nothing of this program installs CoreDNS, so the
+    pool is refused at preview with the three ways out."""
+    from neuron_dra.components import TrainiumCluster, TrainiumNodePool
+    from neuron_dra.components.settings import SettingError
+
+    def program() -> Any:
+        cluster = TrainiumCluster("training", kubernetes_version="1.36")
+        return TrainiumNodePool("trn2", cluster=cluster, node_role_name="karpenter-node",
+                                instance_types=["trn2.48xlarge"])
+
+    with pytest.raises(SettingError) as err:
+        run_offline(program)
+    assert err.value.setting == "TrainiumNodePoolArgs.cluster" and "CoreDNS" in err.value.allowed
+    for way in ("karpenter=TrainiumKarpenter(cluster=...)", "TrainiumNodeGroup with nodes",
+                "cluster.install_coredns(after=[...])"):
+        assert way in err.value.allowed

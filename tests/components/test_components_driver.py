@@ -95,9 +95,10 @@ def test_without_an_image_it_builds_and_pushes_to_an_ecr_repository_it_owns(tmp_
     assert rule["selection"]["countType"] == "imageCountMoreThan" and rule["action"] == {"type": "expire"}
     assert rule["selection"]["countNumber"] == driver_image.KEEP_IMAGES and rule["selection"]["tagStatus"] == "tagged"
     image = run.one("docker-build:index:Image").plain_inputs
-    assert image["push"] is True
-    assert image["context"] == {"location": str(context)}
-    assert image["dockerfile"] == {"location": str(context / "neuron_dra" / "driver" / "Dockerfile")}
+    assert image["push"] is True and image["buildOnPreview"] is False
+    staged = f".neuron-dra/driver-image/{driver_image.context_tag(context)}"  # relative: no path of this machine
+    assert image["context"] == {"location": staged}
+    assert image["dockerfile"] == {"location": f"{staged}/neuron_dra/driver/Dockerfile"}
     assert image["platforms"] == ["linux/amd64"]
     (tag,) = image["tags"]
     registry = image["registries"][0]

@@ -47,7 +47,7 @@ def test_a_minor_eks_does_not_offer_is_refused_for_eks(where: str) -> None:
     assert err.value.value == "1.37"
     assert err.value.field in ("TrainiumClusterArgs.kubernetes_version", "neuron-dra:kubernetesVersion",
                                "neuron-dra:nodeGroups[0].version")
-    assert "a minor EKS offers: 1.34, 1.35, 1.36" in err.value.allowed or "1.35, 1.36" in err.value.allowed
+    assert err.value.allowed.startswith("1.34 to 1.36, the minors EKS offers")
     assert "EKS does not offer 1.37" in err.value.allowed
 
 
@@ -71,7 +71,7 @@ def test_past_extended_support_eks_creates_no_cluster() -> None:
     with pytest.raises(SettingError) as err:
         check_eks_version("s", "1.34", today=date(2027, 12, 3))
     assert "ended extended support of 1.34 on 2027-12-02" in err.value.allowed
-    assert "a minor EKS offers: 1.35, 1.36" in err.value.allowed
+    assert err.value.allowed.startswith("1.35 to 1.36, the minors EKS offers")
 
 
 def test_the_cluster_warns_at_preview(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
@@ -82,3 +82,14 @@ def test_the_cluster_warns_at_preview(monkeypatch: pytest.MonkeyPatch, caplog: p
     caplog.clear()
     run_offline(lambda: TrainiumCluster("trn", TrainiumClusterArgs(kubernetes_version="1.36")))
     assert not [r for r in caplog.records if "standard support" in r.getMessage()]
+
+
+@pytest.mark.parametrize("version", ["1.38", "1.33", "2.0", "1.36.1", "latest"])
+def test_a_version_outside_the_table_is_told_what_eks_allows(version: str) -> None:
+    """Issue 39: outside the table, EKS contexts state EKS's range (1.34 to 1.36), not the driver's (to 1.37)."""
+    for make in (lambda: TrainiumClusterArgs(kubernetes_version=version),
+                 lambda: decode_settings({"neuron-dra:kubernetesVersion": version})):
+        with pytest.raises(SettingError) as err:
+            make()
+        assert err.value.value == version and err.value.allowed.startswith("1.34 to 1.36")
+        assert "1.37" not in err.value.allowed.split("(")[0]

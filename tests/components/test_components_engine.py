@@ -86,10 +86,11 @@ def test_the_engine_accepts_pulumi_yaml_with_only_the_minimal_config(engine: Eng
     assert new["outputs"]["settings"] == repr(decode_settings({}))
 
     kubeconfig = str(tmp_path / "kubeconfig")
+    image = "registry.example.com/neuron-dra-driver@sha256:" + "0" * 64  # an existing cluster needs one
     existing = engine.step("up", work_dir=work, stack="kubeconfig-only", program=report,
-                           config={"neuron-dra:kubeconfig": kubeconfig})
+                           config={"neuron-dra:kubeconfig": kubeconfig, "neuron-dra:driverImage": image})
     assert existing["outputs"]["existingCluster"] is True
-    assert existing["outputs"]["settings"] == repr(decode_settings({"kubeconfig": kubeconfig}))
+    assert existing["outputs"]["settings"] == repr(decode_settings({"kubeconfig": kubeconfig, "driverImage": image}))
 
     # The control: one declaration without a default, and the engine refuses the same minimal stack.
     doc = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())

@@ -33,10 +33,13 @@ def install_crd(api: Any) -> None:
     raise AssertionError("the PodMonitor CRD was not established")
 
 
+IMAGE = "registry.example.com/neuron-dra-driver@sha256:" + "0" * 64  # an existing cluster needs an image
+
+
 def test_auto_follows_the_crd(plane: ControlPlane, api: Any) -> None:
     warnings: list[str] = []
     kubeconfig = str(plane.kubeconfig)
-    settings = decode_settings({"kubeconfig": kubeconfig, "driverMetricsPort": "9400"})
+    settings = decode_settings({"kubeconfig": kubeconfig, "driverImage": IMAGE, "driverMetricsPort": "9400"})
     assert settings.pod_monitor == "auto"
     assert not serves_pod_monitors(kubeconfig, warnings.append)
     assert not driver_options(settings).pod_monitor
@@ -46,8 +49,8 @@ def test_auto_follows_the_crd(plane: ControlPlane, api: Any) -> None:
     assert serves_pod_monitors(kubeconfig, warnings.append)
     assert serves_pod_monitors(plane.kubeconfig.read_text(), warnings.append)  # contents instead of a path
     assert driver_options(settings).pod_monitor
-    assert not driver_options(decode_settings({"kubeconfig": kubeconfig, "driverMetricsPort": "9400",
-                                               "podMonitor": "false"})).pod_monitor
+    assert not driver_options(decode_settings({"kubeconfig": kubeconfig, "driverImage": IMAGE,
+                                               "driverMetricsPort": "9400", "podMonitor": "false"})).pod_monitor
 
 
 def test_an_unreachable_cluster_means_no_pod_monitor_and_a_warning(plane: ControlPlane) -> None:

@@ -11,6 +11,7 @@ import yaml
 import neuron_dra.claim_templates.stack_examples as examples
 from neuron_dra.claim_templates.loader import templates_in
 from neuron_dra.cli import main
+from neuron_dra.components import driver_image
 from neuron_dra.components.plan import load_config_file, plan
 from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.components.stack import driver_options
@@ -20,19 +21,25 @@ from tests.support import kubeschema
 ROOT = Path(__file__).resolve().parents[2]
 
 
+PINNED = "registry.example.com/neuron-dra-driver@sha256:" + "0" * 64
+PINNED_CONFIG = f"config:\n  neuron-dra:driverImage: {PINNED}\n"
+
+
 def write_config(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "Pulumi.test.yaml"
     path.write_text(text)
     return path
 
 
-def test_yaml_output_is_exactly_the_driver_objects_and_the_templates(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "-o", "yaml"]) == 0
+def test_yaml_output_is_exactly_the_driver_objects_and_the_templates(capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path) -> None:
+    assert main(["plan", "-o", "yaml", "--config", str(write_config(tmp_path, PINNED_CONFIG))]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     for doc in docs:
         kubeschema.validate(doc, "1.36", strict=True)
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == PINNED  # the given image: -o yaml prints no reference that does not exist
     driver = deploy.manifests(driver_options(decode_settings({})).replace(image=image))
     templates = [t.to_manifest() for t in templates_in(vars(examples))]
     assert docs == driver + sorted(templates, key=lambda m: m["metadata"]["name"])
@@ -41,9 +48,10 @@ def test_yaml_output_is_exactly_the_driver_objects_and_the_templates(capsys: pyt
     assert kinds.index("Namespace") < kinds.index("ClusterRoleBinding") < kinds.index("DaemonSet")
 
 
-def test_yaml_shows_the_network_policy_and_the_tightened_rbac(capsys: pytest.CaptureFixture[str]) -> None:
+def test_yaml_shows_the_network_policy_and_the_tightened_rbac(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
     """Issue 14: the deployment ships a NetworkPolicy and RBAC that grants only what the daemon calls."""
-    assert main(["plan", "-o", "yaml"]) == 0
+    assert main(["plan", "-o", "yaml", "--config", str(write_config(tmp_path, PINNED_CONFIG))]) == 0
     docs = {d["kind"]: d for d in yaml.safe_load_all(capsys.readouterr().out)}
     policy = docs["NetworkPolicy"]
     assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == []
@@ -177,13 +185,14 @@ def helm_block(out: str) -> list[dict[str, Any]]:
     (ROOT / "Pulumi.karpenter-example.yaml", ["karpenter", "aws-dranet"]),
 ])
 def test_yaml_names_every_helm_release_it_cannot_render(capsys: pytest.CaptureFixture[str], config: Path | None,
-                                                        expected: list[str]) -> None:
-    assert main(["plan", "-o", "yaml", *(["--config", str(config)] if config else [])]) == 0
+                                                        expected: list[str], tmp_path: Path) -> None:
+    config = config or write_config(tmp_path, PINNED_CONFIG)
+    assert main(["plan", "-o", "yaml", "--config", str(config)]) == 0
     captured = capsys.readouterr()
     releases = helm_block(captured.out)
     assert sorted(r["release"] for r in releases) == sorted(expected)
     # What the components give the engine, release by release: chart, repository, version and values.
-    run = plan(load_config_file(config) if config else {})
+    run = plan(load_config_file(config))
     sent = {r.plain_inputs["name"]: r.plain_inputs for r in run.of_type("kubernetes:helm.sh/v3:Release")}
     for release in releases:
         inputs = sent[release["release"]]
@@ -200,8 +209,8 @@ def test_yaml_names_every_helm_release_it_cannot_render(capsys: pytest.CaptureFi
         assert name in captured.err
     assert "comment block" in captured.err and "not rendered as manifests" in captured.err
     (image,) = [x for x in captured.out.splitlines() if x.startswith("# Driver image: ")]
-    # Which image the DaemonSet runs, in the YAML too: built by default, given in the Karpenter example.
-    assert ("built here from" if config is None else "runs the given image") in image
+    # Which image the DaemonSet runs, in the YAML too: the given one (-o yaml refuses a built one).
+    assert "runs the given image" in image
 
 
 def test_table_output_says_nothing_about_helm_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
@@ -209,7 +218,8 @@ def test_table_output_says_nothing_about_helm_on_stderr(capsys: pytest.CaptureFi
     captured = capsys.readouterr()
     assert "Helm release" not in captured.err and "aws-dranet" in captured.out
     (line,) = [x for x in captured.out.splitlines() if x.startswith("Driver image: ")]
-    assert f"built here from {ROOT} ({ROOT}/neuron_dra/driver/Dockerfile)" in line and "pinned by digest" in line
+    staged = f".neuron-dra/driver-image/{driver_image.context_tag(ROOT)}"  # no path of this machine
+    assert f"built here from {staged} ({staged}/neuron_dra/driver/Dockerfile)" in line and "pinned by digest" in line
 
 
 @pytest.mark.parametrize(("image", "says"), [
@@ -224,3 +234,23 @@ def test_table_output_says_which_given_image_runs(tmp_path: Path, capsys: pytest
     (line,) = [x for x in out.splitlines() if x.startswith("Driver image: ")]
     assert f"runs the given image {image}" in line and says in line
     assert "docker-build:index:Image" not in out and "aws:ecr/repository:Repository" not in out
+
+
+def test_yaml_refuses_an_image_that_does_not_exist_yet(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 39 finding 5: without driverImage the stack builds the image at `pulumi up`; offline its digest is a
+    placeholder, so -o yaml stops and says what to set instead of printing a reference nobody can pull."""
+    assert main(["plan", "-o", "yaml"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "set neuron-dra:driverImage" in captured.err and "DaemonSet neuron-dra-driver/" in captured.err
+    assert main(["plan"]) == 0  # the table shows the build, as a build
+    assert "docker-build:index:Image" in capsys.readouterr().out
+
+
+def test_no_plan_names_the_unpublished_default_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The library's old default image (never published) appears in no plan: the given image, or a build."""
+    for config in (write_config(tmp_path, PINNED_CONFIG), ROOT / "Pulumi.karpenter-example.yaml"):
+        assert main(["plan", "-o", "yaml", "--config", str(config)]) == 0
+        assert deploy.DEFAULT_IMAGE not in capsys.readouterr().out
+    assert main(["plan"]) == 0
+    assert deploy.DEFAULT_IMAGE not in capsys.readouterr().out

@@ -9,9 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from neuron_dra.driver import deploy
 from tests.components.test_components_import import (
     PACKAGE_PARTS,
     ROOT,
@@ -41,10 +39,8 @@ def test_plan_runs_from_a_pip_installed_copy_and_builds_the_image_from_it(tmp_pa
     work.mkdir()
     out = subprocess.run([str(python), "-m", "neuron_dra", "plan", "-o", "yaml"], cwd=work, env=env,
                          capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (ds,) = [m for m in yaml.safe_load_all(out.stdout) if m and m["kind"] == "DaemonSet"]
-    image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert ".dkr.ecr." in image and "@sha256:" in image and image != deploy.DEFAULT_IMAGE
+    # The image is built at `pulumi up`: -o yaml names no placeholder digest, it says to set driverImage.
+    assert out.returncode == 2 and "set neuron-dra:driverImage" in out.stderr, out.stderr[-3000:]
     table = subprocess.run([str(python), "-m", "neuron_dra", "plan"], cwd=work, env=env, capture_output=True,
                            text=True, timeout=600)
     assert table.returncode == 0, table.stderr[-3000:]
@@ -53,6 +49,12 @@ def test_plan_runs_from_a_pip_installed_copy_and_builds_the_image_from_it(tmp_pa
     site = subprocess.run([str(python), "-c", "import neuron_dra, pathlib; "
                            "print(pathlib.Path(neuron_dra.__file__).resolve().parent.parent)"],
                           cwd=work, env=env, capture_output=True, text=True, check=True).stdout.strip()
-    assert f"built here from {site} ({site}/neuron_dra/driver/Dockerfile)" in line, line
+    # The build context is the installed package's, staged under the working directory: no path of this machine.
+    tag = subprocess.run([str(python), "-c", "import neuron_dra, pathlib; from neuron_dra.components import "
+                          "driver_image as d; print(d.context_tag(pathlib.Path(neuron_dra.__file__).resolve()"
+                          ".parent.parent))"], cwd=work, env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    staged = f".neuron-dra/driver-image/{tag}"
+    assert f"built here from {staged} ({staged}/neuron_dra/driver/Dockerfile)" in line, line
     for rel in ("neuron_dra/driver/Dockerfile.dockerignore", "neuron_dra/driver/image-requirements.txt"):
         assert (Path(site) / rel).is_file(), rel  # shipped as package data: the build context is complete

@@ -153,8 +153,8 @@ def test_an_unsatisfiable_template_fails_the_program() -> None:
 BAD_CONFIGS = [
     ({"nodeGroups": [{"name": "a", "instanceType": "trn9.48xlarge"}]}, "neuron-dra:nodeGroups[0].instanceType",
      "trn2.48xlarge"),
-    ({"kubernetesVersion": "1.33"}, "neuron-dra:kubernetesVersion", "1.34 to 1.37"),
-    ({"kubernetesVersion": "1.38"}, "neuron-dra:kubernetesVersion", "1.34 to 1.37"),
+    ({"kubernetesVersion": "1.33"}, "neuron-dra:kubernetesVersion", "1.34 to 1.36"),
+    ({"kubernetesVersion": "1.38"}, "neuron-dra:kubernetesVersion", "1.34 to 1.36"),
     ({"vpcCniIdentity": "irsa"}, "neuron-dra:vpcCniIdentity", "podIdentity or nodeRole"),
     ({"imdsHopLimit": 0}, "neuron-dra:imdsHopLimit", "1 (only the node's own processes"),
     ({"driverRolloutTimeoutSeconds": -1}, "neuron-dra:driverRolloutTimeoutSeconds", "0 (do not wait"),
