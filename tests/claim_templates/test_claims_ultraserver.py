@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from neuron_dra.claim_templates import Drivers, TemplateError
-from neuron_dra.claim_templates.cel_env import CelDevice, CelEnvironment
 from neuron_dra.claim_templates import ultraserver as us_job
+from neuron_dra.claim_templates.cel_env import CelDevice, CelEnvironment
 from neuron_dra.claim_templates.checks import check_job
 from neuron_dra.claim_templates.ultraserver import UltraServerJob
 from neuron_dra.cli import main
