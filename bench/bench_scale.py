@@ -264,6 +264,19 @@ def ultra_pod(name: str, job: int, variant: str) -> dict[str, Any]:
     return pod
 
 
+def check_placement(api: Api, n: int) -> None:
+    """Every job's bound pods are on distinct nodes of one UltraServer (else the figures measure something else)."""
+    by_job: dict[str, list[str]] = {}
+    for pod in api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?limit={n + 1}")["items"]:
+        node = pod["spec"].get("nodeName")
+        if node:
+            by_job.setdefault(pod["metadata"]["name"].rsplit("-", 1)[0], []).append(node)
+    for job, nodes in sorted(by_job.items()):
+        servers = {int(name[len(ULTRA_NODE_PREFIX):]) // ULTRA_SIZE for name in nodes}
+        if len(set(nodes)) != len(nodes) or len(servers) != 1:
+            raise ApiError(f"{job}: pods on nodes {sorted(nodes)}: not one per node of one UltraServer")
+
+
 def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, variant: str, pods: int) -> Burst:
     """pods // 4 jobs (at most one per UltraServer), created job by job; scheduler CPU per bound pod."""
     jobs = min(pods // ULTRA_SIZE, n // ULTRA_SIZE)
@@ -294,6 +307,7 @@ def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, vari
     waits = [times[p] - started[p] for p, _ in names if p in times]
     last = max(times.values()) if times else time.monotonic()
     bound = max(len(times), 1)
+    check_placement(api, n)
     api.request("DELETE", f"{claims}?gracePeriodSeconds=0")  # the shared claims: no pod owns them
     cleanup(api)
     return Burst(n, variant, ULTRA_SHAPE, len(names), len(times), len(times) / max(last - t0, 1e-9),
