@@ -27,8 +27,8 @@ With --ultraserver the nodes are trn2u.48xlarge in UltraServers of 4 (label neur
 4-pod jobs, one pod per node of one UltraServer, each pod with all of its node's devices and EFAs (issue 41,
 docs/ultraserver.md). Two variants: "ultra-ours", the group device (the controller's group slices, rendered by its
 model, next to the nodes' slices) and UltraServerJob's shared claim per job; "ultra-aws", AWS's documented way, a
-claim of the node's neuron_node pseudo-device per pod (its UltraServerConfig left out: the scheduler does not read
-configs) and the pod affinity LeaderWorkerSet's exclusive topology injects (affinity to the own group's key,
+claim of the node's neuron_node pseudo-device per pod beside the same devices-and-EFAs claim (its UltraServerConfig
+left out: the scheduler does not read configs) and the pod affinity LeaderWorkerSet's exclusive topology injects (affinity to the own group's key,
 anti-affinity to other groups' keys, topology the UltraServer label). The figure is scheduler CPU per job pod.
 
 Run: python bench/bench_scale.py [--nodes 100,500,1000] [--slices ours,ours-aws-claims,aws] [--shapes ...]
@@ -153,11 +153,10 @@ AWS_ULTRA_TEMPLATE = "aws-us-node"
 
 
 def aws_ultra_claim() -> Mapping[str, Any]:
-    """AWS's way per pod: the node's neuron_node pseudo-device, plus the same devices and EFAs as ours."""
-    spec: dict[str, Any] = json.loads(json.dumps(ULTRA_JOB.node_template().claim_spec()))
+    """AWS's way per pod: a claim of the node's neuron_node pseudo-device, beside the same devices-and-EFAs claim as
+    ours (one claim cannot hold all three: 16 + 16 + 1 passes the 32 devices of one allocation)."""
     node = _aws_request("node", 1, f'device.attributes["{DEFAULT_DRIVER_NAME}"].resourceType == "{NEURON_NODE}"')
-    spec["devices"]["requests"].append(node)
-    return spec
+    return {"devices": {"requests": [node]}}
 
 
 @dataclass(frozen=True)
@@ -252,8 +251,9 @@ def ultra_pod(name: str, job: int, variant: str) -> dict[str, Any]:
         return pod
     key = f"job-{job}"
     pod["metadata"]["labels"] = {LWS_GROUP_KEY: key}
-    spec["resourceClaims"] = [{"name": "node", "resourceClaimTemplateName": AWS_ULTRA_TEMPLATE}]
-    container["resources"] = {"claims": [{"name": "node"}]}
+    spec["resourceClaims"] = [{"name": "ultraserver", "resourceClaimTemplateName": AWS_ULTRA_TEMPLATE},
+                              {"name": "node", "resourceClaimTemplateName": ULTRA_JOB.template_name}]
+    container["resources"] = {"claims": [{"name": "ultraserver"}, {"name": "node"}]}
     spec["affinity"] = {
         "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {LWS_GROUP_KEY: key}}, "topologyKey": ULTRA_LABEL}]},
