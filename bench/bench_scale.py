@@ -28,8 +28,9 @@ With --ultraserver the nodes are trn2u.48xlarge in UltraServers of 4 (label neur
 docs/ultraserver.md). Two variants: "ultra-ours", the group device (the controller's group slices, rendered by its
 model, next to the nodes' slices) and UltraServerJob's shared claim per job; "ultra-aws", AWS's documented way, a
 claim of the node's neuron_node pseudo-device per pod beside the same devices-and-EFAs claim (its UltraServerConfig
-left out: the scheduler does not read configs) and the pod affinity LeaderWorkerSet's exclusive topology injects (affinity to the own group's key,
-anti-affinity to other groups' keys, topology the UltraServer label). The figure is scheduler CPU per job pod.
+left out: the scheduler does not read configs) and the pod affinity LeaderWorkerSet's exclusive topology injects
+(affinity to the own group's key, anti-affinity to other groups' keys, topology the UltraServer label). The figure
+is scheduler CPU per job pod.
 
 Run: python bench/bench_scale.py [--nodes 100,500,1000] [--slices ours,ours-aws-claims,aws] [--shapes ...]
                                  [--pods 100] [--profile tuned] [--dir DIR] [--json FILE] [--pprof DIR]
