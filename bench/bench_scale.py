@@ -23,11 +23,21 @@ of etcd, kube-apiserver, kube-controller-manager and kube-scheduler once the obj
 With --pprof DIR the schedulers serve /debug/pprof and each burst's CPU profile (the first --pprof-seconds of the
 burst) is written to DIR/<nodes>-<slices>-<shape>-<HHMMSS>.pprof (read it with `go tool pprof -top FILE`).
 
+With --ultraserver the nodes are trn2u.48xlarge in UltraServers of 4 (label neuron-dra/ultraserver) and the pods
+4-pod jobs, one pod per node of one UltraServer, each pod with all of its node's devices and EFAs (issue 41,
+docs/ultraserver.md). Two variants: "ultra-ours", the group device (the controller's group slices, rendered by its
+model, next to the nodes' slices) and UltraServerJob's shared claim per job; "ultra-aws", AWS's documented way, a
+claim of the node's neuron_node pseudo-device per pod beside the same devices-and-EFAs claim (its UltraServerConfig
+left out: the scheduler does not read configs) and the pod affinity LeaderWorkerSet's exclusive topology injects
+(affinity to the own group's key, anti-affinity to other groups' keys, topology the UltraServer label). The figure
+is scheduler CPU per job pod.
+
 Run: python bench/bench_scale.py [--nodes 100,500,1000] [--slices ours,ours-aws-claims,aws] [--shapes ...]
                                  [--pods 100] [--profile tuned] [--dir DIR] [--json FILE] [--pprof DIR]
-                                 [--together] [--rate 50] [--cores 16]
+                                 [--together] [--rate 50] [--cores 16] [--ultraserver]
                                  | --from-json FILE
 Quick: python bench/bench_scale.py --nodes 50 --pods 20
+UltraServer jobs: python bench/bench_scale.py --ultraserver --nodes 100,500,1000 --pods 100
 """
 
 from __future__ import annotations
@@ -68,8 +78,13 @@ from neuron_dra.claim_templates.drivers import DEFAULT_DRIVERS
 from neuron_dra.claim_templates.examples import neuron_1x4_connected, one_neuron_device, trn2_two_cores
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.claim_templates.scale import ScaleEstimate, estimate_spec
+from neuron_dra.claim_templates.ultraserver import UltraServerJob
+from neuron_dra.driver.deploy import ultraserver as group_controller
+from neuron_dra.driver.model import ultraserver as membership
+from neuron_dra.driver.model.emulate import EmulationOptions
 from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
+from neuron_dra.driver.model.slices import NEURON_NODE
 from neuron_dra.localcluster.controlplane.plane import ControlPlane
 from neuron_dra.localcluster.controlplane.profiles import PROFILES
 
@@ -126,6 +141,25 @@ NODE_PREFIX = "trn2-"  # the emulated nodes: trn2-00000, ...
 CATALOGS = {False: NodeCatalog(partitionable=False), True: NodeCatalog(partitionable=True)}  # by NeuronCores
 
 
+# --- the UltraServer job shape (--ultraserver) ---------------------------------------------------------------------
+ULTRA_TYPE = "trn2u.48xlarge"
+ULTRA_SIZE = 4
+ULTRA_LABEL = "neuron-dra/ultraserver"  # the node label naming the UltraServer (AWS's way needs one)
+ULTRA_VARIANTS = ("ultra-ours", "ultra-aws")
+ULTRA_SHAPE = "ultraserver-job"
+ULTRA_NODE_PREFIX = "us-"
+LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
+ULTRA_JOB = UltraServerJob("us-job", nodes=ULTRA_SIZE, instance_types=ULTRA_TYPE, namespace=NAMESPACE)
+AWS_ULTRA_TEMPLATE = "aws-us-node"
+
+
+def aws_ultra_claim() -> Mapping[str, Any]:
+    """AWS's way per pod: a claim of the node's neuron_node pseudo-device, beside the same devices-and-EFAs claim as
+    ours (one claim cannot hold all three: 16 + 16 + 1 passes the 32 devices of one allocation)."""
+    node = _aws_request("node", 1, f'device.attributes["{DEFAULT_DRIVER_NAME}"].resourceType == "{NEURON_NODE}"')
+    return {"devices": {"requests": [node]}}
+
+
 @dataclass(frozen=True)
 class Burst:
     nodes: int
@@ -180,6 +214,110 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def load_ultraserver_objects(api: Api, n: int, variant: str) -> int:
+    """n trn2u.48xlarge Nodes in UltraServers of 4 (the label names each), their slices (one UltraServer's four
+    members emulated once, renamed per node) and, for ultra-ours, the controller's group slices."""
+    if n % ULTRA_SIZE:
+        raise SystemExit(f"bench_scale: --ultraserver --nodes {n}: give a multiple of {ULTRA_SIZE}")
+    templates = [node_slices(emulated_host(ULTRA_TYPE, EmulationOptions(host_id="bench-us", ultraserver_node=p,
+                                                                          ultraserver_mode=ULTRA_SIZE)),
+                             f"template-{p}", "ours") for p in range(ULTRA_SIZE)]
+    names = [f"{ULTRA_NODE_PREFIX}{i:05d}" for i in range(n)]
+    nodes = []
+    for i, name in enumerate(names):
+        node = node_object(name)
+        node["metadata"]["labels"].update({"node.kubernetes.io/instance-type": ULTRA_TYPE,
+                                           ULTRA_LABEL: f"us-{i // ULTRA_SIZE:04d}"})
+        nodes.append(node)
+    api.create_all(("/api/v1/nodes", node) for node in nodes)
+    slices = [s for i, name in enumerate(names) for s in renamed(templates[i % ULTRA_SIZE], name)]
+    if variant == "ultra-ours":
+        facts = {name: membership.MemberFacts(
+            name, ULTRA_TYPE, f"us4-{i // 4}", f"us4-{i // 4}-{i % 4 // 2}", i % 4, i % 2, ULTRA_SIZE,
+            f"us4-{i // 4}") for i, name in enumerate(names)}
+        slices += membership.desired_slices(membership.group_ultraservers(facts), DEFAULT_DRIVER_NAME)
+    api.create_all(("/apis/resource.k8s.io/v1/resourceslices", s) for s in slices)
+    return n + len(slices)
+
+
+def ultra_pod(name: str, job: int, variant: str) -> dict[str, Any]:
+    """One pod of job `job`: ours names the job's shared claim and the per-pod template; AWS's way carries its
+    per-pod claim and LeaderWorkerSet's exclusive-topology affinity."""
+    pod = pod_object(name, None)
+    spec, container = pod["spec"], pod["spec"]["containers"][0]
+    if variant == "ultra-ours":
+        spec["resourceClaims"] = [{"name": "ultraserver", "resourceClaimName": f"{ULTRA_JOB.claim_name}-{job}"},
+                                  {"name": "node", "resourceClaimTemplateName": ULTRA_JOB.template_name}]
+        container["resources"] = {"claims": [{"name": "ultraserver"}, {"name": "node"}]}
+        return pod
+    key = f"job-{job}"
+    pod["metadata"]["labels"] = {LWS_GROUP_KEY: key}
+    spec["resourceClaims"] = [{"name": "ultraserver", "resourceClaimTemplateName": AWS_ULTRA_TEMPLATE},
+                              {"name": "node", "resourceClaimTemplateName": ULTRA_JOB.template_name}]
+    container["resources"] = {"claims": [{"name": "ultraserver"}, {"name": "node"}]}
+    spec["affinity"] = {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {LWS_GROUP_KEY: key}}, "topologyKey": ULTRA_LABEL}]},
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchExpressions": [{"key": LWS_GROUP_KEY, "operator": "Exists"},
+                                                    {"key": LWS_GROUP_KEY, "operator": "NotIn", "values": [key]}]},
+             "topologyKey": ULTRA_LABEL}]}}
+    return pod
+
+
+def check_placement(api: Api, n: int) -> None:
+    """Every job's bound pods are on distinct nodes of one UltraServer (else the figures measure something else)."""
+    by_job: dict[str, list[str]] = {}
+    for pod in api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?limit={n + 1}")["items"]:
+        node = pod["spec"].get("nodeName")
+        if node:
+            by_job.setdefault(pod["metadata"]["name"].rsplit("-", 1)[0], []).append(node)
+    for job, nodes in sorted(by_job.items()):
+        servers = {int(name[len(ULTRA_NODE_PREFIX):]) // ULTRA_SIZE for name in nodes}
+        if len(set(nodes)) != len(nodes) or len(servers) != 1:
+            raise ApiError(f"{job}: pods on nodes {sorted(nodes)}: not one per node of one UltraServer")
+
+
+def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, variant: str, pods: int) -> Burst:
+    """pods // 4 jobs (at most one per UltraServer), created job by job; scheduler CPU per bound pod."""
+    jobs = min(pods // ULTRA_SIZE, n // ULTRA_SIZE)
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+    if variant == "ultra-ours":
+        for j in range(jobs):
+            claim = ULTRA_JOB.group_claim()
+            claim["metadata"]["name"] = f"{ULTRA_JOB.claim_name}-{j}"
+            api.request("POST", claims, claim)
+    watch = ScheduledWatch(api_client, NAMESPACE, BURST_TIMEOUT_S + 60)
+    names = [(f"{ULTRA_SHAPE}-{j:04d}-{k}", j) for j in range(jobs) for k in range(ULTRA_SIZE)]
+    started: dict[str, float] = {}
+    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    t0 = time.monotonic()
+
+    def create(name: str, job: int) -> tuple[str, Mapping[str, Any]]:
+        started[name] = time.monotonic()
+        return f"/api/v1/namespaces/{NAMESPACE}/pods", ultra_pod(name, job, variant)
+
+    api.create_all(create(name, job) for name, job in names)
+    deadline = time.monotonic() + BURST_TIMEOUT_S
+    while watch.count() < len(names) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+    load = os.getloadavg()[0]
+    times = watch.times()
+    watch.stop()
+    waits = [times[p] - started[p] for p, _ in names if p in times]
+    last = max(times.values()) if times else time.monotonic()
+    bound = max(len(times), 1)
+    check_placement(api, n)
+    api.request("DELETE", f"{claims}?gracePeriodSeconds=0")  # the shared claims: no pod owns them
+    cleanup(api)
+    return Burst(n, variant, ULTRA_SHAPE, len(names), len(times), len(times) / max(last - t0, 1e-9),
+                 1e3 * quantile(waits, 0.5) if waits else float("nan"),
+                 1e3 * quantile(waits, 0.99) if waits else float("nan"),
+                 1e3 * cpu["kube-scheduler"] / bound, load, None, None,
+                 {name: 1e3 * seconds / bound for name, seconds in cpu.items()})
+
+
 def load_objects(api: Api, n: int, model: str) -> int:
     host = emulated_host("trn2.48xlarge")
     template = node_slices(host, NODE_PREFIX + "template", model)  # one node's slices; the others differ by name
@@ -212,8 +350,15 @@ def claim_template(shape: str, claims: str) -> tuple[str, Mapping[str, Any]] | N
 
 def setup_namespace(api: Api) -> None:
     api.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-    for dc in DEFAULT_DRIVERS.device_classes():
+    for dc in (*DEFAULT_DRIVERS.device_classes(),
+               group_controller.group_device_class(group_controller.UltraServerControllerOptions())):
         api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", dc)
+    ultra_templates = {ULTRA_JOB.template_name: ULTRA_JOB.node_template().claim_spec(),
+                       AWS_ULTRA_TEMPLATE: aws_ultra_claim()}
+    for name, spec in ultra_templates.items():
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"spec": spec}}
+        api.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates", body)
     for shape in SHAPES:
         for claims in ("ours", "aws"):
             found = claim_template(shape, claims)
@@ -271,6 +416,8 @@ class Pprof:
 
 def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str, shape: str, pods: int,
           profile: str, pprof: Pprof | None = None) -> Burst:
+    if model in ULTRA_VARIANTS:
+        return ultra_burst(api, api_client, pids, n, model, pods)
     found = claim_template(shape, VARIANTS[model][1])
     watch = ScheduledWatch(api_client, NAMESPACE, BURST_TIMEOUT_S + 60)
     names = [f"{shape}-{i:04d}" for i in range(pods)]
@@ -345,7 +492,8 @@ def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, l
     stack.callback(api_client.close)
     pids = {p.name: program_pid(p.popen.pid) for p in plane.processes}
     started = time.monotonic()
-    objects = load_objects(api, n, VARIANTS[model][0])
+    objects = (load_ultraserver_objects(api, n, model) if model in ULTRA_VARIANTS
+               else load_objects(api, n, VARIANTS[model][0]))
     setup_namespace(api)
     load_s = time.monotonic() - started
     rss = {name: rss_bytes(pid) / 2**20 for name, pid in pids.items()}
@@ -368,9 +516,7 @@ def run_size(base: Path, n: int, models: Sequence[str], shapes: Sequence[str], p
             return burst(p.api, p.api_client, p.pids, n, p.model, shape, pods, profile, p.pprof)
 
         for i, shape in enumerate(shapes):
-            chosen = [p for p in (planes if i % 2 == 0 else planes[::-1])
-                      if (shape not in CORE_SHAPES or p.model == "ours-cores")
-                      and (shape == "no-claim" or claim_template(shape, VARIANTS[p.model][1]) is not None)]
+            chosen = [p for p in (planes if i % 2 == 0 else planes[::-1]) if runs_shape(p.model, shape)]
             if together:
                 with ThreadPoolExecutor(len(chosen) or 1) as pool:
                     done = list(pool.map(run, chosen, [shape] * len(chosen)))
@@ -380,6 +526,15 @@ def run_size(base: Path, n: int, models: Sequence[str], shapes: Sequence[str], p
                 log(format_burst(b))
                 bursts[p.model].append(b)
         return [Cell(n, p.model, p.objects, p.load_s, p.rss_mib, tuple(bursts[p.model])) for p in planes]
+
+
+def runs_shape(model: str, shape: str) -> bool:
+    """Whether a variant's plane gets a burst of the shape (the UltraServer variants: their job shape only)."""
+    if model in ULTRA_VARIANTS or shape == ULTRA_SHAPE:
+        return model in ULTRA_VARIANTS and shape == ULTRA_SHAPE
+    if shape in CORE_SHAPES and model != "ours-cores":
+        return False
+    return shape == "no-claim" or claim_template(shape, VARIANTS[model][1]) is not None
 
 
 def format_burst(b: Burst) -> str:
@@ -424,10 +579,16 @@ def summary(cells: Sequence[Cell], rate: float = 50.0, cores: int = 16) -> str:
             counts = sorted({m[1] for k, m in med.items() if k[0] == n and k[2] == shape})
             runs = f"  (median of {'/'.join(map(str, counts))} bursts)" if counts != [1] else ""
             lines.append(f"  {n:5d} nodes {shape:16s} " + "  ".join(parts) + runs)
+    for n in sorted({c.nodes for c in cells}):
+        base, ours = med.get((n, "ultra-aws", ULTRA_SHAPE)), med.get((n, "ultra-ours", ULTRA_SHAPE))
+        if base is not None and ours is not None:
+            lines.append(f"  {n:5d} nodes {ULTRA_SHAPE:16s} ultra-aws {base[0]:7.2f} ms  ultra-ours {ours[0]:7.2f} ms "
+                         f"({ours[0] / max(base[0], 1e-9):4.2f}x; per job pod: the group device against the "
+                         "neuron_node claim plus LeaderWorkerSet's exclusive-topology affinity)")
     lines += ["", f"control-plane CPU seconds per claim pod (median over bursts), and what {rate:g} pods/s needs "
                   f"(cores) or {cores} cores sustain (pods/s; derived: CPU per pod only, no headroom):"]
     for c in cells:
-        for shape in DEVICE_SHAPES[1:]:
+        for shape in (*DEVICE_SHAPES[1:], ULTRA_SHAPE):
             bursts = [b for b in c.bursts if b.shape == shape and b.component_cpu_ms_per_pod and b.scheduled == b.pods]
             if not bursts:
                 continue
@@ -486,6 +647,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="claim pods per second to size the control plane's cores for in the summary")
     parser.add_argument("--cores", type=int, default=16,
                         help="control-plane cores to derive sustained claim pods per second for in the summary")
+    parser.add_argument("--ultraserver", action="store_true",
+                        help="the UltraServer job shape instead: trn2u.48xlarge nodes in UltraServers of 4, 4-pod "
+                             f"jobs; variants {', '.join(ULTRA_VARIANTS)} (--slices and --shapes are ignored)")
     parser.add_argument("--pprof-seconds", type=int, default=30,
                         help=f"how long each profile runs from the burst's start (1..{MAX_PPROF_S})")
     args = parser.parse_args(argv)
@@ -502,6 +666,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes = parse_nodes(args.nodes)
     models = parse_list(args.slices, list(VARIANTS), "slices")
     shapes = parse_list(args.shapes, list(SHAPES), "shapes")
+    if args.ultraserver:
+        models, shapes = list(ULTRA_VARIANTS), [ULTRA_SHAPE]
 
     def log(message: str) -> None:
         print(message, flush=True)

@@ -32,10 +32,11 @@ from neuron_dra.claim_templates.errors import TemplateError
 from neuron_dra.claim_templates.node_model import NodeCatalog, NodeModel
 from neuron_dra.claim_templates.node_types import NodeType, NodeTypeInput
 from neuron_dra.claim_templates.template import ClaimTemplate
+from neuron_dra.claim_templates.ultraserver import UltraServerJob, UltraServerSet, group_devices
 from neuron_dra.driver.errortext import did_you_mean
 from neuron_dra.driver.model import config as driver_config
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
-from neuron_dra.driver.model.k8s_names import NEURON_CORE
+from neuron_dra.driver.model.k8s_names import NEURON_CORE, ultraserver_class_selector
 from neuron_dra.driver.model.partitions import parse_core_device
 from neuron_dra.driver.model.slices import NEURON_DEVICE, NEURON_NODE, device_name
 from neuron_dra.driver.model.taints import unhealthy_taint_key
@@ -662,3 +663,99 @@ def checked_manifest(template: ClaimTemplate, instance_types: Sequence[NodeTypeI
     import the template module, never the other way round."""
     check_against(template, list(instance_types or BUILTIN.names))
     return template.to_manifest()
+
+
+# --- UltraServer jobs (docs/ultraserver.md §4, docs/workloads.md) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UltraServerFit:
+    """How many of a job one UltraServer set holds at once: the group devices its shared claim can take there."""
+
+    ultraserver: UltraServerSet
+    groups: tuple[str, ...]  # the matching group devices (`ultraserver`, or each `ultraserver-half`)
+    reason: str | None = None  # why none
+
+    @property
+    def jobs_each(self) -> int:
+        # Every matching device has the job's nodeCount, and devices of one nodeCount have disjoint members.
+        return len(self.groups)
+
+    @property
+    def jobs(self) -> int:
+        return self.jobs_each * self.ultraserver.count
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """An UltraServerJob checked: its per-pod template on each target type, and its shared group claim against
+    UltraServer sets (given ones: a cluster; else each set size of each target type: which sizes fit)."""
+
+    job: str  # namespace/name
+    nodes: int
+    node_template: CheckReport
+    fits: tuple[UltraServerFit, ...]
+    issues: tuple[Issue, ...]
+    cluster: bool  # the sets are a given cluster (else one of each size the catalog allows)
+
+    @property
+    def errors(self) -> tuple[Issue, ...]:
+        return tuple(i for i in self.issues if i.severity == "error")
+
+    @property
+    def jobs(self) -> int:
+        """How many such jobs the sets hold at once."""
+        return sum(f.jobs for f in self.fits)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.jobs > 0
+
+
+def check_job(job: UltraServerJob, ultraservers: Sequence[UltraServerSet] | None = None,
+              checker: Checker | None = None) -> JobReport:
+    """Predict where an UltraServerJob runs. The per-pod template is checked like any template on the job's target
+    types (each must hold exactly one: one job pod per node); the group claim's selectors (the class's and the
+    request's) are evaluated with real CEL on the group devices the controller's model renders for each set.
+    Without `ultraservers`, every set size of every target type is tried (which sizes fit). A job that fits no
+    given UltraServer is an error naming the largest there is."""
+    checker = checker or default_checker(job.catalog)
+    drivers = job.drivers
+    types = [f"{t}:lnc={job.lnc}" if job.lnc is not None else t for t in job.target_types]
+    node_report = checker.check(job.node_template(), types)
+    issues = [Issue(i.severity, f"per-pod template {job.template_name}: {i.message}") for i in node_report.issues]
+    for f in node_report.fits:
+        if f.claims_per_node == 0:
+            issues.append(Issue("error", f"per-pod template {job.template_name} fits no {f.label} node: {f.reason}"))
+        elif f.claims_per_node > 1:
+            issues.append(Issue("error", f"per-pod template {job.template_name}: {f.claims_per_node} claims fit one "
+                                f"{f.label} node, so two job pods could share a node"))
+    cluster = ultraservers is not None
+    sets = tuple(ultraservers) if ultraservers is not None else tuple(
+        UltraServerSet(t, n) for t in job.target_types
+        for n in job.catalog.spec(t).ultraserver.modes)  # type: ignore[union-attr]
+    class_selector = checker.cel.compile(ultraserver_class_selector(drivers.neuron_driver))
+    request_selector = checker.cel.compile(job.group_selector())
+    fits = []
+    for s in sets:
+        devices = group_devices(s.instance_type, s.nodes, drivers.neuron_driver, job.catalog)
+        matched = tuple(d["name"] for d in devices
+                        if all(checker.cel.evaluate(sel, CelDevice.from_api(drivers.neuron_driver, d))
+                               for sel in (class_selector, request_selector)))
+        reason = None
+        if not matched:
+            sizes = sorted({d["attributes"]["nodeCount"]["int"] for d in devices})
+            reason = (f"not a target type of the job ({', '.join(job.target_types)})"
+                      if s.instance_type not in job.target_types
+                      else f"it publishes {' and '.join(map(str, sizes))}-node groups only, the job needs {job.nodes}")
+        fits.append(UltraServerFit(s, matched, reason))
+    report = JobReport(f"{job.namespace}/{job.name}", job.nodes, node_report, tuple(fits), tuple(issues), cluster)
+    if report.jobs == 0:
+        targets = [s for s in sets if s.instance_type in job.target_types]
+        largest = max((s.nodes for s in targets), default=0)
+        where = "of the cluster" if cluster else "of the catalog"
+        issues.append(Issue("error", f"fits no UltraServer {where}: the job needs a {job.nodes}-node group of "
+                                     f"{', '.join(job.target_types)}; the largest there is "
+                                     + (f"{largest} nodes" if largest else "none")))
+        report = dataclasses.replace(report, issues=tuple(issues))
+    return report

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from neuron_dra.claim_templates.template import ClaimTemplate
+from neuron_dra.claim_templates.ultraserver import UltraServerJob
 from neuron_dra.driver.errortext import capped, shown
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 
@@ -27,9 +28,27 @@ def templates_in(namespace: dict[str, object]) -> list[ClaimTemplate]:
     return list(found.values())
 
 
+def jobs_in(namespace: dict[str, object]) -> list[UltraServerJob]:
+    """UltraServerJob values (docs/ultraserver.md §4), as `templates_in` finds templates."""
+    found: dict[int, UltraServerJob] = {}
+    for value in namespace.values():
+        items: Iterable[object] = value if isinstance(value, list | tuple) else (value,)
+        for item in items:
+            if isinstance(item, UltraServerJob):
+                found.setdefault(id(item), item)
+    return list(found.values())
+
+
 def load_templates(path: Path | str, catalog: Catalog = BUILTIN) -> list[ClaimTemplate]:
     """Run the file with the global `catalog` set (the hardware catalog the templates are checked against), so it
     can write `Neuron(..., catalog=catalog)` for a catalog file's own instance types."""
+    templates, _ = load_definitions(path, catalog, jobs=False)
+    return templates
+
+
+def load_definitions(path: Path | str, catalog: Catalog = BUILTIN, jobs: bool = True
+                     ) -> tuple[list[ClaimTemplate], list[UltraServerJob]]:
+    """The file's module-level templates and (with `jobs`) UltraServerJobs; at least one of them."""
     file = Path(path)
     if not file.is_file():
         raise LoadError(f"{file}: no such file")
@@ -43,10 +62,15 @@ def load_templates(path: Path | str, catalog: Catalog = BUILTIN) -> list[ClaimTe
     except Exception as e:  # the file's own error (bad input to a class, syntax error) is the message
         raise LoadError(f"{file}: {type(e).__name__}: {capped(str(e), 2000)}") from e
     templates = templates_in(namespace)
-    if not templates:
-        raise LoadError(f"{file}: defines no ClaimTemplate at module level")
-    duplicates = sorted(n for n, count in Counter(t.name for t in templates).items() if count > 1)
+    found_jobs = jobs_in(namespace) if jobs else []
+    if not templates and not found_jobs:
+        raise LoadError(f"{file}: defines no ClaimTemplate" + (" or UltraServerJob" if jobs else "")
+                        + " at module level")
+    names = [*(t.name for t in templates), *(j.template_name for j in found_jobs)]
+    duplicates = sorted(n for n, count in Counter(names).items() if count > 1)
+    duplicates += sorted(n for n, count in Counter(j.claim_name for j in found_jobs).items() if count > 1)
     if duplicates:
-        raise LoadError(f"{file}: template names must be unique (each becomes one ResourceClaimTemplate); "
+        raise LoadError(f"{file}: template names (an UltraServerJob's `<name>-node` too) and job names must be "
+                        "unique (each becomes one ResourceClaimTemplate or ResourceClaim); "
                         f"defined more than once: {', '.join(shown(n) for n in duplicates)}")
-    return templates
+    return templates, found_jobs

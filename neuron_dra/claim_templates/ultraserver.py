@@ -10,6 +10,7 @@ its own EFA, all of those, aligned), so at most one job pod fits a node. `pod_cl
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from neuron_dra.claim_templates.keywords import keyword_hints
 from neuron_dra.claim_templates.names import check_dns_label, check_dns_subdomain
 from neuron_dra.claim_templates.requests import ALL, Efa, Neuron
 from neuron_dra.claim_templates.template import API_VERSION, ClaimTemplate
+from neuron_dra.driver.model import ultraserver as membership
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.k8s_names import ultraserver_class_name
 
@@ -139,3 +141,68 @@ class UltraServerJob:
         """The pod spec's `resourceClaims`; containers list both names under `resources.claims`."""
         return [{"name": GROUP_CLAIM_REF, "resourceClaimName": self.claim_name},
                 {"name": NODE_CLAIM_REF, "resourceClaimTemplateName": self.template_name}]
+
+
+# --- placement: the group devices a cluster's UltraServers publish, and which of them a job's claim takes ----------
+
+MAX_ULTRASERVERS = 100_000  # UltraServers one `--ultraservers` description may count
+
+
+@dataclass(frozen=True)
+class UltraServerSet:
+    """`count` UltraServer sets of `nodes` nodes of `instance_type` (each node's `ultraserver_mode` is `nodes`), as
+    `neuron-dra cluster up --node trn2u.48xlarge:4` makes one."""
+
+    instance_type: str
+    nodes: int
+    count: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"{self.instance_type}:{self.nodes}" + (f"x{self.count}" if self.count != 1 else "")
+
+
+def parse_ultraservers(text: str, catalog: Catalog = BUILTIN, field_name: str = "--ultraservers"
+                       ) -> tuple[UltraServerSet, ...]:
+    """`trn2u.48xlarge:4,trn2u.48xlarge:2x3`: one 4-node UltraServer and three 2-node ones (comma-separated
+    `TYPE:NODES[xCOUNT]`; NODES a set size the type has: 1, 2 or 4 up to its servers)."""
+    ultra = sorted(t for t, s in catalog.types.items() if s.ultraserver is not None)
+    rule = (f"TYPE:NODES[xCOUNT], comma-separated: TYPE an UltraServer type of the catalog ({', '.join(ultra)}), "
+            "NODES a set size it has (1, 2 or 4, at most its servers), COUNT how many such UltraServers (default 1)")
+    out: list[UltraServerSet] = []
+    for item in (part.strip() for part in text.split(",")):
+        instance_type, _, rest = item.partition(":")
+        nodes_text, _, count_text = rest.partition("x")
+        spec = catalog.types.get(instance_type)
+        if spec is None or spec.ultraserver is None or not nodes_text.isdigit() or \
+                (count_text and not count_text.isdigit()):
+            raise TemplateError(field_name, item, rule)
+        nodes, count = int(nodes_text), int(count_text or 1)
+        if nodes not in spec.ultraserver.modes:
+            sizes = ", ".join(map(str, spec.ultraserver.modes))
+            raise TemplateError(field_name, item, f"{instance_type} sets of {sizes} nodes")
+        if not 1 <= count <= MAX_ULTRASERVERS:
+            raise TemplateError(field_name, item, f"a COUNT of 1 to {MAX_ULTRASERVERS}")
+        out.append(UltraServerSet(instance_type, nodes, count))
+    if sum(s.count for s in out) > MAX_ULTRASERVERS:
+        raise TemplateError(field_name, text, f"at most {MAX_ULTRASERVERS} UltraServers in all")
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def group_devices(instance_type: str, nodes: int, driver: str, catalog: Catalog = BUILTIN
+                  ) -> tuple[dict[str, Any], ...]:
+    """The group devices the controller publishes for one UltraServer set of `nodes` nodes, grouped and rendered by
+    the controller's own model (driver/model/ultraserver.py) from the facts its members' slices carry (class-file
+    ids, mode; read from real slices by `member_facts`, tested there). Each device's members are disjoint from
+    those of the others of the same `nodeCount` (a whole set, or the two halves of a 4-node set)."""
+    members = {}
+    for position in range(nodes):
+        name = f"{instance_type.replace('.', '-')}-{position}"
+        members[name] = membership.MemberFacts(
+            name, instance_type, server_id_4="us4", server_id_2=f"us4-{position // 2}", node_id_4=position,
+            node_id_2=position % 2, mode=nodes, ultraserver_id="us4")
+    grouped = membership.group_ultraservers(members, catalog=catalog)
+    if grouped.problems:  # a set size the catalog allows that the model refuses: a bug, not the user's input
+        raise AssertionError(f"{instance_type} UltraServer of {nodes}: " + "; ".join(map(str, grouped.problems)))
+    return tuple(d for s in membership.desired_slices(grouped, driver) for d in s["spec"]["devices"])

@@ -1,9 +1,13 @@
-"""`neuron-dra claims`: render or check the claim templates a Python file defines.
+"""`neuron-dra claims`: render or check the claim templates (and UltraServer jobs) a Python file defines.
 
-  neuron-dra claims render FILE.py            every module-level template as multi-document YAML (after checks)
+  neuron-dra claims render FILE.py            every module-level template as multi-document YAML (after checks),
+                                              then each UltraServerJob's shared claim and per-pod template
   neuron-dra claims check FILE.py [--instance-type T[:lnc=N] ...] [--json] [--verbose] [--nodes N]
+                                  [--ultraservers T:N[xK],...]
                                               template x instance type -> claims per node, or why not;
-                                              with --nodes, the scheduler's filter work at N nodes
+                                              with --nodes, the scheduler's filter work at N nodes; each
+                                              UltraServerJob: which UltraServer sizes fit, or (--ultraservers)
+                                              how many such jobs those UltraServers hold at once
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 
-from neuron_dra.claim_templates.checks import Checker, CheckReport, default_checker
+import yaml
+
+from neuron_dra.claim_templates.checks import Checker, CheckReport, JobReport, check_job, default_checker
 from neuron_dra.claim_templates.errors import TemplateError
-from neuron_dra.claim_templates.loader import LoadError, load_templates
+from neuron_dra.claim_templates.loader import LoadError, load_definitions
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.claim_templates.node_types import NodeType
 from neuron_dra.claim_templates.scale import CALIBRATION, ScaleEstimate, check_nodes, estimate
 from neuron_dra.claim_templates.template import ClaimTemplate, to_yaml_documents
+from neuron_dra.claim_templates.ultraserver import UltraServerJob, UltraServerSet, parse_ultraservers
 from neuron_dra.driver.model.catalog import BUILTIN, CATALOG, Catalog
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
 
@@ -57,13 +64,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="with --nodes: whether the nodes publish NeuronCores and counters (on: the driver's "
                             "default on Kubernetes 1.36, whose scheduler reads every node's counters on each node; "
                             "off: --core-partitions off on the driver)")
+    check.add_argument("--ultraservers", action="append", metavar="T:N[xK],...", default=None,
+                       help="the cluster's UltraServers for the file's UltraServerJobs: `trn2u.48xlarge:4,"
+                            "trn2u.48xlarge:2x3` is one 4-node set and three 2-node sets (nodes in mode N, as "
+                            "`cluster up --node T:N` makes them); says how many such jobs run at once, and fails a "
+                            "job that fits none (default: each set size of each target type: which sizes fit)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         hardware = load_catalog(args.catalog) if args.catalog else BUILTIN
         # The file sees the catalog as the global `catalog`, for Neuron(..., catalog=catalog) on its own types.
-        templates = load_templates(args.file, hardware)
+        templates, jobs = load_definitions(args.file, hardware)
     except (LoadError, CatalogFileError) as e:
         print(f"neuron-dra claims: {e}", file=sys.stderr)
         return 2
@@ -75,7 +87,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"neuron-dra claims: --instance-type: {e}", file=sys.stderr)
         return 2
     if args.claims_command == "render":
-        return _render(templates, types, not args.no_check, hardware)
+        return _render(templates, types, not args.no_check, hardware, jobs)
+    ultraservers: tuple[UltraServerSet, ...] | None = None
+    try:
+        if args.ultraservers:
+            ultraservers = tuple(s for text in args.ultraservers for s in parse_ultraservers(text, hardware))
+    except TemplateError as e:
+        print(f"neuron-dra claims: {e}", file=sys.stderr)
+        return 2
     if args.nodes is not None:
         try:
             check_nodes(args.nodes)
@@ -83,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"neuron-dra claims: {e}", file=sys.stderr)
             return 2
     return _check(templates, types, args.json, hardware, args.unhealthy_device, args.verbose, args.nodes,
-                  args.core_partitions == "on")
+                  args.core_partitions == "on", jobs, ultraservers)
 
 
 def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str], hardware: Catalog,
@@ -92,38 +111,86 @@ def _reports(templates: Sequence[ClaimTemplate], types: Sequence[str], hardware:
     return [checker.check(t, types) for t in templates]
 
 
-def _render(templates: Sequence[ClaimTemplate], types: Sequence[str], run_checks: bool, hardware: Catalog) -> int:
-    """Every template that passes its checks, as YAML; each one that fails is named on stderr (exit 1), so one
-    bad template costs only itself."""
+def _render(templates: Sequence[ClaimTemplate], types: Sequence[str], run_checks: bool, hardware: Catalog,
+            jobs: Sequence[UltraServerJob] = ()) -> int:
+    """Every template that passes its checks, as YAML, then each UltraServerJob's shared claim and per-pod
+    template; each one that fails is named on stderr (exit 1), so one bad template costs only itself."""
     passed = list(templates)
+    passed_jobs = list(jobs)
     if run_checks:
         reports = _reports(templates, types, hardware)
         passed = [t for t, r in zip(templates, reports, strict=True) if r.ok]
         for r in reports:
             if not r.ok:
                 print(f"neuron-dra claims: {r.template}: {r.summary()} (not rendered)", file=sys.stderr)
-    if passed:
-        sys.stdout.write(to_yaml_documents(passed))
-    return 0 if len(passed) == len(templates) else 1
+        job_reports = [check_job(j, checker=default_checker(hardware)) for j in jobs]
+        passed_jobs = [j for j, r in zip(jobs, job_reports, strict=True) if r.ok]
+        for jr in job_reports:
+            if not jr.ok:
+                print(f"neuron-dra claims: {jr.job}: {'; '.join(map(str, jr.errors))} (not rendered)",
+                      file=sys.stderr)
+    out = to_yaml_documents(passed) if passed else ""
+    if passed_jobs:
+        documents = [m for j in passed_jobs for m in j.manifests()]
+        out += ("---\n" if out else "") + yaml.safe_dump_all(documents, sort_keys=False)
+    sys.stdout.write(out)
+    return 0 if len(passed) == len(templates) and len(passed_jobs) == len(jobs) else 1
 
 
 def _check(templates: Sequence[ClaimTemplate], types: Sequence[str], as_json: bool, hardware: Catalog,
            unhealthy_device: bool = False, verbose: bool = False, nodes: int | None = None,
-           core_partitions: bool = True) -> int:
+           core_partitions: bool = True, jobs: Sequence[UltraServerJob] = (),
+           ultraservers: Sequence[UltraServerSet] | None = None) -> int:
     reports = _reports(templates, types, hardware, unhealthy_device)
     scale = _estimates(templates, reports, nodes, hardware, core_partitions) if nodes is not None else {}
+    job_reports = [check_job(j, ultraservers, default_checker(hardware)) for j in jobs]
     if as_json:
         out = [_report_json(r) for r in reports]
         for entry in out:
             if nodes is not None:
                 entry["scale"] = [e.to_json() for e in scale.get(str(entry["template"]), ())]
+        out += [_job_json(r) for r in job_reports]
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(format_table(reports, types, verbose))
+        if reports:
+            sys.stdout.write(format_table(reports, types, verbose))
         if nodes is not None:
             sys.stdout.write(format_estimates(scale, nodes))
-    return 0 if all(r.ok for r in reports) else 1
+        if job_reports:
+            sys.stdout.write(("\n" if reports else "") + format_jobs(job_reports))
+    return 0 if all(r.ok for r in reports) and all(r.ok for r in job_reports) else 1
+
+
+def format_jobs(reports: Sequence[JobReport]) -> str:
+    """Per UltraServerJob: its per-pod template, each UltraServer set (how many such jobs it holds at once, or
+    why none) and the total."""
+    lines = []
+    for r in reports:
+        lines.append(f"ultraserver job {r.job}: {r.nodes} pods, one per node of one {r.nodes}-node UltraServer group"
+                     + ("" if r.ok else "  FAILS"))
+        per_node = ", ".join(f"{f.label} {f.claims_per_node}" for f in r.node_template.fits)
+        lines.append(f"  per-pod template claims per node: {per_node}")
+        for f in r.fits:
+            what = (f"{f.jobs_each} job{'s' if f.jobs_each != 1 else ''} at once "
+                    f"({', '.join(f.groups)})" if f.groups else f"none: {f.reason}")
+            count = f" x{f.ultraserver.count} = {f.jobs}" if f.ultraserver.count != 1 and f.groups else ""
+            lines.append(f"  {f.ultraserver.instance_type} {f.ultraserver.nodes}-node set: {what}{count}")
+        if r.cluster:
+            sets = sum(f.ultraserver.count for f in r.fits)
+            lines.append(f"  the {sets} UltraServer set{'s' if sets != 1 else ''} hold {r.jobs} such "
+                         f"job{'s' if r.jobs != 1 else ''} at once")
+        lines += [f"  {i}" for i in r.issues]
+    return "\n".join(lines) + "\n"
+
+
+def _job_json(r: JobReport) -> dict[str, object]:
+    return {"job": r.job, "ok": r.ok, "nodes": r.nodes, "jobsAtOnce": r.jobs if r.cluster else None,
+            "issues": [{"severity": i.severity, "message": i.message} for i in r.issues],
+            "nodeTemplate": _report_json(r.node_template),
+            "ultraservers": [{"instanceType": f.ultraserver.instance_type, "nodes": f.ultraserver.nodes,
+                              "count": f.ultraserver.count, "groups": list(f.groups), "jobsEach": f.jobs_each,
+                              "reason": f.reason} for f in r.fits]}
 
 
 def _estimates(templates: Sequence[ClaimTemplate], reports: Sequence[CheckReport], nodes: int, hardware: Catalog,

@@ -1,7 +1,7 @@
 """Pulumi components for Trainium on EKS: `TrainiumCluster`, `TrainiumNodeGroup`, `TrainiumKarpenter`,
-`TrainiumNodePool`, `NeuronDraDriver`, `EfaDraDriver`, `ClaimTemplates`, the default stack (`build_stack`,
-`run_program`) and the mocks to test a stack with (`run_offline`, `PlanMocks`, `OfflineRun`; docs/components.md,
-docs/testing-your-stack.md).
+`TrainiumNodePool`, `NeuronDraDriver`, `EfaDraDriver`, `UltraServerGroups`, `ClaimTemplates`, the default stack
+(`build_stack`, `run_program`) and the mocks to test a stack with (`run_offline`, `PlanMocks`, `OfflineRun`;
+docs/components.md, docs/testing-your-stack.md).
 """
 
 from neuron_dra.components.claims import (
@@ -20,6 +20,7 @@ from neuron_dra.components.nodepool import TrainiumNodePool, TrainiumNodePoolArg
 from neuron_dra.components.settings import NodeGroupSettings, NodePoolSettings, SettingError, StackSettings
 from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.components.stack import build_stack, run_program
+from neuron_dra.components.ultraserver import UltraServerGroups, UltraServerGroupsArgs
 
 __all__ = [
     "ClaimTemplateCheckError",
@@ -44,6 +45,8 @@ __all__ = [
     "TrainiumNodeGroupArgs",
     "TrainiumNodePool",
     "TrainiumNodePoolArgs",
+    "UltraServerGroups",
+    "UltraServerGroupsArgs",
     "build_stack",
     "decode_settings",
     "run_offline",

@@ -29,6 +29,8 @@ RESOURCE_CLASSES: Mapping[tuple[str, str], ResourceFactory] = {
     ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,  # the driver's catalog file (DriverDeployOptions.catalog_yaml)
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
+    ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,  # the UltraServer controller's Lease
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"):
         k8s.admissionregistration.v1.ValidatingAdmissionPolicy,
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"):
@@ -37,6 +39,7 @@ RESOURCE_CLASSES: Mapping[tuple[str, str], ResourceFactory] = {
     ("resource.k8s.io/v1", "DeviceClass"): k8s.resource.v1.DeviceClass,
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): k8s.resource.v1.ResourceClaimTemplate,
     ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSet,
+    ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,  # the UltraServer controller (components/ultraserver.py)
     ("v1", "Service"): k8s.core.v1.Service,  # the metrics port's (docs/metrics.md)
     ("monitoring.coreos.com/v1", "PodMonitor"): _pod_monitor,
 }

@@ -6,6 +6,9 @@ the driver and the claim templates (checked against the node groups' and pools' 
 Existing-cluster mode (`kubeconfig` set): only the driver and the claim templates, through a Kubernetes
 provider for that kubeconfig; no AWS resource is created.
 
+Where the node groups or pools hold UltraServer types (or an existing cluster's `clusterInstanceTypes` names one),
+the UltraServer group controller and its DeviceClass (`UltraServerGroups`, from the driver's image).
+
 AWS's EFA DRA driver (`EfaDraDriver`) is installed on the node groups with EFA interfaces, or (`efaDriver`
 install) on an existing cluster's EFA instance types.
 
@@ -43,6 +46,7 @@ from neuron_dra.components.settings import (
     setting_name,
 )
 from neuron_dra.components.settings_schema import decode_settings
+from neuron_dra.components.ultraserver import UltraServerGroups, UltraServerGroupsArgs, stack_ultraserver_types
 from neuron_dra.driver.deploy import DriverDeployOptions
 
 MAX_NON_EFA_ZONES = 3  # spread non-EFA groups over at most this many AZs
@@ -67,6 +71,7 @@ class StackResult:
     exports: dict[str, Any] = field(default_factory=dict)
     karpenter: TrainiumKarpenter | None = None
     node_pools: list[TrainiumNodePool] = field(default_factory=list)
+    ultraserver_groups: UltraServerGroups | None = None
 
 
 def offered_zones(instance_type: str) -> tuple[str, ...]:
@@ -213,6 +218,10 @@ def build_stack(
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
     ), opts=pulumi.ResourceOptions(provider=provider))
     efa_driver = _efa_driver(settings, provider)
+    # The group controller and class where the nodes hold UltraServer types (docs/ultraserver.md §3).
+    ultraserver = (UltraServerGroups("ultraserver", UltraServerGroupsArgs(driver=driver),
+                                     opts=pulumi.ResourceOptions(provider=provider))
+                   if stack_ultraserver_types(settings) else None)
     efa_ref: EfaDriverRef | None = EXTERNAL if settings.efa_driver == EXTERNAL else efa_driver
     # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first. Each is checked
     # against the node groups' nodes at their LNC.
@@ -229,9 +238,10 @@ def build_stack(
         "driverNamespace": driver.namespace,
         "driverImage": driver.image,
         "claimTemplates": claim_templates.names,
+        "ultraserverDeviceClass": ultraserver.device_class_name if ultraserver else None,
     }
     return StackResult(settings, cluster, groups, driver, claim_templates, efa_driver, exports, karpenter,
-                       pools)
+                       pools, ultraserver)
 
 
 def _efa_driver(settings: StackSettings, provider: k8s.Provider) -> EfaDraDriver | None:

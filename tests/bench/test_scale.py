@@ -66,3 +66,21 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
         result = subprocess.run([sys.executable, str(BENCH), *args, "--dir", str(tmp_path)], capture_output=True,
                                 text=True, timeout=120)
         assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_the_ultraserver_job_shape_binds_every_job_pod_in_both_variants(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--ultraserver", "--nodes", "8", "--pods", "8", "--dir", str(tmp_path / "d"),
+         "--json", str(out)], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["slices"] for c in cells] == ["ultra-ours", "ultra-aws"]
+    # Nodes, their Neuron and EFA slices; ours adds a group slice per 4-node set and per half.
+    assert [c["objects"] for c in cells] == [8 * 3 + 2 * 3, 8 * 3]
+    for cell in cells:
+        (b,) = cell["bursts"]
+        assert b["shape"] == "ultraserver-job" and b["pods"] == b["scheduled"] == 8, b
+        assert b["scheduler_cpu_ms_per_pod"] > 0
+    line = next(x for x in result.stdout.splitlines() if x.startswith("      8 nodes ultraserver-job"))
+    assert "ultra-aws " in line and "ultra-ours " in line and "x;" in line

@@ -3,13 +3,19 @@ group devices the controller's model renders."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from neuron_dra.claim_templates import Drivers, TemplateError
+from neuron_dra.claim_templates import ultraserver as us_job
 from neuron_dra.claim_templates.cel_env import CelDevice, CelEnvironment
+from neuron_dra.claim_templates.checks import check_job
 from neuron_dra.claim_templates.ultraserver import UltraServerJob
+from neuron_dra.cli import main
 from neuron_dra.driver.model import k8s_names
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.emulate import EmulationOptions
@@ -108,3 +114,71 @@ def test_bad_jobs_are_refused_naming_the_field(kwargs: dict[str, Any], field: st
 def test_a_misspelt_keyword_names_the_right_one() -> None:
     with pytest.raises(TypeError, match="nodes"):
         UltraServerJob("train", node=4)  # type: ignore[call-arg]
+
+
+# --- placement: claims check on UltraServerJobs ----------------------------------------------------------------
+
+
+def test_check_job_counts_jobs_per_cluster_of_ultraservers() -> None:
+    cluster = us_job.parse_ultraservers("trn2u.48xlarge:4,trn2u.48xlarge:2x3")
+    four = check_job(UltraServerJob("train", nodes=4, instance_types="trn2u.48xlarge"), cluster)
+    assert four.ok and four.jobs == 1
+    assert [(f.ultraserver.nodes, f.groups) for f in four.fits] == [(4, ("ultraserver",)), (2, ())]
+    assert "2-node groups only" in str(four.fits[1].reason)
+    assert [f.claims_per_node for f in four.node_template.fits] == [1]  # one job pod per node
+    two = check_job(UltraServerJob("small", nodes=2, instance_types="trn2u.48xlarge"), cluster)
+    # A 4-node set runs two 2-node jobs on its halves; each 2-node set one.
+    assert two.ok and two.jobs == 2 + 3
+    assert two.fits[0].groups == (us.HALF_DEVICE, us.HALF_DEVICE)
+
+
+def test_check_job_refuses_a_job_larger_than_every_ultraserver_given() -> None:
+    report = check_job(UltraServerJob("train", nodes=4, instance_types="trn2u.48xlarge"),
+                       us_job.parse_ultraservers("trn2u.48xlarge:2x3"))
+    assert not report.ok and report.jobs == 0
+    (error,) = report.errors
+    assert "needs a 4-node group of trn2u.48xlarge; the largest there is 2 nodes" in error.message
+
+
+def test_check_job_without_a_cluster_says_which_set_sizes_fit() -> None:
+    report = check_job(UltraServerJob("small", nodes=2, instance_types="trn2u.48xlarge"))
+    assert report.ok
+    assert {f.ultraserver.nodes: f.jobs_each for f in report.fits} == {1: 0, 2: 1, 4: 2}
+
+
+def test_an_ultraserver_of_another_type_does_not_take_the_job() -> None:
+    report = check_job(UltraServerJob("train", nodes=4, instance_types="trn2u.48xlarge"),
+                       us_job.parse_ultraservers("trn3p.48xlarge:4"))
+    assert not report.ok and "not a target type" in str(report.fits[0].reason)
+
+
+@pytest.mark.parametrize(("text", "allowed"), [
+    ("trn2.48xlarge:4", "an UltraServer type of the catalog"),
+    ("trn2u.48xlarge:3", "sets of 1, 2, 4 nodes"),
+    ("trn2u.48xlarge", "TYPE:NODES[xCOUNT]"),
+    ("trn2u.48xlarge:4x0", "a COUNT of 1 to 100000"),
+    ("trn2u.48xlarge:4x99999,trn2u.48xlarge:2x99999", "at most 100000 UltraServers"),
+])
+def test_bad_ultraserver_descriptions_name_the_item(text: str, allowed: str) -> None:
+    with pytest.raises(TemplateError) as e:
+        us_job.parse_ultraservers(text)
+    assert e.value.field == "--ultraservers" and allowed in e.value.allowed
+
+
+def test_claims_check_and_render_take_jobs_from_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    file = tmp_path / "jobs.py"
+    file.write_text("from neuron_dra.claim_templates.ultraserver import UltraServerJob\n"
+                    "train = UltraServerJob('train', nodes=4, instance_types='trn2u.48xlarge')\n")
+    assert main(["claims", "check", str(file), "--ultraservers", "trn2u.48xlarge:4x2,trn2u.48xlarge:2"]) == 0
+    out = capsys.readouterr().out
+    assert "the 3 UltraServer sets hold 2 such jobs at once" in out
+    assert main(["claims", "check", str(file), "--ultraservers", "trn2u.48xlarge:2", "--json"]) == 1
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert entry["job"] == "default/train" and entry["jobsAtOnce"] == 0 and not entry["ok"]
+    assert main(["claims", "check", str(file), "--ultraservers", "trn2u.48xlarge:5"]) == 2
+    assert "--ultraservers" in capsys.readouterr().err
+    assert main(["claims", "render", str(file)]) == 0
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [(d["kind"], d["metadata"]["name"]) for d in documents] == [("ResourceClaim", "train"),
+                                                                        ("ResourceClaimTemplate", "train-node")]
