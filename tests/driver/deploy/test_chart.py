@@ -169,8 +169,12 @@ def test_helm_template_defaults_are_the_default_stacks_driver(helm: Path, chart:
     claim templates; with the image the stack builds, the chart's defaults give the same objects, labels aside."""
     import sys
 
+    # -o yaml prints only images that exist: the default stack with a given, pinned image.
+    config = tmp_path / "Pulumi.dev.yaml"
+    config.write_text(f"config:\n  neuron-dra:driverImage: registry.example/neuron-dra-driver@sha256:{'ab' * 32}\n")
     plan = subprocess.run([sys.executable, "-c", "import sys; from neuron_dra.cli import main; "
-                           "sys.exit(main(['plan', '-o', 'yaml']))"], capture_output=True, text=True, check=False)
+                           f"sys.exit(main(['plan', '--config', {str(config)!r}, '-o', 'yaml']))"],
+                          capture_output=True, text=True, check=False)
     assert plan.returncode == 0, plan.stderr
     stack = _by_key([d for d in yaml.safe_load_all(plan.stdout)
                      if d and d["kind"] != "ResourceClaimTemplate"])
