@@ -166,7 +166,7 @@ def test_a_chart_for_another_minor_is_manifests(helm: Path, fixed: dict[str, Any
 @pytest.mark.process
 def test_helm_template_defaults_are_the_default_stacks_driver(helm: Path, chart: Path, tmp_path: Path) -> None:
     """`neuron-dra plan -o yaml` (the default stack under Pulumi mocks) prints the driver's objects beside the
-    claim templates; with the image the stack builds, the chart's defaults give the same objects, labels aside."""
+    claim templates; with the image it is given, the chart's defaults give the same objects, labels aside."""
     import sys
 
     # -o yaml prints only images that exist: the default stack with a given, pinned image.
