@@ -29,6 +29,7 @@ import yaml
 from pulumi.runtime.settings import get_root_resource
 
 from neuron_dra.components.claims import ClaimTemplateCheckError
+from neuron_dra.components.driver import DriverRenameError
 from neuron_dra.components.mocks import DEFAULT_REGION, MissingStackOutputs, PlanMocks, run_offline
 from neuron_dra.components.stack import build_stack, settings_from_pulumi_config
 from neuron_dra.driver.errortext import shown
@@ -332,7 +333,7 @@ def user_error(exc: BaseException) -> BaseException | None:
     """Our own error behind Pulumi's wrapping (errors raised in `apply` come back as causes)."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, NotAllowed | ClaimTemplateCheckError | MissingStackOutputs):
+        if isinstance(seen, NotAllowed | ClaimTemplateCheckError | MissingStackOutputs | DriverRenameError):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
