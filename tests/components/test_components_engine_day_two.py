@@ -27,6 +27,7 @@ from tests.components.test_components_engine import (  # noqa: F401  (fixtures)
     cluster_images,
     ctrd,
     engine,
+    managed,
     planned_driver,
     project_dir,
 )
@@ -84,7 +85,7 @@ def test_a_claim_template_change_replaces_it_and_a_driver_rename_is_refused(
 
     up = engine.step("up", config=config, **step)
     assert up["outputs"]["driverName"] == options.driver_name
-    total = sum(up["changes"].values())
+    total = sum(managed(up).values())
     live = read_object(capi, template)
     assert live is not None and live["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
     first = run_pod(capi, ctrd, "day-two-first")
@@ -93,13 +94,13 @@ def test_a_claim_template_change_replaces_it_and_a_driver_rename_is_refused(
     try:
         changed = {**config, "neuron-dra:claimTemplatesModule": "day_two_templates_2"}
         preview = engine.step("preview", config=changed, **step)
-        assert preview["changes"] == {"same": total - 1, "replace": 1}, preview["changes"]
+        assert managed(preview) == {"same": total - 1, "replace": 1}, preview["changes"]
         replaced = [e for e in preview["events"] if e["op"] == "replace"]
         assert [e["type"] for e in replaced] == ["kubernetes:resource.k8s.io/v1:ResourceClaimTemplate"]
         assert replaced[0]["diffs"] == ["spec"]
 
         applied = engine.step("up", config=changed, **step)
-        assert applied["changes"] == {"same": total - 1, "replace": 1}, applied["changes"]
+        assert managed(applied) == {"same": total - 1, "replace": 1}, applied["changes"]
         live = read_object(capi, template)
         assert live is not None and live["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
         # The running pod keeps its claim (same object, same allocation); a new pod gets the new template.
@@ -120,12 +121,12 @@ def test_a_claim_template_change_replaces_it_and_a_driver_rename_is_refused(
         assert new_options.namespace != options.namespace
         assert all(read_object(capi, m) is None for m in planned_driver(new_options)
                    if m["kind"] in ("Namespace", "DaemonSet", "DeviceClass"))
-        assert engine.step("up", config=changed, **step)["changes"] == {"same": total}  # the state is intact
+        assert managed(engine.step("up", config=changed, **step)) == {"same": total}  # the state is intact
     finally:
         present = {p.metadata.name for p in core.list_namespaced_pod("default").items if p.metadata is not None}
         for name in {"day-two-first", "day-two-second"} & present:
             core.delete_namespaced_pod(name, "default", grace_period_seconds=0, _preload_content=False)
 
     destroyed = engine.step("destroy", config=changed, **step)
-    assert destroyed["changes"] == {"delete": total}
+    assert managed(destroyed) == {"delete": total}
     assert_all_gone(capi, [*planned_driver(options), template])
