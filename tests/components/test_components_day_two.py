@@ -179,7 +179,8 @@ def test_plan_diff_names_a_control_plane_upgrade(tmp_path: Path, capsys: pytest.
 
 
 def test_plan_diff_refuses_a_driver_rename_as_up_would(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    kube = {"neuron-dra:kubeconfig": str(tmp_path / "kubeconfig"), "neuron-dra:driverImage": IMAGE}
+    kube = {"neuron-dra:kubeconfig": str(tmp_path / "kubeconfig"), "neuron-dra:driverImage": IMAGE,
+            "neuron-dra:efaDriver": "external"}
     args = plan_args(tmp_path, kube, {**kube, "neuron-dra:driverName": "team.neuron.aws.com"})
     assert plan_cli.run(args) == 1
     err = capsys.readouterr().err
