@@ -1,6 +1,7 @@
-"""`neuron-dra plan`: run the Pulumi stack offline under mocks and print resources or manifests.
+"""`neuron-dra plan`: run the Pulumi stack offline under mocks and print resources or manifests, or (`--diff OLD`)
+what changes from an older config.
 
-The program, its mocks and the rendering are components/plan.py's.
+The program, its mocks and the rendering are components/plan.py's; the diff is components/plan_diff.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from neuron_dra.components.plan import (
     render_yaml,
     user_error,
 )
+from neuron_dra.components.plan_diff import diff_runs, render_diff
 
 HELP = (
     "Run a Pulumi program offline under Pulumi mocks and print the resource tree with key inputs (-o table) or "
@@ -33,7 +35,9 @@ HELP = (
     "its main program (default __main__.py) with DIR as working directory and first on sys.path; its "
     "pulumi.export values are printed. pulumi.StackReference outputs come from --stack-outputs FILE. AWS is not "
     "contacted: ids, ARNs, AZ offerings and a built image's digest are placeholders (-o yaml refuses a built "
-    "image: set neuron-dra:driverImage to the image to deploy)."
+    "image: set neuron-dra:driverImage to the image to deploy). With --diff OLD: what `pulumi up` would create, "
+    "update, replace and delete going from the stack config OLD to the new one (--config FILE, or the defaults), "
+    "what replaces nodes and what changes what running claims get (docs/upgrades.md)."
 )
 
 
@@ -51,6 +55,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack-outputs", metavar="FILE", type=Path,
                         help="YAML mapping of stack names (org/project/stack) to the outputs a "
                              "pulumi.StackReference to them reads")
+    parser.add_argument("--diff", metavar="OLD", type=Path,
+                        help="the stack config deployed now (Pulumi.<stack>.yaml format): print what changes from it "
+                             "to the new config instead of the plan")
 
 
 def built_images(result: Any) -> list[str]:
@@ -68,18 +75,27 @@ def built_images(result: Any) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    old: Any = None
+    if args.diff is not None and args.output == "yaml":
+        print("neuron-dra plan: --diff prints a table of changes; -o yaml renders one config", file=sys.stderr)
+        return 2
     try:
         outputs = load_stack_outputs(args.stack_outputs) if args.stack_outputs else None
         if args.program is not None:
             project = Project.load(args.program)
             stack_file = args.config or project.directory / f"Pulumi.{args.stack}.yaml"
             config = load_config_file(stack_file, project.name) if stack_file.is_file() or args.config else {}
-            result = plan_program(project, config, args.stack, outputs)
+            if args.diff is not None:
+                old = _old_run(args.diff, lambda c: plan_program(project, c, args.stack, outputs), project.name)
+            result = plan_program(project, config, args.stack, outputs, old.exports if old else None)
         else:
             if outputs is not None:
                 raise PlanError("--stack-outputs is for --program: the default stack reads no StackReference")
             config = load_config_file(args.config) if args.config else {}
-            result = plan(config, stack=args.stack)
+            if args.diff is not None:
+                old = _old_run(args.diff, lambda c: plan(c, stack=args.stack))
+            # The new run reads the old one's exports as its stack's last outputs (a driver rename is refused).
+            result = plan(config, stack=args.stack, previous=old.exports if old else None)
     except PlanError as e:
         print(f"neuron-dra plan: {e}", file=sys.stderr)
         return 2
@@ -89,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"neuron-dra plan: {ours}", file=sys.stderr)
         return 1
+    if old is not None:
+        sys.stdout.write(render_diff(diff_runs(old, result)))
+        return 0
     if args.output == "yaml":
         built = built_images(result)
         if built:
@@ -101,3 +120,15 @@ def run(args: argparse.Namespace) -> int:
     if notice:
         print(notice, file=sys.stderr)
     return 0
+
+
+def _old_run(path: Path, run_plan: Any, project: str = "neuron-dra") -> Any:
+    """The plan of the OLD config; its errors name --diff."""
+    config = load_config_file(path, project, "--diff")
+    try:
+        return run_plan(config)
+    except Exception as e:
+        ours = user_error(e)
+        if ours is None:
+            raise
+        raise PlanError(f"--diff {path}: the old config does not plan: {ours}") from e

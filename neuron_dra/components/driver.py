@@ -13,6 +13,10 @@ What `pulumi up` waits for: the Kubernetes provider waits until the DaemonSet ha
 pod updated and ready), by default up to `rollout_timeout_seconds` = 600, then fails the update (the objects
 stay). 0 skips that wait (annotation `pulumi.com/skipAwait`): the update then ends once the apiserver has the
 DaemonSet, whether or not its pods run (docs/pulumi-engine.md §3).
+
+A driver is not renamed in place: given `previous_driver_name` (the name this stack's driver had at its last `up`;
+the default stack reads it from its own previous outputs), a different `options.driver_name` fails the preview,
+before any object is registered, with `DriverRenameError` (docs/upgrades.md "Renaming the driver").
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class NeuronDraDriverArgs:
     platform: str -- the image's platform (default linux/amd64).
     rollout_timeout_seconds: int -- how long `pulumi up` waits for the DaemonSet's rollout (default 600;
         0: not at all, annotation pulumi.com/skipAwait).
+    previous_driver_name: Input[str | None] | None -- the driver name this stack deployed last (e.g. a
+        StackReference to the stack itself, `own_previous_outputs()`); a different driver name is refused
+        (`DriverRenameError`). None or "": nothing deployed yet, no check.
     """
 
     options: DriverDeployOptions = field(default_factory=DriverDeployOptions)
@@ -77,6 +84,7 @@ class NeuronDraDriverArgs:
     source_dir: Path | None = None
     platform: str = "linux/amd64"
     rollout_timeout_seconds: int = DEFAULT_ROLLOUT_TIMEOUT_SECONDS
+    previous_driver_name: pulumi.Input[str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.force_delete_repository is not True and self.force_delete_repository is not False:
@@ -166,6 +174,10 @@ class NeuronDraDriver(pulumi.ComponentResource):
             self.repository, self.image = built.repository, built.ref
         else:
             self.image = pulumi.Output.from_input(args.image).apply(_warn_if_floating)
+        # Every object waits for the rename check: a refused rename registers nothing (the Automation API's and
+        # `pulumi up --skip-preview`'s updates included, which run no preview first).
+        guard = pulumi.Output.from_input(args.previous_driver_name).apply(
+            functools.partial(check_driver_rename, current=options.driver_name))
         # The dicts as `deploy` renders them, once; only the DaemonSet's container image waits for the reference.
         self.manifests = deploy.manifests(options)
         self.objects = {}
@@ -174,12 +186,14 @@ class NeuronDraDriver(pulumi.ComponentResource):
         for manifest in self.manifests:
             kind = manifest["kind"]
             depends = [*waits, *(obj for k in _DEPENDS_ON.get(kind, ()) for obj in by_kind.get(k, ()))]
-            overrides: dict[str, Any] | None = None
             child = pulumi.ResourceOptions(parent=self, depends_on=depends)
+            metadata: Manifest = manifest["metadata"]
+            overrides: dict[str, Any] = {}
             if kind == "DaemonSet" and manifest["metadata"]["name"] == options.daemonset_name:
                 # The driver's own DaemonSet (the exporter's runs AWS's image as rendered).
                 overrides = {"spec": self.image.apply(functools.partial(_with_image, manifest["spec"]))}
-                overrides["metadata"], child = _await(manifest, child, args.rollout_timeout_seconds)
+                metadata, child = _await(manifest, child, args.rollout_timeout_seconds)
+            overrides["metadata"] = guard.apply(functools.partial(_after_check, metadata))
             obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)
             self.objects[deploy.object_key(manifest)] = obj
             by_kind.setdefault(kind, []).append(obj)
@@ -195,6 +209,46 @@ class NeuronDraDriver(pulumi.ComponentResource):
     def device_class_names(self) -> list[str]:
         """The names of the DeviceClasses it creates (the NeuronCore class only where the minor serves it)."""
         return [m["metadata"]["name"] for m in self.manifests if m["kind"] == "DeviceClass"]
+
+
+class DriverRenameError(ValueError):
+    """A driver name that differs from the one this stack's driver runs under."""
+
+    def __init__(self, previous: str, current: str) -> None:
+        self.previous, self.current = previous, current
+        super().__init__(
+            f"driverName: this stack's driver runs as {previous!r}; renaming it to {current!r} in one update is "
+            f"refused. The new name is a second driver: for the length of the update both would publish every "
+            f"Neuron device of the same nodes as free, each with its own lock and checkpoint (both keyed by the "
+            f"driver name), so one device could be given to two claims; and kubelet unprepares a claim only "
+            f"through the driver that prepared it, so claims of {previous!r} could no longer be unprepared once "
+            f"it is gone. To migrate: (1) drain the driver's nodes, or delete the workloads whose pods hold claims "
+            f"of {previous!r}; (2) remove the old driver with its claim templates: `pulumi destroy` (a stack on an "
+            f"existing cluster holds nothing else; a stack that also holds the cluster: docs/upgrades.md); (3) "
+            f"`pulumi up` with driverName {current!r}. Or set driverName back to {previous!r}. "
+            f"See docs/upgrades.md \"Renaming the driver\".")
+
+
+def check_driver_rename(previous: object, current: str) -> None:
+    """Refuse `current` when this stack's driver ran under another name (`previous`; None or "": none yet)."""
+    if previous is None or previous == "":
+        return
+    if not isinstance(previous, str):
+        raise SettingError("NeuronDraDriverArgs.previous_driver_name", previous,
+                           "the driver name of the stack's last update (a string), or None")
+    if previous != current:
+        raise DriverRenameError(previous, current)
+
+
+def _after_check(metadata: Manifest, _checked: None) -> Manifest:
+    return metadata
+
+
+def own_previous_outputs() -> pulumi.StackReference:
+    """A reference to this very stack: what its last `pulumi up` exported (nothing for a new or destroyed stack).
+    Read at preview too (a StackReference is a read); `neuron-dra plan` answers it with `PlanMocks(previous=...)`."""
+    name = f"{pulumi.get_organization()}/{pulumi.get_project()}/{pulumi.get_stack()}"
+    return pulumi.StackReference(f"{pulumi.get_stack()}-previous", stack_name=name)
 
 
 def _warn_if_floating(image: str) -> str:

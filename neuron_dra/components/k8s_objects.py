@@ -4,6 +4,10 @@ The manifests come from `neuron_dra.driver.deploy` and the claim templates; this
 (apiVersion, kind) to its typed resource class and passes the manifest's fields through unchanged, so the
 objects Pulumi applies are exactly those dicts (camelCase keys are accepted by the typed resources as-is).
 An unsupported kind is an error rather than a silent fallback to an untyped resource.
+
+Objects whose fields the API server keeps immutable are replaced, never patched (`REPLACED_ON_CHANGE`, the one
+table: `create_object` turns it into `replace_on_changes` and `delete_before_replace`, and `neuron-dra plan --diff`
+reads those options back from what the program registered; docs/upgrades.md "Day two").
 """
 
 from __future__ import annotations
@@ -43,6 +47,34 @@ RESOURCE_CLASSES: Mapping[tuple[str, str], ResourceFactory] = {
     ("v1", "Service"): k8s.core.v1.Service,  # the metrics port's (docs/metrics.md)
     ("monitoring.coreos.com/v1", "PodMonitor"): _pod_monitor,
 }
+
+# Fields the API server refuses to change (upstream k8s.io/kubernetes v1.36.5 pkg/apis/*/validation):
+# - ResourceClaimTemplate.spec: `ValidateResourceClaimTemplateUpdate` (ValidateImmutableField(template.Spec)); the
+#   Kubernetes provider's own force-new list (pulumi-kubernetes provider/pkg/provider/diff.go) has no resource.k8s.io
+#   kind, so without this a changed template fails `pulumi up` with "field is immutable".
+# - ClusterRoleBinding.roleRef and DaemonSet.spec.selector: on that force-new list already; listed here too so that
+#   the plan's diff has one table to read.
+# Mutable, so patched in place: DeviceClass (ValidateDeviceClassUpdate validates the new spec only),
+# ValidatingAdmissionPolicy and its binding (paramKind, policyName: validated, not frozen), Namespace, ConfigMap
+# (without `immutable: true`), Service (the driver's sets no clusterIP), NetworkPolicy, PodMonitor. Helm releases
+# (helm.v3.Release) are upgraded by Helm. Every object has a fixed name, so the old one goes first
+# (delete_before_replace): a new one of the same name cannot exist beside it. Pods running keep their claims (a
+# generated ResourceClaim belongs to its pod, not to the template); pods created after use the new template.
+REPLACED_ON_CHANGE: Mapping[tuple[str, str], tuple[str, ...]] = {
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): ("spec",),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("roleRef",),
+    ("apps/v1", "DaemonSet"): ("spec.selector",),
+}
+
+
+def replace_options(api_version: str, kind: str) -> pulumi.ResourceOptions | None:
+    """The options that make the engine replace (old object first) an object of this kind whose immutable
+    fields change; None for kinds patched in place."""
+    paths = REPLACED_ON_CHANGE.get((api_version, kind))
+    if paths is None:
+        return None
+    return pulumi.ResourceOptions(replace_on_changes=list(paths), delete_before_replace=True)
+
 
 # Top-level manifest fields -> the resource's keyword argument.
 _FIELD_ARGS = {
@@ -86,4 +118,5 @@ def create_object(
         if field_name not in _FIELD_ARGS:
             raise ValueError(f"{key[1]} field {field_name!r} is not supported; supported: {', '.join(_FIELD_ARGS)}")
         kwargs[_FIELD_ARGS[field_name]] = value
-    return factory(name, opts=opts, **kwargs)
+    replace = replace_options(*key)
+    return factory(name, opts=pulumi.ResourceOptions.merge(opts, replace) if replace else opts, **kwargs)

@@ -27,6 +27,7 @@ T = TypeVar("T")
 
 ACCOUNT = "123456789012"
 DEFAULT_REGION = "us-east-2"
+ORGANIZATION = "organization"  # what the engine's file backend calls every stack's organization
 
 
 # How the engine marks a secret value: {SIG_KEY: SECRET_SIG, "value": ...} (pulumi's wire format).
@@ -61,6 +62,9 @@ class RecordedResource:
     provider: str
     inputs: Mapping[str, Any]
     dependencies: tuple[str, ...]
+    # The resource options that make the engine replace instead of update (what `plan --diff` reads).
+    replace_on_changes: tuple[str, ...] = ()
+    delete_before_replace: bool = False
 
     @property
     def plain_inputs(self) -> dict[str, Any]:
@@ -91,6 +95,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 urn=response.urn, type=request.type, name=request.name, parent=request.parent,
                 custom=bool(request.custom), provider=request.provider, inputs=inputs,
                 dependencies=tuple(request.dependencies),
+                replace_on_changes=tuple(request.replaceOnChanges),
+                delete_before_replace=bool(request.deleteBeforeReplace),
             ))
         return response
 
@@ -105,12 +111,17 @@ class PlanMocks(pulumi.runtime.Mocks):
     `offerings`: instance type -> AZs offering it (default: every type in the region's a, b and c zones).
     `subnet_zones`: subnet id -> AZ for subnets the program is given (default: round robin over the zones).
     `stack_outputs`: stack name (`org/project/stack`) -> the outputs a `pulumi.StackReference` to it reads.
+    `previous`: what the program's own stack exported at its last update, which a StackReference to the stack
+        itself reads (`driver.own_previous_outputs`; default: nothing, a stack not yet deployed).
     """
 
     def __init__(self, region: str = DEFAULT_REGION, offerings: Mapping[str, Sequence[str]] | None = None,
                  subnet_zones: Mapping[str, str] | None = None,
-                 stack_outputs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 stack_outputs: Mapping[str, Mapping[str, Any]] | None = None,
+                 previous: Mapping[str, Any] | None = None) -> None:
         self.region = region
+        self.previous = dict(previous or {})
+        self.own_stack: str | None = None  # `org/project/stack` of the run (run_offline sets it)
         self.stack_outputs = {k: dict(v) for k, v in (stack_outputs or {}).items()}
         self.zones = tuple(f"{region}{s}" for s in "abc")
         self.offerings = {k: tuple(v) for k, v in (offerings or {}).items()}
@@ -134,6 +145,8 @@ class PlanMocks(pulumi.runtime.Mocks):
             out.setdefault("arn", f"arn:aws:{service}:{self.region}:{ACCOUNT}:{args.name}")
         if typ == "pulumi:pulumi:StackReference":
             name = inputs.get("name") or args.name
+            if name == self.own_stack and name not in self.stack_outputs:
+                self.stack_outputs[name] = self.previous
             if name not in self.stack_outputs:
                 raise MissingStackOutputs(
                     f"pulumi.StackReference {name!r}: no outputs given for it (PlanMocks(stack_outputs=...), or "
@@ -284,10 +297,12 @@ def run_offline(
     Exceptions raised by the program (or by an `apply` it registered) propagate, as they fail `pulumi up`.
     """
     mocks = mocks or PlanMocks()
+    mocks.own_stack = f"{ORGANIZATION}/{project}/{stack}"
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_all_config(dict(config or {}), secret_keys=[])
     pulumi_settings.set_root_resource(None)  # type: ignore[arg-type]  # a fresh root stack for this run
-    pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
+    pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor,
+                            organization=ORGANIZATION)
     holder: dict[str, Any] = {}
 
     @pulumi.runtime.test  # type: ignore[untyped-decorator]

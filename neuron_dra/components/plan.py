@@ -29,6 +29,7 @@ import yaml
 from pulumi.runtime.settings import get_root_resource
 
 from neuron_dra.components.claims import ClaimTemplateCheckError
+from neuron_dra.components.driver import DriverRenameError
 from neuron_dra.components.mocks import DEFAULT_REGION, MissingStackOutputs, PlanMocks, run_offline
 from neuron_dra.components.stack import build_stack, settings_from_pulumi_config
 from neuron_dra.driver.errortext import shown
@@ -49,18 +50,18 @@ class PlanError(Exception):
 STACK_FILE_KEYS = ("config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment")
 
 
-def load_config_file(path: Path, project: str = "neuron-dra") -> dict[str, str]:
+def load_config_file(path: Path, project: str = "neuron-dra", what: str = "--config") -> dict[str, str]:
     """A stack config file as the engine passes it to programs: full keys (`project:` for keys without one),
     string values, JSON for structures."""
-    document = _read_yaml(path, "--config")
+    document = _read_yaml(path, what)
     if document is None:
         return {}
     if not isinstance(document, Mapping) or not isinstance(document.get("config", {}), Mapping):
-        raise PlanError(f"--config {path}: expected a mapping with a `config:` mapping of settings")
+        raise PlanError(f"{what} {path}: expected a mapping with a `config:` mapping of settings")
     # A misspelt `config:` would otherwise plan the default stack without a word (issue 14).
     unknown = sorted(str(k) for k in document if k not in STACK_FILE_KEYS)
     if unknown:
-        raise PlanError(f"--config {path}: unknown top-level key {shown(unknown[0])}; a stack config file has "
+        raise PlanError(f"{what} {path}: unknown top-level key {shown(unknown[0])}; a stack config file has "
                         f"{', '.join(STACK_FILE_KEYS)} (the settings go under `config:`)")
     return _flatten(path, document, project)  # bounded_yaml's nesting bound keeps json.dumps from recursing deep
 
@@ -81,9 +82,10 @@ def _flatten(path: Path, document: Mapping[str, Any], project: str) -> dict[str,
     return config
 
 
-def plan(config: Mapping[str, str], stack: str = "plan") -> Any:
-    """Run the stack under mocks; returns the OfflineRun."""
-    mocks = PlanMocks(region=config.get("aws:region", DEFAULT_REGION))
+def plan(config: Mapping[str, str], stack: str = "plan", previous: Mapping[str, Any] | None = None) -> Any:
+    """Run the stack under mocks; returns the OfflineRun. `previous`: the stack's exports at its last update
+    (what its StackReference to itself reads; `plan --diff` passes the old config's)."""
+    mocks = PlanMocks(region=config.get("aws:region", DEFAULT_REGION), previous=previous)
 
     def program() -> Any:
         return build_stack(settings_from_pulumi_config("neuron-dra"), stack=stack)
@@ -145,11 +147,13 @@ def load_stack_outputs(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def plan_program(project: Project, config: Mapping[str, str], stack: str,
-                 stack_outputs: Mapping[str, Mapping[str, Any]] | None = None) -> Any:
+                 stack_outputs: Mapping[str, Mapping[str, Any]] | None = None,
+                 previous: Mapping[str, Any] | None = None) -> Any:
     """Run the user's program under mocks: DIR as working directory and first on sys.path, `__name__` set to
     `__main__` as the Python language host does; returns the OfflineRun (its exports: the program's)."""
     values = {**project.defaults, **config}
-    mocks = PlanMocks(region=values.get("aws:region", DEFAULT_REGION), stack_outputs=stack_outputs)
+    mocks = PlanMocks(region=values.get("aws:region", DEFAULT_REGION), stack_outputs=stack_outputs,
+                      previous=previous)
 
     def program() -> Any:
         runpy.run_path(str(project.main), run_name="__main__")
@@ -332,7 +336,7 @@ def user_error(exc: BaseException) -> BaseException | None:
     """Our own error behind Pulumi's wrapping (errors raised in `apply` come back as causes)."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, NotAllowed | ClaimTemplateCheckError | MissingStackOutputs):
+        if isinstance(seen, NotAllowed | ClaimTemplateCheckError | MissingStackOutputs | DriverRenameError):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None

@@ -32,7 +32,7 @@ import pulumi_kubernetes as k8s
 from neuron_dra.components import core_scale
 from neuron_dra.components.claims import ClaimTemplates, ClaimTemplatesArgs, TemplateCheck, module_templates
 from neuron_dra.components.cluster import TrainiumCluster, TrainiumClusterArgs
-from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs
+from neuron_dra.components.driver import NeuronDraDriver, NeuronDraDriverArgs, own_previous_outputs
 from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDraDriverArgs, EfaDriverRef
 from neuron_dra.components.karpenter import TrainiumKarpenter, TrainiumKarpenterArgs
 from neuron_dra.components.monitoring import serves_pod_monitors
@@ -216,6 +216,8 @@ def build_stack(
         source_dir=source_dir, cluster=cluster,
         force_delete_repository=settings.driver_repository_force_delete,
         rollout_timeout_seconds=settings.driver_rollout_timeout_seconds,
+        # The driver name of this stack's last update (its `driverName` export): a rename is refused at preview.
+        previous_driver_name=own_previous_outputs().get_output("driverName"),
     ), opts=pulumi.ResourceOptions(provider=provider))
     efa_driver = _efa_driver(settings, provider)
     # The group controller and class where the nodes hold UltraServer types (docs/ultraserver.md §3).
@@ -236,6 +238,7 @@ def build_stack(
         "nodeGroupNames": [g.name for g in groups],
         "nodePoolNames": [p.name for p in pools],
         "driverNamespace": driver.namespace,
+        "driverName": driver.driver_name,
         "driverImage": driver.image,
         "claimTemplates": claim_templates.names,
         "ultraserverDeviceClass": ultraserver.device_class_name if ultraserver else None,
