@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from neuron_dra.driver.daemon.observability.metrics import Metrics
-from neuron_dra.driver.daemon.publisher import SlicePublisher
+from neuron_dra.driver.daemon.publisher import slice_publisher
 from neuron_dra.driver.kubeletplugin._kube import ApiClientError, ClientOptions
 from neuron_dra.driver.kubeletplugin._ratelimit import Rate
 from neuron_dra.driver.model.discovery import discover
@@ -37,6 +37,7 @@ def all_slices(api: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.cluster
+@pytest.mark.process
 def test_withdraw_deletes_exactly_this_nodes_slices_of_this_driver_and_publishes_nothing_after(
         api: Any, host_root: Path) -> None:
     ensure_node(api, NODE, {})
@@ -44,7 +45,7 @@ def test_withdraw_deletes_exactly_this_nodes_slices_of_this_driver_and_publishes
     wipe(api)
     wipe(api, "node-b")
     metrics = Metrics()
-    pub = SlicePublisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), metrics)
+    pub = slice_publisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER), metrics)
     pub.reconcile()
     ours = [s["metadata"]["name"] for s in slices(api)]
     assert len(ours) == 1
@@ -76,6 +77,7 @@ def fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
 
 
 @pytest.mark.attacks
+@pytest.mark.process
 def test_withdraw_against_a_dripping_api_server_ends_by_its_own_deadline(fake_api: FakeApiServer,
                                                                          host_root: Path) -> None:
     """The grace period bounds the stop: every request of the withdrawal gets what is left of its deadline."""
@@ -89,7 +91,7 @@ def test_withdraw_against_a_dripping_api_server_ends_by_its_own_deadline(fake_ap
 
     fake_api.script = script
     api = fake_api.client(options=ClientOptions(rate=Rate(1000, 1000), deadline=30))
-    pub = SlicePublisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER))
+    pub = slice_publisher(api, discover(host_root), NODE, PublishOptions(driver_name=DRIVER))
     with pytest.raises(ApiClientError, match=r"no complete answer within the request deadline of 1(\.0*)? s|"
                                              r"of 0\.\d+ s"):
         pub.withdraw(1.0)

@@ -101,7 +101,7 @@ VALUE_SETS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def helm() -> Path:
-    from neuron_dra.localcluster.helm import build_helm
+    from tests.support.helm import build_helm
 
     return build_helm()
 
@@ -269,7 +269,7 @@ def test_helm_install_upgrade_uninstall_on_a_control_plane(helm: Path, chart: Pa
 
 
 def test_release_workflow_pushes_the_chart_with_the_pinned_helm() -> None:
-    from neuron_dra.localcluster.helm import helm_version
+    from tests.support.helm import helm_version
 
     workflow = Path(__file__).resolve().parents[3] / ".github" / "workflows" / "release-image.yml"
     job = yaml.safe_load(workflow.read_text())["jobs"]["chart"]

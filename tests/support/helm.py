@@ -1,13 +1,14 @@
-"""The Helm CLI at the version `go/helm/go.mod` pins, built from the Go module proxy like the other tools
-(docs/helm.md): what lints, templates, packages and installs the driver's chart (driver/deploy/chart.py)."""
+"""The Helm CLI at the version `tests/support/go/helm/go.mod` pins, built from the Go module proxy like the other
+tools (docs/helm.md): what the tests lint, template, package and install the driver's chart with
+(driver/deploy/chart.py). Test support: users bring their own helm."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from neuron_dra.localcluster.build import GO_DIR, Log, pinned_build, required_version
+from neuron_dra.localcluster.build import Log, pinned_build, required_version
 
-HELM_MODULE = GO_DIR / "helm"
+HELM_MODULE = Path(__file__).resolve().parent / "go" / "helm"
 HELM = "helm.sh/helm/v4"
 
 
