@@ -17,7 +17,7 @@ from typing import Any, Required, TypedDict
 import pulumi
 import pulumi_kubernetes as k8s
 
-from neuron_dra.components import claims, driver
+from neuron_dra.components import claims, cluster, driver
 from neuron_dra.components.efa_driver import EXTERNAL
 from neuron_dra.components.settings import DEFAULT_ROLLOUT_TIMEOUT_SECONDS, SettingError
 from neuron_dra.driver.deploy.options import DriverDeployOptions
@@ -150,7 +150,86 @@ class ClaimTemplates(pulumi.ComponentResource):
         self.register_outputs({"names": self.names})
 
 
-COMPONENTS: list[type[pulumi.ComponentResource]] = [NeuronDraDriver, ClaimTemplates]
+class TrainiumClusterArgs(TypedDict, total=False):
+    """The inputs of TrainiumCluster (neuron_dra.components.TrainiumClusterArgs), under the same names."""
+
+    cluster_name: pulumi.Input[str]
+    """EKS cluster name (default: the component's resource name)."""
+    kubernetes_version: str
+    """Kubernetes minor EKS offers, e.g. "1.36"."""
+    vpc_id: pulumi.Input[str]
+    """An existing VPC (with private_subnet_ids); unset: a new VPC."""
+    private_subnet_ids: pulumi.Input[list[str]]
+    """Private subnets of vpc_id, at least two AZs."""
+    public_subnet_ids: pulumi.Input[list[str]]
+    """Public subnets of vpc_id (load balancers)."""
+    vpc_cidr: str
+    """CIDR of a new VPC."""
+    availability_zones: list[str]
+    """AZs of a new VPC."""
+    nat_gateways: str
+    """NAT gateways of a new VPC: Single or OnePerAz."""
+    admin_principal_arns: pulumi.Input[list[str]]
+    """IAM roles/users given cluster-admin access entries."""
+    endpoint_public_access: bool
+    """Whether the API endpoint is reachable from the internet."""
+    public_access_cidrs: pulumi.Input[list[str]]
+    """CIDRs allowed to the public endpoint."""
+    vpc_cni_version: pulumi.Input[str]
+    """The vpc-cni add-on version (default: EKS's default for the minor)."""
+    coredns_version: pulumi.Input[str]
+    """The coredns add-on version."""
+    kube_proxy_version: pulumi.Input[str]
+    """The kube-proxy add-on version."""
+    pod_identity_agent_version: pulumi.Input[str]
+    """The eks-pod-identity-agent add-on version."""
+    efa_only_interfaces: bool
+    """Some node group uses EFA-only interfaces."""
+    vpc_cni_identity: str
+    """podIdentity or nodeRole."""
+    network_policy: bool
+    """The VPC CNI enforces NetworkPolicies."""
+    tags: dict[str, str]
+    """AWS tags on everything created."""
+
+
+class TrainiumCluster(pulumi.ComponentResource):
+    """An EKS cluster for Trainium node groups (neuron_dra.components.TrainiumCluster). Node groups and pools,
+    which take the cluster object, are Python only (see docs/components.md, "From other languages")."""
+
+    cluster_name: pulumi.Output[str]
+    """The EKS cluster's name."""
+    kubernetes_version: pulumi.Output[str]
+    """Its Kubernetes minor."""
+    kubeconfig: pulumi.Output[str]
+    """A kubeconfig for it (give it to NeuronDraDriver and ClaimTemplates)."""
+    vpc_id: pulumi.Output[str]
+    """Its VPC."""
+    private_subnet_ids: pulumi.Output[list[str]]
+    """Its private subnets."""
+    public_subnet_ids: pulumi.Output[list[str]]
+    """Its public subnets."""
+    cluster_security_group_id: pulumi.Output[str]
+    """The cluster security group."""
+    oidc_provider_arn: pulumi.Output[str]
+    """The IAM OIDC provider's ARN."""
+
+    def __init__(self, name: str, args: TrainiumClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(f"{PACKAGE}:index:TrainiumCluster", name, {}, opts)
+        inner = cluster.TrainiumCluster(name, cluster.TrainiumClusterArgs(**args),
+                                        pulumi.ResourceOptions(parent=self))
+        self.cluster_name = inner.cluster_name
+        self.kubernetes_version = pulumi.Output.from_input(inner.kubernetes_version)
+        self.kubeconfig = inner.kubeconfig
+        self.vpc_id = inner.vpc_id
+        self.private_subnet_ids = inner.private_subnet_ids
+        self.public_subnet_ids = inner.public_subnet_ids
+        self.cluster_security_group_id = inner.cluster_security_group_id
+        self.oidc_provider_arn = inner.oidc_provider_arn
+        self.register_outputs({"clusterName": self.cluster_name, "kubeconfig": self.kubeconfig})
+
+
+COMPONENTS: list[type[pulumi.ComponentResource]] = [TrainiumCluster, NeuronDraDriver, ClaimTemplates]
 
 
 def main() -> None:

@@ -32,6 +32,11 @@ def schema() -> dict[str, Any]:
 
 def test_the_inferred_schema_lists_the_components_with_their_inputs_and_outputs() -> None:
     resources = schema()["resources"]
+    assert set(resources) == {f"neuron-dra:index:{c}" for c in ("TrainiumCluster", "NeuronDraDriver", "ClaimTemplates")}
+    cluster = resources["neuron-dra:index:TrainiumCluster"]
+    assert {"clusterName", "kubernetesVersion", "vpcId", "privateSubnetIds", "vpcCniIdentity", "tags"} <= set(
+        cluster["inputProperties"])
+    assert {"kubeconfig", "clusterName", "vpcId", "oidcProviderArn"} <= set(cluster["properties"])
     driver = resources["neuron-dra:index:NeuronDraDriver"]
     assert driver["isComponent"] is True
     assert set(driver["inputProperties"]) == {"options", "image", "kubernetesVersion", "kubeconfig",
@@ -83,3 +88,15 @@ def test_the_templates_adapter_loads_the_file_and_checks_like_the_python_compone
         run_offline(lambda: provider.ClaimTemplates("claims", small))
     with pytest.raises(LoadError, match="no such file"):
         run_offline(lambda: provider.ClaimTemplates("claims", {"templates_file": str(tmp_path / "none.py")}))
+
+
+def test_the_cluster_adapter_passes_its_inputs_to_the_python_component() -> None:
+    args: provider.TrainiumClusterArgs = {"cluster_name": "team-a", "vpc_cni_identity": "nodeRole",
+                                          "kubernetes_version": "1.35"}
+    run = run_offline(lambda: provider.TrainiumCluster("c", args),
+                      exports=lambda c: outputs(c, ["cluster_name", "kubernetes_version"]))
+    assert run.one("eks:index:Cluster").plain_inputs["name"] == "team-a"
+    assert run.exports == {"cluster_name": "team-a", "kubernetes_version": "1.35"}
+    bad: provider.TrainiumClusterArgs = {"vpc_cni_identity": "instanceProfile"}
+    with pytest.raises(ValueError, match="vpc_cni_identity"):
+        run_offline(lambda: provider.TrainiumCluster("c", bad))

@@ -47,7 +47,7 @@ def test_get_schema_lists_the_components_with_their_inputs(tmp_path: Path) -> No
     schema = json.loads(done.stdout)
     assert schema["name"] == "neuron-dra"
     resources = schema["resources"]
-    assert set(resources) == {"neuron-dra:index:NeuronDraDriver", "neuron-dra:index:ClaimTemplates"}
+    assert set(resources) == {f"neuron-dra:index:{c}" for c in ("TrainiumCluster", "NeuronDraDriver", "ClaimTemplates")}
     assert {"options", "image", "kubernetesVersion", "kubeconfig"} <= set(
         resources["neuron-dra:index:NeuronDraDriver"]["inputProperties"])
     assert resources["neuron-dra:index:ClaimTemplates"]["requiredInputs"] == ["templatesFile"]
