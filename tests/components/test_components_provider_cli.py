@@ -9,11 +9,17 @@ import os
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from neuron_dra.localcluster.build import build_pulumi_cli
+from neuron_dra.driver import deploy
+from neuron_dra.driver.deploy import DriverDeployOptions
+from neuron_dra.localcluster.build import build_pulumi_cli, build_pulumi_kubernetes
 from neuron_dra.localcluster.pulumi_yaml import build_pulumi_yaml
+from tests.support.e2e import eventually
+from tests.support.plane import api, plane  # noqa: F401  (fixtures)
+from tests.support.pulumi_engine import is_subset, read_object
 
 pytestmark = [pytest.mark.pulumi_engine, pytest.mark.gobuild, pytest.mark.process, pytest.mark.slow]
 
@@ -23,7 +29,7 @@ PLUGIN = ROOT / "plugin"
 
 def cli_env(tmp_path: Path) -> dict[str, str]:
     """The CLI and the YAML host on PATH, this checkout importable by the provider, an offline file backend."""
-    bins = [str(build_pulumi_cli().parent), str(build_pulumi_yaml().parent)]
+    bins = [str(build_pulumi_cli().parent), str(build_pulumi_yaml().parent), str(build_pulumi_kubernetes().parent)]
     (tmp_path / "home").mkdir()
     (tmp_path / "state").mkdir()
     return {**os.environ, "PATH": os.pathsep.join([*bins, os.environ.get("PATH", "")]),
@@ -88,3 +94,77 @@ def test_a_yaml_program_reaches_the_components_checks(tmp_path: Path) -> None:
     out = done.stdout + done.stderr
     assert "claim template team-ml/rows cannot be satisfied by the cluster's node groups (trn1.2xlarge)" in out, \
         out[-3000:]
+
+
+TEAM_YAML = """\
+name: team
+runtime: yaml
+plugins:
+  providers:
+    - name: neuron-dra
+      path: {plugin}
+config:
+  kubeconfig: {{type: string}}
+resources:
+  k8s:
+    type: pulumi:providers:kubernetes
+    properties:
+      kubeconfig: ${{kubeconfig}}
+  ml:
+    type: kubernetes:core/v1:Namespace
+    properties:
+      metadata: {{name: team-ml}}
+    options:
+      provider: ${{k8s}}
+  driver:
+    type: neuron-dra:NeuronDraDriver
+    properties:
+      kubeconfig: ${{kubeconfig}}
+      image: registry.invalid/team/neuron-dra-driver:1
+      rolloutTimeoutSeconds: 0
+      options: {{namespace: team-dra, driver_name: team.neuron.aws.com}}
+  claims:
+    type: neuron-dra:ClaimTemplates
+    properties:
+      kubeconfig: ${{kubeconfig}}
+      templatesFile: {templates}
+      instanceTypes: [trn2.48xlarge]
+    options:
+      dependsOn: [${{ml}}, ${{driver}}]
+outputs:
+  namespace: ${{driver.namespace}}
+  image: ${{driver.image}}
+  templates: ${{claims.names}}
+"""
+
+
+@pytest.mark.cluster
+def test_a_yaml_program_brings_up_the_driver_and_templates(plane: Any, api: Any, tmp_path: Path) -> None:  # noqa: F811
+    """`pulumi up` of a YAML program using NeuronDraDriver and ClaimTemplates through the plugin, on a local control
+    plane: the driver's objects as the Python component renders them, the template, the outputs; destroy removes
+    them."""
+    env = cli_env(tmp_path)
+    templates = tmp_path / "templates.py"
+    templates.write_text(textwrap.dedent(TEMPLATES))
+    work = tmp_path / "team"
+    work.mkdir()
+    (work / "Pulumi.yaml").write_text(TEAM_YAML.format(plugin=PLUGIN, templates=templates))
+    pulumi(["stack", "init", "dev"], work, env)
+    pulumi(["config", "set", "kubeconfig", str(plane.kubeconfig)], work, env)
+    pulumi(["up", "--yes", "--skip-preview", "--non-interactive"], work, env)
+    out = json.loads(pulumi(["stack", "output", "--json"], work, env).stdout)
+    assert out == {"namespace": "team-dra", "image": "registry.invalid/team/neuron-dra-driver:1",
+                   "templates": ["team-ml/rows"]}
+    options = DriverDeployOptions(namespace="team-dra", driver_name="team.neuron.aws.com",
+                                  image="registry.invalid/team/neuron-dra-driver:1")
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "rows", "namespace": "team-ml"}}
+    planned = [m for m in deploy.manifests(options) if m["kind"] != "DaemonSet"]  # its skipAwait annotation differs
+    for manifest in [*planned, template]:
+        live = read_object(api, manifest)
+        assert live is not None, f"{deploy.object_key(manifest)} is not in the apiserver"
+        assert not is_subset({k: v for k, v in manifest.items() if k != "status"}, live), manifest["kind"]
+    pulumi(["destroy", "--yes", "--skip-preview", "--non-interactive"], work, env)
+    for manifest in [*planned, template]:
+        eventually(lambda: read_object(api, manifest) is None or None, 120,  # noqa: B023
+                   what=f"{deploy.object_key(manifest)} gone")
