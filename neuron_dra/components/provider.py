@@ -77,12 +77,13 @@ class NeuronDraDriver(pulumi.ComponentResource):
     def __init__(self, name: str, args: NeuronDraDriverArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(f"{PACKAGE}:index:NeuronDraDriver", name, {}, opts)
         ours = driver.NeuronDraDriverArgs(
-            options=_deploy_options(args.get("options") or {}),
+            options=_deploy_options(_wire_numbers(args.get("options") or {})),
             image=args.get("image"),
             kubernetes_version=args.get("kubernetes_version"),
             force_delete_repository=args.get("force_delete_repository", False),
             platform=args.get("platform", "linux/amd64"),
-            rollout_timeout_seconds=args.get("rollout_timeout_seconds", DEFAULT_ROLLOUT_TIMEOUT_SECONDS),
+            rollout_timeout_seconds=_wire_numbers(args.get("rollout_timeout_seconds",
+                                                            DEFAULT_ROLLOUT_TIMEOUT_SECONDS)),
         )
         inner = driver.NeuronDraDriver(name, ours, _k8s_opts(name, self, args.get("kubeconfig")))
         self.namespace = pulumi.Output.from_input(inner.namespace)
@@ -95,6 +96,19 @@ class NeuronDraDriver(pulumi.ComponentResource):
         # Children wait for the driver's DeviceClasses: a template naming them is admitted once they exist.
         self.register_outputs({"namespace": self.namespace, "deviceClassName": self.device_class_name,
                                "image": self.image})
+
+
+def _wire_numbers(value: Any) -> Any:
+    """`value` with whole floats as ints, in lists and maps too. Pulumi's wire format has only doubles, and the
+    host (3.272) hands integer inputs on as the float it received; our Args take ints (a fraction stays a float for
+    them to refuse)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_wire_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _wire_numbers(v) for k, v in value.items()}
+    return value
 
 
 def _deploy_options(given: dict[str, Any]) -> DriverDeployOptions:

@@ -70,6 +70,18 @@ def test_the_driver_adapter_passes_its_options_to_the_python_component() -> None
                            "device_class_names": ["team.neuron.aws.com"]}
 
 
+def test_whole_numbers_from_the_wire_reach_the_args_as_ints() -> None:
+    """Pulumi sends every number as a double and the host passes integer inputs on as floats: 0.0 and 9400.0 reach
+    our Args as ints, and a fraction still reaches them to be refused."""
+    args: dict[str, Any] = {"options": {"metrics_port": 9400.0}, "image": "registry.invalid/d:1",
+                            "rollout_timeout_seconds": 0.0}
+    run = run_offline(lambda: provider.NeuronDraDriver("dra", args),  # type: ignore[arg-type]
+                      exports=lambda d: outputs(d, ["namespace"]))
+    assert run.of_type("kubernetes:core/v1:Service")  # the metrics port's Service
+    with pytest.raises(ValueError, match="rollout_timeout_seconds"):
+        run_offline(lambda: provider.NeuronDraDriver("dra", {**args, "rollout_timeout_seconds": 1.5}))  # type: ignore[typeddict-item]
+
+
 def test_a_bad_driver_option_is_refused_by_the_options_model_naming_it() -> None:
     args: provider.NeuronDraDriverArgs = {"options": {"logical_core_count": 2}, "image": "registry.invalid/d:1"}
     with pytest.raises(ValueError, match="logical_core_count"):

@@ -130,7 +130,9 @@ resources:
       templatesFile: {templates}
       instanceTypes: [trn2.48xlarge]
     options:
-      dependsOn: [${{ml}}, ${{driver}}]
+      dependsOn:
+        - ${{ml}}
+        - ${{driver}}
 outputs:
   namespace: ${{driver.namespace}}
   image: ${{driver.image}}
