@@ -116,6 +116,10 @@ def _entry_points(modules: Collection[str]) -> set[str]:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"].values()
     run = re.findall(r"-m (neuron_dra[\w.]*)", (ROOT / "Makefile").read_text() + (ROOT / ".ci" / "run").read_text())
     roots = {target.partition(":")[0] for target in scripts} | set(run)
+    # The Pulumi plugin package (plugin/: PulumiPlugin.yaml and the provider executable other languages run).
+    for entry in (ROOT / "plugin").iterdir():
+        if entry.is_file() and entry.name != "PulumiPlugin.yaml":
+            roots |= set(re.findall(r"^from (neuron_dra[\w.]*) import", entry.read_text(), re.M))
     roots |= {f"neuron_dra.cli.{source.stem}" for source in commands().values()}
     roots |= {m for m in modules if m.endswith(".__main__") or (PACKAGE.parent / m.replace(".", "/")).is_dir()}
     assert roots <= set(modules), sorted(roots - set(modules))

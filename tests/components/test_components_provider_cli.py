@@ -1,5 +1,5 @@
 """The plugin package under the real Pulumi CLI (built from the Go module proxy, docs/pulumi-engine.md): its schema
-as `pulumi package get-schema` reads it, and a Pulumi YAML program (pulumi-language-yaml, localcluster/pulumi_yaml.py)
+as `pulumi package get-schema` reads it, and a Pulumi YAML program (pulumi-language-yaml, tests/support/pulumi_yaml.py)
 using the components through it."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import DriverDeployOptions
 from neuron_dra.localcluster.build import build_pulumi_cli, build_pulumi_kubernetes
-from neuron_dra.localcluster.pulumi_yaml import build_pulumi_yaml
 from tests.support.e2e import eventually
 from tests.support.plane import api, plane  # noqa: F401  (fixtures)
 from tests.support.pulumi_engine import is_subset, read_object
+from tests.support.pulumi_yaml import build_pulumi_yaml
 
 pytestmark = [pytest.mark.pulumi_engine, pytest.mark.gobuild, pytest.mark.process, pytest.mark.slow]
 

@@ -1,14 +1,14 @@
-"""pulumi-language-yaml, the Pulumi YAML language host, at the version `go/pulumi-yaml/go.mod` pins, built from the
-Go module proxy like the other tools: what runs a Pulumi YAML program that uses the components through their
-provider (docs/components.md, "From other languages")."""
+"""pulumi-language-yaml, the Pulumi YAML language host, at the version `tests/support/go/pulumi-yaml/go.mod`
+pins, built from the Go module proxy like the other tools: what runs a Pulumi YAML program that uses the
+components through their provider in the tests (docs/components.md, "From other languages")."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from neuron_dra.localcluster.build import GO_DIR, Log, pinned_build, required_version
+from neuron_dra.localcluster.build import Log, pinned_build, required_version
 
-PULUMI_YAML_MODULE = GO_DIR / "pulumi-yaml"
+PULUMI_YAML_MODULE = Path(__file__).resolve().parent / "go" / "pulumi-yaml"
 PULUMI_YAML = "github.com/pulumi/pulumi-yaml"
 
 
