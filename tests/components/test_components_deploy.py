@@ -154,7 +154,7 @@ def test_device_classes_split_the_driver_into_devices_and_cores_with_the_device_
 ])
 def test_device_class_options_are_checked(option: str, value: str, allowed: str) -> None:
     with pytest.raises(DeployOptionError, match=allowed) as e:
-        DriverDeployOptions(**{option: value})  # type: ignore[arg-type]
+        DriverDeployOptions(**{option: value})
     assert option in str(e.value) and repr(value) in str(e.value)
 
 
@@ -243,7 +243,7 @@ def test_daemonset_rolls_with_a_surge_pod_and_no_node_without_the_driver() -> No
     with pytest.raises(DeployOptionError, match=r"max_surge.*True.*whole number of nodes from 0 to 10000"):
         DriverDeployOptions(max_surge=True)
     with pytest.raises(DeployOptionError, match=r"max_unavailable.*'10%'.*whole number of nodes"):
-        DriverDeployOptions(max_unavailable="10%")  # type: ignore[arg-type]
+        DriverDeployOptions(max_unavailable="10%")
 
 
 def test_daemonset_scheduling_security_and_probe() -> None:

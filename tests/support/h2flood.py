@@ -135,7 +135,7 @@ def liveness_read(target: str, seconds: float, connections: int, source: str | N
             sel.register(c.sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
             counts["connections"] += 1
         for key, events in sel.select(0.05):
-            c = conns.get(key.fileobj)  # type: ignore[arg-type]
+            c = conns.get(key.fileobj)  # type: ignore[call-overload]
             if c is None:
                 continue
             try:

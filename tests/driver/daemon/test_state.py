@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -572,10 +573,18 @@ def test_a_call_writes_one_record_and_syncs_at_most_once(env_for: Callable[..., 
     e = env_for()
     e.lookup.put(claim("c", uid(90), devices(0, 1)))
     calls: list[str] = []
-    monkeypatch.setattr(checkpoint_module.os, "pwrite", lambda fd, data, offset, real=os.pwrite: (
-        calls.append("pwrite"), real(fd, data, offset))[1])
-    monkeypatch.setattr(checkpoint_module.os, "fdatasync", lambda fd, real=os.fdatasync: (
-        calls.append("fdatasync"), real(fd))[1])
+    real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        calls.append("pwrite")
+        return real_pwrite(fd, data, offset)
+
+    def fdatasync(fd: int) -> None:
+        calls.append("fdatasync")
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(checkpoint_module, "os", SimpleNamespace(**{**vars(os), "pwrite": pwrite,
+                                                                    "fdatasync": fdatasync}))
     ok(e.state.prepare([ref("c", 90)]), uid(90))
     assert calls == ["pwrite", "fdatasync"]
     calls.clear()

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 
