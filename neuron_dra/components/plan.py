@@ -37,9 +37,9 @@ from neuron_dra.driver.model import bounded_yaml
 from neuron_dra.driver.model.errors import NotAllowed
 
 # The order objects are applied in; also the order of `-o yaml`.
-KIND_ORDER = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-              "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "ConfigMap", "DeviceClass", "DaemonSet",
-              "ResourceClaimTemplate", "EC2NodeClass", "NodePool")
+KIND_ORDER = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "NetworkPolicy", "ConfigMap",
+              "DeviceClass", "DaemonSet", "Deployment", "ResourceClaimTemplate", "EC2NodeClass", "NodePool")
 
 
 class PlanError(Exception):
