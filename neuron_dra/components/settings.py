@@ -758,6 +758,10 @@ class StackSettings(_Settings):
     grafana_dashboard_namespace: str = _setting(
         "", "Namespace of the dashboard ConfigMap (default: the driver's; the sidecar must search it).",
         option="grafana_dashboard_namespace")
+    neuron_monitor: StrictBool = _setting(
+        False, "Run AWS's neuron-monitor with its Prometheus exporter on the Neuron nodes, for the dashboard's "
+        "NeuronCore utilisation per pod and per claim. Off by default: AWS documents neuron-monitor as unsupported on "
+        "DRA nodes, and its container is privileged. docs/utilisation.md.", option="neuron_monitor")
     driver_rollout_timeout_seconds: Annotated[StrictInt, rule(
         lambda t: 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS,
         f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds")] = _setting(
@@ -916,6 +920,7 @@ class StackSettings(_Settings):
                 grafana_dashboard=self.grafana_dashboard is True and self.driver_metrics_port != 0,
                 grafana_dashboard_label=self.grafana_dashboard_label,
                 grafana_dashboard_namespace=self.grafana_dashboard_namespace,
+                neuron_monitor=self.neuron_monitor,
             )
             if self.grafana_dashboard is not True and self.grafana_dashboard is not False:
                 raise SettingError(setting_name(key_of("grafana_dashboard")), self.grafana_dashboard,

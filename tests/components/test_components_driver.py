@@ -262,3 +262,13 @@ def test_the_pod_monitor_and_the_dashboard_are_applied_as_rendered() -> None:
         assert objects[key].plain_inputs == expected[key], key
     (monitor,) = [r for k, r in objects.items() if k.startswith("PodMonitor/") and "neuron-monitor" not in k]
     assert monitor.type == "kubernetes:monitoring.coreos.com/v1:PodMonitor"
+
+
+def test_the_neuron_monitor_setting_adds_the_exporter_and_only_then() -> None:
+    from neuron_dra.components.settings_schema import decode_settings
+
+    off = decode_settings({}).driver_options()
+    on = decode_settings({"neuron-dra:neuronMonitor": "true"}).driver_options()
+    assert (off.neuron_monitor, on.neuron_monitor) == (False, True)
+    exporter = {k for k in map(deploy.object_key, deploy.manifests(on)) if "neuron-monitor" in k}
+    assert exporter and not {k for k in map(deploy.object_key, deploy.manifests(off)) if "neuron-monitor" in k}
