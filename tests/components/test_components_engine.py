@@ -133,8 +133,8 @@ def changed_kinds(before: DriverDeployOptions, after: DriverDeployOptions) -> tu
 
 
 # The steps of the default stack's StackReference to itself (driver.own_previous_outputs): a read each run, a
-# discard at destroy; the counts below are of the resources the stack manages.
-READ_OPS = ("read", "read-replacement", "read-discard", "discard-replaced")
+# Reads, and the discard of a read at destroy (the stack's reference to its own outputs).
+READ_OPS = ("read", "read-replacement", "read-discard", "discard", "discard-replaced")
 
 
 def managed(result: dict[str, Any]) -> dict[str, int]:
