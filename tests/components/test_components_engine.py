@@ -133,7 +133,7 @@ def changed_kinds(before: DriverDeployOptions, after: DriverDeployOptions) -> tu
 
 
 # The steps of the default stack's StackReference to itself (driver.own_previous_outputs): a read each run, a
-# Reads, and the discard of a read at destroy (the stack's reference to its own outputs).
+# discard at destroy; the counts below are of the resources the stack manages.
 READ_OPS = ("read", "read-replacement", "read-discard", "discard", "discard-replaced")
 
 
