@@ -178,6 +178,9 @@ class NeuronDraDriver(pulumi.ComponentResource):
         # `pulumi up --skip-preview`'s updates included, which run no preview first).
         guard = pulumi.Output.from_input(args.previous_driver_name).apply(
             functools.partial(check_driver_rename, current=options.driver_name))
+        # The name to record as this stack's driver (its `driverName` export): only once the check passed, so a
+        # refused rename leaves the recorded name as it was and the next update is compared with the real one.
+        self.checked_driver_name: pulumi.Output[str] = guard.apply(lambda _: options.driver_name)
         # The dicts as `deploy` renders them, once; only the DaemonSet's container image waits for the reference.
         self.manifests = deploy.manifests(options)
         self.objects = {}

@@ -238,7 +238,7 @@ def build_stack(
         "nodeGroupNames": [g.name for g in groups],
         "nodePoolNames": [p.name for p in pools],
         "driverNamespace": driver.namespace,
-        "driverName": driver.driver_name,
+        "driverName": driver.checked_driver_name,
         "driverImage": driver.image,
         "claimTemplates": claim_templates.names,
         "ultraserverDeviceClass": ultraserver.device_class_name if ultraserver else None,
