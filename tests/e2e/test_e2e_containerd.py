@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -433,7 +432,7 @@ def test_a_rollout_and_a_rollback_under_a_stream_of_claim_pods_lose_nothing(ctrd
     eventually(lambda: rolled_out(apps, core), 120, what="the DaemonSet settled before the stream")
     original = raw(apps.read_namespaced_daemon_set(DAEMONSET, DRIVER_NS, _preload_content=False))
     assert original["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
-    changed = deploy.daemonset(replace(daemonset_options(DRIVER, images(ctrd)["driver"]), kube_api_qps=6.0))
+    changed = deploy.daemonset(daemonset_options(DRIVER, images(ctrd)["driver"]).replace(kube_api_qps=6.0))
     assert changed["spec"]["template"] != original["spec"]["template"]
     before = {node: surge_registrations(ctrd, node) for node in (TRN2, TRN1)}
     stream, slices = Stream(kapi, wns, images(ctrd)["workload"], total=200, per_node=5), SliceWatch(kapi)
