@@ -30,6 +30,7 @@ import pulumi
 
 from neuron_dra.components import core_scale
 from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDriverRef, class_requests, missing_efa_driver
+from neuron_dra.components.inputs import keyword_hints
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
 from neuron_dra.components.template_like import ClaimTemplateLike as ClaimTemplateLike
@@ -86,6 +87,7 @@ def module_templates(module_name: str) -> list[ClaimTemplateLike]:
     return list(templates_in(vars(module)))
 
 
+@keyword_hints
 @dataclass(frozen=True, kw_only=True)
 class ClaimTemplatesArgs:
     """Inputs of `ClaimTemplates`.

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from neuron_dra.components import (
+    ClaimTemplatesArgs,
     EfaDraDriver,
     EfaDraDriverArgs,
     NeuronDraDriver,
@@ -29,6 +30,7 @@ from neuron_dra.components.settings import SettingError
     (NeuronDraDriverArgs, "imag", "image"),
     (EfaDraDriverArgs, "node_group", "node_groups"),
     (TrainiumKarpenterArgs, "chart_verison", "chart_version"),
+    (ClaimTemplatesArgs, "template", "templates"),
 ])
 def test_an_unknown_keyword_names_the_closest_field(args: Any, typo: str, meant: str) -> None:
     with pytest.raises(UnknownKeywordError) as err:
