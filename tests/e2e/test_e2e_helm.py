@@ -225,7 +225,7 @@ def test_helm_install_upgrade_uninstall_keeps_the_driver_registered(bare: LocalC
         eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
                                for sa in core.list_namespaced_service_account(ns).items), 30, what="default SA")
         res.create_namespaced_resource_claim_template(ns, claim_template(  # type: ignore[arg-type]
-            "one-device", [{"name": "neuron", "exactly": {"deviceClassName": options.device_class_name}}]))
+            "one-device", [{"name": "neuron", "exactly": {"deviceClassName": DRIVER}}]))
         core.create_namespaced_pod(ns, claim_pod("before", images["workload"], TRN2))  # type: ignore[arg-type]
         before = eventually(lambda: running(core, ns, "before"), 180, what="the claim pod Running")
 
