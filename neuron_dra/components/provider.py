@@ -346,7 +346,8 @@ class TrainiumNodeGroup(pulumi.ComponentResource):
         if _absent(given.get("subnet_ids")) and _absent(given.get("candidate_subnet_ids")):
             raise SettingError("TrainiumNodeGroup.candidate_subnet_ids", None,
                                "the cluster's private subnets (TrainiumCluster's privateSubnetIds), or subnet_ids")
-        ours = nodegroup.TrainiumNodeGroupArgs(**{"name": name, **given})
+        # The resource's dependsOn (the cluster, with its VPC CNI identity) reaches the EKS node group itself.
+        ours = nodegroup.TrainiumNodeGroupArgs(**{"name": name, **given, "depends_on": _depends_on(opts)})
         inner = nodegroup.TrainiumNodeGroup(name, ours, pulumi.ResourceOptions(parent=self))
         if args.get("install_coredns"):
             _coredns(name, self, args["cluster_name"], args.get("coredns_version"), ours.tags, inner.node_group)
@@ -362,6 +363,15 @@ class TrainiumNodeGroup(pulumi.ComponentResource):
         if inner.efa_security_group is not None:
             self.efa_security_group_id = inner.efa_security_group.id
         self.register_outputs({"name": self.name, "nodeGroupArn": self.node_group_arn})
+
+
+def _depends_on(opts: pulumi.ResourceOptions | None) -> tuple[pulumi.Resource, ...]:
+    """The resources of `opts.depends_on` (one or a list, as the host gives them)."""
+    given = opts.depends_on if opts is not None else None
+    if given is None:
+        return ()
+    items = list(given) if isinstance(given, list | tuple) else [given]
+    return tuple(r for r in items if isinstance(r, pulumi.Resource))
 
 
 def _absent(value: Any) -> bool:
@@ -419,7 +429,7 @@ class TrainiumKarpenter(pulumi.ComponentResource):
         super().__init__(f"{PACKAGE}:index:TrainiumKarpenter", name, {}, opts)
         given: dict[str, Any] = {k: v for k, v in dict(args).items()
                                  if k not in ("kubeconfig", "install_coredns", "coredns_version")}
-        ours = karpenter.TrainiumKarpenterArgs(**given)
+        ours = karpenter.TrainiumKarpenterArgs(**given, depends_on=_depends_on(opts))  # the cluster's Pod Identity
         inner = karpenter.TrainiumKarpenter(name, ours, _k8s_opts(name, self, args.get("kubeconfig")))
         if args.get("install_coredns"):
             _coredns(name, self, args["cluster_name"], args.get("coredns_version"), ours.tags, inner.system_node_group)
@@ -496,7 +506,9 @@ class TrainiumNodePool(pulumi.ComponentResource):
         for key in ("instance_types", "instance_families", "capacity_types"):
             if isinstance(given.get(key), list):
                 given[key] = tuple(given[key])
-        ours = nodepool.TrainiumNodePoolArgs(**{"name": name, **given})
+        # The resource's dependsOn (Karpenter, whose chart installs the CRDs) reaches the NodePool and
+        # EC2NodeClass themselves: a component's children do not inherit its dependencies.
+        ours = nodepool.TrainiumNodePoolArgs(**{"name": name, **given, "depends_on": _depends_on(opts)})
         inner = nodepool.TrainiumNodePool(name, ours, _k8s_opts(name, self, args.get("kubeconfig")))
         self.name = pulumi.Output.from_input(inner.name)
         self.instance_types = pulumi.Output.from_input(list(inner.instance_types))
