@@ -126,8 +126,9 @@ class ClaimTemplatesArgs(TypedDict, total=False):
     """A Python file defining neuron_dra.claim_templates.ClaimTemplate objects at module level, loaded as
     `neuron-dra check` loads one (the templates are Python objects: the host has no schema for them)."""
     instance_types: list[str]
-    """The instance types of the cluster's Trainium nodes, each optionally `type@lnc=N`: every template is checked
-    to fit one. Stands for the Python `node_groups`/`node_pools` inputs."""
+    """The instance types of the cluster's Trainium nodes, each optionally `type:lnc=N` (a TrainiumNodeGroup's
+    checkTarget, a TrainiumNodePool's checkTargets): every template is checked to fit one. Stands for the Python
+    `node_groups`/`node_pools` inputs."""
     kubeconfig: pulumi.Input[str]
     """The cluster's kubeconfig; unset: the provider in the resource's `providers` option, or the ambient one."""
     efa_targets: list[str]
