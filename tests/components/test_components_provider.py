@@ -168,13 +168,18 @@ def cluster_security_group(run: Any) -> str:
 
 
 def test_the_node_group_adapter_places_the_group_by_the_clusters_outputs() -> None:
+    def build(c: provider.TrainiumCluster) -> provider.TrainiumNodeGroup:
+        wire: Any = {  # numbers as the host hands them on: doubles
+            "cluster_name": c.cluster_name, "vpc_id": c.vpc_id,
+            "cluster_security_group_id": c.cluster_security_group_id, "kubernetes_version": "1.36",
+            "candidate_subnet_ids": c.private_subnet_ids, "availability_zones": ["us-east-2b"],
+            "instance_type": "trn2.48xlarge", "desired_size": 2.0, "max_size": 4.0, "lnc": 1.0,
+            "install_coredns": True}
+        return provider.TrainiumNodeGroup("trn2", wire, pulumi.ResourceOptions(depends_on=[c]))
+
     mocks = PlanMocks()
-    run = run_offline(_cluster_then(lambda c: provider.TrainiumNodeGroup("trn2", {
-        "cluster_name": c.cluster_name, "vpc_id": c.vpc_id, "cluster_security_group_id": c.cluster_security_group_id,
-        "kubernetes_version": "1.36", "candidate_subnet_ids": c.private_subnet_ids,
-        "availability_zones": ["us-east-2b"], "instance_type": "trn2.48xlarge", "desired_size": 2.0,
-        "max_size": 4.0, "lnc": 1.0, "install_coredns": True}, pulumi.ResourceOptions(depends_on=[c]))),
-        exports=lambda r: outputs(r[1], ["name", "check_target", "subnet_ids", "lnc"]), mocks=mocks)
+    run = run_offline(_cluster_then(build), exports=lambda r: outputs(r[1], ["name", "check_target", "subnet_ids",
+                                                                             "lnc"]), mocks=mocks)
     cluster = run.one("eks:index:Cluster").plain_inputs
     group = run.one("aws:eks/nodeGroup:NodeGroup").plain_inputs
     assert group["clusterName"] == cluster["name"] == "team-a"
@@ -221,12 +226,13 @@ def test_karpenter_and_a_pool_from_the_outputs_of_the_cluster_and_of_karpenter()
         k = provider.TrainiumKarpenter("karpenter", {
             "cluster_name": c.cluster_name, "subnet_ids": c.private_subnet_ids, "kubernetes_version": "1.36",
             "kubeconfig": c.kubeconfig, "install_coredns": True})
-        pool = provider.TrainiumNodePool("reserved", {
+        wire: Any = {
             "node_role_name": k.node_role_name, "subnet_ids": c.private_subnet_ids,
             "security_group_ids": c.cluster_security_group_id.apply(lambda sg: [sg]),
             "instance_types": ["trn2.48xlarge"], "replicas": 2.0, "capacity_reservation_id": "cr-0123456789abcdef0",
             "availability_zone": "us-east-2a",
-            "kubeconfig": c.kubeconfig}, pulumi.ResourceOptions(depends_on=[k]))
+            "kubeconfig": c.kubeconfig}
+        pool = provider.TrainiumNodePool("reserved", wire, pulumi.ResourceOptions(depends_on=[k]))
         return k, pool
 
     run = run_offline(_cluster_then(build), exports=lambda r: {
