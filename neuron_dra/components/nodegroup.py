@@ -85,6 +85,8 @@ class TrainiumNodeGroupArgs(NodeGroupSettings):
     cni_policy_on_node_role: bool | None -- AmazonEKS_CNI_Policy on the node role (default: when the cluster's
         vpc_cni_identity is nodeRole).
     tags: dict[str, str] -- AWS tags.
+    depends_on: list[pulumi.Resource] -- what the node group waits for besides (with cluster) the cluster's
+        node_group_dependencies, e.g. the VPC CNI's Pod Identity association when placed without cluster.
     """
 
     if TYPE_CHECKING:  # what callers are checked against; pydantic cannot resolve pulumi.Input, so Any at runtime
@@ -110,6 +112,7 @@ class TrainiumNodeGroupArgs(NodeGroupSettings):
     imds_hop_limit: SkipValidation[int] = 1  # 2 lets every pod reach IMDS and so the node role
     cni_policy_on_node_role: bool | None = None
     tags: Mapping[str, str] = Field(default_factory=dict)
+    depends_on: SkipValidation[Sequence[pulumi.Resource]] = ()
 
     @model_validator(mode="after")
     def _place(self) -> TrainiumNodeGroupArgs:
@@ -326,7 +329,8 @@ class TrainiumNodeGroup(pulumi.ComponentResource):
             tags=tags,
             # The cluster's node_group_dependencies: the VPC CNI's identity must exist before the nodes' pods.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                *attachments, *efa_rules, *(self.cluster.node_group_dependencies if self.cluster else ())]),
+                *attachments, *efa_rules, *(self.cluster.node_group_dependencies if self.cluster else ()),
+                *args.depends_on]),
         )
         if self.cluster is not None:
             self.cluster.attach_node_group(self, self.node_group, has_nodes=s.desired_size > 0)
