@@ -137,3 +137,77 @@ def test_limits_shrink_with_the_open_files_limit() -> None:
     small = FrontLimits.for_open_files(1024)
     assert small.max_connections + 2 * small.max_forwarded <= 1024 - 512
     assert small.max_forwarded >= 8
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+CALL = 0x1, 0x4  # HEADERS, END_HEADERS (no END_STREAM: the echo never ends the call)
+
+
+def test_a_connection_with_a_call_in_flight_is_not_closed_for_another_which_waits() -> None:
+    """Issue 42: beyond the forwarded connections the front closed the least recently active one, the probe awaiting
+    its answer. Now a newcomer waits (not read) for a slot; it is forwarded when the one in flight ends."""
+    def body(front: Front, port: int) -> None:
+        busy = connect(port)
+        busy.sendall(PREFACE + frame(*CALL, 1))
+        assert busy.recv(64)  # the echo: forwarded, one call in flight
+        newcomer = connect(port)
+        newcomer.sendall(PREFACE)
+        wait(lambda: front.counts()["open"]["queued"] == 1)
+        assert front.evicted == 0 and front.counts()["calls"]["in_flight"] == 1
+        busy.sendall(b"x")
+        assert busy.recv(1) == b"x"  # still served
+        busy.close()
+        assert newcomer.recv(len(PREFACE)) == PREFACE  # forwarded once the slot was free
+        newcomer.close()
+
+    run(FrontLimits(max_forwarded=1, max_forwarded_per_peer=1), body)
+
+
+def test_calls_over_the_per_connection_limit_close_it_and_are_exported_by_reason() -> None:
+    from prometheus_client import generate_latest
+
+    from neuron_dra.driver.daemon.observability.metrics import Metrics
+
+    def body(front: Front, port: int) -> bytes:
+        s = connect(port)
+        s.sendall(PREFACE + frame(*CALL, 1) + frame(*CALL, 3))
+        assert closed(s)
+        metrics = Metrics()
+        metrics.health_front(front.counts)
+        return generate_latest(metrics.registry)
+
+    text = run(FrontLimits(max_calls=1), body).decode()
+    assert 'neuron_dra_health_front_closed_total{reason="calls"} 1.0' in text
+    assert 'neuron_dra_health_front_closed_total{reason="evicted"} 0.0' in text
+
+
+def test_a_peer_over_its_calls_at_once_is_held_and_released_as_calls_end() -> None:
+    """A call beyond the peer's gate waits (its bytes kept, the connection not read) until a call of the peer ends."""
+    def body(front: Front, port: int) -> None:
+        first = connect(port)
+        first.sendall(PREFACE + frame(*CALL, 1))
+        assert first.recv(64)
+        second = connect(port)
+        second.sendall(PREFACE + frame(*CALL, 1))
+        wait(lambda: front.counts()["open"]["held"] == 1)
+        assert front.counts()["calls"]["in_flight"] == 1
+        first.close()  # its call ends with it
+        got = b""
+        while len(got) < len(PREFACE) + 9:
+            got += second.recv(64)
+        assert got == PREFACE + frame(*CALL, 1)
+        second.close()
+
+    run(FrontLimits(call_gate_per_peer=1), body)
+
+
+def wait(condition: Callable[[], bool]) -> None:
+    """Until `condition` holds (the front's loop runs in another thread), at most 10 s."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.01)

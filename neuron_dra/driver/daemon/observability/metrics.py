@@ -8,13 +8,15 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from neuron_dra.driver.daemon.observability.attribution import (
     AttributionCollector,
@@ -203,6 +205,33 @@ class BoundedWSGIServer(WSGIServer):
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+FrontCounts = Callable[[], Mapping[str, Mapping[str, int]]]
+
+
+class HealthFrontCollector(Collector):
+    """The health port's front (kubeletplugin Front.counts), read at every scrape: connections closed by reason
+    (evicted, expired, bytes, calls, calls_in_flight, unread, refused, backend), open by state, calls in flight."""
+
+    def __init__(self, counts: FrontCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self._counts()
+        closed = CounterMetricFamily("neuron_dra_health_front_closed", "Connections to the health port the front "
+                                     "closed, by reason", labels=["reason"])
+        for reason, n in counts.get("closed", {}).items():
+            closed.add_metric([reason], n)
+        yield closed
+        open_ = GaugeMetricFamily("neuron_dra_health_front_connections", "Connections to the health port open, by "
+                                  "state (waiting: preface not complete, queued: for a forwarding slot, forwarded, "
+                                  "held: a call held back)", labels=["state"])
+        for state, n in counts.get("open", {}).items():
+            open_.add_metric([state], n)
+        yield open_
+        yield GaugeMetricFamily("neuron_dra_health_front_calls_in_flight", "Health calls forwarded and not "
+                                "answered yet", value=counts.get("calls", {}).get("in_flight", 0))
+
+
 @dataclass
 class MetricsServer:
     server: BoundedWSGIServer
@@ -247,6 +276,12 @@ class Metrics:
         """Add the per-claim attribution series (attribution.py), read from `claims` at every scrape."""
         collector = AttributionCollector(claims, node, NodeDevices(tuple(indexes), layout), taints,
                                          consumers=consumers)
+        self.registry.register(collector)
+        return collector
+
+    def health_front(self, counts: FrontCounts) -> HealthFrontCollector:
+        """Add the health front's series, read from `counts` at every scrape."""
+        collector = HealthFrontCollector(counts)
         self.registry.register(collector)
         return collector
 
