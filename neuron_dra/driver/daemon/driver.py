@@ -165,7 +165,7 @@ class Daemon:
         helper.serve(state, self.health_stream.methods())
         if o.healthcheck_port:
             self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port, registered=helper.registered,
-                                       loop=self.loop)
+                                       loop=self.loop, node_addresses=o.node_addresses)
             self.health.start()
             if self.metrics is not None:
                 self.metrics.health_front(self.health.front.counts)

@@ -23,17 +23,18 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc.aio
 
 from neuron_dra.driver.kubeletplugin import (
+    NODE_LIMITS,
     CallContext,
     EventLoopThread,
-    Front,
     FrontLimits,
+    Lanes,
     Limits,
     RpcError,
     Server,
@@ -59,12 +60,13 @@ HEALTH = grpc_health_v1_pb2.DESCRIPTOR.services_by_name["Health"]
 # The probe is one small call every few seconds, answered in the event loop. The port is a front (_tcpfront.py)
 # forwarding to this grpc server on a private unix socket; grpc's limits are a second line: no preface in 5 s,
 # no calls in 10 s, any connection after 10 s (+5 s for its calls), small messages and headers, twice the
-# front's forwarded connections (a closed one leaves grpc's count a moment later), and at most as many calls in
-# the event loop at once as the front lets through (its calls in flight; a check is a coroutine there).
+# fronts' forwarded connections (a closed one leaves grpc's count a moment later), and at most as many calls in
+# the event loop at once as the fronts let through (their calls in flight; a check is a coroutine there).
 LIMITS = Limits(max_concurrent=1, max_message=4096, max_streams=8,
-                max_connections=FrontLimits.max_forwarded * 2, max_metadata=8 * 1024,
-                handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000, age_grace_ms=5_000,
-                max_inline=FrontLimits.max_calls_in_flight * 2)
+                max_connections=(FrontLimits.max_forwarded + NODE_LIMITS.max_forwarded) * 2,
+                max_metadata=8 * 1024, handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000,
+                age_grace_ms=5_000,
+                max_inline=(FrontLimits.max_calls_in_flight + NODE_LIMITS.max_calls_in_flight) * 2)
 # Self-checks start at most this often: checks back to back cost the kubelet-facing sockets at most one GetInfo and
 # one empty prepare per interval (a check waits at most this much longer; its result is never older than it).
 CHECK_INTERVAL = 0.2
@@ -182,33 +184,37 @@ class HealthServer:
     container), not by another user (docs/hardening.md §1)."""
 
     def __init__(self, paths: SocketPaths, address: str, port: int,
-                 registered: threading.Event | None = None, loop: EventLoopThread | None = None) -> None:
+                 registered: threading.Event | None = None, loop: EventLoopThread | None = None,
+                 node_addresses: Sequence[str] = ()) -> None:
         self.service = HealthService(paths, registered=registered)
         self._server = Server("health", LIMITS, loop)
         self._server.add_service(HEALTH, self.service)
         self._dir = Path(tempfile.mkdtemp(prefix="neuron-dra-health-"))  # 0700, a fresh name per daemon
         self.socket = self._dir / "health.sock"
-        self.front = Front(str(self.socket), FrontLimits.for_open_files(open_files_limit()))
         try:
             self._server.add_unix(self.socket)
-            self.port: int = self._server.run(self.front.listen(address, port))
+            # kubelet's probe comes from the node's address: a lane of its own (_tcpfront.Lanes)
+            self.front = Lanes(str(self.socket), address, port, node_addresses,
+                               FrontLimits.for_open_files(open_files_limit()))
         except OSError as e:
             self._server.stop(0)
             self._remove_dir()
             host = f"[{address}]" if ":" in address else address
             raise OSError(f"cannot listen for health checks on {host}:{port}: {e}") from e
+        self.port: int = self.front.port
 
     def _remove_dir(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def start(self) -> None:
         self._server.start()
-        self._server.run(self.front.start())
-        log.info("health service listening", extra={"port": self.port, "service": LIVENESS_SERVICE})
+        self.front.start()
+        log.info("health service listening", extra={"port": self.port, "service": LIVENESS_SERVICE,
+                                                     "lanes": self.front.lanes})
 
     def stop(self, grace: float = 1.0) -> None:
+        self.front.close()
         with contextlib.suppress(Exception):  # the loop may be gone already
-            self._server.run(self.front.close(), timeout=5)
             self._server.run(self.service.close(), timeout=5)
         self._server.stop(grace)
         self._remove_dir()

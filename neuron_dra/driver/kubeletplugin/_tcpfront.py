@@ -13,16 +13,30 @@ seconds from its accept. Over a quota the heaviest is closed, never a connection
 another peer's connection, and never a connection waiting for its first answer: a connection that has sent the
 24-byte preface waits (not read) for a forwarding slot instead. So a peer flooding the port costs the others
 nothing but the event loop's time for what it is let through.
+
+The node's own addresses (where kubelet's probe comes from) have a lane of their own (`Lanes`): a listening socket
+of their own, with its own accept queue, on the same port (SO_REUSEPORT, the kernel steering each new connection by
+its source address), and a front in an event loop thread of its own. A flood from elsewhere fills its own accept
+queue and its own loop; the probe's SYN is not dropped behind it, and its bytes do not wait behind the flood's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import ipaddress
 import logging
 import resource
+import socket
+import struct
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from neuron_dra.driver.kubeletplugin._grpcserver import EventLoopThread
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +307,12 @@ class Front:
         port_: int = self._server.sockets[0].getsockname()[1]
         return port_
 
+    async def serve(self, sock: socket.socket) -> None:
+        """Accept on `sock`, a listening socket (from `start`)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Client(self), sock=sock, backlog=self.limits.backlog,
+                                                start_serving=False)
+
     async def start(self) -> None:
         assert self._server is not None, "listen first"
         await self._server.start_serving()
@@ -532,6 +552,135 @@ class Front:
                        if c.opened < cutoff]:
             self._close(client, "expired")
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
+
+
+# The node's lane: kubelet's probes (liveness, readiness, startup: a connection each per period) and whatever
+# else runs with the node's address. Small, so its own flood costs little; its connections count for the health
+# grpc server's connection limit too (liveness.py).
+NODE_LIMITS = FrontLimits(max_connections=256, max_forwarded=64, max_connections_per_peer=256,
+                          max_forwarded_per_peer=64, max_calls_in_flight=128, max_calls_in_flight_per_peer=128,
+                          call_gate=32, call_gate_per_peer=32)
+
+# linux/asm-generic/socket.h and linux/filter.h: a classic BPF program choosing the socket of a SO_REUSEPORT group
+# (its index, in the order the sockets listened) for each new connection; loads at SKF_NET_OFF + k read the IP
+# header (the program starts past the TCP header).
+SO_ATTACH_REUSEPORT_CBPF = 51
+SKF_NET_OFF = -0x100000
+_LD_W, _LD_B, _AND, _JEQ, _RET = 0x20, 0x30, 0x54, 0x15, 0x06  # ld [k], ldb [k], and #k, jeq #k, ret #k
+
+
+def steering_program(addresses: Sequence[str]) -> list[tuple[int, int, int, int]]:
+    """Classic BPF (code, jt, jf, k): 1 (the node lane's socket) for a connection from one of `addresses`, else 0."""
+    ips = [ipaddress.ip_address(a) for a in addresses]
+    # (code, true label, false label, k); labels resolved to relative jumps below. The v6 source is 4 words at
+    # bytes 8-23 of its header, the v4 source 1 word at bytes 12-15.
+    asm: list[tuple[str, int, str, str, int]] = [("", _LD_B, "", "", SKF_NET_OFF), ("", _AND, "", "", 0xF0),
+                                                 ("", _JEQ, "v4", "v6", 0x40), ("v4", _LD_W, "", "", SKF_NET_OFF + 12)]
+    asm += [("", _JEQ, "node", "", int(ip)) for ip in ips if ip.version == 4]
+    asm.append(("", _RET, "", "", 0))
+    first = True
+    for n, ip in enumerate(ip for ip in ips if ip.version == 6):
+        for i, word in enumerate(struct.unpack(">4I", ip.packed)):
+            asm.append(("v6" if first else f"a{n}" if i == 0 else "", _LD_W, "", "", SKF_NET_OFF + 8 + 4 * i))
+            asm.append(("", _JEQ, "node" if i == 3 else "", f"a{n + 1}", word))
+            first = False
+    asm.append(("v6" if first else f"a{len([ip for ip in ips if ip.version == 6])}", _RET, "", "", 0))
+    asm.append(("node", _RET, "", "", 1))
+    where = {label: pc for pc, (label, *_) in enumerate(asm) if label}
+    out = []
+    for pc, (_, code, true, false, k) in enumerate(asm):
+        jt, jf = ((where[x] - pc - 1 if x else 0) for x in (true, false))
+        if not (0 <= jt < 256 and 0 <= jf < 256):
+            raise ValueError(f"{len(ips)} node addresses are too many to steer by (at most about 40)")
+        out.append((code, jt, jf, k & 0xFFFFFFFF))
+    return out
+
+
+def listen_sockets(address: str, port: int, node_addresses: Sequence[str], backlog: int, node_backlog: int
+                   ) -> tuple[socket.socket, socket.socket | None]:
+    """Listening sockets on (address, port): the front's, and the node lane's when `node_addresses` are given and
+    the kernel steers by source address (Linux; None otherwise, with a warning: one socket takes every peer).
+    The first socket binds alone (a port in use, by another daemon's group too, fails as it would without a
+    lane); SO_REUSEPORT is set on it after, so only the node lane's socket joins its group."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    main = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        main.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        main.bind((address, port))
+        if not node_addresses:
+            main.listen(backlog)
+            return main, None
+        main.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        main.listen(backlog)
+    except OSError:
+        main.close()
+        raise
+    node = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        node.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        node.bind((address, main.getsockname()[1]))
+        node.listen(node_backlog)
+        program = steering_program(node_addresses)
+        code = b"".join(struct.pack("=HBBI", *ins) for ins in program)
+        buf = ctypes.create_string_buffer(code, len(code))
+        fprog = struct.pack("HP", len(program), ctypes.addressof(buf))  # struct sock_fprog, native layout
+        node.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
+    except OSError as e:
+        node.close()
+        if sys.platform == "linux":
+            log.warning("no lane of its own for the node's address on the health port",
+                        extra={"error": str(e)})
+        # The group would hash peers onto both sockets: one without a lane instead.
+        main.close()
+        return listen_sockets(address, port, (), backlog, node_backlog)
+    return main, node
+
+
+class Lanes:
+    """The health port: a front for every peer and one for the node's own addresses (kubelet's probe), each in an
+    event loop thread of its own (not the daemon's: a flood of the port costs the kubelet-facing servers no loop
+    time), forwarding to the health grpc server at `backend`."""
+
+    def __init__(self, backend: str, address: str, port: int, node_addresses: Sequence[str] = (),
+                 limits: FrontLimits | None = None, node_limits: FrontLimits = NODE_LIMITS) -> None:
+        self.limits = limits or FrontLimits()
+        main, node = listen_sockets(address, port, node_addresses, self.limits.backlog, node_limits.backlog)
+        self.port: int = main.getsockname()[1]
+        self.fronts: dict[str, tuple[Front, EventLoopThread]] = {}
+        try:
+            for lane, sock, lane_limits in (("other", main, self.limits), ("node", node, node_limits)):
+                if sock is None:
+                    continue
+                front = Front(backend, lane_limits)
+                self.fronts[lane] = (front, EventLoopThread(f"health-front-{lane}"))
+                self._run(lane, front.serve(sock))
+        except BaseException:
+            self.close()
+            main.close()
+            if node is not None:
+                node.close()
+            raise
+
+    def _run(self, lane: str, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.fronts[lane][1].loop).result(30)
+
+    def start(self) -> None:
+        for lane, (front, _) in self.fronts.items():
+            self._run(lane, front.start())
+
+    def close(self) -> None:
+        for lane, (front, thread) in list(self.fronts.items()):
+            with contextlib.suppress(Exception):
+                self._run(lane, front.close())
+            thread.close()
+
+    @property
+    def lanes(self) -> list[str]:
+        return list(self.fronts)
+
+    def counts(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Each lane's Front.counts (read from another thread: numbers, each read whole)."""
+        return {lane: front.counts() for lane, (front, _) in self.fronts.items()}
 
 
 def open_files_limit() -> int:

@@ -205,31 +205,35 @@ class BoundedWSGIServer(WSGIServer):
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-FrontCounts = Callable[[], Mapping[str, Mapping[str, int]]]
+FrontCounts = Callable[[], Mapping[str, Mapping[str, Mapping[str, int]]]]
 
 
 class HealthFrontCollector(Collector):
-    """The health port's front (kubeletplugin Front.counts), read at every scrape: connections closed by reason
-    (evicted, expired, bytes, calls, calls_in_flight, unread, refused, backend), open by state, calls in flight."""
+    """The health port's fronts (kubeletplugin Lanes.counts: per lane, "node" for the node's own addresses and
+    "other"), read at every scrape: connections closed by reason (evicted, expired, bytes, calls,
+    calls_in_flight, unread, refused, backend), open by state, calls in flight."""
 
     def __init__(self, counts: FrontCounts) -> None:
         self._counts = counts
 
     def collect(self) -> Iterator[Metric]:
-        counts = self._counts()
+        lanes = self._counts()
         closed = CounterMetricFamily("neuron_dra_health_front_closed", "Connections to the health port the front "
-                                     "closed, by reason", labels=["reason"])
-        for reason, n in counts.get("closed", {}).items():
-            closed.add_metric([reason], n)
-        yield closed
+                                     "closed, by lane and reason", labels=["lane", "reason"])
         open_ = GaugeMetricFamily("neuron_dra_health_front_connections", "Connections to the health port open, by "
-                                  "state (waiting: preface not complete, queued: for a forwarding slot, forwarded, "
-                                  "held: a call held back)", labels=["state"])
-        for state, n in counts.get("open", {}).items():
-            open_.add_metric([state], n)
+                                  "lane and state (waiting: preface not complete, queued: for a forwarding slot, "
+                                  "forwarded, held: a call held back)", labels=["lane", "state"])
+        calls = GaugeMetricFamily("neuron_dra_health_front_calls_in_flight", "Health calls forwarded and not "
+                                  "answered yet, by lane", labels=["lane"])
+        for lane, counts in lanes.items():
+            for reason, n in counts.get("closed", {}).items():
+                closed.add_metric([lane, reason], n)
+            for state, n in counts.get("open", {}).items():
+                open_.add_metric([lane, state], n)
+            calls.add_metric([lane], counts.get("calls", {}).get("in_flight", 0))
+        yield closed
         yield open_
-        yield GaugeMetricFamily("neuron_dra_health_front_calls_in_flight", "Health calls forwarded and not "
-                                "answered yet", value=counts.get("calls", {}).get("in_flight", 0))
+        yield calls
 
 
 @dataclass
