@@ -11,6 +11,7 @@ SECONDS. Prints one JSON line of counts when done.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import json
 import select
@@ -37,18 +38,27 @@ def grpc_message(body: bytes) -> bytes:
     return b"\x00" + struct.pack(">I", len(body)) + body
 
 
-def calls_block(body: bytes, n: int) -> bytes:
+def calls_block(body: bytes, n: int, per_write: int = 0) -> tuple[bytes, list[int]]:
     """The client's bytes of a connection making `n` calls (stream 1, 3, ...): the preface, an empty SETTINGS, then
-    each call's HEADERS (indexed after the first) and its message with END_STREAM. The same for every connection
-    (each has its own HPACK state), so it is built once: the flood costs its own process little CPU, which it would
-    otherwise take from the daemon on a small machine."""
+    each call's HEADERS (indexed after the first) and its message with END_STREAM; and where each write ends
+    (`per_write` calls a write, after the preface and SETTINGS in the first; 0: one write). The same for every
+    connection (each has its own HPACK state), so it is built once: the flood spends its CPU on sending, not on
+    encoding, which would take the daemon's share of a small machine."""
     enc = Encoder()
     out = [PREFACE, SETTINGS]
+    ends = []
+    size = len(PREFACE) + len(SETTINGS)
     for i in range(n):
         stream = 1 + 2 * i
-        out += [frame(1, 0x4, stream, enc.encode(request_headers(HEALTH_CHECK))),
-                frame(0, 0x1, stream, grpc_message(body))]
-    return b"".join(out)
+        call = (frame(1, 0x4, stream, enc.encode(request_headers(HEALTH_CHECK)))
+                + frame(0, 0x1, stream, grpc_message(body)))
+        out.append(call)
+        size += len(call)
+        if per_write and (i + 1) % per_write == 0:
+            ends.append(size)
+    if not ends or ends[-1] != size:
+        ends.append(size)
+    return b"".join(out), ends
 
 
 def open_socket(target: str, source: str | None) -> socket.socket:
@@ -71,10 +81,10 @@ GONE = select.POLLHUP | select.POLLERR | select.POLLRDHUP | select.POLLNVAL
 
 
 def calls_unread(target: str, seconds: float, connections: int, source: str | None) -> dict[str, int]:
-    """`connections` connections at once, each sending Check("") calls back to back as fast as the server reads
-    them, never reading an answer; a connection the server ends is replaced by a new one."""
+    """`connections` connections at once, each sending Check("") calls back to back (8 a write) as fast as the server
+    reads them, never reading an answer; a connection the server ends is replaced by a new one."""
     counts = {"connections": 0, "calls": 0, "closed_by_server": 0, "connect_failed": 0}
-    block = calls_block(b"", UNREAD_CALLS)
+    block, ends = calls_block(b"", UNREAD_CALLS, per_write=8)
     per_call = (len(block) - len(PREFACE) - len(SETTINGS)) / UNREAD_CALLS
     poller = select.poll()
     socks: dict[int, tuple[socket.socket, int]] = {}  # fd -> (socket, bytes of `block` sent)
@@ -99,8 +109,9 @@ def calls_unread(target: str, seconds: float, connections: int, source: str | No
                 s.close()
                 del socks[fd]
                 continue
+            upto = ends[bisect.bisect_right(ends, sent)]  # where this write ends (all sent: not polled for)
             try:
-                sent += s.send(view[sent:])
+                sent += s.send(view[sent:upto])
             except BlockingIOError:
                 pass
             except OSError:
@@ -131,7 +142,7 @@ def liveness_read(target: str, seconds: float, connections: int, source: str | N
     not_serving = grpc_message(b"\x08\x02")
     sel = selectors.DefaultSelector()
     conns: dict[socket.socket, Conn] = {}
-    block = calls_block(b"\x0a\x08liveness", 8)  # HealthCheckRequest(service="liveness"), 8 calls
+    block, _ = calls_block(b"\x0a\x08liveness", 8)  # HealthCheckRequest(service="liveness"), 8 calls
 
     def drop(c: Conn) -> None:
         sel.unregister(c.sock)

@@ -2,7 +2,8 @@
 to the health server's own socket. The real daemon, attackers in their own processes (tests/support/h2flood.py,
 and a raw unix socket client), kubelet's probe meanwhile (a fresh connection, Check("liveness"), SERVING within its
 5 s timeout: the event each probe waits for). The flood comes from another loopback address than the probe's:
-kubelet probes from the node's own address, the flood from pods. Bounded: seconds of attack each, on loopback.
+kubelet probes from the node's own address (the daemon is told it: --node-address, env HOST_IP), the flood from
+pods. Bounded: seconds of attack each, on loopback.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.driver.kubeletplugin import test_grpc_attacks
 from tests.driver.kubeletplugin.test_grpc_attacks import (
     MEMORY_LIMIT_MIB,
     REPO,
@@ -27,11 +28,27 @@ from tests.driver.kubeletplugin.test_grpc_attacks import (
     probe,
     rss_mib,
 )
+from tests.support.driver import DaemonDirs, DaemonProcess, free_port, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.attacks, pytest.mark.process]
-ATTACKER = "127.0.0.2"  # another peer than the probe's 127.0.0.1 (all of 127/8 is loopback on Linux)
+NODE = "127.0.0.1"  # the probe's address, as the node's is kubelet's
+ATTACKER = "127.0.0.2"  # another peer than the probe's (all of 127/8 is loopback on Linux)
 MIN_SERVING = 0.9
-running = test_grpc_attacks.running  # the daemon with its health port (a fixture)
+
+
+@pytest.fixture
+def running(dirs: DaemonDirs, host_root: Path) -> Iterator[Running]:
+    """The daemon with its health port on 127.0.0.1, told the node's address (the probe's)."""
+    port = free_port()
+    d = DaemonProcess(dirs, host_root, extra_args=["--healthcheck-port", str(port), "--bind-address", NODE,
+                                                   "--node-address", NODE]).wait_ready(timeout=60)
+    try:
+        wait_until(lambda: probe(f"{NODE}:{port}")[0], 10, "the health port to answer")
+        assert any(r.get("lanes") == ["other", "node"] for r in d.log_records()), d.log()
+        yield Running(d, dirs, port)
+        assert d.proc.poll() is None, d.log()
+    finally:
+        d.terminate()
 
 
 def flood(kind: str, running: Running, seconds: float, connections: int) -> subprocess.Popen[str]:
@@ -66,8 +83,10 @@ def report(results: list[tuple[bool, float]], counts: dict[str, Any], extra: str
 
 def test_2000_connections_sending_calls_never_read_leave_the_probe_answering(running: Running) -> None:
     """2,000 connections each sending Check("") back to back and never reading the answers: the probe got 0 of 37
-    (the front closed the least recently active forwarded connection, the probe awaiting its answer)."""
-    proc = flood("calls-unread", running, 12, 2000)
+    (the front closed the least recently active forwarded connection, the probe awaiting its answer); with per-peer
+    quotas alone 1 of 3 on a 2-core machine (the probe's SYN dropped from the flood's full listen queue, its bytes
+    waiting behind the flood's in one event loop). The node's lane has its own queue and loop."""
+    proc = flood("calls-unread", running, 10, 2000)
     results = probes_during(proc, running)
     counts = counts_of(proc)
     share = report(results, counts)
@@ -79,7 +98,7 @@ def test_1000_connections_of_8_liveness_checks_leave_the_probe_answering(running
     """1,000 connections x 8 Check("liveness") calls, read: 50 % of probes (every check made its own self-check on
     one shared channel; the registration socket's 8-stream limit refused some, and the refusal closed the channel
     under every other check). Checks now share one self-check."""
-    proc = flood("liveness-read", running, 12, 1000)
+    proc = flood("liveness-read", running, 10, 1000)
     results = probes_during(proc, running)
     counts = counts_of(proc)
     share = report(results, counts)
@@ -95,7 +114,7 @@ def test_three_floods_keep_probes_answering_and_memory_under_80_percent_of_the_l
     peaks: list[float] = []
     all_results: list[tuple[bool, float]] = []
     for kind, connections in (("calls-unread", 2000), ("liveness-read", 1000), ("calls-unread", 2000)):
-        proc = flood(kind, running, 6, connections)
+        proc = flood(kind, running, 4, connections)
         results: list[tuple[bool, float]] = []
         while proc.poll() is None and len(results) < 100:
             results.append(probe(running.health))
