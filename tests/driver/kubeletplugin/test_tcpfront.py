@@ -13,6 +13,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import pytest
+
 from neuron_dra.driver.kubeletplugin._tcpfront import FORWARD_BYTES, Front, FrontLimits, Lanes
 
 T = TypeVar("T")
@@ -310,3 +312,17 @@ def test_the_steering_program_sends_each_listed_address_to_the_node_lane_and_no_
         1, 1, 0, 0]
     assert run_program(steering_program(["10.0.0.7"]), v6("fd00::7")) == 0
     assert run_program(steering_program(["fd00::7"]), v4("10.0.0.7")) == 0
+
+
+def test_the_nodes_addresses_come_from_host_ip_or_the_flag_and_a_bad_one_names_the_flag(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from neuron_dra.driver.daemon.options import parse_options
+
+    env = {"NODE_NAME": "node-7"}
+    assert parse_options([], env).node_addresses == ()
+    assert parse_options([], env | {"HOST_IP": "10.0.0.1"}).node_addresses == ("10.0.0.1",)
+    assert parse_options(["--node-address", "10.0.0.1, fd00::1"], env).node_addresses == ("10.0.0.1", "fd00::1")
+    with pytest.raises(SystemExit):
+        parse_options(["--node-address", "10.0.0.1,node-7"], env)
+    err = capsys.readouterr().err
+    assert "--node-address" in err and "'10.0.0.1,node-7' is not a comma-separated list of IP addresses" in err
