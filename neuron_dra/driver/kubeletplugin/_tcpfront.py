@@ -1,18 +1,19 @@
-"""The health port's TCP listener: a front that no peer can fill for another (docs/grpc-server.md "The front").
+"""The health port's TCP listener: a front that no peer can fill for another (docs/grpc-server.md "The health
+port's front", "The node's lane").
 
 grpc core frees a connection slot only when a connection ends, so idle connections from the pod network held
 every slot and kubelet's liveness probe (a fresh connection per probe, from the node's own address) was refused.
-Here every connection is accepted (asyncio, in the daemon's event loop) and forwarded byte for byte to the health
-grpc server on a private unix socket. Only HTTP/2 frame headers are read (RFC 9113 §4.1: 9 bytes, payloads
-skipped), to count each connection's calls: a stream the client opens with HEADERS is in flight until the server
-ends it (END_STREAM on HEADERS or DATA) or either side resets it.
+Here every connection is accepted (asyncio, in an event loop thread per lane, below) and forwarded byte for byte
+to the health grpc server on a private unix socket. Only HTTP/2 frame headers are read (RFC 9113 §4.1: 9 bytes,
+payloads skipped), to count each connection's calls: a stream the client opens with HEADERS is in flight until the
+server ends it (END_STREAM on HEADERS or DATA) or either side resets it.
 
 Quotas are per peer (the client's address): connections, forwarded connections, calls in flight; and per
 connection: calls over its life, bytes from the client, bytes waiting for a client that does not read, `lifetime`
 seconds from its accept. Over a quota the heaviest is closed, never a connection with a call in flight for
 another peer's connection, and never a connection waiting for its first answer: a connection that has sent the
-24-byte preface waits (not read) for a forwarding slot instead. So a peer flooding the port costs the others
-nothing but the event loop's time for what it is let through.
+24-byte preface waits (not read) for a forwarding slot instead. So a peer flooding the port costs the others of its
+lane nothing but the event loop's time for what it is let through.
 
 The node's own addresses (where kubelet's probe comes from) have a lane of their own (`Lanes`): a listening socket
 of their own, with its own accept queue, on the same port (SO_REUSEPORT, the kernel steering each new connection by
