@@ -243,6 +243,9 @@ def test_the_nodes_address_has_a_lane_of_its_own_that_a_stalled_full_lane_does_n
     try:
         lanes.start()
         assert lanes.lanes == ["other", "node"]
+        # SO_REUSEPORT does not let a second daemon (a surge pod with the node's network) share the port
+        with pytest.raises(OSError, match="Address already in use"):
+            Lanes(name, "127.0.0.1", lanes.port, ["127.0.0.1"])
         other_loop = lanes.fronts["other"][1].loop
 
         def stall() -> None:  # the flooded lane's loop stops
