@@ -309,7 +309,7 @@ class Front:
         return port_
 
     async def serve(self, sock: socket.socket) -> None:
-        """Accept on `sock`, a listening socket (from `start`)."""
+        """Accept on `sock`, a listening socket (from `start` on)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Client(self), sock=sock, backlog=self.limits.backlog,
                                                 start_serving=False)
@@ -639,8 +639,9 @@ def listen_sockets(address: str, port: int, node_addresses: Sequence[str], backl
 
 class Lanes:
     """The health port: a front for every peer and one for the node's own addresses (kubelet's probe), each in an
-    event loop thread of its own (not the daemon's: a flood of the port costs the kubelet-facing servers no loop
-    time), forwarding to the health grpc server at `backend`."""
+    event loop thread of its own (not the daemon's: a flood of the port costs the loop of the kubelet-facing
+    servers only the calls a front lets through to the health server), forwarding to the health grpc server at
+    `backend`."""
 
     def __init__(self, backend: str, address: str, port: int, node_addresses: Sequence[str] = (),
                  limits: FrontLimits | None = None, node_limits: FrontLimits = NODE_LIMITS) -> None:
