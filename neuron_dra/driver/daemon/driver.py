@@ -165,8 +165,10 @@ class Daemon:
         helper.serve(state, self.health_stream.methods())
         if o.healthcheck_port:
             self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port, registered=helper.registered,
-                                       loop=self.loop)
+                                       loop=self.loop, node_addresses=o.node_addresses)
             self.health.start()
+            if self.metrics is not None:
+                self.metrics.health_front(self.health.front.counts)
         if o.metrics_port and self.metrics is not None:
             self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)
             log.info("metrics listening", extra={"port": self.metrics_server.port})

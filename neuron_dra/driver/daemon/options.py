@@ -72,6 +72,9 @@ class DaemonOptions:
     metrics_port: int = 0  # 0: off
     # Health and metrics listen here only: kubelet probes and Prometheus scrape the pod IP (docs/hardening.md §1).
     bind_address: str = "127.0.0.1"
+    # Where kubelet's probe comes from (the node's own addresses): the health port's lane of their own
+    # (docs/hardening.md §1); empty: one lane for every peer.
+    node_addresses: tuple[str, ...] = ()
     kubeconfig: str | None = None  # None: in-cluster service account
     host_root: Path | None = Path("/")
     emulate: str | None = None  # instance type to emulate instead of reading host_root
@@ -153,6 +156,15 @@ def _address(text: str) -> str:
                                          "status.podIP, or 127.0.0.1)") from e
 
 
+def _addresses(text: str) -> tuple[str, ...]:
+    """Comma-separated IP addresses ("": none)."""
+    try:
+        return tuple(str(ipaddress.ip_address(a.strip())) for a in text.split(",") if a.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of IP addresses (the node's, e.g. "
+                                         "from the downward API status.hostIP)") from e
+
+
 def _lnc(text: str) -> int:
     if text not in ("1", "2"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a Logical NeuronCore config; allowed: 1 or 2")
@@ -193,6 +205,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                    help="the one address of the health and metrics ports, where kubelet's probe connects "
                         "[env BIND_ADDRESS, else env POD_IP (the downward API's status.podIP; the node's IP "
                         "with hostNetwork)] (default 127.0.0.1)")
+    p.add_argument("--node-address", dest="node_addresses", default=_addresses(env_default("HOST_IP", "") or ""),
+                   type=_addresses, metavar="ADDRS",
+                   help="the node's own addresses, comma-separated, where kubelet's probe comes from: the health "
+                        "port keeps a lane of its own for them, so a flood from elsewhere cannot starve the probe "
+                        "[env HOST_IP (the downward API's status.hostIP)] (default none: one lane)")
     p.add_argument("--kubeconfig", default=None, metavar="FILE", help="kubeconfig file (default: in-cluster)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--host-root", type=_abs_dir, metavar="DIR",

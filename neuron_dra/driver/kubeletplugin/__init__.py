@@ -71,7 +71,7 @@ if TYPE_CHECKING:
         ResourceSlicePublisher,
         Slice,
     )
-    from neuron_dra.driver.kubeletplugin._tcpfront import Front, FrontLimits, open_files_limit
+    from neuron_dra.driver.kubeletplugin._tcpfront import NODE_LIMITS, Front, FrontLimits, Lanes, open_files_limit
 
 # Imported on first use: name -> the private module that has it (a module of _generated: the module itself).
 _LATER = {
@@ -79,7 +79,7 @@ _LATER = {
                      "RESOURCE_SLICES", "api_client"), "_kube"),
     "KubeConfigError": "_kubeconfig",
     **dict.fromkeys(("Backoff", "PublishFeedback", "ResourceSlicePublisher", "Slice"), "_slicepublisher"),
-    **dict.fromkeys(("Front", "FrontLimits", "open_files_limit"), "_tcpfront"),
+    **dict.fromkeys(("NODE_LIMITS", "Front", "FrontLimits", "Lanes", "open_files_limit"), "_tcpfront"),
     **dict.fromkeys(("dra_health_v1_pb2", "dra_health_v1alpha1_pb2", "dra_health_v1beta1_pb2", "dra_v1_pb2",
                      "grpc_health_v1_pb2", "pluginregistration_pb2"), "_generated"),
 }
@@ -98,12 +98,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "DAEMON_BURST", "DAEMON_QPS", "MAX_CLAIMS_PER_CALL", "RESOURCE_SLICES", "SOCKET_NAME_MODES", "UNSHARED_POLL",
-    "UNSHARED_WAIT",
+    "DAEMON_BURST", "DAEMON_QPS", "MAX_CLAIMS_PER_CALL", "NODE_LIMITS", "RESOURCE_SLICES", "SOCKET_NAME_MODES",
+    "UNSHARED_POLL", "UNSHARED_WAIT",
     "ApiClient", "ApiClientError", "ApiException", "Backoff", "CallContext", "CallScope", "ClaimFailed",
     "ClaimLookup", "ClaimLookupError", "ClaimRef", "ClientOptions", "Driver", "EventLoopThread", "Front",
     "FrontLimits", "Helper", "InstanceError", "InstanceLock", "KubeApi", "KubeClaimLookup", "KubeConfigError",
-    "Limits", "LockTimeout", "Method", "Options", "PreparedDevice", "PublishFeedback", "Rate",
+    "Lanes", "Limits", "LockTimeout", "Method", "Options", "PreparedDevice", "PublishFeedback", "Rate",
     "ResourceSlicePublisher", "RpcError", "Server", "Slice", "SocketError", "SocketPaths", "StatusCode", "api_client",
     "call_on", "channel", "check_pod_uid", "configure_logs", "decide", "dra_health_v1_pb2", "dra_health_v1alpha1_pb2",
     "dra_health_v1beta1_pb2", "dra_v1_pb2", "grpc_health_v1_pb2", "is_listening", "kubelet_minor",
