@@ -5,7 +5,6 @@ so the same message (field, value, what is allowed); `pulumi preview` then fails
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -13,7 +12,7 @@ from typing import Any, TypeVar
 import pulumi
 
 from neuron_dra.components.settings import SettingError
-from neuron_dra.driver.errortext import did_you_mean
+from neuron_dra.driver.errortext import refuse_unknown_keywords
 
 T = TypeVar("T")
 
@@ -54,17 +53,4 @@ def keyword_hints(cls: A) -> A:
     """Wrap a dataclass Args' `__init__` (put it above `@dataclass`) so that an unknown keyword, given to the Args
     or to the component (`TrainiumCluster(name, **kwargs)`), is refused naming the closest field, where Python
     would only say "unexpected keyword argument" (the claim classes do the same: claim_templates/keywords.py)."""
-    init: Callable[..., None] = cls.__init__  # type: ignore[misc]
-    keywords = tuple(name for name, p in inspect.signature(init).parameters.items()
-                     if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-
-    @functools.wraps(init)
-    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        for name in kwargs:
-            if name not in keywords:
-                raise UnknownKeywordError(f"{cls.__name__}() keyword", name,
-                                          f"{', '.join(keywords)}{did_you_mean(name, keywords)}")
-        init(self, *args, **kwargs)
-
-    cls.__init__ = checked_init  # type: ignore[misc]
-    return cls
+    return refuse_unknown_keywords(cls, UnknownKeywordError)
