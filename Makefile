@@ -3,7 +3,9 @@
 # the Pulumi engine or more than a few seconds (pytest markers declared in pyproject.toml).
 
 PYTHON ?= python3
-IMAGE ?= neuron-dra-driver:0.1.0
+# Tagged with the package version (neuron_dra/driver/model/version.py, the one place it is written).
+VERSION := $(shell sed -n 's/^VERSION = "\(.*\)"$$/\1/p' neuron_dra/driver/model/version.py)
+IMAGE ?= neuron-dra-driver:$(VERSION)
 FAST := not cluster and not gobuild and not pulumi_engine and not slow
 # The inner loop: the fast tests minus those that start the daemon or a CLI as a process (`process` marker), on
 # every core (pytest-xdist, one test file per worker at a time so a file's module fixtures and lazy imports are paid

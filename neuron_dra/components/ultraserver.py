@@ -69,7 +69,7 @@ class UltraServerGroupsArgs:
         check_rollout_timeout("UltraServerGroupsArgs.rollout_timeout_seconds", self.rollout_timeout_seconds)
         self.controller_options()
 
-    def controller_options(self, image: str = controller.DEFAULT_IMAGE) -> controller.UltraServerControllerOptions:
+    def controller_options(self, image: str = deploy.DEFAULT_IMAGE) -> controller.UltraServerControllerOptions:
         """The controller's options (the deploy module checks each value; its error is restated under the Args
         field). `image` is the driver's, known only once its Output resolves."""
         try:
