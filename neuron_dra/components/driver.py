@@ -31,7 +31,7 @@ import pulumi_aws as aws
 
 from neuron_dra.components import driver_image
 from neuron_dra.components.cluster import TrainiumCluster
-from neuron_dra.components.inputs import checked, keyword_hints
+from neuron_dra.components.inputs import checked, component_args, keyword_hints, on_cluster
 from neuron_dra.components.k8s_objects import create_object, resource_name, rollout_wait
 from neuron_dra.components.settings import (
     DEFAULT_ROLLOUT_TIMEOUT_SECONDS,
@@ -142,13 +142,11 @@ class NeuronDraDriver(pulumi.ComponentResource):
 
     def __init__(self, resource_name_: str, args: NeuronDraDriverArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("NeuronDraDriver: give either args or keyword arguments, not both")
-        args = args if args is not None else NeuronDraDriverArgs(**kwargs)
+        args = component_args("NeuronDraDriver", NeuronDraDriverArgs, args, kwargs)
         waits: list[pulumi.Resource] = []
         if args.cluster is not None:
             waits = [*args.cluster.node_group_dependencies, *args.cluster.node_groups]
-            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
+        opts = on_cluster(args.cluster, opts)
         super().__init__("neuron-dra:index:NeuronDraDriver", resource_name_, None, opts)
         options = args.deploy_options
         self.options = options  # as rendered: ClaimTemplates(driver=...) reads what it publishes

@@ -47,6 +47,23 @@ class UnknownKeywordError(SettingError, TypeError):
 
 
 A = TypeVar("A", bound=type)
+ArgsT = TypeVar("ArgsT")
+
+
+def component_args(component: str, make: Callable[..., ArgsT], args: ArgsT | None, kwargs: Mapping[str, Any]
+                   ) -> ArgsT:
+    """A component's Args, given whole (`args`) or as keywords (`make(**kwargs)`), not both."""
+    if args is not None and kwargs:
+        raise TypeError(f"{component}: give either args or keyword arguments, not both")
+    return args if args is not None else make(**kwargs)
+
+
+def on_cluster(cluster: Any, opts: pulumi.ResourceOptions | None) -> pulumi.ResourceOptions | None:
+    """`opts` with the Kubernetes provider of `cluster` (a TrainiumCluster, or None: `opts` as given) as the
+    default; a provider in `opts` wins."""
+    if cluster is None:
+        return opts
+    return pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=cluster.provider), opts)
 
 
 def keyword_hints(cls: A) -> A:

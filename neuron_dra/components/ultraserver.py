@@ -28,6 +28,7 @@ from typing import Any
 import pulumi
 
 from neuron_dra.components.driver import NeuronDraDriver
+from neuron_dra.components.inputs import component_args, on_cluster
 from neuron_dra.components.k8s_objects import create_object, resource_name, rollout_wait
 from neuron_dra.components.settings import SettingError, StackSettings, check_rollout_timeout
 from neuron_dra.driver import deploy
@@ -105,12 +106,9 @@ class UltraServerGroups(pulumi.ComponentResource):
 
     def __init__(self, resource_name_: str, args: UltraServerGroupsArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("UltraServerGroups: give either args or keyword arguments, not both")
-        args = args if args is not None else UltraServerGroupsArgs(**kwargs)
+        args = component_args("UltraServerGroups", UltraServerGroupsArgs, args, kwargs)
         driver = args.driver
-        if driver.cluster is not None:
-            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=driver.cluster.provider), opts)
+        opts = on_cluster(driver.cluster, opts)
         super().__init__("neuron-dra:index:UltraServerGroups", resource_name_, None, opts)
         options = args.controller_options()
         self.driver_name = options.driver_name
