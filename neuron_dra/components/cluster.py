@@ -30,7 +30,7 @@ import pulumi_awsx as awsx
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
-from neuron_dra.components.inputs import checked, is_known, keyword_hints
+from neuron_dra.components.inputs import checked, component_args, is_known, keyword_hints
 from neuron_dra.components.settings import (
     DEFAULT_KUBERNETES_VERSION,
     DEFAULT_VPC_CIDR,
@@ -194,9 +194,7 @@ class TrainiumCluster(pulumi.ComponentResource):
 
     def __init__(self, resource_name: str, args: TrainiumClusterArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("TrainiumCluster: give either args or keyword arguments, not both")
-        args = args if args is not None else TrainiumClusterArgs(**kwargs)
+        args = component_args("TrainiumCluster", TrainiumClusterArgs, args, kwargs)
         super().__init__("neuron-dra:index:TrainiumCluster", resource_name, None, opts)
         for warning in kubernetes_version_warnings(args.kubernetes_version):  # e.g. past standard support
             pulumi.log.warn(f"{resource_name}: {warning}", resource=self)

@@ -18,6 +18,7 @@ NodeGroupV2 has one network interface), so it is pulumi_aws.eks.NodeGroup plus p
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from email.mime.multipart import MIMEMultipart
@@ -30,7 +31,7 @@ from pydantic import Field, SkipValidation, model_validator
 
 from neuron_dra.components.cluster import TrainiumCluster
 from neuron_dra.components.efa import efa_interfaces
-from neuron_dra.components.inputs import checked, is_known
+from neuron_dra.components.inputs import checked, component_args, is_known
 from neuron_dra.components.settings import NodeGroupSettings, SettingError, check_ids, parse_kubernetes_version
 from neuron_dra.driver.deploy import CAPACITY_BLOCK_LABEL, LNC_CONFIG_DIR, LNC_LABEL, NODE_GROUP_LABEL
 from neuron_dra.driver.model.k8s_names import NEURON_TAINT_KEY, NEURON_TAINT_VALUE
@@ -193,10 +194,8 @@ class TrainiumNodeGroup(pulumi.ComponentResource):
 
     def __init__(self, resource_name: str, args: TrainiumNodeGroupArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("TrainiumNodeGroup: give either args or keyword arguments, not both")
-        if args is None:
-            args = TrainiumNodeGroupArgs(**{"name": resource_name, **kwargs})
+        args = component_args("TrainiumNodeGroup", functools.partial(TrainiumNodeGroupArgs, name=resource_name),
+                              args, kwargs)
         super().__init__("neuron-dra:index:TrainiumNodeGroup", resource_name, None, opts)
         s = args
         spec = s.spec

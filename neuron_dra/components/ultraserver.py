@@ -27,9 +27,10 @@ from typing import Any
 
 import pulumi
 
-from neuron_dra.components.driver import SKIP_AWAIT, NeuronDraDriver
-from neuron_dra.components.k8s_objects import create_object, resource_name
-from neuron_dra.components.settings import MAX_ROLLOUT_TIMEOUT_SECONDS, SettingError, StackSettings
+from neuron_dra.components.driver import NeuronDraDriver
+from neuron_dra.components.inputs import component_args, on_cluster
+from neuron_dra.components.k8s_objects import create_object, resource_name, rollout_wait
+from neuron_dra.components.settings import SettingError, StackSettings, check_rollout_timeout
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import Manifest
 from neuron_dra.driver.deploy import ultraserver as controller
@@ -66,13 +67,10 @@ class UltraServerGroupsArgs:
     def __post_init__(self) -> None:
         if not isinstance(self.driver, NeuronDraDriver):
             raise SettingError("UltraServerGroupsArgs.driver", self.driver, "a NeuronDraDriver")
-        t = self.rollout_timeout_seconds
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS:
-            raise SettingError("UltraServerGroupsArgs.rollout_timeout_seconds", t,
-                               f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds")
+        check_rollout_timeout("UltraServerGroupsArgs.rollout_timeout_seconds", self.rollout_timeout_seconds)
         self.controller_options()
 
-    def controller_options(self, image: str = controller.DEFAULT_IMAGE) -> controller.UltraServerControllerOptions:
+    def controller_options(self, image: str = deploy.DEFAULT_IMAGE) -> controller.UltraServerControllerOptions:
         """The controller's options (the deploy module checks each value; its error is restated under the Args
         field). `image` is the driver's, known only once its Output resolves."""
         try:
@@ -108,12 +106,9 @@ class UltraServerGroups(pulumi.ComponentResource):
 
     def __init__(self, resource_name_: str, args: UltraServerGroupsArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("UltraServerGroups: give either args or keyword arguments, not both")
-        args = args if args is not None else UltraServerGroupsArgs(**kwargs)
+        args = component_args("UltraServerGroups", UltraServerGroupsArgs, args, kwargs)
         driver = args.driver
-        if driver.cluster is not None:
-            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=driver.cluster.provider), opts)
+        opts = on_cluster(driver.cluster, opts)
         super().__init__("neuron-dra:index:UltraServerGroups", resource_name_, None, opts)
         options = args.controller_options()
         self.driver_name = options.driver_name
@@ -132,7 +127,7 @@ class UltraServerGroups(pulumi.ComponentResource):
             overrides: dict[str, Any] | None = None
             if kind == "Deployment":
                 overrides = {"spec": self.image.apply(functools.partial(_pod_spec, manifest["spec"]))}
-                overrides["metadata"], child = _await(manifest, child, args.rollout_timeout_seconds)
+                overrides["metadata"], child = rollout_wait(manifest, child, args.rollout_timeout_seconds)
             obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)
             self.objects[deploy.object_key(manifest)] = obj
             by_kind.setdefault(kind, []).append(obj)
@@ -150,17 +145,6 @@ def _pod_spec(spec: Manifest, image: str) -> Manifest:
         tolerations.append(neuron_toleration())
     return {**spec, "template": {**spec["template"],
                                  "spec": {**pod, "containers": containers, "tolerations": tolerations}}}
-
-
-def _await(manifest: Manifest, opts: pulumi.ResourceOptions, timeout_seconds: int
-           ) -> tuple[Manifest, pulumi.ResourceOptions]:
-    metadata = dict(manifest["metadata"])
-    if timeout_seconds == 0:
-        metadata["annotations"] = {**metadata.get("annotations", {}), SKIP_AWAIT: "true"}
-        return metadata, opts
-    timeout = f"{timeout_seconds}s"
-    return metadata, pulumi.ResourceOptions.merge(
-        opts, pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout)))
 
 
 # What each object waits for (besides the driver's Namespace for namespaced ones).

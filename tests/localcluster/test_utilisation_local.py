@@ -8,23 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client, config
 
 from neuron_dra.cli import main as cli_main
 from neuron_dra.cli.emulate_utilisation import parse_cores
-from neuron_dra.driver.deploy.dashboard import (
-    MEMORY_PER_POD,
-    PANELS,
-    UTILISATION_PER_CLAIM,
-    UTILISATION_PER_POD,
-    dashboard_json,
-    panel_exprs,
-)
+from neuron_dra.driver.deploy.dashboard import MEMORY_PER_POD, UTILISATION_PER_CLAIM, UTILISATION_PER_POD
 from neuron_dra.localcluster.cluster import LocalCluster
-from neuron_dra.localcluster.controlplane.prometheus import query, targets_up
+from neuron_dra.localcluster.controlplane.prometheus import targets_up
+from tests.support import promql
 from tests.support.e2e import NEURON_TOLERATION, eventually
 
 pytestmark = [pytest.mark.cluster, pytest.mark.gobuild, pytest.mark.slow]
@@ -32,7 +25,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.gobuild, pytest.mark.slow]
 DRIVER = "neuron.aws.com"
 NODE = "trn2-48xlarge-1"
 NS = "util"
-RATE_INTERVAL = "1m"  # Grafana's $__rate_interval at a 15 s scrape; this Prometheus scrapes every 2 s
 RATIO = 0.4
 DEVICE_BYTES = 1 << 20
 
@@ -70,8 +62,8 @@ def holder(cluster: LocalCluster) -> dict[str, str]:
                             "resources": {"claims": [{"name": "neuron"}]}}]}})
     assert cluster.prometheus
     url = cluster.prometheus
-    (series,) = eventually(lambda: query(url, 'neuron_dra_claim_device_info{pod="holder"}') or None, 120,
-                           what="the holder's attribution in Prometheus")
+    (series,) = promql.series(url, 'neuron_dra_claim_device_info{pod="holder"}', 120,
+                              what="the holder's attribution in Prometheus")
     api.close()
     labels: dict[str, str] = series["metric"]
     return labels
@@ -96,24 +88,12 @@ def test_every_panel_returns_data_for_a_pod_holding_devices(cluster: LocalCluste
     eventually(lambda: targets_up(url, "neuron-monitor") == {NODE: True} or None, 60,
                what="the node's neuron-monitor stand-in scraped")
 
-    exprs = panel_exprs(dashboard_json())
-    assert len(exprs) == sum(len(p.queries) for p in PANELS)
-    answers: dict[str, list[dict[str, Any]]] = {}
-    for title, expr in exprs:
-        concrete = expr.replace("$__rate_interval", RATE_INTERVAL)
-
-        def data(concrete: str = concrete) -> list[dict[str, Any]] | None:
-            return query(url, concrete) or None
-
-        answers[expr] = eventually(data, 120, what=f"data for panel {title!r}: {concrete}")
-
-    def values(expr: str, *keys: str) -> dict[tuple[str, ...], float]:
-        return {tuple(s["metric"][k] for k in keys): float(s["value"][1]) for s in answers[expr]}
-
-    assert values(UTILISATION_PER_POD, "namespace", "pod") == {(NS, "holder"): pytest.approx(RATIO)}
-    assert values(UTILISATION_PER_CLAIM, "namespace", "claim") == {(NS, "device-3"): pytest.approx(RATIO)}
-    assert values(MEMORY_PER_POD, "namespace", "pod") == {(NS, "holder"): DEVICE_BYTES * len(cores)}
+    answers = promql.dashboard_answers(url, 120)
+    assert promql.values(answers[UTILISATION_PER_POD], "namespace", "pod") == {(NS, "holder"): pytest.approx(RATIO)}
+    assert promql.values(answers[UTILISATION_PER_CLAIM], "namespace", "claim") == {
+        (NS, "device-3"): pytest.approx(RATIO)}
+    assert promql.values(answers[MEMORY_PER_POD], "namespace", "pod") == {(NS, "holder"): DEVICE_BYTES * len(cores)}
 
     # The stand-in follows its state: cleared, the utilisation panels go empty.
     emulate(cluster.dir, "--clear", "--all")
-    eventually(lambda: not query(url, UTILISATION_PER_POD) or None, 60, what="utilisation gone after --clear")
+    promql.gone(url, UTILISATION_PER_POD, 60, what="utilisation gone after --clear")

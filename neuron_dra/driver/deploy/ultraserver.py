@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_dra.driver.deploy.options import DEFAULT_IMAGE
 from neuron_dra.driver.model.k8s_names import (
     DEFAULT_DRIVER_NAME,
     TAINT_EFFECTS,
@@ -24,12 +25,10 @@ from neuron_dra.driver.model.k8s_names import (
     ultraserver_class_selector,
 )
 from neuron_dra.driver.model.ultraserver import POOL_PREFIX
-from neuron_dra.driver.model.version import VERSION
 
 Manifest = dict[str, Any]
 DEFAULT_NAME = "neuron-dra-ultraserver"
 DEFAULT_NAMESPACE = "neuron-dra-driver"
-DEFAULT_IMAGE = f"ghcr.io/neuron-dra/neuron-dra-driver:{VERSION}"
 COMPONENT = "ultraserver-controller"
 POD_LABELS = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": COMPONENT}
 
