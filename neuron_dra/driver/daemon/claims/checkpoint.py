@@ -34,7 +34,7 @@ from typing import Any
 
 from neuron_dra.driver.daemon.claims.cdi import CdiError, check_claim_uid
 from neuron_dra.driver.errortext import shown
-from neuron_dra.driver.kubeletplugin import remove_temp_files, write_atomic
+from neuron_dra.driver.kubeletplugin.toolkit import remove_temp_files, write_atomic
 from neuron_dra.driver.model import k8s_names
 
 log = logging.getLogger(__name__)
