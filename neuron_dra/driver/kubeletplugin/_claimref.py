@@ -75,11 +75,11 @@ def _field(ref: ClaimRef, parent: Mapping[str, Any], where: str, key: str, kind:
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A ResourceClaim as the helper hands it to `Driver.prepare`, as the Go helper hands `*ResourceClaim`: the
-    API server's JSON (`object`, read-only; read defensively past the fields checked here) with kubelet's `ref`,
+    API server's JSON (`data`, read-only; read defensively past the fields checked here) with kubelet's `ref`,
     checked to have the UID kubelet asked for and an allocation (`allocation`: status.allocation, an object)."""
 
     ref: ClaimRef
-    object: Mapping[str, Any]
+    data: Mapping[str, Any]
     allocation: Mapping[str, Any]
 
     @property

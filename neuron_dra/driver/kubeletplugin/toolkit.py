@@ -16,7 +16,53 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    pass
+    from neuron_dra.driver.kubeletplugin._atomicfile import remove_temp_files, write_atomic
+    from neuron_dra.driver.kubeletplugin._generated import (
+        dra_health_v1_pb2,
+        dra_health_v1alpha1_pb2,
+        dra_health_v1beta1_pb2,
+        dra_v1_pb2,
+        grpc_health_v1_pb2,
+        pluginregistration_pb2,
+    )
+    from neuron_dra.driver.kubeletplugin._grpcserver import (
+        CallContext,
+        EventLoopThread,
+        Limits,
+        Method,
+        RpcError,
+        Server,
+        StatusCode,
+        call_on,
+        channel,
+        service_methods,
+    )
+    from neuron_dra.driver.kubeletplugin._instances import (
+        SOCKET_NAME_MODES,
+        InstanceError,
+        check_pod_uid,
+        decide,
+        kubelet_minor,
+    )
+    from neuron_dra.driver.kubeletplugin._kube import (
+        RESOURCE_SLICES,
+        ApiClient,
+        ApiClientError,
+        ApiException,
+        ClientOptions,
+        KubeApi,
+        KubeClaimLookup,
+        api_client,
+    )
+    from neuron_dra.driver.kubeletplugin._kubeconfig import KubeConfigError
+    from neuron_dra.driver.kubeletplugin._logs import configure as configure_logs
+    from neuron_dra.driver.kubeletplugin._memory import limit_arenas
+    from neuron_dra.driver.kubeletplugin._memory import trim as trim_memory
+    from neuron_dra.driver.kubeletplugin._ratelimit import DAEMON_BURST, DAEMON_QPS, Rate
+    from neuron_dra.driver.kubeletplugin._signals import set_on_signals
+    from neuron_dra.driver.kubeletplugin._slicepublisher import Backoff, ResourceSlicePublisher
+    from neuron_dra.driver.kubeletplugin._sockets import SocketPaths, is_listening
+    from neuron_dra.driver.kubeletplugin._tcpfront import Front, FrontLimits, open_files_limit
 
 # name -> (private module, its name there); a module of _generated: the module itself.
 _WHERE: dict[str, tuple[str, str]] = {
@@ -55,4 +101,13 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "DAEMON_BURST", "DAEMON_QPS", "RESOURCE_SLICES", "SOCKET_NAME_MODES", "ApiClient", "ApiClientError",
+    "ApiException", "Backoff", "CallContext", "ClientOptions", "EventLoopThread", "Front", "FrontLimits",
+    "InstanceError", "KubeApi", "KubeClaimLookup", "KubeConfigError", "Limits", "Method", "Rate",
+    "ResourceSlicePublisher", "RpcError", "Server", "SocketPaths", "StatusCode", "api_client", "call_on", "channel",
+    "check_pod_uid", "configure_logs", "decide", "dra_health_v1_pb2", "dra_health_v1alpha1_pb2",
+    "dra_health_v1beta1_pb2", "dra_v1_pb2", "grpc_health_v1_pb2", "is_listening", "kubelet_minor", "limit_arenas",
+    "open_files_limit", "pluginregistration_pb2", "remove_temp_files", "service_methods", "set_on_signals",
+    "trim_memory", "write_atomic",
+]

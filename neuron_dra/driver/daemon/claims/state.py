@@ -305,7 +305,7 @@ class DriverState:
             if live:
                 raise self._busy(ref, plan, live)
             self._release_stale_locked(conflicts)
-        self._commit_locked(ref, plan, consumer_pods(claim.object, MAX_CONSUMERS))
+        self._commit_locked(ref, plan, consumer_pods(claim.data, MAX_CONSUMERS))
         return plan.devices
 
     def _busy(self, ref: ClaimRef, plan: Plan, live: Sequence[PreparedClaim]) -> ClaimError:
