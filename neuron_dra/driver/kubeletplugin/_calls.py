@@ -1,7 +1,10 @@
 """One NodePrepareResources or NodeUnprepareResources call from kubelet's refs to the driver's answers, as the Go
 helper's draplugin.go does it: the claim GET with its checks, then the driver under the lock the instances share.
 
-Prepare: the driver's `check` of each ref (before any URL or file name is built from it), the claim GETs (outside
+Prepare: the driver's `check` of each ref (before any URL or file name is built from it); a claim the driver has
+prepared already (`Driver.has_prepared`, kubelet repeats prepares after its restart) is handed over as its ref, without
+a GET, so the repeat is answered from the driver's records even while the API server is unreachable (the Go helper
+GETs every claim); the claim GETs of the others (outside
 the lock, so a slow API call delays only its own call; one claim inline, several in parallel in a small pool
 that an abandoned call stops feeding), `Claim.checked` (the UID kubelet asked for, status.allocation set), then
 `Driver.prepare` with the claims, under the CallLock until the call's deadline. Unprepare: `check`, then
@@ -57,7 +60,13 @@ class Driver(Protocol):
         """Raise ClaimFailed for a ref the driver refuses, before it is looked up or used (`named`: prepare,
         which GETs the claim by namespace and name; unprepare needs the UID only)."""
 
-    def prepare(self, claims: Sequence[Claim], call: CallScope) -> Mapping[str, PrepareAnswer]: ...
+    def has_prepared(self, uid: str) -> bool:
+        """Has the driver prepared this claim already (a look without the lock: a hint)? Its ref is then handed to
+        `prepare` without a GET."""
+
+    def prepare(self, claims: Sequence[Claim | ClaimRef], call: CallScope) -> Mapping[str, PrepareAnswer | None]:
+        """A ClaimRef (a claim `has_prepared` named): the recorded answer, or None when the driver needs the claim
+        after all (the helper then GETs it and calls again)."""
 
     def unprepare(self, refs: Sequence[ClaimRef], call: CallScope) -> Mapping[str, ClaimFailed | None]: ...
 
@@ -101,18 +110,29 @@ class Calls:
         call = call or CallScope()
         out: dict[str, object] = dict.fromkeys(r.uid for r in refs)  # kubelet's order
         todo = self._checked("prepare", refs, out)
+        known = [r for r in todo if self._driver.has_prepared(r.uid)]
+        if known:
+            todo = [r for r in todo if r not in known]
         if len(todo) == 1:
             claims = [c for c in (self._claim(todo[0], call, out),) if c is not None]
         else:
             claims = self._claims(todo, call, out)
-        if claims:
-            try:
-                with self._lock.hold(call.deadline):
-                    out.update(self._driver.prepare(claims, call))
-            except LockTimeout as e:
-                for c in claims:
-                    out[c.uid] = self._fail("prepare", c.ref, ClaimFailed(f"{e}; kubelet retries", LOCK_TIMEOUT))
+        self._prepare([*known, *claims], call, out)
+        again = [r for r in known if out[r.uid] is None]  # no longer prepared once under the lock: GET it
+        if again:
+            self._prepare(self._claims(again, call, out), call, out)
         return out  # type: ignore[return-value]  # every entry set above
+
+    def _prepare(self, items: Sequence[Claim | ClaimRef], call: CallScope, out: dict[str, object]) -> None:
+        if not items:
+            return
+        try:
+            with self._lock.hold(call.deadline):
+                out.update(self._driver.prepare(items, call))
+        except LockTimeout as e:
+            for c in items:
+                ref = c.ref if isinstance(c, Claim) else c
+                out[ref.uid] = self._fail("prepare", ref, ClaimFailed(f"{e}; kubelet retries", LOCK_TIMEOUT))
 
     def unprepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None) -> dict[str, ClaimFailed | None]:
         """From the driver's records alone (no API call). The lock is waited for without a deadline: an unprepare

@@ -254,14 +254,41 @@ class DriverState:
 
     # --- prepare ---------------------------------------------------------------------------------------------
 
-    def prepare(self, claims: Sequence[Claim], call: CallScope) -> dict[str, PrepareResult]:
+    def has_prepared(self, uid: str) -> bool:
+        """Recorded as prepared (a look without the lock: the records are replaced, never changed in place)?"""
+        entry = self._claims.get(uid)
+        return entry is not None and entry.state is ClaimState.PREPARE_COMPLETED
+
+    def prepare(self, claims: Sequence[Claim | ClaimRef], call: CallScope) -> dict[str, PrepareResult | None]:
         """Prepare each claim (looked up and checked by the helper, which holds the CallLock); every claim gets a
-        result, its devices or its error."""
+        result, its devices or its error. A ref (`has_prepared` said so, no GET): the recorded answer, its CDI spec
+        rewritten (tmpfs: a reboot wipes it), or None when it is no longer recorded as prepared (the helper then
+        GETs the claim)."""
         try:
             self._refresh_checked()
         except ClaimError as e:
-            return {c.uid: self._prepare_failed(c.ref, e) for c in claims}
-        return {c.uid: self._prepare_measured(c, call) for c in claims}
+            return {c.uid: self._prepare_failed(c if isinstance(c, ClaimRef) else c.ref, e) for c in claims}
+        return {c.uid: self._repeat(c, call) if isinstance(c, ClaimRef) else self._prepare_measured(c, call)
+                for c in claims}
+
+    def _repeat(self, ref: ClaimRef, call: CallScope) -> PrepareResult | None:
+        entry = self._claims.get(ref.uid)
+        if entry is None or entry.state is not ClaimState.PREPARE_COMPLETED:
+            return None
+        try:
+            self._write_cdi(entry.uid, entry.cdi_spec)
+        except ClaimError as e:
+            return self._prepare_failed(ref, e)
+        self._prepared(ref, entry.devices, call)
+        return entry.devices
+
+    def _prepared(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], call: CallScope) -> None:
+        elapsed = time.perf_counter() - call.began  # since the call arrived: its GET included
+        if self._metrics:
+            self._metrics.prepare_seconds.observe(elapsed)
+        if log.isEnabledFor(logging.INFO):
+            log.info("prepared claim", extra={"claim": str(ref), "devices": [d.device_name for d in devices],
+                                              "seconds": round(elapsed, 6)})
 
     def _prepare_failed(self, ref: ClaimRef, e: ClaimError) -> ClaimError:
         log.warning("prepare failed", extra={"claim": str(ref), "reason": e.reason.value, "error": e.message})
@@ -279,18 +306,13 @@ class DriverState:
             if self._metrics:
                 self._metrics.errors.labels("prepare", Reason.INTERNAL.value).inc()
             return ClaimError(Reason.INTERNAL, f"claim {claim.ref}: internal error: {e!r}")
-        elapsed = time.perf_counter() - call.began  # since the call arrived: its GET included
-        if self._metrics:
-            self._metrics.prepare_seconds.observe(elapsed)
-        if log.isEnabledFor(logging.INFO):
-            log.info("prepared claim", extra={"claim": str(claim.ref), "devices": [d.device_name for d in devices],
-                                              "seconds": round(elapsed, 6)})
+        self._prepared(claim.ref, devices, call)
         return devices
 
     def _prepare_one(self, claim: Claim, ticket: int) -> tuple[PreparedDevice, ...]:
         ref = claim.ref
         entry = self._claims.get(ref.uid)
-        # Repeated prepare (kubelet restart, node reboot): the recorded answer, the spec rewritten (tmpfs).
+        # Prepared meanwhile (by the other instance, or a concurrent call): the recorded answer, spec rewritten.
         if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
             self._write_cdi(entry.uid, entry.cdi_spec)
             return entry.devices
