@@ -128,6 +128,12 @@ class Served:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.state, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("state", "calls"):
+            super().__setattr__(name, value)
+        else:
+            setattr(self.state, name, value)  # a test's change of the state's own attributes
+
 
 @contextlib.contextmanager
 def short_dir(prefix: str = "nd") -> Iterator[Path]:

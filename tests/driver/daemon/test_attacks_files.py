@@ -193,7 +193,7 @@ def journal_node(tmp_path: Path) -> Iterator[tuple[Node, dict[str, PreparedClaim
     lookup.delete("c0")
     truth = dict(state.prepared())
     assert set(truth) == {uid(12), uid(13), uid(14)}
-    state._executor.shutdown()  # no close: the records stay in the journal, as after a kill -9
+    state.calls.close()  # no close of the state: the records stay in the journal, as after a kill -9
     yield node, truth
     node.close()
 

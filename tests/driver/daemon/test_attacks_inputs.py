@@ -101,7 +101,8 @@ def test_a_request_name_ending_in_a_line_feed_is_a_malformed_claim_naming_the_fi
     assert ".request is 'neurons\\n'" in err.value.message and "a request name (a DNS label" in err.value.message
     for good in ("neurons", "neurons/big"):
         doc = claim("c1", uid(1), [result("neuron-device-0", request=good)])
-        assert allocated_devices(Claim.checked(ref, doc), DRIVER, NODE, BUILTIN.spec("trn2.48xlarge"))[0].request == good
+        allocated = allocated_devices(Claim.checked(ref, doc), DRIVER, NODE, BUILTIN.spec("trn2.48xlarge"))
+        assert allocated[0].request == good
 
 
 @pytest.mark.process
