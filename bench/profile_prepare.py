@@ -14,7 +14,8 @@ from pathlib import Path
 from neuron_dra.driver.daemon.claims.cdi import CdiStore
 from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint
 from neuron_dra.driver.daemon.claims.state import DriverState
-from neuron_dra.driver.kubeletplugin import ClaimRef, InstanceLock
+from neuron_dra.driver.kubeletplugin import ClaimRef
+from neuron_dra.driver.kubeletplugin.toolkit import InstanceLock
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from tests.support.driver import DRIVER, NODE, FakeLookup, claim, devices, uid
