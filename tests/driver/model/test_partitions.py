@@ -183,7 +183,7 @@ def test_prepare_exposes_exactly_the_allocated_cores(tmp_path: Path) -> None:
     assert "NEURON_RT_VISIBLE_CORES=12-13" in env and "NEURON_LOGICAL_NC_CONFIG=2" in env and nodes == ["/dev/neuron3"]
     env, nodes = _container_edits(tmp_path, uid(2))
     assert "NEURON_RT_VISIBLE_CORES=14" in env and nodes == ["/dev/neuron3"]
-    ids = [d.cdi_device_ids for d in answers[uid(1)]]  # type: ignore[union-attr]
+    ids = [d.cdi_device_ids for d in answers[uid(1)]]
     assert len(ids[0]) == 2 and len(ids[1]) == 1 and ids[1][0] == ids[0][1]  # /dev/neuron3 named once
     held = state.prepared()
     assert held[uid(1)].neuron_cores == (24, 25, 26, 27) and held[uid(2)].neuron_cores == (28, 29)
