@@ -17,6 +17,7 @@ from kubernetes import client
 
 from neuron_dra.driver import kubeletplugin
 from neuron_dra.driver.kubeletplugin import CallScope, Claim, ClaimFailed, ClaimRef
+from neuron_dra.driver.kubeletplugin._calls import Calls
 from neuron_dra.driver.kubeletplugin._generated import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -291,3 +292,34 @@ def test_publish_hands_slices_over_as_data(base: Path, api: Any) -> None:
     finally:
         stop.set()
         helper.close()
+
+
+@dataclass
+class RecordingDriver(ToyDriver):
+    """Says it has prepared `u-a` (a look without the lock), then finds it no longer prepared under the lock."""
+
+    handed: list[tuple[str, ...]] = field(default_factory=list)
+
+    def has_prepared(self, uid: str) -> bool:
+        return uid == "u-a"
+
+    def prepare(self, claims: Sequence[Claim | ClaimRef], call: CallScope
+                ) -> Mapping[str, Sequence[ToyDevice] | ClaimFailed | None]:
+        self.handed.append(tuple(type(c).__name__ for c in claims))
+        refs = [c for c in claims if isinstance(c, ClaimRef)]
+        answers = dict(super().prepare([c for c in claims if isinstance(c, Claim)], call))
+        return {**answers, **dict.fromkeys((r.uid for r in refs), None)}  # None: the claim is needed after all
+
+
+def test_a_claim_the_driver_has_prepared_skips_its_get_until_the_driver_needs_it() -> None:
+    """`has_prepared` hands the claim over as its ref without a GET (a repeat answered from the driver's records
+    while the API server is down); when the driver answers None under the lock (unprepared meanwhile), the helper
+    GETs the claim and calls again, so the claim is looked up and prepared like any other."""
+    lookup = FakeLookup(toy_claim("a", "u-a", "dev-a"), toy_claim("b", "u-b", "dev-b"))
+    driver = RecordingDriver()
+    calls = Calls(driver, lookup, kubeletplugin.CallLock())
+    answers = calls.prepare([ClaimRef("ns", "a", "u-a"), ClaimRef("ns", "b", "u-b")])
+    assert driver.handed == [("ClaimRef", "Claim"), ("Claim",)]
+    assert lookup.calls == [("ns", "b"), ("ns", "a")]  # a's GET only once the driver needed it
+    assert {uid: [d.device_name for d in a] for uid, a in answers.items()
+            if not isinstance(a, ClaimFailed) and a is not None} == {"u-a": ["dev-a"], "u-b": ["dev-b"]}
