@@ -38,7 +38,7 @@ def configure(level: str = "info", stream: TextIO | None = None) -> None:
     """Route the root logger to JSON lines on `stream` (stderr by default). The record attributes the lines never
     show (the caller's file and line, thread and process names) are not collected: the stdlib's own switches
     for it (docs.python.org, Logging HOWTO, "Optimization")."""
-    logging._srcfile = None  # type: ignore[attr-defined]  # no stack walk per record (findCaller)
+    logging._srcfile = None  # no stack walk per record (findCaller)
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
