@@ -29,7 +29,7 @@ from typing import Any
 
 import grpc.aio
 
-from neuron_dra.driver.kubeletplugin import (
+from neuron_dra.driver.kubeletplugin.toolkit import (
     NODE_LIMITS,
     CallContext,
     EventLoopThread,
@@ -47,9 +47,7 @@ from neuron_dra.driver.kubeletplugin import (
     pluginregistration_pb2,
     trim_memory,
 )
-from neuron_dra.driver.kubeletplugin import (
-    channel as open_channel,
-)
+from neuron_dra.driver.kubeletplugin.toolkit import channel as open_channel
 from neuron_dra.driver.model.k8s_names import LIVENESS_SERVICE, READINESS_SERVICE
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from urllib.parse import quote
 
 from neuron_dra.driver import kubeletplugin
 from neuron_dra.driver.errortext import capped, shown
-from neuron_dra.driver.kubeletplugin import (
+from neuron_dra.driver.kubeletplugin import toolkit
+from neuron_dra.driver.kubeletplugin.toolkit import (
     DAEMON_BURST,
     DAEMON_QPS,
     SOCKET_NAME_MODES,
@@ -50,7 +51,7 @@ from neuron_dra.driver.model.version import VERSION
 
 # The API client is the layer's, imported once used (after the sockets are bound; main.py).
 if TYPE_CHECKING:
-    from neuron_dra.driver.kubeletplugin import ApiClient
+    from neuron_dra.driver.kubeletplugin.toolkit import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -284,8 +285,8 @@ def read_string(api: ApiClient, path: str, keys: tuple[str, ...], seconds: float
     reason, so nothing the API server says can end start-up (issue 42 item 2)."""
     where = ".".join(keys)
     try:
-        value: object = kubeletplugin.KubeApi(api).call("GET", path, seconds=seconds)
-    except (kubeletplugin.ApiException, kubeletplugin.ApiClientError) as e:
+        value: object = toolkit.KubeApi(api).call("GET", path, seconds=seconds)
+    except (toolkit.ApiException, toolkit.ApiClientError) as e:
         return Read(None, capped(str(e)))
     except Exception as e:  # anything else the answer provoked: the same, never a traceback
         return Read(None, f"GET {path}: {capped(f'{type(e).__name__}: {e}')}")

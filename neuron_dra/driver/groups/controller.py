@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_dra.driver.kubeletplugin import RESOURCE_SLICES, ApiClientError, ApiException, KubeApi
+from neuron_dra.driver.kubeletplugin.toolkit import RESOURCE_SLICES, ApiClientError, ApiException, KubeApi
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.k8s_names import TAINT_EFFECTS

@@ -14,7 +14,13 @@ from collections.abc import Sequence
 
 from neuron_dra.driver.groups.controller import ControllerOptions, GroupController
 from neuron_dra.driver.groups.lease import LeaderElector, LeaseOptions
-from neuron_dra.driver.kubeletplugin import KubeApi, KubeConfigError, api_client, configure_logs, set_on_signals
+from neuron_dra.driver.kubeletplugin.toolkit import (
+    KubeApi,
+    KubeConfigError,
+    api_client,
+    configure_logs,
+    set_on_signals,
+)
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, TAINT_EFFECTS, check_dns_label, check_driver_name
 
 log = logging.getLogger(__name__)

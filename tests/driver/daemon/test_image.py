@@ -95,7 +95,7 @@ START_EARLY = """
 import sys, tempfile
 from pathlib import Path
 from neuron_dra.driver.daemon import main
-from neuron_dra.driver.kubeletplugin import EventLoopThread
+from neuron_dra.driver.kubeletplugin.toolkit import EventLoopThread
 d = Path(tempfile.mkdtemp())
 o = main.parse_options(["--node-name", "n", "--plugins-dir", str(d / "p"), "--registry-dir", str(d / "r")], {})
 helper = main.start_early(main.with_socket_names(o, None), EventLoopThread())

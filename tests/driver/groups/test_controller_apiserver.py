@@ -17,7 +17,7 @@ import pytest
 from neuron_dra.driver.deploy import ultraserver as deploy_us
 from neuron_dra.driver.groups.controller import ControllerOptions, GroupController
 from neuron_dra.driver.groups.lease import LeaderElector, LeaseOptions
-from neuron_dra.driver.kubeletplugin import RESOURCE_SLICES, ApiException, KubeApi, api_client
+from neuron_dra.driver.kubeletplugin.toolkit import RESOURCE_SLICES, ApiException, KubeApi, api_client
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.emulate import EmulationOptions
 from neuron_dra.driver.model.hosts import emulated_host

@@ -7,7 +7,7 @@ from typing import Any, cast
 import pytest
 
 from neuron_dra.driver.groups.controller import ControllerOptions, GroupController, holders, ready_node_names
-from neuron_dra.driver.kubeletplugin import KubeApi
+from neuron_dra.driver.kubeletplugin.toolkit import KubeApi
 
 DRIVER = "neuron.aws.com"
 

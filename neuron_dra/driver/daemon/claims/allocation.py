@@ -12,7 +12,7 @@ from typing import Any
 from neuron_dra.driver.daemon.claims.cdi import CdiDevice, qualified_id
 from neuron_dra.driver.daemon.claims.checkpoint import PreparedDevice
 from neuron_dra.driver.errortext import capped, shown
-from neuron_dra.driver.kubeletplugin import ClaimFailed, ClaimRef
+from neuron_dra.driver.kubeletplugin import Claim, ClaimFailed, ClaimRef
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.catalog import InstanceSpec
 from neuron_dra.driver.model.config import ConfigError, EffectiveConfig, OpaqueConfig, check_applies, decode
@@ -44,9 +44,10 @@ class Reason(StrEnum):
 class ClaimError(ClaimFailed):
     """One claim cannot be prepared (or unprepared); reported in that claim's `error`, nothing changed."""
 
+    reason: Reason
+
     def __init__(self, reason: Reason, message: str) -> None:
-        self.reason = reason
-        super().__init__(message)
+        super().__init__(message, reason)
 
 
 @dataclass(frozen=True)
@@ -102,20 +103,6 @@ def _member(ref: ClaimRef, parent: Mapping[str, Any], where: str, key: str, kind
     if type(value) is not kind:
         raise _malformed(ref, f"{where}.{key}", value, _KINDS[kind])
     return value
-
-
-def claim_uid(claim: object, ref: ClaimRef) -> str | None:
-    """metadata.uid of a claim answer."""
-    metadata = _member(ref, _object(ref, "the claim", claim), "claim", "metadata", Mapping, {})
-    uid: str | None = _member(ref, metadata, "metadata", "uid", str, None)
-    return uid
-
-
-def allocation_of(claim: Mapping[str, Any], ref: ClaimRef) -> Mapping[str, Any] | None:
-    """status.allocation, None when not allocated."""
-    status = _member(ref, claim, "claim", "status", Mapping, {})
-    allocation: Mapping[str, Any] | None = _member(ref, status, "status", "allocation", Mapping, None)
-    return allocation
 
 
 @dataclass(frozen=True)
@@ -176,17 +163,10 @@ def _configs(allocation: Mapping[str, Any], ref: ClaimRef, driver: str, spec: In
     return out
 
 
-def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str, spec: InstanceSpec
-                      ) -> tuple[AllocatedDevice, ...]:
-    """The results of `driver` in `pool` (this node), checked as kubelet's drivers must."""
-    uid = claim_uid(claim, ref)
-    if uid != ref.uid:
-        raise ClaimError(Reason.UID_MISMATCH,
-                         f"claim {ref.namespace}/{ref.name} has uid {shown(uid)}, kubelet asked for {ref.uid!r}: "
-                         "the claim was deleted and replaced")
-    allocation = allocation_of(claim, ref)
-    if allocation is None:
-        raise ClaimError(Reason.NOT_ALLOCATED, f"claim {ref} is not allocated (status.allocation is not set)")
+def allocated_devices(claim: Claim, driver: str, pool: str, spec: InstanceSpec) -> tuple[AllocatedDevice, ...]:
+    """The results of `driver` in `pool` (this node), checked as kubelet's drivers must (the helper checked the
+    claim's UID and that it is allocated: Claim.checked)."""
+    ref, allocation = claim.ref, claim.allocation
     results = results_of(allocation, ref)
     ours = [r for r in results if r.driver == driver]
     groups = member_groups(allocation, ours, ref, pool)
