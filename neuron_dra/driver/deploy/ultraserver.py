@@ -20,6 +20,7 @@ from neuron_dra.driver.model.k8s_names import (
     check_dns_label,
     check_driver_name,
     device_class_manifest,
+    neuron_toleration,
     ultraserver_class_name,
     ultraserver_class_selector,
 )
@@ -186,7 +187,9 @@ def deployment(o: UltraServerControllerOptions) -> Manifest:
             "template": {
                 "metadata": {"labels": dict(POD_LABELS)},
                 "spec": {"serviceAccountName": o.name, "containers": [container],
-                         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+                         # the Neuron taint's too: a cluster whose only nodes are Neuron nodes (node groups
+                         # without a system group) has nowhere else to run it (CoreDNS does the same)
+                         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}, neuron_toleration()],
                          "terminationGracePeriodSeconds": 30},
             },
         },

@@ -6,6 +6,7 @@ import pytest
 
 from neuron_dra.driver.deploy import ultraserver as deploy_us
 from neuron_dra.driver.deploy.ultraserver import UltraServerControllerOptions
+from neuron_dra.driver.model.k8s_names import neuron_toleration
 from tests.support import kubeschema
 
 
@@ -24,6 +25,9 @@ def test_every_object_is_schema_valid_and_names_the_driver() -> None:
     (container,) = spec["template"]["spec"]["containers"]
     assert container["command"][:3] == ["python", "-m", "neuron_dra.driver.groups"]
     assert "--driver-name=neuron.example.com" in container["command"] and "--namespace=ops" in container["command"]
+    # rendered here, once: a cluster of Neuron nodes only (tainted) still runs it
+    assert spec["template"]["spec"]["tolerations"] == [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                                                       neuron_toleration()]
 
 
 def test_rbac_grants_no_more_than_the_controller_calls() -> None:
