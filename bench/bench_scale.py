@@ -26,7 +26,8 @@ burst) is written to DIR/<nodes>-<slices>-<shape>-<HHMMSS>.pprof (read it with `
 With --ultraserver the nodes are trn2u.48xlarge in UltraServers of 4 (label neuron-dra/ultraserver) and the pods
 4-pod jobs, one pod per node of one UltraServer, each pod with all of its node's devices and EFAs (issue 41,
 docs/ultraserver.md). Two variants: "ultra-ours", the group device (the controller's group slices, rendered by its
-model, next to the nodes' slices) and UltraServerJob's shared claim per job; "ultra-aws", AWS's documented way, a
+model as on 1.36, shared counters included: each UltraServer's pool of counters, whole and halves, next to the
+nodes' slices) and UltraServerJob's shared claim per job; "ultra-aws", AWS's documented way, a
 claim of the node's neuron_node pseudo-device per pod beside the same devices-and-EFAs claim (its UltraServerConfig
 left out: the scheduler does not read configs) and the pod affinity LeaderWorkerSet's exclusive topology injects
 (affinity to the own group's key, anti-affinity to other groups' keys, topology the UltraServer label). The figure
@@ -235,7 +236,8 @@ def load_ultraserver_objects(api: Api, n: int, variant: str) -> int:
         facts = {name: membership.MemberFacts(
             name, ULTRA_TYPE, f"us4-{i // 4}", f"us4-{i // 4}-{i % 4 // 2}", i % 4, i % 2, ULTRA_SIZE,
             f"us4-{i // 4}") for i, name in enumerate(names)}
-        slices += membership.desired_slices(membership.group_ultraservers(facts), DEFAULT_DRIVER_NAME)
+        slices += membership.desired_slices(membership.group_ultraservers(facts), DEFAULT_DRIVER_NAME,
+                                            counters=True)  # the layout the controller publishes on 1.36+
     api.create_all(("/apis/resource.k8s.io/v1/resourceslices", s) for s in slices)
     return n + len(slices)
 

@@ -51,3 +51,31 @@ def test_node_events_start_a_pass_only_when_readiness_or_existence_changes() -> 
 def test_bad_controller_options_are_refused(kwargs: dict[str, Any], word: str) -> None:
     with pytest.raises(ValueError, match=word):
         ControllerOptions(DRIVER, **kwargs)
+
+
+class _Answers:
+    """A stand-in for the API client's one call the probe makes (the served case runs against a real API server
+    in test_controller_apiserver.py): answers as a 1.34/1.35 server (fields dropped) or refuses."""
+
+    def __init__(self, answer: dict[str, Any] | Exception) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, str, Any, Any]] = []
+
+    def call(self, method: str, path: str, *, query: Any = None, body: Any = None) -> dict[str, Any]:
+        self.calls.append((method, path, query, body))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_the_counter_probe_is_a_dry_run_and_falls_back_when_counters_are_dropped_or_refused() -> None:
+    from neuron_dra.driver.kubeletplugin import ApiException
+
+    dropped = _Answers({"spec": {"driver": DRIVER}})  # what a server without DRAPartitionableDevices keeps
+    assert GroupController(cast(KubeApi, dropped), ControllerOptions(DRIVER)).probe_counters() is False
+    ((method, _, query, body),) = dropped.calls
+    assert method == "POST" and query == {"dryRun": "All"} and body["spec"]["sharedCounters"]
+    kept = _Answers({"spec": {"sharedCounters": body["spec"]["sharedCounters"]}})
+    assert GroupController(cast(KubeApi, kept), ControllerOptions(DRIVER)).probe_counters() is True
+    refused = _Answers(ApiException(403, "Forbidden", "{}"))
+    assert GroupController(cast(KubeApi, refused), ControllerOptions(DRIVER)).probe_counters() is False
