@@ -246,9 +246,19 @@ def test_the_whole_and_a_half_of_one_ultraserver_exclude_each_other(api: client.
     """Shared counters (1.36): with the 4-node group allocated, a claim for a half of the same UltraServer stays
     unallocated, its pod unschedulable; once the whole is released the half is allocated, and then a claim for the
     whole stays unallocated."""
-    found = eventually(lambda: _groups_ready(api), 120, what="the group slices")
-    (four,) = [s for s in found.values() if s["spec"].get("devices")
-               and s["spec"]["devices"][0]["attributes"]["nodeCount"] == {"int": 4}]
+    def four_ready() -> dict[str, Any] | None:
+        """The 4-node UltraServer's whole slice, once its pool's four slices are there and untainted (the 2-node
+        UltraServer may have lost a member to an earlier test)."""
+        found = _group_slices(api).values()
+        whole = [s for s in found if s["spec"].get("devices") and us.selected_nodes(s["spec"]["nodeSelector"]) == FOUR]
+        if len(whole) != 1:
+            return None
+        pool = [s for s in found if s["spec"]["pool"]["name"] == whole[0]["spec"]["pool"]["name"]]
+        if len(pool) != 4 or any(d.get("taints") for s in pool for d in s["spec"].get("devices") or ()):
+            return None
+        return whole[0]
+
+    four = eventually(four_ready, 120, what="the 4-node UltraServer's group slices")
     ultraserver_id = four["spec"]["devices"][0]["attributes"]["ultraserverId"]["string"]
     core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
     ns = "ultra-counters"
