@@ -38,6 +38,7 @@ COALESCE = 0.5  # seconds to let a burst of watch events settle before a pass
 MAX_EVENTS_REMEMBERED = 10_000
 COMPONENT = "neuron-dra-ultraserver"
 GONE_VALUE = "group-gone"
+SHARED_COUNTERS = ("auto", "off")
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,11 @@ class ControllerOptions:
     catalog: Catalog = field(default=BUILTIN, repr=False)
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
+    shared_counters: str = "auto"  # auto: where the API server serves them (probed); off: never (ultraserver.md §2a)
 
     def __post_init__(self) -> None:
+        if self.shared_counters not in SHARED_COUNTERS:
+            raise ValueError(f"shared counters {self.shared_counters!r} is not allowed: {', '.join(SHARED_COUNTERS)}")
         if self.taint_effect not in TAINT_EFFECTS:
             raise ValueError(f"taint effect {self.taint_effect!r} is not allowed: {', '.join(TAINT_EFFECTS)}")
         if not 1 <= self.resync <= 3600:
@@ -189,7 +193,7 @@ class GroupController:
     def _reconcile(self) -> PassResult:
         driver = self.options.driver_name
         if self.counters_served is None:
-            self.counters_served = self.probe_counters()
+            self.counters_served = self.options.shared_counters == "auto" and self.probe_counters()
         all_slices, _ = list_all(self._api, RESOURCE_SLICES, {"fieldSelector": f"spec.driver={driver}"})
         nodes, _ = list_all(self._api, NODES)
         existing = self._group_slices(all_slices)
