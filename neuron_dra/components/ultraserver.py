@@ -2,12 +2,9 @@
 
 Applied from `neuron_dra.driver.deploy.ultraserver`'s dicts: ServiceAccount, ClusterRole and binding, the Lease Role
 and binding, the ValidatingAdmissionPolicy that keeps the controller to group slices, the DeviceClass
-`ultraserver.<driver name>` and the one-replica Deployment. The component adds two things to those objects:
-
-- the image: the driver component's own `image` Output, so the controller runs exactly the driver's image, built
-  here or given, whichever way the driver chose it;
-- the Neuron taint's toleration on the Deployment's pods: a stack whose only nodes are Neuron nodes (node groups
-  without a system group) has nowhere else to run it (CoreDNS does the same, components/cluster.py).
+`ultraserver.<driver name>` and the one-replica Deployment (its pods tolerate the Neuron taint: rendered there). The
+component adds one thing to those objects: the image, the driver component's own `image` Output, so the controller
+runs exactly the driver's image, built here or given, whichever way the driver chose it.
 
 Its namespaced objects wait for the driver's Namespace. The default stack creates it where a node group or
 Karpenter pool holds an UltraServer type (catalog `ultraserver`: trn2u.48xlarge, trn3p.48xlarge), or an existing
@@ -35,7 +32,6 @@ from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import Manifest
 from neuron_dra.driver.deploy import ultraserver as controller
 from neuron_dra.driver.model.catalog import Catalog
-from neuron_dra.driver.model.k8s_names import neuron_toleration
 
 # Fields of UltraServerControllerOptions the Args pass through (the options check them; errors name the Args field).
 _OPTION_FIELDS = ("name", "taint_effect", "resync_seconds")
@@ -136,15 +132,10 @@ class UltraServerGroups(pulumi.ComponentResource):
 
 
 def _pod_spec(spec: Manifest, image: str) -> Manifest:
-    """The Deployment's spec as rendered, its container running the driver's `image` and its pods tolerating the
-    Neuron taint (once)."""
+    """The Deployment's spec as rendered, its container running the driver's `image`."""
     pod = spec["template"]["spec"]
     containers = [{**c, "image": image} for c in pod["containers"]]
-    tolerations = list(pod.get("tolerations") or ())
-    if neuron_toleration() not in tolerations:
-        tolerations.append(neuron_toleration())
-    return {**spec, "template": {**spec["template"],
-                                 "spec": {**pod, "containers": containers, "tolerations": tolerations}}}
+    return {**spec, "template": {**spec["template"], "spec": {**pod, "containers": containers}}}
 
 
 # What each object waits for (besides the driver's Namespace for namespaced ones).

@@ -203,3 +203,22 @@ def test_an_unfinished_group_prepare_is_restored_when_its_claim_still_holds_the_
     lookup.put(_group_claim("job", 7, "ultraserver-4/someone-else", [NODE]))  # the claim now holds another group
     Checkpoint(tmp_path / "plugin" / "checkpoint.json").save({uid(7): started})
     assert _state(tmp_path, lookup, options)[0].resolve_unfinished().dropped == (uid(7),)
+
+
+def test_a_half_in_its_four_node_sets_pool_runs_in_mode_2_on_its_own_half_only(tmp_path: Path) -> None:
+    """With shared counters (1.36+) a half is `ultraserver-half-<0|1>` in its 4-node set's pool: node 3 is node 1
+    of half 1, and half 0 is not its group."""
+    lookup = FakeLookup()
+    state, root = _state(tmp_path, lookup, EmulationOptions(host_id="h", ultraserver_id="us-a", ultraserver_node=3,
+                                                            ultraserver_mode=4))
+    pool = _pool(root, 4)
+    lookup.put(_group_claim("job", 1, pool, ["other-node", NODE], f"{us.HALF_DEVICE}-1"))
+    answer = state.prepare([ClaimRef("default", "job", uid(1))])[uid(1)]
+    assert not isinstance(answer, ClaimError), answer.message
+    klass = root / "sys/class/neuron_device"
+    assert _env(tmp_path, uid(1)) == {"NEURON_RT_ULTRASERVER_MODE": "2", "NEURON_RT_ULTRASERVER_NODE_ID": "1",
+                                      "NEURON_RT_ULTRASERVER_SERVER_ID": (klass / "server_id_2").read_text().strip()}
+    lookup.put(_group_claim("other", 2, pool, ["other-node", NODE], f"{us.HALF_DEVICE}-0"))
+    refused = state.prepare([ClaimRef("default", "other", uid(2))])[uid(2)]
+    assert isinstance(refused, ClaimError) and refused.reason is Reason.NOT_FOR_THIS_NODE, refused
+    assert "node 3 of its 4-node set (its class files), so in half 1, not the group's half 0" in refused.message

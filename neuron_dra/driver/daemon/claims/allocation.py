@@ -58,6 +58,7 @@ class GroupAllocation:
     pool: str
     size: int  # the group's nodes: the UltraServer mode its pods run in
     server_id: str  # the pool's id segment: the sanitised server id of the set (model/ultraserver.py)
+    half: int | None = None  # `ultraserver-half-<half>` in its 4-node set's pool (shared counters, 1.36+)
 
 
 @dataclass(frozen=True)
@@ -200,13 +201,16 @@ def allocated_devices(claim: Claim, driver: str, pool: str, spec: InstanceSpec) 
 
 
 def group_of(r: Result) -> GroupAllocation | None:
-    """The group a result names (pool `ultraserver-<1|2|4>/<id>`, device `ultraserver` or, size 2,
-    `ultraserver-half`); None for any other result. Node pools are node names, which never contain '/'."""
+    """The group a result names (pool `ultraserver-<1|2|4>/<id>`, device `ultraserver`, or `ultraserver-half` in
+    a size-2 pool, or `ultraserver-half-<0|1>` in the pool of its 4-node set where shared counters are served);
+    None for any other result. Node pools are node names, which never contain '/'."""
     prefix, slash, server_id = r.pool.partition("/")
     size_text = prefix.removeprefix(us.POOL_PREFIX)
     if not slash or prefix == size_text or not server_id or size_text not in {str(m) for m in us.MODES}:
         return None
     size = int(size_text)
+    if size == 4 and r.device in (f"{us.HALF_DEVICE}-0", f"{us.HALF_DEVICE}-1"):
+        return GroupAllocation(r.pool, 2, server_id, int(r.device[-1]))
     if r.device != us.WHOLE_DEVICE and not (r.device == us.HALF_DEVICE and size == 2):
         return None
     return GroupAllocation(r.pool, size, server_id)
@@ -258,7 +262,11 @@ def prepare_groups(ref: ClaimRef, allocated: Sequence[AllocatedDevice], host: Ul
         if host is None:
             raise ClaimError(Reason.NOT_FOR_THIS_NODE, f"{where}: this {instance_type} host has no UltraServer "
                                                        "class files (server_id_4, node_id_4, ...): not a member")
-        own = _member_server_id(group, host)
+        own = _member_server_id(group, host) if group.half is None else host.server_id_4
+        if group.half is not None and host.node_id_4 // 2 != group.half:
+            raise ClaimError(Reason.NOT_FOR_THIS_NODE,
+                             f"{where}: this host is node {host.node_id_4} of its 4-node set (its class files), so "
+                             f"in half {host.node_id_4 // 2}, not the group's half {group.half}: not a member")
         if us.sanitised_id(own) != group.server_id:
             raise ClaimError(Reason.NOT_FOR_THIS_NODE,
                              f"{where}: this host's {group.size}-node set is {shown(own, 80)} (its class files), "
