@@ -34,7 +34,7 @@ from neuron_dra.driver.deploy import ultraserver as controller
 from neuron_dra.driver.model.catalog import Catalog
 
 # Fields of UltraServerControllerOptions the Args pass through (the options check them; errors name the Args field).
-_OPTION_FIELDS = ("name", "taint_effect", "resync_seconds")
+_OPTION_FIELDS = ("name", "taint_effect", "resync_seconds", "shared_counters")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +52,9 @@ class UltraServerGroupsArgs:
     resync_seconds: int -- a full pass at least this often (1-3600, default 60); events start one sooner.
     rollout_timeout_seconds: int -- how long `pulumi up` waits for the Deployment's rollout (default 0: not at all,
         annotation pulumi.com/skipAwait; its pod needs a node, which an empty node group does not have yet).
+    shared_counters: str -- "auto": keep a 4-node UltraServer's whole and halves apart with shared counters where
+        the API server serves them (1.36+); "off" (default): never, because on 1.36 they cost every DRA pod's
+        scheduling and stopped claims binding at 500 nodes (docs/ultraserver.md §2a).
     """
 
     driver: NeuronDraDriver
@@ -59,6 +62,7 @@ class UltraServerGroupsArgs:
     taint_effect: str = "NoSchedule"
     resync_seconds: int = 60
     rollout_timeout_seconds: int = 0
+    shared_counters: str = "off"
 
     def __post_init__(self) -> None:
         if not isinstance(self.driver, NeuronDraDriver):
@@ -72,7 +76,8 @@ class UltraServerGroupsArgs:
         try:
             return controller.UltraServerControllerOptions(
                 driver_name=self.driver.driver_name, namespace=self.driver.namespace, image=image,
-                name=self.name, taint_effect=self.taint_effect, resync_seconds=self.resync_seconds)
+                name=self.name, taint_effect=self.taint_effect, resync_seconds=self.resync_seconds,
+                shared_counters=self.shared_counters)
         except ValueError as e:
             text = str(e)
             key = next((k for k in _OPTION_FIELDS if text.startswith(f"UltraServerControllerOptions.{k}:")), None)

@@ -124,13 +124,16 @@ def run_component(driver_options: DriverDeployOptions | None = None, **kwargs: A
 
 def test_the_component_follows_the_drivers_name_namespace_and_options() -> None:
     run = run_component(DriverDeployOptions(driver_name="neuron.example.com", namespace="ml-dra"),
-                        taint_effect="NoExecute", rollout_timeout_seconds=120)
+                        taint_effect="NoExecute", rollout_timeout_seconds=120, shared_counters="auto")
     assert run.result.device_class_name == "ultraserver.neuron.example.com"
     deployment = run.one(DEPLOYMENT)
     spec = deployment.plain_inputs
     assert spec["metadata"]["namespace"] == "ml-dra" and "annotations" not in spec["metadata"]
     command = spec["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert {"--driver-name=neuron.example.com", "--namespace=ml-dra", "--taint-effect=NoExecute"} <= set(command)
+    assert {"--driver-name=neuron.example.com", "--namespace=ml-dra", "--taint-effect=NoExecute",
+            "--shared-counters=auto"} <= set(command)
+    default = run_component().one(DEPLOYMENT).plain_inputs["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--shared-counters=off" in default  # safe at 1,000 nodes (docs/ultraserver.md §2a)
     (policy,) = [m for m in plan.kubernetes_manifests(run) if m["kind"] == "ValidatingAdmissionPolicy"
                  and m["metadata"]["name"].startswith(controller.DEFAULT_NAME)]
     assert "system:serviceaccount:ml-dra:neuron-dra-ultraserver" in str(policy["spec"]["matchConditions"])
@@ -139,6 +142,7 @@ def test_the_component_follows_the_drivers_name_namespace_and_options() -> None:
 @pytest.mark.parametrize(("kwargs", "field", "allowed"), [
     ({"taint_effect": "Sometimes"}, "UltraServerGroupsArgs.taint_effect", "NoSchedule"),
     ({"resync_seconds": 0}, "UltraServerGroupsArgs.resync_seconds", "1 to 3600"),
+    ({"shared_counters": "on"}, "UltraServerGroupsArgs.shared_counters", "auto, off"),
     ({"name": "Not A Name"}, "UltraServerGroupsArgs.name", ""),
     ({"rollout_timeout_seconds": -1}, "UltraServerGroupsArgs.rollout_timeout_seconds", "0 (do not wait"),
 ])

@@ -45,7 +45,9 @@ class UltraServerControllerOptions:
     name: str = DEFAULT_NAME  # Deployment, ServiceAccount, Lease; cluster-scoped objects get `<name>-<driver>`
     taint_effect: str = "NoSchedule"
     resync_seconds: int = 60
-    shared_counters: str = "auto"  # auto | off: the controller's --shared-counters (docs/ultraserver.md §2a)
+    # auto | off: the controller's --shared-counters. Off by default: on 1.36 each counter slice costs every DRA
+    # pod's scheduling a scan of all slices, and at 500 nodes claims stopped binding (docs/ultraserver.md §2a, §8).
+    shared_counters: str = "off"
 
     def __post_init__(self) -> None:
         check_driver_name("UltraServerControllerOptions.driver_name", self.driver_name)

@@ -49,7 +49,7 @@ class ControllerOptions:
     catalog: Catalog = field(default=BUILTIN, repr=False)
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
-    shared_counters: str = "auto"  # auto: where the API server serves them (probed); off: never (ultraserver.md §2a)
+    shared_counters: str = "off"  # auto: where the API server serves them (probed); off: never (ultraserver.md §2a)
 
     def __post_init__(self) -> None:
         if self.shared_counters not in SHARED_COUNTERS:

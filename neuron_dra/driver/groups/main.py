@@ -39,10 +39,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", default=None, help="default: the in-cluster service account")
     p.add_argument("--resync-seconds", type=float, default=60.0)
     p.add_argument("--taint-effect", default="NoSchedule", choices=TAINT_EFFECTS)
-    p.add_argument("--shared-counters", default="auto", choices=SHARED_COUNTERS,
+    p.add_argument("--shared-counters", default="off", choices=SHARED_COUNTERS,
                    help="auto: keep a 4-node UltraServer's whole and halves apart with shared counters where the "
-                        "API server serves them (1.36+); off: never (each counter slice costs every DRA pod's "
-                        "scheduling a scan of all slices: docs/ultraserver.md §2a)")
+                        "API server serves them (1.36+); off (default): never (each counter slice costs every DRA "
+                        "pod's scheduling a scan of all slices, which at 500 nodes stopped claims binding: "
+                        "docs/ultraserver.md §2a)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 

@@ -214,11 +214,11 @@ def test_a_half_in_its_four_node_sets_pool_runs_in_mode_2_on_its_own_half_only(t
     pool = _pool(root, 4)
     lookup.put(_group_claim("job", 1, pool, ["other-node", NODE], f"{us.HALF_DEVICE}-1"))
     answer = state.prepare([ClaimRef("default", "job", uid(1))])[uid(1)]
-    assert not isinstance(answer, ClaimError), answer.message
+    assert not isinstance(answer, ClaimFailed), answer.message
     klass = root / "sys/class/neuron_device"
     assert _env(tmp_path, uid(1)) == {"NEURON_RT_ULTRASERVER_MODE": "2", "NEURON_RT_ULTRASERVER_NODE_ID": "1",
                                       "NEURON_RT_ULTRASERVER_SERVER_ID": (klass / "server_id_2").read_text().strip()}
     lookup.put(_group_claim("other", 2, pool, ["other-node", NODE], f"{us.HALF_DEVICE}-0"))
     refused = state.prepare([ClaimRef("default", "other", uid(2))])[uid(2)]
-    assert isinstance(refused, ClaimError) and refused.reason is Reason.NOT_FOR_THIS_NODE, refused
+    assert isinstance(refused, ClaimFailed) and refused.reason is Reason.NOT_FOR_THIS_NODE, refused
     assert "node 3 of its 4-node set (its class files), so in half 1, not the group's half 0" in refused.message

@@ -25,9 +25,9 @@ def test_every_object_is_schema_valid_and_names_the_driver() -> None:
     (container,) = spec["template"]["spec"]["containers"]
     assert container["command"][:3] == ["python", "-m", "neuron_dra.driver.groups"]
     assert "--driver-name=neuron.example.com" in container["command"] and "--namespace=ops" in container["command"]
-    assert "--shared-counters=auto" in container["command"]
-    off = deploy_us.deployment(UltraServerControllerOptions(shared_counters="off"))
-    assert "--shared-counters=off" in off["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--shared-counters=off" in container["command"]  # the default: safe at 1,000 nodes (§2a)
+    on = deploy_us.deployment(UltraServerControllerOptions(shared_counters="auto"))
+    assert "--shared-counters=auto" in on["spec"]["template"]["spec"]["containers"][0]["command"]
     # rendered here, once: a cluster of Neuron nodes only (tainted) still runs it
     assert spec["template"]["spec"]["tolerations"] == [{"key": "CriticalAddonsOnly", "operator": "Exists"},
                                                        neuron_toleration()]

@@ -127,7 +127,7 @@ def test_the_controller_publishes_one_group_per_ultraserver_and_keeps_it_true(ad
         publish_node(admin, name, "us-a", pos, 4)
     for name, pos in TWO:
         publish_node(admin, name, "us-b", pos, 2)
-    controller = GroupController(controller_api, ControllerOptions(DRIVER))
+    controller = GroupController(controller_api, ControllerOptions(DRIVER, shared_counters="auto"))
     first = controller.reconcile()
     # 1.36 serves shared counters: the 4-node set's pool is its counter slice, the whole's and the two halves'.
     assert controller.counters_served
@@ -151,13 +151,13 @@ def test_the_controller_publishes_one_group_per_ultraserver_and_keeps_it_true(ad
     # Nothing changed: nothing written, by this controller or by a restarted one.
     beat_all(admin)
     assert controller.reconcile().writes == 0
-    assert GroupController(controller_api, ControllerOptions(DRIVER)).reconcile().writes == 0
+    assert GroupController(controller_api, ControllerOptions(DRIVER, shared_counters="auto")).reconcile().writes == 0
     assert {p: s["metadata"]["resourceVersion"] for p, s in groups(admin).items()} == versions
 
     # A member's driver is gone (kubelet wiped its slices): the group and its half are tainted, still naming it.
     unpublish_node(admin, "zeta")
     beat_all(admin)
-    restarted = GroupController(controller_api, ControllerOptions(DRIVER))
+    restarted = GroupController(controller_api, ControllerOptions(DRIVER, shared_counters="auto"))
     gone = restarted.reconcile()
     # the whole and zeta's half are tainted; their pool is written whole at its next generation, the 2-node
     # UltraServer's pool not at all
@@ -193,7 +193,7 @@ def test_the_admission_policy_keeps_the_controller_off_node_slices(admin: KubeAp
 
 def test_a_group_a_claim_holds_is_kept_with_an_event_until_released(admin: KubeApi, controller_api: KubeApi) -> None:
     beat_all(admin)
-    controller = GroupController(controller_api, ControllerOptions(DRIVER))
+    controller = GroupController(controller_api, ControllerOptions(DRIVER, shared_counters="auto"))
     controller.reconcile()
     held = next(n for n, s in groups(admin).items() if members(s) == ["us-a-0", "us-a-1"])
     pool = groups(admin)[held]["spec"]["pool"]["name"]

@@ -73,7 +73,7 @@ class _Answers:
 
 
 def test_the_counter_probe_is_a_dry_run_and_falls_back_when_counters_are_dropped_or_refused() -> None:
-    from neuron_dra.driver.kubeletplugin import ApiException
+    from neuron_dra.driver.kubeletplugin.toolkit import ApiException
 
     dropped = _Answers({"spec": {"driver": DRIVER}})  # what a server without DRAPartitionableDevices keeps
     assert GroupController(cast(KubeApi, dropped), ControllerOptions(DRIVER)).probe_counters() is False
