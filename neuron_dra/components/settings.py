@@ -759,9 +759,10 @@ class StackSettings(_Settings):
         "", "Namespace of the dashboard ConfigMap (default: the driver's; the sidecar must search it).",
         option="grafana_dashboard_namespace")
     neuron_monitor: StrictBool = _setting(
-        False, "Run AWS's neuron-monitor with its Prometheus exporter on the Neuron nodes, for the dashboard's "
-        "NeuronCore utilisation per pod and per claim. Off by default: AWS documents neuron-monitor as unsupported on "
-        "DRA nodes, and its container is privileged. docs/utilisation.md.", option="neuron_monitor")
+        True, "Run AWS's neuron-monitor with its Prometheus exporter on the Neuron nodes, for the dashboard's "
+        "NeuronCore utilisation per pod and per claim; false opts out. Not privileged: it gets the node's devices "
+        "through a DRA claim with admin access. Left out where the driver publishes NeuronCores (counters). "
+        "docs/utilisation.md.", option="neuron_monitor")
     driver_rollout_timeout_seconds: Annotated[StrictInt, rule(
         lambda t: 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS,
         f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds")] = _setting(

@@ -267,8 +267,8 @@ def test_the_pod_monitor_and_the_dashboard_are_applied_as_rendered() -> None:
 def test_the_neuron_monitor_setting_adds_the_exporter_and_only_then() -> None:
     from neuron_dra.components.settings_schema import decode_settings
 
-    off = decode_settings({}).driver_options()
-    on = decode_settings({"neuron-dra:neuronMonitor": "true"}).driver_options()
+    on = decode_settings({}).driver_options()  # on by default: an opt-out
+    off = decode_settings({"neuron-dra:neuronMonitor": "false"}).driver_options()
     assert (off.neuron_monitor, on.neuron_monitor) == (False, True)
     exporter = {k for k in map(deploy.object_key, deploy.manifests(on)) if "neuron-monitor" in k}
     assert exporter and not {k for k in map(deploy.object_key, deploy.manifests(off)) if "neuron-monitor" in k}
