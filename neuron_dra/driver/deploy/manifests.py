@@ -485,8 +485,9 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         *([metrics_service(options)] if options.metrics_port and options.metrics_service else []),
         *([pod_monitor(options)] if options.pod_monitor else []),
         *([dashboard_config_map(options)] if options.grafana_dashboard else []),
-        *(exporter.manifests(exporter.spec_for(options)) if options.runs_neuron_monitor else []),
         daemonset(options),
+        # After the driver's: a caller looking for "the DaemonSet" finds the driver's first.
+        *(exporter.manifests(exporter.spec_for(options)) if options.runs_neuron_monitor else []),
     ]
 
 
