@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from neuron_dra.driver.deploy import monitoring
+from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 
 if TYPE_CHECKING:  # the options' module imports this one to include its objects
     from neuron_dra.driver.deploy import DriverDeployOptions
@@ -77,7 +78,7 @@ LATENCY_PERCENTILES = ("p0", "p1", "p25", "p50", "p75", "p99", "p100")
 @dataclass(frozen=True)
 class ExporterSpec:
     namespace: str
-    device_class: str = "neuron.aws.com"  # the driver's whole-device DeviceClass
+    device_class: str = DEFAULT_DRIVER_NAME  # the driver's whole-device DeviceClass (named as the driver)
     name: str = "neuron-monitor"
     image: str = IMAGE
     image_pull_policy: str = "IfNotPresent"
