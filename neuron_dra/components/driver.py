@@ -196,6 +196,10 @@ class NeuronDraDriver(pulumi.ComponentResource):
                 # The driver's own DaemonSet (the exporter's runs AWS's image as rendered).
                 overrides = {"spec": self.image.apply(functools.partial(_with_image, manifest["spec"]))}
                 metadata, child = _await(manifest, child, args.rollout_timeout_seconds)
+            elif kind == "DaemonSet":
+                # neuron-monitor's (deploy/exporter.py, on by default): an exporter whose pods are not ready (no
+                # Neuron node yet, a pull that fails) never holds `pulumi up`; the driver's rollout does.
+                metadata, child = _await(manifest, child, 0)
             overrides["metadata"] = guard.apply(functools.partial(_after_check, metadata))
             obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)
             self.objects[deploy.object_key(manifest)] = obj
@@ -284,13 +288,15 @@ def _await(manifest: Manifest, opts: pulumi.ResourceOptions, timeout_seconds: in
 
 
 # What each object waits for: the namespace for namespaced objects, the role for its binding, the policy for
-# its binding, and everything the driver's pods rely on for the DaemonSet.
+# its binding, and everything the driver's pods rely on for the DaemonSet (neuron-monitor's: its claim template,
+# rendered after the driver's DaemonSet, so only the exporter's waits for it).
 _DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "ServiceAccount": ("Namespace",),
     "ClusterRoleBinding": ("ClusterRole", "ServiceAccount"),
     "ValidatingAdmissionPolicyBinding": ("ValidatingAdmissionPolicy",),
     "NetworkPolicy": ("Namespace",),
     "ConfigMap": ("Namespace",),
+    "ResourceClaimTemplate": ("Namespace", "DeviceClass"),
     "DaemonSet": ("Namespace", "ServiceAccount", "ClusterRoleBinding", "ValidatingAdmissionPolicyBinding",
-                  "NetworkPolicy", "ConfigMap", "DeviceClass"),
+                  "NetworkPolicy", "ConfigMap", "DeviceClass", "ResourceClaimTemplate"),
 }

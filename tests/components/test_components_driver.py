@@ -74,6 +74,19 @@ def test_every_object_goes_through_the_given_provider_and_waits_for_what_it_need
     assert urn["Namespace"] in objects["ServiceAccount/accel/neuron-dra-driver-sa"].dependencies
 
 
+def test_neuron_monitors_daemonset_waits_for_its_claim_template_and_never_holds_the_update() -> None:
+    options = OPTIONS.replace(kubernetes_version="1.36")
+    assert options.runs_neuron_monitor
+    objects = k8s_objects(run_driver(NeuronDraDriverArgs(options=options, image=IMAGE)))
+    monitor = objects["DaemonSet/accel/neuron-monitor"]
+    driver = objects["DaemonSet/accel/neuron-dra-driver-kubelet-plugin"]
+    assert objects["ResourceClaimTemplate/accel/neuron-monitor"].urn in monitor.dependencies
+    assert objects["Namespace/accel"].urn in objects["ResourceClaimTemplate/accel/neuron-monitor"].dependencies
+    # Its rollout is not awaited (an exporter without a ready pod never fails `pulumi up`); the driver's is.
+    assert monitor.plain_inputs["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
+    assert "annotations" not in driver.plain_inputs["metadata"]
+
+
 def build_context(root: Path) -> Path:
     """A minimal build context: the files driver_image.CONTEXT_FILES names and a driver tree."""
     for rel in (*driver_image.CONTEXT_FILES, driver_image.CONTEXT_TREE / "model" / "x.py"):
