@@ -6,9 +6,9 @@ What runs: AWS's image `public.ecr.aws/neuron/neuron-monitor`, at the version AW
 256m/128Mi requests). AWS publishes no digest on that page and this machine cannot reach the registry; the tag is
 pinned, and `image` takes a digest reference (docs/utilisation.md says how to resolve it).
 
-How it reaches the devices (docs/utilisation.md, "Least privilege"): not privileged, as AWS's DaemonSet is, but
+How it reaches the devices (docs/utilisation.md, "Least privilege"): not privileged (AWS's DaemonSet is), but
 through a DRA claim with admin access (KEP-5018; resource.k8s.io/v1 `adminAccess`, on by default on every minor
-the options accept, GA in 1.36): one claim per pod, from CLAIM_TEMPLATE, asking for every whole Neuron device of
+the options accept, GA in 1.36): one claim per pod, from `claim_template`, asking for every whole Neuron device of
 the node (allocationMode All). The scheduler allocates admin-access requests whether or not the devices are in
 use and does not count them as allocated, kubelet has the driver prepare them (the CDI spec gives the container
 every /dev/neuronN), and the driver neither holds them exclusively nor names the monitor's pod in the attribution.
