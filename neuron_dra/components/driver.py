@@ -189,17 +189,21 @@ class NeuronDraDriver(pulumi.ComponentResource):
         for manifest in self.manifests:
             kind = manifest["kind"]
             depends = [*waits, *(obj for k in _DEPENDS_ON.get(kind, ()) for obj in by_kind.get(k, ()))]
+            monitor = kind == "DaemonSet" and manifest["metadata"]["name"] != options.daemonset_name
+            if monitor:
+                # neuron-monitor's (deploy/exporter.py, on by default) after the driver's DaemonSet: `pulumi
+                # destroy` then deletes it first and waits for its pods to go, while the driver still runs to
+                # unprepare their claims (with the driver gone first, kubelet retries the unprepare for ever and
+                # the pods and the namespace stay Terminating). Its rollout is awaited as the driver's.
+                depends += by_kind.get("DaemonSet", [])
             child = pulumi.ResourceOptions(parent=self, depends_on=depends)
             metadata: Manifest = manifest["metadata"]
             overrides: dict[str, Any] = {}
-            if kind == "DaemonSet" and manifest["metadata"]["name"] == options.daemonset_name:
+            if kind == "DaemonSet" and not monitor:
                 # The driver's own DaemonSet (the exporter's runs AWS's image as rendered).
                 overrides = {"spec": self.image.apply(functools.partial(_with_image, manifest["spec"]))}
+            if kind == "DaemonSet":
                 metadata, child = _await(manifest, child, args.rollout_timeout_seconds)
-            elif kind == "DaemonSet":
-                # neuron-monitor's (deploy/exporter.py, on by default): an exporter whose pods are not ready (no
-                # Neuron node yet, a pull that fails) never holds `pulumi up`; the driver's rollout does.
-                metadata, child = _await(manifest, child, 0)
             overrides["metadata"] = guard.apply(functools.partial(_after_check, metadata))
             obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)
             self.objects[deploy.object_key(manifest)] = obj

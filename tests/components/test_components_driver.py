@@ -74,7 +74,7 @@ def test_every_object_goes_through_the_given_provider_and_waits_for_what_it_need
     assert urn["Namespace"] in objects["ServiceAccount/accel/neuron-dra-driver-sa"].dependencies
 
 
-def test_neuron_monitors_daemonset_waits_for_its_claim_template_and_never_holds_the_update() -> None:
+def test_neuron_monitors_daemonset_comes_after_the_drivers_and_its_claim_template() -> None:
     options = OPTIONS.replace(kubernetes_version="1.36")
     assert options.runs_neuron_monitor
     objects = k8s_objects(run_driver(NeuronDraDriverArgs(options=options, image=IMAGE)))
@@ -82,9 +82,13 @@ def test_neuron_monitors_daemonset_waits_for_its_claim_template_and_never_holds_
     driver = objects["DaemonSet/accel/neuron-dra-driver-kubelet-plugin"]
     assert objects["ResourceClaimTemplate/accel/neuron-monitor"].urn in monitor.dependencies
     assert objects["Namespace/accel"].urn in objects["ResourceClaimTemplate/accel/neuron-monitor"].dependencies
-    # Its rollout is not awaited (an exporter without a ready pod never fails `pulumi up`); the driver's is.
-    assert monitor.plain_inputs["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
-    assert "annotations" not in driver.plain_inputs["metadata"]
+    # Destroyed before the driver (whose pods unprepare the monitor's claims), and awaited as the driver's.
+    assert driver.urn in monitor.dependencies and monitor.urn not in driver.dependencies
+    assert "annotations" not in monitor.plain_inputs["metadata"]
+    skipped = k8s_objects(run_driver(NeuronDraDriverArgs(options=options, image=IMAGE, rollout_timeout_seconds=0)))
+    for name in ("neuron-monitor", "neuron-dra-driver-kubelet-plugin"):
+        annotations = skipped[f"DaemonSet/accel/{name}"].plain_inputs["metadata"]["annotations"]
+        assert annotations == {"pulumi.com/skipAwait": "true"}, name
 
 
 def build_context(root: Path) -> Path:
