@@ -3,7 +3,9 @@
 # the Pulumi engine or more than a few seconds (pytest markers declared in pyproject.toml).
 
 PYTHON ?= python3
-IMAGE ?= neuron-dra-driver:0.1.0
+# Tagged with the package version (neuron_dra/driver/model/version.py, the one place it is written).
+VERSION := $(shell sed -n 's/^VERSION = "\(.*\)"$$/\1/p' neuron_dra/driver/model/version.py)
+IMAGE ?= neuron-dra-driver:$(VERSION)
 FAST := not cluster and not gobuild and not pulumi_engine and not slow
 # The inner loop: the fast tests minus those that start the daemon or a CLI as a process (`process` marker), on
 # every core (pytest-xdist, one test file per worker at a time so a file's module fixtures and lazy imports are paid
@@ -15,7 +17,7 @@ PYTEST_UNIT_SERIAL := PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -p no:cach
 PYTEST_UNIT := $(PYTEST_UNIT_SERIAL) -n auto --dist loadfile
 
 .PHONY: help install test test-fast test-unit test-driver test-claims test-components test-localcluster test-bench test-attacks \
-	lint protos \
+	lint protos image-manifest \
 	image demo
 
 help:
@@ -27,6 +29,7 @@ help:
 	@echo "make test       every test: $(PYTHON) -m pytest -q (the README's command, what CI runs)"
 	@echo "make lint       ruff, mypy (package, tests, bench), import contracts"
 	@echo "make protos     regenerate driver/kubeletplugin/_generated from driver/kubeletplugin/proto"
+	@echo "make image-manifest  rewrite neuron_dra/driver/image-files.txt (the image's allowlist) from git ls-files"
 	@echo "make image      build the driver image: docker build as $(IMAGE), or without Docker buildah (an OCI archive)"
 	@echo "make demo       neuron-dra demo: local cluster, emulated nodes, driver, workloads"
 
@@ -71,6 +74,9 @@ lint:
 
 protos:
 	$(PYTHON) -m neuron_dra.driver.kubeletplugin._protogen
+
+image-manifest:
+	$(PYTHON) -m tests.support.image_manifest
 
 image:
 	@if command -v docker >/dev/null 2>&1; then docker build -f neuron_dra/driver/Dockerfile -t $(IMAGE) .; \

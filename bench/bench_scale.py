@@ -26,7 +26,8 @@ burst) is written to DIR/<nodes>-<slices>-<shape>-<HHMMSS>.pprof (read it with `
 With --ultraserver the nodes are trn2u.48xlarge in UltraServers of 4 (label neuron-dra/ultraserver) and the pods
 4-pod jobs, one pod per node of one UltraServer, each pod with all of its node's devices and EFAs (issue 41,
 docs/ultraserver.md). Two variants: "ultra-ours", the group device (the controller's group slices, rendered by its
-model, next to the nodes' slices) and UltraServerJob's shared claim per job; "ultra-aws", AWS's documented way, a
+model as on 1.36, shared counters included: each UltraServer's pool of counters, whole and halves, next to the
+nodes' slices) and UltraServerJob's shared claim per job; "ultra-aws", AWS's documented way, a
 claim of the node's neuron_node pseudo-device per pod beside the same devices-and-EFAs claim (its UltraServerConfig
 left out: the scheduler does not read configs) and the pod affinity LeaderWorkerSet's exclusive topology injects
 (affinity to the own group's key, anti-affinity to other groups' keys, topology the UltraServer label). The figure
@@ -146,6 +147,8 @@ ULTRA_TYPE = "trn2u.48xlarge"
 ULTRA_SIZE = 4
 ULTRA_LABEL = "neuron-dra/ultraserver"  # the node label naming the UltraServer (AWS's way needs one)
 ULTRA_VARIANTS = ("ultra-ours", "ultra-aws")
+# opt-in (--slices with --ultraserver): the group slices as on 1.34/1.35, one pool per group, no shared counters
+ULTRA_EXTRA = ("ultra-ours-no-counters",)
 ULTRA_SHAPE = "ultraserver-job"
 ULTRA_NODE_PREFIX = "us-"
 LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
@@ -231,11 +234,12 @@ def load_ultraserver_objects(api: Api, n: int, variant: str) -> int:
         nodes.append(node)
     api.create_all(("/api/v1/nodes", node) for node in nodes)
     slices = [s for i, name in enumerate(names) for s in renamed(templates[i % ULTRA_SIZE], name)]
-    if variant == "ultra-ours":
+    if variant.startswith("ultra-ours"):
         facts = {name: membership.MemberFacts(
             name, ULTRA_TYPE, f"us4-{i // 4}", f"us4-{i // 4}-{i % 4 // 2}", i % 4, i % 2, ULTRA_SIZE,
             f"us4-{i // 4}") for i, name in enumerate(names)}
-        slices += membership.desired_slices(membership.group_ultraservers(facts), DEFAULT_DRIVER_NAME)
+        slices += membership.desired_slices(membership.group_ultraservers(facts), DEFAULT_DRIVER_NAME,
+                                            counters=variant == "ultra-ours")  # the controller's layout on 1.36+
     api.create_all(("/apis/resource.k8s.io/v1/resourceslices", s) for s in slices)
     return n + len(slices)
 
@@ -245,7 +249,7 @@ def ultra_pod(name: str, job: int, variant: str) -> dict[str, Any]:
     per-pod claim and LeaderWorkerSet's exclusive-topology affinity."""
     pod = pod_object(name, None)
     spec, container = pod["spec"], pod["spec"]["containers"][0]
-    if variant == "ultra-ours":
+    if variant.startswith("ultra-ours"):
         spec["resourceClaims"] = [{"name": "ultraserver", "resourceClaimName": f"{ULTRA_JOB.claim_name}-{job}"},
                                   {"name": "node", "resourceClaimTemplateName": ULTRA_JOB.template_name}]
         container["resources"] = {"claims": [{"name": "ultraserver"}, {"name": "node"}]}
@@ -282,7 +286,7 @@ def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, vari
     """pods // 4 jobs (at most one per UltraServer), created job by job; scheduler CPU per bound pod."""
     jobs = min(pods // ULTRA_SIZE, n // ULTRA_SIZE)
     claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
-    if variant == "ultra-ours":
+    if variant.startswith("ultra-ours"):
         for j in range(jobs):
             claim = ULTRA_JOB.group_claim()
             claim["metadata"]["name"] = f"{ULTRA_JOB.claim_name}-{j}"
@@ -416,7 +420,7 @@ class Pprof:
 
 def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str, shape: str, pods: int,
           profile: str, pprof: Pprof | None = None) -> Burst:
-    if model in ULTRA_VARIANTS:
+    if model in (*ULTRA_VARIANTS, *ULTRA_EXTRA):
         return ultra_burst(api, api_client, pids, n, model, pods)
     found = claim_template(shape, VARIANTS[model][1])
     watch = ScheduledWatch(api_client, NAMESPACE, BURST_TIMEOUT_S + 60)
@@ -492,7 +496,7 @@ def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, l
     stack.callback(api_client.close)
     pids = {p.name: program_pid(p.popen.pid) for p in plane.processes}
     started = time.monotonic()
-    objects = (load_ultraserver_objects(api, n, model) if model in ULTRA_VARIANTS
+    objects = (load_ultraserver_objects(api, n, model) if model in (*ULTRA_VARIANTS, *ULTRA_EXTRA)
                else load_objects(api, n, VARIANTS[model][0]))
     setup_namespace(api)
     load_s = time.monotonic() - started
@@ -530,8 +534,8 @@ def run_size(base: Path, n: int, models: Sequence[str], shapes: Sequence[str], p
 
 def runs_shape(model: str, shape: str) -> bool:
     """Whether a variant's plane gets a burst of the shape (the UltraServer variants: their job shape only)."""
-    if model in ULTRA_VARIANTS or shape == ULTRA_SHAPE:
-        return model in ULTRA_VARIANTS and shape == ULTRA_SHAPE
+    if model in (*ULTRA_VARIANTS, *ULTRA_EXTRA) or shape == ULTRA_SHAPE:
+        return model in (*ULTRA_VARIANTS, *ULTRA_EXTRA) and shape == ULTRA_SHAPE
     if shape in CORE_SHAPES and model != "ours-cores":
         return False
     return shape == "no-claim" or claim_template(shape, VARIANTS[model][1]) is not None
@@ -580,11 +584,13 @@ def summary(cells: Sequence[Cell], rate: float = 50.0, cores: int = 16) -> str:
             runs = f"  (median of {'/'.join(map(str, counts))} bursts)" if counts != [1] else ""
             lines.append(f"  {n:5d} nodes {shape:16s} " + "  ".join(parts) + runs)
     for n in sorted({c.nodes for c in cells}):
-        base, ours = med.get((n, "ultra-aws", ULTRA_SHAPE)), med.get((n, "ultra-ours", ULTRA_SHAPE))
-        if base is not None and ours is not None:
-            lines.append(f"  {n:5d} nodes {ULTRA_SHAPE:16s} ultra-aws {base[0]:7.2f} ms  ultra-ours {ours[0]:7.2f} ms "
-                         f"({ours[0] / max(base[0], 1e-9):4.2f}x; per job pod: the group device against the "
-                         "neuron_node claim plus LeaderWorkerSet's exclusive-topology affinity)")
+        base = med.get((n, "ultra-aws", ULTRA_SHAPE))
+        for variant in ("ultra-ours", *ULTRA_EXTRA):
+            ours = med.get((n, variant, ULTRA_SHAPE))
+            if base is not None and ours is not None:
+                lines.append(f"  {n:5d} nodes {ULTRA_SHAPE:16s} ultra-aws {base[0]:7.2f} ms  {variant} {ours[0]:7.2f} "
+                             f"ms ({ours[0] / max(base[0], 1e-9):4.2f}x; per job pod: the group device against the "
+                             "neuron_node claim plus LeaderWorkerSet's exclusive-topology affinity)")
     lines += ["", f"control-plane CPU seconds per claim pod (median over bursts), and what {rate:g} pods/s needs "
                   f"(cores) or {cores} cores sustain (pods/s; derived: CPU per pod only, no headroom):"]
     for c in cells:
@@ -627,8 +633,9 @@ def reprint(path: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", default="100,500,1000", help="node counts, comma-separated")
-    parser.add_argument("--slices", default="ours,ours-aws-claims,aws",
-                        help=f"variants (slices and claims): {', '.join(VARIANTS)} (ours-cores grows with nodes "
+    parser.add_argument("--slices", default=None,
+                        help=f"variants (slices and claims): {', '.join(VARIANTS)} (default "
+                             "ours,ours-aws-claims,aws; ours-cores grows with nodes "
                              "squared on 1.36: "
                              "keep it to small clusters)")
     parser.add_argument("--shapes", default=",".join(SHAPES),
@@ -649,7 +656,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="control-plane cores to derive sustained claim pods per second for in the summary")
     parser.add_argument("--ultraserver", action="store_true",
                         help="the UltraServer job shape instead: trn2u.48xlarge nodes in UltraServers of 4, 4-pod "
-                             f"jobs; variants {', '.join(ULTRA_VARIANTS)} (--slices and --shapes are ignored)")
+                             f"jobs; variants {', '.join(ULTRA_VARIANTS)}, or those --slices names of "
+                             f"{', '.join((*ULTRA_VARIANTS, *ULTRA_EXTRA))} (--shapes is ignored)")
     parser.add_argument("--pprof-seconds", type=int, default=30,
                         help=f"how long each profile runs from the burst's start (1..{MAX_PPROF_S})")
     args = parser.parse_args(argv)
@@ -664,10 +672,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.pprof.mkdir(parents=True, exist_ok=True)
         pprof = (args.pprof, args.pprof_seconds)
     nodes = parse_nodes(args.nodes)
-    models = parse_list(args.slices, list(VARIANTS), "slices")
+    models = parse_list(args.slices or "ours,ours-aws-claims,aws", list(VARIANTS), "slices") \
+        if not args.ultraserver else []
     shapes = parse_list(args.shapes, list(SHAPES), "shapes")
     if args.ultraserver:
-        models, shapes = list(ULTRA_VARIANTS), [ULTRA_SHAPE]
+        models = (parse_list(args.slices, [*ULTRA_VARIANTS, *ULTRA_EXTRA], "slices") if args.slices
+                  else list(ULTRA_VARIANTS))
+        shapes = [ULTRA_SHAPE]
 
     def log(message: str) -> None:
         print(message, flush=True)

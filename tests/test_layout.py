@@ -9,6 +9,7 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+import zipfile
 from collections.abc import Collection
 from pathlib import Path
 
@@ -69,6 +70,62 @@ def test_console_scripts_are_installed() -> None:
         assert path.exists(), f"{script} is not installed in {scripts}"
         result = subprocess.run([str(path), "--help"], capture_output=True, text=True, check=False)
         assert result.returncode == 0, result.stderr
+
+
+# --- The wheel ships every file the package reads -----------------------------------------------------------------
+# Tracked under neuron_dra/ but read by maintainers only, never by the installed package: not package data.
+MAINTAINER_ONLY = {
+    "neuron_dra/localcluster/BUILD.md",  # how the pinned Go modules are bumped
+    "neuron_dra/localcluster/go/new-kube-module.sh",  # makes a kube/<minor> module in a checkout
+}
+
+
+@pytest.fixture(scope="module")
+def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[str], Path]:
+    """The neuron_dra/ members of a wheel built (pip, no index) from a copy of the tracked files, and the wheel
+    unpacked: what `pip install neuron-dra` puts in site-packages."""
+    tracked = subprocess.run(["git", "ls-files", "-z", "--", "neuron_dra", "pyproject.toml", "README.md", "LICENSE"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\0")
+    source, out, unpacked = (tmp_path_factory.mktemp(n) for n in ("src", "wheel", "site"))
+    for name in filter(None, tracked):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes((ROOT / name).read_bytes())
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+                    "-w", str(out), str(source)], check=True, capture_output=True, timeout=300)
+    (wheel,) = out.glob("neuron_dra-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(unpacked)
+        names = {n for n in archive.namelist() if n.startswith("neuron_dra/") and not n.endswith("/")}
+    return names, unpacked
+
+
+def test_the_wheel_holds_every_tracked_file_of_the_package(wheel_files: tuple[set[str], Path]) -> None:
+    """Go modules, go.mod/go.sum, protos, YAML, JSON, the image's build files: what the code reads by path ships,
+    including folders package discovery skips (kube/1.36 is no package name)."""
+    shipped, _ = wheel_files
+    tracked = set(filter(None, subprocess.run(["git", "ls-files", "-z", "neuron_dra"], cwd=ROOT, capture_output=True,
+                                              text=True, check=True).stdout.split("\0")))
+    assert sorted(tracked - shipped) == sorted(MAINTAINER_ONLY), "add it to [tool.setuptools.package-data]"
+    assert sorted(shipped - tracked) == [], "the wheel holds files git does not track"
+    assert {"neuron_dra/localcluster/go/kube/1.36/go.mod", "neuron_dra/localcluster/go/kube/1.36/tools.go"} <= shipped
+
+
+def test_the_installed_driver_tree_is_exactly_the_image_manifest(wheel_files: tuple[set[str], Path]) -> None:
+    """The driver image builds from site-packages (components/driver_image.py), whose Dockerfile refuses a driver
+    tree that differs from image-files.txt in any file (docs/hardening.md §7)."""
+    from tests.support import image_manifest
+
+    shipped, _ = wheel_files
+    manifest = image_manifest.parse((ROOT / image_manifest.MANIFEST).read_text())
+    assert {n for n in shipped if n.startswith("neuron_dra/driver/")} == \
+        {n for n in manifest if n.startswith("neuron_dra/driver/")}
+
+
+def test_the_installed_package_asks_for_the_same_go_as_the_checkout(wheel_files: tuple[set[str], Path]) -> None:
+    from neuron_dra.localcluster import hostreqs
+
+    _, site = wheel_files
+    assert hostreqs.required_go(site / "neuron_dra" / "localcluster" / "go") == hostreqs.required_go()
 
 
 # --- The wheel ships no test harness ----------------------------------------------------------------------------

@@ -48,6 +48,20 @@ def test_it_publishes_the_default_image_multi_arch_with_an_sbom() -> None:
     assert build["tags"] == "${{ env.IMAGE }}:${{ steps.version.outputs.version }}"
 
 
+def test_the_chart_and_the_ultraserver_controller_default_to_the_image_the_release_pushes(tmp_path: Path) -> None:
+    """`neuron-dra chart` (what the chart job runs, after the image job) writes as its default `image` exactly the
+    reference the image job pushes for the package's version: repository and version tag, not `latest`."""
+    from neuron_dra.driver.deploy.chart import write_chart
+    from neuron_dra.driver.deploy.ultraserver import UltraServerControllerOptions
+
+    pushed = f"{workflow()['env']['IMAGE']}:{__version__}"
+    values = yaml.safe_load((write_chart(tmp_path) / "values.yaml").read_text())
+    assert values["image"] == pushed == deploy.DriverDeployOptions().image
+    assert UltraServerControllerOptions().image == pushed
+    assert workflow()["jobs"]["chart"]["needs"] == "image"  # the chart of a version is pushed after its image
+    assert ":latest" not in WORKFLOW.read_text()
+
+
 def test_it_signs_keyless_by_digest_and_checks_the_tag_against_the_version() -> None:
     assert workflow()["permissions"] == {}  # nothing unless a job asks
     assert workflow()["jobs"]["image"]["permissions"] == {"contents": "read", "packages": "write",
@@ -58,6 +72,28 @@ def test_it_signs_keyless_by_digest_and_checks_the_tag_against_the_version() -> 
     uses("sigstore/cosign-installer@")
     version = next(s for s in steps() if s.get("id") == "version")["run"]
     assert 'neuron_dra/driver/model/version.py' in version and '"v${version}"' in version
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(("ref_type", "ref_name", "pushes"), [
+    ("tag", f"v{__version__}", True),
+    ("tag", "v0.0.0-not-this", False),
+    ("branch", "main", False),  # a manual run on a branch must not push :<version>
+    ("branch", f"v{__version__}", False),
+])
+def test_only_the_release_tag_of_the_version_pushes(ref_type: str, ref_name: str, pushes: bool,
+                                                    tmp_path: Path) -> None:
+    """The version step, run as the runner runs it (bash -e), for a tag or a branch (push or workflow_dispatch)."""
+    step = next(s for s in steps() if s.get("id") == "version")
+    output = tmp_path / "output"
+    env = {**os.environ, "GITHUB_REF_TYPE": ref_type, "GITHUB_REF_NAME": ref_name, "GITHUB_OUTPUT": str(output)}
+    result = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert (result.returncode == 0) is pushes, result.stdout + result.stderr
+    if pushes:
+        assert output.read_text() == f"version={__version__}\n"
+    else:
+        assert "is not the release tag" in result.stdout
 
 
 def actionlint_binary(cache: Path) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -230,7 +231,15 @@ class ClaimTemplate:
         return {"devices": devices}
 
     def to_manifest(self) -> dict[str, Any]:
-        """The exact resource.k8s.io/v1 ResourceClaimTemplate."""
+        """The exact resource.k8s.io/v1 ResourceClaimTemplate: rendered once per template object (the checks,
+        the stack's NeuronCore choice and the deployed object read the same rendering), a fresh copy each call."""
+        rendered = self.__dict__.get("_rendered")
+        if rendered is None:
+            rendered = self._render()
+            object.__setattr__(self, "_rendered", rendered)
+        return copy.deepcopy(rendered)
+
+    def _render(self) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if self.labels:
             metadata["labels"] = dict(self.labels)

@@ -66,6 +66,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--network-policy", action="store_true",
                     help="enforce NetworkPolicy on every node with kube-router's policy controller (built from the "
                          "Go module proxy; needs iptables and ipset; --runtime containerd; docs/network-policy.md)")
+    up.add_argument("--no-driver", dest="driver", action="store_false",
+                    help="containerd nodes with the driver's image but no driver installed, for installing it with "
+                         "its Helm chart (--runtime containerd; docs/helm.md)")
     up.add_argument("--profile", choices=list(PROFILES), default=DEFAULT_PROFILE,
                     help="control-plane rate limits: default (upstream defaults) or tuned (higher client QPS/burst "
                          "for the controller-manager and scheduler, 10 %% of nodes scored; docs/scale.md §3)")
@@ -97,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         cluster = start_cluster(args.dir, args.node or list(DEMO_NODES), ttl=args.ttl, driver_name=args.driver_name,
                                 kubernetes_version=args.kubernetes_version, log=lambda m: print(m, file=sys.stderr),
                                 catalog_file=args.catalog, runtime=runtime, profile=args.profile,
-                                prometheus=args.prometheus, network_policy=args.network_policy)
+                                prometheus=args.prometheus, network_policy=args.network_policy,
+                                driver=args.driver)
     except (ClusterError, BuildError, ValueError, CatalogFileError) as e:
         print(f"neuron-dra cluster up: {e}", file=sys.stderr)
         return 1

@@ -20,11 +20,12 @@ from neuron_dra.localcluster.demo.report import ReportError
 from neuron_dra.localcluster.demo.run import DemoError, DemoOptions, run_demo
 
 HELP = ("Bring up the local cluster (real kube-apiserver, kube-scheduler and kube-controller-manager; two "
-        "trn2.48xlarge, one trn1.32xlarge and one inf2.48xlarge emulated node, each running the driver), install "
-        "the example claim templates, run example workloads (connected groups, a whole node, LNC=1, aligned EFA, "
-        "inf2 ring segments) and show where they ran: pod -> node -> devices -> cores, each node's topology in the "
-        "terminal and as an SVG file. The cluster is torn down afterwards unless --keep. The first run builds the "
-        "Kubernetes binaries from the Go module proxy (minutes; cached afterwards).")
+        "trn2.48xlarge, one trn1.32xlarge and one inf2.48xlarge emulated node and a trn2u.48xlarge UltraServer of "
+        "four, each running the driver), install the example claim templates, run example workloads (a 4-pod job on "
+        "one UltraServer, connected groups, a whole node, LNC=1, aligned EFA, inf2 ring segments) and show where "
+        "they ran: pod -> node -> devices -> cores, each node's topology in the terminal and as an SVG file. The "
+        "cluster is torn down afterwards unless --keep. The first run builds the Kubernetes binaries from the Go "
+        "module proxy (minutes; cached afterwards).")
 
 
 class _Terminated(Exception):

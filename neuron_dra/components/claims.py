@@ -30,7 +30,7 @@ import pulumi
 
 from neuron_dra.components import core_scale
 from neuron_dra.components.efa_driver import EXTERNAL, EfaDraDriver, EfaDriverRef, class_requests, missing_efa_driver
-from neuron_dra.components.inputs import keyword_hints
+from neuron_dra.components.inputs import component_args, keyword_hints, on_cluster
 from neuron_dra.components.k8s_objects import create_object, resource_name
 from neuron_dra.components.settings import SettingError
 from neuron_dra.components.template_like import ClaimTemplateLike as ClaimTemplateLike
@@ -257,12 +257,9 @@ class ClaimTemplates(pulumi.ComponentResource):
 
     def __init__(self, resource_name_: str, args: ClaimTemplatesArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("ClaimTemplates: give either args or keyword arguments, not both")
-        args = args if args is not None else ClaimTemplatesArgs(**kwargs)
+        args = component_args("ClaimTemplates", ClaimTemplatesArgs, args, kwargs)
         driver = args.driver
-        if driver is not None and getattr(driver, "cluster", None) is not None:
-            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=driver.cluster.provider), opts)
+        opts = on_cluster(getattr(driver, "cluster", None), opts)
         super().__init__("neuron-dra:index:ClaimTemplates", resource_name_, None, opts)
         targets = args.check_targets
         if not targets:

@@ -30,7 +30,7 @@ import pulumi_awsx as awsx
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
-from neuron_dra.components.inputs import checked, is_known, keyword_hints
+from neuron_dra.components.inputs import checked, component_args, is_known, keyword_hints
 from neuron_dra.components.settings import (
     DEFAULT_KUBERNETES_VERSION,
     DEFAULT_VPC_CIDR,
@@ -194,9 +194,7 @@ class TrainiumCluster(pulumi.ComponentResource):
 
     def __init__(self, resource_name: str, args: TrainiumClusterArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("TrainiumCluster: give either args or keyword arguments, not both")
-        args = args if args is not None else TrainiumClusterArgs(**kwargs)
+        args = component_args("TrainiumCluster", TrainiumClusterArgs, args, kwargs)
         super().__init__("neuron-dra:index:TrainiumCluster", resource_name, None, opts)
         for warning in kubernetes_version_warnings(args.kubernetes_version):  # e.g. past standard support
             pulumi.log.warn(f"{resource_name}: {warning}", resource=self)
@@ -329,18 +327,27 @@ class TrainiumCluster(pulumi.ComponentResource):
         if self.coredns is not None:
             raise RuntimeError(f"{self._resource_name}: CoreDNS is already installed (node groups made with "
                                "TrainiumNodeGroup(cluster=...) install it once one of them has nodes)")
-        self.coredns = aws.eks.Addon(
-            f"{self._resource_name}-coredns",
-            cluster_name=self.cluster_name,
-            addon_name="coredns",
-            addon_version=self.args.coredns_version,
-            configuration_values=pulumi.Output.json_dumps({"tolerations": [dict(t) for t in COREDNS_TOLERATIONS]}),
-            resolve_conflicts_on_create="OVERWRITE",
-            resolve_conflicts_on_update="OVERWRITE",
-            tags=dict(self.args.tags),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.eks_cluster, *after]),
-        )
+        self.coredns = coredns_addon(f"{self._resource_name}-coredns", self.cluster_name, self.args.coredns_version,
+                                     self.args.tags, pulumi.ResourceOptions(parent=self,
+                                                                            depends_on=[self.eks_cluster, *after]))
         return self.coredns
+
+
+def coredns_addon(resource_name: str, cluster_name: pulumi.Input[str], version: pulumi.Input[str] | None,
+                  tags: Mapping[str, str], opts: pulumi.ResourceOptions) -> aws.eks.Addon:
+    """The CoreDNS add-on tolerating the Neuron taint (`TrainiumCluster.install_coredns`, and the node groups and
+    Karpenter of other languages, which have the cluster's name but not the cluster object)."""
+    return aws.eks.Addon(
+        resource_name,
+        cluster_name=cluster_name,
+        addon_name="coredns",
+        addon_version=version,
+        configuration_values=pulumi.Output.json_dumps({"tolerations": [dict(t) for t in COREDNS_TOLERATIONS]}),
+        resolve_conflicts_on_create="OVERWRITE",
+        resolve_conflicts_on_update="OVERWRITE",
+        tags=dict(tags),
+        opts=opts,
+    )
 
 
 def _listed(value: pulumi.Input[Sequence[pulumi.Input[str]]]) -> pulumi.Input[Sequence[pulumi.Input[str]]] | None:

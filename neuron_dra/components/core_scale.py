@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from neuron_dra.claim_templates import ClaimTemplate, NeuronCores
+from neuron_dra.claim_templates import ClaimTemplate, Drivers, NeuronCores
 from neuron_dra.claim_templates.node_model import NodeCatalog
 from neuron_dra.claim_templates.node_types import NodeType
 from neuron_dra.claim_templates.scale import DRA_FILTER_TIMEOUT_MS, ScaleEstimate, estimate
@@ -30,18 +30,23 @@ ONE_CORE = ClaimTemplate("one-neuroncore", NeuronCores(1))
 
 @dataclass(frozen=True)
 class CoreChoice:
-    """The driver options with corePartitions decided, and who asked for NeuronCores (empty: nobody)."""
+    """The driver options with corePartitions decided, who asked for NeuronCores (empty: nobody), and the
+    templates as the driver's names render them (what ClaimTemplates deploys: rendered once)."""
 
     options: DriverDeployOptions
     asked_by: tuple[str, ...] = ()
+    templates: tuple[ClaimTemplateLike, ...] = ()
 
 
 def choose(settings: StackSettings, options: DriverDeployOptions, templates: Sequence[ClaimTemplateLike]
            ) -> CoreChoice:
     """corePartitions auto decided for the stack: where the minor publishes NeuronCores by default (1.37+) or
-    serves none (before 1.36) the rule in `deploy` stands; on 1.36 on when asked for, else off."""
+    serves none (before 1.36) the rule in `deploy` stands; on 1.36 on when asked for, else off. Templates that
+    follow their driver are read with this driver's names (a custom driverName renames the NeuronCore class)."""
     core_class = options.core_device_class_name
-    asked = [f"claim template {template_key(t)}" for t in templates if class_requests(t.to_manifest(), core_class)]
+    drivers = Drivers.of(options.class_names)
+    named = tuple(t.for_drivers(drivers) if isinstance(t, ClaimTemplate) else t for t in templates)
+    asked = [f"claim template {template_key(t)}" for t in named if class_requests(t.to_manifest(), core_class)]
     if settings.asks_for_core_extended_resource:
         asked.append(f"{setting_name(key_of('core_extended_resource_name'))} {settings.core_extended_resource_name}")
     if options.core_partitions == "off" and asked:
@@ -50,8 +55,8 @@ def choose(settings: StackSettings, options: DriverDeployOptions, templates: Seq
                            "(with off there is no NeuronCore DeviceClass and such pods never schedule)")
     if options.core_partitions != "auto" or not options.serves("core_device_class") or \
             options.serves("core_partitions_by_default"):
-        return CoreChoice(options, tuple(asked) if options.publishes_cores else ())
-    return CoreChoice(options.replace(core_partitions="on" if asked else "off"), tuple(asked))
+        return CoreChoice(options, tuple(asked) if options.publishes_cores else (), named)
+    return CoreChoice(options.replace(core_partitions="on" if asked else "off"), tuple(asked), named)
 
 
 def predict(templates: Sequence[ClaimTemplateLike], nodes: int, targets: Sequence[str], hardware: Catalog

@@ -31,12 +31,12 @@ import pulumi_aws as aws
 
 from neuron_dra.components import driver_image
 from neuron_dra.components.cluster import TrainiumCluster
-from neuron_dra.components.inputs import checked, keyword_hints
-from neuron_dra.components.k8s_objects import create_object, resource_name
+from neuron_dra.components.inputs import checked, component_args, keyword_hints, on_cluster
+from neuron_dra.components.k8s_objects import create_object, resource_name, rollout_wait
 from neuron_dra.components.settings import (
     DEFAULT_ROLLOUT_TIMEOUT_SECONDS,
-    MAX_ROLLOUT_TIMEOUT_SECONDS,
     SettingError,
+    check_rollout_timeout,
     parse_kubernetes_version,
 )
 from neuron_dra.driver import deploy
@@ -90,10 +90,7 @@ class NeuronDraDriverArgs:
         if self.force_delete_repository is not True and self.force_delete_repository is not False:
             raise SettingError("NeuronDraDriverArgs.force_delete_repository", self.force_delete_repository,
                                "true or false")
-        t = self.rollout_timeout_seconds
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS:
-            raise SettingError("NeuronDraDriverArgs.rollout_timeout_seconds", t,
-                               f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds")
+        check_rollout_timeout("NeuronDraDriverArgs.rollout_timeout_seconds", self.rollout_timeout_seconds)
         if self.kubernetes_version is not None:
             parse_kubernetes_version("NeuronDraDriverArgs.kubernetes_version", self.kubernetes_version)
             if self.cluster is not None and self.kubernetes_version != self.cluster.kubernetes_version:
@@ -145,13 +142,11 @@ class NeuronDraDriver(pulumi.ComponentResource):
 
     def __init__(self, resource_name_: str, args: NeuronDraDriverArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("NeuronDraDriver: give either args or keyword arguments, not both")
-        args = args if args is not None else NeuronDraDriverArgs(**kwargs)
+        args = component_args("NeuronDraDriver", NeuronDraDriverArgs, args, kwargs)
         waits: list[pulumi.Resource] = []
         if args.cluster is not None:
             waits = [*args.cluster.node_group_dependencies, *args.cluster.node_groups]
-            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
+        opts = on_cluster(args.cluster, opts)
         super().__init__("neuron-dra:index:NeuronDraDriver", resource_name_, None, opts)
         options = args.deploy_options
         self.options = options  # as rendered: ClaimTemplates(driver=...) reads what it publishes
@@ -203,7 +198,7 @@ class NeuronDraDriver(pulumi.ComponentResource):
                 # The driver's own DaemonSet (the exporter's runs AWS's image as rendered).
                 overrides = {"spec": self.image.apply(functools.partial(_with_image, manifest["spec"]))}
             if kind == "DaemonSet":
-                metadata, child = _await(manifest, child, args.rollout_timeout_seconds)
+                metadata, child = rollout_wait(manifest, child, args.rollout_timeout_seconds)
             overrides["metadata"] = guard.apply(functools.partial(_after_check, metadata))
             obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)
             self.objects[deploy.object_key(manifest)] = obj
@@ -273,22 +268,6 @@ def _with_image(spec: Manifest, image: str) -> Manifest:
     pod = spec["template"]["spec"]
     containers = [{**c, "image": image} for c in pod["containers"]]
     return {**spec, "template": {**spec["template"], "spec": {**pod, "containers": containers}}}
-
-
-SKIP_AWAIT = "pulumi.com/skipAwait"
-
-
-def _await(manifest: Manifest, opts: pulumi.ResourceOptions, timeout_seconds: int
-           ) -> tuple[Manifest, pulumi.ResourceOptions]:
-    """The DaemonSet's metadata and options for what `pulumi up` waits for: its rollout for at most
-    `timeout_seconds` (custom timeouts), or nothing (0: the provider's skipAwait annotation)."""
-    metadata = dict(manifest["metadata"])
-    if timeout_seconds == 0:
-        metadata["annotations"] = {**metadata.get("annotations", {}), SKIP_AWAIT: "true"}
-        return metadata, opts
-    timeout = f"{timeout_seconds}s"
-    return metadata, pulumi.ResourceOptions.merge(
-        opts, pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout)))
 
 
 # What each object waits for: the namespace for namespaced objects, the role for its binding, the policy for

@@ -1,11 +1,12 @@
 """The driver image a `NeuronDraDriver` runs: one the stack builds and pushes, or one the user gives.
 
 Built (the default): `neuron_dra/driver/Dockerfile` of the directory the package runs from (a checkout, or
-site-packages of a pip install: the Dockerfile, its `Dockerfile.dockerignore` allowlist and the image's
-requirements ship as package data), built with BuildKit (pulumi-docker-build) and pushed to an ECR repository the
-stack owns: scan on push, IMMUTABLE tags, a lifecycle policy keeping the newest images. The tag is the package
-version and a hash of the build context, so a changed driver is a new tag (immutable tags cannot move) and an
-unchanged one is no new build; the DaemonSet names the pushed digest (`tag@sha256:...`).
+site-packages of a pip install: the Dockerfile, its `Dockerfile.dockerignore`, the image's requirements and
+`image-files.txt`, the exact list of files the driver tree may hold, ship as package data), built with BuildKit
+(pulumi-docker-build) and pushed to an ECR repository the stack owns: scan on push, IMMUTABLE tags, a lifecycle
+policy keeping the newest images. The tag is the package version and a hash of the build context, so a changed
+driver is a new tag (immutable tags cannot move) and an unchanged one is no new build; the DaemonSet names the
+pushed digest (`tag@sha256:...`).
 
 Reproducible (docs/deploying.md §2): what the docker-build Image is given depends on the package's content only,
 never on the machine, venv or Python version that runs the program. The build context is staged, file by file with
@@ -48,9 +49,10 @@ DOCKERFILE = Path("neuron_dra") / "driver" / "Dockerfile"
 # as package data (pyproject.toml), so a pip install builds the same image as a checkout.
 DOCKERIGNORE = DOCKERFILE.with_name("Dockerfile.dockerignore")
 REQUIREMENTS = DOCKERFILE.with_name("image-requirements.txt")
-CONTEXT_FILES = (DOCKERFILE, DOCKERIGNORE, REQUIREMENTS, Path("neuron_dra") / "__init__.py",
+MANIFEST = DOCKERFILE.with_name("image-files.txt")  # what the tree may hold; any other file fails the build
+CONTEXT_FILES = (DOCKERFILE, DOCKERIGNORE, REQUIREMENTS, MANIFEST, Path("neuron_dra") / "__init__.py",
                  Path("neuron_dra") / "py.typed")
-CONTEXT_TREE = Path("neuron_dra") / "driver"  # copied whole (less __pycache__)
+CONTEXT_TREE = Path("neuron_dra") / "driver"  # sent whole (less __pycache__), checked against MANIFEST by the build
 KEEP_IMAGES = 10  # the lifecycle policy expires older pushed images (each a past driver version)
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}\Z")
 # Where the build context is staged, relative to the program's working directory (the providers' too).

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import pulumi
 import pulumi_kubernetes as k8s
 
-from neuron_dra.components.inputs import keyword_hints
+from neuron_dra.components.inputs import component_args, keyword_hints, on_cluster
 from neuron_dra.components.settings import SettingError
 from neuron_dra.driver.deploy import NODE_GROUP_LABEL, NODE_POOL_LABEL
 from neuron_dra.driver.errortext import did_you_mean
@@ -169,11 +169,8 @@ class EfaDraDriver(pulumi.ComponentResource):
 
     def __init__(self, resource_name_: str, args: EfaDraDriverArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("EfaDraDriver: give either args or keyword arguments, not both")
-        args = args if args is not None else EfaDraDriverArgs(**kwargs)
-        if args.cluster is not None:
-            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
+        args = component_args("EfaDraDriver", EfaDraDriverArgs, args, kwargs)
+        opts = on_cluster(args.cluster, opts)
         super().__init__("neuron-dra:index:EfaDraDriver", resource_name_, None, opts)
         self.node_groups = args.node_groups
         self.node_pools = args.node_pools

@@ -5,7 +5,6 @@ so the same message (field, value, what is allowed); `pulumi preview` then fails
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -13,7 +12,7 @@ from typing import Any, TypeVar
 import pulumi
 
 from neuron_dra.components.settings import SettingError
-from neuron_dra.driver.errortext import did_you_mean
+from neuron_dra.driver.errortext import refuse_unknown_keywords
 
 T = TypeVar("T")
 
@@ -48,23 +47,27 @@ class UnknownKeywordError(SettingError, TypeError):
 
 
 A = TypeVar("A", bound=type)
+ArgsT = TypeVar("ArgsT")
+
+
+def component_args(component: str, make: Callable[..., ArgsT], args: ArgsT | None, kwargs: Mapping[str, Any]
+                   ) -> ArgsT:
+    """A component's Args, given whole (`args`) or as keywords (`make(**kwargs)`), not both."""
+    if args is not None and kwargs:
+        raise TypeError(f"{component}: give either args or keyword arguments, not both")
+    return args if args is not None else make(**kwargs)
+
+
+def on_cluster(cluster: Any, opts: pulumi.ResourceOptions | None) -> pulumi.ResourceOptions | None:
+    """`opts` with the Kubernetes provider of `cluster` (a TrainiumCluster, or None: `opts` as given) as the
+    default; a provider in `opts` wins."""
+    if cluster is None:
+        return opts
+    return pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=cluster.provider), opts)
 
 
 def keyword_hints(cls: A) -> A:
     """Wrap a dataclass Args' `__init__` (put it above `@dataclass`) so that an unknown keyword, given to the Args
     or to the component (`TrainiumCluster(name, **kwargs)`), is refused naming the closest field, where Python
     would only say "unexpected keyword argument" (the claim classes do the same: claim_templates/keywords.py)."""
-    init: Callable[..., None] = cls.__init__  # type: ignore[misc]
-    keywords = tuple(name for name, p in inspect.signature(init).parameters.items()
-                     if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-
-    @functools.wraps(init)
-    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        for name in kwargs:
-            if name not in keywords:
-                raise UnknownKeywordError(f"{cls.__name__}() keyword", name,
-                                          f"{', '.join(keywords)}{did_you_mean(name, keywords)}")
-        init(self, *args, **kwargs)
-
-    cls.__init__ = checked_init  # type: ignore[misc]
-    return cls
+    return refuse_unknown_keywords(cls, UnknownKeywordError)

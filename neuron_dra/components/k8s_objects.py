@@ -120,3 +120,20 @@ def create_object(
         kwargs[_FIELD_ARGS[field_name]] = value
     replace = replace_options(*key)
     return factory(name, opts=pulumi.ResourceOptions.merge(opts, replace) if replace else opts, **kwargs)
+
+
+SKIP_AWAIT = "pulumi.com/skipAwait"
+
+
+def rollout_wait(manifest: Mapping[str, Any], opts: pulumi.ResourceOptions, timeout_seconds: int
+                 ) -> tuple[dict[str, Any], pulumi.ResourceOptions]:
+    """A workload's metadata and options for what `pulumi up` waits for: its rollout for at most `timeout_seconds`
+    (custom timeouts on create and update), or nothing (0: the provider's skipAwait annotation). The driver's
+    DaemonSet and the UltraServer controller's Deployment."""
+    metadata = dict(manifest["metadata"])
+    if timeout_seconds == 0:
+        metadata["annotations"] = {**metadata.get("annotations", {}), SKIP_AWAIT: "true"}
+        return metadata, opts
+    timeout = f"{timeout_seconds}s"
+    return metadata, pulumi.ResourceOptions.merge(
+        opts, pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout)))

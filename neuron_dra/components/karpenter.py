@@ -32,7 +32,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from neuron_dra.components.cluster import POD_IDENTITY_TRUST, TrainiumCluster
-from neuron_dra.components.inputs import keyword_hints
+from neuron_dra.components.inputs import component_args, keyword_hints, on_cluster
 from neuron_dra.components.nodegroup import CNI_POLICY, NODE_POLICIES, ROOT_DEVICE
 from neuron_dra.components.settings import SettingError
 
@@ -219,11 +219,8 @@ class TrainiumKarpenter(pulumi.ComponentResource):
 
     def __init__(self, resource_name: str, args: TrainiumKarpenterArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("TrainiumKarpenter: give either args or keyword arguments, not both")
-        args = args if args is not None else TrainiumKarpenterArgs(**kwargs)
-        if args.cluster is not None:
-            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
+        args = component_args("TrainiumKarpenter", TrainiumKarpenterArgs, args, kwargs)
+        opts = on_cluster(args.cluster, opts)
         super().__init__("neuron-dra:index:TrainiumKarpenter", resource_name, None, opts)
         self.cluster = args.cluster
         child = pulumi.ResourceOptions(parent=self)

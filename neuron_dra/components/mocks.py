@@ -296,6 +296,7 @@ def run_offline(
 
     Exceptions raised by the program (or by an `apply` it registered) propagate, as they fail `pulumi up`.
     """
+    _ensure_event_loop()
     mocks = mocks or PlanMocks()
     mocks.own_stack = f"{ORGANIZATION}/{project}/{stack}"
     monitor = RecordingMonitor(mocks)
@@ -320,6 +321,18 @@ def run_offline(
         _retrieve_consequences()
         raise
     return OfflineRun(holder["result"], list(monitor.recorded), list(mocks.invokes), plain(holder.get("exports", {})))
+
+
+def _ensure_event_loop() -> None:
+    """Pulumi's runtime makes its futures on the thread's current event loop. Once anything in the process has run
+    `asyncio.run()` (a test of an asyncio server, a tool), the main thread has none and asyncio no longer makes one
+    on demand ("There is no current event loop"): give it a new one."""
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        asyncio.set_event_loop(asyncio.new_event_loop())
 
 
 def _retrieve_consequences() -> None:

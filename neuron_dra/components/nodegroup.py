@@ -18,6 +18,7 @@ NodeGroupV2 has one network interface), so it is pulumi_aws.eks.NodeGroup plus p
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from email.mime.multipart import MIMEMultipart
@@ -30,7 +31,7 @@ from pydantic import Field, SkipValidation, model_validator
 
 from neuron_dra.components.cluster import TrainiumCluster
 from neuron_dra.components.efa import efa_interfaces
-from neuron_dra.components.inputs import checked, is_known
+from neuron_dra.components.inputs import checked, component_args, is_known
 from neuron_dra.components.settings import NodeGroupSettings, SettingError, check_ids, parse_kubernetes_version
 from neuron_dra.driver.deploy import CAPACITY_BLOCK_LABEL, LNC_CONFIG_DIR, LNC_LABEL, NODE_GROUP_LABEL
 from neuron_dra.driver.model.k8s_names import NEURON_TAINT_KEY, NEURON_TAINT_VALUE
@@ -85,6 +86,8 @@ class TrainiumNodeGroupArgs(NodeGroupSettings):
     cni_policy_on_node_role: bool | None -- AmazonEKS_CNI_Policy on the node role (default: when the cluster's
         vpc_cni_identity is nodeRole).
     tags: dict[str, str] -- AWS tags.
+    depends_on: list[pulumi.Resource] -- what the node group waits for besides (with cluster) the cluster's
+        node_group_dependencies, e.g. the VPC CNI's Pod Identity association when placed without cluster.
     """
 
     if TYPE_CHECKING:  # what callers are checked against; pydantic cannot resolve pulumi.Input, so Any at runtime
@@ -110,6 +113,7 @@ class TrainiumNodeGroupArgs(NodeGroupSettings):
     imds_hop_limit: SkipValidation[int] = 1  # 2 lets every pod reach IMDS and so the node role
     cni_policy_on_node_role: bool | None = None
     tags: Mapping[str, str] = Field(default_factory=dict)
+    depends_on: SkipValidation[Sequence[pulumi.Resource]] = ()
 
     @model_validator(mode="after")
     def _place(self) -> TrainiumNodeGroupArgs:
@@ -190,10 +194,8 @@ class TrainiumNodeGroup(pulumi.ComponentResource):
 
     def __init__(self, resource_name: str, args: TrainiumNodeGroupArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("TrainiumNodeGroup: give either args or keyword arguments, not both")
-        if args is None:
-            args = TrainiumNodeGroupArgs(**{"name": resource_name, **kwargs})
+        args = component_args("TrainiumNodeGroup", functools.partial(TrainiumNodeGroupArgs, name=resource_name),
+                              args, kwargs)
         super().__init__("neuron-dra:index:TrainiumNodeGroup", resource_name, None, opts)
         s = args
         spec = s.spec
@@ -326,7 +328,8 @@ class TrainiumNodeGroup(pulumi.ComponentResource):
             tags=tags,
             # The cluster's node_group_dependencies: the VPC CNI's identity must exist before the nodes' pods.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                *attachments, *efa_rules, *(self.cluster.node_group_dependencies if self.cluster else ())]),
+                *attachments, *efa_rules, *(self.cluster.node_group_dependencies if self.cluster else ()),
+                *args.depends_on]),
         )
         if self.cluster is not None:
             self.cluster.attach_node_group(self, self.node_group, has_nodes=s.desired_size > 0)

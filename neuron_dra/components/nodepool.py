@@ -16,6 +16,7 @@ The manifests are plain dicts (`node_pool_manifest`, `node_class_manifest`); the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ import pulumi_kubernetes as k8s
 from pydantic import Field, SkipValidation, model_validator
 
 from neuron_dra.components.efa import karpenter_interfaces
+from neuron_dra.components.inputs import component_args, on_cluster
 from neuron_dra.components.nodegroup import ROOT_DEVICE
 from neuron_dra.components.settings import NodePoolSettings, SettingError
 from neuron_dra.driver.deploy import CAPACITY_BLOCK_LABEL, INSTANCE_TYPE_LABEL, NODE_POOL_LABEL
@@ -194,18 +196,16 @@ class TrainiumNodePool(pulumi.ComponentResource):
 
     def __init__(self, resource_name: str, args: TrainiumNodePoolArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("TrainiumNodePool: give either args or keyword arguments, not both")
-        args = args if args is not None else TrainiumNodePoolArgs(**{"name": resource_name, **kwargs})
-        if args.cluster is not None:
-            if args.cluster.coredns is None:
-                raise SettingError(
-                    f"{type(args).__name__}.cluster", resource_name,
-                    "a cluster with CoreDNS before its first Karpenter pool (its nodes' pods need DNS): give "
-                    "karpenter=TrainiumKarpenter(cluster=...) (its controller nodes run CoreDNS), or create a "
-                    "TrainiumNodeGroup with nodes (desired_size > 0) first, or call "
-                    "cluster.install_coredns(after=[...]) for nodes made otherwise")
-            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=args.cluster.provider), opts)
+        args = component_args("TrainiumNodePool", functools.partial(TrainiumNodePoolArgs, name=resource_name), args,
+                              kwargs)
+        if args.cluster is not None and args.cluster.coredns is None:
+            raise SettingError(
+                f"{type(args).__name__}.cluster", resource_name,
+                "a cluster with CoreDNS before its first Karpenter pool (its nodes' pods need DNS): give "
+                "karpenter=TrainiumKarpenter(cluster=...) (its controller nodes run CoreDNS), or create a "
+                "TrainiumNodeGroup with nodes (desired_size > 0) first, or call "
+                "cluster.install_coredns(after=[...]) for nodes made otherwise")
+        opts = on_cluster(args.cluster, opts)
         super().__init__("neuron-dra:index:TrainiumNodePool", resource_name, None, opts)
         self.name = args.name
         if args.cluster is not None:

@@ -17,7 +17,7 @@ from typing import Any, Required, TypedDict
 import pulumi
 import pulumi_kubernetes as k8s
 
-from neuron_dra.components import claims, cluster, driver
+from neuron_dra.components import claims, cluster, driver, karpenter, nodegroup, nodepool
 from neuron_dra.components.efa_driver import EXTERNAL
 from neuron_dra.components.settings import DEFAULT_ROLLOUT_TIMEOUT_SECONDS, SettingError
 from neuron_dra.driver.deploy.options import DriverDeployOptions
@@ -126,8 +126,9 @@ class ClaimTemplatesArgs(TypedDict, total=False):
     """A Python file defining neuron_dra.claim_templates.ClaimTemplate objects at module level, loaded as
     `neuron-dra check` loads one (the templates are Python objects: the host has no schema for them)."""
     instance_types: list[str]
-    """The instance types of the cluster's Trainium nodes, each optionally `type@lnc=N`: every template is checked
-    to fit one. Stands for the Python `node_groups`/`node_pools` inputs."""
+    """The instance types of the cluster's Trainium nodes, each optionally `type:lnc=N` (a TrainiumNodeGroup's
+    checkTarget, a TrainiumNodePool's checkTargets): every template is checked to fit one. Stands for the Python
+    `node_groups`/`node_pools` inputs."""
     kubeconfig: pulumi.Input[str]
     """The cluster's kubeconfig; unset: the provider in the resource's `providers` option, or the ambient one."""
     efa_targets: list[str]
@@ -208,8 +209,9 @@ class TrainiumClusterArgs(TypedDict, total=False):
 
 
 class TrainiumCluster(pulumi.ComponentResource):
-    """An EKS cluster for Trainium node groups (neuron_dra.components.TrainiumCluster). Node groups and pools,
-    which take the cluster object, are Python only (see docs/components.md, "From other languages")."""
+    """An EKS cluster for Trainium node groups (neuron_dra.components.TrainiumCluster). Node groups, Karpenter and
+    pools take its outputs one by one (clusterName, vpcId, clusterSecurityGroupId, privateSubnetIds, kubeconfig):
+    the cluster object itself cannot cross the language boundary (docs/components.md, "From other languages")."""
 
     cluster_name: pulumi.Output[str]
     """The EKS cluster's name."""
@@ -243,7 +245,283 @@ class TrainiumCluster(pulumi.ComponentResource):
         self.register_outputs({"clusterName": self.cluster_name, "kubeconfig": self.kubeconfig})
 
 
-COMPONENTS: list[type[pulumi.ComponentResource]] = [TrainiumCluster, NeuronDraDriver, ClaimTemplates]
+def _coredns(resource_name: str, parent: pulumi.Resource, cluster_name: pulumi.Input[str],
+             version: pulumi.Input[str] | None, tags: Any, after: pulumi.Resource) -> None:
+    """The cluster's CoreDNS add-on once `after` (nodes) exists: what `TrainiumCluster` does itself for the first
+    node group given the cluster object (cluster.coredns_addon)."""
+    cluster.coredns_addon(f"{resource_name}-coredns", cluster_name, version, tags or {},
+                          pulumi.ResourceOptions(parent=parent, depends_on=[after]))
+
+
+class TrainiumNodeGroupArgs(TypedDict, total=False):
+    """The inputs of TrainiumNodeGroup (neuron_dra.components.TrainiumNodeGroupArgs) under the same names, placed
+    by the cluster's outputs rather than the cluster object (`cluster=` in Python)."""
+
+    name: str
+    """Node group name, a DNS label of at most 40 characters (default: the resource name)."""
+    instance_type: str
+    """A Neuron instance type of the hardware catalog (default trn2.48xlarge)."""
+    desired_size: int
+    """Nodes (default 1)."""
+    min_size: int
+    """Fewest nodes (default 0)."""
+    max_size: int
+    """Most nodes (default: desired_size)."""
+    capacity_type: str
+    """ON_DEMAND or CAPACITY_BLOCK (default: CAPACITY_BLOCK with a reservation id)."""
+    capacity_reservation_id: pulumi.Input[str]
+    """A Capacity Block for ML (cr-...); needs availability_zone or subnet_ids in its AZ, min_size 0."""
+    availability_zone: str
+    """The group's AZ (default: the first of availability_zones for an EFA group)."""
+    subnet_ids: pulumi.Input[list[str]]
+    """The group's subnets (an EFA group: exactly one); default: candidate_subnet_ids in the AZs."""
+    labels: dict[str, str]
+    """Node labels (neuron-dra/node-group, neuron-dra/lnc and a Capacity Block's id are added)."""
+    root_volume_size_gib: int
+    """The encrypted gp3 root volume's size (default 500)."""
+    root_volume_kms_key_id: str
+    """A KMS key for the root volume (default: the account's EBS key)."""
+    efa_interface_type: str
+    """efa-only (default) or efa for network cards 1..n."""
+    placement_group: bool
+    """A cluster placement group (default: for EFA groups not on a Capacity Block)."""
+    version: str
+    """The nodes' Kubernetes minor (default: kubernetes_version)."""
+    lnc: int
+    """Logical NeuronCore config of the nodes: 1 or 2 on Trainium2/Trainium3 (default: the AMI's, 2)."""
+    cluster_name: Required[pulumi.Input[str]]
+    """The EKS cluster's name (TrainiumCluster's clusterName)."""
+    vpc_id: Required[pulumi.Input[str]]
+    """The cluster's VPC (TrainiumCluster's vpcId)."""
+    cluster_security_group_id: Required[pulumi.Input[str]]
+    """The cluster security group (TrainiumCluster's clusterSecurityGroupId), on every node interface."""
+    kubernetes_version: Required[str]
+    """The cluster's Kubernetes minor, e.g. "1.36": a plain string, as what is created depends on it."""
+    candidate_subnet_ids: pulumi.Input[list[str]]
+    """Subnets to choose from (TrainiumCluster's privateSubnetIds): those in the AZs are used, an EFA group takes
+    the first by id. Needed unless subnet_ids is given."""
+    availability_zones: list[str]
+    """AZs offering the instance type (needed unless availability_zone or subnet_ids is given)."""
+    security_group_ids: pulumi.Input[list[str]]
+    """More security groups on the nodes' interfaces."""
+    imds_hop_limit: int
+    """IMDSv2 hop limit (default 1: only host-network pods reach IMDS and the node role)."""
+    cni_policy_on_node_role: bool
+    """AmazonEKS_CNI_Policy on the node role: true when the cluster's vpcCniIdentity is nodeRole (default false)."""
+    tags: dict[str, str]
+    """AWS tags."""
+    install_coredns: bool
+    """Install the cluster's CoreDNS add-on (tolerating the Neuron taint) once this group exists: set it on the
+    cluster's first group with nodes (in Python the cluster object does this itself)."""
+    coredns_version: pulumi.Input[str]
+    """The CoreDNS add-on version with install_coredns (default: EKS's default for the minor)."""
+
+
+class TrainiumNodeGroup(pulumi.ComponentResource):
+    """An EKS managed node group of one Neuron instance type with its launch template (EFA interfaces, IMDSv2,
+    encrypted root volume, the Neuron taint) and node role (neuron_dra.components.TrainiumNodeGroup). Give it
+    `dependsOn` the cluster component so that the VPC CNI's identity exists before its nodes."""
+
+    name: pulumi.Output[str]
+    """The node group's name."""
+    instance_type: pulumi.Output[str]
+    """Its instance type."""
+    lnc: pulumi.Output[int] | None
+    """The nodes' LNC (absent where LNC does not apply)."""
+    check_target: pulumi.Output[str]
+    """How ClaimTemplates' instanceTypes name these nodes (`type` or `type:lnc=N`)."""
+    node_group_arn: pulumi.Output[str]
+    """The EKS node group's ARN."""
+    role_arn: pulumi.Output[str]
+    """The node role's ARN."""
+    launch_template_id: pulumi.Output[str]
+    """The launch template's id."""
+    subnet_ids: pulumi.Output[list[str]]
+    """The subnets its nodes use."""
+    efa_security_group_id: pulumi.Output[str] | None
+    """The security group of its EFA traffic (EFA groups only)."""
+
+    def __init__(self, name: str, args: TrainiumNodeGroupArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(f"{PACKAGE}:index:TrainiumNodeGroup", name, {}, opts)
+        given = {k: v for k, v in _wire_numbers(dict(args)).items() if k not in ("install_coredns", "coredns_version")}
+        if _absent(given.get("subnet_ids")) and _absent(given.get("candidate_subnet_ids")):
+            raise SettingError("TrainiumNodeGroup.candidate_subnet_ids", None,
+                               "the cluster's private subnets (TrainiumCluster's privateSubnetIds), or subnet_ids")
+        # The resource's dependsOn (the cluster, with its VPC CNI identity) reaches the EKS node group itself.
+        ours = nodegroup.TrainiumNodeGroupArgs(**{"name": name, **given, "depends_on": _depends_on(opts)})
+        inner = nodegroup.TrainiumNodeGroup(name, ours, pulumi.ResourceOptions(parent=self))
+        if args.get("install_coredns"):
+            _coredns(name, self, args["cluster_name"], args.get("coredns_version"), ours.tags, inner.node_group)
+        self.name = pulumi.Output.from_input(inner.name)
+        self.instance_type = pulumi.Output.from_input(inner.instance_type)
+        if inner.lnc is not None:
+            self.lnc = pulumi.Output.from_input(inner.lnc)
+        self.check_target = pulumi.Output.from_input(ours.check_target)
+        self.node_group_arn = inner.node_group.arn
+        self.role_arn = inner.role.arn
+        self.launch_template_id = inner.launch_template.id
+        self.subnet_ids = inner.subnet_ids
+        if inner.efa_security_group is not None:
+            self.efa_security_group_id = inner.efa_security_group.id
+        self.register_outputs({"name": self.name, "nodeGroupArn": self.node_group_arn})
+
+
+def _depends_on(opts: pulumi.ResourceOptions | None) -> tuple[pulumi.Resource, ...]:
+    """The resources of `opts.depends_on` (one or a list, as the host gives them)."""
+    given = opts.depends_on if opts is not None else None
+    if given is None:
+        return ()
+    items = list(given) if isinstance(given, list | tuple) else [given]
+    return tuple(r for r in items if isinstance(r, pulumi.Resource))
+
+
+def _absent(value: Any) -> bool:
+    """An input not given (None or an empty list; an Output counts as given)."""
+    return value is None or (isinstance(value, list) and not value)
+
+
+class TrainiumKarpenterArgs(TypedDict, total=False):
+    """The inputs of TrainiumKarpenter (neuron_dra.components.TrainiumKarpenterArgs), placed by the cluster's
+    outputs rather than the cluster object."""
+
+    cluster_name: Required[pulumi.Input[str]]
+    """The EKS cluster's name (TrainiumCluster's clusterName)."""
+    subnet_ids: Required[pulumi.Input[list[str]]]
+    """Its private subnets, for the controller's node group (TrainiumCluster's privateSubnetIds)."""
+    kubernetes_version: Required[str]
+    """Its Kubernetes minor, e.g. "1.36" (the controller's node group)."""
+    kubeconfig: pulumi.Input[str]
+    """The cluster's kubeconfig, for the Karpenter chart (TrainiumCluster's kubeconfig); unset: the provider in
+    the resource's `providers` option, or the ambient one."""
+    chart_version: str
+    """The Karpenter chart release (default the pinned one)."""
+    static_capacity: bool
+    """featureGates.staticCapacity: static NodePools with replicas (default true)."""
+    system_instance_type: str
+    """The controller nodes' instance type (default m7i.large)."""
+    cni_policy_on_node_role: bool
+    """AmazonEKS_CNI_Policy on the node roles: true when the cluster's vpcCniIdentity is nodeRole (default false)."""
+    tags: dict[str, str]
+    """AWS tags."""
+    install_coredns: bool
+    """Install the cluster's CoreDNS add-on once the controller's nodes exist (a cluster of Karpenter pools
+    alone: its first nodes are these)."""
+    coredns_version: pulumi.Input[str]
+    """The CoreDNS add-on version with install_coredns (default: EKS's default for the minor)."""
+
+
+class TrainiumKarpenter(pulumi.ComponentResource):
+    """Karpenter with its IAM (node role and access entry, controller role through EKS Pod Identity), its
+    interruption queue, two controller nodes and its chart (neuron_dra.components.TrainiumKarpenter). Give it
+    `dependsOn` the cluster component (its Pod Identity agent must exist first); pools depend on it."""
+
+    node_role_name: pulumi.Output[str]
+    """The role of the nodes Karpenter launches (TrainiumNodePool's nodeRoleName)."""
+    node_role_arn: pulumi.Output[str]
+    """That role's ARN."""
+    controller_role_arn: pulumi.Output[str]
+    """The controller's role."""
+    queue_name: pulumi.Output[str]
+    """The interruption queue."""
+    chart_version: pulumi.Output[str]
+    """The chart release installed."""
+
+    def __init__(self, name: str, args: TrainiumKarpenterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(f"{PACKAGE}:index:TrainiumKarpenter", name, {}, opts)
+        given: dict[str, Any] = {k: v for k, v in dict(args).items()
+                                 if k not in ("kubeconfig", "install_coredns", "coredns_version")}
+        ours = karpenter.TrainiumKarpenterArgs(**given, depends_on=_depends_on(opts))  # the cluster's Pod Identity
+        inner = karpenter.TrainiumKarpenter(name, ours, _k8s_opts(name, self, args.get("kubeconfig")))
+        if args.get("install_coredns"):
+            _coredns(name, self, args["cluster_name"], args.get("coredns_version"), ours.tags, inner.system_node_group)
+        self.node_role_name = inner.node_role.name
+        self.node_role_arn = inner.node_role.arn
+        self.controller_role_arn = inner.controller_role.arn
+        self.queue_name = inner.queue.name
+        self.chart_version = pulumi.Output.from_input(ours.chart_version)
+        self.register_outputs({"nodeRoleName": self.node_role_name, "queueName": self.queue_name})
+
+
+class TrainiumNodePoolArgs(TypedDict, total=False):
+    """The inputs of TrainiumNodePool (neuron_dra.components.TrainiumNodePoolArgs), placed by the outputs of the
+    cluster and of Karpenter rather than the objects."""
+
+    name: str
+    """The NodePool's and EC2NodeClass's name, a DNS label (default: the resource name)."""
+    instance_types: list[str]
+    """Neuron instance types of the catalog (and/or instance_families)."""
+    instance_families: list[str]
+    """Every type of these families (a dynamic pool)."""
+    capacity_types: list[str]
+    """on-demand, spot and/or reserved (default: reserved with a reservation id, else on-demand)."""
+    replicas: int
+    """A static pool of this many nodes (unset: a dynamic pool)."""
+    capacity_reservation_id: str
+    """A Capacity Block or UltraServer reservation (cr-...) of a static pool."""
+    max_nodes: int
+    """The most nodes (default: replicas, or the dynamic default)."""
+    availability_zone: str
+    """Only this AZ."""
+    labels: dict[str, str]
+    """Node labels (neuron-dra/node-pool, neuron-dra/lnc and a reservation's id are added)."""
+    root_volume_size_gib: int
+    """The encrypted gp3 root volume's size (default 500)."""
+    root_volume_kms_key_id: str
+    """A KMS key for the root volume."""
+    lnc: int
+    """Logical NeuronCore config of the nodes (default: the AMI's, 2 on Trainium2)."""
+    ami_version: str
+    """latest or an EKS AMI release such as v20261120 (Karpenter alias al2023@<version>)."""
+    node_role_name: Required[pulumi.Input[str]]
+    """The nodes' role (TrainiumKarpenter's nodeRoleName)."""
+    subnet_ids: Required[pulumi.Input[list[str]]]
+    """The nodes' subnets (TrainiumCluster's privateSubnetIds)."""
+    security_group_ids: Required[pulumi.Input[list[str]]]
+    """The nodes' security groups (e.g. [TrainiumCluster's clusterSecurityGroupId])."""
+    imds_hop_limit: int
+    """IMDSv2 hop limit (default 1)."""
+    tags: dict[str, str]
+    """AWS tags."""
+    kubeconfig: pulumi.Input[str]
+    """The cluster's kubeconfig; unset: the provider in the resource's `providers` option, or the ambient one."""
+
+
+class TrainiumNodePool(pulumi.ComponentResource):
+    """A Karpenter NodePool and its EC2NodeClass for Neuron instances (neuron_dra.components.TrainiumNodePool).
+    Give it `dependsOn` the TrainiumKarpenter component: its chart installs the CRDs."""
+
+    name: pulumi.Output[str]
+    """The pool's name."""
+    instance_types: pulumi.Output[list[str]]
+    """Its instance types."""
+    check_targets: pulumi.Output[list[str]]
+    """How ClaimTemplates' instanceTypes name its nodes."""
+    node_limit: pulumi.Output[int]
+    """Its most nodes (limits.nodes)."""
+    efa_count: pulumi.Output[int] | None
+    """EFA interfaces a node (absent without EFA)."""
+
+    def __init__(self, name: str, args: TrainiumNodePoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(f"{PACKAGE}:index:TrainiumNodePool", name, {}, opts)
+        given = {k: v for k, v in _wire_numbers(dict(args)).items() if k != "kubeconfig"}
+        for key in ("instance_types", "instance_families", "capacity_types"):
+            if isinstance(given.get(key), list):
+                given[key] = tuple(given[key])
+        # The resource's dependsOn (Karpenter, whose chart installs the CRDs) reaches the NodePool and
+        # EC2NodeClass themselves: a component's children do not inherit its dependencies.
+        ours = nodepool.TrainiumNodePoolArgs(**{"name": name, **given, "depends_on": _depends_on(opts)})
+        inner = nodepool.TrainiumNodePool(name, ours, _k8s_opts(name, self, args.get("kubeconfig")))
+        self.name = pulumi.Output.from_input(inner.name)
+        self.instance_types = pulumi.Output.from_input(list(inner.instance_types))
+        self.check_targets = pulumi.Output.from_input(list(inner.check_targets))
+        self.node_limit = pulumi.Output.from_input(inner.node_limit)
+        if inner.efa_count:
+            self.efa_count = pulumi.Output.from_input(inner.efa_count)
+        self.register_outputs({"name": self.name, "checkTargets": self.check_targets})
+
+
+COMPONENTS: list[type[pulumi.ComponentResource]] = [TrainiumCluster, TrainiumNodeGroup, TrainiumKarpenter,
+                                                   TrainiumNodePool, NeuronDraDriver, ClaimTemplates]
 
 
 def main() -> None:

@@ -70,6 +70,7 @@ DEFAULT_VPC_CIDR = "10.0.0.0/16"
 # own default is 10 minutes); 0 skips the wait (annotation pulumi.com/skipAwait).
 DEFAULT_ROLLOUT_TIMEOUT_SECONDS = 600
 MAX_ROLLOUT_TIMEOUT_SECONDS = 3600
+ROLLOUT_TIMEOUT_ALLOWED = f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds"
 # EFA-only interfaces (no IP addresses) need this VPC CNI version or newer.
 MIN_VPC_CNI_FOR_EFA_ONLY = (1, 18, 4)
 # Who holds the VPC CNI's EC2 permissions (AmazonEKS_CNI_Policy): its own role through EKS Pod Identity (the
@@ -173,6 +174,17 @@ def check_as(setting: str, kind: Any, value: object) -> None:
         _ADAPTERS[id(kind)][1].validate_python(value)
     except ValidationError as e:
         raise restate(e, SettingError, name=lambda _key: setting) from e
+
+
+def _is_rollout_timeout(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ROLLOUT_TIMEOUT_SECONDS
+
+
+def check_rollout_timeout(setting: str, value: object) -> None:
+    """How long `pulumi up` waits for a rollout (the driver's DaemonSet, the UltraServer controller's Deployment):
+    0 (not at all) to MAX_ROLLOUT_TIMEOUT_SECONDS, whole seconds."""
+    if not _is_rollout_timeout(value):
+        raise SettingError(setting, value, ROLLOUT_TIMEOUT_ALLOWED)
 
 
 def setting_name(key: str) -> str:
@@ -763,9 +775,7 @@ class StackSettings(_Settings):
         "NeuronCore utilisation per pod and per claim; false opts out. Not privileged: it gets the node's devices "
         "through a DRA claim with admin access. Left out where the driver publishes NeuronCores (counters). "
         "docs/utilisation.md.", option="neuron_monitor")
-    driver_rollout_timeout_seconds: Annotated[StrictInt, rule(
-        lambda t: 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS,
-        f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds")] = _setting(
+    driver_rollout_timeout_seconds: Annotated[StrictInt, rule(_is_rollout_timeout, ROLLOUT_TIMEOUT_ALLOWED)] = _setting(
         DEFAULT_ROLLOUT_TIMEOUT_SECONDS, "How long `pulumi up` waits for the driver's DaemonSet to roll out (every "
         "scheduled pod updated and ready) before it fails; 0: do not wait (the DaemonSet is created and the update "
         "goes on).")

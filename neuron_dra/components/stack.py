@@ -210,7 +210,7 @@ def build_stack(
         provider = cluster.provider
         kubeconfig = cluster.kubeconfig
     cores = core_scale.choose(settings, driver_options(settings), templates)
-    core_scale.check(settings, cores, templates, pulumi.log.warn)
+    core_scale.check(settings, cores, cores.templates, pulumi.log.warn)
     driver = NeuronDraDriver("driver", NeuronDraDriverArgs(
         options=cores.options, image=settings.driver_image, image_registry=settings.driver_image_registry,
         source_dir=source_dir, cluster=cluster,
@@ -228,7 +228,7 @@ def build_stack(
     # Templates may name either DeviceClass (whole devices, NeuronCores): both exist first. Each is checked
     # against the node groups' nodes at their LNC.
     claim_templates = ClaimTemplates("claim-templates", ClaimTemplatesArgs(
-        templates=templates, instance_types=settings.check_targets, check=check, hardware=settings.hardware,
+        templates=cores.templates, instance_types=settings.check_targets, check=check, hardware=settings.hardware,
         driver=driver, efa_driver=efa_ref, scheduling_priced=True,
         efa_targets=None if efa_driver is None or settings.existing_cluster else settings.efa_check_targets,
     ), opts=pulumi.ResourceOptions(provider=provider))

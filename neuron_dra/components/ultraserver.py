@@ -2,12 +2,9 @@
 
 Applied from `neuron_dra.driver.deploy.ultraserver`'s dicts: ServiceAccount, ClusterRole and binding, the Lease Role
 and binding, the ValidatingAdmissionPolicy that keeps the controller to group slices, the DeviceClass
-`ultraserver.<driver name>` and the one-replica Deployment. The component adds two things to those objects:
-
-- the image: the driver component's own `image` Output, so the controller runs exactly the driver's image, built
-  here or given, whichever way the driver chose it;
-- the Neuron taint's toleration on the Deployment's pods: a stack whose only nodes are Neuron nodes (node groups
-  without a system group) has nowhere else to run it (CoreDNS does the same, components/cluster.py).
+`ultraserver.<driver name>` and the one-replica Deployment (its pods tolerate the Neuron taint: rendered there). The
+component adds one thing to those objects: the image, the driver component's own `image` Output, so the controller
+runs exactly the driver's image, built here or given, whichever way the driver chose it.
 
 Its namespaced objects wait for the driver's Namespace. The default stack creates it where a node group or
 Karpenter pool holds an UltraServer type (catalog `ultraserver`: trn2u.48xlarge, trn3p.48xlarge), or an existing
@@ -27,14 +24,14 @@ from typing import Any
 
 import pulumi
 
-from neuron_dra.components.driver import SKIP_AWAIT, NeuronDraDriver
-from neuron_dra.components.k8s_objects import create_object, resource_name
-from neuron_dra.components.settings import MAX_ROLLOUT_TIMEOUT_SECONDS, SettingError, StackSettings
+from neuron_dra.components.driver import NeuronDraDriver
+from neuron_dra.components.inputs import component_args, on_cluster
+from neuron_dra.components.k8s_objects import create_object, resource_name, rollout_wait
+from neuron_dra.components.settings import SettingError, StackSettings, check_rollout_timeout
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import Manifest
 from neuron_dra.driver.deploy import ultraserver as controller
 from neuron_dra.driver.model.catalog import Catalog
-from neuron_dra.driver.model.k8s_names import neuron_toleration
 
 # Fields of UltraServerControllerOptions the Args pass through (the options check them; errors name the Args field).
 _OPTION_FIELDS = ("name", "taint_effect", "resync_seconds")
@@ -66,13 +63,10 @@ class UltraServerGroupsArgs:
     def __post_init__(self) -> None:
         if not isinstance(self.driver, NeuronDraDriver):
             raise SettingError("UltraServerGroupsArgs.driver", self.driver, "a NeuronDraDriver")
-        t = self.rollout_timeout_seconds
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_ROLLOUT_TIMEOUT_SECONDS:
-            raise SettingError("UltraServerGroupsArgs.rollout_timeout_seconds", t,
-                               f"0 (do not wait for the rollout) or 1-{MAX_ROLLOUT_TIMEOUT_SECONDS} seconds")
+        check_rollout_timeout("UltraServerGroupsArgs.rollout_timeout_seconds", self.rollout_timeout_seconds)
         self.controller_options()
 
-    def controller_options(self, image: str = controller.DEFAULT_IMAGE) -> controller.UltraServerControllerOptions:
+    def controller_options(self, image: str = deploy.DEFAULT_IMAGE) -> controller.UltraServerControllerOptions:
         """The controller's options (the deploy module checks each value; its error is restated under the Args
         field). `image` is the driver's, known only once its Output resolves."""
         try:
@@ -108,12 +102,9 @@ class UltraServerGroups(pulumi.ComponentResource):
 
     def __init__(self, resource_name_: str, args: UltraServerGroupsArgs | None = None,
                  opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> None:
-        if args is not None and kwargs:
-            raise TypeError("UltraServerGroups: give either args or keyword arguments, not both")
-        args = args if args is not None else UltraServerGroupsArgs(**kwargs)
+        args = component_args("UltraServerGroups", UltraServerGroupsArgs, args, kwargs)
         driver = args.driver
-        if driver.cluster is not None:
-            opts = pulumi.ResourceOptions.merge(pulumi.ResourceOptions(provider=driver.cluster.provider), opts)
+        opts = on_cluster(driver.cluster, opts)
         super().__init__("neuron-dra:index:UltraServerGroups", resource_name_, None, opts)
         options = args.controller_options()
         self.driver_name = options.driver_name
@@ -132,7 +123,7 @@ class UltraServerGroups(pulumi.ComponentResource):
             overrides: dict[str, Any] | None = None
             if kind == "Deployment":
                 overrides = {"spec": self.image.apply(functools.partial(_pod_spec, manifest["spec"]))}
-                overrides["metadata"], child = _await(manifest, child, args.rollout_timeout_seconds)
+                overrides["metadata"], child = rollout_wait(manifest, child, args.rollout_timeout_seconds)
             obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)
             self.objects[deploy.object_key(manifest)] = obj
             by_kind.setdefault(kind, []).append(obj)
@@ -141,26 +132,10 @@ class UltraServerGroups(pulumi.ComponentResource):
 
 
 def _pod_spec(spec: Manifest, image: str) -> Manifest:
-    """The Deployment's spec as rendered, its container running the driver's `image` and its pods tolerating the
-    Neuron taint (once)."""
+    """The Deployment's spec as rendered, its container running the driver's `image`."""
     pod = spec["template"]["spec"]
     containers = [{**c, "image": image} for c in pod["containers"]]
-    tolerations = list(pod.get("tolerations") or ())
-    if neuron_toleration() not in tolerations:
-        tolerations.append(neuron_toleration())
-    return {**spec, "template": {**spec["template"],
-                                 "spec": {**pod, "containers": containers, "tolerations": tolerations}}}
-
-
-def _await(manifest: Manifest, opts: pulumi.ResourceOptions, timeout_seconds: int
-           ) -> tuple[Manifest, pulumi.ResourceOptions]:
-    metadata = dict(manifest["metadata"])
-    if timeout_seconds == 0:
-        metadata["annotations"] = {**metadata.get("annotations", {}), SKIP_AWAIT: "true"}
-        return metadata, opts
-    timeout = f"{timeout_seconds}s"
-    return metadata, pulumi.ResourceOptions.merge(
-        opts, pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout)))
+    return {**spec, "template": {**spec["template"], "spec": {**pod, "containers": containers}}}
 
 
 # What each object waits for (besides the driver's Namespace for namespaced ones).

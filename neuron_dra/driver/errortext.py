@@ -13,9 +13,11 @@ stack's settings, node groups and pools, and the driver's deployment options.
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 MAX_SHOWN = 200  # characters of a value's repr in an error message
 MAX_DIGITS = 40  # digits of an integer shown whole; longer ones are shown by their size only
@@ -75,6 +77,33 @@ def did_you_mean(name: str, candidates: Iterable[str], cutoff: float = 0.6) -> s
     else ''. One wording for every unknown name: instance types, families, attributes."""
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=cutoff)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+C = TypeVar("C", bound=type)
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def refuse_unknown_keywords(cls: C, make: Callable[[str, object, str], Exception],
+                            after: Callable[[Any, tuple[Any, ...], dict[str, Any]], None] | None = None) -> C:
+    """Wrap `cls.__init__` so that a keyword it does not take raises `make(field, keyword, allowed)`, the allowed
+    part listing its keywords and the closest one (`did_you_mean`), where Python would only say "unexpected keyword
+    argument"; `after(self, args, kwargs)` runs once the constructor has. The one rule behind the claim classes'
+    and the components' Args' `keyword_hints` (claim_templates/keywords.py, components/inputs.py)."""
+    init: Callable[..., None] = cls.__init__  # type: ignore[misc]
+    keywords = tuple(name for name, p in inspect.signature(init).parameters.items()
+                     if name != "self" and p.kind in _NAMED)
+
+    @functools.wraps(init)
+    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name in kwargs:
+            if name not in keywords:
+                raise make(f"{cls.__name__}() keyword", name, f"{', '.join(keywords)}{did_you_mean(name, keywords)}")
+        init(self, *args, **kwargs)
+        if after is not None:
+            after(self, args, kwargs)
+
+    cls.__init__ = checked_init  # type: ignore[misc]
+    return cls
 
 
 # --- pydantic's refusals in these words (every model of the project: settings, node groups and pools, the driver's

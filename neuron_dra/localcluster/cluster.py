@@ -95,7 +95,8 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
        driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = DEFAULT_MINOR, timeout: float = 300.0,
        log: Callable[[str], None] = lambda _m: None, catalog_file: Path | None = None,
        runtime: str = DEFAULT_RUNTIME, profile: str = DEFAULT_PROFILE, prometheus: bool = False,
-       network_policy: bool = False, core_partitions: str = LOCAL_CORE_PARTITIONS) -> LocalCluster:
+       network_policy: bool = False, driver: bool = True,
+       core_partitions: str = LOCAL_CORE_PARTITIONS) -> LocalCluster:
     """Start a local cluster in `cluster_dir` on Kubernetes `kubernetes_version` (a minor such as "1.36") and
     return when every node's kubelet reports Ready and its driver runs. `catalog_file` adds instance types
     (docs/catalog-file.md) for the nodes, their emulated hosts and their drivers. `runtime` is `containerd`
@@ -103,9 +104,11 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     driver runs as a host process). `profile` names the control plane's rate limits (controlplane/profiles.py).
     `prometheus`: a Prometheus scraping every node's driver (controlplane/prometheus.py; its URL is
     `LocalCluster.prometheus`). `network_policy`: NetworkPolicy enforced on every node by kube-router's policy
-    controller inside the node's network namespace (containerd only; localcluster/nodes/netpol.py).
-    `core_partitions`: the drivers publish NeuronCores (counters) where the minor serves them (`on`), or whole
-    devices only (`off`, as EKS 1.34-1.36 by default)."""
+    controller inside the node's network namespace (containerd only; localcluster/nodes/netpol.py). `driver`
+    False: containerd nodes with the driver's image imported but no driver installed, for installing it another
+    way (its Helm chart: docs/helm.md); ready when the nodes are. `core_partitions`: the drivers publish
+    NeuronCores (counters) where the minor serves them (`on`), or whole devices only (`off`, as EKS 1.34-1.36 by
+    default)."""
     catalog = load_catalog(catalog_file) if catalog_file else BUILTIN  # a bad file fails here, before any build
     nodes = parse_nodes(list(node_args), catalog)
     if not nodes:
@@ -121,6 +124,9 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     if network_policy and runtime != "containerd":
         raise ClusterError(f"--network-policy needs --runtime containerd (pods with network namespaces), not "
                            f"{runtime!r}")
+    if not driver and (runtime != "containerd" or prometheus):
+        raise ClusterError("--no-driver needs --runtime containerd (the driver then comes as a DaemonSet) and no "
+                           "--prometheus (it scrapes the driver the cluster installs)")
     try:
         require_root(os.geteuid())
     except KubeletError as e:
@@ -146,6 +152,8 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
         argv.append("--prometheus")
     if network_policy:
         argv.append("--network-policy")
+    if not driver:
+        argv.append("--no-driver")
     with (cluster_dir / LOG_FILE).open("ab") as logf:
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

@@ -249,10 +249,11 @@ def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], adm
                 cp: ControlPlane, binaries: Binaries, ports: kubelet.PortAllocator, deadline: float, *,
                 driver_name: str, catalog_file: Path | None, runtime: str, prometheus: bool,
                 network_policy: bool, controllers: list[LocalGroupController] | None = None,
-                core_partitions: str = LOCAL_CORE_PARTITIONS) -> list[ScrapeTarget]:
+                driver: bool = True, core_partitions: str = LOCAL_CORE_PARTITIONS) -> list[ScrapeTarget]:
     """Apply the driver's objects and start every node's agent, each appended to `agents` as it is made (the
     caller stops them), and the UltraServer group controller (into `controllers`) where nodes form UltraServers;
-    the drivers' scrape targets when `prometheus`."""
+    the drivers' scrape targets when `prometheus`. Without `driver` (containerd only) the nodes come up with the
+    driver's image but neither the driver's objects nor the group controller (a Helm install brings them)."""
     controllers = [] if controllers is None else controllers
     if runtime == "containerd":
         images = ensure_images()  # built by `cluster up` before it started us
@@ -266,13 +267,16 @@ def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], adm
         if network_policy:
             enforcer = build_kube_router()  # built by `cluster up` before it started us
             apply_all(admin, netpol.rbac_manifests())
-        apply_all(admin, [*deploy.manifests(options), efa_device_class()])
-        start_group_controller(controllers, cluster_dir, nodes, admin, cp, driver_name, options.namespace, deadline)
+        apply_all(admin, [*(deploy.manifests(options) if driver else []), efa_device_class()])
+        if driver:
+            start_group_controller(controllers, cluster_dir, nodes, admin, cp, driver_name, options.namespace,
+                                   deadline)
         agents += [ContainerdNodeAgent(cluster_dir, node, i, admin, cp, binaries, runtime_binaries, images,
                                        deadline, catalog_file, ports, enforcer)
                    for i, node in enumerate(nodes, 1)]
         start_all(agents)
-        wait_driver_ready(admin, options, [n.name for n in nodes], timeout=180.0)
+        if driver:
+            wait_driver_ready(admin, options, [n.name for n in nodes], timeout=180.0)
         write_references(images, cluster_dir / "images.json")
         return expose_drivers(admin, options, agents, ports, deadline - time.time()) if prometheus else []
     fakecri = build_fakecri()
@@ -288,7 +292,7 @@ def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], adm
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake",
         profile: str = DEFAULT_PROFILE, prometheus: bool = False, network_policy: bool = False,
-        core_partitions: str = LOCAL_CORE_PARTITIONS) -> int:
+        driver: bool = True, core_partitions: str = LOCAL_CORE_PARTITIONS) -> int:
     stop = threading.Event()
     set_on_signals(stop)
     procs.write_pid_file(cluster_dir / PID_FILE, procs.ref_of(os.getpid()))
@@ -309,7 +313,7 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice
         targets = start_nodes(agents, cluster_dir, nodes, admin, cp, binaries, ports, deadline, driver_name=driver_name,
                               catalog_file=catalog_file, runtime=runtime, prometheus=prometheus,
-                              network_policy=network_policy, controllers=controllers,
+                              network_policy=network_policy, controllers=controllers, driver=driver,
                               core_partitions=core_partitions)
         if prometheus:
             # A neuron-monitor stand-in per node (nodes/neuron_monitor_emulator.py): the utilisation panels' source.
@@ -383,13 +387,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prometheus", action="store_true")
     parser.add_argument("--network-policy", action="store_true")
     parser.add_argument("--profile", choices=list(PROFILES), default=DEFAULT_PROFILE)
+    parser.add_argument("--no-driver", dest="driver", action="store_false")
     parser.add_argument("--core-partitions", choices=CORE_PARTITION_CHOICES, default=LOCAL_CORE_PARTITIONS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     catalog = load_catalog(args.catalog) if args.catalog else BUILTIN
     return run(args.dir.resolve(), parse_nodes(args.node, catalog), args.ttl, args.driver_name,
                args.kubernetes_version, args.catalog.resolve() if args.catalog else None, args.runtime, args.profile,
-               args.prometheus, args.network_policy, args.core_partitions)
+               args.prometheus, args.network_policy, args.driver, args.core_partitions)
 
 
 if __name__ == "__main__":

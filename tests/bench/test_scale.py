@@ -62,7 +62,9 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
     for args, message in ((["--nodes", "0"], "--nodes '0': give whole numbers from 1 to 5000"),
                           (["--slices", "gpu"], "--slices gpu: not known; choose from ours, ours-aws-claims, aws"),
                           (["--shapes", "2-device"], "--shapes 2-device: not known"),
-                          (["--pprof-seconds", "0"], "--pprof-seconds 0: give 1 to 600")):
+                          (["--pprof-seconds", "0"], "--pprof-seconds 0: give 1 to 600"),
+                          (["--ultraserver", "--slices", "ours"],
+                           "--slices ours: not known; choose from ultra-ours, ultra-aws, ultra-ours-no-counters")):
         result = subprocess.run([sys.executable, str(BENCH), *args, "--dir", str(tmp_path)], capture_output=True,
                                 text=True, timeout=120)
         assert result.returncode != 0 and message in result.stderr, result.stderr
@@ -76,8 +78,9 @@ def test_the_ultraserver_job_shape_binds_every_job_pod_in_both_variants(tmp_path
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     cells = json.loads(out.read_text())["cells"]
     assert [c["slices"] for c in cells] == ["ultra-ours", "ultra-aws"]
-    # Nodes, their Neuron and EFA slices; ours adds a group slice per 4-node set and per half.
-    assert [c["objects"] for c in cells] == [8 * 3 + 2 * 3, 8 * 3]
+    # Nodes, their Neuron and EFA slices; ours adds per 4-node set its pool as on 1.36: the counter slice and a
+    # group slice for the whole and for each half.
+    assert [c["objects"] for c in cells] == [8 * 3 + 2 * 4, 8 * 3]
     for cell in cells:
         (b,) = cell["bursts"]
         assert b["shape"] == "ultraserver-job" and b["pods"] == b["scheduled"] == 8, b

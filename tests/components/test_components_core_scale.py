@@ -78,6 +78,28 @@ def test_a_neuroncores_template_turns_them_on_and_preview_says_the_cost(caplog: 
     assert 100 < worst.cpu_ms_per_pod < 10_000  # seconds' worth, not yet past the limit
 
 
+def test_a_custom_driver_name_reads_the_templates_with_its_own_class_names(caplog: pytest.LogCaptureFixture,
+                                                                           cores_module: str) -> None:
+    """A template that follows its driver names the renamed NeuronCore class: the stack's choice sees it (it
+    once read the default names, chose off, and the templates' own check then refused the stack)."""
+    run, warnings = plan(caplog, claimTemplatesModule=cores_module, driverName="neuron.example.com")
+    assert core_flag(run) == "on"
+    assert sorted(device_classes(run)) == ["cores.neuron.example.com", "neuron.example.com"]
+    (template,) = [m for m in stack_plan.kubernetes_manifests(run) if m["kind"] == "ResourceClaimTemplate"]
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "cores.neuron.example.com"
+    (warning,) = warnings
+    assert "(for claim template default/two-cores)" in warning
+
+
+def test_a_template_is_rendered_once_and_each_caller_gets_its_own_copy() -> None:
+    template = ClaimTemplate("two-cores", NeuronCores(2))
+    first, second = template.to_manifest(), template.to_manifest()
+    assert first == second and first is not second
+    first["spec"]["spec"]["devices"]["requests"].clear()
+    assert template.to_manifest() == second  # a caller's change does not reach the next one
+
+
 def test_a_core_extended_resource_turns_them_on(caplog: pytest.LogCaptureFixture) -> None:
     run, warnings = plan(caplog, coreExtendedResourceName="aws.amazon.com/neuroncore")
     assert core_flag(run) == "on"

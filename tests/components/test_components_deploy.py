@@ -168,7 +168,8 @@ def _container(options: DriverDeployOptions) -> dict[str, Any]:
 
 def _resolved_env(container: dict[str, Any]) -> dict[str, str]:
     """The container's environment as kubelet would set it on node `node-7` for pod uid `uid-1`."""
-    field_values = {"spec.nodeName": "node-7", "metadata.uid": "uid-1", "status.podIP": "10.0.0.7"}
+    field_values = {"spec.nodeName": "node-7", "metadata.uid": "uid-1", "status.podIP": "10.0.0.7",
+                    "status.hostIP": "10.0.0.1"}
     env = {}
     for var in container["env"]:
         env[var["name"]] = var["value"] if "value" in var else field_values[var["valueFrom"]["fieldRef"]["fieldPath"]]
@@ -195,6 +196,8 @@ def test_the_daemon_parses_the_daemonset_and_every_path_it_writes_is_mounted_at_
     assert env["POD_UID"] == "uid-1"
     # Health and metrics listen on the pod IP only (where kubelet's probe connects), not on every address.
     assert daemon.bind_address == "10.0.0.7"
+    # kubelet's probe comes from the node's address: the health port's lane of its own for it.
+    assert daemon.node_addresses == ("10.0.0.1",)
 
     volumes = {v["name"]: v for v in pod["volumes"]}
     writable: dict[str, str] = {}
@@ -222,7 +225,7 @@ def test_the_daemon_parses_the_daemonset_and_every_path_it_writes_is_mounted_at_
 def test_daemonset_env_matches_awss_chart() -> None:
     env = _resolved_env(_container(DriverDeployOptions()))
     assert env == {
-        "NODE_NAME": "node-7", "POD_UID": "uid-1", "POD_IP": "10.0.0.7",
+        "NODE_NAME": "node-7", "POD_UID": "uid-1", "POD_IP": "10.0.0.7", "HOST_IP": "10.0.0.1",
         "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins",
         "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
         "CDI_ROOT": "/var/run/cdi", "HEALTHCHECK_PORT": "51515", "UNHEALTHY_TAINT_EFFECT": "NoSchedule",

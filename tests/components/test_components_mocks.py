@@ -4,6 +4,7 @@ traceback when collected: 200,000+ lines over a passing test run, issue 39)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 
@@ -44,3 +45,13 @@ def test_a_failed_run_leaves_no_unretrieved_future(caplog: pytest.LogCaptureFixt
     run_offline(lambda: None)  # a new run drops the failed runs' state
     gc.collect()
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+def test_a_run_after_asyncio_run_still_has_an_event_loop() -> None:
+    """asyncio.run() (as an asyncio server's test does) leaves the main thread without a current loop; the next
+    offline run, in the same process, makes its own instead of failing with "no current event loop"."""
+    async def nothing() -> None:
+        return None
+
+    asyncio.run(nothing())
+    assert run_offline(lambda: pulumi.export("after", 1)).exports == {"after": 1}

@@ -13,8 +13,8 @@ import pytest
 from pulumi.provider.experimental.component import ComponentProvider
 
 from neuron_dra.claim_templates.loader import LoadError
-from neuron_dra.components import provider
-from neuron_dra.components.mocks import run_offline
+from neuron_dra.components import plan, provider
+from neuron_dra.components.mocks import PlanMocks, run_offline
 
 TEMPLATES = '''
 from neuron_dra.claim_templates import ClaimTemplate, Connected, Neuron
@@ -32,7 +32,9 @@ def schema() -> dict[str, Any]:
 
 def test_the_inferred_schema_lists_the_components_with_their_inputs_and_outputs() -> None:
     resources = schema()["resources"]
-    assert set(resources) == {f"neuron-dra:index:{c}" for c in ("TrainiumCluster", "NeuronDraDriver", "ClaimTemplates")}
+    assert set(resources) == {f"neuron-dra:index:{c}" for c in (
+        "TrainiumCluster", "TrainiumNodeGroup", "TrainiumKarpenter", "TrainiumNodePool", "NeuronDraDriver",
+        "ClaimTemplates")}
     cluster = resources["neuron-dra:index:TrainiumCluster"]
     assert {"clusterName", "kubernetesVersion", "vpcId", "privateSubnetIds", "vpcCniIdentity", "tags"} <= set(
         cluster["inputProperties"])
@@ -112,3 +114,153 @@ def test_the_cluster_adapter_passes_its_inputs_to_the_python_component() -> None
     bad: provider.TrainiumClusterArgs = {"vpc_cni_identity": "instanceProfile"}
     with pytest.raises(ValueError, match="vpc_cni_identity"):
         run_offline(lambda: provider.TrainiumCluster("c", bad))
+
+
+def test_the_schema_lists_node_groups_karpenter_and_pools_placed_by_the_clusters_outputs() -> None:
+    resources = schema()["resources"]
+    group = resources["neuron-dra:index:TrainiumNodeGroup"]
+    assert set(group["requiredInputs"]) == {"clusterName", "vpcId", "clusterSecurityGroupId", "kubernetesVersion"}
+    assert {"instanceType", "desiredSize", "candidateSubnetIds", "availabilityZones", "capacityReservationId",
+            "lnc", "efaInterfaceType", "installCoredns"} <= set(group["inputProperties"])
+    assert "cluster" not in group["inputProperties"]  # the object cannot cross (docs/components.md)
+    assert group["inputProperties"]["desiredSize"]["type"] == "integer"
+    assert {"checkTarget", "nodeGroupArn", "roleArn", "subnetIds", "launchTemplateId"} <= set(group["required"])
+    assert "TrainiumCluster's clusterSecurityGroupId" in group["inputProperties"]["clusterSecurityGroupId"][
+        "description"]  # each input says which output feeds it
+    karpenter = resources["neuron-dra:index:TrainiumKarpenter"]
+    assert set(karpenter["requiredInputs"]) == {"clusterName", "subnetIds", "kubernetesVersion"}
+    assert {"nodeRoleName", "nodeRoleArn", "controllerRoleArn", "queueName", "chartVersion"} == set(
+        karpenter["properties"])
+    pool = resources["neuron-dra:index:TrainiumNodePool"]
+    assert set(pool["requiredInputs"]) == {"nodeRoleName", "subnetIds", "securityGroupIds"}
+    assert {"instanceTypes", "replicas", "capacityReservationId", "kubeconfig"} <= set(pool["inputProperties"])
+    assert {"checkTargets", "nodeLimit", "efaCount"} <= set(pool["properties"])
+    assert "efaCount" not in pool["required"]
+
+
+def _cluster_then(build: Any) -> Any:
+    """A program as a YAML one composes it: the cluster adapter, then `build(cluster)` wiring its outputs (Outputs,
+    as the engine hands them on) into the next adapter."""
+    def program() -> Any:
+        c = provider.TrainiumCluster("c", {"cluster_name": "team-a", "kubernetes_version": "1.36",
+                                           "availability_zones": ["us-east-2a", "us-east-2b"]})
+        return c, build(c)
+    return program
+
+
+def adapter(run: Any, component: str) -> Any:
+    """The adapter of `component` (the parent of the Python component of the same type token)."""
+    found = run.of_type(f"neuron-dra:index:{component}")
+    (outer,) = [r for r in found if any(inner.parent == r.urn for inner in found)]
+    return outer
+
+
+def coredns_of(run: Any) -> Any:
+    (addon,) = [a for a in run.of_type("aws:eks/addon:Addon") if a.plain_inputs["addonName"] == "coredns"]
+    return addon
+
+
+def cluster_security_group(run: Any) -> str:
+    """The cluster security group id the mocked EKS cluster reports (PlanMocks)."""
+    from neuron_dra.components.mocks import _hex
+
+    return f"sg-{_hex(run.one('eks:index:Cluster').plain_inputs['name'] + 'cluster')}"
+
+
+def test_the_node_group_adapter_places_the_group_by_the_clusters_outputs() -> None:
+    def build(c: provider.TrainiumCluster) -> provider.TrainiumNodeGroup:
+        wire: Any = {  # numbers as the host hands them on: doubles
+            "cluster_name": c.cluster_name, "vpc_id": c.vpc_id,
+            "cluster_security_group_id": c.cluster_security_group_id, "kubernetes_version": "1.36",
+            "candidate_subnet_ids": c.private_subnet_ids, "availability_zones": ["us-east-2b"],
+            "instance_type": "trn2.48xlarge", "desired_size": 2.0, "max_size": 4.0, "lnc": 1.0,
+            "install_coredns": True}
+        return provider.TrainiumNodeGroup("trn2", wire, pulumi.ResourceOptions(depends_on=[c]))
+
+    mocks = PlanMocks()
+    run = run_offline(_cluster_then(build), exports=lambda r: outputs(r[1], ["name", "check_target", "subnet_ids",
+                                                                             "lnc"]), mocks=mocks)
+    cluster = run.one("eks:index:Cluster").plain_inputs
+    group = run.one("aws:eks/nodeGroup:NodeGroup").plain_inputs
+    assert group["clusterName"] == cluster["name"] == "team-a"
+    assert group["amiType"] == "AL2023_x86_64_NEURON" and group["instanceTypes"] == ["trn2.48xlarge"]
+    assert group["scalingConfig"] == {"desiredSize": 2, "minSize": 0, "maxSize": 4}
+    assert group["version"] == "1.36"
+    assert group["labels"]["neuron-dra/lnc"] == "1"
+    assert group["taints"] == [{"key": "aws.amazon.com/neuron", "value": "true", "effect": "NO_SCHEDULE"}]
+    # An EFA group: one subnet, the cluster's private subnet in its AZ, chosen from the cluster's outputs.
+    (subnet,) = group["subnetIds"]
+    assert mocks.subnet_zones[subnet] == "us-east-2b"
+    assert run.exports["subnet_ids"] == [subnet]
+    template = run.one("aws:ec2/launchTemplate:LaunchTemplate").plain_inputs
+    interfaces = template["networkInterfaces"]  # every EFA interface has the cluster's security group first
+    assert len(interfaces) == 16
+    assert {i["securityGroups"][0] for i in interfaces} == {cluster_security_group(run)}
+    assert template["metadataOptions"]["httpTokens"] == "required"
+    # dependsOn the cluster reaches the EKS node group: the VPC CNI's identity exists before its nodes.
+    association = next(r for r in run.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+                       if r.plain_inputs["serviceAccount"] == "aws-node")
+    assert association.urn in run.one("aws:eks/nodeGroup:NodeGroup").dependencies
+    addon = coredns_of(run)
+    assert addon.plain_inputs["clusterName"] == "team-a"
+    assert run.one("aws:eks/nodeGroup:NodeGroup").urn in addon.dependencies  # after the group's nodes
+    assert run.exports == {"name": "trn2", "check_target": "trn2.48xlarge:lnc=1", "subnet_ids": [subnet],
+                           "lnc": 1}
+
+
+def test_the_node_group_adapter_refuses_what_the_python_args_refuse_naming_it() -> None:
+    base: dict[str, Any] = {"cluster_name": "c1", "vpc_id": "vpc-0123456789abcdef0",
+                            "cluster_security_group_id": "sg-0cluster0000000000", "kubernetes_version": "1.36",
+                            "candidate_subnet_ids": ["subnet-0000000000000000a"],
+                            "availability_zones": ["us-east-2a"]}
+    with pytest.raises(ValueError, match=r"instance_type|instanceType"):
+        run_offline(lambda: provider.TrainiumNodeGroup("g", {**base, "instance_type": "trn2.48xlarg"}))  # type: ignore[typeddict-item]
+    with pytest.raises(ValueError, match="candidate_subnet_ids"):
+        run_offline(lambda: provider.TrainiumNodeGroup("g", {**base, "candidate_subnet_ids": []}))  # type: ignore[typeddict-item]
+    with pytest.raises(ValueError, match="imds_hop_limit"):
+        run_offline(lambda: provider.TrainiumNodeGroup("g", {**base, "imds_hop_limit": 1.5}))  # type: ignore[typeddict-item]
+
+
+def test_karpenter_and_a_pool_from_the_outputs_of_the_cluster_and_of_karpenter() -> None:
+    def build(c: provider.TrainiumCluster) -> Any:
+        k = provider.TrainiumKarpenter("karpenter", {
+            "cluster_name": c.cluster_name, "subnet_ids": c.private_subnet_ids, "kubernetes_version": "1.36",
+            "kubeconfig": c.kubeconfig, "install_coredns": True})
+        wire: Any = {
+            "node_role_name": k.node_role_name, "subnet_ids": c.private_subnet_ids,
+            "security_group_ids": c.cluster_security_group_id.apply(lambda sg: [sg]),
+            "instance_types": ["trn2.48xlarge"], "replicas": 2.0, "capacity_reservation_id": "cr-0123456789abcdef0",
+            "availability_zone": "us-east-2a",
+            "kubeconfig": c.kubeconfig}
+        pool = provider.TrainiumNodePool("reserved", wire, pulumi.ResourceOptions(depends_on=[k]))
+        return k, pool
+
+    run = run_offline(_cluster_then(build), exports=lambda r: {
+        **outputs(r[1][0], ["node_role_name", "chart_version"]),
+        **outputs(r[1][1], ["name", "check_targets", "node_limit", "efa_count"])})
+    role = next(r for r in run.of_type("aws:iam/role:Role") if r.name == "karpenter-node-role")
+    access = run.one("aws:eks/accessEntry:AccessEntry").plain_inputs
+    assert access["clusterName"] == "team-a" and access["type"] == "EC2_LINUX"
+    system = run.one("aws:eks/nodeGroup:NodeGroup").plain_inputs
+    assert system["clusterName"] == "team-a" and system["version"] == "1.36"
+    assert len(system["subnetIds"]) == 2  # the cluster's private subnets, one an AZ
+    release = run.one("kubernetes:helm.sh/v3:Release").plain_inputs
+    assert release["values"]["settings"]["clusterName"] == "team-a"
+    (node_class,) = [m for m in plan.kubernetes_manifests(run) if m["kind"] == "EC2NodeClass"]
+    assert node_class["spec"]["role"] == run.exports["node_role_name"]
+    assert node_class["spec"]["subnetSelectorTerms"] == [{"id": s} for s in system["subnetIds"]]
+    assert node_class["spec"]["securityGroupSelectorTerms"] == [{"id": cluster_security_group(run)}]
+    assert node_class["spec"]["capacityReservationSelectorTerms"] == [{"id": "cr-0123456789abcdef0"}]
+    (node_pool,) = [m for m in plan.kubernetes_manifests(run) if m["kind"] == "NodePool"]
+    assert node_pool["spec"]["replicas"] == 2
+    pool_resource = next(r for r in run.of_type("kubernetes:karpenter.sh/v1:NodePool"))
+    # The pool's Kubernetes objects go through the kubeconfig's provider, and wait for Karpenter (its CRDs).
+    assert "reserved-k8s" in pool_resource.provider
+    chart = run.one("kubernetes:helm.sh/v3:Release").urn
+    assert chart in pool_resource.dependencies
+    assert chart in next(iter(run.of_type("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"))).dependencies
+    assert run.one("aws:eks/nodeGroup:NodeGroup").urn in coredns_of(run).dependencies
+    assert role.plain_inputs["assumeRolePolicy"]
+    assert run.exports == {"node_role_name": run.exports["node_role_name"], "chart_version": "1.15.0",
+                           "name": "reserved", "check_targets": ["trn2.48xlarge"], "node_limit": 2,
+                           "efa_count": 16}

@@ -53,9 +53,15 @@ def test_get_schema_lists_the_components_with_their_inputs(tmp_path: Path) -> No
     schema = json.loads(done.stdout)
     assert schema["name"] == "neuron-dra"
     resources = schema["resources"]
-    assert set(resources) == {f"neuron-dra:index:{c}" for c in ("TrainiumCluster", "NeuronDraDriver", "ClaimTemplates")}
+    assert set(resources) == {f"neuron-dra:index:{c}" for c in (
+        "TrainiumCluster", "TrainiumNodeGroup", "TrainiumKarpenter", "TrainiumNodePool", "NeuronDraDriver",
+        "ClaimTemplates")}
     assert {"options", "image", "kubernetesVersion", "kubeconfig"} <= set(
         resources["neuron-dra:index:NeuronDraDriver"]["inputProperties"])
+    assert {"clusterName", "vpcId", "clusterSecurityGroupId", "candidateSubnetIds", "installCoredns"} <= set(
+        resources["neuron-dra:index:TrainiumNodeGroup"]["inputProperties"])
+    assert set(resources["neuron-dra:index:TrainiumNodePool"]["requiredInputs"]) == {
+        "nodeRoleName", "subnetIds", "securityGroupIds"}
     assert resources["neuron-dra:index:ClaimTemplates"]["requiredInputs"] == ["templatesFile"]
 
 
@@ -94,6 +100,42 @@ def test_a_yaml_program_reaches_the_components_checks(tmp_path: Path) -> None:
     out = done.stdout + done.stderr
     assert "claim template team-ml/rows cannot be satisfied by the cluster's node groups (trn1.2xlarge)" in out, \
         out[-3000:]
+
+
+def test_a_yaml_programs_node_group_reaches_the_args_checks(tmp_path: Path) -> None:
+    """A YAML program's TrainiumNodeGroup, placed by plain values as a cluster's outputs would place it, reaches
+    TrainiumNodeGroupArgs: an instance type typo fails the preview naming the field and the closest type (before
+    any AWS resource is planned: the AWS side cannot run here; tests/components/test_components_provider.py checks
+    the resources under mocks)."""
+    env = cli_env(tmp_path)
+    work = tmp_path / "team"
+    work.mkdir()
+    (work / "Pulumi.yaml").write_text(textwrap.dedent(f"""\
+        name: team
+        runtime: yaml
+        plugins:
+          providers:
+            - name: neuron-dra
+              path: {PLUGIN}
+        resources:
+          trn2:
+            type: neuron-dra:TrainiumNodeGroup
+            properties:
+              clusterName: team-a
+              vpcId: vpc-0123456789abcdef0
+              clusterSecurityGroupId: sg-0123456789abcdef0
+              candidateSubnetIds: [subnet-0123456789abcdef0]
+              kubernetesVersion: "1.36"
+              availabilityZones: [us-east-2b]
+              instanceType: trn2.48xlarg
+              desiredSize: 2
+        """))
+    pulumi(["stack", "init", "dev"], work, env)
+    done = pulumi(["preview", "--non-interactive"], work, env, check=False)
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "TrainiumNodeGroupArgs('trn2').instance_type: 'trn2.48xlarg' is not allowed" in out, out[-3000:]
+    assert "did you mean 'trn2.48xlarge'?" in out, out[-3000:]
 
 
 TEAM_YAML = """\

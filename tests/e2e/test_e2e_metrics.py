@@ -20,16 +20,11 @@ from kubernetes import client, config
 
 from neuron_dra.cli import main as cli_main
 from neuron_dra.cli.emulate_utilisation import parse_cores
-from neuron_dra.driver.deploy.dashboard import (
-    PANELS,
-    UTILISATION_PER_CLAIM,
-    UTILISATION_PER_POD,
-    dashboard_json,
-    panel_exprs,
-)
+from neuron_dra.driver.deploy.dashboard import UTILISATION_PER_CLAIM, UTILISATION_PER_POD
 from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.controlplane.prometheus import query, targets_up
 from neuron_dra.localcluster.processes.podlogs import container_log, workload_report
+from tests.support import promql
 from tests.support.e2e import NEURON_TOLERATION, claim_template, eventually, raw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd, pytest.mark.gobuild, pytest.mark.slow]
@@ -38,7 +33,6 @@ DRIVER = "neuron.aws.com"
 CORES = "neuroncore.aws.com"
 NODE1, NODE2 = "trn2-48xlarge-1", "trn2-48xlarge-2"
 NS = "metrics"
-RATE_INTERVAL = "1m"  # what Grafana puts for $__rate_interval at a 15 s scrape; the test's Prometheus scrapes every 2 s
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +118,7 @@ def test_prometheus_names_the_pod_holding_neuron_device_3_and_its_cores(
     assert reserved == ["holder"]
 
     expr = f'neuron_dra_claim_device_info{{node="{NODE1}", device="neuron-device-3"}}'
-    answer = eventually(lambda: query(url, expr) or None, 60, what=expr)
-    (series,) = answer
+    (series,) = promql.series(url, expr, 60)
     labels = series["metric"]
     assert (labels["namespace"], labels["pod"], labels["claim"]) == (NS, reserved[0], claim["metadata"]["name"])
     assert labels["request"] == "neuron"
@@ -133,8 +126,7 @@ def test_prometheus_names_the_pod_holding_neuron_device_3_and_its_cores(
 
     small = claim_of(kapi, "small")
     (core_device,) = [r["device"] for r in small["status"]["allocation"]["devices"]["results"]]
-    answer = eventually(lambda: query(url, 'neuron_dra_claim_device_info{pod="small"}') or None, 60,
-                        what="the small pod's series")
+    answer = promql.series(url, 'neuron_dra_claim_device_info{pod="small"}', 60, what="the small pod's series")
     assert [(s["metric"]["node"], s["metric"]["device"], s["metric"]["neuroncores"]) for s in answer] == [
         (NODE2, core_device, workloads["small"]["NEURON_RT_VISIBLE_CORES"])]
 
@@ -150,22 +142,11 @@ def test_every_query_of_the_dashboard_returns_data(cluster: LocalCluster,
     for c in cores:
         assert cli_main(["emulate-utilisation", str(cluster.dir), "--node", NODE1, "--runtime-tag", str(c),
                          "--cores", str(c), "--ratio", str(c / 100), "--device-memory", "64"]) == 0
-    exprs = panel_exprs(dashboard_json())
-    assert len(exprs) == sum(len(p.queries) for p in PANELS)
-    answers: dict[str, list[dict[str, Any]]] = {}
-    for title, expr in exprs:
-        concrete = expr.replace("$__rate_interval", RATE_INTERVAL)
-
-        def data(concrete: str = concrete) -> list[dict[str, Any]] | None:
-            return query(url, concrete) or None
-
-        answers[expr] = eventually(data, 90, what=f"data for panel {title!r}: {concrete}")
+    answers = promql.dashboard_answers(url, 90)
     # The join: the holder's utilisation is the mean of its cores' (neuron-monitor's ids are the cores it sees).
-    per_pod = {(s["metric"]["namespace"], s["metric"]["pod"]): float(s["value"][1])
-               for s in answers[UTILISATION_PER_POD]}
-    assert per_pod == {(NS, "holder"): pytest.approx(sum(cores) / len(cores) / 100)}
-    per_claim = {s["metric"]["claim"]: float(s["value"][1]) for s in answers[UTILISATION_PER_CLAIM]}
-    assert per_claim == {"device-3": pytest.approx(sum(cores) / len(cores) / 100)}
+    mean = pytest.approx(sum(cores) / len(cores) / 100)
+    assert promql.values(answers[UTILISATION_PER_POD], "namespace", "pod") == {(NS, "holder"): mean}
+    assert promql.values(answers[UTILISATION_PER_CLAIM], "claim") == {("device-3",): mean}
 
 
 def test_the_series_go_with_the_pod(cluster: LocalCluster, kapi: client.ApiClient,
@@ -174,7 +155,7 @@ def test_the_series_go_with_the_pod(cluster: LocalCluster, kapi: client.ApiClien
     url = cluster.prometheus
     core = client.CoreV1Api(kapi)
     core.delete_namespaced_pod("holder", NS, grace_period_seconds=0)
-    eventually(lambda: not query(url, 'neuron_dra_claim_device_info{pod="holder"}') or None, 90,
-               what="the holder's series gone after its claim was unprepared")
+    promql.gone(url, 'neuron_dra_claim_device_info{pod="holder"}', 90,
+                what="the holder's series gone after its claim was unprepared")
     free = query(url, f'neuron_dra_node_devices{{node="{NODE1}", state="free"}}')
     assert [s["value"][1] for s in free] == ["16"]

@@ -3,7 +3,8 @@ kube-apiserver, kube-scheduler and kubelets: the group controller publishes one 
 node selector names exactly its members; a 4-pod `UltraServerJob` runs one pod per node of the 4-node UltraServer
 with the UltraServer environment in every container (prepared by each member's driver from the shared claim); a
 second such job binds no pod while the first runs and runs there once it is gone; a 2-pod job takes the 2-node
-UltraServer; a member's device fault taints its groups (docs/ultraserver.md)."""
+UltraServer; the whole and a half of one UltraServer exclude each other through shared counters (1.36); a
+member's device fault taints its groups (docs/ultraserver.md)."""
 
 from __future__ import annotations
 
@@ -65,15 +66,20 @@ def _class_file(cluster: LocalCluster, node: str, name: str) -> str:
 
 
 def _group_slices(api: client.ApiClient) -> dict[str, dict[str, Any]]:
+    """The group slices by name: on 1.36 the 4-node UltraServer's pool holds its counter slice and the slices of
+    its whole and its two halves."""
     items = raw(client.ResourceV1Api(api).list_resource_slice(_preload_content=False))["items"]
-    return {s["spec"]["pool"]["name"]: s for s in items if us.is_group_slice(s, DRIVER)}
+    return {s["metadata"]["name"]: s for s in items if us.is_group_slice(s, DRIVER)}
 
 
 def _groups_ready(api: client.ApiClient) -> dict[str, dict[str, Any]] | None:
-    """The group slices once there are the two UltraServers and the two halves of the 4-node one, none tainted."""
+    """The group slices once there are the two UltraServers and the two halves of the 4-node one, none tainted,
+    and the 4-node one's counters."""
     found = _group_slices(api)
     devices = [d for s in found.values() for d in s["spec"].get("devices") or ()]
-    return found if len(found) == 4 and len(devices) == 4 and not any(d.get("taints") for d in devices) else None
+    counters = [s for s in found.values() if s["spec"].get("sharedCounters")]
+    return found if len(found) == 5 and len(devices) == 4 and len(counters) == 1 and not any(
+        d.get("taints") for d in devices) else None
 
 
 def test_one_group_device_per_ultraserver_selects_exactly_its_members(cluster: LocalCluster,
@@ -81,16 +87,20 @@ def test_one_group_device_per_ultraserver_selects_exactly_its_members(cluster: L
     assert sorted(ultraservers(list(cluster.nodes)).values()) == [FOUR, TWO]
     found = eventually(lambda: _groups_ready(api), 120, what="the group slices of both UltraServers")
     whole = {s["spec"]["devices"][0]["attributes"]["nodeCount"]["int"]: s for s in found.values()
-             if s["spec"]["devices"][0]["name"] == us.WHOLE_DEVICE}
+             if s["spec"].get("devices") and s["spec"]["devices"][0]["name"] == us.WHOLE_DEVICE}
     assert sorted(whole) == [2, 4]
     assert us.selected_nodes(whole[4]["spec"]["nodeSelector"]) == FOUR
     assert us.selected_nodes(whole[2]["spec"]["nodeSelector"]) == TWO
     assert whole[4]["spec"]["pool"]["name"] == f"ultraserver-4/{_class_file(cluster, FOUR[0], 'server_id_4')}"
     attrs = whole[4]["spec"]["devices"][0]["attributes"]
     assert attrs["instanceType"] == {"string": "trn2u.48xlarge"} and attrs["ultraserverMode"] == {"int": 4}
-    halves = sorted(us.selected_nodes(s["spec"]["nodeSelector"]) for s in found.values()
-                    if s["spec"]["devices"][0]["name"] == us.HALF_DEVICE)
-    assert halves == [FOUR[:2], FOUR[2:]]
+    halves = sorted((us.selected_nodes(s["spec"]["nodeSelector"]), s["spec"]["devices"][0]["name"],
+                     s["spec"]["pool"]["name"]) for s in found.values()
+                    if s["spec"].get("devices") and s["spec"]["devices"][0]["name"].startswith(us.HALF_DEVICE))
+    pool = whole[4]["spec"]["pool"]["name"]
+    assert halves == [(FOUR[:2], f"{us.HALF_DEVICE}-0", pool), (FOUR[2:], f"{us.HALF_DEVICE}-1", pool)]
+    (counters,) = [s for s in found.values() if s["spec"].get("sharedCounters")]
+    assert counters["spec"]["pool"]["name"] == pool and us.selected_nodes(counters["spec"]["nodeSelector"]) == FOUR
     device_class = raw(client.ResourceV1Api(api).read_device_class(f"ultraserver.{DRIVER}", _preload_content=False))
     assert "ultraserver" in device_class["spec"]["selectors"][0]["cel"]["expression"]
 
@@ -181,19 +191,19 @@ def test_a_members_device_fault_taints_its_groups_after_a_controller_crash(clust
     root = cluster.node_paths(node).host_root
     inject_fault(root, 5)
 
-    def tainted() -> list[str] | None:
-        names = sorted(s["spec"]["pool"]["name"] for s in _group_slices(api).values()
+    def tainted() -> list[tuple[str, str]] | None:
+        names = sorted((s["spec"]["pool"]["name"], d["name"]) for s in _group_slices(api).values()
                        for d in s["spec"].get("devices") or ()
                        if any(t["key"] == f"{DRIVER}/unhealthy" for t in d.get("taints") or ()))
         return names if len(names) == 2 else None
 
-    pools = eventually(tainted, 90, what="the member's groups tainted")
-    server_id_2 = _class_file(cluster, node, "server_id_2")
-    assert pools == sorted([f"ultraserver-4/{_class_file(cluster, node, 'server_id_4')}",
-                            f"ultraserver-2/{us.sanitised_id(server_id_2)}"])  # the whole and the member's half
+    found = eventually(tainted, 90, what="the member's groups tainted")
+    pool = f"ultraserver-4/{_class_file(cluster, node, 'server_id_4')}"
+    assert found == [(pool, us.WHOLE_DEVICE), (pool, f"{us.HALF_DEVICE}-1")]  # the whole and the member's half
     after = _group_slices(api)
-    assert {p: after[p]["metadata"]["resourceVersion"] for p in versions if p not in pools} == {
-        p: v for p, v in versions.items() if p not in pools}  # the others were not rewritten by either controller
+    others = [n for n, s in before.items() if s["spec"]["pool"]["name"] != pool]
+    assert others and {n: after[n]["metadata"]["resourceVersion"] for n in others} == {
+        n: versions[n] for n in others}  # the other UltraServer's pool was not rewritten by either controller
     clear_faults(root, 5)
     eventually(lambda: _groups_ready(api), 120, what="the taints cleared once the device is healthy again")
 
@@ -211,3 +221,81 @@ def test_a_member_that_leaves_taints_its_group(cluster: LocalCluster, api: clien
         return taints[0]["value"] if taints else None
 
     assert eventually(missing, 90, what="the 2-node group tainted member-missing") == "1-of-2"
+
+
+def _group_claim(name: str, nodes: int, ultraserver_id: str) -> dict[str, Any]:
+    """A claim for one group device of `nodes` nodes of one UltraServer (by its ultraserverId)."""
+    d = f'device.attributes["{DRIVER}"]'
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "group", "exactly": {
+                "deviceClassName": f"ultraserver.{DRIVER}",
+                "selectors": [{"cel": {"expression": f"{d}.nodeCount == {nodes} && "
+                                                     f"{d}.ultraserverId == '{ultraserver_id}'"}}]}}]}}}
+
+
+def _claim_pod(name: str, claim: str) -> dict[str, Any]:
+    """A pod holding only the group claim (no node device), so only the group device can keep it out."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"tolerations": [NEURON_TOLERATION], "terminationGracePeriodSeconds": 0,
+                     "resourceClaims": [{"name": "group", "resourceClaimName": claim}],
+                     "containers": [{"name": "main", "image": "public.ecr.aws/neuron/pytorch-training:emulated",
+                                     "resources": {"claims": [{"name": "group"}]}}]}}
+
+
+def test_the_whole_and_a_half_of_one_ultraserver_exclude_each_other(api: client.ApiClient) -> None:
+    """Shared counters (1.36): with the 4-node group allocated, a claim for a half of the same UltraServer stays
+    unallocated, its pod unschedulable; once the whole is released the half is allocated, and then a claim for the
+    whole stays unallocated."""
+    def four_ready() -> dict[str, Any] | None:
+        """The 4-node UltraServer's whole slice, once its pool's four slices are there and untainted (the 2-node
+        UltraServer may have lost a member to an earlier test)."""
+        found = _group_slices(api).values()
+        whole = [s for s in found if s["spec"].get("devices") and us.selected_nodes(s["spec"]["nodeSelector"]) == FOUR]
+        if len(whole) != 1:
+            return None
+        pool = [s for s in found if s["spec"]["pool"]["name"] == whole[0]["spec"]["pool"]["name"]]
+        if len(pool) != 4 or any(d.get("taints") for s in pool for d in s["spec"].get("devices") or ()):
+            return None
+        return whole[0]
+
+    four = eventually(four_ready, 120, what="the 4-node UltraServer's group slices")
+    ultraserver_id = four["spec"]["devices"][0]["attributes"]["ultraserverId"]["string"]
+    core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
+    ns = "ultra-counters"
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]
+    try:
+        eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
+                               for sa in core.list_namespaced_service_account(ns).items), 30, what="service account")
+
+        def allocation(claim: str) -> dict[str, Any] | None:
+            found: dict[str, Any] | None = raw(res.read_namespaced_resource_claim(
+                claim, ns, _preload_content=False)).get("status", {}).get("allocation")
+            return found
+
+        def running(pod: str) -> bool:
+            return bool(raw(core.read_namespaced_pod(pod, ns, _preload_content=False)).get(
+                "status", {}).get("phase") == "Running")
+
+        for claim, nodes in (("whole", 4), ("half", 2), ("whole-again", 4)):
+            res.create_namespaced_resource_claim(ns, _group_claim(claim, nodes, ultraserver_id))  # type: ignore[arg-type]
+        core.create_namespaced_pod(ns, _claim_pod("whole", "whole"))  # type: ignore[arg-type]
+        eventually(lambda: running("whole"), 120, what="the whole's pod running")
+        core.create_namespaced_pod(ns, _claim_pod("half", "half"))  # type: ignore[arg-type]
+        eventually(lambda: unschedulable(core, ns, "half"), 90, what="the half's pod unschedulable")
+        assert allocation("half") is None
+        (result,) = allocation("whole")["devices"]["results"]  # type: ignore[index]
+        assert (result["pool"], result["device"]) == (four["spec"]["pool"]["name"], us.WHOLE_DEVICE)
+
+        core.delete_namespaced_pod("whole", ns, grace_period_seconds=0)
+        eventually(lambda: running("half"), 180, what="the half's pod running once the whole is released")
+        (half,) = allocation("half")["devices"]["results"]  # type: ignore[index]
+        assert half["pool"] == four["spec"]["pool"]["name"] and half["device"].startswith(f"{us.HALF_DEVICE}-")
+        assert us.selected_nodes(allocation("half")["nodeSelector"]) in (FOUR[:2], FOUR[2:])  # type: ignore[index]
+
+        core.create_namespaced_pod(ns, _claim_pod("whole-again", "whole-again"))  # type: ignore[arg-type]
+        eventually(lambda: unschedulable(core, ns, "whole-again"), 90, what="the whole's pod unschedulable")
+        assert allocation("whole-again") is None
+    finally:
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        eventually(lambda: not core.list_namespaced_pod(ns).items, 90, what="pods gone")
+        core.delete_namespace(ns)

@@ -213,3 +213,15 @@ def test_demo_pods_run_the_workload_images_own_command_with_a_real_runtime() -> 
     real = pod_manifest(w, image="localhost/neuron-dra-workload:x")["spec"]["containers"][0]
     assert real["image"] == "localhost/neuron-dra-workload:x" and "command" not in real
     assert real["resources"] == fake["resources"]
+
+
+@pytest.mark.parametrize(("runtime", "prometheus"), [("fake", False), ("containerd", True)])
+def test_no_driver_needs_containerd_and_no_prometheus(tmp_path: Path, runtime: str, prometheus: bool) -> None:
+    """`cluster up --no-driver` (the nodes for a Helm install, docs/helm.md) is refused before anything is built or
+    started where nothing could install the driver (the fake runtime runs it as a host process) or where Prometheus
+    would scrape a driver the cluster did not install."""
+    from neuron_dra.localcluster.cluster import ClusterError, up
+
+    with pytest.raises(ClusterError, match=r"--no-driver needs --runtime containerd .* and no --prometheus"):
+        up(tmp_path, ["trn2.48xlarge:1"], runtime=runtime, prometheus=prometheus, driver=False)
+    assert not (tmp_path / "supervisor.pid").exists()

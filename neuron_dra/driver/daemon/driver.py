@@ -24,17 +24,8 @@ from neuron_dra.driver.daemon.observability.consumers import ConsumerRefresher
 from neuron_dra.driver.daemon.options import DaemonOptions
 from neuron_dra.driver.daemon.publisher import NeuronSlices
 from neuron_dra.driver.errortext import capped
-from neuron_dra.driver.kubeletplugin import (
-    ApiClient,
-    ClaimLookup,
-    EventLoopThread,
-    Helper,
-    SocketError,
-    SocketPaths,
-    is_listening,
-    start,
-    trim_memory,
-)
+from neuron_dra.driver.kubeletplugin import ClaimLookup, Helper, SocketError, start
+from neuron_dra.driver.kubeletplugin.toolkit import ApiClient, EventLoopThread, SocketPaths, is_listening, trim_memory
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog, UnknownInstanceTypeError
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
 from neuron_dra.driver.model.devices import NeuronHost
@@ -117,18 +108,18 @@ class Daemon:
             raise StartupError(f"node LNC: {e}") from e
 
     def _load_state(self, helper: Helper, host: NeuronHost, root: Path, layout: CoreLayout) -> DriverState:
-        """The claims state from the checkpoint, under the lock the driver's instances share (the helper takes
-        it once no instance that does not share it listens on the plain names)."""
+        """The claims state from the checkpoint, under the lock the helper holds around each call, with the flock
+        the driver's instances share (taken once no instance that does not share it listens on the plain names)."""
         o = self.options
         try:
-            instance_lock = helper.lock_instances(self.stop_event)
+            lock = helper.lock_instances(self.stop_event)
         except OSError as e:
             raise StartupError(f"the lock the driver's instances share: {e}") from e
         # Prepare knows the cores whatever gets published: a core device only reaches a claim once published.
         state = DriverState(host=host, host_root=root, driver_name=o.driver_name, pool_name=o.node_name,
                             cdi=CdiStore(o.cdi_root, o.driver_name), checkpoint=Checkpoint(o.checkpoint_path),
                             lookup=self.lookup, crash=self.crash, metrics=self.metrics, cores=layout,
-                            instance_lock=instance_lock)
+                            lock=lock)
         try:
             state.load()
             state.reconcile_local()
@@ -162,11 +153,13 @@ class Daemon:
         report = self.health_reporter.in_background(self.stop_event)
         report(self.health_monitor.current())  # devices already unhealthy at start (events, metrics)
         self.health_monitor.add_listener(report)
-        helper.serve(state, self.health_stream.methods())
+        helper.serve(state, self.lookup, self.health_stream.methods())
         if o.healthcheck_port:
             self.health = HealthServer(o.sockets, o.bind_address, o.healthcheck_port, registered=helper.registered,
-                                       loop=self.loop)
+                                       loop=self.loop, node_addresses=o.node_addresses)
             self.health.start()
+            if self.metrics is not None:
+                self.metrics.health_front(self.health.front.counts)
         if o.metrics_port and self.metrics is not None:
             self.metrics_server = self.metrics.serve(o.bind_address, o.metrics_port)
             log.info("metrics listening", extra={"port": self.metrics_server.port})

@@ -6,27 +6,35 @@ check), so a wedged server or a deleted socket fails the probe and kubelet resta
 Service "readiness" is SERVING once kubelet has registered this instance (NotifyRegistrationStatus): during a
 surge rollout the DaemonSet stops the old pod only when the new one is Ready, so kubelet always has an instance.
 Service "" reports that the health server itself is up.
+
+Liveness checks share one self-check: a check that arrives while one runs waits for its result (docs/grpc-server.md
+"The liveness self-check"), so any number of checks makes at most one call at a time on each kubelet-facing socket.
+The health grpc server listens on a path socket in a private (0700) directory that only the front reaches
+(docs/hardening.md §1).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
-import secrets
+import shutil
 import stat
+import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc.aio
 
-from neuron_dra.driver.kubeletplugin import (
+from neuron_dra.driver.kubeletplugin.toolkit import (
+    NODE_LIMITS,
     CallContext,
     EventLoopThread,
-    Front,
     FrontLimits,
+    Lanes,
     Limits,
     RpcError,
     Server,
@@ -39,9 +47,7 @@ from neuron_dra.driver.kubeletplugin import (
     pluginregistration_pb2,
     trim_memory,
 )
-from neuron_dra.driver.kubeletplugin import (
-    channel as open_channel,
-)
+from neuron_dra.driver.kubeletplugin.toolkit import channel as open_channel
 from neuron_dra.driver.model.k8s_names import LIVENESS_SERVICE, READINESS_SERVICE
 
 log = logging.getLogger(__name__)
@@ -49,25 +55,35 @@ log = logging.getLogger(__name__)
 SERVING = grpc_health_v1_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = grpc_health_v1_pb2.HealthCheckResponse.NOT_SERVING
 HEALTH = grpc_health_v1_pb2.DESCRIPTOR.services_by_name["Health"]
-# The probe is one small call every few seconds, answered in the event loop. The port is a front (tcpfront.py)
-# forwarding to this grpc server on an abstract unix socket; grpc's limits are a second line: no preface in 5 s,
-# no calls in 10 s, any connection after 10 s (+5 s for its calls), small messages and headers, and twice the
-# front's forwarded connections (a closed one leaves grpc's count a moment later).
+# The probe is one small call every few seconds, answered in the event loop. The port is a front (_tcpfront.py)
+# forwarding to this grpc server on a private unix socket; grpc's limits are a second line: no preface in 5 s,
+# no calls in 10 s, any connection after 10 s (+5 s for its calls), small messages and headers, twice the
+# fronts' forwarded connections (a closed one leaves grpc's count a moment later), and at most as many calls in
+# the event loop at once as the fronts let through (their calls in flight; a check is a coroutine there).
 LIMITS = Limits(max_concurrent=1, max_message=4096, max_streams=8,
-                max_connections=FrontLimits.max_forwarded * 2, max_metadata=8 * 1024,
-                handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000, age_grace_ms=5_000)
+                max_connections=(FrontLimits.max_forwarded + NODE_LIMITS.max_forwarded) * 2,
+                max_metadata=8 * 1024, handshake_timeout_ms=5_000, idle_ms=10_000, age_ms=10_000,
+                age_grace_ms=5_000,
+                max_inline=(FrontLimits.max_calls_in_flight + NODE_LIMITS.max_calls_in_flight) * 2)
+# Self-checks start at most this often: checks back to back cost the kubelet-facing sockets at most one GetInfo and
+# one empty prepare per interval (a check waits at most this much longer; its result is never older than it).
+CHECK_INTERVAL = 0.2
 
 
 class HealthService:
     def __init__(self, paths: SocketPaths, probe_timeout: float = 2.0,
-                 registered: threading.Event | None = None) -> None:
+                 registered: threading.Event | None = None, interval: float = CHECK_INTERVAL) -> None:
         self._paths = paths
         self._timeout = probe_timeout
         self._registered = registered  # None: ready whenever live
+        self._interval = interval
         # One channel per socket, kept while its calls succeed: the check then needs no new connection, so
         # connections others hold (up to the server's limit) cannot fail it. Dropped on a failure (a fresh one
-        # next time: grpc's reconnect backoff would otherwise fail checks for up to two minutes).
+        # next time: grpc's reconnect backoff would otherwise fail checks for up to two minutes). Only the one
+        # self-check in flight uses them, so one failure never ends another check's call.
         self._channels: dict[Path, grpc.aio.Channel] = {}
+        self._check: asyncio.Task[tuple[bool, str]] | None = None  # the self-check in flight, shared
+        self._started = -float("inf")  # when the last self-check started (the event loop's clock)
 
     async def _call(self, socket: Path, method: str, request: bytes) -> bytes:
         try:
@@ -91,12 +107,36 @@ class HealthService:
             await channel.close()
 
     async def close(self) -> None:
+        if self._check is not None:
+            self._check.cancel()
+            with contextlib.suppress(BaseException):
+                await self._check
         for socket in list(self._channels):
             await self._drop(socket)
 
     async def live(self) -> tuple[bool, str]:
-        """(ok, why not) from a GetInfo and an empty prepare over the daemon's own sockets (each socket file
-        must be there; the calls on a connection kept for the next check; the heap trimmed after)."""
+        """(ok, why not) of the self-check in flight, or of a new one when none is: every check waiting at once
+        shares one. A caller that goes away (its call cancelled) does not cancel it for the others."""
+        task = self._check
+        if task is None or task.done():
+            task = self._check = asyncio.get_running_loop().create_task(self._next_check())
+        return await asyncio.shield(task)
+
+    async def _next_check(self) -> tuple[bool, str]:
+        loop = asyncio.get_running_loop()
+        wait = self._started + self._interval - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._started = loop.time()
+        try:
+            return await self._self_check()
+        except Exception as e:  # never raised to the checks waiting: a failed check, said so
+            log.exception("liveness self-check failed")
+            return False, f"self-check failed: {type(e).__name__}"
+
+    async def _self_check(self) -> tuple[bool, str]:
+        """A GetInfo and an empty prepare over the daemon's own sockets (each socket file must be there; the calls
+        on a connection kept for the next check; the heap trimmed after)."""
         try:
             info = pluginregistration_pb2.PluginInfo.FromString(await self._call(
                 self._paths.registration, "/pluginregistration.Registration/GetInfo",
@@ -133,30 +173,46 @@ class HealthService:
 
 class HealthServer:
     """The health port: its own grpc server and pool, apart from the kubelet-facing sockets', behind a TCP front
-    (tcpfront.py), in the event loop given (the daemon's) or else its own."""
+    (_tcpfront.py), in the event loop given (the daemon's) or else its own.
+
+    The grpc server listens on `health.sock` in a directory of its own made by mkdtemp (mode 0700, under the
+    temporary directory, the container's own /tmp in the DaemonSet): an abstract socket was open to every process
+    of the network namespace (all of the node's with hostNetwork), and 2,100 idle connections to it took every
+    probe down. A path socket is reached through the file system: not from another mount namespace (another
+    container), not by another user (docs/hardening.md §1)."""
 
     def __init__(self, paths: SocketPaths, address: str, port: int,
-                 registered: threading.Event | None = None, loop: EventLoopThread | None = None) -> None:
+                 registered: threading.Event | None = None, loop: EventLoopThread | None = None,
+                 node_addresses: Sequence[str] = ()) -> None:
         self.service = HealthService(paths, registered=registered)
         self._server = Server("health", LIMITS, loop)
         self._server.add_service(HEALTH, self.service)
-        name = f"neuron-dra-health-{os.getpid()}-{secrets.token_hex(8)}"  # several daemons share a test host
-        self.front = Front("\0" + name, FrontLimits.for_open_files(open_files_limit()))
+        self._dir = Path(tempfile.mkdtemp(prefix="neuron-dra-health-"))  # 0700, a fresh name per daemon
+        self.socket = self._dir / "health.sock"
         try:
-            self._server.add_abstract(name)
-            self.port: int = self._server.run(self.front.listen(address, port))
+            self._server.add_unix(self.socket)
+            # kubelet's probe comes from the node's address: a lane of its own (_tcpfront.Lanes)
+            self.front = Lanes(str(self.socket), address, port, node_addresses,
+                               FrontLimits.for_open_files(open_files_limit()))
         except OSError as e:
             self._server.stop(0)
+            self._remove_dir()
             host = f"[{address}]" if ":" in address else address
             raise OSError(f"cannot listen for health checks on {host}:{port}: {e}") from e
+        self.port: int = self.front.port
+
+    def _remove_dir(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def start(self) -> None:
         self._server.start()
-        self._server.run(self.front.start())
-        log.info("health service listening", extra={"port": self.port, "service": LIVENESS_SERVICE})
+        self.front.start()
+        log.info("health service listening", extra={"port": self.port, "service": LIVENESS_SERVICE,
+                                                     "lanes": self.front.lanes})
 
     def stop(self, grace: float = 1.0) -> None:
+        self.front.close()
         with contextlib.suppress(Exception):  # the loop may be gone already
-            self._server.run(self.front.close(), timeout=5)
             self._server.run(self.service.close(), timeout=5)
         self._server.stop(grace)
+        self._remove_dir()

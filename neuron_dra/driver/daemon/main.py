@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING
 from neuron_dra.driver import kubeletplugin
 from neuron_dra.driver.daemon.options import DaemonOptions, parse_options, with_api_facts, with_socket_names
 from neuron_dra.driver.errortext import capped
+from neuron_dra.driver.kubeletplugin import toolkit
 
 # The one lazy-import boundary of the daemon: the rest of it (daemon/driver.py and what it imports: the claims
 # model, discovery, the checkpoint, device health) and the API client are imported below once the sockets listen,
 # so kubelet, which gives GetInfo 1 s, registers the driver at once (tests/driver/daemon/test_image.py).
 if TYPE_CHECKING:
     from neuron_dra.driver.daemon.failpoints import CrashPoints
-    from neuron_dra.driver.kubeletplugin import ApiClient, ClaimLookup, EventLoopThread, Helper
+    from neuron_dra.driver.kubeletplugin import ClaimLookup, Helper
+    from neuron_dra.driver.kubeletplugin.toolkit import ApiClient, EventLoopThread
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
                crash: CrashPoints | None = None, helper: Helper | None = None,
                loop: EventLoopThread | None = None) -> int:
     """Run until SIGTERM/SIGINT (from the main thread). Exit code 0 on a clean stop, 1 when start-up fails."""
-    kubeletplugin.limit_arenas()  # before threads allocate (main applied it before the registration server's)
+    toolkit.limit_arenas()  # before threads allocate (main applied it before the registration server's)
     from neuron_dra.driver.daemon.driver import Daemon, StartupError
 
     metrics = None
@@ -45,7 +47,7 @@ def run_daemon(options: DaemonOptions, lookup: ClaimLookup, api: ApiClient | Non
 
         metrics = Metrics()
     daemon = Daemon(options, lookup, api, crash, metrics, helper=helper, loop=loop)
-    kubeletplugin.set_on_signals(daemon.stop_event)
+    toolkit.set_on_signals(daemon.stop_event)
     try:
         daemon.start()
     except Exception as e:  # a fault no StartupError names (with its traceback): still the one line, and exit 1
@@ -66,7 +68,7 @@ def start_early(options: DaemonOptions, loop: EventLoopThread) -> Helper | None:
     (the API client, discovery, the checkpoint), so kubelet finds and registers the driver at once; DRA calls wait
     until the state is loaded (kubeletplugin.start). None when listening fails (the daemon's start then fails with
     the reason)."""
-    kubeletplugin.limit_arenas()  # before the gRPC servers' threads
+    toolkit.limit_arenas()  # before the gRPC servers' threads
     try:
         return kubeletplugin.start(None, options.plugin, loop)
     except (kubeletplugin.SocketError, OSError):
@@ -75,12 +77,12 @@ def start_early(options: DaemonOptions, loop: EventLoopThread) -> Helper | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv, os.environ)
-    kubeletplugin.configure_logs(options.log_level)
+    toolkit.configure_logs(options.log_level)
     # The socket names may depend on the kubelet's version, read from the Node: then the API client comes first,
     # and that read is short (options.STARTUP_READ_SECONDS) so the sockets still listen in time.
     asks = options.socket_names == "auto" and bool(options.pod_uid)
-    kubeletplugin.limit_arenas()  # before the loop thread allocates
-    loop = kubeletplugin.EventLoopThread()  # the daemon's from run_daemon on
+    toolkit.limit_arenas()  # before the loop thread allocates
+    loop = toolkit.EventLoopThread()  # the daemon's from run_daemon on
     helper: Helper | None = None
     try:
         if not asks:
@@ -90,9 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             crash = CrashPoints.from_env(os.environ)
-            api = kubeletplugin.api_client(options.kubeconfig, kubeletplugin.ClientOptions(
-                kubeletplugin.Rate(options.kube_api_qps, options.kube_api_burst), options.kube_api_timeout))
-        except (ValueError, kubeletplugin.KubeConfigError) as e:
+            api = toolkit.api_client(options.kubeconfig, toolkit.ClientOptions(
+                toolkit.Rate(options.kube_api_qps, options.kube_api_burst), options.kube_api_timeout))
+        except (ValueError, toolkit.KubeConfigError) as e:
             log.error("start-up failed", extra={"error": str(e)})
             _close(helper, loop)
             return 2
@@ -100,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = with_api_facts(options, api, names=asks)
         if asks:
             helper = start_early(options, loop)
-    except kubeletplugin.InstanceError as e:  # --socket-names per-instance without a pod UID
+    except toolkit.InstanceError as e:  # --socket-names per-instance without a pod UID
         log.error("start-up failed", extra={"error": str(e)})
         _close(helper, loop)
         return 2
@@ -108,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("start-up failed", exc_info=True, extra={"error": f"unexpected {capped(repr(e))}"})
         _close(helper, loop)
         return 1
-    return run_daemon(options, kubeletplugin.KubeClaimLookup(api), api, crash, helper, loop)
+    return run_daemon(options, toolkit.KubeClaimLookup(api), api, crash, helper, loop)
 
 
 def _close(helper: Helper | None, loop: EventLoopThread) -> None:

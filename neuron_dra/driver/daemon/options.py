@@ -17,7 +17,8 @@ from urllib.parse import quote
 
 from neuron_dra.driver import kubeletplugin
 from neuron_dra.driver.errortext import capped, shown
-from neuron_dra.driver.kubeletplugin import (
+from neuron_dra.driver.kubeletplugin import toolkit
+from neuron_dra.driver.kubeletplugin.toolkit import (
     DAEMON_BURST,
     DAEMON_QPS,
     SOCKET_NAME_MODES,
@@ -50,7 +51,7 @@ from neuron_dra.driver.model.version import VERSION
 
 # The API client is the layer's, imported once used (after the sockets are bound; main.py).
 if TYPE_CHECKING:
-    from neuron_dra.driver.kubeletplugin import ApiClient
+    from neuron_dra.driver.kubeletplugin.toolkit import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ class DaemonOptions:
     metrics_port: int = 0  # 0: off
     # Health and metrics listen here only: kubelet probes and Prometheus scrape the pod IP (docs/hardening.md §1).
     bind_address: str = "127.0.0.1"
+    # Where kubelet's probe comes from (the node's own addresses): the health port's lane of their own
+    # (docs/hardening.md §1); empty: one lane for every peer.
+    node_addresses: tuple[str, ...] = ()
     kubeconfig: str | None = None  # None: in-cluster service account
     host_root: Path | None = Path("/")
     emulate: str | None = None  # instance type to emulate instead of reading host_root
@@ -153,6 +157,15 @@ def _address(text: str) -> str:
                                          "status.podIP, or 127.0.0.1)") from e
 
 
+def _addresses(text: str) -> tuple[str, ...]:
+    """Comma-separated IP addresses ("": none)."""
+    try:
+        return tuple(str(ipaddress.ip_address(a.strip())) for a in text.split(",") if a.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of IP addresses (the node's, e.g. "
+                                         "from the downward API status.hostIP)") from e
+
+
 def _lnc(text: str) -> int:
     if text not in ("1", "2"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a Logical NeuronCore config; allowed: 1 or 2")
@@ -193,6 +206,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                    help="the one address of the health and metrics ports, where kubelet's probe connects "
                         "[env BIND_ADDRESS, else env POD_IP (the downward API's status.podIP; the node's IP "
                         "with hostNetwork)] (default 127.0.0.1)")
+    p.add_argument("--node-address", dest="node_addresses", default=_addresses(env_default("HOST_IP", "") or ""),
+                   type=_addresses, metavar="ADDRS",
+                   help="the node's own addresses, comma-separated, where kubelet's probe comes from: the health "
+                        "port keeps a lane of its own for them, so a flood from elsewhere cannot starve the probe "
+                        "[env HOST_IP (the downward API's status.hostIP)] (default none: one lane)")
     p.add_argument("--kubeconfig", default=None, metavar="FILE", help="kubeconfig file (default: in-cluster)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--host-root", type=_abs_dir, metavar="DIR",
@@ -267,8 +285,8 @@ def read_string(api: ApiClient, path: str, keys: tuple[str, ...], seconds: float
     reason, so nothing the API server says can end start-up (issue 42 item 2)."""
     where = ".".join(keys)
     try:
-        value: object = kubeletplugin.KubeApi(api).call("GET", path, seconds=seconds)
-    except (kubeletplugin.ApiException, kubeletplugin.ApiClientError) as e:
+        value: object = toolkit.KubeApi(api).call("GET", path, seconds=seconds)
+    except (toolkit.ApiException, toolkit.ApiClientError) as e:
         return Read(None, capped(str(e)))
     except Exception as e:  # anything else the answer provoked: the same, never a traceback
         return Read(None, f"GET {path}: {capped(f'{type(e).__name__}: {e}')}")

@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from neuron_dra.driver.kubeletplugin import ApiClient, Backoff, KubeApi, PublishFeedback, ResourceSlicePublisher, Slice
+from neuron_dra.driver.kubeletplugin import PublishFeedback, Slice
+from neuron_dra.driver.kubeletplugin.toolkit import ApiClient, Backoff, KubeApi, ResourceSlicePublisher
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, resource_slices, with_taints
 

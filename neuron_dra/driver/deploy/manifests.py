@@ -312,6 +312,8 @@ def driver_env(options: DriverDeployOptions) -> list[Manifest]:
         # Where kubelet's probe connects (the node's IP under hostNetwork): the daemon's health and metrics
         # listen on this address only (docs/hardening.md §1).
         {"name": "POD_IP", **field_ref("status.podIP")},
+        # Where kubelet's probe comes from: the health port's own lane for it (docs/hardening.md §1).
+        {"name": "HOST_IP", **field_ref("status.hostIP")},
         {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": options.plugins_dir},
         {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": options.registry_dir},
         {"name": "CDI_ROOT", "value": options.cdi_root},

@@ -14,22 +14,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_dra.driver.deploy.options import DEFAULT_IMAGE
 from neuron_dra.driver.model.k8s_names import (
     DEFAULT_DRIVER_NAME,
     TAINT_EFFECTS,
     check_dns_label,
     check_driver_name,
     device_class_manifest,
+    neuron_toleration,
     ultraserver_class_name,
     ultraserver_class_selector,
 )
 from neuron_dra.driver.model.ultraserver import POOL_PREFIX
-from neuron_dra.driver.model.version import VERSION
 
 Manifest = dict[str, Any]
 DEFAULT_NAME = "neuron-dra-ultraserver"
 DEFAULT_NAMESPACE = "neuron-dra-driver"
-DEFAULT_IMAGE = f"ghcr.io/neuron-dra/neuron-dra-driver:{VERSION}"
 COMPONENT = "ultraserver-controller"
 POD_LABELS = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": COMPONENT}
 
@@ -45,6 +45,7 @@ class UltraServerControllerOptions:
     name: str = DEFAULT_NAME  # Deployment, ServiceAccount, Lease; cluster-scoped objects get `<name>-<driver>`
     taint_effect: str = "NoSchedule"
     resync_seconds: int = 60
+    shared_counters: str = "auto"  # auto | off: the controller's --shared-counters (docs/ultraserver.md §2a)
 
     def __post_init__(self) -> None:
         check_driver_name("UltraServerControllerOptions.driver_name", self.driver_name)
@@ -56,6 +57,9 @@ class UltraServerControllerOptions:
         if self.taint_effect not in TAINT_EFFECTS:
             raise ValueError(f"UltraServerControllerOptions.taint_effect: {self.taint_effect!r} is not allowed; "
                              f"allowed: {', '.join(TAINT_EFFECTS)}")
+        if self.shared_counters not in ("auto", "off"):
+            raise ValueError(f"UltraServerControllerOptions.shared_counters: {self.shared_counters!r} is not "
+                             "allowed; allowed: auto, off")
         if not 1 <= self.resync_seconds <= 3600:
             raise ValueError(f"UltraServerControllerOptions.resync_seconds: {self.resync_seconds!r} is not allowed; "
                              "allowed: 1 to 3600")
@@ -161,7 +165,7 @@ def group_device_class(o: UltraServerControllerOptions) -> Manifest:
 def controller_args(o: UltraServerControllerOptions) -> list[str]:
     return ["python", "-m", "neuron_dra.driver.groups", f"--driver-name={o.driver_name}",
             f"--namespace={o.namespace}", f"--lease-name={o.name}", f"--taint-effect={o.taint_effect}",
-            f"--resync-seconds={o.resync_seconds}"]
+            f"--resync-seconds={o.resync_seconds}", f"--shared-counters={o.shared_counters}"]
 
 
 def deployment(o: UltraServerControllerOptions) -> Manifest:
@@ -186,7 +190,9 @@ def deployment(o: UltraServerControllerOptions) -> Manifest:
             "template": {
                 "metadata": {"labels": dict(POD_LABELS)},
                 "spec": {"serviceAccountName": o.name, "containers": [container],
-                         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+                         # the Neuron taint's too: a cluster whose only nodes are Neuron nodes (node groups
+                         # without a system group) has nowhere else to run it (CoreDNS does the same)
+                         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}, neuron_toleration()],
                          "terminationGracePeriodSeconds": 30},
             },
         },

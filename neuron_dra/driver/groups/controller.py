@@ -1,11 +1,13 @@
 """The UltraServer group controller: keeps one group ResourceSlice per UltraServer (and 2-node half) equal to what
-the nodes' own slices say (driver/model/ultraserver.py renders them; docs/ultraserver.md).
+the nodes' own slices say (driver/model/ultraserver.py renders them; docs/ultraserver.md), and, where the API
+server serves partitionable devices, the shared counters that keep a 4-node set's whole and halves apart.
 
 One pass lists the driver's slices and the Nodes (paged, bounded), computes the desired group slices and writes
-only the differences: an unchanged slice is never rewritten (compared without generation and taint times), a
-changed one is updated in place with its pool generation bumped, a new one created under its fixed name. A group
-that is gone but still allocated to a claim is not deleted: its device is tainted (or withdrawn) and an Event on
-each holding claim says so; it is deleted once no claim holds it. Passes run on a change seen by the watches of
+only the pools that differ: a pool whose slices are all unchanged is never rewritten (compared without generation
+and taint times); in a changed pool every slice is written at the pool's next generation (counter slices first,
+stale ones deleted last), so the scheduler never mixes generations; a new slice is created under its fixed name. A
+group that is gone but still allocated to a claim is not deleted: its device is tainted (or withdrawn) and an Event
+on each holding claim says so; it is deleted once no claim holds it. Passes run on a change seen by the watches of
 slices and Nodes, and every `resync` seconds; errors back off exponentially; nothing here raises out of `run`.
 """
 
@@ -20,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_dra.driver.kubeletplugin import RESOURCE_SLICES, ApiClientError, ApiException, KubeApi
+from neuron_dra.driver.kubeletplugin.toolkit import RESOURCE_SLICES, ApiClientError, ApiException, KubeApi
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.k8s_names import TAINT_EFFECTS
@@ -36,6 +38,7 @@ COALESCE = 0.5  # seconds to let a burst of watch events settle before a pass
 MAX_EVENTS_REMEMBERED = 10_000
 COMPONENT = "neuron-dra-ultraserver"
 GONE_VALUE = "group-gone"
+SHARED_COUNTERS = ("auto", "off")
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,11 @@ class ControllerOptions:
     catalog: Catalog = field(default=BUILTIN, repr=False)
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
+    shared_counters: str = "auto"  # auto: where the API server serves them (probed); off: never (ultraserver.md §2a)
 
     def __post_init__(self) -> None:
+        if self.shared_counters not in SHARED_COUNTERS:
+            raise ValueError(f"shared counters {self.shared_counters!r} is not allowed: {', '.join(SHARED_COUNTERS)}")
         if self.taint_effect not in TAINT_EFFECTS:
             raise ValueError(f"taint effect {self.taint_effect!r} is not allowed: {', '.join(TAINT_EFFECTS)}")
         if not 1 <= self.resync <= 3600:
@@ -127,6 +133,11 @@ def holders(claims: list[dict[str, Any]], driver: str) -> dict[str, list[dict[st
     return out
 
 
+def _generation(s: Mapping[str, Any]) -> int:
+    generation = ((s.get("spec") or {}).get("pool") or {}).get("generation", 0)
+    return generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
+
+
 class GroupController:
     """One pass (`reconcile`) and the loop (`run`) of the group slices of one driver."""
 
@@ -134,6 +145,7 @@ class GroupController:
         self._api = api
         self.options = options
         self.taints_served = True  # dropped once the API server is seen to drop device taints (before 1.36)
+        self.counters_served: bool | None = None  # partitionable devices (1.36+): probed on the first pass
         self._events_sent: set[tuple[str, str, str]] = set()
         self.dirty = threading.Event()
         self._lock = threading.Lock()
@@ -142,19 +154,27 @@ class GroupController:
     # --- one pass ----------------------------------------------------------------------------------------------
 
     def _group_slices(self, all_slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Our slices by pool; a second slice of one pool (a crash between create and delete) is deleted."""
-        ours: dict[str, dict[str, Any]] = {}
+        """Our slices by name (names are fixed per pool and part: a retried create cannot make two)."""
         driver = self.options.driver_name
-        for s in sorted((s for s in all_slices if us.is_group_slice(s, driver)), key=lambda s: s["metadata"]["name"]):
-            pool = s["spec"]["pool"]["name"]
-            keep = ours.get(pool)
-            if keep is None or s["metadata"]["name"] == us.slice_name(pool, driver):
-                if keep is not None:
-                    self._delete(keep)
-                ours[pool] = s
-            else:
-                self._delete(s)
-        return ours
+        return {s["metadata"]["name"]: s for s in all_slices if us.is_group_slice(s, driver)}
+
+    def probe_counters(self) -> bool:
+        """Whether the API server keeps a ResourceSlice's `sharedCounters` (DRAPartitionableDevices: beta and on
+        from 1.36; before, the fields are dropped on write): a dry-run create of a counter slice, nothing stored."""
+        driver = self.options.driver_name
+        probe = us.Group("probe", 4, "probe", "probe", None, tuple(us.Slot(i, f"probe-{i}", True) for i in range(4)))
+        body = us.counter_slice(probe, driver)
+        body["metadata"]["name"] = us.slice_name(probe.pool_name, driver, "probe")
+        try:
+            stored = self._api.call("POST", RESOURCE_SLICES, query={"dryRun": "All"}, body=body)
+        except ApiException as e:  # refused (not unreachable: that fails the pass, retried): publish without
+            log.warning("the counter probe was refused; publishing without shared counters",
+                        extra={"status": e.status, "error": str(e)[:300]})
+            return False
+        served = bool((stored.get("spec") or {}).get("sharedCounters"))
+        log.info("shared counters " + ("served: a 4-node set's whole and halves exclude each other" if served else
+                                       "not served (before 1.36): a whole and a half may both be allocated"))
+        return served
 
     def desired(self, all_slices: list[dict[str, Any]], nodes: list[dict[str, Any]],
                 existing: Mapping[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[us.Problem, ...]]:
@@ -162,7 +182,8 @@ class GroupController:
         facts, problems = us.member_facts(all_slices, driver)
         membership = us.group_ultraservers(facts, us.previous_groups(existing.values()), ready_node_names(nodes),
                                            self.options.catalog, hostnames(nodes))
-        slices = us.desired_slices(membership, driver, self.taints_served, self.options.taint_effect)
+        slices = us.desired_slices(membership, driver, self.taints_served, self.options.taint_effect,
+                                   bool(self.counters_served))
         return slices, (*problems, *membership.problems)
 
     def reconcile(self) -> PassResult:
@@ -171,6 +192,8 @@ class GroupController:
 
     def _reconcile(self) -> PassResult:
         driver = self.options.driver_name
+        if self.counters_served is None:
+            self.counters_served = self.options.shared_counters == "auto" and self.probe_counters()
         all_slices, _ = list_all(self._api, RESOURCE_SLICES, {"fieldSelector": f"spec.driver={driver}"})
         nodes, _ = list_all(self._api, NODES)
         existing = self._group_slices(all_slices)
@@ -178,7 +201,7 @@ class GroupController:
         result = PassResult(problems=problems)
         for p in problems:
             log.warning("UltraServer membership problem", extra={"problem": str(p)[:500]})
-        wanted = {d["spec"]["pool"]["name"]: d for d in desired}
+        wanted = {d["metadata"]["name"]: d for d in desired}
         claims_by_pool: dict[str, list[dict[str, str]]] | None = None
 
         def held(pool: str) -> list[dict[str, str]]:
@@ -187,35 +210,54 @@ class GroupController:
                 claims_by_pool = holders(list_all(self._api, CLAIMS)[0], driver)
             return claims_by_pool.get(pool, [])
 
-        for pool, stored in sorted(existing.items()):
-            if pool in wanted:
+        stale: list[dict[str, Any]] = []
+        for name, stored in sorted(existing.items()):
+            if name in wanted:
                 continue
+            pool = stored["spec"]["pool"]["name"]
             holding = held(pool)
             if not holding:
-                self._delete(stored)
-                result.deleted += 1
+                stale.append(stored)
                 continue
             gone = self._gone(stored)  # kept, tainted or withdrawn, for the claims that hold it
             result.kept_for_claims += 1
             result.events += self._tell(holding, pool, "UltraServerGroupGone",
                                         f"UltraServer group {pool} no longer matches its nodes (a member left or "
                                         "changed); kept, unschedulable, while this claim holds it")
-            wanted[pool] = gone
-        for pool, d in sorted(wanted.items()):
-            stored_slice = existing.get(pool)
-            if stored_slice is None:
-                self._create(d)
-                result.created += 1
+            wanted[name] = gone
+        pools: dict[str, list[dict[str, Any]]] = {}
+        for d in wanted.values():
+            pools.setdefault(d["spec"]["pool"]["name"], []).append(d)
+        for slices in pools.values():
+            for d in slices:  # every slice of a pool declares the pool's slice count
+                d["spec"]["pool"]["resourceSliceCount"] = len(slices)
+        stale_pools = {s["spec"]["pool"]["name"] for s in stale}
+        for pool, slices in sorted(pools.items()):
+            # counter slices first: a device must never be seen without the counters it consumes
+            slices.sort(key=lambda d: ("devices" in d["spec"], d["metadata"]["name"]))
+            stored_of = [existing.get(d["metadata"]["name"]) for d in slices]
+            if pool not in stale_pools and all(
+                    old is not None and us.slice_content(old) == us.slice_content(d)
+                    for old, d in zip(stored_of, slices, strict=True)):
+                result.unchanged += len(slices)
                 continue
-            if us.slice_content(stored_slice) == us.slice_content(d):
-                result.unchanged += 1
-                continue
-            if self._withdraws(stored_slice, d):
-                result.events += self._tell(held(pool), pool, "UltraServerGroupWithdrawn",
-                                            f"UltraServer group {pool} withdrawn: a member is missing or unhealthy, "
-                                            "and this cluster serves no device taints; running pods stay")
-            self._update(stored_slice, d)
-            result.updated += 1
+            generation = 1 + max((_generation(s) for s in existing.values() if s["spec"]["pool"]["name"] == pool),
+                                 default=0)
+            for old, d in zip(stored_of, slices, strict=True):
+                if old is None:
+                    self._create(d, generation)
+                    result.created += 1
+                    continue
+                if self._withdraws(old, d):
+                    result.events += self._tell(held(pool), pool, "UltraServerGroupWithdrawn",
+                                                f"UltraServer group {pool} withdrawn: a member is missing or "
+                                                "unhealthy, and this cluster serves no device taints; running pods "
+                                                "stay")
+                self._update(old, d, generation)
+                result.updated += 1
+        for s in stale:
+            self._delete(s)
+            result.deleted += 1
         if result.writes:
             log.info("group slices written", extra={"created": result.created, "updated": result.updated,
                                                     "deleted": result.deleted, "unchanged": result.unchanged})
@@ -270,18 +312,17 @@ class GroupController:
             sent += 1
         return sent
 
-    def _create(self, d: dict[str, Any]) -> None:
-        d["spec"]["pool"]["generation"] = 1
+    def _create(self, d: dict[str, Any], generation: int = 1) -> None:
+        d["spec"]["pool"]["generation"] = generation
         try:
             self._note_taints(d, self._api.call("POST", RESOURCE_SLICES, body=d))
         except ApiException as e:
             if e.status != 409:  # already there (a create whose answer was lost): the next pass compares it
                 raise
 
-    def _update(self, stored: Mapping[str, Any], d: dict[str, Any]) -> None:
+    def _update(self, stored: Mapping[str, Any], d: dict[str, Any], generation: int) -> None:
         us.keep_taint_times(d, stored)
-        generation = (stored.get("spec") or {}).get("pool", {}).get("generation", 0)
-        d["spec"]["pool"]["generation"] = (generation if isinstance(generation, int) else 0) + 1
+        d["spec"]["pool"]["generation"] = generation
         d["metadata"] = {**d["metadata"], "name": stored["metadata"]["name"],
                          "resourceVersion": stored["metadata"]["resourceVersion"]}
         self._note_taints(d, self._api.call("PUT", f"{RESOURCE_SLICES}/{d['metadata']['name']}", body=d))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from neuron_dra.driver.kubeletplugin import ApiClientError, ApiException, KubeApi
+from neuron_dra.driver.kubeletplugin.toolkit import ApiClientError, ApiException, KubeApi
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,15 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from neuron_dra.driver.groups.controller import ControllerOptions, GroupController
+from neuron_dra.driver.groups.controller import SHARED_COUNTERS, ControllerOptions, GroupController
 from neuron_dra.driver.groups.lease import LeaderElector, LeaseOptions
-from neuron_dra.driver.kubeletplugin import KubeApi, KubeConfigError, api_client, configure_logs, set_on_signals
+from neuron_dra.driver.kubeletplugin.toolkit import (
+    KubeApi,
+    KubeConfigError,
+    api_client,
+    configure_logs,
+    set_on_signals,
+)
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME, TAINT_EFFECTS, check_dns_label, check_driver_name
 
 log = logging.getLogger(__name__)
@@ -33,6 +39,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", default=None, help="default: the in-cluster service account")
     p.add_argument("--resync-seconds", type=float, default=60.0)
     p.add_argument("--taint-effect", default="NoSchedule", choices=TAINT_EFFECTS)
+    p.add_argument("--shared-counters", default="auto", choices=SHARED_COUNTERS,
+                   help="auto: keep a 4-node UltraServer's whole and halves apart with shared counters where the "
+                        "API server serves them (1.36+); off: never (each counter slice costs every DRA pod's "
+                        "scheduling a scan of all slices: docs/ultraserver.md §2a)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -44,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         driver = check_driver_name("--driver-name", args.driver_name)
         namespace = check_dns_label("--namespace", args.namespace)
         lease = LeaseOptions(namespace, check_dns_label("--lease-name", args.lease_name), args.identity)
-        options = ControllerOptions(driver, resync=args.resync_seconds, taint_effect=args.taint_effect)
+        options = ControllerOptions(driver, resync=args.resync_seconds, taint_effect=args.taint_effect,
+                                    shared_counters=args.shared_counters)
         api = KubeApi(api_client(args.kubeconfig))
     except (ValueError, KubeConfigError, OSError) as e:
         print(f"neuron-dra ultraserver controller: {e}", file=sys.stderr)

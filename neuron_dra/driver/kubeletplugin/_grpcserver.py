@@ -4,7 +4,8 @@
   type when they do not decode (grpcio's deserializer path leaks memory per rejected request; hardening.md §1).
 - A handler runs only once its request has arrived (awaited in the event loop), so calls whose bodies never
   come or whose answers cannot be sent hold no thread. Blocking handlers run in the server's pool, at most
-  `max_concurrent` at once (beyond: RESOURCE_EXHAUSTED, kubelet retries); `inline` ones and coroutines in the loop.
+  `max_concurrent` at once (beyond: RESOURCE_EXHAUSTED, kubelet retries); `inline` ones and coroutines in the loop,
+  at most `max_inline` at once when set (a coroutine awaiting something holds its call: the health checks).
 - The daemon's servers share one event loop thread (`EventLoopThread`), each with its own pool and limits: grpc.aio's
   poller wakes every bound loop for every completion, so each extra loop costs CPU and a hand-off per call.
 - HTTP/2 and connection limits are grpc's channel options (`Limits`).
@@ -149,6 +150,7 @@ class Limits:
     age_grace_ms: int = 5_000
     min_ping_interval_ms: int = 10_000  # pings without data more often than this are strikes
     max_ping_strikes: int = 2  # then GOAWAY ENHANCE_YOUR_CALM
+    max_inline: int | None = None  # calls in the event loop at once (coroutines, inline); more: RESOURCE_EXHAUSTED
 
     def options(self) -> list[tuple[str, int]]:
         opts = [
@@ -234,6 +236,7 @@ class Server:
         self.name = name
         self.limits = limits
         self.active_calls = 0  # blocking calls admitted to the pool and not finished
+        self.inline_calls = 0  # calls handled in the event loop and not finished (only the loop counts them)
         self._count_lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent, thread_name_prefix=name)
         self._own_loop: EventLoopThread | None = None
@@ -311,6 +314,13 @@ class Server:
                                                               "are running already; retry")
             self.active_calls += 1
 
+    def _admit_inline(self) -> None:
+        limit = self.limits.max_inline
+        if limit is not None and self.inline_calls >= limit:
+            raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"{self.name}: {limit} calls are being handled already; "
+                                                          "retry")
+        self.inline_calls += 1
+
     def _release(self, _: object = None) -> None:
         with self._count_lock:
             self.active_calls -= 1
@@ -335,9 +345,17 @@ class Server:
         try:
             request = parse(method.request_type, raw)
             if inspect.iscoroutinefunction(method.behaviour):
-                response = await method.behaviour(request, call)
+                self._admit_inline()
+                try:
+                    response = await method.behaviour(request, call)
+                finally:
+                    self.inline_calls -= 1
             elif method.inline is not None and method.inline(request):
-                response = method.behaviour(request, call)
+                self._admit_inline()
+                try:
+                    response = method.behaviour(request, call)
+                finally:
+                    self.inline_calls -= 1
             else:
                 response = await self._in_pool(method.behaviour, request, call)
             data: bytes = response.SerializeToString()

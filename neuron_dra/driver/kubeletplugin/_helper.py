@@ -1,8 +1,9 @@
-"""`start(driver, options) -> Helper`: the kubelet-plugin helper a DRA driver runs on, as the Go helper's
-`kubeletplugin.Start` (k8s.io/dynamic-resource-allocation/kubeletplugin). It listens early (registration is
-answered before the driver's state is loaded; DRA calls wait until `serve`), names the sockets (per instance
-during a rolling update, docs/upgrades.md), waits for and watches an instance on the plain names, holds the
-lock the instances share, and keeps the driver's ResourceSlices published (`publish`)."""
+"""`start(driver, options, lookup=...) -> Helper`: the kubelet-plugin helper a DRA driver runs on, as the Go
+helper's `kubeletplugin.Start` (k8s.io/dynamic-resource-allocation/kubeletplugin). It listens early (registration
+is answered before the driver's state is loaded; DRA calls wait until `serve`), names the sockets (per instance
+during a rolling update, docs/upgrades.md), waits for and watches an instance on the plain names, GETs and checks
+each claim before the driver's prepare and holds the lock the instances share around each call (_calls.py), and
+keeps the driver's ResourceSlices published (`publish`)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
-from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock
-from neuron_dra.driver.kubeletplugin._plugin import DRA_LIMITS, Driver, PluginServers
+from neuron_dra.driver.kubeletplugin._calls import Calls, Driver
+from neuron_dra.driver.kubeletplugin._claimref import ClaimLookup
+from neuron_dra.driver.kubeletplugin._instance_lock import CallLock, InstanceLock
+from neuron_dra.driver.kubeletplugin._plugin import DRA_LIMITS, PluginServers
 from neuron_dra.driver.kubeletplugin._sockets import SocketError, SocketPaths, is_listening
 
 if TYPE_CHECKING:  # the API client (urllib3) and the publisher are imported once a driver publishes
@@ -70,6 +73,8 @@ class Helper:
         self.servers = PluginServers(options.sockets, options.driver_name, extra_services=options.extra_services,
                                      limits=options.limits, loop=loop)
         self.instance_lock: InstanceLock | None = None
+        self.lock = CallLock()  # held around each DRA call; the instances' flock joins it (`lock_instances`)
+        self._calls: Calls | None = None
         self._watch: threading.Thread | None = None
         self._stopped = False
         self._publisher: ResourceSlicePublisher | None = None
@@ -83,19 +88,24 @@ class Helper:
     def paths(self) -> SocketPaths:
         return self.servers.paths
 
-    def serve(self, driver: Driver, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
-        """Answer DRA calls with `driver` (calls that came in meanwhile waited for this)."""
-        self.servers.serve(driver, extra_methods)
+    def serve(self, driver: Driver, lookup: ClaimLookup,
+              extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
+        """Answer DRA calls with `driver` (calls that came in meanwhile waited for this); `lookup` GETs the claims
+        its prepare is handed."""
+        self._calls = Calls(driver, lookup, self.lock)
+        self.servers.serve(self._calls, extra_methods)
 
-    def lock_instances(self, stop: threading.Event) -> InstanceLock:
-        """The lock the driver's instances share (a rolling update runs two; the driver holds it, with its own
-        thread lock, around each change of the claims it records), taken once no instance that does not share it
-        listens on the plain names (`wait_for_unshared_instance`). OSError when its file cannot be opened."""
+    def lock_instances(self, stop: threading.Event) -> CallLock:
+        """The lock held around each DRA call (`lock`), now with the flock the driver's instances share (a
+        rolling update runs two), taken once no instance that does not share it listens on the plain names
+        (`wait_for_unshared_instance`). The driver holds it for its own work on what the calls change (loading,
+        background checks, stopping). OSError when the lock's file cannot be opened."""
         if self.instance_lock is None:
             self.options.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
             self.wait_for_unshared_instance(stop)
             self.instance_lock = InstanceLock(self.options.plugin_dir)
-        return self.instance_lock
+            self.lock.attach(self.instance_lock)
+        return self.lock
 
     def wait_for_unshared_instance(self, stop: threading.Event, timeout: float = UNSHARED_WAIT) -> None:
         """With names of its own, wait until nothing listens on the plain names: an instance there (the previous
@@ -187,16 +197,21 @@ class Helper:
     def close(self) -> None:
         """After `stop` and the driver's last write under it: the instances' lock goes."""
         self.stop(0)
+        if self._calls is not None:
+            self._calls.close()
         if self.instance_lock is not None:
             self.instance_lock.close()
             self.instance_lock = None
 
 
 def start(driver: Driver | None, options: Options, loop: grpcserver.EventLoopThread | None = None,
-          extra_methods: Mapping[str, grpcserver.Method] = {}) -> Helper:
-    """Listen on both sockets and answer registration; serve `driver` at once, or, when it is None (its state
-    still loading), once `Helper.serve` is called: kubelet's DRA calls wait until then. `loop`: the event loop
-    the servers run in (the driver's, shared with its other servers); SocketError when a socket cannot be bound."""
+          extra_methods: Mapping[str, grpcserver.Method] = {}, lookup: ClaimLookup | None = None) -> Helper:
+    """Listen on both sockets and answer registration; serve `driver` at once (its claims GET with `lookup`), or,
+    when it is None (its state still loading), once `Helper.serve` is called: kubelet's DRA calls wait until then.
+    `loop`: the event loop the servers run in (the driver's, shared with its other servers); SocketError when a
+    socket cannot be bound."""
+    if driver is not None and lookup is None:
+        raise ValueError("start: a driver is served with a claim lookup (lookup=...), which GETs its claims")
     helper = Helper(options, loop)
     try:
         helper.servers.listen()
@@ -204,6 +219,7 @@ def start(driver: Driver | None, options: Options, loop: grpcserver.EventLoopThr
         helper.stop(0)
         raise SocketError(str(e)) from e
     if driver is not None:
-        helper.serve(driver, extra_methods)
+        assert lookup is not None
+        helper.serve(driver, lookup, extra_methods)
     return helper
 

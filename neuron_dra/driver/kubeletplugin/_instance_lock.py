@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,3 +55,26 @@ class InstanceLock:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+class CallLock:
+    """What the helper holds around each NodePrepareResources and NodeUnprepareResources call, as the Go helper's
+    `serialize` option does: a thread lock (the calls of this process), then the instances' flock when the driver
+    has one (`attach`, the rolling update's other instance). The driver holds it too for its own work on what the
+    calls change (loading, background checks, stopping). `hold` raises LockTimeout once `deadline` passes."""
+
+    def __init__(self, instances: InstanceLock | None = None) -> None:
+        self._thread = threading.Lock()
+        self.instances = instances
+
+    def attach(self, instances: InstanceLock) -> None:
+        self.instances = instances
+
+    @contextlib.contextmanager
+    def hold(self, deadline: float | None = None) -> Iterator[None]:
+        with self._thread:
+            if self.instances is None:
+                yield
+                return
+            with self.instances.hold(deadline):
+                yield

@@ -15,14 +15,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin import _memory as memory
 from neuron_dra.driver.kubeletplugin import _sockets as sockets
+from neuron_dra.driver.kubeletplugin._calls import Calls
 from neuron_dra.driver.kubeletplugin._claimref import CallScope, ClaimFailed, ClaimRef
 from neuron_dra.driver.kubeletplugin._generated import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 from neuron_dra.driver.kubeletplugin._sockets import SocketError, SocketPaths
@@ -72,58 +73,43 @@ def _claim_refs(claims: Any) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
 
 
-class PreparedDevice(Protocol):
-    """One device of a prepared claim, as kubelet is told it."""
-
-    @property
-    def request_names(self) -> Sequence[str]: ...
-    @property
-    def pool_name(self) -> str: ...
-    @property
-    def device_name(self) -> str: ...
-    @property
-    def cdi_device_ids(self) -> Sequence[str]: ...
-
-
-class Driver(Protocol):
-    """What the DRA service calls: every claim of a call gets a result, its devices or its failure."""
-
-    def prepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None
-                ) -> Mapping[str, Sequence[PreparedDevice] | ClaimFailed]: ...
-
-    def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, ClaimFailed | None]: ...
+def _call_scope(context: grpcserver.CallContext) -> CallScope:
+    """The call as it arrives (its ticket), its deadline, and `abandon` run when it ends, whatever the reason."""
+    remaining = context.time_remaining()
+    call = CallScope(time.monotonic() + remaining if remaining is not None else None)
+    if not context.add_callback(call.abandon):
+        call.abandon()  # already over
+    return call
 
 
 class DraService:
     """NodePrepareResources / NodeUnprepareResources for one API version (the messages module differs)."""
 
-    def __init__(self, driver: Driver, messages: ModuleType) -> None:
-        self._driver = driver
+    def __init__(self, calls: Calls, messages: ModuleType) -> None:
+        self._calls = calls
         self._pb = messages
 
     def NodePrepareResources(self, request: Any, context: grpcserver.CallContext) -> Any:
         # kubelet gives each call 45 s; when it gives up (deadline, cancel) the rest of the call's work is dropped.
         _check_claims("NodePrepareResources", request, context)
-        remaining = context.time_remaining()
-        call = CallScope(time.monotonic() + remaining if remaining is not None else None)
-        if not context.add_callback(call.abandon):  # runs when the call ends, whatever the reason
-            call.abandon()  # already over
-        results = self._driver.prepare(_claim_refs(request.claims), call)
+        call = _call_scope(context)
+        results = self._calls.prepare(_claim_refs(request.claims), call)
         response = self._pb.NodePrepareResourcesResponse()
+        device = self._pb.Device
         for uid, result in results.items():
             entry = response.claims[uid]  # creates the entry: every claim gets one
             if isinstance(result, ClaimFailed):
                 entry.error = result.message
                 continue
-            for d in result:
-                entry.devices.append(self._pb.Device(request_names=list(d.request_names), pool_name=d.pool_name,
-                                                     device_name=d.device_name,
-                                                     cdi_device_ids=list(d.cdi_device_ids)))
+            entry.devices.extend([device(request_names=d.request_names, pool_name=d.pool_name,
+                                         device_name=d.device_name, cdi_device_ids=d.cdi_device_ids)
+                                  for d in result])
         return response
 
     def NodeUnprepareResources(self, request: Any, context: grpcserver.CallContext) -> Any:
         _check_claims("NodeUnprepareResources", request, context)
-        results = self._driver.unprepare(_claim_refs(request.claims))
+        call = _call_scope(context)
+        results = self._calls.unprepare(_claim_refs(request.claims), call)
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in results.items():
             entry = response.claims[uid]
@@ -167,11 +153,11 @@ def _listen(server: grpcserver.Server, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def dra_services(driver: Driver) -> dict[str, grpcserver.Method]:
+def dra_services(calls: Calls) -> dict[str, grpcserver.Method]:
     """The DRA service in both versions."""
     inline = {"NodePrepareResources": _no_claims, "NodeUnprepareResources": _no_claims}
-    methods = grpcserver.service_methods(DRA_V1, DraService(driver, dra_v1_pb2), inline)
-    methods.update(grpcserver.service_methods(DRA_V1BETA1, DraService(driver, dra_v1beta1_pb2), inline))
+    methods = grpcserver.service_methods(DRA_V1, DraService(calls, dra_v1_pb2), inline)
+    methods.update(grpcserver.service_methods(DRA_V1BETA1, DraService(calls, dra_v1beta1_pb2), inline))
     return methods
 
 
@@ -202,11 +188,11 @@ class PluginServers:
                                                          "instance": self.paths.instance or "(plain names)"})
         sockets.remove_leftovers(self.paths)  # after listening: kubelet finds this instance first
 
-    def serve(self, driver: Driver, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
+    def serve(self, calls: Calls, extra_methods: Mapping[str, grpcserver.Method] = {}) -> None:
         """Serve the DRA service (and `extra_methods`, e.g. the health stream) on the DRA socket."""
         if not self._bound:
             self.listen()
-        self._dra.add_methods(dra_services(driver))
+        self._dra.add_methods(dra_services(calls))
         self._dra.add_methods(extra_methods)
         self._dra.start()
         log.info("serving", extra={"dra_socket": str(self.paths.dra),

@@ -7,12 +7,16 @@ never from node names. A node belongs to the set its `ultraserverMode` says (4: 
 2: sharing `server_id_2`, 1: the node alone; an empty mode file: the catalog's UltraServer size); its slot in the
 set is its node id. A 4-node set also publishes its two 2-node halves (the hardware runs mode-2 jobs inside it).
 
-Each group is one pool of one slice with no `nodeName`: a `nodeSelector` naming exactly its members by
-their `kubernetes.io/hostname` label (one term: a field selector names one node only), one device with resourceType
-`ultraserver`. A member that is missing (its slice or Node gone, or NotReady) or has an unhealthy device taints
-the group device where the API server keeps device taints (1.36+); elsewhere the device is withdrawn (the slice
-stays, empty). The previous members come back from the group slice's annotation, so a vanished node stays a
-(missing) member across controller restarts. Pure functions: the controller (driver/groups) does the I/O.
+Each group is one slice with no `nodeName`: a `nodeSelector` naming exactly its members by their
+`kubernetes.io/hostname` label (one term: a field selector names one node only), one device with resourceType
+`ultraserver`. Where the API server serves partitionable devices (1.36+), a 4-node set and its two halves are one
+pool: a slice of shared counters (one per member slot) and the three device slices, the whole consuming all four
+counters and each half its two, so the scheduler never allocates the whole and a half at once (docs/ultraserver.md
+§2a); elsewhere each group is its own pool of one slice and nothing keeps them apart. A member that is missing
+(its slice or Node gone, or NotReady) or has an unhealthy device taints the group device where the API server keeps
+device taints (1.36+); elsewhere the device is withdrawn (the slice stays, empty). The previous members come back
+from the group slice's annotation, so a vanished node stays a (missing) member across controller restarts. Pure
+functions: the controller (driver/groups) does the I/O.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ MISSING_TAINT = "member-missing"  # key <driver>/member-missing; unhealthy membe
 UNHEALTHY_VALUE = "member-unhealthy"
 POOL_PREFIX = "ultraserver-"  # pools `ultraserver-<size>/<id>`: a '/' no node name (hence no node pool) has
 WHOLE_DEVICE = "ultraserver"
-HALF_DEVICE = "ultraserver-half"
+HALF_DEVICE = "ultraserver-half"  # a half in its own pool; with shared counters `ultraserver-half-<0|1>`
+COUNTER_SET = "members"  # a 4-node set's shared counters: `node-<slot>`, value 1 each
+COUNTERS_PART = "counters"  # the counter slice's name part
 MAX_ID = 200  # characters of a sanitised server id in a pool name (pool names: at most 253)
 _NOT_NAME = re.compile(r"[^a-z0-9.-]+")
 _EDGE = re.compile(r"^[^a-z0-9]+|[^a-z0-9]+$")
@@ -97,6 +103,7 @@ class Group:
     capacity_block_id: str | None
     slots: tuple[Slot, ...]
     half_of: str | None = None  # the 4-node set's server_id_4, for a half
+    half: int = 0  # which half (slots 0-1: 0, slots 2-3: 1)
 
     @property
     def pool_name(self) -> str:
@@ -253,8 +260,8 @@ def previous_groups(group_slices: Iterable[Mapping[str, Any]]) -> dict[str, Prev
                           for m in doc)
         except (ValueError, TypeError, KeyError):
             continue
-        if len(slots) <= max(MODES):
-            out[pool] = PreviousGroup(pool, slots)
+        if len(slots) <= max(MODES) and len(slots) > len(out[pool].slots if pool in out else ()):
+            out[pool] = PreviousGroup(pool, slots)  # with shared counters, the whole's slice names all 4 slots
     return out
 
 
@@ -351,16 +358,17 @@ def _halves(whole: Group) -> list[Group]:
         ids = {s.server_id_2 for s in slots if s.server_id_2}
         server_id = min(ids) if ids else f"{whole.server_id}.half{half}"
         out.append(Group(server_id, 2, whole.instance_type, whole.ultraserver_id, whole.capacity_block_id, slots,
-                         half_of=whole.server_id))
+                         half_of=whole.server_id, half=half))
     return out
 
 
 # --- rendering -------------------------------------------------------------------------------------------------
 
 
-def slice_name(pool_name: str, driver: str) -> str:
-    """The group slice's name: fixed per pool, so a create retried after a lost answer cannot make two."""
-    base = pool_name.replace("/", ".")
+def slice_name(pool_name: str, driver: str, part: str = "") -> str:
+    """A group slice's name: fixed per pool and part (the whole's slice: none; `counters`, `half-0`, `half-1`), so
+    a create retried after a lost answer cannot make two."""
+    base = pool_name.replace("/", ".") + (f".{part}" if part else "")
     name = f"{base}.{driver}"
     if len(name) <= 253:
         return name
@@ -379,9 +387,21 @@ def group_taints(group: Group, driver: str, effect: str = "NoSchedule") -> list[
     return taints
 
 
-def group_device(group: Group, driver: str, taints_served: bool, effect: str = "NoSchedule"
-                 ) -> dict[str, Any] | None:
-    """The group's device; None when it is withdrawn (not ready, and the API server keeps no taints)."""
+def _counter(slot: int) -> str:
+    return f"node-{slot}"
+
+
+def counters_consumed(group: Group) -> list[dict[str, Any]]:
+    """What the group's device consumes of its 4-node set's counters: one per slot it spans."""
+    slots = range(4) if group.half_of is None else (2 * group.half, 2 * group.half + 1)
+    return [{"counterSet": COUNTER_SET, "counters": {_counter(i): {"value": "1"} for i in slots}}]
+
+
+def group_device(group: Group, driver: str, taints_served: bool, effect: str = "NoSchedule",
+                 counters: bool = False) -> dict[str, Any] | None:
+    """The group's device; None when it is withdrawn (not ready, and the API server keeps no taints). With
+    `counters` a device of a 4-node set (whole or half) consumes its slots' shared counters and a half is named
+    `ultraserver-half-<half>` (it shares the whole's pool)."""
     attrs: dict[str, Any] = {
         "resourceType": {"string": ULTRASERVER_GROUP},
         "instanceType": {"string": group.instance_type},
@@ -392,7 +412,11 @@ def group_device(group: Group, driver: str, taints_served: bool, effect: str = "
     }
     if group.capacity_block_id:
         attrs["capacityBlockId"] = {"string": group.capacity_block_id}
-    device: dict[str, Any] = {"name": group.device_name, "attributes": attrs}
+    partitioned = counters and (group.half_of is not None or group.size == 4)
+    name = f"{HALF_DEVICE}-{group.half}" if partitioned and group.half_of is not None else group.device_name
+    device: dict[str, Any] = {"name": name, "attributes": attrs}
+    if partitioned:
+        device["consumesCounters"] = counters_consumed(group)
     taints = group_taints(group, driver, effect)
     if taints and not taints_served:
         return None
@@ -415,29 +439,61 @@ def selected_nodes(selector: Mapping[str, Any]) -> list[str]:
                   if e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In" for v in e.get("values") or ())
 
 
-def group_slice(group: Group, driver: str, taints_served: bool = True, effect: str = "NoSchedule"
-                ) -> dict[str, Any]:
-    """The group's ResourceSlice (resource.k8s.io/v1): its own pool, one slice, no nodeName, the members named
-    in the nodeSelector, one device (none when withdrawn). Generation 0: the controller sets it."""
-    device = group_device(group, driver, taints_served, effect)
+def _slice(group: Group, driver: str, pool: str, part: str) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": slice_name(group.pool_name, driver),
+        "metadata": {"name": slice_name(pool, driver, part),
                      "labels": {MANAGED_BY_LABEL: MANAGED_BY},
                      "annotations": {MEMBERS_ANNOTATION: members_annotation(group)}},
         "spec": {"driver": driver,
-                 "pool": {"name": group.pool_name, "generation": 0, "resourceSliceCount": 1},
-                 "nodeSelector": node_selector(group.hostnames),
-                 "devices": [device] if device is not None else []},
+                 "pool": {"name": pool, "generation": 0, "resourceSliceCount": 1},
+                 "nodeSelector": node_selector(group.hostnames)},
     }
 
 
-def desired_slices(membership: Membership, driver: str, taints_served: bool = True, effect: str = "NoSchedule"
-                   ) -> list[dict[str, Any]]:
-    """Every group's slice, ordered by pool name; a group with no known node (nothing to select) has none."""
-    out = [group_slice(g, driver, taints_served, effect) for g in membership.groups if g.slots]
-    return sorted(out, key=lambda s: s["spec"]["pool"]["name"])
+def group_slice(group: Group, driver: str, taints_served: bool = True, effect: str = "NoSchedule",
+                counters: bool = False) -> dict[str, Any]:
+    """The group's ResourceSlice (resource.k8s.io/v1): no nodeName, the members named in the nodeSelector, one
+    device (none when withdrawn). Its own pool of one slice; with `counters`, a half's slice is in its whole's pool
+    (`desired_slices` sets the pool's slice count). Generation 0: the controller sets it."""
+    partitioned = counters and group.half_of is not None
+    pool = f"{POOL_PREFIX}4/{sanitised_id(group.half_of)}" if partitioned and group.half_of else group.pool_name
+    out = _slice(group, driver, pool, f"half-{group.half}" if partitioned else "")
+    device = group_device(group, driver, taints_served, effect, counters)
+    out["spec"]["devices"] = [device] if device is not None else []
+    return out
+
+
+def counter_slice(whole: Group, driver: str) -> dict[str, Any]:
+    """The shared counters of a 4-node set, in its pool: `node-0` .. `node-3`, value 1 each, which the whole
+    device consumes all of and each half two of. A slice holds counters or devices, never both (API validation);
+    its selector is the whole's (the scheduler reads counter slices whatever their selector)."""
+    out = _slice(whole, driver, whole.pool_name, COUNTERS_PART)
+    out["spec"]["sharedCounters"] = [{"name": COUNTER_SET,
+                                      "counters": {_counter(i): {"value": "1"} for i in range(4)}}]
+    return out
+
+
+def desired_slices(membership: Membership, driver: str, taints_served: bool = True, effect: str = "NoSchedule",
+                   counters: bool = False) -> list[dict[str, Any]]:
+    """Every group's slice, ordered by pool name (a pool's counter slice first); a group with no known node
+    (nothing to select) has none. With `counters` (partitionable devices served: 1.36+) each 4-node set is one
+    pool of its counter slice, the whole's slice and its halves' slices, so the whole and a half exclude each
+    other; every slice of a pool carries the pool's slice count."""
+    out = []
+    for g in membership.groups:
+        if not g.slots:
+            continue
+        if counters and g.size == 4 and g.half_of is None:
+            out.append(counter_slice(g, driver))
+        out.append(group_slice(g, driver, taints_served, effect, counters))
+    sizes: dict[str, int] = {}
+    for s in out:
+        sizes[s["spec"]["pool"]["name"]] = sizes.get(s["spec"]["pool"]["name"], 0) + 1
+    for s in out:
+        s["spec"]["pool"]["resourceSliceCount"] = sizes[s["spec"]["pool"]["name"]]
+    return sorted(out, key=lambda s: (s["spec"]["pool"]["name"], "devices" in s["spec"], s["metadata"]["name"]))
 
 
 def is_group_slice(s: Mapping[str, Any], driver: str) -> bool:
@@ -465,6 +521,7 @@ def slice_content(s: Mapping[str, Any]) -> str:
     pool = spec.get("pool") or {}
     return json.dumps({"pool": pool.get("name"), "count": pool.get("resourceSliceCount"),
                        "selector": spec.get("nodeSelector"), "devices": _without_times(spec.get("devices") or ()),
+                       "counters": spec.get("sharedCounters"),
                        "members": (meta.get("annotations") or {}).get(MEMBERS_ANNOTATION)},
                       sort_keys=True, separators=(",", ":"))
 

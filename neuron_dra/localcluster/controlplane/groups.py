@@ -64,6 +64,7 @@ def controller_argv(options: UltraServerControllerOptions, kubeconfig: Path) -> 
     return [sys.executable, "-m", "neuron_dra.driver.groups", f"--driver-name={options.driver_name}",
             f"--namespace={options.namespace}", f"--lease-name={options.name}", f"--identity={IDENTITY}",
             f"--taint-effect={options.taint_effect}", f"--resync-seconds={options.resync_seconds}",
+            f"--shared-counters={options.shared_counters}",
             f"--kubeconfig={kubeconfig}"]
 
 

@@ -8,7 +8,7 @@ the templates. Pure functions, so the table and the topology views can be tested
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_dra.claim_templates import CheckReport
@@ -19,6 +19,7 @@ from neuron_dra.localcluster.nodes.topology import NodeSpec
 
 NEURON_DEVICE_PREFIX = "neuron-device-"
 EFA_DEVICE_PREFIX = "efa-"
+ULTRASERVER_ENV = "NEURON_RT_ULTRASERVER_"  # MODE, SERVER_ID, NODE_ID (docs/ultraserver.md §6)
 
 
 class ReportError(ValueError):
@@ -54,6 +55,17 @@ class PodOutcome:
     visible_cores: str
     lnc: str  # NEURON_LOGICAL_NC_CONFIG, "" where the family has no LNC
     prediction: Prediction | None = None
+    group: str = ""  # the UltraServer group pool of a shared job claim (`ultraserver-4/<id>`), "" without one
+    group_nodes: tuple[str, ...] = ()  # the nodes the group's allocation selects
+    ultraserver_env: Mapping[str, str] = field(default_factory=dict)  # NEURON_RT_ULTRASERVER_* of the container
+
+    @property
+    def ultraserver(self) -> str:
+        """The table's cell: the group and this node's id in it, as the container's environment says."""
+        if not self.group:
+            return "-"
+        node_id = self.ultraserver_env.get(f"{ULTRASERVER_ENV}NODE_ID", "?")
+        return f"{self.group} node {node_id}"
 
     @property
     def matches_prediction(self) -> bool:
@@ -109,10 +121,16 @@ def outcome_from_record(record: Mapping[str, Any], template: str, instance_type:
                 requests.extend(r for r in dev.get("requestNames", ()) if r not in requests)
             elif name.startswith(EFA_DEVICE_PREFIX):
                 efa.append(_index(name, EFA_DEVICE_PREFIX, where))
+    groups = record.get("groups") or ()
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, Mapping) for g in groups):
+        raise ReportError(f"{where}: groups {groups!r} is not a list of group allocations")
+    group = groups[0] if groups else {}
     return PodOutcome(pod=str(record.get("pod")), template=template, node=str(record.get("node")),
                       instance_type=instance_type, requests=tuple(requests), neuron_devices=tuple(sorted(neuron)),
                       efa_devices=tuple(sorted(efa)), visible_cores=str(env.get("NEURON_RT_VISIBLE_CORES", "")),
-                      lnc=str(env.get("NEURON_LOGICAL_NC_CONFIG", "")))
+                      lnc=str(env.get("NEURON_LOGICAL_NC_CONFIG", "")), group=str(group.get("pool", "")),
+                      group_nodes=tuple(str(n) for n in group.get("nodes") or ()),
+                      ultraserver_env={str(k): str(v) for k, v in env.items() if str(k).startswith(ULTRASERVER_ENV)})
 
 
 def prediction(report: CheckReport, instance_type: str) -> Prediction:
@@ -122,7 +140,7 @@ def prediction(report: CheckReport, instance_type: str) -> Prediction:
     return Prediction(fit.claims_per_node, requests, tuple(neuron))
 
 
-HEADERS = ("POD", "TEMPLATE", "NODE", "REQUEST", "NEURON DEVICES", "EFA", "VISIBLE CORES", "LNC",
+HEADERS = ("POD", "TEMPLATE", "NODE", "REQUEST", "NEURON DEVICES", "EFA", "VISIBLE CORES", "LNC", "ULTRASERVER",
            "CHECK PREDICTED", "AS PREDICTED")
 
 
@@ -130,7 +148,7 @@ def format_table(outcomes: Sequence[PodOutcome]) -> str:
     rows = [HEADERS]
     for o in outcomes:
         rows.append((o.pod, o.template, o.node, ",".join(o.requests) or "-", core_ranges(o.neuron_devices) or "-",
-                     core_ranges(o.efa_devices) or "-", o.visible_cores or "-", o.lnc or "-",
+                     core_ranges(o.efa_devices) or "-", o.visible_cores or "-", o.lnc or "-", o.ultraserver,
                      o.prediction.describe() if o.prediction else "-",
                      "yes" if o.matches_prediction else "NO"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADERS))]
@@ -138,7 +156,8 @@ def format_table(outcomes: Sequence[PodOutcome]) -> str:
 
 
 def node_views(nodes: Sequence[NodeSpec], outcomes: Sequence[PodOutcome]) -> list[NodeView]:
-    """Each node with its devices marked by the pod that holds them."""
+    """Each node with its devices marked by the pod that holds them, its UltraServer and the group device its job
+    pod shares."""
     views = []
     for node in nodes:
         owners: dict[int, str] = {}
@@ -146,7 +165,9 @@ def node_views(nodes: Sequence[NodeSpec], outcomes: Sequence[PodOutcome]) -> lis
             for i in o.neuron_devices if o.node == node.name else ():
                 # pods sharing a device through its NeuronCores: both named
                 owners[i] = f"{owners[i]}+{o.pod}" if i in owners else o.pod
-        views.append(NodeView(node.name, node.instance_type, owners))
+        groups = sorted({o.group for o in outcomes if o.node == node.name and o.group})
+        views.append(NodeView(node.name, node.instance_type, owners, ultraserver=node.ultraserver,
+                              ultraserver_node=node.ultraserver_node, group=", ".join(groups)))
     return views
 
 
@@ -159,3 +180,34 @@ def node_usage(nodes: Sequence[NodeSpec], outcomes: Sequence[PodOutcome], device
         pods = ", ".join(f"{o.pod} ({len(o.neuron_devices)})" for o in mine) or "no pods"
         lines.append(f"  {node.name}: {used}/{device_counts[node.instance_type]} Neuron devices: {pods}")
     return "\n".join(lines) + "\n"
+
+
+def job_summary(job: str, nodes: int, outcomes: Sequence[PodOutcome]) -> str:
+    """What an UltraServer job got, checked: its `nodes` pods share one group device, run one per node on exactly
+    the nodes the group selects, and each container has the UltraServer environment of its node (one server id,
+    the node ids 0..nodes-1, mode `nodes`). A ReportError says what differs."""
+    mine = [o for o in outcomes if o.group]
+    where = f"UltraServer job {job}"
+    if len(mine) != nodes or len(outcomes) != nodes:
+        raise ReportError(f"{where}: {len(mine)} of its {len(outcomes)} pods hold a group device; wanted {nodes}")
+    pools = {o.group for o in mine}
+    placed = sorted(o.node for o in mine)
+    selected = {o.group_nodes for o in mine}
+    servers = {o.ultraserver_env.get(f"{ULTRASERVER_ENV}SERVER_ID", "") for o in mine}
+    modes = {o.ultraserver_env.get(f"{ULTRASERVER_ENV}MODE", "") for o in mine}
+    node_ids = sorted(o.ultraserver_env.get(f"{ULTRASERVER_ENV}NODE_ID", "") for o in mine)
+    if len(pools) != 1:
+        raise ReportError(f"{where}: its pods hold groups {sorted(pools)}; wanted one")
+    if len(set(placed)) != nodes or selected != {tuple(placed)}:
+        raise ReportError(f"{where}: pods on {placed}, the group selects {sorted(selected)}; wanted one pod on each "
+                          "selected node")
+    if len(servers) != 1 or "" in servers or modes != {str(nodes)} or node_ids != [str(i) for i in range(nodes)]:
+        raise ReportError(f"{where}: the containers' UltraServer environment has server ids {sorted(servers)}, modes "
+                          f"{sorted(modes)}, node ids {node_ids}; wanted one server id, mode {nodes}, node ids 0 to "
+                          f"{nodes - 1}")
+    (pool,) = pools
+    per_pod = ", ".join(f"{o.pod} -> {o.node} (node {o.ultraserver_env[f'{ULTRASERVER_ENV}NODE_ID']})"
+                        for o in sorted(mine, key=lambda o: o.pod))
+    return (f"UltraServer job {job}: {nodes} pods share the claim of one group device ({pool}: "
+            f"{', '.join(placed)}), one pod per node, every container in UltraServer mode {nodes} of server "
+            f"{next(iter(servers))}: {per_pod}")

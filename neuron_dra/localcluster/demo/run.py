@@ -4,10 +4,12 @@ example workloads, and where the real scheduler put them.
 Steps: check the workloads' templates against the demo's instance types (the prediction); build the Kubernetes
 binaries if they are not cached; bring up the local cluster (the supervisor applies the driver's objects); wait
 for every node's ResourceSlices; install every example template in the demo namespace (the apiserver compiles
-their CEL); create the workloads stage by stage (see workloads.py); wait until they run; show the table, each
-node's topology and an SVG; on 1.36+ fault two devices and show the taints, the pod's health and a new claim
-avoiding them, then clear the fault (health.py); tear down unless asked to keep the cluster. Every wait is
-bounded, and the cluster is stopped on any failure or interrupt.
+their CEL); create the workloads stage by stage (see workloads.py; the UltraServer job once its group device is
+published, its shared claim before its pods); wait until they run; show the table, each node's topology and an
+SVG (an UltraServer's nodes framed together), checking that the job's pods share one UltraServer; on 1.36+ fault
+two devices and show the taints, the pod's health and a new claim avoiding them, then clear the fault
+(health.py); tear down unless asked to keep the cluster. Every wait is bounded, and the cluster is stopped on any
+failure or interrupt.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from neuron_dra.claim_templates import Checker, CheckReport, ClaimTemplate
+from neuron_dra.claim_templates.ultraserver import UltraServerJob
+from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.catalog import get_instance_spec
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.localcluster import build
@@ -51,7 +55,9 @@ from neuron_dra.localcluster.demo.health import (
 from neuron_dra.localcluster.demo.health import raw_json as _raw
 from neuron_dra.localcluster.demo.report import (
     PodOutcome,
+    ReportError,
     format_table,
+    job_summary,
     node_usage,
     node_views,
     outcome_from_record,
@@ -60,8 +66,11 @@ from neuron_dra.localcluster.demo.report import (
 from neuron_dra.localcluster.demo.topology_view import legend_letters, render_legend, render_svg, render_text
 from neuron_dra.localcluster.demo.workloads import (
     DEMO_NAMESPACE,
+    DEMO_NODE_ARGS,
+    Stage,
     Workload,
     demo_instance_types,
+    demo_jobs,
     demo_stages,
     demo_templates,
     pod_manifest,
@@ -69,7 +78,6 @@ from neuron_dra.localcluster.demo.workloads import (
 )
 from neuron_dra.localcluster.nodes.efa_emulator import EFA_DRIVER
 from neuron_dra.localcluster.nodes.fakeruntime import created_containers
-from neuron_dra.localcluster.nodes.topology import DEMO_NODES
 from neuron_dra.localcluster.processes import procs
 from neuron_dra.localcluster.processes.podlogs import api_container_log, container_log, workload_report
 from neuron_dra.localcluster.supervisor import PID_FILE, wait_for_service_account
@@ -91,7 +99,7 @@ class DemoOptions:
     start_timeout: float = 300.0  # for the cluster to be ready (binaries cached)
     ttl: float | None = None  # the cluster's own lifetime; default DEMO_TTL_S, or 2 h with keep
     driver_name: str = DEFAULT_DRIVER_NAME
-    node_args: tuple[str, ...] = DEMO_NODES
+    node_args: tuple[str, ...] = DEMO_NODE_ARGS
     kubernetes_version: str = DEFAULT_MINOR
     runtime: str = "containerd"  # cluster.DEFAULT_RUNTIME; fake: the fake CRI runtime
     prometheus: bool = False  # a Prometheus scraping the drivers; the demo shows what it attributes
@@ -104,6 +112,7 @@ class DemoResult:
     svg: Path | None = None
     kubeconfig: Path | None = None
     health: HealthOutcome | None = None  # the device-health stage (1.36+)
+    jobs: list[str] = field(default_factory=list)  # what each UltraServer job got (report.job_summary)
 
 
 class Narrator:
@@ -127,7 +136,7 @@ def predictions(checker: Checker, instance_types: Sequence[str], minor: str = DE
     """The check report of each workload's template against the demo's instance types; a template that fits none
     of them stops the demo before anything starts."""
     reports: dict[str, CheckReport] = {}
-    for stage in demo_stages(minor):
+    for stage in demo_stages(minor, instance_types):
         for w in stage.workloads:
             if w.template.name in reports:
                 continue
@@ -159,6 +168,7 @@ class DemoRun:
         images = cluster.dir / "images.json"
         self.workload_image: str | None = (json.loads(images.read_text())["workload"]
                                            if options.runtime == "containerd" else None)
+        self.stages = demo_stages(options.kubernetes_version, [n.instance_type for n in cluster.nodes])
 
     # --- slices ----------------------------------------------------------------------------------------------
 
@@ -186,6 +196,39 @@ class DemoRun:
         total = sum(len(s["spec"].get("devices") or ()) for s in
                     _raw(self.resource.list_resource_slice(_preload_content=False)).get("items", []))
         self.say(f"every node publishes its devices: {total} devices in ResourceSlices")
+
+    # --- UltraServer groups -----------------------------------------------------------------------------------
+
+    def _group_devices(self, job: UltraServerJob) -> list[tuple[str, list[str]]]:
+        """The untainted group devices the job's claim can take: (pool, selected nodes)."""
+        items = _raw(self.resource.list_resource_slice(_preload_content=False)).get("items", [])
+        driver = self.cluster.driver_name
+        out = []
+        for s in items:
+            if not us.is_group_slice(s, driver):
+                continue
+            for d in s["spec"].get("devices") or ():
+                attrs = d.get("attributes") or {}
+                if (not d.get("taints") and attrs.get("nodeCount") == {"int": job.nodes}
+                        and attrs.get("instanceType", {}).get("string") in job.target_types):
+                    out.append((s["spec"]["pool"]["name"], us.selected_nodes(s["spec"].get("nodeSelector") or {})))
+        return sorted(out)
+
+    def start_job(self, job: UltraServerJob) -> None:
+        """Wait for the group controller to publish a group device the job fits (docs/ultraserver.md §3), then
+        create the job's shared claim (its per-pod template is installed with the others)."""
+        wait_until(f"a {job.nodes}-node UltraServer group device for job {job.name}",
+                   lambda: bool(self._group_devices(job)), 90,
+                   lambda: f"see {self.cluster.dir}/ultraserver/controller.log")
+        groups = self._group_devices(job)
+        self.say(f"the UltraServer group controller publishes {len(groups)} {job.nodes}-node group device(s): "
+                 + "; ".join(f"{pool} selects {', '.join(nodes)}" for pool, nodes in groups))
+        try:
+            self.resource.create_namespaced_resource_claim(self.namespace, job.group_claim())  # type: ignore[arg-type]
+        except ApiException as e:
+            raise DemoError(f"the apiserver rejected the shared claim {job.claim_name}: {_message(e)}") from e
+        self.say(f"created the shared claim {job.claim_name} (one device of class {job.group_class}: "
+                 f"{job.group_selector()}); each job pod names it and its own {job.template_name} claim")
 
     # --- templates -------------------------------------------------------------------------------------------
 
@@ -237,8 +280,10 @@ class DemoRun:
 
     def run_stages(self) -> list[Workload]:
         started: list[Workload] = []
-        for number, stage in enumerate(demo_stages(self.options.kubernetes_version), start=1):
+        for number, stage in enumerate(self.stages, start=1):
             names = [w.pod for w in stage.workloads]
+            for job in demo_jobs((stage,)):
+                self.start_job(job)
             for w in stage.workloads:
                 try:
                     manifest = pod_manifest(w, self.namespace, self.workload_image)
@@ -279,9 +324,12 @@ class DemoRun:
 
     def _allocated_requests(self, pod: str) -> tuple[str, ...]:
         requests: list[str] = []
-        for _, claim in pod_claims(self.resource, self.namespace, self._pod(pod)):
+        p = self._pod(pod)
+        for _, claim in pod_claims(self.resource, self.namespace, p):
             for r in claim["status"]["allocation"]["devices"]["results"]:
-                if r["driver"] == self.cluster.driver_name and r["request"] not in requests:
+                # the node's own devices (a shared group claim's result is in a group pool)
+                if r["driver"] == self.cluster.driver_name and r["pool"] == p["spec"]["nodeName"] \
+                        and r["request"] not in requests:
                     requests.append(r["request"])
         return tuple(requests)
 
@@ -303,8 +351,17 @@ class DemoRun:
             {"requestNames": [r["request"].split("/")[0]], "pool": r["pool"], "device": r["device"]}
             for r in claim["status"]["allocation"]["devices"]["results"] if r["pool"] == node]}
             for name, claim in pod_claims(self.resource, self.namespace, pod)}
+        # a shared claim is named in the pod's spec (resourceClaimStatuses lists only claims made from templates)
+        shared = [_raw(self.resource.read_namespaced_resource_claim(c["resourceClaimName"], self.namespace,
+                                                                    _preload_content=False))
+                  for c in pod["spec"].get("resourceClaims") or () if c.get("resourceClaimName")]
+        groups = [{"claim": claim["metadata"]["name"], "pool": r["pool"], "device": r["device"],
+                   "nodes": us.selected_nodes(claim["status"]["allocation"].get("nodeSelector") or {})}
+                  for claim in shared for r in claim["status"]["allocation"]["devices"]["results"]
+                  if r["driver"] == self.cluster.driver_name and r["pool"].startswith(us.POOL_PREFIX)
+                  and "/" in r["pool"]]
         return {"namespace": self.namespace, "pod": pod_name, "uid": pod["metadata"]["uid"], "node": node,
-                "claims": claims, "containers": containers}
+                "claims": claims, "groups": groups, "containers": containers}
 
     def _reported(self, pod_name: str, node: str, uid: str) -> dict[str, Any]:
         """What the workload container printed about itself, read as `kubectl logs` does (processes/podlogs.py):
@@ -372,7 +429,8 @@ def show(result: DemoResult, cluster: LocalCluster, say: Narrator) -> str:
             "CreateContainer")
     parts = ["", f"Where the scheduler put each pod (devices: the claims' allocation; cores: {seen}; CHECK PREDICTED: "
                  "claims per empty node and the first claim's devices, from `neuron-dra claims check`):", "",
-             format_table(outcomes), "Devices in use:", node_usage(cluster.nodes, outcomes, counts),
+             format_table(outcomes), *result.jobs, *([""] if result.jobs else []),
+             "Devices in use:", node_usage(cluster.nodes, outcomes, counts),
              "Topology (letters: pods; '.': free):", render_legend(letters), ""]
     for view in views:
         parts += [render_text(view, letters), ""]
@@ -490,6 +548,7 @@ def run_workloads(cluster: LocalCluster, options: DemoOptions, say: Narrator, re
         say("creating the workloads stage by stage (each stage scheduled before the next):")
         workloads = run.run_stages()
         result.outcomes = run.outcomes(workloads, reports)
+        result.jobs = job_summaries(run.stages, result.outcomes)
         show(result, cluster, say)
         if cluster.prometheus:
             show_attribution(cluster.prometheus, say)
@@ -501,6 +560,19 @@ def run_workloads(cluster: LocalCluster, options: DemoOptions, say: Narrator, re
             result.health = run.health_stage(result.outcomes)
     finally:
         api.close()
+
+
+def job_summaries(stages: Sequence[Stage], outcomes: Sequence[PodOutcome]) -> list[str]:
+    """Each UltraServer job's line, checked (report.job_summary): a job whose pods do not share one UltraServer
+    fails the demo."""
+    lines = []
+    for job in demo_jobs(stages):
+        pods = {w.pod for stage in stages for w in stage.workloads if w.job == job}
+        try:
+            lines.append(job_summary(job.name, job.nodes, [o for o in outcomes if o.pod in pods]))
+        except ReportError as e:
+            raise DemoError(str(e)) from e
+    return lines
 
 
 def stop_demo_cluster(cluster_dir: Path, say: Narrator, *, ok: bool, made_temp: bool) -> None:

@@ -26,6 +26,9 @@ class NodeView:
     instance_type: str
     owners: Mapping[int, str] = field(default_factory=dict)  # device index -> pod (or claim) name
     catalog: Catalog = field(default=BUILTIN, repr=False)  # where the instance type is described
+    ultraserver: str = ""  # the UltraServer the node is part of; "": none
+    ultraserver_node: int = 0  # its position in it
+    group: str = ""  # the group device (pool) a job pod on the node shares with its UltraServer peers
 
     @property
     def spec(self) -> InstanceSpec:
@@ -54,6 +57,10 @@ def render_text(view: NodeView, letters: Mapping[str, str] | None = None) -> str
     letters = letters if letters is not None else legend_letters([view])
     spec = view.spec
     title = f"{view.node_name} ({spec.instance_type}, {spec.topology.value})"
+    if view.ultraserver:
+        title += f" UltraServer {view.ultraserver} node {view.ultraserver_node}"
+        if view.group:
+            title += f", group device {view.group}"
     lines = [title]
     if spec.topology is TopologyKind.TORUS_4X4:
         for row in range(4):
@@ -129,13 +136,44 @@ def _svg_links(spec: InstanceSpec, pos: Mapping[int, tuple[float, float]], panel
     return out
 
 
+def ultraserver_spans(views: Sequence[NodeView]) -> list[tuple[int, int, NodeView]]:
+    """Runs of adjacent views of one UltraServer: (first index, last index, first view)."""
+    spans: list[tuple[int, int, NodeView]] = []
+    for k, view in enumerate(views):
+        if not view.ultraserver:
+            continue
+        if spans and spans[-1][1] == k - 1 and spans[-1][2].ultraserver == view.ultraserver:
+            spans[-1] = (spans[-1][0], k, spans[-1][2])
+        else:
+            spans.append((k, k, view))
+    return spans
+
+
+def _svg_ultraservers(views: Sequence[NodeView], panel: int) -> list[str]:
+    """A dashed frame around the panels of each UltraServer, named under them with the group devices its nodes'
+    job pods share."""
+    out = []
+    for first, last, view in ultraserver_spans(views):
+        x, w = first * panel + 3, (last - first + 1) * panel - 6
+        groups = sorted({v.group for v in views[first:last + 1] if v.group})
+        label = f"UltraServer {view.ultraserver} ({last - first + 1} nodes)"
+        if groups:
+            label += ": one job on group device " + ", ".join(groups)
+        out.append(f'<g><title>{escape(label)}</title><rect x="{x}" y="2" width="{w}" height="{panel + 30}" '
+                   'fill="none" stroke="#555" stroke-width="2" stroke-dasharray="8,4" rx="8"/>'
+                   f'<text x="{x + 6}" y="{panel + 48}" font-weight="bold">{escape(label)}</text></g>')
+    return out
+
+
 def render_svg(views: Sequence[NodeView], panel: int = 260) -> str:
-    """All nodes side by side as one SVG document, devices coloured by owner, links drawn."""
+    """All nodes side by side as one SVG document, devices coloured by owner, links drawn; the nodes of an
+    UltraServer framed together."""
     letters = legend_letters(views)
     colours = {owner: PALETTE[i % len(PALETTE)] for i, owner in enumerate(letters)}
     width = panel * max(1, len(views))
     legend_rows = math.ceil(len(letters) / 3) if letters else 1
-    height = panel + 40 + 18 * legend_rows
+    band = 20 if ultraserver_spans(views) else 0  # the UltraServers' names under the panels
+    height = panel + 40 + band + 18 * legend_rows
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
            f'<rect width="{width}" height="{height}" fill="white"/>']
@@ -153,9 +191,10 @@ def render_svg(views: Sequence[NodeView], panel: int = 260) -> str:
             out.append(f'<g><title>{escape(title)}</title><rect x="{x - 17:.1f}" y="{y - 13:.1f}" width="34" '
                        f'height="26" rx="4" fill="{fill}" stroke="#333"/>'
                        f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle">{i}</text></g>')
+    out += _svg_ultraservers(views, panel)
     for n, (owner, _letter) in enumerate(letters.items()):
         x = 8 + (n % 3) * (width / 3)
-        y = panel + 44 + 18 * (n // 3)
+        y = panel + 44 + band + 18 * (n // 3)
         out.append(f'<rect x="{x:.1f}" y="{y - 10:.1f}" width="12" height="12" fill="{colours[owner]}"/>'
                    f'<text x="{x + 16:.1f}" y="{y:.1f}">{escape(owner)}</text>')
     out.append("</svg>")

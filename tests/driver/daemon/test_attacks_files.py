@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
+from neuron_dra.driver.daemon.claims.allocation import Reason
 from neuron_dra.driver.daemon.claims.cdi import CdiStore
 from neuron_dra.driver.daemon.claims.checkpoint import JOURNAL_SIZE, Checkpoint, ClaimState, PreparedClaim
 from neuron_dra.driver.daemon.claims.state import DriverState
-from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
-from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock
+from neuron_dra.driver.kubeletplugin._claimref import ClaimFailed, ClaimRef
+from neuron_dra.driver.kubeletplugin._instance_lock import CallLock, InstanceLock
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from tests.driver.kubeletplugin.test_instances import Instance, _check_whole
 from tests.support import pluginclient
 from tests.support.checkpoint_claims import ErrorCount
-from tests.support.driver import DRIVER, NODE, DaemonDirs, FakeLookup, claim, devices, uid
+from tests.support.driver import DRIVER, NODE, DaemonDirs, FakeLookup, Served, claim, devices, uid
 
 pytestmark = pytest.mark.attacks
 SEED = 32
@@ -46,14 +46,13 @@ class Node:
         self.lookup = lookup
         self.locks: list[InstanceLock] = []
 
-    def instance(self) -> DriverState:
+    def instance(self) -> Served:
         lock = InstanceLock(self.plugin)
         self.locks.append(lock)
-        return DriverState(host=self.host, host_root=self.root, driver_name=DRIVER, pool_name=NODE,
-                           cdi=CdiStore(self.base / "cdi", DRIVER),
-                           checkpoint=Checkpoint(self.plugin / "checkpoint.json", self.journal_size),
-                           lookup=self.lookup,
-                           instance_lock=lock)
+        return Served(DriverState(host=self.host, host_root=self.root, driver_name=DRIVER, pool_name=NODE,
+                                  cdi=CdiStore(self.base / "cdi", DRIVER),
+                                  checkpoint=Checkpoint(self.plugin / "checkpoint.json", self.journal_size),
+                                  lookup=self.lookup, lock=CallLock(lock)), self.lookup)
 
     def close(self) -> None:
         for lock in self.locks:
@@ -86,9 +85,9 @@ def test_two_instances_on_an_empty_node_never_grant_one_device_to_two_claims(
         else:
             answers[name] = state.prepare([ref])[ref.uid]
     first, second = ("B", "A") if order.endswith("prepare A") else ("A", "B")
-    assert not isinstance(answers[first], ClaimError), answers[first]
+    assert not isinstance(answers[first], ClaimFailed), answers[first]
     refused = answers[second]
-    assert isinstance(refused, ClaimError) and refused.reason is Reason.DEVICE_BUSY, refused
+    assert isinstance(refused, ClaimFailed) and refused.reason == Reason.DEVICE_BUSY, refused
     recorded = Checkpoint(node.plugin / "checkpoint.json").read()
     assert set(recorded) == {who[first][1].uid}
     for state in (a, b):  # both see the same one holder
@@ -186,15 +185,15 @@ def journal_node(tmp_path: Path) -> Iterator[tuple[Node, dict[str, PreparedClaim
     state.load()
     state.reconcile_local()
     for i in (0, 1, 2, 3):
-        assert not isinstance(state.prepare([ClaimRef("default", f"c{i}", uid(10 + i))])[uid(10 + i)], ClaimError)
+        assert not isinstance(state.prepare([ClaimRef("default", f"c{i}", uid(10 + i))])[uid(10 + i)], ClaimFailed)
     state.unprepare([ClaimRef("default", "c1", uid(11))])
     lookup.delete("c1")
-    assert not isinstance(state.prepare([ClaimRef("default", "c4", uid(14))])[uid(14)], ClaimError)
+    assert not isinstance(state.prepare([ClaimRef("default", "c4", uid(14))])[uid(14)], ClaimFailed)
     state.unprepare([ClaimRef("default", "c0", uid(10))])
     lookup.delete("c0")
     truth = dict(state.prepared())
     assert set(truth) == {uid(12), uid(13), uid(14)}
-    state._executor.shutdown()  # no close: the records stay in the journal, as after a kill -9
+    state.calls.close()  # no close of the state: the records stay in the journal, as after a kill -9
     yield node, truth
     node.close()
 

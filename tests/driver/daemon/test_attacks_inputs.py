@@ -15,7 +15,7 @@ from neuron_dra.driver.daemon import main as daemon_main
 from neuron_dra.driver.daemon import options as daemon_options
 from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason, allocated_devices
 from neuron_dra.driver.daemon.claims.cdi import CdiDevice, CdiError, check_claim_uid
-from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
+from neuron_dra.driver.kubeletplugin._claimref import Claim, ClaimRef
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.catalog_file import CatalogFileError, load_catalog
 from neuron_dra.driver.model.emulate import emulate
@@ -96,12 +96,13 @@ def test_a_request_name_ending_in_a_line_feed_is_a_malformed_claim_naming_the_fi
     ref = ClaimRef("default", "c1", uid(1))
     doc = claim("c1", uid(1), [result("neuron-device-0", request="neurons\n")])
     with pytest.raises(ClaimError) as err:
-        allocated_devices(doc, ref, DRIVER, NODE, BUILTIN.spec("trn2.48xlarge"))
-    assert err.value.reason is Reason.MALFORMED_CLAIM
+        allocated_devices(Claim.checked(ref, doc), DRIVER, NODE, BUILTIN.spec("trn2.48xlarge"))
+    assert err.value.reason == Reason.MALFORMED_CLAIM
     assert ".request is 'neurons\\n'" in err.value.message and "a request name (a DNS label" in err.value.message
     for good in ("neurons", "neurons/big"):
         doc = claim("c1", uid(1), [result("neuron-device-0", request=good)])
-        assert allocated_devices(doc, ref, DRIVER, NODE, BUILTIN.spec("trn2.48xlarge"))[0].request == good
+        allocated = allocated_devices(Claim.checked(ref, doc), DRIVER, NODE, BUILTIN.spec("trn2.48xlarge"))
+        assert allocated[0].request == good
 
 
 @pytest.mark.process

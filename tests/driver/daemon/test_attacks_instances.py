@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
+from neuron_dra.driver.daemon.claims.allocation import Reason
 from neuron_dra.driver.daemon.claims.cdi import CdiStore
 from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint
 from neuron_dra.driver.daemon.claims.state import DriverState
-from neuron_dra.driver.kubeletplugin import ClaimRef, InstanceLock
+from neuron_dra.driver.kubeletplugin import ClaimFailed, ClaimRef
+from neuron_dra.driver.kubeletplugin._instance_lock import CallLock, InstanceLock
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
-from tests.support.driver import DRIVER, NODE, FakeLookup, claim, devices, uid
+from tests.support.driver import DRIVER, NODE, FakeLookup, Served, claim, devices, uid
 
 pytestmark = pytest.mark.attacks
 JOURNAL = 8 * 1024  # small: a few prepares of the other instance compact it
@@ -29,8 +30,8 @@ JOURNAL = 8 * 1024  # small: a few prepares of the other instance compact it
 
 @dataclass
 class Node:
-    a: DriverState
-    b: DriverState
+    a: Served
+    b: Served
     lookup_a: FakeLookup
     lookup_b: FakeLookup
     cdi: Path
@@ -50,13 +51,13 @@ def node(tmp_path: Path) -> Iterator[Node]:
     cdi = tmp_path / "cdi"
     locks = [InstanceLock(plugin), InstanceLock(plugin)]  # one per process: flock excludes the other's descriptor
 
-    def instance(lookup: FakeLookup, lock: InstanceLock) -> DriverState:
+    def instance(lookup: FakeLookup, lock: InstanceLock) -> Served:
         state = DriverState(host=host, host_root=root, driver_name=DRIVER, pool_name=NODE, cdi=CdiStore(cdi, DRIVER),
                             checkpoint=Checkpoint(plugin / "checkpoint.json", JOURNAL), lookup=lookup,
-                            instance_lock=lock)
+                            lock=CallLock(lock))
         state.load()
         state.reconcile_local()
-        return state
+        return Served(state, lookup)
 
     lookup_a, lookup_b = FakeLookup(), FakeLookup()
     n = Node(instance(lookup_a, locks[0]), instance(lookup_b, locks[1]), lookup_a, lookup_b, cdi,
@@ -72,7 +73,7 @@ def ref(n: int) -> ClaimRef:
     return ClaimRef("default", f"c{n}", uid(n))
 
 
-def held_prepare(state: DriverState, lookup: FakeLookup, n: int) -> tuple[threading.Event, Callable[[], Any]]:
+def held_prepare(state: Served, lookup: FakeLookup, n: int) -> tuple[threading.Event, Callable[[], Any]]:
     """A prepare of claim `n` on `state`, held at its GET: (its release, a wait for its answer)."""
     entered, release = lookup.gate(f"c{n}")
     out: list[Any] = []
@@ -90,7 +91,7 @@ def held_prepare(state: DriverState, lookup: FakeLookup, n: int) -> tuple[thread
 
 
 def refused(result: Any) -> bool:
-    return isinstance(result, ClaimError) and result.reason is Reason.UNPREPARED_MEANWHILE
+    return isinstance(result, ClaimFailed) and result.reason == Reason.UNPREPARED_MEANWHILE
 
 
 def gone(node: Node, n: int) -> bool:
@@ -106,13 +107,13 @@ def test_unprepare_of_an_unknown_claim_on_the_other_instance_stops_a_prepare_in_
     release.set()
     assert refused(answer())
     assert gone(node, 1)
-    assert not isinstance(node.b.prepare([ref(1)])[uid(1)], ClaimError)  # a prepare after it is a new request
+    assert not isinstance(node.b.prepare([ref(1)])[uid(1)], ClaimFailed)  # a prepare after it is a new request
 
 
 def test_prepare_and_unprepare_on_the_other_instance_stop_a_prepare_in_flight(node: Node) -> None:
     node.put(claim("c2", uid(2), devices(1)))
     release, answer = held_prepare(node.b, node.lookup_b, 2)
-    assert not isinstance(node.a.prepare([ref(2)])[uid(2)], ClaimError)  # kubelet's retry went to A
+    assert not isinstance(node.a.prepare([ref(2)])[uid(2)], ClaimFailed)  # kubelet's retry went to A
     assert node.a.unprepare([ref(2)]) == {uid(2): None}
     release.set()
     assert refused(answer())
@@ -126,7 +127,7 @@ def test_the_other_instance_compacting_meanwhile_does_not_lose_the_unprepare(nod
     generation = Checkpoint(node.checkpoint).path.read_bytes()[:200]
     for i in range(10, 40):  # A's journal fills and is compacted (a new generation) while B's prepare waits
         node.put(claim(f"c{i}", uid(i), devices(4 + i % 8)))
-        assert not isinstance(node.a.prepare([ref(i)])[uid(i)], ClaimError)
+        assert not isinstance(node.a.prepare([ref(i)])[uid(i)], ClaimFailed)
         assert node.a.unprepare([ref(i)]) == {uid(i): None}
     assert node.checkpoint.read_bytes()[:200] != generation  # compacted
     release.set()
@@ -139,7 +140,7 @@ def test_an_unprepare_that_arrived_before_the_prepare_does_not_stop_it(node: Nod
     assert node.a.unprepare([ref(4)]) == {uid(4): None}
     release, answer = held_prepare(node.b, node.lookup_b, 4)
     release.set()
-    assert not isinstance(answer(), ClaimError)
+    assert not isinstance(answer(), ClaimFailed)
     assert uid(4) in node.a.prepared()  # recorded where both read it
 
 

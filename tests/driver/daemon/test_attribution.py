@@ -12,17 +12,17 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from neuron_dra.driver.daemon.claims.allocation import ClaimError, consumer_pods
+from neuron_dra.driver.daemon.claims.allocation import consumer_pods
 from neuron_dra.driver.daemon.claims.cdi import CdiStore
 from neuron_dra.driver.daemon.claims.checkpoint import MAX_CONSUMERS, Checkpoint, ClaimState, PreparedClaim
 from neuron_dra.driver.daemon.claims.state import DriverState
 from neuron_dra.driver.daemon.observability.consumers import ConsumerRefresher
 from neuron_dra.driver.daemon.observability.metrics import Metrics
-from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
+from neuron_dra.driver.kubeletplugin._claimref import ClaimFailed, ClaimRef
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import emulate
 from neuron_dra.driver.model.partitions import CoreLayout
-from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, FakeLookup, claim, devices, opaque, result, uid
+from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, FakeLookup, Served, claim, devices, opaque, result, uid
 
 Labels = frozenset[tuple[str, str]]
 
@@ -46,10 +46,10 @@ class Node:
 
     def restart(self) -> None:
         self.metrics = Metrics()
-        self.state = DriverState(host=self.host, host_root=self.root, driver_name=DRIVER, pool_name=NODE,
-                                 cdi=CdiStore(self.tmp / "cdi", DRIVER),
-                                 checkpoint=Checkpoint(self.tmp / "plugin" / "checkpoint.json"),
-                                 lookup=self.lookup, metrics=self.metrics)
+        self.state = Served(DriverState(host=self.host, host_root=self.root, driver_name=DRIVER, pool_name=NODE,
+                                        cdi=CdiStore(self.tmp / "cdi", DRIVER),
+                                        checkpoint=Checkpoint(self.tmp / "plugin" / "checkpoint.json"),
+                                        lookup=self.lookup, metrics=self.metrics), self.lookup)
         (self.tmp / "plugin").mkdir(exist_ok=True)
         self.state.load()
         self.state.reconcile_local()
@@ -63,7 +63,7 @@ class Node:
         self.lookup.put(c)
         meta = c["metadata"]
         r = self.state.prepare([ClaimRef(meta["namespace"], meta["name"], meta["uid"])])[meta["uid"]]
-        assert not isinstance(r, ClaimError), r.message
+        assert not isinstance(r, ClaimFailed), r.message
 
     def series(self, name: str) -> dict[Labels, float]:
         text = generate_latest(self.metrics.registry).decode()

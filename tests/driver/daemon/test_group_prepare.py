@@ -10,19 +10,30 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason, allocated_devices
+from neuron_dra.driver.daemon.claims.allocation import Reason, allocated_devices
 from neuron_dra.driver.daemon.claims.cdi import CDI_KIND, CdiStore
 from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, ClaimState, PreparedClaim
 from neuron_dra.driver.daemon.claims.state import DriverState
-from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
+from neuron_dra.driver.kubeletplugin._claimref import Claim, ClaimFailed, ClaimRef
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.discovery import discover, read_ultraserver
 from neuron_dra.driver.model.emulate import EmulationOptions, emulate
-from tests.support.driver import DRIVER, NODE, ULTRASERVER_CONFIG, FakeLookup, claim, devices, opaque, result, uid
+from tests.support.driver import (
+    DRIVER,
+    NODE,
+    ULTRASERVER_CONFIG,
+    FakeLookup,
+    Served,
+    claim,
+    devices,
+    opaque,
+    result,
+    uid,
+)
 
 
 def _state(tmp_path: Path, lookup: FakeLookup, options: EmulationOptions, instance_type: str = "trn2u.48xlarge"
-           ) -> tuple[DriverState, Path]:
+           ) -> tuple[Served, Path]:
     root = tmp_path / "host"
     if not root.exists():
         emulate(instance_type, root, options)
@@ -32,7 +43,7 @@ def _state(tmp_path: Path, lookup: FakeLookup, options: EmulationOptions, instan
                     cdi=CdiStore(tmp_path / "cdi", DRIVER), checkpoint=Checkpoint(cp), lookup=lookup)
     s.load()
     s.reconcile_local()
-    return s, root
+    return Served(s, lookup), root
 
 
 def _group_claim(name: str, n: int, pool: str, members: list[str], device: str = us.WHOLE_DEVICE,
@@ -69,7 +80,7 @@ def test_a_member_gets_the_ultraserver_env_of_its_group(tmp_path: Path, size: in
     pool = _pool(root, size)
     lookup.put(_group_claim("job", 1, pool, ["other-node", NODE], device))
     answer = state.prepare([ClaimRef("default", "job", uid(1))])[uid(1)]
-    assert not isinstance(answer, ClaimError), answer.message
+    assert not isinstance(answer, ClaimFailed), answer.message
     (prepared,) = answer
     assert (prepared.pool_name, prepared.device_name, prepared.request_names) == (pool, device, ("ultraserver",))
     assert prepared.cdi_device_ids == (f"{CDI_KIND}={uid(1)}-ultraserver-ultraserver",)
@@ -91,7 +102,7 @@ def test_group_claim_survives_restart_and_unprepares_like_any_claim(tmp_path: Pa
     lookup.put(_group_claim("job", 2, pool, [NODE]))
     lookup.put(claim("mine", uid(3), devices(*range(16), request="neurons")))
     first = state.prepare([ClaimRef("default", "job", uid(2)), ClaimRef("default", "mine", uid(3))])
-    assert not any(isinstance(r, ClaimError) for r in first.values())
+    assert not any(isinstance(r, ClaimFailed) for r in first.values())
     spec_file = tmp_path / "cdi" / f"{DRIVER}_{uid(2)}.json"
     text = spec_file.read_text()
     spec_file.unlink()  # /var/run/cdi is tmpfs: gone after a reboot
@@ -133,7 +144,7 @@ def test_a_non_member_is_refused_with_a_clear_error(tmp_path: Path, case: str) -
     state, root = _state(tmp_path, lookup, EmulationOptions(host_id="h", ultraserver_id="us-c", ultraserver_node=2))
     lookup.put(make(root))
     answer = state.prepare([ClaimRef("default", "job", uid(4))])[uid(4)]
-    assert isinstance(answer, ClaimError) and answer.reason is reason, answer
+    assert isinstance(answer, ClaimFailed) and answer.reason == reason, answer
     assert text in answer.message
     assert state.prepared() == {} and not (tmp_path / "cdi" / f"{DRIVER}_{uid(4)}.json").exists()
 
@@ -143,7 +154,7 @@ def test_a_host_without_ultraserver_files_is_no_member(tmp_path: Path) -> None:
     state, _ = _state(tmp_path, lookup, EmulationOptions(host_id="h"), "trn2.48xlarge")
     lookup.put(_group_claim("job", 5, "ultraserver-4/abc", [NODE]))
     answer = state.prepare([ClaimRef("default", "job", uid(5))])[uid(5)]
-    assert isinstance(answer, ClaimError) and answer.reason is Reason.NOT_FOR_THIS_NODE
+    assert isinstance(answer, ClaimFailed) and answer.reason == Reason.NOT_FOR_THIS_NODE
     assert "no UltraServer class files" in answer.message
 
 
@@ -164,7 +175,7 @@ def test_a_claim_with_a_group_device_and_node_devices_gets_both(tmp_path: Path) 
     c["status"]["allocation"]["devices"]["results"] += devices(0, 1)
     lookup.put(c)
     answer = state.prepare([ClaimRef("default", "job", uid(6))])[uid(6)]
-    assert not isinstance(answer, ClaimError), answer.message
+    assert not isinstance(answer, ClaimFailed), answer.message
     assert [(d.pool_name, d.device_name) for d in answer] == [
         (NODE, "neuron-device-0"), (NODE, "neuron-device-1"), (_pool(root, 4), us.WHOLE_DEVICE)]
     assert _env(tmp_path, uid(6))["NEURON_RT_ULTRASERVER_MODE"] == "4"
@@ -181,7 +192,7 @@ def test_an_unfinished_group_prepare_is_restored_when_its_claim_still_holds_the_
     c["status"]["reservedFor"] = [{"resource": "pods", "name": "job-0", "uid": "p0"}]
     lookup.put(c)
     ref = ClaimRef("default", "job", uid(7))
-    plan = state.plan(ref, allocated_devices(c, ref, DRIVER, NODE, state.host.spec))
+    plan = state.plan(ref, allocated_devices(Claim.checked(ref, c), DRIVER, NODE, state.host.spec))
     started = PreparedClaim(uid(7), "default", "job", ClaimState.PREPARE_STARTED, plan.devices, plan.exclusive,
                             plan.cdi_spec, 0.0, plan.cores)
     Checkpoint(tmp_path / "plugin" / "checkpoint.json").save({uid(7): started})
@@ -192,3 +203,22 @@ def test_an_unfinished_group_prepare_is_restored_when_its_claim_still_holds_the_
     lookup.put(_group_claim("job", 7, "ultraserver-4/someone-else", [NODE]))  # the claim now holds another group
     Checkpoint(tmp_path / "plugin" / "checkpoint.json").save({uid(7): started})
     assert _state(tmp_path, lookup, options)[0].resolve_unfinished().dropped == (uid(7),)
+
+
+def test_a_half_in_its_four_node_sets_pool_runs_in_mode_2_on_its_own_half_only(tmp_path: Path) -> None:
+    """With shared counters (1.36+) a half is `ultraserver-half-<0|1>` in its 4-node set's pool: node 3 is node 1
+    of half 1, and half 0 is not its group."""
+    lookup = FakeLookup()
+    state, root = _state(tmp_path, lookup, EmulationOptions(host_id="h", ultraserver_id="us-a", ultraserver_node=3,
+                                                            ultraserver_mode=4))
+    pool = _pool(root, 4)
+    lookup.put(_group_claim("job", 1, pool, ["other-node", NODE], f"{us.HALF_DEVICE}-1"))
+    answer = state.prepare([ClaimRef("default", "job", uid(1))])[uid(1)]
+    assert not isinstance(answer, ClaimError), answer.message
+    klass = root / "sys/class/neuron_device"
+    assert _env(tmp_path, uid(1)) == {"NEURON_RT_ULTRASERVER_MODE": "2", "NEURON_RT_ULTRASERVER_NODE_ID": "1",
+                                      "NEURON_RT_ULTRASERVER_SERVER_ID": (klass / "server_id_2").read_text().strip()}
+    lookup.put(_group_claim("other", 2, pool, ["other-node", NODE], f"{us.HALF_DEVICE}-0"))
+    refused = state.prepare([ClaimRef("default", "other", uid(2))])[uid(2)]
+    assert isinstance(refused, ClaimError) and refused.reason is Reason.NOT_FOR_THIS_NODE, refused
+    assert "node 3 of its 4-node set (its class files), so in half 1, not the group's half 0" in refused.message

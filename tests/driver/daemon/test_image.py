@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import image_manifest
+
 REPO = Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO / "neuron_dra" / "driver" / "Dockerfile"
 IMAGE_REQUIREMENTS = REPO / "neuron_dra" / "driver" / "image-requirements.txt"
@@ -48,6 +50,31 @@ def test_dockerfile_copies_existing_paths_and_runs_the_driver() -> None:
     assert "PYTHONDONTWRITEBYTECODE=1" in text  # read-only root filesystem
 
 
+def test_the_image_manifest_is_the_tracked_driver_tree() -> None:
+    """neuron_dra/driver/image-files.txt, the allowlist the Dockerfile's `sources` stage enforces, is what
+    `make image-manifest` renders from `git ls-files` now: a file added to or removed from the driver is in it."""
+    committed = (REPO / image_manifest.MANIFEST).read_text()
+    assert committed == image_manifest.render(image_manifest.tracked(REPO)), "run `make image-manifest`"
+    entries = image_manifest.parse(committed)
+    shipped = {path for path, role in entries.items() if role == "image"}
+    assert "neuron_dra/driver/daemon/main.py" in shipped and "neuron_dra/py.typed" in shipped
+    assert not [p for p in shipped if not p.endswith((".py", ".proto", "py.typed"))]
+    assert {"neuron_dra/driver/Dockerfile", "neuron_dra/driver/image-files.txt"} <= set(entries)
+
+
+@pytest.mark.parametrize(("path", "problem"), [
+    ("neuron_dra/driver/daemon/testing.py", "test harness"),
+    ("neuron_dra/driver/model/test_catalog.py", "test harness"),
+    ("neuron_dra/driver/conftest.py", "test harness"),
+    ("neuron_dra/driver/.env", "neither a source"),
+    ("neuron_dra/driver/deploy/values.json", "neither a source"),
+    ("neuron_dra/driver/daemon/my file.py", "letters, digits"),
+])
+def test_the_image_manifest_refuses_harnesses_and_unknown_files(path: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        image_manifest.render([path])
+
+
 @pytest.mark.process
 def test_daemon_imports_only_what_the_image_has() -> None:
     code = "import sys, neuron_dra.driver.daemon.main; print('\\n'.join(sorted(sys.modules)))"
@@ -68,7 +95,7 @@ START_EARLY = """
 import sys, tempfile
 from pathlib import Path
 from neuron_dra.driver.daemon import main
-from neuron_dra.driver.kubeletplugin import EventLoopThread
+from neuron_dra.driver.kubeletplugin.toolkit import EventLoopThread
 d = Path(tempfile.mkdtemp())
 o = main.parse_options(["--node-name", "n", "--plugins-dir", str(d / "p"), "--registry-dir", str(d / "r")], {})
 helper = main.start_early(main.with_socket_names(o, None), EventLoopThread())

@@ -21,6 +21,7 @@ from neuron_dra.driver.daemon.claims.state import DriverState
 from neuron_dra.driver.daemon.liveness import HealthServer
 from neuron_dra.driver.kubeletplugin import _plugin as plugin
 from neuron_dra.driver.kubeletplugin import _sockets as sockets
+from neuron_dra.driver.kubeletplugin._calls import Calls
 from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2, grpc_health_v1_pb2_grpc
 from neuron_dra.driver.kubeletplugin._plugin import PluginServers
@@ -56,7 +57,7 @@ def serve(base: Path, instance_type: str = "trn2.48xlarge") -> Served:
     state, lookup = make_state(base, instance_type)
     paths = SocketPaths.for_driver(base / "plugins", base / "registry", DRIVER)
     servers = PluginServers(paths, DRIVER)
-    servers.serve(state)
+    servers.serve(Calls(state, lookup, state.lock))
     return Served(servers, state, lookup, paths, base / "cdi")
 
 
@@ -238,8 +239,8 @@ def test_dra_calls_before_the_state_is_loaded_wait_and_are_answered_after() -> N
                 b"", timeout=20)
             time.sleep(0.5)
             assert not early.done()
-            state, _ = make_state(base)
-            servers.serve(state)
+            state, lookup = make_state(base)
+            servers.serve(Calls(state, lookup, state.lock))
             assert early.result(timeout=10) == b""  # an empty prepare: an empty answer
             channel.close()
             state.close()

@@ -27,7 +27,7 @@ from neuron_dra.driver.daemon.claims.checkpoint import (
     _line,
     encode,
 )
-from neuron_dra.driver.kubeletplugin import is_listening
+from neuron_dra.driver.kubeletplugin.toolkit import is_listening
 from tests.support import pluginclient
 from tests.support.driver import (
     DRIVER,

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from neuron_dra.driver.daemon.claims import checkpoint as checkpoint_module
-from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason, allocated_devices
+from neuron_dra.driver.daemon.claims.allocation import Reason, allocated_devices
 from neuron_dra.driver.daemon.claims.cdi import CDI_KIND, CdiStore
 from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, CheckpointError, ClaimState, PreparedClaim
 from neuron_dra.driver.daemon.claims.state import DriverState
 from neuron_dra.driver.daemon.observability.metrics import Metrics
-from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
+from neuron_dra.driver.kubeletplugin._claimref import Claim, ClaimFailed, ClaimRef
 from neuron_dra.driver.model.discovery import discover
 from neuron_dra.driver.model.emulate import EmulationOptions, emulate
 from tests.support.driver import (
@@ -33,6 +33,7 @@ from tests.support.driver import (
     NODE,
     ULTRASERVER_CONFIG,
     FakeLookup,
+    Served,
     claim,
     devices,
     opaque,
@@ -44,13 +45,13 @@ from tests.support.driver import (
 
 @dataclass
 class Env:
-    state: DriverState
+    state: Served
     lookup: FakeLookup
     root: Path
     cdi: Path
     checkpoint: Path
     metrics: Metrics
-    make: Callable[[], DriverState]  # a fresh DriverState on the same directories (a restart)
+    make: Callable[[], Served]  # a fresh DriverState on the same directories (a restart)
 
     def spec(self, claim_uid: str) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.cdi / f"{DRIVER}_{claim_uid}.json").read_text())
@@ -71,12 +72,12 @@ def env_for(tmp_path: Path) -> Callable[..., Env]:
         cp = tmp_path / "plugin" / "checkpoint.json"
         cp.parent.mkdir(parents=True)
 
-        def make() -> DriverState:
+        def make() -> Served:
             s = DriverState(host=host, host_root=root, driver_name=DRIVER, pool_name=NODE,
                             cdi=CdiStore(cdi, DRIVER), checkpoint=Checkpoint(cp), lookup=lookup, metrics=metrics)
             s.load()
             s.reconcile_local()
-            return s
+            return Served(s, lookup)
 
         return Env(make(), lookup, root, cdi, cp, metrics, make)
 
@@ -94,7 +95,7 @@ def env_of(spec: dict[str, Any], request: str = "neurons") -> dict[str, str]:
 
 def ok(results: dict[str, Any], claim_uid: str) -> tuple[Any, ...]:
     r = results[claim_uid]
-    assert not isinstance(r, ClaimError), r.message
+    assert not isinstance(r, ClaimFailed), r.message
     return tuple(r)
 
 
@@ -231,8 +232,8 @@ def test_bad_claims_fail_alone_and_change_nothing(env_for: Callable[..., Env], c
     before = e.files()
     results = e.state.prepare([ref("c", 10), ref("good", 11)])
     err = results[uid(10)]
-    assert isinstance(err, ClaimError)
-    assert err.reason is reason
+    assert isinstance(err, ClaimFailed)
+    assert err.reason == reason
     assert text in err.message
     assert ok(results, uid(11))  # the other claim of the same call is unaffected
     assert e.files() == before
@@ -244,7 +245,7 @@ def test_lnc_on_trainium1_is_a_config_error(env_for: Callable[..., Env]) -> None
     e.lookup.put(claim("c", uid(12), devices(0), configs=[opaque({**NEURON_CONFIG, "logicalNeuronCore": 1})]))
     before = e.files()  # the empty snapshot and journal the load wrote
     err = e.state.prepare([ref("c", 12)])[uid(12)]
-    assert isinstance(err, ClaimError) and err.reason is Reason.BAD_CONFIG
+    assert isinstance(err, ClaimFailed) and err.reason == Reason.BAD_CONFIG
     assert "logicalNeuronCore" in err.message and "Trainium2" in err.message
     assert e.files() == before
 
@@ -252,7 +253,7 @@ def test_lnc_on_trainium1_is_a_config_error(env_for: Callable[..., Env]) -> None
 def test_invalid_uid_is_refused_before_touching_files(env_for: Callable[..., Env]) -> None:
     e = env_for()
     err = e.state.prepare([ClaimRef("default", "c", "../../etc/passwd")])["../../etc/passwd"]
-    assert isinstance(err, ClaimError) and err.reason is Reason.INVALID_REQUEST
+    assert isinstance(err, ClaimFailed) and err.reason == Reason.INVALID_REQUEST
     assert e.lookup.calls == []
 
 
@@ -261,7 +262,7 @@ def test_api_error_is_a_per_claim_error(env_for: Callable[..., Env]) -> None:
     e.lookup.put(claim("c", uid(13), devices(0)))
     e.lookup.fail = True
     err = e.state.prepare([ref("c", 13)])[uid(13)]
-    assert isinstance(err, ClaimError) and err.reason is Reason.API_ERROR
+    assert isinstance(err, ClaimFailed) and err.reason == Reason.API_ERROR
     e.lookup.fail = False
     assert ok(e.state.prepare([ref("c", 13)]), uid(13))
 
@@ -275,7 +276,7 @@ def test_device_of_a_live_claim_is_refused_and_of_a_gone_claim_released(env_for:
     e.lookup.put(claim("b", uid(21), devices(3, 4)))
     before = e.files()
     err = e.state.prepare([ref("b", 21)])[uid(21)]
-    assert isinstance(err, ClaimError) and err.reason is Reason.DEVICE_BUSY
+    assert isinstance(err, ClaimFailed) and err.reason == Reason.DEVICE_BUSY
     assert "Neuron device(s) 3" in err.message and "default/a" in err.message
     assert e.files() == before
     # claim a is deleted (its pods gone) but kubelet never unprepared it: b may take the device
@@ -367,7 +368,7 @@ def test_prepare_that_was_in_flight_during_unprepare_does_not_complete(env_for: 
     release.set()
     t.join(5)
     err = out[0][uid(40)]
-    assert isinstance(err, ClaimError) and err.reason is Reason.UNPREPARED_MEANWHILE
+    assert isinstance(err, ClaimFailed) and err.reason == Reason.UNPREPARED_MEANWHILE
     assert e.state.prepared() == {}
     assert list(e.cdi.iterdir()) == []
     # a prepare that arrives after the unprepare is a new request and succeeds
@@ -428,7 +429,8 @@ def test_concurrent_prepares_of_one_claim_commit_once(env_for: Callable[..., Env
 def started_entry(e: Env, name: str, n: int, index: int) -> PreparedClaim:
     """A PrepareStarted entry as a crash between the two checkpoint writes leaves it (with its CDI spec)."""
     host = discover(e.root)
-    allocated = allocated_devices(claim(name, uid(n), devices(index)), ref(name, n), DRIVER, NODE, host.spec)
+    allocated = allocated_devices(Claim.checked(ref(name, n), claim(name, uid(n), devices(index))), DRIVER, NODE,
+                                  host.spec)
     plan = e.state.plan(ref(name, n), allocated)
     return PreparedClaim(uid(n), "default", name, ClaimState.PREPARE_STARTED, plan.devices, plan.exclusive,
                          plan.cdi_spec, time.time())
@@ -508,7 +510,7 @@ def test_a_malformed_claim_is_a_per_claim_error_naming_the_field(env_for: Callab
     e.lookup.claims[("default", "c")] = _malformed("c", 10, case)
     before = e.files()
     err = e.state.prepare([ref("c", 10)])[uid(10)]
-    assert isinstance(err, ClaimError) and err.reason is Reason.MALFORMED_CLAIM, err
+    assert isinstance(err, ClaimFailed) and err.reason == Reason.MALFORMED_CLAIM, err
     assert MALFORMED[case] in err.message and len(err.message) < 700
     assert e.files() == before
 
@@ -540,9 +542,9 @@ def test_unfinished_prepares_with_malformed_claims_are_kept_not_fatal(env_for: C
     else:
         lookup.claims[("default", "c")] = _malformed("c", 10, case)
     e.lookup = lookup
-    restarted = DriverState(host=discover(e.root), host_root=e.root, driver_name=DRIVER, pool_name=NODE,
-                            cdi=CdiStore(e.cdi, DRIVER), checkpoint=Checkpoint(e.checkpoint), lookup=lookup,
-                            metrics=e.metrics)
+    restarted = Served(DriverState(host=discover(e.root), host_root=e.root, driver_name=DRIVER, pool_name=NODE,
+                                   cdi=CdiStore(e.cdi, DRIVER), checkpoint=Checkpoint(e.checkpoint), lookup=lookup,
+                                   metrics=e.metrics), lookup)
     restarted.load()
     report = restarted.resolve_unfinished()
     assert report.unresolved == (uid(10),) and report.dropped == (uid(11),)
@@ -550,7 +552,7 @@ def test_unfinished_prepares_with_malformed_claims_are_kept_not_fatal(env_for: C
     # devices held by the unresolved entry stay held: another claim wanting them is told they are busy
     lookup.put(claim("other", uid(12), devices(1)))
     busy = restarted.prepare([ref("other", 12)])[uid(12)]
-    assert isinstance(busy, ClaimError) and busy.reason is Reason.DEVICE_BUSY
+    assert isinstance(busy, ClaimFailed) and busy.reason == Reason.DEVICE_BUSY
 
 
 def test_corrupt_checkpoint_refuses_to_load(env_for: Callable[..., Env]) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from neuron_dra.driver.deploy import ultraserver as deploy_us
 from neuron_dra.driver.deploy.ultraserver import UltraServerControllerOptions
+from neuron_dra.driver.model.k8s_names import neuron_toleration
 from tests.support import kubeschema
 
 
@@ -24,6 +25,12 @@ def test_every_object_is_schema_valid_and_names_the_driver() -> None:
     (container,) = spec["template"]["spec"]["containers"]
     assert container["command"][:3] == ["python", "-m", "neuron_dra.driver.groups"]
     assert "--driver-name=neuron.example.com" in container["command"] and "--namespace=ops" in container["command"]
+    assert "--shared-counters=auto" in container["command"]
+    off = deploy_us.deployment(UltraServerControllerOptions(shared_counters="off"))
+    assert "--shared-counters=off" in off["spec"]["template"]["spec"]["containers"][0]["command"]
+    # rendered here, once: a cluster of Neuron nodes only (tainted) still runs it
+    assert spec["template"]["spec"]["tolerations"] == [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                                                       neuron_toleration()]
 
 
 def test_rbac_grants_no_more_than_the_controller_calls() -> None:
@@ -49,7 +56,7 @@ def test_the_admission_policy_keeps_the_controller_off_node_slices() -> None:
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"driver_name": "Not A Driver"}, "driver_name"), ({"namespace": "a_b"}, "namespace"),
     ({"image": "has space"}, "image"), ({"taint_effect": "Sometimes"}, "taint_effect"),
-    ({"resync_seconds": 0}, "resync_seconds"),
+    ({"resync_seconds": 0}, "resync_seconds"), ({"shared_counters": "on"}, "shared_counters"),
 ])
 def test_bad_options_are_refused_naming_the_field(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=f"UltraServerControllerOptions.{field}"):

@@ -17,7 +17,7 @@ import pytest
 from neuron_dra.driver.deploy import ultraserver as deploy_us
 from neuron_dra.driver.groups.controller import ControllerOptions, GroupController
 from neuron_dra.driver.groups.lease import LeaderElector, LeaseOptions
-from neuron_dra.driver.kubeletplugin import RESOURCE_SLICES, ApiException, KubeApi, api_client
+from neuron_dra.driver.kubeletplugin.toolkit import RESOURCE_SLICES, ApiException, KubeApi, api_client
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.emulate import EmulationOptions
 from neuron_dra.driver.model.hosts import emulated_host
@@ -100,8 +100,14 @@ def unpublish_node(admin: KubeApi, name: str) -> None:
 
 
 def groups(admin: KubeApi) -> dict[str, dict[str, Any]]:
+    """The group slices by name (with shared counters a 4-node set's pool has four)."""
     items = admin.list(RESOURCE_SLICES, query={"fieldSelector": f"spec.driver={DRIVER}"})["items"]
-    return {s["spec"]["pool"]["name"]: s for s in items if us.is_group_slice(s, DRIVER)}
+    return {s["metadata"]["name"]: s for s in items if us.is_group_slice(s, DRIVER)}
+
+
+def device_slices(admin: KubeApi) -> dict[tuple[str, ...], dict[str, Any]]:
+    """The group slices with a device, by the members they select."""
+    return {tuple(members(s)): s for s in groups(admin).values() if "sharedCounters" not in s["spec"]}
 
 
 def members(s: dict[str, Any]) -> list[str]:
@@ -123,14 +129,23 @@ def test_the_controller_publishes_one_group_per_ultraserver_and_keeps_it_true(ad
         publish_node(admin, name, "us-b", pos, 2)
     controller = GroupController(controller_api, ControllerOptions(DRIVER))
     first = controller.reconcile()
-    assert (first.created, first.updated, first.deleted, first.problems) == (4, 0, 0, ())
+    # 1.36 serves shared counters: the 4-node set's pool is its counter slice, the whole's and the two halves'.
+    assert controller.counters_served
+    assert (first.created, first.updated, first.deleted, first.problems) == (5, 0, 0, ())
     stored = groups(admin)
-    by_members = {tuple(members(s)): s for s in stored.values()}
+    by_members = device_slices(admin)
     assert set(by_members) == {("alpha", "mid", "us-b-0", "zeta"), ("alpha", "mid"), ("us-b-0", "zeta"),
                                ("us-a-0", "us-a-1")}
     four = by_members["alpha", "mid", "us-b-0", "zeta"]
     assert "nodeName" not in four["spec"]
     assert four["spec"]["devices"][0]["attributes"]["nodeCount"] == {"int": 4}
+    pool = four["spec"]["pool"]["name"]
+    in_pool = [s for s in stored.values() if s["spec"]["pool"]["name"] == pool]
+    assert len(in_pool) == 4 and {s["spec"]["pool"]["resourceSliceCount"] for s in in_pool} == {4}
+    (counter,) = [s for s in in_pool if "sharedCounters" in s["spec"]]  # kept by the API server
+    assert sorted(counter["spec"]["sharedCounters"][0]["counters"]) == [f"node-{i}" for i in range(4)]
+    assert sorted(by_members["us-b-0", "zeta"]["spec"]["devices"][0]["consumesCounters"][0]["counters"]) == [
+        "node-2", "node-3"]
     versions = {p: s["metadata"]["resourceVersion"] for p, s in stored.items()}
 
     # Nothing changed: nothing written, by this controller or by a restarted one.
@@ -144,19 +159,25 @@ def test_the_controller_publishes_one_group_per_ultraserver_and_keeps_it_true(ad
     beat_all(admin)
     restarted = GroupController(controller_api, ControllerOptions(DRIVER))
     gone = restarted.reconcile()
-    assert (gone.updated, gone.created, gone.deleted) == (2, 0, 0)
-    four = groups(admin)[four["spec"]["pool"]["name"]]
+    # the whole and zeta's half are tainted; their pool is written whole at its next generation, the 2-node
+    # UltraServer's pool not at all
+    assert (gone.updated, gone.created, gone.deleted) == (4, 0, 0)
+    after = groups(admin)
+    four = after[four["metadata"]["name"]]
     assert members(four) == ["alpha", "mid", "us-b-0", "zeta"]
     (taint,) = four["spec"]["devices"][0]["taints"]
     assert taint["key"] == f"{DRIVER}/member-missing" and taint["timeAdded"]  # 1.36 serves device taints
-    assert four["spec"]["pool"]["generation"] == 2
+    assert {s["spec"]["pool"]["generation"] for s in after.values() if s["spec"]["pool"]["name"] == pool} == {2}
+    assert "taints" not in device_slices(admin)["alpha", "mid"]["spec"]["devices"][0]
+    assert {n: s["metadata"]["resourceVersion"] for n, s in after.items() if s["spec"]["pool"]["name"] != pool} == {
+        n: v for n, v in versions.items() if stored[n]["spec"]["pool"]["name"] != pool}
     assert restarted.reconcile().writes == 0  # the stored taint time is not a difference
 
     # Back: cleared.
     publish_node(admin, "zeta", "us-a", 2, 4)
     beat_all(admin)
     back = restarted.reconcile()
-    assert back.updated == 2 and "taints" not in groups(admin)[four["spec"]["pool"]["name"]]["spec"]["devices"][0]
+    assert back.updated == 4 and "taints" not in groups(admin)[four["metadata"]["name"]]["spec"]["devices"][0]
 
 
 def test_the_admission_policy_keeps_the_controller_off_node_slices(admin: KubeApi, controller_api: KubeApi) -> None:
@@ -174,7 +195,8 @@ def test_a_group_a_claim_holds_is_kept_with_an_event_until_released(admin: KubeA
     beat_all(admin)
     controller = GroupController(controller_api, ControllerOptions(DRIVER))
     controller.reconcile()
-    pool = next(p for p, s in groups(admin).items() if members(s) == ["us-a-0", "us-a-1"])
+    held = next(n for n, s in groups(admin).items() if members(s) == ["us-a-0", "us-a-1"])
+    pool = groups(admin)[held]["spec"]["pool"]["name"]
     claims = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
     claim = admin.call("POST", claims, body={"metadata": {"name": "job"}, "spec": {"devices": {"requests": [
         {"name": "ultraserver", "exactly": {"deviceClassName": f"ultraserver.{DRIVER}"}}]}}})
@@ -186,7 +208,7 @@ def test_a_group_a_claim_holds_is_kept_with_an_event_until_released(admin: KubeA
     claim["status"] = {"allocation": {
         "devices": {"results": [{"request": "ultraserver", "driver": DRIVER, "pool": pool,
                                  "device": us.WHOLE_DEVICE}]},
-        "nodeSelector": groups(admin)[pool]["spec"]["nodeSelector"]},
+        "nodeSelector": groups(admin)[held]["spec"]["nodeSelector"]},
         "reservedFor": [{"resource": "pods", "name": "job-0", "uid": pod["metadata"]["uid"]}]}
     admin.call("PUT", f"{claims}/job/status", body=claim)
 
@@ -195,7 +217,7 @@ def test_a_group_a_claim_holds_is_kept_with_an_event_until_released(admin: KubeA
     beat_all(admin)
     kept = controller.reconcile()
     assert (kept.kept_for_claims, kept.events, kept.deleted) == (1, 1, 0)
-    taints = groups(admin)[pool]["spec"]["devices"][0]["taints"]
+    taints = groups(admin)[held]["spec"]["devices"][0]["taints"]
     assert {"key": f"{DRIVER}/member-missing", "value": "group-gone"} in [
         {k: t[k] for k in ("key", "value")} for t in taints]
     events = admin.list("/api/v1/namespaces/default/events",
@@ -213,7 +235,7 @@ def test_a_group_a_claim_holds_is_kept_with_an_event_until_released(admin: KubeA
             break
         time.sleep(0.1)
     released = controller.reconcile()
-    assert released.deleted == 1 and pool not in groups(admin)
+    assert released.deleted == 1 and held not in groups(admin)
 
 
 def test_one_leader_at_a_time_and_a_successor_after_release_or_expiry(controller_api: KubeApi) -> None:

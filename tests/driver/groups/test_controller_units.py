@@ -7,7 +7,7 @@ from typing import Any, cast
 import pytest
 
 from neuron_dra.driver.groups.controller import ControllerOptions, GroupController, holders, ready_node_names
-from neuron_dra.driver.kubeletplugin import KubeApi
+from neuron_dra.driver.kubeletplugin.toolkit import KubeApi
 
 DRIVER = "neuron.aws.com"
 
@@ -47,7 +47,45 @@ def test_node_events_start_a_pass_only_when_readiness_or_existence_changes() -> 
     assert c._matters("/apis/resource.k8s.io/v1/resourceslices", {"type": "MODIFIED", "object": {}})
 
 
-@pytest.mark.parametrize(("kwargs", "word"), [({"taint_effect": "Never"}, "taint effect"), ({"resync": 0}, "resync")])
+@pytest.mark.parametrize(("kwargs", "word"), [({"taint_effect": "Never"}, "taint effect"), ({"resync": 0}, "resync"),
+                                               ({"shared_counters": "on"}, "shared counters")])
 def test_bad_controller_options_are_refused(kwargs: dict[str, Any], word: str) -> None:
     with pytest.raises(ValueError, match=word):
         ControllerOptions(DRIVER, **kwargs)
+
+
+class _Answers:
+    """A stand-in for the API client's one call the probe makes (the served case runs against a real API server
+    in test_controller_apiserver.py): answers as a 1.34/1.35 server (fields dropped) or refuses."""
+
+    def __init__(self, answer: dict[str, Any] | Exception) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, str, Any, Any]] = []
+
+    def list(self, path: str, query: Any = None) -> dict[str, Any]:
+        return {"items": [], "metadata": {}}
+
+    def call(self, method: str, path: str, *, query: Any = None, body: Any = None) -> dict[str, Any]:
+        self.calls.append((method, path, query, body))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_the_counter_probe_is_a_dry_run_and_falls_back_when_counters_are_dropped_or_refused() -> None:
+    from neuron_dra.driver.kubeletplugin import ApiException
+
+    dropped = _Answers({"spec": {"driver": DRIVER}})  # what a server without DRAPartitionableDevices keeps
+    assert GroupController(cast(KubeApi, dropped), ControllerOptions(DRIVER)).probe_counters() is False
+    ((method, _, query, body),) = dropped.calls
+    assert method == "POST" and query == {"dryRun": "All"} and body["spec"]["sharedCounters"]
+    kept = _Answers({"spec": {"sharedCounters": body["spec"]["sharedCounters"]}})
+    assert GroupController(cast(KubeApi, kept), ControllerOptions(DRIVER)).probe_counters() is True
+    refused = _Answers(ApiException(403, "Forbidden", "{}"))
+    assert GroupController(cast(KubeApi, refused), ControllerOptions(DRIVER)).probe_counters() is False
+
+
+def test_with_shared_counters_off_the_controller_never_probes_and_publishes_one_pool_per_group() -> None:
+    api = _Answers({"spec": {"sharedCounters": [{"name": "members"}]}})
+    controller = GroupController(cast(KubeApi, api), ControllerOptions(DRIVER, shared_counters="off"))
+    assert controller.reconcile().writes == 0 and controller.counters_served is False and api.calls == []

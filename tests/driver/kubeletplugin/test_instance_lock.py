@@ -12,6 +12,7 @@ import pytest
 
 from neuron_dra.driver.daemon.claims import checkpoint as current
 from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint, ClaimState, PreparedClaim
+from neuron_dra.driver.kubeletplugin import ClaimFailed
 from neuron_dra.driver.kubeletplugin._instance_lock import InstanceLock, LockTimeout
 from tests.support.checkpoint_claims import claim, uid
 
@@ -101,31 +102,33 @@ def test_a_refresh_reads_more_than_its_first_piece_when_the_other_wrote_much(tmp
 
 
 def test_a_call_that_cannot_get_the_lock_before_its_deadline_fails_alone_naming_it(tmp_path: Path) -> None:
-    from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
+    from neuron_dra.driver.daemon.claims.allocation import Reason
     from neuron_dra.driver.daemon.claims.cdi import CdiStore
     from neuron_dra.driver.daemon.claims.state import DriverState
     from neuron_dra.driver.kubeletplugin._claimref import CallScope, ClaimRef
+    from neuron_dra.driver.kubeletplugin._instance_lock import CallLock
     from neuron_dra.driver.model.discovery import discover
     from neuron_dra.driver.model.emulate import emulate
-    from tests.support.driver import DRIVER, NODE, FakeLookup, devices
+    from tests.support.driver import DRIVER, NODE, FakeLookup, Served, devices
     from tests.support.driver import claim as api_claim
     from tests.support.driver import uid as claim_uid
 
     root = emulate("trn2.48xlarge", tmp_path / "host")
     plugin = tmp_path / "plugin"
     lookup = FakeLookup(api_claim("c", claim_uid(1), devices(0)))
-    state = DriverState(host=discover(root), host_root=root, driver_name=DRIVER, pool_name=NODE,
-                        cdi=CdiStore(tmp_path / "cdi", DRIVER), checkpoint=Checkpoint(plugin / "checkpoint.json"),
-                        lookup=lookup, instance_lock=InstanceLock(plugin))
+    state = Served(DriverState(host=discover(root), host_root=root, driver_name=DRIVER, pool_name=NODE,
+                               cdi=CdiStore(tmp_path / "cdi", DRIVER),
+                               checkpoint=Checkpoint(plugin / "checkpoint.json"), lookup=lookup,
+                               lock=CallLock(InstanceLock(plugin))), lookup)
     state.load()
     state.reconcile_local()
     other = InstanceLock(plugin)  # another open file: flock excludes it as it would another process
     ref = ClaimRef("default", "c", claim_uid(1))
     with other.hold():
         result = state.prepare([ref], CallScope(time.monotonic() + 0.3))[ref.uid]
-        assert isinstance(result, ClaimError) and result.reason is Reason.LOCK_TIMEOUT
+        assert isinstance(result, ClaimFailed) and result.reason == Reason.LOCK_TIMEOUT
         assert "serialize.lock: another instance of the driver held the lock" in result.message
-    assert not isinstance(state.prepare([ref], CallScope(time.monotonic() + 5))[ref.uid], ClaimError)
+    assert not isinstance(state.prepare([ref], CallScope(time.monotonic() + 5))[ref.uid], ClaimFailed)
     state.close()
     other.close()
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import pytest
 
 from neuron_dra.claim_templates import ClaimTemplate, Neuron, OpaqueConfig, TemplateError
 from neuron_dra.components.settings import SettingError
 from neuron_dra.components.settings_schema import decode_settings
 from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions
-from neuron_dra.driver.errortext import MAX_SHOWN, shown
+from neuron_dra.driver.errortext import MAX_SHOWN, refuse_unknown_keywords, shown
 from neuron_dra.driver.model.config import ConfigError, decode
 from neuron_dra.driver.model.errors import NotAllowed
 
@@ -63,3 +66,25 @@ def test_shown_is_bounded_whatever_the_value() -> None:
     assert shown("y" * 1_000_000).endswith("... (1000000 characters)")
     assert (shown(True), shown(2.0), shown(None), shown("ab"), shown([1, 2])) == ("True", "2.0", "None", "'ab'",
                                                                               "[1, 2]")
+
+
+def test_one_rule_refuses_unknown_keywords_naming_the_closest_for_claims_and_components() -> None:
+    made: list[tuple[str, object, str]] = []
+    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def make(field: str, value: object, allowed: str) -> Exception:
+        made.append((field, value, allowed))
+        return TypeError(allowed)
+
+    @dataclass
+    class Args:
+        instance_types: tuple[str, ...] = ()
+        count: int = 1
+
+    refuse_unknown_keywords(Args, make, lambda self, args, kwargs: seen.append((args, kwargs)))
+    assert Args(("trn2.48xlarge",), count=2).count == 2
+    assert seen == [((("trn2.48xlarge",),), {"count": 2})]
+    with pytest.raises(TypeError):
+        Args(instance_type=("trn2.48xlarge",))  # type: ignore[call-arg]
+    assert made == [("Args() keyword", "instance_type", "instance_types, count; did you mean 'instance_types'?")]
+    assert len(seen) == 1  # refused before the constructor ran

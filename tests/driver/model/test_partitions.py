@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.driver.daemon.claims.allocation import ClaimError, Reason
+from neuron_dra.driver.daemon.claims.allocation import Reason
 from neuron_dra.driver.daemon.claims.cdi import CdiStore
 from neuron_dra.driver.daemon.claims.checkpoint import Checkpoint
 from neuron_dra.driver.daemon.claims.state import DriverState
-from neuron_dra.driver.kubeletplugin._claimref import ClaimRef
+from neuron_dra.driver.kubeletplugin._claimref import ClaimFailed, ClaimRef
 from neuron_dra.driver.model.catalog import CATALOG, get_instance_spec
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.discovery import discover
@@ -32,7 +32,7 @@ from neuron_dra.driver.model.partitions import (
     read_node_lnc,
 )
 from neuron_dra.driver.model.slices import NodeFacts, PublishOptions, build_pool, resource_slices
-from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, FakeLookup, claim, opaque, result, uid
+from tests.support.driver import DRIVER, NEURON_CONFIG, NODE, FakeLookup, Served, claim, opaque, result, uid
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -153,7 +153,7 @@ def test_node_lnc_from_flag_file_and_family(tmp_path: Path) -> None:
 # --- prepare ------------------------------------------------------------------------------------------------
 
 
-def _state(tmp_path: Path, lookup: FakeLookup, lnc: int = 2) -> DriverState:
+def _state(tmp_path: Path, lookup: FakeLookup, lnc: int = 2) -> Served:
     root = emulate("trn2.48xlarge", tmp_path / "host")
     host = discover(root)
     (tmp_path / "plugin").mkdir(exist_ok=True)
@@ -162,7 +162,7 @@ def _state(tmp_path: Path, lookup: FakeLookup, lnc: int = 2) -> DriverState:
                     lookup=lookup, cores=CoreLayout.for_spec(host.spec, lnc))
     s.load()
     s.reconcile_local()
-    return s
+    return Served(s, lookup)
 
 
 def _container_edits(tmp_path: Path, claim_uid: str) -> tuple[list[str], list[str]]:
@@ -178,39 +178,39 @@ def test_prepare_exposes_exactly_the_allocated_cores(tmp_path: Path) -> None:
     lookup.put(claim("a", uid(1), [result(f"neuron-device-3-core-{c}", "cores") for c in (0, 1)]))
     lookup.put(claim("b", uid(2), [result("neuron-device-3-core-2", "cores")]))
     answers = state.prepare([_ref("a", 1), _ref("b", 2)])
-    assert not any(isinstance(v, ClaimError) for v in answers.values()), answers
+    assert not any(isinstance(v, ClaimFailed) for v in answers.values()), answers
     env, nodes = _container_edits(tmp_path, uid(1))
     assert "NEURON_RT_VISIBLE_CORES=12-13" in env and "NEURON_LOGICAL_NC_CONFIG=2" in env and nodes == ["/dev/neuron3"]
     env, nodes = _container_edits(tmp_path, uid(2))
     assert "NEURON_RT_VISIBLE_CORES=14" in env and nodes == ["/dev/neuron3"]
-    ids = [d.cdi_device_ids for d in answers[uid(1)]]  # type: ignore[union-attr]
+    ids = [d.cdi_device_ids for d in answers[uid(1)]]
     assert len(ids[0]) == 2 and len(ids[1]) == 1 and ids[1][0] == ids[0][1]  # /dev/neuron3 named once
     held = state.prepared()
     assert held[uid(1)].neuron_cores == (24, 25, 26, 27) and held[uid(2)].neuron_cores == (28, 29)
     # The whole device overlaps both core claims; another core of the device does not.
     lookup.put(claim("c", uid(3), [result("neuron-device-3")]))
     err = state.prepare([_ref("c", 3)])[uid(3)]
-    assert isinstance(err, ClaimError) and err.reason is Reason.DEVICE_BUSY
+    assert isinstance(err, ClaimFailed) and err.reason == Reason.DEVICE_BUSY
     assert "Neuron device(s) 3 (physical cores 3: 0-5)" in err.message
     lookup.put(claim("d", uid(4), [result("neuron-device-3-core-3", "cores")]))
-    assert not isinstance(state.prepare([_ref("d", 4)])[uid(4)], ClaimError)
+    assert not isinstance(state.prepare([_ref("d", 4)])[uid(4)], ClaimFailed)
 
 
 def test_prepare_at_lnc1_and_a_claim_lnc_that_contradicts_the_node(tmp_path: Path) -> None:
     lookup = FakeLookup()
     state = _state(tmp_path, lookup, lnc=1)
     lookup.put(claim("a", uid(1), [result("neuron-device-1-core-7", "cores")]))
-    assert not isinstance(state.prepare([_ref("a", 1)])[uid(1)], ClaimError)
+    assert not isinstance(state.prepare([_ref("a", 1)])[uid(1)], ClaimFailed)
     env, _ = _container_edits(tmp_path, uid(1))
     assert "NEURON_RT_VISIBLE_CORES=15" in env and "NEURON_LOGICAL_NC_CONFIG=1" in env
     lookup.put(claim("b", uid(2), [result("neuron-device-2-core-0", "cores")],
                      configs=[opaque({**NEURON_CONFIG, "logicalNeuronCore": 2})]))
     err = state.prepare([_ref("b", 2)])[uid(2)]
-    assert isinstance(err, ClaimError) and err.reason is Reason.BAD_CONFIG
+    assert isinstance(err, ClaimFailed) and err.reason == Reason.BAD_CONFIG
     assert "published at the node's LNC 1" in err.message
     # Whole devices follow the node's LNC too: 8 logical cores per device at LNC=1.
     lookup.put(claim("c", uid(3), [result("neuron-device-2")]))
-    assert not isinstance(state.prepare([_ref("c", 3)])[uid(3)], ClaimError)
+    assert not isinstance(state.prepare([_ref("c", 3)])[uid(3)], ClaimFailed)
     env, _ = _container_edits(tmp_path, uid(3))
     assert "NEURON_RT_VISIBLE_CORES=16-23" in env
 

@@ -221,3 +221,50 @@ def test_the_group_class_follows_the_driver_name_and_the_device_class_excludes_g
     whole = k8s_names.device_class_selector(DRIVER, cores=False)
     assert '!= "ultraserver"' in whole and '!= "neuron_core"' in whole
     assert k8s_names.ultraserver_class_selector(DRIVER).endswith('.resourceType == "ultraserver"')
+
+
+def test_with_shared_counters_a_whole_and_its_halves_are_one_pool_that_consumes_per_slot_counters() -> None:
+    """1.36+ (partitionable devices): the 4-node set's pool holds a counter slice (node-0..3, one each) and the
+    whole's and halves' slices; the whole consumes all four counters, each half its two slots', so the scheduler
+    cannot allocate the whole and a half at once. The 2-node set stays a pool of one slice."""
+    m = membership(cluster())
+    slices = us.desired_slices(m, DRIVER, counters=True)
+    for s in slices:
+        kubeschema.validate(s, "1.36", strict=True)
+        assert us.is_group_slice(s, DRIVER) and "nodeName" not in s["spec"]
+    four = next(g for g in m.groups if g.size == 4 and g.half_of is None)
+    pools: dict[str, list[dict[str, Any]]] = {}
+    for s in slices:
+        pools.setdefault(s["spec"]["pool"]["name"], []).append(s)
+    assert sorted(len(v) for v in pools.values()) == [1, 4]
+    mine = pools[four.pool_name]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in mine} == {4}
+    counter, *devices = mine  # the counter slice first: no device is written before the counters it consumes
+    assert "devices" not in counter["spec"] and us.selected_nodes(counter["spec"]["nodeSelector"]) == [
+        "alpha", "mid", "us-b-0", "zeta"]
+    assert counter["spec"]["sharedCounters"] == [{"name": us.COUNTER_SET, "counters": {
+        f"node-{i}": {"value": "1"} for i in range(4)}}]
+    consumed = {s["spec"]["devices"][0]["name"]: (
+        us.selected_nodes(s["spec"]["nodeSelector"]),
+        sorted(s["spec"]["devices"][0]["consumesCounters"][0]["counters"]),
+        s["spec"]["devices"][0]["attributes"]["nodeCount"]["int"]) for s in devices}
+    # slots: alpha 0, mid 1, zeta 2, us-b-0 3
+    assert consumed == {us.WHOLE_DEVICE: (["alpha", "mid", "us-b-0", "zeta"], [f"node-{i}" for i in range(4)], 4),
+                        f"{us.HALF_DEVICE}-0": (["alpha", "mid"], ["node-0", "node-1"], 2),
+                        f"{us.HALF_DEVICE}-1": (["us-b-0", "zeta"], ["node-2", "node-3"], 2)}
+    assert len({s["metadata"]["name"] for s in slices}) == len(slices)
+    # the whole's slice keeps its name across the change of layout; the 2-node set is as without counters
+    plain = us.desired_slices(m, DRIVER)
+    whole_name = next(s["metadata"]["name"] for s in devices if s["spec"]["devices"][0]["name"] == us.WHOLE_DEVICE)
+    assert whole_name == next(s["metadata"]["name"] for s in plain if s["spec"]["pool"]["name"] == four.pool_name)
+    two = [s for s in slices if s["spec"]["pool"]["name"] != four.pool_name]
+    assert two == [s for s in plain if s["spec"]["devices"][0]["attributes"]["nodeCount"] == {"int": 2}
+                   and s["spec"]["devices"][0]["name"] == us.WHOLE_DEVICE]
+    # a member that leaves is remembered from the pool's richest annotation (the halves' name two slots only)
+    without_zeta = [s for s in cluster() if s["spec"]["nodeName"] != "zeta"]
+    again = membership(without_zeta, previous=slices)
+    whole_again = next(g for g in again.groups if g.size == 4 and g.half_of is None)
+    assert whole_again.node_names == ("alpha", "mid", "us-b-0", "zeta") and whole_again.missing == 1
+    tainted = {s["spec"]["devices"][0]["name"] for s in us.desired_slices(again, DRIVER, counters=True)
+               if s["spec"].get("devices") and s["spec"]["devices"][0].get("taints")}
+    assert tainted == {us.WHOLE_DEVICE, f"{us.HALF_DEVICE}-1"}

@@ -12,7 +12,7 @@ from typing import Any
 from neuron_dra.driver.daemon.claims.cdi import CdiDevice, qualified_id
 from neuron_dra.driver.daemon.claims.checkpoint import PreparedDevice
 from neuron_dra.driver.errortext import capped, shown
-from neuron_dra.driver.kubeletplugin import ClaimFailed, ClaimRef
+from neuron_dra.driver.kubeletplugin import Claim, ClaimFailed, ClaimRef
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.catalog import InstanceSpec
 from neuron_dra.driver.model.config import ConfigError, EffectiveConfig, OpaqueConfig, check_applies, decode
@@ -44,9 +44,10 @@ class Reason(StrEnum):
 class ClaimError(ClaimFailed):
     """One claim cannot be prepared (or unprepared); reported in that claim's `error`, nothing changed."""
 
+    reason: Reason
+
     def __init__(self, reason: Reason, message: str) -> None:
-        self.reason = reason
-        super().__init__(message)
+        super().__init__(message, reason)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class GroupAllocation:
     pool: str
     size: int  # the group's nodes: the UltraServer mode its pods run in
     server_id: str  # the pool's id segment: the sanitised server id of the set (model/ultraserver.py)
+    half: int | None = None  # `ultraserver-half-<half>` in its 4-node set's pool (shared counters, 1.36+)
 
 
 @dataclass(frozen=True)
@@ -102,20 +104,6 @@ def _member(ref: ClaimRef, parent: Mapping[str, Any], where: str, key: str, kind
     if type(value) is not kind:
         raise _malformed(ref, f"{where}.{key}", value, _KINDS[kind])
     return value
-
-
-def claim_uid(claim: object, ref: ClaimRef) -> str | None:
-    """metadata.uid of a claim answer."""
-    metadata = _member(ref, _object(ref, "the claim", claim), "claim", "metadata", Mapping, {})
-    uid: str | None = _member(ref, metadata, "metadata", "uid", str, None)
-    return uid
-
-
-def allocation_of(claim: Mapping[str, Any], ref: ClaimRef) -> Mapping[str, Any] | None:
-    """status.allocation, None when not allocated."""
-    status = _member(ref, claim, "claim", "status", Mapping, {})
-    allocation: Mapping[str, Any] | None = _member(ref, status, "status", "allocation", Mapping, None)
-    return allocation
 
 
 @dataclass(frozen=True)
@@ -176,17 +164,10 @@ def _configs(allocation: Mapping[str, Any], ref: ClaimRef, driver: str, spec: In
     return out
 
 
-def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str, spec: InstanceSpec
-                      ) -> tuple[AllocatedDevice, ...]:
-    """The results of `driver` in `pool` (this node), checked as kubelet's drivers must."""
-    uid = claim_uid(claim, ref)
-    if uid != ref.uid:
-        raise ClaimError(Reason.UID_MISMATCH,
-                         f"claim {ref.namespace}/{ref.name} has uid {shown(uid)}, kubelet asked for {ref.uid!r}: "
-                         "the claim was deleted and replaced")
-    allocation = allocation_of(claim, ref)
-    if allocation is None:
-        raise ClaimError(Reason.NOT_ALLOCATED, f"claim {ref} is not allocated (status.allocation is not set)")
+def allocated_devices(claim: Claim, driver: str, pool: str, spec: InstanceSpec) -> tuple[AllocatedDevice, ...]:
+    """The results of `driver` in `pool` (this node), checked as kubelet's drivers must (the helper checked the
+    claim's UID and that it is allocated: Claim.checked)."""
+    ref, allocation = claim.ref, claim.allocation
     results = results_of(allocation, ref)
     ours = [r for r in results if r.driver == driver]
     groups = member_groups(allocation, ours, ref, pool)
@@ -220,13 +201,16 @@ def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool
 
 
 def group_of(r: Result) -> GroupAllocation | None:
-    """The group a result names (pool `ultraserver-<1|2|4>/<id>`, device `ultraserver` or, size 2,
-    `ultraserver-half`); None for any other result. Node pools are node names, which never contain '/'."""
+    """The group a result names (pool `ultraserver-<1|2|4>/<id>`, device `ultraserver`, or `ultraserver-half` in
+    a size-2 pool, or `ultraserver-half-<0|1>` in the pool of its 4-node set where shared counters are served);
+    None for any other result. Node pools are node names, which never contain '/'."""
     prefix, slash, server_id = r.pool.partition("/")
     size_text = prefix.removeprefix(us.POOL_PREFIX)
     if not slash or prefix == size_text or not server_id or size_text not in {str(m) for m in us.MODES}:
         return None
     size = int(size_text)
+    if size == 4 and r.device in (f"{us.HALF_DEVICE}-0", f"{us.HALF_DEVICE}-1"):
+        return GroupAllocation(r.pool, 2, server_id, int(r.device[-1]))
     if r.device != us.WHOLE_DEVICE and not (r.device == us.HALF_DEVICE and size == 2):
         return None
     return GroupAllocation(r.pool, size, server_id)
@@ -278,7 +262,11 @@ def prepare_groups(ref: ClaimRef, allocated: Sequence[AllocatedDevice], host: Ul
         if host is None:
             raise ClaimError(Reason.NOT_FOR_THIS_NODE, f"{where}: this {instance_type} host has no UltraServer "
                                                        "class files (server_id_4, node_id_4, ...): not a member")
-        own = _member_server_id(group, host)
+        own = _member_server_id(group, host) if group.half is None else host.server_id_4
+        if group.half is not None and host.node_id_4 // 2 != group.half:
+            raise ClaimError(Reason.NOT_FOR_THIS_NODE,
+                             f"{where}: this host is node {host.node_id_4} of its 4-node set (its class files), so "
+                             f"in half {host.node_id_4 // 2}, not the group's half {group.half}: not a member")
         if us.sanitised_id(own) != group.server_id:
             raise ClaimError(Reason.NOT_FOR_THIS_NODE,
                              f"{where}: this host's {group.size}-node set is {shown(own, 80)} (its class files), "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra.driver.errortext import shown
-from neuron_dra.driver.kubeletplugin import remove_temp_files, write_atomic
+from neuron_dra.driver.kubeletplugin.toolkit import remove_temp_files, write_atomic
 
 CDI_KIND = "aws.amazon.com/neuron"
 SPEC_FILE_MODE = 0o644  # read by the container runtime; holds no secrets

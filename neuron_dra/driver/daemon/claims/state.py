@@ -1,16 +1,17 @@
-"""Prepare and unprepare: the claims this node holds, kept in the checkpoint and the CDI directory.
+"""Prepare and unprepare: the claims this node holds, kept in the checkpoint and the CDI directory. `DriverState`
+is the driver the kubelet-plugin helper calls (its Driver protocol, docs/architecture.md "The prepare walk").
 
-Concurrency: the claim GET and the planning run outside any lock, so a slow API call delays only its own claim;
-the commit (device check, CDI spec, one checkpoint record) runs under one short lock, which also serializes the
-calls for a claim. Every call takes a ticket on arrival (time.monotonic_ns, one clock for every process of the
-node); an unprepare notes its ticket in the checkpoint's records, and a prepare that arrived before a completed
-unprepare of the claim fails rather than re-prepare a claim kubelet released (the late prepare retry), whichever
-instance answered the unprepare.
+Concurrency: the helper GETs and checks the claims outside any lock, so a slow API call delays only its own call,
+then calls `prepare` (or `unprepare`) under its CallLock: the thread lock and, with two instances, the flock they
+share; the driver's own work on the records outside calls (load, hand-over, background checks, close, reads for
+metrics) holds the same lock (`_shared`). Every call has a ticket from its arrival (CallScope.ticket,
+time.monotonic_ns, one clock for every process of the node); an unprepare notes its ticket in the checkpoint's
+records, and a prepare that arrived before a completed unprepare of the claim fails rather than re-prepare a
+claim kubelet released (the late prepare retry), whichever instance answered the unprepare.
 
-Two instances side by side (a surge rollout, docs/upgrades.md): kubelet may call either, so every step on the
-recorded claims also holds the instances' lock (instance_lock.py, inside the thread lock) and starts from the
-checkpoint on disk (`Checkpoint.refresh`, read only when the other instance changed it), unprepares noted by the
-other instance included.
+Two instances side by side (a surge rollout, docs/upgrades.md): kubelet may call either, so every call starts
+from the checkpoint on disk (`Checkpoint.refresh`, read only when the other instance changed it), unprepares
+noted by the other instance included.
 """
 
 from __future__ import annotations
@@ -18,10 +19,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,8 +30,6 @@ from neuron_dra.driver.daemon.claims.allocation import (
     ClaimError,
     Reason,
     allocated_devices,
-    allocation_of,
-    claim_uid,
     consumer_pods,
     prepare_groups,
     results_of,
@@ -58,12 +55,13 @@ from neuron_dra.driver.daemon.claims.checkpoint import (
 from neuron_dra.driver.daemon.failpoints import CrashPoints
 from neuron_dra.driver.errortext import capped, shown
 from neuron_dra.driver.kubeletplugin import (
+    CallLock,
     CallScope,
+    Claim,
+    ClaimFailed,
     ClaimLookup,
     ClaimLookupError,
     ClaimRef,
-    InstanceLock,
-    LockTimeout,
 )
 from neuron_dra.driver.model.devices import NeuronHost, UltraServer
 from neuron_dra.driver.model.discovery import DiscoveryError, read_ultraserver
@@ -108,7 +106,6 @@ class ClaimMetrics(Protocol):
     def prepared_claims(self) -> _Gauge: ...
 
 PrepareResult = tuple[PreparedDevice, ...] | ClaimError
-COMMIT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -135,8 +132,10 @@ class DriverState:
     def __init__(self, *, host: NeuronHost, host_root: Path, driver_name: str, pool_name: str, cdi: CdiStore,
                  checkpoint: Checkpoint, lookup: ClaimLookup, crash: CrashPoints | None = None,
                  metrics: ClaimMetrics | None = None, clock: Callable[[], float] = time.time,
-                 lookup_workers: int = 8, cores: CoreLayout | None = None,
-                 instance_lock: InstanceLock | None = None) -> None:
+                 cores: CoreLayout | None = None, lock: CallLock | None = None) -> None:
+        """`lookup`: GETs for the driver's own checks (devices held by a claim that may be gone, unfinished
+        prepares); prepare's claims come from the helper. `lock`: the helper's CallLock (Helper.lock_instances),
+        held around every call; None: a lock of its own (this process is the only instance: tests, benchmarks)."""
         self.host = host
         self.host_root = host_root
         self.driver_name = driver_name
@@ -172,24 +171,19 @@ class DriverState:
             name: tuple(DeviceNode(d.dev_path, d.dev_path, d.major, d.minor)
                         for d in (host.device(i) for i in indexes))
             for name, indexes in self._device_indexes.items()}
-        self._lock = threading.Lock()
-        self._instance_lock = instance_lock  # None: this process is the only instance (tests, benchmarks)
+        self.lock = lock or CallLock()
         self._claims: dict[str, PreparedClaim] = {}
-        self._ticket_lock = threading.Lock()
-        self._last_ticket = 0
-        self._executor = ThreadPoolExecutor(max_workers=lookup_workers, thread_name_prefix="claim-lookup")
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
     def load(self) -> None:
         """Read the checkpoint (CheckpointError when it is corrupt or of an unknown version)."""
-        with self._lock, self._across_instances(None):
+        with self.lock.hold():
             self._claims = self._checkpoint.load()
         self._update_gauge()
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        with self._lock, self._across_instances(None):
+        with self.lock.hold():
             with contextlib.suppress(CheckpointError, OSError):
                 self._refresh_locked()  # the fold below writes what is on disk, the other instance's records too
             self._checkpoint.close()  # folds the journal into checkpoint.json
@@ -197,7 +191,7 @@ class DriverState:
     def hand_over(self) -> None:
         """The previous release is starting beside this instance (a rollback): from now on the checkpoint is
         written as snapshots that release can read and verify (Checkpoint.hand_over)."""
-        with self._lock, self._across_instances(None):
+        with self.lock.hold():
             self._refresh_locked()
             self._checkpoint.hand_over()
 
@@ -205,153 +199,136 @@ class DriverState:
         with self._shared():
             return dict(self._claims)
 
-    @contextlib.contextmanager
-    def _across_instances(self, deadline: float | None) -> Iterator[None]:
-        if self._instance_lock is None:
-            yield
-            return
-        try:
-            with self._instance_lock.hold(deadline):
-                yield
-        except LockTimeout as e:  # only taking the lock raises it
-            raise ClaimError(Reason.LOCK_TIMEOUT, f"{e}; kubelet retries") from e
-
     def _refresh_locked(self) -> None:
         claims = self._checkpoint.refresh()
         if claims is not None:
             self._claims = claims
 
+    def _refresh_checked(self) -> None:
+        """The claims as recorded on disk now (the other instance's changes too); ClaimError when unreadable."""
+        try:
+            self._refresh_locked()
+        except CheckpointError as e:
+            raise ClaimError(Reason.INTERNAL, f"reading what the other instance of the driver recorded: "
+                                              f"{e}") from e
+        except OSError as e:
+            raise ClaimError(Reason.INTERNAL, f"reading the checkpoint {self._checkpoint.path} failed: "
+                                              f"{e}") from e
+
     @contextlib.contextmanager
-    def _shared(self, deadline: float | None = None) -> Iterator[None]:
-        """The thread lock, the instances' lock, and the claims as recorded on disk now."""
-        with self._lock, self._across_instances(deadline):
-            try:
-                self._refresh_locked()
-            except CheckpointError as e:
-                raise ClaimError(Reason.INTERNAL, f"reading what the other instance of the driver recorded: "
-                                                  f"{e}") from e
-            except OSError as e:
-                raise ClaimError(Reason.INTERNAL, f"reading the checkpoint {self._checkpoint.path} failed: "
-                                                  f"{e}") from e
+    def _shared(self) -> Iterator[None]:
+        """Outside the helper's calls: the lock they run under, and the claims as recorded on disk now."""
+        with self.lock.hold():
+            self._refresh_checked()
             yield
 
-    def _ticket(self) -> int:
-        """A call's arrival: time.monotonic_ns (comparable with the other instance's: one clock per node),
-        strictly increasing within this process."""
-        with self._ticket_lock:
-            self._last_ticket = max(self._last_ticket + 1, time.monotonic_ns())
-            return self._last_ticket
+    # --- what the helper calls besides prepare and unprepare ---------------------------------------------------
 
-    # --- prepare ---------------------------------------------------------------------------------------------
-
-    def prepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None) -> dict[str, PrepareResult]:
-        """Prepare each claim; every claim gets a result (its devices or its error).
-
-        `call`: kubelet's call (its deadline, cancellation). Once kubelet has given up on it, claims not yet
-        started are not looked up at all (their queued work is cancelled), so an abandoned call cannot keep
-        the shared lookup pool busy for the calls that follow."""
-        call = call or CallScope()
-        ticket = self._ticket()
-        unique = list({r.uid: r for r in refs}.values())
-        if len(unique) <= 1:
-            return {r.uid: self._prepare_measured(r, ticket, call) for r in unique}
-        futures: dict[str, Future[PrepareResult]] = {
-            r.uid: self._executor.submit(self._prepare_measured, r, ticket, call) for r in unique}
-        call.on_abandon(lambda: [f.cancel() for f in futures.values()])
-        out: dict[str, PrepareResult] = {}
-        for r in unique:
-            try:
-                out[r.uid] = futures[r.uid].result()
-            except CancelledError:
-                out[r.uid] = self._abandoned(r)
-        return out
-
-    def _abandoned(self, ref: ClaimRef) -> ClaimError:
-        if self._metrics:
-            self._metrics.errors.labels("prepare", Reason.ABANDONED.value).inc()
-        return ClaimError(Reason.ABANDONED, f"claim {ref}: kubelet gave up on this call (deadline passed or "
-                                            "cancelled) before it was prepared; kubelet retries")
-
-    def _prepare_measured(self, ref: ClaimRef, ticket: int, call: CallScope | None = None) -> PrepareResult:
-        if call is not None and call.abandoned:
-            return self._abandoned(ref)
-        start = time.perf_counter()
-        try:
-            devices = self._prepare_one(ref, ticket, None if call is None else call.deadline)
-        except ClaimError as e:
-            log.warning("prepare failed", extra={"claim": str(ref), "reason": e.reason.value, "error": e.message})
-            if self._metrics:
-                self._metrics.errors.labels("prepare", e.reason.value).inc()
-            return e
-        except Exception as e:  # never let one claim take down the call
-            log.exception("prepare failed unexpectedly", extra={"claim": str(ref)})
-            if self._metrics:
-                self._metrics.errors.labels("prepare", Reason.INTERNAL.value).inc()
-            return ClaimError(Reason.INTERNAL, f"claim {ref}: internal error: {e!r}")
-        elapsed = time.perf_counter() - start
-        if self._metrics:
-            self._metrics.prepare_seconds.observe(elapsed)
-        log.info("prepared claim", extra={"claim": str(ref), "devices": [d.device_name for d in devices],
-                                          "seconds": round(elapsed, 6)})
-        return devices
-
-    def _check_ref(self, ref: ClaimRef, need_name: bool) -> None:
+    def check(self, ref: ClaimRef, *, named: bool) -> None:
+        """Refuse a ref whose UID cannot name a CDI file, or (prepare) whose namespace or name the API server could
+        never have: before they reach a URL, a file name or a log line."""
         try:
             check_claim_uid(ref.uid)
         except CdiError as e:
             raise ClaimError(Reason.INVALID_REQUEST, str(e)) from e
-        if need_name and (not ref.namespace or not ref.name):
+        if not named:
+            return
+        if not ref.namespace or not ref.name:
             raise ClaimError(Reason.INVALID_REQUEST,
                              f"claim {ref.uid}: namespace and name are required (got {shown(ref.namespace)}, "
                              f"{shown(ref.name)})")
-        if need_name:
-            # Names the API server could never have: refused before they reach a URL, a file name or a log line.
-            try:
-                check_dns_label("namespace", ref.namespace)
-                check_dns_subdomain("name", ref.name)
-            except NotAllowed as e:
-                raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref.uid}: {e}") from e
+        try:
+            check_dns_label("namespace", ref.namespace)
+            check_dns_subdomain("name", ref.name)
+        except NotAllowed as e:
+            raise ClaimError(Reason.INVALID_REQUEST, f"claim {ref.uid}: {e}") from e
 
-    def _prepare_one(self, ref: ClaimRef, ticket: int, deadline: float | None = None) -> tuple[PreparedDevice, ...]:
-        self._check_ref(ref, need_name=True)
-        # Repeated prepare (kubelet restart, node reboot): same answer, spec rewritten (tmpfs), no API call. The
-        # records are replaced, never changed in place, so a look without the lock tells whether to take it: a
-        # new claim goes straight to its GET and takes the lock once, to commit.
-        if ref.uid in self._claims:
-            with self._shared(deadline):
-                entry = self._claims.get(ref.uid)
-                if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
-                    self._write_cdi(entry.uid, entry.cdi_spec)
-                    return entry.devices
-        claim = self._get_claim(ref)
-        if claim is None:
-            raise ClaimError(Reason.NOT_FOUND, f"claim {ref} does not exist")
-        allocated = allocated_devices(claim, ref, self.driver_name, self.pool_name, self.host.spec)
-        plan = self.plan(ref, allocated)
-        for _ in range(COMMIT_ATTEMPTS):
-            with self._shared(deadline):
-                if self._checkpoint.unprepared_since(ref.uid, ticket):
-                    raise ClaimError(Reason.UNPREPARED_MEANWHILE,
-                                     f"claim {ref} was unprepared while this prepare was in flight; not preparing it")
-                entry = self._claims.get(ref.uid)
-                if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
-                    if entry.devices != plan.devices:
-                        raise ClaimError(Reason.ALLOCATION_CHANGED,
-                                         f"claim {ref} is already prepared with devices "
-                                         f"{', '.join(d.device_name for d in entry.devices)}; unprepare it first")
-                    self._write_cdi(entry.uid, entry.cdi_spec)
-                    return entry.devices
-                conflicts = self._conflicts_locked(ref.uid, plan.cores)
-                if not conflicts:
-                    self._commit_locked(ref, plan, consumer_pods(claim, MAX_CONSUMERS))
-                    return plan.devices
-            # Outside the lock: is each holder still a live claim that owns these devices?
+    def failed(self, method: str, ref: ClaimRef, failure: ClaimFailed) -> None:
+        """A claim the helper failed (the checks above, its GET, its lock): logged and counted as ours are."""
+        reason = failure.reason or Reason.INTERNAL.value
+        log.warning(f"{method} failed", extra={"claim": str(ref), "reason": reason, "error": failure.message})
+        if self._metrics:
+            self._metrics.errors.labels(method, reason).inc()
+            if reason == Reason.API_ERROR:
+                self._metrics.api_errors.labels("get_resourceclaim").inc()
+
+    # --- prepare ---------------------------------------------------------------------------------------------
+
+    def has_prepared(self, uid: str) -> bool:
+        """Recorded as prepared (a look without the lock: the records are replaced, never changed in place)?"""
+        entry = self._claims.get(uid)
+        return entry is not None and entry.state is ClaimState.PREPARE_COMPLETED
+
+    def prepare(self, claims: Sequence[Claim | ClaimRef], call: CallScope) -> dict[str, PrepareResult | None]:
+        """Prepare each claim (looked up and checked by the helper, which holds the CallLock); every claim gets a
+        result, its devices or its error. A ref (`has_prepared` said so, no GET): the recorded answer, its CDI spec
+        rewritten (tmpfs: a reboot wipes it), or None when it is no longer recorded as prepared (the helper then
+        GETs the claim)."""
+        try:
+            self._refresh_checked()
+        except ClaimError as e:
+            return {c.uid: self._prepare_failed(c if isinstance(c, ClaimRef) else c.ref, e) for c in claims}
+        return {c.uid: self._repeat(c, call) if isinstance(c, ClaimRef) else self._prepare_measured(c, call)
+                for c in claims}
+
+    def _repeat(self, ref: ClaimRef, call: CallScope) -> PrepareResult | None:
+        entry = self._claims.get(ref.uid)
+        if entry is None or entry.state is not ClaimState.PREPARE_COMPLETED:
+            return None
+        try:
+            self._write_cdi(entry.uid, entry.cdi_spec)
+        except ClaimError as e:
+            return self._prepare_failed(ref, e)
+        self._prepared(ref, entry.devices, call)
+        return entry.devices
+
+    def _prepared(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], call: CallScope) -> None:
+        elapsed = time.perf_counter() - call.began  # since the call arrived: its GET included
+        if self._metrics:
+            self._metrics.prepare_seconds.observe(elapsed)
+        if log.isEnabledFor(logging.INFO):
+            log.info("prepared claim", extra={"claim": str(ref), "devices": [d.device_name for d in devices],
+                                              "seconds": round(elapsed, 6)})
+
+    def _prepare_failed(self, ref: ClaimRef, e: ClaimError) -> ClaimError:
+        log.warning("prepare failed", extra={"claim": str(ref), "reason": e.reason.value, "error": e.message})
+        if self._metrics:
+            self._metrics.errors.labels("prepare", e.reason.value).inc()
+        return e
+
+    def _prepare_measured(self, claim: Claim, call: CallScope) -> PrepareResult:
+        try:
+            devices = self._prepare_one(claim, call.ticket)
+        except ClaimError as e:
+            return self._prepare_failed(claim.ref, e)
+        except Exception as e:  # never let one claim take down the call
+            log.exception("prepare failed unexpectedly", extra={"claim": str(claim.ref)})
+            if self._metrics:
+                self._metrics.errors.labels("prepare", Reason.INTERNAL.value).inc()
+            return ClaimError(Reason.INTERNAL, f"claim {claim.ref}: internal error: {e!r}")
+        self._prepared(claim.ref, devices, call)
+        return devices
+
+    def _prepare_one(self, claim: Claim, ticket: int) -> tuple[PreparedDevice, ...]:
+        ref = claim.ref
+        entry = self._claims.get(ref.uid)
+        # Prepared meanwhile (by the other instance, or a concurrent call): the recorded answer, spec rewritten.
+        if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
+            self._write_cdi(entry.uid, entry.cdi_spec)
+            return entry.devices
+        plan = self.plan(ref, allocated_devices(claim, self.driver_name, self.pool_name, self.host.spec))
+        if self._checkpoint.unprepared_since(ref.uid, ticket):
+            raise ClaimError(Reason.UNPREPARED_MEANWHILE,
+                             f"claim {ref} was unprepared while this prepare was in flight; not preparing it")
+        conflicts = self._conflicts_locked(ref.uid, plan.cores)
+        if conflicts:
+            # Is each holder still a live claim that owns these devices? (a GET each, under the lock: rare)
             live = [c for c in conflicts if self._is_live(c)]
             if live:
                 raise self._busy(ref, plan, live)
-            with self._shared(deadline):
-                self._release_stale_locked(conflicts)
-        raise ClaimError(Reason.DEVICE_BUSY, f"claim {ref}: devices kept being taken by other claims; retry")
+            self._release_stale_locked(conflicts)
+        self._commit_locked(ref, plan, consumer_pods(claim.data, MAX_CONSUMERS))
+        return plan.devices
 
     def _busy(self, ref: ClaimRef, plan: Plan, live: Sequence[PreparedClaim]) -> ClaimError:
         """DEVICE_BUSY naming the devices and physical cores `live` claims hold of `plan`, and those claims."""
@@ -375,14 +352,6 @@ class DriverState:
             raise
         except Exception as e:
             raise ClaimLookupError(f"reading claim {namespace}/{name} failed: {capped(repr(e))}") from None
-
-    def _get_claim(self, ref: ClaimRef) -> Mapping[str, Any] | None:
-        try:
-            return self._ask(ref.namespace, ref.name)
-        except ClaimLookupError as e:
-            if self._metrics:
-                self._metrics.api_errors.labels("get_resourceclaim").inc()
-            raise ClaimError(Reason.API_ERROR, f"claim {ref}: reading it from the API server failed: {e}") from e
 
     def plan(self, ref: ClaimRef, allocated: Sequence[AllocatedDevice]) -> Plan:
         """Answer, held devices and CDI spec for `allocated` (pure, apart from reading the UltraServer files)."""
@@ -471,15 +440,26 @@ class DriverState:
         except (ClaimLookupError, ClaimError):
             return True  # cannot tell (no answer, or a malformed one): keep the devices where they are
 
-    def _owns(self, claim: Mapping[str, Any] | None, entry: PreparedClaim) -> bool:
-        """Does `claim` (None: gone) still have `entry`'s UID and devices? ClaimError when it is malformed."""
-        ref = ClaimRef(entry.namespace, entry.name, entry.uid)
-        if claim is None or claim_uid(claim, ref) != entry.uid:
-            return False
-        allocation = allocation_of(claim, ref)
+    def _owns(self, obj: Mapping[str, Any] | None, entry: PreparedClaim) -> bool:
+        """Does `obj` (None: gone) still have `entry`'s UID and devices? ClaimError when it is malformed."""
+        claim = self._checked(obj, entry)
         held = {(d.pool_name, d.device_name) for d in entry.devices}  # this node's pool, or an UltraServer group's
-        return allocation is not None and any(
-            r.driver == self.driver_name and (r.pool, r.device) in held for r in results_of(allocation, ref))
+        return claim is not None and any(
+            r.driver == self.driver_name and (r.pool, r.device) in held for r in results_of(claim.allocation,
+                                                                                          claim.ref))
+
+    @staticmethod
+    def _checked(obj: Mapping[str, Any] | None, entry: PreparedClaim) -> Claim | None:
+        """`obj` as the allocated claim of `entry` (Claim.checked); None when gone, replaced or not allocated;
+        ClaimError when malformed."""
+        if obj is None:
+            return None
+        try:
+            return Claim.checked(ClaimRef(entry.namespace, entry.name, entry.uid), obj)
+        except ClaimFailed as e:
+            if e.reason in (Reason.UID_MISMATCH, Reason.NOT_ALLOCATED):
+                return None
+            raise ClaimError(Reason.MALFORMED_CLAIM, e.message) from e
 
     def _release_stale_locked(self, stale: Sequence[PreparedClaim]) -> None:
         current = dict(self._claims)
@@ -526,26 +506,31 @@ class DriverState:
 
     # --- unprepare -------------------------------------------------------------------------------------------
 
-    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
-        """Unprepare each claim from local state alone; unknown claims succeed."""
-        ticket = self._ticket()
-        return {r.uid: self._unprepare_measured(r, ticket) for r in {r.uid: r for r in refs}.values()}
+    def unprepare(self, refs: Sequence[ClaimRef], call: CallScope) -> dict[str, ClaimError | None]:
+        """Unprepare each claim from local state alone (the helper holds the CallLock); unknown claims succeed."""
+        try:
+            self._refresh_checked()
+        except ClaimError as e:
+            return {r.uid: self._unprepare_failed(r, e) for r in refs}
+        return {r.uid: self._unprepare_measured(r, call) for r in refs}
 
-    def _unprepare_measured(self, ref: ClaimRef, ticket: int) -> ClaimError | None:
+    def _unprepare_failed(self, ref: ClaimRef, e: ClaimError) -> ClaimError:
+        log.warning("unprepare failed", extra={"claim": str(ref), "reason": e.reason.value, "error": e.message})
+        if self._metrics:
+            self._metrics.errors.labels("unprepare", e.reason.value).inc()
+        return e
+
+    def _unprepare_measured(self, ref: ClaimRef, call: CallScope) -> ClaimError | None:
         start = time.perf_counter()
         try:
-            self._check_ref(ref, need_name=False)
-            with self._shared():
-                self._unprepare_locked(ref, ticket)
+            self._unprepare_locked(ref, call.ticket)
         except ClaimError as e:
-            log.warning("unprepare failed", extra={"claim": str(ref), "reason": e.reason.value, "error": e.message})
-            if self._metrics:
-                self._metrics.errors.labels("unprepare", e.reason.value).inc()
-            return e
+            return self._unprepare_failed(ref, e)
         elapsed = time.perf_counter() - start
         if self._metrics:
             self._metrics.unprepare_seconds.observe(elapsed)
-        log.info("unprepared claim", extra={"claim": str(ref), "seconds": round(elapsed, 6)})
+        if log.isEnabledFor(logging.INFO):
+            log.info("unprepared claim", extra={"claim": str(ref), "seconds": round(elapsed, 6)})
         return None
 
     def _unprepare_locked(self, ref: ClaimRef, ticket: int) -> None:
@@ -615,8 +600,8 @@ class DriverState:
             # Whatever the answer, one entry's check never stops the others or the daemon (a raise here at
             # start-up would exit, and kubelet's restart would raise again): what cannot be checked stays.
             try:
-                claim = self._ask(c.namespace, c.name)
-                owned = self._owns(claim, c)
+                obj = self._ask(c.namespace, c.name)
+                owned = self._owns(obj, c)
             except ClaimLookupError as e:
                 log.warning("cannot check an unfinished prepare yet", extra={"claim": c.uid, "error": str(e)})
                 unresolved.append(c.uid)
@@ -627,7 +612,7 @@ class DriverState:
                 unresolved.append(c.uid)
                 continue
             if owned:
-                (restored if claim is not None and self._restore(c, claim) else kept).append(c.uid)
+                (restored if obj is not None and self._restore(c, obj) else kept).append(c.uid)
                 continue
             with self._shared():
                 if self._claims.get(c.uid) == c:  # not completed or replaced meanwhile
@@ -641,24 +626,26 @@ class DriverState:
         return ReconcileReport(dropped=tuple(dropped), kept=tuple(kept), unresolved=tuple(unresolved),
                                restored=tuple(restored))
 
-    def _confirmed(self, claim: Mapping[str, Any], entry: PreparedClaim) -> PreparedClaim | None:
+    def _confirmed(self, obj: Mapping[str, Any], entry: PreparedClaim) -> PreparedClaim | None:
         """`entry` as prepared, when the API server confirms it: the claim is allocated exactly these devices of this
         node (the answer and CDI spec a prepare of it would give are the recorded ones) and is reserved for a pod;
         else None (any problem with the claim: not confirmed)."""
-        ref = ClaimRef(entry.namespace, entry.name, entry.uid)
         try:
-            plan = self.plan(ref, allocated_devices(claim, ref, self.driver_name, self.pool_name, self.host.spec))
+            claim = self._checked(obj, entry)
+            if claim is None:
+                return None
+            plan = self.plan(claim.ref, allocated_devices(claim, self.driver_name, self.pool_name, self.host.spec))
         except ClaimError:
             return None
-        pods, omitted = consumer_pods(claim, MAX_CONSUMERS)
+        pods, omitted = consumer_pods(obj, MAX_CONSUMERS)
         if not pods or plan.devices != entry.devices or plan.cdi_spec != entry.cdi_spec:
             return None
         return dataclasses.replace(entry, state=ClaimState.PREPARE_COMPLETED, consumers=pods,
                                    consumers_omitted=omitted)
 
-    def _restore(self, entry: PreparedClaim, claim: Mapping[str, Any]) -> bool:
+    def _restore(self, entry: PreparedClaim, obj: Mapping[str, Any]) -> bool:
         """Record a confirmed unfinished prepare as prepared (its CDI spec written first, as a prepare does)."""
-        confirmed = self._confirmed(claim, entry)
+        confirmed = self._confirmed(obj, entry)
         if confirmed is None:
             return False
         try:

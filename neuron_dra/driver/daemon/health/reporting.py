@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from neuron_dra.driver.daemon.health.monitor import HealthMonitor
-from neuron_dra.driver.kubeletplugin import ApiClient, KubeApi
+from neuron_dra.driver.kubeletplugin.toolkit import ApiClient, KubeApi
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.health_source import DeviceHealth, Health
 from neuron_dra.driver.model.taints import published_health, unhealthy_taints

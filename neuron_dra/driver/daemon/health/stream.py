@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from neuron_dra.driver.daemon.health.monitor import HealthMonitor
-from neuron_dra.driver.kubeletplugin import (
+from neuron_dra.driver.kubeletplugin.toolkit import (
     CallContext,
     Method,
     dra_health_v1_pb2,
     dra_health_v1alpha1_pb2,
     service_methods,
 )
-from neuron_dra.driver.kubeletplugin import dra_health_v1beta1_pb2 as pb
+from neuron_dra.driver.kubeletplugin.toolkit import dra_health_v1beta1_pb2 as pb
 from neuron_dra.driver.model.devices import NeuronHost
 from neuron_dra.driver.model.health_source import Health
 from neuron_dra.driver.model.taints import published_health

@@ -8,13 +8,15 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from neuron_dra.driver.daemon.observability.attribution import (
     AttributionCollector,
@@ -203,6 +205,37 @@ class BoundedWSGIServer(WSGIServer):
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+FrontCounts = Callable[[], Mapping[str, Mapping[str, Mapping[str, int]]]]
+
+
+class HealthFrontCollector(Collector):
+    """The health port's fronts (kubeletplugin Lanes.counts: per lane, "node" for the node's own addresses and
+    "other"), read at every scrape: connections closed by reason (evicted, expired, bytes, calls,
+    calls_in_flight, unread, refused, backend), open by state, calls in flight."""
+
+    def __init__(self, counts: FrontCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        lanes = self._counts()
+        closed = CounterMetricFamily("neuron_dra_health_front_closed", "Connections to the health port the front "
+                                     "closed, by lane and reason", labels=["lane", "reason"])
+        open_ = GaugeMetricFamily("neuron_dra_health_front_connections", "Connections to the health port open, by "
+                                  "lane and state (waiting: preface not complete, queued: for a forwarding slot, "
+                                  "forwarded, held: a call held back)", labels=["lane", "state"])
+        calls = GaugeMetricFamily("neuron_dra_health_front_calls_in_flight", "Health calls forwarded and not "
+                                  "answered yet, by lane", labels=["lane"])
+        for lane, counts in lanes.items():
+            for reason, n in counts.get("closed", {}).items():
+                closed.add_metric([lane, reason], n)
+            for state, n in counts.get("open", {}).items():
+                open_.add_metric([lane, state], n)
+            calls.add_metric([lane], counts.get("calls", {}).get("in_flight", 0))
+        yield closed
+        yield open_
+        yield calls
+
+
 @dataclass
 class MetricsServer:
     server: BoundedWSGIServer
@@ -247,6 +280,12 @@ class Metrics:
         """Add the per-claim attribution series (attribution.py), read from `claims` at every scrape."""
         collector = AttributionCollector(claims, node, NodeDevices(tuple(indexes), layout), taints,
                                          consumers=consumers)
+        self.registry.register(collector)
+        return collector
+
+    def health_front(self, counts: FrontCounts) -> HealthFrontCollector:
+        """Add the health front's series, read from `counts` at every scrape."""
+        collector = HealthFrontCollector(counts)
         self.registry.register(collector)
         return collector
 
