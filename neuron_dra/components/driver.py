@@ -184,12 +184,20 @@ class NeuronDraDriver(pulumi.ComponentResource):
         for manifest in self.manifests:
             kind = manifest["kind"]
             depends = [*waits, *(obj for k in _DEPENDS_ON.get(kind, ()) for obj in by_kind.get(k, ()))]
+            monitor = kind == "DaemonSet" and manifest["metadata"]["name"] != options.daemonset_name
+            if monitor:
+                # neuron-monitor's (deploy/exporter.py, on by default) after the driver's DaemonSet: `pulumi
+                # destroy` then deletes it first and waits for its pods to go, while the driver still runs to
+                # unprepare their claims (with the driver gone first, kubelet retries the unprepare for ever and
+                # the pods and the namespace stay Terminating). Its rollout is awaited as the driver's.
+                depends += by_kind.get("DaemonSet", [])
             child = pulumi.ResourceOptions(parent=self, depends_on=depends)
             metadata: Manifest = manifest["metadata"]
             overrides: dict[str, Any] = {}
-            if kind == "DaemonSet" and manifest["metadata"]["name"] == options.daemonset_name:
+            if kind == "DaemonSet" and not monitor:
                 # The driver's own DaemonSet (the exporter's runs AWS's image as rendered).
                 overrides = {"spec": self.image.apply(functools.partial(_with_image, manifest["spec"]))}
+            if kind == "DaemonSet":
                 metadata, child = rollout_wait(manifest, child, args.rollout_timeout_seconds)
             overrides["metadata"] = guard.apply(functools.partial(_after_check, metadata))
             obj = create_object(resource_name(resource_name_, manifest), manifest, child, overrides)
@@ -263,13 +271,15 @@ def _with_image(spec: Manifest, image: str) -> Manifest:
 
 
 # What each object waits for: the namespace for namespaced objects, the role for its binding, the policy for
-# its binding, and everything the driver's pods rely on for the DaemonSet.
+# its binding, and everything the driver's pods rely on for the DaemonSet (neuron-monitor's: its claim template,
+# rendered after the driver's DaemonSet, so only the exporter's waits for it).
 _DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "ServiceAccount": ("Namespace",),
     "ClusterRoleBinding": ("ClusterRole", "ServiceAccount"),
     "ValidatingAdmissionPolicyBinding": ("ValidatingAdmissionPolicy",),
     "NetworkPolicy": ("Namespace",),
     "ConfigMap": ("Namespace",),
+    "ResourceClaimTemplate": ("Namespace", "DeviceClass"),
     "DaemonSet": ("Namespace", "ServiceAccount", "ClusterRoleBinding", "ValidatingAdmissionPolicyBinding",
-                  "NetworkPolicy", "ConfigMap", "DeviceClass"),
+                  "NetworkPolicy", "ConfigMap", "DeviceClass", "ResourceClaimTemplate"),
 }

@@ -32,6 +32,7 @@ from neuron_dra.components.claims import ClaimTemplateCheckError
 from neuron_dra.components.driver import DriverRenameError
 from neuron_dra.components.mocks import DEFAULT_REGION, MissingStackOutputs, PlanMocks, run_offline
 from neuron_dra.components.stack import build_stack, settings_from_pulumi_config
+from neuron_dra.driver.deploy import exporter
 from neuron_dra.driver.errortext import shown
 from neuron_dra.driver.model import bounded_yaml
 from neuron_dra.driver.model.errors import NotAllowed
@@ -252,8 +253,10 @@ def driver_images(run: Any) -> list[str]:
         inputs = resource.plain_inputs
         if not (resource.type == "kubernetes:apps/v1:DaemonSet" and "spec" in inputs):
             continue
-        ref = inputs["spec"]["template"]["spec"]["containers"][0]["image"]
         meta = inputs.get("metadata", {})
+        if (meta.get("labels") or {}).get("app.kubernetes.io/component") == exporter.COMPONENT:
+            continue  # neuron-monitor beside the driver (AWS's image, deploy/exporter.py): not a driver
+        ref = inputs["spec"]["template"]["spec"]["containers"][0]["image"]
         name = f"{meta.get('namespace')}/{meta.get('name')}"
         built = [b for b in builds if any(ref.startswith(f"{tag}@") for tag in b.plain_inputs.get("tags") or ())]
         if built:

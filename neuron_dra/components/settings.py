@@ -771,9 +771,10 @@ class StackSettings(_Settings):
         "", "Namespace of the dashboard ConfigMap (default: the driver's; the sidecar must search it).",
         option="grafana_dashboard_namespace")
     neuron_monitor: StrictBool = _setting(
-        False, "Run AWS's neuron-monitor with its Prometheus exporter on the Neuron nodes, for the dashboard's "
-        "NeuronCore utilisation per pod and per claim. Off by default: AWS documents neuron-monitor as unsupported on "
-        "DRA nodes, and its container is privileged. docs/utilisation.md.", option="neuron_monitor")
+        True, "Run AWS's neuron-monitor with its Prometheus exporter on the Neuron nodes, for the dashboard's "
+        "NeuronCore utilisation per pod and per claim; false opts out. Not privileged: it gets the node's devices "
+        "through a DRA claim with admin access. Left out where the driver publishes NeuronCores (counters). "
+        "docs/utilisation.md.", option="neuron_monitor")
     driver_rollout_timeout_seconds: Annotated[StrictInt, rule(_is_rollout_timeout, ROLLOUT_TIMEOUT_ALLOWED)] = _setting(
         DEFAULT_ROLLOUT_TIMEOUT_SECONDS, "How long `pulumi up` waits for the driver's DaemonSet to roll out (every "
         "scheduled pod updated and ready) before it fails; 0: do not wait (the DaemonSet is created and the update "

@@ -31,7 +31,15 @@ from neuron_dra.localcluster.nodes.kubelet import KubeletError, require_root
 from neuron_dra.localcluster.nodes.netpol import NetworkPolicyError, require_tools
 from neuron_dra.localcluster.nodes.topology import NodePaths, NodeSpec, parse_nodes, runtime_dir
 from neuron_dra.localcluster.processes import procs
-from neuron_dra.localcluster.supervisor import DEFAULT_TTL_S, LOG_FILE, PID_FILE, RUNTIMES, STATUS_FILE
+from neuron_dra.localcluster.supervisor import (
+    CORE_PARTITION_CHOICES,
+    DEFAULT_TTL_S,
+    LOCAL_CORE_PARTITIONS,
+    LOG_FILE,
+    PID_FILE,
+    RUNTIMES,
+    STATUS_FILE,
+)
 
 # Real containers by default; `fake` for fast tests of the driver (docs/real-runtime.md).
 DEFAULT_RUNTIME = "containerd"
@@ -87,7 +95,8 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
        driver_name: str = DEFAULT_DRIVER_NAME, kubernetes_version: str = DEFAULT_MINOR, timeout: float = 300.0,
        log: Callable[[str], None] = lambda _m: None, catalog_file: Path | None = None,
        runtime: str = DEFAULT_RUNTIME, profile: str = DEFAULT_PROFILE, prometheus: bool = False,
-       network_policy: bool = False, driver: bool = True) -> LocalCluster:
+       network_policy: bool = False, driver: bool = True,
+       core_partitions: str = LOCAL_CORE_PARTITIONS) -> LocalCluster:
     """Start a local cluster in `cluster_dir` on Kubernetes `kubernetes_version` (a minor such as "1.36") and
     return when every node's kubelet reports Ready and its driver runs. `catalog_file` adds instance types
     (docs/catalog-file.md) for the nodes, their emulated hosts and their drivers. `runtime` is `containerd`
@@ -97,7 +106,9 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     `LocalCluster.prometheus`). `network_policy`: NetworkPolicy enforced on every node by kube-router's policy
     controller inside the node's network namespace (containerd only; localcluster/nodes/netpol.py). `driver`
     False: containerd nodes with the driver's image imported but no driver installed, for installing it another
-    way (its Helm chart: docs/helm.md); ready when the nodes are."""
+    way (its Helm chart: docs/helm.md); ready when the nodes are. `core_partitions`: the drivers publish
+    NeuronCores (counters) where the minor serves them (`on`), or whole devices only (`off`, as EKS 1.34-1.36 by
+    default)."""
     catalog = load_catalog(catalog_file) if catalog_file else BUILTIN  # a bad file fails here, before any build
     nodes = parse_nodes(list(node_args), catalog)
     if not nodes:
@@ -107,6 +118,9 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
         raise ClusterError(f"--profile {profile!r} is not known; choose one of {', '.join(PROFILES)}")
     if runtime not in RUNTIMES:
         raise ClusterError(f"--runtime {runtime!r} is not supported; choose one of {', '.join(RUNTIMES)}")
+    if core_partitions not in CORE_PARTITION_CHOICES:
+        raise ClusterError(f"core_partitions {core_partitions!r} is not allowed; allowed: "
+                           f"{', '.join(CORE_PARTITION_CHOICES)}")
     if network_policy and runtime != "containerd":
         raise ClusterError(f"--network-policy needs --runtime containerd (pods with network namespaces), not "
                            f"{runtime!r}")
@@ -128,7 +142,8 @@ def up(cluster_dir: Path, node_args: Sequence[str], *, ttl: float = DEFAULT_TTL_
     (cluster_dir / "images.json").unlink(missing_ok=True)
     build_all(minor, runtime, prometheus=prometheus, network_policy=network_policy, log=log)
     argv = [sys.executable, "-m", "neuron_dra.localcluster.supervisor", "--dir", str(cluster_dir), "--ttl", str(ttl),
-            "--driver-name", driver_name, "--kubernetes-version", minor, "--runtime", runtime, "--profile", profile]
+            "--driver-name", driver_name, "--kubernetes-version", minor, "--runtime", runtime, "--profile", profile,
+            "--core-partitions", core_partitions]
     for arg in node_args:
         argv += ["--node", arg]
     if catalog_file:

@@ -82,9 +82,11 @@ class NodeAgent(NodeAgentBase):
     def __init__(self, cluster_dir: Path, node: NodeSpec, api: client.ApiClient, control_plane: ControlPlane,
                  identity: DriverIdentity, driver_name: str, binaries: Binaries, fakecri: Path,
                  deadline: float, catalog_file: Path | None = None,
-                 ports: kubelet.PortAllocator | None = None, metrics_port: int = 0) -> None:
+                 ports: kubelet.PortAllocator | None = None, metrics_port: int = 0,
+                 core_partitions: str = "") -> None:
         super().__init__(cluster_dir, node, api, control_plane, binaries, deadline, catalog_file, ports, log)
         self.metrics_port = metrics_port  # 0: none; else the driver's, on loopback (Prometheus scrapes it)
+        self.core_partitions = core_partitions or LOCAL_CORE_PARTITIONS
         self.identity = identity
         self.driver_name = driver_name
         self.fakecri = fakecri
@@ -105,7 +107,7 @@ class NodeAgent(NodeAgentBase):
                 "--healthcheck-port", "0", "--metrics-port", str(self.metrics_port), "--bind-address", "127.0.0.1",
                 "--kubeconfig", str(p.driver_kubeconfig),
                 "--host-root", str(p.host_root),
-                "--core-partitions", local_core_partitions(self.binaries.minor)]
+                "--core-partitions", local_core_partitions(self.binaries.minor, self.core_partitions)]
         if self.catalog_file:
             argv += ["--catalog", str(self.catalog_file)]
         env = dict(os.environ)
@@ -182,22 +184,24 @@ def wait_for_service_account(api: client.ApiClient, namespace: str, name: str, t
 
 
 # A local cluster has a handful of nodes: NeuronCores on every minor that serves them (1.36+), whatever the
-# 1.36 scheduler would cost at 1,000 nodes (DriverDeployOptions.core_partitions).
+# 1.36 scheduler would cost at 1,000 nodes (DriverDeployOptions.core_partitions). `cluster up` may turn them off
+# (`up(core_partitions="off")`): whole devices without counters, as on EKS 1.34-1.36 by default.
 LOCAL_CORE_PARTITIONS = "on"
+CORE_PARTITION_CHOICES = ("on", "off")
 
 
-def local_core_partitions(minor: str | None) -> str:
+def local_core_partitions(minor: str | None, mode: str = LOCAL_CORE_PARTITIONS) -> str:
     """The fake runtime's daemon's --core-partitions: the DaemonSet's rule (deploy.core_partitions_arg)."""
-    options = deploy.DriverDeployOptions(kubernetes_version=minor, core_partitions=LOCAL_CORE_PARTITIONS)
+    options = deploy.DriverDeployOptions(kubernetes_version=minor, core_partitions=mode)
     return deploy.core_partitions_arg(options) or "auto"
 
 
-def driver_objects(driver_name: str, kubernetes_version: str | None = None
-                   ) -> tuple[list[dict[str, Any]], DriverIdentity]:
+def driver_objects(driver_name: str, kubernetes_version: str | None = None,
+                   core_partitions: str = LOCAL_CORE_PARTITIONS) -> tuple[list[dict[str, Any]], DriverIdentity]:
     """The same objects `neuron-dra plan -o yaml` prints for the driver, minus the DaemonSet (with the fake
     runtime the supervisor runs the daemon itself), plus the EFA DeviceClass of the emulated EFA driver."""
     # neuron_monitor: AWS's image cannot run on an emulated node; the nodes' stand-in exporter replaces it.
-    options = deploy.DriverDeployOptions(driver_name=driver_name, core_partitions=LOCAL_CORE_PARTITIONS,
+    options = deploy.DriverDeployOptions(driver_name=driver_name, core_partitions=core_partitions,
                                          kubernetes_version=kubernetes_version, neuron_monitor=False)
     objects = [o for o in deploy.manifests(options) if o["kind"] != "DaemonSet"]
     identity = DriverIdentity(options.namespace, options.service_account, "neuron-dra-driver-kubelet-plugin")
@@ -205,13 +209,13 @@ def driver_objects(driver_name: str, kubernetes_version: str | None = None
 
 
 def daemonset_options(driver_name: str, image: str, catalog_file: Path | None = None, metrics_port: int = 0,
-                      kubernetes_version: str | None = None) -> Any:
+                      kubernetes_version: str | None = None, core_partitions: str = LOCAL_CORE_PARTITIONS) -> Any:
     """The deploy options of a containerd cluster's driver: the defaults, except what a local node must differ
     in: the image (imported, not pulled), the emulated host tree's path on the node, a catalog file's text, and
     the metrics port when a Prometheus scrapes the drivers."""
     return deploy.DriverDeployOptions(driver_name=driver_name, image=image, host_paths_root=HOST_TREE,
                                       catalog_yaml=catalog_file.read_text() if catalog_file else None,
-                                      metrics_port=metrics_port, core_partitions=LOCAL_CORE_PARTITIONS,
+                                      metrics_port=metrics_port, core_partitions=core_partitions,
                                       kubernetes_version=kubernetes_version, neuron_monitor=False)
 
 
@@ -245,7 +249,7 @@ def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], adm
                 cp: ControlPlane, binaries: Binaries, ports: kubelet.PortAllocator, deadline: float, *,
                 driver_name: str, catalog_file: Path | None, runtime: str, prometheus: bool,
                 network_policy: bool, controllers: list[LocalGroupController] | None = None,
-                driver: bool = True) -> list[ScrapeTarget]:
+                driver: bool = True, core_partitions: str = LOCAL_CORE_PARTITIONS) -> list[ScrapeTarget]:
     """Apply the driver's objects and start every node's agent, each appended to `agents` as it is made (the
     caller stops them), and the UltraServer group controller (into `controllers`) where nodes form UltraServers;
     the drivers' scrape targets when `prometheus`. Without `driver` (containerd only) the nodes come up with the
@@ -257,7 +261,8 @@ def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], adm
         # The metrics port is on for a Prometheus, and with NetworkPolicy enforced: the policy's scrape rule
         # then has a port to admit (docs/network-policy.md).
         options = daemonset_options(driver_name, images.driver.reference, catalog_file,
-                                    METRICS_PORT if prometheus or network_policy else 0, binaries.minor)
+                                    METRICS_PORT if prometheus or network_policy else 0, binaries.minor,
+                                    core_partitions)
         enforcer = None
         if network_policy:
             enforcer = build_kube_router()  # built by `cluster up` before it started us
@@ -275,11 +280,11 @@ def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], adm
         write_references(images, cluster_dir / "images.json")
         return expose_drivers(admin, options, agents, ports, deadline - time.time()) if prometheus else []
     fakecri = build_fakecri()
-    objects, identity = driver_objects(driver_name, binaries.minor)
+    objects, identity = driver_objects(driver_name, binaries.minor, core_partitions)
     apply_all(admin, objects)
     start_group_controller(controllers, cluster_dir, nodes, admin, cp, driver_name, identity.namespace, deadline)
     agents += [NodeAgent(cluster_dir, node, admin, cp, identity, driver_name, binaries, fakecri, deadline,
-                         catalog_file, ports, ports.take() if prometheus else 0) for node in nodes]
+                         catalog_file, ports, ports.take() if prometheus else 0, core_partitions) for node in nodes]
     start_all(agents)
     return [ScrapeTarget(a.node.name, f"127.0.0.1:{a.metrics_port}") for a in agents if a.metrics_port]
 
@@ -287,7 +292,7 @@ def start_nodes(agents: list[Any], cluster_dir: Path, nodes: list[NodeSpec], adm
 def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         kubernetes_version: str = DEFAULT_MINOR, catalog_file: Path | None = None, runtime: str = "fake",
         profile: str = DEFAULT_PROFILE, prometheus: bool = False, network_policy: bool = False,
-        driver: bool = True) -> int:
+        driver: bool = True, core_partitions: str = LOCAL_CORE_PARTITIONS) -> int:
     stop = threading.Event()
     set_on_signals(stop)
     procs.write_pid_file(cluster_dir / PID_FILE, procs.ref_of(os.getpid()))
@@ -308,7 +313,8 @@ def run(cluster_dir: Path, nodes: list[NodeSpec], ttl: float, driver_name: str,
         ports = kubelet.PortAllocator()  # one for all nodes: no port is given twice
         targets = start_nodes(agents, cluster_dir, nodes, admin, cp, binaries, ports, deadline, driver_name=driver_name,
                               catalog_file=catalog_file, runtime=runtime, prometheus=prometheus,
-                              network_policy=network_policy, controllers=controllers, driver=driver)
+                              network_policy=network_policy, controllers=controllers, driver=driver,
+                              core_partitions=core_partitions)
         if prometheus:
             # A neuron-monitor stand-in per node (nodes/neuron_monitor_emulator.py): the utilisation panels' source.
             exporters = []
@@ -382,12 +388,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--network-policy", action="store_true")
     parser.add_argument("--profile", choices=list(PROFILES), default=DEFAULT_PROFILE)
     parser.add_argument("--no-driver", dest="driver", action="store_false")
+    parser.add_argument("--core-partitions", choices=CORE_PARTITION_CHOICES, default=LOCAL_CORE_PARTITIONS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     catalog = load_catalog(args.catalog) if args.catalog else BUILTIN
     return run(args.dir.resolve(), parse_nodes(args.node, catalog), args.ttl, args.driver_name,
                args.kubernetes_version, args.catalog.resolve() if args.catalog else None, args.runtime, args.profile,
-               args.prometheus, args.network_policy, args.driver)
+               args.prometheus, args.network_policy, args.driver, args.core_partitions)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import pytest
 
 from neuron_dra.components import plan
 from neuron_dra.components.mocks import OfflineRun, PlanMocks, run_offline
+from neuron_dra.driver import deploy
 from tests.support import kubeschema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +44,13 @@ def by_name(run: OfflineRun[Any], typ: str) -> dict[str, Any]:
     return {r.name: r for r in run.of_type(typ)}
 
 
+def driver_daemonset(run: OfflineRun[Any]) -> Any:
+    """The driver's DaemonSet (neuron-monitor's is beside it: docs/utilisation.md §3)."""
+    (ds,) = [r for r in run.of_type("kubernetes:apps/v1:DaemonSet")
+             if r.plain_inputs["metadata"]["name"] == deploy.DEFAULT_DAEMONSET]
+    return ds
+
+
 def test_components_md_example() -> None:
     run = run_example(python_block(ROOT / "docs" / "components.md", "## A complete stack"), "components.md")
     eks = run.one("eks:index:Cluster").plain_inputs
@@ -68,11 +76,12 @@ def test_components_md_example() -> None:
     classes = [m["metadata"]["name"] for m in manifests if m["kind"] == "DeviceClass"]
     # 1.36 without NeuronCores asked for (DriverDeployOptions.core_partitions auto): whole devices only
     assert classes == ["neuron.aws.com"]
-    daemonset = run.one("kubernetes:apps/v1:DaemonSet")
+    daemonset = driver_daemonset(run)
     assert {g.urn for g in groups.values()} <= set(daemonset.dependencies)  # rolls out onto the nodes
     templates = [m for m in manifests if m["kind"] == "ResourceClaimTemplate"]
     assert [(t["metadata"]["namespace"], t["metadata"]["name"]) for t in templates] == [
-        ("ml", "trn1-4-connected"), ("ml", "trn2-8-connected-efa")]
+        ("ml", "trn1-4-connected"), ("ml", "trn2-8-connected-efa"),
+        ("neuron-dra-driver", "neuron-monitor")]  # neuron-monitor's, on by default
     for m in manifests:
         kubeschema.validate(m, "1.36", strict=True)
     scope = run.result
@@ -90,7 +99,7 @@ def test_components_md_example_on_1_34_renders_what_1_34_serves() -> None:
     classes = [m for m in manifests if m["kind"] == "DeviceClass"]
     assert [c["metadata"]["name"] for c in classes] == ["neuron.aws.com"]
     assert "extendedResourceName" not in classes[0]["spec"]
-    env = {e["name"] for e in run.one("kubernetes:apps/v1:DaemonSet").plain_inputs["spec"]["template"]["spec"][
+    env = {e["name"] for e in driver_daemonset(run).plain_inputs["spec"]["template"]["spec"][
         "containers"][0]["env"]}
     assert "UNHEALTHY_TAINT_EFFECT" not in env and "HEALTHCHECK_PORT" in env
     for m in manifests:
@@ -104,7 +113,7 @@ def test_readme_example() -> None:
     assert group.urn in coredns.dependencies
     association = run.one("aws:eks/podIdentityAssociation:PodIdentityAssociation")
     assert association.urn in group.dependencies
-    assert group.urn in run.one("kubernetes:apps/v1:DaemonSet").dependencies
+    assert group.urn in driver_daemonset(run).dependencies
     assert len(run.of_type("kubernetes:resource.k8s.io/v1:DeviceClass")) == 1  # 1.36: no NeuronCores unasked
 
 

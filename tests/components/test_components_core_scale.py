@@ -44,7 +44,8 @@ def plan(caplog: pytest.LogCaptureFixture, **config: Any) -> tuple[OfflineRun[An
 
 
 def core_flag(run: OfflineRun[Any]) -> str | None:
-    (ds,) = [m for m in stack_plan.kubernetes_manifests(run) if m["kind"] == "DaemonSet"]
+    (ds,) = [m for m in stack_plan.kubernetes_manifests(run) if m["kind"] == "DaemonSet"
+             and m["metadata"]["name"] != "neuron-monitor"]  # the driver's
     args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
     return args[args.index("--core-partitions") + 1] if "--core-partitions" in args else None
 

@@ -52,7 +52,8 @@ def test_every_manifest_passes_strict_schema_validation(name: str) -> None:
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding",
         "NetworkPolicy", "DeviceClass", "DeviceClass",
         *(["Service"] if OPTION_SETS[name].metrics_port else []),
-        *(["ServiceAccount", "NetworkPolicy", "DaemonSet"] if OPTION_SETS[name].neuron_monitor else []), "DaemonSet",
+        "DaemonSet", *(["ServiceAccount", "NetworkPolicy", "ResourceClaimTemplate", "DaemonSet"]
+                       if OPTION_SETS[name].runs_neuron_monitor else []),
     ]
 
 

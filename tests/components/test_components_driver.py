@@ -74,6 +74,23 @@ def test_every_object_goes_through_the_given_provider_and_waits_for_what_it_need
     assert urn["Namespace"] in objects["ServiceAccount/accel/neuron-dra-driver-sa"].dependencies
 
 
+def test_neuron_monitors_daemonset_comes_after_the_drivers_and_its_claim_template() -> None:
+    options = OPTIONS.replace(kubernetes_version="1.36")
+    assert options.runs_neuron_monitor
+    objects = k8s_objects(run_driver(NeuronDraDriverArgs(options=options, image=IMAGE)))
+    monitor = objects["DaemonSet/accel/neuron-monitor"]
+    driver = objects["DaemonSet/accel/neuron-dra-driver-kubelet-plugin"]
+    assert objects["ResourceClaimTemplate/accel/neuron-monitor"].urn in monitor.dependencies
+    assert objects["Namespace/accel"].urn in objects["ResourceClaimTemplate/accel/neuron-monitor"].dependencies
+    # Destroyed before the driver (whose pods unprepare the monitor's claims), and awaited as the driver's.
+    assert driver.urn in monitor.dependencies and monitor.urn not in driver.dependencies
+    assert "annotations" not in monitor.plain_inputs["metadata"]
+    skipped = k8s_objects(run_driver(NeuronDraDriverArgs(options=options, image=IMAGE, rollout_timeout_seconds=0)))
+    for name in ("neuron-monitor", "neuron-dra-driver-kubelet-plugin"):
+        annotations = skipped[f"DaemonSet/accel/{name}"].plain_inputs["metadata"]["annotations"]
+        assert annotations == {"pulumi.com/skipAwait": "true"}, name
+
+
 def build_context(root: Path) -> Path:
     """A minimal build context: the files driver_image.CONTEXT_FILES names and a driver tree."""
     for rel in (*driver_image.CONTEXT_FILES, driver_image.CONTEXT_TREE / "model" / "x.py"):
@@ -214,11 +231,15 @@ def test_renders_what_the_clusters_minor_serves(version: str, cores: str, classe
 
 def test_the_version_rule_lives_in_deploy() -> None:
     """The component and `deploy.manifests` render the same objects for a minor (one rule)."""
-    old = deploy.manifests(DriverDeployOptions(kubernetes_version="1.34"))
+
+    def rendered(**options: Any) -> list[dict[str, Any]]:  # without neuron-monitor (its own rule: test_exporter.py)
+        return deploy.manifests(DriverDeployOptions(neuron_monitor=False, **options))
+
+    old = rendered(kubernetes_version="1.34")
     assert [m["kind"] for m in old].count("DeviceClass") == 1
-    assert len(deploy.manifests(DriverDeployOptions(kubernetes_version="1.36"))) == len(old)
-    assert len(deploy.manifests(DriverDeployOptions(kubernetes_version="1.36", core_partitions="on"))) == len(old) + 1
-    assert len(deploy.manifests(DriverDeployOptions(kubernetes_version="1.37"))) == len(old) + 1
+    assert len(rendered(kubernetes_version="1.36")) == len(old)
+    assert len(rendered(kubernetes_version="1.36", core_partitions="on")) == len(old) + 1
+    assert len(rendered(kubernetes_version="1.37")) == len(old) + 1
     with pytest.raises(deploy.DeployOptionError) as bad:
         DriverDeployOptions(core_partitions="yes")
     assert bad.value.option == "core_partitions" and bad.value.allowed == "auto, on, off"
@@ -267,8 +288,8 @@ def test_the_pod_monitor_and_the_dashboard_are_applied_as_rendered() -> None:
 def test_the_neuron_monitor_setting_adds_the_exporter_and_only_then() -> None:
     from neuron_dra.components.settings_schema import decode_settings
 
-    off = decode_settings({}).driver_options()
-    on = decode_settings({"neuron-dra:neuronMonitor": "true"}).driver_options()
+    on = decode_settings({}).driver_options()  # on by default: an opt-out
+    off = decode_settings({"neuron-dra:neuronMonitor": "false"}).driver_options()
     assert (off.neuron_monitor, on.neuron_monitor) == (False, True)
     exporter = {k for k in map(deploy.object_key, deploy.manifests(on)) if "neuron-monitor" in k}
     assert exporter and not {k for k in map(deploy.object_key, deploy.manifests(off)) if "neuron-monitor" in k}

@@ -253,6 +253,10 @@ def test_the_stack_program_on_real_containers_up_again_change_and_destroy(ctrd: 
         # The local cluster publishes EFA devices and their DeviceClass itself (its emulated EFA driver).
         "neuron-dra:efaDriver": "external",
         "neuron-dra:driverRolloutTimeoutSeconds": "300",
+        # AWS's neuron-monitor image cannot be pulled here, and its rollout is awaited: off (its objects meet the
+        # API server in test_components_apiserver.py, its claim the scheduler and kubelet in
+        # tests/localcluster/test_utilisation_local.py).
+        "neuron-dra:neuronMonitor": "false",
     }
     settings = decode_settings(config)
     options = settings.driver_options().replace(image=image)

@@ -113,7 +113,7 @@ def test_an_efa_template_that_fits_only_a_pool_without_efa_interfaces_is_refused
     # the same template on a pool whose nodes get EFA interfaces passes
     run = plan.plan(_stack([{"name": "trn1", "instanceTypes": ["trn1.32xlarge"], "maxNodes": 4}], "efa_claims"))
     assert [m["metadata"]["name"] for m in plan.kubernetes_manifests(run)
-            if m["kind"] == "ResourceClaimTemplate"] == ["trn1-efa"]
+            if m["kind"] == "ResourceClaimTemplate"] == ["trn1-efa", "neuron-monitor"]  # and neuron-monitor's
 
 
 def test_templates_check_against_node_pools_given_as_components() -> None:

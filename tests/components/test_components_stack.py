@@ -67,8 +67,10 @@ def test_default_stack_one_trn2_node_group_driver_templates_and_exports() -> Non
     assert all(name.startswith("default/") for name in exports["claimTemplates"])
     manifests = plan.kubernetes_manifests(run)
     kinds = [m["kind"] for m in manifests]
-    assert kinds.count("ResourceClaimTemplate") == len(exports["claimTemplates"])
-    assert kinds.count("DaemonSet") == 1
+    # The claim templates, and neuron-monitor's beside the driver (on by default: docs/utilisation.md §3).
+    assert kinds.count("ResourceClaimTemplate") == len(exports["claimTemplates"]) + 1
+    assert [m["metadata"]["name"] for m in manifests if m["kind"] == "DaemonSet"] == [
+        "neuron-dra-driver-kubelet-plugin", "neuron-monitor"]
     for m in manifests:
         kubeschema.validate(m, "1.36", strict=True)
     ds = next(m for m in manifests if m["kind"] == "DaemonSet")
@@ -84,7 +86,7 @@ def test_main_py_is_the_stack_program() -> None:
     run = run_offline(lambda: runpy.run_path(str(ROOT / "__main__.py")),
                       config=engine_config({**project_defaults(), "driverImage": "example.com/d:1"}))
     assert [r.plain_inputs["nodeGroupName"] for r in run.of_type("aws:eks/nodeGroup:NodeGroup")] == ["trn2"]
-    assert len(run.of_type("kubernetes:apps/v1:DaemonSet")) == 1
+    assert len(run.of_type("kubernetes:apps/v1:DaemonSet")) == 2  # the driver and neuron-monitor
 
 
 def test_existing_cluster_mode_installs_only_the_driver_and_templates() -> None:
@@ -96,8 +98,9 @@ def test_existing_cluster_mode_installs_only_the_driver_and_templates() -> None:
     assert run.one("pulumi:providers:kubernetes", "existing-cluster").plain_inputs["kubeconfig"] == KUBECONFIG
     assert run.exports["clusterName"] is None and run.exports["nodeGroupNames"] == []
     assert run.exports["kubeconfig"] == KUBECONFIG
-    assert len(run.of_type("kubernetes:apps/v1:DaemonSet")) == 1
-    assert len(run.of_type("kubernetes:resource.k8s.io/v1:ResourceClaimTemplate")) == len(run.exports["claimTemplates"])
+    assert len(run.of_type("kubernetes:apps/v1:DaemonSet")) == 2  # the driver and neuron-monitor
+    assert len(run.of_type("kubernetes:resource.k8s.io/v1:ResourceClaimTemplate")) == len(
+        run.exports["claimTemplates"]) + 1  # and neuron-monitor's
     assert not run.invokes  # nothing asked of AWS
 
 

@@ -50,7 +50,8 @@ def test_a_trn2u_node_group_gets_the_controller_its_rbac_and_the_group_class_fro
         kubeschema.validate(m, "1.36", strict=True)
     (deployment,) = [m for m in objects if m["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]["spec"]
-    daemonset = run.one("kubernetes:apps/v1:DaemonSet").plain_inputs
+    (daemonset,) = [r.plain_inputs for r in run.of_type("kubernetes:apps/v1:DaemonSet")
+                    if r.plain_inputs["metadata"]["name"] == "neuron-dra-driver-kubelet-plugin"]  # not neuron-monitor
     assert pod["containers"][0]["image"] == daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
     assert pod["containers"][0]["command"][:3] == ["python", "-m", "neuron_dra.driver.groups"]
     assert "--driver-name=neuron.aws.com" in pod["containers"][0]["command"]

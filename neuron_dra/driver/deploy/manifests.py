@@ -104,6 +104,8 @@ def namespace(options: DriverDeployOptions) -> Manifest:
         "pod-security.kubernetes.io/enforce": "privileged",
         "pod-security.kubernetes.io/warn": "baseline",
     })
+    if options.runs_neuron_monitor:  # its claim has admin access, served only here (deploy/exporter.py)
+        meta["labels"][exporter.ADMIN_ACCESS_LABEL] = "true"
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
 
@@ -485,8 +487,9 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         *([metrics_service(options)] if options.metrics_port and options.metrics_service else []),
         *([pod_monitor(options)] if options.pod_monitor else []),
         *([dashboard_config_map(options)] if options.grafana_dashboard else []),
-        *(exporter.manifests(exporter.spec_for(options)) if options.neuron_monitor else []),
         daemonset(options),
+        # After the driver's: a caller looking for "the DaemonSet" finds the driver's first.
+        *(exporter.manifests(exporter.spec_for(options)) if options.runs_neuron_monitor else []),
     ]
 
 

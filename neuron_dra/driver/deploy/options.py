@@ -246,10 +246,10 @@ class DriverDeployOptions(BaseModel):
     # (KEY=VALUE; kube-prometheus-stack's default), in this namespace ("": the driver's).
     grafana_dashboard: _Flag = False
     # AWS's neuron-monitor with its Prometheus exporter on every driver node (deploy/exporter.py): NeuronCore
-    # utilisation and memory, joined with the driver's attribution per pod and claim (docs/utilisation.md). Off
-    # by default: AWS's page says neuron-monitor does not support DRA nodes (untried on one here), its image is
-    # privileged and pinned by tag only, so a cluster opts in once it has checked both.
-    neuron_monitor: _Flag = False
+    # utilisation and memory, joined with the driver's attribution per pod and claim (docs/utilisation.md). On by
+    # default, opt-out: it gets the node's devices through a DRA claim with admin access, not privileged; left out
+    # where the driver publishes NeuronCores (runs_neuron_monitor).
+    neuron_monitor: _Flag = True
     grafana_dashboard_label: Annotated[str, Field(strict=True), _must(_is_dashboard_label)] = DEFAULT_DASHBOARD_LABEL
     grafana_dashboard_namespace: Annotated[str, checked(lambda f, v: v and check_dns_label(f, v))] = ""
     instance_types: tuple[str, ...] = tuple(CATALOG)  # node affinity: nodes of these types only
@@ -339,6 +339,14 @@ class DriverDeployOptions(BaseModel):
         if not self.serves("core_device_class") or self.core_partitions == "off":
             return False
         return self.core_partitions == "on" or self.serves("core_partitions_by_default")
+
+    @property
+    def runs_neuron_monitor(self) -> bool:
+        """Whether deploy.manifests() includes neuron-monitor (deploy/exporter.py): asked for, and the driver
+        publishes no NeuronCores. With cores, whole devices consume counters, and the scheduler checks them for an
+        admin-access claim too: the monitor's pod could not be scheduled on a node with a device in use
+        (docs/utilisation.md, "Least privilege")."""
+        return bool(self.neuron_monitor) and not self.publishes_cores
 
     @cached_property
     def hardware(self) -> Catalog:

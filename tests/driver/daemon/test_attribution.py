@@ -260,3 +260,41 @@ def test_a_claim_at_its_own_lnc_is_labelled_with_the_cores_its_container_sees(tm
     assert "NEURON_RT_VISIBLE_CORES=24-31" in env
     assert n.rows("neuron_dra_claim_device_info", "neuroncores") == {("24-31",)}
     assert len(n.series("neuron_dra_claim_neuroncore_info")) == 8
+
+
+def admin_results(*indexes: int, request: str = "neuron") -> list[dict[str, Any]]:
+    """neuron-monitor's claim (deploy/exporter.py): whole devices with admin access."""
+    return [result(f"neuron-device-{i}", request, admin=True) for i in indexes]
+
+
+def test_an_admin_access_claim_is_prepared_beside_the_holder_and_attributed_to_no_pod(tmp_path: Path) -> None:
+    n = Node(tmp_path)
+    every = range(16)
+    n.prepare(reserved(claim("train", uid(1), devices(*every), namespace="ml"), "worker"))
+    # neuron-monitor's claim on the same devices: prepared (no DEVICE_BUSY), every device node in its CDI spec.
+    n.prepare(reserved(claim("monitor", uid(2), admin_results(*every), namespace="neuron-dra-driver"), "monitor-x"))
+    spec = json.loads(n.state.prepared()[uid(2)].cdi_spec)
+    nodes = {d["path"] for dev in spec["devices"] for d in dev.get("containerEdits", {}).get("deviceNodes", [])}
+    assert nodes == {f"/dev/neuron{i}" for i in every}
+
+    def holders() -> set[tuple[str, ...]]:
+        return n.rows("neuron_dra_claim_device_info", "pod", "device") | n.rows(
+            "neuron_dra_claim_neuroncore_info", "pod", "device")
+
+    assert {pod for pod, _ in holders()} == {"worker"}
+    allocated = frozenset({("node", NODE), ("state", "allocated")})
+    assert n.series("neuron_dra_node_devices")[allocated] == 16
+
+    # The holder gone: nothing is held, whatever the monitor's claim was prepared for; a new holder prepares.
+    n.state.unprepare([ClaimRef("ml", "train", uid(1))])
+    assert not holders()
+    assert n.series("neuron_dra_node_devices")[allocated] == 0
+    assert n.series("neuron_dra_node_neuroncores")[allocated] == 0
+    n.prepare(reserved(claim("next", uid(3), devices(0)), "pod-next"))
+    # A claim mixing a held device and an admin-access one: only the held one is attributed.
+    n.prepare(reserved(claim("mixed", uid(4), [*devices(1), *admin_results(0, request="look")]), "pod-mixed"))
+    n.state.close()
+    n.lookup.claims.clear()  # the restart reads the checkpoint only
+    n.restart()
+    assert holders() == {("pod-next", "neuron-device-0"), ("pod-mixed", "neuron-device-1")}
+    assert n.series("neuron_dra_node_devices")[allocated] == 2

@@ -176,8 +176,9 @@ def test_helm_template_defaults_are_the_default_stacks_driver(helm: Path, chart:
                            f"sys.exit(main(['plan', '--config', {str(config)!r}, '-o', 'yaml']))"],
                           capture_output=True, text=True, check=False)
     assert plan.returncode == 0, plan.stderr
-    stack = _by_key([d for d in yaml.safe_load_all(plan.stdout)
-                     if d and d["kind"] != "ResourceClaimTemplate"])
+    # Without the claim templates (neuron-monitor's is the driver's: the chart renders it).
+    stack = _by_key([d for d in yaml.safe_load_all(plan.stdout) if d and (
+        d["kind"] != "ResourceClaimTemplate" or d["metadata"]["name"] == "neuron-monitor")])
     image = stack[next(k for k in stack if k.startswith("DaemonSet/"))]["spec"]["template"]["spec"][
         "containers"][0]["image"]
     rendered = _by_key(_template(helm, chart, {"image": image}, tmp_path))
@@ -248,10 +249,11 @@ def test_helm_install_upgrade_uninstall_on_a_control_plane(helm: Path, chart: Pa
         # Helm's install adds app.kubernetes.io/managed-by (the API server kubernetes.io/metadata.name).
         assert live["metadata"]["labels"].items() >= obj["metadata"]["labels"].items(), object_key(obj)
         assert live["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
-    daemonset = _live(api, installed[-1])
+    driver = _driver_daemonset(installed)
+    daemonset = _live(api, driver)
     assert daemonset is not None
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["args"] == \
-        installed[-1]["spec"]["template"]["spec"]["containers"][0]["args"]
+        driver["spec"]["template"]["spec"]["containers"][0]["args"]
 
     values_file.write_text(json.dumps({"metricsPort": 9400}))
     proc = _run(helm, "upgrade", "neuron-dra", chart, *kube, "--values", values_file)
@@ -259,13 +261,18 @@ def test_helm_install_upgrade_uninstall_on_a_control_plane(helm: Path, chart: Pa
     upgraded = manifests(options_from_values({**default_values(), "metricsPort": 9400}))
     service = next(o for o in upgraded if o["kind"] == "Service")
     assert _live(api, service) is not None
-    daemonset = _live(api, upgraded[-1])
+    daemonset = _live(api, _driver_daemonset(upgraded))
     assert daemonset is not None
     assert "--metrics-port" in daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
 
     proc = _run(helm, "uninstall", "neuron-dra", *kube, "--wait")
     assert proc.returncode == 0, proc.stderr
     assert [object_key(o) for o in upgraded if _live(api, o) is not None] == []
+
+
+def _driver_daemonset(objs: list[Manifest]) -> Manifest:
+    """The driver's DaemonSet (neuron-monitor's comes after it)."""
+    return next(o for o in objs if o["kind"] == "DaemonSet")
 
 
 def test_release_workflow_pushes_the_chart_with_the_pinned_helm() -> None:

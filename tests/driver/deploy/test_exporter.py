@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
+from neuron_dra.driver import deploy
 from neuron_dra.driver.daemon.observability.metrics import Metrics
 from neuron_dra.driver.deploy import DriverDeployOptions, exporter
 from neuron_dra.driver.deploy.dashboard import PANELS
 from neuron_dra.driver.model.catalog import CATALOG
 from neuron_dra.driver.model.partitions import CoreLayout
+from tests.support import kubeschema
 
 # The names as the CloudWatch agent's Neuron scraper has them (opentelemetry-collector-contrib
 # receiver/awscontainerinsightreceiver/internal/neuron/metric_name.go) and the labels of its exposition sample
@@ -40,7 +42,8 @@ def test_the_exporters_names_and_labels_are_the_documented_ones() -> None:
 
 def test_the_exporter_runs_awss_image_with_no_api_access() -> None:
     objs = by_kind(exporter.manifests(exporter.spec_for(DriverDeployOptions())))
-    assert set(objs) == {"ServiceAccount", "NetworkPolicy", "DaemonSet"}  # no RBAC, no PodMonitor by default
+    # no RBAC, no PodMonitor by default
+    assert set(objs) == {"ServiceAccount", "NetworkPolicy", "ResourceClaimTemplate", "DaemonSet"}
     assert objs["ServiceAccount"]["automountServiceAccountToken"] is False
     pod = objs["DaemonSet"]["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False and pod["serviceAccountName"] == "neuron-monitor"
@@ -57,6 +60,48 @@ def test_the_exporter_runs_awss_image_with_no_api_access() -> None:
     selector = objs["DaemonSet"]["spec"]["selector"]["matchLabels"]
     assert selector.items() <= objs["DaemonSet"]["spec"]["template"]["metadata"]["labels"].items()
     assert not selector.items() <= {"app.kubernetes.io/name": "neuron-dra-driver"}.items()
+
+
+@pytest.mark.parametrize("minor", ["1.34", "1.35", "1.36"])
+def test_the_exporter_gets_every_device_through_an_admin_access_claim_not_privilege(minor: str) -> None:
+    options = DriverDeployOptions(kubernetes_version=minor, driver_name="neuron.example.com")
+    assert options.neuron_monitor and options.runs_neuron_monitor  # on by default where no cores are published
+    every = deploy.manifests(options)
+    objs = by_kind(exporter.manifests(exporter.spec_for(options)))
+    for manifest in objs.values():
+        kubeschema.validate(manifest, minor, strict=True)
+    (request,) = objs["ResourceClaimTemplate"]["spec"]["spec"]["devices"]["requests"]
+    assert options.device_class == "neuron.example.com"  # the driver's whole-device class
+    assert request == {"name": "neuron", "exactly": {"deviceClassName": options.device_class,
+                                                     "allocationMode": "All", "adminAccess": True}}
+    pod = objs["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["resourceClaims"] == [{"name": "neuron",
+                                      "resourceClaimTemplateName": objs["ResourceClaimTemplate"]["metadata"]["name"]}]
+    (container,) = pod["containers"]
+    assert container["resources"]["claims"] == [{"name": "neuron"}]
+    security = container["securityContext"]
+    assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert not pod.get("hostPID") and not pod.get("hostNetwork") and "volumes" not in pod
+    # The API server serves admin access in a labelled namespace only: the driver's, where the exporter is.
+    (namespace,) = [m for m in every if m["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"][exporter.ADMIN_ACCESS_LABEL] == "true"
+    assert {m["metadata"].get("namespace") for m in objs.values()} == {namespace["metadata"]["name"]}
+    assert [m for m in every if m["kind"] == "ResourceClaimTemplate"] == [objs["ResourceClaimTemplate"]]
+
+
+@pytest.mark.parametrize("options", [
+    DriverDeployOptions(kubernetes_version="1.36", neuron_monitor=False),  # opted out
+    DriverDeployOptions(kubernetes_version="1.36", core_partitions="on"),  # NeuronCores: counters
+    DriverDeployOptions(),  # the newest minor: NeuronCores by default
+], ids=["opted-out", "cores-on", "newest"])
+def test_the_exporter_and_the_admin_label_are_left_out_when_off_or_where_cores_are_published(
+        options: DriverDeployOptions) -> None:
+    every = deploy.manifests(options)
+    assert not options.runs_neuron_monitor
+    assert not [m for m in every if m["metadata"]["name"] == "neuron-monitor"]
+    (namespace,) = [m for m in every if m["kind"] == "Namespace"]
+    assert exporter.ADMIN_ACCESS_LABEL not in namespace["metadata"]["labels"]
 
 
 def test_the_network_policy_admits_scrapers_in_and_instance_metadata_out_only() -> None:

@@ -5,6 +5,12 @@ prepare, unprepare and a restart with no hook to forget. Labels come from the ch
 was reserved for (at most checkpoint.MAX_CONSUMERS, as consumers.py last re-read them), kubelet's request and
 device names, and NeuronCore ids (NEURON_RT_VISIBLE_CORES numbering at the node's LNC, as neuron-monitor's).
 
+Admin access (KEP-5018; neuron-monitor's claim, deploy/exporter.py) is no holding: a device prepared for a claim
+with admin access gives no info series and counts as neither allocated device nor core. The checkpoint keeps no
+flag for it; it is the device a claim has prepared but does not hold (its cores are not among the claim's held
+cores: claims/state.py holds none for an `adminAccess` result, and the scheduler allocates such devices beside
+their holders).
+
 Cardinality: one info series per (claim, device, pod) and per (claim, NeuronCore, pod); devices and cores are held
 exclusively, so a node carries at most its cores x MAX_CONSUMERS core series. MAX_SERIES caps both families
 together; what a cap leaves out is counted, never silently lost.
@@ -54,6 +60,28 @@ class NodeDevices:
                 return tuple(range(i * per, (i + 1) * per))
         return ()
 
+    def physical_cores(self, device: str) -> set[int]:
+        """The physical NeuronCores (global ids, as PreparedClaim.neuron_cores) a published device of this node
+        stands for; none for any other name (an UltraServer group device)."""
+        per = self.layout.physical_per_device
+        core = parse_core_device(device)
+        if core is not None:
+            return {core[0] * per + p for p in self.layout.physical_cores(core[1])}
+        indexes = self.indexes if device == NODE_DEVICE_NAME else [i for i in self.indexes if device == device_name(i)]
+        return {i * per + p for i in indexes for p in range(per)}
+
+    def held_physical(self, claim: PreparedClaim) -> set[int]:
+        """The physical cores a claim holds (older entries: every core of its devices)."""
+        if claim.neuron_cores is not None:
+            return set(claim.neuron_cores)
+        per = self.layout.physical_per_device
+        return {i * per + p for i in claim.neuron_indexes for p in range(per)}
+
+    def admin_access(self, claim: PreparedClaim, device: str) -> bool:
+        """Was `device` prepared for `claim` with admin access: a device of this node the claim does not hold."""
+        cores = self.physical_cores(device)
+        return bool(cores) and not cores & self.held_physical(claim)
+
     def held_logical(self, claim: PreparedClaim) -> set[int]:
         """The logical cores a claim holds exclusively (from its physical cores; older entries: whole devices)."""
         if claim.neuron_cores is not None:
@@ -97,6 +125,8 @@ class AttributionCollector(Collector):
             omitted += more
             lnc = request_lnc(claim)
             for d in claim.devices:
+                if self._devices.admin_access(claim, d.device_name):
+                    continue  # neuron-monitor's view of the node: no holder (module docstring)
                 cores = self._devices.logical_cores(d.device_name,
                                                     lnc.get(d.request_names[0]) if d.request_names else None)
                 request = ",".join(d.request_names)
