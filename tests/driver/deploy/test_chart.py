@@ -81,6 +81,8 @@ VALUE_SETS: list[dict[str, Any]] = [
     {"metricsPort": 9400, "healthcheckPort": 0, "podMonitor": True, "podMonitorLabels": {"release": "prom"},
      "metricsService": False},
     {"healthcheckPort": 0},
+    {"neuronMonitor": False},  # opt-out: no monitor objects, no admin-access label on the namespace
+    {"neuronMonitor": False, "labels": {"team": "ml"}, "driverName": "m.example.com"},
     {"driverName": "neuron.example.com", "image": "registry.example/neuron-dra:1", "imagePullPolicy": "Always"},
     {"driverName": "a-long-driver-name-making-the-namespace-long.example.com"},
     {"driverName": "x.example.com", "namespace": "ns1", "deviceClassName": "devs", "coreDeviceClassName": "cores",
