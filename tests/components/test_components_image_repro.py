@@ -27,6 +27,7 @@ from neuron_dra.components.mocks import OfflineRun, run_offline
 from neuron_dra.components.plan import plan
 from neuron_dra.components.settings import SettingError
 from neuron_dra.components.settings_schema import decode_settings
+from neuron_dra.driver import deploy
 from neuron_dra.driver.deploy import DriverDeployOptions
 
 KUBECONFIG = "apiVersion: v1\nkind: Config\nclusters: []\n"
@@ -148,7 +149,8 @@ def test_existing_cluster_builds_into_the_given_registry_and_creates_no_aws_reso
     image = run.one("docker-build:index:Image").plain_inputs
     tag = f"{REGISTRY}:{image['context']['location'].rsplit('/', 1)[1]}"
     assert image["tags"] == [tag] and not image.get("registries") and image["buildOnPreview"] is False
-    ds = run.one("kubernetes:apps/v1:DaemonSet").plain_inputs
+    (ds,) = [r.plain_inputs for r in run.of_type("kubernetes:apps/v1:DaemonSet")
+             if r.plain_inputs["metadata"]["name"] == deploy.DEFAULT_DAEMONSET]  # neuron-monitor's is beside it
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"].startswith(f"{tag}@sha256:")
     assert run.exports["driverImage"].startswith(f"{tag}@sha256:")
 
