@@ -73,6 +73,7 @@ def test_a_claim_template_change_replaces_it_and_a_driver_rename_is_refused(
         "neuron-dra:driverImage": image,
         "neuron-dra:driverHostPathsRoot": HOST_TREE,
         "neuron-dra:efaDriver": "external",
+        "neuron-dra:neuronMonitor": "false",  # AWS's monitor image cannot run on an emulated node
         "neuron-dra:driverRolloutTimeoutSeconds": "300",
         "neuron-dra:claimTemplatesModule": "day_two_templates_1",
     }
