@@ -255,7 +255,7 @@ def load_ultraserver_objects(api: Api, n: int, variant: str) -> int:
 def per_device_slices(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The group slices' devices in one pool of few slices (PER_DEVICE_SLICE_MAX devices each): the slice with
     perDeviceNodeSelection, each device with its group's nodeSelector and a unique name."""
-    devices = []
+    devices: list[dict[str, Any]] = []
     for g in groups:
         device = dict(g["spec"]["devices"][0])
         device["name"] = f"us-{len(devices):04d}"
