@@ -151,8 +151,10 @@ ULTRA_VARIANTS = ("ultra-ours", "ultra-aws")
 # opt-in (--slices with --ultraserver): the group slices as on 1.34/1.35, one pool per group, no shared counters
 # Cheaper shapes tried (docs/benchmarks.md "UltraServer jobs"), all without counters: "-whole", no halves published;
 # "-per-device", the groups of one size in few slices with perDeviceNodeSelection and a selector per device;
-# "-affinity", the no-counters slices with the job's pods given LeaderWorkerSet's affinity (as ultra-aws's).
-ULTRA_EXTRA = ("ultra-ours-no-counters", "ultra-ours-whole", "ultra-ours-per-device", "ultra-ours-affinity")
+# "-affinity", the no-counters slices with the job's pods given LeaderWorkerSet's affinity (as ultra-aws's);
+# "-whole-affinity", both.
+ULTRA_EXTRA = ("ultra-ours-no-counters", "ultra-ours-whole", "ultra-ours-per-device", "ultra-ours-affinity",
+               "ultra-ours-whole-affinity")
 PER_DEVICE_SLICE_MAX = 64  # a slice's devices with per-device node selection (MaxDevicesWithAdvancedFeatures)
 ULTRA_SHAPE = "ultraserver-job"
 ULTRA_NODE_PREFIX = "us-"
@@ -245,7 +247,7 @@ def load_ultraserver_objects(api: Api, n: int, variant: str) -> int:
             f"us4-{i // 4}") for i, name in enumerate(names)}
         groups = membership.desired_slices(membership.group_ultraservers(facts), DEFAULT_DRIVER_NAME,
                                            counters=variant == "ultra-ours")  # the controller's layout on 1.36+
-        if variant in ("ultra-ours-whole", "ultra-ours-per-device"):
+        if variant in ("ultra-ours-whole", "ultra-ours-per-device", "ultra-ours-whole-affinity"):
             groups = [g for g in groups if g["spec"]["devices"][0]["name"] == membership.WHOLE_DEVICE]
         slices += per_device_slices(groups) if variant == "ultra-ours-per-device" else groups
     api.create_all(("/apis/resource.k8s.io/v1/resourceslices", s) for s in slices)
@@ -291,7 +293,7 @@ def ultra_pod(name: str, job: int, variant: str) -> dict[str, Any]:
         spec["resourceClaims"] = [{"name": "ultraserver", "resourceClaimName": f"{ULTRA_JOB.claim_name}-{job}"},
                                   {"name": "node", "resourceClaimTemplateName": ULTRA_JOB.template_name}]
         container["resources"] = {"claims": [{"name": "ultraserver"}, {"name": "node"}]}
-        if variant == "ultra-ours-affinity":
+        if variant.endswith("-affinity"):
             pod["metadata"]["labels"] = {LWS_GROUP_KEY: f"job-{job}"}
             spec["affinity"] = lws_affinity(f"job-{job}")
         return pod

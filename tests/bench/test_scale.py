@@ -65,7 +65,7 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
                           (["--pprof-seconds", "0"], "--pprof-seconds 0: give 1 to 600"),
                           (["--ultraserver", "--slices", "ours"],
                            "--slices ours: not known; choose from ultra-ours, ultra-aws, ultra-ours-no-counters, "
-                           "ultra-ours-whole, ultra-ours-per-device, ultra-ours-affinity")):
+                           "ultra-ours-whole, ultra-ours-per-device, ultra-ours-affinity, ultra-ours-whole-affinity")):
         result = subprocess.run([sys.executable, str(BENCH), *args, "--dir", str(tmp_path)], capture_output=True,
                                 text=True, timeout=120)
         assert result.returncode != 0 and message in result.stderr, result.stderr
