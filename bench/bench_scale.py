@@ -86,6 +86,7 @@ from neuron_dra.driver.model.emulate import EmulationOptions
 from neuron_dra.driver.model.hosts import emulated_host
 from neuron_dra.driver.model.k8s_names import DEFAULT_DRIVER_NAME
 from neuron_dra.driver.model.slices import NEURON_NODE
+from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.controlplane.plane import ControlPlane
 from neuron_dra.localcluster.controlplane.profiles import PROFILES
 
@@ -148,7 +149,13 @@ ULTRA_SIZE = 4
 ULTRA_LABEL = "neuron-dra/ultraserver"  # the node label naming the UltraServer (AWS's way needs one)
 ULTRA_VARIANTS = ("ultra-ours", "ultra-aws")
 # opt-in (--slices with --ultraserver): the group slices as on 1.34/1.35, one pool per group, no shared counters
-ULTRA_EXTRA = ("ultra-ours-no-counters",)
+# Cheaper shapes tried (docs/benchmarks.md "UltraServer jobs"), all without counters: "-whole", no halves published;
+# "-per-device", the groups of one size in few slices with perDeviceNodeSelection and a selector per device;
+# "-affinity", the no-counters slices with the job's pods given LeaderWorkerSet's affinity (as ultra-aws's);
+# "-whole-affinity", both.
+ULTRA_EXTRA = ("ultra-ours-no-counters", "ultra-ours-whole", "ultra-ours-per-device", "ultra-ours-affinity",
+               "ultra-ours-whole-affinity")
+PER_DEVICE_SLICE_MAX = 64  # a slice's devices with per-device node selection (MaxDevicesWithAdvancedFeatures)
 ULTRA_SHAPE = "ultraserver-job"
 ULTRA_NODE_PREFIX = "us-"
 LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
@@ -238,10 +245,43 @@ def load_ultraserver_objects(api: Api, n: int, variant: str) -> int:
         facts = {name: membership.MemberFacts(
             name, ULTRA_TYPE, f"us4-{i // 4}", f"us4-{i // 4}-{i % 4 // 2}", i % 4, i % 2, ULTRA_SIZE,
             f"us4-{i // 4}") for i, name in enumerate(names)}
-        slices += membership.desired_slices(membership.group_ultraservers(facts), DEFAULT_DRIVER_NAME,
-                                            counters=variant == "ultra-ours")  # the controller's layout on 1.36+
+        groups = membership.desired_slices(membership.group_ultraservers(facts), DEFAULT_DRIVER_NAME,
+                                           counters=variant == "ultra-ours")  # the controller's layout on 1.36+
+        if variant in ("ultra-ours-whole", "ultra-ours-per-device", "ultra-ours-whole-affinity"):
+            groups = [g for g in groups if g["spec"]["devices"][0]["name"] == membership.WHOLE_DEVICE]
+        slices += per_device_slices(groups) if variant == "ultra-ours-per-device" else groups
     api.create_all(("/apis/resource.k8s.io/v1/resourceslices", s) for s in slices)
     return n + len(slices)
+
+
+def per_device_slices(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The group slices' devices in one pool of few slices (PER_DEVICE_SLICE_MAX devices each): the slice with
+    perDeviceNodeSelection, each device with its group's nodeSelector and a unique name."""
+    devices: list[dict[str, Any]] = []
+    for g in groups:
+        device = dict(g["spec"]["devices"][0])
+        device["name"] = f"us-{len(devices):04d}"
+        device["nodeSelector"] = g["spec"]["nodeSelector"]
+        devices.append(device)
+    chunks = [devices[i:i + PER_DEVICE_SLICE_MAX] for i in range(0, len(devices), PER_DEVICE_SLICE_MAX)]
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+             "metadata": {"name": f"ultraserver-4.all.{k}.{DEFAULT_DRIVER_NAME}",
+                          "labels": {membership.MANAGED_BY_LABEL: membership.MANAGED_BY}},
+             "spec": {"driver": DEFAULT_DRIVER_NAME, "pool": {"name": f"{membership.POOL_PREFIX}4/all", "generation": 0,
+                                                             "resourceSliceCount": len(chunks)},
+                      "perDeviceNodeSelection": True, "devices": chunk}} for k, chunk in enumerate(chunks)]
+
+
+def lws_affinity(key: str) -> dict[str, Any]:
+    """The pod affinity LeaderWorkerSet's exclusive topology injects: the own group's pods on the same UltraServer
+    label, no other group's pods there."""
+    return {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {LWS_GROUP_KEY: key}}, "topologyKey": ULTRA_LABEL}]},
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchExpressions": [{"key": LWS_GROUP_KEY, "operator": "Exists"},
+                                                    {"key": LWS_GROUP_KEY, "operator": "NotIn", "values": [key]}]},
+             "topologyKey": ULTRA_LABEL}]}}
 
 
 def ultra_pod(name: str, job: int, variant: str) -> dict[str, Any]:
@@ -253,19 +293,16 @@ def ultra_pod(name: str, job: int, variant: str) -> dict[str, Any]:
         spec["resourceClaims"] = [{"name": "ultraserver", "resourceClaimName": f"{ULTRA_JOB.claim_name}-{job}"},
                                   {"name": "node", "resourceClaimTemplateName": ULTRA_JOB.template_name}]
         container["resources"] = {"claims": [{"name": "ultraserver"}, {"name": "node"}]}
+        if variant.endswith("-affinity"):
+            pod["metadata"]["labels"] = {LWS_GROUP_KEY: f"job-{job}"}
+            spec["affinity"] = lws_affinity(f"job-{job}")
         return pod
     key = f"job-{job}"
     pod["metadata"]["labels"] = {LWS_GROUP_KEY: key}
     spec["resourceClaims"] = [{"name": "ultraserver", "resourceClaimTemplateName": AWS_ULTRA_TEMPLATE},
                               {"name": "node", "resourceClaimTemplateName": ULTRA_JOB.template_name}]
     container["resources"] = {"claims": [{"name": "ultraserver"}, {"name": "node"}]}
-    spec["affinity"] = {
-        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {LWS_GROUP_KEY: key}}, "topologyKey": ULTRA_LABEL}]},
-        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchExpressions": [{"key": LWS_GROUP_KEY, "operator": "Exists"},
-                                                    {"key": LWS_GROUP_KEY, "operator": "NotIn", "values": [key]}]},
-             "topologyKey": ULTRA_LABEL}]}}
+    spec["affinity"] = lws_affinity(key)
     return pod
 
 
@@ -282,7 +319,8 @@ def check_placement(api: Api, n: int) -> None:
             raise ApiError(f"{job}: pods on nodes {sorted(nodes)}: not one per node of one UltraServer")
 
 
-def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, variant: str, pods: int) -> Burst:
+def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, variant: str, pods: int,
+                pprof: Pprof | None = None) -> Burst:
     """pods // 4 jobs (at most one per UltraServer), created job by job; scheduler CPU per bound pod."""
     jobs = min(pods // ULTRA_SIZE, n // ULTRA_SIZE)
     claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
@@ -296,6 +334,7 @@ def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, vari
     started: dict[str, float] = {}
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     t0 = time.monotonic()
+    profiling = pprof.start(f"{n}-{variant}-{ULTRA_SHAPE}-{time.strftime('%H%M%S')}") if pprof is not None else None
 
     def create(name: str, job: int) -> tuple[str, Mapping[str, Any]]:
         started[name] = time.monotonic()
@@ -312,6 +351,8 @@ def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, vari
     waits = [times[p] - started[p] for p, _ in names if p in times]
     last = max(times.values()) if times else time.monotonic()
     bound = max(len(times), 1)
+    if profiling is not None:
+        profiling.join()  # the profile ends before the cleanup's work starts
     check_placement(api, n)
     api.request("DELETE", f"{claims}?gracePeriodSeconds=0")  # the shared claims: no pod owns them
     cleanup(api)
@@ -421,7 +462,7 @@ class Pprof:
 def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str, shape: str, pods: int,
           profile: str, pprof: Pprof | None = None) -> Burst:
     if model in (*ULTRA_VARIANTS, *ULTRA_EXTRA):
-        return ultra_burst(api, api_client, pids, n, model, pods)
+        return ultra_burst(api, api_client, pids, n, model, pods, pprof)
     found = claim_template(shape, VARIANTS[model][1])
     watch = ScheduledWatch(api_client, NAMESPACE, BURST_TIMEOUT_S + 60)
     names = [f"{shape}-{i:04d}" for i in range(pods)]
@@ -486,9 +527,10 @@ class Loaded:
 
 
 def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, log: Any,
-               pprof: tuple[Path, int] | None = None) -> Loaded:
+               pprof: tuple[Path, int] | None = None, kubernetes: str = DEFAULT_MINOR) -> Loaded:
     plane = stack.enter_context(ControlPlane.start(
         base / f"cp-{n}-{model}", max_lifetime_s=3600, profile=profile, scheduler_profiling=pprof is not None,
+        kubernetes_version=kubernetes,
         # No kubelet renews the Nodes' leases: keep them Ready for the run.
         extra_controller_manager_args=("--node-monitor-grace-period=1h", "--node-startup-grace-period=1h")))
     api = Api(plane.server, plane.dir / "pki")
@@ -508,12 +550,13 @@ def load_plane(stack: ExitStack, base: Path, n: int, model: str, profile: str, l
 
 
 def run_size(base: Path, n: int, models: Sequence[str], shapes: Sequence[str], pods: int, profile: str,
-             log: Any, pprof: tuple[Path, int] | None = None, together: bool = False) -> list[Cell]:
+             log: Any, pprof: tuple[Path, int] | None = None, together: bool = False,
+             kubernetes: str = DEFAULT_MINOR) -> list[Cell]:
     """Every model's control plane at once, their bursts interleaved shape by shape (the order alternating), so
     each model's figures come from the same minutes of the machine's load; with `together` the models' bursts of
     a shape run at the same time, so each scheduler works under the same load (the other's included)."""
     with ExitStack() as stack:
-        planes = [load_plane(stack, base, n, model, profile, log, pprof) for model in models]
+        planes = [load_plane(stack, base, n, model, profile, log, pprof, kubernetes) for model in models]
         bursts: dict[str, list[Burst]] = {p.model: [] for p in planes}
 
         def run(p: Loaded, shape: str) -> Burst:
@@ -658,6 +701,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the UltraServer job shape instead: trn2u.48xlarge nodes in UltraServers of 4, 4-pod "
                              f"jobs; variants {', '.join(ULTRA_VARIANTS)}, or those --slices names of "
                              f"{', '.join((*ULTRA_VARIANTS, *ULTRA_EXTRA))} (--shapes is ignored)")
+    parser.add_argument("--kubernetes", default=DEFAULT_MINOR, metavar="MINOR",
+                        help=f"the control plane's Kubernetes minor (localcluster/BUILD.md; default {DEFAULT_MINOR})")
     parser.add_argument("--pprof-seconds", type=int, default=30,
                         help=f"how long each profile runs from the burst's start (1..{MAX_PPROF_S})")
     args = parser.parse_args(argv)
@@ -688,7 +733,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench-scale-"))
     cells = [c for n in nodes
              for c in run_size(base, n, models, shapes, min(args.pods, n), args.profile, log, pprof,
-                               args.together)]
+                               args.together, args.kubernetes)]
     sys.stdout.write(summary(cells, args.rate, args.cores))
     if args.json is not None:
         args.json.write_text(json.dumps({"profile": args.profile, "cells": [asdict(c) for c in cells]}, indent=2))

@@ -64,7 +64,8 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
                           (["--shapes", "2-device"], "--shapes 2-device: not known"),
                           (["--pprof-seconds", "0"], "--pprof-seconds 0: give 1 to 600"),
                           (["--ultraserver", "--slices", "ours"],
-                           "--slices ours: not known; choose from ultra-ours, ultra-aws, ultra-ours-no-counters")):
+                           "--slices ours: not known; choose from ultra-ours, ultra-aws, ultra-ours-no-counters, "
+                           "ultra-ours-whole, ultra-ours-per-device, ultra-ours-affinity, ultra-ours-whole-affinity")):
         result = subprocess.run([sys.executable, str(BENCH), *args, "--dir", str(tmp_path)], capture_output=True,
                                 text=True, timeout=120)
         assert result.returncode != 0 and message in result.stderr, result.stderr
@@ -87,3 +88,24 @@ def test_the_ultraserver_job_shape_binds_every_job_pod_in_both_variants(tmp_path
         assert b["scheduler_cpu_ms_per_pod"] > 0
     line = next(x for x in result.stdout.splitlines() if x.startswith("      8 nodes ultraserver-job"))
     assert "ultra-aws " in line and "ultra-ours " in line and "x;" in line
+
+
+def test_the_cheaper_ultraserver_shapes_bind_every_job_pod_and_are_profiled(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    variants = ("ultra-ours-whole", "ultra-ours-per-device", "ultra-ours-affinity")
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--ultraserver", "--nodes", "8", "--pods", "8", "--slices", ",".join(variants),
+         "--dir", str(tmp_path / "d"), "--json", str(out), "--pprof", str(tmp_path / "pprof"), "--pprof-seconds", "2"],
+        capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["slices"] for c in cells] == list(variants)
+    # Nodes and their two slices; whole: one group slice per 4-node set; per-device: both groups' devices in one
+    # slice (the API server accepted the per-device selectors); affinity: the whole and its halves.
+    assert [c["objects"] for c in cells] == [8 * 3 + 2, 8 * 3 + 1, 8 * 3 + 2 * 3]
+    for cell in cells:
+        (b,) = cell["bursts"]
+        assert b["pods"] == b["scheduled"] == 8, b
+    profiles = sorted((tmp_path / "pprof").iterdir())
+    assert {p.name.rsplit("-", 1)[0] for p in profiles} == {f"8-{v}-ultraserver-job" for v in variants}
+    assert all(p.stat().st_size > 0 for p in profiles)
