@@ -12,7 +12,6 @@ stack's settings, node groups and pools, and the driver's deployment options.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import reprlib
@@ -75,6 +74,8 @@ def capped(text: str, limit: int = 4 * MAX_SHOWN) -> str:
 def did_you_mean(name: str, candidates: Iterable[str], cutoff: float = 0.6) -> str:
     """`"; did you mean 'x'?"` for the candidate closest to a misspelt `name` (difflib's ratio at least `cutoff`),
     else ''. One wording for every unknown name: instance types, families, attributes."""
+    import difflib  # only on the error path: not part of the daemon's start-up memory
+
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=cutoff)
     return f"; did you mean {close[0]!r}?" if close else ""
 

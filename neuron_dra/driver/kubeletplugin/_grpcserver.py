@@ -19,6 +19,7 @@ import contextlib
 import inspect
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
@@ -207,6 +208,82 @@ def _close_after(pending: concurrent.futures.Future[Any] | None, gen: Generator[
     gen.close()  # runs the generator's cleanup (its `finally`) in this worker thread
 
 
+class _Workers:
+    """The threads a Server runs its blocking unary handlers in: at most `size`, each started when a handler finds
+    none idle (as ThreadPoolExecutor does) and kept. A handler's outcome goes straight to the loop's future with one
+    call_soon_threadsafe; ThreadPoolExecutor's own future, condition and callback chain cost about twice the CPU
+    per call (docs/benchmarks.md §1). `done` runs in the worker when the handler ends (or is skipped: its call was
+    cancelled before a thread took it)."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size = size
+        self._name = name
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._closed = False
+
+    def submit(self, loop: asyncio.AbstractEventLoop, done: Callable[[], object], fn: Callable[..., Any],
+               *args: Any) -> asyncio.Future[Any]:
+        """Run `fn(*args)` in a worker; the future (of `loop`, created in it) gets its result or exception."""
+        future: asyncio.Future[Any] = loop.create_future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self._name}: shut down")
+            self._queue.put((loop, future, done, fn, args))
+            if not self._idle.acquire(blocking=False) and self._threads < self._size:
+                self._threads += 1
+                threading.Thread(target=self._work, name=f"{self._name}_{self._threads - 1}", daemon=True).start()
+        return future
+
+    def shutdown(self) -> None:
+        """Workers end once their handler does; handlers not started are not run (their `done` still is)."""
+        with self._lock:
+            self._closed = True
+            for _ in range(self._threads):
+                self._queue.put(None)
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            loop, future, done, fn, args = item
+            item = None
+            if self._closed or future.cancelled():  # not started: the call is over, or the server stops
+                _settle_later(loop, done)
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as e:  # handed to the caller, as a pool's future would
+                _settle_later(loop, done, future, error=e)
+            else:
+                _settle_later(loop, done, future, result)
+                del result
+            del loop, future, done, fn, args  # nothing of a finished call stays referenced by an idle thread
+            self._idle.release()
+
+
+def _settle_later(loop: asyncio.AbstractEventLoop, done: Callable[[], object],
+                  future: asyncio.Future[Any] | None = None, result: Any = None,
+                  error: BaseException | None = None) -> None:
+    done()
+    if future is None:
+        return
+    with contextlib.suppress(RuntimeError):  # the loop is closed: the process is stopping
+        loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class EventLoopThread:
     """An asyncio event loop running on its own daemon thread, for the Servers given it. Whoever created it closes
     it, after stopping those servers."""
@@ -238,7 +315,8 @@ class Server:
         self.active_calls = 0  # blocking calls admitted to the pool and not finished
         self.inline_calls = 0  # calls handled in the event loop and not finished (only the loop counts them)
         self._count_lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent, thread_name_prefix=name)
+        self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent, thread_name_prefix=name)  # streams
+        self._workers = _Workers(limits.max_concurrent, f"{name}-call")  # unary calls
         self._own_loop: EventLoopThread | None = None
         if loop is None:
             loop = self._own_loop = EventLoopThread(f"{name}-grpc")
@@ -304,6 +382,7 @@ class Server:
         if self._own_loop is not None:
             self._own_loop.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._workers.shutdown()
 
     # --- per call, in the event loop --------------------------------------------------------------------
 
@@ -329,13 +408,12 @@ class Server:
         # Released when the work ends, not when the call does: a cancelled call's handler may still be running.
         self._admit()
         try:
-            work = self._pool.submit(fn, *args)
+            work = self._workers.submit(self._loop, self._release, fn, *args)
         except BaseException:
             self._release()
             raise
-        work.add_done_callback(self._release)
         try:
-            return await asyncio.wrap_future(work)
+            return await work
         finally:
             del work  # a failure's traceback holds this frame, the future holds the failure: no cycle
 

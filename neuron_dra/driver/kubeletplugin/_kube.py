@@ -10,22 +10,21 @@ no Retry-After (a server could make the daemon sleep for an hour), no content co
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 import shutil
 import ssl
+import sys
 import threading
 import time
+import types
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
-
-import urllib3
-from urllib3.exceptions import HTTPError as Urllib3Error
-from urllib3.response import BaseHTTPResponse
 
 from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
 from neuron_dra.driver.kubeletplugin._deadline import Deadline, DeadlineExceeded, DeadlineSSLSocket, applied
@@ -36,6 +35,45 @@ from neuron_dra.driver.kubeletplugin._kubeconfig import (
     load_kubeconfig,
 )
 from neuron_dra.driver.kubeletplugin._ratelimit import Rate, RateLimited, TokenBucket
+
+
+def _defer_package_metadata() -> None:
+    """urllib3.http2, which urllib3.connection imports, does `from importlib.metadata import version` at import time
+    for a check it runs only when HTTP/2 is switched on (never here); the real module brings zipfile, csv, tempfile and
+    importlib.resources, about 1.1 MiB of the daemon's start-up memory (docs/benchmarks.md §1). Until something
+    uses it, importlib.metadata is a stand-in whose `version` and every other attribute load the real module."""
+    name = "importlib.metadata"
+    if name in sys.modules:
+        return
+
+    def real() -> types.ModuleType:
+        if isinstance(sys.modules.get(name), _Deferred):
+            del sys.modules[name]
+        module = importlib.import_module(name)
+        importlib.__dict__["metadata"] = module
+        return module
+
+    class _Deferred(types.ModuleType):
+        def __getattr__(self, attr: str) -> Any:
+            if attr.startswith("__"):  # the import system's probes (__path__, __spec__ ...) load nothing
+                raise AttributeError(attr)
+            return getattr(real(), attr)
+
+    def version(distribution_name: str) -> str:
+        result: str = real().version(distribution_name)
+        return result
+
+    stand_in = _Deferred(name)
+    stand_in.version = version  # type: ignore[attr-defined]
+    sys.modules[name] = stand_in
+    importlib.__dict__["metadata"] = stand_in
+
+
+_defer_package_metadata()
+
+import urllib3  # noqa: E402
+from urllib3.exceptions import HTTPError as Urllib3Error  # noqa: E402
+from urllib3.response import BaseHTTPResponse  # noqa: E402
 
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 DEFAULT_DEADLINE = 10.0  # seconds for one request; kubelet gives a whole prepare 45 s

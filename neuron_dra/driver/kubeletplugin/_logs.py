@@ -17,21 +17,33 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"mess
 
 
 class JsonFormatter(logging.Formatter):
+    # One encoder for every line (json.dumps with `default` builds a new one per call), the same bytes.
+    _encode = json.JSONEncoder(default=str).encode
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stamp = (-1, "")  # (whole second, its text): one strftime per second, not per line
+
     def format(self, record: logging.LogRecord) -> str:
         # The timestamp as datetime's isoformat(timespec="milliseconds") in UTC writes it, built without datetime
         # (a log line per claim: its cost is part of every prepare and unprepare, bench/profile_prepare.py).
+        second, stamp = self._stamp  # one tuple: threads racing here each see a matching pair
+        if int(record.created) != second:
+            second = int(record.created)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._stamp = (second, stamp)
         out: dict[str, Any] = {
-            "ts": f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(record.created))}.{int(record.msecs):03d}+00:00",
+            "ts": f"{stamp}.{int(record.msecs):03d}+00:00",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key not in _STANDARD and key[0] != "_":
                 out[key] = value
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+        return self._encode(out)
 
 
 def configure(level: str = "info", stream: TextIO | None = None) -> None:
