@@ -342,3 +342,34 @@ def test_the_daemon_flags_of_the_api_client(capsys: pytest.CaptureFixture[str]) 
         with pytest.raises(SystemExit):
             parse_options(["--node-name", "n", flag, value], {})
         assert f"argument {flag}: {error}" in capsys.readouterr().err
+
+
+@pytest.mark.process
+def test_package_metadata_loads_on_first_use_and_then_answers_as_the_real_module() -> None:
+    """`_kube` keeps urllib3 from loading importlib.metadata at start-up (docs/benchmarks.md §1): a stand-in until
+    first use, then the real module for every importer. Run without `site` (as in the image, where nothing loads it
+    before the daemon; here an editable install's finder does)."""
+    import os
+    import site
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "assert 'importlib.metadata' not in sys.modules\n"
+        "import neuron_dra.driver.kubeletplugin._kube\n"
+        "assert type(sys.modules['importlib.metadata']).__name__ == '_Deferred'\n"
+        "import urllib3\n"
+        "from importlib.metadata import PackageNotFoundError, version\n"
+        "assert version('urllib3') == urllib3.__version__\n"
+        "assert type(sys.modules['importlib.metadata']).__name__ == 'module'\n"
+        "import importlib.metadata as md\n"
+        "try:\n"
+        "    md.version('no-such-distribution-here')\n"
+        "except PackageNotFoundError:\n"
+        "    print('ok')\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *site.getsitepackages()])}
+    done = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
