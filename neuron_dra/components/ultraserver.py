@@ -54,7 +54,7 @@ class UltraServerGroupsArgs:
         annotation pulumi.com/skipAwait; its pod needs a node, which an empty node group does not have yet).
     shared_counters: str -- "auto": keep a 4-node UltraServer's whole and halves apart with shared counters where
         the API server serves them (1.36+); "off" (default): never, because on 1.36 they cost every DRA pod's
-        scheduling and stopped claims binding at 500 nodes (docs/ultraserver.md §2a).
+        scheduling, which grows faster than the cluster (measured: docs/ultraserver.md §2a).
     """
 
     driver: NeuronDraDriver

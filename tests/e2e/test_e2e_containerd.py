@@ -30,6 +30,7 @@ from tests.support.e2e import (
     NEURON_TOLERATION,
     allocated_devices,
     claim_template,
+    create_namespace,
     eventually,
     pod_claim,
     raw,
@@ -72,9 +73,7 @@ def kapi(ctrd: LocalCluster) -> Iterator[client.ApiClient]:
 def wns(kapi: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     core, res = client.CoreV1Api(kapi), client.ResourceV1Api(kapi)
     name = f"ctrd-{request.node.name.replace('_', '-')[5:40].strip('-').lower()}"
-    core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
-    eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
-                           for sa in core.list_namespaced_service_account(name).items), 30, what="default SA")
+    create_namespace(core, name)
     yield name
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     eventually(lambda: not core.list_namespaced_pod(name).items, 90, what=f"pods of {name} gone")

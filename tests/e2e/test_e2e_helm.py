@@ -25,7 +25,7 @@ from neuron_dra.driver.deploy.chart import default_values, options_from_values, 
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.supervisor import LOCAL_CORE_PARTITIONS, daemonset_options
-from tests.support.e2e import NEURON_TOLERATION, claim_template, eventually, raw
+from tests.support.e2e import NEURON_TOLERATION, claim_template, create_namespace, eventually, raw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd, pytest.mark.gobuild, pytest.mark.slow,
               pytest.mark.process]
@@ -223,9 +223,7 @@ def test_helm_install_upgrade_uninstall_keeps_the_driver_registered(bare: LocalC
         assert [registrations(bare, n)[:1] for n in (TRN1, TRN2)] == [[1], [1]]
 
         ns = "helm-claims"
-        core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]
-        eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
-                               for sa in core.list_namespaced_service_account(ns).items), 30, what="default SA")
+        create_namespace(core, ns)
         res.create_namespaced_resource_claim_template(ns, claim_template(  # type: ignore[arg-type]
             "one-device", [{"name": "neuron", "exactly": {"deviceClassName": DRIVER}}]))
         core.create_namespaced_pod(ns, claim_pod("before", images["workload"], TRN2))  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.controlplane.prometheus import query, targets_up
 from neuron_dra.localcluster.processes.podlogs import container_log, workload_report
 from tests.support import promql
-from tests.support.e2e import NEURON_TOLERATION, claim_template, eventually, raw
+from tests.support.e2e import NEURON_TOLERATION, claim_template, create_namespace, device_claim, eventually, raw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd, pytest.mark.gobuild, pytest.mark.slow]
 
@@ -66,14 +66,8 @@ def pod(name: str, image: str, node: str, claim: dict[str, str]) -> dict[str, An
 def workloads(cluster: LocalCluster, kapi: client.ApiClient) -> dict[str, dict[str, str]]:
     """Pod `holder` on NODE1 with a claim for neuron-device-3; pod `small` on NODE2 with one NeuronCore."""
     core, res = client.CoreV1Api(kapi), client.ResourceV1Api(kapi)
-    core.create_namespace({"metadata": {"name": NS}})  # type: ignore[arg-type]
-    eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
-                           for sa in core.list_namespaced_service_account(NS).items), 30, what="default SA")
-    res.create_namespaced_resource_claim(NS, {  # type: ignore[arg-type]
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "device-3"},
-        "spec": {"devices": {"requests": [{"name": "neuron", "exactly": {
-            "deviceClassName": DRIVER,
-            "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].deviceId == 3'}}]}}]}}})
+    create_namespace(core, NS)
+    res.create_namespaced_resource_claim(NS, device_claim("device-3", DRIVER, 3))  # type: ignore[arg-type]
     res.create_namespaced_resource_claim_template(NS, claim_template(  # type: ignore[arg-type]
         "one-core", [{"name": "neuron", "exactly": {"deviceClassName": CORES}}]))
     image = json.loads((cluster.dir / "images.json").read_text())["workload"]

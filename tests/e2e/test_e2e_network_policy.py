@@ -22,7 +22,7 @@ from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.controlplane.apply import apply_all
 from tests.e2e.test_e2e_containerd import DRIVER_NS, DRIVER_SELECTOR, images, ready
 from tests.support import hoststate
-from tests.support.e2e import NEURON_TOLERATION, eventually, raw
+from tests.support.e2e import NEURON_TOLERATION, create_namespace, eventually, raw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd, pytest.mark.slow, pytest.mark.process]
 
@@ -68,9 +68,7 @@ def kapi(npc: LocalCluster) -> Iterator[client.ApiClient]:
 
 
 def make_namespace(core: client.CoreV1Api, name: str) -> None:
-    core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
-    eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
-                           for sa in core.list_namespaced_service_account(name).items), 30, what="default SA")
+    create_namespace(core, name)
 
 
 def drop_namespace(core: client.CoreV1Api, name: str) -> None:

@@ -28,7 +28,7 @@ from neuron_dra.localcluster.cluster import LocalCluster
 from neuron_dra.localcluster.controlplane.apply import apply_all
 from neuron_dra.localcluster.controlplane.prometheus import query, targets_up
 from tests.support import promql
-from tests.support.e2e import NEURON_TOLERATION, created_container, eventually, raw
+from tests.support.e2e import NEURON_TOLERATION, create_namespace, created_container, device_claim, eventually, raw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.gobuild, pytest.mark.slow]
 
@@ -56,14 +56,8 @@ def holder(cluster: LocalCluster) -> dict[str, str]:
     """Pod `holder` with claim `device-3` (neuron-device-3): its attribution series as Prometheus has them."""
     api = config.new_client_from_config(str(cluster.kubeconfig))
     core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
-    core.create_namespace({"metadata": {"name": NS}})  # type: ignore[arg-type]
-    eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
-                           for sa in core.list_namespaced_service_account(NS).items), 30, what="default SA")
-    res.create_namespaced_resource_claim(NS, {  # type: ignore[arg-type]
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "device-3"},
-        "spec": {"devices": {"requests": [{"name": "neuron", "exactly": {
-            "deviceClassName": DRIVER,
-            "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].deviceId == 3'}}]}}]}}})
+    create_namespace(core, NS)
+    res.create_namespaced_resource_claim(NS, device_claim("device-3", DRIVER, 3))  # type: ignore[arg-type]
     core.create_namespaced_pod(NS, {  # type: ignore[arg-type]
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder"}, "spec": {
             "tolerations": [NEURON_TOLERATION], "nodeSelector": {"kubernetes.io/hostname": NODE},

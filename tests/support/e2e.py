@@ -42,6 +42,21 @@ def namespace_name(prefix: str, test_name: str) -> str:
     return prefix + clean
 
 
+def create_namespace(core: client.CoreV1Api, name: str) -> None:
+    """Namespace `name`, once its `default` ServiceAccount exists (a pod created before it is refused)."""
+    core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
+    eventually(lambda: any(sa.metadata is not None and sa.metadata.name == "default"
+                           for sa in core.list_namespaced_service_account(name).items), 30, what="default SA")
+
+
+def device_claim(name: str, driver: str, device_id: int) -> dict[str, Any]:
+    """A ResourceClaim for the one Neuron device with `deviceId` `device_id` (DeviceClass named as the driver)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "neuron", "exactly": {
+                "deviceClassName": driver,
+                "selectors": [{"cel": {"expression": f'device.attributes["{driver}"].deviceId == {device_id}'}}]}}]}}}
+
+
 def raw(resp: Any) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(resp.data)
     return data

@@ -46,7 +46,7 @@ class UltraServerControllerOptions:
     taint_effect: str = "NoSchedule"
     resync_seconds: int = 60
     # auto | off: the controller's --shared-counters. Off by default: on 1.36 each counter slice costs every DRA
-    # pod's scheduling a scan of all slices, and at 500 nodes claims stopped binding (docs/ultraserver.md §2a, §8).
+    # pod's scheduling a scan of all slices, a cost that grows faster than the cluster (docs/ultraserver.md §2a, §8).
     shared_counters: str = "off"
 
     def __post_init__(self) -> None:

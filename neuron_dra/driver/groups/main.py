@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-counters", default="off", choices=SHARED_COUNTERS,
                    help="auto: keep a 4-node UltraServer's whole and halves apart with shared counters where the "
                         "API server serves them (1.36+); off (default): never (each counter slice costs every DRA "
-                        "pod's scheduling a scan of all slices, which at 500 nodes stopped claims binding: "
+                        "pod's scheduling a scan of all slices, a cost that grows faster than the cluster: "
                         "docs/ultraserver.md §2a)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p

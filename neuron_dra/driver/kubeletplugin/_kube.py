@@ -40,7 +40,7 @@ from neuron_dra.driver.kubeletplugin._ratelimit import Rate, RateLimited, TokenB
 def _defer_package_metadata() -> None:
     """urllib3.http2, which urllib3.connection imports, does `from importlib.metadata import version` at import time
     for a check it runs only when HTTP/2 is switched on (never here); the real module brings zipfile, csv, tempfile and
-    importlib.resources, about 1.1 MiB of the daemon's start-up memory (docs/benchmarks.md §1). Until something
+    importlib.resources, a share of the daemon's start-up memory (measured: docs/benchmarks.md §1). Until something
     uses it, importlib.metadata is a stand-in whose `version` and every other attribute load the real module."""
     name = "importlib.metadata"
     if name in sys.modules:
