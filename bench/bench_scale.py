@@ -187,6 +187,9 @@ class Burst:
     # Every control-plane process's CPU per pod over the burst (etcd, kube-apiserver, kube-controller-manager,
     # kube-scheduler): what one claim pod costs the machine. Empty in runs from before it was recorded.
     component_cpu_ms_per_pod: Mapping[str, float] = field(default_factory=dict)
+    # For a burst that did not bind every pod: each unbound pod's PodScheduled condition ("reason: message", or
+    # "no condition" when the scheduler never reported on it), so a shortfall says why.
+    unscheduled: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -353,6 +356,7 @@ def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, vari
     bound = max(len(times), 1)
     if profiling is not None:
         profiling.join()  # the profile ends before the cleanup's work starts
+    missing = unscheduled(api, [p for p, _ in names], times)
     check_placement(api, n)
     api.request("DELETE", f"{claims}?gracePeriodSeconds=0")  # the shared claims: no pod owns them
     cleanup(api)
@@ -360,7 +364,7 @@ def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, vari
                  1e3 * quantile(waits, 0.5) if waits else float("nan"),
                  1e3 * quantile(waits, 0.99) if waits else float("nan"),
                  1e3 * cpu["kube-scheduler"] / bound, load, None, None,
-                 {name: 1e3 * seconds / bound for name, seconds in cpu.items()})
+                 {name: 1e3 * seconds / bound for name, seconds in cpu.items()}, missing)
 
 
 def load_objects(api: Api, n: int, model: str) -> int:
@@ -489,6 +493,7 @@ def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str
     bound = max(len(times), 1)
     if profiling is not None:
         profiling.join()  # the profile ends before the cleanup's work starts
+    missing = unscheduled(api, names, times)
     cleanup(api)
     return Burst(n, model, shape, pods, len(times), len(times) / max(last - t0, 1e-9),
                  1e3 * quantile(waits, 0.5) if waits else float("nan"),
@@ -496,7 +501,21 @@ def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str
                  1e3 * cpu["kube-scheduler"] / bound, load,
                  prediction.cpu_ms_per_pod if prediction else None,
                  prediction.per_node_ms if prediction else None,
-                 {name: 1e3 * seconds / bound for name, seconds in cpu.items()})
+                 {name: 1e3 * seconds / bound for name, seconds in cpu.items()}, missing)
+
+
+def unscheduled(api: Api, names: Sequence[str], bound: Mapping[str, float]) -> dict[str, str]:
+    """Each of `names` not in `bound`: its PodScheduled condition as the API server has it (read before cleanup)."""
+    if len(bound) == len(names):
+        return {}
+    found: dict[str, str] = {}
+    for pod in api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?limit={len(names) + 1}")["items"]:
+        name = pod["metadata"]["name"]
+        if name in bound or name not in names:
+            continue
+        cond = next((c for c in pod.get("status", {}).get("conditions", []) if c.get("type") == "PodScheduled"), None)
+        found[name] = "no condition" if cond is None else f"{cond.get('reason')}: {cond.get('message')}"[:300]
+    return found
 
 
 def cleanup(api: Api) -> None:
@@ -587,7 +606,8 @@ def runs_shape(model: str, shape: str) -> bool:
 def format_burst(b: Burst) -> str:
     predicted = "" if b.predicted_cpu_ms_per_pod is None else (
         f"  predicted {b.predicted_cpu_ms_per_pod:7.1f} ms/pod ({b.predicted_per_node_ms:.3f} ms/node)")
-    missing = "" if b.scheduled == b.pods else f"  ONLY {b.scheduled}/{b.pods} SCHEDULED"
+    missing = "" if b.scheduled == b.pods else f"  ONLY {b.scheduled}/{b.pods} SCHEDULED" + "".join(
+        f"\n        {pod}: {why}" for pod, why in sorted(b.unscheduled.items())[:5])
     others = "".join(f" {SHORT.get(k, k)} {v:.1f}" for k, v in b.component_cpu_ms_per_pod.items()
                      if k != "kube-scheduler")
     components = f"  other CPU ms/pod:{others}" if others else ""

@@ -249,8 +249,10 @@ def _driver_pid(paths: Any) -> int:
     """The driver daemon's own pid: the child of the `timeout` process its pid file records (procs.spawn)."""
     ref = procs.running(paths.driver_pid)
     assert ref is not None, f"no live driver recorded in {paths.driver_pid}"
-    (pid,) = procs.children(ref.pid)
-    return pid
+    # Between kill and restart the recorded `timeout` may not have forked its child yet: not an answer, so wait.
+    children = procs.children(ref.pid)
+    assert len(children) == 1, f"the driver's timeout process {ref.pid} has children {children}"
+    return children[0]
 
 
 def _registrations(driver_log: Path) -> int:
