@@ -190,6 +190,8 @@ class Burst:
     # For a burst that did not bind every pod: each unbound pod's PodScheduled condition ("reason: message", or
     # "no condition" when the scheduler never reported on it), so a shortfall says why.
     unscheduled: Mapping[str, str] = field(default_factory=dict)
+    # What interrupted the watch that times the bindings (it lists and watches again; empty when nothing did).
+    watch_errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -351,6 +353,7 @@ def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, vari
     load = os.getloadavg()[0]
     times = watch.times()
     watch.stop()
+    watch_errors = tuple(watch.errors)
     waits = [times[p] - started[p] for p, _ in names if p in times]
     last = max(times.values()) if times else time.monotonic()
     bound = max(len(times), 1)
@@ -364,7 +367,7 @@ def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, vari
                  1e3 * quantile(waits, 0.5) if waits else float("nan"),
                  1e3 * quantile(waits, 0.99) if waits else float("nan"),
                  1e3 * cpu["kube-scheduler"] / bound, load, None, None,
-                 {name: 1e3 * seconds / bound for name, seconds in cpu.items()}, missing)
+                 {name: 1e3 * seconds / bound for name, seconds in cpu.items()}, missing, watch_errors)
 
 
 def load_objects(api: Api, n: int, model: str) -> int:
@@ -487,6 +490,7 @@ def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str
     load = os.getloadavg()[0]
     times = watch.times()
     watch.stop()
+    watch_errors = tuple(watch.errors)
     waits = [times[p] - started[p] for p in names if p in times]
     last = max(times.values()) if times else time.monotonic()
     prediction = predict(shape, n, model, profile)
@@ -501,7 +505,7 @@ def burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, model: str
                  1e3 * cpu["kube-scheduler"] / bound, load,
                  prediction.cpu_ms_per_pod if prediction else None,
                  prediction.per_node_ms if prediction else None,
-                 {name: 1e3 * seconds / bound for name, seconds in cpu.items()}, missing)
+                 {name: 1e3 * seconds / bound for name, seconds in cpu.items()}, missing, watch_errors)
 
 
 def unscheduled(api: Api, names: Sequence[str], bound: Mapping[str, float]) -> dict[str, str]:
@@ -608,6 +612,7 @@ def format_burst(b: Burst) -> str:
         f"  predicted {b.predicted_cpu_ms_per_pod:7.1f} ms/pod ({b.predicted_per_node_ms:.3f} ms/node)")
     missing = "" if b.scheduled == b.pods else f"  ONLY {b.scheduled}/{b.pods} SCHEDULED" + "".join(
         f"\n        {pod}: {why}" for pod, why in sorted(b.unscheduled.items())[:5])
+    missing += "".join(f"\n        watch interrupted: {e}" for e in b.watch_errors[:5])
     others = "".join(f" {SHORT.get(k, k)} {v:.1f}" for k, v in b.component_cpu_ms_per_pod.items()
                      if k != "kube-scheduler")
     components = f"  other CPU ms/pod:{others}" if others else ""

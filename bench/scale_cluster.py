@@ -126,31 +126,57 @@ class Api:
 
 class ScheduledWatch:
     """Records when each pod of a namespace is first seen bound (spec.nodeName set), from a watch (the kubernetes
-    client's, which hands over each event as it arrives)."""
+    client's, which hands over each event as it arrives). A watch that fails or ends early is listed and watched
+    again from the listing's resourceVersion, so no binding goes unseen; what ended it is kept in `errors` (a pod
+    first seen bound in a re-listing is timed at that listing)."""
 
     def __init__(self, api_client: Any, namespace: str, timeout_s: float) -> None:
-        from kubernetes import client, watch
+        from kubernetes import client
 
         self.scheduled: dict[str, float] = {}
+        self.errors: list[str] = []
         self._lock = threading.Lock()
         self._core = client.CoreV1Api(api_client)
-        listing: Any = self._core.list_namespaced_pod(namespace)
-        version = listing.metadata.resource_version
-        self._watch = watch.Watch()
-        self._stream = self._watch.stream(self._core.list_namespaced_pod, namespace, resource_version=version,
-                                          timeout_seconds=int(timeout_s))
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch-{namespace}")
+        self._namespace = namespace
+        self._deadline = time.monotonic() + timeout_s
+        self._stopped = threading.Event()
+        self._watch: Any = None
+        version = self._list()
+        self._thread = threading.Thread(target=self._run, args=(version,), daemon=True, name=f"watch-{namespace}")
         self._thread.start()
 
-    def _run(self) -> None:
-        try:
-            for event in self._stream:
-                pod = event["object"]
-                if pod.spec.node_name:
-                    with self._lock:
-                        self.scheduled.setdefault(pod.metadata.name, time.monotonic())
-        except Exception:
-            return
+    def _seen(self, pod: Any) -> None:
+        if pod.spec.node_name:
+            with self._lock:
+                self.scheduled.setdefault(pod.metadata.name, time.monotonic())
+
+    def _list(self) -> str:
+        listing: Any = self._core.list_namespaced_pod(self._namespace)
+        for pod in listing.items:
+            self._seen(pod)
+        return str(listing.metadata.resource_version)
+
+    def _run(self, version: str) -> None:
+        from kubernetes import watch
+
+        while not self._stopped.is_set() and (left := self._deadline - time.monotonic()) > 1:
+            try:
+                self._watch = watch.Watch()
+                for event in self._watch.stream(self._core.list_namespaced_pod, self._namespace,
+                                                resource_version=version, timeout_seconds=int(left)):
+                    self._seen(event["object"])
+                if self._stopped.is_set():
+                    return
+                self.errors.append("the watch ended before it was stopped")
+            except Exception as e:  # any failure: recorded, then listed and watched again
+                self.errors.append(f"{type(e).__name__}: {e}"[:300])
+            if len(self.errors) > 100:
+                return
+            try:
+                version = self._list()
+            except Exception as e:
+                self.errors.append(f"re-list: {type(e).__name__}: {e}"[:300])
+                self._stopped.wait(1.0)
 
     def count(self) -> int:
         with self._lock:
@@ -161,7 +187,9 @@ class ScheduledWatch:
             return dict(self.scheduled)
 
     def stop(self) -> None:
-        self._watch.stop()  # ends at the next event or at its timeout; the thread is a daemon
+        self._stopped.set()
+        if self._watch is not None:
+            self._watch.stop()  # ends at the next event or at its timeout; the thread is a daemon
 
 
 # --- /proc -----------------------------------------------------------------------------------------------------
