@@ -163,7 +163,7 @@ class ApiClient:
         self._token_lock = threading.Lock()
         self._token = config.token
         self._token_read = 0.0
-        self._headers_by_auth: dict[tuple[str | None, bool], dict[str, str]] = {}
+        self._headers_by_auth: dict[tuple[str | None, str], dict[str, str]] = {}  # (auth, content type or "")
 
     def _authorization(self) -> str | None:
         if self.config.token_file:

@@ -300,7 +300,7 @@ def test_a_one_node_set_has_its_own_whole_label_and_no_pair() -> None:
 
 def test_label_patches_name_only_nodes_that_differ_and_only_the_ultraserver_keys() -> None:
     want = {"a": {WHOLE: "us-1", PAIR: "us-1-0"}, "b": {WHOLE: "us-1", PAIR: "us-1-0"}}
-    nodes = [
+    nodes: list[dict[str, Any]] = [
         {"metadata": {"name": "a", "labels": {WHOLE: "us-1", PAIR: "us-1-0", "team": "x"}}},  # right: untouched
         {"metadata": {"name": "b", "labels": {WHOLE: "us-9", "team": "x"}}},  # wrong value, pair missing
         {"metadata": {"name": "c", "labels": {WHOLE: "us-1", PAIR: "p"}}},  # no longer a member: removed
