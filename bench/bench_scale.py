@@ -23,11 +23,12 @@ of etcd, kube-apiserver, kube-controller-manager and kube-scheduler once the obj
 With --pprof DIR the schedulers serve /debug/pprof and each burst's CPU profile (the first --pprof-seconds of the
 burst) is written to DIR/<nodes>-<slices>-<shape>-<HHMMSS>.pprof (read it with `go tool pprof -top FILE`).
 
-With --ultraserver the nodes are trn2u.48xlarge in UltraServers of 4 (label neuron-dra/ultraserver) and the pods
-4-pod jobs, one pod per node of one UltraServer, each pod with all of its node's devices and EFAs (issue 41,
-docs/ultraserver.md). Two variants: "ultra-ours", the group device (the controller's group slices, rendered by its
-model as on 1.36, shared counters included: each UltraServer's pool of counters, whole and halves, next to the
-nodes' slices) and UltraServerJob's shared claim per job; "ultra-aws", AWS's documented way, a
+With --ultraserver the nodes are trn2u.48xlarge in UltraServers of 4 (label neuron-dra/ultraserver, AWS's way's) and
+the pods 4-pod jobs, one pod per node of one UltraServer, each pod with all of its node's devices and EFAs (issue 41,
+docs/ultraserver.md). Two variants: "ultra-ours", what the defaults deploy and render: the controller's group
+slices as its model renders them with shared counters off (whole and halves, one pool each, next to the nodes'
+slices), the nodes labelled as the controller labels its members, and per job UltraServerJob's shared claim, pod
+labels and exclusive-topology affinity (on the controller's label); "ultra-aws", AWS's documented way, a
 claim of the node's neuron_node pseudo-device per pod beside the same devices-and-EFAs claim (its UltraServerConfig
 left out: the scheduler does not read configs) and the pod affinity LeaderWorkerSet's exclusive topology injects
 (affinity to the own group's key, anti-affinity to other groups' keys, topology the UltraServer label). The figure
@@ -148,13 +149,15 @@ ULTRA_TYPE = "trn2u.48xlarge"
 ULTRA_SIZE = 4
 ULTRA_LABEL = "neuron-dra/ultraserver"  # the node label naming the UltraServer (AWS's way needs one)
 ULTRA_VARIANTS = ("ultra-ours", "ultra-aws")
-# opt-in (--slices with --ultraserver): the group slices as on 1.34/1.35, one pool per group, no shared counters
-# Cheaper shapes tried (docs/benchmarks.md "UltraServer jobs"), all without counters: "-whole", no halves published;
-# "-per-device", the groups of one size in few slices with perDeviceNodeSelection and a selector per device;
-# "-affinity", the no-counters slices with the job's pods given LeaderWorkerSet's affinity (as ultra-aws's);
-# "-whole-affinity", both.
-ULTRA_EXTRA = ("ultra-ours-no-counters", "ultra-ours-whole", "ultra-ours-per-device", "ultra-ours-affinity",
+# opt-in (--slices with --ultraserver), shapes tried (docs/benchmarks.md "UltraServer jobs"): "-no-affinity",
+# ultra-ours's slices without the pods' affinity (UltraServerJob before it rendered one; "ultra-ours-no-counters" in
+# earlier runs); "-counters", the same with shared counters (the controller's --shared-counters=auto on 1.36: each
+# UltraServer one pool of counters, whole and halves; "ultra-ours" in earlier runs); and without counters or
+# affinity: "-whole", no halves published; "-per-device", the groups of one size in few slices with
+# perDeviceNodeSelection and a selector per device; "-whole-affinity", no halves, with the affinity.
+ULTRA_EXTRA = ("ultra-ours-no-affinity", "ultra-ours-counters", "ultra-ours-whole", "ultra-ours-per-device",
                "ultra-ours-whole-affinity")
+ULTRA_AFFINITY = ("ultra-ours", "ultra-ours-whole-affinity")  # pods with UltraServerJob's pod side
 PER_DEVICE_SLICE_MAX = 64  # a slice's devices with per-device node selection (MaxDevicesWithAdvancedFeatures)
 ULTRA_SHAPE = "ultraserver-job"
 ULTRA_NODE_PREFIX = "us-"
@@ -238,20 +241,22 @@ def load_ultraserver_objects(api: Api, n: int, variant: str) -> int:
                                                                           ultraserver_mode=ULTRA_SIZE)),
                              f"template-{p}", "ours") for p in range(ULTRA_SIZE)]
     names = [f"{ULTRA_NODE_PREFIX}{i:05d}" for i in range(n)]
+    ours = variant.startswith("ultra-ours")
+    facts = {name: membership.MemberFacts(
+        name, ULTRA_TYPE, f"us4-{i // 4}", f"us4-{i // 4}-{i % 4 // 2}", i % 4, i % 2, ULTRA_SIZE,
+        f"us4-{i // 4}") for i, name in enumerate(names)}
+    grouped = membership.group_ultraservers(facts)
+    controller_labels = membership.node_labels(grouped, DEFAULT_DRIVER_NAME) if ours else {}
     nodes = []
     for i, name in enumerate(names):
         node = node_object(name)
         node["metadata"]["labels"].update({"node.kubernetes.io/instance-type": ULTRA_TYPE,
-                                           ULTRA_LABEL: f"us-{i // ULTRA_SIZE:04d}"})
+                                           ULTRA_LABEL: f"us-{i // ULTRA_SIZE:04d}", **controller_labels.get(name, {})})
         nodes.append(node)
     api.create_all(("/api/v1/nodes", node) for node in nodes)
     slices = [s for i, name in enumerate(names) for s in renamed(templates[i % ULTRA_SIZE], name)]
-    if variant.startswith("ultra-ours"):
-        facts = {name: membership.MemberFacts(
-            name, ULTRA_TYPE, f"us4-{i // 4}", f"us4-{i // 4}-{i % 4 // 2}", i % 4, i % 2, ULTRA_SIZE,
-            f"us4-{i // 4}") for i, name in enumerate(names)}
-        groups = membership.desired_slices(membership.group_ultraservers(facts), DEFAULT_DRIVER_NAME,
-                                           counters=variant == "ultra-ours")  # the controller's layout on 1.36+
+    if ours:
+        groups = membership.desired_slices(grouped, DEFAULT_DRIVER_NAME, counters=variant == "ultra-ours-counters")
         if variant in ("ultra-ours-whole", "ultra-ours-per-device", "ultra-ours-whole-affinity"):
             groups = [g for g in groups if g["spec"]["devices"][0]["name"] == membership.WHOLE_DEVICE]
         slices += per_device_slices(groups) if variant == "ultra-ours-per-device" else groups
@@ -289,20 +294,27 @@ def lws_affinity(key: str) -> dict[str, Any]:
              "topologyKey": ULTRA_LABEL}]}}
 
 
-def ultra_pod(name: str, job: int, variant: str) -> dict[str, Any]:
-    """One pod of job `job`: ours names the job's shared claim and the per-pod template; AWS's way carries its
-    per-pod claim and LeaderWorkerSet's exclusive-topology affinity."""
+def ultra_job(job: int) -> UltraServerJob:
+    """Job `job` as UltraServerJob renders it: its shared claim `us-job-<job>`; the per-pod template is one for all
+    (`us-job-node`, ULTRA_JOB's), created with the namespace."""
+    return UltraServerJob(f"{ULTRA_JOB.name}-{job}", nodes=ULTRA_SIZE, instance_types=ULTRA_TYPE, namespace=NAMESPACE)
+
+
+def ultra_pod(name: str, job: UltraServerJob, variant: str) -> dict[str, Any]:
+    """One pod of `job`: ours names the job's shared claim and the per-pod template and, by default, carries the
+    job's pod labels and affinity (UltraServerJob's); AWS's way carries its per-pod claim and LeaderWorkerSet's
+    exclusive-topology affinity on its own node label."""
     pod = pod_object(name, None)
     spec, container = pod["spec"], pod["spec"]["containers"][0]
     if variant.startswith("ultra-ours"):
-        spec["resourceClaims"] = [{"name": "ultraserver", "resourceClaimName": f"{ULTRA_JOB.claim_name}-{job}"},
+        spec["resourceClaims"] = [{"name": "ultraserver", "resourceClaimName": job.claim_name},
                                   {"name": "node", "resourceClaimTemplateName": ULTRA_JOB.template_name}]
         container["resources"] = {"claims": [{"name": "ultraserver"}, {"name": "node"}]}
-        if variant.endswith("-affinity"):
-            pod["metadata"]["labels"] = {LWS_GROUP_KEY: f"job-{job}"}
-            spec["affinity"] = lws_affinity(f"job-{job}")
+        if variant in ULTRA_AFFINITY:
+            pod["metadata"]["labels"] = job.pod_labels()
+            spec["affinity"] = job.affinity()
         return pod
-    key = f"job-{job}"
+    key = job.group_key
     pod["metadata"]["labels"] = {LWS_GROUP_KEY: key}
     spec["resourceClaims"] = [{"name": "ultraserver", "resourceClaimTemplateName": AWS_ULTRA_TEMPLATE},
                               {"name": "node", "resourceClaimTemplateName": ULTRA_JOB.template_name}]
@@ -329,19 +341,18 @@ def ultra_burst(api: Api, api_client: Any, pids: Mapping[str, int], n: int, vari
     """pods // 4 jobs (at most one per UltraServer), created job by job; scheduler CPU per bound pod."""
     jobs = min(pods // ULTRA_SIZE, n // ULTRA_SIZE)
     claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+    per_job = [ultra_job(j) for j in range(jobs)]
     if variant.startswith("ultra-ours"):
-        for j in range(jobs):
-            claim = ULTRA_JOB.group_claim()
-            claim["metadata"]["name"] = f"{ULTRA_JOB.claim_name}-{j}"
-            api.request("POST", claims, claim)
+        for job in per_job:
+            api.request("POST", claims, job.group_claim())
     watch = ScheduledWatch(api_client, NAMESPACE, BURST_TIMEOUT_S + 60)
-    names = [(f"{ULTRA_SHAPE}-{j:04d}-{k}", j) for j in range(jobs) for k in range(ULTRA_SIZE)]
+    names = [(f"{ULTRA_SHAPE}-{j:04d}-{k}", per_job[j]) for j in range(jobs) for k in range(ULTRA_SIZE)]
     started: dict[str, float] = {}
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     t0 = time.monotonic()
     profiling = pprof.start(f"{n}-{variant}-{ULTRA_SHAPE}-{time.strftime('%H%M%S')}") if pprof is not None else None
 
-    def create(name: str, job: int) -> tuple[str, Mapping[str, Any]]:
+    def create(name: str, job: UltraServerJob) -> tuple[str, Mapping[str, Any]]:
         started[name] = time.monotonic()
         return f"/api/v1/namespaces/{NAMESPACE}/pods", ultra_pod(name, job, variant)
 
@@ -653,7 +664,9 @@ def summary(cells: Sequence[Cell], rate: float = 50.0, cores: int = 16) -> str:
             lines.append(f"  {n:5d} nodes {shape:16s} " + "  ".join(parts) + runs)
     for n in sorted({c.nodes for c in cells}):
         base = med.get((n, "ultra-aws", ULTRA_SHAPE))
-        for variant in ("ultra-ours", *ULTRA_EXTRA):
+        ultra = sorted({k[1] for k in med if k[0] == n and k[1].startswith("ultra-ours")},
+                       key=lambda v: (v != "ultra-ours", v))  # every variant of the run, old names included
+        for variant in ultra:
             ours = med.get((n, variant, ULTRA_SHAPE))
             if base is not None and ours is not None:
                 lines.append(f"  {n:5d} nodes {ULTRA_SHAPE:16s} ultra-aws {base[0]:7.2f} ms  {variant} {ours[0]:7.2f} "

@@ -104,6 +104,17 @@ def shares_a_claim(obj: dict[str, Any]) -> bool:
     return spec is not None and any("resourceClaimName" in c for c in spec["resourceClaims"])
 
 
+def pod_template_labels(obj: dict[str, Any]) -> dict[str, str]:
+    if obj["kind"] == "LeaderWorkerSet":
+        template = obj["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    elif obj["kind"] == "JobSet":
+        template = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    else:
+        template = obj["spec"]["template"]
+    labels: dict[str, str] = (template.get("metadata") or {}).get("labels") or {}
+    return labels
+
+
 def pod_count(obj: dict[str, Any]) -> int:
     if obj["kind"] == "LeaderWorkerSet":
         return int(obj["spec"]["leaderWorkerTemplate"]["size"])
@@ -118,6 +129,13 @@ def test_ultraserver_workloads_share_the_group_claim_and_take_one_node_each(obj:
     assert sorted(spec["resourceClaims"], key=lambda c: c["name"]) == sorted(ULTRA_JOB.pod_claims(),
                                                                                key=lambda c: c["name"])
     assert pod_count(obj) == ULTRA_JOB.nodes
+    # the pod side UltraServerJob renders, or LeaderWorkerSet's annotation that injects the same on the same label
+    exclusive = (obj["metadata"].get("annotations") or {}).get("leaderworkerset.sigs.k8s.io/exclusive-topology")
+    if exclusive is not None:
+        assert exclusive == ULTRA_JOB.topology_key and "affinity" not in spec
+    else:
+        assert spec["affinity"] == ULTRA_JOB.affinity()
+        assert pod_template_labels(obj) == ULTRA_JOB.pod_labels()
     if obj["kind"] in ("JobSet", "LeaderWorkerSet"):  # one replica per shared claim (the doc says why)
         replicas = obj["spec"]["replicatedJobs"][0]["replicas"] if obj["kind"] == "JobSet" else obj["spec"]["replicas"]
         assert replicas == 1

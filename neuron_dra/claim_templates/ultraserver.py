@@ -6,11 +6,18 @@ N: the scheduler copies the device's node selector into the allocation, so every
 member), and the per-pod ResourceClaimTemplate taking all of a node's Neuron devices (and, where each device has
 its own EFA, all of those, aligned), so at most one job pod fits a node. `pod_claims()` gives the pod spec's
 `resourceClaims` naming both. A job larger than every UltraServer of the target types is refused here.
+
+The pod side: `pod_labels()` (the job's group key) and `affinity()`, the pod affinity and anti-affinity that
+LeaderWorkerSet's exclusive topology injects, on the Node label the group controller sets on the members of a set of
+the job's size (k8s_names.ultraserver_topology_key). It costs nothing in correctness (the shared claim already keeps
+the pods together) and prunes the scheduler's work: its later pods reach the DRA allocator on their UltraServer's
+nodes only, and a job's first pod skips UltraServers holding another job (docs/ultraserver.md §8).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +30,12 @@ from neuron_dra.claim_templates.requests import ALL, Efa, Neuron
 from neuron_dra.claim_templates.template import API_VERSION, ClaimTemplate
 from neuron_dra.driver.model import ultraserver as membership
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
-from neuron_dra.driver.model.k8s_names import ultraserver_class_name
+from neuron_dra.driver.model.k8s_names import (
+    is_label_value,
+    ultraserver_class_name,
+    ultraserver_job_label_key,
+    ultraserver_topology_key,
+)
 
 GROUP_REQUEST = "ultraserver"
 GROUP_CLAIM_REF = "ultraserver"  # the pod's resourceClaims entry of the shared claim
@@ -141,6 +153,44 @@ class UltraServerJob:
         """The pod spec's `resourceClaims`; containers list both names under `resources.claims`."""
         return [{"name": GROUP_CLAIM_REF, "resourceClaimName": self.claim_name},
                 {"name": NODE_CLAIM_REF, "resourceClaimTemplateName": self.template_name}]
+
+    @property
+    def group_key(self) -> str:
+        """The job's group key, a label value: the job's name where it is one, else a cut of it and a hash (two
+        jobs of one namespace never share a key)."""
+        if is_label_value(self.name):
+            return self.name
+        digest = hashlib.sha256(self.name.encode()).hexdigest()[:10]
+        return f"{self.name[:52].rstrip('.-')}-{digest}"
+
+    @property
+    def job_label(self) -> str:
+        """The pod label key naming the job's group: `<driver>/ultraserver-job`."""
+        return ultraserver_job_label_key(self.drivers.neuron_driver)
+
+    @property
+    def topology_key(self) -> str:
+        """The Node label the group controller sets whose value is shared by exactly the nodes a job of this size
+        may span: `<driver>/ultraserver-pair` for 2 nodes, `<driver>/ultraserver` otherwise."""
+        return ultraserver_topology_key(self.drivers.neuron_driver, self.nodes)
+
+    def pod_labels(self) -> dict[str, str]:
+        """The labels every pod of the job carries (what `affinity()` selects on)."""
+        return {self.job_label: self.group_key}
+
+    def affinity(self) -> dict[str, Any]:
+        """The pod spec's `affinity`: LeaderWorkerSet's exclusive topology (its pods together on one value of
+        `topology_key`, no other job's pods there), as LeaderWorkerSet injects it
+        (leaderworkerset.sigs.k8s.io/exclusive-topology; docs/ultraserver.md §3a). Pod affinity looks at pods of
+        the pod's own namespace: across namespaces the shared claim alone keeps jobs apart."""
+        key = self.job_label
+        return {
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {key: self.group_key}}, "topologyKey": self.topology_key}]},
+            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchExpressions": [{"key": key, "operator": "Exists"},
+                                                        {"key": key, "operator": "NotIn", "values": [self.group_key]}]},
+                 "topologyKey": self.topology_key}]}}
 
 
 # --- placement: the group devices a cluster's UltraServers publish, and which of them a job's claim takes ----------

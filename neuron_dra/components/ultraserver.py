@@ -1,10 +1,10 @@
 """`UltraServerGroups`: the UltraServer group controller and the group DeviceClass (docs/ultraserver.md §2, §3).
 
 Applied from `neuron_dra.driver.deploy.ultraserver`'s dicts: ServiceAccount, ClusterRole and binding, the Lease Role
-and binding, the ValidatingAdmissionPolicy that keeps the controller to group slices, the DeviceClass
-`ultraserver.<driver name>` and the one-replica Deployment (its pods tolerate the Neuron taint: rendered there). The
-component adds one thing to those objects: the image, the driver component's own `image` Output, so the controller
-runs exactly the driver's image, built here or given, whichever way the driver chose it.
+and binding, the ValidatingAdmissionPolicies that keep the controller to group slices and its member labels, the
+DeviceClass `ultraserver.<driver name>` and the one-replica Deployment (its pods tolerate the Neuron taint: rendered
+there). The component adds one thing to those objects: the image, the driver component's own `image` Output, so the
+controller runs exactly the driver's image, built here or given, whichever way the driver chose it.
 
 Its namespaced objects wait for the driver's Namespace. The default stack creates it where a node group or
 Karpenter pool holds an UltraServer type (catalog `ultraserver`: trn2u.48xlarge, trn3p.48xlarge), or an existing

@@ -182,3 +182,56 @@ def test_claims_check_and_render_take_jobs_from_the_file(tmp_path: Path, capsys:
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [(d["kind"], d["metadata"]["name"]) for d in documents] == [("ResourceClaim", "train"),
                                                                         ("ResourceClaimTemplate", "train-node")]
+
+
+# --- the pod side: labels and LeaderWorkerSet's exclusive-topology affinity --------------------------------------
+
+
+def test_the_pods_affinity_is_lws_exclusive_topology_on_the_controllers_label_of_the_jobs_size() -> None:
+    four = UltraServerJob("train", nodes=4, namespace="ml")
+    two = UltraServerJob("small", nodes=2, namespace="ml")
+    assert four.pod_labels() == {"neuron.aws.com/ultraserver-job": "train"}
+    assert four.topology_key == "neuron.aws.com/ultraserver" and two.topology_key == "neuron.aws.com/ultraserver-pair"
+    affinity = four.affinity()
+    (together,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (apart,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert together == {"labelSelector": {"matchLabels": four.pod_labels()}, "topologyKey": four.topology_key}
+    assert apart["topologyKey"] == four.topology_key
+    assert apart["labelSelector"]["matchExpressions"] == [
+        {"key": four.job_label, "operator": "Exists"},
+        {"key": four.job_label, "operator": "NotIn", "values": ["train"]}]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train-0", "namespace": "ml",
+                                                           "labels": four.pod_labels()},
+           "spec": {"affinity": affinity, "resourceClaims": four.pod_claims(),
+                    "containers": [{"name": "c", "image": "i", "resources": {"claims": [
+                        {"name": c["name"]} for c in four.pod_claims()]}}]}}
+    kubeschema.validate(pod, "1.34", strict=True)
+
+
+def test_the_pod_side_follows_the_driver_name_and_long_names_keep_distinct_keys() -> None:
+    job = UltraServerJob("train", nodes=4, drivers=Drivers(neuron_driver="neuron.example.com"))
+    assert job.pod_labels() == {"neuron.example.com/ultraserver-job": "train"}
+    assert job.topology_key == k8s_names.ultraserver_label_keys("neuron.example.com")[0]
+    long_a, long_b = (UltraServerJob("j" * 70 + suffix, nodes=2) for suffix in ("a", "b"))
+    assert k8s_names.is_label_value(long_a.group_key) and long_a.group_key != long_b.group_key
+
+
+def test_the_topology_value_is_shared_by_exactly_the_nodes_each_group_device_selects() -> None:
+    """What the controller labels (its model) and what the job's affinity names agree: for every group device, the
+    nodes its selector names share one value of the job's topology key, and no other node has it."""
+    slices = []
+    for name, host_id, pos, mode in (("a", "u4", 0, 4), ("b", "u4", 1, 4), ("c", "u4", 2, 4), ("d", "u4", 3, 4),
+                                     ("e", "u2", 0, 2), ("f", "u2", 1, 2), ("g", "u1", 0, 1)):
+        host = emulated_host("trn2u.48xlarge", EmulationOptions(host_id=host_id, ultraserver_node=pos,
+                                                                ultraserver_mode=mode))
+        slices += resource_slices(build_pool(host, NodeFacts(name)), generation=1)
+    facts, _ = us.member_facts(slices, DRIVER)
+    membership = us.group_ultraservers(facts)
+    labels = us.node_labels(membership, DRIVER)
+    for s in us.desired_slices(membership, DRIVER):
+        (device,) = s["spec"]["devices"]
+        job = UltraServerJob("j", nodes=device["attributes"]["nodeCount"]["int"])
+        selected = set(us.selected_nodes(s["spec"]["nodeSelector"]))
+        values = {labels[n][job.topology_key] for n in selected}
+        assert len(values) == 1, s["metadata"]["name"]
+        assert {n for n, v in labels.items() if v.get(job.topology_key) in values} == selected

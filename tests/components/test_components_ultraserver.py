@@ -24,8 +24,10 @@ IMAGE = "example.com/neuron-dra-driver@sha256:" + "a" * 64
 RESERVATION = "cr-0123456789abcdef0"
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 CLASS = "kubernetes:resource.k8s.io/v1:DeviceClass"
+# Two policies and bindings: the group slices only, and the members' labels only on Nodes.
 CONTROLLER_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass", "Deployment"]
+                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy",
+                    "ValidatingAdmissionPolicyBinding", "DeviceClass", "Deployment"]
 
 
 def stack(**values: Any) -> dict[str, Any]:
@@ -135,9 +137,13 @@ def test_the_component_follows_the_drivers_name_namespace_and_options() -> None:
             "--shared-counters=auto"} <= set(command)
     default = run_component().one(DEPLOYMENT).plain_inputs["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--shared-counters=off" in default  # safe at 1,000 nodes (docs/ultraserver.md §2a)
-    (policy,) = [m for m in plan.kubernetes_manifests(run) if m["kind"] == "ValidatingAdmissionPolicy"
-                 and m["metadata"]["name"].startswith(controller.DEFAULT_NAME)]
-    assert "system:serviceaccount:ml-dra:neuron-dra-ultraserver" in str(policy["spec"]["matchConditions"])
+    policies = [m for m in plan.kubernetes_manifests(run) if m["kind"] == "ValidatingAdmissionPolicy"
+                and m["metadata"]["name"].startswith(controller.DEFAULT_NAME)]
+    assert len(policies) == 2  # the group slices', and the Nodes' (the driver's own label keys)
+    for policy in policies:
+        assert "system:serviceaccount:ml-dra:neuron-dra-ultraserver" in str(policy["spec"]["matchConditions"])
+    (nodes,) = [p for p in policies if p["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]]
+    assert '"neuron.example.com/ultraserver"' in nodes["spec"]["validations"][0]["expression"]
 
 
 @pytest.mark.parametrize(("kwargs", "field", "allowed"), [

@@ -4,7 +4,8 @@ node selector names exactly its members; a 4-pod `UltraServerJob` runs one pod p
 with the UltraServer environment in every container (prepared by each member's driver from the shared claim); a
 second such job binds no pod while the first runs and runs there once it is gone; a 2-pod job takes the 2-node
 UltraServer; the whole and a half of one UltraServer exclude each other through shared counters (1.36); a
-member's device fault taints its groups (docs/ultraserver.md)."""
+member's device fault taints its groups. The controller labels each member Node with its UltraServer's and its
+2-node pair's server ids, and the jobs carry `UltraServerJob`'s pod affinity on those labels (docs/ultraserver.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from kubernetes import client, config
 from neuron_dra.claim_templates.ultraserver import GROUP_CLAIM_REF, NODE_CLAIM_REF, UltraServerJob
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.emulate import clear_faults, inject_fault
+from neuron_dra.driver.model.k8s_names import ultraserver_label_keys
 from neuron_dra.localcluster.cluster import LocalCluster, up
 from neuron_dra.localcluster.nodes.topology import ultraservers
 from neuron_dra.localcluster.processes import procs
@@ -29,6 +31,7 @@ DRIVER = "neuron.aws.com"
 FOUR = [f"trn2u-48xlarge-{i}" for i in (1, 2, 3, 4)]
 TWO = ["trn2u-48xlarge-5", "trn2u-48xlarge-6"]
 KLASS = "sys/class/neuron_device"
+WHOLE_LABEL, PAIR_LABEL = ultraserver_label_keys(DRIVER)
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +107,26 @@ def test_one_group_device_per_ultraserver_selects_exactly_its_members(cluster: L
     device_class = raw(client.ResourceV1Api(api).read_device_class(f"ultraserver.{DRIVER}", _preload_content=False))
     assert "ultraserver" in device_class["spec"]["selectors"][0]["cel"]["expression"]
 
+    # The members' labels: the set's server id (the whole device's) and the pair's (a half's, or the 2-node set's)
+    def server_id(s: dict[str, Any]) -> str:
+        return str(s["spec"]["devices"][0]["attributes"]["ultraserverServerId"]["string"])
+
+    by_members = {tuple(us.selected_nodes(s["spec"]["nodeSelector"])): s for s in found.values()
+                  if s["spec"].get("devices")}
+    want = {n: {WHOLE_LABEL: server_id(whole[4]), PAIR_LABEL: server_id(by_members[tuple(half)])}
+            for half in (FOUR[:2], FOUR[2:]) for n in half}
+    want.update({n: {WHOLE_LABEL: server_id(whole[2]), PAIR_LABEL: server_id(whole[2])} for n in TWO})
+    assert want[FOUR[0]][PAIR_LABEL] != want[FOUR[2]][PAIR_LABEL]
+    assert want[FOUR[0]][WHOLE_LABEL] == _class_file(cluster, FOUR[0], "server_id_4")
+
+    def labels() -> dict[str, dict[str, str]] | None:
+        nodes = raw(client.CoreV1Api(api).list_node(_preload_content=False))["items"]
+        got = {n["metadata"]["name"]: {k: v for k, v in (n["metadata"].get("labels") or {}).items()
+                                       if k in (WHOLE_LABEL, PAIR_LABEL)} for n in nodes}
+        return got if {n: v for n, v in got.items() if v} == want else None
+
+    assert set(eventually(labels, 60, what="the members' UltraServer labels")) >= set(FOUR + TWO)
+
 
 def _start_job(api: client.ApiClient, ns: str, name: str, nodes: int) -> list[str]:
     job = UltraServerJob(name, nodes=nodes, instance_types="trn2u.48xlarge", namespace=ns)
@@ -113,8 +136,9 @@ def _start_job(api: client.ApiClient, ns: str, name: str, nodes: int) -> list[st
     pods = [f"{name}-{i}" for i in range(nodes)]
     for pod in pods:
         client.CoreV1Api(api).create_namespaced_pod(ns, {  # type: ignore[arg-type]
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "labels": {"job": name}},
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "labels": {"job": name, **job.pod_labels()}},
             "spec": {"tolerations": [NEURON_TOLERATION], "resourceClaims": job.pod_claims(),
+                     "affinity": job.affinity(),
                      "terminationGracePeriodSeconds": 0,
                      "containers": [{"name": "main", "image": "public.ecr.aws/neuron/pytorch-training:emulated",
                                      "resources": {"claims": [{"name": GROUP_CLAIM_REF}, {"name": NODE_CLAIM_REF}]}}]}})

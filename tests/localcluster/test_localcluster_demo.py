@@ -182,6 +182,9 @@ def test_an_ultraserver_job_pod_names_the_shared_claim_and_its_own() -> None:
     assert manifest["spec"]["resourceClaims"] == [{"name": "ultraserver", "resourceClaimName": "ultra"},
                                                   {"name": "node", "resourceClaimTemplateName": "ultra-node"}]
     assert manifest["spec"]["containers"][0]["resources"]["claims"] == [{"name": "ultraserver"}, {"name": "node"}]
+    job = ULTRASERVER_STAGE.workloads[1].job
+    assert job is not None and manifest["spec"]["affinity"] == job.affinity()  # the job's pod side, too
+    assert manifest["metadata"]["labels"].items() >= job.pod_labels().items()
 
 
 # --- offline: what the demo installs and runs ---------------------------------------------------------------

@@ -6,7 +6,9 @@ RBAC cannot restrict ResourceSlice writes by content, so a ValidatingAdmissionPo
 service account may create, update and delete only slices of its driver with no `nodeName` in a group pool
 (`ultraserver-<size>/<id>`), checked on the old object too for UPDATE and DELETE, so it can never touch a node's
 slice. Leases: only in its namespace, updates only of its own Lease. Claims: list only (to find the claims that
-hold a group); Events: create (what it tells holders).
+hold a group); Events: create (what it tells holders). Nodes: patch, to keep its members' UltraServer labels
+(docs/ultraserver.md §3a); a second policy refuses any Node update by its service account that changes anything
+but those labels (the old and new Node compared with the keys left out).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from neuron_dra.driver.model.k8s_names import (
     neuron_toleration,
     ultraserver_class_name,
     ultraserver_class_selector,
+    ultraserver_label_keys,
 )
 from neuron_dra.driver.model.ultraserver import POOL_PREFIX
 
@@ -94,7 +97,8 @@ CLUSTER_RULES: tuple[Manifest, ...] = (
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
      "verbs": ["list", "watch", "create", "update", "delete"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list"]},
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    # patch: the members' UltraServer labels only (node_admission_policy bounds it)
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
 
@@ -159,6 +163,58 @@ def admission_policy_binding(o: UltraServerControllerOptions) -> Manifest:
             "spec": {"policyName": o.cluster_name, "validationActions": ["Deny"]}}
 
 
+def _same(field: str) -> str:
+    """CEL: `field` (a path below object/oldObject) is absent on both or equal."""
+    return (f"has(object.{field}) == has(oldObject.{field}) && "
+            f"(!has(object.{field}) || object.{field} == oldObject.{field})")
+
+
+def node_update_expression(label_keys: tuple[str, ...]) -> str:
+    """CEL: an UPDATE whose Node differs from the stored one in `label_keys` only (other labels, annotations,
+    finalizers, owner references, spec and status all unchanged). CREATE and DELETE are refused (RBAC grants
+    neither; refused here too)."""
+    keys = "[" + ", ".join(f'"{k}"' for k in label_keys) + "]"
+    new, old = "object.metadata.labels", "oldObject.metadata.labels"
+    labels = (f"(!has({new}) || {new}.all(k, k in {keys} || (has({old}) && k in {old} && {old}[k] == {new}[k]))) "
+              f"&& (!has({old}) || {old}.all(k, k in {keys} || (has({new}) && k in {new})))")
+    rest = " && ".join(_same(f) for f in ("metadata.annotations", "metadata.finalizers",
+                                            "metadata.ownerReferences", "spec", "status"))
+    return f'request.operation == "UPDATE" && {labels} && {rest}'
+
+
+def node_policy_name(o: UltraServerControllerOptions) -> str:
+    return f"{o.cluster_name}-nodes"
+
+
+def node_admission_policy(o: UltraServerControllerOptions) -> Manifest:
+    """The controller's service account changes only the UltraServer labels of a Node (GA API
+    admissionregistration.k8s.io/v1; docs/ultraserver.md §3a)."""
+    keys = ultraserver_label_keys(o.driver_name)
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": _meta(o, node_policy_name(o), False),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE", "DELETE"],
+                "resources": ["nodes"]}]},
+            "matchConditions": [{"name": "controller-service-account",
+                                 "expression": f'request.userInfo.username == "{o.service_account_user}"'}],
+            "validations": [{
+                "expression": node_update_expression(keys),
+                "reason": "Forbidden",
+                "message": f"{o.service_account_user} may only change the labels {', '.join(keys)} of a Node",
+            }],
+        },
+    }
+
+
+def node_admission_policy_binding(o: UltraServerControllerOptions) -> Manifest:
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": _meta(o, node_policy_name(o), False),
+            "spec": {"policyName": node_policy_name(o), "validationActions": ["Deny"]}}
+
+
 def group_device_class(o: UltraServerControllerOptions) -> Manifest:
     return device_class_manifest(ultraserver_class_name(o.driver_name), o.driver_name,
                                  expression=ultraserver_class_selector(o.driver_name), labels=POD_LABELS)
@@ -205,4 +261,5 @@ def manifests(o: UltraServerControllerOptions | None = None) -> list[Manifest]:
     """Every object, cluster-scoped ones and RBAC first, then the Deployment. The namespace is the driver's."""
     o = o or UltraServerControllerOptions()
     return [service_account(o), cluster_role(o), cluster_role_binding(o), lease_role(o), lease_role_binding(o),
-            admission_policy(o), admission_policy_binding(o), group_device_class(o), deployment(o)]
+            admission_policy(o), admission_policy_binding(o), node_admission_policy(o),
+            node_admission_policy_binding(o), group_device_class(o), deployment(o)]

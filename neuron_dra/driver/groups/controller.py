@@ -9,6 +9,10 @@ stale ones deleted last), so the scheduler never mixes generations; a new slice 
 group that is gone but still allocated to a claim is not deleted: its device is tainted (or withdrawn) and an Event
 on each holding claim says so; it is deleted once no claim holds it. Passes run on a change seen by the watches of
 slices and Nodes, and every `resync` seconds; errors back off exponentially; nothing here raises out of `run`.
+
+Each pass also keeps the members' Node labels (`<driver>/ultraserver`, `<driver>/ultraserver-pair`: the topology a
+job's pod affinity names, docs/ultraserver.md §3a) equal to the membership: a JSON merge patch of those keys only,
+sent only to a Node whose labels differ; a refused patch is one warning, never a failed pass.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 from neuron_dra.driver.kubeletplugin.toolkit import RESOURCE_SLICES, ApiClientError, ApiException, KubeApi
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
-from neuron_dra.driver.model.k8s_names import TAINT_EFFECTS
+from neuron_dra.driver.model.k8s_names import TAINT_EFFECTS, ultraserver_label_keys
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +73,8 @@ class PassResult:
     kept_for_claims: int = 0
     events: int = 0
     problems: tuple[us.Problem, ...] = ()
+    labelled: int = 0  # Nodes whose UltraServer labels were patched
+    label_failures: int = 0  # ... whose patch was refused or failed (the pass goes on)
 
     @property
     def writes(self) -> int:
@@ -149,7 +155,9 @@ class GroupController:
         self._events_sent: set[tuple[str, str, str]] = set()
         self.dirty = threading.Event()
         self._lock = threading.Lock()
-        self._node_ready: dict[str, bool] = {}  # what the Node watch saw last (_matters)
+        self._node_seen: dict[str, tuple[object, ...]] = {}  # what the Node watch saw last (_matters)
+        self._label_keys = ultraserver_label_keys(options.driver_name)
+        self._label_warned: frozenset[str] = frozenset()  # the Nodes whose failed patch was last warned about
 
     # --- one pass ----------------------------------------------------------------------------------------------
 
@@ -176,15 +184,39 @@ class GroupController:
                                        "not served (before 1.36): a whole and a half may both be allocated"))
         return served
 
-    def desired(self, all_slices: list[dict[str, Any]], nodes: list[dict[str, Any]],
-                existing: Mapping[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[us.Problem, ...]]:
-        driver = self.options.driver_name
-        facts, problems = us.member_facts(all_slices, driver)
+    def membership(self, all_slices: list[dict[str, Any]], nodes: list[dict[str, Any]],
+                   existing: Mapping[str, dict[str, Any]]) -> tuple[us.Membership, tuple[us.Problem, ...]]:
+        facts, problems = us.member_facts(all_slices, self.options.driver_name)
         membership = us.group_ultraservers(facts, us.previous_groups(existing.values()), ready_node_names(nodes),
                                            self.options.catalog, hostnames(nodes))
-        slices = us.desired_slices(membership, driver, self.taints_served, self.options.taint_effect,
-                                   bool(self.counters_served))
-        return slices, (*problems, *membership.problems)
+        return membership, (*problems, *membership.problems)
+
+    def desired(self, membership: us.Membership) -> list[dict[str, Any]]:
+        return us.desired_slices(membership, self.options.driver_name, self.taints_served,
+                                 self.options.taint_effect, bool(self.counters_served))
+
+    def label_nodes(self, membership: us.Membership, nodes: list[dict[str, Any]]) -> tuple[int, int]:
+        """Patch the UltraServer labels of the Nodes whose labels differ from the membership (merge patch of those
+        keys only; a refused or failed patch is left for the next pass, warned about once while it lasts).
+        Returns (patched, failed)."""
+        patches = us.label_patches(nodes, us.node_labels(membership, self.options.driver_name),
+                                   self.options.driver_name)
+        failed: dict[str, str] = {}
+        for name, labels in sorted(patches.items()):
+            try:
+                self._api.merge_patch(f"{NODES}/{name}", {"metadata": {"labels": labels}})
+            except (ApiException, ApiClientError) as e:
+                failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
+        if failed and frozenset(failed) != self._label_warned:
+            first = min(failed)
+            log.warning("could not label UltraServer member Nodes; pods whose affinity names the label wait for "
+                        "it (docs/ultraserver.md §3a)",
+                        extra={"nodes": len(failed), "first": first, "error": failed[first],
+                               "labels": list(self._label_keys)})
+        self._label_warned = frozenset(failed)
+        if len(patches) > len(failed):
+            log.info("UltraServer labels written", extra={"nodes": len(patches) - len(failed)})
+        return len(patches) - len(failed), len(failed)
 
     def reconcile(self) -> PassResult:
         with self._lock:
@@ -197,8 +229,10 @@ class GroupController:
         all_slices, _ = list_all(self._api, RESOURCE_SLICES, {"fieldSelector": f"spec.driver={driver}"})
         nodes, _ = list_all(self._api, NODES)
         existing = self._group_slices(all_slices)
-        desired, problems = self.desired(all_slices, nodes, existing)
-        result = PassResult(problems=problems)
+        membership, problems = self.membership(all_slices, nodes, existing)
+        desired = self.desired(membership)
+        labelled, label_failures = self.label_nodes(membership, nodes)
+        result = PassResult(problems=problems, labelled=labelled, label_failures=label_failures)
         for p in problems:
             log.warning("UltraServer membership problem", extra={"problem": str(p)[:500]})
         wanted = {d["metadata"]["name"]: d for d in desired}
@@ -377,19 +411,22 @@ class GroupController:
             stop.wait(delay)
 
     def _matters(self, path: str, event: Mapping[str, Any]) -> bool:
-        """Every slice event; of Nodes only those that change a node's readiness or existence (status updates of
-        a thousand nodes would otherwise start a pass every few seconds)."""
+        """Every slice event; of Nodes only those that change a node's readiness, existence or UltraServer labels
+        (status updates of a thousand nodes would otherwise start a pass every few seconds)."""
         if path != NODES:
             return True
         obj = event.get("object") or {}
-        name = str((obj.get("metadata") or {}).get("name", ""))
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
         if event.get("type") == "DELETED":
-            return self._node_ready.pop(name, None) is not None
-        ready = bool(ready_node_names([obj]))
-        if len(self._node_ready) >= MAX_ITEMS and name not in self._node_ready:
+            return self._node_seen.pop(name, None) is not None
+        labels = meta.get("labels")
+        labels = labels if isinstance(labels, Mapping) else {}
+        seen = (bool(ready_node_names([obj])), *(labels.get(k) for k in self._label_keys))
+        if len(self._node_seen) >= MAX_ITEMS and name not in self._node_seen:
             return True
-        changed = self._node_ready.get(name) != ready
-        self._node_ready[name] = ready
+        changed = self._node_seen.get(name) != seen
+        self._node_seen[name] = seen
         return changed
 
     def _next(self, delay: float) -> float:

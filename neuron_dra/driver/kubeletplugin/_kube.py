@@ -76,6 +76,8 @@ from urllib3.exceptions import HTTPError as Urllib3Error  # noqa: E402
 from urllib3.response import BaseHTTPResponse  # noqa: E402
 
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"  # RFC 7386: what KubeApi.merge_patch sends
 DEFAULT_DEADLINE = 10.0  # seconds for one request; kubelet gives a whole prepare 45 s
 CONNECT_TIMEOUT = 3.0
 TOKEN_RELOAD_SECONDS = 60.0
@@ -161,7 +163,7 @@ class ApiClient:
         self._token_lock = threading.Lock()
         self._token = config.token
         self._token_read = 0.0
-        self._headers_by_auth: dict[tuple[str | None, bool], dict[str, str]] = {}
+        self._headers_by_auth: dict[tuple[str | None, str], dict[str, str]] = {}  # (auth, content type or "")
 
     def _authorization(self) -> str | None:
         if self.config.token_file:
@@ -176,20 +178,20 @@ class ApiClient:
                     self._token_read = now
         return f"Bearer {self._token}" if self._token else None
 
-    def _headers(self, with_body: bool) -> dict[str, str]:
+    def _headers(self, with_body: bool, content_type: str = JSON) -> dict[str, str]:
         """The request's header fields, made again only when the token changes (never mutated once made)."""
         try:
             auth = self._authorization()
         except OSError as e:
             raise ApiClientError(f"reading the token file {self.config.token_file}: {e}") from e
-        key = (auth, with_body)
+        key = (auth, content_type if with_body else "")
         headers = self._headers_by_auth.get(key)
         if headers is None:
             headers = {"Accept": "application/json", "User-Agent": "neuron-dra-driver"}
             if auth:
                 headers["Authorization"] = auth
             if with_body:
-                headers["Content-Type"] = "application/json"
+                headers["Content-Type"] = content_type
             if any("\r" in v or "\n" in v for v in headers.values()):
                 raise ApiClientError("refusing to send the request: a CR or LF in a header field (the token?) "
                                      "would change it")
@@ -198,14 +200,14 @@ class ApiClient:
         return headers
 
     def _open(self, method: str, path: str, query: Mapping[str, Any] | None, body: Mapping[str, Any] | None,
-              deadline: Deadline) -> BaseHTTPResponse:
+              deadline: Deadline, content_type: str = JSON) -> BaseHTTPResponse:
         """The answer with its head read (the body not yet); non-2xx raise ApiException."""
         target = self._prefix + path
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         if params:
             target += "?" + urlencode(params)
         payload = None if body is None else json.dumps(body).encode()
-        headers = self._headers(payload is not None)
+        headers = self._headers(payload is not None, content_type)
         try:
             self._bucket.acquire(deadline.at)
         except RateLimited as e:
@@ -283,10 +285,11 @@ class ApiClient:
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                 body: Mapping[str, Any] | None = None, seconds: float | None = None, list_answer: bool = False,
-                ) -> bytes:
-        """The body of a 2xx answer (at most the object or list limit), else ApiException or ApiClientError."""
+                content_type: str = JSON) -> bytes:
+        """The body of a 2xx answer (at most the object or list limit), else ApiException or ApiClientError.
+        `content_type`: the body's (a PATCH names its kind of patch: MERGE_PATCH)."""
         deadline = Deadline.after(self.options.deadline if seconds is None else seconds)
-        resp = self._open(method, path, query, body, deadline)
+        resp = self._open(method, path, query, body, deadline, content_type)
         limits = self.options.limits
         cap, name = (limits.list_bytes, "MAX_LIST_BYTES") if list_answer else (limits.object_bytes,
                                                                                 "MAX_OBJECT_BYTES")
@@ -418,6 +421,12 @@ class KubeApi:
         doc = self.request(method, path, query=query, body=body, seconds=seconds)
         assert isinstance(doc, dict)
         return doc
+
+    def merge_patch(self, path: str, body: Mapping[str, Any], seconds: float | None = None) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386) of the object at `path`: only the fields `body` names change, a null
+        removes one."""
+        data = self._api.request("PATCH", path, body=body, seconds=seconds, content_type=MERGE_PATCH)
+        return _json_object(data, "PATCH", path)
 
     def list(self, path: str, query: Mapping[str, Any] | None = None, seconds: float | None = None) -> dict[str, Any]:
         doc = self.request("GET", path, query=query, seconds=seconds, list_answer=True)

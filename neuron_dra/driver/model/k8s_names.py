@@ -159,6 +159,33 @@ def ultraserver_class_name(driver_name: str) -> str:
     return f"{ULTRASERVER_GROUP}.{driver_name}"
 
 
+# Node labels the group controller sets on each UltraServer member (docs/ultraserver.md §3a): `<driver>/ultraserver`
+# names the node's UltraServer set (whatever its size), `<driver>/ultraserver-pair` the two nodes a 2-node job may
+# span (a 4-node set's half, or a 2-node set whole). A job's pod affinity takes the one of its size as topologyKey.
+ULTRASERVER_LABEL_NAME = ULTRASERVER_GROUP
+ULTRASERVER_PAIR_LABEL_NAME = f"{ULTRASERVER_GROUP}-pair"
+# The pods of one UltraServerJob carry `<driver>/ultraserver-job=<its group key>` (the affinity selects on it).
+ULTRASERVER_JOB_LABEL_NAME = f"{ULTRASERVER_GROUP}-job"
+
+
+def ultraserver_label_keys(driver_name: str) -> tuple[str, str]:
+    """The Node label keys of the driver's UltraServer members: (the whole set's, the 2-node pair's); a driver name
+    is a DNS subdomain of at most 63 characters, so `<driver>/<name>` is always a label key."""
+    return f"{driver_name}/{ULTRASERVER_LABEL_NAME}", f"{driver_name}/{ULTRASERVER_PAIR_LABEL_NAME}"
+
+
+def ultraserver_topology_key(driver_name: str, nodes: int) -> str:
+    """The Node label whose value is shared by exactly the nodes a job of `nodes` pods may span: the pair's for a
+    2-node job (it may take a half of a 4-node set), the whole set's otherwise."""
+    whole, pair = ultraserver_label_keys(driver_name)
+    return pair if nodes == 2 else whole
+
+
+def ultraserver_job_label_key(driver_name: str) -> str:
+    """The pod label naming an UltraServerJob's group (what its pod affinity and anti-affinity select on)."""
+    return f"{driver_name}/{ULTRASERVER_JOB_LABEL_NAME}"
+
+
 def device_class_names(driver_name: str, device_class: str | None = None,
                        core_device_class: str = "") -> DeviceClassNames:
     """The one rule for the DeviceClass names of a driver: the whole-device class is `device_class`, else the

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
-from neuron_dra.driver.model.k8s_names import ULTRASERVER_GROUP
+from neuron_dra.driver.model.k8s_names import ULTRASERVER_GROUP, is_label_value, ultraserver_label_keys
 from neuron_dra.driver.model.slices import MAX_STRING_VALUE, NEURON_NODE
 from neuron_dra.driver.model.taints import unhealthy_taint_key
 
@@ -47,6 +47,9 @@ COUNTERS_PART = "counters"  # the counter slice's name part
 MAX_ID = 200  # characters of a sanitised server id in a pool name (pool names: at most 253)
 _NOT_NAME = re.compile(r"[^a-z0-9.-]+")
 _EDGE = re.compile(r"^[^a-z0-9]+|[^a-z0-9]+$")
+_NOT_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
+_LABEL_EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+LABEL_ID_MAX = 52  # characters of a server id kept in a label value before its hash (52 + 1 + 10 = 63)
 TAINTING_EFFECTS = ("NoSchedule", "NoExecute")
 HOSTNAME_LABEL = "kubernetes.io/hostname"  # kubelet sets it on its Node (the node name unless overridden)
 
@@ -535,3 +538,55 @@ def keep_taint_times(desired: Mapping[str, Any], stored: Mapping[str, Any]) -> N
             when = times.get((d.get("name"), t.get("key"), t.get("value"), t.get("effect")))
             if when:
                 t["timeAdded"] = when
+
+
+# --- the members' Node labels (docs/ultraserver.md §3a) ------------------------------------------------------------
+
+
+def label_value(server_id: str) -> str:
+    """A server id as a label value: itself when it is one; else its label characters (at most LABEL_ID_MAX) and a
+    hash of the original, so two ids never share a value."""
+    if server_id and is_label_value(server_id):
+        return server_id
+    clean = _LABEL_EDGE.sub("", _LABEL_EDGE.sub("", _NOT_LABEL.sub("-", server_id))[:LABEL_ID_MAX])
+    digest = hashlib.sha256(server_id.encode()).hexdigest()[:10]
+    return f"{clean}-{digest}" if clean else digest
+
+
+def node_labels(membership: Membership, driver: str) -> dict[str, dict[str, str]]:
+    """Node name -> the UltraServer labels it should carry: `<driver>/ultraserver` the id of its set (any size),
+    `<driver>/ultraserver-pair` the id of the two nodes a 2-node job may span (its half of a 4-node set, or its
+    2-node set). Every slot's node, present or not (a NotReady member stays a member); nodes of no group, none."""
+    whole_key, pair_key = ultraserver_label_keys(driver)
+    out: dict[str, dict[str, str]] = {}
+    for g in membership.groups:
+        value = label_value(g.server_id)
+        for s in g.slots:
+            labels = out.setdefault(s.node_name, {})
+            if g.half_of is not None:
+                labels[pair_key] = value
+                continue
+            labels[whole_key] = value
+            if g.size == 2:
+                labels[pair_key] = value
+    return out
+
+
+def label_patches(nodes: Iterable[Mapping[str, Any]], desired: Mapping[str, Mapping[str, str]],
+                  driver: str) -> dict[str, dict[str, str | None]]:
+    """Node name -> the merge patch of `metadata.labels` that makes its UltraServer labels what `desired` says (a
+    key to remove: None), for the Nodes that differ only; other labels are never named."""
+    keys = ultraserver_label_keys(driver)
+    out: dict[str, dict[str, str | None]] = {}
+    for n in nodes:
+        meta = n.get("metadata") or {}
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        have = meta.get("labels")
+        have = have if isinstance(have, Mapping) else {}
+        want = desired.get(name, {})
+        patch = {k: want.get(k) for k in keys if have.get(k) != want.get(k)}
+        if patch:
+            out[name] = patch
+    return out

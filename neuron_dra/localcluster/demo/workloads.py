@@ -149,7 +149,7 @@ def pod_manifest(workload: Workload, namespace: str = DEMO_NAMESPACE, image: str
                                  "resources": {"claims": [{"name": c["name"]} for c in claims]}}
     if image is None:
         container["command"] = ["sleep", "infinity"]
-    return {
+    pod: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": workload.pod, "namespace": namespace, "labels": {DEMO_LABEL: "true"},
                      "annotations": {TEMPLATE_ANNOTATION: workload.template.name}},
@@ -160,3 +160,7 @@ def pod_manifest(workload: Workload, namespace: str = DEMO_NAMESPACE, image: str
             "terminationGracePeriodSeconds": 0,
         },
     }
+    if workload.job is not None:  # and its pod side: the job's label and exclusive-topology affinity (§4)
+        pod["metadata"]["labels"].update(workload.job.pod_labels())
+        pod["spec"]["affinity"] = workload.job.affinity()
+    return pod

@@ -37,7 +37,10 @@ def test_rbac_grants_no_more_than_the_controller_calls() -> None:
     rules = deploy_us.cluster_role(UltraServerControllerOptions())["rules"]
     granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert ("resource.k8s.io", "resourceslices", "update") in granted
-    assert not any(v in ("patch", "deletecollection", "*") for _, _, v in granted)
+    # patch only of nodes (their UltraServer labels; the node policy bounds it), nothing else patched
+    assert {(g, r) for g, r, v in granted if v == "patch"} == {("", "nodes")}
+    assert {v for _, r, v in granted if r == "nodes"} == {"list", "watch", "patch"}
+    assert not any(v in ("deletecollection", "*") or r in ("nodes/status", "*") for _, r, v in granted)
     assert not any(r == "resourceclaims" and v != "list" for _, r, v in granted)
     assert not any(r in ("leases", "secrets", "pods") for _, r, _ in granted)  # leases: its namespace only
     role = deploy_us.lease_role(UltraServerControllerOptions())
@@ -51,6 +54,20 @@ def test_the_admission_policy_keeps_the_controller_off_node_slices() -> None:
     assert "!has(oldObject.spec.nodeName)" in validation["expression"]
     assert policy["spec"]["matchConditions"][0]["expression"].endswith(
         '"system:serviceaccount:neuron-dra-driver:neuron-dra-ultraserver"')
+
+
+def test_the_node_policy_names_the_drivers_label_keys_and_is_deployed_with_the_controller() -> None:
+    options = UltraServerControllerOptions(driver_name="neuron.example.com")
+    objs = deploy_us.manifests(options)
+    policies = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {o["spec"]["policyName"] for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert set(policies) == bindings == {options.cluster_name, f"{options.cluster_name}-nodes"}
+    nodes = policies[f"{options.cluster_name}-nodes"]["spec"]
+    assert nodes["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
+    (validation,) = nodes["validations"]
+    # a custom driver name gives its own keys; the default's never appear
+    assert '"neuron.example.com/ultraserver", "neuron.example.com/ultraserver-pair"' in validation["expression"]
+    assert "neuron.aws.com" not in validation["expression"]
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

@@ -21,6 +21,7 @@ from neuron_dra.driver.kubeletplugin.toolkit import RESOURCE_SLICES, ApiExceptio
 from neuron_dra.driver.model import ultraserver as us
 from neuron_dra.driver.model.emulate import EmulationOptions
 from neuron_dra.driver.model.hosts import emulated_host
+from neuron_dra.driver.model.k8s_names import ultraserver_label_keys
 from neuron_dra.driver.model.slices import NodeFacts, build_pool, resource_slices
 from neuron_dra.localcluster.controlplane.plane import ControlPlane
 
@@ -30,6 +31,7 @@ DRIVER = "neuron.aws.com"
 OPTIONS = deploy_us.UltraServerControllerOptions()
 NS = OPTIONS.namespace
 # Names that say nothing about membership: the class-file ids decide.
+WHOLE, PAIR = ultraserver_label_keys(DRIVER)
 FOUR = (("zeta", 2), ("alpha", 0), ("us-b-0", 3), ("mid", 1))
 TWO = (("us-a-0", 0), ("us-a-1", 1))
 
@@ -178,6 +180,49 @@ def test_the_controller_publishes_one_group_per_ultraserver_and_keeps_it_true(ad
     beat_all(admin)
     back = restarted.reconcile()
     assert back.updated == 4 and "taints" not in groups(admin)[four["metadata"]["name"]]["spec"]["devices"][0]
+
+
+def test_members_carry_their_ultraserver_labels_and_the_node_policy_bounds_the_patch(
+        admin: KubeApi, controller_api: KubeApi) -> None:
+    beat_all(admin)
+    controller = GroupController(controller_api, ControllerOptions(DRIVER, shared_counters="auto"))
+    controller.reconcile()  # labels whatever the earlier passes left to do
+    labels = {n: admin.call("GET", f"/api/v1/nodes/{n}")["metadata"].get("labels", {}) for n, _ in (*FOUR, *TWO)}
+    by_members = device_slices(admin)
+    four = by_members["alpha", "mid", "us-b-0", "zeta"]["spec"]["devices"][0]["attributes"]
+    half = by_members["alpha", "mid"]["spec"]["devices"][0]["attributes"]
+    two = by_members["us-a-0", "us-a-1"]["spec"]["devices"][0]["attributes"]
+    for name, _ in FOUR:
+        assert labels[name][WHOLE] == four["ultraserverServerId"]["string"]
+    assert labels["alpha"][PAIR] == labels["mid"][PAIR] == half["ultraserverServerId"]["string"]
+    assert labels["zeta"][PAIR] == labels["us-b-0"][PAIR] != labels["alpha"][PAIR]
+    for name, _ in TWO:
+        assert labels[name][WHOLE] == labels[name][PAIR] == two["ultraserverServerId"]["string"]
+    assert controller.reconcile().labelled == 0  # patched only when something changes
+
+    # The policy: the controller's account may change those labels, nothing else of a Node.
+    path = "/api/v1/nodes/alpha"
+    for refused in ({"metadata": {"labels": {"team": "ml"}}},
+                    {"metadata": {"labels": {us.HOSTNAME_LABEL: "elsewhere"}}},
+                    {"metadata": {"annotations": {"a": "b"}}},
+                    {"metadata": {"labels": {WHOLE: "moved"}, "annotations": {"a": "b"}}},
+                    {"spec": {"unschedulable": True}},
+                    {"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}):
+        with pytest.raises(ApiException) as e:
+            controller_api.merge_patch(path, refused)
+        assert e.value.status == 403 and "may only change the labels" in e.value.body, refused
+    with pytest.raises(ApiException) as e:  # RBAC: no status, no delete, no create
+        controller_api.merge_patch(f"{path}/status", {"status": {"conditions": []}})
+    assert e.value.status == 403
+    with pytest.raises(ApiException) as e:
+        controller_api.call("DELETE", path)
+    assert e.value.status == 403
+    controller_api.merge_patch(path, {"metadata": {"labels": {WHOLE: "moved", PAIR: None}}})
+    after = admin.call("GET", path)["metadata"]["labels"]
+    assert after[WHOLE] == "moved" and PAIR not in after
+    admin.merge_patch(path, {"metadata": {"annotations": {"a": "b"}}})  # others are not bound by it
+    fixed = controller.reconcile()  # a wrong value is corrected, a missing one restored
+    assert fixed.labelled == 1 and admin.call("GET", path)["metadata"]["labels"] == labels["alpha"]
 
 
 def test_the_admission_policy_keeps_the_controller_off_node_slices(admin: KubeApi, controller_api: KubeApi) -> None:

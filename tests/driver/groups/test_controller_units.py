@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import logging
 from typing import Any, cast
 
 import pytest
@@ -89,3 +91,94 @@ def test_with_shared_counters_off_the_controller_never_probes_and_publishes_one_
     api = _Answers({"spec": {"sharedCounters": [{"name": "members"}]}})
     controller = GroupController(cast(KubeApi, api), ControllerOptions(DRIVER, shared_counters="off"))
     assert controller.reconcile().writes == 0 and controller.counters_served is False and api.calls == []
+
+
+class _Cluster:
+    """A stand-in for the API server's lists and writes, enough for whole passes (the real server, the real
+    patch and the node policy: test_controller_apiserver.py): Nodes and slices served from memory, merge patches
+    applied to the stored Node's labels, or refused while `refuse` is set."""
+
+    def __init__(self, slices: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> None:
+        self.slices, self.nodes = slices, {n["metadata"]["name"]: n for n in nodes}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.refuse: Exception | None = None
+
+    def list(self, path: str, query: Any = None) -> dict[str, Any]:
+        items = list(self.nodes.values()) if path == "/api/v1/nodes" else self.slices
+        return {"items": copy.deepcopy(items), "metadata": {"resourceVersion": "1"}}
+
+    def call(self, method: str, path: str, *, query: Any = None, body: Any = None) -> dict[str, Any]:
+        if method == "POST" and body and body.get("kind") == "ResourceSlice":
+            self.slices.append(body)
+        return copy.deepcopy(body) if body else {}
+
+    def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append((path, body))
+        if self.refuse is not None:
+            raise self.refuse
+        node = self.nodes[path.rsplit("/", 1)[1]]
+        labels = node["metadata"].setdefault("labels", {})
+        for k, v in body["metadata"]["labels"].items():
+            if v is None:
+                labels.pop(k, None)
+            else:
+                labels[k] = v
+        return node
+
+
+def test_members_are_labelled_once_corrected_and_unlabelled_and_a_refused_patch_is_one_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from neuron_dra.driver.kubeletplugin.toolkit import ApiException
+    from neuron_dra.driver.model.k8s_names import ultraserver_label_keys
+    from tests.driver.model.test_ultraserver import cluster
+
+    whole, pair = ultraserver_label_keys(DRIVER)
+    names = ("zeta", "alpha", "us-b-0", "mid", "us-a-0", "us-a-1", "plain")
+    nodes = [node(n, "True") for n in names]
+    nodes[-1]["metadata"]["labels"] = {whole: "stale", "team": "ml"}  # not a member: its stale label goes
+    api = _Cluster(cluster(), nodes)
+    controller = GroupController(cast(KubeApi, api), ControllerOptions(DRIVER))
+    first = controller.reconcile()
+    assert (first.labelled, first.label_failures) == (7, 0)
+    labels = {n: api.nodes[n]["metadata"].get("labels", {}) for n in names}
+    assert labels["plain"] == {"team": "ml"}
+    assert len({labels[n][whole] for n in ("zeta", "alpha", "us-b-0", "mid")}) == 1
+    assert labels["us-a-0"] == labels["us-a-1"] and labels["us-a-0"][pair] == labels["us-a-0"][whole]
+    # every patch names the two keys only, under metadata.labels
+    assert all(set(b) == {"metadata"} and set(b["metadata"]) == {"labels"} and set(b["metadata"]["labels"]) <=
+               {whole, pair} for _, b in api.patches)
+
+    # nothing changed: nothing patched, by this controller or a restarted one (a new leader)
+    api.patches.clear()
+    assert controller.reconcile().labelled == 0
+    assert GroupController(cast(KubeApi, api), ControllerOptions(DRIVER)).reconcile().labelled == 0
+    assert api.patches == []
+
+    # someone writes a wrong value: corrected, that node only
+    api.nodes["mid"]["metadata"]["labels"][whole] = "wrong"
+    assert controller.reconcile().labelled == 1 and [p for p, _ in api.patches] == ["/api/v1/nodes/mid"]
+
+    # refused (an old ClusterRole without patch): the pass goes on, one warning while it lasts
+    api.nodes["mid"]["metadata"]["labels"][whole] = "wrong"
+    api.refuse = ApiException(403, "Forbidden", "{}")
+    caplog.set_level(logging.WARNING)
+    results = [controller.reconcile() for _ in range(3)]
+    assert [(r.labelled, r.label_failures) for r in results] == [(0, 1)] * 3
+    warned = [r for r in caplog.records if "could not label" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].__dict__["first"] == "mid"
+    api.refuse = None
+    assert controller.reconcile().labelled == 1 and api.nodes["mid"]["metadata"]["labels"][whole] != "wrong"
+
+
+def test_a_node_event_that_changes_an_ultraserver_label_starts_a_pass() -> None:
+    from neuron_dra.driver.model.k8s_names import ultraserver_label_keys
+
+    whole, _ = ultraserver_label_keys(DRIVER)
+    c = GroupController(cast(KubeApi, None), ControllerOptions(DRIVER))
+    labelled = node("a", "True")
+    labelled["metadata"]["labels"] = {whole: "us-1", "other": "x"}
+    other = copy.deepcopy(labelled)
+    other["metadata"]["labels"]["other"] = "y"
+    seen = [c._matters("/api/v1/nodes", {"type": "MODIFIED", "object": o})
+            for o in (node("a", "True"), labelled, other)]
+    assert seen == [True, True, False]  # other labels are not the controller's business

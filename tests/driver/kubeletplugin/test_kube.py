@@ -59,6 +59,21 @@ def test_the_request_on_the_wire(server: FakeApiServer) -> None:
     assert (post.headers["content-type"], post.headers["content-length"]) == ("application/json", "10")
 
 
+def test_a_merge_patch_names_its_content_type_and_other_bodies_stay_json(server: FakeApiServer) -> None:
+    def echo(seen: Seen, reply: Reply) -> bool:
+        reply.write(ok_json({"echo": seen.body.decode()}))
+        return True
+
+    server.script = echo
+    client = api(server)
+    patch = {"metadata": {"labels": {"k": None}}}
+    assert client.merge_patch("/api/v1/nodes/n1", patch) == {"echo": json.dumps(patch)}
+    client.call("PUT", "/api/v1/nodes/n1", body={"k": "v"})  # the header cache keeps the two apart
+    (patched, put) = server.seen
+    assert (patched.method, patched.headers["content-type"]) == ("PATCH", "application/merge-patch+json")
+    assert (put.method, put.headers["content-type"]) == ("PUT", "application/json")
+
+
 def test_connections_are_pooled_and_shared_by_threads(server: FakeApiServer) -> None:
     client = api(server)
     client.call("GET", "/a")

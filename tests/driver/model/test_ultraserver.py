@@ -268,3 +268,55 @@ def test_with_shared_counters_a_whole_and_its_halves_are_one_pool_that_consumes_
     tainted = {s["spec"]["devices"][0]["name"] for s in us.desired_slices(again, DRIVER, counters=True)
                if s["spec"].get("devices") and s["spec"]["devices"][0].get("taints")}
     assert tainted == {us.WHOLE_DEVICE, f"{us.HALF_DEVICE}-1"}
+
+
+# --- the members' Node labels ---------------------------------------------------------------------------------------
+
+WHOLE, PAIR = k8s_names.ultraserver_label_keys(DRIVER)
+
+
+def test_members_are_labelled_with_their_sets_id_and_their_pairs_id_and_nothing_else_is() -> None:
+    m = membership(cluster())
+    labels = us.node_labels(m, DRIVER)
+    four = next(g for g in m.groups if g.size == 4)
+    halves = {s.node_name: g.server_id for g in m.groups if g.half_of for s in g.slots}
+    two = next(g for g in m.groups if g.size == 2 and g.half_of is None)
+    assert set(labels) == {"alpha", "mid", "zeta", "us-b-0", "us-a-0", "us-a-1"}  # not the plain trn2 node
+    for name in ("alpha", "mid", "zeta", "us-b-0"):
+        assert labels[name] == {WHOLE: four.server_id, PAIR: halves[name]}
+    # the halves split the set by node id (alpha 0, mid 1 | zeta 2, us-b-0 3): two values, two nodes each
+    assert labels["alpha"][PAIR] == labels["mid"][PAIR] != labels["zeta"][PAIR] == labels["us-b-0"][PAIR]
+    # a 2-node set: its pair is the set itself (a 2-node job's topology either way)
+    assert labels["us-a-0"] == labels["us-a-1"] == {WHOLE: two.server_id, PAIR: two.server_id}
+    for values in labels.values():
+        assert all(k8s_names.is_label_key(k) and k8s_names.is_label_value(v) for k, v in values.items())
+
+
+def test_a_one_node_set_has_its_own_whole_label_and_no_pair() -> None:
+    facts, _ = us.member_facts(node_slices("b", "us-f", 3, mode=1), DRIVER)
+    labels = us.node_labels(us.group_ultraservers(facts), DRIVER)
+    assert list(labels["b"]) == [WHOLE]
+
+
+def test_label_patches_name_only_nodes_that_differ_and_only_the_ultraserver_keys() -> None:
+    want = {"a": {WHOLE: "us-1", PAIR: "us-1-0"}, "b": {WHOLE: "us-1", PAIR: "us-1-0"}}
+    nodes: list[dict[str, Any]] = [
+        {"metadata": {"name": "a", "labels": {WHOLE: "us-1", PAIR: "us-1-0", "team": "x"}}},  # right: untouched
+        {"metadata": {"name": "b", "labels": {WHOLE: "us-9", "team": "x"}}},  # wrong value, pair missing
+        {"metadata": {"name": "c", "labels": {WHOLE: "us-1", PAIR: "p"}}},  # no longer a member: removed
+        {"metadata": {"name": "d"}},  # never a member: nothing
+        {"metadata": {"name": "e", "labels": "not a map"}},  # malformed: treated as none
+    ]
+    assert us.label_patches(nodes, want, DRIVER) == {"b": {WHOLE: "us-1", PAIR: "us-1-0"},
+                                                    "c": {WHOLE: None, PAIR: None}}
+    # a custom driver name has its own keys: the default's labels are not its business
+    other = k8s_names.ultraserver_label_keys("neuron.example.com")
+    assert other == ("neuron.example.com/ultraserver", "neuron.example.com/ultraserver-pair")
+    assert us.label_patches(nodes[:1], {}, "neuron.example.com") == {}
+
+
+@pytest.mark.parametrize("server_id", ["us4-0a1b", "Has Spaces/and:colons", "-edge-", "x" * 80, "é"])
+def test_server_ids_become_label_values_without_collisions(server_id: str) -> None:
+    value = us.label_value(server_id)
+    assert k8s_names.is_label_value(value) and value
+    assert value == server_id if k8s_names.is_label_value(server_id) else value != us.label_value(server_id + "!")
