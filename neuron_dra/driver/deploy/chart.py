@@ -43,8 +43,8 @@ from neuron_dra.driver.deploy import (
     Manifest,
     Resources,
     manifests,
+    ultraserver,
 )
-from neuron_dra.driver.deploy import ultraserver
 from neuron_dra.driver.deploy.options import _QUANTITY  # the options' own quantity check of resources
 from neuron_dra.driver.model.catalog import BUILTIN
 from neuron_dra.driver.model.k8s_names import (  # the checks' own patterns

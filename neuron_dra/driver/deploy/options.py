@@ -51,6 +51,8 @@ DEFAULT_NAMESPACE = "neuron-dra-driver"
 DEFAULT_SERVICE_ACCOUNT = "neuron-dra-driver-sa"
 DEFAULT_DAEMONSET = "neuron-dra-driver-kubelet-plugin"
 DEFAULT_HOST_ROOT = "/host"
+# The UltraServer group controller's Deployment, ServiceAccount and Lease (deploy/ultraserver.py DEFAULT_NAME).
+ULTRASERVER_CONTROLLER_NAME = "neuron-dra-ultraserver"
 # The image this repository's release workflow publishes (.github/workflows/release-image.yml; multi-arch, SBOM,
 # cosign keyless signature), tagged with the package version: the default of renders outside Pulumi. The Pulumi
 # components build and push their own image unless given one (components/driver_image.py).
@@ -341,12 +343,10 @@ class DriverDeployOptions(BaseModel):
 
     def _check_ultraserver_names(self) -> None:
         """The controller's objects (deploy/ultraserver.py) beside the driver's: no name in common."""
-        from neuron_dra.driver.deploy import ultraserver  # it imports this module
-
-        if self.service_account == ultraserver.DEFAULT_NAME:
+        if self.service_account == ULTRASERVER_CONTROLLER_NAME:
             raise DeployOptionError("service_account", self.service_account,
-                                    f"a name other than the UltraServer controller's ({ultraserver.DEFAULT_NAME}) "
-                                    "with ultraserver_groups")
+                                    f"a name other than the UltraServer controller's ({ULTRASERVER_CONTROLLER_NAME})"
+                                    " with ultraserver_groups")
         group_class = ultraserver_class_name(self.driver_name)
         for option in ("device_class_name", "core_device_class_name"):
             if getattr(self, option) == group_class:

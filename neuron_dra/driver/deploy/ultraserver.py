@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_dra.driver.deploy.options import DEFAULT_IMAGE, DriverDeployOptions
+from neuron_dra.driver.deploy.options import DEFAULT_IMAGE, ULTRASERVER_CONTROLLER_NAME, DriverDeployOptions
 from neuron_dra.driver.model.k8s_names import (
     DEFAULT_DRIVER_NAME,
     TAINT_EFFECTS,
@@ -34,7 +34,7 @@ from neuron_dra.driver.model.k8s_names import (
 from neuron_dra.driver.model.ultraserver import POOL_PREFIX
 
 Manifest = dict[str, Any]
-DEFAULT_NAME = "neuron-dra-ultraserver"
+DEFAULT_NAME = ULTRASERVER_CONTROLLER_NAME
 DEFAULT_NAMESPACE = "neuron-dra-driver"
 COMPONENT = "ultraserver-controller"
 POD_LABELS = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": COMPONENT}

@@ -121,5 +121,5 @@ def test_driver_options_refuse_a_controller_that_cannot_work_naming_the_field(kw
 
 
 def test_labels_are_checked_when_given_directly() -> None:
-    with pytest.raises(ValueError, match="UltraServerControllerOptions.labels"):
+    with pytest.raises(ValueError, match=r"UltraServerControllerOptions\.labels"):
         UltraServerControllerOptions(labels={"bad key!": "x"})
