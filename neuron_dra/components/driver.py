@@ -91,6 +91,11 @@ class NeuronDraDriverArgs:
             raise SettingError("NeuronDraDriverArgs.force_delete_repository", self.force_delete_repository,
                                "true or false")
         check_rollout_timeout("NeuronDraDriverArgs.rollout_timeout_seconds", self.rollout_timeout_seconds)
+        if self.options.ultraserver_groups:
+            # The controller's Deployment runs the driver's image Output, and its objects keep their own resource
+            # names: it is UltraServerGroups' to create, never a second time here.
+            raise SettingError("NeuronDraDriverArgs.options.ultraserver_groups", True,
+                               "false: create the UltraServer controller with UltraServerGroups(driver=...)")
         if self.kubernetes_version is not None:
             parse_kubernetes_version("NeuronDraDriverArgs.kubernetes_version", self.kubernetes_version)
             if self.cluster is not None and self.kubernetes_version != self.cluster.kubernetes_version:

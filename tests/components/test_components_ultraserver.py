@@ -163,3 +163,11 @@ def test_the_driver_must_be_a_driver_component() -> None:
     with pytest.raises(SettingError) as e:
         UltraServerGroupsArgs(driver="neuron.aws.com")  # type: ignore[arg-type]
     assert e.value.field == "UltraServerGroupsArgs.driver"
+
+
+def test_the_driver_component_leaves_the_controller_to_ultraserver_groups() -> None:
+    """deploy.manifests() renders the controller with ultraserver_groups (the Helm chart's value); the driver
+    component refuses it, so a stack never creates the controller twice (UltraServerGroups creates it)."""
+    with pytest.raises(SettingError) as e:
+        NeuronDraDriverArgs(options=DriverDeployOptions(ultraserver_groups=True), image=IMAGE)
+    assert e.value.field == "NeuronDraDriverArgs.options.ultraserver_groups" and "UltraServerGroups" in e.value.allowed

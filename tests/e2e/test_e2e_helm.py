@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client, config, dynamic, watch
 from kubernetes.dynamic.exceptions import NotFoundError
 
-from neuron_dra.driver.deploy import Manifest, manifests, object_key
+from neuron_dra.driver.deploy import Manifest, manifests, object_key, ultraserver
 from neuron_dra.driver.deploy.chart import default_values, options_from_values, write_chart
 from neuron_dra.localcluster.build import DEFAULT_MINOR
 from neuron_dra.localcluster.cluster import LocalCluster
@@ -186,12 +186,33 @@ def running(core: client.CoreV1Api, ns: str, pod: str) -> dict[str, Any] | None:
     return p if p["status"].get("phase") == "Running" else None
 
 
+def controller_holds_its_lease(kapi: client.ApiClient, namespace: str) -> bool:
+    """The UltraServer controller's Deployment is Available and its Lease is held by one of its Running pods."""
+    apps, core = client.AppsV1Api(kapi), client.CoreV1Api(kapi)
+    deployment = raw(apps.read_namespaced_deployment(ultraserver.DEFAULT_NAME, namespace, _preload_content=False))
+    if not any(c["type"] == "Available" and c["status"] == "True"
+               for c in deployment.get("status", {}).get("conditions", [])):
+        return False
+    selector = ",".join(f"{k}={v}" for k, v in ultraserver.POD_LABELS.items())
+    pods = raw(core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False))["items"]
+    running_pods = {p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"}
+    try:
+        lease = raw(client.CoordinationV1Api(kapi).read_namespaced_lease(ultraserver.DEFAULT_NAME, namespace,
+                                                                         _preload_content=False))
+    except client.ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return lease.get("spec", {}).get("holderIdentity") in running_pods
+
+
 def test_helm_install_upgrade_uninstall_keeps_the_driver_registered(bare: LocalCluster, kapi: client.ApiClient,
                                                                    helm: Path, tmp_path: Path) -> None:
     """Install registers the driver on both nodes and a claim pod runs; an upgrade to a changed value rolls the
     DaemonSet with the surge hand-over (kubelet registers the new instance beside the old one, never has none
-    after the first, and no node's slices are ever all gone), the claim pod keeps running and a new one runs;
-    uninstall leaves none of the chart's objects (cluster-scoped ones included) and withdraws the slices."""
+    after the first, and no node's slices are ever all gone), the claim pod keeps running and a new one runs; the
+    same upgrade turns the UltraServer group controller on (ultraserverGroups), whose pod runs and takes its
+    Lease; uninstall leaves none of the chart's objects (cluster-scoped ones included) and withdraws the slices."""
     core, res = client.CoreV1Api(kapi), client.ResourceV1Api(kapi)
     images = json.loads((bare.dir / "images.json").read_text())
     chart = write_chart(tmp_path / "chart", GENERATION)
@@ -229,11 +250,22 @@ def test_helm_install_upgrade_uninstall_keeps_the_driver_registered(bare: LocalC
         core.create_namespaced_pod(ns, claim_pod("before", images["workload"], TRN2))  # type: ignore[arg-type]
         before = eventually(lambda: running(core, ns, "before"), 180, what="the claim pod Running")
 
-        # The upgrade: a changed value that changes the driver's pod template (a rollout on every node).
-        values_file.write_text(json.dumps({**values, "kubeApiQps": 6}))
+        # The upgrade: a changed value that changes the driver's pod template (a rollout on every node), and the
+        # UltraServer group controller turned on (its objects appear beside the driver's).
+        values_file.write_text(json.dumps({**values, "kubeApiQps": 6, "ultraserverGroups": True}))
         proc = run_helm(helm, "upgrade", RELEASE, chart, *kube, "--values", values_file)
         assert proc.returncode == 0, proc.stderr
-        upgraded = manifests(options.replace(kube_api_qps=6.0))
+        upgraded_options = options.replace(kube_api_qps=6.0, ultraserver_groups=True)
+        upgraded = manifests(upgraded_options)
+        controller = ultraserver.manifests(ultraserver.spec_for(upgraded_options))
+        for obj in controller:
+            got = live(kapi, obj)
+            assert got is not None, object_key(obj)
+            assert got["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE, object_key(obj)
+        assert [o["metadata"]["name"] for o in controller if o["kind"] == "DeviceClass"] == [f"ultraserver.{DRIVER}"]
+        # Its pod (the driver's image, on the pod network: the in-cluster API address) runs and takes its Lease.
+        eventually(lambda: controller_holds_its_lease(kapi, options.namespace), 300, 0.5,
+                   what="the UltraServer controller's Deployment available, its pod holding the Lease")
         new_args = next(o for o in upgraded if o["kind"] == "DaemonSet")["spec"]["template"]["spec"][
             "containers"][0]["args"]
         assert new_args != args and "--kube-api-qps" in new_args
@@ -259,7 +291,8 @@ def test_helm_install_upgrade_uninstall_keeps_the_driver_registered(bare: LocalC
         assert proc.returncode == 0, proc.stderr
         assert [object_key(o) for o in upgraded if live(kapi, o) is not None] == []
         assert {o["kind"] for o in upgraded} >= {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
-                                                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+                                                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                                                 "Deployment", "Role", "RoleBinding"}
         slices.wait(lambda s: not any(s.values()), 120, "the slices withdrawn")
         assert res.list_resource_slice(field_selector=f"spec.driver={DRIVER}").items == []
         for node in (TRN1, TRN2):

@@ -43,6 +43,7 @@ from neuron_dra.driver.deploy import (
     Manifest,
     Resources,
     manifests,
+    ultraserver,
 )
 from neuron_dra.driver.deploy.options import _QUANTITY  # the options' own quantity check of resources
 from neuron_dra.driver.model.catalog import BUILTIN
@@ -74,7 +75,7 @@ TEMPLATED: Mapping[str, str] = {
         "plugins_dir", "registry_dir", "cdi_root", "host_root", "host_paths_root", "healthcheck_port",
         "metrics_port", "metrics_service", "pod_monitor", "neuron_monitor", "instance_types", "priority_class_name",
         "labels", "pod_monitor_labels", "unhealthy_taint_effect", "max_surge", "max_unavailable", "resources",
-        "kube_api_qps", "kube_api_burst", "kube_api_timeout",
+        "kube_api_qps", "kube_api_burst", "kube_api_timeout", "ultraserver_groups", "ultraserver_shared_counters",
     )
 }
 # The fields of `resources` (a mapping value: resources.cpuRequest, ...).
@@ -92,7 +93,7 @@ _DERIVED = {"namespace": "neuron-dra.namespace", "device_class_name": "neuron-dr
 _STRINGS = ("image", "image_pull_policy", "driver_name", "device_class_name", "core_device_class_name",
             "extended_resource_name", "core_extended_resource_name", "namespace", "service_account",
             "daemonset_name", "plugins_dir", "registry_dir", "cdi_root", "host_root", "host_paths_root",
-            "priority_class_name", "unhealthy_taint_effect")
+            "priority_class_name", "unhealthy_taint_effect", "ultraserver_shared_counters")
 # The paths as they appear in the objects: without a trailing "/" (the chart's schema refuses one, so the value
 # is used as is), except host_paths_root, whose "/" is the empty prefix of the node's paths.
 _EXPRESSIONS = {"host_paths_root": '(trimSuffix "/" .Values.hostPathsRoot)'}
@@ -104,6 +105,7 @@ _TOGGLES: tuple[tuple[str, Any, str], ...] = (
     ("metrics_service", False, ".Values.metricsService"),
     ("pod_monitor", False, ".Values.podMonitor"),
     ("neuron_monitor", False, ".Values.neuronMonitor"),
+    ("ultraserver_groups", False, ".Values.ultraserverGroups"),
     ("extended_resource_name", None, ".Values.extendedResourceName"),
     ("core_extended_resource_name", None, ".Values.coreExtendedResourceName"),
     ("resources.memory_limit", None, ".Values.resources.memoryLimit"),
@@ -172,7 +174,7 @@ def _sentinel_options(fixed: Mapping[str, Any], **off: Any) -> DriverDeployOptio
     options = DriverDeployOptions()
     values: dict[str, Any] = {f: f"@@{f}@@" for f in _STRINGS}
     values.update(_INT_SENTINELS)
-    values.update(metrics_service=True, pod_monitor=True, neuron_monitor=True,
+    values.update(metrics_service=True, pod_monitor=True, neuron_monitor=True, ultraserver_groups=True,
                   labels={_LABELS_SENTINEL: _LABELS_SENTINEL},
                   pod_monitor_labels={_POD_MONITOR_LABELS_SENTINEL: _POD_MONITOR_LABELS_SENTINEL},
                   instance_types=(_INSTANCE_TYPES_SENTINEL,))
@@ -428,6 +430,8 @@ def values_schema() -> dict[str, Any]:
              "then": {"properties": {"metricsPort": {"minimum": 1}}, "required": ["metricsPort"]}},
             {"if": {"properties": {"maxSurge": {"const": 0}}, "required": ["maxSurge"]},
              "then": {"properties": {"maxUnavailable": {"minimum": 1}}}},
+            {"if": {"properties": {"ultraserverGroups": {"const": True}}, "required": ["ultraserverGroups"]},
+             "then": {"properties": {"serviceAccount": {"not": {"const": ultraserver.DEFAULT_NAME}}}}},
         ],
     }
 

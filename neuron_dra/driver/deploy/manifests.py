@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_dra.driver.deploy import admission, exporter, monitoring
+from neuron_dra.driver.deploy import admission, exporter, monitoring, ultraserver
 from neuron_dra.driver.deploy.options import DriverDeployOptions, Manifest
 from neuron_dra.driver.model.k8s_names import (
     CATALOG_ENV,
@@ -490,6 +490,9 @@ def manifests(options: DriverDeployOptions | None = None) -> list[Manifest]:
         daemonset(options),
         # After the driver's: a caller looking for "the DaemonSet" finds the driver's first.
         *(exporter.manifests(exporter.spec_for(options)) if options.runs_neuron_monitor else []),
+        # The UltraServer group controller, rendered by its own module (the Pulumi components create it with
+        # UltraServerGroups and leave this off).
+        *(ultraserver.manifests(ultraserver.spec_for(options)) if options.ultraserver_groups else []),
     ]
 
 

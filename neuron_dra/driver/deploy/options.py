@@ -41,6 +41,7 @@ from neuron_dra.driver.model.k8s_names import (
     device_class_names,
     is_label_key,
     is_label_value,
+    ultraserver_class_name,
 )
 from neuron_dra.driver.model.version import VERSION
 
@@ -50,6 +51,8 @@ DEFAULT_NAMESPACE = "neuron-dra-driver"
 DEFAULT_SERVICE_ACCOUNT = "neuron-dra-driver-sa"
 DEFAULT_DAEMONSET = "neuron-dra-driver-kubelet-plugin"
 DEFAULT_HOST_ROOT = "/host"
+# The UltraServer group controller's Deployment, ServiceAccount and Lease (deploy/ultraserver.py DEFAULT_NAME).
+ULTRASERVER_CONTROLLER_NAME = "neuron-dra-ultraserver"
 # The image this repository's release workflow publishes (.github/workflows/release-image.yml; multi-arch, SBOM,
 # cosign keyless signature), tagged with the package version: the default of renders outside Pulumi. The Pulumi
 # components build and push their own image unless given one (components/driver_image.py).
@@ -86,6 +89,7 @@ _ALLOWED = {
     "kube_api_qps": "a number from 0.1 to 1000", "kube_api_burst": "a whole number from 1 to 1000",
     "kube_api_timeout": "a number from 0.5 to 40", "max_surge": _ROLLOUT, "max_unavailable": _ROLLOUT,
     "core_partitions": ", ".join(CORE_PARTITION_MODES), "unhealthy_taint_effect": ", ".join(TAINT_EFFECTS),
+    "ultraserver_groups": _FLAG, "ultraserver_shared_counters": "auto, off",
 }
 
 
@@ -276,6 +280,15 @@ class DriverDeployOptions(BaseModel):
     # the cluster's minor has the scheduler's counter fix, 1.37+; `publishes_cores`). Without them there is no
     # NeuronCore DeviceClass: a pod asking for one could never be scheduled.
     core_partitions: Annotated[str, _must(CORE_PARTITION_MODES.__contains__)] = "auto"
+    # The UltraServer group controller beside the driver (deploy/ultraserver.py, docs/ultraserver.md §3): its
+    # Deployment (the driver's image), ServiceAccount, RBAC, Lease Role, the two admission policies that keep it
+    # to group slices and its members' labels, and the group DeviceClass `ultraserver.<driver name>`. Off by
+    # default: only a cluster with UltraServer capacity (trn2u, trn3p) has groups to publish. The Pulumi
+    # components leave it off and create the controller with UltraServerGroups (components/ultraserver.py).
+    ultraserver_groups: _Flag = False
+    # The controller's --shared-counters (UltraServerControllerOptions.shared_counters): off by default, since on
+    # 1.36 counter slices cost every DRA pod's scheduling (docs/ultraserver.md §2a).
+    ultraserver_shared_counters: Literal["auto", "off"] = "off"
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -314,6 +327,8 @@ class DriverDeployOptions(BaseModel):
         if self.max_surge == 0 and self.max_unavailable == 0:
             raise DeployOptionError("max_unavailable", self.max_unavailable,
                                     "at least 1 when max_surge is 0 (the rollout could never start)")
+        if self.ultraserver_groups:
+            self._check_ultraserver_names()
         if not self.instance_types:
             raise DeployOptionError("instance_types", self.instance_types, "at least one Neuron instance type")
         hardware = self.hardware  # a bad catalog file is refused here, naming its key path
@@ -325,6 +340,18 @@ class DriverDeployOptions(BaseModel):
             if q is not None and not _QUANTITY.match(q):
                 raise DeployOptionError(f"resources.{opt}", q, "a Kubernetes quantity such as 10m or 128Mi")
         return self
+
+    def _check_ultraserver_names(self) -> None:
+        """The controller's objects (deploy/ultraserver.py) beside the driver's: no name in common."""
+        if self.service_account == ULTRASERVER_CONTROLLER_NAME:
+            raise DeployOptionError("service_account", self.service_account,
+                                    f"a name other than the UltraServer controller's ({ULTRASERVER_CONTROLLER_NAME})"
+                                    " with ultraserver_groups")
+        group_class = ultraserver_class_name(self.driver_name)
+        for option in ("device_class_name", "core_device_class_name"):
+            if getattr(self, option) == group_class:
+                raise DeployOptionError(option, group_class, "a name other than the UltraServer group DeviceClass "
+                                        f"({group_class}) with ultraserver_groups")
 
     def serves(self, feature: str) -> bool:
         """Whether the cluster's Kubernetes minor serves `feature` (a KUBERNETES_FEATURES key)."""

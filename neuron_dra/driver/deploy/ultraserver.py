@@ -13,16 +13,19 @@ but those labels (the old and new Node compared with the keys left out).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_dra.driver.deploy.options import DEFAULT_IMAGE
+from neuron_dra.driver.deploy.options import DEFAULT_IMAGE, ULTRASERVER_CONTROLLER_NAME, DriverDeployOptions
 from neuron_dra.driver.model.k8s_names import (
     DEFAULT_DRIVER_NAME,
     TAINT_EFFECTS,
     check_dns_label,
     check_driver_name,
     device_class_manifest,
+    is_label_key,
+    is_label_value,
     neuron_toleration,
     ultraserver_class_name,
     ultraserver_class_selector,
@@ -31,7 +34,7 @@ from neuron_dra.driver.model.k8s_names import (
 from neuron_dra.driver.model.ultraserver import POOL_PREFIX
 
 Manifest = dict[str, Any]
-DEFAULT_NAME = "neuron-dra-ultraserver"
+DEFAULT_NAME = ULTRASERVER_CONTROLLER_NAME
 DEFAULT_NAMESPACE = "neuron-dra-driver"
 COMPONENT = "ultraserver-controller"
 POD_LABELS = {"app.kubernetes.io/name": "neuron-dra-driver", "app.kubernetes.io/component": COMPONENT}
@@ -51,6 +54,9 @@ class UltraServerControllerOptions:
     # auto | off: the controller's --shared-counters. Off by default: on 1.36 each counter slice costs every DRA
     # pod's scheduling a scan of all slices, a cost that grows faster than the cluster (docs/ultraserver.md §2a, §8).
     shared_counters: str = "off"
+    # Added to every object's labels (not to the pod selector): the driver's `labels` where deploy.manifests()
+    # renders the controller beside the driver.
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_driver_name("UltraServerControllerOptions.driver_name", self.driver_name)
@@ -68,6 +74,10 @@ class UltraServerControllerOptions:
         if not 1 <= self.resync_seconds <= 3600:
             raise ValueError(f"UltraServerControllerOptions.resync_seconds: {self.resync_seconds!r} is not allowed; "
                              "allowed: 1 to 3600")
+        for k, v in self.labels.items():
+            if not is_label_key(k) or not is_label_value(v):
+                raise ValueError(f"UltraServerControllerOptions.labels: {k}={v} is not allowed; allowed: label "
+                                 "keys and values")
 
     @property
     def cluster_name(self) -> str:
@@ -79,8 +89,25 @@ class UltraServerControllerOptions:
         return f"system:serviceaccount:{self.namespace}:{self.name}"
 
 
+def spec_for(options: DriverDeployOptions) -> UltraServerControllerOptions:
+    """The controller beside the driver (deploy.manifests with `ultraserver_groups`): the driver's name, namespace,
+    image and labels, and `ultraserver_shared_counters`; the rest at its defaults. Those values are not checked
+    again: DriverDeployOptions checked each by the same rules (one validation per fact; a test builds the same
+    options checked and compares), and the chart's generator renders them as placeholders (deploy/chart.py)."""
+    spec = UltraServerControllerOptions()
+    for name, value in (("driver_name", options.driver_name), ("namespace", options.namespace),
+                        ("image", options.image), ("labels", dict(options.labels)),
+                        ("shared_counters", options.ultraserver_shared_counters)):
+        object.__setattr__(spec, name, value)
+    return spec
+
+
+def _labels(o: UltraServerControllerOptions) -> dict[str, str]:
+    return {**POD_LABELS, **o.labels}
+
+
 def _meta(o: UltraServerControllerOptions, name: str, namespaced: bool) -> Manifest:
-    meta: Manifest = {"name": name, "labels": dict(POD_LABELS)}
+    meta: Manifest = {"name": name, "labels": _labels(o)}
     if namespaced:
         meta["namespace"] = o.namespace
     return meta
@@ -217,7 +244,7 @@ def node_admission_policy_binding(o: UltraServerControllerOptions) -> Manifest:
 
 def group_device_class(o: UltraServerControllerOptions) -> Manifest:
     return device_class_manifest(ultraserver_class_name(o.driver_name), o.driver_name,
-                                 expression=ultraserver_class_selector(o.driver_name), labels=POD_LABELS)
+                                 expression=ultraserver_class_selector(o.driver_name), labels=_labels(o))
 
 
 def controller_args(o: UltraServerControllerOptions) -> list[str]:

@@ -55,6 +55,9 @@ def test_chart_minor_is_the_default_stacks() -> None:
     ({"kubeApiQps": 0}, "kubeApiQps"),
     ({"namespace": "a.b"}, "namespace"),
     ({"podMonitor": True, "metricsPort": 0}, "metricsPort"),
+    ({"ultraserverGroups": "yes"}, "ultraserverGroups"),
+    ({"ultraserverSharedCounters": "on"}, "ultraserverSharedCounters"),
+    ({"ultraserverGroups": True, "serviceAccount": "neuron-dra-ultraserver"}, "serviceAccount"),
 ])
 def test_schema_refuses_a_bad_value_naming_it(values: dict[str, Any], named: str) -> None:
     errors = _schema_errors({**default_values(), **values})
@@ -98,6 +101,11 @@ VALUE_SETS: list[dict[str, Any]] = [
     {"resources": {"cpuRequest": "1", "memoryRequest": "1Gi", "memoryLimit": None, "cpuLimit": None}},
     {"kubeApiQps": 12.5, "kubeApiBurst": 200, "kubeApiTimeout": 33.3333333},
     {"kubeApiQps": 50, "kubeApiBurst": 1000, "kubeApiTimeout": 0.5},
+    # The UltraServer group controller (deploy/ultraserver.py) beside the driver: its objects follow the driver's
+    # name, namespace, image and labels.
+    {"ultraserverGroups": True},
+    {"ultraserverGroups": True, "ultraserverSharedCounters": "auto", "driverName": "u.example.com",
+     "namespace": "ultra", "image": "registry.example/neuron-dra:2", "labels": {"team": "ml"}},
 ]
 
 

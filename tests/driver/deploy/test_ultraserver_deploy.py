@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from neuron_dra.driver.deploy import DeployOptionError, DriverDeployOptions, manifests
 from neuron_dra.driver.deploy import ultraserver as deploy_us
 from neuron_dra.driver.deploy.ultraserver import UltraServerControllerOptions
 from neuron_dra.driver.model.k8s_names import neuron_toleration
@@ -78,3 +79,47 @@ def test_the_node_policy_names_the_drivers_label_keys_and_is_deployed_with_the_c
 def test_bad_options_are_refused_naming_the_field(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=f"UltraServerControllerOptions.{field}"):
         UltraServerControllerOptions(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("options", [
+    DriverDeployOptions(ultraserver_groups=True),
+    DriverDeployOptions(ultraserver_groups=True, driver_name="neuron.example.com", namespace="ops",
+                        image="r/i:1", labels={"team": "ml"}, ultraserver_shared_counters="auto"),
+], ids=["defaults", "custom"])
+def test_deploy_manifests_render_the_controller_with_the_drivers_name_namespace_image_and_labels(
+        options: DriverDeployOptions) -> None:
+    """With ultraserver_groups, deploy.manifests() ends with this module's objects for the controller options
+    built, checked, from the driver's (spec_for builds them unchecked: the driver's options checked each value)."""
+    checked = UltraServerControllerOptions(driver_name=options.driver_name, namespace=options.namespace,
+                                           image=options.image, labels=dict(options.labels),
+                                           shared_counters=options.ultraserver_shared_counters)
+    assert deploy_us.spec_for(options) == checked
+    expected = deploy_us.manifests(checked)
+    assert manifests(options)[-len(expected):] == expected
+    assert manifests(options.replace(ultraserver_groups=False)) == manifests(options)[:-len(expected)]
+    for obj in expected:
+        kubeschema.validate(obj, "1.36", strict=True)
+        assert obj["metadata"]["labels"].items() >= options.labels.items()
+    (deployment,) = [o for o in expected if o["kind"] == "Deployment"]
+    assert deployment["spec"]["selector"]["matchLabels"] == deploy_us.POD_LABELS  # labels never change a selector
+    assert {f"--shared-counters={options.ultraserver_shared_counters}", f"--namespace={options.namespace}"} <= \
+        set(deployment["spec"]["template"]["spec"]["containers"][0]["command"])
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"service_account": deploy_us.DEFAULT_NAME}, "service_account"),
+    ({"core_device_class_name": "ultraserver.neuron.aws.com"}, "core_device_class_name"),
+    ({"device_class_name": "ultraserver.neuron.aws.com"}, "device_class_name"),
+    ({"ultraserver_shared_counters": "on"}, "ultraserver_shared_counters"),
+    ({"ultraserver_groups": "yes"}, "ultraserver_groups"),
+])
+def test_driver_options_refuse_a_controller_that_cannot_work_naming_the_field(kwargs: dict[str, object],
+                                                                             field: str) -> None:
+    with pytest.raises(DeployOptionError) as e:
+        DriverDeployOptions(**{"ultraserver_groups": True, **kwargs})
+    assert e.value.option == field
+
+
+def test_labels_are_checked_when_given_directly() -> None:
+    with pytest.raises(ValueError, match=r"UltraServerControllerOptions\.labels"):
+        UltraServerControllerOptions(labels={"bad key!": "x"})
