@@ -2,8 +2,9 @@
 of `driver/deploy/ultraserver.py` (service account, RBAC, the admission policy that keeps it to group slices, the
 group DeviceClass) applied as they are, and the controller itself (`python -m neuron_dra.driver.groups`) as a host
 process under that service account's token, restarted when it exits, like the other control-plane-side processes.
-The Deployment is not applied: with either runtime the controller runs on the host, where it reaches the API
-server on loopback (a pod would need a Service network the local cluster does not have)."""
+The Deployment is not applied: the fake runtime runs no pods, so with either runtime the controller runs on the host
+and reaches the API server on loopback, one way for both (on containerd nodes the Deployment does run as a pod, as
+the Helm chart's end-to-end test shows: tests/e2e/test_e2e_helm.py)."""
 
 from __future__ import annotations
 
