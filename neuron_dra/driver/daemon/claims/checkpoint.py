@@ -275,7 +275,6 @@ UNPREPARED_CARRY = 300 * 10**9  # kubelet gives a call 45 s: no prepare still in
 UNPREPARED_CARRIED = 4096  # at most this many (the newest): ~250 KB of the journal
 JOURNAL_SIZE = 4 * 1024 * 1024  # zero-filled once; hundreds of prepare/unprepare cycles of 8-device claims
 _SCAN_PIECE = 64 * 1024  # what `_used_end` reads at a time
-_ZERO_PIECE = bytes(_SCAN_PIECE)
 
 
 def _used_end(fd: int, size: int | None = None) -> int:
@@ -286,9 +285,9 @@ def _used_end(fd: int, size: int | None = None) -> int:
     end = os.fstat(fd).st_size if size is None else min(size, os.fstat(fd).st_size)
     while end > 0:
         start = max(0, end - _SCAN_PIECE)
-        piece = os.pread(fd, end - start, start)
-        if piece != _ZERO_PIECE[:len(piece)]:
-            return start + len(piece.rstrip(b"\0"))
+        used = len(os.pread(fd, end - start, start).rstrip(b"\0"))  # all zeros: b"", nothing allocated
+        if used:
+            return start + used
         end = start
     return 0
 
