@@ -36,6 +36,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -139,6 +140,18 @@ def image_app(dest: Path) -> Path:
     return app
 
 
+def image_entrypoint(dest: Path) -> Path:
+    """The image's entrypoint, `neuron-dra-driver`: the script the Dockerfile writes (read from it), run with the
+    image's interpreter. Not `python -m neuron_dra.driver`, whose runpy start imports what the image's does not."""
+    text = (REPO / "neuron_dra" / "driver" / "Dockerfile").read_text()
+    found = re.search(r"printf '([^']*)' \\\n\s*> /opt/venv/bin/neuron-dra-driver", text)
+    if found is None:
+        raise BenchError("neuron_dra/driver/Dockerfile: no printf writing /opt/venv/bin/neuron-dra-driver")
+    script = dest / "neuron-dra-driver"
+    script.write_text(found.group(1).replace("\\n", "\n"))
+    return script
+
+
 # --- kubelet's side of the protocols ------------------------------------------------------------------------
 
 @dataclass
@@ -223,9 +236,13 @@ def free_port() -> int:
         return port
 
 
-def ours_spec(python: str, env: Mapping[str, str], host_root: Path, health: bool = False) -> DriverSpec:
+def ours_spec(python: str, env: Mapping[str, str], host_root: Path, health: bool = False,
+              entrypoint: Path | None = None) -> DriverSpec:
+    """`entrypoint`: the image's script (image_entrypoint); None: `python -m neuron_dra.driver`."""
+    start = [str(entrypoint)] if entrypoint is not None else ["-m", "neuron_dra.driver"]
+
     def command(run: Path, kubeconfig: Path) -> list[str]:
-        return [python, "-m", "neuron_dra.driver", "--node-name", NODE, "--host-root", str(host_root),
+        return [python, *start, "--node-name", NODE, "--host-root", str(host_root),
                 *(["--healthcheck-port", str(free_port())] if health else []),
                 "--plugins-dir", str(run / "plugins"), "--registry-dir", str(run / "registry"),
                 "--cdi-root", str(run / "cdi"), "--kubeconfig", str(kubeconfig),
@@ -459,11 +476,13 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     binary = build_example(version, log)
     env = dict(os.environ)
     python = sys.executable
+    entrypoint = None
     base = Path(tempfile.mkdtemp(prefix="ndpeer", dir=args.dir))
     try:
         if not args.dev_python:
             python = str(image_python(log))
             app = image_app(base)
+            entrypoint = image_entrypoint(base)
             subprocess.run([python, "-m", "compileall", "-q", "-o", "2", str(app)], check=True)
             env = {**env, "PYTHONPATH": str(app), "PYTHONOPTIMIZE": "2", "PYTHONDONTWRITEBYTECODE": "1"}
         else:
@@ -485,7 +504,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             # The host tree exists before the daemon starts, as sysfs does on a node (`--emulate` would write it
             # at start-up; the example keeps its fake GPUs in memory).
             host_root = emulate("trn2.48xlarge", base / "host", EmulationOptions(host_id=NODE))
-            specs = [ours_spec(python, env, host_root, args.health), example_spec(binary, args.health)]
+            specs = [ours_spec(python, env, host_root, args.health, entrypoint), example_spec(binary, args.health)]
             for spec in specs:  # one at a time: each start measured on an otherwise idle machine
                 drivers.append(Running(spec, base / spec.driver_name, kubeconfig, api.has_slice))
                 log(f"{spec.label} up: registration socket after {drivers[-1].to_socket:.3f} s, first "

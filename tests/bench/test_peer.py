@@ -1,5 +1,5 @@
 """bench/bench_peer.py's own parts that need no cluster: the autogroup priority it takes and gives back, the
-p99 ratio per quarter of a run, and the table's lines."""
+p99 ratio per quarter of a run, the table's lines, and the image's entrypoint it starts the daemon with."""
 
 from __future__ import annotations
 
@@ -68,3 +68,16 @@ def test_quarter_ratios_and_the_table() -> None:
     assert "| prepare p99, 1 device | 2.00 ms | 1.00 ms | 2.00 |" in text
     assert text.endswith("prepare p99 ratio in each quarter of the run: 1 device 1.00 2.00 1.00 4.00; "
                          "8 devices 1.00 1.00 1.00 1.00")
+
+
+@pytest.mark.process
+def test_the_daemon_starts_by_the_image_s_entrypoint_script(tmp_path: Path) -> None:
+    """The script the Dockerfile writes, read from it, starts the daemon's main (its --help here)."""
+    b = bench()
+    script = b.image_entrypoint(tmp_path)
+    assert b.ours_spec("python", {}, tmp_path, entrypoint=script).command(tmp_path, tmp_path)[:2] == ["python",
+                                                                                                    str(script)]
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parents[1])}
+    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, env=env,
+                         check=True, timeout=60).stdout
+    assert "--node-name" in out

@@ -11,17 +11,18 @@ from pathlib import Path
 TEMP_MARKER = ".tmp-"
 
 
-def temp_name(path: Path) -> str:
+def temp_name(path: str | Path) -> str:
     # A leading dot and no .json/.yaml suffix: CDI runtimes and kubelet ignore such files. A str, not a Path:
     # pathlib interns every path component, and a random name per write would grow the interned strings.
-    return os.path.join(path.parent, f".{path.name}{TEMP_MARKER}{secrets.token_hex(4)}")
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}{TEMP_MARKER}{secrets.token_hex(4)}")
 
 
 def is_temp_file(name: str) -> bool:
     return name.startswith(".") and TEMP_MARKER in name
 
 
-def fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: str | Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -29,9 +30,10 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True,
+def write_atomic(path: str | Path, data: bytes, *, mode: int = 0o600, durable: bool = True,
                  before_rename: Callable[[], None] | None = None) -> None:
-    """Write `data` to a temp file in the same directory and rename it over `path`.
+    """Write `data` to a temp file in the same directory and rename it over `path` (a str spares the per-call
+    path objects of a Path: the CDI spec of every prepare).
 
     `durable` fsyncs the file before and the directory after the rename, so the new content survives
     a power loss, not only a crash of this process. `before_rename` is a test hook (crash injection).
@@ -56,7 +58,7 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = 
             os.unlink(tmp)
         raise
     if durable:
-        fsync_dir(path.parent)
+        fsync_dir(os.path.dirname(path) or ".")
 
 
 def remove_temp_files(directory: Path, prefix: str = "") -> list[Path]:

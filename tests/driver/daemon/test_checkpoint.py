@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -253,6 +254,43 @@ def test_a_stray_byte_in_the_unused_journal_is_reported(tmp_path: Path, caplog: 
     with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.claims.checkpoint"):
         loaded = Checkpoint(cp.path, boot_id=BOOT).load()
     assert loaded == _unfinished({uid(i): claim(current, uid(i), i) for i in range(3)}) and _damage_logged(caplog)
+
+
+def _full_size_journal_with_records(tmp_path: Path) -> tuple[Checkpoint, dict[str, PreparedClaim]]:
+    cp = Checkpoint(tmp_path / "checkpoint.json", boot_id=BOOT)  # the daemon's journal size
+    cp.load()
+    claims = {uid(i): claim(current, uid(i), i) for i in range(3)}
+    cp.save(claims)
+    cp.close(compact=False)  # as a kill -9 leaves it: the journal applies at the next load
+    return cp, claims
+
+
+@pytest.mark.parametrize("position", [current._SCAN_PIECE - 1, current._SCAN_PIECE, current.JOURNAL_SIZE - 1])
+def test_a_stray_byte_at_a_piece_boundary_or_the_journal_s_end_is_reported(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, position: int) -> None:
+    """The journal's used part is found reading backwards a piece at a time: a non-zero byte on either side of
+    a piece boundary, or the file's last byte, is still seen."""
+    cp, claims = _full_size_journal_with_records(tmp_path)
+    raw = bytearray(cp.journal_path.read_bytes())
+    assert len(raw) == current.JOURNAL_SIZE and len(raw.rstrip(b"\0")) < position
+    raw[position] = 0x41
+    cp.journal_path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.ERROR, logger="neuron_dra.driver.daemon.claims.checkpoint"):
+        assert Checkpoint(cp.path, boot_id=BOOT).load() == _unfinished(claims)
+    assert _damage_logged(caplog)
+
+
+def test_loading_reads_the_journal_s_used_part_not_the_whole_file(tmp_path: Path) -> None:
+    """The journal is zero-filled to its full size; reading all of it at once was the daemon's peak memory at
+    start (docs/benchmarks.md §1). A load (a restart after a kill -9) holds about its records, not its size."""
+    cp, claims = _full_size_journal_with_records(tmp_path)
+    tracemalloc.start()
+    try:
+        assert Checkpoint(cp.path, boot_id=BOOT).load() == claims
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < current.JOURNAL_SIZE // 8, f"load allocated {peak} bytes at its peak"
 
 
 def test_a_new_boot_keeps_the_claims_and_records_the_boot(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -63,8 +63,9 @@ def test_duplicate_names_in_one_spec_are_refused() -> None:
 def test_store_names_files_by_driver_and_claim_and_refuses_path_tricks(tmp_path: Path) -> None:
     store = CdiStore(tmp_path, "neuron.aws.com")
     text = spec_text(build_spec([CdiDevice("u1-x", env=("A=1",))]))
-    path = store.write("u1", text)
-    assert path == tmp_path / "neuron.aws.com_u1.json"
+    store.write("u1", text)
+    path = store.path_for("u1")
+    assert path == tmp_path / "neuron.aws.com_u1.json" and path.read_text() == text
     assert path.stat().st_mode & 0o777 == 0o644
     (tmp_path / "other_u2.json").write_text("{}")
     assert store.claim_uids() == {"u1"}

@@ -123,18 +123,20 @@ class CdiStore:
     def __init__(self, root: Path, driver_name: str) -> None:
         self.root = root
         self.prefix = f"{driver_name}_"
+        self._root_text = os.fspath(root)  # prepare and unprepare name files as str: no Path per call
 
     def ensure_root(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def path_for(self, claim_uid: str) -> Path:
-        return self.root / f"{self.prefix}{check_claim_uid(claim_uid)}.json"
+        return Path(self._file(claim_uid))
 
-    def write(self, claim_uid: str, text: str) -> Path:
+    def _file(self, claim_uid: str) -> str:
+        return os.path.join(self._root_text, f"{self.prefix}{check_claim_uid(claim_uid)}.json")
+
+    def write(self, claim_uid: str, text: str) -> None:
         # Not fsynced: /var/run/cdi is tmpfs, and every prepare rewrites the spec anyway.
-        path = self.path_for(claim_uid)
-        write_atomic(path, text.encode("utf-8"), mode=SPEC_FILE_MODE, durable=False)
-        return path
+        write_atomic(self._file(claim_uid), text.encode("utf-8"), mode=SPEC_FILE_MODE, durable=False)
 
     def read(self, claim_uid: str) -> str | None:
         """The spec file's text; None when there is none; CdiError when it cannot be read as UTF-8 text."""
@@ -157,9 +159,8 @@ class CdiStore:
         return target
 
     def remove(self, claim_uid: str) -> bool:
-        path = self.path_for(claim_uid)
         try:
-            path.unlink()
+            os.unlink(self._file(claim_uid))
         except FileNotFoundError:
             return False
         except (IsADirectoryError, PermissionError):  # not a file we wrote: moved aside instead

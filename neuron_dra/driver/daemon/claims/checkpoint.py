@@ -274,6 +274,27 @@ UNPREPARED_MEMORY = 10_000
 UNPREPARED_CARRY = 300 * 10**9  # kubelet gives a call 45 s: no prepare still in flight began earlier than this
 UNPREPARED_CARRIED = 4096  # at most this many (the newest): ~250 KB of the journal
 JOURNAL_SIZE = 4 * 1024 * 1024  # zero-filled once; hundreds of prepare/unprepare cycles of 8-device claims
+_SCAN_PIECE = 64 * 1024  # what `_used_end` reads at a time
+
+
+def _used_end(fd: int, size: int | None = None) -> int:
+    """The offset after the last non-zero byte of the file (within its first `size` bytes): the end of the
+    journal's used part, zeros after it. Read backwards a piece at a time: the journal is zero-filled to its full
+    size, and reading all of it at once held that much memory (the daemon's peak at start, docs/benchmarks.md
+    §1)."""
+    end = os.fstat(fd).st_size if size is None else min(size, os.fstat(fd).st_size)
+    while end > 0:
+        start = max(0, end - _SCAN_PIECE)
+        used = len(os.pread(fd, end - start, start).rstrip(b"\0"))  # all zeros: b"", nothing allocated
+        if used:
+            return start + used
+        end = start
+    return 0
+
+
+def _read_used(fd: int, size: int | None = None) -> bytes:
+    """The file's bytes up to its last non-zero one (within its first `size`): all that `read_journal` reads."""
+    return os.pread(fd, _used_end(fd, size), 0)
 
 
 def _line(payload: dict[str, Any]) -> bytes:
@@ -489,9 +510,13 @@ class Checkpoint:
         if generation is None:
             return claims, None
         try:
-            journal_raw = self.journal_path.read_bytes()
+            fd = os.open(self.journal_path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return claims, None
+        try:
+            journal_raw = _read_used(fd)
+        finally:
+            os.close(fd)
         journal = read_journal(self.journal_path, journal_raw, generation)
         this_boot = snapshot.boot_id == self.boot_id  # arrivals are monotonic_ns: of this boot only
         for record in journal.records:
@@ -572,7 +597,7 @@ class Checkpoint:
         if partial is not None and partial.end == partial.dirty_end:
             journal = partial
         else:
-            raw = os.pread(self._fd, self._limit, 0)
+            raw = _read_used(self._fd, self._limit)
             journal = read_journal(self.journal_path, raw, self._generation, self._offset)
         if journal.damage is not None:
             return self.load()  # resolved, and written as a new snapshot
@@ -713,7 +738,7 @@ class Checkpoint:
             self._fd = os.open(self.journal_path, os.O_RDWR | os.O_CLOEXEC)
             self._limit = os.fstat(self._fd).st_size
             # Records of an earlier snapshot are zeroed below with the rest: new records must follow only zeros.
-            self._offset = len(os.pread(self._fd, self._limit, 0).rstrip(b"\0"))
+            self._offset = _used_end(self._fd, self._limit)
         generation = secrets.token_hex(8)
         write_atomic(self.path, encode(claims, generation, self.boot_id), mode=0o600, durable=True)
         self._generation = generation
