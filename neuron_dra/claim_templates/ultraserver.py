@@ -17,7 +17,6 @@ nodes only, and a job's first pod skips UltraServers holding another job (docs/u
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,6 @@ from neuron_dra.claim_templates.template import API_VERSION, ClaimTemplate
 from neuron_dra.driver.model import ultraserver as membership
 from neuron_dra.driver.model.catalog import BUILTIN, Catalog
 from neuron_dra.driver.model.k8s_names import (
-    is_label_value,
     ultraserver_class_name,
     ultraserver_job_label_key,
     ultraserver_topology_key,
@@ -157,11 +155,8 @@ class UltraServerJob:
     @property
     def group_key(self) -> str:
         """The job's group key, a label value: the job's name where it is one, else a cut of it and a hash (two
-        jobs of one namespace never share a key)."""
-        if is_label_value(self.name):
-            return self.name
-        digest = hashlib.sha256(self.name.encode()).hexdigest()[:10]
-        return f"{self.name[:52].rstrip('.-')}-{digest}"
+        jobs of one namespace never share a key): the controller's rule for server ids in labels."""
+        return membership.label_value(self.name)
 
     @property
     def job_label(self) -> str:

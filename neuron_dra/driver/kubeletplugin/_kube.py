@@ -409,11 +409,12 @@ class KubeApi:
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                 body: Mapping[str, Any] | None = None, seconds: float | None = None, list_answer: bool = False,
-                watch: tuple[float, float] | None = None) -> dict[str, Any] | Watch:
-        """A JSON object, or for `watch` (seconds, idle seconds) the open Watch."""
+                watch: tuple[float, float] | None = None, content_type: str = JSON) -> dict[str, Any] | Watch:
+        """A JSON object, or for `watch` (seconds, idle seconds) the open Watch; `content_type`: the body's."""
         if watch is not None:
             return self._api.stream(path, query or {}, *watch)
-        data = self._api.request(method, path, query=query, body=body, seconds=seconds, list_answer=list_answer)
+        data = self._api.request(method, path, query=query, body=body, seconds=seconds, list_answer=list_answer,
+                                 content_type=content_type)
         return _json_object(data, method, path)
 
     def call(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
@@ -425,8 +426,9 @@ class KubeApi:
     def merge_patch(self, path: str, body: Mapping[str, Any], seconds: float | None = None) -> dict[str, Any]:
         """A JSON merge patch (RFC 7386) of the object at `path`: only the fields `body` names change, a null
         removes one."""
-        data = self._api.request("PATCH", path, body=body, seconds=seconds, content_type=MERGE_PATCH)
-        return _json_object(data, "PATCH", path)
+        doc = self.request("PATCH", path, body=body, seconds=seconds, content_type=MERGE_PATCH)
+        assert isinstance(doc, dict)
+        return doc
 
     def list(self, path: str, query: Mapping[str, Any] | None = None, seconds: float | None = None) -> dict[str, Any]:
         doc = self.request("GET", path, query=query, seconds=seconds, list_answer=True)
