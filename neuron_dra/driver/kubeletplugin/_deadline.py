@@ -1,10 +1,10 @@
 """An overall deadline for an API request, enforced on every socket operation of its TLS connection.
 
-urllib3's and http.client's timeouts bound each read, not the request: an answer trickling in a byte every few
+http.client's timeouts bound each read, not the request: an answer trickling in a byte every few
 seconds, or endless `100 Continue`s, never trips them. Here the SSLContext's socket class
 (`SSLContext.sslsocket_class`) gives each handshake, send and receive only the time left until the deadline of
 this thread's request (a context variable the API client sets around it); past it the operation raises
-DeadlineExceeded, not an OSError, so urllib3 neither retries it nor keeps the connection.
+DeadlineExceeded, not an OSError, so the API client neither retries it nor keeps the connection.
 """
 
 from __future__ import annotations

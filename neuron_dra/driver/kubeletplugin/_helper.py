@@ -23,7 +23,7 @@ from neuron_dra.driver.kubeletplugin._instance_lock import CallLock, InstanceLoc
 from neuron_dra.driver.kubeletplugin._plugin import DRA_LIMITS, PluginServers
 from neuron_dra.driver.kubeletplugin._sockets import SocketError, SocketPaths, is_listening
 
-if TYPE_CHECKING:  # the API client (urllib3) and the publisher are imported once a driver publishes
+if TYPE_CHECKING:  # the API client and the publisher are imported once a driver publishes
     from neuron_dra.driver.kubeletplugin._kube import ApiClient
     from neuron_dra.driver.kubeletplugin._slicepublisher import (
         Backoff,

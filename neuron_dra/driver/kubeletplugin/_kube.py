@@ -1,8 +1,10 @@
-"""The daemon's API client: JSON over HTTPS to the API server on urllib3, and the claim lookup of prepare.
+"""The daemon's API client: JSON over HTTPS to the API server on the standard library's http.client, and the claim
+lookup of prepare.
 
-What client-go gives a Go driver, on urllib3's pool (docs/hardening.md §4): TLS from the kubeconfig or service
-account (kubeconfig.py) with a token file re-read every TOKEN_RELOAD_SECONDS (kubelet rotates it); keep-alive
-connections, a request sent again only when that cannot do it twice (never a POST: generateName creates); one
+What client-go gives a Go driver (docs/hardening.md §4): TLS from the kubeconfig or service account (kubeconfig.py)
+with a token file re-read every TOKEN_RELOAD_SECONDS (kubelet rotates it); keep-alive connections (`_Connections`,
+http.client's, at most POOL_SIZE kept idle), a request sent again only when that cannot do it twice (never a POST:
+generateName creates); one
 deadline over each whole request (deadline.py), so an answer that trickles in fails in time; a cap on each
 answer's size, read incrementally (a watch's: per event); client-side QPS and burst (ratelimit.py). No redirects,
 no Retry-After (a server could make the daemon sleep for an hour), no content coding (it could hide a size).
@@ -10,16 +12,15 @@ no Retry-After (a server could make the daemon sleep for an hour), no content co
 
 from __future__ import annotations
 
-import importlib
+import http.client
 import json
 import os
 import re
+import select
 import shutil
 import ssl
-import sys
 import threading
 import time
-import types
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,45 +37,6 @@ from neuron_dra.driver.kubeletplugin._kubeconfig import (
 )
 from neuron_dra.driver.kubeletplugin._ratelimit import Rate, RateLimited, TokenBucket
 
-
-def _defer_package_metadata() -> None:
-    """urllib3.http2, which urllib3.connection imports, does `from importlib.metadata import version` at import time
-    for a check it runs only when HTTP/2 is switched on (never here); the real module brings zipfile, csv, tempfile and
-    importlib.resources, a share of the daemon's start-up memory (measured: docs/benchmarks.md §1). Until something
-    uses it, importlib.metadata is a stand-in whose `version` and every other attribute load the real module."""
-    name = "importlib.metadata"
-    if name in sys.modules:
-        return
-
-    def real() -> types.ModuleType:
-        if isinstance(sys.modules.get(name), _Deferred):
-            del sys.modules[name]
-        module = importlib.import_module(name)
-        importlib.__dict__["metadata"] = module
-        return module
-
-    class _Deferred(types.ModuleType):
-        def __getattr__(self, attr: str) -> Any:
-            if attr.startswith("__"):  # the import system's probes (__path__, __spec__ ...) load nothing
-                raise AttributeError(attr)
-            return getattr(real(), attr)
-
-    def version(distribution_name: str) -> str:
-        result: str = real().version(distribution_name)
-        return result
-
-    stand_in = _Deferred(name)
-    stand_in.version = version  # type: ignore[attr-defined]
-    sys.modules[name] = stand_in
-    importlib.__dict__["metadata"] = stand_in
-
-
-_defer_package_metadata()
-
-import urllib3  # noqa: E402
-from urllib3.exceptions import HTTPError as Urllib3Error  # noqa: E402
-from urllib3.response import BaseHTTPResponse  # noqa: E402
-
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"  # RFC 7386: what KubeApi.merge_patch sends
@@ -87,10 +49,14 @@ MAX_OBJECT_BYTES = 4 * 1024 * 1024
 MAX_LIST_BYTES = 8 * 1024 * 1024  # this node's slices of this driver (a few, each at most one object)
 MAX_ERROR_BYTES = 64 * 1024  # the body of a non-2xx answer, for its message
 READ_BYTES = 64 * 1024
-POOL_SIZE = 12  # prepare's claim lookups (8 workers), the publisher, its watch, the health reporter
+POOL_SIZE = 12  # connections kept idle: the claim lookups (8 workers), the publisher, its watch, health reporting
 # RFC 9110 §9.2.2: sending one of these again has the same effect as sending it once.
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 _PLAIN_NAME = re.compile(r"[a-z0-9.-]+").fullmatch
+# RFC 3986 §3.3: what a path may hold as it is (unreserved, sub-delims, ":", "@", "/", and "%" of an escape); any
+# other character (a space, a CR or LF) is percent-encoded before the request line is written.
+_PATH_SAFE = "/:@!$&'()*+,;=-._~%"
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/:@!$&'()*+,;=._~%-]*").fullmatch
 
 
 class ApiException(Exception):
@@ -134,8 +100,61 @@ class ClientOptions:
             raise ValueError(f"API request deadline {self.deadline!r} s is not allowed: 0.1 to 300 seconds")
 
 
+Connection = http.client.HTTPSConnection
+Answer = http.client.HTTPResponse
+
+
+class _Connections:
+    """Kept-alive connections to one API server, shared by all threads: at most `size` kept idle (the last one
+    returned is taken first); more at once are made as needed and closed when returned. A kept connection the
+    server has closed (or sent anything on) while it was idle is dropped before a request is sent on it, as
+    urllib3's pool does."""
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext, size: int) -> None:
+        self._host = host
+        self._port = port
+        self._context = context
+        self._size = size
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self) -> Connection:
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return Connection(self._host, self._port, timeout=CONNECT_TIMEOUT, context=self._context)
+            if conn.sock is not None and not _readable(conn.sock):
+                return conn
+            conn.close()
+
+    def give_back(self, conn: Connection) -> None:
+        """`conn` after an answer read to its end (else close it instead)."""
+        if conn.sock is not None:
+            with self._lock:
+                if not self._closed and len(self._idle) < self._size:
+                    self._idle.append(conn)
+                    return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _readable(sock: Any) -> bool:
+    """Has the peer closed `sock` or sent anything on it (without waiting)? Either way it is not reused."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class ApiClient:
-    """HTTPS to one API server through a urllib3 connection pool shared by all threads."""
+    """HTTPS to one API server on kept-alive connections (`_Connections`) shared by all threads."""
 
     def __init__(self, config: ClusterConfig, options: ClientOptions | None = None) -> None:
         self.config = config
@@ -154,11 +173,7 @@ class ApiClient:
         except (OSError, ssl.SSLError) as e:
             raise KubeConfigError(f"TLS settings for {config.server}: {e}") from e
         ctx.sslsocket_class = DeadlineSSLSocket
-        retries = urllib3.Retry(total=2, connect=1, read=1, status=0, other=0, redirect=False,
-                                allowed_methods=IDEMPOTENT, respect_retry_after_header=False, raise_on_status=False)
-        self._pool = urllib3.HTTPSConnectionPool(url.hostname, url.port or 443, maxsize=POOL_SIZE, block=False,
-                                                 ssl_context=ctx, retries=retries,
-                                                 assert_hostname=False if config.insecure else None)
+        self._connections = _Connections(url.hostname, url.port or 443, ctx, POOL_SIZE)
         self._bucket = TokenBucket(self.options.rate)
         self._token_lock = threading.Lock()
         self._token = config.token
@@ -200,9 +215,9 @@ class ApiClient:
         return headers
 
     def _open(self, method: str, path: str, query: Mapping[str, Any] | None, body: Mapping[str, Any] | None,
-              deadline: Deadline, content_type: str = JSON) -> BaseHTTPResponse:
-        """The answer with its head read (the body not yet); non-2xx raise ApiException."""
-        target = self._prefix + path
+              deadline: Deadline, content_type: str = JSON) -> tuple[Connection, Answer]:
+        """The answer with its head read (the body not yet) and its connection; non-2xx raise ApiException."""
+        target = self._prefix + (path if _PLAIN_PATH(path) else quote(path, safe=_PATH_SAFE))
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         if params:
             target += "?" + urlencode(params)
@@ -212,45 +227,75 @@ class ApiClient:
             self._bucket.acquire(deadline.at)
         except RateLimited as e:
             raise ApiClientError(f"{method} {path}: {e}") from e
-        left = max(0.001, deadline.left())
-        timeout = urllib3.Timeout(connect=min(CONNECT_TIMEOUT, left), read=min(deadline.per_operation, left))
         try:
             with applied(deadline):
-                resp = self._pool.urlopen(method, target, body=payload, headers=headers, redirect=False,
-                                          timeout=timeout, preload_content=False, decode_content=False,
-                                          release_conn=False)
+                conn, resp = self._send(method, target, payload, headers, deadline)
         except DeadlineExceeded:
             raise self._deadline_error(method, path, deadline) from None
-        except (Urllib3Error, OSError, ValueError) as e:
+        except (http.client.HTTPException, OSError, ValueError) as e:
             raise ApiClientError(f"{method} {path}: {_cause(e)}") from e
         if 200 <= resp.status <= 299:
-            return resp
+            return conn, resp
         if resp.status < 200:  # http.client skips only 100 Continue: another 1xx would desync the connection
-            _discard(resp)
+            conn.close()
             raise ApiClientError(f"{method} {path}: an interim answer ({resp.status}) where the final one belongs")
         try:
-            text = self._read(resp, method, path, MAX_ERROR_BYTES, "MAX_ERROR_BYTES", deadline, cut=True)
+            text = self._read(conn, resp, method, path, MAX_ERROR_BYTES, "MAX_ERROR_BYTES", deadline, cut=True)
         except ApiClientError:
             text = b""
         raise ApiException(status=resp.status, reason=resp.reason or "", body=text.decode("utf-8", "replace"))
+
+    def _send(self, method: str, target: str, payload: bytes | None, headers: Mapping[str, str],
+              deadline: Deadline) -> tuple[Connection, Answer]:
+        """Send the request and read the answer's head, at most twice more: once after a connection that could
+        not be made (nothing was sent), once after one that failed once sent, for an idempotent method only (RFC
+        9110 §9.2.2; a kept connection the server has just closed). A TLS error or the deadline: never again."""
+        connects, resends = 1, 1
+        while True:
+            conn = self._connections.take()
+            try:
+                if conn.sock is None:
+                    conn.timeout = max(0.001, min(CONNECT_TIMEOUT, deadline.left()))  # the TCP connect's
+                    try:
+                        conn.connect()
+                    except ssl.SSLError:
+                        raise
+                    except OSError:
+                        if connects and deadline.left() > 0:
+                            connects -= 1
+                            conn.close()
+                            continue
+                        raise
+                conn.request(method, target, body=payload, headers=headers)
+                return conn, conn.getresponse()
+            except DeadlineExceeded:
+                conn.close()
+                raise
+            except (http.client.HTTPException, OSError) as e:
+                conn.close()
+                if (resends and method in IDEMPOTENT and not isinstance(e, ssl.SSLError)
+                        and deadline.left() > 0):
+                    resends -= 1
+                    continue
+                raise
 
     def _deadline_error(self, method: str, path: str, deadline: Deadline) -> RequestDeadlineExceeded:
         return RequestDeadlineExceeded(f"{method} {path}: no complete answer within the request deadline of "
                                        f"{deadline.seconds:g} s (--kube-api-timeout); an answer that trickles in "
                                        "or never ends is cut off there")
 
-    def _read(self, resp: BaseHTTPResponse, method: str, path: str, cap: int, cap_name: str, deadline: Deadline,
-              cut: bool = False) -> bytes:
+    def _read(self, conn: Connection, resp: Answer, method: str, path: str, cap: int, cap_name: str,
+              deadline: Deadline, cut: bool = False) -> bytes:
         """The whole body, at most `cap` bytes (`cut`: the first `cap` bytes of a longer one), read piece by piece
-        within the deadline; the connection goes back to the pool only when the answer was read to its end."""
+        within the deadline; the connection is kept only when the answer was read to its end."""
         done = False
         try:
-            coding = resp.headers.get("content-encoding", "identity").strip().lower()
+            coding = (resp.getheader("content-encoding") or "identity").strip().lower()
             if coding != "identity":
                 raise ApiClientError(f"{method} {path}: the answer has Content-Encoding {coding[:40]!r}, which "
                                      "this client never asks for")
-            length = resp.headers.get("content-length", "")
-            if length and "transfer-encoding" in resp.headers:
+            length = resp.getheader("content-length") or ""
+            if length and resp.getheader("transfer-encoding") is not None:
                 # RFC 9112 §6.3: a sender must not send both; which one frames the body is ambiguous (smuggling).
                 raise ApiClientError(f"{method} {path}: the answer has both Content-Length and Transfer-Encoding; "
                                      "its framing is ambiguous, so it is refused")
@@ -271,17 +316,20 @@ class ApiClient:
                         raise AnswerTooLarge(f"{method} {path}: the answer is over the limit of {cap} bytes "
                                              f"({cap_name}); refused after reading {total} bytes")
                     parts.append(piece)
+            if resp.length:  # http.client ends a read of a declared length cut short without an error
+                raise ApiClientError(f"{method} {path}: reading the answer: IncompleteRead: {total} bytes read, "
+                                     f"{resp.length} more expected")
             done = True
             return b"".join(parts)
         except DeadlineExceeded:
             raise self._deadline_error(method, path, deadline) from None
-        except (Urllib3Error, OSError, ValueError) as e:
+        except (http.client.HTTPException, OSError, ValueError) as e:
             raise ApiClientError(f"{method} {path}: reading the answer: {_cause(e)}") from e
         finally:
             if done:
-                resp.release_conn()
+                self._connections.give_back(conn)
             else:
-                _discard(resp)
+                conn.close()
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                 body: Mapping[str, Any] | None = None, seconds: float | None = None, list_answer: bool = False,
@@ -289,28 +337,31 @@ class ApiClient:
         """The body of a 2xx answer (at most the object or list limit), else ApiException or ApiClientError.
         `content_type`: the body's (a PATCH names its kind of patch: MERGE_PATCH)."""
         deadline = Deadline.after(self.options.deadline if seconds is None else seconds)
-        resp = self._open(method, path, query, body, deadline, content_type)
+        conn, resp = self._open(method, path, query, body, deadline, content_type)
         limits = self.options.limits
         cap, name = (limits.list_bytes, "MAX_LIST_BYTES") if list_answer else (limits.object_bytes,
                                                                                 "MAX_OBJECT_BYTES")
-        return self._read(resp, method, path, cap, name, deadline)
+        return self._read(conn, resp, method, path, cap, name, deadline)
 
     def stream(self, path: str, query: Mapping[str, Any], seconds: float, idle_seconds: float) -> Watch:
         """A GET whose answer is a stream of lines (a watch), over within `seconds`, each wait for data at most
         `idle_seconds`; each line at most the object limit."""
         deadline = Deadline.after(seconds, idle_seconds)
-        return Watch(self._open("GET", path, query, None, deadline), path, deadline, self.options.limits.object_bytes,
+        conn, resp = self._open("GET", path, query, None, deadline)
+        return Watch(conn, resp, path, deadline, self.options.limits.object_bytes,
                      self._deadline_error("GET", path, deadline))
 
     def close(self) -> None:
-        self._pool.close()
+        """Close the kept connections (requests after this make and close their own)."""
+        self._connections.close()
 
 
 class Watch:
     """An open watch answer: its lines, read as they arrive."""
 
-    def __init__(self, resp: BaseHTTPResponse, path: str, deadline: Deadline, line_bytes: int,
+    def __init__(self, conn: Connection, resp: Answer, path: str, deadline: Deadline, line_bytes: int,
                  late: RequestDeadlineExceeded) -> None:
+        self._conn = conn  # never kept: a watch ends when either side stops it
         self._resp = resp
         self._path = path
         self._deadline = deadline
@@ -323,7 +374,7 @@ class Watch:
                 return self._resp.read1(READ_BYTES)
         except DeadlineExceeded:
             raise self._late from None
-        except (Urllib3Error, OSError, ValueError) as e:
+        except (http.client.HTTPException, OSError, ValueError) as e:
             raise ApiClientError(f"GET {self._path} (watch): {_cause(e)}") from e
 
     def lines(self) -> Iterator[bytes]:
@@ -350,20 +401,12 @@ class Watch:
             pending += piece
 
     def close(self) -> None:
-        _discard(self._resp)
-
-
-def _discard(resp: BaseHTTPResponse) -> None:
-    """Close the answer's connection (its unread rest makes it unusable) and give its pool slot back."""
-    resp.close()
-    resp.release_conn()
+        self._conn.close()
 
 
 def _cause(e: BaseException) -> str:
-    """What went wrong, without urllib3's wrapping (MaxRetryError names the pool, then the cause)."""
-    reason = getattr(e, "reason", None)
-    inner = reason if isinstance(reason, BaseException) else e
-    return f"{type(inner).__name__}: {str(inner)[:300]}"
+    """What went wrong: the error's type and the start of its text."""
+    return f"{type(e).__name__}: {str(e)[:300]}"
 
 
 def api_client(kubeconfig: str | None, options: ClientOptions | None = None,

@@ -31,10 +31,10 @@ def pins(path: Path) -> dict[str, str]:
 
 def test_image_pins_match_the_repository() -> None:
     image, repo = pins(IMAGE_REQUIREMENTS), pins(REPO / "requirements.txt")
-    # No kubernetes client: driver/kubeletplugin/_kube.py talks to the API server on urllib3;
+    # No kubernetes client and no urllib3: driver/kubeletplugin/_kube.py talks to the API server on http.client;
     # the daemon's gRPC is grpcio (driver/kubeletplugin/_grpcserver.py).
     # pydantic and its own dependencies: the catalog file's models (loaded only when a catalog file is given).
-    assert set(image) == {"protobuf", "grpcio", "pyyaml", "prometheus-client", "urllib3", "pydantic", "pydantic-core",
+    assert set(image) == {"protobuf", "grpcio", "pyyaml", "prometheus-client", "pydantic", "pydantic-core",
                           "annotated-types", "typing-inspection", "typing-extensions"}
     assert {name: repo.get(name) for name in image} == image
 
@@ -84,8 +84,8 @@ def test_daemon_imports_only_what_the_image_has() -> None:
     assert "tests.support.claims_dir_daemon" not in ours
     # (grpc imports grpc_tools by itself when installed; not in the image)
     assert not [m for m in out if m.split(".")[0] in ("pulumi", "pulumi_aws", "pulumi_kubernetes", "cel", "celpy")]
-    # Neither the kubernetes client (17-19 MiB) nor yaml (only for a kubeconfig or catalog file) at start-up; urllib3
-    # once the sockets are bound (main imports the API client then).
+    # Neither the kubernetes client (17-19 MiB) nor yaml (only for a kubeconfig or catalog file) at start-up, and no
+    # urllib3 at all (the API client is http.client's).
     assert not [m for m in out if m.split(".")[0] in ("kubernetes", "urllib3", "yaml", "pydantic")]
 
 
