@@ -1,10 +1,12 @@
 """Benchmark: the claim GET every NodePrepareResources makes, against a real kube-apiserver (local control plane).
 
-Target: `KubeClaimLookup.get` (driver/kubeletplugin/_kube.py on urllib3's connection pool, with its deadline, size
-cap and rate limit in the path; the limit set high here so that it never waits). Baselines, measured in the same run,
-call for call in rotating order on their own kept connections to the same API server:
-- `http.client`: the standard library's client on a kept `HTTPSConnection`, the same headers, `json.loads` of
-  the body (the way kube.py worked before its own HTTP/1.1 client, which urllib3 replaces);
+Target: `KubeClaimLookup.get` (driver/kubeletplugin/_kube.py: http.client on its kept connections, with its
+deadline, size cap and rate limit in the path; the limit set high here so that it never waits). Baselines, measured in
+the same run, call for call in rotating order on their own kept connections to the same API server:
+- `http.client`: the standard library's client alone on a kept `HTTPSConnection`, the same headers, `json.loads`
+  of the body: the floor the target's own layers (pool, deadline, caps, checks) add to;
+- `urllib3`: urllib3's `HTTPSConnectionPool`, which the daemon's client ran on until 2026-12-06 (`urlopen` without
+  preloading, read, `json.loads`);
 - `kubernetes`: the official client (`ResourceV1Api.read_namespaced_resource_claim`, `_preload_content=False`
   and `json.loads`, so that its model classes are not measured; they would cost more).
 Figures: wall-clock p50/p90/p99 per GET and the p50 ratio to http.client, the mean CPU time of the calling
@@ -58,6 +60,28 @@ def http_client_get(config: ClusterConfig, path: str) -> Callable[[], Mapping[st
         conn.request("GET", path, headers=headers)
         resp = conn.getresponse()
         data: Mapping[str, Any] = json.loads(resp.read())
+        return data
+
+    return get
+
+
+def urllib3_get(config: ClusterConfig, path: str) -> Callable[[], Mapping[str, Any]]:
+    """urllib3's pool (the kubernetes client's dependency), the same TLS settings and headers."""
+    import urllib3
+
+    url = urlsplit(config.server)
+    ctx = ssl.create_default_context(cafile=config.ca_file)
+    if config.cert_file:
+        ctx.load_cert_chain(config.cert_file, config.key_file)
+    pool = urllib3.HTTPSConnectionPool(url.hostname or "", url.port, ssl_context=ctx, maxsize=1, retries=False)
+    headers = {"Accept": "application/json", "User-Agent": "neuron-dra-driver"}
+    if config.token:
+        headers["Authorization"] = f"Bearer {config.token}"
+
+    def get() -> Mapping[str, Any]:
+        resp = pool.urlopen("GET", path, headers=headers, preload_content=False, decode_content=False)
+        data: Mapping[str, Any] = json.loads(resp.read())
+        resp.release_conn()
         return data
 
     return get
@@ -138,8 +162,8 @@ def main() -> None:
             assert claim is not None
             return claim
 
-        getters = {"urllib3 (target)": target, "http.client": http_client_get(config, f"{CLAIMS}/{NAME}"),
-                   "kubernetes": kubernetes_get(kubeconfig)}
+        getters = {"ours (target)": target, "http.client": http_client_get(config, f"{CLAIMS}/{NAME}"),
+                   "urllib3": urllib3_get(config, f"{CLAIMS}/{NAME}"), "kubernetes": kubernetes_get(kubeconfig)}
         times, cpu = measure(getters, args.samples)
         if config.temp_dir:
             shutil.rmtree(config.temp_dir, ignore_errors=True)
@@ -150,7 +174,7 @@ def main() -> None:
         for name, samples in times.items():
             p50, p90, p99 = percentiles(samples)
             print(f"{name:17} {p50:8.3f} {p90:8.3f} {p99:8.3f} {p50 / p50_ref:16.2f} {cpu[name]:11.0f}")
-        for module in ("neuron_dra.driver.kubeletplugin._kube", "http.client", "kubernetes.client"):
+        for module in ("neuron_dra.driver.kubeletplugin._kube", "http.client", "urllib3", "kubernetes.client"):
             print(f"import {module}: +{import_cost(module):.1f} MiB RSS")
     finally:
         plane.stop()
