@@ -158,12 +158,17 @@ class DriverState:
         physical = self.cores.physical_per_device
         self._device_cores: dict[str, tuple[int, ...]] = {}
         self._device_logical: dict[str, tuple[int, ...]] = {}  # core devices: their NEURON_RT_VISIBLE_CORES id
+        # The name of the CDI device with a device's /dev/neuronN nodes, after the claim UID: the cores of one Neuron
+        # device share their device's, so a container never gets the same /dev/neuronN twice.
+        self._node_suffix: dict[str, str] = {}
         for name, indexes in self._device_indexes.items():
             core = parse_core_device(name)
             if core is None:
                 self._device_cores[name] = tuple(i * physical + p for i in indexes for p in range(physical))
+                self._node_suffix[name] = name
             else:
                 index, logical = core
+                self._node_suffix[name] = f"neuron-device-{index}"
                 self._device_cores[name] = tuple(index * physical + p for p in self.cores.physical_cores(logical))
                 self._device_logical[name] = (self.cores.global_core_id(index, logical),)
         # device name -> its /dev/neuronN nodes (built once: the host's devices do not change while it runs)
@@ -360,6 +365,7 @@ class DriverState:
         exclusive: set[int] = set()
         held_cores: set[int] = set()
         node_devices: dict[str, CdiDevice] = {}
+        node_of: dict[str, str] = {}  # device -> its device-node CDI device's name
         groups = prepare_groups(ref, allocated, ultraserver, self.host.instance_type)  # UltraServer group devices
         for a in allocated:
             if a.group is not None:
@@ -373,7 +379,7 @@ class DriverState:
                 exclusive.update(indexes)
                 held_cores.update(self._device_cores[a.device])
             by_request.setdefault(a.base_request, []).append(a)
-            name = self._node_device_name(ref.uid, a.device)
+            name = node_of[a.device] = f"{ref.uid}-{self._node_suffix[a.device]}"
             if name not in node_devices:
                 node_devices[name] = CdiDevice(name, device_nodes=self._device_nodes[a.device])
         env_devices: list[CdiDevice] = []
@@ -395,7 +401,7 @@ class DriverState:
             for a in devs:
                 # The cores of one Neuron device share its device-node CDI device: name it once per request, so
                 # the runtime is never handed the same CDI id (and /dev/neuronN) twice.
-                node = self._node_device_name(ref.uid, a.device)
+                node = node_of[a.device]
                 ids = (qualified_id(env_name),) if node in named else (qualified_id(node), qualified_id(env_name))
                 named.add(node)
                 answer.append(PreparedDevice((request,), self.pool_name, a.device, ids))
@@ -416,12 +422,6 @@ class DriverState:
             return read_ultraserver(self.host_root)
         except DiscoveryError as e:
             raise ClaimError(Reason.INTERNAL, f"claim {ref}: reading the UltraServer class files: {e}") from e
-
-    def _node_device_name(self, claim_uid: str, device: str) -> str:
-        """The CDI device with the device nodes: the cores of one Neuron device share their device's, so a
-        container never gets the same /dev/neuronN twice."""
-        core = parse_core_device(device)
-        return f"{claim_uid}-{device}" if core is None else f"{claim_uid}-neuron-device-{core[0]}"
 
     def _held_cores(self, entry: PreparedClaim) -> tuple[int, ...]:
         if entry.neuron_cores is not None:
