@@ -563,29 +563,26 @@ class ThreadedServer:
                 self.active_calls -= 1
 
     def unary(self, method: Method, raw: bytes, ctx: grpc.ServicerContext) -> bytes:
-        call = _threaded_context(ctx)
+        call = _threaded_context(ctx)  # ended by grpc once the answer is sent or the call is over
         request: Any = None
         try:
+            request = parse(method.request_type, raw)
+            inline = method.inline is not None and method.inline(request)
+            self._admit(inline)
             try:
-                request = parse(method.request_type, raw)
-                inline = method.inline is not None and method.inline(request)
-                self._admit(inline)
-                try:
-                    response = method.behaviour(request, call)
-                finally:
-                    self._release(inline)
-                data: bytes = response.SerializeToString()
-                return data
-            except RpcError as e:
-                failure = (e.code, e.details)
-            except Exception as e:
-                log.exception("gRPC handler failed", extra={"server": self.name, "error": str(e)})
-                failure = (StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
-            request = None  # aborted outside the handler's except (see Server._unary)
-            ctx.abort(*failure)
-            raise AssertionError("unreachable")  # abort raises
-        finally:
-            call.end()
+                response = method.behaviour(request, call)
+            finally:
+                self._release(inline)
+            data: bytes = response.SerializeToString()
+            return data
+        except RpcError as e:
+            failure = (e.code, e.details)
+        except Exception as e:
+            log.exception("gRPC handler failed", extra={"server": self.name, "error": str(e)})
+            failure = (StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+        request = None  # aborted outside the handler's except (see Server._unary)
+        ctx.abort(*failure)
+        raise AssertionError("unreachable")  # abort raises
 
     def stream(self, method: Method, raw: bytes, ctx: grpc.ServicerContext) -> Iterator[bytes]:
         call = _threaded_context(ctx)
