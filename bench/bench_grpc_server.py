@@ -1,9 +1,11 @@
 """Benchmark: grpcio's sync server (grpc.server on a ThreadPoolExecutor) against its asyncio server as the daemon
-runs it (driver/kubeletplugin/_grpcserver.py), with the same raw-bytes handler, over a unix socket.
+runs it for the registration socket and the health port (driver/kubeletplugin/_grpcserver.py `Server`) and the sync
+server as the daemon runs it for the DRA socket (`ThreadedServer`), with the same raw-bytes handler, over a unix
+socket.
 
 - Round trip of a unary call whose handler blocks (as a prepare does: it runs in a pool thread) and of one
   answered in the event loop (as the liveness check's empty prepare), from a client in another process:
-  p50 / p99 over N calls, the two servers interleaved in rounds.
+  p50 / p99 over N calls, the servers interleaved in rounds.
 - Calls whose bodies never come (tests/support/h2attack.py no-bodies, 4 per connection, 2 connections) on a
   server with 4 workers: how many of 10 probes (a fresh connection, 5 s timeout) answer.
 
@@ -49,6 +51,22 @@ def sync_server(sock: Path) -> Any:
     server.add_insecure_port(f"unix:{sock}")
     server.start()
     return server
+
+
+def threaded_server(sock: Path) -> grpcserver.ThreadedServer:
+    server = grpcserver.ThreadedServer("bench", grpcserver.Limits(max_concurrent=WORKERS))
+    server.add_methods({PATH: grpcserver.Method(grpc_health_v1_pb2.HealthCheckRequest, work, False)})
+    server.add_unix(sock)
+    server.start()
+    return server
+
+
+def start(name: str, sock: Path) -> Any:
+    if name.startswith("sync"):
+        return sync_server(sock)
+    if name.startswith("threaded"):
+        return threaded_server(sock)
+    return aio_server(sock, inline="loop" in name)
 
 
 def aio_server(sock: Path, inline: bool) -> grpcserver.Server:
@@ -111,13 +129,13 @@ def main() -> int:
     if a.client:
         client(a.client, a.calls)
         return 0
-    results: dict[str, list[float]] = {"sync (pool)": [], "aio (pool)": [], "aio (event loop)": []}
+    results: dict[str, list[float]] = {"sync (pool)": [], "threaded (DRA)": [], "aio (pool)": [],
+                                       "aio (event loop)": []}
     with tempfile.TemporaryDirectory(prefix="bgs", dir="/tmp") as d:
         for r in range(a.rounds):
-            for name in results:
-                sock = Path(d) / f"{r}-{len(name)}-{name[4]}.sock"
-                server: Any = (sync_server(sock) if name.startswith("sync")
-                               else aio_server(sock, inline="loop" in name))
+            for i, name in enumerate(results):
+                sock = Path(d) / f"{r}-{i}.sock"
+                server: Any = start(name, sock)
                 try:
                     results[name] += round_trips(f"unix:{sock}", a.calls // a.rounds)
                 finally:
@@ -127,9 +145,9 @@ def main() -> int:
             times.sort()
             print(f"  {name:18s} p50 {statistics.median(times) * 1e6:7.0f} us   "
                   f"p99 {times[int(len(times) * 0.99)] * 1e6:7.0f} us")
-        for name in ("sync (pool)", "aio (pool)"):
-            sock = Path(d) / f"attack-{name[:3]}.sock"
-            server = sync_server(sock) if name.startswith("sync") else aio_server(sock, inline=False)
+        for i, name in enumerate(("sync (pool)", "threaded (DRA)", "aio (pool)")):
+            sock = Path(d) / f"attack-{i}.sock"
+            server = start(name, sock)
             try:
                 answered = under_no_bodies(f"unix:{sock}", sock)
             finally:

@@ -1,14 +1,17 @@
-"""The daemon's gRPC servers on grpcio's asyncio server (docs/grpc-server.md), with raw-bytes handlers.
+"""The daemon's gRPC servers (docs/grpc-server.md), with raw-bytes handlers: grpcio's asyncio server (`Server`) for
+the registration socket and the health port, its synchronous one (`ThreadedServer`) for the DRA socket.
 
 - Methods have no deserializer: the handler parses the bytes and answers INVALID_ARGUMENT naming the message
   type when they do not decode (grpcio's deserializer path leaks memory per rejected request; hardening.md §1).
-- A handler runs only once its request has arrived (awaited in the event loop), so calls whose bodies never
-  come or whose answers cannot be sent hold no thread. Blocking handlers run in the server's pool, at most
+- `Server`: a handler runs only once its request has arrived (awaited in the event loop), so calls whose bodies
+  never come or whose answers cannot be sent hold no thread. Blocking handlers run in the server's pool, at most
   `max_concurrent` at once (beyond: RESOURCE_EXHAUSTED, kubelet retries); `inline` ones and coroutines in the loop,
   at most `max_inline` at once when set (a coroutine awaiting something holds its call: the health checks).
 - The daemon's servers share one event loop thread (`EventLoopThread`), each with its own pool and limits: grpc.aio's
   poller wakes every bound loop for every completion, so each extra loop costs CPU and a hand-off per call.
-- HTTP/2 and connection limits are grpc's channel options (`Limits`).
+- `ThreadedServer`: every call on a pool thread from its HEADERS on, which answers it itself: one thread hand-off per
+  call instead of three, for the socket that only kubelet reaches and whose calls all block.
+- HTTP/2 and connection limits are grpc's channel options (`Limits`), the same for both.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 StatusCode = grpc.StatusCode
 SOCKET_UMASK = 0o177  # what grpc's bind creates: the socket file is never more than 0600, not even briefly
 _END = object()
+INLINE_THREADS = 4  # ThreadedServer: threads for inline calls beside the blocking ones
 
 
 class RpcError(Exception):
@@ -483,6 +487,165 @@ class Server:
             call.end()  # the generator sees is_active() False and returns
             with contextlib.suppress(RuntimeError):  # the pool is shut down: the process is stopping
                 self._pool.submit(_close_after, pending, gen)
+
+
+class ThreadedServer:
+    """One grpcio synchronous server, for a socket whose every method blocks (the DRA socket): grpc core hands
+    each call to a pool thread, which runs the handler and sends its answer itself, one thread hand-off per call
+    where the event loop's servers take three (core to loop, loop to worker, worker to loop; docs/grpc-server.md).
+    Blocking calls at most `max_concurrent` at once, `inline` ones beside them in INLINE_THREADS more threads;
+    beyond either, RESOURCE_EXHAUSTED. A call whose request has not arrived holds its thread until the request
+    does or the call ends: the socket's one peer is kubelet (the socket is root's, mode 0600)."""
+
+    def __init__(self, name: str, limits: Limits) -> None:
+        self.name = name
+        self.limits = limits
+        self.active_calls = 0
+        self.inline_calls = 0
+        self._count_lock = threading.Lock()
+        threads = limits.max_concurrent + INLINE_THREADS
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
+        self._methods: dict[str, Method] = {}
+        self._server = grpc.server(self._pool, handlers=[_ThreadedHandlers(self)], options=limits.options(),
+                                   maximum_concurrent_rpcs=threads)
+        self._stopped = False
+
+    def add_methods(self, methods: Mapping[str, Method]) -> None:
+        self._methods.update(methods)
+
+    def add_service(self, service: ServiceDescriptor, servicer: object) -> None:
+        self.add_methods(service_methods(service, servicer))
+
+    def _listen(self, target: str, where: str) -> int:
+        try:
+            return int(self._server.add_insecure_port(target))
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {where}: {e}") from e
+
+    def add_unix(self, path: Path) -> None:
+        """As Server.add_unix: the socket file mode 0600 from its creation."""
+        old = os.umask(SOCKET_UMASK)
+        try:
+            self._listen(f"unix:{path}", str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Refuse new calls, give running ones `grace` seconds, then cancel them."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._server.stop(grace).wait(grace + 10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _admit(self, inline: bool) -> None:
+        with self._count_lock:
+            if inline:
+                if self.inline_calls >= INLINE_THREADS:
+                    raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"{self.name}: {INLINE_THREADS} calls are being "
+                                                                  "handled already; retry")
+                self.inline_calls += 1
+            else:
+                if self.active_calls >= self.limits.max_concurrent:
+                    raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"{self.name}: {self.limits.max_concurrent} "
+                                                                  "calls are running already; retry")
+                self.active_calls += 1
+
+    def _release(self, inline: bool) -> None:
+        with self._count_lock:
+            if inline:
+                self.inline_calls -= 1
+            else:
+                self.active_calls -= 1
+
+    def unary(self, method: Method, raw: bytes, ctx: grpc.ServicerContext) -> bytes:
+        call = _threaded_context(ctx)  # ended by grpc once the answer is sent or the call is over
+        request: Any = None
+        try:
+            request = parse(method.request_type, raw)
+            inline = method.inline is not None and method.inline(request)
+            self._admit(inline)
+            try:
+                response = method.behaviour(request, call)
+            finally:
+                self._release(inline)
+            data: bytes = response.SerializeToString()
+            return data
+        except RpcError as e:
+            failure = (e.code, e.details)
+        except Exception as e:
+            log.exception("gRPC handler failed", extra={"server": self.name, "error": str(e)})
+            failure = (StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+        request = None  # aborted outside the handler's except (see Server._unary)
+        ctx.abort(*failure)
+        raise AssertionError("unreachable")  # abort raises
+
+    def stream(self, method: Method, raw: bytes, ctx: grpc.ServicerContext) -> Iterator[bytes]:
+        call = _threaded_context(ctx)
+        try:
+            refused: tuple[grpc.StatusCode, str] | None = None
+            try:
+                request = parse(method.request_type, raw)
+                self._admit(False)  # one place for the stream's life
+            except RpcError as e:
+                refused = (e.code, e.details)
+            if refused is not None:
+                ctx.abort(*refused)
+            try:
+                failure: tuple[grpc.StatusCode, str] | None = None
+                gen: Generator[Any, None, None] = method.behaviour(request, call)
+                try:
+                    for item in gen:
+                        yield item.SerializeToString()
+                except RpcError as e:
+                    failure = (e.code, e.details)
+                except Exception as e:
+                    log.exception("gRPC stream handler failed", extra={"server": self.name, "error": str(e)})
+                    failure = (StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+                finally:
+                    call.end()  # the generator sees is_active() False and returns
+                    gen.close()
+                if failure is not None:
+                    ctx.abort(*failure)
+            finally:
+                self._release(False)
+        finally:
+            call.end()
+
+
+class _ThreadedHandlers(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpcio has no type hints
+    def __init__(self, server: ThreadedServer) -> None:
+        self._server = server
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        path = handler_call_details.method
+        handler = self._handlers.get(path)
+        if handler is None:
+            method = self._server._methods.get(path)
+            if method is None:
+                return None
+            s = self._server
+            handler = (grpc.unary_stream_rpc_method_handler(lambda raw, ctx: s.stream(method, raw, ctx))
+                       if method.streaming else
+                       grpc.unary_unary_rpc_method_handler(lambda raw, ctx: s.unary(method, raw, ctx)))
+            self._handlers[path] = handler
+        return handler
+
+
+_NO_DEADLINE = 1e8  # seconds: grpcio's time_remaining() without a deadline is its infinite future
+
+
+def _threaded_context(ctx: grpc.ServicerContext) -> CallContext:
+    remaining = ctx.time_remaining()
+    call = CallContext(None if remaining is None or remaining > _NO_DEADLINE else time.monotonic() + remaining)
+    if not ctx.add_callback(call.end):
+        call.end()
+    return call
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -145,7 +145,7 @@ class RegistrationService:
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
-def _listen(server: grpcserver.Server, path: Path) -> None:
+def _listen(server: grpcserver.Server | grpcserver.ThreadedServer, path: Path) -> None:
     """Bind at the hidden name, then rename into place (sockets.binding_path); one name, so tests can watch the
     order of the binds."""
     tmp = sockets.prepare_socket_path(path)
@@ -168,7 +168,9 @@ class PluginServers:
         self.paths = paths
         # extra_services: served on the DRA socket too (the health stream), advertised after the DRA versions.
         self.registration = RegistrationService(driver_name, paths.dra, DRA_SERVICES + extra_services)
-        self._dra = grpcserver.Server("dra", limits, loop)
+        # The DRA socket on grpcio's sync server: one thread hand-off per prepare and unprepare, not three
+        # (docs/grpc-server.md "Why the asyncio server, and the sync one for the DRA socket").
+        self._dra = grpcserver.ThreadedServer("dra", limits)
         self._reg = grpcserver.Server("registration", REGISTRATION_LIMITS, loop)
         always = {m.name: (lambda _: True) for m in REGISTRATION.methods}
         self._reg.add_methods(grpcserver.service_methods(REGISTRATION, self.registration, always))

@@ -1,5 +1,6 @@
-"""driver/kubeletplugin/_grpcserver.py in-process against grpcio's client: statuses, the bound on running calls (held
-until the work ends, also for a cancelled call), deadlines and end callbacks, streams, socket files."""
+"""driver/kubeletplugin/_grpcserver.py in-process against grpcio's client, for both kinds of server (the event loop's
+`Server` and the `ThreadedServer` of the DRA socket): statuses, the bound on running calls (held until the work ends,
+also for a cancelled call), deadlines and end callbacks, streams, inline calls beside a full pool, socket files."""
 
 from __future__ import annotations
 
@@ -53,9 +54,13 @@ class Servicer:
             self.stream_closed.set()
 
 
+AnyServer = grpcserver.Server | grpcserver.ThreadedServer
+KINDS = {"loop": grpcserver.Server, "threads": grpcserver.ThreadedServer}
+
+
 @dataclass
 class Running:
-    server: grpcserver.Server
+    server: AnyServer
     servicer: Servicer
     path: Path
     channel: grpc.Channel
@@ -66,10 +71,10 @@ class Running:
             hpb.HealthCheckRequest(service=service), timeout=timeout)
 
 
-@pytest.fixture
-def running() -> Iterator[Running]:
+@pytest.fixture(params=list(KINDS))
+def running(request: pytest.FixtureRequest) -> Iterator[Running]:
     servicer = Servicer()
-    server = grpcserver.Server("t", grpcserver.Limits(max_concurrent=2))
+    server: AnyServer = KINDS[request.param]("t", grpcserver.Limits(max_concurrent=2))
     methods = grpcserver.service_methods(hpb.DESCRIPTOR.services_by_name["Health"], servicer)
     server.add_methods({p.replace("/grpc.health.v1.", "/t."): m for p, m in methods.items()})
     with short_dir() as d:
@@ -156,9 +161,10 @@ def test_a_cancelled_stream_runs_its_generators_cleanup(running: Running) -> Non
     assert running.server.active_calls == 0
 
 
-def test_inline_methods_answer_while_the_pool_is_full() -> None:
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_inline_methods_answer_while_the_pool_is_full(kind: str) -> None:
     servicer = Servicer()
-    server = grpcserver.Server("t", grpcserver.Limits(max_concurrent=1))
+    server: AnyServer = KINDS[kind]("t", grpcserver.Limits(max_concurrent=1))
     methods = grpcserver.service_methods(hpb.DESCRIPTOR.services_by_name["Health"], servicer,
                                          {"Check": lambda r: r.service == ""})
     server.add_methods(methods)
@@ -179,8 +185,9 @@ def test_inline_methods_answer_while_the_pool_is_full() -> None:
             server.stop(1)
 
 
-def test_unix_socket_is_private_and_removed_on_stop() -> None:
-    server = grpcserver.Server("t", grpcserver.Limits(max_concurrent=1))
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_unix_socket_is_private_and_removed_on_stop(kind: str) -> None:
+    server: AnyServer = KINDS[kind]("t", grpcserver.Limits(max_concurrent=1))
     with short_dir() as d:
         path = d / "s.sock"
         server.add_unix(path)
@@ -189,7 +196,7 @@ def test_unix_socket_is_private_and_removed_on_stop() -> None:
         server.stop(0)
         assert not path.exists()
         with pytest.raises(OSError, match="cannot listen on"):
-            grpcserver.Server("u", grpcserver.Limits(max_concurrent=1)).add_unix(d / "missing" / "s.sock")
+            KINDS[kind]("u", grpcserver.Limits(max_concurrent=1)).add_unix(d / "missing" / "s.sock")
 
 
 def test_a_tcp_port_is_not_shared_with_a_second_server() -> None:
