@@ -309,7 +309,42 @@ class EventLoopThread:
             self._thread.join(timeout)
 
 
-class Server:
+class _Listening:
+    """What both kinds of server share: where they listen, and services added from their descriptors."""
+
+    _server: Any  # grpc.aio.Server or grpc.Server: add_insecure_port is the same
+
+    def add_methods(self, methods: Mapping[str, Method]) -> None:
+        raise NotImplementedError
+
+    def add_service(self, service: ServiceDescriptor, servicer: object) -> None:
+        self.add_methods(service_methods(service, servicer))
+
+    def _listen(self, target: str, where: str) -> int:
+        try:  # grpc raises RuntimeError for an address it cannot bind (never returns port 0)
+            return int(self._server.add_insecure_port(target))
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {where}: {e}") from e
+
+    def add_unix(self, path: Path) -> None:
+        """Listen at `path` (bound now; calls wait until `start`), the socket file mode 0600 from its creation."""
+        old = os.umask(SOCKET_UMASK)  # process-wide: files other threads create meanwhile get less access, not more
+        try:
+            self._listen(f"unix:{path}", str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+
+
+def _failure(server: str, e: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status a handler's exception ends its call with: an RpcError's own, INTERNAL (logged) for any other."""
+    if isinstance(e, RpcError):
+        return e.code, e.details
+    log.exception("gRPC handler failed", extra={"server": server, "error": str(e)})
+    return StatusCode.INTERNAL, f"internal error: {type(e).__name__}"
+
+
+class Server(_Listening):
     """One grpc.aio server with its own pool, in the event loop given (shared with other servers) or else in one of
     its own, ended by `stop`; methods are added before `start`."""
 
@@ -344,24 +379,6 @@ class Server:
     def add_methods(self, methods: Mapping[str, Method]) -> None:
         for path, method in methods.items():
             self._handlers.add(path, method)
-
-    def add_service(self, service: ServiceDescriptor, servicer: object) -> None:
-        self.add_methods(service_methods(service, servicer))
-
-    def _listen(self, target: str, where: str) -> int:
-        try:  # grpc raises RuntimeError for an address it cannot bind (never returns port 0)
-            return int(self._server.add_insecure_port(target))
-        except RuntimeError as e:
-            raise OSError(f"cannot listen on {where}: {e}") from e
-
-    def add_unix(self, path: Path) -> None:
-        """Listen at `path` (bound now; calls wait until `start`), the socket file mode 0600 from its creation."""
-        old = os.umask(SOCKET_UMASK)  # process-wide: files other threads create meanwhile get less access, not more
-        try:
-            self._listen(f"unix:{path}", str(path))
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
 
     def add_abstract(self, name: str) -> None:
         """Listen on the abstract unix socket `name` (Linux: no file; reachable from this network namespace)."""
@@ -442,11 +459,8 @@ class Server:
                 response = await self._in_pool(method.behaviour, request, call)
             data: bytes = response.SerializeToString()
             return data
-        except RpcError as e:
-            failure = (e.code, e.details)
         except Exception as e:
-            log.exception("gRPC handler failed", extra={"server": self.name, "error": str(e)})
-            failure = (StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+            failure = _failure(self.name, e)
         # Aborted outside the handler: inside it, the abort's exception would chain the caught one, whose traceback
         # holds this frame (a cycle only the garbage collector frees, and with it the request: a large refused
         # call stayed in memory until it ran).
@@ -489,7 +503,7 @@ class Server:
                 self._pool.submit(_close_after, pending, gen)
 
 
-class ThreadedServer:
+class ThreadedServer(_Listening):
     """One grpcio synchronous server, for a socket whose every method blocks (the DRA socket): grpc core hands
     each call to a pool thread, which runs the handler and sends its answer itself, one thread hand-off per call
     where the event loop's servers take three (core to loop, loop to worker, worker to loop; docs/grpc-server.md).
@@ -512,24 +526,6 @@ class ThreadedServer:
 
     def add_methods(self, methods: Mapping[str, Method]) -> None:
         self._methods.update(methods)
-
-    def add_service(self, service: ServiceDescriptor, servicer: object) -> None:
-        self.add_methods(service_methods(service, servicer))
-
-    def _listen(self, target: str, where: str) -> int:
-        try:
-            return int(self._server.add_insecure_port(target))
-        except RuntimeError as e:
-            raise OSError(f"cannot listen on {where}: {e}") from e
-
-    def add_unix(self, path: Path) -> None:
-        """As Server.add_unix: the socket file mode 0600 from its creation."""
-        old = os.umask(SOCKET_UMASK)
-        try:
-            self._listen(f"unix:{path}", str(path))
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
 
     def start(self) -> None:
         self._server.start()
@@ -575,11 +571,8 @@ class ThreadedServer:
                 self._release(inline)
             data: bytes = response.SerializeToString()
             return data
-        except RpcError as e:
-            failure = (e.code, e.details)
         except Exception as e:
-            log.exception("gRPC handler failed", extra={"server": self.name, "error": str(e)})
-            failure = (StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+            failure = _failure(self.name, e)
         request = None  # aborted outside the handler's except (see Server._unary)
         ctx.abort(*failure)
         raise AssertionError("unreachable")  # abort raises
