@@ -212,12 +212,11 @@ def _close_after(pending: concurrent.futures.Future[Any] | None, gen: Generator[
     gen.close()  # runs the generator's cleanup (its `finally`) in this worker thread
 
 
-class _Workers:
-    """The threads a Server runs its blocking unary handlers in: at most `size`, each started when a handler finds
-    none idle (as ThreadPoolExecutor does) and kept. A handler's outcome goes straight to the loop's future with one
-    call_soon_threadsafe; ThreadPoolExecutor's own future, condition and callback chain cost about twice the CPU
-    per call (docs/benchmarks.md §1). `done` runs in the worker when the handler ends (or is skipped: its call was
-    cancelled before a thread took it)."""
+class _Threads:
+    """At most `size` daemon threads, each started when work finds none idle (as ThreadPoolExecutor does) and kept.
+    Daemon threads, unlike ThreadPoolExecutor's: a handler still running when the daemon stops (a prepare waiting
+    on the API server, an unprepare on the other instance's lock) must not hold the interpreter's exit, which joins
+    a pool's threads. Subclasses say how one item runs (`_run`) and is skipped once shut down (`_skip`)."""
 
     def __init__(self, size: int, name: str) -> None:
         self._size = size
@@ -228,21 +227,17 @@ class _Workers:
         self._threads = 0
         self._closed = False
 
-    def submit(self, loop: asyncio.AbstractEventLoop, done: Callable[[], object], fn: Callable[..., Any],
-               *args: Any) -> asyncio.Future[Any]:
-        """Run `fn(*args)` in a worker; the future (of `loop`, created in it) gets its result or exception."""
-        future: asyncio.Future[Any] = loop.create_future()
+    def _put(self, item: tuple[Any, ...]) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self._name}: shut down")
-            self._queue.put((loop, future, done, fn, args))
+            self._queue.put(item)
             if not self._idle.acquire(blocking=False) and self._threads < self._size:
                 self._threads += 1
                 threading.Thread(target=self._work, name=f"{self._name}_{self._threads - 1}", daemon=True).start()
-        return future
 
-    def shutdown(self) -> None:
-        """Workers end once their handler does; handlers not started are not run (their `done` still is)."""
+    def _close(self) -> None:
+        """Threads end once their item does; items not started are skipped."""
         with self._lock:
             self._closed = True
             for _ in range(self._threads):
@@ -253,20 +248,79 @@ class _Workers:
             item = self._queue.get()
             if item is None:
                 return
-            loop, future, done, fn, args = item
-            item = None
-            if self._closed or future.cancelled():  # not started: the call is over, or the server stops
-                _settle_later(loop, done)
-                continue
-            try:
-                result = fn(*args)
-            except BaseException as e:  # handed to the caller, as a pool's future would
-                _settle_later(loop, done, future, error=e)
+            if self._closed:
+                self._skip(item)
             else:
-                _settle_later(loop, done, future, result)
-                del result
-            del loop, future, done, fn, args  # nothing of a finished call stays referenced by an idle thread
+                self._run(item)
+            del item  # nothing of a finished item stays referenced by an idle thread
             self._idle.release()
+
+    def _run(self, item: tuple[Any, ...]) -> None:
+        raise NotImplementedError
+
+    def _skip(self, item: tuple[Any, ...]) -> None:
+        raise NotImplementedError
+
+
+class _Workers(_Threads):
+    """The threads a Server runs its blocking unary handlers in. A handler's outcome goes straight to the loop's
+    future with one call_soon_threadsafe; a concurrent.futures Future, its condition and callback chain cost about
+    twice the CPU per call (docs/benchmarks.md §1). `done` runs in the worker when the handler ends (or is skipped:
+    its call was cancelled before a thread took it, or the server stops)."""
+
+    def submit(self, loop: asyncio.AbstractEventLoop, done: Callable[[], object], fn: Callable[..., Any],
+               *args: Any) -> asyncio.Future[Any]:
+        """Run `fn(*args)` in a worker; the future (of `loop`, created in it) gets its result or exception."""
+        future: asyncio.Future[Any] = loop.create_future()
+        self._put((loop, future, done, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        """Workers end once their handler does; handlers not started are not run (their `done` still is)."""
+        self._close()
+
+    def _run(self, item: tuple[Any, ...]) -> None:
+        loop, future, done, fn, args = item
+        if future.cancelled():  # not started: the call is over
+            _settle_later(loop, done)
+            return
+        try:
+            result = fn(*args)
+        except BaseException as e:  # handed to the caller, as a pool's future would
+            _settle_later(loop, done, future, error=e)
+        else:
+            _settle_later(loop, done, future, result)
+
+    def _skip(self, item: tuple[Any, ...]) -> None:
+        _settle_later(item[0], item[2])
+
+
+class _Pool(_Threads, concurrent.futures.Executor):
+    """A concurrent.futures executor on daemon threads (see `_Threads`), for what wants real futures: grpcio's sync
+    server (it chains its call bookkeeping on the future) and a Server's streams."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._put((future, fn, args, kwargs))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Never waits (the threads are the daemon's to abandon); work not started is cancelled."""
+        self._close()
+
+    def _run(self, item: tuple[Any, ...]) -> None:
+        future, fn, args, kwargs = item
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as e:
+            future.set_exception(e)
+        else:
+            future.set_result(result)
+
+    def _skip(self, item: tuple[Any, ...]) -> None:
+        item[0].cancel()
 
 
 def _settle_later(loop: asyncio.AbstractEventLoop, done: Callable[[], object],
@@ -354,7 +408,7 @@ class Server(_Listening):
         self.active_calls = 0  # blocking calls admitted to the pool and not finished
         self.inline_calls = 0  # calls handled in the event loop and not finished (only the loop counts them)
         self._count_lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent, thread_name_prefix=name)  # streams
+        self._pool = _Pool(limits.max_concurrent, f"{name}-stream")
         self._workers = _Workers(limits.max_concurrent, f"{name}-call")  # unary calls
         self._own_loop: EventLoopThread | None = None
         if loop is None:
@@ -518,7 +572,7 @@ class ThreadedServer(_Listening):
         self.inline_calls = 0
         self._count_lock = threading.Lock()
         threads = limits.max_concurrent + INLINE_THREADS
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
+        self._pool = _Pool(threads, name)
         self._methods: dict[str, Method] = {}
         self._server = grpc.server(self._pool, handlers=[_ThreadedHandlers(self)], options=limits.options(),
                                    maximum_concurrent_rpcs=threads)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ import pytest
 
 from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
 from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2 as hpb
-from tests.support.driver import short_dir
+from tests.support.driver import REPO, short_dir
 
 CHECK = "/t.Health/Check"
 WATCH = "/t.Health/Watch"
@@ -183,6 +185,43 @@ def test_inline_methods_answer_while_the_pool_is_full(kind: str) -> None:
                 busy.result(timeout=5)
         finally:
             server.stop(1)
+
+
+# A child that stops its server while a handler never ends, then returns from its script.
+_EXIT_WITH_A_HANDLER_RUNNING = """
+import sys, threading
+import grpc
+from neuron_dra.driver.kubeletplugin import _grpcserver as grpcserver
+from neuron_dra.driver.kubeletplugin._generated import grpc_health_v1_pb2 as hpb
+from tests.driver.kubeletplugin.test_grpcserver import KINDS, Servicer
+class Forever(Servicer):
+    def Check(self, request, context):
+        self.started.release()
+        threading.Event().wait()  # nothing sets it
+servicer = Forever()
+server = KINDS[sys.argv[1]]("t", grpcserver.Limits(max_concurrent=2))
+server.add_methods(grpcserver.service_methods(hpb.DESCRIPTOR.services_by_name["Health"], servicer))
+server.add_unix(sys.argv[2])
+server.start()
+channel = grpc.insecure_channel("unix:" + sys.argv[2])
+busy = channel.unary_unary("/grpc.health.v1.Health/Check").future(
+    hpb.HealthCheckRequest(service="wait").SerializeToString(), timeout=600)
+assert servicer.started.acquire(timeout=30)
+server.stop(0)
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_handler_still_running_does_not_hold_the_process_exit(kind: str) -> None:
+    # Handlers run on daemon threads: a prepare blocked on the API server or the other instance's lock when the
+    # daemon stops must not keep the interpreter from exiting (a pool's threads are joined at exit).
+    with short_dir() as d:
+        done = subprocess.run([sys.executable, "-c", _EXIT_WITH_A_HANDLER_RUNNING, kind, str(d / "x.sock")],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stopped"
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
