@@ -481,6 +481,8 @@ def _malformed(name: str, n: int, case: str) -> Any:
         good["status"]["allocation"]["devices"]["results"] = [7]
     elif case == "device a list":
         good["status"]["allocation"]["devices"]["results"][0]["device"] = ["neuron-device-1"]
+    elif case == "adminAccess a string":
+        good["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = "yes"
     elif case == "metadata a string":
         good["metadata"] = "default/" + name
     elif case == "status a list":
@@ -497,6 +499,7 @@ MALFORMED = {  # case -> the field the error names
     "results a string": "status.allocation.devices.results is 'neuron-device-1' (str); expected a list",
     "result a number": "status.allocation.devices.results[0] is 7 (int); expected an object",
     "device a list": "status.allocation.devices.results[0].device is ['neuron-device-1'] (list); expected a string",
+    "adminAccess a string": "status.allocation.devices.results[0].adminAccess is 'yes' (str); expected true or false",
     "metadata a string": "claim.metadata is 'default/c' (str); expected an object",
     "status a list": "claim.status is [] (list); expected an object",
     "claim a list": "the claim is [{",

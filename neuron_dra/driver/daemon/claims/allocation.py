@@ -122,7 +122,15 @@ def results_of(allocation: Mapping[str, Any], ref: ClaimRef) -> tuple[Result, ..
     devices = _member(ref, allocation, "status.allocation", "devices", Mapping, {})
     out = []
     for i, item in enumerate(_member(ref, devices, where, "results", list, [])):
-        at = f"{where}.results[{i}]"
+        if type(item) is dict:  # what the JSON decoder gives: the common case checked at once, without names
+            driver, pool, device, request = item.get("driver"), item.get("pool"), item.get("device"), item.get(
+                "request")
+            admin = item.get("adminAccess")
+            if (type(driver) is str and type(pool) is str and type(device) is str and type(request) is str
+                    and (admin is None or type(admin) is bool)):
+                out.append(Result(driver, pool, device, request, admin is True))
+                continue
+        at = f"{where}.results[{i}]"  # a missing field, or one of another type: named, or defaulted when null
         r = _object(ref, at, item)
         out.append(Result(_member(ref, r, at, "driver", str, ""), _member(ref, r, at, "pool", str, ""),
                           _member(ref, r, at, "device", str, ""), _member(ref, r, at, "request", str, ""),
@@ -181,20 +189,24 @@ def allocated_devices(claim: Claim, driver: str, pool: str, spec: InstanceSpec) 
         raise ClaimError(Reason.NOT_FOR_THIS_NODE,
                          f"claim {ref} is allocated to pool {capped(', '.join(elsewhere))}, not to this node's pool "
                          f"{pool}")
-    for r in ours:  # the request name goes into CDI device names and ids
-        parts = r.request.split("/")
+    by_request: dict[str, Result] = {}  # each request name once: results usually share a few
+    for r in ours:
+        by_request.setdefault(r.request, r)
+    for name, r in by_request.items():  # the request name goes into CDI device names and ids
+        parts = name.split("/")
         if len(parts) > 2 or not all(is_dns_label(p) for p in parts):
             raise _malformed(ref, f"status.allocation.devices.results[device {shown(r.device, 70)}].request",
-                             r.request, f"a request name ({DNS_LABEL_RULE}), or request/subrequest")
+                             name, f"a request name ({DNS_LABEL_RULE}), or request/subrequest")
     configs = _configs(allocation, ref, driver, spec)
-    out = []
-    for r in ours:
-        effective = EffectiveConfig()
+    effective: dict[str, EffectiveConfig] = {}
+    for name in by_request:
+        merged = EffectiveConfig()
         for requests, config in configs:
-            if _applies(requests, r.request):
-                effective = effective.merged(config)
-        out.append(AllocatedDevice(r.request, r.device, r.admin_access, effective, groups.get(r.pool)))
-    return tuple(out)
+            if _applies(requests, name):
+                merged = merged.merged(config)
+        effective[name] = merged
+    return tuple(AllocatedDevice(r.request, r.device, r.admin_access, effective[r.request], groups.get(r.pool))
+                 for r in ours)
 
 
 # --- UltraServer group devices (docs/ultraserver.md §6) --------------------------------------------------------
@@ -205,6 +217,8 @@ def group_of(r: Result) -> GroupAllocation | None:
     a size-2 pool, or `ultraserver-half-<0|1>` in the pool of its 4-node set where shared counters are served);
     None for any other result. Node pools are node names, which never contain '/'."""
     prefix, slash, server_id = r.pool.partition("/")
+    if not slash:
+        return None
     size_text = prefix.removeprefix(us.POOL_PREFIX)
     if not slash or prefix == size_text or not server_id or size_text not in {str(m) for m in us.MODES}:
         return None
