@@ -15,7 +15,7 @@ before any wait, so a driver can order a prepare against an unprepare that overt
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from typing import Protocol
 
 from neuron_dra.driver.errortext import capped
@@ -31,6 +31,7 @@ from neuron_dra.driver.kubeletplugin._claimref import (
     ClaimLookupError,
     ClaimRef,
 )
+from neuron_dra.driver.kubeletplugin._grpcserver import DaemonThreadPool
 from neuron_dra.driver.kubeletplugin._instance_lock import CallLock, LockTimeout
 
 LOOKUP_WORKERS = 8  # claims of one call looked up at once
@@ -82,7 +83,8 @@ class Calls:
         self._lookup = lookup
         self._lock = lock
         self._workers = workers
-        self._executor: ThreadPoolExecutor | None = None  # made by the first call with several claims
+        # Made by the first call with several claims; daemon threads: a lookup in flight never holds the exit.
+        self._executor: DaemonThreadPool | None = None
 
     def close(self) -> None:
         if self._executor is not None:
@@ -171,7 +173,7 @@ class Calls:
         if not refs:
             return []
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="claim-lookup")
+            self._executor = DaemonThreadPool(self._workers, "claim-lookup")
         executor = self._executor
         futures: list[Future[Claim | None]] = [executor.submit(self._claim, r, call, out) for r in refs]
         call.on_abandon(lambda: [f.cancel() for f in futures])

@@ -237,11 +237,18 @@ class _Threads:
                 threading.Thread(target=self._work, name=f"{self._name}_{self._threads - 1}", daemon=True).start()
 
     def _close(self) -> None:
-        """Threads end once their item does; items not started are skipped."""
+        """Threads end once their item does; items not started are skipped now, not when a thread frees up."""
         with self._lock:
             self._closed = True
+            waiting = []
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    waiting.append(self._queue.get_nowait())
             for _ in range(self._threads):
                 self._queue.put(None)
+        for item in waiting:
+            if item is not None:
+                self._skip(item)
 
     def _work(self) -> None:
         while True:
@@ -295,9 +302,9 @@ class _Workers(_Threads):
         _settle_later(item[0], item[2])
 
 
-class _Pool(_Threads, concurrent.futures.Executor):
+class DaemonThreadPool(_Threads, concurrent.futures.Executor):
     """A concurrent.futures executor on daemon threads (see `_Threads`), for what wants real futures: grpcio's sync
-    server (it chains its call bookkeeping on the future) and a Server's streams."""
+    server (it chains its call bookkeeping on the future), a Server's streams, the helper's parallel claim lookups."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -408,7 +415,7 @@ class Server(_Listening):
         self.active_calls = 0  # blocking calls admitted to the pool and not finished
         self.inline_calls = 0  # calls handled in the event loop and not finished (only the loop counts them)
         self._count_lock = threading.Lock()
-        self._pool = _Pool(limits.max_concurrent, f"{name}-stream")
+        self._pool = DaemonThreadPool(limits.max_concurrent, f"{name}-stream")
         self._workers = _Workers(limits.max_concurrent, f"{name}-call")  # unary calls
         self._own_loop: EventLoopThread | None = None
         if loop is None:
@@ -572,7 +579,7 @@ class ThreadedServer(_Listening):
         self.inline_calls = 0
         self._count_lock = threading.Lock()
         threads = limits.max_concurrent + INLINE_THREADS
-        self._pool = _Pool(threads, name)
+        self._pool = DaemonThreadPool(threads, name)
         self._methods: dict[str, Method] = {}
         self._server = grpc.server(self._pool, handlers=[_ThreadedHandlers(self)], options=limits.options(),
                                    maximum_concurrent_rpcs=threads)

@@ -292,3 +292,30 @@ def test_a_server_without_a_loop_runs_its_own_and_ends_it_on_stop() -> None:
     assert "alone-grpc" in [t.name for t in threading.enumerate()]
     server.stop(0)
     assert "alone-grpc" not in [t.name for t in threading.enumerate()]
+
+
+def test_the_daemon_pool_runs_work_on_daemon_threads_and_cancels_what_waits_at_shutdown() -> None:
+    pool = grpcserver.DaemonThreadPool(1, "p")
+    release, started = threading.Event(), threading.Event()
+
+    def busy() -> str:
+        started.set()
+        release.wait(30)
+        return threading.current_thread().name if threading.current_thread().daemon else "not a daemon thread"
+
+    running = pool.submit(busy)
+    assert started.wait(10)
+    waiting = pool.submit(str, "never")
+    failing = None
+    try:
+        pool.shutdown(wait=False, cancel_futures=True)
+        assert waiting.cancelled()  # at once, while the only thread is still busy
+        with pytest.raises(RuntimeError, match="shut down"):
+            failing = pool.submit(str, "late")
+    finally:
+        release.set()
+    assert running.result(10) == "p_0" and failing is None
+    boom = grpcserver.DaemonThreadPool(1, "q")
+    with pytest.raises(ZeroDivisionError):
+        boom.submit(lambda: 1 / 0).result(10)
+    boom.shutdown()
