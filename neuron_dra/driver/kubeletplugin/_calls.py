@@ -126,15 +126,25 @@ class Calls:
         return out  # type: ignore[return-value]  # every entry set above
 
     def _prepare(self, items: Sequence[Claim | ClaimRef], call: CallScope, out: dict[str, object]) -> None:
+        """The driver's prepare under the lock, unless kubelet gave up on the call by then (before the lock or
+        while waiting for it): nobody waits for that work, and it would hold the lock (with the driver's own API
+        calls, such as a conflicting holder's liveness GET) against the calls that are waited for. Kubelet
+        retries the claims."""
         if not items:
             return
+        refs = [c.ref if isinstance(c, Claim) else c for c in items]
         try:
-            with self._lock.hold(call.deadline):
-                out.update(self._driver.prepare(items, call))
+            if not call.abandoned:
+                with self._lock.hold(call.deadline):
+                    if not call.abandoned:  # it may have waited for the lock
+                        out.update(self._driver.prepare(items, call))
+                        return
         except LockTimeout as e:
-            for c in items:
-                ref = c.ref if isinstance(c, Claim) else c
+            for ref in refs:
                 out[ref.uid] = self._fail("prepare", ref, ClaimFailed(f"{e}; kubelet retries", LOCK_TIMEOUT))
+            return
+        for ref in refs:
+            out[ref.uid] = self._abandoned(ref)
 
     def unprepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None) -> dict[str, ClaimFailed | None]:
         """From the driver's records alone (no API call). The lock is waited for without a deadline: an unprepare

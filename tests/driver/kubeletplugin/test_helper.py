@@ -323,3 +323,32 @@ def test_a_claim_the_driver_has_prepared_skips_its_get_until_the_driver_needs_it
     assert lookup.calls == [("ns", "b"), ("ns", "a")]  # a's GET only once the driver needed it
     assert {uid: [d.device_name for d in a] for uid, a in answers.items()
             if not isinstance(a, ClaimFailed) and a is not None} == {"u-a": ["dev-a"], "u-b": ["dev-b"]}
+
+
+class AbandoningLookup(FakeLookup):
+    """Kubelet gives up on the call while its claim is being looked up (the GET answers after the deadline)."""
+
+    def __init__(self, call: CallScope, *claims: Any) -> None:
+        super().__init__(*claims)
+        self.call = call
+
+    def get(self, namespace: str, name: str) -> Any:
+        self.call.abandon()
+        return super().get(namespace, name)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_call_kubelet_gave_up_on_during_its_gets_prepares_nothing_and_takes_no_lock(count: int) -> None:
+    """The claims looked up are not handed to the driver (nobody waits for the answer; under the lock it would
+    hold up the calls that are waited for, issue 14 item 7): each is failed as abandoned, kubelet retries."""
+    call = CallScope()
+    lookup = AbandoningLookup(call, toy_claim("a", "u-a", "dev-a"), toy_claim("b", "u-b", "dev-b"))
+    lock = kubeletplugin.CallLock()
+    driver = ToyDriver(lock=lock)
+    refs = [ClaimRef("ns", "a", "u-a"), ClaimRef("ns", "b", "u-b")][:count]
+    answers = Calls(driver, lookup, lock).prepare(refs, call)
+    assert len(lookup.calls) >= 1 and driver.calls == [] and driver.prepared == {}
+    assert {uid: a.reason for uid, a in answers.items() if isinstance(a, ClaimFailed)} == dict.fromkeys(
+        (r.uid for r in refs), "abandoned")
+    with lock.hold(0.0):  # free: nothing kept it
+        pass
