@@ -220,7 +220,7 @@ def group_of(r: Result) -> GroupAllocation | None:
     if not slash:
         return None
     size_text = prefix.removeprefix(us.POOL_PREFIX)
-    if not slash or prefix == size_text or not server_id or size_text not in {str(m) for m in us.MODES}:
+    if prefix == size_text or not server_id or size_text not in {str(m) for m in us.MODES}:
         return None
     size = int(size_text)
     if size == 4 and r.device in (f"{us.HALF_DEVICE}-0", f"{us.HALF_DEVICE}-1"):
