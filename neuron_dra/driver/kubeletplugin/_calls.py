@@ -132,7 +132,7 @@ class Calls:
         retries the claims."""
         if not items:
             return
-        refs = [c.ref if isinstance(c, Claim) else c for c in items]
+        timeout: LockTimeout | None = None
         try:
             if not call.abandoned:
                 with self._lock.hold(call.deadline):
@@ -140,11 +140,11 @@ class Calls:
                         out.update(self._driver.prepare(items, call))
                         return
         except LockTimeout as e:
-            for ref in refs:
-                out[ref.uid] = self._fail("prepare", ref, ClaimFailed(f"{e}; kubelet retries", LOCK_TIMEOUT))
-            return
-        for ref in refs:
-            out[ref.uid] = self._abandoned(ref)
+            timeout = e
+        for c in items:
+            ref = c.ref if isinstance(c, Claim) else c
+            out[ref.uid] = self._abandoned(ref) if timeout is None else self._fail(
+                "prepare", ref, ClaimFailed(f"{timeout}; kubelet retries", LOCK_TIMEOUT))
 
     def unprepare(self, refs: Sequence[ClaimRef], call: CallScope | None = None) -> dict[str, ClaimFailed | None]:
         """From the driver's records alone (no API call). The lock is waited for without a deadline: an unprepare

@@ -289,7 +289,7 @@ class _Workers(_Threads):
     def _run(self, item: tuple[Any, ...]) -> None:
         loop, future, done, fn, args = item
         if future.cancelled():  # not started: the call is over
-            _settle_later(loop, done)
+            self._skip(item)
             return
         try:
             result = fn(*args)

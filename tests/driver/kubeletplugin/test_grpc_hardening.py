@@ -184,8 +184,8 @@ def test_health_port_listens_on_the_pod_ip_by_default(dirs: DaemonDirs, host_roo
 def test_an_abandoned_prepare_does_not_hold_up_the_next_one(dirs: DaemonDirs, host_root: Path) -> None:
     """Issue 14 item 7: kubelet gives up on a prepare of 48 slow claims (1 s per GET, 8 lookup workers: 6 s of
     work). Its queued lookups are cancelled, so a 2-claim prepare right after waits only for the GETs in flight;
-    the claims those return are not prepared (before, they were, under the lock, and the seven that conflicted
-    with the first each GET its holder, 1 s here: the next call waited 7.5 s in about one run of 30)."""
+    the claims those return are not prepared, so their conflict checks (a GET of the holder each, under the lock)
+    cannot hold the next call up either."""
     slow = [ClaimRef("default", f"slow{i}", uid(100 + i)) for i in range(48)]
     for ref in slow:
         dirs.put_claim(claim(ref.name, ref.uid, devices(0)))

@@ -123,9 +123,8 @@ def results_of(allocation: Mapping[str, Any], ref: ClaimRef) -> tuple[Result, ..
     out = []
     for i, item in enumerate(_member(ref, devices, where, "results", list, [])):
         if type(item) is dict:  # what the JSON decoder gives: the common case checked at once, without names
-            driver, pool, device, request = item.get("driver"), item.get("pool"), item.get("device"), item.get(
-                "request")
-            admin = item.get("adminAccess")
+            driver, pool, device = item.get("driver"), item.get("pool"), item.get("device")
+            request, admin = item.get("request"), item.get("adminAccess")
             if (type(driver) is str and type(pool) is str and type(device) is str and type(request) is str
                     and (admin is None or type(admin) is bool)):
                 out.append(Result(driver, pool, device, request, admin is True))
