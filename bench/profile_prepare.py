@@ -4,8 +4,8 @@ DriverState on an emulated trn2 host, the response serialized), with claims from
 instances' flock held as the daemon holds it. No sockets: the gRPC transport is bench_peer.py's. Not a benchmark
 of record (bench_peer.py is, against the Go driver).
 
-    python bench/profile_prepare.py [rounds] [devices]   # CPU per call (time.process_time), then a cProfile
-    PROFILE=0 python bench/profile_prepare.py ...        # the CPU per call only
+    python bench/profile_prepare.py [rounds] [devices]   # CPU per call (time.process_time), wall p50, a cProfile
+    PROFILE=0 python bench/profile_prepare.py ...        # without the cProfile
 """
 
 from __future__ import annotations
@@ -78,19 +78,23 @@ def main() -> None:
                              dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims).SerializeToString()))
         lookup.calls = _Discard()  # the fake's call log would grow with every round
 
+        wall: dict[str, list[float]] = {}
+
         def run(profile: cProfile.Profile | None = None) -> dict[str, list[float]]:
             """CPU seconds per call of each kind, per chunk of CHUNK rounds."""
             cpu: dict[str, list[float]] = {"prepare": [], "unprepare": []}
+            wall.update({"prepare": [], "unprepare": []})
             for start in range(0, len(requests), CHUNK):
                 spent = {"prepare": 0.0, "unprepare": 0.0}
                 for p, u in requests[start:start + CHUNK]:
                     for name, fn, data in (("prepare", prepare, p), ("unprepare", unprepare, u)):
-                        t = time.process_time()
+                        t, w = time.process_time(), time.perf_counter()
                         if profile:
                             profile.enable()
                         answer = fn(data)
                         if profile:
                             profile.disable()
+                        wall[name].append(time.perf_counter() - w)
                         spent[name] += time.process_time() - t
                         assert b"error" not in answer or name == "unprepare", answer
                 for name, v in spent.items():
@@ -102,7 +106,8 @@ def main() -> None:
         # The least of the chunks: the machine's other work only adds (this one is shared).
         print(f"{per_claim} device(s), {rounds} rounds: " + ", ".join(
             f"{k} {min(v) * 1e3:.3f} ms CPU/call (median of {len(v)} chunks {statistics.median(v) * 1e3:.3f})"
-            for k, v in cpu.items()))
+            for k, v in cpu.items()) + "; wall p50 " + ", ".join(
+            f"{k} {statistics.median(v) * 1e3:.3f} ms" for k, v in wall.items()))
         if os.environ.get("PROFILE", "1") == "0":
             state.close()
             return
