@@ -4,7 +4,7 @@ Both drivers run against one local control plane (localcluster/controlplane/plan
 unless --kubernetes-version), for one Node, and are driven by one client speaking kubelet's protocols over
 their unix sockets (registration, then DRA v1; the client below, so the figures do not depend on the local
 cluster's kubelet stand-in). Calls are interleaved: every cycle prepares and unprepares a 1-device and an
-8-device claim on each driver, the driver order alternating, so both see the same machine. Each prepare GETs
+8-device claim on each driver, in four orders in turn (fair_schedule), so both see the same machine. Each prepare GETs
 its claim from the API server (both drivers do that; the example's client rate limit is raised from its
 default 5 requests/s, which would throttle prepares to ~180 ms).
 
@@ -416,7 +416,8 @@ class Figure:
 
 
 def measure(drivers: Sequence[Running], api: Api, cycles: int, warmup: int, log: Callable[[str], None],
-            samples: list[dict[str, Any]] | None = None) -> tuple[list[Figure], dict[int, list[float]]]:
+            samples: list[dict[str, Any]] | None = None
+            ) -> tuple[list[Figure], dict[int, list[float]], dict[str, dict[str, list[float]]]]:
     work = []  # (driver, size, prepare request, unprepare request, uid)
     for d in drivers:
         for n in SIZES:
@@ -426,23 +427,27 @@ def measure(drivers: Sequence[Running], api: Api, cycles: int, warmup: int, log:
                          request_bytes(dra_v1_pb2.NodeUnprepareResourcesRequest, name, uid), uid))
     prep: dict[tuple[int, int], list[float]] = {(i, n): [] for i in range(len(drivers)) for n in SIZES}
     unprep: dict[int, list[float]] = {i: [] for i in range(len(drivers))}
+    after: dict[tuple[int, int, bool], list[float]] = {}  # (driver, size, after the other driver's call): prepares
     cpu_before: dict[int, float] = {}
+    previous = None
+    schedule = fair_schedule(work)
     for cycle in range(-warmup, cycles):
         if cycle == 0:
             cpu_before = {i: cpu_seconds(d.proc.pid) for i, d in enumerate(drivers)}
             started = time.perf_counter()
-        # Alternate which driver goes first, so neither always runs right after the other's fsync.
-        order = work if cycle % 2 == 0 else list(reversed(work))
-        for d, n, prepare, unprepare, uid in order:
+        for d, n, prepare, unprepare, uid in schedule[cycle % len(schedule)]:
             i = drivers.index(d)
+            other = previous is not None and previous != i
             p = d.client.prepare(prepare, uid)
             u = d.client.unprepare(unprepare, uid)
+            previous = i
             if cycle >= 0:
                 prep[(i, n)].append(p)
                 unprep[i].append(u)
+                after.setdefault((i, n, other), []).append(p)
                 if samples is not None:
                     samples.append({"driver": d.spec.label, "devices": n, "cycle": cycle, "prepare_s": p,
-                                    "unprepare_s": u, "at_s": time.perf_counter() - started})
+                                    "unprepare_s": u, "after_other": other, "at_s": time.perf_counter() - started})
         if cycle > 0 and cycle % max(1, cycles // 10) == 0:
             log(f"  {cycle}/{cycles} cycles, {(time.perf_counter() - started) / cycle * 1000:.1f} ms per cycle")
     cpu = [(cpu_seconds(d.proc.pid) - cpu_before[i]) / (cycles * len(SIZES)) for i, d in enumerate(drivers)]
@@ -457,7 +462,23 @@ def measure(drivers: Sequence[Running], api: Api, cycles: int, warmup: int, log:
     figures.append(Figure("unprepare p99", "ms", percentile(unprep[ours], 99) * 1000,
                           percentile(unprep[ex], 99) * 1000))
     figures.append(Figure("CPU per prepare+unprepare", "ms", cpu[ours] * 1000, cpu[ex] * 1000))
-    return figures, {n: quarter_ratios(prep[(ours, n)], prep[(ex, n)], 99) for n in SIZES}
+    # What a call pays when the other driver's process ran just before it (each driver's caches and threads cold,
+    # as for every call on a real node, where calls come seconds apart): each kind gets the same share of those.
+    split = {f"{n} device{'s' if n > 1 else ''}": {label: [percentile(after.get((i, n, o), [0.0]), 50) * 1000
+                                                          for o in (False, True)]
+                                                  for i, label in enumerate(("neuron-dra", "example (Go)"))}
+             for n in SIZES}
+    return figures, {n: quarter_ratios(prep[(ours, n)], prep[(ex, n)], 99) for n in SIZES}, split
+
+
+def fair_schedule(work: Sequence[Any]) -> list[list[Any]]:
+    """The cycles' call orders, repeated: `work` is (ours 1, ours 8, example 1, example 8); the four orders (as
+    is, drivers swapped, sizes swapped, both) give each of the four calls the same share of turns right after the
+    other driver's calls, which cost more (a driver's threads and caches are cold then). Reversing the list every
+    other cycle (what this bench did before) gave that turn half the time to our 8-device and the example's
+    1-device prepares, and never to the other two."""
+    o1, o8, e1, e8 = work
+    return [[o1, o8, e1, e8], [e1, e8, o1, o8], [o8, o1, e8, e1], [e8, e1, o8, o1]]
 
 
 def quarter_ratios(ours: Sequence[float], example: Sequence[float], p: float) -> list[float]:
@@ -510,7 +531,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                 log(f"{spec.label} up: registration socket after {drivers[-1].to_socket:.3f} s, first "
                     f"ResourceSlice after {drivers[-1].to_slice:.3f} s")
             samples: list[dict[str, Any]] | None = [] if args.samples else None
-            figures, quarters = measure(drivers, api, args.cycles, args.warmup, log, samples)
+            figures, quarters, split = measure(drivers, api, args.cycles, args.warmup, log, samples)
             load_after = load_average()
             if args.samples:
                 Path(args.samples).write_text(json.dumps(samples))
@@ -538,6 +559,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             "daemon_python": "dev" if args.dev_python else "image", "state_filesystem": filesystem(Path(args.dir)),
             "priority": priority, "load_average": [load_before, load_after], "health_servers": args.health,
             "prepare_p99_ratio_by_quarter": {str(n): q for n, q in quarters.items()},
+            "prepare_p50_ms_after_own_and_other": split,
             "figures": [{"name": f.name, "unit": f.unit, "neuron_dra": round(f.ours, 4),
                          "example": round(f.example, 4), "ratio": round(f.ratio, 3)} for f in figures]}
 
@@ -565,6 +587,9 @@ def table(result: Mapping[str, Any]) -> str:
     by_quarter = "; ".join(f"{n} device{'s' if n != '1' else ''} {' '.join(f'{r:.2f}' for r in q)}"
                            for n, q in result["prepare_p99_ratio_by_quarter"].items())
     rows += ["", f"prepare p99 ratio in each quarter of the run: {by_quarter}"]
+    split = "; ".join(f"{size}: " + ", ".join(f"{label} {own:.2f} / {other:.2f}" for label, (own, other) in v.items())
+                      for size, v in result["prepare_p50_ms_after_own_and_other"].items())
+    rows += [f"prepare p50 (ms) right after the same driver's call / after the other's: {split}"]
     return "\n".join(rows)
 
 

@@ -4,6 +4,7 @@ p99 ratio per quarter of a run, the table's lines, and the image's entrypoint it
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import subprocess
 import sys
@@ -61,13 +62,29 @@ def test_quarter_ratios_and_the_table() -> None:
     result = {"kubernetes": "v1.36.5", "example": "v0.4.0", "cycles": 400, "daemon_python": "image",
               "state_filesystem": "ext4", "priority": "nice -15", "load_average": [1.0, 2.0],
               "health_servers": False, "prepare_p99_ratio_by_quarter": {"1": [1.0, 2.0, 1.0, 4.0], "8": [1.0] * 4},
+              "prepare_p50_ms_after_own_and_other": {"1 device": {"neuron-dra": [3.0, 3.5],
+                                                                  "example (Go)": [3.1, 3.2]}},
               "figures": [{"name": "prepare p99, 1 device", "unit": "ms", "neuron_dra": 2.0, "example": 1.0,
                            "ratio": 2.0}]}
     text = b.table(result)
     assert "nice -15; load average 1.0 before the drivers started, 2.0 after the last cycle" in text
     assert "| prepare p99, 1 device | 2.00 ms | 1.00 ms | 2.00 |" in text
-    assert text.endswith("prepare p99 ratio in each quarter of the run: 1 device 1.00 2.00 1.00 4.00; "
-                         "8 devices 1.00 1.00 1.00 1.00")
+    assert ("prepare p99 ratio in each quarter of the run: 1 device 1.00 2.00 1.00 4.00; "
+            "8 devices 1.00 1.00 1.00 1.00\n") in text
+    assert text.endswith("right after the same driver's call / after the other's: 1 device: neuron-dra 3.00 / 3.50, "
+                         "example (Go) 3.10 / 3.20")
+
+
+def test_the_schedule_gives_each_call_the_same_share_of_turns_after_the_other_driver() -> None:
+    """A call right after the other driver's is slower (that process's threads and caches are cold); the old
+    schedule (the list reversed every other cycle) gave those turns to two of the four calls only."""
+    b = bench()
+    schedule = b.fair_schedule([("ours", 1), ("ours", 8), ("go", 1), ("go", 8)])
+    calls = [call for cycle in schedule * 3 for call in cycle]  # repeated: the turn from one round to the next too
+    turns = {call: sum(1 for before, c in itertools.pairwise(calls) if c == call and before[0] != call[0])
+             for call in set(calls)}
+    assert set(turns.values()) == {3}, turns
+    assert all(sorted(cycle) == sorted(schedule[0]) for cycle in schedule)  # every call once per cycle
 
 
 @pytest.mark.process
