@@ -95,15 +95,15 @@ class DraService:
         call = _call_scope(context)
         results = self._calls.prepare(_claim_refs(request.claims), call)
         response = self._pb.NodePrepareResourcesResponse()
-        device = self._pb.Device
         for uid, result in results.items():
             entry = response.claims[uid]  # creates the entry: every claim gets one
             if isinstance(result, ClaimFailed):
                 entry.error = result.message
                 continue
-            entry.devices.extend([device(request_names=d.request_names, pool_name=d.pool_name,
-                                         device_name=d.device_name, cdi_device_ids=d.cdi_device_ids)
-                                  for d in result])
+            add = entry.devices.add  # in place: a Device built first would be copied in (8 devices: 18 -> 12 us)
+            for d in result:
+                add(request_names=d.request_names, pool_name=d.pool_name, device_name=d.device_name,
+                    cdi_device_ids=d.cdi_device_ids)
         return response
 
     def NodeUnprepareResources(self, request: Any, context: grpcserver.CallContext) -> Any:
