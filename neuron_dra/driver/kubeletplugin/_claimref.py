@@ -4,6 +4,7 @@ claim's failure (`ClaimFailed`), and the one API read prepare needs (`ClaimLooku
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from neuron_dra.driver.errortext import shown
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,19 +126,23 @@ class CallScope:
 
     The gRPC handler makes one per call as it arrives (deadline from context.time_remaining(), `abandon` from
     context.add_callback, which runs when the call ends for any reason); work for the call checks `abandoned`
-    before starting and registers `on_abandon` to cancel what is queued. `ticket` orders calls across the
+    before starting and registers `on_abandon` to cancel what is queued; work nobody waits for (a log line, a
+    metric) goes to `after_answer`, so that kubelet has its answer first. `ticket` orders calls across the
     driver's instances: a driver that records unprepares with their tickets can refuse a prepare that arrived
     before an unprepare of the same claim was answered (docs/architecture.md, the prepare walk)."""
 
-    __slots__ = ("_abandoned", "_callbacks", "_lock", "began", "deadline", "ticket")
+    __slots__ = ("_abandoned", "_after", "_callbacks", "_lock", "began", "deadline", "ticket")
 
-    def __init__(self, deadline: float | None = None) -> None:
+    def __init__(self, deadline: float | None = None, *, ends: bool = False) -> None:
+        """`ends`: `abandon` will be called when the call is over (the gRPC handler's scope); without it,
+        `after_answer` work runs at once (a direct caller's scope)."""
         self.deadline = deadline
         self.ticket = _next_ticket()
         self.began = time.perf_counter()
         self._lock = threading.Lock()
         self._abandoned = False
         self._callbacks: list[Callable[[], object]] = []
+        self._after: list[Callable[[], object]] | None = [] if ends else None
 
     @property
     def abandoned(self) -> bool:
@@ -145,8 +152,23 @@ class CallScope:
         with self._lock:
             self._abandoned = True
             callbacks, self._callbacks = self._callbacks, []
+            after, self._after = self._after or [], None
         for fn in callbacks:
             fn()
+        for fn in after:
+            try:
+                fn()
+            except Exception:  # one failed line of bookkeeping never skips the others
+                log.exception("work after a call's answer failed")
+
+    def after_answer(self, fn: Callable[[], object]) -> None:
+        """Run `fn` once the call is over (kubelet has its answer, or gave up on it), in the thread that ends it;
+        at once when the call is over already or its end is not hooked."""
+        with self._lock:
+            if self._after is not None:
+                self._after.append(fn)
+                return
+        fn()
 
     def on_abandon(self, fn: Callable[[], object]) -> None:
         with self._lock:

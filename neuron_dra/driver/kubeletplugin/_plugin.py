@@ -76,7 +76,7 @@ def _claim_refs(claims: Any) -> list[ClaimRef]:
 def _call_scope(context: grpcserver.CallContext) -> CallScope:
     """The call as it arrives (its ticket), its deadline, and `abandon` run when it ends, whatever the reason."""
     remaining = context.time_remaining()
-    call = CallScope(time.monotonic() + remaining if remaining is not None else None)
+    call = CallScope(time.monotonic() + remaining if remaining is not None else None, ends=True)
     if not context.add_callback(call.abandon):
         call.abandon()  # already over
     return call

@@ -205,9 +205,15 @@ def test_metrics_and_health_ports(dirs: DaemonDirs, host_root: Path) -> None:
     # "serving" is the kubelet sockets; the ports open right after it.
     wait_until(lambda: any(r.get("msg") == "metrics listening" for r in d.log_records()), what="the metrics port")
     prepare(dirs, C1, ClaimRef("default", "nope", uid(2)))
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-              if line and not line.startswith("#")}
+
+    def scrape() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    # The prepare's duration is observed once its answer is sent (CallScope.after_answer): at once, not before.
+    wait_until(lambda: scrape().get("neuron_dra_prepare_seconds_count") == 1, what="the prepare observed")
+    values = scrape()
     assert values["neuron_dra_prepare_seconds_count"] == 1
     assert values['neuron_dra_errors_total{operation="prepare",reason="not_found"}'] == 1
     assert values["neuron_dra_prepared_claims"] == 1

@@ -352,3 +352,46 @@ def test_a_call_kubelet_gave_up_on_during_its_gets_prepares_nothing_and_takes_no
         (r.uid for r in refs), "abandoned")
     with lock.hold(0.0):  # free: nothing kept it
         pass
+
+
+@dataclass
+class AfterAnswerDriver(ToyDriver):
+    """Puts its bookkeeping after the answer; the bookkeeping waits until the test has the answer in hand."""
+
+    answered: threading.Event = field(default_factory=threading.Event)
+    noted: list[tuple[str, bool]] = field(default_factory=list)
+
+    def prepare(self, claims: Sequence[Claim | ClaimRef], call: CallScope
+                ) -> Mapping[str, Sequence[ToyDevice] | ClaimFailed | None]:
+        out = super().prepare(claims, call)
+        call.after_answer(lambda: 1 / 0)  # a failing one is logged and does not skip the next
+        call.after_answer(lambda: self.noted.append(("prepare", self.answered.wait(10))))
+        return out
+
+
+def test_work_after_the_answer_runs_once_kubelet_has_it(base: Path) -> None:
+    """CallScope.after_answer over the real socket: the answer is not held for it, it runs when the call is over
+    (the prepare's own log line and duration metric go there); on a scope no call ends (a direct caller's), at
+    once."""
+    driver = AfterAnswerDriver()
+    helper = kubeletplugin.start(driver, options(base), lookup=LOOKUP)
+    try:
+        with grpc.insecure_channel(f"unix:{helper.paths.dra}") as ch:
+            dra = dra_v1_pb2_grpc.DRAPluginStub(ch)
+            got = dra.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(
+                claims=[dra_v1_pb2.Claim(namespace="ns", name="a", uid="u-a")]), timeout=5)
+            assert got.claims["u-a"].devices[0].device_name == "dev-a"
+            assert driver.noted == []  # answered while the work waits for this test
+            driver.answered.set()
+            wait_until(lambda: driver.noted == [("prepare", True)], what="the work after the answer")
+    finally:
+        helper.close()
+    direct, ran = CallScope(), []
+    direct.after_answer(lambda: ran.append(1))
+    assert ran == [1]
+    ended = CallScope(ends=True)
+    ended.after_answer(lambda: ran.append(2))
+    assert ran == [1]
+    ended.abandon()
+    ended.after_answer(lambda: ran.append(3))  # over already: at once
+    assert ran == [1, 2, 3]

@@ -289,6 +289,9 @@ class DriverState:
 
     def _prepared(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], call: CallScope) -> None:
         elapsed = time.perf_counter() - call.began  # since the call arrived: its GET included
+        call.after_answer(lambda: self._note_prepared(ref, devices, elapsed))
+
+    def _note_prepared(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], elapsed: float) -> None:
         if self._metrics:
             self._metrics.prepare_seconds.observe(elapsed)
         if log.isEnabledFor(logging.INFO):
@@ -527,11 +530,14 @@ class DriverState:
         except ClaimError as e:
             return self._unprepare_failed(ref, e)
         elapsed = time.perf_counter() - start
+        call.after_answer(lambda: self._note_unprepared(ref, elapsed))
+        return None
+
+    def _note_unprepared(self, ref: ClaimRef, elapsed: float) -> None:
         if self._metrics:
             self._metrics.unprepare_seconds.observe(elapsed)
         if log.isEnabledFor(logging.INFO):
             log.info("unprepared claim", extra={"claim": str(ref), "seconds": round(elapsed, 6)})
-        return None
 
     def _unprepare_locked(self, ref: ClaimRef, ticket: int) -> None:
         entry = self._claims.get(ref.uid)
