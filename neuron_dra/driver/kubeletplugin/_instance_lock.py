@@ -19,8 +19,12 @@ _POLL_S = (0.001, 0.002, 0.005, 0.01, 0.02)  # short first: the other instance h
 
 
 class LockTimeout(TimeoutError):
-    def __init__(self, path: Path, waited: float) -> None:
-        super().__init__(f"{path}: another instance of the driver held the lock for {waited:.1f} s")
+    def __init__(self, path: Path | None, waited: float) -> None:
+        """`path`: the instances' lock file (another process held it); None: the call lock of this process (another
+        call of this instance held it)."""
+        holder = "another instance of the driver" if path is not None else "another call of this instance"
+        super().__init__(f"{path if path is not None else 'the call lock'}: {holder} held the lock for "
+                         f"{waited:.1f} s")
         self.path = path
 
 
@@ -72,9 +76,17 @@ class CallLock:
 
     @contextlib.contextmanager
     def hold(self, deadline: float | None = None) -> Iterator[None]:
-        with self._thread:
+        if deadline is None:
+            self._thread.acquire()
+        else:  # a call waiting behind another call of this process gives up at its deadline too
+            start = time.monotonic()
+            if not self._thread.acquire(timeout=max(0.0, deadline - start)):
+                raise LockTimeout(None, time.monotonic() - start)
+        try:
             if self.instances is None:
                 yield
                 return
             with self.instances.hold(deadline):
                 yield
+        finally:
+            self._thread.release()

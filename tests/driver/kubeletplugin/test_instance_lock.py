@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.synchronize
+import threading
 import time
 from pathlib import Path
 
@@ -131,6 +132,43 @@ def test_a_call_that_cannot_get_the_lock_before_its_deadline_fails_alone_naming_
     assert not isinstance(state.prepare([ref], CallScope(time.monotonic() + 5))[ref.uid], ClaimFailed)
     state.close()
     other.close()
+
+
+def test_the_call_lock_gives_up_at_the_deadline_behind_another_call_of_this_process(tmp_path: Path) -> None:
+    """The thread part of the CallLock keeps the deadline too (before, only the instances' flock did): a call
+    behind another call of this instance gives up at its deadline while the other still holds the lock, naming
+    it; without a deadline it waits. With no instances attached as with them."""
+    from neuron_dra.driver.kubeletplugin._instance_lock import CallLock
+
+    for lock in (CallLock(), CallLock(InstanceLock(tmp_path / "plugin"))):
+        taken, release, waited = threading.Event(), threading.Event(), threading.Event()
+
+        def holder(lock: CallLock = lock, taken: threading.Event = taken, release: threading.Event = release) -> None:
+            with lock.hold():
+                taken.set()
+                release.wait(30)
+
+        t = threading.Thread(target=holder)
+        t.start()
+        assert taken.wait(10)
+        with pytest.raises(LockTimeout, match=r"^the call lock: another call of this instance held the lock"), \
+                lock.hold(time.monotonic() + 0.2):
+            pass
+        assert t.is_alive()  # given up while the other call still held it
+
+        def waiter(lock: CallLock = lock, waited: threading.Event = waited) -> None:
+            with lock.hold():
+                waited.set()
+
+        w = threading.Thread(target=waiter)
+        w.start()
+        assert not waited.is_set()
+        release.set()
+        assert waited.wait(10)  # no deadline: it waited for the release
+        t.join(10)
+        w.join(10)
+        with lock.hold(time.monotonic() + 0.2):  # free again: taken at once, released after
+            pass
 
 
 def test_an_instance_that_never_loaded_reads_the_others_records_and_a_closed_one_writes_nothing(
