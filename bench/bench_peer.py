@@ -464,9 +464,9 @@ def measure(drivers: Sequence[Running], api: Api, cycles: int, warmup: int, log:
     figures.append(Figure("CPU per prepare+unprepare", "ms", cpu[ours] * 1000, cpu[ex] * 1000))
     # What a call pays when the other driver's process ran just before it (each driver's caches and threads cold,
     # as for every call on a real node, where calls come seconds apart): each kind gets the same share of those.
-    split = {f"{n} device{'s' if n > 1 else ''}": {label: [percentile(after.get((i, n, o), [0.0]), 50) * 1000
-                                                          for o in (False, True)]
-                                                  for i, label in enumerate(("neuron-dra", "example (Go)"))}
+    split = {f"{n} device{'s' if n > 1 else ''}": {d.spec.label: [percentile(after.get((i, n, o), [0.0]), 50) * 1000
+                                                                for o in (False, True)]
+                                                  for i, d in enumerate(drivers)}
              for n in SIZES}
     return figures, {n: quarter_ratios(prep[(ours, n)], prep[(ex, n)], 99) for n in SIZES}, split
 
@@ -474,9 +474,8 @@ def measure(drivers: Sequence[Running], api: Api, cycles: int, warmup: int, log:
 def fair_schedule(work: Sequence[Any]) -> list[list[Any]]:
     """The cycles' call orders, repeated: `work` is (ours 1, ours 8, example 1, example 8); the four orders (as
     is, drivers swapped, sizes swapped, both) give each of the four calls the same share of turns right after the
-    other driver's calls, which cost more (a driver's threads and caches are cold then). Reversing the list every
-    other cycle (what this bench did before) gave that turn half the time to our 8-device and the example's
-    1-device prepares, and never to the other two."""
+    other driver's calls, which cost more (a driver's threads and caches are cold then); docs/benchmarks.md,
+    Method."""
     o1, o8, e1, e8 = work
     return [[o1, o8, e1, e8], [e1, e8, o1, o8], [o8, o1, e8, e1], [e8, e1, o8, o1]]
 

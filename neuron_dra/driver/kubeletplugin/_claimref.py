@@ -131,7 +131,7 @@ class CallScope:
     driver's instances: a driver that records unprepares with their tickets can refuse a prepare that arrived
     before an unprepare of the same claim was answered (docs/architecture.md, the prepare walk)."""
 
-    __slots__ = ("_abandoned", "_after", "_callbacks", "_lock", "began", "deadline", "ticket")
+    __slots__ = ("_abandoned", "_callbacks", "_ends", "_lock", "began", "deadline", "ticket")
 
     def __init__(self, deadline: float | None = None, *, ends: bool = False) -> None:
         """`ends`: `abandon` will be called when the call is over (the gRPC handler's scope); without it,
@@ -142,7 +142,7 @@ class CallScope:
         self._lock = threading.Lock()
         self._abandoned = False
         self._callbacks: list[Callable[[], object]] = []
-        self._after: list[Callable[[], object]] | None = [] if ends else None
+        self._ends = ends
 
     @property
     def abandoned(self) -> bool:
@@ -152,23 +152,19 @@ class CallScope:
         with self._lock:
             self._abandoned = True
             callbacks, self._callbacks = self._callbacks, []
-            after, self._after = self._after or [], None
         for fn in callbacks:
-            fn()
-        for fn in after:
             try:
                 fn()
-            except Exception:  # one failed line of bookkeeping never skips the others
-                log.exception("work after a call's answer failed")
+            except Exception:  # one failed callback never skips the others
+                log.exception("a callback at the end of a call failed")
 
     def after_answer(self, fn: Callable[[], object]) -> None:
         """Run `fn` once the call is over (kubelet has its answer, or gave up on it), in the thread that ends it;
         at once when the call is over already or its end is not hooked."""
-        with self._lock:
-            if self._after is not None:
-                self._after.append(fn)
-                return
-        fn()
+        if self._ends:
+            self.on_abandon(fn)
+        else:
+            fn()
 
     def on_abandon(self, fn: Callable[[], object]) -> None:
         with self._lock:

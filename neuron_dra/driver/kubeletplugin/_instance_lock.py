@@ -22,9 +22,9 @@ class LockTimeout(TimeoutError):
     def __init__(self, path: Path | None, waited: float) -> None:
         """`path`: the instances' lock file (another process held it); None: the call lock of this process (another
         call of this instance held it)."""
-        holder = "another instance of the driver" if path is not None else "another call of this instance"
-        super().__init__(f"{path if path is not None else 'the call lock'}: {holder} held the lock for "
-                         f"{waited:.1f} s")
+        where, holder = ((str(path), "another instance of the driver") if path is not None
+                         else ("the call lock", "another call of this instance"))
+        super().__init__(f"{where}: {holder} held the lock for {waited:.1f} s")
         self.path = path
 
 
