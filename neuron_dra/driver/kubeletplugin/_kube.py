@@ -12,12 +12,12 @@ no Retry-After (a server could make the daemon sleep for an hour), no content co
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
 import select
 import shutil
+import socket
 import ssl
 import threading
 import time
@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
+
+import httptools
 
 from neuron_dra.driver.kubeletplugin._claimref import ClaimLookupError
 from neuron_dra.driver.kubeletplugin._deadline import Deadline, DeadlineExceeded, DeadlineSSLSocket, applied
@@ -49,6 +51,8 @@ MAX_OBJECT_BYTES = 4 * 1024 * 1024
 MAX_LIST_BYTES = 8 * 1024 * 1024  # this node's slices of this driver (a few, each at most one object)
 MAX_ERROR_BYTES = 64 * 1024  # the body of a non-2xx answer, for its message
 READ_BYTES = 64 * 1024
+MAX_HEAD_BYTES = 64 * 1024  # an answer's status line and header fields (the API server's: well under 1 KiB)
+MAX_HEADER_FIELDS = 100  # as http.client allows
 POOL_SIZE = 12  # connections kept idle: the claim lookups (8 workers), the publisher, its watch, health reporting
 # RFC 9110 §9.2.2: sending one of these again has the same effect as sending it once.
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
@@ -100,12 +104,135 @@ class ClientOptions:
             raise ValueError(f"API request deadline {self.deadline!r} s is not allowed: 0.1 to 300 seconds")
 
 
-Connection = http.client.HTTPSConnection
-Answer = http.client.HTTPResponse
+class _HttpError(Exception):
+    """An answer that breaks HTTP/1.1 or one of the client's limits on its head or framing."""
+
+
+class _Answer:
+    """One answer read from `sock` as it arrives, parsed by llhttp (httptools: the parser of Node.js, in C): its
+    head, then its body in pieces (`body`) as they are read. `100 Continue` answers before it are skipped; any
+    other 1xx is kept in `interim` (the caller refuses it). The parser's callbacks only record: every check is
+    the reader's, after each piece of at most READ_BYTES, so what is buffered stays bounded."""
+
+    __slots__ = ("_parser", "body", "body_bytes", "close_delimited", "done", "extra", "fields", "head_bytes",
+                 "head_done", "head_size", "headers", "interim", "keep_alive", "reason", "sock", "status")
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        self.sock = sock
+        self._parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.reason = b""
+        self.headers: dict[str, str] = {}  # lower-case names; a repeated field's values joined by ", "
+        self.fields = 0  # header fields of the answer being read
+        self.head_size = 0  # the bytes of its reason and fields
+        self.head_bytes = 0  # bytes read that did not complete the final answer's head
+        self.head_done = False
+        self.interim = 0
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.done = False
+        self.extra = False  # bytes after the answer: the connection is not reused
+        self.close_delimited = False  # neither a length nor chunks: the body ends when the server closes
+        self.keep_alive = False
+
+    # llhttp's callbacks
+    def on_message_begin(self) -> None:
+        if self.done:  # what follows is not this answer: the parser's callbacks for it are ignored
+            self.extra = True
+            return
+        self.reason, self.headers, self.fields, self.head_size = b"", {}, 0, 0
+
+    def on_status(self, data: bytes) -> None:
+        if self.extra:
+            return
+        self.reason += data
+        self.head_size += len(data)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.extra:
+            return
+        self.fields += 1
+        self.head_size += len(name) + len(value)
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        if self.extra:
+            return
+        status = self._parser.get_status_code()
+        if status < 200:
+            if status != 100 and not self.interim:
+                self.interim = status
+            return
+        self.status, self.head_done = status, True
+        self.keep_alive = self._parser.should_keep_alive()
+        self.close_delimited = ("content-length" not in self.headers and "transfer-encoding" not in self.headers
+                                and status not in (204, 304))
+
+    def on_body(self, data: bytes) -> None:
+        if self.extra:
+            return
+        self.body.append(data)
+        self.body_bytes += len(data)
+
+    def on_message_complete(self) -> None:
+        if self.head_done and not self.extra:
+            self.done = True
+
+    def feed(self) -> bool:
+        """Read once (at most READ_BYTES) and parse what came; False when the server has closed the connection."""
+        data = self.sock.recv(READ_BYTES)
+        if not data:
+            return False
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError:
+            if not self.done:
+                raise
+            self.extra = True  # what follows a complete answer is not parsed: the connection is closed
+        if not self.head_done:  # all of it was head: what the parser holds of an unfinished head stays bounded
+            self.head_bytes += len(data)
+        return True
+
+    def read_head(self) -> None:
+        """Read until the final answer's head is complete (it may hold the body's first pieces)."""
+        while True:
+            if self.fields > MAX_HEADER_FIELDS:
+                raise _HttpError(f"the answer has more than {MAX_HEADER_FIELDS} header fields")
+            if max(self.head_bytes, self.head_size) > MAX_HEAD_BYTES:
+                raise _HttpError(f"the answer's head is over {MAX_HEAD_BYTES} bytes (a header line too long?)")
+            if self.head_done or self.interim:
+                return
+            if not self.feed():
+                raise ConnectionAbortedError("the API server closed the connection " + (
+                    "before answering" if self.head_bytes == 0 else "in the middle of the answer's head"))
+
+    def read_more(self) -> bool:
+        """Read the body on: False once it is over (its end parsed, or the close that ends it)."""
+        if self.done:
+            return False
+        if self.feed():
+            return True
+        if self.close_delimited:
+            self.done = True
+            return False
+        length = self.headers.get("content-length", "")
+        more = f", {int(length) - self.body_bytes} more expected" if length.isdigit() else ""
+        raise _HttpError(f"IncompleteRead: the connection closed after {self.body_bytes} bytes of the body{more}")
+
+    def take(self) -> bytes:
+        """The body read so far and not yet taken."""
+        data = b"".join(self.body)
+        self.body.clear()
+        return data
+
+    def reusable(self) -> bool:
+        return self.done and self.keep_alive and not self.extra and not self.close_delimited
 
 
 class _Connections:
-    """Kept-alive connections to one API server, shared by all threads: at most `size` kept idle (the last one
+    """Kept-alive TLS connections to one API server, shared by all threads: at most `size` kept idle (the last one
     returned is taken first); more at once are made as needed and closed when returned. A kept connection the
     server has closed (or sent anything on) while it was idle is dropped before a request is sent on it, as
     urllib3's pool does."""
@@ -115,35 +242,44 @@ class _Connections:
         self._port = port
         self._context = context
         self._size = size
-        self._idle: list[Connection] = []
+        self._idle: list[ssl.SSLSocket] = []
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self) -> Connection:
+    def take(self) -> ssl.SSLSocket | None:
+        """A kept connection, or None: the caller connects (`connect`)."""
         while True:
             with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None:
-                return Connection(self._host, self._port, timeout=CONNECT_TIMEOUT, context=self._context)
-            if conn.sock is not None and not _readable(conn.sock):
-                return conn
-            conn.close()
+                sock = self._idle.pop() if self._idle else None
+            if sock is None or not _readable(sock):
+                return sock
+            sock.close()
 
-    def give_back(self, conn: Connection) -> None:
-        """`conn` after an answer read to its end (else close it instead)."""
-        if conn.sock is not None:
-            with self._lock:
-                if not self._closed and len(self._idle) < self._size:
-                    self._idle.append(conn)
-                    return
-        conn.close()
+    def connect(self, deadline: Deadline) -> ssl.SSLSocket:
+        """A new connection, its TCP connect within CONNECT_TIMEOUT and the deadline, its TLS handshake within the
+        deadline (applied by the caller)."""
+        raw = socket.create_connection((self._host, self._port), max(0.001, min(CONNECT_TIMEOUT, deadline.left())))
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request is one write: send it at once
+            return self._context.wrap_socket(raw, server_hostname=self._host)
+        except BaseException:
+            raw.close()
+            raise
+
+    def give_back(self, sock: ssl.SSLSocket) -> None:
+        """`sock` after an answer read to its end (else close it instead)."""
+        with self._lock:
+            if not self._closed and len(self._idle) < self._size:
+                self._idle.append(sock)
+                return
+        sock.close()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        for sock in idle:
+            sock.close()
 
 
 def _readable(sock: Any) -> bool:
@@ -174,11 +310,13 @@ class ApiClient:
             raise KubeConfigError(f"TLS settings for {config.server}: {e}") from e
         ctx.sslsocket_class = DeadlineSSLSocket
         self._connections = _Connections(url.hostname, url.port or 443, ctx, POOL_SIZE)
+        host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname  # RFC 9110 §7.2: an IPv6 literal
+        self._host = host if url.port in (None, 443) else f"{host}:{url.port}"
         self._bucket = TokenBucket(self.options.rate)
         self._token_lock = threading.Lock()
         self._token = config.token
         self._token_read = 0.0
-        self._headers_by_auth: dict[tuple[str | None, str], dict[str, str]] = {}  # (auth, content type or "")
+        self._heads: dict[tuple[str | None, str], bytes] = {}  # (auth, content type or ""): the header block
 
     def _authorization(self) -> str | None:
         if self.config.token_file:
@@ -193,16 +331,18 @@ class ApiClient:
                     self._token_read = now
         return f"Bearer {self._token}" if self._token else None
 
-    def _headers(self, with_body: bool, content_type: str = JSON) -> dict[str, str]:
-        """The request's header fields, made again only when the token changes (never mutated once made)."""
+    def _header_block(self, with_body: bool, content_type: str = JSON) -> bytes:
+        """The request's header fields after its request line (all but Content-Length), encoded; made again only
+        when the token changes."""
         try:
             auth = self._authorization()
         except OSError as e:
             raise ApiClientError(f"reading the token file {self.config.token_file}: {e}") from e
         key = (auth, content_type if with_body else "")
-        headers = self._headers_by_auth.get(key)
-        if headers is None:
-            headers = {"Accept": "application/json", "User-Agent": "neuron-dra-driver"}
+        block = self._heads.get(key)
+        if block is None:
+            headers = {"Host": self._host, "Accept": JSON, "Accept-Encoding": "identity",
+                       "User-Agent": "neuron-dra-driver"}
             if auth:
                 headers["Authorization"] = auth
             if with_body:
@@ -210,126 +350,127 @@ class ApiClient:
             if any("\r" in v or "\n" in v for v in headers.values()):
                 raise ApiClientError("refusing to send the request: a CR or LF in a header field (the token?) "
                                      "would change it")
-            self._headers_by_auth = {key: headers, **{k: v for k, v in self._headers_by_auth.items()
-                                                      if k[0] == auth}}
-        return headers
+            try:
+                block = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+            except UnicodeEncodeError as e:
+                raise ApiClientError("refusing to send the request: a header field (the token?) holds a character "
+                                     "HTTP/1.1 cannot carry") from e
+            self._heads = {key: block, **{k: v for k, v in self._heads.items() if k[0] == auth}}
+        return block
 
     def _open(self, method: str, path: str, query: Mapping[str, Any] | None, body: Mapping[str, Any] | None,
-              deadline: Deadline, content_type: str = JSON) -> tuple[Connection, Answer]:
-        """The answer with its head read (the body not yet) and its connection; non-2xx raise ApiException."""
+              deadline: Deadline, content_type: str = JSON) -> tuple[ssl.SSLSocket, _Answer]:
+        """The answer with its head read (the body perhaps begun) and its connection; non-2xx raise ApiException."""
         target = self._prefix + (path if _PLAIN_PATH(path) else quote(path, safe=_PATH_SAFE))
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         if params:
             target += "?" + urlencode(params)
         payload = None if body is None else json.dumps(body).encode()
-        headers = self._headers(payload is not None, content_type)
+        # RFC 9112 §3 and §5: the request line, the header fields, Content-Length for a body; the target holds
+        # only what RFC 3986 allows (quoted above) and no field a CR or LF (_header_block).
+        request = b"%s %s HTTP/1.1\r\n%s" % (method.encode("ascii"), target.encode("ascii"),
+                                              self._header_block(payload is not None, content_type))
+        request += b"\r\n" if payload is None else b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
         try:
             self._bucket.acquire(deadline.at)
         except RateLimited as e:
             raise ApiClientError(f"{method} {path}: {e}") from e
         try:
             with applied(deadline):
-                conn, resp = self._send(method, target, payload, headers, deadline)
+                sock, resp = self._send(method, request, deadline)
         except DeadlineExceeded:
             raise self._deadline_error(method, path, deadline) from None
-        except (http.client.HTTPException, OSError, ValueError) as e:
+        except (_HttpError, httptools.HttpParserError, OSError, ValueError) as e:
             raise ApiClientError(f"{method} {path}: {_cause(e)}") from e
         if 200 <= resp.status <= 299:
-            return conn, resp
-        if resp.status < 200:  # http.client skips only 100 Continue: another 1xx would desync the connection
-            conn.close()
-            raise ApiClientError(f"{method} {path}: an interim answer ({resp.status}) where the final one belongs")
+            return sock, resp
         try:
-            text = self._read(conn, resp, method, path, MAX_ERROR_BYTES, "MAX_ERROR_BYTES", deadline, cut=True)
+            text = self._read(sock, resp, method, path, MAX_ERROR_BYTES, "MAX_ERROR_BYTES", deadline, cut=True)
         except ApiClientError:
             text = b""
-        raise ApiException(status=resp.status, reason=resp.reason or "", body=text.decode("utf-8", "replace"))
+        raise ApiException(status=resp.status, reason=resp.reason.decode("latin-1"),
+                           body=text.decode("utf-8", "replace"))
 
-    def _send(self, method: str, target: str, payload: bytes | None, headers: Mapping[str, str],
-              deadline: Deadline) -> tuple[Connection, Answer]:
+    def _send(self, method: str, request: bytes, deadline: Deadline) -> tuple[ssl.SSLSocket, _Answer]:
         """Send the request and read the answer's head, at most twice more: once after a connection that could
         not be made (nothing was sent), once after one that failed once sent, for an idempotent method only (RFC
-        9110 §9.2.2; a kept connection the server has just closed). A TLS error or the deadline: never again."""
+        9110 §9.2.2; a kept connection the server has just closed). A TLS error, a malformed answer or the
+        deadline: never again."""
         connects, resends = 1, 1
         while True:
-            conn = self._connections.take()
+            sock = self._connections.take()
             try:
-                if conn.sock is None:
-                    conn.timeout = max(0.001, min(CONNECT_TIMEOUT, deadline.left()))  # the TCP connect's
+                if sock is None:
                     try:
-                        conn.connect()
+                        sock = self._connections.connect(deadline)
                     except ssl.SSLError:
                         raise
                     except OSError:
                         if connects and deadline.left() > 0:
                             connects -= 1
-                            conn.close()
                             continue
                         raise
-                conn.request(method, target, body=payload, headers=headers)
-                return conn, conn.getresponse()
-            except DeadlineExceeded:
-                conn.close()
-                raise
-            except (http.client.HTTPException, OSError) as e:
-                conn.close()
+                sock.sendall(request)
+                resp = _Answer(sock)
+                resp.read_head()
+            except OSError as e:
+                if sock is not None:
+                    sock.close()
                 if (resends and method in IDEMPOTENT and not isinstance(e, ssl.SSLError)
                         and deadline.left() > 0):
                     resends -= 1
                     continue
                 raise
+            except BaseException:
+                if sock is not None:
+                    sock.close()
+                raise
+            if resp.interim:  # only 100 Continue is skipped: another 1xx answer is not the answer
+                sock.close()
+                raise _HttpError(f"an interim answer ({resp.interim}) where the final one belongs")
+            return sock, resp
 
     def _deadline_error(self, method: str, path: str, deadline: Deadline) -> RequestDeadlineExceeded:
         return RequestDeadlineExceeded(f"{method} {path}: no complete answer within the request deadline of "
                                        f"{deadline.seconds:g} s (--kube-api-timeout); an answer that trickles in "
                                        "or never ends is cut off there")
 
-    def _read(self, conn: Connection, resp: Answer, method: str, path: str, cap: int, cap_name: str,
+    def _read(self, sock: ssl.SSLSocket, resp: _Answer, method: str, path: str, cap: int, cap_name: str,
               deadline: Deadline, cut: bool = False) -> bytes:
         """The whole body, at most `cap` bytes (`cut`: the first `cap` bytes of a longer one), read piece by piece
         within the deadline; the connection is kept only when the answer was read to its end."""
-        done = False
+        keep = False
         try:
-            coding = (resp.getheader("content-encoding") or "identity").strip().lower()
+            coding = resp.headers.get("content-encoding", "identity").strip().lower()
             if coding != "identity":
                 raise ApiClientError(f"{method} {path}: the answer has Content-Encoding {coding[:40]!r}, which "
                                      "this client never asks for")
-            length = resp.getheader("content-length") or ""
-            if length and resp.getheader("transfer-encoding") is not None:
-                # RFC 9112 §6.3: a sender must not send both; which one frames the body is ambiguous (smuggling).
-                raise ApiClientError(f"{method} {path}: the answer has both Content-Length and Transfer-Encoding; "
-                                     "its framing is ambiguous, so it is refused")
+            length = resp.headers.get("content-length", "")
             if length.isdigit() and int(length) > cap and not cut:
                 raise AnswerTooLarge(f"{method} {path}: the answer's Content-Length {length} is over the limit of "
                                      f"{cap} bytes ({cap_name})")
-            parts: list[bytes] = []
-            total = 0
             with applied(deadline):
                 # Piece by piece whatever the framing says (a declared length only refuses early): what is read
                 # is what is counted.
-                while piece := resp.read(READ_BYTES):
-                    total += len(piece)
-                    if total > cap:
+                while True:
+                    if resp.body_bytes > cap:
                         if cut:
-                            parts.append(piece[:cap - total + len(piece)])
-                            return b"".join(parts)
+                            return resp.take()[:cap]
                         raise AnswerTooLarge(f"{method} {path}: the answer is over the limit of {cap} bytes "
-                                             f"({cap_name}); refused after reading {total} bytes")
-                    parts.append(piece)
-            if resp.length:  # http.client ends a read of a declared length cut short without an error
-                raise ApiClientError(f"{method} {path}: reading the answer: IncompleteRead: {total} bytes read, "
-                                     f"{resp.length} more expected")
-            done = True
-            return b"".join(parts)
+                                             f"({cap_name}); refused after reading {resp.body_bytes} bytes")
+                    if not resp.read_more():
+                        break
+            keep = resp.reusable()
+            return resp.take()
         except DeadlineExceeded:
             raise self._deadline_error(method, path, deadline) from None
-        except (http.client.HTTPException, OSError, ValueError) as e:
+        except (_HttpError, httptools.HttpParserError, OSError, ValueError) as e:
             raise ApiClientError(f"{method} {path}: reading the answer: {_cause(e)}") from e
         finally:
-            if done:
-                self._connections.give_back(conn)
+            if keep:
+                self._connections.give_back(sock)
             else:
-                conn.close()
+                sock.close()
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                 body: Mapping[str, Any] | None = None, seconds: float | None = None, list_answer: bool = False,
@@ -337,18 +478,18 @@ class ApiClient:
         """The body of a 2xx answer (at most the object or list limit), else ApiException or ApiClientError.
         `content_type`: the body's (a PATCH names its kind of patch: MERGE_PATCH)."""
         deadline = Deadline.after(self.options.deadline if seconds is None else seconds)
-        conn, resp = self._open(method, path, query, body, deadline, content_type)
+        sock, resp = self._open(method, path, query, body, deadline, content_type)
         limits = self.options.limits
         cap, name = (limits.list_bytes, "MAX_LIST_BYTES") if list_answer else (limits.object_bytes,
                                                                                 "MAX_OBJECT_BYTES")
-        return self._read(conn, resp, method, path, cap, name, deadline)
+        return self._read(sock, resp, method, path, cap, name, deadline)
 
     def stream(self, path: str, query: Mapping[str, Any], seconds: float, idle_seconds: float) -> Watch:
         """A GET whose answer is a stream of lines (a watch), over within `seconds`, each wait for data at most
         `idle_seconds`; each line at most the object limit."""
         deadline = Deadline.after(seconds, idle_seconds)
-        conn, resp = self._open("GET", path, query, None, deadline)
-        return Watch(conn, resp, path, deadline, self.options.limits.object_bytes,
+        sock, resp = self._open("GET", path, query, None, deadline)
+        return Watch(sock, resp, path, deadline, self.options.limits.object_bytes,
                      self._deadline_error("GET", path, deadline))
 
     def close(self) -> None:
@@ -359,9 +500,9 @@ class ApiClient:
 class Watch:
     """An open watch answer: its lines, read as they arrive."""
 
-    def __init__(self, conn: Connection, resp: Answer, path: str, deadline: Deadline, line_bytes: int,
+    def __init__(self, sock: ssl.SSLSocket, resp: _Answer, path: str, deadline: Deadline, line_bytes: int,
                  late: RequestDeadlineExceeded) -> None:
-        self._conn = conn  # never kept: a watch ends when either side stops it
+        self._sock = sock  # never kept: a watch ends when either side stops it
         self._resp = resp
         self._path = path
         self._deadline = deadline
@@ -369,12 +510,15 @@ class Watch:
         self._late = late
 
     def _piece(self) -> bytes:
+        """What the answer's body holds next (at most one read's worth); b"" at its end."""
         try:
             with applied(self._deadline):
-                return self._resp.read1(READ_BYTES)
+                while not self._resp.body and self._resp.read_more():
+                    pass
+                return self._resp.take()
         except DeadlineExceeded:
             raise self._late from None
-        except (http.client.HTTPException, OSError, ValueError) as e:
+        except (_HttpError, httptools.HttpParserError, OSError, ValueError) as e:
             raise ApiClientError(f"GET {self._path} (watch): {_cause(e)}") from e
 
     def lines(self) -> Iterator[bytes]:
@@ -401,7 +545,7 @@ class Watch:
             pending += piece
 
     def close(self) -> None:
-        self._conn.close()
+        self._sock.close()
 
 
 def _cause(e: BaseException) -> str:

@@ -31,10 +31,11 @@ def pins(path: Path) -> dict[str, str]:
 
 def test_image_pins_match_the_repository() -> None:
     image, repo = pins(IMAGE_REQUIREMENTS), pins(REPO / "requirements.txt")
-    # No kubernetes client and no urllib3: driver/kubeletplugin/_kube.py talks to the API server on http.client;
-    # the daemon's gRPC is grpcio (driver/kubeletplugin/_grpcserver.py).
+    # No kubernetes client and no urllib3: driver/kubeletplugin/_kube.py talks to the API server on the standard
+    # library's TLS sockets, its answers parsed by httptools; the daemon's gRPC is grpcio
+    # (driver/kubeletplugin/_grpcserver.py).
     # pydantic and its own dependencies: the catalog file's models (loaded only when a catalog file is given).
-    assert set(image) == {"protobuf", "grpcio", "pyyaml", "prometheus-client", "pydantic", "pydantic-core",
+    assert set(image) == {"protobuf", "grpcio", "httptools", "pyyaml", "prometheus-client", "pydantic", "pydantic-core",
                           "annotated-types", "typing-inspection", "typing-extensions"}
     assert {name: repo.get(name) for name in image} == image
 

@@ -1,7 +1,7 @@
-"""The daemon's API client (driver/kubeletplugin/_kube.py on http.client) against a scripted loopback TLS server: the
-request on the wire, pooled connections, which requests are sent again, answers over the size caps, malformed and cut
-answers, non-2xx answers, token rotation, watches, the client-side rate limit. (Attacks by a hostile server:
-test_driver_kube_attacks.py; the real kube-apiserver: test_driver_apiserver.py.)"""
+"""The daemon's API client (driver/kubeletplugin/_kube.py, its answers parsed by httptools) against a scripted
+loopback TLS server: the request on the wire, pooled connections, which requests are sent again, answers over the size
+caps, malformed and cut answers, non-2xx answers, token rotation, watches, the client-side rate limit. (Attacks by a
+hostile server: test_kube_attacks.py; the real kube-apiserver: test_driver_apiserver.py.)"""
 
 from __future__ import annotations
 
@@ -190,12 +190,14 @@ def test_claim_lookup_maps_404_to_none_and_other_failures_to_claim_lookup_errors
 
 
 @pytest.mark.parametrize(("raw", "error"), [
-    (b"HTTP/1.1 OK\r\n\r\n", "BadStatusLine"),
-    (b"ICY 200 OK\r\n\r\n", "BadStatusLine"),
+    (b"HTTP/1.1 OK\r\n\r\n", "HttpParserInvalidStatusError: Invalid status code"),
+    (b"ICY 200 OK\r\n\r\n", "HttpParserError: Expected HTTP/"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}", "IncompleteRead"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "IncompleteRead"),
-    (b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(101)) + b"\r\n", "more than 100 headers"),
-    (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n", "LineTooLong|line too long"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "Invalid character in chunk size"),
+    (b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(101)) + b"\r\n",
+     "more than 100 header fields"),
+    (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n", r"head is over 65536 bytes \(a header line too long"),
+    (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 200000, r"head is over 65536 bytes \(a header line too long"),
     (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}", "Content-Encoding 'gzip'"),
     (b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + ok(), r"an interim answer \(103\)"),
 ])
@@ -204,6 +206,18 @@ def test_malformed_answers_fail_the_request_saying_what_was_wrong(server: FakeAp
     server.script = answer(raw, keep=False)
     with pytest.raises(ApiClientError, match=f"GET /a: .*({error})"):
         api(server).call("GET", "/a")
+
+
+def test_bytes_after_a_complete_answer_end_its_connection(server: FakeApiServer) -> None:
+    """What follows an answer on its connection is not an answer to the next request: the connection is closed."""
+    server.script = answer(ok(b'{"n": 1}') + b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{\"n\": 2}")
+    client = api(server)
+    assert client.call("GET", "/a") == {"n": 1}
+    assert client.call("GET", "/b") == {"n": 1}
+    server.script = answer(ok(b'{"n": 3}') + b"garbage")
+    assert client.call("GET", "/c") == {"n": 3}
+    assert client.call("GET", "/d") == {"n": 3}
+    assert [s.conn for s in server.seen] == [0, 1, 2, 3]
 
 
 def test_100_continue_is_skipped(server: FakeApiServer) -> None:
@@ -360,10 +374,11 @@ def test_the_daemon_flags_of_the_api_client(capsys: pytest.CaptureFixture[str]) 
 
 
 @pytest.mark.process
-def test_the_client_loads_no_http_library_beyond_the_standard_one() -> None:
-    """The client is http.client's (docs/hardening.md §4): importing it loads neither urllib3 nor importlib.metadata
-    (which urllib3 loaded at import: 1.1 MiB of the daemon's start-up memory, docs/benchmarks.md §1). Run without
-    `site` (as in the image, where nothing loads them before the daemon; here an editable install's finder does)."""
+def test_the_client_loads_no_http_library_beyond_its_parser() -> None:
+    """The client parses answers with httptools (docs/hardening.md §4): importing it loads neither urllib3 nor
+    importlib.metadata (which urllib3 loaded at import: 1.1 MiB of the daemon's start-up memory,
+    docs/benchmarks.md §1) nor http.client. Run without `site` (as in the image, where nothing loads them before the
+    daemon; here an editable install's finder does)."""
     import os
     import site
     import subprocess
@@ -371,9 +386,10 @@ def test_the_client_loads_no_http_library_beyond_the_standard_one() -> None:
 
     code = ("import sys\n"
             "import neuron_dra.driver.kubeletplugin._kube\n"
-            "print(sorted(m for m in ('urllib3', 'importlib.metadata', 'http.client') if m in sys.modules))\n")
+            "print(sorted(m for m in ('urllib3', 'importlib.metadata', 'http.client', 'httptools') "
+            "if m in sys.modules))\n")
     root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *site.getsitepackages()])}
     done = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "['http.client']"
+    assert done.stdout.strip() == "['httptools']"
