@@ -1,6 +1,6 @@
 """An overall deadline for an API request, enforced on every socket operation of its TLS connection.
 
-http.client's timeouts bound each read, not the request: an answer trickling in a byte every few
+A socket's timeout bounds each read, not the request: an answer trickling in a byte every few
 seconds, or endless `100 Continue`s, never trips them. Here the SSLContext's socket class
 (`SSLContext.sslsocket_class`) gives each handshake, send and receive only the time left until the deadline of
 this thread's request (a context variable the API client sets around it); past it the operation raises

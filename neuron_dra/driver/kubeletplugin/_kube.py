@@ -1,13 +1,14 @@
-"""The daemon's API client: JSON over HTTPS to the API server on the standard library's http.client, and the claim
-lookup of prepare.
+"""The daemon's API client: JSON over HTTPS to the API server, each answer parsed by httptools (llhttp, in C) as it
+is read, and the claim lookup of prepare.
 
 What client-go gives a Go driver (docs/hardening.md §4): TLS from the kubeconfig or service account (kubeconfig.py)
 with a token file re-read every TOKEN_RELOAD_SECONDS (kubelet rotates it); keep-alive connections (`_Connections`,
-http.client's, at most POOL_SIZE kept idle), a request sent again only when that cannot do it twice (never a POST:
-generateName creates); one
-deadline over each whole request (deadline.py), so an answer that trickles in fails in time; a cap on each
-answer's size, read incrementally (a watch's: per event); client-side QPS and burst (ratelimit.py). No redirects,
-no Retry-After (a server could make the daemon sleep for an hour), no content coding (it could hide a size).
+at most POOL_SIZE kept idle), a request sent again only when that cannot do it twice (never a POST: generateName
+creates); one deadline over each whole request (deadline.py), so an answer that trickles in fails in time; a cap on
+each answer's head and size, read incrementally (a watch's: per event); client-side QPS and burst (ratelimit.py).
+No redirects, no Retry-After (a server could make the daemon sleep for an hour), no content coding (it could hide a
+size). The client writes only the request line and its header fields (RFC 9112 §3, §5); llhttp reads the answers
+(http.client's header parsing, through email.feedparser, was most of a claim GET's client CPU).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ MAX_LIST_BYTES = 8 * 1024 * 1024  # this node's slices of this driver (a few, ea
 MAX_ERROR_BYTES = 64 * 1024  # the body of a non-2xx answer, for its message
 READ_BYTES = 64 * 1024
 MAX_HEAD_BYTES = 64 * 1024  # an answer's status line and header fields (the API server's: well under 1 KiB)
-MAX_HEADER_FIELDS = 100  # as http.client allows
+MAX_HEADER_FIELDS = 100  # as many as http.client allows
 POOL_SIZE = 12  # connections kept idle: the claim lookups (8 workers), the publisher, its watch, health reporting
 # RFC 9110 §9.2.2: sending one of these again has the same effect as sending it once.
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
@@ -191,6 +192,8 @@ class _Answer:
             if not self.done:
                 raise
             self.extra = True  # what follows a complete answer is not parsed: the connection is closed
+        except httptools.HttpParserUpgrade as e:  # llhttp stops at a 101 or CONNECT answer: not HTTP after it
+            raise _HttpError("the answer switches protocols (101), which this client never asks for") from e
         if not self.head_done:  # all of it was head: what the parser holds of an unfinished head stays bounded
             self.head_bytes += len(data)
         return True

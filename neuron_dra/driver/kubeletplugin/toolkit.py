@@ -1,7 +1,7 @@
 """The kubelet-plugin layer's second face: what a driver's process uses beside the helper (`kubeletplugin.start`),
 and what the UltraServer controller (driver/groups, no kubelet plugin) uses of it too.
 
-- the API client (http.client, client-side rate limit and deadline) and the claim lookup on it;
+- the API client (answers parsed by httptools; client-side rate limit and deadline) and the claim lookup on it;
 - gRPC serving for the driver's own services (an event loop thread, a server, limits) and the generated protocols;
 - the process: logs, signals, heap arenas and trimming;
 - files written atomically; socket paths and the rolling-update instance naming;

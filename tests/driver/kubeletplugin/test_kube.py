@@ -200,6 +200,8 @@ def test_claim_lookup_maps_404_to_none_and_other_failures_to_claim_lookup_errors
     (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 200000, r"head is over 65536 bytes \(a header line too long"),
     (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}", "Content-Encoding 'gzip'"),
     (b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + ok(), r"an interim answer \(103\)"),
+    (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n" + b"\0" * 9,
+     r"switches protocols \(101\)"),
 ])
 def test_malformed_answers_fail_the_request_saying_what_was_wrong(server: FakeApiServer, raw: bytes,
                                                                   error: str) -> None:
