@@ -294,7 +294,8 @@ def test_unreachable_api_server_is_retried_with_backoff(tmp_path: Path) -> None:
 def test_an_answer_with_both_a_length_and_chunks_is_refused_before_its_body(server: FakeApiServer) -> None:
     """Issue 32, finding 4: `Content-Length: 100` and `Transfer-Encoding: chunked` together. The length branch
     trusted the header while urllib3 read the chunked body, 60 MiB of it, uncapped. Now refused at its head (RFC
-    9112 §6.3; llhttp's strict parser refuses it), and a claim within the cap still reads; the next request gets a clean connection."""
+    9112 §6.3; llhttp's strict parser refuses it), and a claim within the cap still reads; the next request gets a
+    clean connection."""
     piece = b"x" * (1024 * 1024)
     sent: list[int] = []
     finished = threading.Event()
