@@ -5,7 +5,7 @@ httptools, with its deadline, size caps and rate limit in the path; the limit se
 Baselines, measured in the same run, call for call in rotating order on their own kept connections to the same API
 server:
 - `http.client`: the standard library's client alone on a kept `HTTPSConnection`, the same headers, `json.loads`
-  of the body (the daemon's client ran on it until 2026-12-07, with its own layers on top);
+  of the body (what the daemon's client ran on before httptools, with its own layers on top);
 - `urllib3`: urllib3's `HTTPSConnectionPool`, which the daemon's client ran on until 2026-12-06 (`urlopen` without
   preloading, read, `json.loads`);
 - `kubernetes`: the official client (`ResourceV1Api.read_namespaced_resource_claim`, `_preload_content=False`

@@ -7,8 +7,7 @@ at most POOL_SIZE kept idle), a request sent again only when that cannot do it t
 creates); one deadline over each whole request (deadline.py), so an answer that trickles in fails in time; a cap on
 each answer's head and size, read incrementally (a watch's: per event); client-side QPS and burst (ratelimit.py).
 No redirects, no Retry-After (a server could make the daemon sleep for an hour), no content coding (it could hide a
-size). The client writes only the request line and its header fields (RFC 9112 §3, §5); llhttp reads the answers
-(http.client's header parsing, through email.feedparser, was most of a claim GET's client CPU).
+size). The client writes only the request line and its header fields (RFC 9112 §3, §5); llhttp reads the answers.
 """
 
 from __future__ import annotations
@@ -231,7 +230,9 @@ class _Answer:
         return data
 
     def reusable(self) -> bool:
-        return self.done and self.keep_alive and not self.extra and not self.close_delimited
+        """Read to its end, nothing after it, and the connection kept open (llhttp: HTTP/1.1 without
+        `Connection: close`, a body not ended by the close)."""
+        return self.done and self.keep_alive and not self.extra
 
 
 class _Connections:
@@ -301,7 +302,7 @@ class ApiClient:
         url = urlsplit(config.server)
         if url.scheme != "https" or not url.hostname:
             raise KubeConfigError(f"API server {config.server!r} is not allowed: an https:// URL is required")
-        self._prefix = url.path.rstrip("/")
+        self._prefix = quote(url.path.rstrip("/"), safe=_PATH_SAFE)  # request lines are ASCII
         try:
             ctx = ssl.create_default_context(cafile=config.ca_file)
             if config.insecure:
@@ -416,17 +417,13 @@ class ApiClient:
                 sock.sendall(request)
                 resp = _Answer(sock)
                 resp.read_head()
-            except OSError as e:
+            except BaseException as e:
                 if sock is not None:
                     sock.close()
-                if (resends and method in IDEMPOTENT and not isinstance(e, ssl.SSLError)
+                if (isinstance(e, OSError) and not isinstance(e, ssl.SSLError) and resends and method in IDEMPOTENT
                         and deadline.left() > 0):
                     resends -= 1
                     continue
-                raise
-            except BaseException:
-                if sock is not None:
-                    sock.close()
                 raise
             if resp.interim:  # only 100 Continue is skipped: another 1xx answer is not the answer
                 sock.close()

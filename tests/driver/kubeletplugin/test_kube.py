@@ -24,6 +24,7 @@ from neuron_dra.driver.kubeletplugin._kube import (
     KubeClaimLookup,
     Limits,
 )
+from neuron_dra.driver.kubeletplugin._kubeconfig import ClusterConfig
 from neuron_dra.driver.kubeletplugin._ratelimit import Rate, TokenBucket
 from tests.support.fake_apiserver import FakeApiServer, Reply, Seen, answer, chunked, ok, ok_json, serve
 
@@ -275,6 +276,15 @@ def test_nothing_can_split_the_request(server: FakeApiServer) -> None:
     api(server).call("GET", "/a b\r\nX-Injected: 1")
     assert [s.target for s in server.seen] == ["/a%20b%0D%0AX-Injected:%201"]
     assert "x-injected" not in server.seen[0].headers
+
+
+def test_a_server_url_path_is_quoted_into_the_request_line(server: FakeApiServer) -> None:
+    """The kubeconfig's server URL may carry a path (a proxy's prefix): whatever it holds, the request line stays
+    ASCII and whole, and a bad prefix is never an error other than the client's own."""
+    config = ClusterConfig(server=f"{server.url}/pré fix/", ca_file=str(server.pki["ca"]),
+                           cert_file=str(server.pki["client.crt"]), key_file=str(server.pki["client.key"]))
+    KubeApi(kube.ApiClient(config, FAST)).call("GET", "/a")
+    assert [s.target for s in server.seen] == ["/pr%C3%A9%20fix/a"]
 
 
 # --- watches --------------------------------------------------------------------------------------------------
