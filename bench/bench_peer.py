@@ -26,7 +26,8 @@ Run under `nice -n -15` on a shared machine: the bench then gives that niceness 
 the control plane's (`share_priority`), without which nice has no effect against other sessions' work; the
 header line says what applied and the load average. `--samples FILE` keeps every call's time for analysis.
 
-Run: nice -n -15 python bench/bench_peer.py [--cycles 2000] [--kubernetes-version 1.36] [--dir /tmp] [--json]
+Run: nice -n -15 python bench/bench_peer.py [--cycles 2000] [--kubernetes-version 1.36] [--dir /tmp]
+     [--cdi-dir /dev/shm] [--json]
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ class DriverSpec:
     label: str
     driver_name: str
     device_names: tuple[str, ...]  # device names of its pool, in order (claims take the first n)
-    command: Callable[[Path, Path], list[str]]  # (run dir, kubeconfig) -> argv
+    command: Callable[[Path, Path, Path], list[str]]  # (run dir, kubeconfig, CDI spec dir) -> argv
     env: Mapping[str, str]
 
 
@@ -241,11 +242,11 @@ def ours_spec(python: str, env: Mapping[str, str], host_root: Path, health: bool
     """`entrypoint`: the image's script (image_entrypoint); None: `python -m neuron_dra.driver`."""
     start = [str(entrypoint)] if entrypoint is not None else ["-m", "neuron_dra.driver"]
 
-    def command(run: Path, kubeconfig: Path) -> list[str]:
+    def command(run: Path, kubeconfig: Path, cdi: Path) -> list[str]:
         return [python, *start, "--node-name", NODE, "--host-root", str(host_root),
                 *(["--healthcheck-port", str(free_port())] if health else []),
                 "--plugins-dir", str(run / "plugins"), "--registry-dir", str(run / "registry"),
-                "--cdi-root", str(run / "cdi"), "--kubeconfig", str(kubeconfig),
+                "--cdi-root", str(cdi), "--kubeconfig", str(kubeconfig),
                 # Both drivers without client-side throttling (the example gets the same flags): the cycles
                 # run faster than client-go's default 5 QPS, which would otherwise be what is measured.
                 "--kube-api-qps", "1000", "--kube-api-burst", "1000"]
@@ -253,8 +254,8 @@ def ours_spec(python: str, env: Mapping[str, str], host_root: Path, health: bool
 
 
 def example_spec(binary: Path, health: bool = False) -> DriverSpec:
-    def command(run: Path, kubeconfig: Path) -> list[str]:
-        return [str(binary), "--node-name", NODE, "--cdi-root", str(run / "cdi"), "--num-devices", "8",
+    def command(run: Path, kubeconfig: Path, cdi: Path) -> list[str]:
+        return [str(binary), "--node-name", NODE, "--cdi-root", str(cdi), "--num-devices", "8",
                 "--healthcheck-port", "0" if health else "-1",  # 0: a free port; -1: off (its default)
                 "--kubelet-plugins-directory-path", str(run / "plugins"),
                 "--kubelet-registrar-directory-path", str(run / "registry"),
@@ -279,14 +280,15 @@ def cpu_seconds(pid: int) -> float:
 class Running:
     """One driver process, started with its start-up figures measured, and a kubelet client on it."""
 
-    def __init__(self, spec: DriverSpec, run: Path, kubeconfig: Path, slices: Callable[[str], bool]) -> None:
+    def __init__(self, spec: DriverSpec, run: Path, kubeconfig: Path, slices: Callable[[str], bool],
+                 cdi: Path) -> None:
         self.spec = spec
-        for d in ("plugins", "registry", "cdi"):  # kubelet and the host make them; the example expects them
-            (run / d).mkdir(parents=True)
+        for d in (run / "plugins", run / "registry", cdi):  # kubelet and the host make them; the example expects them
+            d.mkdir(parents=True)
         registration = run / "registry" / f"{spec.driver_name}-reg.sock"
         self._log = (run / "driver.log").open("wb")
         start = time.perf_counter()
-        self.proc = subprocess.Popen(spec.command(run, kubeconfig), stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(spec.command(run, kubeconfig, cdi), stdout=self._log, stderr=subprocess.STDOUT,
                                      env=dict(spec.env))
         self.to_socket = self._until(lambda: registration.exists(), start, 0.0005, run)
         # What kubelet needs next: GetInfo answered (kubelet allows 1 s), then the DRA endpoint answering.
@@ -498,7 +500,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     python = sys.executable
     entrypoint = None
     base = Path(tempfile.mkdtemp(prefix="ndpeer", dir=args.dir))
+    cdi_base: Path | None = None
     try:
+        cdi_base = Path(tempfile.mkdtemp(prefix="ndpeer-cdi", dir=args.cdi_dir))
         if not args.dev_python:
             python = str(image_python(log))
             app = image_app(base)
@@ -526,7 +530,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             host_root = emulate("trn2.48xlarge", base / "host", EmulationOptions(host_id=NODE))
             specs = [ours_spec(python, env, host_root, args.health, entrypoint), example_spec(binary, args.health)]
             for spec in specs:  # one at a time: each start measured on an otherwise idle machine
-                drivers.append(Running(spec, base / spec.driver_name, kubeconfig, api.has_slice))
+                drivers.append(Running(spec, base / spec.driver_name, kubeconfig, api.has_slice,
+                                       cdi_base / spec.driver_name))
                 log(f"{spec.label} up: registration socket after {drivers[-1].to_socket:.3f} s, first "
                     f"ResourceSlice after {drivers[-1].to_slice:.3f} s")
             samples: list[dict[str, Any]] | None = [] if args.samples else None
@@ -554,13 +559,24 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
+            if cdi_base is not None:
+                shutil.rmtree(cdi_base, ignore_errors=True)
     return {"kubernetes": plane.binaries.kube_version, "example": version, "cycles": args.cycles,
             "daemon_python": "dev" if args.dev_python else "image", "state_filesystem": filesystem(Path(args.dir)),
+            "cdi_filesystem": filesystem(Path(args.cdi_dir)),
             "priority": priority, "load_average": [load_before, load_after], "health_servers": args.health,
             "prepare_p99_ratio_by_quarter": {str(n): q for n, q in quarters.items()},
             "prepare_p50_ms_after_own_and_other": split,
             "figures": [{"name": f.name, "unit": f.unit, "neuron_dra": round(f.ours, 4),
                          "example": round(f.example, 4), "ratio": round(f.ratio, 3)} for f in figures]}
+
+
+def default_cdi_dir() -> str:
+    """/dev/shm when it is a tmpfs: a node keeps CDI specs in /var/run/cdi, on the tmpfs /run (the daemon writes
+    them unsynced for that reason). On a disk file system every prepare's new spec file costs an inode allocation
+    (about 0.2 ms of kernel time per prepare on this machine's ext4), which no node pays (docs/benchmarks.md,
+    Method)."""
+    return "/dev/shm" if filesystem(Path("/dev/shm")) == "tmpfs" else "/tmp"
 
 
 def filesystem(path: Path) -> str:
@@ -574,7 +590,8 @@ def filesystem(path: Path) -> str:
 
 def table(result: Mapping[str, Any]) -> str:
     rows = [f"Kubernetes {result['kubernetes']}, dra-example-driver {result['example']}, {result['cycles']} cycles, "
-            f"daemon as the {result['daemon_python']} runs it, state on {result['state_filesystem']}",
+            f"daemon as the {result['daemon_python']} runs it, state on {result['state_filesystem']}, CDI specs on "
+            f"{result['cdi_filesystem']}",
             f"{'health servers on; ' if result['health_servers'] else ''}{result['priority']}; "
             f"load average {result['load_average'][0]} before the drivers started, "
             f"{result['load_average'][1]} after the last cycle",
@@ -599,7 +616,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=50, help="unmeasured cycles first (default 50)")
     parser.add_argument("--kubernetes-version", default=build.DEFAULT_MINOR, choices=sorted(EXAMPLE_VERSIONS),
                         help=f"minor of the local control plane (default {build.DEFAULT_MINOR})")
-    parser.add_argument("--dir", default="/tmp", help="where sockets, checkpoints and CDI specs live (default /tmp)")
+    parser.add_argument("--dir", default="/tmp", help="where sockets and checkpoints live (default /tmp)")
+    parser.add_argument("--cdi-dir", default=default_cdi_dir(),
+                        help="where both drivers write their CDI specs: a tmpfs, as a node's /var/run/cdi is "
+                             "(default /dev/shm when it is one, else --dir's default)")
     parser.add_argument("--dev-python", action="store_true",
                         help="run the daemon with this interpreter and the repository, not as the image")
     parser.add_argument("--keep", action="store_true", help="keep the run directory (driver logs)")

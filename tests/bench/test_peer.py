@@ -60,13 +60,14 @@ def test_quarter_ratios_and_the_table() -> None:
     ours = [1.0] * 100 + [2.0] * 100 + [1.0] * 100 + [4.0] * 100
     assert b.quarter_ratios(ours, [1.0] * 400, 99) == [1.0, 2.0, 1.0, 4.0]
     result = {"kubernetes": "v1.36.5", "example": "v0.4.0", "cycles": 400, "daemon_python": "image",
-              "state_filesystem": "ext4", "priority": "nice -15", "load_average": [1.0, 2.0],
+              "state_filesystem": "ext4", "cdi_filesystem": "tmpfs", "priority": "nice -15", "load_average": [1.0, 2.0],
               "health_servers": False, "prepare_p99_ratio_by_quarter": {"1": [1.0, 2.0, 1.0, 4.0], "8": [1.0] * 4},
               "prepare_p50_ms_after_own_and_other": {"1 device": {"neuron-dra": [3.0, 3.5],
                                                                   "example (Go)": [3.1, 3.2]}},
               "figures": [{"name": "prepare p99, 1 device", "unit": "ms", "neuron_dra": 2.0, "example": 1.0,
                            "ratio": 2.0}]}
     text = b.table(result)
+    assert "daemon as the image runs it, state on ext4, CDI specs on tmpfs\n" in text
     assert "nice -15; load average 1.0 before the drivers started, 2.0 after the last cycle" in text
     assert "| prepare p99, 1 device | 2.00 ms | 1.00 ms | 2.00 |" in text
     assert ("prepare p99 ratio in each quarter of the run: 1 device 1.00 2.00 1.00 4.00; "
@@ -87,13 +88,30 @@ def test_the_schedule_gives_each_call_the_same_share_of_turns_after_the_other_dr
     assert all(sorted(cycle) == sorted(schedule[0]) for cycle in schedule)  # every call once per cycle
 
 
+def test_both_drivers_write_their_cdi_specs_in_the_directory_given(tmp_path: Path) -> None:
+    """The CDI directory is the bench's (a tmpfs, as a node's /var/run/cdi), not the run directory on disk."""
+    b = bench()
+    cdi = tmp_path / "cdi-on-tmpfs"
+    for spec in (b.ours_spec("python", {}, tmp_path), b.example_spec(tmp_path / "example")):
+        argv = spec.command(tmp_path / "run", tmp_path / "kubeconfig", cdi)
+        assert argv[argv.index("--cdi-root") + 1] == str(cdi), spec.label
+
+
+def test_cdi_specs_go_to_dev_shm_only_when_it_is_a_tmpfs(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = bench()
+    monkeypatch.setattr(b, "filesystem", lambda path: "tmpfs" if str(path) == "/dev/shm" else "ext4")
+    assert b.default_cdi_dir() == "/dev/shm"
+    monkeypatch.setattr(b, "filesystem", lambda path: "ext4")
+    assert b.default_cdi_dir() == "/tmp"
+
+
 @pytest.mark.process
 def test_the_daemon_starts_by_the_image_s_entrypoint_script(tmp_path: Path) -> None:
     """The script the Dockerfile writes, read from it, starts the daemon's main (its --help here)."""
     b = bench()
     script = b.image_entrypoint(tmp_path)
-    assert b.ours_spec("python", {}, tmp_path, entrypoint=script).command(tmp_path, tmp_path)[:2] == ["python",
-                                                                                                    str(script)]
+    argv = b.ours_spec("python", {}, tmp_path, entrypoint=script).command(tmp_path, tmp_path, tmp_path)
+    assert argv[:2] == ["python", str(script)]
     env = {**os.environ, "PYTHONPATH": str(BENCH.parents[1])}
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, env=env,
                          check=True, timeout=60).stdout
