@@ -573,9 +573,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
 
 def default_cdi_dir() -> str:
     """/dev/shm when it is a tmpfs: a node keeps CDI specs in /var/run/cdi, on the tmpfs /run (the daemon writes
-    them unsynced for that reason). On a disk file system every prepare's new spec file costs an inode allocation
-    (about 0.2 ms of kernel time per prepare on this machine's ext4), which no node pays (docs/benchmarks.md,
-    Method)."""
+    them unsynced for that reason). On a disk file system every prepare's new spec file costs an inode allocation,
+    which no node pays (docs/benchmarks.md, Method)."""
     return "/dev/shm" if filesystem(Path("/dev/shm")) == "tmpfs" else "/tmp"
 
 
@@ -622,7 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(default /dev/shm when it is one, else --dir's default)")
     parser.add_argument("--dev-python", action="store_true",
                         help="run the daemon with this interpreter and the repository, not as the image")
-    parser.add_argument("--keep", action="store_true", help="keep the run directory (driver logs)")
+    parser.add_argument("--keep", action="store_true", help="keep the run and CDI directories (driver logs, specs)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
     parser.add_argument("--health", action="store_true",
                         help="both drivers with their gRPC health servers on, as the DaemonSets run them")
